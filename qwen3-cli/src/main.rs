@@ -1,0 +1,47 @@
+//! `qwen3`: the pico-qwen command line. One file per command under `commands/`.
+
+mod commands;
+
+use clap::{Parser, Subcommand};
+use commands::{bench, chat_template, export, inference, info, tokenize};
+
+/// Run HuggingFace Qwen3 models from a compact INT8 file, on the CPU.
+#[derive(Parser)]
+#[command(name = "qwen3", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Convert a HuggingFace Qwen3 checkpoint directory into a model file and its companions.
+    Export(export::ExportArgs),
+    /// Print what a model file holds: config, tensors, sizes, companion files.
+    Info(info::InfoArgs),
+    /// Run the model: one completion (`-m generate`) or a terminal chat (`-m chat`).
+    Inference(inference::InferenceArgs),
+    /// Encode text into token ids with the model's tokenizer.
+    Tokenize(tokenize::TokenizeArgs),
+    /// Render a conversation (HuggingFace messages JSON) with the model's chat template.
+    ChatTemplate(chat_template::ChatTemplateArgs),
+    /// Measure prefill and decode speed against this machine's memory bandwidth.
+    Bench(bench::BenchArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Export(a) => export::run(a),
+        Command::Info(a) => info::run(a),
+        Command::Inference(a) => inference::run(a),
+        Command::Tokenize(a) => tokenize::run(a),
+        Command::ChatTemplate(a) => chat_template::run(a),
+        Command::Bench(a) => bench::run(a),
+    };
+    if let Err(e) = result {
+        // One line: the chain of contexts, outermost first ("file: problem: cause").
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

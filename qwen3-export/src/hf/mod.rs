@@ -1,0 +1,1 @@
+//! Readers for the files of a HuggingFace checkpoint directory.

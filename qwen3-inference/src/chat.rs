@@ -1,0 +1,1 @@
+//! Conversation -> token ids through the model's own chat template. (Placeholder.)

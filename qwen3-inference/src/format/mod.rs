@@ -1,0 +1,232 @@
+//! The pico-qwen model file, defined once.
+//!
+//! The exporter writes it with [`writer::ModelWriter`], the runtime reads it with
+//! [`reader::ModelFile`]; nothing else in the workspace knows its bytes. The byte-by-byte layout is
+//! documented in `docs/format.md`; in short (all integers little-endian):
+//!
+//! ```text
+//! preamble   magic "QW3PICO\0", format version u32, byte-order mark u32, header length u64,
+//!            file length u64                                        (32 bytes)
+//! config     architecture, sizes, rope_theta, eps, token ids, generation defaults, dtype
+//! directory  tensor count u32, then per tensor: name, dtype, shape, group size, offset, bytes
+//! padding    zeros up to the next multiple of 64
+//! data       each tensor's bytes, every tensor starting on a 64-byte boundary
+//! ```
+//!
+//! A q8 tensor of shape `[rows, cols]` is stored as one block: `rows*cols` int8 values (row-major),
+//! zero padding to a 64-byte boundary, then `rows * cols/group_size` f32 scales (row-major), so
+//! group `g` of row `r` is `q[r*cols + g*gs .. + gs] * scales[r*(cols/gs) + g]`.
+
+pub mod atomic;
+pub mod bytes;
+pub mod config;
+pub mod reader;
+pub mod writer;
+
+pub use config::{GenerationDefaults, ModelConfig};
+pub use reader::{ModelFile, TensorView};
+pub use writer::ModelWriter;
+
+use std::path::{Path, PathBuf};
+
+/// The first 8 bytes of every model file.
+pub const MAGIC: [u8; 8] = *b"QW3PICO\0";
+/// Bumped on any change of the layout. A reader refuses any other version.
+pub const FORMAT_VERSION: u32 = 1;
+/// Written as a little-endian u32; a reader that sees other bytes was handed a file from a
+/// big-endian writer (or garbage) and refuses it.
+pub const BYTE_ORDER_MARK: u32 = 0x0A0B_0C0D;
+/// Every tensor (and each q8 tensor's scale array) starts at a multiple of this many bytes, so a
+/// tensor can be viewed in place as `&[f32]`/`&[u16]` from the page-aligned mmap, and loaded into
+/// SIMD registers (and uploaded to a GPU) without copying.
+pub const ALIGN: u64 = 64;
+/// Length of the fixed preamble before the config block.
+pub const PREAMBLE_LEN: u64 = 32;
+
+/// Rounds `n` up to the next multiple of [`ALIGN`]; `None` on overflow.
+pub fn align_up(n: u64) -> Option<u64> {
+    n.checked_add(ALIGN - 1).map(|v| v / ALIGN * ALIGN)
+}
+
+/// How a tensor's values are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DType {
+    /// IEEE f32, 4 bytes a value. Norm weights always; matrices with `--dtype f32`.
+    F32,
+    /// bfloat16 (the top 16 bits of an f32), 2 bytes a value.
+    Bf16,
+    /// Group-wise symmetric INT8: 1 byte a value plus one f32 scale per `group_size` values.
+    Q8,
+}
+
+impl DType {
+    pub fn code(self) -> u8 {
+        match self {
+            DType::F32 => 0,
+            DType::Bf16 => 1,
+            DType::Q8 => 2,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<DType> {
+        match code {
+            0 => Some(DType::F32),
+            1 => Some(DType::Bf16),
+            2 => Some(DType::Q8),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::Bf16 => "bf16",
+            DType::Q8 => "q8",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<DType> {
+        match s {
+            "f32" => Some(DType::F32),
+            "bf16" => Some(DType::Bf16),
+            "q8" => Some(DType::Q8),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Bytes a tensor of `dtype` and `shape` occupies in the data section (q8: values, padding to
+/// [`ALIGN`], scales). `None` when the shape overflows or the group size does not fit the shape.
+pub fn tensor_nbytes(dtype: DType, shape: &[u64], group_size: u32) -> Option<u64> {
+    let numel = shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))?;
+    match dtype {
+        DType::F32 => numel.checked_mul(4),
+        DType::Bf16 => numel.checked_mul(2),
+        DType::Q8 => {
+            let cols = *shape.last()?;
+            let gs = group_size as u64;
+            if gs == 0 || cols % gs != 0 {
+                return None;
+            }
+            let n_scales = numel / gs;
+            align_up(numel)?.checked_add(n_scales.checked_mul(4)?)
+        }
+    }
+}
+
+/// Whether a tensor is a norm weight (kept in f32 whatever the export dtype) or a matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorKind {
+    Norm,
+    Matrix,
+}
+
+/// One tensor the forward pass needs: its HuggingFace name and shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpectedTensor {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub kind: TensorKind,
+}
+
+/// The tensors a Qwen3 model file holds, in file order, with the shapes the config implies.
+///
+/// Names are HuggingFace's (`modeling_qwen3.py`), so a reader can match them with the checkpoint.
+/// The exporter writes exactly these; the reader checks that exactly these are present.
+pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
+    let (d, ff, hd, v) = (
+        c.hidden_size as u64,
+        c.intermediate_size as u64,
+        c.head_dim as u64,
+        c.vocab_size as u64,
+    );
+    let (nq, nkv) = (c.num_attention_heads as u64, c.num_key_value_heads as u64);
+    let m = |name: String, shape: Vec<u64>| ExpectedTensor {
+        name,
+        shape,
+        kind: TensorKind::Matrix,
+    };
+    let n = |name: String, len: u64| ExpectedTensor {
+        name,
+        shape: vec![len],
+        kind: TensorKind::Norm,
+    };
+    let mut t = vec![m("model.embed_tokens.weight".into(), vec![v, d])];
+    for l in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        t.push(n(format!("{p}.input_layernorm.weight"), d));
+        t.push(m(format!("{p}.self_attn.q_proj.weight"), vec![nq * hd, d]));
+        t.push(m(format!("{p}.self_attn.k_proj.weight"), vec![nkv * hd, d]));
+        t.push(m(format!("{p}.self_attn.v_proj.weight"), vec![nkv * hd, d]));
+        t.push(n(format!("{p}.self_attn.q_norm.weight"), hd));
+        t.push(n(format!("{p}.self_attn.k_norm.weight"), hd));
+        t.push(m(format!("{p}.self_attn.o_proj.weight"), vec![d, nq * hd]));
+        t.push(n(format!("{p}.post_attention_layernorm.weight"), d));
+        t.push(m(format!("{p}.mlp.gate_proj.weight"), vec![ff, d]));
+        t.push(m(format!("{p}.mlp.up_proj.weight"), vec![ff, d]));
+        t.push(m(format!("{p}.mlp.down_proj.weight"), vec![d, ff]));
+    }
+    t.push(n("model.norm.weight".into(), d));
+    if !c.tie_word_embeddings {
+        t.push(m("lm_head.weight".into(), vec![v, d]));
+    }
+    t
+}
+
+/// Where the companion files of a model file live: `x.bin` -> `x.tokenizer.bin`, `x.template.json`.
+pub fn companion_paths(model_path: &Path) -> CompanionPaths {
+    let stem = match model_path.extension() {
+        Some(ext) if ext == "bin" => model_path.with_extension(""),
+        _ => model_path.to_path_buf(),
+    };
+    let with = |suffix: &str| {
+        let mut s = stem.clone().into_os_string();
+        s.push(suffix);
+        PathBuf::from(s)
+    };
+    CompanionPaths {
+        tokenizer: with(".tokenizer.bin"),
+        template: with(".template.json"),
+    }
+}
+
+/// See [`companion_paths`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompanionPaths {
+    pub tokenizer: PathBuf,
+    pub template: PathBuf,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn companions_replace_bin_extension() {
+        let c = companion_paths(Path::new("models/qwen3-0.6b.bin"));
+        assert_eq!(c.tokenizer, Path::new("models/qwen3-0.6b.tokenizer.bin"));
+        assert_eq!(c.template, Path::new("models/qwen3-0.6b.template.json"));
+        let c = companion_paths(Path::new("m.q8"));
+        assert_eq!(c.tokenizer, Path::new("m.q8.tokenizer.bin"));
+    }
+
+    #[test]
+    fn nbytes_of_each_dtype() {
+        assert_eq!(tensor_nbytes(DType::F32, &[3, 5], 0), Some(60));
+        assert_eq!(tensor_nbytes(DType::Bf16, &[3, 5], 0), Some(30));
+        // 2*128 values = 256 bytes (already aligned) + 2*2 scales * 4 bytes.
+        assert_eq!(tensor_nbytes(DType::Q8, &[2, 128], 64), Some(256 + 16));
+        // 3*64 = 192 values, aligned to 192; 3 scales.
+        assert_eq!(tensor_nbytes(DType::Q8, &[3, 64], 64), Some(192 + 12));
+        // 1*32 values pad to 64, then one scale.
+        assert_eq!(tensor_nbytes(DType::Q8, &[1, 32], 32), Some(64 + 4));
+        assert_eq!(tensor_nbytes(DType::Q8, &[2, 100], 64), None);
+        assert_eq!(tensor_nbytes(DType::F32, &[u64::MAX, 2], 0), None);
+    }
+}

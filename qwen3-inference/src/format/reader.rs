@@ -1,0 +1,443 @@
+//! Reads and validates a model file, then hands out zero-copy views of its tensors.
+//!
+//! The whole file is one read-only mmap. [`Header::parse`] checks every field against the file's
+//! real length before anything is trusted, so a truncated or hostile file is an error, never an
+//! out-of-bounds read or an unbounded allocation. Tensor views borrow from the [`ModelFile`]
+//! (`&'a self`), so the borrow checker guarantees no view outlives the mapping.
+
+use super::bytes::ByteReader;
+use super::{
+    align_up, expected_tensors, tensor_nbytes, DType, ModelConfig, TensorKind, ALIGN,
+    BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC, PREAMBLE_LEN,
+};
+use anyhow::{bail, Context, Result};
+use memmap2::Mmap;
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// One row of the tensor directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    pub group_size: u32,
+    /// Byte offset of the tensor's first byte from the start of the file.
+    pub offset: u64,
+    pub nbytes: u64,
+}
+
+/// The parsed and validated header.
+#[derive(Debug, Clone)]
+pub struct Header {
+    pub version: u32,
+    pub header_len: u64,
+    pub file_len: u64,
+    pub config: ModelConfig,
+    pub tensors: Vec<TensorInfo>,
+}
+
+impl Header {
+    /// Parses the header at the start of `file` (the whole file's bytes) and validates it against
+    /// the file: lengths, alignment, bounds, and that the tensors are exactly those a Qwen3 model
+    /// with this config needs, with the right shapes and dtypes.
+    pub fn parse(file: &[u8]) -> Result<Header> {
+        let mut r = ByteReader::new(file);
+        let magic = r
+            .bytes(8, "magic")
+            .context("not a pico-qwen model file (shorter than its magic)")?;
+        if magic != MAGIC {
+            bail!("not a pico-qwen model file (wrong magic {magic:02x?})");
+        }
+        let version = r.u32("format version")?;
+        if version != FORMAT_VERSION {
+            if version > FORMAT_VERSION {
+                bail!("format version {version} is newer than this build reads ({FORMAT_VERSION}); update pico-qwen");
+            }
+            bail!("format version {version} is older than this build reads ({FORMAT_VERSION}); re-export the model");
+        }
+        let bom = r.u32("byte-order mark")?;
+        if bom != BYTE_ORDER_MARK {
+            bail!("byte-order mark {bom:#010x} is wrong: not a little-endian pico-qwen file");
+        }
+        let header_len = r.u64("header length")?;
+        let file_len = r.u64("file length")?;
+        let actual = file.len() as u64;
+        if file_len != actual {
+            bail!("file is {actual} bytes but its header says {file_len}: truncated or damaged");
+        }
+        if header_len < PREAMBLE_LEN || header_len > actual {
+            bail!("header length {header_len} is outside the file ({actual} bytes)");
+        }
+        // From here on, read only inside the header.
+        let mut r = ByteReader::new(&file[PREAMBLE_LEN as usize..header_len as usize]);
+        let config = ModelConfig::decode(&mut r)?;
+        // Smallest entry: empty name (4) + dtype (1) + rank (1) + group (4) + offset (8) + len (8).
+        let n = r.count(26, "tensor count")?;
+        let mut tensors = Vec::with_capacity(n);
+        let data_start = align_up(header_len).context("header length overflows")?;
+        for i in 0..n {
+            let name = r.string("tensor name")?;
+            let code = r.u8("tensor dtype")?;
+            let Some(dtype) = DType::from_code(code) else {
+                bail!("tensor {i} ({name}): unknown dtype code {code}");
+            };
+            let rank = r.u8("tensor rank")? as usize;
+            let mut shape = Vec::with_capacity(rank);
+            for _ in 0..rank {
+                shape.push(r.u64("tensor dim")?);
+            }
+            let group_size = r.u32("tensor group size")?;
+            let offset = r.u64("tensor offset")?;
+            let nbytes = r.u64("tensor length")?;
+            let Some(expect) = tensor_nbytes(dtype, &shape, group_size) else {
+                bail!("tensor {name}: shape {shape:?} is invalid for {dtype} with group size {group_size}");
+            };
+            if nbytes != expect {
+                bail!("tensor {name}: directory says {nbytes} bytes, its shape needs {expect}");
+            }
+            if offset % ALIGN != 0 {
+                bail!("tensor {name}: offset {offset} is not {ALIGN}-byte aligned");
+            }
+            match offset.checked_add(nbytes) {
+                Some(end) if offset >= data_start && end <= file_len => {}
+                _ => bail!(
+                    "tensor {name}: bytes {offset}..+{nbytes} lie outside the data section ({data_start}..{file_len})"
+                ),
+            }
+            tensors.push(TensorInfo {
+                name,
+                dtype,
+                shape,
+                group_size,
+                offset,
+                nbytes,
+            });
+        }
+        if r.remaining() != 0 {
+            bail!("header has {} unexplained trailing bytes", r.remaining());
+        }
+        let h = Header {
+            version,
+            header_len,
+            file_len,
+            config,
+            tensors,
+        };
+        h.check_tensor_set()?;
+        Ok(h)
+    }
+
+    /// The directory must hold exactly the tensors a Qwen3 model of this config needs.
+    fn check_tensor_set(&self) -> Result<()> {
+        let c = &self.config;
+        let expected = expected_tensors(c);
+        if expected.len() != self.tensors.len() {
+            bail!(
+                "the directory has {} tensors; a model with this config has {}",
+                self.tensors.len(),
+                expected.len()
+            );
+        }
+        let by_name: HashMap<&str, &TensorInfo> =
+            self.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+        for e in &expected {
+            let Some(t) = by_name.get(e.name.as_str()) else {
+                bail!("tensor {} is missing", e.name);
+            };
+            if t.shape != e.shape {
+                bail!("tensor {}: shape {:?}, expected {:?}", e.name, t.shape, e.shape);
+            }
+            let (dtype, gs) = match e.kind {
+                TensorKind::Norm => (DType::F32, 0),
+                TensorKind::Matrix => (c.dtype, c.group_size),
+            };
+            if t.dtype != dtype || t.group_size != gs {
+                bail!(
+                    "tensor {}: stored as {} (group {}), expected {} (group {})",
+                    e.name,
+                    t.dtype,
+                    t.group_size,
+                    dtype,
+                    gs
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The values of one tensor, borrowed from the mapped file.
+#[derive(Debug, Clone, Copy)]
+pub enum TensorData<'a> {
+    F32(&'a [f32]),
+    /// Raw bfloat16 bit patterns; value = `f32::from_bits((b as u32) << 16)`.
+    Bf16(&'a [u16]),
+    /// `q` row-major int8 values; `scales[i]` multiplies `q[i*group_size .. (i+1)*group_size]`.
+    Q8 {
+        q: &'a [i8],
+        scales: &'a [f32],
+        group_size: usize,
+    },
+}
+
+/// A tensor: its shape and borrowed values.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorView<'a> {
+    pub name: &'a str,
+    pub shape: &'a [u64],
+    pub data: TensorData<'a>,
+}
+
+/// An open model file: one read-only mapping plus its validated header.
+pub struct ModelFile {
+    path: PathBuf,
+    mmap: Mmap,
+    header: Header,
+    index: HashMap<String, usize>,
+}
+
+impl ModelFile {
+    /// Maps and validates `path`. Errors name the file and the problem.
+    pub fn open(path: &Path) -> Result<ModelFile> {
+        Self::open_inner(path).with_context(|| format!("{}", path.display()))
+    }
+
+    fn open_inner(path: &Path) -> Result<ModelFile> {
+        if cfg!(target_endian = "big") {
+            bail!("model files are little-endian; big-endian hosts are not supported");
+        }
+        let file = File::open(path).context("cannot open")?;
+        // SAFETY: `Mmap::map` is unsafe because the mapping's contents could change (or the file
+        // shrink) if another process writes the file while we hold the map. We map read-only and
+        // only ever read through `&[u8]`; the exporter never rewrites a file in place (it writes a
+        // temporary and renames, which leaves our mapping of the old inode intact). Modifying a
+        // model file in place while it is being run is unsupported, as for every mmap-based
+        // runtime. Every access below is bounds-checked against `mmap.len()`.
+        let mmap = unsafe { Mmap::map(&file) }.context("cannot mmap")?;
+        let header = Header::parse(&mmap)?;
+        let index = header
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        Ok(ModelFile {
+            path: path.to_path_buf(),
+            mmap,
+            header,
+            index,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.header.config
+    }
+
+    /// The whole mapped file (for a GPU backend that uploads it in one copy).
+    pub fn bytes(&self) -> &[u8] {
+        &self.mmap
+    }
+
+    /// A borrowed view of the tensor called `name`.
+    pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
+        let Some(&i) = self.index.get(name) else {
+            bail!("{}: tensor {name} not in the file", self.path.display());
+        };
+        let info = &self.header.tensors[i];
+        let data = view_data(&self.mmap, info)
+            .with_context(|| format!("{}: tensor {name}", self.path.display()))?;
+        Ok(TensorView {
+            name: &info.name,
+            shape: &info.shape,
+            data,
+        })
+    }
+}
+
+/// Reinterprets a tensor's bytes in place. Bounds were validated by [`Header::parse`]; alignment
+/// holds because the mapping is page-aligned and offsets are multiples of 64, and `try_cast_slice`
+/// checks both again rather than trusting that.
+fn view_data<'a>(file: &'a [u8], t: &TensorInfo) -> Result<TensorData<'a>> {
+    let start = usize::try_from(t.offset)?;
+    let end = usize::try_from(t.offset + t.nbytes)?;
+    let bytes = file.get(start..end).context("out of bounds")?;
+    let cast_err = |e: bytemuck::PodCastError| anyhow::anyhow!("misaligned data: {e:?}");
+    Ok(match t.dtype {
+        DType::F32 => TensorData::F32(bytemuck::try_cast_slice(bytes).map_err(cast_err)?),
+        DType::Bf16 => TensorData::Bf16(bytemuck::try_cast_slice(bytes).map_err(cast_err)?),
+        DType::Q8 => {
+            let numel = t.shape.iter().product::<u64>() as usize;
+            let scales_at = align_up(numel as u64).context("overflow")? as usize;
+            let q = bytemuck::try_cast_slice(&bytes[..numel]).map_err(cast_err)?;
+            let scales = bytemuck::try_cast_slice(&bytes[scales_at..]).map_err(cast_err)?;
+            TensorData::Q8 {
+                q,
+                scales,
+                group_size: t.group_size as usize,
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::config::tests::tiny_config;
+    use crate::format::writer::{ModelWriter, TensorSpec};
+
+    /// Writes a tiny model file whose every value is distinct, so views can be checked.
+    pub(crate) fn write_tiny(path: &Path, dtype: DType) -> ModelConfig {
+        let c = tiny_config(dtype);
+        let specs: Vec<TensorSpec> = expected_tensors(&c)
+            .into_iter()
+            .map(|e| {
+                let (dt, gs) = match e.kind {
+                    TensorKind::Norm => (DType::F32, 0),
+                    TensorKind::Matrix => (c.dtype, c.group_size),
+                };
+                TensorSpec {
+                    name: e.name,
+                    dtype: dt,
+                    shape: e.shape,
+                    group_size: gs,
+                }
+            })
+            .collect();
+        let mut w = ModelWriter::create(path, &c, specs.clone()).unwrap();
+        for s in &specs {
+            let n = s.shape.iter().product::<u64>() as usize;
+            match s.dtype {
+                DType::F32 => w
+                    .write_f32(&s.name, &(0..n).map(|i| i as f32).collect::<Vec<_>>())
+                    .unwrap(),
+                DType::Bf16 => w
+                    .write_bf16(&s.name, &(0..n).map(|i| i as u16).collect::<Vec<_>>())
+                    .unwrap(),
+                DType::Q8 => {
+                    let q: Vec<i8> = (0..n).map(|i| (i % 251) as i8).collect();
+                    let sc: Vec<f32> = (0..n / s.group_size as usize).map(|i| i as f32).collect();
+                    w.write_q8(&s.name, &q, &sc).unwrap()
+                }
+            }
+        }
+        w.finish().unwrap();
+        c
+    }
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("pq-reader-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d.join("m.bin")
+    }
+
+    #[test]
+    fn round_trip_every_dtype() {
+        for dt in [DType::F32, DType::Bf16, DType::Q8] {
+            let p = tmp(dt.name());
+            let c = write_tiny(&p, dt);
+            let f = ModelFile::open(&p).unwrap();
+            assert_eq!(f.config(), &c);
+            let t = f.tensor("model.layers.1.mlp.down_proj.weight").unwrap();
+            assert_eq!(t.shape, &[64, 128]);
+            match (dt, t.data) {
+                (DType::F32, TensorData::F32(v)) => assert_eq!(v[77], 77.0),
+                (DType::Bf16, TensorData::Bf16(v)) => assert_eq!(v[77], 77),
+                (DType::Q8, TensorData::Q8 { q, scales, group_size }) => {
+                    assert_eq!(q.len(), 64 * 128);
+                    assert_eq!(scales.len(), 64 * 128 / 32);
+                    assert_eq!(group_size, 32);
+                    assert_eq!(q[300], (300 % 251) as i8);
+                    assert_eq!(scales[5], 5.0);
+                }
+                other => panic!("wrong view {other:?}"),
+            }
+            let n = f.tensor("model.norm.weight").unwrap();
+            assert!(matches!(n.data, TensorData::F32(v) if v.len() == 64 && v[3] == 3.0));
+            for t in &f.header().tensors {
+                assert_eq!(t.offset % ALIGN, 0);
+            }
+            std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
+        }
+    }
+
+    #[test]
+    fn damaged_files_are_refused() {
+        let p = tmp("damaged");
+        write_tiny(&p, DType::Q8);
+        let good = std::fs::read(&p).unwrap();
+        let check = |bytes: &[u8], want: &str| {
+            let e = format!("{:#}", Header::parse(bytes).unwrap_err());
+            assert!(e.contains(want), "expected {want:?} in {e:?}");
+        };
+        let mut b = good.clone();
+        b[0] = b'X';
+        check(&b, "wrong magic");
+        let mut b = good.clone();
+        b[8] = 2;
+        check(&b, "newer");
+        check(&good[..good.len() - 1], "truncated");
+        check(&good[..20], "truncated");
+        // Point the first tensor's offset past the end of the file.
+        let h = Header::parse(&good).unwrap();
+        let first = &h.tensors[0];
+        let mut b = good.clone();
+        let needle: Vec<u8> = first
+            .offset
+            .to_le_bytes()
+            .iter()
+            .chain(first.nbytes.to_le_bytes().iter())
+            .copied()
+            .collect();
+        let at = b
+            .windows(16)
+            .position(|w| w == needle.as_slice())
+            .unwrap();
+        b[at..at + 8].copy_from_slice(&(align_up(good.len() as u64).unwrap() + 64).to_le_bytes());
+        check(&b, "outside the data section");
+        std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
+    }
+
+    /// Property test in place of a fuzzer run in CI: thousands of single- and multi-byte
+    /// mutations of a valid file (header bytes especially) must give Ok or Err, never a panic.
+    #[test]
+    fn mutated_headers_never_panic() {
+        let p = tmp("mutate");
+        write_tiny(&p, DType::Q8);
+        let good = std::fs::read(&p).unwrap();
+        let h = Header::parse(&good).unwrap();
+        let header_len = h.header_len as usize;
+        let mut rng = 0x2545F4914F6CDD1Du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for _ in 0..20_000 {
+            let mut b = good.clone();
+            for _ in 0..(next() % 4 + 1) {
+                let at = (next() as usize) % header_len;
+                b[at] = next() as u8;
+            }
+            if next() % 8 == 0 {
+                b.truncate((next() as usize) % good.len());
+            }
+            if let Ok(h) = Header::parse(&b) {
+                for t in &h.tensors {
+                    let _ = view_data(&b, t);
+                }
+            }
+        }
+        std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
+    }
+}

@@ -1,0 +1,214 @@
+//! Writes a model file, tensor by tensor, so the exporter never holds more than one tensor.
+//!
+//! The directory (every tensor's offset and length) is computed up front from the shapes, written
+//! with the header, and then each tensor's bytes must arrive in directory order with exactly the
+//! announced length. The file only gets its real name in [`ModelWriter::finish`].
+
+use super::atomic::AtomicFile;
+use super::bytes::ByteWriter;
+use super::{
+    align_up, tensor_nbytes, DType, ModelConfig, ALIGN, BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC,
+};
+use anyhow::{bail, Context, Result};
+use std::io::Write;
+use std::path::Path;
+
+/// One tensor as announced to the writer.
+#[derive(Debug, Clone)]
+pub struct TensorSpec {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    /// Values per scale for q8, 0 otherwise.
+    pub group_size: u32,
+}
+
+/// A directory entry: a spec plus where its bytes live.
+#[derive(Debug, Clone)]
+pub struct TensorEntry {
+    pub spec: TensorSpec,
+    pub offset: u64,
+    pub nbytes: u64,
+}
+
+/// Encodes the header (preamble, config, directory) for the given entries.
+pub fn encode_header(config: &ModelConfig, entries: &[TensorEntry], file_len: u64) -> Vec<u8> {
+    let mut body = ByteWriter::default();
+    config.encode(&mut body);
+    body.u32(entries.len() as u32);
+    for e in entries {
+        body.string(&e.spec.name);
+        body.u8(e.spec.dtype.code());
+        body.u8(e.spec.shape.len() as u8);
+        for &d in &e.spec.shape {
+            body.u64(d);
+        }
+        body.u32(e.spec.group_size);
+        body.u64(e.offset);
+        body.u64(e.nbytes);
+    }
+    let header_len = super::PREAMBLE_LEN + body.buf.len() as u64;
+    let mut w = ByteWriter::default();
+    w.bytes(&MAGIC);
+    w.u32(FORMAT_VERSION);
+    w.u32(BYTE_ORDER_MARK);
+    w.u64(header_len);
+    w.u64(file_len);
+    w.bytes(&body.buf);
+    w.buf
+}
+
+/// Lays out `specs` after a header: returns the entries and the total file length.
+pub fn plan_layout(config: &ModelConfig, specs: Vec<TensorSpec>) -> Result<(Vec<TensorEntry>, u64)> {
+    let mut entries = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let Some(nbytes) = tensor_nbytes(spec.dtype, &spec.shape, spec.group_size) else {
+            bail!(
+                "tensor {}: shape {:?} cannot be stored as {} with group size {}",
+                spec.name,
+                spec.shape,
+                spec.dtype,
+                spec.group_size
+            );
+        };
+        if spec.shape.len() > 255 || spec.name.len() > u16::MAX as usize {
+            bail!("tensor {}: name or rank too large", spec.name);
+        }
+        entries.push(TensorEntry {
+            spec,
+            offset: 0,
+            nbytes,
+        });
+    }
+    // Offsets are fixed-width, so encoding with zeros gives the real header length.
+    let header_len = encode_header(config, &entries, 0).len() as u64;
+    let mut pos = align_up(header_len).context("header too large")?;
+    for e in &mut entries {
+        e.offset = pos;
+        pos = align_up(pos + e.nbytes).context("file too large")?;
+    }
+    let file_len = entries.last().map_or(pos, |e| e.offset + e.nbytes);
+    Ok((entries, file_len))
+}
+
+/// Streams a model file to disk.
+pub struct ModelWriter {
+    file: AtomicFile,
+    entries: Vec<TensorEntry>,
+    next: usize,
+    pos: u64,
+    file_len: u64,
+}
+
+impl ModelWriter {
+    /// Validates the config, plans the layout and writes the header.
+    pub fn create(path: &Path, config: &ModelConfig, specs: Vec<TensorSpec>) -> Result<ModelWriter> {
+        config.validate()?;
+        let (entries, file_len) = plan_layout(config, specs)?;
+        let header = encode_header(config, &entries, file_len);
+        let mut file = AtomicFile::create(path)?;
+        file.write_all(&header)
+            .with_context(|| format!("{}: write failed", path.display()))?;
+        Ok(ModelWriter {
+            file,
+            entries,
+            next: 0,
+            pos: header.len() as u64,
+            file_len,
+        })
+    }
+
+    /// The planned directory (for progress reports).
+    pub fn entries(&self) -> &[TensorEntry] {
+        &self.entries
+    }
+
+    pub fn file_len(&self) -> u64 {
+        self.file_len
+    }
+
+    fn begin(&mut self, name: &str, dtype: DType) -> Result<TensorEntry> {
+        let Some(e) = self.entries.get(self.next).cloned() else {
+            bail!("tensor {name}: written after the last planned tensor");
+        };
+        if e.spec.name != name || e.spec.dtype != dtype {
+            bail!(
+                "tensor {name} ({dtype}) written where {} ({}) was planned",
+                e.spec.name,
+                e.spec.dtype
+            );
+        }
+        self.pad_to(e.offset)?;
+        Ok(e)
+    }
+
+    fn pad_to(&mut self, offset: u64) -> Result<()> {
+        if offset < self.pos {
+            bail!("internal error: layout moved backwards");
+        }
+        let zeros = [0u8; ALIGN as usize];
+        while self.pos < offset {
+            let n = ((offset - self.pos) as usize).min(zeros.len());
+            self.raw(&zeros[..n])?;
+        }
+        Ok(())
+    }
+
+    fn raw(&mut self, b: &[u8]) -> Result<()> {
+        self.file
+            .write_all(b)
+            .with_context(|| format!("{}: write failed", self.file.path().display()))?;
+        self.pos += b.len() as u64;
+        Ok(())
+    }
+
+    fn end(&mut self, e: &TensorEntry) -> Result<()> {
+        if self.pos != e.offset + e.nbytes {
+            bail!(
+                "tensor {}: wrote {} bytes, planned {}",
+                e.spec.name,
+                self.pos - e.offset,
+                e.nbytes
+            );
+        }
+        self.next += 1;
+        Ok(())
+    }
+
+    pub fn write_f32(&mut self, name: &str, data: &[f32]) -> Result<()> {
+        let e = self.begin(name, DType::F32)?;
+        self.raw(bytemuck::cast_slice(data))?;
+        self.end(&e)
+    }
+
+    /// bf16 values given as their raw 16-bit patterns.
+    pub fn write_bf16(&mut self, name: &str, bits: &[u16]) -> Result<()> {
+        let e = self.begin(name, DType::Bf16)?;
+        self.raw(bytemuck::cast_slice(bits))?;
+        self.end(&e)
+    }
+
+    /// A q8 tensor: its int8 values (row-major) and one scale per group.
+    pub fn write_q8(&mut self, name: &str, q: &[i8], scales: &[f32]) -> Result<()> {
+        let e = self.begin(name, DType::Q8)?;
+        self.raw(bytemuck::cast_slice(q))?;
+        let scales_at = align_up(self.pos).context("file too large")?;
+        self.pad_to(scales_at)?;
+        self.raw(bytemuck::cast_slice(scales))?;
+        self.end(&e)
+    }
+
+    /// Checks every planned tensor was written, then gives the file its final name.
+    pub fn finish(self) -> Result<()> {
+        if self.next != self.entries.len() {
+            bail!(
+                "{}: only {} of {} tensors written",
+                self.file.path().display(),
+                self.next,
+                self.entries.len()
+            );
+        }
+        debug_assert_eq!(self.pos, self.file_len);
+        self.file.commit()
+    }
+}

@@ -1,0 +1,1 @@
+//! Prompt -> prefill -> decode loop -> stop conditions -> stats. (Placeholder.)

@@ -1,0 +1,1 @@
+//! Byte-level BPE tokenizer, exact to HuggingFace `tokenizers`. (Placeholder.)
