@@ -59,7 +59,10 @@ pub fn encode_header(config: &ModelConfig, entries: &[TensorEntry], file_len: u6
 }
 
 /// Lays out `specs` after a header: returns the entries and the total file length.
-pub fn plan_layout(config: &ModelConfig, specs: Vec<TensorSpec>) -> Result<(Vec<TensorEntry>, u64)> {
+pub fn plan_layout(
+    config: &ModelConfig,
+    specs: Vec<TensorSpec>,
+) -> Result<(Vec<TensorEntry>, u64)> {
     let mut entries = Vec::with_capacity(specs.len());
     for spec in specs {
         let Some(nbytes) = tensor_nbytes(spec.dtype, &spec.shape, spec.group_size) else {
@@ -102,7 +105,11 @@ pub struct ModelWriter {
 
 impl ModelWriter {
     /// Validates the config, plans the layout and writes the header.
-    pub fn create(path: &Path, config: &ModelConfig, specs: Vec<TensorSpec>) -> Result<ModelWriter> {
+    pub fn create(
+        path: &Path,
+        config: &ModelConfig,
+        specs: Vec<TensorSpec>,
+    ) -> Result<ModelWriter> {
         config.validate()?;
         let (entries, file_len) = plan_layout(config, specs)?;
         let header = encode_header(config, &entries, file_len);
