@@ -12,7 +12,7 @@
 pub mod hf;
 
 use anyhow::{bail, Context, Result};
-use hf::checkpoint::{Checkpoint, SourceDType};
+use hf::checkpoint::{to_bf16_bits, to_f32, Checkpoint};
 use qwen3_inference::format::writer::{ModelWriter, TensorSpec};
 use qwen3_inference::format::{companion_paths, expected_tensors, DType, ModelConfig, TensorKind};
 use qwen3_inference::quant::quantize_q8;
@@ -234,21 +234,48 @@ fn write_model(
     let mut w = ModelWriter::create(out, config, specs.clone())?;
     let total = w.file_len();
     let n = specs.len();
+    // Reused buffers: a chunk of source rows, its f32 values, its output encoding.
+    let (mut raw, mut values) = (Vec::new(), Vec::new());
+    let (mut bf16, mut q, mut scales) = (Vec::new(), Vec::new(), Vec::new());
     for (i, spec) in specs.iter().enumerate() {
-        let raw = ckpt.tensor(&spec.name)?;
-        match spec.dtype {
-            DType::F32 => w.write_f32(&spec.name, &raw.to_f32())?,
-            DType::Bf16 => w.write_bf16(&spec.name, &raw.to_bf16_bits())?,
-            DType::Q8 => {
-                let values = raw.to_f32();
-                let gs = spec.group_size as usize;
-                let mut q = vec![0i8; values.len()];
-                let mut scales = vec![0f32; values.len() / gs];
-                quantize_q8(&values, gs, &mut q, &mut scales);
-                drop(values);
-                w.write_q8(&spec.name, &q, &scales)?;
+        let t = ckpt.tensor(&spec.name)?;
+        let rows = t.numel() / t.row_len();
+        // About 4 MB of source bytes at a time, whole rows (so q8 groups never straddle chunks).
+        let chunk_rows = ((4 << 20) / (t.row_len() * t.bytes_per_value())).max(1);
+        w.begin(&spec.name, spec.dtype)?;
+        let mut tensor_scales: Vec<f32> = Vec::new();
+        let mut first = 0;
+        while first < rows {
+            let nrows = chunk_rows.min(rows - first);
+            ckpt.read_rows(&t, first, nrows, &mut raw)?;
+            match spec.dtype {
+                DType::F32 => {
+                    values.clear();
+                    to_f32(t.dtype, &raw, &mut values);
+                    w.data(bytemuck::cast_slice(&values))?;
+                }
+                DType::Bf16 => {
+                    bf16.clear();
+                    to_bf16_bits(t.dtype, &raw, &mut bf16);
+                    w.data(bytemuck::cast_slice(&bf16))?;
+                }
+                DType::Q8 => {
+                    values.clear();
+                    to_f32(t.dtype, &raw, &mut values);
+                    let gs = spec.group_size as usize;
+                    q.resize(values.len(), 0i8);
+                    scales.resize(values.len() / gs, 0f32);
+                    quantize_q8(&values, gs, &mut q, &mut scales);
+                    w.data(bytemuck::cast_slice(&q))?;
+                    tensor_scales.extend_from_slice(&scales);
+                }
             }
+            first += nrows;
         }
+        if spec.dtype == DType::Q8 {
+            w.q8_scales(&tensor_scales)?;
+        }
+        w.end()?;
         if progress {
             let e = &w.entries()[i];
             eprint!(
@@ -256,11 +283,7 @@ fn write_model(
                 i + 1,
                 n,
                 spec.name,
-                match raw.dtype {
-                    SourceDType::F32 => "f32",
-                    SourceDType::F16 => "f16",
-                    SourceDType::Bf16 => "bf16",
-                },
+                t.dtype.name(),
                 spec.dtype,
                 (e.offset + e.nbytes) as f64 / 1e6,
                 total as f64 / 1e6

@@ -1,23 +1,27 @@
 //! The weights of a HuggingFace checkpoint: one `model.safetensors`, or shards listed in
 //! `model.safetensors.index.json`. Each shard is mmap'd and its header validated up front (the
 //! safetensors crate checks that the header's offsets cover the file exactly, so a truncated shard
-//! is caught here); tensors are then converted to f32 one at a time, so the exporter's memory
-//! stays near the size of the largest tensor.
+//! is caught here); tensors are then read a few rows at a time, so the exporter's memory stays
+//! far below the size of the largest tensor.
 
 use super::config::read_json;
 use anyhow::{bail, Context, Result};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, Metadata};
-use safetensors::SafeTensors;
+use safetensors::{SafeTensorError, SafeTensors};
 use std::collections::HashMap;
 use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 struct Shard {
     path: PathBuf,
-    mmap: Mmap,
+    /// Tensor bytes are read with positioned reads, not through a mapping, so pages of the
+    /// checkpoint do not accumulate in our resident memory as the export proceeds.
+    file: Mutex<File>,
     /// Bytes before the data section: the 8-byte length plus the JSON header.
-    data_start: usize,
+    data_start: u64,
     metadata: Metadata,
 }
 
@@ -39,51 +43,71 @@ impl SourceDType {
     }
 }
 
-/// A tensor's raw bytes in the checkpoint (little-endian, row-major).
-pub struct RawTensor<'a> {
+/// Where a tensor is and what it holds.
+#[derive(Debug, Clone)]
+pub struct TensorMeta {
     pub dtype: SourceDType,
     pub shape: Vec<u64>,
-    pub bytes: &'a [u8],
-    pub file: &'a Path,
+    /// The shard holding it.
+    pub file: PathBuf,
+    /// Absolute byte offset of its first value in that shard.
+    offset: u64,
+    shard: usize,
 }
 
-impl RawTensor<'_> {
-    /// The values as f32 (exact for every source dtype).
-    pub fn to_f32(&self) -> Vec<f32> {
-        match self.dtype {
-            SourceDType::F32 => self
-                .bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            // bf16 is the top half of an f32: shifting its bits up is the exact conversion.
-            SourceDType::Bf16 => self
-                .bytes
-                .chunks_exact(2)
-                .map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16))
-                .collect(),
-            SourceDType::F16 => self
-                .bytes
-                .chunks_exact(2)
-                .map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
-                .collect(),
-        }
+impl TensorMeta {
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
     }
 
-    /// The values as bf16 bit patterns: bf16 sources pass through untouched, others are rounded
-    /// to nearest-even (what `tensor.to(torch.bfloat16)` does).
-    pub fn to_bf16_bits(&self) -> Vec<u16> {
+    /// Values per row (the last dimension; 1-D tensors are one row).
+    pub fn row_len(&self) -> u64 {
+        *self.shape.last().unwrap_or(&1)
+    }
+
+    pub fn bytes_per_value(&self) -> u64 {
         match self.dtype {
-            SourceDType::Bf16 => self
-                .bytes
+            SourceDType::F32 => 4,
+            SourceDType::F16 | SourceDType::Bf16 => 2,
+        }
+    }
+}
+
+/// Converts little-endian source values to f32 (exact for every source dtype), appending to `out`.
+pub fn to_f32(dtype: SourceDType, bytes: &[u8], out: &mut Vec<f32>) {
+    match dtype {
+        SourceDType::F32 => out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        ),
+        // bf16 is the top half of an f32: shifting its bits up is the exact conversion.
+        SourceDType::Bf16 => out.extend(
+            bytes
                 .chunks_exact(2)
-                .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                .collect(),
-            _ => self
-                .to_f32()
-                .into_iter()
-                .map(|v| half::bf16::from_f32(v).to_bits())
-                .collect(),
+                .map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)),
+        ),
+        SourceDType::F16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()),
+        ),
+    }
+}
+
+/// Converts source values to bf16 bit patterns, appending to `out`: bf16 passes through
+/// untouched, f32 and f16 are rounded to nearest-even (what `tensor.to(torch.bfloat16)` does).
+pub fn to_bf16_bits(dtype: SourceDType, bytes: &[u8], out: &mut Vec<u16>) {
+    match dtype {
+        SourceDType::Bf16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]])),
+        ),
+        _ => {
+            let mut f = Vec::with_capacity(bytes.len() / 2);
+            to_f32(dtype, bytes, &mut f);
+            out.extend(f.into_iter().map(|v| half::bf16::from_f32(v).to_bits()));
         }
     }
 }
@@ -179,8 +203,8 @@ impl Checkpoint {
         self.location.contains_key(name)
     }
 
-    /// The raw bytes of tensor `name`, with its dtype and shape.
-    pub fn tensor(&self, name: &str) -> Result<RawTensor<'_>> {
+    /// Where tensor `name` is, its dtype and shape.
+    pub fn tensor(&self, name: &str) -> Result<TensorMeta> {
         let Some(&i) = self.location.get(name) else {
             bail!("tensor {name} is missing from the checkpoint");
         };
@@ -198,40 +222,53 @@ impl Checkpoint {
                 shard.path.display()
             ),
         };
-        let (a, b) = info.data_offsets;
-        // read_metadata validated that the offsets tile the data section, which ends at the end of
-        // the file; `get` keeps this a checked access all the same.
-        let bytes = shard
-            .mmap
-            .get(shard.data_start + a..shard.data_start + b)
-            .with_context(|| {
-                format!(
-                    "{}: tensor {name} lies outside the file",
-                    shard.path.display()
-                )
-            })?;
-        Ok(RawTensor {
+        Ok(TensorMeta {
             dtype,
             shape: info.shape.iter().map(|&d| d as u64).collect(),
-            bytes,
-            file: &shard.path,
+            file: shard.path.clone(),
+            offset: shard.data_start + info.data_offsets.0 as u64,
+            shard: i,
         })
+    }
+
+    /// Reads rows `first..first + n` of tensor `t` into `buf` (replacing its contents).
+    pub fn read_rows(&self, t: &TensorMeta, first: u64, n: u64, buf: &mut Vec<u8>) -> Result<()> {
+        let row_bytes = t.row_len() * t.bytes_per_value();
+        let len = (n * row_bytes) as usize;
+        buf.resize(len, 0);
+        let shard = &self.shards[t.shard];
+        let mut f = shard
+            .file
+            .lock()
+            .map_err(|_| anyhow::anyhow!("shard lock poisoned"))?;
+        f.seek(SeekFrom::Start(t.offset + first * row_bytes))
+            .and_then(|_| f.read_exact(buf))
+            .with_context(|| format!("{}: read failed", shard.path.display()))
     }
 }
 
 fn open_shard(path: &Path) -> Result<Shard> {
     let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
-    // SAFETY: the mapping is read-only and only read through `&[u8]`, bounds-checked. It is sound
-    // as long as no other process truncates or rewrites the checkpoint while we export it; that is
-    // the usual, documented condition for exporting from a file.
+    // The safetensors crate validates a header against the whole file's bytes (its offsets must
+    // tile the data section up to the file's end, which is how a truncated shard is caught), so
+    // the file is mapped for that check only; tensor data is read later with positioned reads.
+    // SAFETY: the mapping is read-only, lives only inside this function, and is only read
+    // through `&[u8]` with bounds checks. It is sound as long as no other process truncates or
+    // rewrites the checkpoint during the export, the usual condition for reading a file.
     let mmap =
         unsafe { Mmap::map(&file) }.with_context(|| format!("{}: cannot mmap", path.display()))?;
-    let (n, metadata) = SafeTensors::read_metadata(&mmap)
-        .map_err(|e| anyhow::anyhow!("{}: not a valid safetensors file: {e}", path.display()))?;
+    let (n, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| match e {
+        SafeTensorError::MetadataIncompleteBuffer => anyhow::anyhow!(
+            "{}: not a valid safetensors file: truncated (its header describes more data than the file holds)",
+            path.display()
+        ),
+        e => anyhow::anyhow!("{}: not a valid safetensors file: {e}", path.display()),
+    })?;
+    drop(mmap);
     Ok(Shard {
         path: path.to_path_buf(),
-        data_start: 8 + n,
-        mmap,
+        file: Mutex::new(file),
+        data_start: 8 + n as u64,
         metadata,
     })
 }

@@ -78,7 +78,10 @@ impl ModelConfig {
         {
             bail!("config: a size is implausibly large ({self:?})");
         }
-        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             bail!(
                 "config: num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads,
