@@ -96,7 +96,12 @@ pub fn read_chat_template(hf_dir: &Path) -> Result<TemplateFile> {
             templates.keys().cloned().collect::<Vec<_>>().join(", ")
         )
     })?;
-    Ok(TemplateFile::new(source, default, templates, special_tokens))
+    Ok(TemplateFile::new(
+        source,
+        default,
+        templates,
+        special_tokens,
+    ))
 }
 
 /// `chat_template` of tokenizer_config.json as a name -> source map (a lone string is "default").
