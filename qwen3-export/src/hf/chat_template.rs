@@ -26,7 +26,7 @@ use std::path::Path;
 pub fn export_chat_template(hf_dir: &Path, out: &Path) -> Result<String> {
     let file = read_chat_template(hf_dir)?;
     // Compile it now, so a template our Jinja engine cannot parse fails the export, not the chat.
-    ChatTemplate::from_file(file.clone(), out)?;
+    ChatTemplate::from_file(file.clone(), &hf_dir.join(&file.source))?;
     write_atomic(out, file.to_json().as_bytes())?;
     let named = if file.named_templates.is_empty() {
         String::new()
@@ -96,7 +96,12 @@ pub fn read_chat_template(hf_dir: &Path) -> Result<TemplateFile> {
             templates.keys().cloned().collect::<Vec<_>>().join(", ")
         )
     })?;
-    Ok(TemplateFile::new(source, default, templates, special_tokens))
+    Ok(TemplateFile::new(
+        source,
+        default,
+        templates,
+        special_tokens,
+    ))
 }
 
 /// `chat_template` of tokenizer_config.json as a name -> source map (a lone string is "default").

@@ -119,11 +119,7 @@ impl Conversation {
 
 /// The length of the longest common prefix of the tokens in the cache and the new prompt tokens.
 pub fn common_prefix_len(cached: &[u32], new: &[u32]) -> usize {
-    cached
-        .iter()
-        .zip(new)
-        .take_while(|(a, b)| a == b)
-        .count()
+    cached.iter().zip(new).take_while(|(a, b)| a == b).count()
 }
 
 /// How many cached tokens to keep before feeding `new[keep..]`: the common prefix, but never all
