@@ -88,6 +88,27 @@ fn renders_every_hf_case_exactly() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The DeepSeek-R1-0528-Qwen3 template (bos_token, fullwidth markers, a different reasoning rule)
+/// goes through the same code: nothing in pico-qwen knows either template.
+#[test]
+fn renders_deepseek_r1_0528_qwen3_cases_exactly() {
+    let dir = tempdir("deepseek");
+    let model = model_with_template(&dir, "deepseek-r1-0528-qwen3-tokenizer_config.json");
+    let cases = load_cases("deepseek-r1-0528-qwen3-cases.json");
+    assert_eq!(cases.len(), 8);
+    for case in &cases {
+        let o = run_case(&dir, &model, case, &[]);
+        assert!(o.status.success(), "{}: {}", case["name"], stderr(&o));
+        assert_eq!(
+            String::from_utf8(o.stdout).unwrap(),
+            case["rendered"].as_str().unwrap(),
+            "case {}",
+            case["name"]
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Runs `qwen3 chat-template` with `messages` (as JSON text) and returns the failed output.
 fn fails(dir: &Path, model: &Path, messages: &str, extra: &[&str]) -> String {
     let msgs = dir.join("bad.json");
