@@ -109,6 +109,29 @@ fn renders_deepseek_r1_0528_qwen3_cases_exactly() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--ids` prints the ids HuggingFace's tokenizer gives for the rendered text (the `ids` of each
+/// reference case: tokenizers 0.23.3 `encode(rendered, add_special_tokens=False)`).
+#[test]
+fn ids_of_every_hf_case() {
+    let dir = tempdir("ids");
+    let tok_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tokenizer");
+    let model = model_with_template(&dir, "qwen3-tokenizer_config.json");
+    let tokenizer = qwen3_inference::format::companion_paths(&model).tokenizer;
+    qwen3_export::hf::tokenizer_json::export_tokenizer(&tok_dir, &tokenizer, 151_936).unwrap();
+    for case in load_cases("chat-template-cases.json") {
+        let o = run_case(&dir, &model, &case, &["--ids"]);
+        assert!(o.status.success(), "{}: {}", case["name"], stderr(&o));
+        let stdout = String::from_utf8(o.stdout).unwrap();
+        assert!(
+            stdout.ends_with("]\n") && !stdout.contains(' '),
+            "one JSON line: {stdout}"
+        );
+        let ids: Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(ids, case["ids"], "case {}", case["name"]);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Runs `qwen3 chat-template` with `messages` (as JSON text) and returns the failed output.
 fn fails(dir: &Path, model: &Path, messages: &str, extra: &[&str]) -> String {
     let msgs = dir.join("bad.json");
@@ -181,5 +204,71 @@ fn bad_input_is_a_clear_error() {
         e.contains("broken.template.json: not a valid template file"),
         "{e}"
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The conversation builder over three turns, with the real tokenizer: after each answer the
+/// cache is rewound to where that answer began (Qwen3 drops past reasoning; with thinking off it
+/// also drops the empty think block), and the final prompt's ids equal HuggingFace's.
+#[test]
+fn conversation_rewinds_to_answer_start_and_matches_hf() {
+    use qwen3_inference::chat::{reuse_len, ChatTemplate, Conversation};
+    use qwen3_inference::tokenizer::Tokenizer;
+
+    let dir = tempdir("conversation");
+    let model = model_with_template(&dir, "qwen3-tokenizer_config.json");
+    let companions = qwen3_inference::format::companion_paths(&model);
+    let tok_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tokenizer");
+    qwen3_export::hf::tokenizer_json::export_tokenizer(&tok_dir, &companions.tokenizer, 151_936)
+        .unwrap();
+    let template = ChatTemplate::open(&companions.template).unwrap();
+    let tok = Tokenizer::open(&companions.tokenizer).unwrap();
+    let im_end = tok.token_id("<|im_end|>").unwrap();
+    let cases = load_cases("chat-template-cases.json");
+    let case = |name: &str| cases.iter().find(|c| c["name"] == name).unwrap().clone();
+
+    for (name, thinking) in [
+        ("three_turn_past_think_stripped", None),
+        ("three_turn_past_think_stripped_thinking_false", Some(false)),
+    ] {
+        let case = case(name);
+        let msgs = case["messages"].as_array().unwrap();
+        let text = |i: usize| msgs[i]["content"].as_str().unwrap().to_string();
+        let mut conv = Conversation::new(None);
+        conv.set_thinking(thinking);
+        // What the KV cache holds: every token fed so far.
+        let mut cache: Vec<u32> = Vec::new();
+        let mut prompt_lens = Vec::new();
+        for turn in 0..3 {
+            conv.push_user(text(2 * turn));
+            let ids = tok.encode(&conv.prompt(&template).unwrap());
+            let keep = reuse_len(&cache, &ids);
+            if turn > 0 {
+                // Where the previous answer began: the end of the previous prompt, minus the
+                // empty think block the template put there when thinking is off.
+                let empty_block = tok.encode("<think>\n\n</think>\n\n").len();
+                let answer_start = prompt_lens[turn - 1]
+                    - if thinking == Some(false) {
+                        empty_block
+                    } else {
+                        0
+                    };
+                assert_eq!(keep, answer_start, "{name}, turn {turn}");
+            }
+            cache.truncate(keep);
+            cache.extend_from_slice(&ids[keep..]);
+            assert_eq!(cache, ids);
+            prompt_lens.push(ids.len());
+            if turn < 2 {
+                // The model answers with reasoning; the cache gets the answer and <|im_end|>.
+                let answer = text(2 * turn + 1);
+                cache.extend(tok.encode(&answer));
+                cache.push(im_end);
+                conv.push_assistant(answer);
+            }
+        }
+        let hf: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+        assert_eq!(cache, hf, "{name}: the model has seen exactly HF's ids");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use qwen3_inference::chat::ChatTemplate;
 use qwen3_inference::format::companion_paths;
+use qwen3_inference::tokenizer::Tokenizer;
 use serde_json::Value;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -47,8 +48,11 @@ pub fn run(args: ChatTemplateArgs) -> Result<()> {
         .with_context(|| format!("{}", args.messages.display()))?;
     let mut out = std::io::stdout().lock();
     if args.ids {
-        let _tokenizer = existing(&companions.tokenizer, "tokenizer")?;
-        anyhow::bail!("--ids: the tokenizer is not available in this build yet");
+        // apply_chat_template(tokenize=True) encodes the rendered text with
+        // add_special_tokens=False: the template already wrote every special token.
+        let tokenizer = Tokenizer::open(&existing(&companions.tokenizer, "tokenizer")?)?;
+        let ids = tokenizer.encode(&text);
+        writeln!(out, "{}", serde_json::to_string(&ids)?)?;
     } else {
         // Exactly the rendered text: no newline added.
         out.write_all(text.as_bytes())?;
