@@ -473,6 +473,43 @@ mod tests {
         ChatTemplate::from_file(f, Path::new("t.template.json")).unwrap()
     }
 
+    /// Golden strings from transformers 5.23.0 `render_jinja_template` (jinja2 3.1.6). The Qwen3
+    /// reference cases do not depend on these settings, so each is tested on its own here.
+    #[test]
+    fn jinja_environment_matches_transformers() {
+        let user = [Message::user("a<b>&'c'")];
+        // trim_blocks + lstrip_blocks: block lines leave no whitespace behind.
+        let t = template(
+            "{% for m in messages %}\n    {% if m.role == 'user' %}\n<{{ m.content }}>\n    \
+             {% endif %}\n{% endfor %}\n",
+        );
+        assert_eq!(t.render(&user, false, None).unwrap(), "<a<b>&'c'>\n");
+        // tojson is Python's json.dumps(ensure_ascii=False): no HTML escaping; options pass through.
+        let t = template(
+            "{{ messages[0]|tojson }}|{{ messages[0]|tojson(indent=2) }}|\
+             {{ messages[0]|tojson(sort_keys=true, separators=(',', ':')) }}|\
+             {{ 'é'|tojson(ensure_ascii=true) }}",
+        );
+        assert_eq!(
+            t.render(&user, false, None).unwrap(),
+            "{\"role\": \"user\", \"content\": \"a<b>&'c'\"}|\
+             {\n  \"role\": \"user\",\n  \"content\": \"a<b>&'c'\"\n}|\
+             {\"content\":\"a<b>&'c'\",\"role\":\"user\"}|\"\\u00e9\""
+        );
+        // Loop controls (jinja2.ext.loopcontrols).
+        let t = template(
+            "{% for m in messages %}{% if m.content == 'skip' %}{% continue %}{% endif %}\
+             {{ m.content }}{% if m.content == 'stop' %}{% break %}{% endif %}{% endfor %}",
+        );
+        let four = [
+            Message::user("a"),
+            Message::assistant("skip"),
+            Message::user("stop"),
+            Message::assistant("z"),
+        ];
+        assert_eq!(t.render(&four, false, None).unwrap(), "astop");
+    }
+
     #[test]
     fn strftime_matches_python() {
         // Python: datetime.fromtimestamp(t, timezone.utc).strftime(fmt)
