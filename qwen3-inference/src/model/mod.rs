@@ -7,6 +7,8 @@
 //! See docs/transformer.md.
 
 mod session;
+#[cfg(test)]
+pub(crate) mod test_model;
 
 pub use session::Session;
 
