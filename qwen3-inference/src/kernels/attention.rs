@@ -5,7 +5,7 @@
 //! value heads; query head `h` reads kv head `h / (n_heads / n_kv_heads)` (HF's `repeat_kv`
 //! repeats each kv head that many times, consecutively).
 
-use super::matmul::dot_f32;
+use super::dot::dots;
 use rayon::prelude::*;
 
 /// The sizes attention needs.
@@ -45,6 +45,7 @@ pub fn attention(
     assert!(start_pos + t <= s.context_len);
     assert_eq!(scores.len(), s.n_heads * s.context_len);
     let scale = (hd as f32).powf(-0.5);
+    let dot = dots().f32;
     for i in 0..t {
         let n_keys = start_pos + i + 1;
         let q_row = &q[i * width..(i + 1) * width];
@@ -60,7 +61,7 @@ pub fn attention(
                 // 1. scores[j] = (q . k_j) * head_dim^-0.5      scores: [n_keys]
                 let scores_h = &mut scores_h[..n_keys];
                 for (sc, k) in scores_h.iter_mut().zip(keys.chunks_exact(hd)) {
-                    *sc = dot_f32(q_h, k) * scale;
+                    *sc = dot(q_h, k) * scale;
                 }
                 // 2. softmax, subtracting the max so exp never overflows.
                 let max = scores_h.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));

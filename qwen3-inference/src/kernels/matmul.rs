@@ -5,6 +5,7 @@
 //! matrix-matrix product, with `t = 1` (decode) a matrix-vector product. Threads split the output
 //! rows, so each thread streams its own contiguous slice of the weights.
 
+use super::dot::{dots, Dots};
 use crate::format::reader::{TensorData, TensorView};
 use rayon::prelude::*;
 
@@ -31,6 +32,7 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
         "matmul {}: out is not [{t}, {rows}]",
         w.name
     );
+    let dots = dots();
     if t == 1 {
         // Decode: out is one row, so each task owns a contiguous slice of it.
         out.par_chunks_mut(ROWS_PER_TASK)
@@ -38,7 +40,7 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
             .for_each(|(chunk, out)| {
                 let r0 = chunk * ROWS_PER_TASK;
                 for (j, o) in out.iter_mut().enumerate() {
-                    *o = dot_row(w, r0 + j, cols, x);
+                    *o = dot_row(dots, w, r0 + j, cols, x);
                 }
             });
         return;
@@ -54,7 +56,7 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
             let r0 = chunk * ROWS_PER_TASK;
             for (j, per_token) in block.chunks_mut(t).enumerate() {
                 for (i, o) in per_token.iter_mut().enumerate() {
-                    *o = dot_row(w, r0 + j, cols, &x[i * cols..(i + 1) * cols]);
+                    *o = dot_row(dots, w, r0 + j, cols, &x[i * cols..(i + 1) * cols]);
                 }
             }
         });
@@ -67,11 +69,11 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
 
 /// Dot product of weight row `r` with `x` (`cols` long), in the row's stored dtype.
 #[inline]
-fn dot_row(w: &TensorView, r: usize, cols: usize, x: &[f32]) -> f32 {
+fn dot_row(dots: &Dots, w: &TensorView, r: usize, cols: usize, x: &[f32]) -> f32 {
     let span = r * cols..(r + 1) * cols;
     match w.data {
-        TensorData::F32(v) => dot_f32(&v[span], x),
-        TensorData::Bf16(v) => dot_bf16(&v[span], x),
+        TensorData::F32(v) => (dots.f32)(&v[span], x),
+        TensorData::Bf16(v) => (dots.bf16)(&v[span], x),
         TensorData::Q8 {
             q,
             scales,
@@ -88,62 +90,13 @@ fn dot_row(w: &TensorView, r: usize, cols: usize, x: &[f32]) -> f32 {
     }
 }
 
-/// Lanes of independent partial sums. Summing into 8 accumulators (then adding them up) is what
-/// a SIMD unit does anyway, lets the compiler vectorise, and halves the rounding error of one long
-/// running sum.
+/// Lanes of independent partial sums: what a SIMD unit does anyway; lets the compiler vectorise.
 const LANES: usize = 8;
 
-#[inline]
-fn sum_lanes(acc: [f32; LANES]) -> f32 {
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
-}
-
-/// `sum_i a[i] * b[i]` in f32.
-#[inline]
-pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    let mut acc = [0f32; LANES];
-    let (ac, bc) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for l in 0..LANES {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    sum_lanes(acc) + tail
-}
-
-/// bf16 is the top half of an f32, so widening is a shift: exact.
-#[inline]
-fn bf16_to_f32(bits: u16) -> f32 {
-    f32::from_bits((bits as u32) << 16)
-}
-
-#[inline]
-fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let (wc, xc) = (w.chunks_exact(LANES), x.chunks_exact(LANES));
-    let tail: f32 = wc
-        .remainder()
-        .iter()
-        .zip(xc.remainder())
-        .map(|(&a, b)| bf16_to_f32(a) * b)
-        .sum();
-    for (a, b) in wc.zip(xc) {
-        for l in 0..LANES {
-            acc[l] += bf16_to_f32(a[l]) * b[l];
-        }
-    }
-    sum_lanes(acc) + tail
-}
-
-/// One q8 row: `sum_g scale[g] * sum_{i in g} q[i] * x[i]`. The scale is applied once per group,
-/// after the group's sum (exact algebra: `sum q*s*x = s * sum q*x`).
+/// One q8 row times f32 activations: `sum_g scale[g] * sum_{i in g} q[i] * x[i]`. The scale is
+/// applied once per group, after the group's sum (exact algebra: `sum q*s*x = s * sum q*x`).
+/// The activations stay f32 (weight-only quantization), so the only error against the f32 model is
+/// the weights' rounding; [`super::dot`] also has a W8A8 product for a faster, less exact path.
 #[inline]
 fn dot_q8(q: &[i8], scales: &[f32], group_size: usize, x: &[f32]) -> f32 {
     let mut total = 0f32;
@@ -165,7 +118,7 @@ fn dot_q8(q: &[i8], scales: &[f32], group_size: usize, x: &[f32]) -> f32 {
                 acc[l] += a[l] as f32 * b[l];
             }
         }
-        total += s * (sum_lanes(acc) + tail);
+        total += s * (acc.iter().sum::<f32>() + tail);
     }
     total
 }
@@ -222,7 +175,10 @@ mod tests {
 
         // bf16: truncate the weights to bf16, the reference uses the same rounded values.
         let bits: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
-        let w_bf: Vec<f32> = bits.iter().map(|&b| bf16_to_f32(b)).collect();
+        let w_bf: Vec<f32> = bits
+            .iter()
+            .map(|&b| f32::from_bits((b as u32) << 16))
+            .collect();
         let view = TensorView {
             name: "w",
             shape: &shape,

@@ -14,11 +14,11 @@
 //! | [`attention`] | queries `[t, n_heads, head_dim]` over the KV cache |
 //! | [`silu_mul`], [`add`] | elementwise |
 //!
-//! A later performance pass adds SIMD versions behind a run-time dispatch inside these functions;
-//! their signatures stay the same, and the scalar code here stays as the reference they are tested
-//! against.
+//! The innermost loops, the dot products, are in [`dot`]: scalar references plus SIMD versions
+//! chosen once at run time. The functions here keep their signatures whatever [`dot`] picks.
 
 mod attention;
+pub mod dot;
 mod elementwise;
 mod embedding;
 mod matmul;
@@ -28,6 +28,6 @@ mod rope;
 pub use attention::{attention, AttentionShape};
 pub use elementwise::{add, silu_mul};
 pub use embedding::embedding;
-pub use matmul::{dot_f32, matmul};
+pub use matmul::matmul;
 pub use rmsnorm::rmsnorm;
 pub use rope::{rope, RopeTable};
