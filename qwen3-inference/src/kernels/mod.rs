@@ -31,3 +31,8 @@ pub use embedding::embedding;
 pub use matmul::matmul;
 pub use rmsnorm::rmsnorm;
 pub use rope::{rope, RopeTable};
+
+/// Threads the kernels split work over (rayon's pool; set `RAYON_NUM_THREADS` to change it).
+pub fn threads() -> usize {
+    rayon::current_num_threads()
+}
