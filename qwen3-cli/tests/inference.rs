@@ -292,3 +292,65 @@ fn bad_input_is_a_one_line_error() {
     assert!(text(&o.stderr).contains("missing.bin"));
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Text in, text out, against HuggingFace: the full-vocabulary fixture (real Qwen3 tokenizer),
+/// exported in f32, must print exactly the text transformers' greedy continuation decodes to
+/// (`greedy_text` in its reference.json: 24 tokens, none of them EOS).
+#[test]
+fn text_generation_matches_huggingface() {
+    let d = tempdir("text");
+    let m = d.join("fv.bin");
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/tiny-qwen3-fullvocab");
+    let o = run(&[
+        "export",
+        fixture.to_str().unwrap(),
+        m.to_str().unwrap(),
+        "--dtype",
+        "f32",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("reference.json")).unwrap())
+            .unwrap();
+    for case in reference["cases"].as_array().unwrap() {
+        let prompt = case["prompt_text"].as_str().unwrap();
+        let want = case["greedy_text"].as_str().unwrap();
+        let o = run(&[
+            "inference",
+            m.to_str().unwrap(),
+            "-i",
+            prompt,
+            "-n",
+            "24",
+            "-t",
+            "0",
+        ]);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        assert_eq!(text(&o.stdout), format!("{want}\n"), "prompt {prompt:?}");
+        assert!(text(&o.stderr).contains("[stopped: reached -n 24]"));
+        // --echo puts the prompt text first.
+        let o = run(&[
+            "inference",
+            m.to_str().unwrap(),
+            "-i",
+            prompt,
+            "-n",
+            "24",
+            "-t",
+            "0",
+            "--echo",
+        ]);
+        assert_eq!(text(&o.stdout), format!("{prompt}{want}\n"));
+    }
+    // A model without its tokenizer file: a text prompt is a clear error naming the file.
+    std::fs::remove_file(d.join("fv.tokenizer.bin")).unwrap();
+    let o = run(&["inference", m.to_str().unwrap(), "-i", "Hello"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("fv.tokenizer.bin"),
+        "{}",
+        text(&o.stderr)
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}

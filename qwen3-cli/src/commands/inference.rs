@@ -1,14 +1,16 @@
 //! `qwen3 inference <model.bin> -m generate`: one completion, streamed to stdout.
 //!
-//! stdout gets only the generated text (or ids), so it can be piped; everything else (the stop
-//! reason, the timing summary, `--verbose` details) goes to stderr.
+//! stdout gets only the generated text, so it can be piped; everything else (the stop reason, the
+//! timing summary, `--verbose` details) goes to stderr. A prompt given as ids (`--prompt-ids`)
+//! gets ids back, one space-separated stream, which needs no tokenizer.
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use qwen3_inference::format::ModelFile;
+use qwen3_inference::format::{companion_paths, ModelFile};
 use qwen3_inference::generate::{generate, StopReason};
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::sampler::{Sampler, SamplerConfig};
+use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -34,8 +36,8 @@ pub struct InferenceArgs {
     /// The prompt text.
     #[arg(short = 'i', long = "input", conflicts_with = "prompt_ids")]
     pub input: Option<String>,
-    /// The prompt as token ids, a JSON array such as '[9707, 11, 1879]' (for debugging; the
-    /// output is then token ids too).
+    /// The prompt as token ids, a JSON array such as '[785, 6722, 315]' (for debugging; the
+    /// output is then token ids too, and no tokenizer file is needed).
     #[arg(long)]
     pub prompt_ids: Option<String>,
     /// Most tokens to generate. 0 runs the prompt and generates nothing (times prefill).
@@ -82,12 +84,15 @@ pub fn run(args: InferenceArgs) -> Result<()> {
     let model = Model::load(&file)?;
     let c = model.config;
 
-    let prompt: Vec<u32> = match (&args.input, &args.prompt_ids) {
-        (_, Some(ids)) => parse_ids(ids)?,
-        (Some(_), None) => bail!(
-            "text prompts need the tokenizer, which this build does not have yet; give --prompt-ids '[..]'"
-        ),
-        (None, None) => bail!("no prompt: give -i TEXT or --prompt-ids '[..]'"),
+    // Text in, text out (with the model's tokenizer file); ids in, ids out.
+    let tokenizer = match &args.input {
+        Some(_) => Some(Tokenizer::open(&companion_paths(&args.model).tokenizer)?),
+        None => None,
+    };
+    let prompt: Vec<u32> = match (&args.input, &args.prompt_ids, &tokenizer) {
+        (_, Some(ids), _) => parse_ids(ids)?,
+        (Some(text), None, Some(tok)) => tok.encode(text),
+        _ => bail!("no prompt: give -i TEXT or --prompt-ids '[..]'"),
     };
 
     let max_ctx = c.max_position_embeddings as usize;
@@ -161,9 +166,14 @@ pub fn run(args: InferenceArgs) -> Result<()> {
 
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    let mut decoder = tokenizer.as_ref().map(StreamDecoder::new);
     if args.echo {
-        write!(out, "{}", ids_text(&prompt))?;
+        match &args.input {
+            Some(text) => write!(out, "{text}")?,
+            None => write!(out, "{}", ids_text(&prompt))?,
+        }
     }
+    let mut first = !args.echo;
     let stats = generate(
         &mut session,
         &mut sampler,
@@ -171,10 +181,18 @@ pub fn run(args: InferenceArgs) -> Result<()> {
         args.max_tokens,
         &c.eos_token_ids,
         |id| {
-            write!(out, " {id}")?;
+            match decoder.as_mut() {
+                Some(d) => write!(out, "{}", d.push(id))?,
+                None if first => write!(out, "{id}")?,
+                None => write!(out, " {id}")?,
+            }
+            first = false;
             out.flush().context("stdout")
         },
     )?;
+    if let Some(d) = decoder.as_mut() {
+        write!(out, "{}", d.finish())?;
+    }
     writeln!(out)?;
     out.flush()?;
 
