@@ -544,3 +544,55 @@ impl<'t> Shown<'t> {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The real Qwen3 tokenizer (fixtures/tokenizer), exported to a temporary file.
+    fn tokenizer() -> Tokenizer {
+        let dir = std::env::temp_dir().join(format!("pq-chat-shown-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.tokenizer.bin");
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tokenizer");
+        qwen3_export::hf::tokenizer_json::export_tokenizer(&src, &path, 151_936).unwrap();
+        let tok = Tokenizer::open(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        tok
+    }
+
+    fn show(tok: &Tokenizer, ids: &[u32], hide: bool, colour: bool) -> String {
+        let think = (tok.token_id("<think>"), tok.token_id("</think>"));
+        let mut s = Shown::new(tok, think, hide, colour);
+        let mut out: String = ids.iter().map(|&id| s.push(id)).collect();
+        out.push_str(&s.finish());
+        out
+    }
+
+    #[test]
+    fn reasoning_is_dimmed_kept_or_hidden() {
+        let tok = tokenizer();
+        // What Qwen3 writes when it thinks: <think>, reasoning, </think>, blank line, answer.
+        let ids = tok.encode("<think>\nAdd them.\n</think>\n\n2 + 2 = 4.");
+        let think_start = tok.token_id("<think>").unwrap();
+        assert_eq!(ids[0], think_start, "<think> is one token: {ids:?}");
+        let all = "<think>\nAdd them.\n</think>\n\n2 + 2 = 4.";
+        assert_eq!(tok.decode(&ids, false).unwrap(), all);
+        // Piped: the text as the model wrote it.
+        assert_eq!(show(&tok, &ids, false, false), all);
+        // Terminal: the reasoning block dimmed.
+        assert_eq!(
+            show(&tok, &ids, false, true),
+            format!("{DIM}<think>\nAdd them.\n</think>{RESET}\n\n2 + 2 = 4.")
+        );
+        // --hide-thinking: the answer only, without the blank line after the block.
+        assert_eq!(show(&tok, &ids, true, true), "2 + 2 = 4.");
+        // An answer cut inside its reasoning: hidden entirely, or dimming switched off at the end.
+        let cut = &ids[..4];
+        assert_eq!(show(&tok, cut, true, false), "");
+        assert!(show(&tok, cut, false, true).ends_with(RESET));
+        // No reasoning (thinking off): nothing changes.
+        let plain = tok.encode("Just 4.");
+        assert_eq!(show(&tok, &plain, true, true), "Just 4.");
+    }
+}
