@@ -234,7 +234,7 @@ mod x86 {
         }
         let groups = ws.len().min(w.len() / gs).min(x.len() / gs);
         let mut acc = _mm256_setzero_ps();
-        for g in 0..groups {
+        for (g, &scale) in ws.iter().enumerate().take(groups) {
             let mut part = _mm256_setzero_ps();
             let mut k = g * gs;
             // SAFETY: reads w[k..k+8] (8 bytes) and x[k..k+8] with k + 8 <= (g+1)*gs <= len.
@@ -247,7 +247,7 @@ mod x86 {
                 );
                 k += 8;
             }
-            acc = _mm256_fmadd_ps(part, _mm256_set1_ps(ws[g]), acc);
+            acc = _mm256_fmadd_ps(part, _mm256_set1_ps(scale), acc);
         }
         hsum256(acc)
     }
@@ -260,7 +260,7 @@ mod x86 {
         }
         let groups = ws.len().min(w.len() / gs).min(x.len() / gs);
         let mut acc = _mm512_setzero_ps();
-        for g in 0..groups {
+        for (g, &scale) in ws.iter().enumerate().take(groups) {
             let mut part = _mm512_setzero_ps();
             let mut k = g * gs;
             // SAFETY: reads w[k..k+16] (16 bytes) and x[k..k+16] with k + 16 <= (g+1)*gs <= len.
@@ -273,7 +273,7 @@ mod x86 {
                 );
                 k += 16;
             }
-            acc = _mm512_fmadd_ps(part, _mm512_set1_ps(ws[g]), acc);
+            acc = _mm512_fmadd_ps(part, _mm512_set1_ps(scale), acc);
         }
         _mm512_reduce_add_ps(acc)
     }
