@@ -430,6 +430,40 @@ mod tests {
     }
 
     #[test]
+    fn hf_extra_cases_encode_and_decode_exactly() {
+        assert_eq!(check_cases("tokenizer-cases-extra.json"), 97 + 7);
+    }
+
+    /// Differential check against a large HF-computed random set, outside the test suite:
+    /// `scripts/tokenizer_cases.py --random N > FILE`, then
+    /// `PQ_TOKENIZER_CASES=FILE cargo test -p qwen3-export -- --ignored differential --nocapture`.
+    #[test]
+    #[ignore]
+    fn differential_random_cases() {
+        let path = std::env::var("PQ_TOKENIZER_CASES").expect("set PQ_TOKENIZER_CASES");
+        let json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let tok = qwen3();
+        let (mut total, mut enc_ok, mut dec_ok) = (0, 0, 0);
+        for c in json["cases"].as_array().unwrap() {
+            total += 1;
+            let text = c["text"].as_str().unwrap();
+            let want = ids_of(&c["ids"]);
+            let got = tok.encode(text);
+            if got == want {
+                enc_ok += 1;
+            } else if total - enc_ok <= 20 {
+                println!("encode mismatch {text:?}: {got:?} != {want:?}");
+            }
+            let d = tok.decode(&want, false).unwrap() == c["decoded"].as_str().unwrap()
+                && tok.decode(&want, true).unwrap() == c["decoded_skip_special"].as_str().unwrap()
+                && stream(tok, &want, false) == c["decoded"].as_str().unwrap();
+            dec_ok += d as usize;
+        }
+        println!("differential: {total} strings, encode agrees on {enc_ok}, decode on {dec_ok}");
+        assert_eq!((enc_ok, dec_ok), (total, total));
+    }
+
+    #[test]
     fn file_holds_what_tokenizer_json_and_config_say() {
         let tok = qwen3();
         // tokenizer.json: 151643 vocab tokens + 26 added (151643..151668).

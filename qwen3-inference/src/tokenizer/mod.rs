@@ -246,7 +246,30 @@ fn normalize(normalizer: Normalizer, text: &str) -> Cow<'_, str> {
         // Most text is already NFC; the quick check avoids rebuilding it.
         Normalizer::Nfc => match is_nfc_quick(text.chars()) {
             IsNormalized::Yes => Cow::Borrowed(text),
-            _ => Cow::Owned(text.nfc().collect()),
+            _ => Cow::Owned(nfc_like_hf(text)),
         },
     }
+}
+
+/// NFC as HF `tokenizers` computes it. Its normalizer (the unicode-normalization-alignments
+/// crate) has older Unicode tables than the unicode-normalization crate: combining marks added
+/// since (U+1DF6..U+1DF9, ...) have class 0 there, so they are never reordered and block
+/// composition. Such a mark is kept in place and the text on each side is normalized on its own,
+/// which is what a class-0 character without decomposition amounts to.
+fn nfc_like_hf(text: &str) -> String {
+    use unicode_normalization::char::canonical_combining_class;
+    let unknown_to_hf = |c: char| {
+        !c.is_ascii()
+            && canonical_combining_class(c) != 0
+            && !pretokenize::in_table(unicode_tables::HF_COMBINING, c)
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some((i, c)) = rest.char_indices().find(|&(_, c)| unknown_to_hf(c)) {
+        out.extend(rest[..i].nfc());
+        out.push(c);
+        rest = &rest[i + c.len_utf8()..];
+    }
+    out.extend(rest.nfc());
+    out
 }
