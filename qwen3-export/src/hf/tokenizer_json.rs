@@ -9,6 +9,7 @@
 
 use anyhow::{bail, Context, Result};
 use qwen3_inference::format::atomic::write_atomic;
+use qwen3_inference::tokenizer::bpe::MergeTable;
 use qwen3_inference::tokenizer::byte_level;
 use qwen3_inference::tokenizer::file::{
     AddedToken, Normalizer, TokenizerData, NO_ID, QWEN2_SPLIT_PATTERN,
@@ -233,6 +234,7 @@ fn from_json(json: &Value) -> Result<TokenizerData> {
         .map(|(id, t)| t.with_context(|| format!("no token has id {id}: ids must be contiguous")))
         .collect::<Result<_>>()?;
     let (token_ends, blob) = TokenizerData::token_table(&tokens);
+    let merges = MergeTable::from_ranked(tokens.len(), &merges);
     if blob.len() > u32::MAX as usize {
         bail!("the tokens take more than 4 GiB");
     }

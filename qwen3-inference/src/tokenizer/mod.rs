@@ -29,7 +29,6 @@ pub use file::{AddedToken, Normalizer, TokenizerData};
 
 use added::{Matcher, Segment};
 use anyhow::{Context, Result};
-use bpe::{IdPairHasher, MergeMap};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -40,7 +39,6 @@ use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 /// A loaded tokenizer file, ready to encode and decode.
 pub struct Tokenizer {
     data: TokenizerData,
-    merges: MergeMap,
     /// Added tokens with `normalized: false`, matched in the raw text.
     raw_added: Matcher,
     /// Added tokens with `normalized: true`, matched (by their normalized content) in the
@@ -68,7 +66,6 @@ impl Tokenizer {
 
     /// Builds the lookup tables over validated data.
     pub fn from_data(data: TokenizerData) -> Tokenizer {
-        let merges = bpe::merge_map(&data.merges);
         let (norm, raw): (Vec<AddedToken>, Vec<AddedToken>) =
             data.added.iter().cloned().partition(|t| t.normalized);
         let raw_added = Matcher::new(raw.into_iter().map(|t| (t.content.clone(), t)).collect());
@@ -86,7 +83,6 @@ impl Tokenizer {
         special_ids.sort_unstable();
         Tokenizer {
             data,
-            merges,
             raw_added,
             normalized_added,
             special_ids,
@@ -195,7 +191,7 @@ impl Tokenizer {
                 continue;
             }
             if bytes.len() > CACHE_MAX_PIECE {
-                bpe::encode_piece(bytes, &self.data.byte_ids, &self.merges, out);
+                bpe::encode_piece(bytes, &self.data.byte_ids, &self.data.merges, out);
                 continue;
             }
             if let Some(&(start, len)) = cache.get(bytes) {
@@ -203,7 +199,7 @@ impl Tokenizer {
                 continue;
             }
             let start = out.len();
-            bpe::encode_piece(bytes, &self.data.byte_ids, &self.merges, out);
+            bpe::encode_piece(bytes, &self.data.byte_ids, &self.data.merges, out);
             cache.insert(bytes.into(), (start as u32, (out.len() - start) as u32));
         }
     }
@@ -238,7 +234,29 @@ impl Tokenizer {
 }
 
 /// Piece bytes -> (start, len) of its ids in the output of the current `encode` call.
-type PieceCache = HashMap<Box<[u8]>, (u32, u32), BuildHasherDefault<IdPairHasher>>;
+type PieceCache = HashMap<Box<[u8]>, (u32, u32), BuildHasherDefault<PieceHasher>>;
+
+/// FxHash-style hasher for the piece cache: the std SipHash resists hostile keys, which a
+/// per-call cache does not need, and is several times slower on short pieces.
+#[derive(Default)]
+struct PieceHasher(u64);
+
+impl std::hash::Hasher for PieceHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let v = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+            self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(K);
+        }
+        for &b in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(K);
+        }
+    }
+}
 
 fn normalize(normalizer: Normalizer, text: &str) -> Cow<'_, str> {
     match normalizer {
