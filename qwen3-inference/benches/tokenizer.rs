@@ -7,7 +7,7 @@
 //! `tokenizers` on the very same bytes (it runs this bench first).
 
 use qwen3_export::hf::tokenizer_json::export_tokenizer;
-use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
+use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer, TokenizerData};
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -118,16 +118,32 @@ fn main() {
     let load = median(21, || {
         black_box(Tokenizer::open(&tok_path).unwrap());
     });
+    let read = median(21, || {
+        black_box(std::fs::read(&tok_path).unwrap());
+    });
+    let bytes = std::fs::read(&tok_path).unwrap();
+    let parse = median(21, || {
+        black_box(TokenizerData::from_bytes(&bytes).unwrap());
+    });
     println!(
-        "load      {:.2} ms  ({:.1} MB tokenizer file, median of 21)",
+        "load      {:.2} ms  ({:.1} MB tokenizer file: read {:.2} ms, parse and check {:.2} ms; \
+         median of 21)",
         load * 1e3,
-        file_len as f64 / 1e6
+        file_len as f64 / 1e6,
+        read * 1e3,
+        parse * 1e3
     );
 
     let tok = Tokenizer::open(&tok_path).unwrap();
     let text = corpus();
     std::fs::write(target.join("tokenizer-bench.txt"), &text).unwrap();
     let ids = tok.encode(&text);
+    // For scripts/bench_tokenizer.py to check that HF produces the same ids.
+    std::fs::write(
+        target.join("tokenizer-bench.ids.json"),
+        serde_json::to_string(&ids).unwrap(),
+    )
+    .unwrap();
     let mb = text.len() as f64 / 1e6;
 
     let enc = median(7, || {

@@ -203,10 +203,7 @@ impl TokenizerData {
         let model_vocab = r.u32("model vocab size")?;
 
         let n = r.count(4, "token count")?;
-        let mut token_ends = Vec::with_capacity(n);
-        for _ in 0..n {
-            token_ends.push(r.u32("token end")?);
-        }
+        let token_ends = u32_array(&mut r, n, "token ends")?;
         let blob_len = r.count(1, "token bytes length")?;
         let blob = r.bytes(blob_len, "token bytes")?.to_vec();
         if (model_vocab as usize) < n {
@@ -259,17 +256,18 @@ impl TokenizerData {
         }
 
         let m = r.count(12, "merge count")?;
-        let mut starts = Vec::with_capacity(n + 1);
-        for _ in 0..=n {
-            starts.push(r.u32("merge starts")?);
-        }
+        let starts = u32_array(&mut r, n + 1, "merge starts")?;
         if starts[0] != 0 || starts[n] as usize != m || starts.windows(2).any(|w| w[0] > w[1]) {
             bail!("merge starts are not an increasing split of the {m} merges");
         }
-        let mut entries = Vec::with_capacity(m);
-        for _ in 0..m {
-            entries.push([r.u32("merge")?, r.u32("merge")?, r.u32("merge")?]);
-        }
+        let entries: Vec<[u32; 3]> = r
+            .bytes(12 * m, "merges")?
+            .chunks_exact(12)
+            .map(|e| {
+                let w = |k: usize| u32::from_le_bytes([e[k], e[k + 1], e[k + 2], e[k + 3]]);
+                [w(0), w(4), w(8)]
+            })
+            .collect();
         for left in 0..n {
             let group = &entries[starts[left] as usize..starts[left + 1] as usize];
             for (k, &[right, rank, merged]) in group.iter().enumerate() {
@@ -313,4 +311,16 @@ impl TokenizerData {
         }
         Ok(data)
     }
+}
+
+/// `n` little-endian u32s in one bounds check (loading reads ~750k of them).
+fn u32_array(r: &mut ByteReader, n: usize, what: &str) -> Result<Vec<u32>> {
+    let len = n
+        .checked_mul(4)
+        .ok_or_else(|| anyhow::anyhow!("{what}: count {n} is too large"))?;
+    let bytes = r.bytes(len, what)?;
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }

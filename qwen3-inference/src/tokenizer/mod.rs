@@ -291,3 +291,174 @@ fn nfc_like_hf(text: &str) -> String {
     out.extend(rest.nfc());
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bpe::MergeTable;
+
+    /// A small byte-level tokenizer: the 256 bytes, a few merges, two added tokens.
+    fn toy_data() -> TokenizerData {
+        let mut tokens: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        let mut ranked = Vec::new();
+        for (a, b) in [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), (" ", "w")] {
+            let (ia, ib) = (
+                tokens.iter().position(|t| t == a.as_bytes()).unwrap() as u32,
+                tokens.iter().position(|t| t == b.as_bytes()).unwrap() as u32,
+            );
+            tokens.push(format!("{a}{b}").into_bytes());
+            ranked.push([ia, ib, tokens.len() as u32 - 1]);
+        }
+        let added = ["<|end|>", "<think>"]
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                tokens.push(c.as_bytes().to_vec());
+                AddedToken {
+                    id: tokens.len() as u32 - 1,
+                    content: c.to_string(),
+                    special: i == 0,
+                    single_word: false,
+                    lstrip: false,
+                    rstrip: false,
+                    normalized: false,
+                }
+            })
+            .collect();
+        let mut byte_ids = [file::NO_ID; 256];
+        for (b, id) in byte_ids.iter_mut().enumerate() {
+            *id = b as u32;
+        }
+        let (token_ends, blob) = TokenizerData::token_table(&tokens);
+        TokenizerData {
+            normalizer: Normalizer::Nfc,
+            split_pattern: file::QWEN2_SPLIT_PATTERN.into(),
+            bos_id: None,
+            eos_id: Some(tokens.len() as u32 - 2),
+            model_vocab: tokens.len() as u32 + 3,
+            merges: MergeTable::from_ranked(tokens.len(), &ranked),
+            token_ends,
+            blob,
+            byte_ids,
+            added,
+        }
+    }
+
+    /// xorshift64*: a deterministic generator for the property tests.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    #[test]
+    fn file_round_trips() {
+        let data = toy_data();
+        assert_eq!(TokenizerData::from_bytes(&data.to_bytes()).unwrap(), data);
+    }
+
+    #[test]
+    fn toy_tokenizer_encodes_and_decodes() {
+        let tok = Tokenizer::from_data(toy_data());
+        let hello = tok.token_id("hello").unwrap();
+        let w = tok.token_id(" w").unwrap();
+        let end = tok.token_id("<|end|>").unwrap();
+        // "hello" -> he, ll, (he ll), (hell o); " world" -> " w" then single bytes.
+        let ids = tok.encode("hello<|end|> world");
+        assert_eq!(ids[..3], [hello, end, w]);
+        assert_eq!(tok.decode(&ids, false).unwrap(), "hello<|end|> world");
+        assert_eq!(tok.decode(&ids, true).unwrap(), "hello world");
+        // Padding ids decode to nothing; past the model's vocabulary they are an error.
+        let pad = tok.len() as u32;
+        assert_eq!(tok.decode(&[pad], false).unwrap(), "");
+        assert!(tok.decode(&[tok.model_vocab()], false).is_err());
+    }
+
+    #[test]
+    fn stream_decoder_holds_split_characters() {
+        let tok = Tokenizer::from_data(toy_data());
+        let mut d = StreamDecoder::new(&tok);
+        // "é" = C3 A9 as two byte tokens; then an invalid lone continuation byte 0xA9.
+        assert_eq!(d.push(0xC3), "");
+        assert_eq!(d.push(0xA9), "é");
+        assert_eq!(d.push(0xA9), "\u{FFFD}");
+        assert_eq!(d.push(0xE4), "");
+        assert_eq!(d.push(b'a' as u32), "\u{FFFD}a");
+        assert_eq!(d.push(0xF0), "");
+        assert_eq!(d.push(tok.len() as u32 + 1), "");
+        assert_eq!(d.finish(), "\u{FFFD}");
+    }
+
+    /// Property test: random mutations of a valid file (bit flips, overwritten words,
+    /// truncation, garbage appended) give an error or a valid tokenizer, never a panic; and
+    /// whatever loads encodes and decodes without panicking.
+    #[test]
+    fn mutated_files_never_panic() {
+        let good = toy_data().to_bytes();
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let mut loaded = 0;
+        for _ in 0..20_000 {
+            let mut f = good.clone();
+            for _ in 0..1 + rng.below(4) {
+                let i = rng.below(f.len());
+                match rng.below(4) {
+                    0 => f[i] ^= 1 << rng.below(8),
+                    1 => {
+                        let v = [0u32, 1, 0xFF, 0xFFFF_FFFF, 0x7FFF_FFFF, 300][rng.below(6)];
+                        let end = (i + 4).min(f.len());
+                        f[i..end].copy_from_slice(&v.to_le_bytes()[..end - i]);
+                    }
+                    2 => f.truncate(i),
+                    _ => f.extend((0..rng.below(16)).map(|_| rng.next() as u8)),
+                }
+                if f.is_empty() {
+                    break;
+                }
+            }
+            if let Ok(data) = TokenizerData::from_bytes(&f) {
+                loaded += 1;
+                let tok = Tokenizer::from_data(data);
+                let ids = tok.encode("hello <think> wörld 😀 'll  \n");
+                let _ = tok.decode(&ids, false);
+                let _ = tok.decode(&[0, 255, 300, u32::MAX], true);
+            }
+        }
+        // Some mutations (e.g. in token bytes that no check covers) still load.
+        assert!(loaded > 0);
+    }
+
+    /// Property test: any &str -- random code points of every plane, and random bytes read
+    /// lossily -- encodes without panic, and decodes back to its normalized form (the toy
+    /// vocabulary has every byte and no added token is in the text, so nothing is lost).
+    #[test]
+    fn any_text_encodes_and_round_trips() {
+        let tok = Tokenizer::from_data(toy_data());
+        let mut rng = Rng(42);
+        for i in 0..5_000 {
+            let n = rng.below(40);
+            let text: String = if i % 2 == 0 {
+                (0..n)
+                    .filter_map(|_| match rng.below(4) {
+                        0 => char::from_u32(rng.below(0x80) as u32),
+                        1 => char::from_u32(0x300 + rng.below(0x70) as u32),
+                        2 => Some([' ', '\n', '\u{3000}', '\'', 'ſ', '<', '|'][rng.below(7)]),
+                        _ => char::from_u32(rng.below(0x11_0000) as u32),
+                    })
+                    .collect()
+            } else {
+                let bytes: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            };
+            let ids = tok.encode(&text);
+            let back = tok.decode(&ids, false).unwrap();
+            assert_eq!(back, tok.normalize(&text), "{text:?}");
+        }
+    }
+}
