@@ -301,7 +301,13 @@ mod tests {
     fn toy_data() -> TokenizerData {
         let mut tokens: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
         let mut ranked = Vec::new();
-        for (a, b) in [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), (" ", "w")] {
+        for (a, b) in [
+            ("h", "e"),
+            ("l", "l"),
+            ("he", "ll"),
+            ("hell", "o"),
+            (" ", "w"),
+        ] {
             let (ia, ib) = (
                 tokens.iter().position(|t| t == a.as_bytes()).unwrap() as u32,
                 tokens.iter().position(|t| t == b.as_bytes()).unwrap() as u32,
