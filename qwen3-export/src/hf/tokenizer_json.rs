@@ -465,6 +465,41 @@ mod tests {
         assert_eq!((enc_ok, dec_ok), (total, total));
     }
 
+    /// The tiny test checkpoints (fixtures/models/, made by scripts/make_fixtures.py) carry their
+    /// own small byte-level BPE tokenizer.json; their reference.json holds HF's decode of the
+    /// greedy ids (some past the tokenizer, inside the 512-row embedding) and HF's ids of the
+    /// prompt text.
+    #[test]
+    fn tiny_checkpoint_tokenizers_export_and_agree_with_hf() {
+        let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&models).unwrap() {
+            let dir = entry.unwrap().path();
+            let Ok(reference) = std::fs::read_to_string(dir.join("reference.json")) else {
+                continue;
+            };
+            let reference: Value = serde_json::from_str(&reference).unwrap();
+            let config: Value =
+                serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                    .unwrap();
+            let vocab = config["vocab_size"].as_u64().unwrap() as u32;
+            let out = temp_dir("tiny").join("t.tokenizer.bin");
+            export_tokenizer(&dir, &out, vocab).unwrap();
+            let tok = Tokenizer::open(&out).unwrap();
+            for c in reference["cases"].as_array().unwrap() {
+                let ids = ids_of(&c["greedy_ids"]);
+                let want = c["greedy_text"].as_str().unwrap();
+                assert_eq!(tok.decode(&ids, false).unwrap(), want, "{}", dir.display());
+                assert_eq!(stream(&tok, &ids, false), want, "{}", dir.display());
+                if let Some(text) = c["prompt_text"].as_str() {
+                    assert_eq!(tok.encode(text), ids_of(&c["prompt_ids"]), "{text:?}");
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked >= 12, "{checked}");
+    }
+
     #[test]
     fn file_holds_what_tokenizer_json_and_config_say() {
         let tok = qwen3();
