@@ -194,13 +194,13 @@ impl Tokenizer {
                 bpe::encode_piece(bytes, &self.data.byte_ids, &self.data.merges, out);
                 continue;
             }
-            if let Some(&(start, len)) = cache.get(bytes) {
-                out.extend_from_within(start as usize..(start + len) as usize);
+            if let Some(&(start, end)) = cache.get(bytes) {
+                out.extend_from_within(start..end);
                 continue;
             }
             let start = out.len();
             bpe::encode_piece(bytes, &self.data.byte_ids, &self.data.merges, out);
-            cache.insert(bytes.into(), (start as u32, (out.len() - start) as u32));
+            cache.insert(bytes.into(), (start, out.len()));
         }
     }
 
@@ -233,8 +233,8 @@ impl Tokenizer {
     }
 }
 
-/// Piece bytes -> (start, len) of its ids in the output of the current `encode` call.
-type PieceCache = HashMap<Box<[u8]>, (u32, u32), BuildHasherDefault<PieceHasher>>;
+/// Piece bytes -> the range of its ids in the output of the current `encode` call.
+type PieceCache = HashMap<Box<[u8]>, (usize, usize), BuildHasherDefault<PieceHasher>>;
 
 /// FxHash-style hasher for the piece cache: the std SipHash resists hostile keys, which a
 /// per-call cache does not need, and is several times slower on short pieces.
