@@ -39,6 +39,8 @@ pub struct GenerationStats {
     pub time_to_first_token: Duration,
     /// From the first sampled token to the last: `generated_tokens - 1` decode steps.
     pub decode: Duration,
+    /// Time spent in the sampler, all tokens together (included in the times above).
+    pub sampling: Duration,
     pub stop: StopReason,
 }
 
@@ -86,12 +88,15 @@ pub fn generate(
     let mut logits = session.forward(prompt)?;
     let prefill = start.elapsed();
     let mut first_token_at = None;
+    let mut sampling = Duration::ZERO;
 
     let stop = loop {
         if context.len() - prompt.len() == max_tokens {
             break StopReason::MaxTokens;
         }
+        let t = Instant::now();
         let next = sampler.sample(logits, &context, &context[prompt.len()..]);
+        sampling += t.elapsed();
         first_token_at.get_or_insert_with(|| start.elapsed());
         context.push(next);
         if eos_ids.contains(&next) {
@@ -115,6 +120,7 @@ pub fn generate(
         prefill,
         time_to_first_token,
         decode: total - time_to_first_token,
+        sampling,
         stop,
     })
 }

@@ -210,6 +210,16 @@ pub fn run(args: InferenceArgs) -> Result<()> {
         stats.decode_tok_s(),
         stats.time_to_first_token.as_secs_f64()
     );
+    if args.verbose && stats.generated_tokens > 0 {
+        let per_token = stats.sampling.as_secs_f64() / stats.generated_tokens as f64;
+        let decode_step =
+            stats.decode.as_secs_f64() / stats.generated_tokens.saturating_sub(1).max(1) as f64;
+        eprintln!(
+            "sampling {:.1} us/token ({:.2}% of a decode step)",
+            per_token * 1e6,
+            100.0 * per_token / decode_step
+        );
+    }
     Ok(())
 }
 
