@@ -41,6 +41,8 @@ pub struct GenerationStats {
     pub decode: Duration,
     /// Time spent in the sampler, all tokens together (included in the times above).
     pub sampling: Duration,
+    /// Candidates the sampler's filters kept, summed over the sampled tokens.
+    pub kept_candidates: usize,
     pub stop: StopReason,
 }
 
@@ -89,6 +91,7 @@ pub fn generate(
     let prefill = start.elapsed();
     let mut first_token_at = None;
     let mut sampling = Duration::ZERO;
+    let mut kept_candidates = 0;
 
     let stop = loop {
         if context.len() - prompt.len() == max_tokens {
@@ -97,6 +100,7 @@ pub fn generate(
         let t = Instant::now();
         let next = sampler.sample(logits, &context, &context[prompt.len()..]);
         sampling += t.elapsed();
+        kept_candidates += sampler.last_kept();
         first_token_at.get_or_insert_with(|| start.elapsed());
         context.push(next);
         if eos_ids.contains(&next) {
@@ -121,6 +125,7 @@ pub fn generate(
         time_to_first_token,
         decode: total - time_to_first_token,
         sampling,
+        kept_candidates,
         stop,
     })
 }

@@ -121,6 +121,8 @@ pub struct Sampler {
     /// `marks[token] == stamp` means "already penalised this call" (dedupes repeated ids).
     marks: Vec<u32>,
     stamp: u32,
+    /// Tokens the filters left for the last draw (1 for greedy).
+    last_kept: usize,
 }
 
 impl Sampler {
@@ -133,11 +135,17 @@ impl Sampler {
             candidates: Vec::new(),
             marks: Vec::new(),
             stamp: 0,
+            last_kept: 0,
         })
     }
 
     pub fn config(&self) -> &SamplerConfig {
         &self.cfg
+    }
+
+    /// How many tokens top-k, top-p and min-p left in the running for the last draw.
+    pub fn last_kept(&self) -> usize {
+        self.last_kept
     }
 
     /// Picks the next token from `logits` (`[vocab]`). `context` is every token the model has
@@ -179,6 +187,7 @@ impl Sampler {
 
         // 2. Greedy: the first index of the largest logit (torch.argmax's tie rule).
         if self.cfg.is_greedy() {
+            self.last_kept = 1;
             return argmax(&self.work) as u32;
         }
 
@@ -188,6 +197,7 @@ impl Sampler {
             *l *= inv_t;
         }
         let max = self.filter();
+        self.last_kept = self.candidates.len();
 
         // 4. Draw from the kept candidates in proportion to exp(l - max).
         let total: f64 = self
