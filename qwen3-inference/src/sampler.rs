@@ -110,6 +110,12 @@ impl Rng {
     }
 }
 
+/// A token whose (temperature-scaled) logit is this far below the maximum has probability below
+/// `e^-40 = 4e-18` of the top token's; all 151936 such tokens together hold less than 1e-12 of
+/// it. Top-p ignores them (their mass cannot move its cut by more than f32 rounding of the logits
+/// does), and min-p drops them anyway unless min_p < 4e-18.
+const NEGLIGIBLE: f32 = 40.0;
+
 /// A sampler: settings, RNG and buffers reused across tokens (no allocation per token).
 pub struct Sampler {
     cfg: SamplerConfig,
@@ -253,6 +259,17 @@ impl Sampler {
                 c.insert(at, (l, i as u32));
             }
             sorted = true;
+        } else if top_p < 1.0 || min_p > 0.0 {
+            // Top-p or min-p will cut the tail; tokens more than NEGLIGIBLE below the maximum
+            // cannot matter to either (see the constant), so they are not even collected.
+            let floor = max - NEGLIGIBLE;
+            self.candidates.extend(
+                self.work
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &l)| l >= floor)
+                    .map(|(i, &l)| (l, i as u32)),
+            );
         } else {
             self.candidates
                 .extend(self.work.iter().enumerate().map(|(i, &l)| (l, i as u32)));
