@@ -26,7 +26,7 @@ use std::path::Path;
 pub fn export_chat_template(hf_dir: &Path, out: &Path) -> Result<String> {
     let file = read_chat_template(hf_dir)?;
     // Compile it now, so a template our Jinja engine cannot parse fails the export, not the chat.
-    ChatTemplate::from_file(file.clone(), out)?;
+    ChatTemplate::from_file(file.clone(), &hf_dir.join(&file.source))?;
     write_atomic(out, file.to_json().as_bytes())?;
     let named = if file.named_templates.is_empty() {
         String::new()
@@ -96,7 +96,12 @@ pub fn read_chat_template(hf_dir: &Path) -> Result<TemplateFile> {
             templates.keys().cloned().collect::<Vec<_>>().join(", ")
         )
     })?;
-    Ok(TemplateFile::new(source, default, templates, special_tokens))
+    Ok(TemplateFile::new(
+        source,
+        default,
+        templates,
+        special_tokens,
+    ))
 }
 
 /// `chat_template` of tokenizer_config.json as a name -> source map (a lone string is "default").
@@ -206,7 +211,7 @@ mod tests {
     }
 
     fn hf_dir_with_config(name: &str, config: &Value) -> PathBuf {
-        let d = temp_dir(name);
+        let d = temp_dir(name.trim_end_matches(".json"));
         std::fs::write(
             d.join("tokenizer_config.json"),
             serde_json::to_string(config).unwrap(),
@@ -215,24 +220,16 @@ mod tests {
         d
     }
 
-    fn qwen3_config() -> Value {
-        let text = std::fs::read_to_string(fixtures().join("qwen3-tokenizer_config.json")).unwrap();
-        serde_json::from_str(&text).unwrap()
-    }
-
-    /// Every case of fixtures/chat/chat-template-cases.json (rendered by transformers 5.23.0) must
-    /// come out identical after export + render.
-    #[test]
-    fn qwen3_export_renders_every_hf_case() {
-        let d = hf_dir_with_config("qwen3", &qwen3_config());
+    /// Exports the template of fixture `config`, then renders every case of fixture `cases`
+    /// (rendered by transformers 5.23.0) and compares the text exactly.
+    fn export_and_render_cases(config: &str, cases: &str, expect_cases: usize) -> ChatTemplate {
+        let text = std::fs::read_to_string(fixtures().join(config)).unwrap();
+        let d = hf_dir_with_config(config, &serde_json::from_str(&text).unwrap());
         let out = d.join("m.template.json");
-        let summary = export_chat_template(&d, &out).unwrap();
-        assert!(summary.contains("eos_token=<|im_end|>"), "{summary}");
+        export_chat_template(&d, &out).unwrap();
         let t = ChatTemplate::open(&out).unwrap();
-        assert_eq!(t.special_token("bos_token"), None);
-        assert_eq!(t.default_thinking(), Some(true));
-        let cases = load_cases("chat-template-cases.json");
-        assert_eq!(cases.len(), 13);
+        let cases = load_cases(cases);
+        assert_eq!(cases.len(), expect_cases);
         for case in cases {
             let (messages, tools, gen, thinking, rendered) = case_parts(&case);
             let got = t
@@ -245,6 +242,36 @@ mod tests {
             }
         }
         std::fs::remove_dir_all(&d).unwrap();
+        t
+    }
+
+    #[test]
+    fn qwen3_export_renders_every_hf_case() {
+        let t = export_and_render_cases(
+            "qwen3-tokenizer_config.json",
+            "chat-template-cases.json",
+            13,
+        );
+        assert_eq!(t.special_token("eos_token"), Some("<|im_end|>"));
+        assert_eq!(t.special_token("pad_token"), Some("<|endoftext|>"));
+        assert_eq!(t.special_token("bos_token"), None);
+        assert_eq!(t.default_thinking(), Some(true));
+    }
+
+    #[test]
+    fn deepseek_r1_0528_qwen3_export_renders_every_hf_case() {
+        let t = export_and_render_cases(
+            "deepseek-r1-0528-qwen3-tokenizer_config.json",
+            "deepseek-r1-0528-qwen3-cases.json",
+            8,
+        );
+        // AddedToken objects in tokenizer_config.json become their content.
+        assert_eq!(
+            t.special_token("bos_token"),
+            Some("<\u{ff5c}begin\u{2581}of\u{2581}sentence\u{ff5c}>")
+        );
+        // This template has no enable_thinking switch.
+        assert_eq!(t.default_thinking(), None);
     }
 
     fn load_cases(name: &str) -> Vec<Value> {
@@ -332,6 +359,17 @@ mod tests {
         )
         .unwrap();
         assert!(err(&d).contains("chat template does not compile"));
+        // transformers' {% generation %} extension tag (assistant masks) is not supported.
+        std::fs::write(
+            d.join("tokenizer_config.json"),
+            r#"{"chat_template": "{% generation %}x{% endgeneration %}"}"#,
+        )
+        .unwrap();
+        let e = err(&d);
+        assert!(
+            e.contains("tokenizer_config.json: chat template does not compile"),
+            "{e}"
+        );
         std::fs::write(
             d.join("tokenizer_config.json"),
             r#"{"chat_template": "x", "eos_token": 5}"#,

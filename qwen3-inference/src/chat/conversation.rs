@@ -119,11 +119,7 @@ impl Conversation {
 
 /// The length of the longest common prefix of the tokens in the cache and the new prompt tokens.
 pub fn common_prefix_len(cached: &[u32], new: &[u32]) -> usize {
-    cached
-        .iter()
-        .zip(new)
-        .take_while(|(a, b)| a == b)
-        .count()
+    cached.iter().zip(new).take_while(|(a, b)| a == b).count()
 }
 
 /// How many cached tokens to keep before feeding `new[keep..]`: the common prefix, but never all
@@ -148,6 +144,54 @@ mod tests {
         assert_eq!(reuse_len(&[1, 2, 3, 4], &[1, 2]), 1);
         assert_eq!(reuse_len(&[1, 2], &[1, 2, 3]), 2);
         assert_eq!(reuse_len(&[], &[]), 0);
+    }
+
+    /// The token ids of a case in fixtures/chat/chat-template-cases.json, as HuggingFace
+    /// `tokenizers` encoded transformers' rendering.
+    fn hf_ids(name: &str) -> Vec<u32> {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fixtures/chat/chat-template-cases.json"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let case = v["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap();
+        serde_json::from_value(case["ids"].clone()).unwrap()
+    }
+
+    /// Rewind points on HuggingFace's own ids: the cache holds the first turn's prompt (plus the
+    /// answer the model wrote after it), the new prompt is the three-turn conversation.
+    #[test]
+    fn rewind_points_on_hf_ids() {
+        // Thinking on: the new prompt shares the whole first prompt; the rewind point is where
+        // the first answer began (its reasoning is not in the new prompt).
+        let first = hf_ids("single_user_thinking_default");
+        let three = hf_ids("three_turn_past_think_stripped");
+        let think_id = 151_667; // "<think>" in the Qwen3 vocabulary (tokenizer.json added_tokens)
+        let mut cached = first.clone();
+        cached.extend([think_id, 198, 785]); // whatever the model generated next
+        assert_eq!(common_prefix_len(&cached, &three), first.len());
+        assert_eq!(reuse_len(&cached, &three), first.len());
+
+        // Thinking off: the first prompt ended in an empty think block, which the template drops
+        // from past turns, so the rewind point is where that block began, 4 tokens earlier.
+        let first = hf_ids("single_user_enable_thinking_false");
+        let three = hf_ids("three_turn_past_think_stripped_thinking_false");
+        let block = first.iter().position(|&t| t == think_id).unwrap();
+        assert_eq!(first.len() - block, 4); // <think> "\n\n" </think> "\n\n"
+        assert_eq!(common_prefix_len(&first, &three), block);
+
+        // With a system prompt nothing of a prompt without one can be kept.
+        let sys = hf_ids("system_user_thinking_default");
+        assert_eq!(
+            common_prefix_len(&hf_ids("single_user_thinking_default"), &sys),
+            1
+        );
     }
 
     #[test]

@@ -111,7 +111,9 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(DEFAULT, file.chat_template.clone())
-            .map_err(|e| anyhow::anyhow!("{}: chat template does not compile: {e}", path.display()))?;
+            .map_err(|e| {
+                anyhow::anyhow!("{}: chat template does not compile: {e}", path.display())
+            })?;
         for (name, source) in &file.named_templates {
             env.add_template_owned(format!("{NAMED_PREFIX}{name}"), source.clone())
                 .map_err(|e| {
@@ -336,7 +338,9 @@ fn tojson(value: JinjaValue, args: Rest<JinjaValue>, kwargs: Kwargs) -> Result<S
         } else if let Some(s) = v.as_str() {
             opts.indent = Some(s.to_string());
         } else if !v.is_none() {
-            return Err(bad(format!("tojson: indent must be an int or a string, not {v}")));
+            return Err(bad(format!(
+                "tojson: indent must be an int or a string, not {v}"
+            )));
         }
     }
     if let Some(v) = arg(2, "separators")? {
@@ -448,7 +452,10 @@ fn strftime_utc(format: &str, secs: i64) -> Result<String, JinjaError> {
             other => {
                 return Err(JinjaError::new(
                     ErrorKind::InvalidOperation,
-                    format!("strftime_now: unsupported directive %{}", other.unwrap_or(' ')),
+                    format!(
+                        "strftime_now: unsupported directive %{}",
+                        other.unwrap_or(' ')
+                    ),
                 ))
             }
         }
@@ -462,13 +469,45 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn template(src: &str) -> ChatTemplate {
-        let f = TemplateFile::new(
-            "test".into(),
-            src.into(),
-            BTreeMap::new(),
-            BTreeMap::new(),
-        );
+        let f = TemplateFile::new("test".into(), src.into(), BTreeMap::new(), BTreeMap::new());
         ChatTemplate::from_file(f, Path::new("t.template.json")).unwrap()
+    }
+
+    /// Golden strings from transformers 5.23.0 `render_jinja_template` (jinja2 3.1.6). The Qwen3
+    /// reference cases do not depend on these settings, so each is tested on its own here.
+    #[test]
+    fn jinja_environment_matches_transformers() {
+        let user = [Message::user("a<b>&'c'")];
+        // trim_blocks + lstrip_blocks: block lines leave no whitespace behind.
+        let t = template(
+            "{% for m in messages %}\n    {% if m.role == 'user' %}\n<{{ m.content }}>\n    \
+             {% endif %}\n{% endfor %}\n",
+        );
+        assert_eq!(t.render(&user, false, None).unwrap(), "<a<b>&'c'>\n");
+        // tojson is Python's json.dumps(ensure_ascii=False): no HTML escaping; options pass through.
+        let t = template(
+            "{{ messages[0]|tojson }}|{{ messages[0]|tojson(indent=2) }}|\
+             {{ messages[0]|tojson(sort_keys=true, separators=(',', ':')) }}|\
+             {{ 'é'|tojson(ensure_ascii=true) }}",
+        );
+        assert_eq!(
+            t.render(&user, false, None).unwrap(),
+            "{\"role\": \"user\", \"content\": \"a<b>&'c'\"}|\
+             {\n  \"role\": \"user\",\n  \"content\": \"a<b>&'c'\"\n}|\
+             {\"content\":\"a<b>&'c'\",\"role\":\"user\"}|\"\\u00e9\""
+        );
+        // Loop controls (jinja2.ext.loopcontrols).
+        let t = template(
+            "{% for m in messages %}{% if m.content == 'skip' %}{% continue %}{% endif %}\
+             {{ m.content }}{% if m.content == 'stop' %}{% break %}{% endif %}{% endfor %}",
+        );
+        let four = [
+            Message::user("a"),
+            Message::assistant("skip"),
+            Message::user("stop"),
+            Message::assistant("z"),
+        ];
+        assert_eq!(t.render(&four, false, None).unwrap(), "astop");
     }
 
     #[test]
@@ -509,7 +548,11 @@ mod tests {
         let ok = t.render(&[Message::user("hi")], false, None).unwrap();
         assert_eq!(ok, "user: hi\n");
         let e = t
-            .render(&[Message::new("critic", "bad"), Message::user("hi")], false, None)
+            .render(
+                &[Message::new("critic", "bad"), Message::user("hi")],
+                false,
+                None,
+            )
             .unwrap_err();
         assert!(format!("{e:#}").contains("cannot express messages with role \"critic\""));
     }
@@ -523,8 +566,10 @@ mod tests {
     #[test]
     fn messages_are_normalised_like_transformers() {
         let t = template("{% for m in messages %}{{ m|tojson }}{% endfor %}");
-        let msgs = [serde_json::json!({"role": "assistant", "content": "4", "tool_calls": null,
-                                        "reasoning": "add"})];
+        let msgs = [
+            serde_json::json!({"role": "assistant", "content": "4", "tool_calls": null,
+                                        "reasoning": "add"}),
+        ];
         let out = t.render_json(&msgs, None, false, None).unwrap();
         // transformers 5.23.0: nulls dropped, reasoning aliased as thinking + reasoning_content.
         assert_eq!(
@@ -537,9 +582,14 @@ mod tests {
     fn message_json_form() {
         let m: Message = serde_json::from_str(r#"{"role": "user", "content": "hi"}"#).unwrap();
         assert_eq!(m, Message::user("hi"));
-        assert_eq!(serde_json::to_string(&m).unwrap(), r#"{"role":"user","content":"hi"}"#);
-        assert!(serde_json::from_str::<Message>(r#"{"role": "assistant", "content": "",
-            "tool_calls": []}"#)
+        assert_eq!(
+            serde_json::to_string(&m).unwrap(),
+            r#"{"role":"user","content":"hi"}"#
+        );
+        assert!(serde_json::from_str::<Message>(
+            r#"{"role": "assistant", "content": "",
+            "tool_calls": []}"#
+        )
         .is_err());
     }
 }
