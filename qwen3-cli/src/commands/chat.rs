@@ -266,7 +266,7 @@ impl Chat<'_, '_> {
     fn print_stats(&self) {
         let t = &self.totals;
         eprintln!(
-            "context {}/{} positions; conversation: {} messages{}, thinking {}",
+            "KV cache {}/{} positions; conversation: {} messages{}, thinking {}",
             self.session.pos(),
             self.session.context_len(),
             self.conv.turns().len(),
