@@ -1,1 +1,18 @@
-//! The GPU backend. Placeholder until the CUDA issue lands: the crate builds with no CUDA present.
+//! The pico-qwen GPU backend.
+//!
+//! What is here, and what needs a GPU:
+//! - [`kernels`]: the CUDA C kernels (embedded sources) and their launch geometry. Always built.
+//! - [`reference`]: a CPU reference of every kernel, same math in the same order. Always built and
+//!   tested on any machine.
+//! - [`device`]: `--device cpu|cuda|cuda:N` parsing. Always built.
+//! - `cuda` (feature `cuda`): cudarc-based runtime: probes for the driver and NVRTC, compiles the
+//!   kernels at load time, uploads the model file once, launches kernels. Without the feature
+//!   nothing here links to CUDA and cudarc is not compiled at all.
+//!
+//! docs/cuda.md explains how a decode step maps onto these kernels and what speed to expect.
+
+pub mod device;
+pub mod kernels;
+pub mod reference;
+
+pub use device::Device;
