@@ -11,7 +11,11 @@
 //!
 //! docs/cuda.md explains how a decode step maps onto these kernels and what speed to expect.
 
+pub mod backend;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod device;
+pub mod forward;
 pub mod kernels;
 pub mod reference;
 
