@@ -1,3 +1,298 @@
 //! HuggingFace Qwen3 checkpoint directory -> pico-qwen model file, tokenizer file, template file.
+//!
+//! The steps, in order:
+//! 1. read config.json (+ generation_config.json) into a [`ModelConfig`], refusing what we do not
+//!    implement;
+//! 2. open the safetensors shards and check that every tensor the model needs is there with the
+//!    right shape and a supported dtype, and that nothing unexpected is (before writing a byte);
+//! 3. write the tokenizer and template files under temporary names;
+//! 4. stream the tensors, one at a time, into the model file (quantizing matrices for q8);
+//! 5. rename everything into place. A failure at any step leaves no output that looks complete.
 
 pub mod hf;
+
+use anyhow::{bail, Context, Result};
+use hf::checkpoint::{to_bf16_bits, to_f32, Checkpoint};
+use qwen3_inference::format::writer::{ModelWriter, TensorSpec};
+use qwen3_inference::format::{companion_paths, expected_tensors, DType, ModelConfig, TensorKind};
+use qwen3_inference::quant::quantize_q8;
+use std::path::{Path, PathBuf};
+
+/// How to store the model.
+#[derive(Debug, Clone)]
+pub struct ExportOptions {
+    pub dtype: DType,
+    /// Values per q8 scale (ignored for bf16 and f32).
+    pub group_size: u32,
+    /// Print per-tensor progress to stderr.
+    pub progress: bool,
+}
+
+impl Default for ExportOptions {
+    fn default() -> Self {
+        ExportOptions {
+            dtype: DType::Q8,
+            group_size: 64,
+            progress: false,
+        }
+    }
+}
+
+/// What an export produced.
+#[derive(Debug, Clone)]
+pub struct ExportSummary {
+    pub config: ModelConfig,
+    pub model_path: PathBuf,
+    pub model_bytes: u64,
+    pub tokenizer_path: PathBuf,
+    pub tokenizer_note: String,
+    pub template_path: PathBuf,
+    pub template_note: String,
+    /// Source dtypes seen, for the log (e.g. "bf16").
+    pub source_dtypes: Vec<&'static str>,
+}
+
+/// Tensors a checkpoint may carry that the forward pass recomputes or does not need.
+fn is_ignorable(name: &str) -> bool {
+    // Old checkpoints saved the rotary inverse frequencies as buffers; we recompute them from
+    // rope_theta (HF does too).
+    name.ends_with(".rotary_emb.inv_freq")
+}
+
+/// Divisors of the row lengths of every quantized matrix: the group sizes a model accepts.
+pub fn valid_group_sizes(c: &ModelConfig) -> Vec<u32> {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    let g = expected_tensors(c)
+        .iter()
+        .filter(|t| t.kind == TensorKind::Matrix)
+        .map(|t| *t.shape.last().unwrap_or(&1))
+        .fold(0, gcd);
+    (1..=g.min(4096))
+        .filter(|d| g % d == 0)
+        .map(|d| d as u32)
+        .collect()
+}
+
+/// Exports `hf_dir` to `out` (and its companion files). See the module docs for the steps.
+pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportSummary> {
+    let out_dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !out_dir.is_dir() {
+        bail!(
+            "{}: cannot write: directory {} does not exist",
+            out.display(),
+            out_dir.display()
+        );
+    }
+    if !hf_dir.is_dir() {
+        bail!("{}: not a directory", hf_dir.display());
+    }
+
+    // 1. Config.
+    let mut config = hf::config::load_config(hf_dir)?;
+    config.dtype = opts.dtype;
+    config.group_size = if opts.dtype == DType::Q8 {
+        opts.group_size
+    } else {
+        0
+    };
+    if opts.dtype == DType::Q8 {
+        let valid = valid_group_sizes(&config);
+        if !valid.contains(&opts.group_size) {
+            let list: Vec<String> = valid.iter().map(|v| v.to_string()).collect();
+            bail!(
+                "{}: group size {} does not divide the row length of every matrix of this model; valid group sizes: {}",
+                hf_dir.join("config.json").display(),
+                opts.group_size,
+                list.join(", ")
+            );
+        }
+    }
+
+    // 2. Weights: check everything before writing anything.
+    let ckpt = Checkpoint::open(hf_dir)?;
+    let has_lm_head = ckpt.contains("lm_head.weight");
+    if !config.tie_word_embeddings && !has_lm_head {
+        bail!(
+            "{}: tie_word_embeddings is false but the checkpoint has no lm_head.weight",
+            hf_dir.join("config.json").display()
+        );
+    }
+    let expected = expected_tensors(&config);
+    let mut source_dtypes: Vec<&'static str> = Vec::new();
+    for e in &expected {
+        let t = ckpt
+            .tensor(&e.name)
+            .with_context(|| format!("{}", hf_dir.display()))?;
+        if t.shape != e.shape {
+            bail!(
+                "{}: tensor {} has shape {:?}, config.json implies {:?}",
+                t.file.display(),
+                e.name,
+                t.shape,
+                e.shape
+            );
+        }
+        if !source_dtypes.contains(&t.dtype.name()) {
+            source_dtypes.push(t.dtype.name());
+        }
+    }
+    for name in ckpt.names() {
+        let tied_head = name == "lm_head.weight" && config.tie_word_embeddings;
+        if !tied_head && !is_ignorable(name) && !expected.iter().any(|e| e.name == name) {
+            bail!(
+                "{}: unexpected tensor {name} (an option this runtime does not implement?)",
+                hf_dir.display()
+            );
+        }
+    }
+
+    // 3. Companion files, under temporary names until the model file is complete.
+    let companions = companion_paths(out);
+    let tmp_tok = temp_sibling(&companions.tokenizer);
+    let tmp_tpl = temp_sibling(&companions.template);
+    let cleanup = || {
+        let _ = std::fs::remove_file(&tmp_tok);
+        let _ = std::fs::remove_file(&tmp_tpl);
+    };
+    let result = (|| -> Result<(String, String, u64)> {
+        let tokenizer_note =
+            hf::tokenizer_json::export_tokenizer(hf_dir, &tmp_tok, config.vocab_size)?;
+        let template_note = hf::chat_template::export_chat_template(hf_dir, &tmp_tpl)?;
+        // 4. The model file.
+        let model_bytes = write_model(&ckpt, &config, &expected, out, opts.progress)?;
+        Ok((tokenizer_note, template_note, model_bytes))
+    })();
+    let (tokenizer_note, template_note, model_bytes) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            cleanup();
+            return Err(e);
+        }
+    };
+    // 5. Into place.
+    for (tmp, fin) in [
+        (&tmp_tok, &companions.tokenizer),
+        (&tmp_tpl, &companions.template),
+    ] {
+        if tmp.exists() {
+            std::fs::rename(tmp, fin)
+                .with_context(|| format!("{}: cannot rename into place", fin.display()))?;
+        }
+    }
+    Ok(ExportSummary {
+        config,
+        model_path: out.to_path_buf(),
+        model_bytes,
+        tokenizer_path: companions.tokenizer,
+        tokenizer_note,
+        template_path: companions.template,
+        template_note,
+        source_dtypes,
+    })
+}
+
+/// `dir/.name.partial`: where a companion file waits for the model file to be complete.
+fn temp_sibling(path: &Path) -> PathBuf {
+    let mut name = std::ffi::OsString::from(".");
+    name.push(path.file_name().unwrap_or_default());
+    name.push(".partial");
+    path.with_file_name(name)
+}
+
+/// Streams every expected tensor into the model file. Returns the file's size.
+fn write_model(
+    ckpt: &Checkpoint,
+    config: &ModelConfig,
+    expected: &[qwen3_inference::format::ExpectedTensor],
+    out: &Path,
+    progress: bool,
+) -> Result<u64> {
+    let specs: Vec<TensorSpec> = expected
+        .iter()
+        .map(|e| {
+            let (dtype, group_size) = match e.kind {
+                TensorKind::Norm => (DType::F32, 0),
+                TensorKind::Matrix => (config.dtype, config.group_size),
+            };
+            TensorSpec {
+                name: e.name.clone(),
+                dtype,
+                shape: e.shape.clone(),
+                group_size,
+            }
+        })
+        .collect();
+    let mut w = ModelWriter::create(out, config, specs.clone())?;
+    let total = w.file_len();
+    let n = specs.len();
+    // Reused buffers: a chunk of source rows, its f32 values, its output encoding.
+    let (mut raw, mut values) = (Vec::new(), Vec::new());
+    let (mut bf16, mut q, mut scales) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, spec) in specs.iter().enumerate() {
+        let t = ckpt.tensor(&spec.name)?;
+        let rows = t.numel() / t.row_len();
+        // About 4 MB of source bytes at a time, whole rows (so q8 groups never straddle chunks).
+        let chunk_rows = ((4 << 20) / (t.row_len() * t.bytes_per_value())).max(1);
+        w.begin(&spec.name, spec.dtype)?;
+        let mut tensor_scales: Vec<f32> = Vec::new();
+        let mut first = 0;
+        while first < rows {
+            let nrows = chunk_rows.min(rows - first);
+            ckpt.read_rows(&t, first, nrows, &mut raw)?;
+            match spec.dtype {
+                DType::F32 => {
+                    values.clear();
+                    to_f32(t.dtype, &raw, &mut values);
+                    w.data(bytemuck::cast_slice(&values))?;
+                }
+                DType::Bf16 => {
+                    bf16.clear();
+                    to_bf16_bits(t.dtype, &raw, &mut bf16);
+                    w.data(bytemuck::cast_slice(&bf16))?;
+                }
+                DType::Q8 => {
+                    values.clear();
+                    to_f32(t.dtype, &raw, &mut values);
+                    let gs = spec.group_size as usize;
+                    q.resize(values.len(), 0i8);
+                    scales.resize(values.len() / gs, 0f32);
+                    quantize_q8(&values, gs, &mut q, &mut scales);
+                    w.data(bytemuck::cast_slice(&q))?;
+                    tensor_scales.extend_from_slice(&scales);
+                }
+            }
+            first += nrows;
+        }
+        if spec.dtype == DType::Q8 {
+            w.q8_scales(&tensor_scales)?;
+        }
+        w.end()?;
+        if progress {
+            let e = &w.entries()[i];
+            eprint!(
+                "\r\x1b[2K[{}/{}] {} ({} -> {}, {:.1} of {:.1} MB)",
+                i + 1,
+                n,
+                spec.name,
+                t.dtype.name(),
+                spec.dtype,
+                (e.offset + e.nbytes) as f64 / 1e6,
+                total as f64 / 1e6
+            );
+        }
+    }
+    if progress {
+        eprintln!();
+    }
+    w.finish()?;
+    Ok(total)
+}

@@ -10,7 +10,7 @@
 /// Quantizes `w` (a whole tensor, row-major, rows a multiple of `group_size` long) into `q` and
 /// one scale per group in `scales`. An all-zero group gets scale 0 and zeros, not NaN.
 pub fn quantize_q8(w: &[f32], group_size: usize, q: &mut [i8], scales: &mut [f32]) {
-    assert!(group_size > 0 && w.len() % group_size == 0);
+    assert!(group_size > 0 && w.len().is_multiple_of(group_size));
     assert_eq!(q.len(), w.len());
     assert_eq!(scales.len(), w.len() / group_size);
     for ((group, qg), scale) in w
@@ -51,7 +51,9 @@ mod tests {
     use super::*;
 
     fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
@@ -77,7 +79,11 @@ mod tests {
             }
             // The largest value of each group maps to +-127 exactly.
             for (g, grp) in q.chunks(gs).enumerate() {
-                assert_eq!(grp.iter().map(|v| v.unsigned_abs()).max(), Some(127), "group {g}");
+                assert_eq!(
+                    grp.iter().map(|v| v.unsigned_abs()).max(),
+                    Some(127),
+                    "group {g}"
+                );
             }
         }
     }

@@ -1,4 +1,6 @@
 //! Readers for the files of a HuggingFace checkpoint directory.
 
 pub mod chat_template;
+pub mod checkpoint;
+pub mod config;
 pub mod tokenizer_json;

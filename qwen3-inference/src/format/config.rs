@@ -78,28 +78,40 @@ impl ModelConfig {
         {
             bail!("config: a size is implausibly large ({self:?})");
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             bail!(
                 "config: num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads,
                 self.num_key_value_heads
             );
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             bail!(
                 "config: head_dim {} is odd; rotary embeddings rotate pairs",
                 self.head_dim
             );
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            bail!("config: rope_theta {} is not a positive number", self.rope_theta);
+            bail!(
+                "config: rope_theta {} is not a positive number",
+                self.rope_theta
+            );
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
-            bail!("config: rms_norm_eps {} is not a non-negative number", self.rms_norm_eps);
+            bail!(
+                "config: rms_norm_eps {} is not a non-negative number",
+                self.rms_norm_eps
+            );
         }
         for &id in self.eos_token_ids.iter().chain(self.bos_token_id.iter()) {
             if id >= self.vocab_size {
-                bail!("config: token id {id} is outside the vocabulary ({})", self.vocab_size);
+                bail!(
+                    "config: token id {id} is outside the vocabulary ({})",
+                    self.vocab_size
+                );
             }
         }
         match self.dtype {
@@ -110,7 +122,11 @@ impl ModelConfig {
             }
             _ => {
                 if self.group_size != 0 {
-                    bail!("config: group size {} given for {}", self.group_size, self.dtype);
+                    bail!(
+                        "config: group size {} given for {}",
+                        self.group_size,
+                        self.dtype
+                    );
                 }
             }
         }

@@ -147,7 +147,12 @@ impl Header {
                 bail!("tensor {} is missing", e.name);
             };
             if t.shape != e.shape {
-                bail!("tensor {}: shape {:?}, expected {:?}", e.name, t.shape, e.shape);
+                bail!(
+                    "tensor {}: shape {:?}, expected {:?}",
+                    e.name,
+                    t.shape,
+                    e.shape
+                );
             }
             let (dtype, gs) = match e.kind {
                 TensorKind::Norm => (DType::F32, 0),
@@ -352,7 +357,14 @@ mod tests {
             match (dt, t.data) {
                 (DType::F32, TensorData::F32(v)) => assert_eq!(v[77], 77.0),
                 (DType::Bf16, TensorData::Bf16(v)) => assert_eq!(v[77], 77),
-                (DType::Q8, TensorData::Q8 { q, scales, group_size }) => {
+                (
+                    DType::Q8,
+                    TensorData::Q8 {
+                        q,
+                        scales,
+                        group_size,
+                    },
+                ) => {
                     assert_eq!(q.len(), 64 * 128);
                     assert_eq!(scales.len(), 64 * 128 / 32);
                     assert_eq!(group_size, 32);
@@ -398,10 +410,7 @@ mod tests {
             .chain(first.nbytes.to_le_bytes().iter())
             .copied()
             .collect();
-        let at = b
-            .windows(16)
-            .position(|w| w == needle.as_slice())
-            .unwrap();
+        let at = b.windows(16).position(|w| w == needle.as_slice()).unwrap();
         b[at..at + 8].copy_from_slice(&(align_up(good.len() as u64).unwrap() + 64).to_le_bytes());
         check(&b, "outside the data section");
         std::fs::remove_dir_all(p.parent().unwrap()).unwrap();

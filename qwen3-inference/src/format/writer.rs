@@ -59,7 +59,10 @@ pub fn encode_header(config: &ModelConfig, entries: &[TensorEntry], file_len: u6
 }
 
 /// Lays out `specs` after a header: returns the entries and the total file length.
-pub fn plan_layout(config: &ModelConfig, specs: Vec<TensorSpec>) -> Result<(Vec<TensorEntry>, u64)> {
+pub fn plan_layout(
+    config: &ModelConfig,
+    specs: Vec<TensorSpec>,
+) -> Result<(Vec<TensorEntry>, u64)> {
     let mut entries = Vec::with_capacity(specs.len());
     for spec in specs {
         let Some(nbytes) = tensor_nbytes(spec.dtype, &spec.shape, spec.group_size) else {
@@ -96,13 +99,19 @@ pub struct ModelWriter {
     file: AtomicFile,
     entries: Vec<TensorEntry>,
     next: usize,
+    /// The tensor being written, between `begin` and `end`.
+    current: Option<TensorEntry>,
     pos: u64,
     file_len: u64,
 }
 
 impl ModelWriter {
     /// Validates the config, plans the layout and writes the header.
-    pub fn create(path: &Path, config: &ModelConfig, specs: Vec<TensorSpec>) -> Result<ModelWriter> {
+    pub fn create(
+        path: &Path,
+        config: &ModelConfig,
+        specs: Vec<TensorSpec>,
+    ) -> Result<ModelWriter> {
         config.validate()?;
         let (entries, file_len) = plan_layout(config, specs)?;
         let header = encode_header(config, &entries, file_len);
@@ -113,6 +122,7 @@ impl ModelWriter {
             file,
             entries,
             next: 0,
+            current: None,
             pos: header.len() as u64,
             file_len,
         })
@@ -127,7 +137,13 @@ impl ModelWriter {
         self.file_len
     }
 
-    fn begin(&mut self, name: &str, dtype: DType) -> Result<TensorEntry> {
+    /// Starts the next tensor, which must be `name` stored as `dtype`. Its bytes then arrive
+    /// through [`ModelWriter::data`] (and, for q8, [`ModelWriter::q8_scales`]) in any number of
+    /// pieces, and [`ModelWriter::end`] checks the total.
+    pub fn begin(&mut self, name: &str, dtype: DType) -> Result<()> {
+        if self.current.is_some() {
+            bail!("tensor {name} begun before the previous one ended");
+        }
         let Some(e) = self.entries.get(self.next).cloned() else {
             bail!("tensor {name}: written after the last planned tensor");
         };
@@ -139,7 +155,50 @@ impl ModelWriter {
             );
         }
         self.pad_to(e.offset)?;
-        Ok(e)
+        self.current = Some(e);
+        Ok(())
+    }
+
+    /// The next bytes of the current tensor (f32 and bf16 values, or q8 int8 values).
+    pub fn data(&mut self, bytes: &[u8]) -> Result<()> {
+        let Some(e) = &self.current else {
+            bail!("data written outside a tensor");
+        };
+        if self.pos + bytes.len() as u64 > e.offset + e.nbytes {
+            bail!("tensor {}: more bytes than planned", e.spec.name);
+        }
+        self.raw(bytes)
+    }
+
+    /// The scales of the current q8 tensor, after all its int8 values.
+    pub fn q8_scales(&mut self, scales: &[f32]) -> Result<()> {
+        let Some(e) = &self.current else {
+            bail!("scales written outside a tensor");
+        };
+        let numel: u64 = e.spec.shape.iter().product();
+        if self.pos != e.offset + numel {
+            bail!("tensor {}: scales written before all values", e.spec.name);
+        }
+        let scales_at = align_up(self.pos).context("file too large")?;
+        self.pad_to(scales_at)?;
+        self.data(bytemuck::cast_slice(scales))
+    }
+
+    /// Ends the current tensor, checking it got exactly its planned length.
+    pub fn end(&mut self) -> Result<()> {
+        let Some(e) = self.current.take() else {
+            bail!("end without a tensor");
+        };
+        if self.pos != e.offset + e.nbytes {
+            bail!(
+                "tensor {}: wrote {} bytes, planned {}",
+                e.spec.name,
+                self.pos - e.offset,
+                e.nbytes
+            );
+        }
+        self.next += 1;
+        Ok(())
     }
 
     fn pad_to(&mut self, offset: u64) -> Result<()> {
@@ -162,45 +221,31 @@ impl ModelWriter {
         Ok(())
     }
 
-    fn end(&mut self, e: &TensorEntry) -> Result<()> {
-        if self.pos != e.offset + e.nbytes {
-            bail!(
-                "tensor {}: wrote {} bytes, planned {}",
-                e.spec.name,
-                self.pos - e.offset,
-                e.nbytes
-            );
-        }
-        self.next += 1;
-        Ok(())
-    }
-
+    /// A whole f32 tensor.
     pub fn write_f32(&mut self, name: &str, data: &[f32]) -> Result<()> {
-        let e = self.begin(name, DType::F32)?;
-        self.raw(bytemuck::cast_slice(data))?;
-        self.end(&e)
+        self.begin(name, DType::F32)?;
+        self.data(bytemuck::cast_slice(data))?;
+        self.end()
     }
 
-    /// bf16 values given as their raw 16-bit patterns.
+    /// A whole bf16 tensor, given as raw 16-bit patterns.
     pub fn write_bf16(&mut self, name: &str, bits: &[u16]) -> Result<()> {
-        let e = self.begin(name, DType::Bf16)?;
-        self.raw(bytemuck::cast_slice(bits))?;
-        self.end(&e)
+        self.begin(name, DType::Bf16)?;
+        self.data(bytemuck::cast_slice(bits))?;
+        self.end()
     }
 
-    /// A q8 tensor: its int8 values (row-major) and one scale per group.
+    /// A whole q8 tensor: its int8 values (row-major) and one scale per group.
     pub fn write_q8(&mut self, name: &str, q: &[i8], scales: &[f32]) -> Result<()> {
-        let e = self.begin(name, DType::Q8)?;
-        self.raw(bytemuck::cast_slice(q))?;
-        let scales_at = align_up(self.pos).context("file too large")?;
-        self.pad_to(scales_at)?;
-        self.raw(bytemuck::cast_slice(scales))?;
-        self.end(&e)
+        self.begin(name, DType::Q8)?;
+        self.data(bytemuck::cast_slice(q))?;
+        self.q8_scales(scales)?;
+        self.end()
     }
 
     /// Checks every planned tensor was written, then gives the file its final name.
     pub fn finish(self) -> Result<()> {
-        if self.next != self.entries.len() {
+        if self.next != self.entries.len() || self.current.is_some() {
             bail!(
                 "{}: only {} of {} tensors written",
                 self.file.path().display(),

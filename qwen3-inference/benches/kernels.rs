@@ -1,0 +1,84 @@
+//! `cargo bench -p qwen3-inference --bench kernels`: the dot-product kernels alone, per
+//! instruction set, on one thread, as GB/s of weights streamed. Two sizes: a weight matrix that
+//! fits in L2 (so the kernel's arithmetic is the limit) and one of 256 MB (so memory is).
+
+use qwen3_inference::kernels::dot::{available, Dots};
+use qwen3_inference::quant::quantize_q8;
+use std::hint::black_box;
+use std::time::Instant;
+
+fn rand_vec(n: usize, seed: &mut u64) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Median seconds of `reps` runs of `f`.
+fn time(reps: usize, mut f: impl FnMut()) -> f64 {
+    let mut t: Vec<f64> = (0..reps)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    t[reps / 2]
+}
+
+fn bench(d: &Dots, rows: usize, cols: usize, reps: usize) {
+    let gs = 64;
+    let mut seed = 1;
+    let w = rand_vec(rows * cols, &mut seed);
+    let x = rand_vec(cols, &mut seed);
+    let (mut wq, mut ws) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
+    quantize_q8(&w, gs, &mut wq, &mut ws);
+    let (mut xq, mut xs) = (vec![0i8; cols], vec![0f32; cols / gs]);
+    quantize_q8(&x, gs, &mut xq, &mut xs);
+    let wb: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+    let per = cols / gs;
+    let q8 = time(reps, || {
+        for r in 0..rows {
+            black_box((d.q8)(
+                &wq[r * cols..(r + 1) * cols],
+                &ws[r * per..(r + 1) * per],
+                &xq,
+                &xs,
+                gs,
+            ));
+        }
+    });
+    let bf = time(reps, || {
+        for r in 0..rows {
+            black_box((d.bf16)(&wb[r * cols..(r + 1) * cols], &x));
+        }
+    });
+    let f = time(reps, || {
+        for r in 0..rows {
+            black_box((d.f32)(&w[r * cols..(r + 1) * cols], &x));
+        }
+    });
+    let n = (rows * cols) as f64;
+    println!(
+        "{:<12} {:>6}x{:<5} q8 {:>6.1} GB/s   bf16 {:>6.1} GB/s   f32 {:>6.1} GB/s",
+        d.isa,
+        rows,
+        cols,
+        n * (1.0 + 4.0 / gs as f64) / q8 / 1e9,
+        n * 2.0 / bf / 1e9,
+        n * 4.0 / f / 1e9
+    );
+}
+
+fn main() {
+    println!("dot-product kernels, one thread, weights streamed per second (median)");
+    for d in available() {
+        bench(&d, 256, 1024, 41); // 256 KB of q8: cache-resident
+        bench(&d, 65536, 1024, 5); // 64 MB of q8, 256 MB of f32: memory-bound
+    }
+}
