@@ -17,11 +17,21 @@ use crate::kernels::{
 use crate::reference::attention::AttentionShape;
 use anyhow::{bail, ensure, Result};
 use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
-use qwen3_inference::format::DType;
+use qwen3_inference::format::{DType, ModelFile};
 
 pub struct CudaBackend {
     pub runtime: CudaRuntime,
     pub weights: DeviceWeights,
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal` (probing first: a missing driver, device or NVRTC is an error, never
+    /// a panic) and uploads `file` to it in one copy.
+    pub fn load(ordinal: usize, file: &ModelFile) -> Result<CudaBackend> {
+        let runtime = CudaRuntime::open(ordinal)?;
+        let weights = DeviceWeights::upload(&runtime.stream, file)?;
+        Ok(CudaBackend { runtime, weights })
+    }
 }
 
 fn err(e: DriverError) -> anyhow::Error {
