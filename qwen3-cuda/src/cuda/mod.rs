@@ -12,5 +12,5 @@ mod weights;
 
 pub use backend::CudaBackend;
 pub use compile::{compile_kernel, nvrtc_present, nvrtc_version};
-pub use runtime::{driver_present, CudaRuntime};
+pub use runtime::{device_count, driver_present, CudaRuntime};
 pub use weights::{DeviceTensor, DeviceWeights};

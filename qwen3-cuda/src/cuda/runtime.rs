@@ -13,6 +13,16 @@ pub fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
+/// How many CUDA devices the driver sees; an error (not a panic) when there is no driver.
+pub fn device_count() -> Result<usize> {
+    if !driver_present() {
+        bail!("no CUDA driver found (libcuda.so could not be loaded; is the NVIDIA driver installed?)");
+    }
+    let n = CudaContext::device_count()
+        .map_err(|e| anyhow::anyhow!("CUDA driver failed to initialise: {e}"))?;
+    Ok(n.max(0) as usize)
+}
+
 /// The kernels' entry points, loaded into the device's context.
 pub struct Functions {
     pub rmsnorm_f32: CudaFunction,
@@ -41,12 +51,8 @@ impl CudaRuntime {
     /// Opens device `ordinal`. Every missing piece is a one-line error, checked before cudarc
     /// touches it: no driver library, no device of that number, no NVRTC.
     pub fn open(ordinal: usize) -> Result<CudaRuntime> {
-        if !driver_present() {
-            bail!("no CUDA driver found (libcuda.so could not be loaded; is the NVIDIA driver installed?)");
-        }
-        let count = CudaContext::device_count()
-            .map_err(|e| anyhow::anyhow!("CUDA driver failed to initialise: {e}"))?;
-        if ordinal >= count.max(0) as usize {
+        let count = device_count()?;
+        if ordinal >= count {
             bail!("no CUDA device cuda:{ordinal} (this machine has {count})");
         }
         if !nvrtc_present() {
