@@ -52,6 +52,29 @@ pub fn cuda_support() -> Result<(), String> {
     }
 }
 
+/// Checks, before anything is loaded, that `device` can be used: always for the CPU; for
+/// `cuda:N` that this build has CUDA support, a driver is present and device N exists. The error
+/// is one line, for the CLI to print before exiting non-zero.
+pub fn check_available(device: Device) -> Result<(), String> {
+    match device {
+        Device::Cpu => Ok(()),
+        Device::Cuda(n) => {
+            cuda_support()?;
+            #[cfg(feature = "cuda")]
+            {
+                let count = crate::cuda::device_count().map_err(|e| e.to_string())?;
+                if n >= count {
+                    return Err(format!(
+                        "no CUDA device cuda:{n} (this machine has {count})"
+                    ));
+                }
+            }
+            let _ = n;
+            Ok(())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,5 +98,18 @@ mod tests {
     #[test]
     fn cuda_support_matches_the_feature() {
         assert_eq!(cuda_support().is_ok(), cfg!(feature = "cuda"));
+    }
+
+    /// The CPU is always available; a CUDA device on a build without the feature (or on a machine
+    /// without a driver, like every machine this project is tested on) is a one-line error.
+    #[test]
+    fn availability() {
+        assert_eq!(check_available(Device::Cpu), Ok(()));
+        if let Err(e) = check_available(Device::Cuda(1000)) {
+            assert!(!e.contains('\n'), "{e}");
+            assert!(e.contains("CUDA"), "{e}");
+        } else {
+            panic!("cuda:1000 cannot exist");
+        }
     }
 }

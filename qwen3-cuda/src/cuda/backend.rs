@@ -85,10 +85,15 @@ impl Backend for CudaBackend {
 
     fn download(&self, x: &CudaSlice<f32>, offset: usize, len: usize) -> Result<Vec<f32>> {
         need(x, offset + len, "download")?;
-        self.runtime
+        let v = self
+            .runtime
             .stream
             .clone_dtoh(&x.slice(offset..offset + len))
-            .map_err(err)
+            .map_err(err)?;
+        // A copy to pageable memory returns when complete; synchronising says so explicitly
+        // and surfaces any error of the kernels queued before it.
+        self.runtime.stream.synchronize().map_err(err)?;
+        Ok(v)
     }
 
     fn copy(
