@@ -29,7 +29,23 @@ enum Command {
     Bench(bench::BenchArgs),
 }
 
+/// Restores the default action for SIGPIPE (terminate quietly), which Rust's runtime sets to
+/// "ignore". Without this, `qwen3 inference ... | head -1` would make the next write to stdout
+/// fail and `println!` panic, instead of the process simply ending like any Unix filter.
+#[cfg(unix)]
+fn restore_sigpipe() {
+    // SAFETY: `signal` with SIG_DFL installs no handler code of ours; it is called first thing in
+    // `main`, before any other thread exists, so nothing races with the change of disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(not(unix))]
+fn restore_sigpipe() {}
+
 fn main() {
+    restore_sigpipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Export(a) => export::run(a),

@@ -1,10 +1,235 @@
-//! `qwen3 inference`. (Not implemented yet.)
+//! `qwen3 inference <model.bin> -m generate`: one completion, streamed to stdout.
+//!
+//! stdout gets only the generated text, so it can be piped; everything else (the stop reason, the
+//! timing summary, `--verbose` details) goes to stderr. A prompt given as ids (`--prompt-ids`)
+//! gets ids back, one space-separated stream, which needs no tokenizer.
 
-use clap::Args;
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use qwen3_inference::format::{companion_paths, ModelFile};
+use qwen3_inference::generate::{generate, StopReason};
+use qwen3_inference::model::{Model, Session};
+use qwen3_inference::sampler::{Sampler, SamplerConfig};
+use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Context length used when `-c` is not given: the model's maximum, capped here so the KV cache
+/// of a small model stays small (Qwen3-0.6B at 4096 positions: 448 MiB of f32 keys and values;
+/// at its 40960 maximum it would be 4.4 GiB).
+pub const DEFAULT_CONTEXT_CAP: usize = 4096;
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Complete the prompt once.
+    Generate,
+    /// A conversation in the terminal (not built yet).
+    Chat,
+}
 
 #[derive(Args)]
-pub struct InferenceArgs {}
+pub struct InferenceArgs {
+    /// Model file written by `qwen3 export`.
+    pub model: PathBuf,
+    #[arg(short = 'm', long, value_enum, default_value = "generate")]
+    pub mode: Mode,
+    /// The prompt text.
+    #[arg(short = 'i', long = "input", conflicts_with = "prompt_ids")]
+    pub input: Option<String>,
+    /// The prompt as token ids, a JSON array such as '[785, 6722, 315]' (for debugging; the
+    /// output is then token ids too, and no tokenizer file is needed).
+    #[arg(long)]
+    pub prompt_ids: Option<String>,
+    /// Most tokens to generate. 0 runs the prompt and generates nothing (times prefill).
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Temperature; 0 is greedy (default: the model's generation_config.json).
+    #[arg(short = 't', long, allow_negative_numbers = true)]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling: keep the most likely tokens up to this probability mass, in (0, 1].
+    #[arg(long, allow_negative_numbers = true)]
+    pub top_p: Option<f32>,
+    /// Keep only the k most likely tokens; 0 keeps all.
+    #[arg(long)]
+    pub top_k: Option<u32>,
+    /// Drop tokens less likely than this fraction of the most likely one, in [0, 1].
+    #[arg(long, allow_negative_numbers = true)]
+    pub min_p: Option<f32>,
+    /// Penalise tokens already in the context (HF repetition_penalty; 1 is off).
+    #[arg(long, allow_negative_numbers = true)]
+    pub repeat_penalty: Option<f32>,
+    /// Subtract this from the logits of tokens already generated (0 is off).
+    #[arg(long, allow_negative_numbers = true)]
+    pub presence_penalty: Option<f32>,
+    /// Seed of the sampler; any u64. Default: from the clock (printed with --verbose).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Context length (prompt + generated tokens); sizes the KV cache.
+    /// Default: the model's maximum, capped at 4096.
+    #[arg(short = 'c', long)]
+    pub context: Option<usize>,
+    /// Print the prompt before the completion.
+    #[arg(long)]
+    pub echo: bool,
+    /// Print model details, KV cache size and sampler settings to stderr.
+    #[arg(long)]
+    pub verbose: bool,
+}
 
-pub fn run(_args: InferenceArgs) -> anyhow::Result<()> {
-    anyhow::bail!("`qwen3 inference` is not implemented yet")
+pub fn run(args: InferenceArgs) -> Result<()> {
+    if args.mode == Mode::Chat {
+        bail!("-m chat is not built yet; use -m generate");
+    }
+    let file = ModelFile::open(&args.model)?;
+    let model = Model::load(&file)?;
+    let c = model.config;
+
+    // Text in, text out (with the model's tokenizer file); ids in, ids out.
+    let tokenizer = match &args.input {
+        Some(_) => Some(Tokenizer::open(&companion_paths(&args.model).tokenizer)?),
+        None => None,
+    };
+    let prompt: Vec<u32> = match (&args.input, &args.prompt_ids, &tokenizer) {
+        (_, Some(ids), _) => parse_ids(ids)?,
+        (Some(text), None, Some(tok)) => tok.encode(text),
+        _ => bail!("no prompt: give -i TEXT or --prompt-ids '[..]'"),
+    };
+
+    let max_ctx = c.max_position_embeddings as usize;
+    let context_len = args.context.unwrap_or(max_ctx.min(DEFAULT_CONTEXT_CAP));
+    if context_len > max_ctx {
+        bail!("--context {context_len} is larger than the model supports ({max_ctx} positions)");
+    }
+    if prompt.len() > context_len {
+        bail!(
+            "the prompt has {} tokens but the context holds {context_len} (raise -c/--context, at most {max_ctx})",
+            prompt.len()
+        );
+    }
+
+    let seed = args.seed.unwrap_or_else(clock_seed);
+    let mut cfg = SamplerConfig::from_defaults(&c.generation, seed);
+    if let Some(v) = args.temperature {
+        cfg.temperature = v;
+    }
+    if let Some(v) = args.top_p {
+        cfg.top_p = v;
+    }
+    if let Some(v) = args.top_k {
+        cfg.top_k = v as usize;
+    }
+    if let Some(v) = args.min_p {
+        cfg.min_p = v;
+    }
+    if let Some(v) = args.repeat_penalty {
+        cfg.repetition_penalty = v;
+    }
+    if let Some(v) = args.presence_penalty {
+        cfg.presence_penalty = v;
+    }
+    let mut sampler = Sampler::new(cfg)?;
+
+    let mut session = Session::new(&model, context_len)?;
+    if args.verbose {
+        eprintln!(
+            "model: {} ({}{}), {} layers, hidden {}, heads {}/{} kv, head_dim {}, vocab {}",
+            args.model.display(),
+            c.dtype,
+            if c.group_size > 0 {
+                format!(" group {}", c.group_size)
+            } else {
+                String::new()
+            },
+            c.num_hidden_layers,
+            c.hidden_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.vocab_size
+        );
+        eprintln!(
+            "context: {context_len} positions (model max {max_ctx}); KV cache {:.1} MiB (f32)",
+            session.kv_cache_bytes() as f64 / (1u64 << 20) as f64
+        );
+        eprintln!("eos ids: {:?}", c.eos_token_ids);
+        let s = sampler.config();
+        eprintln!(
+            "sampler: temperature {}, top_k {}, top_p {}, min_p {}, repetition_penalty {}, presence_penalty {}, seed {}",
+            s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty, s.presence_penalty, s.seed
+        );
+        eprintln!(
+            "threads: {}, dot products: {}",
+            qwen3_inference::kernels::threads(),
+            qwen3_inference::kernels::dot::dots().isa
+        );
+    }
+
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut decoder = tokenizer.as_ref().map(StreamDecoder::new);
+    if args.echo {
+        match &args.input {
+            Some(text) => write!(out, "{text}")?,
+            None => write!(out, "{}", ids_text(&prompt))?,
+        }
+    }
+    let mut first = !args.echo;
+    let stats = generate(
+        &mut session,
+        &mut sampler,
+        &prompt,
+        args.max_tokens,
+        &c.eos_token_ids,
+        |id| {
+            match decoder.as_mut() {
+                Some(d) => write!(out, "{}", d.push(id))?,
+                None if first => write!(out, "{id}")?,
+                None => write!(out, " {id}")?,
+            }
+            first = false;
+            out.flush().context("stdout")
+        },
+    )?;
+    if let Some(d) = decoder.as_mut() {
+        write!(out, "{}", d.finish())?;
+    }
+    writeln!(out)?;
+    out.flush()?;
+
+    let why = match stats.stop {
+        StopReason::Eos(id) => format!("end-of-sequence token {id}"),
+        StopReason::MaxTokens => format!("reached -n {}", args.max_tokens),
+        StopReason::ContextFull => format!("context full ({context_len} positions; raise -c)"),
+    };
+    eprintln!("[stopped: {why}]");
+    eprintln!(
+        "prompt tokens {}, generated tokens {}, prefill {:.1} tok/s, decode {:.1} tok/s, time to first token {:.3} s",
+        stats.prompt_tokens,
+        stats.generated_tokens,
+        stats.prefill_tok_s(),
+        stats.decode_tok_s(),
+        stats.time_to_first_token.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Parses `[1, 2, 3]`.
+fn parse_ids(s: &str) -> Result<Vec<u32>> {
+    let ids: Vec<u32> = serde_json::from_str(s)
+        .with_context(|| format!("--prompt-ids {s:?}: not a JSON array of token ids"))?;
+    Ok(ids)
+}
+
+/// The prompt ids as `--echo` prints them (the same form as the generated ids).
+fn ids_text(ids: &[u32]) -> String {
+    let v: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+    v.join(" ")
+}
+
+/// A seed from the clock, for runs without `--seed`.
+fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }

@@ -14,6 +14,9 @@ use std::path::Path;
 /// Architectures whose forward pass is the one in qwen3-inference.
 const SUPPORTED_ARCHITECTURES: &[&str] = &["Qwen3ForCausalLM"];
 
+/// `Qwen3Config`'s default head_dim, used when config.json does not give one.
+const QWEN3_DEFAULT_HEAD_DIM: u32 = 128;
+
 /// Reads and parses a JSON file, with errors naming the file.
 pub fn read_json(path: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(path)
@@ -114,22 +117,17 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         );
     }
 
-    // 2. Sizes. head_dim defaults to hidden_size / num_attention_heads (Qwen3Config), but Qwen3
-    //    checkpoints set it explicitly and it usually differs (0.6B: 1024/16 = 64, head_dim 128).
+    // 2. Sizes. When config.json has no head_dim, transformers' Qwen3Config uses its own default,
+    //    128 (`head_dim=128` in configuration_qwen3.py; checked with transformers 5.23.0 while
+    //    building fixtures/models/tiny-bf16-untied-mha). It does NOT fall back to
+    //    hidden_size / num_attention_heads as Llama and Qwen2 do. Real Qwen3 checkpoints state it,
+    //    and it usually differs from that ratio (0.6B: 1024/16 = 64, head_dim 128).
     let hidden_size = require_u32(obj, "hidden_size")?;
     let num_attention_heads = require_u32(obj, "num_attention_heads")?;
     if num_attention_heads == 0 {
         bail!("num_attention_heads is 0");
     }
-    let head_dim = match get_u32(obj, "head_dim")? {
-        Some(h) => h,
-        None => {
-            if hidden_size % num_attention_heads != 0 {
-                bail!("head_dim is absent and hidden_size {hidden_size} is not a multiple of num_attention_heads {num_attention_heads}");
-            }
-            hidden_size / num_attention_heads
-        }
-    };
+    let head_dim = get_u32(obj, "head_dim")?.unwrap_or(QWEN3_DEFAULT_HEAD_DIM);
     let num_key_value_heads = get_u32(obj, "num_key_value_heads")?.unwrap_or(num_attention_heads);
 
     // 3. Rotary embeddings: theta from the top level (hub) or rope_parameters (transformers 5).
@@ -282,10 +280,10 @@ mod tests {
     }
 
     #[test]
-    fn head_dim_defaults_to_hidden_over_heads() {
+    fn head_dim_defaults_to_qwen3config_default_not_hidden_over_heads() {
         let mut j = qwen3_06b();
         j.as_object_mut().unwrap().remove("head_dim");
-        assert_eq!(parse_config(&j).unwrap().head_dim, 64);
+        assert_eq!(parse_config(&j).unwrap().head_dim, 128);
     }
 
     #[test]

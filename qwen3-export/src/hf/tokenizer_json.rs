@@ -1,11 +1,498 @@
-//! tokenizer.json -> the pico-qwen tokenizer file. (Placeholder until the tokenizer work lands.)
+//! tokenizer.json (+ tokenizer_config.json) -> the pico-qwen tokenizer file.
+//!
+//! HuggingFace `tokenizers` describes a tokenizer as a pipeline (normalizer, pre-tokenizer, model,
+//! post-processor, decoder). We implement one pipeline exactly -- the byte-level BPE of
+//! Qwen2/Qwen3: NFC (or no) normalizer, the Qwen2 split regex followed by ByteLevel, a BPE model
+//! without unknown token, dropout or subword prefixes, a ByteLevel decoder -- and refuse any
+//! tokenizer.json that differs, naming the part we do not implement, rather than encode
+//! approximately. The file layout is defined in `qwen3_inference::tokenizer::file`.
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
+use qwen3_inference::format::atomic::write_atomic;
+use qwen3_inference::tokenizer::byte_level;
+use qwen3_inference::tokenizer::file::{
+    AddedToken, Normalizer, TokenizerData, NO_ID, QWEN2_SPLIT_PATTERN,
+};
+use serde_json::Value;
+use std::collections::HashMap;
 use std::path::Path;
 
 /// Reads `hf_dir/tokenizer.json`, checks every id is below `vocab_size`, and writes the tokenizer
 /// file to `out` atomically. Returns a one-line summary for the export log.
 pub fn export_tokenizer(hf_dir: &Path, out: &Path, vocab_size: u32) -> Result<String> {
-    let _ = (hf_dir, out, vocab_size);
-    anyhow::bail!("tokenizer export is not implemented yet")
+    let mut data = convert(hf_dir)?;
+    data.model_vocab = vocab_size;
+    if data.len() as u64 > vocab_size as u64 {
+        bail!(
+            "{}: the tokenizer has {} tokens but the model's vocab_size is {vocab_size}",
+            hf_dir.join("tokenizer.json").display(),
+            data.len()
+        );
+    }
+    write_atomic(out, &data.to_bytes())?;
+    Ok(format!(
+        "tokenizer: {} tokens ({} added), {} merges, normalizer {}, bos {}, eos {} -> {}",
+        data.len(),
+        data.added.len(),
+        data.merges.len(),
+        data.normalizer.name(),
+        data.bos_id.map_or("none".into(), |i| i.to_string()),
+        data.eos_id.map_or("none".into(), |i| i.to_string()),
+        out.display()
+    ))
+}
+
+/// Parses `hf_dir/tokenizer.json` and `hf_dir/tokenizer_config.json` (optional) into the data
+/// of a tokenizer file.
+pub fn convert(hf_dir: &Path) -> Result<TokenizerData> {
+    let path = hf_dir.join("tokenizer.json");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("{}: cannot read", path.display()))?;
+    let json: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{}: malformed JSON", path.display()))?;
+    let config_path = hf_dir.join("tokenizer_config.json");
+    let config: Option<Value> = if config_path.exists() {
+        let t = std::fs::read_to_string(&config_path)
+            .with_context(|| format!("{}: cannot read", config_path.display()))?;
+        Some(
+            serde_json::from_str(&t)
+                .with_context(|| format!("{}: malformed JSON", config_path.display()))?,
+        )
+    } else {
+        None
+    };
+    let mut data = from_json(&json).with_context(|| format!("{}", path.display()))?;
+    if let Some(config) = &config {
+        let (bos, eos) =
+            special_ids(config, &data).with_context(|| format!("{}", config_path.display()))?;
+        data.bos_id = bos;
+        data.eos_id = eos;
+    }
+    Ok(data)
+}
+
+/// `x` as a JSON string, or an error naming `what`.
+fn str_of<'a>(v: &'a Value, what: &str) -> Result<&'a str> {
+    v.as_str()
+        .with_context(|| format!("{what} is not a string: {v}"))
+}
+
+/// A field that must be absent, null, `false` or empty for us to implement the tokenizer.
+fn must_be_off(obj: &Value, key: &str, part: &str) -> Result<()> {
+    match obj.get(key) {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(()),
+        Some(Value::String(s)) if s.is_empty() => Ok(()),
+        Some(v) => bail!("{part} has {key} = {v}, which pico-qwen does not implement"),
+    }
+}
+
+fn from_json(json: &Value) -> Result<TokenizerData> {
+    // The model: byte-level BPE.
+    let model = json.get("model").context("no \"model\"")?;
+    let kind = model.get("type").and_then(Value::as_str).unwrap_or("");
+    if kind != "BPE" {
+        bail!("model type {kind:?} is not supported: only byte-level BPE is implemented");
+    }
+    for key in [
+        "dropout",
+        "unk_token",
+        "continuing_subword_prefix",
+        "end_of_word_suffix",
+        "byte_fallback",
+        "ignore_merges",
+    ] {
+        must_be_off(model, key, "the BPE model")?;
+    }
+
+    let normalizer = match json.get("normalizer") {
+        None | Some(Value::Null) => Normalizer::None,
+        Some(n) if n.get("type").and_then(Value::as_str) == Some("NFC") => Normalizer::Nfc,
+        Some(n) => bail!("normalizer {n} is not supported (pico-qwen implements NFC or none)"),
+    };
+    check_pre_tokenizer(json.get("pre_tokenizer").unwrap_or(&Value::Null))?;
+    check_byte_level(
+        json.get("decoder").unwrap_or(&Value::Null),
+        "decoder",
+        false,
+    )?;
+    // The ByteLevel post-processor only adjusts offsets; any other would add tokens to the ids.
+    check_byte_level(
+        json.get("post_processor").unwrap_or(&Value::Null),
+        "post_processor",
+        true,
+    )?;
+
+    // The vocabulary: byte-level strings -> ids. Undo the byte-level mapping.
+    let vocab = model
+        .get("vocab")
+        .and_then(Value::as_object)
+        .context("model.vocab is not an object")?;
+    let mut tokens: Vec<Option<Vec<u8>>> = Vec::new();
+    let mut id_of: HashMap<&str, u32> = HashMap::with_capacity(vocab.len());
+    for (text, id) in vocab {
+        let id = id
+            .as_u64()
+            .filter(|&i| i < u32::MAX as u64)
+            .with_context(|| format!("vocab token {text:?} has a bad id {id}"))?
+            as u32;
+        let bytes = byte_level::decode_str(text).with_context(|| {
+            format!("vocab token {text:?} is not in the byte-level alphabet: not byte-level BPE")
+        })?;
+        let slot = id as usize;
+        if slot >= tokens.len() {
+            if slot > 10_000_000 {
+                bail!("vocab id {id} is implausibly large");
+            }
+            tokens.resize(slot + 1, None);
+        }
+        if tokens[slot].is_some() {
+            bail!("vocab id {id} is used twice");
+        }
+        tokens[slot] = Some(bytes);
+        id_of.insert(text.as_str(), id);
+    }
+
+    let mut byte_ids = [NO_ID; 256];
+    for (b, slot) in byte_ids.iter_mut().enumerate() {
+        let c = byte_level::byte_to_char(b as u8).to_string();
+        if let Some(&id) = id_of.get(c.as_str()) {
+            *slot = id;
+        }
+    }
+
+    // Merges, in rank order; either ["a", "b"] pairs or "a b" strings (older files).
+    let merges_json = model
+        .get("merges")
+        .and_then(Value::as_array)
+        .context("model.merges is not a list")?;
+    let mut merges = Vec::with_capacity(merges_json.len());
+    for (rank, m) in merges_json.iter().enumerate() {
+        let (a, b) = match m {
+            Value::Array(p) if p.len() == 2 => {
+                (str_of(&p[0], "merge part")?, str_of(&p[1], "merge part")?)
+            }
+            Value::String(s) => s
+                .split_once(' ')
+                .with_context(|| format!("merge {rank} {s:?} is not \"left right\""))?,
+            other => bail!("merge {rank} is neither a pair nor a string: {other}"),
+        };
+        let look = |t: &str| {
+            id_of
+                .get(t)
+                .copied()
+                .with_context(|| format!("merge {rank} uses {t:?}, which is not in the vocab"))
+        };
+        let merged = format!("{a}{b}");
+        merges.push([look(a)?, look(b)?, look(&merged)?]);
+    }
+
+    // Added tokens: matched before BPE; decoded like any token by the ByteLevel decoder, which
+    // maps a token through the byte-level alphabet when every character is in it and takes its
+    // UTF-8 bytes otherwise (HF `decoders/byte_level.rs`).
+    let mut added = Vec::new();
+    for t in json
+        .get("added_tokens")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        let content = str_of(
+            t.get("content").unwrap_or(&Value::Null),
+            "added token content",
+        )?;
+        let id = t
+            .get("id")
+            .and_then(Value::as_u64)
+            .filter(|&i| i <= 10_000_000)
+            .with_context(|| format!("added token {content:?} has a bad id"))?
+            as u32;
+        let flag = |k: &str, default: bool| t.get(k).and_then(Value::as_bool).unwrap_or(default);
+        let special = flag("special", false);
+        let token = AddedToken {
+            id,
+            content: content.to_owned(),
+            special,
+            single_word: flag("single_word", false),
+            lstrip: flag("lstrip", false),
+            rstrip: flag("rstrip", false),
+            normalized: flag("normalized", !special),
+        };
+        let bytes = byte_level::decode_str(content).unwrap_or_else(|| content.as_bytes().to_vec());
+        let slot = id as usize;
+        if slot >= tokens.len() {
+            tokens.resize(slot + 1, None);
+        }
+        // An added token may reuse a vocab id; HF then decodes it as the added content.
+        tokens[slot] = Some(bytes);
+        added.push(token);
+    }
+
+    let tokens: Vec<Vec<u8>> = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(id, t)| t.with_context(|| format!("no token has id {id}: ids must be contiguous")))
+        .collect::<Result<_>>()?;
+    let (token_ends, blob) = TokenizerData::token_table(&tokens);
+    if blob.len() > u32::MAX as usize {
+        bail!("the tokens take more than 4 GiB");
+    }
+    Ok(TokenizerData {
+        normalizer,
+        split_pattern: QWEN2_SPLIT_PATTERN.to_owned(),
+        bos_id: None,
+        eos_id: None,
+        model_vocab: u32::try_from(tokens.len())?,
+        token_ends,
+        blob,
+        byte_ids,
+        merges,
+        added,
+    })
+}
+
+/// The pre-tokenizer must be Qwen2's: Sequence[Split(QWEN2_SPLIT_PATTERN, Isolated), ByteLevel
+/// without prefix space or its own regex].
+fn check_pre_tokenizer(p: &Value) -> Result<()> {
+    let refuse = || {
+        format!(
+            "pre_tokenizer {p} is not supported: pico-qwen implements Sequence[Split(the Qwen2 \
+             pattern, Isolated), ByteLevel(add_prefix_space=false, use_regex=false)]"
+        )
+    };
+    let steps = match p.get("type").and_then(Value::as_str) {
+        Some("Sequence") => p
+            .get("pretokenizers")
+            .and_then(Value::as_array)
+            .with_context(refuse)?,
+        _ => bail!(refuse()),
+    };
+    let [split, bl] = steps.as_slice() else {
+        bail!(refuse())
+    };
+    let pattern = split
+        .get("pattern")
+        .and_then(|x| x.get("Regex"))
+        .and_then(Value::as_str);
+    if split.get("type").and_then(Value::as_str) != Some("Split")
+        || split.get("behavior").and_then(Value::as_str) != Some("Isolated")
+        || split.get("invert").and_then(Value::as_bool) != Some(false)
+    {
+        bail!(refuse());
+    }
+    if pattern != Some(QWEN2_SPLIT_PATTERN) {
+        bail!(
+            "pre_tokenizer split pattern {} is not the Qwen2 pattern pico-qwen implements \
+             ({QWEN2_SPLIT_PATTERN:?})",
+            pattern.map_or("(missing)".into(), |s| format!("{s:?}"))
+        );
+    }
+    check_byte_level(bl, "pre_tokenizer ByteLevel step", false)?;
+    if bl.get("use_regex").and_then(Value::as_bool) != Some(false) {
+        bail!(refuse());
+    }
+    Ok(())
+}
+
+/// `v` must be a ByteLevel step without `add_prefix_space` (or null, when `null_ok`).
+fn check_byte_level(v: &Value, part: &str, null_ok: bool) -> Result<()> {
+    if v.is_null() && null_ok {
+        return Ok(());
+    }
+    if v.get("type").and_then(Value::as_str) != Some("ByteLevel") {
+        bail!("{part} {v} is not supported: pico-qwen implements ByteLevel only");
+    }
+    must_be_off(v, "add_prefix_space", part)
+}
+
+/// BOS and EOS ids from tokenizer_config.json's `bos_token` / `eos_token` (a string, or an
+/// object with `content`, or null).
+fn special_ids(config: &Value, data: &TokenizerData) -> Result<(Option<u32>, Option<u32>)> {
+    let lookup = |key: &str| -> Result<Option<u32>> {
+        let text = match config.get(key) {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::String(s)) => s.as_str(),
+            Some(v) => match v.get("content").and_then(Value::as_str) {
+                Some(s) => s,
+                None => bail!("{key} is neither a string nor an object with content: {v}"),
+            },
+        };
+        if let Some(t) = data.added.iter().find(|t| t.content == text) {
+            return Ok(Some(t.id));
+        }
+        let bytes = text.as_bytes();
+        (0..data.len() as u32)
+            .find(|&id| data.token(id) == Some(bytes))
+            .map(Some)
+            .with_context(|| format!("{key} {text:?} is not a token of tokenizer.json"))
+    };
+    Ok((lookup("bos_token")?, lookup("eos_token")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
+    use std::path::PathBuf;
+    use std::sync::OnceLock;
+
+    fn fixtures() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tokenizer")
+    }
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("pq-tok-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// The real Qwen3 tokenizer, exported to a file and loaded back (once per test binary).
+    fn qwen3() -> &'static Tokenizer {
+        static TOK: OnceLock<Tokenizer> = OnceLock::new();
+        TOK.get_or_init(|| {
+            let dir = temp_dir("qwen3");
+            let out = dir.join("m.tokenizer.bin");
+            export_tokenizer(&fixtures(), &out, 151936).unwrap();
+            let t = Tokenizer::open(&out).unwrap();
+            std::fs::remove_dir_all(&dir).unwrap();
+            t
+        })
+    }
+
+    fn load_cases(name: &str) -> Value {
+        let text = std::fs::read_to_string(fixtures().join(name)).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn ids_of(v: &Value) -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    }
+
+    fn stream(tok: &Tokenizer, ids: &[u32], skip: bool) -> String {
+        let mut d = StreamDecoder::new(tok).skip_special(skip);
+        let mut s: String = ids.iter().map(|&id| d.push(id)).collect();
+        s.push_str(&d.finish());
+        s
+    }
+
+    /// Every case: encode gives HF's ids; decode and the streaming decoder give HF's text.
+    fn check_cases(file: &str) -> usize {
+        let tok = qwen3();
+        let cases = load_cases(file);
+        let mut failures = Vec::new();
+        let mut n = 0;
+        for c in cases["cases"].as_array().unwrap() {
+            n += 1;
+            let text = c["text"].as_str().unwrap();
+            let want = ids_of(&c["ids"]);
+            let got = tok.encode(text);
+            if got != want {
+                failures.push(format!("{}: encode {text:?}: {got:?} != {want:?}", c["id"]));
+            }
+            for (key, skip) in [("decoded", false), ("decoded_skip_special", true)] {
+                let want_text = c[key].as_str().unwrap();
+                let got_text = tok.decode(&want, skip).unwrap();
+                if got_text != want_text {
+                    failures.push(format!("{}: {key}: {got_text:?} != {want_text:?}", c["id"]));
+                }
+                if stream(tok, &want, skip) != want_text {
+                    failures.push(format!("{}: streamed {key} differs", c["id"]));
+                }
+            }
+        }
+        for c in cases["decode_cases"].as_array().unwrap() {
+            n += 1;
+            let ids = ids_of(&c["ids"]);
+            for (key, skip) in [("decoded", false), ("decoded_skip_special", true)] {
+                let want_text = c[key].as_str().unwrap();
+                let got_text = tok.decode(&ids, skip).unwrap();
+                if got_text != want_text {
+                    failures.push(format!(
+                        "{}: {key}: {got_text:?} != {want_text:?}",
+                        c["name"]
+                    ));
+                }
+                if stream(tok, &ids, skip) != want_text {
+                    failures.push(format!("{}: streamed {key} differs", c["name"]));
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+        n
+    }
+
+    #[test]
+    fn hf_dev_cases_encode_and_decode_exactly() {
+        assert_eq!(check_cases("tokenizer-cases-dev.json"), 163 + 23);
+    }
+
+    #[test]
+    fn file_holds_what_tokenizer_json_and_config_say() {
+        let tok = qwen3();
+        // tokenizer.json: 151643 vocab tokens + 26 added (151643..151668).
+        assert_eq!(tok.len(), 151669);
+        // tokenizer_config.json: eos_token "<|im_end|>" (151644 + 1), bos_token null.
+        assert_eq!(tok.eos_id(), Some(151645));
+        assert_eq!(tok.bos_id(), None);
+        assert_eq!(tok.token_id("<think>"), Some(151667));
+        assert!(tok.is_special(151643) && !tok.is_special(151667));
+        // "Ġworld" is id 1879 in tokenizer.json's vocab.
+        assert_eq!(tok.token_bytes(1879), Some(&b" world"[..]));
+        assert_eq!(tok.token_id(" world"), Some(1879));
+        // Ids past the tokenizer but inside the model's 151936-row embedding decode to nothing
+        // (HF drops them); past the embedding they are an error.
+        assert_eq!(tok.decode(&[151669, 151935], false).unwrap(), "");
+        assert!(tok.decode(&[151936], false).is_err());
+    }
+
+    /// tokenizer.json with one field replaced, written to a temp dir, must be refused with an
+    /// error naming tokenizer.json and the part.
+    fn refused(edit: impl Fn(&mut Value), expect: &str) {
+        let mut json = load_cases("tokenizer.json");
+        edit(&mut json);
+        let dir = temp_dir(expect.split_whitespace().next().unwrap());
+        std::fs::write(dir.join("tokenizer.json"), json.to_string()).unwrap();
+        let out = dir.join("m.tokenizer.bin");
+        let err = format!("{:#}", export_tokenizer(&dir, &out, 151936).unwrap_err());
+        assert!(
+            err.contains("tokenizer.json") && err.contains(expect),
+            "{err}"
+        );
+        assert!(!out.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn unsupported_pipelines_are_refused() {
+        refused(
+            |j| j["normalizer"] = serde_json::json!({"type": "NFKC"}),
+            "normalizer",
+        );
+        refused(|j| j["model"]["type"] = "WordPiece".into(), "model type");
+        refused(
+            |j| j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\s+".into(),
+            "split pattern",
+        );
+        refused(
+            |j| j["decoder"] = serde_json::json!({"type": "Metaspace"}),
+            "decoder",
+        );
+        refused(
+            |j| j["model"]["byte_fallback"] = true.into(),
+            "byte_fallback",
+        );
+    }
+
+    #[test]
+    fn vocab_larger_than_the_model_is_refused() {
+        let out = temp_dir("small").join("m.tokenizer.bin");
+        let err = format!(
+            "{:#}",
+            export_tokenizer(&fixtures(), &out, 1000).unwrap_err()
+        );
+        assert!(err.contains("vocab_size is 1000"), "{err}");
+    }
 }

@@ -1,3 +1,38 @@
-//! Matrix-vector and matrix-matrix products for q8, bf16 and f32 weights. (Placeholder.)
+//! The numerical kernels of the forward pass, on the CPU: plain scalar Rust, parallel over output
+//! rows with rayon.
+//!
+//! This list is the whole seam between the forward pass ([`crate::model`]) and the hardware. The
+//! forward pass calls nothing else that touches numbers in bulk, so a GPU backend implements these
+//! same few operations and the forward pass is written once:
+//!
+//! | op | shapes |
+//! |---|---|
+//! | [`embedding`] | one row of `[vocab, hidden]` -> `[hidden]` |
+//! | [`matmul`] | `x: [t, cols]`, `w: [rows, cols]` -> `[t, rows]` |
+//! | [`rmsnorm`] | rows of `[n, dim]`, weight `[dim]` |
+//! | [`rope`] | rows of `[n, head_dim]` at given positions |
+//! | [`attention`] | queries `[t, n_heads, head_dim]` over the KV cache |
+//! | [`silu_mul`], [`add`] | elementwise |
+//!
+//! The innermost loops, the dot products, are in [`dot`]: scalar references plus SIMD versions
+//! chosen once at run time. The functions here keep their signatures whatever [`dot`] picks.
 
+mod attention;
 pub mod dot;
+mod elementwise;
+mod embedding;
+mod matmul;
+mod rmsnorm;
+mod rope;
+
+pub use attention::{attention, AttentionShape};
+pub use elementwise::{add, silu_mul};
+pub use embedding::embedding;
+pub use matmul::matmul;
+pub use rmsnorm::rmsnorm;
+pub use rope::{rope, RopeTable};
+
+/// Threads the kernels split work over (rayon's pool; set `RAYON_NUM_THREADS` to change it).
+pub fn threads() -> usize {
+    rayon::current_num_threads()
+}

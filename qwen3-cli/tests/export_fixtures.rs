@@ -1,0 +1,208 @@
+//! `qwen3 export` on the HuggingFace fixtures (fixtures/models/, made by scripts/make_fixtures.py):
+//! tied and untied, f32/bf16/f16 sources, single file and sharded, both config.json dialects,
+//! head_dim absent or different from hidden/heads, GQA ratios 1, 2 and 4. For every fixture and
+//! every storage dtype, the export must succeed, leave exactly three files, carry config.json's
+//! values, and store every tensor faithfully: exactly for f32, exactly or rounded-to-nearest-even
+//! for bf16, and within half a quantization step for q8. Values are compared with the checkpoint
+//! as read by the `safetensors` crate, not by our reader.
+
+use qwen3_inference::format::reader::TensorData;
+use qwen3_inference::format::{DType, ModelFile};
+use safetensors::tensor::Dtype;
+use safetensors::SafeTensors;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const FIXTURES: [&str; 4] = [
+    "tiny-f32-tied-gqa2",
+    "tiny-bf16-untied-mha",
+    "tiny-f16-sharded-gqa4",
+    "tiny-qwen3-fullvocab",
+];
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/models")
+        .join(name)
+}
+
+fn tempdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("pq-exfix-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Every tensor of a checkpoint as (dtype, shape, raw bytes), read with the safetensors crate.
+fn source_tensors(dir: &Path) -> HashMap<String, (Dtype, Vec<usize>, Vec<u8>)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    files.sort();
+    let mut out = HashMap::new();
+    for f in files {
+        let bytes = std::fs::read(&f).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        for (name, view) in st.tensors() {
+            out.insert(
+                name,
+                (view.dtype(), view.shape().to_vec(), view.data().to_vec()),
+            );
+        }
+    }
+    out
+}
+
+fn to_f32(dtype: Dtype, b: &[u8]) -> Vec<f32> {
+    match dtype {
+        Dtype::F32 => b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+        Dtype::BF16 => b
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f32())
+            .collect(),
+        Dtype::F16 => b
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f32())
+            .collect(),
+        d => panic!("fixture dtype {d:?}"),
+    }
+}
+
+fn export(name: &str, dtype: &str) -> (PathBuf, PathBuf) {
+    let dir = tempdir(&format!("{name}-{dtype}"));
+    let out = dir.join("m.bin");
+    let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args([
+            "export",
+            fixture(name).to_str().unwrap(),
+            out.to_str().unwrap(),
+        ])
+        .args(["--dtype", dtype, "--group-size", "32"])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{name} {dtype}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (dir, out)
+}
+
+#[test]
+fn every_fixture_exports_faithfully_in_every_dtype() {
+    for name in FIXTURES {
+        let src = source_tensors(&fixture(name));
+        let hf_config: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(fixture(name).join("config.json")).unwrap(),
+        )
+        .unwrap();
+        for dtype in ["f32", "bf16", "q8"] {
+            let (dir, out) = export(name, dtype);
+            let mut files: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            files.sort();
+            assert_eq!(
+                files,
+                ["m.bin", "m.template.json", "m.tokenizer.bin"],
+                "{name} {dtype}: exactly three files, no temporaries"
+            );
+            let file = ModelFile::open(&out).unwrap();
+            let c = file.config();
+            assert_eq!(c.dtype, DType::parse(dtype).unwrap());
+            for (key, got) in [
+                ("hidden_size", c.hidden_size),
+                ("intermediate_size", c.intermediate_size),
+                ("num_hidden_layers", c.num_hidden_layers),
+                ("num_attention_heads", c.num_attention_heads),
+                ("num_key_value_heads", c.num_key_value_heads),
+                ("vocab_size", c.vocab_size),
+            ] {
+                assert_eq!(hf_config[key].as_u64(), Some(got as u64), "{name}: {key}");
+            }
+            // Values the fixture generator documents in fixtures/README.md.
+            match name {
+                "tiny-bf16-untied-mha" => {
+                    assert_eq!(c.head_dim, 128, "Qwen3Config's default head_dim");
+                    assert_eq!(c.rope_theta, 500000.0, "from rope_parameters");
+                    assert!(!c.tie_word_embeddings);
+                }
+                "tiny-f32-tied-gqa2" => {
+                    assert_eq!(c.head_dim, 32);
+                    assert!(c.tie_word_embeddings);
+                    assert_eq!(
+                        c.eos_token_ids,
+                        vec![504, 502],
+                        "config then generation_config"
+                    );
+                }
+                "tiny-f16-sharded-gqa4" => {
+                    assert_eq!((c.head_dim, c.rms_norm_eps), (16, 1e-5));
+                    assert_eq!(c.rope_theta, 10000.0);
+                }
+                _ => {
+                    assert_eq!(c.eos_token_ids, vec![151645, 151643]);
+                    assert_eq!(c.generation.top_k, Some(20));
+                }
+            }
+            for t in &file.header().tensors {
+                let (sd, shape, bytes) = &src[&t.name];
+                let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+                assert_eq!(t.shape, shape, "{name} {}", t.name);
+                let want = to_f32(*sd, bytes);
+                match file.tensor(&t.name).unwrap().data {
+                    TensorData::F32(v) => assert_eq!(v, &want[..], "{name} {dtype} {}", t.name),
+                    TensorData::Bf16(v) => {
+                        for (i, (&b, &w)) in v.iter().zip(&want).enumerate() {
+                            assert_eq!(
+                                b,
+                                half::bf16::from_f32(w).to_bits(),
+                                "{name} {} value {i}: bf16 must be the nearest-even rounding",
+                                t.name
+                            );
+                        }
+                    }
+                    TensorData::Q8 {
+                        q,
+                        scales,
+                        group_size,
+                    } => {
+                        assert_eq!(group_size, 32);
+                        for (g, (qg, wg)) in q.chunks(32).zip(want.chunks(32)).enumerate() {
+                            let max = wg.iter().fold(0f32, |m, v| m.max(v.abs()));
+                            assert_eq!(scales[g], max / 127.0, "{name} {} group {g}", t.name);
+                            for (&qi, &wi) in qg.iter().zip(wg) {
+                                let err = (qi as f32 * scales[g] - wi).abs();
+                                assert!(err <= scales[g] * 0.5 * 1.0001 + 1e-12);
+                            }
+                        }
+                    }
+                }
+            }
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+}
+
+#[test]
+fn info_lists_the_companions() {
+    let (dir, out) = export("tiny-f16-sharded-gqa4", "q8");
+    let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args(["info", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let s = String::from_utf8(o.stdout).unwrap();
+    assert!(s.contains("m.tokenizer.bin ("), "{s}");
+    assert!(s.contains("m.template.json ("), "{s}");
+    assert!(s.contains("head_dim                 16"), "{s}");
+    assert!(!s.contains("missing"), "{s}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,1 +1,0 @@
-//! Conversation -> token ids through the model's own chat template. (Placeholder.)

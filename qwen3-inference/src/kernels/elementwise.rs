@@ -1,0 +1,44 @@
+//! The elementwise steps: the SwiGLU gate and the residual add.
+
+/// SwiGLU (Shazeer 2020) as Qwen3's MLP uses it: `gate[i] = silu(gate[i]) * up[i]`, with
+/// `silu(v) = v * sigmoid(v) = v / (1 + e^-v)`.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len());
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// The residual connection: `x[i] += y[i]`.
+pub fn add(x: &mut [f32], y: &[f32]) {
+    assert_eq!(x.len(), y.len());
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn silu_mul_matches_formula() {
+        let mut g = vec![-3.0f32, -0.5, 0.0, 0.5, 3.0, 30.0, -100.0];
+        let up = vec![2.0f32; g.len()];
+        let want: Vec<f32> = g
+            .iter()
+            .map(|&v| (v as f64 / (1.0 + (-(v as f64)).exp()) * 2.0) as f32)
+            .collect();
+        silu_mul(&mut g, &up);
+        for (a, b) in g.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn add_adds() {
+        let mut x = vec![1.0, 2.0];
+        add(&mut x, &[0.5, -2.0]);
+        assert_eq!(x, vec![1.5, 0.0]);
+    }
+}

@@ -1,0 +1,225 @@
+//! `out = x @ w^T` for a batch of `t` activation rows and a weight matrix stored as f32, bf16 or
+//! q8 (the layout PyTorch's `nn.Linear` uses: `w` is `[out_features, in_features]`, row-major).
+//!
+//! Each weight row is read once for all `t` tokens: with `t > 1` (prefill) this is a
+//! matrix-matrix product, with `t = 1` (decode) a matrix-vector product. Threads split the output
+//! rows, so each thread streams its own contiguous slice of the weights.
+
+use super::dot::{dots, Dots};
+use crate::format::reader::{TensorData, TensorView};
+use rayon::prelude::*;
+
+/// Output rows handed to one rayon task. Large enough that scheduling costs nothing next to the
+/// dot products, small enough that two cores stay balanced on the smallest matrices.
+const ROWS_PER_TASK: usize = 16;
+
+/// `out[i, r] = sum_c x[i, c] * w[r, c]`.
+///
+/// `x: [t, cols]` row-major, `w: [rows, cols]`, `out: [t, rows]` row-major.
+/// Panics if the slice lengths do not match the shapes (a bug in the caller, not bad input: the
+/// model file's shapes were validated when it was opened).
+pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
+    let (rows, cols) = (w.shape[0] as usize, w.shape[1] as usize);
+    assert_eq!(
+        x.len(),
+        t * cols,
+        "matmul {}: x is not [{t}, {cols}]",
+        w.name
+    );
+    assert_eq!(
+        out.len(),
+        t * rows,
+        "matmul {}: out is not [{t}, {rows}]",
+        w.name
+    );
+    let dots = dots();
+    if t == 1 {
+        // Decode: out is one row, so each task owns a contiguous slice of it.
+        out.par_chunks_mut(ROWS_PER_TASK)
+            .enumerate()
+            .for_each(|(chunk, out)| {
+                let r0 = chunk * ROWS_PER_TASK;
+                for (j, o) in out.iter_mut().enumerate() {
+                    *o = dot_row(dots, w, r0 + j, cols, x);
+                }
+            });
+        return;
+    }
+    // Prefill: a task owns a block of weight rows and computes them for every token. Its results
+    // are columns of `out`, which are not contiguous, so they go to a transposed buffer
+    // `[rows, t]` first (one allocation per call; prefill only, never in the decode loop).
+    let mut out_t = vec![0f32; rows * t];
+    out_t
+        .par_chunks_mut(ROWS_PER_TASK * t)
+        .enumerate()
+        .for_each(|(chunk, block)| {
+            let r0 = chunk * ROWS_PER_TASK;
+            for (j, per_token) in block.chunks_mut(t).enumerate() {
+                for (i, o) in per_token.iter_mut().enumerate() {
+                    *o = dot_row(dots, w, r0 + j, cols, &x[i * cols..(i + 1) * cols]);
+                }
+            }
+        });
+    for (r, per_token) in out_t.chunks(t).enumerate() {
+        for (i, &v) in per_token.iter().enumerate() {
+            out[i * rows + r] = v;
+        }
+    }
+}
+
+/// Dot product of weight row `r` with `x` (`cols` long), in the row's stored dtype.
+#[inline]
+fn dot_row(dots: &Dots, w: &TensorView, r: usize, cols: usize, x: &[f32]) -> f32 {
+    let span = r * cols..(r + 1) * cols;
+    match w.data {
+        TensorData::F32(v) => (dots.f32)(&v[span], x),
+        TensorData::Bf16(v) => (dots.bf16)(&v[span], x),
+        TensorData::Q8 {
+            q,
+            scales,
+            group_size,
+        } => {
+            let per_row = cols / group_size;
+            dot_q8(
+                &q[span],
+                &scales[r * per_row..(r + 1) * per_row],
+                group_size,
+                x,
+            )
+        }
+    }
+}
+
+/// Lanes of independent partial sums: what a SIMD unit does anyway; lets the compiler vectorise.
+const LANES: usize = 8;
+
+/// One q8 row times f32 activations: `sum_g scale[g] * sum_{i in g} q[i] * x[i]`. The scale is
+/// applied once per group, after the group's sum (exact algebra: `sum q*s*x = s * sum q*x`).
+/// The activations stay f32 (weight-only quantization), so the only error against the f32 model is
+/// the weights' rounding; [`super::dot`] also has a W8A8 product for a faster, less exact path.
+#[inline]
+fn dot_q8(q: &[i8], scales: &[f32], group_size: usize, x: &[f32]) -> f32 {
+    let mut total = 0f32;
+    for ((qg, xg), &s) in q
+        .chunks_exact(group_size)
+        .zip(x.chunks_exact(group_size))
+        .zip(scales)
+    {
+        let mut acc = [0f32; LANES];
+        let (qc, xc) = (qg.chunks_exact(LANES), xg.chunks_exact(LANES));
+        let tail: f32 = qc
+            .remainder()
+            .iter()
+            .zip(xc.remainder())
+            .map(|(&a, b)| a as f32 * b)
+            .sum();
+        for (a, b) in qc.zip(xc) {
+            for l in 0..LANES {
+                acc[l] += a[l] as f32 * b[l];
+            }
+        }
+        total += s * (acc.iter().sum::<f32>() + tail);
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{dequantize_q8, quantize_q8};
+
+    pub(crate) fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// Naive reference in f64: dequantize the weight to f32 first, then a plain dot product.
+    fn reference(x: &[f32], w: &[f32], t: usize, rows: usize, cols: usize) -> Vec<f32> {
+        let mut out = vec![0f32; t * rows];
+        for i in 0..t {
+            for r in 0..rows {
+                out[i * rows + r] = (0..cols)
+                    .map(|c| x[i * cols + c] as f64 * w[r * cols + c] as f64)
+                    .sum::<f64>() as f32;
+            }
+        }
+        out
+    }
+
+    fn check(t: usize, rows: usize, cols: usize) {
+        let mut seed = (t * 1000 + rows * 10 + cols) as u64;
+        let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut seed)).collect();
+        let x: Vec<f32> = (0..t * cols).map(|_| lcg(&mut seed)).collect();
+        let shape = [rows as u64, cols as u64];
+        let close = |got: &[f32], want: &[f32], what: &str| {
+            for (k, (a, b)) in got.iter().zip(want).enumerate() {
+                // f32 sums of `cols` products of values in [-1, 1]: error well under 1e-5 * cols.
+                assert!(
+                    (a - b).abs() <= 1e-6 * cols as f32,
+                    "{what} [{k}]: {a} vs {b}"
+                );
+            }
+        };
+
+        // f32
+        let view = TensorView {
+            name: "w",
+            shape: &shape,
+            data: TensorData::F32(&w),
+        };
+        let mut out = vec![0f32; t * rows];
+        matmul(&mut out, &x, &view, t);
+        close(&out, &reference(&x, &w, t, rows, cols), "f32");
+
+        // bf16: truncate the weights to bf16, the reference uses the same rounded values.
+        let bits: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+        let w_bf: Vec<f32> = bits
+            .iter()
+            .map(|&b| f32::from_bits((b as u32) << 16))
+            .collect();
+        let view = TensorView {
+            name: "w",
+            shape: &shape,
+            data: TensorData::Bf16(&bits),
+        };
+        matmul(&mut out, &x, &view, t);
+        close(&out, &reference(&x, &w_bf, t, rows, cols), "bf16");
+
+        // q8: the reference multiplies by the dequantized weights.
+        // Group sizes that divide `cols` (the model file guarantees this for real tensors).
+        for gs in [8, 16].into_iter().filter(|gs| (cols / gs) * gs == cols) {
+            let mut q = vec![0i8; w.len()];
+            let mut s = vec![0f32; w.len() / gs];
+            quantize_q8(&w, gs, &mut q, &mut s);
+            let mut w_q = vec![0f32; w.len()];
+            dequantize_q8(&q, &s, gs, &mut w_q);
+            let view = TensorView {
+                name: "w",
+                shape: &shape,
+                data: TensorData::Q8 {
+                    q: &q,
+                    scales: &s,
+                    group_size: gs,
+                },
+            };
+            matmul(&mut out, &x, &view, t);
+            close(&out, &reference(&x, &w_q, t, rows, cols), "q8");
+        }
+    }
+
+    #[test]
+    fn matches_dequantize_then_dot() {
+        // Odd sizes exercise the lane remainders and a partial last task.
+        for (t, rows, cols) in [
+            (1, 37, 48),
+            (3, 37, 48),
+            (1, 5, 13),
+            (5, 70, 32),
+            (2, 16, 80),
+        ] {
+            check(t, rows, cols);
+        }
+    }
+}

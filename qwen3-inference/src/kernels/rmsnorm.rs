@@ -1,0 +1,40 @@
+//! RMSNorm (Zhang & Sennrich 2019), as HuggingFace's `Qwen3RMSNorm` computes it in float32:
+//! `y = w * (x * rsqrt(mean(x^2) + eps))`. No mean subtraction and no bias; the weight multiplies
+//! as stored (not `1 + w`).
+
+/// Normalises each `dim`-long row of `x` in place and scales it by `weight` (`[dim]`).
+/// Used for the hidden-size norms (rows = tokens) and the per-head q/k norms (rows = heads).
+pub fn rmsnorm(x: &mut [f32], weight: &[f32], eps: f32) {
+    let dim = weight.len();
+    assert_eq!(x.len() % dim, 0, "rmsnorm: x is not a whole number of rows");
+    for row in x.chunks_exact_mut(dim) {
+        let sum_sq: f32 = row.iter().map(|v| v * v).sum();
+        let inv_rms = 1.0 / (sum_sq / dim as f32 + eps).sqrt();
+        for (v, &w) in row.iter_mut().zip(weight) {
+            *v = w * (*v * inv_rms);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_the_formula() {
+        // Two rows of 4; eps large enough to matter.
+        let mut x = vec![1.0, -2.0, 3.0, -4.0, 0.5, 0.5, 0.5, 0.5];
+        let w = [0.5, 1.0, 1.5, 2.0];
+        let eps = 0.1f32;
+        rmsnorm(&mut x, &w, eps);
+        // Row 1: mean(x^2) = 30/4 = 7.5, rsqrt(7.6).
+        let r = 1.0 / 7.6f32.sqrt();
+        let want1 = [0.5 * r, -2.0 * r, 4.5 * r, -8.0 * r];
+        // Row 2: mean = 0.25, rsqrt(0.35).
+        let r2 = 1.0 / 0.35f32.sqrt();
+        let want2 = [0.25 * r2, 0.5 * r2, 0.75 * r2, 1.0 * r2];
+        for (a, b) in x.iter().zip(want1.iter().chain(&want2)) {
+            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        }
+    }
+}

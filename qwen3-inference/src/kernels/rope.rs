@@ -1,0 +1,120 @@
+//! Rotary position embeddings (Su et al. 2021, "RoFormer") in HuggingFace's rotate-half layout.
+//!
+//! HF (`modeling_qwen3.py`, `apply_rotary_pos_emb`) pairs element `i` of a head with element
+//! `i + head_dim/2` (not `2i` with `2i+1` as the paper and llama2.c do) and rotates the pair by the
+//! angle `pos * inv_freq[i]`, where `inv_freq[i] = 1 / theta^(2i / head_dim)`:
+//!
+//! ```text
+//! out[i]          = x[i] * cos - x[i + half] * sin
+//! out[i + half]   = x[i + half] * cos + x[i] * sin
+//! ```
+
+/// Precomputed `cos` and `sin` of every angle for positions `0..max_pos`: `[max_pos, head_dim/2]`.
+pub struct RopeTable {
+    half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl RopeTable {
+    /// Builds the tables the way HF's `Qwen3RotaryEmbedding` does in float32, so rounding matches:
+    /// `inv_freq` is an f32 tensor, the angle `pos * inv_freq` is an f32 product, and cos/sin are
+    /// taken of that f32 angle. (At position 4000 an angle is ~4000 rad and one f32 ulp there is
+    /// ~5e-4 rad, so computing the angle in f64 instead would *differ* from the reference.)
+    pub fn new(head_dim: usize, theta: f64, max_pos: usize) -> RopeTable {
+        let half = head_dim / 2;
+        // inv_freq = 1 / theta ** (arange(0, dim, 2) / dim), exponent and result in f32.
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| {
+                let exponent = (2 * i) as f32 / head_dim as f32;
+                1.0 / (theta.powf(exponent as f64) as f32)
+            })
+            .collect();
+        let mut cos = Vec::with_capacity(max_pos * half);
+        let mut sin = Vec::with_capacity(max_pos * half);
+        for pos in 0..max_pos {
+            for &f in &inv_freq {
+                let angle = pos as f32 * f;
+                cos.push((angle as f64).cos() as f32);
+                sin.push((angle as f64).sin() as f32);
+            }
+        }
+        RopeTable { half, cos, sin }
+    }
+
+    /// Positions the table covers.
+    pub fn max_pos(&self) -> usize {
+        self.cos.len() / self.half.max(1)
+    }
+
+    /// Bytes held by the two tables.
+    pub fn nbytes(&self) -> usize {
+        (self.cos.len() + self.sin.len()) * 4
+    }
+}
+
+/// Rotates every `head_dim`-long head in `x` (`[n, head_dim]`, all at position `pos`) in place.
+pub fn rope(x: &mut [f32], table: &RopeTable, pos: usize) {
+    let half = table.half;
+    let cos = &table.cos[pos * half..(pos + 1) * half];
+    let sin = &table.sin[pos * half..(pos + 1) * half];
+    for head in x.chunks_exact_mut(2 * half) {
+        let (lo, hi) = head.split_at_mut(half);
+        for i in 0..half {
+            let (a, b) = (lo[i], hi[i]);
+            lo[i] = a * cos[i] - b * sin[i];
+            hi[i] = b * cos[i] + a * sin[i];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// HF's formula written out literally: `q * cos + rotate_half(q) * sin`, with
+    /// `rotate_half(x) = cat(-x[half:], x[:half])` and `cos = cat(freqs, freqs).cos()`, in f64.
+    fn rotate_half_reference(x: &[f32], pos: usize, theta: f64) -> Vec<f32> {
+        let d = x.len();
+        let half = d / 2;
+        let freq = |j: usize| {
+            let i = j % half;
+            pos as f64 / theta.powf((2 * i) as f64 / d as f64)
+        };
+        let rot: Vec<f64> = (0..d)
+            .map(|j| {
+                if j < half {
+                    -(x[j + half] as f64)
+                } else {
+                    x[j - half] as f64
+                }
+            })
+            .collect();
+        (0..d)
+            .map(|j| (x[j] as f64 * freq(j).cos() + rot[j] * freq(j).sin()) as f32)
+            .collect()
+    }
+
+    #[test]
+    fn matches_rotate_half_formula() {
+        let head_dim = 16;
+        let theta = 1_000_000.0;
+        let table = RopeTable::new(head_dim, theta, 64);
+        assert_eq!(table.max_pos(), 64);
+        let x: Vec<f32> = (0..2 * head_dim).map(|i| (i as f32 * 0.37).sin()).collect();
+        for pos in [0, 1, 7, 63] {
+            let mut got = x.clone();
+            rope(&mut got, &table, pos);
+            for h in 0..2 {
+                let want = rotate_half_reference(&x[h * head_dim..(h + 1) * head_dim], pos, theta);
+                for (a, b) in got[h * head_dim..(h + 1) * head_dim].iter().zip(&want) {
+                    assert!((a - b).abs() < 1e-5, "pos {pos}: {a} vs {b}");
+                }
+            }
+        }
+        // Position 0 is the identity.
+        let mut same = x.clone();
+        rope(&mut same, &table, 0);
+        assert_eq!(same, x);
+    }
+}

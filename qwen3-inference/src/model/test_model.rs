@@ -1,0 +1,80 @@
+//! A tiny model file with random weights, for the unit tests of the forward pass and generation.
+//! (Exactness against HuggingFace is tested on real exported checkpoints in
+//! qwen3-cli/tests/parity.rs; these only need a valid model.)
+
+use crate::format::writer::{ModelWriter, TensorSpec};
+use crate::format::{expected_tensors, DType, GenerationDefaults, ModelConfig, TensorKind};
+use crate::quant::quantize_q8;
+use std::path::Path;
+
+pub fn config(dtype: DType) -> ModelConfig {
+    ModelConfig {
+        architecture: "Qwen3ForCausalLM".into(),
+        hidden_size: 32,
+        intermediate_size: 48,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 16,
+        vocab_size: 40,
+        max_position_embeddings: 64,
+        rope_theta: 10_000.0,
+        rms_norm_eps: 1e-6,
+        tie_word_embeddings: dtype != DType::Bf16,
+        bos_token_id: None,
+        eos_token_ids: vec![0],
+        generation: GenerationDefaults::default(),
+        dtype,
+        group_size: if dtype == DType::Q8 { 16 } else { 0 },
+    }
+}
+
+/// A model file with random weights (norm weights drawn in 0.5..1.5).
+pub fn write_random(path: &Path, dtype: DType) {
+    let c = config(dtype);
+    let specs: Vec<TensorSpec> = expected_tensors(&c)
+        .into_iter()
+        .map(|e| {
+            let (dt, gs) = match e.kind {
+                TensorKind::Norm => (DType::F32, 0),
+                TensorKind::Matrix => (c.dtype, c.group_size),
+            };
+            TensorSpec {
+                name: e.name,
+                dtype: dt,
+                shape: e.shape,
+                group_size: gs,
+            }
+        })
+        .collect();
+    let mut w = ModelWriter::create(path, &c, specs.clone()).unwrap();
+    let mut seed = 11u64;
+    let mut rnd = || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    };
+    for s in &specs {
+        let n = s.shape.iter().product::<u64>() as usize;
+        let norm = s.dtype == DType::F32 && s.shape.len() == 1;
+        let v: Vec<f32> = (0..n)
+            .map(|_| if norm { 1.0 + 0.5 * rnd() } else { 0.3 * rnd() })
+            .collect();
+        match s.dtype {
+            DType::F32 => w.write_f32(&s.name, &v).unwrap(),
+            DType::Bf16 => {
+                let bits: Vec<u16> = v.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+                w.write_bf16(&s.name, &bits).unwrap()
+            }
+            DType::Q8 => {
+                let gs = s.group_size as usize;
+                let mut q = vec![0i8; n];
+                let mut sc = vec![0f32; n / gs];
+                quantize_q8(&v, gs, &mut q, &mut sc);
+                w.write_q8(&s.name, &q, &sc).unwrap()
+            }
+        }
+    }
+    w.finish().unwrap();
+}

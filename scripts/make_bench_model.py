@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Write a random-weight checkpoint with the exact shapes of Qwen3-0.6B or Qwen3-1.7B.
+
+For benchmarks (speed and memory need the real shapes, not the real weights) on machines without
+the real checkpoint:
+
+    /work/venv-torch/bin/python scripts/make_bench_model.py --shape 0.6b OUT_DIR [--check]
+
+OUT_DIR gets config.json and generation_config.json (Qwen3's hub keys and values),
+model.safetensors (bf16, like the hub checkpoints), and the real Qwen3 tokenizer.json and
+tokenizer_config.json copied from --qwen3-tokenizer. Do not commit the output (1.2 GB / 3.4 GB).
+
+Streaming: the safetensors header is computed from the shapes alone and written first, then each
+tensor is drawn in row chunks, converted to bf16 and appended, so peak memory is one chunk, not the
+model. Needs no GPU. The file is written under a temporary name and renamed when complete.
+--check then loads the result with transformers (bf16, CPU) and runs one short forward.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import torch
+
+DEFAULT_QWEN3_TOKENIZER = Path("/work/shared/qwen3-tokenizer")
+
+# Shapes from the hub config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B.
+SHAPES = {
+    "0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128),
+    "1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128),
+}
+VOCAB = 151936
+BOS, IM_END = 151643, 151645
+CHUNK_ELEMS = 1 << 24  # 16M values (64 MB of f32) per generated chunk
+
+
+def hub_config(shape: dict) -> dict:
+    """Qwen3-0.6B/1.7B's config.json keys, in their order."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": BOS,
+        "eos_token_id": IM_END,
+        "head_dim": shape["head_dim"],
+        "hidden_act": "silu",
+        "hidden_size": shape["hidden_size"],
+        "initializer_range": 0.02,
+        "intermediate_size": shape["intermediate_size"],
+        "max_position_embeddings": 40960,
+        "max_window_layers": 28,
+        "model_type": "qwen3",
+        "num_attention_heads": shape["num_attention_heads"],
+        "num_hidden_layers": shape["num_hidden_layers"],
+        "num_key_value_heads": shape["num_key_value_heads"],
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "sliding_window": None,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.0",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": VOCAB,
+    }
+
+
+GENERATION_CONFIG = {
+    "bos_token_id": BOS,
+    "do_sample": True,
+    "eos_token_id": [IM_END, BOS],
+    "pad_token_id": BOS,
+    "temperature": 0.6,
+    "top_k": 20,
+    "top_p": 0.95,
+    "transformers_version": "4.51.0",
+}
+
+
+def tensor_specs(shape: dict):
+    """(name, shape, kind, gain) for every tensor; tied embeddings, so no lm_head.weight."""
+    h, inter = shape["hidden_size"], shape["intermediate_size"]
+    hd, nh, nkv = shape["head_dim"], shape["num_attention_heads"], shape["num_key_value_heads"]
+    specs = [("model.embed_tokens.weight", [VOCAB, h], "embed", 0.35)]
+    for l in range(shape["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        specs += [
+            (p + "input_layernorm.weight", [h], "norm", 0),
+            (p + "mlp.down_proj.weight", [h, inter], "mat", 1.0),
+            (p + "mlp.gate_proj.weight", [inter, h], "mat", 1.5),
+            (p + "mlp.up_proj.weight", [inter, h], "mat", 1.5),
+            (p + "post_attention_layernorm.weight", [h], "norm", 0),
+            (p + "self_attn.k_norm.weight", [hd], "norm", 0),
+            (p + "self_attn.k_proj.weight", [nkv * hd, h], "mat", 2.0),
+            (p + "self_attn.o_proj.weight", [h, nh * hd], "mat", 1.0),
+            (p + "self_attn.q_norm.weight", [hd], "norm", 0),
+            (p + "self_attn.q_proj.weight", [nh * hd, h], "mat", 2.0),
+            (p + "self_attn.v_proj.weight", [nkv * hd, h], "mat", 1.0),
+        ]
+    specs.append(("model.norm.weight", [h], "norm", 0))
+    return sorted(specs, key=lambda s: s[0])
+
+
+def header_bytes(specs) -> bytes:
+    """safetensors header: u64 LE length, then JSON padded with spaces to a multiple of 8."""
+    header = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape, _, _ in specs:
+        n = math.prod(shape) * 2  # bf16
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    js = json.dumps(header, separators=(",", ":")).encode()
+    js += b" " * (-len(js) % 8)
+    return struct.pack("<Q", len(js)) + js
+
+
+def write_tensor(f, gen: torch.Generator, shape, kind: str, gain: float) -> None:
+    rows = shape[0]
+    cols = shape[1] if len(shape) > 1 else 1
+    step = max(1, CHUNK_ELEMS // cols)
+    for r0 in range(0, rows, step):
+        n = min(step, rows - r0)
+        if kind == "norm":
+            x = torch.rand(n * cols, generator=gen) + 0.5  # U(0.5, 1.5)
+        elif kind == "embed":
+            x = torch.randn(n * cols, generator=gen) * gain
+        else:
+            x = torch.randn(n * cols, generator=gen) * (gain / math.sqrt(cols))
+        f.write(x.to(torch.bfloat16).view(torch.int16).numpy().tobytes())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--qwen3-tokenizer", type=Path, default=DEFAULT_QWEN3_TOKENIZER)
+    ap.add_argument("--check", action="store_true", help="load the result with transformers and run a forward")
+    args = ap.parse_args()
+
+    shape = SHAPES[args.shape]
+    out = args.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    specs = tensor_specs(shape)
+    total = sum(math.prod(s[1]) for s in specs)
+    print(f"{args.shape}: {len(specs)} tensors, {total} parameters, {total * 2} bytes of bf16", flush=True)
+
+    gen = torch.Generator().manual_seed(args.seed)
+    final = out / "model.safetensors"
+    tmp = out / "model.safetensors.partial"
+    with open(tmp, "wb") as f:
+        f.write(header_bytes(specs))
+        for i, (name, tshape, kind, gain) in enumerate(specs):
+            write_tensor(f, gen, tshape, kind, gain)
+            if (i + 1) % 50 == 0 or i + 1 == len(specs):
+                print(f"  tensor {i + 1}/{len(specs)}", flush=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+
+    for fname, obj in (("config.json", hub_config(shape)), ("generation_config.json", GENERATION_CONFIG)):
+        (out / fname).write_text(json.dumps(obj, indent=2) + "\n")
+    for fname in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(args.qwen3_tokenizer / fname, out / fname)
+    print(f"wrote {out}", flush=True)
+
+    if args.check:
+        import transformers
+
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            str(out), dtype=torch.bfloat16, output_loading_info=True
+        )
+        bad = {k: v for k, v in info.items() if v}
+        assert not bad, f"loading problems: {bad}"
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([[785, 6722, 315, 9625, 374]])).logits
+        assert torch.isfinite(logits).all()
+        print(f"check: loaded, logits {tuple(logits.shape)}, argmax {logits[0, -1].argmax().item()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,688 @@
+#!/usr/bin/env python3
+"""Build the tiny random-weight Qwen3 checkpoints in fixtures/models/ and their HF references.
+
+Run once by a developer (never by CI; CI has no PyTorch):
+
+    python3 -m venv /work/venv-torch
+    /work/venv-torch/bin/pip install -r scripts/requirements-fixtures.txt
+    /work/venv-torch/bin/python scripts/make_fixtures.py [--only NAME] [--qwen3-tokenizer DIR]
+
+Each checkpoint directory is a self-contained HuggingFace checkpoint (config.json,
+generation_config.json, safetensors, tokenizer.json, tokenizer_config.json) plus reference.json:
+logits and greedy continuations computed by transformers in float32 with eager attention, from the
+files as saved (so a bf16/f16 checkpoint is upcast exactly; a model is never cast to bf16 in
+memory, which would also round its rotary inv_freq buffer). fixtures/README.md documents the
+checkpoints and the reference.json schema.
+
+Seeds: for each checkpoint the script tries weight seeds base, base+1, ... and keeps the first one
+where every greedy step's top-1 minus top-2 logit gap is >= MIN_GREEDY_GAP, no EOS id appears in
+any greedy continuation (so a CLI that stops at EOS still produces all GREEDY_STEPS tokens), and
+the logits of one full-sequence forward equal those of prefill + KV-cache decode within
+MAX_INCREMENTAL_DIFF (f32 rounding noise is ~1e-6 relative to the logit size).
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import safetensors
+import safetensors.torch
+import tokenizers
+import torch
+import transformers
+from huggingface_hub import split_torch_state_dict_into_shards
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+REPO = Path(__file__).resolve().parent.parent
+OUT_ROOT = REPO / "fixtures" / "models"
+DEFAULT_QWEN3_TOKENIZER = Path("/work/shared/qwen3-tokenizer")
+
+GREEDY_STEPS = 24
+# A correct f32 implementation can differ from torch by ~1e-5 in a logit (different summation
+# order); a gap of 3e-3 leaves two orders of magnitude of room before the greedy choice can flip.
+MIN_GREEDY_GAP = 3e-3
+# Full-sequence forward vs prefill + KV-cache decode in torch itself. Both are f32 evaluations of
+# the same math in a different order, so they differ by f32 rounding noise; measured against a
+# float64 evaluation of the same files, that noise is 0.5e-5 to 3e-5 on these checkpoints (logits
+# up to ~15, residual stream up to ~10). 1e-5 absolute rejected nearly every seed of the 3-layer
+# checkpoint; a KV-cache misuse shows up as O(1) differences, so 5e-5 still catches it.
+MAX_INCREMENTAL_DIFF = 5e-5
+MAX_SEED_TRIES = 200
+
+# The five Qwen3 added tokens the chat template uses, with Qwen3's own `special` flags
+# (tokenizer.json of Qwen3: <think> and </think> are added but not special).
+SMALL_ADDED_TOKENS = [
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<think>", False),
+    ("</think>", False),
+]
+
+# Fixed training text for the small BPE tokenizer (deterministic, no download). Mixed scripts and
+# digits so the merges exercise the split regex and multi-byte UTF-8.
+TRAIN_TEXT = """\
+The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is Rome.
+Once upon a time, there was a little model that wanted to run on every computer in the world.
+It read its weights from a file, one tensor at a time, and it never forgot a token it had seen.
+Beautiful is better than ugly. Explicit is better than implicit. Simple is better than complex.
+Complex is better than complicated. Flat is better than nested. Sparse is better than dense.
+Readability counts. Special cases aren't special enough to break the rules.
+Although practicality beats purity. Errors should never pass silently. Unless explicitly silenced.
+In the face of ambiguity, refuse the temptation to guess. There should be one obvious way to do it.
+Now is better than never. Although never is often better than *right* now.
+If the implementation is hard to explain, it's a bad idea. If it is easy to explain, it may be good.
+def main():\n    for i in range(10):\n        print(i * 2, "hello world")\n    return 0\n
+fn main() {\n    let x: Vec<u32> = (0..10).collect();\n    println!("{:?}", x);\n}\n
+1 + 1 = 2, 2 + 2 = 4, 3 * 7 = 21, 100 / 4 = 25, 2024-11-22 12:34:56, 3.14159, 2.71828
+user: What is the weather like today? assistant: I don't know; I can't see outside.
+system: You are a helpful assistant. user: Give me three colours. assistant: red, green, blue.
+Le renard brun rapide saute par-dessus le chien paresseux. Où est la bibliothèque ? Ça va très bien.
+Der schnelle braune Fuchs springt über den faulen Hund. Grüße aus München!
+El rápido zorro marrón salta sobre el perro perezoso. ¿Dónde está la estación?
+Быстрая коричневая лиса прыгает через ленивую собаку.
+我们今天去公园散步。天气很好，阳光明媚。你好，世界！
+今日はいい天気ですね。こんにちは世界。
+안녕하세요 세계. 🙂 👍 ✨
+"""
+
+# Text prompts. Tiny checkpoints get one extra case whose prompt is text encoded by their own
+# small tokenizer (for end-to-end CLI tests); the full-vocab checkpoint uses text prompts only.
+TEXT_PROMPT_TINY = "The capital of France is"
+TEXT_PROMPTS_FULLVOCAB = [
+    "The capital of France is",
+    "Hello",
+    "Once upon a time, there was a little model that wanted to run on every computer in the world. It",
+]
+
+# Qwen3-0.6B's generation_config.json (values; ids are per tokenizer).
+QWEN3_GENERATION = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95}
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoint specifications
+# ----------------------------------------------------------------------------------------------
+
+SPECS = [
+    dict(
+        name="tiny-f32-tied-gqa2",
+        config_style="hub",
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        head_dim=32,  # not hidden/heads (16)
+        write_head_dim=True,
+        layers=2,
+        intermediate=160,
+        vocab=512,
+        tied=True,
+        rope_theta=1000000,
+        eps=1e-6,
+        max_pos=256,
+        dtype="float32",
+        shards=1,
+        eos_in_config="single",
+        base_seed=1000,
+        random_prompt_lens=[1, 6, 20],
+    ),
+    dict(
+        name="tiny-bf16-untied-mha",
+        config_style="transformers5",
+        hidden=64,
+        heads=4,
+        kv_heads=4,
+        # No head_dim key in config.json. Qwen3Config (transformers 5.23.0, and 4.x) then uses its
+        # class default head_dim = 128, NOT hidden/heads (= 16): the weights are shaped for 128.
+        head_dim=128,
+        write_head_dim=False,
+        layers=3,
+        intermediate=128,
+        vocab=512,
+        tied=False,
+        rope_theta=500000.0,
+        eps=1e-6,
+        max_pos=512,
+        dtype="bfloat16",
+        shards=1,
+        eos_in_config="list",
+        base_seed=2000,
+        random_prompt_lens=[1, 6, 21],
+    ),
+    dict(
+        name="tiny-f16-sharded-gqa4",
+        config_style="hub",
+        hidden=64,
+        heads=8,
+        kv_heads=2,
+        head_dim=16,  # not hidden/heads (8)
+        write_head_dim=True,
+        layers=2,
+        intermediate=96,
+        vocab=512,
+        tied=False,
+        rope_theta=10000,
+        eps=1e-5,
+        max_pos=128,
+        dtype="float16",
+        shards=3,
+        eos_in_config="single",
+        base_seed=3000,
+        random_prompt_lens=[1, 6, 19],
+    ),
+    dict(
+        name="tiny-qwen3-fullvocab",
+        config_style="hub",
+        hidden=32,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        write_head_dim=True,
+        layers=2,
+        intermediate=64,
+        vocab=151936,
+        tied=True,
+        rope_theta=1000000,
+        eps=1e-6,
+        max_pos=40960,
+        dtype="bfloat16",
+        shards=1,
+        eos_in_config="single",
+        base_seed=4000,
+        random_prompt_lens=[],
+        full_vocab=True,
+    ),
+]
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenizers
+# ----------------------------------------------------------------------------------------------
+
+
+def build_small_tokenizer(real_tok_json: dict, vocab_size: int) -> dict:
+    """Train a byte-level BPE with Qwen3's exact normalizer / pre-tokenizer / decoder.
+
+    The BPE part gets vocab_size - 5 - 5 tokens (256 byte symbols + merges), the five added tokens
+    follow it, and the last 5 ids of the model's vocab have no token at all, like Qwen3 (model
+    vocab 151936 > tokenizer 151669).
+    """
+    split_regex = real_tok_json["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
+    tok = Tokenizer(models.BPE(byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split_regex), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    bpe_size = vocab_size - 2 * len(SMALL_ADDED_TOKENS)
+    trainer = trainers.BpeTrainer(
+        vocab_size=bpe_size,
+        min_frequency=1,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    tok.train_from_iterator(TRAIN_TEXT.splitlines(keepends=True), trainer)
+    n_bpe = tok.get_vocab_size()
+    assert n_bpe == bpe_size, f"BPE training produced {n_bpe} tokens, wanted {bpe_size}"
+    for content, special in SMALL_ADDED_TOKENS:
+        t = AddedToken(content, single_word=False, lstrip=False, rstrip=False, normalized=False, special=special)
+        if special:
+            tok.add_special_tokens([t])
+        else:
+            tok.add_tokens([t])
+
+    j = json.loads(tok.to_str())
+    # Copy Qwen3's component definitions verbatim so the structure is identical.
+    for key in ("normalizer", "pre_tokenizer", "post_processor", "decoder", "truncation", "padding"):
+        j[key] = real_tok_json[key]
+    real_model = real_tok_json["model"]
+    model = {k: real_model[k] for k in real_model if k not in ("vocab", "merges")}
+    model["vocab"] = j["model"]["vocab"]
+    model["merges"] = j["model"]["merges"]
+    j["model"] = model
+    real_flags = {a["content"]: a for a in real_tok_json["added_tokens"]}
+    added = []
+    for a in j["added_tokens"]:
+        r = dict(real_flags[a["content"]])
+        r["id"] = a["id"]
+        added.append(r)
+    j["added_tokens"] = added
+    j = {k: j[k] for k in real_tok_json.keys()}  # Qwen3's key order
+    # Round trip through the library to be sure it loads and agrees with what we meant.
+    check = Tokenizer.from_str(json.dumps(j))
+    assert check.get_vocab_size(with_added_tokens=True) == vocab_size - len(SMALL_ADDED_TOKENS)
+    for content, _ in SMALL_ADDED_TOKENS:
+        assert check.token_to_id(content) < vocab_size
+    return j
+
+
+def small_tokenizer_config(real_cfg: dict, tok_json: dict) -> dict:
+    cfg = dict(real_cfg)
+    cfg["added_tokens_decoder"] = {
+        str(a["id"]): {k: a[k] for k in ("content", "lstrip", "normalized", "rstrip", "single_word", "special")}
+        for a in tok_json["added_tokens"]
+    }
+    cfg["additional_special_tokens"] = [
+        a["content"] for a in tok_json["added_tokens"] if a["special"] and a["content"] != "<|endoftext|>"
+    ]
+    assert cfg["eos_token"] == "<|im_end|>" and cfg["pad_token"] == "<|endoftext|>"
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------------
+# Weights
+# ----------------------------------------------------------------------------------------------
+
+
+def make_weights(spec: dict, seed: int) -> dict:
+    """Random f32 weights, scaled so logits are far from uniform.
+
+    Matrices: N(0, (gain / sqrt(fan_in))^2), gain 1 to 2 (std 0.125 to 0.25 for fan_in 64), so
+    each block moves the residual stream noticeably without blowing it up (a residual of ~25
+    already costs 1e-5 of f32 noise between two torch evaluation orders). q/k are followed by
+    q_norm/k_norm, so their scale only matters through the norm weights. Embeddings N(0, 0.35^2)
+    and lm_head gain 2.5, so logits have a std of a few units: the softmax max probability is far
+    above 1/vocab. Every RMSNorm weight is U(0.5, 1.5): an
+    implementation that drops it, or applies (1 + w) as Gemma does, fails the reference.
+    """
+    g = torch.Generator().manual_seed(seed)
+    h, hd, nh, nkv, inter, V = (spec[k] for k in ("hidden", "head_dim", "heads", "kv_heads", "intermediate", "vocab"))
+
+    def mat(out_f, in_f, gain=2.0):
+        return torch.randn(out_f, in_f, generator=g) * (gain / math.sqrt(in_f))
+
+    def norm(n):
+        return torch.rand(n, generator=g) + 0.5
+
+    w = {}
+    w["model.embed_tokens.weight"] = torch.randn(V, h, generator=g) * 0.35
+    for l in range(spec["layers"]):
+        p = f"model.layers.{l}."
+        w[p + "input_layernorm.weight"] = norm(h)
+        w[p + "self_attn.q_proj.weight"] = mat(nh * hd, h)
+        w[p + "self_attn.k_proj.weight"] = mat(nkv * hd, h)
+        w[p + "self_attn.v_proj.weight"] = mat(nkv * hd, h, gain=1.0)
+        w[p + "self_attn.o_proj.weight"] = mat(h, nh * hd, gain=1.0)
+        w[p + "self_attn.q_norm.weight"] = norm(hd)
+        w[p + "self_attn.k_norm.weight"] = norm(hd)
+        w[p + "post_attention_layernorm.weight"] = norm(h)
+        w[p + "mlp.gate_proj.weight"] = mat(inter, h, gain=1.5)
+        w[p + "mlp.up_proj.weight"] = mat(inter, h, gain=1.5)
+        w[p + "mlp.down_proj.weight"] = mat(h, inter, gain=1.0)
+    w["model.norm.weight"] = norm(h)
+    if not spec["tied"]:
+        w["lm_head.weight"] = mat(V, h, gain=2.5)
+    return w
+
+
+def save_weights(out: Path, weights: dict, dtype: torch.dtype, shards: int) -> None:
+    """Write safetensors the way transformers' save_pretrained does (metadata format=pt; sharded
+    files model-0000N-of-0000M.safetensors with model.safetensors.index.json)."""
+    sd = {k: v.to(dtype).contiguous() for k, v in weights.items()}
+    meta = {"format": "pt"}
+    if shards == 1:
+        safetensors.torch.save_file(sd, str(out / "model.safetensors"), metadata=meta)
+        return
+    total = sum(t.numel() * t.element_size() for t in sd.values())
+    # Pick the smallest shard size that yields exactly `shards` files.
+    split = None
+    for size in range(total // shards, total + 1, 64):
+        s = split_torch_state_dict_into_shards(sd, max_shard_size=size)
+        if len(s.filename_to_tensors) == shards:
+            split = s
+            break
+    assert split is not None, "could not split into the requested number of shards"
+    for fname, names in split.filename_to_tensors.items():
+        safetensors.torch.save_file({n: sd[n] for n in names}, str(out / fname), metadata=meta)
+    index = {
+        "metadata": {"total_parameters": sum(t.numel() for t in sd.values()), **split.metadata},
+        "weight_map": split.tensor_to_filename,
+    }
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# Configs
+# ----------------------------------------------------------------------------------------------
+
+
+def hub_config(spec: dict, bos: int, eos) -> dict:
+    """config.json with exactly the keys (and key order) of Qwen3-0.6B's hub config.json."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "head_dim": spec["head_dim"],
+        "hidden_act": "silu",
+        "hidden_size": spec["hidden"],
+        "initializer_range": 0.02,
+        "intermediate_size": spec["intermediate"],
+        "max_position_embeddings": spec["max_pos"],
+        "max_window_layers": spec["layers"],
+        "model_type": "qwen3",
+        "num_attention_heads": spec["heads"],
+        "num_hidden_layers": spec["layers"],
+        "num_key_value_heads": spec["kv_heads"],
+        "rms_norm_eps": spec["eps"],
+        "rope_scaling": None,
+        "rope_theta": spec["rope_theta"],
+        "sliding_window": None,
+        "tie_word_embeddings": spec["tied"],
+        "torch_dtype": spec["dtype"],
+        "transformers_version": "4.51.0",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": spec["vocab"],
+    }
+
+
+def transformers5_config(spec: dict, bos: int, eos) -> dict:
+    """config.json as transformers 5 writes it (Qwen3Config.save_pretrained), minus head_dim when
+    the spec says so."""
+    cfg = transformers.Qwen3Config(
+        vocab_size=spec["vocab"],
+        hidden_size=spec["hidden"],
+        intermediate_size=spec["intermediate"],
+        num_hidden_layers=spec["layers"],
+        num_attention_heads=spec["heads"],
+        num_key_value_heads=spec["kv_heads"],
+        head_dim=spec["head_dim"],
+        max_position_embeddings=spec["max_pos"],
+        rms_norm_eps=spec["eps"],
+        tie_word_embeddings=spec["tied"],
+        rope_parameters={"rope_type": "default", "rope_theta": spec["rope_theta"]},
+        bos_token_id=bos,
+        eos_token_id=eos,
+        max_window_layers=spec["layers"],
+    )
+    cfg.architectures = ["Qwen3ForCausalLM"]
+    cfg.dtype = TORCH_DTYPES[spec["dtype"]]
+    d = json.loads(cfg.to_json_string(use_diff=True))  # what save_pretrained writes
+    if not spec["write_head_dim"]:
+        del d["head_dim"]
+    assert "rope_theta" not in d and "torch_dtype" not in d and d["dtype"] == spec["dtype"]
+    return d
+
+
+def generation_config(bos: int, eos_list: list) -> dict:
+    """Shaped like Qwen3-0.6B's generation_config.json."""
+    return {
+        "bos_token_id": bos,
+        "do_sample": QWEN3_GENERATION["do_sample"],
+        "eos_token_id": eos_list,
+        "pad_token_id": bos,
+        "temperature": QWEN3_GENERATION["temperature"],
+        "top_k": QWEN3_GENERATION["top_k"],
+        "top_p": QWEN3_GENERATION["top_p"],
+        "transformers_version": "4.51.0",
+    }
+
+
+def write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference computation
+# ----------------------------------------------------------------------------------------------
+
+
+def load_reference_model(ckpt: Path, spec: dict):
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        str(ckpt), dtype=torch.float32, attn_implementation="eager", output_loading_info=True
+    )
+    bad = {k: v for k, v in info.items() if v}
+    assert not bad, f"{ckpt}: loading problems {bad}"
+    model.eval()
+    c = model.config
+    assert c.head_dim == spec["head_dim"], (c.head_dim, spec["head_dim"])
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == spec["tied"]
+    return model
+
+
+@torch.no_grad()
+def run_case(model, prompt_ids: list, eos_ids: set):
+    """Prefill the prompt in one forward, then greedy-decode GREEDY_STEPS tokens through the KV
+    cache (never stopping at EOS). Returns (prompt_logits [P,V], greedy_ids, greedy_logits [G,V])."""
+    ids = torch.tensor([prompt_ids])
+    out = model(input_ids=ids, use_cache=True)
+    prompt_logits = out.logits[0].float()
+    past = out.past_key_values
+    last = prompt_logits[-1]
+    greedy_ids, greedy_logits = [], []
+    for _ in range(GREEDY_STEPS):
+        nxt = int(torch.argmax(last))
+        greedy_ids.append(nxt)
+        greedy_logits.append(last)
+        out = model(input_ids=torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        last = out.logits[0, -1].float()
+    greedy_logits = torch.stack(greedy_logits)
+
+    # Sanity: one full-sequence forward over prompt + greedy[:-1] gives the same logits as the
+    # prefill + incremental decode above.
+    full = model(input_ids=torch.tensor([prompt_ids + greedy_ids[:-1]]), use_cache=False).logits[0].float()
+    incremental = torch.cat([prompt_logits, greedy_logits[1:]])
+    diff = float((full - incremental).abs().max())
+    return prompt_logits, greedy_ids, greedy_logits, diff
+
+
+@torch.no_grad()
+def f64_noise(model64, prompt_ids: list, greedy_ids: list, prompt_logits, greedy_logits) -> float:
+    """Max |f32 reference - float64 evaluation of the same saved weights| over all rows: the f32
+    rounding noise in the reference itself, which bounds how exact any f32 implementation can be."""
+    ref = torch.cat([prompt_logits, greedy_logits[1:]]).double()
+    full = model64(input_ids=torch.tensor([prompt_ids + greedy_ids[:-1]]), use_cache=False).logits[0]
+    return float((full - ref).abs().max())
+
+
+def top2_gaps(logits: torch.Tensor) -> list:
+    t = torch.topk(logits, 2, dim=-1).values
+    return (t[:, 0] - t[:, 1]).tolist()
+
+
+def f32_list(x: torch.Tensor):
+    """Each float32 as the shortest decimal that parses back to the same float32 (numpy's
+    repr), so no precision is lost (7 significant digits would be ~1e-6 off for logits ~10)."""
+    a = x.detach().cpu().numpy().astype(np.float32)
+    if a.ndim == 1:
+        # str(np.float32) is the shortest string that round-trips to the same float32.
+        return [float(str(v)) for v in a]
+    return [f32_list(torch.from_numpy(r)) for r in a]
+
+
+def check_f32_roundtrip(rows: list, ref: torch.Tensor) -> None:
+    back = torch.tensor(rows, dtype=torch.float32)
+    assert torch.equal(back, ref.float()), "float serialisation lost precision"
+
+
+def top5(logits: torch.Tensor) -> list:
+    v, i = torch.topk(logits, 5, dim=-1)
+    out = []
+    for vr, ir in zip(v, i):
+        vals = f32_list(vr)
+        out.append([[int(a), b] for a, b in zip(ir.tolist(), vals)])
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Driver
+# ----------------------------------------------------------------------------------------------
+
+
+def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
+    name = spec["name"]
+    full_vocab = spec.get("full_vocab", False)
+    real_tok_json = json.loads((real_tok_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    real_tok_cfg = json.loads((real_tok_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+
+    if full_vocab:
+        tok_json_text = None
+        tokenizer = Tokenizer.from_file(str(real_tok_dir / "tokenizer.json"))
+    else:
+        tok_json = build_small_tokenizer(real_tok_json, spec["vocab"])
+        tok_json_text = json.dumps(tok_json, indent=2, ensure_ascii=False) + "\n"
+        tokenizer = Tokenizer.from_str(tok_json_text)
+        tok_cfg = small_tokenizer_config(real_tok_cfg, tok_json)
+    bos = tokenizer.token_to_id("<|endoftext|>")
+    im_end = tokenizer.token_to_id("<|im_end|>")
+    eos_list = [im_end, bos]
+    eos_ids = set(eos_list)
+    eos_cfg = im_end if spec["eos_in_config"] == "single" else eos_list
+    n_tok = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    if spec["config_style"] == "hub":
+        config = hub_config(spec, bos, eos_cfg)
+    else:
+        config = transformers5_config(spec, bos, eos_cfg)
+
+    for attempt in range(MAX_SEED_TRIES):
+        seed = spec["base_seed"] + attempt
+        ckpt = work / name
+        if ckpt.exists():
+            shutil.rmtree(ckpt)
+        ckpt.mkdir(parents=True)
+        write_json(ckpt / "config.json", config)
+        write_json(ckpt / "generation_config.json", generation_config(bos, eos_list))
+        if full_vocab:
+            shutil.copyfile(real_tok_dir / "tokenizer.json", ckpt / "tokenizer.json")
+            shutil.copyfile(real_tok_dir / "tokenizer_config.json", ckpt / "tokenizer_config.json")
+        else:
+            (ckpt / "tokenizer.json").write_text(tok_json_text, encoding="utf-8")
+            write_json(ckpt / "tokenizer_config.json", tok_cfg)
+        save_weights(ckpt, make_weights(spec, seed), TORCH_DTYPES[spec["dtype"]], spec["shards"])
+
+        model = load_reference_model(ckpt, spec)
+        # Prompts: random ids (from a generator seeded by the weight seed) drawn from ids that have
+        # a token and are not special, then one text prompt.
+        g = torch.Generator().manual_seed(seed + 7919)
+        n_plain = min(n_tok, spec["vocab"]) - len(SMALL_ADDED_TOKENS)
+        prompts = []
+        for n in spec["random_prompt_lens"]:
+            prompts.append((None, torch.randint(0, n_plain, (n,), generator=g).tolist()))
+        texts = TEXT_PROMPTS_FULLVOCAB if full_vocab else [TEXT_PROMPT_TINY]
+        for t in texts:
+            prompts.append((t, tokenizer.encode(t, add_special_tokens=True).ids))
+
+        cases, ok, why = [], True, ""
+        for text, pids in prompts:
+            pl, gids, gl, diff = run_case(model, pids, eos_ids)
+            ggap = top2_gaps(gl)
+            if min(ggap) < MIN_GREEDY_GAP:
+                ok, why = False, f"greedy gap {min(ggap):.2e}"
+                break
+            if diff > MAX_INCREMENTAL_DIFF:
+                ok, why = False, f"full-sequence vs incremental logits differ by {diff:.2e}"
+                break
+            if eos_ids & set(gids):
+                ok, why = False, "EOS in greedy continuation"
+                break
+            cases.append((text, pids, pl, gids, gl, diff))
+        if not ok:
+            print(f"  {name}: seed {seed} rejected ({why})", flush=True)
+            continue
+        print(f"  {name}: seed {seed} accepted", flush=True)
+        break
+    else:
+        sys.exit(f"{name}: no seed in {MAX_SEED_TRIES} tries met the gap/EOS conditions")
+
+    model64 = transformers.AutoModelForCausalLM.from_pretrained(
+        str(ckpt), dtype=torch.float64, attn_implementation="eager"
+    ).eval()
+    ref_cases, stats = [], {"greedy_gaps": [], "prompt_gaps": [], "max_prob": [], "diff": [], "distinct": [], "f64": []}
+    for text, pids, pl, gids, gl, diff in cases:
+        noise = f64_noise(model64, pids, gids, pl, gl)
+        case = {}
+        if text is not None:
+            case["prompt_text"] = text
+        case["prompt_ids"] = pids
+        if not full_vocab:
+            rows = f32_list(pl)
+            check_f32_roundtrip(rows, pl)
+            case["prompt_logits"] = rows
+        case["greedy_ids"] = gids
+        if not full_vocab:
+            rows = f32_list(gl)
+            check_f32_roundtrip(rows, gl)
+            case["greedy_logits"] = rows
+        case["greedy_text"] = tokenizer.decode(gids, skip_special_tokens=False)
+        case["prompt_top2_gap"] = f32_list(torch.tensor(top2_gaps(pl)))
+        case["greedy_top2_gap"] = f32_list(torch.tensor(top2_gaps(gl)))
+        case["top5"] = top5(torch.cat([pl, gl]))
+        case["f32_vs_f64_max_abs"] = noise
+        ref_cases.append(case)
+        stats["f64"].append(noise)
+        stats["greedy_gaps"] += top2_gaps(gl)
+        stats["prompt_gaps"] += top2_gaps(pl)
+        stats["max_prob"] += torch.softmax(torch.cat([pl, gl]), -1).max(-1).values.tolist()
+        stats["diff"].append(diff)
+        stats["distinct"].append(len(set(gids)))
+
+    ref = {
+        "model": name,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "tokenizers": tokenizers.__version__,
+        "source_dtype": spec["dtype"],
+        "seed": seed,
+        "greedy_steps": GREEDY_STEPS,
+        "eos_token_ids": eos_list,
+        "cases": ref_cases,
+    }
+    # Compact JSON: the logits rows dominate the size; tests parse it, people read README.md.
+    text = json.dumps(ref, ensure_ascii=False, separators=(",", ":"))
+    (ckpt / "reference.json").write_text(text + "\n", encoding="utf-8")
+
+    V = spec["vocab"]
+    s = {
+        "name": name,
+        "seed": seed,
+        "tries": attempt + 1,
+        "min_greedy_gap": min(stats["greedy_gaps"]),
+        "median_greedy_gap": float(np.median(stats["greedy_gaps"])),
+        "min_prompt_gap": min(stats["prompt_gaps"]),
+        "max_prob_mean": float(np.mean(stats["max_prob"])),
+        "max_prob_min": float(np.min(stats["max_prob"])),
+        "uniform_prob": 1.0 / V,
+        "max_full_vs_incremental": max(stats["diff"]),
+        "max_f32_vs_f64": max(stats["f64"]),
+        "distinct_greedy_ids_per_case": stats["distinct"],
+    }
+    return s
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", action="append", help="build only this checkpoint (repeatable)")
+    ap.add_argument("--qwen3-tokenizer", type=Path, default=DEFAULT_QWEN3_TOKENIZER,
+                    help="directory with the real Qwen3 tokenizer.json and tokenizer_config.json")
+    ap.add_argument("--out", type=Path, default=OUT_ROOT)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary = []
+    for spec in SPECS:
+        if args.only and spec["name"] not in args.only:
+            continue
+        print(f"building {spec['name']}", flush=True)
+        summary.append(build_checkpoint(spec, args.qwen3_tokenizer, args.out))
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
