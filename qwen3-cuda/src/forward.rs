@@ -192,6 +192,23 @@ impl<'w, B: Backend> Session<'w, B> {
         self.pos
     }
 
+    /// Positions the KV cache holds.
+    pub fn context_len(&self) -> usize {
+        self.ctx
+    }
+
+    /// Forgets every position from `pos` on (e.g. to re-run a chat turn); later tokens overwrite
+    /// those cache rows.
+    pub fn truncate(&mut self, pos: usize) -> Result<()> {
+        ensure!(
+            pos <= self.pos,
+            "cannot truncate to {pos}: only {} positions are filled",
+            self.pos
+        );
+        self.pos = pos;
+        Ok(())
+    }
+
     /// Runs `tokens` through the model after everything already in the cache, and returns the
     /// logits ([V]) of the last one. A prompt is processed in chunks of `max_chunk` tokens.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {

@@ -79,6 +79,25 @@ fn prefill_chunks_and_decode_agree_bit_for_bit() {
     std::fs::remove_file(&path).ok();
 }
 
+/// After truncating, the next tokens overwrite the cache: the same logits as a fresh session.
+#[test]
+fn truncate_rewinds_the_cache() {
+    let c = tiny_config(DType::F32, false);
+    let path = temp_path("truncate.bin");
+    write_model(&path, &c);
+    let file = ModelFile::open(&path).unwrap();
+    let backend = ReferenceBackend::new();
+    let weights = Weights::load(file.config(), |n| Ok(file.tensor(n)?.data)).unwrap();
+    let mut a = Session::new(&backend, &weights, file.config(), 16, 4).unwrap();
+    a.forward(&[5, 6, 7, 8, 9]).unwrap();
+    a.truncate(2).unwrap();
+    let after = a.forward(&[42, 43]).unwrap();
+    let mut b = Session::new(&backend, &weights, file.config(), 16, 4).unwrap();
+    assert_eq!(b.forward(&[5, 6, 42, 43]).unwrap(), after);
+    assert!(a.truncate(5).is_err());
+    std::fs::remove_file(&path).ok();
+}
+
 /// Bad input is an error, not a panic: past the context, an id outside the vocabulary, nothing.
 #[test]
 fn bad_input_is_an_error() {

@@ -174,6 +174,63 @@ fn gpu_forward_matches_reference_forward() {
     }
 }
 
+/// The GPU forward pass against the CPU backend of qwen3-inference on the HuggingFace fixtures
+/// exported as f32, bf16 and q8. Both backends multiply the stored weights by f32 activations, so
+/// they differ by summation order (and expf's few ulp) only: 1e-4, as tests/hf_parity.rs, which
+/// makes the same comparison with the kernels' CPU references (measured there: <= 1.6e-5).
+#[test]
+fn gpu_forward_matches_cpu_backend_on_fixtures() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let tokens: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % 500).collect();
+    for name in [
+        "tiny-f32-tied-gqa2",
+        "tiny-bf16-untied-mha",
+        "tiny-f16-sharded-gqa4",
+    ] {
+        for dtype in [DType::F32, DType::Bf16, DType::Q8] {
+            let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../fixtures/models")
+                .join(name);
+            let path = temp_path(&format!("gpu-cpu-{name}-{dtype}.bin"));
+            let opts = qwen3_export::ExportOptions {
+                dtype,
+                group_size: if dtype == DType::Q8 { 32 } else { 0 },
+                progress: false,
+            };
+            qwen3_export::export(&src, &path, &opts).unwrap();
+            let file = ModelFile::open(&path).unwrap();
+            let model = qwen3_inference::model::Model::load(&file).unwrap();
+            let mut cpu = qwen3_inference::model::Session::new(&model, 32).unwrap();
+            let gpu = CudaBackend::load(0, &file).unwrap();
+            let gpu_w = Weights::load(file.config(), |n| gpu.weights.tensor(n)).unwrap();
+            let mut g = Session::new(&gpu, &gpu_w, file.config(), 32, 8).unwrap();
+            let (a, b) = (
+                cpu.forward(&tokens[..12]).unwrap().to_vec(),
+                g.forward(&tokens[..12]).unwrap(),
+            );
+            assert!(
+                max_abs(&a, &b) < 1e-4,
+                "{name} {dtype} prefill: {}",
+                max_abs(&a, &b)
+            );
+            for &t in &tokens[12..] {
+                let (a, b) = (
+                    cpu.forward(&[t]).unwrap().to_vec(),
+                    g.forward(&[t]).unwrap(),
+                );
+                assert!(
+                    max_abs(&a, &b) < 1e-4,
+                    "{name} {dtype} decode: {}",
+                    max_abs(&a, &b)
+                );
+            }
+            std::fs::remove_file(&path).ok();
+        }
+    }
+}
+
 /// With no driver (or no such device), opening a device is a one-line error, not a panic.
 #[test]
 fn opening_a_missing_device_is_an_error() {
