@@ -6,7 +6,7 @@
 //! once against this trait and runs on either, which is how the GPU's orchestration (buffer sizes,
 //! offsets, KV cache writes, causal positions) is tested on machines without a GPU.
 //! Proposal for the lead: the CPU forward pass in qwen3-inference can implement this trait with its
-//! SIMD kernels (Buf = Vec<f32>, Tensor = TensorData<'a>) and drive one forward pass for both.
+//! SIMD kernels (`Buf = Vec<f32>`, `Tensor = TensorData<'a>`) and drive one forward pass for both.
 //!
 //! Buffers are allocated once at their largest size; every op takes the element counts it uses,
 //! so a buffer sized for a prefill chunk serves a one-token decode step too.
@@ -44,7 +44,7 @@ pub trait Backend {
         tokens: &[u32],
         cols: usize,
     ) -> Result<()>;
-    /// out, x: [rows, n]; w: [n] f32.
+    /// out, x: `[rows, n]`; w: `[n]` f32.
     fn rmsnorm(
         &self,
         out: &mut Self::Buf,

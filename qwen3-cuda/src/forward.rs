@@ -210,7 +210,7 @@ impl<'w, B: Backend> Session<'w, B> {
     }
 
     /// Runs `tokens` through the model after everything already in the cache, and returns the
-    /// logits ([V]) of the last one. A prompt is processed in chunks of `max_chunk` tokens.
+    /// logits (`[V]`) of the last one. A prompt is processed in chunks of `max_chunk` tokens.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         ensure!(!tokens.is_empty(), "no tokens to run");
         ensure!(

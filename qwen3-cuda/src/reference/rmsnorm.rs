@@ -4,7 +4,7 @@ use super::reduce::block_sum;
 use crate::kernels::rmsnorm_block_dim;
 
 /// `out[r, i] = (x[r, i] * (1 / sqrt(mean(x[r, :]^2) + eps))) * w[i]`.
-/// x, out: [rows, n]; w: [n]. Thread t of a row's block sums squares of x[t], x[t + T], ... with
+/// x, out: `[rows, n]`; w: `[n]`. Thread t of a row's block sums squares of `x[t], x[t + T], ...` with
 /// fma (T = [`rmsnorm_block_dim`]); the block sum follows `block_sum`'s tree.
 pub fn rmsnorm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
     let n = w.len();
