@@ -17,9 +17,10 @@ pub struct KernelSource {
 }
 
 impl KernelSource {
-    /// The full program NVRTC compiles: the common reductions, then this file.
+    /// The full program NVRTC compiles: the common reductions, then this file. The `#line`
+    /// directive makes NVRTC's error messages give the line in the `.cu` file itself.
     pub fn program(&self) -> String {
-        format!("{COMMON}\n{}", self.source)
+        format!("{COMMON}\n#line 1 \"{}\"\n{}", self.file, self.source)
     }
 }
 
