@@ -128,13 +128,17 @@ fn kernels_match_references() {
         let want = layer_ops(&cpu, &cpu_w, dims.0, dims.1, dims.2, dims.3, dims.4);
         let got = layer_ops(&gpu, &gpu_w, dims.0, dims.1, dims.2, dims.3, dims.4);
         for ((name, w), (_, g)) in want.iter().zip(&got) {
-            if name == "attention"
-                || name.starts_with("silu")
-                || name == "matmul down_proj"
-                || name == "add_assign"
-            {
-                // downstream of expf: a few ulp
-                assert!(max_abs(w, g) < 1e-5, "{dtype} {name}: {}", max_abs(w, g));
+            // Downstream of expf (CUDA: within 2 ulp, so a relative 2^-22 = 2.4e-7 per value):
+            // attention outputs are convex combinations of values in [-1, 1] and SiLU outputs
+            // are below 8, so a few 1e-6 at most; down_proj sums 128 such products with weights
+            // below 0.4, at most 128 * 0.4 * 8 * 2.4e-7 = 1e-4, and the residual adds it.
+            let tol = match name.as_str() {
+                "attention" | "silu_mul" => Some(1e-5),
+                "matmul down_proj" | "add_assign" => Some(2e-4),
+                _ => None,
+            };
+            if let Some(tol) = tol {
+                assert!(max_abs(w, g) < tol, "{dtype} {name}: {}", max_abs(w, g));
             } else {
                 assert_eq!(w, g, "{dtype} {name} differs from its reference");
             }
