@@ -1,10 +1,204 @@
-//! `qwen3 bench`. (Not implemented yet.)
+//! `qwen3 bench <model.bin>`: prefill and decode speed, next to this machine's memory bandwidth.
+//!
+//! Decoding one token reads every weight once, so `bandwidth / bytes per token` is a ceiling on
+//! decode tokens/s; the fraction of it reached says how close the kernels are to the hardware.
+//! The bandwidth is measured here, at each thread count, by streaming a buffer much larger than
+//! the caches through the same SIMD code the kernels use.
 
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use qwen3_inference::format::{ModelFile, TensorKind};
+use qwen3_inference::kernels::dot::dots;
+use qwen3_inference::model::{Model, Session};
+use std::path::PathBuf;
+use std::time::Instant;
 
 #[derive(Args)]
-pub struct BenchArgs {}
+pub struct BenchArgs {
+    /// Model file written by `qwen3 export`.
+    pub model: PathBuf,
+    /// Prompt tokens processed in one prefill.
+    #[arg(short = 'p', long, default_value_t = 128)]
+    pub prompt: usize,
+    /// Tokens decoded one at a time after the prefill.
+    #[arg(short = 'n', long, default_value_t = 64)]
+    pub decode: usize,
+    /// Thread counts to measure, comma-separated (default: 1 and all cores).
+    #[arg(short = 't', long, value_delimiter = ',')]
+    pub threads: Vec<usize>,
+    /// Repeats per thread count; medians are reported.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub repeats: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
 
-pub fn run(_args: BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("`qwen3 bench` is not implemented yet")
+/// Median and (max - min) of a sample.
+fn median_spread(v: &mut [f64]) -> (f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let m = if v.len() % 2 == 1 {
+        v[v.len() / 2]
+    } else {
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    };
+    (m, v[v.len() - 1] - v[0])
+}
+
+/// Memory read bandwidth in bytes/s with `pool`'s threads: each thread streams its share of a
+/// 1 GiB buffer through the f32 dot kernel (`dot(a, a)` reads one stream); median of 5.
+fn measure_bandwidth(pool: &rayon::ThreadPool, buf: &[f32]) -> f64 {
+    let dot = dots().f32;
+    let threads = pool.current_num_threads();
+    let chunk = buf.len().div_ceil(threads);
+    let mut samples: Vec<f64> = (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            let s: f32 = pool.install(|| {
+                use rayon::prelude::*;
+                buf.par_chunks(chunk).map(|c| dot(c, c)).sum()
+            });
+            std::hint::black_box(s);
+            (buf.len() * 4) as f64 / start.elapsed().as_secs_f64()
+        })
+        .collect();
+    median_spread(&mut samples).0
+}
+
+struct Run {
+    threads: usize,
+    prefill: (f64, f64),
+    decode: (f64, f64),
+    bandwidth: f64,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    if args.prompt == 0 || args.decode == 0 || args.repeats == 0 {
+        bail!("-p, -n and -r must be at least 1");
+    }
+    let file = ModelFile::open(&args.model)?;
+    let model = Model::load(&file)?;
+    let c = file.config();
+    let ctx = args.prompt + args.decode;
+    if ctx > c.max_position_embeddings as usize {
+        bail!(
+            "-p + -n = {ctx} exceeds the model's {} positions",
+            c.max_position_embeddings
+        );
+    }
+    // Bytes a decode step reads: every matrix and norm once (the classifier is the embedding
+    // table when tied, already counted).
+    let weight_bytes: u64 = file.header().tensors.iter().map(|t| t.nbytes).sum();
+    let matrices = qwen3_inference::format::expected_tensors(c)
+        .iter()
+        .filter(|t| t.kind == TensorKind::Matrix)
+        .count();
+    // Deterministic token ids spread over the vocabulary.
+    let prompt: Vec<u32> = (0..args.prompt as u64)
+        .map(|i| ((i * 7919 + 13) % c.vocab_size as u64) as u32)
+        .collect();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = if args.threads.is_empty() {
+        if cores > 1 {
+            vec![1, cores]
+        } else {
+            vec![1]
+        }
+    } else {
+        args.threads.clone()
+    };
+    let buf = vec![1.0f32; 256 << 20]; // 1 GiB
+    let mut runs = Vec::new();
+    for &t in &threads {
+        if t == 0 {
+            bail!("-t: thread counts must be at least 1");
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build()
+            .context("cannot start the thread pool")?;
+        let bandwidth = measure_bandwidth(&pool, &buf);
+        let (mut pre, mut dec) = (Vec::new(), Vec::new());
+        pool.install(|| -> Result<()> {
+            let mut session = Session::new(&model, ctx)?;
+            for _ in 0..args.repeats {
+                session.truncate(0)?;
+                let start = Instant::now();
+                let logits = session.forward(&prompt)?;
+                let mut next = qwen3_inference::sampler::argmax(logits) as u32;
+                pre.push(args.prompt as f64 / start.elapsed().as_secs_f64());
+                let start = Instant::now();
+                for _ in 0..args.decode {
+                    let logits = session.forward(&[next])?;
+                    next = qwen3_inference::sampler::argmax(logits) as u32;
+                }
+                dec.push(args.decode as f64 / start.elapsed().as_secs_f64());
+            }
+            Ok(())
+        })?;
+        runs.push(Run {
+            threads: t,
+            prefill: median_spread(&mut pre),
+            decode: median_spread(&mut dec),
+            bandwidth,
+        });
+    }
+    let isa = dots().isa;
+    if args.json {
+        let runs: Vec<serde_json::Value> = runs
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "threads": r.threads,
+                    "prefill_tok_s": r.prefill.0,
+                    "prefill_spread": r.prefill.1,
+                    "decode_tok_s": r.decode.0,
+                    "decode_spread": r.decode.1,
+                    "bandwidth_gb_s": r.bandwidth / 1e9,
+                    "ceiling_tok_s": r.bandwidth / weight_bytes as f64,
+                    "fraction_of_ceiling": r.decode.0 * weight_bytes as f64 / r.bandwidth,
+                })
+            })
+            .collect();
+        let out = serde_json::json!({
+            "model": args.model.display().to_string(),
+            "dtype": c.dtype.name(),
+            "group_size": c.group_size,
+            "bytes_per_token": weight_bytes,
+            "prompt_tokens": args.prompt,
+            "decode_tokens": args.decode,
+            "repeats": args.repeats,
+            "isa": isa,
+            "runs": runs,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "{}: {} {} matrices, {:.1} MB read per decoded token; kernels {isa}; {} repeats, medians (spread)",
+        args.model.display(),
+        matrices,
+        c.dtype,
+        weight_bytes as f64 / 1e6,
+        args.repeats
+    );
+    println!(
+        "{:>7}  {:>20}  {:>20}  {:>12}  {:>12}  {:>9}",
+        "threads", "prefill tok/s", "decode tok/s", "bandwidth", "ceiling", "of ceil."
+    );
+    for r in &runs {
+        let ceiling = r.bandwidth / weight_bytes as f64;
+        println!(
+            "{:>7}  {:>11.1} ({:>6.1})  {:>11.1} ({:>6.1})  {:>7.1} GB/s  {:>6.1} tok/s  {:>8.0}%",
+            r.threads,
+            r.prefill.0,
+            r.prefill.1,
+            r.decode.0,
+            r.decode.1,
+            r.bandwidth / 1e9,
+            ceiling,
+            100.0 * r.decode.0 / ceiling
+        );
+    }
+    Ok(())
 }
