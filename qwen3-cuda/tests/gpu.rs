@@ -109,7 +109,7 @@ fn layer_ops<B: Backend>(
 }
 
 /// Kernels built from +, *, fma, division and sqrt match their references bit for bit; attention
-/// and SiLU (expf, 2 ulp in CUDA) within 1e-5 absolute on values of magnitude ~1.
+/// and SiLU (expf, 2 ulp in CUDA), and the steps fed by them, within the bounds derived below.
 #[test]
 fn kernels_match_references() {
     if !gpu_or_skip() {
@@ -179,9 +179,10 @@ fn gpu_forward_matches_reference_forward() {
 }
 
 /// The GPU forward pass against the CPU backend of qwen3-inference on the HuggingFace fixtures
-/// exported as f32, bf16 and q8. Both backends multiply the stored weights by f32 activations, so
-/// they differ by summation order (and expf's few ulp) only: 1e-4, as tests/hf_parity.rs, which
-/// makes the same comparison with the kernels' CPU references (measured there: <= 1.6e-5).
+/// exported as f32 and bf16. Both backends multiply the stored weights by f32 activations, so they
+/// differ by summation order (and expf's few ulp) only: 1e-4, as tests/hf_parity.rs, which makes
+/// the same comparison with the kernels' CPU references (measured there: <= 8.7e-6). q8 is left
+/// out: the CPU quantizes activations to int8 (W8A8), the GPU does not.
 #[test]
 fn gpu_forward_matches_cpu_backend_on_fixtures() {
     if !gpu_or_skip() {
@@ -193,14 +194,14 @@ fn gpu_forward_matches_cpu_backend_on_fixtures() {
         "tiny-bf16-untied-mha",
         "tiny-f16-sharded-gqa4",
     ] {
-        for dtype in [DType::F32, DType::Bf16, DType::Q8] {
+        for dtype in [DType::F32, DType::Bf16] {
             let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../fixtures/models")
                 .join(name);
             let path = temp_path(&format!("gpu-cpu-{name}-{dtype}.bin"));
             let opts = qwen3_export::ExportOptions {
                 dtype,
-                group_size: if dtype == DType::Q8 { 32 } else { 0 },
+                group_size: 0,
                 progress: false,
             };
             qwen3_export::export(&src, &path, &opts).unwrap();
