@@ -14,9 +14,10 @@ use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
 use std::io::Write;
 use std::path::PathBuf;
 
-/// Context length used when `-c` is not given: the model's maximum, capped here so the KV cache
-/// of a small model stays small (Qwen3-0.6B at 4096 positions: 448 MiB of f32 keys and values;
-/// at its 40960 maximum it would be 4.4 GiB).
+/// Context length used when `-c` is not given: the model's maximum, capped, because the KV cache
+/// is reserved for the whole context (Qwen3-0.6B at 4096 positions: 896 MiB of f32 keys and
+/// values; at its 40960 maximum it would be 8.75 GiB). The reservation is zeroed memory, which
+/// the OS maps lazily, so resident memory grows only with the positions actually used.
 pub const DEFAULT_CONTEXT_CAP: usize = 4096;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -210,6 +211,17 @@ pub fn run(args: InferenceArgs) -> Result<()> {
         stats.decode_tok_s(),
         stats.time_to_first_token.as_secs_f64()
     );
+    if args.verbose && stats.generated_tokens > 0 {
+        let per_token = stats.sampling.as_secs_f64() / stats.generated_tokens as f64;
+        let decode_step =
+            stats.decode.as_secs_f64() / stats.generated_tokens.saturating_sub(1).max(1) as f64;
+        eprintln!(
+            "sampling {:.1} us/token ({:.2}% of a decode step), {:.1} candidates kept on average",
+            per_token * 1e6,
+            100.0 * per_token / decode_step,
+            stats.kept_candidates as f64 / stats.generated_tokens as f64
+        );
+    }
     Ok(())
 }
 
