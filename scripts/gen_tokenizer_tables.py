@@ -1,7 +1,8 @@
 """Generate qwen3-inference/src/tokenizer/unicode_tables.rs: the character classes the Qwen2
 pre-tokenizer regex uses (\\p{L}, \\p{N}, \\s), probed from the regex engine HuggingFace
 `tokenizers` itself runs (Oniguruma, through `tokenizers.Regex`), so our tables agree with its
-Unicode version rather than with Rust's or Python's.
+Unicode version rather than with Rust's or Python's; and the combining characters HF's NFC
+normalizer knows (its Unicode tables are older than those of the unicode-normalization crate).
 
 Run: /work/venv-tok/bin/python scripts/gen_tokenizer_tables.py > qwen3-inference/src/tokenizer/unicode_tables.rs
 (needs `pip install tokenizers==0.23.3`).
@@ -25,6 +26,23 @@ def matched_codepoints(pattern):
         for piece, (start, end) in rem.pre_tokenize_str(text):
             kept.update(range(start, end))
         out.update(cps[i] for i in range(len(cps)) if i not in kept)
+    return out
+
+
+def hf_combining():
+    """Code points HF's NFC gives a non-zero canonical combining class: they reorder against
+    U+0334 (class 1) or U+0345 (class 240). '#' composes with nothing."""
+    nfc = tokenizers.normalizers.NFC()
+    out = set()
+    for c in range(0x80, 0x110000):
+        if 0xD800 <= c <= 0xDFFF:
+            continue
+        ch = chr(c)
+        alone = nfc.normalize_str("#" + ch)
+        if nfc.normalize_str("#" + ch + "\u0334") != alone + "\u0334":
+            out.add(c)
+        elif nfc.normalize_str("#\u0345" + ch) != "#\u0345" + alone[1:]:
+            out.add(c)
     return out
 
 
@@ -56,3 +74,5 @@ print()
 emit("LETTER", "`\\p{L}`: Lu, Ll, Lt, Lm, Lo.", matched_codepoints(r"\p{L}"))
 emit("NUMBER", "`\\p{N}`: Nd, Nl, No.", matched_codepoints(r"\p{N}"))
 emit("WHITESPACE", "`\\s`.", matched_codepoints(r"\s"))
+emit("HF_COMBINING", "Characters with a non-zero canonical combining class in HF's NFC tables.",
+     hf_combining())

@@ -1,10 +1,93 @@
-//! `qwen3 tokenize`. (Not implemented yet.)
+//! `qwen3 tokenize <model.bin> [TEXT] [-f FILE] [--show-pieces]`: text -> token ids with the
+//! model's tokenizer file (`<model>.tokenizer.bin`, written by `qwen3 export`).
 
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use qwen3_inference::format::companion_paths;
+use qwen3_inference::tokenizer::Tokenizer;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::PathBuf;
 
 #[derive(Args)]
-pub struct TokenizeArgs {}
+pub struct TokenizeArgs {
+    /// Model file; its companion `<model>.tokenizer.bin` is read (the model itself is not).
+    pub model: PathBuf,
+    /// The text to encode.
+    #[arg(conflicts_with = "file")]
+    pub text: Option<String>,
+    /// Encode this file's exact contents (no newline trimmed or added).
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<PathBuf>,
+    /// One line per token: id and the token's text, quoted and escaped.
+    #[arg(long)]
+    pub show_pieces: bool,
+}
 
-pub fn run(_args: TokenizeArgs) -> anyhow::Result<()> {
-    anyhow::bail!("`qwen3 tokenize` is not implemented yet")
+pub fn run(args: TokenizeArgs) -> Result<()> {
+    let text = match (&args.text, &args.file) {
+        (Some(t), None) => t.clone(),
+        (None, Some(path)) => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+            String::from_utf8(bytes)
+                .map_err(|e| e.utf8_error())
+                .with_context(|| format!("{}: not valid UTF-8 text", path.display()))?
+        }
+        _ => bail!("give the text to encode, or -f FILE"),
+    };
+    let tok_path = companion_paths(&args.model).tokenizer;
+    if !tok_path.exists() {
+        bail!(
+            "{}: tokenizer file not found (written by `qwen3 export` next to the model file)",
+            tok_path.display()
+        );
+    }
+    let tok = Tokenizer::open(&tok_path)?;
+    let ids = tok.encode(&text);
+
+    let mut out = String::new();
+    if args.show_pieces {
+        for &id in &ids {
+            let bytes = tok.token_bytes(id).unwrap_or_default();
+            let mark = if tok.is_special(id) {
+                "  (special)"
+            } else {
+                ""
+            };
+            writeln!(out, "{id:>6}  {}{mark}", readable(bytes))?;
+        }
+    } else {
+        out.push_str(&serde_json::to_string(&ids)?);
+        out.push('\n');
+    }
+    std::io::stdout().lock().write_all(out.as_bytes())?;
+    Ok(())
+}
+
+/// A token's bytes as a quoted string a terminal can show: escapes for quotes, backslashes and
+/// control characters, and `\xNN` for bytes that are not (yet) a whole UTF-8 character -- a
+/// token may hold half of an emoji.
+fn readable(bytes: &[u8]) -> String {
+    let mut s = String::from("\"");
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '"' => s.push_str("\\\""),
+                '\\' => s.push_str("\\\\"),
+                '\n' => s.push_str("\\n"),
+                '\r' => s.push_str("\\r"),
+                '\t' => s.push_str("\\t"),
+                c if c.is_control() => {
+                    let _ = write!(s, "\\u{{{:x}}}", c as u32);
+                }
+                c => s.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            let _ = write!(s, "\\x{b:02X}");
+        }
+    }
+    s.push('"');
+    s
 }

@@ -9,6 +9,7 @@
 
 use anyhow::{bail, Context, Result};
 use qwen3_inference::format::atomic::write_atomic;
+use qwen3_inference::tokenizer::bpe::MergeTable;
 use qwen3_inference::tokenizer::byte_level;
 use qwen3_inference::tokenizer::file::{
     AddedToken, Normalizer, TokenizerData, NO_ID, QWEN2_SPLIT_PATTERN,
@@ -31,14 +32,13 @@ pub fn export_tokenizer(hf_dir: &Path, out: &Path, vocab_size: u32) -> Result<St
     }
     write_atomic(out, &data.to_bytes())?;
     Ok(format!(
-        "tokenizer: {} tokens ({} added), {} merges, normalizer {}, bos {}, eos {} -> {}",
+        "tokenizer: {} tokens ({} added), {} merges, normalizer {}, bos {}, eos {}",
         data.len(),
         data.added.len(),
         data.merges.len(),
         data.normalizer.name(),
         data.bos_id.map_or("none".into(), |i| i.to_string()),
         data.eos_id.map_or("none".into(), |i| i.to_string()),
-        out.display()
     ))
 }
 
@@ -233,6 +233,7 @@ fn from_json(json: &Value) -> Result<TokenizerData> {
         .map(|(id, t)| t.with_context(|| format!("no token has id {id}: ids must be contiguous")))
         .collect::<Result<_>>()?;
     let (token_ends, blob) = TokenizerData::token_table(&tokens);
+    let merges = MergeTable::from_ranked(tokens.len(), &merges);
     if blob.len() > u32::MAX as usize {
         bail!("the tokens take more than 4 GiB");
     }
@@ -427,6 +428,75 @@ mod tests {
     #[test]
     fn hf_dev_cases_encode_and_decode_exactly() {
         assert_eq!(check_cases("tokenizer-cases-dev.json"), 163 + 23);
+    }
+
+    #[test]
+    fn hf_extra_cases_encode_and_decode_exactly() {
+        assert_eq!(check_cases("tokenizer-cases-extra.json"), 97 + 7);
+    }
+
+    /// Differential check against a large HF-computed random set, outside the test suite:
+    /// `scripts/tokenizer_cases.py --random N > FILE`, then
+    /// `PQ_TOKENIZER_CASES=FILE cargo test -p qwen3-export -- --ignored differential --nocapture`.
+    #[test]
+    #[ignore]
+    fn differential_random_cases() {
+        let path = std::env::var("PQ_TOKENIZER_CASES").expect("set PQ_TOKENIZER_CASES");
+        let json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let tok = qwen3();
+        let (mut total, mut enc_ok, mut dec_ok) = (0, 0, 0);
+        for c in json["cases"].as_array().unwrap() {
+            total += 1;
+            let text = c["text"].as_str().unwrap();
+            let want = ids_of(&c["ids"]);
+            let got = tok.encode(text);
+            if got == want {
+                enc_ok += 1;
+            } else if total - enc_ok <= 20 {
+                println!("encode mismatch {text:?}: {got:?} != {want:?}");
+            }
+            let d = tok.decode(&want, false).unwrap() == c["decoded"].as_str().unwrap()
+                && tok.decode(&want, true).unwrap() == c["decoded_skip_special"].as_str().unwrap()
+                && stream(tok, &want, false) == c["decoded"].as_str().unwrap();
+            dec_ok += d as usize;
+        }
+        println!("differential: {total} strings, encode agrees on {enc_ok}, decode on {dec_ok}");
+        assert_eq!((enc_ok, dec_ok), (total, total));
+    }
+
+    /// The tiny test checkpoints (fixtures/models/, made by scripts/make_fixtures.py) carry their
+    /// own small byte-level BPE tokenizer.json; their reference.json holds HF's decode of the
+    /// greedy ids (some past the tokenizer, inside the 512-row embedding) and HF's ids of the
+    /// prompt text.
+    #[test]
+    fn tiny_checkpoint_tokenizers_export_and_agree_with_hf() {
+        let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&models).unwrap() {
+            let dir = entry.unwrap().path();
+            let Ok(reference) = std::fs::read_to_string(dir.join("reference.json")) else {
+                continue;
+            };
+            let reference: Value = serde_json::from_str(&reference).unwrap();
+            let config: Value =
+                serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                    .unwrap();
+            let vocab = config["vocab_size"].as_u64().unwrap() as u32;
+            let out = temp_dir("tiny").join("t.tokenizer.bin");
+            export_tokenizer(&dir, &out, vocab).unwrap();
+            let tok = Tokenizer::open(&out).unwrap();
+            for c in reference["cases"].as_array().unwrap() {
+                let ids = ids_of(&c["greedy_ids"]);
+                let want = c["greedy_text"].as_str().unwrap();
+                assert_eq!(tok.decode(&ids, false).unwrap(), want, "{}", dir.display());
+                assert_eq!(stream(&tok, &ids, false), want, "{}", dir.display());
+                if let Some(text) = c["prompt_text"].as_str() {
+                    assert_eq!(tok.encode(text), ids_of(&c["prompt_ids"]), "{text:?}");
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked >= 12, "{checked}");
     }
 
     #[test]

@@ -8,53 +8,62 @@
 //! recognised and skipped when popped.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BinaryHeap;
 
-/// A fast hasher for the u64 keys below (a pair of token ids). The std SipHash is built to resist
-/// hostile keys, which token ids from our own file are not, and is several times slower here.
-#[derive(Default)]
-pub struct IdPairHasher(u64);
-
-impl Hasher for IdPairHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // FxHash-style: fold 8 bytes at a time (used for the per-call piece cache).
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let v = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
-            self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-        }
-        for &b in chunks.remainder() {
-            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        // Fold the two ids together, multiply by 2^64 / golden ratio (Fibonacci hashing), and
-        // fold the well-mixed high half back into the low bits the table indexes with.
-        let h = (v ^ (v >> 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = h ^ (h >> 32);
-    }
+/// The merge list, grouped by left token so a lookup is a short binary search and loading
+/// builds nothing (no hash table of 151k pairs at every start).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MergeTable {
+    /// The merges whose left token is `i` are `entries[starts[i]..starts[i + 1]]`
+    /// (`starts.len()` = token count + 1).
+    pub starts: Vec<u32>,
+    /// (right, rank, merged), sorted by right within each group.
+    pub entries: Vec<[u32; 3]>,
 }
 
-/// Merge table: (left id, right id) packed in a u64 -> (rank, merged id).
-pub type MergeMap = HashMap<u64, (u32, u32), BuildHasherDefault<IdPairHasher>>;
-
-fn pair_key(left: u32, right: u32) -> u64 {
-    ((left as u64) << 32) | right as u64
-}
-
-/// Builds the merge table from the merge list (rank = index).
-pub fn merge_map(merges: &[[u32; 3]]) -> MergeMap {
-    let mut map = MergeMap::with_capacity_and_hasher(merges.len(), Default::default());
-    for (rank, &[l, r, m]) in merges.iter().enumerate() {
-        // A duplicated pair keeps its first (lowest) rank, as HF's HashMap-from-iterator would
-        // keep the last; tokenizer.json files never repeat a pair, so this only guards the file.
-        map.entry(pair_key(l, r)).or_insert((rank as u32, m));
+impl MergeTable {
+    /// Builds the table from tokenizer.json's merge list: (left, right, merged) in rank order,
+    /// every id below `n_tokens`. A repeated pair keeps its first (lowest) rank.
+    pub fn from_ranked(n_tokens: usize, ranked: &[[u32; 3]]) -> MergeTable {
+        let mut v: Vec<(u32, u32, u32, u32)> = ranked
+            .iter()
+            .enumerate()
+            .map(|(rank, &[l, r, m])| (l, r, rank as u32, m))
+            .collect();
+        v.sort_unstable();
+        v.dedup_by_key(|e| (e.0, e.1));
+        let mut starts = vec![0u32; n_tokens + 1];
+        for e in &v {
+            starts[e.0 as usize + 1] += 1;
+        }
+        for i in 0..n_tokens {
+            starts[i + 1] += starts[i];
+        }
+        let entries = v.iter().map(|&(_, r, rank, m)| [r, rank, m]).collect();
+        MergeTable { starts, entries }
     }
-    map
+
+    /// Number of merges.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// (rank, merged id) of the merge of `left` followed by `right`, if there is one.
+    #[inline]
+    pub fn get(&self, left: u32, right: u32) -> Option<(u32, u32)> {
+        let l = left as usize;
+        let (a, b) = (
+            *self.starts.get(l)? as usize,
+            *self.starts.get(l + 1)? as usize,
+        );
+        let group = self.entries.get(a..b)?;
+        let k = group.binary_search_by_key(&right, |e| e[0]).ok()?;
+        Some((group[k][1], group[k][2]))
+    }
 }
 
 /// A symbol of the piece being merged: a token id and its neighbours in a doubly linked list
@@ -73,7 +82,7 @@ const DEAD: u32 = u32::MAX;
 ///
 /// `byte_ids[b]` is the single-byte token of byte `b`; a byte without one is dropped, as HF's BPE
 /// does when the model has no `unk_token` (byte-level vocabularies contain all 256 bytes).
-pub fn encode_piece(piece: &[u8], byte_ids: &[u32; 256], merges: &MergeMap, out: &mut Vec<u32>) {
+pub fn encode_piece(piece: &[u8], byte_ids: &[u32; 256], merges: &MergeTable, out: &mut Vec<u32>) {
     let mut syms: Vec<Symbol> = Vec::with_capacity(piece.len());
     for &b in piece {
         let id = byte_ids[b as usize];
@@ -93,7 +102,7 @@ pub fn encode_piece(piece: &[u8], byte_ids: &[u32; 256], merges: &MergeMap, out:
     // Candidate merges as Reverse((rank, left position, merged id)): a min-heap on (rank, pos).
     let mut heap = BinaryHeap::with_capacity(syms.len());
     for i in 0..syms.len().saturating_sub(1) {
-        if let Some(&(rank, merged)) = merges.get(&pair_key(syms[i].id, syms[i + 1].id)) {
+        if let Some((rank, merged)) = merges.get(syms[i].id, syms[i + 1].id) {
             heap.push(Reverse((rank, i, merged)));
         }
     }
@@ -105,8 +114,8 @@ pub fn encode_piece(piece: &[u8], byte_ids: &[u32; 256], merges: &MergeMap, out:
         }
         let right = syms[left.next];
         // Stale entry: an earlier merge changed this pair.
-        match merges.get(&pair_key(left.id, right.id)) {
-            Some(&(r, m)) if r == rank && m == merged => {}
+        match merges.get(left.id, right.id) {
+            Some((r, m)) if r == rank && m == merged => {}
             _ => continue,
         }
         // Merge `right` into `left`.
@@ -120,12 +129,12 @@ pub fn encode_piece(piece: &[u8], byte_ids: &[u32; 256], merges: &MergeMap, out:
         // New candidate pairs with the neighbours.
         if left.prev != NONE {
             let p = left.prev;
-            if let Some(&(r, m)) = merges.get(&pair_key(syms[p].id, merged)) {
+            if let Some((r, m)) = merges.get(syms[p].id, merged) {
                 heap.push(Reverse((r, p, m)));
             }
         }
         if right.next != NONE {
-            if let Some(&(r, m)) = merges.get(&pair_key(merged, syms[right.next].id)) {
+            if let Some((r, m)) = merges.get(merged, syms[right.next].id) {
                 heap.push(Reverse((r, i, m)));
             }
         }
@@ -145,13 +154,13 @@ mod tests {
     use super::*;
 
     /// Toy vocabulary: bytes a=0 b=1 c=2, then merges.
-    fn toy() -> ([u32; 256], MergeMap) {
+    fn toy() -> ([u32; 256], MergeTable) {
         let mut byte_ids = [super::super::file::NO_ID; 256];
         byte_ids[b'a' as usize] = 0;
         byte_ids[b'b' as usize] = 1;
         byte_ids[b'c' as usize] = 2;
         // rank 0: a a -> 3 (aa); rank 1: b c -> 4 (bc); rank 2: aa aa -> 5; rank 3: a bc -> 6
-        let merges = merge_map(&[[0, 0, 3], [1, 2, 4], [3, 3, 5], [0, 4, 6]]);
+        let merges = MergeTable::from_ranked(7, &[[0, 0, 3], [1, 2, 4], [3, 3, 5], [0, 4, 6]]);
         (byte_ids, merges)
     }
 

@@ -18,15 +18,20 @@
 //! blob            u32 length, then the bytes of every token, concatenated
 //! byte_ids        256 x u32  id of the single-byte BPE token of each byte, or NO_ID
 //! merge_count     u32      m
-//! merges          m x (left u32, right u32, merged u32), rank = index (lowest merges first)
+//! merge_starts    (n+1) x u32  merges with left token i are entries[starts[i]..starts[i+1]]
+//! merge entries   m x (right u32, rank u32, merged u32), sorted by right within each left
 //! added_count     u32
 //! added tokens    each: id u32, flags u8 (FLAG_*), content string
 //! ```
+//!
+//! The merges are stored grouped by left token (the rank is explicit) so that loading builds no
+//! hash table: the lookup is a binary search in the left token's group (see `bpe::MergeTable`).
 //!
 //! The reader checks every count against the bytes that remain, every id against n, and that
 //! each merge's result is the concatenation of its two parts, so a hostile file gives an error,
 //! never a panic or an allocation larger than the file.
 
+use super::bpe::MergeTable;
 use crate::format::bytes::{ByteReader, ByteWriter};
 use anyhow::{bail, Result};
 
@@ -88,8 +93,8 @@ pub struct TokenizerData {
     pub blob: Vec<u8>,
     /// The single-byte BPE token of each byte (NO_ID if the vocabulary lacks it).
     pub byte_ids: [u32; 256],
-    /// (left, right, merged) in rank order.
-    pub merges: Vec<[u32; 3]>,
+    /// The merges, grouped by left token.
+    pub merges: MergeTable,
     pub added: Vec<AddedToken>,
 }
 
@@ -146,8 +151,11 @@ impl TokenizerData {
             w.u32(id);
         }
         w.u32(self.merges.len() as u32);
-        for m in &self.merges {
-            for &x in m {
+        for &s in &self.merges.starts {
+            w.u32(s);
+        }
+        for e in &self.merges.entries {
+            for &x in e {
                 w.u32(x);
             }
         }
@@ -195,10 +203,7 @@ impl TokenizerData {
         let model_vocab = r.u32("model vocab size")?;
 
         let n = r.count(4, "token count")?;
-        let mut token_ends = Vec::with_capacity(n);
-        for _ in 0..n {
-            token_ends.push(r.u32("token end")?);
-        }
+        let token_ends = u32_array(&mut r, n, "token ends")?;
         let blob_len = r.count(1, "token bytes length")?;
         let blob = r.bytes(blob_len, "token bytes")?.to_vec();
         if (model_vocab as usize) < n {
@@ -241,7 +246,7 @@ impl TokenizerData {
             token_ends,
             blob,
             byte_ids,
-            merges: Vec::new(),
+            merges: MergeTable::default(),
             added: Vec::new(),
         };
         for (b, &id) in data.byte_ids.iter().enumerate() {
@@ -251,25 +256,36 @@ impl TokenizerData {
         }
 
         let m = r.count(12, "merge count")?;
-        data.merges.reserve_exact(m);
-        for rank in 0..m {
-            let left = r.u32("merge")?;
-            let right = r.u32("merge")?;
-            let merged = r.u32("merge")?;
-            for id in [left, right, merged] {
-                check_id(id, "merge token id")?;
-            }
-            // Both checked above, so `token` returns Some.
-            let (l, rt, mg) = (
-                data.token(left).unwrap_or_default(),
-                data.token(right).unwrap_or_default(),
-                data.token(merged).unwrap_or_default(),
-            );
-            if mg.len() != l.len() + rt.len() || !mg.starts_with(l) || !mg.ends_with(rt) {
-                bail!("merge {rank} ({left} + {right} -> {merged}) does not concatenate");
-            }
-            data.merges.push([left, right, merged]);
+        let starts = u32_array(&mut r, n + 1, "merge starts")?;
+        if starts[0] != 0 || starts[n] as usize != m || starts.windows(2).any(|w| w[0] > w[1]) {
+            bail!("merge starts are not an increasing split of the {m} merges");
         }
+        let entries: Vec<[u32; 3]> = r
+            .bytes(12 * m, "merges")?
+            .chunks_exact(12)
+            .map(|e| {
+                let w = |k: usize| u32::from_le_bytes([e[k], e[k + 1], e[k + 2], e[k + 3]]);
+                [w(0), w(4), w(8)]
+            })
+            .collect();
+        for left in 0..n {
+            let group = &entries[starts[left] as usize..starts[left + 1] as usize];
+            for (k, &[right, rank, merged]) in group.iter().enumerate() {
+                check_id(right, "merge token id")?;
+                check_id(merged, "merge token id")?;
+                if rank as usize >= m || (k > 0 && group[k - 1][0] >= right) {
+                    bail!("merge group of token {left} is not sorted or has a bad rank");
+                }
+                // Ids checked above, so `token` returns Some.
+                let l = data.token(left as u32).unwrap_or_default();
+                let rt = data.token(right).unwrap_or_default();
+                let mg = data.token(merged).unwrap_or_default();
+                if mg.len() != l.len() + rt.len() || !mg.starts_with(l) || !mg.ends_with(rt) {
+                    bail!("merge {rank} ({left} + {right} -> {merged}) does not concatenate");
+                }
+            }
+        }
+        data.merges = MergeTable { starts, entries };
 
         let a = r.count(9, "added token count")?;
         for _ in 0..a {
@@ -295,4 +311,16 @@ impl TokenizerData {
         }
         Ok(data)
     }
+}
+
+/// `n` little-endian u32s in one bounds check (loading reads ~750k of them).
+fn u32_array(r: &mut ByteReader, n: usize, what: &str) -> Result<Vec<u32>> {
+    let len = n
+        .checked_mul(4)
+        .ok_or_else(|| anyhow::anyhow!("{what}: count {n} is too large"))?;
+    let bytes = r.bytes(len, what)?;
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }

@@ -29,7 +29,6 @@ pub use file::{AddedToken, Normalizer, TokenizerData};
 
 use added::{Matcher, Segment};
 use anyhow::{Context, Result};
-use bpe::{IdPairHasher, MergeMap};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -40,7 +39,6 @@ use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 /// A loaded tokenizer file, ready to encode and decode.
 pub struct Tokenizer {
     data: TokenizerData,
-    merges: MergeMap,
     /// Added tokens with `normalized: false`, matched in the raw text.
     raw_added: Matcher,
     /// Added tokens with `normalized: true`, matched (by their normalized content) in the
@@ -68,7 +66,6 @@ impl Tokenizer {
 
     /// Builds the lookup tables over validated data.
     pub fn from_data(data: TokenizerData) -> Tokenizer {
-        let merges = bpe::merge_map(&data.merges);
         let (norm, raw): (Vec<AddedToken>, Vec<AddedToken>) =
             data.added.iter().cloned().partition(|t| t.normalized);
         let raw_added = Matcher::new(raw.into_iter().map(|t| (t.content.clone(), t)).collect());
@@ -86,7 +83,6 @@ impl Tokenizer {
         special_ids.sort_unstable();
         Tokenizer {
             data,
-            merges,
             raw_added,
             normalized_added,
             special_ids,
@@ -195,16 +191,16 @@ impl Tokenizer {
                 continue;
             }
             if bytes.len() > CACHE_MAX_PIECE {
-                bpe::encode_piece(bytes, &self.data.byte_ids, &self.merges, out);
+                bpe::encode_piece(bytes, &self.data.byte_ids, &self.data.merges, out);
                 continue;
             }
-            if let Some(&(start, len)) = cache.get(bytes) {
-                out.extend_from_within(start as usize..(start + len) as usize);
+            if let Some(&(start, end)) = cache.get(bytes) {
+                out.extend_from_within(start..end);
                 continue;
             }
             let start = out.len();
-            bpe::encode_piece(bytes, &self.data.byte_ids, &self.merges, out);
-            cache.insert(bytes.into(), (start as u32, (out.len() - start) as u32));
+            bpe::encode_piece(bytes, &self.data.byte_ids, &self.data.merges, out);
+            cache.insert(bytes.into(), (start, out.len()));
         }
     }
 
@@ -237,8 +233,30 @@ impl Tokenizer {
     }
 }
 
-/// Piece bytes -> (start, len) of its ids in the output of the current `encode` call.
-type PieceCache = HashMap<Box<[u8]>, (u32, u32), BuildHasherDefault<IdPairHasher>>;
+/// Piece bytes -> the range of its ids in the output of the current `encode` call.
+type PieceCache = HashMap<Box<[u8]>, (usize, usize), BuildHasherDefault<PieceHasher>>;
+
+/// FxHash-style hasher for the piece cache: the std SipHash resists hostile keys, which a
+/// per-call cache does not need, and is several times slower on short pieces.
+#[derive(Default)]
+struct PieceHasher(u64);
+
+impl std::hash::Hasher for PieceHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let v = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+            self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(K);
+        }
+        for &b in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(K);
+        }
+    }
+}
 
 fn normalize(normalizer: Normalizer, text: &str) -> Cow<'_, str> {
     match normalizer {
@@ -246,7 +264,207 @@ fn normalize(normalizer: Normalizer, text: &str) -> Cow<'_, str> {
         // Most text is already NFC; the quick check avoids rebuilding it.
         Normalizer::Nfc => match is_nfc_quick(text.chars()) {
             IsNormalized::Yes => Cow::Borrowed(text),
-            _ => Cow::Owned(text.nfc().collect()),
+            _ => Cow::Owned(nfc_like_hf(text)),
         },
+    }
+}
+
+/// NFC as HF `tokenizers` computes it. Its normalizer (the unicode-normalization-alignments
+/// crate) has older Unicode tables than the unicode-normalization crate: combining marks added
+/// since (U+1DF6..U+1DF9, ...) have class 0 there, so they are never reordered and block
+/// composition. Such a mark is kept in place and the text on each side is normalized on its own,
+/// which is what a class-0 character without decomposition amounts to.
+fn nfc_like_hf(text: &str) -> String {
+    use unicode_normalization::char::canonical_combining_class;
+    let unknown_to_hf = |c: char| {
+        !c.is_ascii()
+            && canonical_combining_class(c) != 0
+            && !pretokenize::in_table(unicode_tables::HF_COMBINING, c)
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some((i, c)) = rest.char_indices().find(|&(_, c)| unknown_to_hf(c)) {
+        out.extend(rest[..i].nfc());
+        out.push(c);
+        rest = &rest[i + c.len_utf8()..];
+    }
+    out.extend(rest.nfc());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bpe::MergeTable;
+
+    /// A small byte-level tokenizer: the 256 bytes, a few merges, two added tokens.
+    fn toy_data() -> TokenizerData {
+        let mut tokens: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        let mut ranked = Vec::new();
+        for (a, b) in [
+            ("h", "e"),
+            ("l", "l"),
+            ("he", "ll"),
+            ("hell", "o"),
+            (" ", "w"),
+        ] {
+            let (ia, ib) = (
+                tokens.iter().position(|t| t == a.as_bytes()).unwrap() as u32,
+                tokens.iter().position(|t| t == b.as_bytes()).unwrap() as u32,
+            );
+            tokens.push(format!("{a}{b}").into_bytes());
+            ranked.push([ia, ib, tokens.len() as u32 - 1]);
+        }
+        let added = ["<|end|>", "<think>"]
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                tokens.push(c.as_bytes().to_vec());
+                AddedToken {
+                    id: tokens.len() as u32 - 1,
+                    content: c.to_string(),
+                    special: i == 0,
+                    single_word: false,
+                    lstrip: false,
+                    rstrip: false,
+                    normalized: false,
+                }
+            })
+            .collect();
+        let mut byte_ids = [file::NO_ID; 256];
+        for (b, id) in byte_ids.iter_mut().enumerate() {
+            *id = b as u32;
+        }
+        let (token_ends, blob) = TokenizerData::token_table(&tokens);
+        TokenizerData {
+            normalizer: Normalizer::Nfc,
+            split_pattern: file::QWEN2_SPLIT_PATTERN.into(),
+            bos_id: None,
+            eos_id: Some(tokens.len() as u32 - 2),
+            model_vocab: tokens.len() as u32 + 3,
+            merges: MergeTable::from_ranked(tokens.len(), &ranked),
+            token_ends,
+            blob,
+            byte_ids,
+            added,
+        }
+    }
+
+    /// xorshift64*: a deterministic generator for the property tests.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    #[test]
+    fn file_round_trips() {
+        let data = toy_data();
+        assert_eq!(TokenizerData::from_bytes(&data.to_bytes()).unwrap(), data);
+    }
+
+    #[test]
+    fn toy_tokenizer_encodes_and_decodes() {
+        let tok = Tokenizer::from_data(toy_data());
+        let hello = tok.token_id("hello").unwrap();
+        let w = tok.token_id(" w").unwrap();
+        let end = tok.token_id("<|end|>").unwrap();
+        // "hello" -> he, ll, (he ll), (hell o); " world" -> " w" then single bytes.
+        let ids = tok.encode("hello<|end|> world");
+        assert_eq!(ids[..3], [hello, end, w]);
+        assert_eq!(tok.decode(&ids, false).unwrap(), "hello<|end|> world");
+        assert_eq!(tok.decode(&ids, true).unwrap(), "hello world");
+        // Padding ids decode to nothing; past the model's vocabulary they are an error.
+        let pad = tok.len() as u32;
+        assert_eq!(tok.decode(&[pad], false).unwrap(), "");
+        assert!(tok.decode(&[tok.model_vocab()], false).is_err());
+    }
+
+    #[test]
+    fn stream_decoder_holds_split_characters() {
+        let tok = Tokenizer::from_data(toy_data());
+        let mut d = StreamDecoder::new(&tok);
+        // "é" = C3 A9 as two byte tokens; then an invalid lone continuation byte 0xA9.
+        assert_eq!(d.push(0xC3), "");
+        assert_eq!(d.push(0xA9), "é");
+        assert_eq!(d.push(0xA9), "\u{FFFD}");
+        assert_eq!(d.push(0xE4), "");
+        assert_eq!(d.push(b'a' as u32), "\u{FFFD}a");
+        assert_eq!(d.push(0xF0), "");
+        assert_eq!(d.push(tok.len() as u32 + 1), "");
+        assert_eq!(d.finish(), "\u{FFFD}");
+    }
+
+    /// Property test: random mutations of a valid file (bit flips, overwritten words,
+    /// truncation, garbage appended) give an error or a valid tokenizer, never a panic; and
+    /// whatever loads encodes and decodes without panicking.
+    #[test]
+    fn mutated_files_never_panic() {
+        let good = toy_data().to_bytes();
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let mut loaded = 0;
+        for _ in 0..20_000 {
+            let mut f = good.clone();
+            for _ in 0..1 + rng.below(4) {
+                let i = rng.below(f.len());
+                match rng.below(4) {
+                    0 => f[i] ^= 1 << rng.below(8),
+                    1 => {
+                        let v = [0u32, 1, 0xFF, 0xFFFF_FFFF, 0x7FFF_FFFF, 300][rng.below(6)];
+                        let end = (i + 4).min(f.len());
+                        f[i..end].copy_from_slice(&v.to_le_bytes()[..end - i]);
+                    }
+                    2 => f.truncate(i),
+                    _ => f.extend((0..rng.below(16)).map(|_| rng.next() as u8)),
+                }
+                if f.is_empty() {
+                    break;
+                }
+            }
+            if let Ok(data) = TokenizerData::from_bytes(&f) {
+                loaded += 1;
+                let tok = Tokenizer::from_data(data);
+                let ids = tok.encode("hello <think> wörld 😀 'll  \n");
+                let _ = tok.decode(&ids, false);
+                let _ = tok.decode(&[0, 255, 300, u32::MAX], true);
+            }
+        }
+        // Some mutations (e.g. in token bytes that no check covers) still load.
+        assert!(loaded > 0);
+    }
+
+    /// Property test: any &str -- random code points of every plane, and random bytes read
+    /// lossily -- encodes without panic, and decodes back to its normalized form (the toy
+    /// vocabulary has every byte and no added token is in the text, so nothing is lost).
+    #[test]
+    fn any_text_encodes_and_round_trips() {
+        let tok = Tokenizer::from_data(toy_data());
+        let mut rng = Rng(42);
+        for i in 0..5_000 {
+            let n = rng.below(40);
+            let text: String = if i % 2 == 0 {
+                (0..n)
+                    .filter_map(|_| match rng.below(4) {
+                        0 => char::from_u32(rng.below(0x80) as u32),
+                        1 => char::from_u32(0x300 + rng.below(0x70) as u32),
+                        2 => Some([' ', '\n', '\u{3000}', '\'', 'ſ', '<', '|'][rng.below(7)]),
+                        _ => char::from_u32(rng.below(0x11_0000) as u32),
+                    })
+                    .collect()
+            } else {
+                let bytes: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            };
+            let ids = tok.encode(&text);
+            let back = tok.decode(&ids, false).unwrap();
+            assert_eq!(back, tok.normalize(&text), "{text:?}");
+        }
     }
 }
