@@ -159,6 +159,12 @@ impl Sampler {
     /// `generated` is the generated part alone (the presence penalty's scope, as in OpenAI's API).
     pub fn sample(&mut self, logits: &[f32], context: &[u32], generated: &[u32]) -> u32 {
         let vocab = logits.len();
+        let (rp, pp) = (self.cfg.repetition_penalty, self.cfg.presence_penalty);
+        if self.cfg.is_greedy() && rp == 1.0 && pp == 0.0 {
+            // Plain greedy: nothing reshapes the logits, so no copy.
+            self.last_kept = 1;
+            return argmax(logits) as u32;
+        }
         self.work.clear();
         self.work.extend_from_slice(logits);
         if self.marks.len() != vocab {
@@ -167,7 +173,6 @@ impl Sampler {
         }
 
         // 1. Penalties, once per distinct token id.
-        let rp = self.cfg.repetition_penalty;
         if rp != 1.0 {
             let stamp = self.next_stamp();
             for &t in context {
@@ -179,7 +184,6 @@ impl Sampler {
                 }
             }
         }
-        let pp = self.cfg.presence_penalty;
         if pp != 0.0 {
             let stamp = self.next_stamp();
             for &t in generated {
@@ -330,12 +334,13 @@ impl Sampler {
     }
 }
 
-/// Index of the largest value; the first one on ties. NaN is never the maximum.
+/// Index of the largest value; the first one on ties. NaN is never the maximum (an all-NaN or
+/// empty slice gives 0).
 pub fn argmax(v: &[f32]) -> usize {
-    let mut best = 0;
+    let (mut best, mut best_v) = (0, f32::NEG_INFINITY);
     for (i, &x) in v.iter().enumerate() {
-        if x > v[best] || v[best].is_nan() {
-            best = i;
+        if x > best_v {
+            (best, best_v) = (i, x);
         }
     }
     best
@@ -380,6 +385,7 @@ mod tests {
             assert_eq!(s.sample(&l, &[], &[]), want);
         }
         assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, -1.0, f32::NAN, 2.0]), 3);
     }
 
     #[test]

@@ -92,7 +92,14 @@ impl<'m> Session<'m> {
         let ff = c.intermediate_size as usize;
         let max_batch = MAX_BATCH.min(context_len);
         let layer_len = nkv * context_len * hd;
-        let cache_len = layer_len * c.num_hidden_layers as usize;
+        // Keys and values in f32. The config's sizes are bounded by validation, but their product
+        // for a hostile file could still be absurd: refuse it instead of aborting in the allocator.
+        let cache_len = layer_len
+            .checked_mul(c.num_hidden_layers as usize)
+            .filter(|n| n.checked_mul(8).is_some_and(|b| b <= isize::MAX as usize))
+            .ok_or_else(|| {
+                anyhow::anyhow!("a KV cache for {context_len} positions does not fit in memory")
+            })?;
         Ok(Session {
             model,
             context_len,
