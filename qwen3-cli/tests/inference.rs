@@ -269,7 +269,10 @@ fn bad_input_is_a_one_line_error() {
         (&["--prompt-ids", "[1, 64]"], "outside the vocabulary"),
         (&["--prompt-ids", "1,2"], "not a JSON array"),
         (&["--prompt-ids", "[]"], "prompt is empty"),
-        (&["--prompt-ids", "[1]", "-m", "chat"], "not built yet"),
+        (
+            &["--prompt-ids", "[1]", "-m", "chat"],
+            "reads the user's messages from stdin",
+        ),
         (&[], "no prompt"),
     ];
     for (extra, want) in cases {

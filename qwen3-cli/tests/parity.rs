@@ -256,14 +256,22 @@ fn noise_sigmas(
         .collect()
 }
 
-/// The bf16 and q8 kernels compute exactly what the stored weights say: a rounded export gives
-/// the same logits (within [`F32_TOL`]) as an f32 file holding its dequantized weights, which the
-/// f32 path (checked against HF) runs. Returns the max abs difference.
+/// The bf16 kernels compute exactly what the stored weights say: a bf16 export gives the same
+/// logits (within [`F32_TOL`]) as an f32 file holding its dequantized weights, which the f32 path
+/// (checked against HF) runs. Returns the max abs difference.
+///
+/// The q8 path also quantizes the activations (W8A8, kernels/matmul.rs), so its logits differ
+/// from its dequantized weights' by the activation rounding, an error of the same kind and size
+/// as the weight rounding. For q8 this check is therefore not "within F32_TOL" but "within the
+/// export's noise bound" (`bound`); the kernel arithmetic itself is checked value by value
+/// against the scalar reference in kernels/dot.rs and kernels/matmul.rs, and the end-to-end
+/// error against HF by [`check_full_logits`] with the same bound.
 fn rounded_exports_compute_their_own_weights_exactly(
     exact: &ModelFile,
     stored: &ModelFile,
     refr: &Reference,
     dir: &Path,
+    bound: f32,
 ) -> f32 {
     let path = dir.join("dequantized.bin");
     write_sign_flipped(exact, stored, None, &path);
@@ -275,7 +283,16 @@ fn rounded_exports_compute_their_own_weights_exactly(
         let d = max_abs(&our_logits(&model, case).0, &our_logits(&deq, case).0);
         worst = worst.max(d);
     }
-    assert!(worst <= F32_TOL, "{}: {worst:e}", stored.path().display());
+    let limit = if stored.config().dtype == DType::Q8 {
+        bound
+    } else {
+        F32_TOL
+    };
+    assert!(
+        worst <= limit,
+        "{}: {worst:e} > {limit:e}",
+        stored.path().display()
+    );
     worst
 }
 
@@ -453,7 +470,13 @@ fn check_fixture(name: &str) {
         let rounded = is_rounded(&exact, &stored);
         let sigmas = rounded.then(|| noise_sigmas(&exact, &stored, &refr, &dir));
         let kernel_err = if rounded {
-            rounded_exports_compute_their_own_weights_exactly(&exact, &stored, &refr, &dir)
+            rounded_exports_compute_their_own_weights_exactly(
+                &exact,
+                &stored,
+                &refr,
+                &dir,
+                export_bound(sigmas.as_deref()),
+            )
         } else {
             0.0
         };
@@ -511,7 +534,13 @@ fn tiny_qwen3_fullvocab() {
         let rounded = is_rounded(&exact, &stored);
         let sigmas = rounded.then(|| noise_sigmas(&exact, &stored, &refr, &dir));
         let kernel_err = if rounded {
-            rounded_exports_compute_their_own_weights_exactly(&exact, &stored, &refr, &dir)
+            rounded_exports_compute_their_own_weights_exactly(
+                &exact,
+                &stored,
+                &refr,
+                &dir,
+                export_bound(sigmas.as_deref()),
+            )
         } else {
             0.0
         };

@@ -53,6 +53,16 @@ fn bench(d: &Dots, rows: usize, cols: usize, reps: usize) {
             ));
         }
     });
+    let q8f = time(reps, || {
+        for r in 0..rows {
+            black_box((d.q8_f32)(
+                &wq[r * cols..(r + 1) * cols],
+                &ws[r * per..(r + 1) * per],
+                &x,
+                gs,
+            ));
+        }
+    });
     let bf = time(reps, || {
         for r in 0..rows {
             black_box((d.bf16)(&wb[r * cols..(r + 1) * cols], &x));
@@ -65,11 +75,12 @@ fn bench(d: &Dots, rows: usize, cols: usize, reps: usize) {
     });
     let n = (rows * cols) as f64;
     println!(
-        "{:<12} {:>6}x{:<5} q8 {:>6.1} GB/s   bf16 {:>6.1} GB/s   f32 {:>6.1} GB/s",
+        "{:<12} {:>6}x{:<5} q8xq8 {:>6.1} GB/s   q8xf32 {:>6.1} GB/s   bf16 {:>6.1} GB/s   f32 {:>6.1} GB/s",
         d.isa,
         rows,
         cols,
         n * (1.0 + 4.0 / gs as f64) / q8 / 1e9,
+        n * (1.0 + 4.0 / gs as f64) / q8f / 1e9,
         n * 2.0 / bf / 1e9,
         n * 4.0 / f / 1e9
     );

@@ -39,6 +39,10 @@ pub struct GenerationStats {
     pub time_to_first_token: Duration,
     /// From the first sampled token to the last: `generated_tokens - 1` decode steps.
     pub decode: Duration,
+    /// Time spent in the sampler, all tokens together (included in the times above).
+    pub sampling: Duration,
+    /// Candidates the sampler's filters kept, summed over the sampled tokens.
+    pub kept_candidates: usize,
     pub stop: StopReason,
 }
 
@@ -86,12 +90,17 @@ pub fn generate(
     let mut logits = session.forward(prompt)?;
     let prefill = start.elapsed();
     let mut first_token_at = None;
+    let mut sampling = Duration::ZERO;
+    let mut kept_candidates = 0;
 
     let stop = loop {
         if context.len() - prompt.len() == max_tokens {
             break StopReason::MaxTokens;
         }
+        let t = Instant::now();
         let next = sampler.sample(logits, &context, &context[prompt.len()..]);
+        sampling += t.elapsed();
+        kept_candidates += sampler.last_kept();
         first_token_at.get_or_insert_with(|| start.elapsed());
         context.push(next);
         if eos_ids.contains(&next) {
@@ -115,6 +124,8 @@ pub fn generate(
         prefill,
         time_to_first_token,
         decode: total - time_to_first_token,
+        sampling,
+        kept_candidates,
         stop,
     })
 }

@@ -110,6 +110,12 @@ impl Rng {
     }
 }
 
+/// A token whose (temperature-scaled) logit is this far below the maximum has probability below
+/// `e^-40 = 4e-18` of the top token's; all 151936 such tokens together hold less than 1e-12 of
+/// it. Top-p ignores them (their mass cannot move its cut by more than f32 rounding of the logits
+/// does), and min-p drops them anyway unless min_p < 4e-18.
+const NEGLIGIBLE: f32 = 40.0;
+
 /// A sampler: settings, RNG and buffers reused across tokens (no allocation per token).
 pub struct Sampler {
     cfg: SamplerConfig,
@@ -121,6 +127,8 @@ pub struct Sampler {
     /// `marks[token] == stamp` means "already penalised this call" (dedupes repeated ids).
     marks: Vec<u32>,
     stamp: u32,
+    /// Tokens the filters left for the last draw (1 for greedy).
+    last_kept: usize,
 }
 
 impl Sampler {
@@ -133,11 +141,17 @@ impl Sampler {
             candidates: Vec::new(),
             marks: Vec::new(),
             stamp: 0,
+            last_kept: 0,
         })
     }
 
     pub fn config(&self) -> &SamplerConfig {
         &self.cfg
+    }
+
+    /// How many tokens top-k, top-p and min-p left in the running for the last draw.
+    pub fn last_kept(&self) -> usize {
+        self.last_kept
     }
 
     /// Picks the next token from `logits` (`[vocab]`). `context` is every token the model has
@@ -179,6 +193,7 @@ impl Sampler {
 
         // 2. Greedy: the first index of the largest logit (torch.argmax's tie rule).
         if self.cfg.is_greedy() {
+            self.last_kept = 1;
             return argmax(&self.work) as u32;
         }
 
@@ -188,6 +203,7 @@ impl Sampler {
             *l *= inv_t;
         }
         let max = self.filter();
+        self.last_kept = self.candidates.len();
 
         // 4. Draw from the kept candidates in proportion to exp(l - max).
         let total: f64 = self
@@ -243,6 +259,17 @@ impl Sampler {
                 c.insert(at, (l, i as u32));
             }
             sorted = true;
+        } else if top_p < 1.0 || min_p > 0.0 {
+            // Top-p or min-p will cut the tail; tokens more than NEGLIGIBLE below the maximum
+            // cannot matter to either (see the constant), so they are not even collected.
+            let floor = max - NEGLIGIBLE;
+            self.candidates.extend(
+                self.work
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &l)| l >= floor)
+                    .map(|(i, &l)| (l, i as u32)),
+            );
         } else {
             self.candidates
                 .extend(self.work.iter().enumerate().map(|(i, &l)| (l, i as u32)));

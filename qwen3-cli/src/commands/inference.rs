@@ -2,11 +2,13 @@
 //!
 //! stdout gets only the generated text, so it can be piped; everything else (the stop reason, the
 //! timing summary, `--verbose` details) goes to stderr. A prompt given as ids (`--prompt-ids`)
-//! gets ids back, one space-separated stream, which needs no tokenizer.
+//! gets ids back, one space-separated stream, which needs no tokenizer. `--chat` wraps the prompt
+//! in the model's chat template as one user turn. `-m chat` is the terminal chat (chat.rs).
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use qwen3_inference::format::{companion_paths, ModelFile};
+use qwen3_inference::chat::{ChatTemplate, Conversation};
+use qwen3_inference::format::{companion_paths, ModelConfig, ModelFile};
 use qwen3_inference::generate::{generate, StopReason};
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::sampler::{Sampler, SamplerConfig};
@@ -14,17 +16,24 @@ use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
 use std::io::Write;
 use std::path::PathBuf;
 
-/// Context length used when `-c` is not given: the model's maximum, capped here so the KV cache
-/// of a small model stays small (Qwen3-0.6B at 4096 positions: 448 MiB of f32 keys and values;
-/// at its 40960 maximum it would be 4.4 GiB).
+/// Context length used when `-c` is not given: the model's maximum, capped, because the KV cache
+/// is reserved for the whole context (Qwen3-0.6B at 4096 positions: 896 MiB of f32 keys and
+/// values; at its 40960 maximum it would be 8.75 GiB). The reservation is zeroed memory, which
+/// the OS maps lazily, so resident memory grows only with the positions actually used.
 pub const DEFAULT_CONTEXT_CAP: usize = 4096;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
     /// Complete the prompt once.
     Generate,
-    /// A conversation in the terminal (not built yet).
+    /// A conversation in the terminal (or one user message per line of piped stdin).
     Chat,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
 }
 
 #[derive(Args)]
@@ -74,11 +83,37 @@ pub struct InferenceArgs {
     /// Print model details, KV cache size and sampler settings to stderr.
     #[arg(long)]
     pub verbose: bool,
+    /// Generate mode: wrap the prompt in the model's chat template as one user turn.
+    #[arg(long)]
+    pub chat: bool,
+    /// System prompt (chat mode, or generate mode with --chat).
+    #[arg(short = 'y', long)]
+    pub system: Option<String>,
+    /// Let the model reason before answering (the template's enable_thinking).
+    /// Default: whatever the template does when it is not given (Qwen3: on).
+    #[arg(long, value_enum)]
+    pub thinking: Option<OnOff>,
+    /// Chat mode: do not show the model's reasoning (<think> ... </think>).
+    #[arg(long)]
+    pub hide_thinking: bool,
+    /// Chat mode: print to stderr, each turn, `prompt ids: [..]`: the whole conversation's ids
+    /// as the model has now seen them, and after the answer `answer: "..."`.
+    #[arg(long)]
+    pub verbose_prompt: bool,
 }
 
 pub fn run(args: InferenceArgs) -> Result<()> {
     if args.mode == Mode::Chat {
-        bail!("-m chat is not built yet; use -m generate");
+        if args.input.is_some() || args.prompt_ids.is_some() || args.chat {
+            bail!("-m chat reads the user's messages from stdin; -i, --prompt-ids and --chat are for -m generate");
+        }
+        return super::chat::run(&args);
+    }
+    if args.hide_thinking || args.verbose_prompt {
+        bail!("--hide-thinking and --verbose-prompt are for -m chat");
+    }
+    if !args.chat && (args.system.is_some() || args.thinking.is_some()) {
+        bail!("-y/--system and --thinking need --chat (or -m chat)");
     }
     let file = ModelFile::open(&args.model)?;
     let model = Model::load(&file)?;
@@ -89,45 +124,32 @@ pub fn run(args: InferenceArgs) -> Result<()> {
         Some(_) => Some(Tokenizer::open(&companion_paths(&args.model).tokenizer)?),
         None => None,
     };
+    let mut eos_ids = c.eos_token_ids.clone();
     let prompt: Vec<u32> = match (&args.input, &args.prompt_ids, &tokenizer) {
+        (_, Some(_), _) if args.chat => bail!("--chat needs a text prompt (-i), not --prompt-ids"),
         (_, Some(ids), _) => parse_ids(ids)?,
+        (Some(text), None, Some(tok)) if args.chat => {
+            // One user turn, rendered as HF apply_chat_template(add_generation_prompt=True).
+            let template = ChatTemplate::open(&companion_paths(&args.model).template)?;
+            let mut conv = Conversation::new(args.system.clone());
+            conv.set_thinking(args.thinking.map(|t| t == OnOff::On));
+            conv.push_user(text.as_str());
+            eos_ids = super::chat::stop_ids(&c.eos_token_ids, &template, tok);
+            tok.encode(&conv.prompt(&template)?)
+        }
         (Some(text), None, Some(tok)) => tok.encode(text),
         _ => bail!("no prompt: give -i TEXT or --prompt-ids '[..]'"),
     };
 
+    let context_len = context_len(&args, c)?;
     let max_ctx = c.max_position_embeddings as usize;
-    let context_len = args.context.unwrap_or(max_ctx.min(DEFAULT_CONTEXT_CAP));
-    if context_len > max_ctx {
-        bail!("--context {context_len} is larger than the model supports ({max_ctx} positions)");
-    }
     if prompt.len() > context_len {
         bail!(
             "the prompt has {} tokens but the context holds {context_len} (raise -c/--context, at most {max_ctx})",
             prompt.len()
         );
     }
-
-    let seed = args.seed.unwrap_or_else(clock_seed);
-    let mut cfg = SamplerConfig::from_defaults(&c.generation, seed);
-    if let Some(v) = args.temperature {
-        cfg.temperature = v;
-    }
-    if let Some(v) = args.top_p {
-        cfg.top_p = v;
-    }
-    if let Some(v) = args.top_k {
-        cfg.top_k = v as usize;
-    }
-    if let Some(v) = args.min_p {
-        cfg.min_p = v;
-    }
-    if let Some(v) = args.repeat_penalty {
-        cfg.repetition_penalty = v;
-    }
-    if let Some(v) = args.presence_penalty {
-        cfg.presence_penalty = v;
-    }
-    let mut sampler = Sampler::new(cfg)?;
+    let mut sampler = sampler_from_args(&args, c)?;
 
     let mut session = Session::new(&model, context_len)?;
     if args.verbose {
@@ -151,7 +173,7 @@ pub fn run(args: InferenceArgs) -> Result<()> {
             "context: {context_len} positions (model max {max_ctx}); KV cache {:.1} MiB (f32)",
             session.kv_cache_bytes() as f64 / (1u64 << 20) as f64
         );
-        eprintln!("eos ids: {:?}", c.eos_token_ids);
+        eprintln!("eos ids: {eos_ids:?}");
         let s = sampler.config();
         eprintln!(
             "sampler: temperature {}, top_k {}, top_p {}, min_p {}, repetition_penalty {}, presence_penalty {}, seed {}",
@@ -179,7 +201,7 @@ pub fn run(args: InferenceArgs) -> Result<()> {
         &mut sampler,
         &prompt,
         args.max_tokens,
-        &c.eos_token_ids,
+        &eos_ids,
         |id| {
             match decoder.as_mut() {
                 Some(d) => write!(out, "{}", d.push(id))?,
@@ -210,7 +232,53 @@ pub fn run(args: InferenceArgs) -> Result<()> {
         stats.decode_tok_s(),
         stats.time_to_first_token.as_secs_f64()
     );
+    if args.verbose && stats.generated_tokens > 0 {
+        let per_token = stats.sampling.as_secs_f64() / stats.generated_tokens as f64;
+        let decode_step =
+            stats.decode.as_secs_f64() / stats.generated_tokens.saturating_sub(1).max(1) as f64;
+        eprintln!(
+            "sampling {:.1} us/token ({:.2}% of a decode step), {:.1} candidates kept on average",
+            per_token * 1e6,
+            100.0 * per_token / decode_step,
+            stats.kept_candidates as f64 / stats.generated_tokens as f64
+        );
+    }
     Ok(())
+}
+
+/// `-c`, or the model's maximum capped at [`DEFAULT_CONTEXT_CAP`]; never more than the maximum.
+pub fn context_len(args: &InferenceArgs, c: &ModelConfig) -> Result<usize> {
+    let max_ctx = c.max_position_embeddings as usize;
+    let context_len = args.context.unwrap_or(max_ctx.min(DEFAULT_CONTEXT_CAP));
+    if context_len > max_ctx {
+        bail!("--context {context_len} is larger than the model supports ({max_ctx} positions)");
+    }
+    Ok(context_len)
+}
+
+/// The model's generation defaults, overridden by the sampling flags (the same in both modes).
+pub fn sampler_from_args(args: &InferenceArgs, c: &ModelConfig) -> Result<Sampler> {
+    let seed = args.seed.unwrap_or_else(clock_seed);
+    let mut cfg = SamplerConfig::from_defaults(&c.generation, seed);
+    if let Some(v) = args.temperature {
+        cfg.temperature = v;
+    }
+    if let Some(v) = args.top_p {
+        cfg.top_p = v;
+    }
+    if let Some(v) = args.top_k {
+        cfg.top_k = v as usize;
+    }
+    if let Some(v) = args.min_p {
+        cfg.min_p = v;
+    }
+    if let Some(v) = args.repeat_penalty {
+        cfg.repetition_penalty = v;
+    }
+    if let Some(v) = args.presence_penalty {
+        cfg.presence_penalty = v;
+    }
+    Sampler::new(cfg)
 }
 
 /// Parses `[1, 2, 3]`.

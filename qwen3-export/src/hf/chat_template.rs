@@ -359,6 +359,17 @@ mod tests {
         )
         .unwrap();
         assert!(err(&d).contains("chat template does not compile"));
+        // transformers' {% generation %} extension tag (assistant masks) is not supported.
+        std::fs::write(
+            d.join("tokenizer_config.json"),
+            r#"{"chat_template": "{% generation %}x{% endgeneration %}"}"#,
+        )
+        .unwrap();
+        let e = err(&d);
+        assert!(
+            e.contains("tokenizer_config.json: chat template does not compile"),
+            "{e}"
+        );
         std::fs::write(
             d.join("tokenizer_config.json"),
             r#"{"chat_template": "x", "eos_token": 5}"#,

@@ -32,14 +32,13 @@ pub fn export_tokenizer(hf_dir: &Path, out: &Path, vocab_size: u32) -> Result<St
     }
     write_atomic(out, &data.to_bytes())?;
     Ok(format!(
-        "tokenizer: {} tokens ({} added), {} merges, normalizer {}, bos {}, eos {} -> {}",
+        "tokenizer: {} tokens ({} added), {} merges, normalizer {}, bos {}, eos {}",
         data.len(),
         data.added.len(),
         data.merges.len(),
         data.normalizer.name(),
         data.bos_id.map_or("none".into(), |i| i.to_string()),
         data.eos_id.map_or("none".into(), |i| i.to_string()),
-        out.display()
     ))
 }
 

@@ -20,6 +20,9 @@ pub type DotF32 = fn(a: &[f32], b: &[f32]) -> f32;
 pub type DotBf16 = fn(w: &[u16], x: &[f32]) -> f32;
 /// `sum_g ws[g] * xs[g] * sum_{i in g} w[i] * x[i]` over groups of `group_size`.
 pub type DotQ8 = fn(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], group_size: usize) -> f32;
+/// `sum_g ws[g] * sum_{i in g} w[i] * x[i]`: int8 weights with per-group scales against f32
+/// activations (W8A32), exactly the dequantized weights' product up to f32 rounding.
+pub type DotQ8F32 = fn(w: &[i8], ws: &[f32], x: &[f32], group_size: usize) -> f32;
 /// Quantizes `x` per group into `q` and `scales` (same rule as [`crate::quant::quantize_q8`]).
 pub type QuantizeQ8 = fn(x: &[f32], group_size: usize, q: &mut [i8], scales: &mut [f32]);
 
@@ -29,6 +32,7 @@ pub struct Dots {
     pub f32: DotF32,
     pub bf16: DotBf16,
     pub q8: DotQ8,
+    pub q8_f32: DotQ8F32,
     pub quantize_q8: QuantizeQ8,
     /// Which instruction set was picked, for `--verbose` and the bench report.
     pub isa: &'static str,
@@ -39,6 +43,7 @@ pub const SCALAR: Dots = Dots {
     f32: dot_f32_scalar,
     bf16: dot_bf16_scalar,
     q8: dot_q8_scalar,
+    q8_f32: dot_q8_f32_scalar,
     quantize_q8: crate::quant::quantize_q8,
     isa: "scalar",
 };
@@ -100,6 +105,15 @@ pub fn dot_q8_scalar(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], gs: usize) -> f
     sum
 }
 
+pub fn dot_q8_f32_scalar(w: &[i8], ws: &[f32], x: &[f32], gs: usize) -> f32 {
+    let mut sum = 0.0f32;
+    for (g, (wg, xg)) in w.chunks_exact(gs).zip(x.chunks_exact(gs)).enumerate() {
+        let part: f32 = wg.iter().zip(xg).map(|(&a, &b)| a as f32 * b).sum();
+        sum += ws[g] * part;
+    }
+    sum
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     //! The x86-64 kernels. Each `unsafe fn` with `#[target_feature]` may only run on a CPU that
@@ -124,6 +138,7 @@ mod x86 {
         f32: |a, b| unsafe { dot_f32_avx2(a, b) },
         bf16: |w, x| unsafe { dot_bf16_avx2(w, x) },
         q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2(w, ws, x, xs, gs) },
+        q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx2(w, ws, x, gs) },
         quantize_q8: crate::quant::quantize_q8,
         isa: "avx2",
     };
@@ -134,6 +149,7 @@ mod x86 {
         f32: |a, b| unsafe { dot_f32_avx512(a, b) },
         bf16: |w, x| unsafe { dot_bf16_avx512(w, x) },
         q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx512(w, ws, x, xs, gs) },
+        q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
         quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
         isa: "avx512-vnni",
     };
@@ -208,6 +224,58 @@ mod x86 {
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
         }
         hsum256(acc)
+    }
+
+    /// Groups of a multiple of 8 values; others take the scalar path.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_q8_f32_avx2(w: &[i8], ws: &[f32], x: &[f32], gs: usize) -> f32 {
+        if !gs.is_multiple_of(8) {
+            return dot_q8_f32_scalar(w, ws, x, gs);
+        }
+        let groups = ws.len().min(w.len() / gs).min(x.len() / gs);
+        let mut acc = _mm256_setzero_ps();
+        for (g, &scale) in ws.iter().enumerate().take(groups) {
+            let mut part = _mm256_setzero_ps();
+            let mut k = g * gs;
+            // SAFETY: reads w[k..k+8] (8 bytes) and x[k..k+8] with k + 8 <= (g+1)*gs <= len.
+            while k < (g + 1) * gs {
+                let wi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(w.as_ptr().add(k) as *const __m128i));
+                part = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(wi),
+                    _mm256_loadu_ps(x.as_ptr().add(k)),
+                    part,
+                );
+                k += 8;
+            }
+            acc = _mm256_fmadd_ps(part, _mm256_set1_ps(scale), acc);
+        }
+        hsum256(acc)
+    }
+
+    /// Groups of a multiple of 16 values; others take the AVX2 path.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn dot_q8_f32_avx512(w: &[i8], ws: &[f32], x: &[f32], gs: usize) -> f32 {
+        if !gs.is_multiple_of(16) {
+            return dot_q8_f32_avx2(w, ws, x, gs);
+        }
+        let groups = ws.len().min(w.len() / gs).min(x.len() / gs);
+        let mut acc = _mm512_setzero_ps();
+        for (g, &scale) in ws.iter().enumerate().take(groups) {
+            let mut part = _mm512_setzero_ps();
+            let mut k = g * gs;
+            // SAFETY: reads w[k..k+16] (16 bytes) and x[k..k+16] with k + 16 <= (g+1)*gs <= len.
+            while k < (g + 1) * gs {
+                let wi = _mm512_cvtepi8_epi32(_mm_loadu_si128(w.as_ptr().add(k) as *const __m128i));
+                part = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(wi),
+                    _mm512_loadu_ps(x.as_ptr().add(k)),
+                    part,
+                );
+                k += 16;
+            }
+            acc = _mm512_fmadd_ps(part, _mm512_set1_ps(scale), acc);
+        }
+        _mm512_reduce_add_ps(acc)
     }
 
     #[target_feature(enable = "avx512f")]
@@ -358,6 +426,11 @@ mod tests {
                     crate::quant::quantize_q8(&b, gs, &mut qr, &mut sr);
                     assert_eq!(qb, qr, "{} quantize gs={gs}", d.isa);
                     assert_eq!(sb, sr, "{} quantize scales gs={gs}", d.isa);
+                    let (r, s) = (
+                        (d.q8_f32)(&qa, &sa, &b, gs),
+                        dot_q8_f32_scalar(&qa, &sa, &b, gs),
+                    );
+                    assert!(close(r, s, n, 6.0), "{} q8_f32 gs={gs}: {r} vs {s}", d.isa);
                     let r = (d.q8)(&qa, &sa, &qb, &sb, gs);
                     let s = dot_q8_scalar(&qa, &sa, &qb, &sb, gs);
                     assert!(

@@ -5,7 +5,7 @@
 //! matrix-matrix product, with `t = 1` (decode) a matrix-vector product. Threads split the output
 //! rows, so each thread streams its own contiguous slice of the weights.
 
-use super::dot::{dots, Dots};
+use super::dot::dots;
 use crate::format::reader::{TensorData, TensorView};
 use rayon::prelude::*;
 
@@ -33,19 +33,76 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
         w.name
     );
     let dots = dots();
+    match w.data {
+        TensorData::F32(v) => for_each_output(out, rows, t, |r, i| {
+            (dots.f32)(&v[r * cols..(r + 1) * cols], &x[i * cols..(i + 1) * cols])
+        }),
+        TensorData::Bf16(v) => for_each_output(out, rows, t, |r, i| {
+            (dots.bf16)(&v[r * cols..(r + 1) * cols], &x[i * cols..(i + 1) * cols])
+        }),
+        TensorData::Q8 {
+            q,
+            scales,
+            group_size: gs,
+        } => {
+            // W8A8: each activation row is quantized once, per group of `gs` like the weights
+            // (quant.rs), so every group's product is an integer dot product times two scales:
+            // sum_g ws[r,g] * xs[i,g] * sum_{c in g} q_w[r,c] * q_x[i,c]. The activation
+            // rounding adds an error of the same size as the weights' (half a step of the
+            // group's largest value); the parity tests bound the total against HuggingFace.
+            let per = cols / gs;
+            ACTIVATIONS.with(|cell| {
+                let mut buf = cell.borrow_mut();
+                let (xq, xs) = &mut *buf;
+                // Grows to the largest [t, cols] seen, then is reused: no allocation per token.
+                xq.resize(t * cols, 0);
+                xs.resize(t * per, 0.0);
+                for i in 0..t {
+                    (dots.quantize_q8)(
+                        &x[i * cols..(i + 1) * cols],
+                        gs,
+                        &mut xq[i * cols..(i + 1) * cols],
+                        &mut xs[i * per..(i + 1) * per],
+                    );
+                }
+                let (xq, xs) = (&xq[..], &xs[..]);
+                for_each_output(out, rows, t, |r, i| {
+                    (dots.q8)(
+                        &q[r * cols..(r + 1) * cols],
+                        &scales[r * per..(r + 1) * per],
+                        &xq[i * cols..(i + 1) * cols],
+                        &xs[i * per..(i + 1) * per],
+                        gs,
+                    )
+                })
+            })
+        }
+    }
+}
+
+thread_local! {
+    /// The quantized activations of the q8 path (values, scales), kept between calls.
+    static ACTIVATIONS: std::cell::RefCell<(Vec<i8>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Fills `out: [t, rows]` with `f(r, i)` for weight row `r` and token `i`, parallel over rows.
+fn for_each_output(out: &mut [f32], rows: usize, t: usize, f: impl Fn(usize, usize) -> f32 + Sync) {
     if t == 1 {
-        // Decode: out is one row, so each task owns a contiguous slice of it.
+        // Decode: out is one row, so each task owns a contiguous slice of it and streams the
+        // matching contiguous block of weight rows.
         out.par_chunks_mut(ROWS_PER_TASK)
             .enumerate()
             .for_each(|(chunk, out)| {
                 let r0 = chunk * ROWS_PER_TASK;
                 for (j, o) in out.iter_mut().enumerate() {
-                    *o = dot_row(dots, w, r0 + j, cols, x);
+                    *o = f(r0 + j, 0);
                 }
             });
         return;
     }
-    // Prefill: a task owns a block of weight rows and computes them for every token. Its results
+    // Prefill: a task owns a block of weight rows and computes them for every token, so each
+    // weight row is read from memory once and then from cache for the other tokens. Its results
     // are columns of `out`, which are not contiguous, so they go to a transposed buffer
     // `[rows, t]` first (one allocation per call; prefill only, never in the decode loop).
     let mut out_t = vec![0f32; rows * t];
@@ -56,7 +113,7 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
             let r0 = chunk * ROWS_PER_TASK;
             for (j, per_token) in block.chunks_mut(t).enumerate() {
                 for (i, o) in per_token.iter_mut().enumerate() {
-                    *o = dot_row(dots, w, r0 + j, cols, &x[i * cols..(i + 1) * cols]);
+                    *o = f(r0 + j, i);
                 }
             }
         });
@@ -65,62 +122,6 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
             out[i * rows + r] = v;
         }
     }
-}
-
-/// Dot product of weight row `r` with `x` (`cols` long), in the row's stored dtype.
-#[inline]
-fn dot_row(dots: &Dots, w: &TensorView, r: usize, cols: usize, x: &[f32]) -> f32 {
-    let span = r * cols..(r + 1) * cols;
-    match w.data {
-        TensorData::F32(v) => (dots.f32)(&v[span], x),
-        TensorData::Bf16(v) => (dots.bf16)(&v[span], x),
-        TensorData::Q8 {
-            q,
-            scales,
-            group_size,
-        } => {
-            let per_row = cols / group_size;
-            dot_q8(
-                &q[span],
-                &scales[r * per_row..(r + 1) * per_row],
-                group_size,
-                x,
-            )
-        }
-    }
-}
-
-/// Lanes of independent partial sums: what a SIMD unit does anyway; lets the compiler vectorise.
-const LANES: usize = 8;
-
-/// One q8 row times f32 activations: `sum_g scale[g] * sum_{i in g} q[i] * x[i]`. The scale is
-/// applied once per group, after the group's sum (exact algebra: `sum q*s*x = s * sum q*x`).
-/// The activations stay f32 (weight-only quantization), so the only error against the f32 model is
-/// the weights' rounding; [`super::dot`] also has a W8A8 product for a faster, less exact path.
-#[inline]
-fn dot_q8(q: &[i8], scales: &[f32], group_size: usize, x: &[f32]) -> f32 {
-    let mut total = 0f32;
-    for ((qg, xg), &s) in q
-        .chunks_exact(group_size)
-        .zip(x.chunks_exact(group_size))
-        .zip(scales)
-    {
-        let mut acc = [0f32; LANES];
-        let (qc, xc) = (qg.chunks_exact(LANES), xg.chunks_exact(LANES));
-        let tail: f32 = qc
-            .remainder()
-            .iter()
-            .zip(xc.remainder())
-            .map(|(&a, b)| a as f32 * b)
-            .sum();
-        for (a, b) in qc.zip(xc) {
-            for l in 0..LANES {
-                acc[l] += a[l] as f32 * b[l];
-            }
-        }
-        total += s * (acc.iter().sum::<f32>() + tail);
-    }
-    total
 }
 
 #[cfg(test)]
@@ -187,7 +188,8 @@ mod tests {
         matmul(&mut out, &x, &view, t);
         close(&out, &reference(&x, &w_bf, t, rows, cols), "bf16");
 
-        // q8: the reference multiplies by the dequantized weights.
+        // q8 (W8A8): the reference multiplies the dequantized weights by the dequantized
+        // activations, each activation row quantized per group exactly as the weights are.
         // Group sizes that divide `cols` (the model file guarantees this for real tensors).
         for gs in [8, 16].into_iter().filter(|gs| (cols / gs) * gs == cols) {
             let mut q = vec![0i8; w.len()];
@@ -204,8 +206,14 @@ mod tests {
                     group_size: gs,
                 },
             };
+            let mut x_q = vec![0f32; x.len()];
+            for (row, out_row) in x.chunks(cols).zip(x_q.chunks_mut(cols)) {
+                let (mut qx, mut sx) = (vec![0i8; cols], vec![0f32; cols / gs]);
+                quantize_q8(row, gs, &mut qx, &mut sx);
+                dequantize_q8(&qx, &sx, gs, out_row);
+            }
             matmul(&mut out, &x, &view, t);
-            close(&out, &reference(&x, &w_q, t, rows, cols), "q8");
+            close(&out, &reference(&x_q, &w_q, t, rows, cols), "q8");
         }
     }
 

@@ -1,0 +1,598 @@
+//! `qwen3 inference <model.bin> -m chat`: a conversation in the terminal (see docs/chat.md).
+//!
+//! Each turn renders the whole conversation with the model's own chat template, tokenizes it,
+//! keeps the part of the KV cache that agrees with it ([`reuse_len`]) and feeds only the rest,
+//! so the model has always seen exactly HuggingFace's `apply_chat_template(..., tokenize=True,
+//! add_generation_prompt=True)` ids of the conversation so far. Then it samples the answer one
+//! token at a time, streaming it to stdout.
+//!
+//! Input comes from a line editor (rustyline: arrow-key editing and history) when stdin is a
+//! terminal, or one user message per line when it is not (scripts, tests); lines starting with
+//! `/` are commands (`/help`). Ctrl-C during an answer stops it (a SIGINT handler sets a flag the
+//! decode loop checks); at the prompt, Ctrl-C twice or Ctrl-D leaves.
+
+use super::inference::{context_len, sampler_from_args, InferenceArgs};
+use anyhow::{Context, Result};
+use qwen3_inference::chat::{reuse_len, ChatTemplate, Conversation};
+use qwen3_inference::format::{companion_paths, ModelFile};
+use qwen3_inference::model::{Model, Session};
+use qwen3_inference::sampler::Sampler;
+use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
+use std::io::{BufRead, IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Set while an answer is being generated: Ctrl-C then stops the answer instead of the program.
+static GENERATING: AtomicBool = AtomicBool::new(false);
+/// Set by Ctrl-C during an answer; the decode loop checks it before each token.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+const HELP: &str = "\
+/help          this list
+/reset         start a new conversation (keeps the system prompt and thinking setting)
+/system TEXT   set the system prompt and start a new conversation (no TEXT: none)
+/think on|off  let the model reason first, or not (/think default: the template decides)
+/stats         context use, tokens fed and reused, sampler settings
+/quit          leave (also Ctrl-D, or Ctrl-C twice at the prompt)";
+
+/// The ids that end an answer: every end-of-sequence id of the model file, plus the template's
+/// end-of-turn token (its `eos_token`, `<|im_end|>` for Qwen3) if the tokenizer has it.
+pub fn stop_ids(model_eos: &[u32], template: &ChatTemplate, tok: &Tokenizer) -> Vec<u32> {
+    let mut ids = model_eos.to_vec();
+    if let Some(id) = template
+        .special_token("eos_token")
+        .and_then(|t| tok.token_id(t))
+    {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    ids
+}
+
+pub fn run(args: &InferenceArgs) -> Result<()> {
+    let file = ModelFile::open(&args.model)?;
+    let model = Model::load(&file)?;
+    let c = &model.config;
+    let paths = companion_paths(&args.model);
+    let tok = Tokenizer::open(&paths.tokenizer)?;
+    let template = ChatTemplate::open(&paths.template)?;
+    let ctx = context_len(args, c)?;
+    let sampler = sampler_from_args(args, c)?;
+    let session = Session::new(&model, ctx)?;
+
+    let interactive = std::io::stdin().is_terminal();
+    let colour = interactive
+        && std::io::stdout().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let mut conv = Conversation::new(args.system.clone());
+    conv.set_thinking(args.thinking.map(|t| t == super::inference::OnOff::On));
+
+    let mut chat = Chat {
+        stop_ids: stop_ids(&c.eos_token_ids, &template, &tok),
+        think: (tok.token_id("<think>"), tok.token_id("</think>")),
+        tok: &tok,
+        template: &template,
+        session,
+        sampler,
+        conv,
+        cache: Vec::new(),
+        max_tokens: args.max_tokens,
+        hide_thinking: args.hide_thinking,
+        verbose_prompt: args.verbose_prompt,
+        colour,
+        totals: Totals::default(),
+    };
+    if args.verbose {
+        eprintln!(
+            "stop ids: {:?}, think ids: {:?}, context: {ctx} positions",
+            chat.stop_ids, chat.think
+        );
+    }
+
+    // Ctrl-C: during an answer, stop it; anywhere else (piped input waiting on a read), leave
+    // as the default action would. In the line editor the terminal is in raw mode, so Ctrl-C
+    // arrives there as a key, not as this signal.
+    ctrlc::set_handler(|| {
+        if GENERATING.load(Ordering::SeqCst) {
+            INTERRUPTED.store(true, Ordering::SeqCst);
+        } else {
+            std::process::exit(130);
+        }
+    })
+    .context("cannot install the Ctrl-C handler")?;
+
+    let mut input = if interactive {
+        eprintln!(
+            "{}: {} positions of context. /help for commands, Ctrl-D to quit.",
+            args.model.display(),
+            ctx
+        );
+        Input::Editor(Box::new(
+            rustyline::DefaultEditor::new().context("cannot start the line editor")?,
+        ))
+    } else {
+        Input::Piped(std::io::stdin().lock())
+    };
+
+    let mut last_was_interrupt = false;
+    loop {
+        let line = match input.read()? {
+            Read::Line(l) => l,
+            Read::Eof => break,
+            Read::Interrupted => {
+                if last_was_interrupt {
+                    break;
+                }
+                last_was_interrupt = true;
+                eprintln!("(Ctrl-C again or Ctrl-D to quit)");
+                continue;
+            }
+        };
+        last_was_interrupt = false;
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(cmd) = line.strip_prefix('/') {
+            if !chat.command(cmd) {
+                break;
+            }
+            continue;
+        }
+        chat.turn(line)?;
+    }
+    Ok(())
+}
+
+/// Where user lines come from.
+enum Input {
+    /// A terminal: rustyline gives line editing and in-memory history.
+    Editor(Box<rustyline::DefaultEditor>),
+    /// Anything else: one message per line, no prompt printed.
+    Piped(std::io::StdinLock<'static>),
+}
+
+enum Read {
+    Line(String),
+    Interrupted,
+    Eof,
+}
+
+impl Input {
+    fn read(&mut self) -> Result<Read> {
+        match self {
+            Input::Editor(ed) => match ed.readline(">>> ") {
+                Ok(line) => {
+                    if !line.trim().is_empty() {
+                        // History is a convenience: a failure to record a line is not an error.
+                        let _ = ed.add_history_entry(line.as_str());
+                    }
+                    Ok(Read::Line(line))
+                }
+                Err(rustyline::error::ReadlineError::Interrupted) => Ok(Read::Interrupted),
+                Err(rustyline::error::ReadlineError::Eof) => Ok(Read::Eof),
+                Err(e) => Err(e).context("reading from the terminal"),
+            },
+            Input::Piped(stdin) => {
+                let mut line = String::new();
+                if stdin.read_line(&mut line).context("reading stdin")? == 0 {
+                    return Ok(Read::Eof);
+                }
+                Ok(Read::Line(line))
+            }
+        }
+    }
+}
+
+/// Counts over the whole chat, for `/stats`.
+#[derive(Default)]
+struct Totals {
+    answers: usize,
+    generated: usize,
+    /// Prompt tokens run through the model.
+    fed: usize,
+    /// Prompt tokens found in the KV cache and not run again.
+    reused: usize,
+    decode_time: Duration,
+}
+
+/// Why an answer ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// A stop id (end of turn or end of sequence); not part of the answer.
+    End,
+    MaxTokens,
+    ContextFull,
+    Interrupted,
+}
+
+struct Chat<'a, 'm> {
+    tok: &'a Tokenizer,
+    template: &'a ChatTemplate,
+    session: Session<'m>,
+    sampler: Sampler,
+    conv: Conversation,
+    /// The tokens in the KV cache, position by position (`cache.len() == session.pos()`).
+    cache: Vec<u32>,
+    stop_ids: Vec<u32>,
+    /// The ids of `<think>` and `</think>`, if the tokenizer has such tokens.
+    think: (Option<u32>, Option<u32>),
+    max_tokens: usize,
+    hide_thinking: bool,
+    verbose_prompt: bool,
+    colour: bool,
+    totals: Totals,
+}
+
+impl Chat<'_, '_> {
+    /// Runs a slash command (`cmd` without the `/`). Returns false to leave the chat.
+    fn command(&mut self, cmd: &str) -> bool {
+        let (name, rest) = cmd.split_once(char::is_whitespace).unwrap_or((cmd, ""));
+        let rest = rest.trim();
+        match name {
+            "help" => eprintln!("{HELP}"),
+            "quit" | "exit" => return false,
+            "reset" => {
+                self.conv.reset();
+                eprintln!("[new conversation]");
+            }
+            "system" => {
+                self.conv.set_system(Some(rest.to_string()));
+                match self.conv.system() {
+                    Some(s) => eprintln!("[system prompt set: {s:?}; new conversation]"),
+                    None => eprintln!("[no system prompt; new conversation]"),
+                }
+            }
+            "think" => {
+                let t = match rest {
+                    "on" => Some(true),
+                    "off" => Some(false),
+                    "default" => None,
+                    _ => {
+                        eprintln!("usage: /think on|off|default");
+                        return true;
+                    }
+                };
+                self.conv.set_thinking(t);
+                eprintln!("[thinking {}]", thinking_name(t));
+            }
+            "stats" => self.print_stats(),
+            _ => eprintln!("unknown command /{name}; /help lists the commands"),
+        }
+        true
+    }
+
+    fn print_stats(&self) {
+        let t = &self.totals;
+        eprintln!(
+            "KV cache {}/{} positions; conversation: {} messages{}, thinking {}",
+            self.session.pos(),
+            self.session.context_len(),
+            self.conv.turns().len(),
+            if self.conv.system().is_some() {
+                " + system prompt"
+            } else {
+                ""
+            },
+            thinking_name(self.conv.thinking())
+        );
+        eprintln!(
+            "answers {}, tokens generated {} ({:.1} tok/s), prompt tokens fed {}, reused from the KV cache {}",
+            t.answers,
+            t.generated,
+            t.generated as f64 / t.decode_time.as_secs_f64().max(1e-9),
+            t.fed,
+            t.reused
+        );
+        let s = self.sampler.config();
+        eprintln!(
+            "sampler: temperature {}, top_k {}, top_p {}, min_p {}, repetition_penalty {}, presence_penalty {}, seed {}",
+            s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty, s.presence_penalty, s.seed
+        );
+    }
+
+    /// Tokens to keep free for the answer when deciding whether the conversation still fits:
+    /// `-n`, but at most half the context so that long answers do not evict everything.
+    fn answer_room(&self) -> usize {
+        self.max_tokens
+            .clamp(1, (self.session.context_len() / 2).max(1))
+    }
+
+    /// The prompt ids of the conversation with `text` as the new user message, dropping the
+    /// oldest exchanges while it does not fit. `None` (and the message removed) if it cannot.
+    fn prompt_ids(&mut self, text: &str) -> Result<Option<Vec<u32>>> {
+        self.conv.push_user(text);
+        let ctx = self.session.context_len();
+        loop {
+            let rendered = match self.conv.prompt(self.template) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.conv.undo_last_user();
+                    eprintln!("error: {e:#}");
+                    return Ok(None);
+                }
+            };
+            let ids = self.tok.encode(&rendered);
+            if ids.len() + self.answer_room() <= ctx {
+                return Ok(Some(ids));
+            }
+            // Only the new message left: no earlier exchange to drop.
+            if self.conv.turns().len() > 1 && self.conv.drop_oldest_exchange() {
+                eprintln!(
+                    "[context full ({} + {} tokens for the answer > {ctx}): dropped the oldest exchange, {} messages kept]",
+                    ids.len(),
+                    self.answer_room(),
+                    self.conv.turns().len()
+                );
+                continue;
+            }
+            if ids.len() < ctx {
+                // Fits, with less room for the answer than -n asks.
+                return Ok(Some(ids));
+            }
+            self.conv.undo_last_user();
+            eprintln!(
+                "error: this message makes a prompt of {} tokens; the context holds {ctx} (raise -c/--context)",
+                ids.len()
+            );
+            return Ok(None);
+        }
+    }
+
+    /// One exchange: the user's `text`, then the model's answer streamed to stdout.
+    fn turn(&mut self, text: &str) -> Result<()> {
+        let Some(ids) = self.prompt_ids(text)? else {
+            return Ok(());
+        };
+        // Keep what the cache shares with the new prompt; run the rest.
+        let keep = reuse_len(&self.cache, &ids);
+        self.session.truncate(keep)?;
+        self.cache.truncate(keep);
+
+        // From here Ctrl-C stops the answer (set before anything is printed, so that a script
+        // that waits for `prompt ids:` and then interrupts cannot end the program instead).
+        INTERRUPTED.store(false, Ordering::SeqCst);
+        GENERATING.store(true, Ordering::SeqCst);
+        if self.verbose_prompt {
+            eprintln!("prompt ids: {}", serde_json::to_string(&ids)?);
+        }
+        let result = self.answer(&ids, keep);
+        GENERATING.store(false, Ordering::SeqCst);
+        let (generated, stop, decode_time) = result?;
+
+        let reached = self.session.pos();
+        let ctx = self.session.context_len();
+        let text = self.tok.decode(&generated, false)?;
+        match stop {
+            Stop::Interrupted => {
+                // A half answer is not something the model said: forget the whole exchange.
+                // The next prompt no longer shares these tokens, so the cache rewinds by itself.
+                self.conv.undo_last_user();
+                eprintln!("[interrupted: this question and its partial answer are dropped]");
+            }
+            Stop::End | Stop::MaxTokens | Stop::ContextFull => {
+                self.conv.push_assistant(text.clone());
+                if stop == Stop::MaxTokens {
+                    eprintln!("[stopped at -n {} tokens]", self.max_tokens);
+                }
+                if stop == Stop::ContextFull {
+                    eprintln!("[context full ({ctx} positions): the answer was cut; the next turn drops the oldest exchanges (or raise -c)]");
+                }
+            }
+        }
+        if self.verbose_prompt && stop != Stop::Interrupted {
+            eprintln!("answer: {}", serde_json::to_string(&text)?);
+        }
+        let n = generated.len();
+        let t = &mut self.totals;
+        t.answers += 1;
+        t.generated += n;
+        t.fed += ids.len() - keep;
+        t.reused += keep;
+        t.decode_time += decode_time;
+        let summary = format!(
+            "[{n} tokens, {:.1} tok/s, context {reached}/{ctx}; prompt: {} tokens run, {keep} reused]",
+            n as f64 / decode_time.as_secs_f64().max(1e-9),
+            ids.len() - keep,
+        );
+        if self.colour {
+            eprintln!("{DIM}{summary}{RESET}");
+        } else {
+            eprintln!("{summary}");
+        }
+        Ok(())
+    }
+
+    /// Feeds `ids[keep..]` after the cached `ids[..keep]`, then samples until a stop id, `-n`,
+    /// the end of the context, or Ctrl-C. Returns the answer's ids (no stop id), why it ended,
+    /// and the time spent sampling.
+    ///
+    /// This is `generate::generate` with three differences a chat needs: the prompt starts in
+    /// the middle of the cache, the repetition penalty sees the whole conversation (HF penalises
+    /// every id of `input_ids`, and here the conversation is the input), and Ctrl-C is checked.
+    fn answer(&mut self, ids: &[u32], keep: usize) -> Result<(Vec<u32>, Stop, Duration)> {
+        let start = Instant::now();
+        let mut logits = self.session.forward(&ids[keep..])?;
+        self.cache.extend_from_slice(&ids[keep..]);
+        let mut context = ids.to_vec();
+        let mut generated: Vec<u32> = Vec::new();
+        let mut show = Shown::new(self.tok, self.think, self.hide_thinking, self.colour);
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        let stop = loop {
+            if INTERRUPTED.load(Ordering::SeqCst) {
+                break Stop::Interrupted;
+            }
+            if generated.len() == self.max_tokens {
+                break Stop::MaxTokens;
+            }
+            let next = self.sampler.sample(logits, &context, &generated);
+            context.push(next);
+            if self.stop_ids.contains(&next) {
+                break Stop::End;
+            }
+            generated.push(next);
+            write!(out, "{}", show.push(next))?;
+            out.flush().context("stdout")?;
+            if generated.len() == self.max_tokens {
+                break Stop::MaxTokens;
+            }
+            if self.session.pos() == self.session.context_len() {
+                break Stop::ContextFull;
+            }
+            logits = self.session.forward(&[next])?;
+            self.cache.push(next);
+        };
+        writeln!(out, "{}", show.finish())?;
+        out.flush()?;
+        debug_assert_eq!(self.cache.len(), self.session.pos());
+        Ok((generated, stop, start.elapsed()))
+    }
+}
+
+const DIM: &str = "\x1b[2m";
+const RESET: &str = "\x1b[0m";
+
+fn thinking_name(t: Option<bool>) -> &'static str {
+    match t {
+        Some(true) => "on",
+        Some(false) => "off",
+        None => "as the template's default",
+    }
+}
+
+/// Turns answer ids into the text shown: reasoning (from `<think>` to `</think>`, recognised by
+/// the tokenizer's ids for those tokens) dimmed on a terminal, kept as plain text when piped, or
+/// left out with `--hide-thinking`.
+struct Shown<'t> {
+    decoder: StreamDecoder<'t>,
+    think: (Option<u32>, Option<u32>),
+    hide: bool,
+    colour: bool,
+    in_think: bool,
+    /// Just after a hidden reasoning block: drop the blank lines that separated it.
+    trim_next: bool,
+}
+
+impl<'t> Shown<'t> {
+    fn new(
+        tok: &'t Tokenizer,
+        think: (Option<u32>, Option<u32>),
+        hide: bool,
+        colour: bool,
+    ) -> Shown<'t> {
+        Shown {
+            decoder: StreamDecoder::new(tok),
+            think,
+            hide,
+            colour,
+            in_think: false,
+            trim_next: false,
+        }
+    }
+
+    fn push(&mut self, id: u32) -> String {
+        let mut s = String::new();
+        if Some(id) == self.think.0 {
+            s = self.decoder.finish();
+            self.in_think = true;
+            if !self.hide {
+                if self.colour {
+                    s.push_str(DIM);
+                }
+                s.push_str("<think>");
+            }
+            return s;
+        }
+        if Some(id) == self.think.1 {
+            let rest = self.decoder.finish();
+            self.in_think = false;
+            if !self.hide {
+                s.push_str(&rest);
+                s.push_str("</think>");
+                if self.colour {
+                    s.push_str(RESET);
+                }
+            }
+            self.trim_next = self.hide;
+            return s;
+        }
+        let text = self.decoder.push(id);
+        if self.in_think && self.hide {
+            return String::new();
+        }
+        if self.trim_next {
+            let t = text.trim_start_matches(['\n', '\r']);
+            if t.is_empty() {
+                return String::new();
+            }
+            self.trim_next = false;
+            return t.to_string();
+        }
+        text
+    }
+
+    fn finish(&mut self) -> String {
+        let mut s = self.decoder.finish();
+        if self.in_think && self.hide {
+            s.clear();
+        }
+        if self.in_think && self.colour {
+            s.push_str(RESET);
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The real Qwen3 tokenizer (fixtures/tokenizer), exported to a temporary file.
+    fn tokenizer() -> Tokenizer {
+        let dir = std::env::temp_dir().join(format!("pq-chat-shown-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.tokenizer.bin");
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tokenizer");
+        qwen3_export::hf::tokenizer_json::export_tokenizer(&src, &path, 151_936).unwrap();
+        let tok = Tokenizer::open(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        tok
+    }
+
+    fn show(tok: &Tokenizer, ids: &[u32], hide: bool, colour: bool) -> String {
+        let think = (tok.token_id("<think>"), tok.token_id("</think>"));
+        let mut s = Shown::new(tok, think, hide, colour);
+        let mut out: String = ids.iter().map(|&id| s.push(id)).collect();
+        out.push_str(&s.finish());
+        out
+    }
+
+    #[test]
+    fn reasoning_is_dimmed_kept_or_hidden() {
+        let tok = tokenizer();
+        // What Qwen3 writes when it thinks: <think>, reasoning, </think>, blank line, answer.
+        let ids = tok.encode("<think>\nAdd them.\n</think>\n\n2 + 2 = 4.");
+        let think_start = tok.token_id("<think>").unwrap();
+        assert_eq!(ids[0], think_start, "<think> is one token: {ids:?}");
+        let all = "<think>\nAdd them.\n</think>\n\n2 + 2 = 4.";
+        assert_eq!(tok.decode(&ids, false).unwrap(), all);
+        // Piped: the text as the model wrote it.
+        assert_eq!(show(&tok, &ids, false, false), all);
+        // Terminal: the reasoning block dimmed.
+        assert_eq!(
+            show(&tok, &ids, false, true),
+            format!("{DIM}<think>\nAdd them.\n</think>{RESET}\n\n2 + 2 = 4.")
+        );
+        // --hide-thinking: the answer only, without the blank line after the block.
+        assert_eq!(show(&tok, &ids, true, true), "2 + 2 = 4.");
+        // An answer cut inside its reasoning: hidden entirely, or dimming switched off at the end.
+        let cut = &ids[..4];
+        assert_eq!(show(&tok, cut, true, false), "");
+        assert!(show(&tok, cut, false, true).ends_with(RESET));
+        // No reasoning (thinking off): nothing changes.
+        let plain = tok.encode("Just 4.");
+        assert_eq!(show(&tok, &plain, true, true), "Just 4.");
+    }
+}

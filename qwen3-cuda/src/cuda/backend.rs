@@ -1,0 +1,349 @@
+//! [`Backend`] on a CUDA device: device buffers, the kernels of `qwen3-cuda/kernels/`.
+//!
+//! Every launch goes to the runtime's one stream, so kernels run in the order the forward pass
+//! issues them; the host waits only in `download` (the logits). Each `unsafe` launch is sound
+//! when (a) the arguments match the kernel's C signature in type and order, and (b) every index
+//! the kernel computes stays inside the buffers it is given. (a) is checked by reading the two
+//! side by side; (b) is what the length checks before each launch establish, using the index
+//! ranges stated in each kernel's header comment.
+
+use super::runtime::CudaRuntime;
+use super::weights::{DeviceTensor, DeviceWeights};
+use crate::backend::Backend;
+use crate::kernels::{
+    check_matmul_shape, rmsnorm_block_dim, ATTENTION_BLOCK_DIM, ELEMENTWISE_BLOCK_DIM,
+    MATMUL_ROWS_PER_BLOCK, MATMUL_TOK_TILE,
+};
+use crate::reference::attention::AttentionShape;
+use anyhow::{bail, ensure, Result};
+use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
+use qwen3_inference::format::{DType, ModelFile};
+
+pub struct CudaBackend {
+    pub runtime: CudaRuntime,
+    pub weights: DeviceWeights,
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal` (probing first: a missing driver, device or NVRTC is an error, never
+    /// a panic) and uploads `file` to it in one copy.
+    pub fn load(ordinal: usize, file: &ModelFile) -> Result<CudaBackend> {
+        let runtime = CudaRuntime::open(ordinal)?;
+        let weights = DeviceWeights::upload(&runtime.stream, file)?;
+        Ok(CudaBackend { runtime, weights })
+    }
+}
+
+fn err(e: DriverError) -> anyhow::Error {
+    anyhow::anyhow!("CUDA: {e}")
+}
+
+fn int(n: usize) -> Result<i32> {
+    i32::try_from(n).map_err(|_| anyhow::anyhow!("size {n} too large for a CUDA kernel argument"))
+}
+
+fn grid(blocks: usize, tokens: usize, threads: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (int(blocks)? as u32, int(tokens)? as u32, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+fn need(buf: &CudaSlice<f32>, len: usize, what: &str) -> Result<()> {
+    ensure!(
+        buf.len() >= len,
+        "{what}: buffer of {} values, {len} needed",
+        buf.len()
+    );
+    Ok(())
+}
+
+fn need_tensor(t: &DeviceTensor, dtype: Option<DType>, numel: usize, what: &str) -> Result<()> {
+    let have = t.shape.iter().product::<usize>();
+    ensure!(
+        have == numel,
+        "{what}: tensor of {have} values, {numel} needed"
+    );
+    if let Some(dt) = dtype {
+        ensure!(t.dtype == dt, "{what}: tensor is {}, {dt} needed", t.dtype);
+    }
+    Ok(())
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaSlice<f32>;
+    type Tensor = DeviceTensor;
+
+    fn alloc(&self, len: usize) -> Result<CudaSlice<f32>> {
+        self.runtime.stream.alloc_zeros(len.max(1)).map_err(err)
+    }
+
+    fn upload(&self, data: &[f32]) -> Result<CudaSlice<f32>> {
+        self.runtime.stream.clone_htod(data).map_err(err)
+    }
+
+    fn download(&self, x: &CudaSlice<f32>, offset: usize, len: usize) -> Result<Vec<f32>> {
+        need(x, offset + len, "download")?;
+        let v = self
+            .runtime
+            .stream
+            .clone_dtoh(&x.slice(offset..offset + len))
+            .map_err(err)?;
+        // A copy to pageable memory returns when complete; synchronising says so explicitly
+        // and surfaces any error of the kernels queued before it.
+        self.runtime.stream.synchronize().map_err(err)?;
+        Ok(v)
+    }
+
+    fn copy(
+        &self,
+        dst: &mut CudaSlice<f32>,
+        dst_offset: usize,
+        src: &CudaSlice<f32>,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        need(dst, dst_offset + len, "copy")?;
+        need(src, src_offset + len, "copy")?;
+        let mut to = dst.slice_mut(dst_offset..dst_offset + len);
+        self.runtime
+            .stream
+            .memcpy_dtod(&src.slice(src_offset..src_offset + len), &mut to)
+            .map_err(err)
+    }
+
+    fn embed(
+        &self,
+        out: &mut CudaSlice<f32>,
+        table: &DeviceTensor,
+        tokens: &[u32],
+        cols: usize,
+    ) -> Result<()> {
+        let (n, vocab) = (tokens.len(), table.rows());
+        ensure!(
+            table.cols() == cols,
+            "embed: table has {} columns, {cols} asked",
+            table.cols()
+        );
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            bail!("token id {t} is outside the vocabulary of {vocab}");
+        }
+        need(out, n * cols, "embed")?;
+        let ids = self.runtime.stream.clone_htod(tokens).map_err(err)?;
+        let f = &self.runtime.functions;
+        let cfg = grid(
+            cols.div_ceil(ELEMENTWISE_BLOCK_DIM),
+            n,
+            ELEMENTWISE_BLOCK_DIM,
+        )?;
+        let cols_i = int(cols)?;
+        let values = self.weights.view(&table.values);
+        let mut b = match table.dtype {
+            DType::Q8 => self.runtime.stream.launch_builder(&f.embed_q8),
+            DType::Bf16 => self.runtime.stream.launch_builder(&f.embed_bf16),
+            DType::F32 => self.runtime.stream.launch_builder(&f.embed_f32),
+        };
+        b.arg(out).arg(&ids).arg(&values);
+        let scales = self.weights.view(&table.scales);
+        let gs = int(table.group_size)?;
+        if table.dtype == DType::Q8 {
+            b.arg(&scales).arg(&gs);
+        }
+        b.arg(&cols_i);
+        // SAFETY: embed_{q8,bf16,f32}(out, tokens, values[, scales, gs], cols) as in embed.cu.
+        // Every id is below `vocab` (checked), so rows read lie inside the table's ranges; out
+        // holds n * cols values (checked).
+        unsafe { b.launch(cfg) }.map_err(err)?;
+        Ok(())
+    }
+
+    fn rmsnorm(
+        &self,
+        out: &mut CudaSlice<f32>,
+        x: &CudaSlice<f32>,
+        w: &DeviceTensor,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<()> {
+        need_tensor(w, Some(DType::F32), n, "rmsnorm")?;
+        need(out, rows * n, "rmsnorm")?;
+        need(x, rows * n, "rmsnorm")?;
+        let cfg = grid(rows, 1, rmsnorm_block_dim(n))?;
+        let n_i = int(n)?;
+        let wv = self.weights.view(&w.values);
+        let mut b = self
+            .runtime
+            .stream
+            .launch_builder(&self.runtime.functions.rmsnorm_f32);
+        b.arg(out).arg(x).arg(&wv).arg(&n_i).arg(&eps);
+        // SAFETY: rmsnorm_f32(out, x, w, n, eps); block r touches x/out[r*n .. r*n + n] for
+        // r < rows, and w[0..n]; all lengths checked above.
+        unsafe { b.launch(cfg) }.map_err(err)?;
+        Ok(())
+    }
+
+    fn matmul(
+        &self,
+        y: &mut CudaSlice<f32>,
+        w: &DeviceTensor,
+        x: &CudaSlice<f32>,
+        n_tok: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        ensure!(
+            w.shape == [rows, cols],
+            "matmul: weight {:?}, [{rows}, {cols}] needed",
+            w.shape
+        );
+        let gs = (w.dtype == DType::Q8).then_some(w.group_size);
+        check_matmul_shape(cols, gs).map_err(anyhow::Error::msg)?;
+        need(y, n_tok * rows, "matmul")?;
+        need(x, n_tok * cols, "matmul")?;
+        let cfg = grid(
+            rows.div_ceil(MATMUL_ROWS_PER_BLOCK),
+            n_tok.div_ceil(MATMUL_TOK_TILE),
+            32 * MATMUL_ROWS_PER_BLOCK,
+        )?;
+        let (rows_i, cols_i, n_i, gs_i) = (int(rows)?, int(cols)?, int(n_tok)?, int(w.group_size)?);
+        let f = &self.runtime.functions;
+        let values = self.weights.view(&w.values);
+        let scales = self.weights.view(&w.scales);
+        let mut b = match w.dtype {
+            DType::Q8 => self.runtime.stream.launch_builder(&f.matmul_q8),
+            DType::Bf16 => self.runtime.stream.launch_builder(&f.matmul_bf16),
+            DType::F32 => self.runtime.stream.launch_builder(&f.matmul_f32),
+        };
+        b.arg(y).arg(&values);
+        if w.dtype == DType::Q8 {
+            b.arg(&scales).arg(&gs_i);
+        }
+        b.arg(x).arg(&rows_i).arg(&cols_i).arg(&n_i);
+        // SAFETY: matmul_q8(y, q, scales, gs, x, rows, cols, n_tok) / matmul_{bf16,f32}(y, w, x,
+        // rows, cols, n_tok) as in matmul.cu. Warps with row >= rows return; token t < n_tok reads
+        // x[t*cols .. +cols] and writes y[t*rows + row]; the weight ranges hold rows*cols values
+        // (shape checked here, byte ranges at upload); cols % 4 == 0 and, for q8, gs % 4 == 0 and
+        // gs | cols, so every 4-wide load stays within one row and one group, 16-byte aligned.
+        unsafe { b.launch(cfg) }.map_err(err)?;
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut CudaSlice<f32>,
+        cos: &CudaSlice<f32>,
+        sin: &CudaSlice<f32>,
+        n_tok: usize,
+        n_heads: usize,
+        head_dim: usize,
+        pos0: usize,
+    ) -> Result<()> {
+        let half = head_dim / 2;
+        need(x, n_tok * n_heads * head_dim, "rope")?;
+        need(cos, (pos0 + n_tok) * half, "rope cos")?;
+        need(sin, (pos0 + n_tok) * half, "rope sin")?;
+        let cfg = grid(n_heads, n_tok, 64)?;
+        let (h_i, hd_i, p_i) = (int(n_heads)?, int(head_dim)?, int(pos0)?);
+        let mut b = self
+            .runtime
+            .stream
+            .launch_builder(&self.runtime.functions.rope);
+        b.arg(x).arg(cos).arg(sin).arg(&h_i).arg(&hd_i).arg(&p_i);
+        // SAFETY: rope(x, cos, sin, n_heads, head_dim, pos0); block (h, t) touches
+        // x[(t*n_heads + h)*head_dim ..][..head_dim] and table rows pos0 + t < pos0 + n_tok.
+        unsafe { b.launch(cfg) }.map_err(err)?;
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        out: &mut CudaSlice<f32>,
+        scores: &mut CudaSlice<f32>,
+        q: &CudaSlice<f32>,
+        k_cache: &CudaSlice<f32>,
+        v_cache: &CudaSlice<f32>,
+        n_tok: usize,
+        s: AttentionShape,
+    ) -> Result<()> {
+        let n = n_tok * s.n_heads * s.head_dim;
+        ensure!(
+            s.n_kv > 0 && s.n_heads.is_multiple_of(s.n_kv),
+            "attention: {} heads over {} kv heads",
+            s.n_heads,
+            s.n_kv
+        );
+        ensure!(
+            s.pos0 + n_tok <= s.ctx,
+            "attention: positions beyond the context"
+        );
+        need(out, n, "attention")?;
+        need(q, n, "attention")?;
+        need(scores, n_tok * s.n_heads * s.ctx, "attention scores")?;
+        need(k_cache, s.ctx * s.n_kv * s.head_dim, "k cache")?;
+        need(v_cache, s.ctx * s.n_kv * s.head_dim, "v cache")?;
+        let cfg = grid(s.n_heads, n_tok, ATTENTION_BLOCK_DIM)?;
+        let scale = (s.head_dim as f64).powf(-0.5) as f32;
+        let (h_i, kv_i, hd_i, ctx_i, p_i) = (
+            int(s.n_heads)?,
+            int(s.n_kv)?,
+            int(s.head_dim)?,
+            int(s.ctx)?,
+            int(s.pos0)?,
+        );
+        let mut b = self
+            .runtime
+            .stream
+            .launch_builder(&self.runtime.functions.attention);
+        b.arg(out).arg(scores).arg(q).arg(k_cache).arg(v_cache);
+        b.arg(&h_i)
+            .arg(&kv_i)
+            .arg(&hd_i)
+            .arg(&ctx_i)
+            .arg(&p_i)
+            .arg(&scale);
+        // SAFETY: attention(out, scores, q, k_cache, v_cache, n_heads, n_kv, head_dim, ctx, pos0,
+        // scale). Block (h, t) reads keys/values j <= pos0 + t < ctx (checked) of kv head
+        // h / (n_heads / n_kv) < n_kv, and touches q/out/scores rows (t, h) only.
+        unsafe { b.launch(cfg) }.map_err(err)?;
+        Ok(())
+    }
+
+    fn silu_mul(
+        &self,
+        out: &mut CudaSlice<f32>,
+        gate: &CudaSlice<f32>,
+        up: &CudaSlice<f32>,
+        n: usize,
+    ) -> Result<()> {
+        need(out, n, "silu_mul")?;
+        need(gate, n, "silu_mul")?;
+        need(up, n, "silu_mul")?;
+        let cfg = grid(n.div_ceil(ELEMENTWISE_BLOCK_DIM), 1, ELEMENTWISE_BLOCK_DIM)?;
+        let n_i = int(n)?;
+        let mut b = self
+            .runtime
+            .stream
+            .launch_builder(&self.runtime.functions.silu_mul);
+        b.arg(out).arg(gate).arg(up).arg(&n_i);
+        // SAFETY: silu_mul(out, gate, up, n); thread i < n touches index i only.
+        unsafe { b.launch(cfg) }.map_err(err)?;
+        Ok(())
+    }
+
+    fn add_assign(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) -> Result<()> {
+        need(x, n, "add")?;
+        need(y, n, "add")?;
+        let cfg = grid(n.div_ceil(ELEMENTWISE_BLOCK_DIM), 1, ELEMENTWISE_BLOCK_DIM)?;
+        let n_i = int(n)?;
+        let mut b = self
+            .runtime
+            .stream
+            .launch_builder(&self.runtime.functions.add_assign);
+        b.arg(x).arg(y).arg(&n_i);
+        // SAFETY: add_assign(x, y, n); thread i < n touches index i only.
+        unsafe { b.launch(cfg) }.map_err(err)?;
+        Ok(())
+    }
+}

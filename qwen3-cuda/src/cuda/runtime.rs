@@ -1,0 +1,117 @@
+//! One CUDA device, ready to run the kernels: context, stream, loaded functions.
+
+use super::compile::{compile_kernel, nvrtc_present};
+use crate::kernels;
+use anyhow::{bail, Context, Result};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use std::sync::Arc;
+
+/// Whether the CUDA driver library (libcuda, installed with the NVIDIA driver) can be loaded.
+pub fn driver_present() -> bool {
+    // SAFETY: `is_culib_present` is unsafe because it dlopen()s candidate library names, which
+    // runs their initialisers; the only candidates are NVIDIA's libcuda, which we mean to load.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// How many CUDA devices the driver sees; an error (not a panic) when there is no driver.
+pub fn device_count() -> Result<usize> {
+    if !driver_present() {
+        bail!("no CUDA driver found (libcuda.so could not be loaded; is the NVIDIA driver installed?)");
+    }
+    let n = CudaContext::device_count()
+        .map_err(|e| anyhow::anyhow!("CUDA driver failed to initialise: {e}"))?;
+    Ok(n.max(0) as usize)
+}
+
+/// The kernels' entry points, loaded into the device's context.
+pub struct Functions {
+    pub rmsnorm_f32: CudaFunction,
+    pub matmul_q8: CudaFunction,
+    pub matmul_bf16: CudaFunction,
+    pub matmul_f32: CudaFunction,
+    pub embed_q8: CudaFunction,
+    pub embed_bf16: CudaFunction,
+    pub embed_f32: CudaFunction,
+    pub rope: CudaFunction,
+    pub attention: CudaFunction,
+    pub silu_mul: CudaFunction,
+    pub add_assign: CudaFunction,
+}
+
+/// A CUDA device with the kernels compiled for it and one stream every launch goes to (so launches
+/// run in order and the host only waits when it copies logits back).
+pub struct CudaRuntime {
+    pub stream: Arc<CudaStream>,
+    pub functions: Functions,
+    /// e.g. "NVIDIA GeForce RTX 4090 (compute 8.9)", for `--verbose` output.
+    pub description: String,
+}
+
+impl CudaRuntime {
+    /// Opens device `ordinal`. Every missing piece is a one-line error, checked before cudarc
+    /// touches it: no driver library, no device of that number, no NVRTC.
+    pub fn open(ordinal: usize) -> Result<CudaRuntime> {
+        let count = device_count()?;
+        if ordinal >= count {
+            bail!("no CUDA device cuda:{ordinal} (this machine has {count})");
+        }
+        if !nvrtc_present() {
+            bail!("libnvrtc not found: the kernels are compiled at load time and need NVRTC (install the CUDA toolkit, or `pip install nvidia-cuda-nvrtc-cu12` and add its lib/ directory to LD_LIBRARY_PATH)");
+        }
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| anyhow::anyhow!("cannot open cuda:{ordinal}: {e}"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: {e}"))?;
+        if major < 7 {
+            bail!("cuda:{ordinal} has compute capability {major}.{minor}; these kernels need 7.0 or newer");
+        }
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        // PTX for the device's own virtual architecture: the driver compiles it to machine code
+        // once at load.
+        let arch = format!("compute_{major}{minor}");
+        let load = |k: &kernels::KernelSource| -> Result<Vec<CudaFunction>> {
+            let ptx = compile_kernel(k, &arch)?;
+            let module = ctx
+                .load_module(ptx)
+                .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: loading {}: {e}", k.file))?;
+            k.entry_points
+                .iter()
+                .map(|name| {
+                    module
+                        .load_function(name)
+                        .map_err(|e| anyhow::anyhow!("{}: {name}: {e}", k.file))
+                })
+                .collect()
+        };
+        let mut loaded = Vec::new();
+        for k in kernels::ALL {
+            let functions = load(&k).with_context(|| format!("cuda:{ordinal}"))?;
+            loaded.extend(k.entry_points.iter().copied().zip(functions));
+        }
+        let mut take = |name: &str| -> Result<CudaFunction> {
+            let i = loaded.iter().position(|(n, _)| *n == name);
+            Ok(loaded
+                .swap_remove(i.with_context(|| format!("no kernel {name}"))?)
+                .1)
+        };
+        let functions = Functions {
+            rmsnorm_f32: take("rmsnorm_f32")?,
+            matmul_q8: take("matmul_q8")?,
+            matmul_bf16: take("matmul_bf16")?,
+            matmul_f32: take("matmul_f32")?,
+            embed_q8: take("embed_q8")?,
+            embed_bf16: take("embed_bf16")?,
+            embed_f32: take("embed_f32")?,
+            rope: take("rope")?,
+            attention: take("attention")?,
+            silu_mul: take("silu_mul")?,
+            add_assign: take("add_assign")?,
+        };
+        Ok(CudaRuntime {
+            stream: ctx.default_stream(),
+            functions,
+            description: format!("{name} (compute {major}.{minor})"),
+        })
+    }
+}

@@ -1,0 +1,99 @@
+//! The model's weights on the device: the whole model file uploaded in one copy, and each tensor
+//! as a byte range of that one allocation.
+//!
+//! The model file puts every tensor (and every q8 scale array) on a 64-byte boundary, and device
+//! allocations are at least 256-byte aligned, so every range below is aligned for the kernels'
+//! 16-byte loads without any repacking.
+
+use crate::kernels::check_matmul_shape;
+use anyhow::{bail, Context, Result};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use qwen3_inference::format::{align_up, DType, ModelFile};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// Where one tensor's values (and, for q8, scales) sit in the uploaded file.
+#[derive(Debug, Clone)]
+pub struct DeviceTensor {
+    pub dtype: DType,
+    /// [rows, cols] for matrices, [n] for norm weights.
+    pub shape: Vec<usize>,
+    pub values: Range<usize>,
+    /// q8 only.
+    pub scales: Range<usize>,
+    pub group_size: usize,
+}
+
+impl DeviceTensor {
+    pub fn rows(&self) -> usize {
+        self.shape[0]
+    }
+    pub fn cols(&self) -> usize {
+        *self.shape.last().expect("validated shape")
+    }
+}
+
+/// The uploaded model file.
+pub struct DeviceWeights {
+    pub bytes: CudaSlice<u8>,
+    tensors: HashMap<String, DeviceTensor>,
+}
+
+impl DeviceWeights {
+    /// Uploads `file` (one host-to-device copy of the whole mapped file) and records each tensor's
+    /// byte ranges. Shapes the kernels cannot take are refused here, before any launch.
+    pub fn upload(stream: &Arc<CudaStream>, file: &ModelFile) -> Result<DeviceWeights> {
+        let name = file.path().display().to_string();
+        let mut tensors = HashMap::new();
+        for t in &file.header().tensors {
+            let start = usize::try_from(t.offset)?;
+            let numel = t.shape.iter().product::<u64>() as usize;
+            let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+            let cols = *shape.last().context("empty shape")?;
+            if start % 64 != 0 {
+                bail!("{name}: tensor {} is not 64-byte aligned", t.name);
+            }
+            let (values, scales) = match t.dtype {
+                DType::F32 => (start..start + 4 * numel, 0..0),
+                DType::Bf16 => (start..start + 2 * numel, 0..0),
+                DType::Q8 => {
+                    let at = start + align_up(numel as u64).context("overflow")? as usize;
+                    (start..start + numel, at..start + usize::try_from(t.nbytes)?)
+                }
+            };
+            if shape.len() == 2 {
+                let gs = (t.dtype == DType::Q8).then_some(t.group_size as usize);
+                check_matmul_shape(cols, gs)
+                    .map_err(|e| anyhow::anyhow!("{name}: {}: {e}", t.name))?;
+            }
+            let tensor = DeviceTensor {
+                dtype: t.dtype,
+                shape,
+                values,
+                scales,
+                group_size: t.group_size as usize,
+            };
+            tensors.insert(t.name.clone(), tensor);
+        }
+        let bytes = stream.clone_htod(file.bytes()).map_err(|e| {
+            anyhow::anyhow!(
+                "{name}: uploading {} bytes to the GPU: {e}",
+                file.bytes().len()
+            )
+        })?;
+        Ok(DeviceWeights { bytes, tensors })
+    }
+
+    pub fn tensor(&self, name: &str) -> Result<DeviceTensor> {
+        self.tensors
+            .get(name)
+            .cloned()
+            .with_context(|| format!("tensor {name} not in the model file"))
+    }
+
+    /// A view of a byte range of the upload (a tensor's values or scales).
+    pub fn view(&self, range: &Range<usize>) -> CudaView<'_, u8> {
+        self.bytes.slice(range.clone())
+    }
+}

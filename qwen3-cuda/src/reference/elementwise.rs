@@ -1,0 +1,43 @@
+//! Reference of `kernels/elementwise.cu`.
+
+/// `out[i] = silu(gate[i]) * up[i]`, `silu(g) = g / (1 + exp(-g))`.
+pub fn silu_mul(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = (g / (1.0 + (-g).exp())) * u;
+    }
+}
+
+/// `x[i] += y[i]` (the residual connection).
+pub fn add_assign(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn silu_mul_matches_f64() {
+        let gate = [-20.0f32, -1.5, 0.0, 0.25, 3.0, 30.0];
+        let up = [0.5f32, -2.0, 7.0, 1.0, -0.75, 2.0];
+        let mut out = [0.0f32; 6];
+        silu_mul(&mut out, &gate, &up);
+        for i in 0..6 {
+            let g = gate[i] as f64;
+            let want = g / (1.0 + (-g).exp()) * up[i] as f64;
+            assert!(
+                (out[i] as f64 - want).abs() <= 1e-6 * want.abs().max(1e-6),
+                "{i}"
+            );
+        }
+    }
+
+    #[test]
+    fn add_assign_adds() {
+        let mut x = [1.0f32, 2.0];
+        add_assign(&mut x, &[0.5, -2.0]);
+        assert_eq!(x, [1.5, 0.0]);
+    }
+}

@@ -1,0 +1,108 @@
+//! Every kernel compiles with NVRTC for every architecture the runtime supports, with no GPU.
+//!
+//! Needs libnvrtc on the dynamic loader's path (e.g. the `nvidia-cuda-nvrtc-cu12` wheel's lib/
+//! directory on LD_LIBRARY_PATH; scripts/check_kernels.sh sets that up). Without it the test says
+//! so and passes, unless QWEN3_REQUIRE_NVRTC is set (as the script does), when it fails.
+//! With QWEN3_PTX_DIR set, the PTX is written there as `<file>.<arch>.ptx` for ptxas to check.
+#![cfg(feature = "cuda")]
+
+use qwen3_cuda::cuda::{compile_kernel, nvrtc_present, nvrtc_version};
+use qwen3_cuda::kernels::{KernelSource, ALL};
+
+/// Volta (7.0), Turing (7.5), Ampere (8.0, 8.6), Ada (8.9), Hopper (9.0).
+const ARCHS: [&str; 6] = [
+    "compute_70",
+    "compute_75",
+    "compute_80",
+    "compute_86",
+    "compute_89",
+    "compute_90",
+];
+
+fn nvrtc_or_skip() -> bool {
+    if nvrtc_present() {
+        return true;
+    }
+    if std::env::var_os("QWEN3_REQUIRE_NVRTC").is_some() {
+        panic!(
+            "QWEN3_REQUIRE_NVRTC is set but libnvrtc could not be loaded (check LD_LIBRARY_PATH)"
+        );
+    }
+    eprintln!("no NVRTC found (libnvrtc.so not loadable): skipping; run scripts/check_kernels.sh");
+    false
+}
+
+#[test]
+fn every_kernel_compiles_for_every_arch() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let (major, minor) = nvrtc_version().unwrap();
+    eprintln!("NVRTC {major}.{minor}");
+    let out_dir = std::env::var_os("QWEN3_PTX_DIR").map(std::path::PathBuf::from);
+    for k in ALL {
+        for arch in ARCHS {
+            let t = std::time::Instant::now();
+            let ptx = compile_kernel(&k, arch)
+                .unwrap_or_else(|e| panic!("{e:#}"))
+                .to_src();
+            eprintln!(
+                "{} {arch}: {} bytes of PTX in {:?}",
+                k.file,
+                ptx.len(),
+                t.elapsed()
+            );
+            for name in k.entry_points {
+                assert!(
+                    ptx.contains(&format!(".entry {name}(")),
+                    "{}: no .entry {name} in PTX",
+                    k.file
+                );
+            }
+            if let Some(dir) = &out_dir {
+                std::fs::write(dir.join(format!("{}.{arch}.ptx", k.file)), &ptx).unwrap();
+            }
+        }
+    }
+}
+
+/// The check can fail: a kernel with an error is reported with NVRTC's log naming the file.
+#[test]
+fn a_broken_kernel_fails_with_the_log() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let broken = KernelSource {
+        file: "broken.cu",
+        source: "extern \"C\" __global__ void broken(float* x) { x[0] = undefined_name; }",
+        entry_points: &["broken"],
+    };
+    let err = compile_kernel(&broken, "compute_80")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("broken.cu") && err.contains("undefined_name"),
+        "{err}"
+    );
+}
+
+/// `--fmad=false` is in force: a product and a sum written separately (RoPE's `a*c - b*s`) stay
+/// separate instructions, as the CPU reference computes them, while an explicit `fmaf` (matmul)
+/// is one fused instruction.
+#[test]
+fn no_implicit_fma_in_rope() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let ptx = compile_kernel(&qwen3_cuda::kernels::ROPE, "compute_80")
+        .unwrap()
+        .to_src();
+    assert!(
+        !ptx.contains("fma.rn.f32"),
+        "RoPE must not be contracted to fma:\n{ptx}"
+    );
+    assert!(
+        ptx.contains("mul.rn.f32") || ptx.contains("mul.f32"),
+        "{ptx}"
+    );
+}
