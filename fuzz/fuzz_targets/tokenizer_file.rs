@@ -1,6 +1,6 @@
-//! `cargo +nightly fuzz run tokenizer_file`: the tokenizer file reader on arbitrary bytes (seed
-//! the corpus with a real file, e.g. `cp models/qwen3-0.6b.tokenizer.bin fuzz/corpus/tokenizer_file/`).
-//! Whatever loads must encode and decode without panicking.
+//! `cargo +nightly fuzz run tokenizer_file`: the tokenizer file reader on arbitrary bytes. Seed
+//! the corpus with a small real file (the exported tokenizer of a tiny test checkpoint, ~9 KB,
+//! in fuzz/corpus/tokenizer_file/). Whatever loads must encode and decode without panicking.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
