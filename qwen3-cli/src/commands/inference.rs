@@ -5,8 +5,10 @@
 //! gets ids back, one space-separated stream, which needs no tokenizer. `--chat` wraps the prompt
 //! in the model's chat template as one user turn. `-m chat` is the terminal chat (chat.rs).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
+use qwen3_cuda::device::check_available;
+use qwen3_cuda::Device;
 use qwen3_inference::chat::{ChatTemplate, Conversation};
 use qwen3_inference::format::{companion_paths, ModelConfig, ModelFile};
 use qwen3_inference::generate::{generate, StopReason};
@@ -83,6 +85,10 @@ pub struct InferenceArgs {
     /// Print model details, KV cache size and sampler settings to stderr.
     #[arg(long)]
     pub verbose: bool,
+    /// Where to run: cpu, cuda (device 0) or cuda:N. CUDA needs a build with `--features cuda`
+    /// and an NVIDIA driver; see docs/cuda.md.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
     /// Generate mode: wrap the prompt in the model's chat template as one user turn.
     #[arg(long)]
     pub chat: bool,
@@ -103,6 +109,12 @@ pub struct InferenceArgs {
 }
 
 pub fn run(args: InferenceArgs) -> Result<()> {
+    let device: Device = args.device.parse().map_err(|e: String| anyhow!(e))?;
+    // Before anything is loaded: a build without CUDA, a missing driver or device, is one line.
+    check_available(device).map_err(|e| anyhow!(e))?;
+    if args.mode == Mode::Chat && device != Device::Cpu {
+        bail!("-m chat runs on the CPU only for now; use -m generate with --device {device}");
+    }
     if args.mode == Mode::Chat {
         if args.input.is_some() || args.prompt_ids.is_some() || args.chat {
             bail!("-m chat reads the user's messages from stdin; -i, --prompt-ids and --chat are for -m generate");
@@ -116,8 +128,7 @@ pub fn run(args: InferenceArgs) -> Result<()> {
         bail!("-y/--system and --thinking need --chat (or -m chat)");
     }
     let file = ModelFile::open(&args.model)?;
-    let model = Model::load(&file)?;
-    let c = model.config;
+    let c = file.config();
 
     // Text in, text out (with the model's tokenizer file); ids in, ids out.
     let tokenizer = match &args.input {
@@ -151,6 +162,19 @@ pub fn run(args: InferenceArgs) -> Result<()> {
     }
     let mut sampler = sampler_from_args(&args, c)?;
 
+    if let Device::Cuda(ordinal) = device {
+        return cuda::generate(
+            &args,
+            &file,
+            ordinal,
+            &prompt,
+            &eos_ids,
+            &mut sampler,
+            tokenizer.as_ref(),
+            context_len,
+        );
+    }
+    let model = Model::load(&file)?;
     let mut session = Session::new(&model, context_len)?;
     if args.verbose {
         eprintln!(
@@ -300,4 +324,90 @@ fn clock_seed() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
+}
+
+/// `-m generate --device cuda:N`: the same prompt, sampler and stop rules as the CPU path, with
+/// the forward pass of qwen3-cuda on the GPU. (Not run here: no GPU on our machines; see
+/// docs/cuda.md for what is proven without one.)
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use qwen3_cuda::cuda::CudaBackend;
+    use qwen3_cuda::forward;
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate(
+        args: &InferenceArgs,
+        file: &ModelFile,
+        ordinal: usize,
+        prompt: &[u32],
+        eos_ids: &[u32],
+        sampler: &mut Sampler,
+        tokenizer: Option<&Tokenizer>,
+        context_len: usize,
+    ) -> Result<()> {
+        let gpu = CudaBackend::load(ordinal, file)?;
+        let weights = forward::Weights::load(file.config(), |name| gpu.weights.tensor(name))?;
+        let mut session = forward::Session::new(&gpu, &weights, file.config(), context_len, 64)?;
+        let start = std::time::Instant::now();
+        let mut logits = session.forward(prompt)?;
+        let prefill = start.elapsed();
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        let mut decoder = tokenizer.map(StreamDecoder::new);
+        let mut generated: Vec<u32> = Vec::new();
+        let decode_start = std::time::Instant::now();
+        let why = loop {
+            if generated.len() >= args.max_tokens {
+                break format!("reached -n {}", args.max_tokens);
+            }
+            let id = sampler.sample(&logits, prompt, &generated);
+            generated.push(id);
+            match decoder.as_mut() {
+                Some(d) => write!(out, "{}", d.push(id))?,
+                None => write!(out, "{id} ")?,
+            }
+            out.flush()?;
+            if eos_ids.contains(&id) {
+                break format!("end-of-sequence token {id}");
+            }
+            if session.position() >= context_len {
+                break format!("context full ({context_len} positions; raise -c)");
+            }
+            logits = session.forward(&[id])?;
+        };
+        if let Some(d) = decoder.as_mut() {
+            write!(out, "{}", d.finish())?;
+        }
+        writeln!(out)?;
+        eprintln!("[stopped: {why}]");
+        eprintln!(
+            "device cuda:{ordinal}: prompt tokens {}, generated tokens {}, prefill {:.1} tok/s, decode {:.1} tok/s",
+            prompt.len(),
+            generated.len(),
+            prompt.len() as f64 / prefill.as_secs_f64(),
+            generated.len() as f64 / decode_start.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+}
+
+/// Without the `cuda` feature `check_available` has already refused any CUDA device.
+#[cfg(not(feature = "cuda"))]
+mod cuda {
+    use super::*;
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate(
+        _args: &InferenceArgs,
+        _file: &ModelFile,
+        _ordinal: usize,
+        _prompt: &[u32],
+        _eos_ids: &[u32],
+        _sampler: &mut Sampler,
+        _tokenizer: Option<&Tokenizer>,
+        _context_len: usize,
+    ) -> Result<()> {
+        bail!("{}", qwen3_cuda::device::cuda_support().unwrap_err())
+    }
 }
