@@ -8,7 +8,10 @@ fn run(args: &[&str]) -> (Option<i32>, String) {
         .args(args)
         .output()
         .unwrap();
-    (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 #[test]
