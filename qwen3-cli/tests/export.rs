@@ -356,6 +356,20 @@ fn info_on_damaged_files() {
         (good[..5].to_vec(), "shorter than its magic"),
         (vec![], "shorter than its magic"),
     ];
+    // The directory's first entry (model.embed_tokens.weight) pointing past the end of the file:
+    // find its (offset, nbytes) pair in the header and move the offset out.
+    let h = qwen3_inference::format::reader::Header::parse(&good).unwrap();
+    let t = &h.tensors[0];
+    let needle: Vec<u8> = [t.offset.to_le_bytes(), t.nbytes.to_le_bytes()].concat();
+    let at = good
+        .windows(16)
+        .position(|w| w == needle.as_slice())
+        .unwrap();
+    let mut outside = good.clone();
+    outside[at..at + 8]
+        .copy_from_slice(&((good.len() as u64).div_ceil(64) * 64 + 4096).to_le_bytes());
+    let mut cases = cases;
+    cases.push((outside, "outside the data section"));
     for (bytes, want) in cases {
         std::fs::write(&bad, &bytes).unwrap();
         let err = fails(&["info", path]);
