@@ -165,14 +165,17 @@ impl Sampler {
             self.last_kept = 1;
             return argmax(logits) as u32;
         }
-        self.work.clear();
-        self.work.extend_from_slice(logits);
-        if self.marks.len() != vocab {
-            self.marks = vec![0; vocab];
-            self.stamp = 0;
+        // 1. Penalties, once per distinct token id, on a copy of the logits (only when a penalty
+        //    is set: otherwise the logits are read in place).
+        let penalized = rp != 1.0 || pp != 0.0;
+        if penalized {
+            self.work.clear();
+            self.work.extend_from_slice(logits);
+            if self.marks.len() != vocab {
+                self.marks = vec![0; vocab];
+                self.stamp = 0;
+            }
         }
-
-        // 1. Penalties, once per distinct token id.
         if rp != 1.0 {
             let stamp = self.next_stamp();
             for &t in context {
@@ -195,18 +198,18 @@ impl Sampler {
             }
         }
 
+        let src: &[f32] = if penalized { &self.work } else { logits };
+
         // 2. Greedy: the first index of the largest logit (torch.argmax's tie rule).
         if self.cfg.is_greedy() {
             self.last_kept = 1;
-            return argmax(&self.work) as u32;
+            return argmax(src) as u32;
         }
 
-        // 3. Temperature: p ~ exp(l / T). Below 1 sharpens, above 1 flattens.
+        // 3. Temperature: p ~ exp(l / T). Below 1 sharpens, above 1 flattens. It is applied
+        //    inside the filter, to the candidates only: dividing by T > 0 keeps the order.
         let inv_t = 1.0 / self.cfg.temperature;
-        for l in &mut self.work {
-            *l *= inv_t;
-        }
-        let max = self.filter();
+        let max = filter(&self.cfg, src, inv_t, &mut self.candidates);
         self.last_kept = self.candidates.len();
 
         // 4. Draw from the kept candidates in proportion to exp(l - max).
@@ -234,104 +237,109 @@ impl Sampler {
         }
         self.stamp
     }
+}
 
-    /// Leaves in `candidates` the tokens top-k, top-p and min-p keep, and returns the largest
-    /// logit (the argmax is always kept). Each filter keeps a prefix of the tokens sorted by
-    /// probability, so the result is the shortest of the three prefixes; only that prefix is ever
-    /// sorted, never the whole vocabulary.
-    fn filter(&mut self) -> f32 {
-        let (top_k, top_p, min_p) = (self.cfg.top_k, self.cfg.top_p as f64, self.cfg.min_p);
-        let max = self.work.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-        let desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-        let weight = |l: f32| ((l - max) as f64).exp();
+/// Leaves in `candidates` the tokens top-k, top-p and min-p keep, and returns the largest scaled
+/// logit (the argmax is always kept). Each filter keeps a prefix of the tokens sorted by
+/// probability, so the result is the shortest of the three prefixes; only that prefix is ever
+/// sorted, never the whole vocabulary. Works on `src * inv_t` (the temperature applied) without
+/// writing it out.
+fn filter(cfg: &SamplerConfig, src: &[f32], inv_t: f32, candidates: &mut Vec<(f32, u32)>) -> f32 {
+    let (top_k, top_p, min_p) = (cfg.top_k, cfg.top_p as f64, cfg.min_p);
+    // Scaled logit of token i: src[i] * inv_t, computed where a candidate is kept.
+    let max = src.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) * inv_t;
+    let desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+    let weight = |l: f32| ((l - max) as f64).exp();
 
-        // top-k: the k largest logits, sorted. One pass that keeps the best k seen so far in a
-        // small sorted array: after the first few hundred tokens almost every logit fails the
-        // single comparison with the k-th best, so this costs about one compare per token.
-        self.candidates.clear();
-        let mut sorted = false;
-        if top_k > 0 && top_k < self.work.len() {
-            for (i, &l) in self.work.iter().enumerate() {
-                let c = &mut self.candidates;
-                if c.len() == top_k {
-                    if l <= c[top_k - 1].0 {
-                        continue;
-                    }
-                    c.pop();
+    // top-k: the k largest logits, sorted. One pass that keeps the best k seen so far in a
+    // small sorted array: after the first few hundred tokens almost every logit fails the
+    // single comparison with the k-th best, so this costs about one compare per token.
+    candidates.clear();
+    let mut sorted = false;
+    if top_k > 0 && top_k < src.len() {
+        for (i, &raw) in src.iter().enumerate() {
+            let l = raw * inv_t;
+            let c = &mut *candidates;
+            if c.len() == top_k {
+                if l <= c[top_k - 1].0 {
+                    continue;
                 }
-                let at = c.partition_point(|&(v, _)| v >= l);
-                c.insert(at, (l, i as u32));
+                c.pop();
             }
-            sorted = true;
-        } else if top_p < 1.0 || min_p > 0.0 {
-            // Top-p or min-p will cut the tail; tokens more than NEGLIGIBLE below the maximum
-            // cannot matter to either (see the constant), so they are not even collected.
-            let floor = max - NEGLIGIBLE;
-            self.candidates.extend(
-                self.work
-                    .iter()
-                    .enumerate()
-                    .filter(|&(_, &l)| l >= floor)
-                    .map(|(i, &l)| (l, i as u32)),
-            );
-        } else {
-            self.candidates
-                .extend(self.work.iter().enumerate().map(|(i, &l)| (l, i as u32)));
+            let at = c.partition_point(|&(v, _)| v >= l);
+            c.insert(at, (l, i as u32));
         }
-
-        // top-p is measured against the distribution top-k left (HF renormalises after top-k).
-        let z: f64 = if top_p < 1.0 {
-            self.candidates.iter().map(|&(l, _)| weight(l)).sum()
-        } else {
-            0.0
-        };
-
-        // min-p: p_i >= min_p * p_max  <=>  l_i >= l_max + ln(min_p). Dropping these first is
-        // safe: min-p would drop them after top-p anyway, and top-p's cut only depends on the
-        // mass of tokens above it, which min-p never removes.
-        if min_p > 0.0 {
-            let floor = max + min_p.ln();
-            self.candidates.retain(|&(l, _)| l >= floor);
-        }
-
-        // top-p: sort only a growing prefix (64, 256, ...) until its mass reaches top_p * z.
-        // The nucleus is usually a few dozen tokens, so this is one partial selection.
-        if top_p < 1.0 {
-            let target = top_p * z;
-            let mut m = 64;
-            loop {
-                let n = self.candidates.len();
-                let prefix = m.min(n);
-                if !sorted {
-                    if m < n {
-                        self.candidates.select_nth_unstable_by(m - 1, desc);
-                    }
-                    self.candidates[..prefix].sort_unstable_by(desc);
-                }
-                // Keep token i while the mass of the tokens before it is below the target (HF
-                // keeps the token that crosses top_p): the smallest set reaching top_p.
-                let mut mass = 0.0;
-                let mut keep = None;
-                for (i, &(l, _)) in self.candidates[..prefix].iter().enumerate() {
-                    if mass >= target {
-                        keep = Some(i);
-                        break;
-                    }
-                    mass += weight(l);
-                }
-                if let Some(k) = keep {
-                    self.candidates.truncate(k.max(1));
-                    return max;
-                }
-                if prefix == n {
-                    return max; // every candidate is needed to reach top_p
-                }
-                m *= 4;
-            }
-        }
-        // No top-p: the draw does not need the candidates in order.
-        max
+        sorted = true;
+    } else if top_p < 1.0 || min_p > 0.0 {
+        // Top-p or min-p will cut the tail; tokens more than NEGLIGIBLE below the maximum
+        // cannot matter to either (see the constant), so they are not even collected.
+        let floor = max - NEGLIGIBLE;
+        candidates.extend(
+            src.iter()
+                .enumerate()
+                .map(|(i, &raw)| (raw * inv_t, i as u32))
+                .filter(|&(l, _)| l >= floor),
+        );
+    } else {
+        candidates.extend(
+            src.iter()
+                .enumerate()
+                .map(|(i, &raw)| (raw * inv_t, i as u32)),
+        );
     }
+
+    // top-p is measured against the distribution top-k left (HF renormalises after top-k).
+    let z: f64 = if top_p < 1.0 {
+        candidates.iter().map(|&(l, _)| weight(l)).sum()
+    } else {
+        0.0
+    };
+
+    // min-p: p_i >= min_p * p_max  <=>  l_i >= l_max + ln(min_p). Dropping these first is
+    // safe: min-p would drop them after top-p anyway, and top-p's cut only depends on the
+    // mass of tokens above it, which min-p never removes.
+    if min_p > 0.0 {
+        let floor = max + min_p.ln();
+        candidates.retain(|&(l, _)| l >= floor);
+    }
+
+    // top-p: sort only a growing prefix (64, 256, ...) until its mass reaches top_p * z.
+    // The nucleus is usually a few dozen tokens, so this is one partial selection.
+    if top_p < 1.0 {
+        let target = top_p * z;
+        let mut m = 64;
+        loop {
+            let n = candidates.len();
+            let prefix = m.min(n);
+            if !sorted {
+                if m < n {
+                    candidates.select_nth_unstable_by(m - 1, desc);
+                }
+                candidates[..prefix].sort_unstable_by(desc);
+            }
+            // Keep token i while the mass of the tokens before it is below the target (HF
+            // keeps the token that crosses top_p): the smallest set reaching top_p.
+            let mut mass = 0.0;
+            let mut keep = None;
+            for (i, &(l, _)) in candidates[..prefix].iter().enumerate() {
+                if mass >= target {
+                    keep = Some(i);
+                    break;
+                }
+                mass += weight(l);
+            }
+            if let Some(k) = keep {
+                candidates.truncate(k.max(1));
+                return max;
+            }
+            if prefix == n {
+                return max; // every candidate is needed to reach top_p
+            }
+            m *= 4;
+        }
+    }
+    // No top-p: the draw does not need the candidates in order.
+    max
 }
 
 /// Index of the largest value; the first one on ties. NaN is never the maximum (an all-NaN or
@@ -441,8 +449,7 @@ mod tests {
             let inside: std::collections::HashSet<usize> =
                 order[..nucleus].iter().copied().collect();
             let mut s = Sampler::new(cfg(1.0, 0, p, 0.0, 5)).unwrap();
-            s.work = l.clone();
-            s.filter();
+            filter(&s.cfg, &l, 1.0, &mut s.candidates);
             assert_eq!(s.candidates.len(), nucleus, "n {n} p {p}");
             let mut seen = std::collections::HashSet::new();
             for _ in 0..4000 {
