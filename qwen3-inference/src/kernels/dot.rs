@@ -319,40 +319,55 @@ mod x86 {
             return dot_q8_avx2(w, ws, x, xs, gs);
         }
         let groups = ws.len().min(xs.len()).min(w.len() / gs).min(x.len() / gs);
-        let group = |g: usize| group_q8_avx512(&w[g * gs..(g + 1) * gs], &x[g * gs..(g + 1) * gs]);
-        // Four accumulators, so consecutive groups' multiply-adds do not wait on each other
-        // (one chain would be bound by the FMA latency, about 4 cycles a group).
-        let mut acc = [_mm512_setzero_ps(); 4];
+        let (wp, xp) = (w.as_ptr(), x.as_ptr());
+        // Two accumulators, alternating between groups, so consecutive groups' multiply-adds do
+        // not wait on each other (one chain is bound by the FMA latency, about 4 cycles a group).
+        let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         let mut g = 0;
-        while g + 4 <= groups {
-            for (j, a) in acc.iter_mut().enumerate() {
-                let scale = _mm512_set1_ps(ws[g + j] * xs[g + j]);
-                *a = _mm512_fmadd_ps(group(g + j), scale, *a);
-            }
-            g += 4;
+        // SAFETY: group_at(g) reads w and x at [g*gs, (g+1)*gs) and ws[g], xs[g], for
+        // g < groups, and `groups` is at most each slice's length in groups.
+        while g + 2 <= groups {
+            acc0 = _mm512_fmadd_ps(
+                group_q8_avx512(wp, xp, g * gs, gs),
+                scale_at(ws, xs, g),
+                acc0,
+            );
+            let h = g + 1;
+            acc1 = _mm512_fmadd_ps(
+                group_q8_avx512(wp, xp, h * gs, gs),
+                scale_at(ws, xs, h),
+                acc1,
+            );
+            g += 2;
         }
-        while g < groups {
-            acc[0] = _mm512_fmadd_ps(group(g), _mm512_set1_ps(ws[g] * xs[g]), acc[0]);
-            g += 1;
+        if g < groups {
+            acc0 = _mm512_fmadd_ps(
+                group_q8_avx512(wp, xp, g * gs, gs),
+                scale_at(ws, xs, g),
+                acc0,
+            );
         }
-        _mm512_reduce_add_ps(_mm512_add_ps(
-            _mm512_add_ps(acc[0], acc[1]),
-            _mm512_add_ps(acc[2], acc[3]),
-        ))
+        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
     }
 
-    /// `sum(w[i] * x[i])` of one group (a multiple of 64 values), as 16 f32 partial sums.
+    /// `ws[g] * xs[g]` in every lane. Caller guarantees `g` is in bounds of both.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn scale_at(ws: &[f32], xs: &[f32], g: usize) -> __m512 {
+        _mm512_set1_ps(*ws.get_unchecked(g) * *xs.get_unchecked(g))
+    }
+
+    /// `sum(w[i] * x[i])` over the `n` values (a multiple of 64) at `w + at` and `x + at`, as 16
+    /// f32 partial sums. Caller guarantees both ranges are in bounds.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn group_q8_avx512(w: &[i8], x: &[i8]) -> __m512 {
+    unsafe fn group_q8_avx512(w: *const i8, x: *const i8, at: usize, n: usize) -> __m512 {
         let zero = _mm512_setzero_si512();
         let mut isum = _mm512_setzero_si512();
-        let n = w.len().min(x.len());
-        let mut k = 0;
-        // SAFETY: reads [k, k+64) of w and x with k + 64 <= n.
-        while k + 64 <= n {
-            let wv = _mm512_loadu_si512(w.as_ptr().add(k) as *const __m512i);
-            let xv = _mm512_loadu_si512(x.as_ptr().add(k) as *const __m512i);
+        let mut k = at;
+        while k < at + n {
+            let wv = _mm512_loadu_si512(w.add(k) as *const __m512i);
+            let xv = _mm512_loadu_si512(x.add(k) as *const __m512i);
             // vpdpbusd multiplies unsigned by signed bytes: use |w| and negate x where w < 0.
             // Quantized values lie in [-127, 127], so negation never overflows.
             let neg = _mm512_movepi8_mask(wv);
