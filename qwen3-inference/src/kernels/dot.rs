@@ -23,6 +23,10 @@ pub type DotQ8 = fn(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], group_size: usiz
 /// `sum_g ws[g] * sum_{i in g} w[i] * x[i]`: int8 weights with per-group scales against f32
 /// activations (W8A32), exactly the dequantized weights' product up to f32 rounding.
 pub type DotQ8F32 = fn(w: &[i8], ws: &[f32], x: &[f32], group_size: usize) -> f32;
+/// [`DotQ8`] of one weight row against four activation rows at once (prefill): the weight bytes
+/// are loaded, and their signs handled, once for the four products.
+pub type DotQ8x4 =
+    fn(w: &[i8], ws: &[f32], x: [&[i8]; 4], xs: [&[f32]; 4], group_size: usize) -> [f32; 4];
 /// Quantizes `x` per group into `q` and `scales` (same rule as [`crate::quant::quantize_q8`]).
 pub type QuantizeQ8 = fn(x: &[f32], group_size: usize, q: &mut [i8], scales: &mut [f32]);
 
@@ -32,6 +36,7 @@ pub struct Dots {
     pub f32: DotF32,
     pub bf16: DotBf16,
     pub q8: DotQ8,
+    pub q8x4: DotQ8x4,
     pub q8_f32: DotQ8F32,
     pub quantize_q8: QuantizeQ8,
     /// Which instruction set was picked, for `--verbose` and the bench report.
@@ -43,6 +48,7 @@ pub const SCALAR: Dots = Dots {
     f32: dot_f32_scalar,
     bf16: dot_bf16_scalar,
     q8: dot_q8_scalar,
+    q8x4: dot_q8x4_scalar,
     q8_f32: dot_q8_f32_scalar,
     quantize_q8: crate::quant::quantize_q8,
     isa: "scalar",
@@ -105,6 +111,16 @@ pub fn dot_q8_scalar(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], gs: usize) -> f
     sum
 }
 
+pub fn dot_q8x4_scalar(
+    w: &[i8],
+    ws: &[f32],
+    x: [&[i8]; 4],
+    xs: [&[f32]; 4],
+    gs: usize,
+) -> [f32; 4] {
+    [0, 1, 2, 3].map(|j| dot_q8_scalar(w, ws, x[j], xs[j], gs))
+}
+
 pub fn dot_q8_f32_scalar(w: &[i8], ws: &[f32], x: &[f32], gs: usize) -> f32 {
     let mut sum = 0.0f32;
     for (g, (wg, xg)) in w.chunks_exact(gs).zip(x.chunks_exact(gs)).enumerate() {
@@ -138,6 +154,9 @@ mod x86 {
         f32: |a, b| unsafe { dot_f32_avx2(a, b) },
         bf16: |w, x| unsafe { dot_bf16_avx2(w, x) },
         q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2(w, ws, x, xs, gs) },
+        q8x4: |w, ws, x, xs, gs| {
+            [0, 1, 2, 3].map(|j| unsafe { dot_q8_avx2(w, ws, x[j], xs[j], gs) })
+        },
         q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx2(w, ws, x, gs) },
         quantize_q8: crate::quant::quantize_q8,
         isa: "avx2",
@@ -149,6 +168,7 @@ mod x86 {
         f32: |a, b| unsafe { dot_f32_avx512(a, b) },
         bf16: |w, x| unsafe { dot_bf16_avx512(w, x) },
         q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx512(w, ws, x, xs, gs) },
+        q8x4: |w, ws, x, xs, gs| unsafe { dot_q8x4_avx512(w, ws, x, xs, gs) },
         q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
         quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
         isa: "avx512-vnni",
@@ -350,6 +370,51 @@ mod x86 {
         _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
     }
 
+    /// Four activation rows against one weight row; groups of a multiple of 64 values (others
+    /// take four single products).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+    unsafe fn dot_q8x4_avx512(
+        w: &[i8],
+        ws: &[f32],
+        x: [&[i8]; 4],
+        xs: [&[f32]; 4],
+        gs: usize,
+    ) -> [f32; 4] {
+        if !gs.is_multiple_of(64) {
+            return [0, 1, 2, 3].map(|j| dot_q8_avx512(w, ws, x[j], xs[j], gs));
+        }
+        let mut groups = ws.len().min(w.len() / gs);
+        for j in 0..4 {
+            groups = groups.min(xs[j].len()).min(x[j].len() / gs);
+        }
+        let zero = _mm512_setzero_si512();
+        let xp = x.map(|r| r.as_ptr());
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for g in 0..groups {
+            let mut isum = [_mm512_setzero_si512(); 4];
+            let mut k = g * gs;
+            // SAFETY: reads [k, k+64) of w and of each x[j], k + 64 <= (g+1)*gs <= every length;
+            // ws[g] and xs[j][g] are in bounds since g < groups.
+            while k < (g + 1) * gs {
+                let wv = _mm512_loadu_si512(w.as_ptr().add(k) as *const __m512i);
+                let neg = _mm512_movepi8_mask(wv);
+                let wa = _mm512_abs_epi8(wv);
+                for j in 0..4 {
+                    let xv = _mm512_loadu_si512(xp[j].add(k) as *const __m512i);
+                    let x_signed = _mm512_mask_sub_epi8(xv, neg, zero, xv);
+                    isum[j] = _mm512_dpbusd_epi32(isum[j], wa, x_signed);
+                }
+                k += 64;
+            }
+            let wsg = *ws.get_unchecked(g);
+            for j in 0..4 {
+                let scale = _mm512_set1_ps(wsg * *xs[j].get_unchecked(g));
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), scale, acc[j]);
+            }
+        }
+        acc.map(|a| _mm512_reduce_add_ps(a))
+    }
+
     /// `ws[g] * xs[g]` in every lane. Caller guarantees `g` is in bounds of both.
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -468,6 +533,19 @@ mod tests {
                         dot_q8_f32_scalar(&qa, &sa, &b, gs),
                     );
                     assert!(close(r, s, n, 6.0), "{} q8_f32 gs={gs}: {r} vs {s}", d.isa);
+                    let four = (d.q8x4)(&qa, &sa, [&qb, &qa, &qb, &qa], [&sb, &sa, &sb, &sa], gs);
+                    for (j, (xq, xs)) in [(&qb, &sb), (&qa, &sa), (&qb, &sb), (&qa, &sa)]
+                        .into_iter()
+                        .enumerate()
+                    {
+                        let s = dot_q8_scalar(&qa, &sa, xq, xs, gs);
+                        assert!(
+                            close(four[j], s, groups, 6.0 * gs as f32),
+                            "{} q8x4 gs={gs} row {j}: {} vs {s}",
+                            d.isa,
+                            four[j]
+                        );
+                    }
                     let r = (d.q8)(&qa, &sa, &qb, &sb, gs);
                     let s = dot_q8_scalar(&qa, &sa, &qb, &sb, gs);
                     assert!(

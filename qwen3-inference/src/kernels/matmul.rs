@@ -34,11 +34,15 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
     );
     let dots = dots();
     match w.data {
-        TensorData::F32(v) => for_each_output(out, rows, t, |r, i| {
-            (dots.f32)(&v[r * cols..(r + 1) * cols], &x[i * cols..(i + 1) * cols])
+        TensorData::F32(v) => for_each_output(out, rows, t, |r, outs| {
+            for (i, o) in outs.iter_mut().enumerate() {
+                *o = (dots.f32)(&v[r * cols..(r + 1) * cols], &x[i * cols..(i + 1) * cols]);
+            }
         }),
-        TensorData::Bf16(v) => for_each_output(out, rows, t, |r, i| {
-            (dots.bf16)(&v[r * cols..(r + 1) * cols], &x[i * cols..(i + 1) * cols])
+        TensorData::Bf16(v) => for_each_output(out, rows, t, |r, outs| {
+            for (i, o) in outs.iter_mut().enumerate() {
+                *o = (dots.bf16)(&v[r * cols..(r + 1) * cols], &x[i * cols..(i + 1) * cols]);
+            }
         }),
         TensorData::Q8 {
             q,
@@ -66,14 +70,29 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
                     );
                 }
                 let (xq, xs) = (&xq[..], &xs[..]);
-                for_each_output(out, rows, t, |r, i| {
-                    (dots.q8)(
+                let x_row = |i: usize| &xq[i * cols..(i + 1) * cols];
+                let s_row = |i: usize| &xs[i * per..(i + 1) * per];
+                for_each_output(out, rows, t, |r, outs| {
+                    let (w, ws) = (
                         &q[r * cols..(r + 1) * cols],
                         &scales[r * per..(r + 1) * per],
-                        &xq[i * cols..(i + 1) * cols],
-                        &xs[i * per..(i + 1) * per],
-                        gs,
-                    )
+                    );
+                    // Prefill: four tokens per pass over the weight row, then the rest one by one.
+                    let mut i = 0;
+                    while i + 4 <= outs.len() {
+                        let four = [i, i + 1, i + 2, i + 3];
+                        outs[i..i + 4].copy_from_slice(&(dots.q8x4)(
+                            w,
+                            ws,
+                            four.map(x_row),
+                            four.map(s_row),
+                            gs,
+                        ));
+                        i += 4;
+                    }
+                    for (k, o) in outs.iter_mut().enumerate().skip(i) {
+                        *o = (dots.q8)(w, ws, x_row(k), s_row(k), gs);
+                    }
                 })
             })
         }
@@ -86,8 +105,14 @@ thread_local! {
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Fills `out: [t, rows]` with `f(r, i)` for weight row `r` and token `i`, parallel over rows.
-fn for_each_output(out: &mut [f32], rows: usize, t: usize, f: impl Fn(usize, usize) -> f32 + Sync) {
+/// Fills `out: [t, rows]`, parallel over rows: `fill(r, outs)` writes weight row `r`'s product
+/// with every token, `outs[i]` for token `i`.
+fn for_each_output(
+    out: &mut [f32],
+    rows: usize,
+    t: usize,
+    fill: impl Fn(usize, &mut [f32]) + Sync,
+) {
     if t == 1 {
         // Decode: out is one row, so each task owns a contiguous slice of it and streams the
         // matching contiguous block of weight rows.
@@ -96,7 +121,7 @@ fn for_each_output(out: &mut [f32], rows: usize, t: usize, f: impl Fn(usize, usi
             .for_each(|(chunk, out)| {
                 let r0 = chunk * ROWS_PER_TASK;
                 for (j, o) in out.iter_mut().enumerate() {
-                    *o = f(r0 + j, 0);
+                    fill(r0 + j, std::slice::from_mut(o));
                 }
             });
         return;
@@ -112,9 +137,7 @@ fn for_each_output(out: &mut [f32], rows: usize, t: usize, f: impl Fn(usize, usi
         .for_each(|(chunk, block)| {
             let r0 = chunk * ROWS_PER_TASK;
             for (j, per_token) in block.chunks_mut(t).enumerate() {
-                for (i, o) in per_token.iter_mut().enumerate() {
-                    *o = f(r0 + j, i);
-                }
+                fill(r0 + j, per_token);
             }
         });
     for (r, per_token) in out_t.chunks(t).enumerate() {
@@ -191,7 +214,10 @@ mod tests {
         // q8 (W8A8): the reference multiplies the dequantized weights by the dequantized
         // activations, each activation row quantized per group exactly as the weights are.
         // Group sizes that divide `cols` (the model file guarantees this for real tensors).
-        for gs in [8, 16].into_iter().filter(|gs| (cols / gs) * gs == cols) {
+        for gs in [8, 16, 64]
+            .into_iter()
+            .filter(|gs| (cols / gs) * gs == cols)
+        {
             let mut q = vec![0i8; w.len()];
             let mut s = vec![0f32; w.len() / gs];
             quantize_q8(&w, gs, &mut q, &mut s);
@@ -226,6 +252,7 @@ mod tests {
             (1, 5, 13),
             (5, 70, 32),
             (2, 16, 80),
+            (6, 9, 128),
         ] {
             check(t, rows, cols);
         }
