@@ -274,24 +274,12 @@ fn output_in_missing_directory() {
 /// A valid model file written through the library (export needs tokenizer files this test
 /// does not have, so the model file is written directly from the checkpoint).
 fn valid_model_file(name: &str) -> PathBuf {
-    use qwen3_inference::format::writer::{ModelWriter, TensorSpec};
-    use qwen3_inference::format::{expected_tensors, DType, TensorKind};
+    use qwen3_inference::format::writer::ModelWriter;
+    use qwen3_inference::format::{tensor_specs, DType};
     let mut c = qwen3_export::hf::config::parse_config(&config()).unwrap();
     c.dtype = DType::Q8;
     c.group_size = 32;
-    let specs: Vec<TensorSpec> = expected_tensors(&c)
-        .into_iter()
-        .map(|e| TensorSpec {
-            name: e.name,
-            dtype: if e.kind == TensorKind::Norm {
-                DType::F32
-            } else {
-                DType::Q8
-            },
-            group_size: if e.kind == TensorKind::Norm { 0 } else { 32 },
-            shape: e.shape,
-        })
-        .collect();
+    let specs = tensor_specs(&c);
     let path = tempdir(name).join("m.bin");
     let mut w = ModelWriter::create(&path, &c, specs.clone()).unwrap();
     for s in &specs {

@@ -2,10 +2,8 @@
 //! file: output format, stop reasons, determinism, and bad input (non-zero exit, one-line error,
 //! no panic). Exactness against HuggingFace is in parity.rs.
 
-use qwen3_inference::format::writer::{ModelWriter, TensorSpec};
-use qwen3_inference::format::{
-    expected_tensors, DType, GenerationDefaults, ModelConfig, ModelFile, TensorKind,
-};
+use qwen3_inference::format::writer::ModelWriter;
+use qwen3_inference::format::{tensor_specs, DType, GenerationDefaults, ModelConfig, ModelFile};
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::sampler::argmax;
 use std::path::{Path, PathBuf};
@@ -44,21 +42,7 @@ fn write_model(path: &Path) {
         dtype: DType::Q8,
         group_size: 16,
     };
-    let specs: Vec<TensorSpec> = expected_tensors(&c)
-        .into_iter()
-        .map(|e| {
-            let (dtype, group_size) = match e.kind {
-                TensorKind::Norm => (DType::F32, 0),
-                TensorKind::Matrix => (DType::Q8, 16),
-            };
-            TensorSpec {
-                name: e.name,
-                dtype,
-                shape: e.shape,
-                group_size,
-            }
-        })
-        .collect();
+    let specs = tensor_specs(&c);
     let mut w = ModelWriter::create(path, &c, specs.clone()).unwrap();
     let mut seed = 5u64;
     for s in &specs {

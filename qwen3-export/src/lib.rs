@@ -13,8 +13,10 @@ pub mod hf;
 
 use anyhow::{bail, Context, Result};
 use hf::checkpoint::{to_bf16_bits, to_f32, Checkpoint};
-use qwen3_inference::format::writer::{ModelWriter, TensorSpec};
-use qwen3_inference::format::{companion_paths, expected_tensors, DType, ModelConfig, TensorKind};
+use qwen3_inference::format::writer::ModelWriter;
+use qwen3_inference::format::{
+    companion_paths, expected_tensors, tensor_specs, DType, ModelConfig, TensorKind,
+};
 use qwen3_inference::quant::quantize_q8;
 use std::path::{Path, PathBuf};
 
@@ -168,7 +170,7 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
             hf::tokenizer_json::export_tokenizer(hf_dir, &tmp_tok, config.vocab_size)?;
         let template_note = hf::chat_template::export_chat_template(hf_dir, &tmp_tpl)?;
         // 4. The model file.
-        let model_bytes = write_model(&ckpt, &config, &expected, out, opts.progress)?;
+        let model_bytes = write_model(&ckpt, &config, out, opts.progress)?;
         Ok((tokenizer_note, template_note, model_bytes))
     })();
     let (tokenizer_note, template_note, model_bytes) = match result {
@@ -209,28 +211,8 @@ fn temp_sibling(path: &Path) -> PathBuf {
 }
 
 /// Streams every expected tensor into the model file. Returns the file's size.
-fn write_model(
-    ckpt: &Checkpoint,
-    config: &ModelConfig,
-    expected: &[qwen3_inference::format::ExpectedTensor],
-    out: &Path,
-    progress: bool,
-) -> Result<u64> {
-    let specs: Vec<TensorSpec> = expected
-        .iter()
-        .map(|e| {
-            let (dtype, group_size) = match e.kind {
-                TensorKind::Norm => (DType::F32, 0),
-                TensorKind::Matrix => (config.dtype, config.group_size),
-            };
-            TensorSpec {
-                name: e.name.clone(),
-                dtype,
-                shape: e.shape.clone(),
-                group_size,
-            }
-        })
-        .collect();
+fn write_model(ckpt: &Checkpoint, config: &ModelConfig, out: &Path, progress: bool) -> Result<u64> {
+    let specs = tensor_specs(config);
     let mut w = ModelWriter::create(out, config, specs.clone())?;
     let total = w.file_len();
     let n = specs.len();

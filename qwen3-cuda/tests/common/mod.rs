@@ -2,10 +2,9 @@
 //! of HuggingFace's Qwen3 math to check it against.
 #![allow(dead_code)]
 
-use qwen3_inference::format::writer::TensorSpec;
 use qwen3_inference::format::TensorKind;
 use qwen3_inference::format::{
-    expected_tensors, DType, GenerationDefaults, ModelConfig, ModelWriter,
+    expected_tensors, tensor_specs, DType, GenerationDefaults, ModelConfig, ModelWriter,
 };
 use qwen3_inference::quant::quantize_q8;
 use std::collections::HashMap;
@@ -56,23 +55,7 @@ pub fn temp_path(name: &str) -> PathBuf {
 /// (dequantized for q8, rounded for bf16), by name.
 pub fn write_model(path: &Path, c: &ModelConfig) -> HashMap<String, Vec<f32>> {
     let expected = expected_tensors(c);
-    let specs = expected
-        .iter()
-        .map(|t| TensorSpec {
-            name: t.name.clone(),
-            dtype: if t.kind == TensorKind::Norm {
-                DType::F32
-            } else {
-                c.dtype
-            },
-            shape: t.shape.clone(),
-            group_size: if t.kind == TensorKind::Norm {
-                0
-            } else {
-                c.group_size
-            },
-        })
-        .collect();
+    let specs = tensor_specs(c);
     let mut w = ModelWriter::create(path, c, specs).unwrap();
     let mut out = HashMap::new();
     for (i, t) in expected.iter().enumerate() {

@@ -179,6 +179,27 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
     t
 }
 
+/// Every tensor of a Qwen3 model with this config as the model file stores it: norm weights in
+/// f32, matrices in the config's dtype and group size. The exporter writes exactly these and the
+/// reader accepts exactly these.
+pub fn tensor_specs(c: &ModelConfig) -> Vec<writer::TensorSpec> {
+    expected_tensors(c)
+        .into_iter()
+        .map(|e| {
+            let (dtype, group_size) = match e.kind {
+                TensorKind::Norm => (DType::F32, 0),
+                TensorKind::Matrix => (c.dtype, c.group_size),
+            };
+            writer::TensorSpec {
+                name: e.name,
+                dtype,
+                shape: e.shape,
+                group_size,
+            }
+        })
+        .collect()
+}
+
 /// Where the companion files of a model file live: `x.bin` -> `x.tokenizer.bin`, `x.template.json`.
 pub fn companion_paths(model_path: &Path) -> CompanionPaths {
     let stem = match model_path.extension() {

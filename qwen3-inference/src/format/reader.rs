@@ -7,8 +7,8 @@
 
 use super::bytes::ByteReader;
 use super::{
-    align_up, expected_tensors, tensor_nbytes, DType, ModelConfig, TensorKind, ALIGN,
-    BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC, PREAMBLE_LEN,
+    align_up, tensor_nbytes, tensor_specs, DType, ModelConfig, ALIGN, BYTE_ORDER_MARK,
+    FORMAT_VERSION, MAGIC, PREAMBLE_LEN,
 };
 use anyhow::{bail, Context, Result};
 use memmap2::Mmap;
@@ -131,8 +131,7 @@ impl Header {
 
     /// The directory must hold exactly the tensors a Qwen3 model of this config needs.
     fn check_tensor_set(&self) -> Result<()> {
-        let c = &self.config;
-        let expected = expected_tensors(c);
+        let expected = tensor_specs(&self.config);
         if expected.len() != self.tensors.len() {
             bail!(
                 "the directory has {} tensors; a model with this config has {}",
@@ -154,18 +153,14 @@ impl Header {
                     e.shape
                 );
             }
-            let (dtype, gs) = match e.kind {
-                TensorKind::Norm => (DType::F32, 0),
-                TensorKind::Matrix => (c.dtype, c.group_size),
-            };
-            if t.dtype != dtype || t.group_size != gs {
+            if t.dtype != e.dtype || t.group_size != e.group_size {
                 bail!(
                     "tensor {}: stored as {} (group {}), expected {} (group {})",
                     e.name,
                     t.dtype,
                     t.group_size,
-                    dtype,
-                    gs
+                    e.dtype,
+                    e.group_size
                 );
             }
         }
@@ -298,26 +293,12 @@ fn view_data<'a>(file: &'a [u8], t: &TensorInfo) -> Result<TensorData<'a>> {
 mod tests {
     use super::*;
     use crate::format::config::tests::tiny_config;
-    use crate::format::writer::{ModelWriter, TensorSpec};
+    use crate::format::writer::ModelWriter;
 
     /// Writes a tiny model file whose every value is distinct, so views can be checked.
     pub(crate) fn write_tiny(path: &Path, dtype: DType) -> ModelConfig {
         let c = tiny_config(dtype);
-        let specs: Vec<TensorSpec> = expected_tensors(&c)
-            .into_iter()
-            .map(|e| {
-                let (dt, gs) = match e.kind {
-                    TensorKind::Norm => (DType::F32, 0),
-                    TensorKind::Matrix => (c.dtype, c.group_size),
-                };
-                TensorSpec {
-                    name: e.name,
-                    dtype: dt,
-                    shape: e.shape,
-                    group_size: gs,
-                }
-            })
-            .collect();
+        let specs = tensor_specs(&c);
         let mut w = ModelWriter::create(path, &c, specs.clone()).unwrap();
         for s in &specs {
             let n = s.shape.iter().product::<u64>() as usize;

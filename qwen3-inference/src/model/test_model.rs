@@ -2,8 +2,8 @@
 //! (Exactness against HuggingFace is tested on real exported checkpoints in
 //! qwen3-cli/tests/parity.rs; these only need a valid model.)
 
-use crate::format::writer::{ModelWriter, TensorSpec};
-use crate::format::{expected_tensors, DType, GenerationDefaults, ModelConfig, TensorKind};
+use crate::format::writer::ModelWriter;
+use crate::format::{tensor_specs, DType, GenerationDefaults, ModelConfig};
 use crate::quant::quantize_q8;
 use std::path::Path;
 
@@ -32,21 +32,7 @@ pub fn config(dtype: DType) -> ModelConfig {
 /// A model file with random weights (norm weights drawn in 0.5..1.5).
 pub fn write_random(path: &Path, dtype: DType) {
     let c = config(dtype);
-    let specs: Vec<TensorSpec> = expected_tensors(&c)
-        .into_iter()
-        .map(|e| {
-            let (dt, gs) = match e.kind {
-                TensorKind::Norm => (DType::F32, 0),
-                TensorKind::Matrix => (c.dtype, c.group_size),
-            };
-            TensorSpec {
-                name: e.name,
-                dtype: dt,
-                shape: e.shape,
-                group_size: gs,
-            }
-        })
-        .collect();
+    let specs = tensor_specs(&c);
     let mut w = ModelWriter::create(path, &c, specs.clone()).unwrap();
     let mut seed = 11u64;
     let mut rnd = || {
