@@ -415,6 +415,13 @@ mod x86 {
         acc.map(|a| _mm512_reduce_add_ps(a))
     }
 
+    /// How far ahead of the current weight byte the decode kernel prefetches. Decode reads each
+    /// weight once, so it waits on DRAM unless loads are in flight well ahead of use: the
+    /// hardware prefetcher alone keeps too few in flight for a loop that also computes. 8 KiB
+    /// (128 cache lines) was the best of 1, 4, 8, 16 and 32 KiB in a one-thread benchmark on a
+    /// 256 MB matrix (AMD EPYC, AVX-512): 21-23 GB/s against 17-18 without.
+    const PREFETCH_AHEAD: usize = 8192;
+
     /// `ws[g] * xs[g]` in every lane. Caller guarantees `g` is in bounds of both.
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -431,6 +438,10 @@ mod x86 {
         let mut isum = _mm512_setzero_si512();
         let mut k = at;
         while k < at + n {
+            // Ask for the weights PREFETCH_AHEAD bytes on now, so they arrive while this group
+            // computes (see PREFETCH_AHEAD). A prefetch never faults and has no effect on the
+            // program's meaning, and `wrapping_add` may point past the slice without UB.
+            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(k + PREFETCH_AHEAD));
             let wv = _mm512_loadu_si512(w.add(k) as *const __m512i);
             let xv = _mm512_loadu_si512(x.add(k) as *const __m512i);
             // vpdpbusd multiplies unsigned by signed bytes: use |w| and negate x where w < 0.
