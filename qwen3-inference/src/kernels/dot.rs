@@ -23,10 +23,58 @@ pub type DotQ8 = fn(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], group_size: usiz
 /// `sum_g ws[g] * sum_{i in g} w[i] * x[i]`: int8 weights with per-group scales against f32
 /// activations (W8A32), exactly the dequantized weights' product up to f32 rounding.
 pub type DotQ8F32 = fn(w: &[i8], ws: &[f32], x: &[f32], group_size: usize) -> f32;
-/// [`DotQ8`] of one weight row against four activation rows at once (prefill): the weight bytes
-/// are loaded, and their signs handled, once for the four products.
-pub type DotQ8x4 =
-    fn(w: &[i8], ws: &[f32], x: [&[i8]; 4], xs: [&[f32]; 4], group_size: usize) -> [f32; 4];
+/// A block of weight rows against a batch of activation rows: `out[r * t + i]` is
+/// [`DotQ8`] of weight row `r` (`w: [rows, cols]`, `ws: [rows, cols / gs]`) with token `i` of
+/// `x`. Prefill calls it with every token of the prompt chunk, so each block of weights is read
+/// from memory once and reused from cache for all of them.
+pub type MatQ8 = fn(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]);
+
+/// `t` activation rows of `cols` values, quantized per group of `group_size` for the q8 kernels
+/// (the same rule as the weights, `quant.rs`).
+pub struct ActsQ8<'a> {
+    pub t: usize,
+    pub cols: usize,
+    pub group_size: usize,
+    /// `[t, cols]`: the int8 values.
+    pub q: &'a [i8],
+    /// `[t, cols]`: the same values plus 128, as unsigned bytes (`q as u8 ^ 0x80`). `vpdpbusd`
+    /// multiplies unsigned by signed bytes; this form lets the AVX-512 prefill kernel use it
+    /// without per-token sign fix-ups (see `mat_q8_avx512`).
+    pub biased: &'a [u8],
+    /// `[t, cols / group_size]`
+    pub scales: &'a [f32],
+}
+
+impl ActsQ8<'_> {
+    fn per(&self) -> usize {
+        self.cols / self.group_size
+    }
+    fn q_row(&self, i: usize) -> &[i8] {
+        &self.q[i * self.cols..(i + 1) * self.cols]
+    }
+    fn scales_row(&self, i: usize) -> &[f32] {
+        &self.scales[i * self.per()..(i + 1) * self.per()]
+    }
+    /// Panics unless every slice has the length the sizes say (a caller's bug, not bad input).
+    fn check(&self, w: &[i8], ws: &[f32], out: &[f32]) -> usize {
+        let (t, cols, gs) = (self.t, self.cols, self.group_size);
+        assert!(
+            gs > 0 && cols > 0 && cols.is_multiple_of(gs),
+            "q8: bad group size"
+        );
+        let rows = w.len() / cols;
+        assert!(
+            w.len() == rows * cols
+                && ws.len() == rows * (cols / gs)
+                && out.len() == rows * t
+                && self.q.len() == t * cols
+                && self.biased.len() == t * cols
+                && self.scales.len() == t * (cols / gs),
+            "q8: slice lengths do not match [{rows}, {cols}] x [{t}, {cols}]"
+        );
+        rows
+    }
+}
 /// Quantizes `x` per group into `q` and `scales` (same rule as [`crate::quant::quantize_q8`]).
 pub type QuantizeQ8 = fn(x: &[f32], group_size: usize, q: &mut [i8], scales: &mut [f32]);
 
@@ -36,7 +84,7 @@ pub struct Dots {
     pub f32: DotF32,
     pub bf16: DotBf16,
     pub q8: DotQ8,
-    pub q8x4: DotQ8x4,
+    pub q8_rows: MatQ8,
     pub q8_f32: DotQ8F32,
     pub quantize_q8: QuantizeQ8,
     /// Which instruction set was picked, for `--verbose` and the bench report.
@@ -48,7 +96,7 @@ pub const SCALAR: Dots = Dots {
     f32: dot_f32_scalar,
     bf16: dot_bf16_scalar,
     q8: dot_q8_scalar,
-    q8x4: dot_q8x4_scalar,
+    q8_rows: mat_q8_scalar,
     q8_f32: dot_q8_f32_scalar,
     quantize_q8: crate::quant::quantize_q8,
     isa: "scalar",
@@ -111,14 +159,20 @@ pub fn dot_q8_scalar(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], gs: usize) -> f
     sum
 }
 
-pub fn dot_q8x4_scalar(
-    w: &[i8],
-    ws: &[f32],
-    x: [&[i8]; 4],
-    xs: [&[f32]; 4],
-    gs: usize,
-) -> [f32; 4] {
-    [0, 1, 2, 3].map(|j| dot_q8_scalar(w, ws, x[j], xs[j], gs))
+pub fn mat_q8_scalar(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
+    mat_q8_with(dot_q8_scalar, w, ws, x, out)
+}
+
+/// [`MatQ8`] as one [`DotQ8`] per (row, token) pair.
+fn mat_q8_with(dot: DotQ8, w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
+    x.check(w, ws, out);
+    let (cols, per, t) = (x.cols, x.per(), x.t);
+    for (r, out_r) in out.chunks_exact_mut(t).enumerate() {
+        let (w_r, ws_r) = (&w[r * cols..(r + 1) * cols], &ws[r * per..(r + 1) * per]);
+        for (i, o) in out_r.iter_mut().enumerate() {
+            *o = dot(w_r, ws_r, x.q_row(i), x.scales_row(i), x.group_size);
+        }
+    }
 }
 
 pub fn dot_q8_f32_scalar(w: &[i8], ws: &[f32], x: &[f32], gs: usize) -> f32 {
@@ -154,8 +208,14 @@ mod x86 {
         f32: |a, b| unsafe { dot_f32_avx2(a, b) },
         bf16: |w, x| unsafe { dot_bf16_avx2(w, x) },
         q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2(w, ws, x, xs, gs) },
-        q8x4: |w, ws, x, xs, gs| {
-            [0, 1, 2, 3].map(|j| unsafe { dot_q8_avx2(w, ws, x[j], xs[j], gs) })
+        q8_rows: |w, ws, x, out| {
+            mat_q8_with(
+                |w, ws, x, xs, gs| unsafe { dot_q8_avx2(w, ws, x, xs, gs) },
+                w,
+                ws,
+                x,
+                out,
+            )
         },
         q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx2(w, ws, x, gs) },
         quantize_q8: crate::quant::quantize_q8,
@@ -168,7 +228,7 @@ mod x86 {
         f32: |a, b| unsafe { dot_f32_avx512(a, b) },
         bf16: |w, x| unsafe { dot_bf16_avx512(w, x) },
         q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx512(w, ws, x, xs, gs) },
-        q8x4: |w, ws, x, xs, gs| unsafe { dot_q8x4_avx512(w, ws, x, xs, gs) },
+        q8_rows: |w, ws, x, out| unsafe { mat_q8_avx512(w, ws, x, out) },
         q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
         quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
         isa: "avx512-vnni",
@@ -370,49 +430,130 @@ mod x86 {
         _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
     }
 
-    /// Four activation rows against one weight row; groups of a multiple of 64 values (others
-    /// take four single products).
+    /// [`MatQ8`] on AVX-512 VNNI, for groups of a multiple of 64 values (others take one
+    /// [`DotQ8`] per pair).
+    ///
+    /// Decode (`t = 1`) runs [`dot_q8_avx512`] row by row: it is bound by memory, not arithmetic.
+    /// Prefill is bound by arithmetic, so it is tiled: two weight rows against four tokens at a
+    /// time ([`tile_q8`]), each weight vector loaded once for four tokens and each activation
+    /// vector once for two rows. (Two rows by eight tokens measured slower: its sixteen
+    /// accumulators plus temporaries exceed the 32 vector registers, and the compiler spills.)
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
-    unsafe fn dot_q8x4_avx512(
+    unsafe fn mat_q8_avx512(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
+        let rows = x.check(w, ws, out);
+        let (t, cols, gs, per) = (x.t, x.cols, x.group_size, x.per());
+        if !gs.is_multiple_of(64) {
+            return mat_q8_with(
+                // SAFETY: this CPU has AVX-512F, hence AVX2 and FMA (see `AVX512`).
+                |w, ws, x, xs, gs| dot_q8_avx2(w, ws, x, xs, gs),
+                w,
+                ws,
+                x,
+                out,
+            );
+        }
+        if t == 1 {
+            for (r, o) in out.iter_mut().enumerate() {
+                *o = dot_q8_avx512(
+                    &w[r * cols..(r + 1) * cols],
+                    &ws[r * per..(r + 1) * per],
+                    x.q,
+                    x.scales,
+                    gs,
+                );
+            }
+            return;
+        }
+        let mut i = 0;
+        while i < t {
+            let n = if t - i >= 4 { 4 } else { 1 };
+            let mut r = 0;
+            while r < rows {
+                let m = if rows - r >= 2 { 2 } else { 1 };
+                // SAFETY: rows r..r+m and tokens i..i+n are in range (m <= rows - r,
+                // n <= t - i), and `check` proved every slice has the length of its shape.
+                match (m, n) {
+                    (2, 4) => tile_q8::<2, 4>(w, ws, x, out, r, i),
+                    (2, _) => tile_q8::<2, 1>(w, ws, x, out, r, i),
+                    (_, 4) => tile_q8::<1, 4>(w, ws, x, out, r, i),
+                    _ => tile_q8::<1, 1>(w, ws, x, out, r, i),
+                }
+                r += m;
+            }
+            i += n;
+        }
+    }
+
+    /// `out[(r + a) * t + i + j]` for the `R` weight rows from `r` and the `N` tokens from `i`.
+    ///
+    /// The integer product of a group uses the biased activations `x + 128` (unsigned, as
+    /// `vpdpbusd` wants its first operand) and removes the bias afterwards:
+    /// `sum(x * w) = sum((x + 128) * w) - 128 * sum(w)`. The correction `128 * sum(w)` depends on
+    /// the weights only, so it is computed once per group (one more `vpdpbusd`, against a vector
+    /// of 128s) and shared by all `N` tokens; each token then costs one `vpdpbusd`, one
+    /// conversion and one multiply-add per 64 weights. The sums are exact integers, so the result
+    /// equals [`dot_q8_scalar`] up to the order of the f32 additions.
+    ///
+    /// Caller guarantees rows `r..r+R` and tokens `i..i+N` exist and that `x.check` passed.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+    unsafe fn tile_q8<const R: usize, const N: usize>(
         w: &[i8],
         ws: &[f32],
-        x: [&[i8]; 4],
-        xs: [&[f32]; 4],
-        gs: usize,
-    ) -> [f32; 4] {
-        if !gs.is_multiple_of(64) {
-            return [0, 1, 2, 3].map(|j| dot_q8_avx512(w, ws, x[j], xs[j], gs));
-        }
-        let mut groups = ws.len().min(w.len() / gs);
-        for j in 0..4 {
-            groups = groups.min(xs[j].len()).min(x[j].len() / gs);
-        }
+        x: &ActsQ8,
+        out: &mut [f32],
+        r: usize,
+        i: usize,
+    ) {
+        let (t, cols, gs, per) = (x.t, x.cols, x.group_size, x.per());
         let zero = _mm512_setzero_si512();
-        let xp = x.map(|r| r.as_ptr());
-        let mut acc = [_mm512_setzero_ps(); 4];
-        for g in 0..groups {
-            let mut isum = [_mm512_setzero_si512(); 4];
-            let mut k = g * gs;
-            // SAFETY: reads [k, k+64) of w and of each x[j], k + 64 <= (g+1)*gs <= every length;
-            // ws[g] and xs[j][g] are in bounds since g < groups.
-            while k < (g + 1) * gs {
-                let wv = _mm512_loadu_si512(w.as_ptr().add(k) as *const __m512i);
-                let neg = _mm512_movepi8_mask(wv);
-                let wa = _mm512_abs_epi8(wv);
-                for j in 0..4 {
-                    let xv = _mm512_loadu_si512(xp[j].add(k) as *const __m512i);
-                    let x_signed = _mm512_mask_sub_epi8(xv, neg, zero, xv);
-                    isum[j] = _mm512_dpbusd_epi32(isum[j], wa, x_signed);
+        let bias = _mm512_set1_epi8(-128i8); // 0x80: 128 as an unsigned byte
+        let w_row: [*const i8; R] = std::array::from_fn(|a| w.as_ptr().add((r + a) * cols));
+        let ws_row: [*const f32; R] = std::array::from_fn(|a| ws.as_ptr().add((r + a) * per));
+        let x_row: [*const u8; N] = std::array::from_fn(|j| x.biased.as_ptr().add((i + j) * cols));
+        let xs_row: [*const f32; N] = std::array::from_fn(|j| x.scales.as_ptr().add((i + j) * per));
+        let mut acc = [[_mm512_setzero_ps(); N]; R];
+        // Combined scales ws[r, g] * xs[i, g] of up to 16 groups, made 16 at a time with one
+        // vector multiply; the multiply-adds below broadcast them from here.
+        let mut scale = [[[0f32; 16]; N]; R];
+        let mut g0 = 0;
+        while g0 < per {
+            let m = (per - g0).min(16);
+            let mask: __mmask16 = if m == 16 { 0xffff } else { (1u16 << m) - 1 };
+            for a in 0..R {
+                let wsv = _mm512_maskz_loadu_ps(mask, ws_row[a].add(g0));
+                for j in 0..N {
+                    let xsv = _mm512_maskz_loadu_ps(mask, xs_row[j].add(g0));
+                    _mm512_storeu_ps(scale[a][j].as_mut_ptr(), _mm512_mul_ps(wsv, xsv));
                 }
-                k += 64;
             }
-            let wsg = *ws.get_unchecked(g);
-            for j in 0..4 {
-                let scale = _mm512_set1_ps(wsg * *xs[j].get_unchecked(g));
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), scale, acc[j]);
+            for g in g0..g0 + m {
+                // A group of more than 64 values is taken 64 at a time, each part scaled by the
+                // group's scale: the same sum, as the integer parts convert to f32 exactly.
+                for k in (g * gs..(g + 1) * gs).step_by(64) {
+                    let wv: [__m512i; R] = std::array::from_fn(|a| {
+                        _mm512_loadu_si512(w_row[a].add(k) as *const __m512i)
+                    });
+                    // -128 * sum(w) over these 64 weights, per lane, for each row.
+                    let neg_bias =
+                        wv.map(|v| _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, v)));
+                    for j in 0..N {
+                        let xv = _mm512_loadu_si512(x_row[j].add(k) as *const __m512i);
+                        for a in 0..R {
+                            let isum = _mm512_dpbusd_epi32(neg_bias[a], xv, wv[a]);
+                            let sc = _mm512_set1_ps(*scale[a][j].get_unchecked(g - g0));
+                            acc[a][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, acc[a][j]);
+                        }
+                    }
+                }
+            }
+            g0 += m;
+        }
+        for (a, acc_a) in acc.iter().enumerate() {
+            for (j, &acc_aj) in acc_a.iter().enumerate() {
+                *out.get_unchecked_mut((r + a) * t + i + j) = _mm512_reduce_add_ps(acc_aj);
             }
         }
-        acc.map(|a| _mm512_reduce_add_ps(a))
     }
 
     /// How far ahead of the current weight byte the decode kernel prefetches. Decode reads each
@@ -544,19 +685,6 @@ mod tests {
                         dot_q8_f32_scalar(&qa, &sa, &b, gs),
                     );
                     assert!(close(r, s, n, 6.0), "{} q8_f32 gs={gs}: {r} vs {s}", d.isa);
-                    let four = (d.q8x4)(&qa, &sa, [&qb, &qa, &qb, &qa], [&sb, &sa, &sb, &sa], gs);
-                    for (j, (xq, xs)) in [(&qb, &sb), (&qa, &sa), (&qb, &sb), (&qa, &sa)]
-                        .into_iter()
-                        .enumerate()
-                    {
-                        let s = dot_q8_scalar(&qa, &sa, xq, xs, gs);
-                        assert!(
-                            close(four[j], s, groups, 6.0 * gs as f32),
-                            "{} q8x4 gs={gs} row {j}: {} vs {s}",
-                            d.isa,
-                            four[j]
-                        );
-                    }
                     let r = (d.q8)(&qa, &sa, &qb, &sb, gs);
                     let s = dot_q8_scalar(&qa, &sa, &qb, &sb, gs);
                     assert!(
@@ -564,6 +692,63 @@ mod tests {
                         "{} q8 gs={gs}: {r} vs {s}",
                         d.isa
                     );
+                }
+            }
+        }
+    }
+
+    /// The block kernel against one scalar dot product per (row, token), over shapes that take
+    /// every tile of the AVX-512 kernel (2 or 1 rows; 8, 4 or 1 tokens) and group sizes with one
+    /// and several 64-byte chunks, and ones it does not handle itself (16, 32).
+    #[test]
+    fn q8_rows_matches_scalar_dots() {
+        let mut seed = 7;
+        for d in available() {
+            for gs in [16, 32, 64, 128] {
+                for (rows, t, groups) in [
+                    (1, 1, 3),
+                    (3, 2, 1),
+                    (2, 5, 17),
+                    (5, 8, 2),
+                    (3, 13, 20),
+                    (4, 20, 16),
+                ] {
+                    let cols = gs * groups;
+                    let w = rand_vec(rows * cols, &mut seed, 1.0);
+                    let x = rand_vec(t * cols, &mut seed, 3.0);
+                    let (mut wq, mut ws) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
+                    crate::quant::quantize_q8(&w, gs, &mut wq, &mut ws);
+                    let (mut xq, mut xs) = (vec![0i8; x.len()], vec![0f32; x.len() / gs]);
+                    crate::quant::quantize_q8(&x, gs, &mut xq, &mut xs);
+                    let biased: Vec<u8> = xq.iter().map(|&v| v as u8 ^ 0x80).collect();
+                    let acts = ActsQ8 {
+                        t,
+                        cols,
+                        group_size: gs,
+                        q: &xq,
+                        biased: &biased,
+                        scales: &xs,
+                    };
+                    let mut out = vec![f32::NAN; rows * t];
+                    (d.q8_rows)(&wq, &ws, &acts, &mut out);
+                    let per = cols / gs;
+                    for r in 0..rows {
+                        for i in 0..t {
+                            let want = dot_q8_scalar(
+                                &wq[r * cols..(r + 1) * cols],
+                                &ws[r * per..(r + 1) * per],
+                                &xq[i * cols..(i + 1) * cols],
+                                &xs[i * per..(i + 1) * per],
+                                gs,
+                            );
+                            let got = out[r * t + i];
+                            assert!(
+                                close(got, want, groups, 3.0 * gs as f32),
+                                "{} q8_rows gs={gs} [{rows}x{cols}]x[{t}]: ({r},{i}) {got} vs {want}",
+                                d.isa
+                            );
+                        }
+                    }
                 }
             }
         }
