@@ -12,7 +12,9 @@
 use qwen3_cuda::reference::ReferenceBackend;
 use qwen3_export::{export, ExportOptions};
 use qwen3_inference::format::{DType, ModelFile};
+use qwen3_inference::generate::generate;
 use qwen3_inference::model::{Model, Session};
+use qwen3_inference::sampler::{Sampler, SamplerConfig};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -60,6 +62,19 @@ fn argmax(v: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+fn greedy() -> Sampler {
+    Sampler::new(SamplerConfig {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        presence_penalty: 0.0,
+        seed: 0,
+    })
+    .unwrap()
 }
 
 fn max_abs(a: &[f32], b: &[f32]) -> f32 {
@@ -127,6 +142,17 @@ fn check_fixture(name: &str) {
             rows[np - 1],
             "{name} case {ci} prefill"
         );
+        // The generation loop (qwen3_inference::generate, the CLI's, generic over the backend),
+        // greedy: transformers' continuation token for token.
+        let mut g = Session::with_backend(&backend, &model, seq.len()).unwrap();
+        let mut ids = Vec::new();
+        let n = case.greedy_ids.len();
+        generate(&mut g, &mut greedy(), &case.prompt_ids, n, &[], |id| {
+            ids.push(id);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(ids, case.greedy_ids, "{name} case {ci} generate");
     }
     if refr.cases.iter().all(|c| c.prompt_logits.is_empty()) {
         eprintln!("{name}: greedy continuations identical (the fixture records no logits)");

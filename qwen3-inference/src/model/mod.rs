@@ -5,7 +5,7 @@
 //! a reader can hold the two side by side. They are generic over the tensor type `T` of the
 //! [`Backend`](crate::backend::Backend) that runs them: on the CPU a [`TensorView`] into the
 //! mmapped file (loading copies nothing), on a GPU a range of the uploaded file. The forward pass
-//! itself lives in [`session`], which owns the KV cache. See docs/transformer.md.
+//! itself lives in [`Session`], which owns the KV cache. See docs/transformer.md.
 
 mod session;
 #[cfg(test)]
