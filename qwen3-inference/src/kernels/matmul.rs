@@ -5,7 +5,7 @@
 //! matrix-matrix product, with `t = 1` (decode) a matrix-vector product. Threads split the output
 //! rows, so each thread streams its own contiguous slice of the weights.
 
-use super::dot::dots;
+use super::dot::{dots, ActsQ8};
 use crate::format::reader::{TensorData, TensorView};
 use rayon::prelude::*;
 
@@ -34,14 +34,20 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
     );
     let dots = dots();
     match w.data {
-        TensorData::F32(v) => for_each_output(out, rows, t, |r, outs| {
-            for (i, o) in outs.iter_mut().enumerate() {
-                *o = (dots.f32)(&v[r * cols..(r + 1) * cols], &x[i * cols..(i + 1) * cols]);
+        TensorData::F32(v) => for_each_block(out, rows, t, |r0, block| {
+            for (j, outs) in block.chunks_exact_mut(t).enumerate() {
+                let w_r = &v[(r0 + j) * cols..(r0 + j + 1) * cols];
+                for (i, o) in outs.iter_mut().enumerate() {
+                    *o = (dots.f32)(w_r, &x[i * cols..(i + 1) * cols]);
+                }
             }
         }),
-        TensorData::Bf16(v) => for_each_output(out, rows, t, |r, outs| {
-            for (i, o) in outs.iter_mut().enumerate() {
-                *o = (dots.bf16)(&v[r * cols..(r + 1) * cols], &x[i * cols..(i + 1) * cols]);
+        TensorData::Bf16(v) => for_each_block(out, rows, t, |r0, block| {
+            for (j, outs) in block.chunks_exact_mut(t).enumerate() {
+                let w_r = &v[(r0 + j) * cols..(r0 + j + 1) * cols];
+                for (i, o) in outs.iter_mut().enumerate() {
+                    *o = (dots.bf16)(w_r, &x[i * cols..(i + 1) * cols]);
+                }
             }
         }),
         TensorData::Q8 {
@@ -57,9 +63,10 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
             let per = cols / gs;
             ACTIVATIONS.with(|cell| {
                 let mut buf = cell.borrow_mut();
-                let (xq, xs) = &mut *buf;
+                let (xq, xb, xs) = &mut *buf;
                 // Grows to the largest [t, cols] seen, then is reused: no allocation per token.
                 xq.resize(t * cols, 0);
+                xb.resize(t * cols, 0);
                 xs.resize(t * per, 0.0);
                 for i in 0..t {
                     (dots.quantize_q8)(
@@ -69,30 +76,26 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
                         &mut xs[i * per..(i + 1) * per],
                     );
                 }
-                let (xq, xs) = (&xq[..], &xs[..]);
-                let x_row = |i: usize| &xq[i * cols..(i + 1) * cols];
-                let s_row = |i: usize| &xs[i * per..(i + 1) * per];
-                for_each_output(out, rows, t, |r, outs| {
-                    let (w, ws) = (
-                        &q[r * cols..(r + 1) * cols],
-                        &scales[r * per..(r + 1) * per],
+                // The same values offset by 128 as unsigned bytes, for the AVX-512 kernel.
+                for (b, &v) in xb[..t * cols].iter_mut().zip(&xq[..t * cols]) {
+                    *b = v as u8 ^ 0x80;
+                }
+                let acts = ActsQ8 {
+                    t,
+                    cols,
+                    group_size: gs,
+                    q: &xq[..t * cols],
+                    biased: &xb[..t * cols],
+                    scales: &xs[..t * per],
+                };
+                for_each_block(out, rows, t, |r0, block| {
+                    let n = block.len() / t;
+                    (dots.q8_rows)(
+                        &q[r0 * cols..(r0 + n) * cols],
+                        &scales[r0 * per..(r0 + n) * per],
+                        &acts,
+                        block,
                     );
-                    // Prefill: four tokens per pass over the weight row, then the rest one by one.
-                    let mut i = 0;
-                    while i + 4 <= outs.len() {
-                        let four = [i, i + 1, i + 2, i + 3];
-                        outs[i..i + 4].copy_from_slice(&(dots.q8x4)(
-                            w,
-                            ws,
-                            four.map(x_row),
-                            four.map(s_row),
-                            gs,
-                        ));
-                        i += 4;
-                    }
-                    for (k, o) in outs.iter_mut().enumerate().skip(i) {
-                        *o = (dots.q8)(w, ws, x_row(k), s_row(k), gs);
-                    }
                 })
             })
         }
@@ -101,50 +104,50 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
 
 thread_local! {
     /// The quantized activations of the q8 path (values, scales), kept between calls.
-    static ACTIVATIONS: std::cell::RefCell<(Vec<i8>, Vec<f32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    static ACTIVATIONS: std::cell::RefCell<(Vec<i8>, Vec<u8>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
-/// Fills `out: [t, rows]`, parallel over rows: `fill(r, outs)` writes weight row `r`'s product
-/// with every token, `outs[i]` for token `i`.
-fn for_each_output(
-    out: &mut [f32],
-    rows: usize,
-    t: usize,
-    fill: impl Fn(usize, &mut [f32]) + Sync,
-) {
+/// Fills `out: [t, rows]`, parallel over blocks of weight rows: `fill(r0, block)` writes the
+/// products of weight rows `r0 .. r0 + n` with every token, `block: [n, t]` (row-major: weight
+/// row, then token).
+fn for_each_block(out: &mut [f32], rows: usize, t: usize, fill: impl Fn(usize, &mut [f32]) + Sync) {
     if t == 1 {
-        // Decode: out is one row, so each task owns a contiguous slice of it and streams the
-        // matching contiguous block of weight rows.
+        // Decode: `[1, rows]` and `[rows, 1]` are the same layout, so each task writes its
+        // contiguous slice of `out` directly and streams the matching block of weight rows.
         out.par_chunks_mut(ROWS_PER_TASK)
             .enumerate()
-            .for_each(|(chunk, out)| {
-                let r0 = chunk * ROWS_PER_TASK;
-                for (j, o) in out.iter_mut().enumerate() {
-                    fill(r0 + j, std::slice::from_mut(o));
-                }
-            });
+            .for_each(|(chunk, block)| fill(chunk * ROWS_PER_TASK, block));
         return;
     }
     // Prefill: a task owns a block of weight rows and computes them for every token, so each
     // weight row is read from memory once and then from cache for the other tokens. Its results
     // are columns of `out`, which are not contiguous, so they go to a transposed buffer
-    // `[rows, t]` first (one allocation per call; prefill only, never in the decode loop).
-    let mut out_t = vec![0f32; rows * t];
-    out_t
-        .par_chunks_mut(ROWS_PER_TASK * t)
-        .enumerate()
-        .for_each(|(chunk, block)| {
-            let r0 = chunk * ROWS_PER_TASK;
-            for (j, per_token) in block.chunks_mut(t).enumerate() {
-                fill(r0 + j, per_token);
+    // `[rows, t]` first, kept between calls (a fresh one per call costs page faults that showed
+    // up as a tenth of prefill's time).
+    TRANSPOSED.with(|cell| {
+        let mut out_t = cell.borrow_mut();
+        out_t.resize(rows * t, 0.0);
+        out_t[..rows * t]
+            .par_chunks_mut(ROWS_PER_TASK * t)
+            .enumerate()
+            .for_each(|(chunk, block)| fill(chunk * ROWS_PER_TASK, block));
+        // Back to `[t, rows]`, a block of 16 weight rows at a time: each token's 16 results are
+        // one cache line of `out`, read from 16 sequential streams of `out_t`.
+        for r0 in (0..rows).step_by(16) {
+            let r1 = (r0 + 16).min(rows);
+            for (i, out_row) in out.chunks_exact_mut(rows).enumerate() {
+                for (r, o) in (r0..r1).zip(&mut out_row[r0..r1]) {
+                    *o = out_t[r * t + i];
+                }
             }
-        });
-    for (r, per_token) in out_t.chunks(t).enumerate() {
-        for (i, &v) in per_token.iter().enumerate() {
-            out[i * rows + r] = v;
         }
-    }
+    })
+}
+
+thread_local! {
+    /// The prefill results in `[rows, t]` order before they are transposed into `out`.
+    static TRANSPOSED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 #[cfg(test)]

@@ -1,0 +1,329 @@
+//! Dot products, the innermost loop of every matrix product, in SIMD with run-time dispatch.
+//!
+//! Decoding a token reads every weight once and does one multiply-add per weight, so the speed of
+//! these few functions is the speed of the runtime. Each has a scalar version, which is the
+//! reference (and the fallback on CPUs without the instructions), and x86-64 versions for AVX2+FMA
+//! and AVX-512 (with VNNI for the integer product). The best version is chosen once, at first use,
+//! with `is_x86_feature_detected!`; after that a call is one indirect jump through [`Dots`].
+//! (aarch64 runs the scalar versions, which LLVM auto-vectorizes partly; a NEON `sdot` kernel is
+//! future work.)
+//!
+//! The q8 x q8 product (W8A8): the activation vector is quantized per group exactly like the
+//! weights (`quant.rs`), so each group's contribution is `scale_w * scale_x * sum(q_w * q_x)`, an
+//! integer sum of 8-bit products that AVX-512 VNNI computes 64 at a time (`vpdpbusd`).
+
+use std::sync::OnceLock;
+
+/// `sum(a[i] * b[i])` over f32.
+pub type DotF32 = fn(a: &[f32], b: &[f32]) -> f32;
+/// `sum(bf16(w[i]) * x[i])`, `w` as raw bf16 bit patterns.
+pub type DotBf16 = fn(w: &[u16], x: &[f32]) -> f32;
+/// `sum_g ws[g] * xs[g] * sum_{i in g} w[i] * x[i]` over groups of `group_size`.
+pub type DotQ8 = fn(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], group_size: usize) -> f32;
+/// `sum_g ws[g] * sum_{i in g} w[i] * x[i]`: int8 weights with per-group scales against f32
+/// activations (W8A32), exactly the dequantized weights' product up to f32 rounding.
+pub type DotQ8F32 = fn(w: &[i8], ws: &[f32], x: &[f32], group_size: usize) -> f32;
+/// A block of weight rows against a batch of activation rows: `out[r * t + i]` is
+/// [`DotQ8`] of weight row `r` (`w: [rows, cols]`, `ws: [rows, cols / gs]`) with token `i` of
+/// `x`. Prefill calls it with every token of the prompt chunk, so each block of weights is read
+/// from memory once and reused from cache for all of them.
+pub type MatQ8 = fn(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]);
+
+/// `t` activation rows of `cols` values, quantized per group of `group_size` for the q8 kernels
+/// (the same rule as the weights, `quant.rs`).
+pub struct ActsQ8<'a> {
+    pub t: usize,
+    pub cols: usize,
+    pub group_size: usize,
+    /// `[t, cols]`: the int8 values.
+    pub q: &'a [i8],
+    /// `[t, cols]`: the same values plus 128, as unsigned bytes (`q as u8 ^ 0x80`). `vpdpbusd`
+    /// multiplies unsigned by signed bytes; this form lets the AVX-512 prefill kernel use it
+    /// without per-token sign fix-ups (see `mat_q8_avx512`).
+    pub biased: &'a [u8],
+    /// `[t, cols / group_size]`
+    pub scales: &'a [f32],
+}
+
+impl ActsQ8<'_> {
+    fn per(&self) -> usize {
+        self.cols / self.group_size
+    }
+    fn q_row(&self, i: usize) -> &[i8] {
+        &self.q[i * self.cols..(i + 1) * self.cols]
+    }
+    fn scales_row(&self, i: usize) -> &[f32] {
+        &self.scales[i * self.per()..(i + 1) * self.per()]
+    }
+    /// Panics unless every slice has the length the sizes say (a caller's bug, not bad input).
+    fn check(&self, w: &[i8], ws: &[f32], out: &[f32]) -> usize {
+        let (t, cols, gs) = (self.t, self.cols, self.group_size);
+        assert!(
+            gs > 0 && cols > 0 && cols.is_multiple_of(gs),
+            "q8: bad group size"
+        );
+        let rows = w.len() / cols;
+        assert!(
+            w.len() == rows * cols
+                && ws.len() == rows * (cols / gs)
+                && out.len() == rows * t
+                && self.q.len() == t * cols
+                && self.biased.len() == t * cols
+                && self.scales.len() == t * (cols / gs),
+            "q8: slice lengths do not match [{rows}, {cols}] x [{t}, {cols}]"
+        );
+        rows
+    }
+}
+/// Quantizes `x` per group into `q` and `scales` (same rule as [`crate::quant::quantize_q8`]).
+pub type QuantizeQ8 = fn(x: &[f32], group_size: usize, q: &mut [i8], scales: &mut [f32]);
+
+/// The dot products chosen for this CPU.
+#[derive(Clone, Copy)]
+pub struct Dots {
+    pub f32: DotF32,
+    pub bf16: DotBf16,
+    pub q8: DotQ8,
+    pub q8_rows: MatQ8,
+    pub q8_f32: DotQ8F32,
+    pub quantize_q8: QuantizeQ8,
+    /// Which instruction set was picked, for `--verbose` and the bench report.
+    pub isa: &'static str,
+}
+
+/// The scalar reference versions.
+pub const SCALAR: Dots = Dots {
+    f32: dot_f32_scalar,
+    bf16: dot_bf16_scalar,
+    q8: dot_q8_scalar,
+    q8_rows: mat_q8_scalar,
+    q8_f32: dot_q8_f32_scalar,
+    quantize_q8: crate::quant::quantize_q8,
+    isa: "scalar",
+};
+
+/// The fastest versions this CPU supports, detected once.
+pub fn dots() -> &'static Dots {
+    static DOTS: OnceLock<Dots> = OnceLock::new();
+    DOTS.get_or_init(detect)
+}
+
+fn detect() -> Dots {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx512() {
+            return x86::AVX512;
+        }
+        if x86::has_avx2() {
+            return x86::AVX2;
+        }
+    }
+    SCALAR
+}
+
+/// Every version available on this CPU (the scalar one first), for tests and benchmarks.
+pub fn available() -> Vec<Dots> {
+    let mut v = vec![SCALAR];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx2() {
+            v.push(x86::AVX2);
+        }
+        if x86::has_avx512() {
+            v.push(x86::AVX512);
+        }
+    }
+    v
+}
+
+pub fn dot_f32_scalar(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// bf16 is the upper half of an f32, so widening is a 16-bit shift.
+#[inline]
+pub fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits((b as u32) << 16)
+}
+
+pub fn dot_bf16_scalar(w: &[u16], x: &[f32]) -> f32 {
+    w.iter().zip(x).map(|(&b, &v)| bf16_to_f32(b) * v).sum()
+}
+
+pub fn dot_q8_scalar(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], gs: usize) -> f32 {
+    let mut sum = 0.0f32;
+    for (g, (wg, xg)) in w.chunks_exact(gs).zip(x.chunks_exact(gs)).enumerate() {
+        let isum: i32 = wg.iter().zip(xg).map(|(&a, &b)| a as i32 * b as i32).sum();
+        sum += isum as f32 * (ws[g] * xs[g]);
+    }
+    sum
+}
+
+pub fn mat_q8_scalar(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
+    mat_q8_with(dot_q8_scalar, w, ws, x, out)
+}
+
+/// [`MatQ8`] as one [`DotQ8`] per (row, token) pair.
+fn mat_q8_with(dot: DotQ8, w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
+    x.check(w, ws, out);
+    let (cols, per, t) = (x.cols, x.per(), x.t);
+    for (r, out_r) in out.chunks_exact_mut(t).enumerate() {
+        let (w_r, ws_r) = (&w[r * cols..(r + 1) * cols], &ws[r * per..(r + 1) * per]);
+        for (i, o) in out_r.iter_mut().enumerate() {
+            *o = dot(w_r, ws_r, x.q_row(i), x.scales_row(i), x.group_size);
+        }
+    }
+}
+
+pub fn dot_q8_f32_scalar(w: &[i8], ws: &[f32], x: &[f32], gs: usize) -> f32 {
+    let mut sum = 0.0f32;
+    for (g, (wg, xg)) in w.chunks_exact(gs).zip(x.chunks_exact(gs)).enumerate() {
+        let part: f32 = wg.iter().zip(xg).map(|(&a, &b)| a as f32 * b).sum();
+        sum += ws[g] * part;
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rand_vec(n: usize, seed: &mut u64, scale: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    /// Relative agreement with the scalar reference: different summation orders of n products of
+    /// magnitude m differ by about n * eps * m, so compare against that scale, not exactly.
+    fn close(a: f32, b: f32, n: usize, mag: f32) -> bool {
+        (a - b).abs() <= 4.0 * n as f32 * f32::EPSILON * mag + 1e-6
+    }
+
+    #[test]
+    fn every_isa_matches_scalar() {
+        let mut seed = 42;
+        for d in available() {
+            for n in [0, 1, 7, 16, 31, 64, 100, 1024, 3072] {
+                let a = rand_vec(n, &mut seed, 2.0);
+                let b = rand_vec(n, &mut seed, 3.0);
+                let (r, s) = ((d.f32)(&a, &b), dot_f32_scalar(&a, &b));
+                assert!(close(r, s, n, 6.0), "{} f32 n={n}: {r} vs {s}", d.isa);
+                let w: Vec<u16> = a.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+                let (r, s) = ((d.bf16)(&w, &b), dot_bf16_scalar(&w, &b));
+                assert!(close(r, s, n, 6.0), "{} bf16 n={n}: {r} vs {s}", d.isa);
+            }
+            for gs in [16, 32, 64, 128] {
+                for groups in [1, 3, 16] {
+                    let n = gs * groups;
+                    let a = rand_vec(n, &mut seed, 1.5);
+                    let b = rand_vec(n, &mut seed, 4.0);
+                    let (mut qa, mut sa) = (vec![0i8; n], vec![0f32; groups]);
+                    let (mut qb, mut sb) = (vec![0i8; n], vec![0f32; groups]);
+                    crate::quant::quantize_q8(&a, gs, &mut qa, &mut sa);
+                    (d.quantize_q8)(&b, gs, &mut qb, &mut sb);
+                    // The SIMD quantizer must equal the reference bit for bit.
+                    let (mut qr, mut sr) = (vec![0i8; n], vec![0f32; groups]);
+                    crate::quant::quantize_q8(&b, gs, &mut qr, &mut sr);
+                    assert_eq!(qb, qr, "{} quantize gs={gs}", d.isa);
+                    assert_eq!(sb, sr, "{} quantize scales gs={gs}", d.isa);
+                    let (r, s) = (
+                        (d.q8_f32)(&qa, &sa, &b, gs),
+                        dot_q8_f32_scalar(&qa, &sa, &b, gs),
+                    );
+                    assert!(close(r, s, n, 6.0), "{} q8_f32 gs={gs}: {r} vs {s}", d.isa);
+                    let r = (d.q8)(&qa, &sa, &qb, &sb, gs);
+                    let s = dot_q8_scalar(&qa, &sa, &qb, &sb, gs);
+                    assert!(
+                        close(r, s, groups, 6.0 * gs as f32),
+                        "{} q8 gs={gs}: {r} vs {s}",
+                        d.isa
+                    );
+                }
+            }
+        }
+    }
+
+    /// The block kernel against one scalar dot product per (row, token), over shapes that take
+    /// every tile of the AVX-512 kernel (2 or 1 rows; 8, 4 or 1 tokens) and group sizes with one
+    /// and several 64-byte chunks, and ones it does not handle itself (16, 32).
+    #[test]
+    fn q8_rows_matches_scalar_dots() {
+        let mut seed = 7;
+        for d in available() {
+            for gs in [16, 32, 64, 128] {
+                for (rows, t, groups) in [
+                    (1, 1, 3),
+                    (3, 2, 1),
+                    (2, 5, 17),
+                    (5, 8, 2),
+                    (3, 13, 20),
+                    (4, 20, 16),
+                ] {
+                    let cols = gs * groups;
+                    let w = rand_vec(rows * cols, &mut seed, 1.0);
+                    let x = rand_vec(t * cols, &mut seed, 3.0);
+                    let (mut wq, mut ws) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
+                    crate::quant::quantize_q8(&w, gs, &mut wq, &mut ws);
+                    let (mut xq, mut xs) = (vec![0i8; x.len()], vec![0f32; x.len() / gs]);
+                    crate::quant::quantize_q8(&x, gs, &mut xq, &mut xs);
+                    let biased: Vec<u8> = xq.iter().map(|&v| v as u8 ^ 0x80).collect();
+                    let acts = ActsQ8 {
+                        t,
+                        cols,
+                        group_size: gs,
+                        q: &xq,
+                        biased: &biased,
+                        scales: &xs,
+                    };
+                    let mut out = vec![f32::NAN; rows * t];
+                    (d.q8_rows)(&wq, &ws, &acts, &mut out);
+                    let per = cols / gs;
+                    for r in 0..rows {
+                        for i in 0..t {
+                            let want = dot_q8_scalar(
+                                &wq[r * cols..(r + 1) * cols],
+                                &ws[r * per..(r + 1) * per],
+                                &xq[i * cols..(i + 1) * cols],
+                                &xs[i * per..(i + 1) * per],
+                                gs,
+                            );
+                            let got = out[r * t + i];
+                            assert!(
+                                close(got, want, groups, 3.0 * gs as f32),
+                                "{} q8_rows gs={gs} [{rows}x{cols}]x[{t}]: ({r},{i}) {got} vs {want}",
+                                d.isa
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q8_product_approximates_the_float_product() {
+        // W8A8 error: each factor is within half a step of the truth, so the product of a group
+        // is off by at most about (|w| * step_x + |x| * step_w) / 2 per element.
+        let mut seed = 9;
+        let (n, gs) = (1024, 64);
+        let a = rand_vec(n, &mut seed, 1.0);
+        let b = rand_vec(n, &mut seed, 1.0);
+        let (mut qa, mut sa) = (vec![0i8; n], vec![0f32; n / gs]);
+        let (mut qb, mut sb) = (vec![0i8; n], vec![0f32; n / gs]);
+        crate::quant::quantize_q8(&a, gs, &mut qa, &mut sa);
+        crate::quant::quantize_q8(&b, gs, &mut qb, &mut sb);
+        let exact: f32 = dot_f32_scalar(&a, &b);
+        let approx = (dots().q8)(&qa, &sa, &qb, &sb, gs);
+        let bound = n as f32 * (1.0 / 127.0);
+        assert!((exact - approx).abs() < bound, "{exact} vs {approx}");
+    }
+}
