@@ -209,3 +209,47 @@ impl<'a> Backend for CpuBackend<'a> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Logits are read in place: no copy, and the staging buffer is never grown.
+    #[test]
+    fn read_borrows_the_buffer_itself() {
+        let b = CpuBackend::new();
+        let x = vec![1.0, 2.0, 3.0];
+        let mut staging = Vec::new();
+        let got = b.read(&x, 2, &mut staging).unwrap();
+        assert_eq!(got, &[1.0, 2.0]);
+        assert!(std::ptr::eq(got.as_ptr(), x.as_ptr()));
+        assert!(staging.is_empty());
+    }
+
+    /// `store_kv` writes token i's kv head h at `[layer][h][pos0 + i]`, the layout attention reads.
+    #[test]
+    fn store_kv_layout_is_head_major() {
+        let b = CpuBackend::new();
+        let shape = AttentionShape {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 3,
+            context_len: 5,
+        };
+        let mut cache = b.kv_cache(2, shape, 2).unwrap();
+        // Two tokens, [2 tokens, 2 kv heads, 3]: value = 100 * token + 10 * head + i.
+        let k: Vec<f32> = (0..12)
+            .map(|j| (100 * (j / 6) + 10 * (j / 3 % 2) + j % 3) as f32)
+            .collect();
+        let v: Vec<f32> = k.iter().map(|x| -x).collect();
+        b.store_kv(&mut cache, 1, &k, &v, 2, 3).unwrap();
+        let layer = &cache.k[cache.layer_len..];
+        for (token, head) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+            let at = (head * 5 + 3 + token) * 3;
+            let want = (100 * token + 10 * head) as f32;
+            assert_eq!(layer[at..at + 3], [want, want + 1.0, want + 2.0]);
+            assert_eq!(cache.v[cache.layer_len + at], -want);
+        }
+        assert!(cache.k[..cache.layer_len].iter().all(|&x| x == 0.0));
+    }
+}
