@@ -31,8 +31,6 @@ pub struct CpuKvCache {
     /// Floats per layer: `n_kv_heads * context_len * head_dim`.
     layer_len: usize,
     shape: AttentionShape,
-    /// Attention scores of one query token, `[n_heads, context_len]`.
-    scores: Vec<f32>,
 }
 
 fn norm_weight<'t>(w: &TensorView<'t>) -> Result<&'t [f32]> {
@@ -63,7 +61,6 @@ impl<'a> Backend for CpuBackend<'a> {
             v: vec![0.0; layers * layer_len],
             layer_len,
             shape: s,
-            scores: vec![0.0; s.n_heads * s.context_len],
         })
     }
 
@@ -191,7 +188,6 @@ impl<'a> Backend for CpuBackend<'a> {
             &q[..n],
             &cache.k[layer_range.clone()],
             &cache.v[layer_range],
-            &mut cache.scores,
             s,
             pos0,
             n_tok,

@@ -24,7 +24,6 @@ pub struct AttentionShape {
 /// - `q`, `out`: `[t, n_heads, head_dim]`
 /// - `k_cache`, `v_cache`: one layer's cache, `[n_kv_heads, context_len, head_dim]`, already
 ///   holding the keys and values of positions `0 .. start_pos + t` (these tokens included)
-/// - `scores`: scratch, `[n_heads, context_len]`
 ///
 /// Query `i` sees cache positions `0 ..= start_pos + i` (the causal mask: never a later token).
 ///
@@ -32,13 +31,11 @@ pub struct AttentionShape {
 /// heads that share that kv head, so each key and value row is read once for all of them (with
 /// Qwen3-0.6B's 16 query and 8 kv heads, half the cache traffic of one head at a time). Each task
 /// runs [`attend`].
-#[allow(clippy::too_many_arguments)]
 pub fn attention(
     out: &mut [f32],
     q: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
-    scores: &mut [f32],
     s: AttentionShape,
     start_pos: usize,
     t: usize,
@@ -49,7 +46,6 @@ pub fn attention(
     assert_eq!(q.len(), t * width);
     assert_eq!(out.len(), t * width);
     assert!(start_pos + t <= s.context_len);
-    assert_eq!(scores.len(), s.n_heads * s.context_len);
     let scale = (hd as f32).powf(-0.5);
     let attend = attend_fn();
     // out[i][kv * group .. (kv + 1) * group][..]: the group's heads are consecutive (repeat_kv),
@@ -298,8 +294,7 @@ mod tests {
         let width = s.n_heads * s.head_dim;
         let q: Vec<f32> = (0..t * width).map(|_| lcg(&mut seed) * 2.0).collect();
         let mut out = vec![0f32; t * width];
-        let mut scores = vec![0f32; s.n_heads * s.context_len];
-        attention(&mut out, &q, &k, &v, &mut scores, s, start, t);
+        attention(&mut out, &q, &k, &v, s, start, t);
 
         let hd = s.head_dim;
         for i in 0..t {
