@@ -4,6 +4,7 @@
 //! the q8 block product that prefill runs, in multiply-adds per second.
 
 use qwen3_inference::kernels::dot::{available, ActsQ8, Dots};
+use qwen3_inference::kernels::{attention, AttentionShape};
 use qwen3_inference::quant::quantize_q8;
 use std::hint::black_box;
 use std::time::Instant;
@@ -139,5 +140,35 @@ fn main() {
     println!("prefill's q8 block product, one thread (median)");
     for d in available() {
         bench_prefill(&d, 1024, 1024, 128, 5);
+    }
+    bench_attention();
+}
+
+/// One layer's attention with Qwen3-0.6B's heads (16 query, 8 kv, head_dim 128), one thread:
+/// one decode token after 2000 cached positions, and a 256-token prompt from position 0.
+fn bench_attention() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let s = AttentionShape {
+        n_heads: 16,
+        n_kv_heads: 8,
+        head_dim: 128,
+        context_len: 4096,
+    };
+    let mut seed = 3;
+    let kv = s.n_kv_heads * s.context_len * s.head_dim;
+    let (k, v) = (rand_vec(kv, &mut seed), rand_vec(kv, &mut seed));
+    println!("attention, one layer of Qwen3-0.6B's shape, one thread (median)");
+    for (start, t) in [(2000, 1), (0, 256)] {
+        let width = s.n_heads * s.head_dim;
+        let q = rand_vec(t * width, &mut seed);
+        let mut out = vec![0f32; t * width];
+        let secs = pool.install(|| time(7, || attention(&mut out, &q, &k, &v, s, start, t)));
+        println!(
+            "{t:>4} token(s) after {start:>4} cached positions: {:>7.3} ms",
+            secs * 1e3
+        );
     }
 }
