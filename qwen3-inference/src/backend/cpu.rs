@@ -125,6 +125,24 @@ impl<'a> Backend for CpuBackend<'a> {
         Ok(())
     }
 
+    fn matmuls<const N: usize>(
+        &self,
+        ys: [&mut Vec<f32>; N],
+        ws: [&TensorView<'a>; N],
+        x: &Vec<f32>,
+        n_tok: usize,
+        rows: [usize; N],
+        cols: usize,
+    ) -> Result<()> {
+        let mut ys = ys.into_iter().zip(rows);
+        let outs: [&mut [f32]; N] = std::array::from_fn(|_| {
+            let (y, r) = ys.next().expect("N outputs");
+            &mut y[..n_tok * r]
+        });
+        kernels::matmuls(outs, &x[..n_tok * cols], ws, n_tok);
+        Ok(())
+    }
+
     fn rope(
         &self,
         x: &mut Vec<f32>,

@@ -101,6 +101,24 @@ pub trait Backend {
         rows: usize,
         cols: usize,
     ) -> Result<()>;
+    /// Products of one input with several matrices of the same width, `ys[k] = x @ ws[k]^T`
+    /// (q/k/v, or gate/up). ys[k]: `[n_tok, rows[k]]`. A backend may run them as one pass (the
+    /// CPU quantizes `x` once and its threads meet once); by default they run one by one.
+    #[allow(clippy::too_many_arguments)]
+    fn matmuls<const N: usize>(
+        &self,
+        ys: [&mut Self::Buf; N],
+        ws: [&Self::Tensor; N],
+        x: &Self::Buf,
+        n_tok: usize,
+        rows: [usize; N],
+        cols: usize,
+    ) -> Result<()> {
+        for ((y, w), r) in ys.into_iter().zip(ws).zip(rows) {
+            self.matmul(y, w, x, n_tok, r, cols)?;
+        }
+        Ok(())
+    }
     /// Rotates every head of token `i` by the angles of position `pos0 + i`, in place.
     /// x: `[n_tok, n_heads, head_dim]`.
     #[allow(clippy::too_many_arguments)]

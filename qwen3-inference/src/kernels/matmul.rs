@@ -19,107 +19,177 @@ const ROWS_PER_TASK: usize = 16;
 /// Panics if the slice lengths do not match the shapes (a bug in the caller, not bad input: the
 /// model file's shapes were validated when it was opened).
 pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
-    let (rows, cols) = (w.shape[0] as usize, w.shape[1] as usize);
+    matmuls([out], x, [w], t)
+}
+
+/// Several products of the same activations, `outs[k] = x @ ws[k]^T`, for matrices of the same
+/// input width and storage (q/k/v, or gate/up, of one layer).
+///
+/// Decode runs them as one parallel pass over all their rows: the activations are quantized
+/// once, and the threads meet once instead of after every matrix. Prefill runs them one after
+/// the other (its products are long enough that the meeting costs nothing).
+pub fn matmuls<const N: usize>(outs: [&mut [f32]; N], x: &[f32], ws: [&TensorView; N], t: usize) {
+    let cols = ws[0].shape[1] as usize;
     assert_eq!(
         x.len(),
         t * cols,
         "matmul {}: x is not [{t}, {cols}]",
-        w.name
+        ws[0].name
     );
-    assert_eq!(
-        out.len(),
-        t * rows,
-        "matmul {}: out is not [{t}, {rows}]",
-        w.name
-    );
+    for (out, w) in outs.iter().zip(ws) {
+        let rows = w.shape[0] as usize;
+        assert_eq!(
+            w.shape[1] as usize, cols,
+            "matmul {}: not {cols} columns",
+            w.name
+        );
+        assert_eq!(
+            out.len(),
+            t * rows,
+            "matmul {}: out is not [{t}, {rows}]",
+            w.name
+        );
+    }
+    with_activations(x, t, cols, &ws, |acts| {
+        if t == 1 {
+            // Decode: `[1, rows]` and `[rows, 1]` are the same layout, so each task writes its
+            // contiguous slice of an output directly and streams the matching block of weight
+            // rows. One parallel iterator covers the blocks of every matrix.
+            outs.into_par_iter()
+                .zip(ws)
+                .flat_map(|(out, w)| {
+                    out.par_chunks_mut(ROWS_PER_TASK)
+                        .enumerate()
+                        .map(move |(chunk, block)| (w, chunk * ROWS_PER_TASK, block))
+                })
+                .for_each(|(w, r0, block)| fill_block(w, x, acts, 1, r0, block));
+        } else {
+            for (out, w) in outs.into_iter().zip(ws) {
+                prefill(out, w.shape[0] as usize, t, |r0, block| {
+                    fill_block(w, x, acts, t, r0, block)
+                });
+            }
+        }
+    })
+}
+
+/// `block: [n, t]` (weight row, then token): weight rows `r0 .. r0 + n` of `w` against the `t`
+/// activation rows, `x` as f32 or, for q8 weights, as quantized in `acts`.
+fn fill_block(
+    w: &TensorView,
+    x: &[f32],
+    acts: Option<&ActsQ8>,
+    t: usize,
+    r0: usize,
+    block: &mut [f32],
+) {
+    let cols = w.shape[1] as usize;
+    let n = block.len() / t;
     let dots = dots();
-    match w.data {
-        TensorData::F32(v) => for_each_block(out, rows, t, |r0, block| {
+    match (w.data, acts) {
+        (TensorData::F32(v), _) => {
             for (j, outs) in block.chunks_exact_mut(t).enumerate() {
                 let w_r = &v[(r0 + j) * cols..(r0 + j + 1) * cols];
                 for (i, o) in outs.iter_mut().enumerate() {
                     *o = (dots.f32)(w_r, &x[i * cols..(i + 1) * cols]);
                 }
             }
-        }),
-        TensorData::Bf16(v) => for_each_block(out, rows, t, |r0, block| {
+        }
+        (TensorData::Bf16(v), _) => {
             for (j, outs) in block.chunks_exact_mut(t).enumerate() {
                 let w_r = &v[(r0 + j) * cols..(r0 + j + 1) * cols];
                 for (i, o) in outs.iter_mut().enumerate() {
                     *o = (dots.bf16)(w_r, &x[i * cols..(i + 1) * cols]);
                 }
             }
-        }),
-        TensorData::Q8 {
-            q,
-            scales,
-            group_size: gs,
-        } => {
-            // W8A8: each activation row is quantized once, per group of `gs` like the weights
-            // (quant.rs), so every group's product is an integer dot product times two scales:
-            // sum_g ws[r,g] * xs[i,g] * sum_{c in g} q_w[r,c] * q_x[i,c]. The activation
-            // rounding adds an error of the same size as the weights' (half a step of the
-            // group's largest value); the parity tests bound the total against HuggingFace.
-            let per = cols / gs;
-            ACTIVATIONS.with(|cell| {
-                let mut buf = cell.borrow_mut();
-                let (xq, xb, xs) = &mut *buf;
-                // Grows to the largest [t, cols] seen, then is reused: no allocation per token.
-                xq.resize(t * cols, 0);
-                xb.resize(t * cols, 0);
-                xs.resize(t * per, 0.0);
-                for i in 0..t {
-                    (dots.quantize_q8)(
-                        &x[i * cols..(i + 1) * cols],
-                        gs,
-                        &mut xq[i * cols..(i + 1) * cols],
-                        &mut xs[i * per..(i + 1) * per],
-                    );
-                }
-                // The same values offset by 128 as unsigned bytes, for the AVX-512 kernel.
-                for (b, &v) in xb[..t * cols].iter_mut().zip(&xq[..t * cols]) {
-                    *b = v as u8 ^ 0x80;
-                }
-                let acts = ActsQ8 {
-                    t,
-                    cols,
-                    group_size: gs,
-                    q: &xq[..t * cols],
-                    biased: &xb[..t * cols],
-                    scales: &xs[..t * per],
-                };
-                for_each_block(out, rows, t, |r0, block| {
-                    let n = block.len() / t;
-                    (dots.q8_rows)(
-                        &q[r0 * cols..(r0 + n) * cols],
-                        &scales[r0 * per..(r0 + n) * per],
-                        &acts,
-                        block,
-                    );
-                })
-            })
         }
+        (
+            TensorData::Q8 {
+                q,
+                scales,
+                group_size: gs,
+            },
+            Some(acts),
+        ) => {
+            let per = cols / gs;
+            (dots.q8_rows)(
+                &q[r0 * cols..(r0 + n) * cols],
+                &scales[r0 * per..(r0 + n) * per],
+                acts,
+                block,
+            );
+        }
+        (TensorData::Q8 { .. }, None) => unreachable!("q8 weights without quantized activations"),
     }
 }
 
+/// Runs `f` with the activations quantized for q8 weights (`None` for f32 and bf16 weights).
+///
+/// W8A8: each activation row is quantized once, per group of `gs` like the weights (quant.rs),
+/// so every group's product is an integer dot product times two scales:
+/// `sum_g ws[r,g] * xs[i,g] * sum_{c in g} q_w[r,c] * q_x[i,c]`. The activation rounding adds an
+/// error of the same size as the weights' (half a step of the group's largest value); the
+/// parity tests bound the total against HuggingFace.
+fn with_activations<R>(
+    x: &[f32],
+    t: usize,
+    cols: usize,
+    ws: &[&TensorView],
+    f: impl FnOnce(Option<&ActsQ8>) -> R,
+) -> R {
+    let TensorData::Q8 { group_size: gs, .. } = ws[0].data else {
+        return f(None);
+    };
+    for w in ws {
+        assert!(
+            matches!(w.data, TensorData::Q8 { group_size, .. } if group_size == gs),
+            "matmuls: {} is not q8 with group size {gs}",
+            w.name
+        );
+    }
+    let dots = dots();
+    let per = cols / gs;
+    ACTIVATIONS.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        let (xq, xb, xs) = &mut *buf;
+        // Grows to the largest [t, cols] seen, then is reused: no allocation per token.
+        xq.resize(t * cols, 0);
+        xb.resize(t * cols, 0);
+        xs.resize(t * per, 0.0);
+        for i in 0..t {
+            (dots.quantize_q8)(
+                &x[i * cols..(i + 1) * cols],
+                gs,
+                &mut xq[i * cols..(i + 1) * cols],
+                &mut xs[i * per..(i + 1) * per],
+            );
+        }
+        // The same values offset by 128 as unsigned bytes, for the AVX-512 kernel.
+        for (b, &v) in xb[..t * cols].iter_mut().zip(&xq[..t * cols]) {
+            *b = v as u8 ^ 0x80;
+        }
+        f(Some(&ActsQ8 {
+            t,
+            cols,
+            group_size: gs,
+            q: &xq[..t * cols],
+            biased: &xb[..t * cols],
+            scales: &xs[..t * per],
+        }))
+    })
+}
+
 thread_local! {
-    /// The quantized activations of the q8 path (values, scales), kept between calls.
+    /// The quantized activations of the q8 path (values, biased values, scales), kept between
+    /// calls.
     static ACTIVATIONS: std::cell::RefCell<(Vec<i8>, Vec<u8>, Vec<f32>)> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
-/// Fills `out: [t, rows]`, parallel over blocks of weight rows: `fill(r0, block)` writes the
-/// products of weight rows `r0 .. r0 + n` with every token, `block: [n, t]` (row-major: weight
-/// row, then token).
-fn for_each_block(out: &mut [f32], rows: usize, t: usize, fill: impl Fn(usize, &mut [f32]) + Sync) {
-    if t == 1 {
-        // Decode: `[1, rows]` and `[rows, 1]` are the same layout, so each task writes its
-        // contiguous slice of `out` directly and streams the matching block of weight rows.
-        out.par_chunks_mut(ROWS_PER_TASK)
-            .enumerate()
-            .for_each(|(chunk, block)| fill(chunk * ROWS_PER_TASK, block));
-        return;
-    }
+/// Prefill: fills `out: [t, rows]`, parallel over blocks of weight rows: `fill(r0, block)`
+/// writes the products of weight rows `r0 .. r0 + n` with every token, `block: [n, t]`
+/// (row-major: weight row, then token).
+fn prefill(out: &mut [f32], rows: usize, t: usize, fill: impl Fn(usize, &mut [f32]) + Sync) {
     // Prefill: a task owns a block of weight rows and computes them for every token, so each
     // weight row is read from memory once and then from cache for the other tokens. Its results
     // are columns of `out`, which are not contiguous, so they go to a transposed buffer
@@ -258,6 +328,56 @@ mod tests {
             (6, 9, 128),
         ] {
             check(t, rows, cols);
+        }
+    }
+
+    /// Three products in one pass give exactly what three separate calls give (same kernels,
+    /// same quantized activations), for decode (one pass) and prefill (one after the other).
+    #[test]
+    fn matmuls_equal_separate_products() {
+        let (cols, gs) = (128, 64);
+        let mut seed = 11;
+        let shapes = [[40u64, cols], [16, cols], [16, cols]];
+        let ws: Vec<(Vec<i8>, Vec<f32>)> = shapes
+            .iter()
+            .map(|s| {
+                let w: Vec<f32> = (0..s[0] * s[1]).map(|_| lcg(&mut seed)).collect();
+                let (mut q, mut sc) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
+                quantize_q8(&w, gs, &mut q, &mut sc);
+                (q, sc)
+            })
+            .collect();
+        let views: Vec<TensorView> = ws
+            .iter()
+            .zip(&shapes)
+            .map(|((q, sc), shape)| TensorView {
+                name: "w",
+                shape,
+                data: TensorData::Q8 {
+                    q,
+                    scales: sc,
+                    group_size: gs,
+                },
+            })
+            .collect();
+        for t in [1, 3] {
+            let x: Vec<f32> = (0..t * cols as usize).map(|_| lcg(&mut seed)).collect();
+            let mut sep: Vec<Vec<f32>> = shapes
+                .iter()
+                .map(|s| vec![0.0; t * s[0] as usize])
+                .collect();
+            for (out, w) in sep.iter_mut().zip(&views) {
+                matmul(out, &x, w, t);
+            }
+            let mut fused: Vec<Vec<f32>> = shapes
+                .iter()
+                .map(|s| vec![f32::NAN; t * s[0] as usize])
+                .collect();
+            let [a, b, c] = &mut fused[..] else {
+                unreachable!()
+            };
+            matmuls([a, b, c], &x, [&views[0], &views[1], &views[2]], t);
+            assert_eq!(fused, sep, "t = {t}");
         }
     }
 }

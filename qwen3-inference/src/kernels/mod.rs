@@ -28,7 +28,7 @@ mod rope;
 pub use attention::{attention, AttentionShape};
 pub use elementwise::{add, silu_mul};
 pub use embedding::embedding;
-pub use matmul::matmul;
+pub use matmul::{matmul, matmuls};
 pub use rmsnorm::rmsnorm;
 pub use rope::{rope, RopeTable};
 

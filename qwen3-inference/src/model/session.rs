@@ -352,10 +352,16 @@ impl<'m, B: Backend> Session<'m, B> {
         let pos = self.pos;
         let s = &mut self.s;
 
-        // i. Projections.     q: [t, n_heads, head_dim]   k, v: [t, n_kv_heads, head_dim]
-        b.matmul(&mut s.q_raw, &attn.q_proj, &s.xb, t, nh * hd, d)?;
-        b.matmul(&mut s.k_raw, &attn.k_proj, &s.xb, t, nkv * hd, d)?;
-        b.matmul(&mut s.v, &attn.v_proj, &s.xb, t, nkv * hd, d)?;
+        // i. Projections, the three in one pass over xb.
+        //    q: [t, n_heads, head_dim]   k, v: [t, n_kv_heads, head_dim]
+        b.matmuls(
+            [&mut s.q_raw, &mut s.k_raw, &mut s.v],
+            [&attn.q_proj, &attn.k_proj, &attn.v_proj],
+            &s.xb,
+            t,
+            [nh * hd, nkv * hd, nkv * hd],
+            d,
+        )?;
 
         // ii. Per-head RMSNorm of q and k over head_dim (Qwen3's q_norm/k_norm), before RoPE:
         //     rows = t * heads, each head_dim wide.
@@ -383,8 +389,15 @@ impl<'m, B: Backend> Session<'m, B> {
         let b = self.backend;
         let Dims { d, ff, .. } = self.dims;
         let s = &mut self.s;
-        b.matmul(&mut s.gate, &mlp.gate_proj, &s.xb, t, ff, d)?; //   gate: [t, intermediate]
-        b.matmul(&mut s.up, &mlp.up_proj, &s.xb, t, ff, d)?; //       up:   [t, intermediate]
+        // gate, up: [t, intermediate], the two in one pass over xb.
+        b.matmuls(
+            [&mut s.gate, &mut s.up],
+            [&mlp.gate_proj, &mlp.up_proj],
+            &s.xb,
+            t,
+            [ff, ff],
+            d,
+        )?;
         b.silu_mul(&mut s.gate, &s.up, t * ff)?; //                    gate = silu(gate) * up
         b.matmul(&mut s.xb, &mlp.down_proj, &s.gate, t, d, ff) //      xb:   [t, hidden]
     }
