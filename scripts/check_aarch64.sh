@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the qwen3-inference library tests on aarch64 under user-mode emulation (qemu-user), so
+# Lints the aarch64-only code, then runs the qwen3-inference library tests on aarch64 under user-mode emulation (qemu-user), so
 # the NEON dot-product kernels (qwen3-inference/src/kernels/dot/aarch64.rs) are checked against
 # the scalar ones on every commit, without an ARM machine. Used by CI; see docs/performance.md.
 #
@@ -44,6 +44,9 @@ if ! rustup target list --installed 2>/dev/null | grep -qx "$TARGET"; then
 fi
 
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+# The x86-64 lint run never compiles the aarch64-only code, so lint it here.
+echo "== cargo clippy -p qwen3-inference --target $TARGET --all-targets -- -D warnings"
+cargo clippy -p qwen3-inference --target "$TARGET" --all-targets -- -D warnings
 run_on() { # CPU EXPECT_DOTPROD [test filter...]
     local cpu=$1 expect=$2
     shift 2
