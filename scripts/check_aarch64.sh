@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Lints the aarch64-only code, then runs the qwen3-inference library tests on aarch64 under user-mode emulation (qemu-user), so
-# the NEON dot-product kernels (qwen3-inference/src/kernels/dot/aarch64.rs) are checked against
-# the scalar ones on every commit, without an ARM machine. Used by CI; see docs/performance.md.
+# Lints the aarch64-only code, then runs the qwen3-inference library tests on aarch64 under
+# user-mode emulation (qemu-user), so the NEON dot-product kernels
+# (qwen3-inference/src/kernels/dot/aarch64.rs) are checked against the scalar ones on every
+# commit, without an ARM machine. Used by CI; see docs/performance.md.
 #
 # Two emulated CPUs cover both aarch64 dispatch paths:
 #   -cpu max         has the dot-product extension: kernels "neon" and "neon-dotprod"; the whole
