@@ -44,15 +44,7 @@ pub const NEON: Dots = Dots {
 pub const NEON_DOTPROD: Dots = Dots {
     // SAFETY: only handed out after `has_dotprod()` returned true, which includes NEON.
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_dotprod(w, ws, x, xs, gs) },
-    q8_rows: |w, ws, x, out| {
-        mat_q8_with(
-            |w, ws, x, xs, gs| unsafe { dot_q8_dotprod(w, ws, x, xs, gs) },
-            w,
-            ws,
-            x,
-            out,
-        )
-    },
+    q8_rows: |w, ws, x, out| unsafe { mat_q8_dotprod(w, ws, x, out) },
     isa: "neon-dotprod",
     ..NEON
 };
@@ -169,6 +161,104 @@ unsafe fn dot_q8_dotprod(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], gs: usize) 
         acc = vfmaq_n_f32(acc, vcvtq_f32_s32(isum), ws[g] * xs[g]);
     }
     vaddvq_f32(acc)
+}
+
+/// [`MatQ8`] with `sdot`, for groups of a multiple of 16 values (others take one scalar
+/// [`DotQ8`] per pair).
+///
+/// Decode (`t = 1`) runs [`dot_q8_dotprod`] row by row: it is bound by memory. Prefill is bound
+/// by arithmetic, so it is tiled like the AVX-512 kernel (`mat_q8_avx512` in x86.rs): two weight
+/// rows against four tokens at a time ([`tile_q8_dotprod`]), each 16-byte weight vector loaded
+/// once for four tokens and each activation vector once for two rows, 6 loads for 8 `sdot`s
+/// where one dot product per pair needs 16. (Its 8 integer sums, 8 float sums and 3 operands fit
+/// the 32 vector registers. The tiling is chosen from the instruction counts; it has not been
+/// timed on ARM hardware, see docs/performance.md.)
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn mat_q8_dotprod(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
+    let rows = x.check(w, ws, out);
+    let (t, cols, gs, per) = (x.t, x.cols, x.group_size, x.per());
+    if !gs.is_multiple_of(16) {
+        return mat_q8_with(dot_q8_scalar, w, ws, x, out);
+    }
+    if t == 1 {
+        for (r, o) in out.iter_mut().enumerate() {
+            *o = dot_q8_dotprod(
+                &w[r * cols..(r + 1) * cols],
+                &ws[r * per..(r + 1) * per],
+                x.q,
+                x.scales,
+                gs,
+            );
+        }
+        return;
+    }
+    let mut i = 0;
+    while i < t {
+        let n = if t - i >= 4 { 4 } else { 1 };
+        let mut r = 0;
+        while r < rows {
+            let m = if rows - r >= 2 { 2 } else { 1 };
+            // SAFETY: rows r..r+m and tokens i..i+n are in range (m <= rows - r,
+            // n <= t - i), and `check` proved every slice has the length of its shape.
+            match (m, n) {
+                (2, 4) => tile_q8_dotprod::<2, 4>(w, ws, x, out, r, i),
+                (2, _) => tile_q8_dotprod::<2, 1>(w, ws, x, out, r, i),
+                (_, 4) => tile_q8_dotprod::<1, 4>(w, ws, x, out, r, i),
+                _ => tile_q8_dotprod::<1, 1>(w, ws, x, out, r, i),
+            }
+            r += m;
+        }
+        i += n;
+    }
+}
+
+/// `out[(r + a) * t + i + j]` for the `R` weight rows from `r` and the `N` tokens from `i`:
+/// per group, the exact integer sums of `sdot`, then one conversion and one multiply-add by
+/// `ws[r + a, g] * xs[i + j, g]`, the same operations in the same order as [`dot_q8_dotprod`].
+///
+/// Caller guarantees rows `r..r+R` and tokens `i..i+N` exist, that `x.check` passed and that
+/// the group size is a multiple of 16.
+#[inline]
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn tile_q8_dotprod<const R: usize, const N: usize>(
+    w: &[i8],
+    ws: &[f32],
+    x: &ActsQ8,
+    out: &mut [f32],
+    r: usize,
+    i: usize,
+) {
+    let (t, cols, gs, per) = (x.t, x.cols, x.group_size, x.per());
+    // Row starts: every read below is at offset k + 16 <= cols from one of them.
+    let w_row: [*const i8; R] = std::array::from_fn(|a| w.as_ptr().add((r + a) * cols));
+    let x_row: [*const i8; N] = std::array::from_fn(|j| x.q.as_ptr().add((i + j) * cols));
+    let mut acc = [[vdupq_n_f32(0.0); N]; R];
+    for g in 0..per {
+        let mut isum = [[vdupq_n_s32(0); N]; R];
+        for k in (g * gs..(g + 1) * gs).step_by(16) {
+            let wv: [int8x16_t; R] = w_row.map(|p| vld1q_s8(p.add(k)));
+            // Plain loops, not closures, around `sdot`: a closure does not inherit this
+            // function's `dotprod` feature, so the call in it would not be inlined.
+            for j in 0..N {
+                let xv = vld1q_s8(x_row[j].add(k));
+                for a in 0..R {
+                    isum[a][j] = sdot(isum[a][j], wv[a], xv);
+                }
+            }
+        }
+        for a in 0..R {
+            let w_scale = ws[(r + a) * per + g];
+            for j in 0..N {
+                let scale = w_scale * x.scales[(i + j) * per + g];
+                acc[a][j] = vfmaq_n_f32(acc[a][j], vcvtq_f32_s32(isum[a][j]), scale);
+            }
+        }
+    }
+    for (a, acc_a) in acc.iter().enumerate() {
+        for (j, &acc_aj) in acc_a.iter().enumerate() {
+            out[(r + a) * t + i + j] = vaddvq_f32(acc_aj);
+        }
+    }
 }
 
 /// Groups of a multiple of 16 values; others take the scalar path.
