@@ -1,12 +1,12 @@
 // Element-wise steps of a layer. n elements, grid ceil(n / blockDim.x).
 
-// SwiGLU's gate: out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + exp(-x)) (HF ACT2FN["silu"],
-// torch.nn.functional.silu). gate, up, out: [n_tok, intermediate_size] flattened.
-extern "C" __global__ void silu_mul(float* out, const float* gate, const float* up, int n) {
+// SwiGLU's gate, in place: gate[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + exp(-x))
+// (HF ACT2FN["silu"], torch.nn.functional.silu). gate, up: [n_tok, intermediate_size] flattened.
+extern "C" __global__ void silu_mul(float* gate, const float* up, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         const float g = gate[i];
-        out[i] = (g / (1.0f + expf(-g))) * up[i];
+        gate[i] = (g / (1.0f + expf(-g))) * up[i];
     }
 }
 

@@ -1,13 +1,25 @@
-//! The forward pass of `qwen3_cuda::forward`, run on the CPU references of the kernels: the same
-//! orchestration code the GPU runs (buffer sizes, KV cache offsets, causal positions, GQA), checked
-//! against a naive f64 forward pass of HuggingFace's Qwen3 math, on tiny random models.
+//! The one forward pass (`qwen3_inference::model::Session`) on the CPU references of the kernels:
+//! the same orchestration the GPU runs (buffer sizes, KV cache offsets, causal positions, GQA),
+//! checked against a naive f64 forward pass of HuggingFace's Qwen3 math, on tiny random models.
 
 mod common;
 
 use common::*;
-use qwen3_cuda::backend::ReferenceBackend;
-use qwen3_cuda::forward::{Session, Weights};
+use qwen3_cuda::reference::ReferenceBackend;
 use qwen3_inference::format::{DType, ModelFile};
+use qwen3_inference::model::{Model, Session};
+
+/// A session on the references with prompts run in chunks of `chunk` tokens.
+fn session<'m>(
+    backend: &'m ReferenceBackend<'m>,
+    model: &'m Model<'m>,
+    ctx: usize,
+    chunk: usize,
+) -> anyhow::Result<Session<'m, ReferenceBackend<'m>>> {
+    let mut s = Session::with_backend(backend, model, ctx)?;
+    s.set_max_batch(chunk)?;
+    Ok(s)
+}
 
 fn max_abs_diff(a: &[f32], b: &[f64]) -> f64 {
     a.iter()
@@ -34,14 +46,14 @@ fn decode_matches_naive_f64_for_every_dtype_tied_and_untied() {
         let vals = write_model(&path, &c);
         let file = ModelFile::open(&path).unwrap();
         let backend = ReferenceBackend::new();
-        let weights = Weights::load(file.config(), |n| Ok(file.tensor(n)?.data)).unwrap();
-        let mut s = Session::new(&backend, &weights, file.config(), 16, 4).unwrap();
+        let model = Model::load(&file).unwrap();
+        let mut s = session(&backend, &model, 16, 4).unwrap();
         let want = naive_forward(&c, &vals, &PROMPT);
         let spread = want[0].iter().fold(0.0f64, |m, v| m.max(v.abs()));
         assert!(spread > 1.0, "logits too flat to test anything: {spread}");
         for (pos, &tok) in PROMPT.iter().enumerate() {
             let got = s.forward(&[tok]).unwrap();
-            let err = max_abs_diff(&got, &want[pos]);
+            let err = max_abs_diff(got, &want[pos]);
             assert!(
                 err < 1e-4,
                 "{dtype} tied={tied} pos {pos}: max abs diff {err}"
@@ -60,17 +72,17 @@ fn prefill_chunks_and_decode_agree_bit_for_bit() {
     write_model(&path, &c);
     let file = ModelFile::open(&path).unwrap();
     let backend = ReferenceBackend::new();
-    let weights = Weights::load(file.config(), |n| Ok(file.tensor(n)?.data)).unwrap();
+    let model = Model::load(&file).unwrap();
     let mut results = Vec::new();
     for chunk in [1, 3, 7, 16] {
-        let mut s = Session::new(&backend, &weights, file.config(), 16, chunk).unwrap();
-        results.push(s.forward(&PROMPT).unwrap());
-        assert_eq!(s.position(), PROMPT.len());
+        let mut s = session(&backend, &model, 16, chunk).unwrap();
+        results.push(s.forward(&PROMPT).unwrap().to_vec());
+        assert_eq!(s.pos(), PROMPT.len());
     }
-    let mut s = Session::new(&backend, &weights, file.config(), 16, 4).unwrap();
+    let mut s = session(&backend, &model, 16, 4).unwrap();
     let mut last = Vec::new();
     for &t in &PROMPT {
-        last = s.forward(&[t]).unwrap();
+        last = s.forward(&[t]).unwrap().to_vec();
     }
     results.push(last);
     for r in &results[1..] {
@@ -87,12 +99,12 @@ fn truncate_rewinds_the_cache() {
     write_model(&path, &c);
     let file = ModelFile::open(&path).unwrap();
     let backend = ReferenceBackend::new();
-    let weights = Weights::load(file.config(), |n| Ok(file.tensor(n)?.data)).unwrap();
-    let mut a = Session::new(&backend, &weights, file.config(), 16, 4).unwrap();
+    let model = Model::load(&file).unwrap();
+    let mut a = session(&backend, &model, 16, 4).unwrap();
     a.forward(&[5, 6, 7, 8, 9]).unwrap();
     a.truncate(2).unwrap();
-    let after = a.forward(&[42, 43]).unwrap();
-    let mut b = Session::new(&backend, &weights, file.config(), 16, 4).unwrap();
+    let after = a.forward(&[42, 43]).unwrap().to_vec();
+    let mut b = session(&backend, &model, 16, 4).unwrap();
     assert_eq!(b.forward(&[5, 6, 42, 43]).unwrap(), after);
     assert!(a.truncate(5).is_err());
     std::fs::remove_file(&path).ok();
@@ -106,19 +118,19 @@ fn bad_input_is_an_error() {
     write_model(&path, &c);
     let file = ModelFile::open(&path).unwrap();
     let backend = ReferenceBackend::new();
-    let weights = Weights::load(file.config(), |n| Ok(file.tensor(n)?.data)).unwrap();
-    let mut s = Session::new(&backend, &weights, file.config(), 4, 4).unwrap();
+    let model = Model::load(&file).unwrap();
+    let mut s = session(&backend, &model, 4, 4).unwrap();
     assert!(s
         .forward(&[1, 2, 3, 4, 5])
         .unwrap_err()
         .to_string()
-        .contains("exceed the context"));
+        .contains("do not fit"));
     assert!(s
         .forward(&[100])
         .unwrap_err()
         .to_string()
         .contains("outside the vocabulary"));
     assert!(s.forward(&[]).is_err());
-    assert!(Session::new(&backend, &weights, file.config(), 65, 4).is_err());
+    assert!(session(&backend, &model, 65, 4).is_err());
     std::fs::remove_file(&path).ok();
 }

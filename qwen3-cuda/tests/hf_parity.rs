@@ -1,5 +1,5 @@
-//! The forward pass the GPU runs (`qwen3_cuda::forward`), driven by the CPU references of the
-//! kernels, against HuggingFace: each fixture checkpoint in `fixtures/models/` is exported as f32
+//! The forward pass the GPU runs (`qwen3_inference::model::Session`), driven by the CPU references
+//! of the kernels (`ReferenceBackend`), against HuggingFace: each fixture checkpoint in `fixtures/models/` is exported as f32
 //! and its logits are compared with transformers' (float32, eager attention) in `reference.json`
 //! (made by scripts/make_fixtures.py). This is how the GPU path's orchestration and the kernels'
 //! exact math are checked against the reference implementation on machines without a GPU;
@@ -9,10 +9,12 @@
 //! export stores the source weights exactly, so the only difference is f32 rounding in another
 //! summation order; the fixtures record transformers' own f32-vs-f64 distance (5e-6 to 2e-5).
 
-use qwen3_cuda::backend::ReferenceBackend;
-use qwen3_cuda::forward::{Session, Weights};
+use qwen3_cuda::reference::ReferenceBackend;
 use qwen3_export::{export, ExportOptions};
 use qwen3_inference::format::{DType, ModelFile};
+use qwen3_inference::generate::generate;
+use qwen3_inference::model::{Model, Session};
+use qwen3_inference::sampler::{Sampler, SamplerConfig};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -62,6 +64,19 @@ fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
+fn greedy() -> Sampler {
+    Sampler::new(SamplerConfig {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        presence_penalty: 0.0,
+        seed: 0,
+    })
+    .unwrap()
+}
+
 fn max_abs(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -77,7 +92,7 @@ fn check_fixture(name: &str) {
     let path = export_f32(name);
     let file = ModelFile::open(&path).unwrap();
     let backend = ReferenceBackend::new();
-    let weights = Weights::load(file.config(), |n| Ok(file.tensor(n)?.data)).unwrap();
+    let model = Model::load(&file).unwrap();
     let refr: Reference = serde_json::from_str(
         &std::fs::read_to_string(fixture(name).join("reference.json")).unwrap(),
     )
@@ -97,10 +112,10 @@ fn check_fixture(name: &str) {
             .iter()
             .chain(case.greedy_logits.iter().skip(1))
             .collect();
-        let mut s = Session::new(&backend, &weights, file.config(), seq.len(), 8).unwrap();
+        let mut s = Session::with_backend(&backend, &model, seq.len()).unwrap();
         let mut rows = Vec::new();
         for &t in &seq {
-            rows.push(s.forward(&[t]).unwrap());
+            rows.push(s.forward(&[t]).unwrap().to_vec());
         }
         for (r, hf) in hf_rows.iter().enumerate() {
             let err = max_abs(&rows[r], hf);
@@ -120,12 +135,24 @@ fn check_fixture(name: &str) {
             );
         }
         // Prefill of the whole prompt in chunks: the same last row, bit for bit.
-        let mut p = Session::new(&backend, &weights, file.config(), seq.len(), 8).unwrap();
+        let mut p = Session::with_backend(&backend, &model, seq.len()).unwrap();
+        p.set_max_batch(8.min(seq.len())).unwrap();
         assert_eq!(
             p.forward(&case.prompt_ids).unwrap(),
             rows[np - 1],
             "{name} case {ci} prefill"
         );
+        // The generation loop (qwen3_inference::generate, the CLI's, generic over the backend),
+        // greedy: transformers' continuation token for token.
+        let mut g = Session::with_backend(&backend, &model, seq.len()).unwrap();
+        let mut ids = Vec::new();
+        let n = case.greedy_ids.len();
+        generate(&mut g, &mut greedy(), &case.prompt_ids, n, &[], |id| {
+            ids.push(id);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(ids, case.greedy_ids, "{name} case {ci} generate");
     }
     if refr.cases.iter().all(|c| c.prompt_logits.is_empty()) {
         eprintln!("{name}: greedy continuations identical (the fixture records no logits)");
@@ -155,8 +182,8 @@ fn tiny_qwen3_fullvocab_greedy() {
     check_fixture("tiny-qwen3-fullvocab");
 }
 
-/// The forward pass over the kernel references against qwen3-inference's CPU forward pass on bf16
-/// exports (f32 ones are covered against transformers above): both multiply the stored bf16
+/// The forward pass over the kernel references against the same forward pass on the CPU backend on
+/// bf16 exports (f32 ones are covered against transformers above): both multiply the stored bf16
 /// weights by f32 activations, so they differ by summation order only: 1e-4, as above. This is
 /// the comparison tests/gpu.rs makes with the kernels on a device. q8 is not compared here: the
 /// CPU path quantizes the activations too (W8A8), the GPU path does not (W8A32), so their q8
@@ -183,19 +210,20 @@ fn bf16_exports_match_the_cpu_backend() {
             };
             export(&fixture(name), &path, &opts).unwrap();
             let file = ModelFile::open(&path).unwrap();
-            let model = qwen3_inference::model::Model::load(&file).unwrap();
-            let mut cpu = qwen3_inference::model::Session::new(&model, 32).unwrap();
+            // One model, two backends: the CPU's SIMD kernels and the GPU kernels' references.
+            let model = Model::load(&file).unwrap();
+            let mut cpu = Session::new(&model, 32).unwrap();
             let backend = ReferenceBackend::new();
-            let weights = Weights::load(file.config(), |n| Ok(file.tensor(n)?.data)).unwrap();
-            let mut ours = Session::new(&backend, &weights, file.config(), 32, 8).unwrap();
+            let mut ours = Session::with_backend(&backend, &model, 32).unwrap();
+            ours.set_max_batch(8).unwrap();
             let mut worst = max_abs(
                 cpu.forward(&tokens[..12]).unwrap(),
-                &ours.forward(&tokens[..12]).unwrap(),
+                ours.forward(&tokens[..12]).unwrap(),
             );
             for &t in &tokens[12..] {
                 worst = worst.max(max_abs(
                     cpu.forward(&[t]).unwrap(),
-                    &ours.forward(&[t]).unwrap(),
+                    ours.forward(&[t]).unwrap(),
                 ));
             }
             eprintln!("{name} {dtype}: max abs logit difference from the CPU backend {worst:e}");

@@ -1,8 +1,9 @@
 //! `cargo bench -p qwen3-inference --bench kernels`: the dot-product kernels alone, per
 //! instruction set, on one thread, as GB/s of weights streamed. Two sizes: a weight matrix that
-//! fits in L2 (so the kernel's arithmetic is the limit) and one of 256 MB (so memory is).
+//! fits in L2 (so the kernel's arithmetic is the limit) and one of 256 MB (so memory is); then
+//! the q8 block product that prefill runs, in multiply-adds per second.
 
-use qwen3_inference::kernels::dot::{available, Dots};
+use qwen3_inference::kernels::dot::{available, ActsQ8, Dots};
 use qwen3_inference::quant::quantize_q8;
 use std::hint::black_box;
 use std::time::Instant;
@@ -86,10 +87,57 @@ fn bench(d: &Dots, rows: usize, cols: usize, reps: usize) {
     );
 }
 
+/// The q8 block product as prefill uses it: 16 weight rows (one rayon task's block) against a
+/// chunk of `t` tokens, over a whole `[rows, cols]` matrix. Reported in multiply-adds per second,
+/// since prefill is bound by arithmetic.
+fn bench_prefill(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
+    let gs = 64;
+    let per = cols / gs;
+    let mut seed = 2;
+    let w = rand_vec(rows * cols, &mut seed);
+    let x = rand_vec(t * cols, &mut seed);
+    let (mut wq, mut ws) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
+    quantize_q8(&w, gs, &mut wq, &mut ws);
+    let (mut xq, mut xs) = (vec![0i8; x.len()], vec![0f32; x.len() / gs]);
+    quantize_q8(&x, gs, &mut xq, &mut xs);
+    let biased: Vec<u8> = xq.iter().map(|&v| v as u8 ^ 0x80).collect();
+    let acts = ActsQ8 {
+        t,
+        cols,
+        group_size: gs,
+        q: &xq,
+        biased: &biased,
+        scales: &xs,
+    };
+    let mut out = vec![0f32; rows * t];
+    let secs = time(reps, || {
+        for (r0, block) in (0..rows).step_by(16).zip(out.chunks_mut(16 * t)) {
+            (d.q8_rows)(
+                &wq[r0 * cols..(r0 + 16) * cols],
+                &ws[r0 * per..(r0 + 16) * per],
+                &acts,
+                block,
+            );
+        }
+        black_box(&out);
+    });
+    println!(
+        "{:<12} {:>6}x{:<5} q8 block product, {t} tokens: {:>6.1} GMAC/s",
+        d.isa,
+        rows,
+        cols,
+        (rows * cols * t) as f64 / secs / 1e9
+    );
+}
+
 fn main() {
     println!("dot-product kernels, one thread, weights streamed per second (median)");
     for d in available() {
         bench(&d, 256, 1024, 41); // 256 KB of q8: cache-resident
         bench(&d, 65536, 1024, 5); // 64 MB of q8, 256 MB of f32: memory-bound
+    }
+    println!("prefill's q8 block product, one thread (median)");
+    for d in available() {
+        bench_prefill(&d, 1024, 1024, 128, 5);
     }
 }

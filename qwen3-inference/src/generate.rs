@@ -1,6 +1,7 @@
 //! One completion: run the whole prompt (prefill), then sample and feed one token at a time
 //! (decode) until an end-of-sequence id, the token limit, or the end of the context.
 
+use crate::backend::Backend;
 use crate::model::Session;
 use crate::sampler::Sampler;
 use anyhow::{bail, Result};
@@ -62,8 +63,8 @@ impl GenerationStats {
 ///
 /// The prompt is run in full before anything is sampled. `max_tokens == 0` runs the prompt and
 /// generates nothing (useful to time prefill).
-pub fn generate(
-    session: &mut Session,
+pub fn generate<B: Backend>(
+    session: &mut Session<B>,
     sampler: &mut Sampler,
     prompt: &[u32],
     max_tokens: usize,

@@ -1,10 +1,11 @@
 //! pico-qwen's runtime: read a model file, tokenize, run the Qwen3 forward pass, sample.
 //!
 //! Data flows one way, and the modules follow it:
-//! files on disk -> [`format`] (the model file) -> [`model`] (weights, forward pass) -> logits ->
-//! [`sampler`] -> token ids -> [`tokenizer`] -> text. [`chat`] turns a conversation into the token
-//! ids the model sees; [`generate`] drives prefill and decode.
+//! files on disk -> [`format`] (the model file) -> [`model`] (weights, forward pass, run by a
+//! [`backend`]) -> logits -> [`sampler`] -> token ids -> [`tokenizer`] -> text. [`chat`] turns a
+//! conversation into the token ids the model sees; [`generate`] drives prefill and decode.
 
+pub mod backend;
 pub mod chat;
 pub mod format;
 pub mod generate;

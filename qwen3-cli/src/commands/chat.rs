@@ -11,11 +11,12 @@
 //! `/` are commands (`/help`). Ctrl-C during an answer stops it (a SIGINT handler sets a flag the
 //! decode loop checks); at the prompt, Ctrl-C twice or Ctrl-D leaves.
 
-use super::inference::{context_len, sampler_from_args, InferenceArgs};
+use super::inference::{sampler_from_args, InferenceArgs};
 use anyhow::{Context, Result};
+use qwen3_inference::backend::Backend;
 use qwen3_inference::chat::{reuse_len, ChatTemplate, Conversation};
-use qwen3_inference::format::{companion_paths, ModelFile};
-use qwen3_inference::model::{Model, Session};
+use qwen3_inference::format::companion_paths;
+use qwen3_inference::model::Session;
 use qwen3_inference::sampler::Sampler;
 use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
 use std::io::{BufRead, IsTerminal, Write};
@@ -50,16 +51,33 @@ pub fn stop_ids(model_eos: &[u32], template: &ChatTemplate, tok: &Tokenizer) -> 
     ids
 }
 
-pub fn run(args: &InferenceArgs) -> Result<()> {
-    let file = ModelFile::open(&args.model)?;
-    let model = Model::load(&file)?;
-    let c = &model.config;
-    let paths = companion_paths(&args.model);
-    let tok = Tokenizer::open(&paths.tokenizer)?;
-    let template = ChatTemplate::open(&paths.template)?;
-    let ctx = context_len(args, c)?;
+/// The companion files a chat needs: the tokenizer and the chat template.
+pub struct ChatFiles {
+    tok: Tokenizer,
+    template: ChatTemplate,
+}
+
+impl ChatFiles {
+    pub fn open(args: &InferenceArgs) -> Result<ChatFiles> {
+        let paths = companion_paths(&args.model);
+        Ok(ChatFiles {
+            tok: Tokenizer::open(&paths.tokenizer)?,
+            template: ChatTemplate::open(&paths.template)?,
+        })
+    }
+}
+
+/// The chat on `session`, whatever backend it runs on. `device` describes it, for `--verbose`.
+pub fn run<B: Backend>(
+    args: &InferenceArgs,
+    session: Session<B>,
+    files: ChatFiles,
+    device: &str,
+) -> Result<()> {
+    let ChatFiles { tok, template } = files;
+    let c = session.model().config;
+    let ctx = session.context_len();
     let sampler = sampler_from_args(args, c)?;
-    let session = Session::new(&model, ctx)?;
 
     let interactive = std::io::stdin().is_terminal();
     let colour = interactive
@@ -88,6 +106,7 @@ pub fn run(args: &InferenceArgs) -> Result<()> {
             "stop ids: {:?}, think ids: {:?}, context: {ctx} positions",
             chat.stop_ids, chat.think
         );
+        eprintln!("device: {device}");
     }
 
     // Ctrl-C: during an answer, stop it; anywhere else (piped input waiting on a read), leave
@@ -207,10 +226,10 @@ enum Stop {
     Interrupted,
 }
 
-struct Chat<'a, 'm> {
+struct Chat<'a, 'm, B: Backend> {
     tok: &'a Tokenizer,
     template: &'a ChatTemplate,
-    session: Session<'m>,
+    session: Session<'m, B>,
     sampler: Sampler,
     conv: Conversation,
     /// The tokens in the KV cache, position by position (`cache.len() == session.pos()`).
@@ -225,7 +244,7 @@ struct Chat<'a, 'm> {
     totals: Totals,
 }
 
-impl Chat<'_, '_> {
+impl<B: Backend> Chat<'_, '_, B> {
     /// Runs a slash command (`cmd` without the `/`). Returns false to leave the chat.
     fn command(&mut self, cmd: &str) -> bool {
         let (name, rest) = cmd.split_once(char::is_whitespace).unwrap_or((cmd, ""));

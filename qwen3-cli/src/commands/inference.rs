@@ -1,5 +1,8 @@
 //! `qwen3 inference <model.bin> -m generate`: one completion, streamed to stdout.
 //!
+//! Both modes run on any backend (`--device cpu|cuda|cuda:N`): the model is loaded for the
+//! device, and then the same generic code drives `qwen3_inference::model::Session`.
+//!
 //! stdout gets only the generated text, so it can be piped; everything else (the stop reason, the
 //! timing summary, `--verbose` details) goes to stderr. A prompt given as ids (`--prompt-ids`)
 //! gets ids back, one space-separated stream, which needs no tokenizer. `--chat` wraps the prompt
@@ -9,6 +12,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use qwen3_cuda::device::check_available;
 use qwen3_cuda::Device;
+use qwen3_inference::backend::Backend;
 use qwen3_inference::chat::{ChatTemplate, Conversation};
 use qwen3_inference::format::{companion_paths, ModelConfig, ModelFile};
 use qwen3_inference::generate::{generate, StopReason};
@@ -112,70 +116,125 @@ pub fn run(args: InferenceArgs) -> Result<()> {
     let device: Device = args.device.parse().map_err(|e: String| anyhow!(e))?;
     // Before anything is loaded: a build without CUDA, a missing driver or device, is one line.
     check_available(device).map_err(|e| anyhow!(e))?;
-    if args.mode == Mode::Chat && device != Device::Cpu {
-        bail!("-m chat runs on the CPU only for now; use -m generate with --device {device}");
-    }
     if args.mode == Mode::Chat {
         if args.input.is_some() || args.prompt_ids.is_some() || args.chat {
             bail!("-m chat reads the user's messages from stdin; -i, --prompt-ids and --chat are for -m generate");
         }
-        return super::chat::run(&args);
-    }
-    if args.hide_thinking || args.verbose_prompt {
-        bail!("--hide-thinking and --verbose-prompt are for -m chat");
-    }
-    if !args.chat && (args.system.is_some() || args.thinking.is_some()) {
-        bail!("-y/--system and --thinking need --chat (or -m chat)");
+    } else {
+        if args.hide_thinking || args.verbose_prompt {
+            bail!("--hide-thinking and --verbose-prompt are for -m chat");
+        }
+        if !args.chat && (args.system.is_some() || args.thinking.is_some()) {
+            bail!("-y/--system and --thinking need --chat (or -m chat)");
+        }
     }
     let file = ModelFile::open(&args.model)?;
-    let c = file.config();
-
-    // Text in, text out (with the model's tokenizer file); ids in, ids out.
-    let tokenizer = match &args.input {
-        Some(_) => Some(Tokenizer::open(&companion_paths(&args.model).tokenizer)?),
-        None => None,
+    let context_len = context_len(&args, file.config())?;
+    // Everything that only needs the files (tokenizer, template, the prompt's ids) is read
+    // before the weights go to a device, so that bad input fails fast.
+    let job = match args.mode {
+        Mode::Generate => Job::Generate(Box::new(PromptJob::new(&args, &file, context_len)?)),
+        Mode::Chat => Job::Chat(Box::new(super::chat::ChatFiles::open(&args)?)),
     };
-    let mut eos_ids = c.eos_token_ids.clone();
-    let prompt: Vec<u32> = match (&args.input, &args.prompt_ids, &tokenizer) {
-        (_, Some(_), _) if args.chat => bail!("--chat needs a text prompt (-i), not --prompt-ids"),
-        (_, Some(ids), _) => parse_ids(ids)?,
-        (Some(text), None, Some(tok)) if args.chat => {
-            // One user turn, rendered as HF apply_chat_template(add_generation_prompt=True).
-            let template = ChatTemplate::open(&companion_paths(&args.model).template)?;
-            let mut conv = Conversation::new(args.system.clone());
-            conv.set_thinking(args.thinking.map(|t| t == OnOff::On));
-            conv.push_user(text.as_str());
-            eos_ids = super::chat::stop_ids(&c.eos_token_ids, &template, tok);
-            tok.encode(&conv.prompt(&template)?)
+    match device {
+        Device::Cpu => {
+            let model = Model::load(&file)?;
+            let session = Session::new(&model, context_len)?;
+            let about = format!(
+                "cpu, threads: {}, dot products: {}",
+                qwen3_inference::kernels::threads(),
+                qwen3_inference::kernels::dot::dots().isa
+            );
+            run_job(&args, session, job, &about)
         }
-        (Some(text), None, Some(tok)) => tok.encode(text),
-        _ => bail!("no prompt: give -i TEXT or --prompt-ids '[..]'"),
-    };
-
-    let context_len = context_len(&args, c)?;
-    let max_ctx = c.max_position_embeddings as usize;
-    if prompt.len() > context_len {
-        bail!(
-            "the prompt has {} tokens but the context holds {context_len} (raise -c/--context, at most {max_ctx})",
-            prompt.len()
-        );
+        Device::Cuda(ordinal) => cuda::run(&args, &file, ordinal, context_len, job),
     }
-    let mut sampler = sampler_from_args(&args, c)?;
+}
 
-    if let Device::Cuda(ordinal) = device {
-        return cuda::generate(
-            &args,
-            &file,
-            ordinal,
-            &prompt,
-            &eos_ids,
-            &mut sampler,
-            tokenizer.as_ref(),
-            context_len,
-        );
+/// What `-m` asks for, with the files it needs already read.
+/// (Boxed: both hold a `Tokenizer`, a large struct.)
+pub enum Job {
+    Generate(Box<PromptJob>),
+    Chat(Box<super::chat::ChatFiles>),
+}
+
+/// Runs `job` on `session`: the same code for every backend. `device` describes where, for
+/// `--verbose`.
+fn run_job<B: Backend>(
+    args: &InferenceArgs,
+    session: Session<B>,
+    job: Job,
+    device: &str,
+) -> Result<()> {
+    match job {
+        Job::Generate(p) => generate_text(args, session, *p, device),
+        Job::Chat(files) => super::chat::run(args, session, *files, device),
     }
-    let model = Model::load(&file)?;
-    let mut session = Session::new(&model, context_len)?;
+}
+
+/// `-m generate`: the prompt's ids, and what to do with the output.
+pub struct PromptJob {
+    /// Text in, text out (with the model's tokenizer file); ids in (no tokenizer), ids out.
+    tokenizer: Option<Tokenizer>,
+    prompt: Vec<u32>,
+    eos_ids: Vec<u32>,
+}
+
+impl PromptJob {
+    fn new(args: &InferenceArgs, file: &ModelFile, context_len: usize) -> Result<PromptJob> {
+        let c = file.config();
+        let tokenizer = match &args.input {
+            Some(_) => Some(Tokenizer::open(&companion_paths(&args.model).tokenizer)?),
+            None => None,
+        };
+        let mut eos_ids = c.eos_token_ids.clone();
+        let prompt: Vec<u32> = match (&args.input, &args.prompt_ids, &tokenizer) {
+            (_, Some(_), _) if args.chat => {
+                bail!("--chat needs a text prompt (-i), not --prompt-ids")
+            }
+            (_, Some(ids), _) => parse_ids(ids)?,
+            (Some(text), None, Some(tok)) if args.chat => {
+                // One user turn, rendered as HF apply_chat_template(add_generation_prompt=True).
+                let template = ChatTemplate::open(&companion_paths(&args.model).template)?;
+                let mut conv = Conversation::new(args.system.clone());
+                conv.set_thinking(args.thinking.map(|t| t == OnOff::On));
+                conv.push_user(text.as_str());
+                eos_ids = super::chat::stop_ids(&c.eos_token_ids, &template, tok);
+                tok.encode(&conv.prompt(&template)?)
+            }
+            (Some(text), None, Some(tok)) => tok.encode(text),
+            _ => bail!("no prompt: give -i TEXT or --prompt-ids '[..]'"),
+        };
+        let max_ctx = c.max_position_embeddings as usize;
+        if prompt.len() > context_len {
+            bail!(
+                "the prompt has {} tokens but the context holds {context_len} (raise -c/--context, at most {max_ctx})",
+                prompt.len()
+            );
+        }
+        Ok(PromptJob {
+            tokenizer,
+            prompt,
+            eos_ids,
+        })
+    }
+}
+
+/// `-m generate` on any backend: prefill, then sample and stream tokens to stdout.
+fn generate_text<B: Backend>(
+    args: &InferenceArgs,
+    mut session: Session<B>,
+    job: PromptJob,
+    device: &str,
+) -> Result<()> {
+    let PromptJob {
+        tokenizer,
+        prompt,
+        eos_ids,
+    } = job;
+    let c = session.model().config;
+    let context_len = session.context_len();
+    let mut sampler = sampler_from_args(args, c)?;
     if args.verbose {
         eprintln!(
             "model: {} ({}{}), {} layers, hidden {}, heads {}/{} kv, head_dim {}, vocab {}",
@@ -194,7 +253,8 @@ pub fn run(args: InferenceArgs) -> Result<()> {
             c.vocab_size
         );
         eprintln!(
-            "context: {context_len} positions (model max {max_ctx}); KV cache {:.1} MiB (f32)",
+            "context: {context_len} positions (model max {}); KV cache {:.1} MiB (f32)",
+            c.max_position_embeddings,
             session.kv_cache_bytes() as f64 / (1u64 << 20) as f64
         );
         eprintln!("eos ids: {eos_ids:?}");
@@ -203,11 +263,7 @@ pub fn run(args: InferenceArgs) -> Result<()> {
             "sampler: temperature {}, top_k {}, top_p {}, min_p {}, repetition_penalty {}, presence_penalty {}, seed {}",
             s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty, s.presence_penalty, s.seed
         );
-        eprintln!(
-            "threads: {}, dot products: {}",
-            qwen3_inference::kernels::threads(),
-            qwen3_inference::kernels::dot::dots().isa
-        );
+        eprintln!("device: {device}");
     }
 
     let stdout = std::io::stdout();
@@ -326,69 +382,26 @@ fn clock_seed() -> u64 {
         .unwrap_or(0)
 }
 
-/// `-m generate --device cuda:N`: the same prompt, sampler and stop rules as the CPU path, with
-/// the forward pass of qwen3-cuda on the GPU. (Not run here: no GPU on our machines; see
-/// docs/cuda.md for what is proven without one.)
+/// `--device cuda:N`: the weights uploaded once to the GPU, then the same [`run_job`] as on the
+/// CPU: one forward pass (`qwen3_inference::model::Session`), here over the CUDA kernels. (Not run
+/// here: no GPU on our machines; see docs/cuda.md for what is proven without one.)
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::*;
     use qwen3_cuda::cuda::CudaBackend;
-    use qwen3_cuda::forward;
 
-    #[allow(clippy::too_many_arguments)]
-    pub fn generate(
+    pub fn run(
         args: &InferenceArgs,
         file: &ModelFile,
         ordinal: usize,
-        prompt: &[u32],
-        eos_ids: &[u32],
-        sampler: &mut Sampler,
-        tokenizer: Option<&Tokenizer>,
         context_len: usize,
+        job: Job,
     ) -> Result<()> {
         let gpu = CudaBackend::load(ordinal, file)?;
-        let weights = forward::Weights::load(file.config(), |name| gpu.weights.tensor(name))?;
-        let mut session = forward::Session::new(&gpu, &weights, file.config(), context_len, 64)?;
-        let start = std::time::Instant::now();
-        let mut logits = session.forward(prompt)?;
-        let prefill = start.elapsed();
-        let stdout = std::io::stdout();
-        let mut out = stdout.lock();
-        let mut decoder = tokenizer.map(StreamDecoder::new);
-        let mut generated: Vec<u32> = Vec::new();
-        let decode_start = std::time::Instant::now();
-        let why = loop {
-            if generated.len() >= args.max_tokens {
-                break format!("reached -n {}", args.max_tokens);
-            }
-            let id = sampler.sample(&logits, prompt, &generated);
-            generated.push(id);
-            match decoder.as_mut() {
-                Some(d) => write!(out, "{}", d.push(id))?,
-                None => write!(out, "{id} ")?,
-            }
-            out.flush()?;
-            if eos_ids.contains(&id) {
-                break format!("end-of-sequence token {id}");
-            }
-            if session.position() >= context_len {
-                break format!("context full ({context_len} positions; raise -c)");
-            }
-            logits = session.forward(&[id])?;
-        };
-        if let Some(d) = decoder.as_mut() {
-            write!(out, "{}", d.finish())?;
-        }
-        writeln!(out)?;
-        eprintln!("[stopped: {why}]");
-        eprintln!(
-            "device cuda:{ordinal}: prompt tokens {}, generated tokens {}, prefill {:.1} tok/s, decode {:.1} tok/s",
-            prompt.len(),
-            generated.len(),
-            prompt.len() as f64 / prefill.as_secs_f64(),
-            generated.len() as f64 / decode_start.elapsed().as_secs_f64()
-        );
-        Ok(())
+        let model = Model::load_with(file, |name| gpu.weights.tensor(name))?;
+        let session = Session::with_backend(&gpu, &model, context_len)?;
+        let about = format!("cuda:{ordinal}, {}", gpu.runtime.description);
+        run_job(args, session, job, &about)
     }
 }
 
@@ -397,16 +410,12 @@ mod cuda {
 mod cuda {
     use super::*;
 
-    #[allow(clippy::too_many_arguments)]
-    pub fn generate(
+    pub fn run(
         _args: &InferenceArgs,
         _file: &ModelFile,
         _ordinal: usize,
-        _prompt: &[u32],
-        _eos_ids: &[u32],
-        _sampler: &mut Sampler,
-        _tokenizer: Option<&Tokenizer>,
         _context_len: usize,
+        _job: Job,
     ) -> Result<()> {
         bail!("{}", qwen3_cuda::device::cuda_support().unwrap_err())
     }

@@ -1,7 +1,8 @@
-//! [`Backend`] on a CUDA device: device buffers, the kernels of `qwen3-cuda/kernels/`.
+//! qwen3-inference's [`Backend`] on a CUDA device: device buffers, the kernels of
+//! `qwen3-cuda/kernels/`. `qwen3_inference::model::Session` runs the forward pass over it.
 //!
 //! Every launch goes to the runtime's one stream, so kernels run in the order the forward pass
-//! issues them; the host waits only in `download` (the logits). Each `unsafe` launch is sound
+//! issues them; the host waits only in `read` (the logits). Each `unsafe` launch is sound
 //! when (a) the arguments match the kernel's C signature in type and order, and (b) every index
 //! the kernel computes stays inside the buffers it is given. (a) is checked by reading the two
 //! side by side; (b) is what the length checks before each launch establish, using the index
@@ -9,14 +10,13 @@
 
 use super::runtime::CudaRuntime;
 use super::weights::{DeviceTensor, DeviceWeights};
-use crate::backend::Backend;
 use crate::kernels::{
     check_matmul_shape, rmsnorm_block_dim, ATTENTION_BLOCK_DIM, ELEMENTWISE_BLOCK_DIM,
     MATMUL_ROWS_PER_BLOCK, MATMUL_TOK_TILE,
 };
-use crate::reference::attention::AttentionShape;
 use anyhow::{bail, ensure, Result};
 use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
+use qwen3_inference::backend::{AttentionShape, Backend, RopeTable};
 use qwen3_inference::format::{DType, ModelFile};
 
 pub struct CudaBackend {
@@ -32,6 +32,22 @@ impl CudaBackend {
         let weights = DeviceWeights::upload(&runtime.stream, file)?;
         Ok(CudaBackend { runtime, weights })
     }
+}
+
+/// The KV cache on the device: per layer `[context_len, n_kv_heads, head_dim]` (token-major, so
+/// one chunk's keys are one contiguous copy), and the attention kernel's score scratch.
+pub struct CudaKvCache {
+    k: Vec<CudaSlice<f32>>,
+    v: Vec<CudaSlice<f32>>,
+    /// `[max_batch, n_heads, context_len]`: one row of scores per (query token, head) block.
+    scores: CudaSlice<f32>,
+    shape: AttentionShape,
+}
+
+/// RoPE's tables on the device, `[context_len, head_dim / 2]` each.
+pub struct CudaRope {
+    cos: CudaSlice<f32>,
+    sin: CudaSlice<f32>,
 }
 
 fn err(e: DriverError) -> anyhow::Error {
@@ -72,28 +88,38 @@ fn need_tensor(t: &DeviceTensor, dtype: Option<DType>, numel: usize, what: &str)
 }
 
 impl Backend for CudaBackend {
-    type Buf = CudaSlice<f32>;
     type Tensor = DeviceTensor;
+    type Buf = CudaSlice<f32>;
+    type Rope = CudaRope;
+    type KvCache = CudaKvCache;
 
     fn alloc(&self, len: usize) -> Result<CudaSlice<f32>> {
         self.runtime.stream.alloc_zeros(len.max(1)).map_err(err)
     }
 
-    fn upload(&self, data: &[f32]) -> Result<CudaSlice<f32>> {
-        self.runtime.stream.clone_htod(data).map_err(err)
+    fn rope_table(&self, table: RopeTable) -> Result<CudaRope> {
+        let stream = &self.runtime.stream;
+        Ok(CudaRope {
+            cos: stream.clone_htod(table.cos()).map_err(err)?,
+            sin: stream.clone_htod(table.sin()).map_err(err)?,
+        })
     }
 
-    fn download(&self, x: &CudaSlice<f32>, offset: usize, len: usize) -> Result<Vec<f32>> {
-        need(x, offset + len, "download")?;
-        let v = self
-            .runtime
-            .stream
-            .clone_dtoh(&x.slice(offset..offset + len))
-            .map_err(err)?;
-        // A copy to pageable memory returns when complete; synchronising says so explicitly
-        // and surfaces any error of the kernels queued before it.
-        self.runtime.stream.synchronize().map_err(err)?;
-        Ok(v)
+    fn kv_cache(
+        &self,
+        layers: usize,
+        shape: AttentionShape,
+        max_batch: usize,
+    ) -> Result<CudaKvCache> {
+        let len = shape.context_len * shape.n_kv_heads * shape.head_dim;
+        let per_layer =
+            || -> Result<Vec<CudaSlice<f32>>> { (0..layers).map(|_| self.alloc(len)).collect() };
+        Ok(CudaKvCache {
+            k: per_layer()?,
+            v: per_layer()?,
+            scores: self.alloc(max_batch * shape.n_heads * shape.context_len)?,
+            shape,
+        })
     }
 
     fn copy(
@@ -111,6 +137,26 @@ impl Backend for CudaBackend {
             .stream
             .memcpy_dtod(&src.slice(src_offset..src_offset + len), &mut to)
             .map_err(err)
+    }
+
+    fn read<'s>(
+        &self,
+        x: &'s CudaSlice<f32>,
+        len: usize,
+        staging: &'s mut Vec<f32>,
+    ) -> Result<&'s [f32]> {
+        need(x, len, "read")?;
+        if staging.len() < len {
+            staging.resize(len, 0.0);
+        }
+        let stream = &self.runtime.stream;
+        stream
+            .memcpy_dtoh(&x.slice(0..len), &mut staging[..len])
+            .map_err(err)?;
+        // A copy to pageable memory returns when complete; synchronising says so explicitly
+        // and surfaces any error of the kernels queued before it.
+        stream.synchronize().map_err(err)?;
+        Ok(&staging[..len])
     }
 
     fn embed(
@@ -233,8 +279,7 @@ impl Backend for CudaBackend {
     fn rope(
         &self,
         x: &mut CudaSlice<f32>,
-        cos: &CudaSlice<f32>,
-        sin: &CudaSlice<f32>,
+        table: &CudaRope,
         n_tok: usize,
         n_heads: usize,
         head_dim: usize,
@@ -242,61 +287,109 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         let half = head_dim / 2;
         need(x, n_tok * n_heads * head_dim, "rope")?;
-        need(cos, (pos0 + n_tok) * half, "rope cos")?;
-        need(sin, (pos0 + n_tok) * half, "rope sin")?;
+        need(&table.cos, (pos0 + n_tok) * half, "rope cos")?;
+        need(&table.sin, (pos0 + n_tok) * half, "rope sin")?;
         let cfg = grid(n_heads, n_tok, 64)?;
         let (h_i, hd_i, p_i) = (int(n_heads)?, int(head_dim)?, int(pos0)?);
         let mut b = self
             .runtime
             .stream
             .launch_builder(&self.runtime.functions.rope);
-        b.arg(x).arg(cos).arg(sin).arg(&h_i).arg(&hd_i).arg(&p_i);
+        b.arg(x)
+            .arg(&table.cos)
+            .arg(&table.sin)
+            .arg(&h_i)
+            .arg(&hd_i)
+            .arg(&p_i);
         // SAFETY: rope(x, cos, sin, n_heads, head_dim, pos0); block (h, t) touches
         // x[(t*n_heads + h)*head_dim ..][..head_dim] and table rows pos0 + t < pos0 + n_tok.
         unsafe { b.launch(cfg) }.map_err(err)?;
         Ok(())
     }
 
+    fn store_kv(
+        &self,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        n_tok: usize,
+        pos0: usize,
+    ) -> Result<()> {
+        // Token-major: positions pos0 .. pos0 + n_tok are one block of n_tok * n_kv * head_dim.
+        ensure!(
+            layer < cache.k.len(),
+            "store_kv: layer {layer} of {}",
+            cache.k.len()
+        );
+        let width = cache.shape.n_kv_heads * cache.shape.head_dim;
+        let (at, n) = (pos0 * width, n_tok * width);
+        self.copy(&mut cache.k[layer], at, k, 0, n)?;
+        self.copy(&mut cache.v[layer], at, v, 0, n)
+    }
+
     fn attention(
         &self,
         out: &mut CudaSlice<f32>,
-        scores: &mut CudaSlice<f32>,
         q: &CudaSlice<f32>,
-        k_cache: &CudaSlice<f32>,
-        v_cache: &CudaSlice<f32>,
+        cache: &mut CudaKvCache,
+        layer: usize,
         n_tok: usize,
-        s: AttentionShape,
+        pos0: usize,
     ) -> Result<()> {
+        let s = cache.shape;
         let n = n_tok * s.n_heads * s.head_dim;
         ensure!(
-            s.n_kv > 0 && s.n_heads.is_multiple_of(s.n_kv),
-            "attention: {} heads over {} kv heads",
-            s.n_heads,
-            s.n_kv
+            layer < cache.k.len(),
+            "attention: layer {layer} of {}",
+            cache.k.len()
         );
         ensure!(
-            s.pos0 + n_tok <= s.ctx,
+            s.n_kv_heads > 0 && s.n_heads.is_multiple_of(s.n_kv_heads),
+            "attention: {} heads over {} kv heads",
+            s.n_heads,
+            s.n_kv_heads
+        );
+        ensure!(
+            pos0 + n_tok <= s.context_len,
             "attention: positions beyond the context"
         );
+        let (k_cache, v_cache) = (&cache.k[layer], &cache.v[layer]);
         need(out, n, "attention")?;
         need(q, n, "attention")?;
-        need(scores, n_tok * s.n_heads * s.ctx, "attention scores")?;
-        need(k_cache, s.ctx * s.n_kv * s.head_dim, "k cache")?;
-        need(v_cache, s.ctx * s.n_kv * s.head_dim, "v cache")?;
+        need(
+            &cache.scores,
+            n_tok * s.n_heads * s.context_len,
+            "attention scores",
+        )?;
+        need(
+            k_cache,
+            s.context_len * s.n_kv_heads * s.head_dim,
+            "k cache",
+        )?;
+        need(
+            v_cache,
+            s.context_len * s.n_kv_heads * s.head_dim,
+            "v cache",
+        )?;
         let cfg = grid(s.n_heads, n_tok, ATTENTION_BLOCK_DIM)?;
         let scale = (s.head_dim as f64).powf(-0.5) as f32;
         let (h_i, kv_i, hd_i, ctx_i, p_i) = (
             int(s.n_heads)?,
-            int(s.n_kv)?,
+            int(s.n_kv_heads)?,
             int(s.head_dim)?,
-            int(s.ctx)?,
-            int(s.pos0)?,
+            int(s.context_len)?,
+            int(pos0)?,
         );
         let mut b = self
             .runtime
             .stream
             .launch_builder(&self.runtime.functions.attention);
-        b.arg(out).arg(scores).arg(q).arg(k_cache).arg(v_cache);
+        b.arg(out)
+            .arg(&mut cache.scores)
+            .arg(q)
+            .arg(k_cache)
+            .arg(v_cache);
         b.arg(&h_i)
             .arg(&kv_i)
             .arg(&hd_i)
@@ -310,14 +403,7 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn silu_mul(
-        &self,
-        out: &mut CudaSlice<f32>,
-        gate: &CudaSlice<f32>,
-        up: &CudaSlice<f32>,
-        n: usize,
-    ) -> Result<()> {
-        need(out, n, "silu_mul")?;
+    fn silu_mul(&self, gate: &mut CudaSlice<f32>, up: &CudaSlice<f32>, n: usize) -> Result<()> {
         need(gate, n, "silu_mul")?;
         need(up, n, "silu_mul")?;
         let cfg = grid(n.div_ceil(ELEMENTWISE_BLOCK_DIM), 1, ELEMENTWISE_BLOCK_DIM)?;
@@ -326,13 +412,13 @@ impl Backend for CudaBackend {
             .runtime
             .stream
             .launch_builder(&self.runtime.functions.silu_mul);
-        b.arg(out).arg(gate).arg(up).arg(&n_i);
-        // SAFETY: silu_mul(out, gate, up, n); thread i < n touches index i only.
+        b.arg(gate).arg(up).arg(&n_i);
+        // SAFETY: silu_mul(gate, up, n); thread i < n touches index i only.
         unsafe { b.launch(cfg) }.map_err(err)?;
         Ok(())
     }
 
-    fn add_assign(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) -> Result<()> {
+    fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) -> Result<()> {
         need(x, n, "add")?;
         need(y, n, "add")?;
         let cfg = grid(n.div_ceil(ELEMENTWISE_BLOCK_DIM), 1, ELEMENTWISE_BLOCK_DIM)?;

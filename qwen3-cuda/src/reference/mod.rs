@@ -7,14 +7,20 @@
 //! residual add) therefore have references that match them bit for bit; kernels that call `expf`
 //! (attention, SiLU) match to a few ulp. The GPU tests compare kernels with these, and the unit
 //! tests below each compare these with naive f64 math.
+//!
+//! [`ReferenceBackend`] puts them behind qwen3-inference's `Backend` trait, so the one forward pass
+//! (`qwen3_inference::model::Session`) runs on them exactly as it runs on the GPU.
 
 pub mod attention;
+pub mod backend;
 pub mod elementwise;
 pub mod embed;
 pub mod matmul;
 pub mod reduce;
 pub mod rmsnorm;
 pub mod rope;
+
+pub use backend::ReferenceBackend;
 
 /// Deterministic pseudo-random values in [-1, 1) for tests (a 64-bit LCG; no crate needed).
 #[cfg(test)]

@@ -1,26 +1,6 @@
-//! Reference of `kernels/rope.cu`, and the cos/sin tables it reads.
-
-/// cos and sin tables, each [n_pos, head_dim / 2], as HuggingFace's Qwen3RotaryEmbedding computes
-/// them in f32 (default rope type, attention_scaling 1.0):
-/// `inv_freq[i] = 1 / theta^((2i) / head_dim)`, `angle = pos * inv_freq[i]`.
-/// theta comes from the model file. When the GPU backend is joined to the CPU forward pass, both
-/// should take their tables from this one function so their angles agree bit for bit.
-pub fn rope_tables(head_dim: usize, theta: f64, n_pos: usize) -> (Vec<f32>, Vec<f32>) {
-    let half = head_dim / 2;
-    let inv_freq: Vec<f32> = (0..half)
-        .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32))
-        .collect();
-    let mut cos = Vec::with_capacity(n_pos * half);
-    let mut sin = Vec::with_capacity(n_pos * half);
-    for pos in 0..n_pos {
-        for &f in &inv_freq {
-            let angle = pos as f32 * f;
-            cos.push(angle.cos());
-            sin.push(angle.sin());
-        }
-    }
-    (cos, sin)
-}
+//! Reference of `kernels/rope.cu`. Its cos/sin tables are qwen3-inference's
+//! [`RopeTable`](qwen3_inference::backend::RopeTable), computed once on the host for every backend,
+//! so the CPU and the GPU rotate by the same angles bit for bit.
 
 /// Rotates `x` ([n_tok, n_heads, head_dim]) in place, token t at position `pos0 + t`:
 /// `(a, b) = (x[i], x[i + h])` becomes `(a*cos - b*sin, b*cos + a*sin)` with h = head_dim / 2.
@@ -44,6 +24,12 @@ pub fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], n_heads: usize, head_dim: u
 mod tests {
     use super::*;
     use crate::reference::test_values;
+    use qwen3_inference::backend::RopeTable;
+
+    fn rope_tables(head_dim: usize, theta: f64, n_pos: usize) -> (Vec<f32>, Vec<f32>) {
+        let t = RopeTable::new(head_dim, theta, n_pos);
+        (t.cos().to_vec(), t.sin().to_vec())
+    }
 
     /// HF's form, written out literally: q * cat(cos, cos) + rotate_half(q) * cat(sin, sin), with
     /// rotate_half(q) = cat(-q[h..], q[..h]), and angles in f64.

@@ -7,6 +7,7 @@
 
 use super::dot::dots;
 use rayon::prelude::*;
+use std::sync::OnceLock;
 
 /// The sizes attention needs.
 #[derive(Debug, Clone, Copy)]
@@ -23,16 +24,18 @@ pub struct AttentionShape {
 /// - `q`, `out`: `[t, n_heads, head_dim]`
 /// - `k_cache`, `v_cache`: one layer's cache, `[n_kv_heads, context_len, head_dim]`, already
 ///   holding the keys and values of positions `0 .. start_pos + t` (these tokens included)
-/// - `scores`: scratch, `[n_heads, context_len]`
 ///
 /// Query `i` sees cache positions `0 ..= start_pos + i` (the causal mask: never a later token).
-#[allow(clippy::too_many_arguments)]
+///
+/// The work splits into one task per (token, kv head): the task computes the `group` query
+/// heads that share that kv head, so each key and value row is read once for all of them (with
+/// Qwen3-0.6B's 16 query and 8 kv heads, half the cache traffic of one head at a time). Each task
+/// runs [`attend`].
 pub fn attention(
     out: &mut [f32],
     q: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
-    scores: &mut [f32],
     s: AttentionShape,
     start_pos: usize,
     t: usize,
@@ -43,44 +46,200 @@ pub fn attention(
     assert_eq!(q.len(), t * width);
     assert_eq!(out.len(), t * width);
     assert!(start_pos + t <= s.context_len);
-    assert_eq!(scores.len(), s.n_heads * s.context_len);
     let scale = (hd as f32).powf(-0.5);
+    let attend = attend_fn();
+    // out[i][kv * group .. (kv + 1) * group][..]: the group's heads are consecutive (repeat_kv),
+    // so each task's output is one contiguous block of group * head_dim values.
+    out.par_chunks_mut(group * hd)
+        .zip(q.par_chunks(group * hd))
+        .enumerate()
+        .for_each(|(task, (out_g, q_g))| {
+            let (i, kv) = (task / s.n_kv_heads, task % s.n_kv_heads);
+            let n_keys = start_pos + i + 1;
+            let at = kv * s.context_len * hd;
+            let keys = &k_cache[at..at + n_keys * hd];
+            let values = &v_cache[at..at + n_keys * hd];
+            attend(out_g, q_g, keys, values, hd, scale);
+        });
+}
+
+/// `out[g] = softmax(q[g] . keys^T * scale) values` for the query heads `g` of one group.
+/// `out`, `q`: `[group, head_dim]`; `keys`, `values`: `[n_keys, head_dim]`.
+type AttendFn = fn(out: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], hd: usize, scale: f32);
+
+/// [`attend_body`] compiled for the best instruction set of this CPU, chosen once. Apart from the
+/// dot products (the dispatched kernels of `dot.rs`), the body is plain Rust whose loops are
+/// elementwise or written in independent lanes of [`LANES`] values, which the compiler turns
+/// into vector instructions of whatever width the enabled features give (SSE2 or NEON by
+/// default, AVX2 or AVX-512 in the wrappers below). Every version does the same operations in
+/// the same order, so all give bit-identical results (tested).
+fn attend_fn() -> AttendFn {
+    static F: OnceLock<AttendFn> = OnceLock::new();
+    *F.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") {
+                // SAFETY: only chosen when the CPU has AVX-512F.
+                return |o, q, k, v, hd, sc| unsafe { attend_avx512(o, q, k, v, hd, sc) };
+            }
+            if is_x86_feature_detected!("avx2") {
+                // SAFETY: only chosen when the CPU has AVX2.
+                return |o, q, k, v, hd, sc| unsafe { attend_avx2(o, q, k, v, hd, sc) };
+            }
+        }
+        attend_body
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn attend_avx512(o: &mut [f32], q: &[f32], k: &[f32], v: &[f32], hd: usize, sc: f32) {
+    attend_body(o, q, k, v, hd, sc)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn attend_avx2(o: &mut [f32], q: &[f32], k: &[f32], v: &[f32], hd: usize, sc: f32) {
+    attend_body(o, q, k, v, hd, sc)
+}
+
+/// Width of the independent accumulators in [`attend_body`]: one AVX-512 register of f32.
+const LANES: usize = 16;
+/// Keys scored per step of the online softmax.
+const BLOCK: usize = 64;
+/// Query heads handled per pass over the keys (larger groups take several passes).
+const MAX_GROUP: usize = 8;
+
+/// Attention of a group of query heads over their kv head's keys and values, in one pass, with
+/// the online softmax (Milakov and Gimelshein 2018, "Online normalizer calculation for softmax";
+/// the same recurrence as FlashAttention): for each block of keys, the scores of the block, then
+/// the running maximum `m`, and the running sum `l` and output `o` rescaled by `e^(m_old - m)`.
+/// At the end `o / l` is exactly `softmax(scores) values`, up to f32 rounding, with no buffer of
+/// `n_keys` scores: long contexts cost the same per key as short ones.
+#[inline(always)]
+fn attend_body(out: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], hd: usize, scale: f32) {
+    // The dot products use the hand-written SIMD kernels (their horizontal sums are where a
+    // plain-Rust version lost: measured 1.52 ms against 0.91 ms a layer at 2000 positions).
     let dot = dots().f32;
-    for i in 0..t {
-        let n_keys = start_pos + i + 1;
-        let q_row = &q[i * width..(i + 1) * width];
-        out[i * width..(i + 1) * width]
-            .par_chunks_mut(hd)
-            .zip(scores.par_chunks_mut(s.context_len))
-            .enumerate()
-            .for_each(|(h, (out_h, scores_h))| {
-                let q_h = &q_row[h * hd..(h + 1) * hd];
-                let kv = (h / group) * s.context_len * hd;
-                let keys = &k_cache[kv..kv + n_keys * hd];
-                let values = &v_cache[kv..kv + n_keys * hd];
-                // 1. scores[j] = (q . k_j) * head_dim^-0.5      scores: [n_keys]
-                let scores_h = &mut scores_h[..n_keys];
-                for (sc, k) in scores_h.iter_mut().zip(keys.chunks_exact(hd)) {
-                    *sc = dot(q_h, k) * scale;
+    let group = q.len() / hd;
+    let n_keys = keys.len() / hd;
+    for g0 in (0..group).step_by(MAX_GROUP) {
+        let gn = (group - g0).min(MAX_GROUP);
+        let q = &q[g0 * hd..(g0 + gn) * hd];
+        let o = &mut out[g0 * hd..(g0 + gn) * hd];
+        o.fill(0.0);
+        let mut m = [f32::NEG_INFINITY; MAX_GROUP];
+        let mut l = [0f32; MAX_GROUP];
+        let mut p = [[0f32; BLOCK]; MAX_GROUP];
+        for j0 in (0..n_keys).step_by(BLOCK) {
+            let nb = (n_keys - j0).min(BLOCK);
+            // 1. Scores of this block, each key row read once for the whole group.
+            //    p[g][b] = (q_g . k_{j0+b}) * head_dim^-0.5
+            for b in 0..nb {
+                let k = &keys[(j0 + b) * hd..(j0 + b + 1) * hd];
+                for g in 0..gn {
+                    p[g][b] = dot(&q[g * hd..(g + 1) * hd], k) * scale;
                 }
-                // 2. softmax, subtracting the max so exp never overflows.
-                let max = scores_h.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-                let mut sum = 0f32;
-                for sc in scores_h.iter_mut() {
-                    *sc = (*sc - max).exp();
-                    sum += *sc;
+            }
+            for g in 0..gn {
+                // 2. New running maximum; rescale what was accumulated under the old one.
+                let block_max = p[g][..nb].iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+                let m_new = m[g].max(block_max);
+                let c = exp(m[g] - m_new);
+                m[g] = m_new;
+                // 3. p = e^(score - m), summed into l.
+                for v in p[g][..nb].iter_mut() {
+                    *v = exp(*v - m_new);
                 }
-                let inv = 1.0 / sum;
-                // 3. out = sum_j p_j v_j                        out: [head_dim]
-                out_h.fill(0.0);
-                for (&p, v) in scores_h.iter().zip(values.chunks_exact(hd)) {
-                    let p = p * inv;
-                    for (o, &vv) in out_h.iter_mut().zip(v) {
-                        *o += p * vv;
+                l[g] = l[g] * c + sum(&p[g][..nb]);
+                if c != 1.0 {
+                    for x in &mut o[g * hd..(g + 1) * hd] {
+                        *x *= c;
                     }
                 }
-            });
+            }
+            // 4. o_g += p[g][b] * v_{j0+b}, each value row read once for the whole group.
+            for b in 0..nb {
+                let v = &values[(j0 + b) * hd..(j0 + b + 1) * hd];
+                for g in 0..gn {
+                    let w = p[g][b];
+                    for (x, &vv) in o[g * hd..(g + 1) * hd].iter_mut().zip(v) {
+                        *x += w * vv;
+                    }
+                }
+            }
+        }
+        // 5. Normalise: o_g / l_g.
+        for g in 0..gn {
+            let inv = 1.0 / l[g];
+            for x in &mut o[g * hd..(g + 1) * hd] {
+                *x *= inv;
+            }
+        }
     }
+}
+
+/// `sum(a)` in [`LANES`] independent partial sums, then a fixed tree.
+#[inline(always)]
+fn sum(a: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let chunks = a.chunks_exact(LANES);
+    for (i, x) in chunks.remainder().iter().enumerate() {
+        acc[i] += x;
+    }
+    for c in chunks {
+        for i in 0..LANES {
+            acc[i] += c[i];
+        }
+    }
+    sum_lanes(&acc)
+}
+
+/// Sum of the lanes in a fixed pairwise order (the same on every instruction set).
+#[inline(always)]
+fn sum_lanes(a: &[f32; LANES]) -> f32 {
+    let mut h = *a;
+    let mut n = LANES / 2;
+    while n > 0 {
+        for i in 0..n {
+            h[i] += h[i + n];
+        }
+        n /= 2;
+    }
+    h[0]
+}
+
+/// `e^x` for the softmax (`x <= 0`), accurate to a few ulp, written so that a loop over it
+/// vectorizes (no branches, no library call).
+///
+/// `e^x = 2^k e^r` with `k = round(x / ln 2)` and `r = x - k ln 2` in `[-ln2/2, ln2/2]`; `e^r` by
+/// its Taylor series to degree 7 (truncation error below `0.35^8 / 8! = 6e-9`, relative), `2^k`
+/// by writing `k + 127` into the exponent bits. Arguments below -87 (where `e^x` < 2^-125, far
+/// below anything a softmax sum of ones can notice) are clamped there; `-inf` gives `e^-87`, a
+/// number that multiplies zeros only (the initial `l` and `o`).
+#[inline(always)]
+fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split in a part with few mantissa bits (so k * LN2_HI is exact) and the rest.
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    // 1.5 * 2^23: adding it rounds to an integer (round to nearest even), which then sits in
+    // the low mantissa bits of the sum.
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.max(-87.0);
+    let kr = x * LOG2E + ROUND;
+    let k = kr - ROUND;
+    let r = (x - k * LN2_HI) - k * LN2_LO;
+    let e_r = 1.0
+        + r * (1.0
+            + r * (1.0 / 2.0
+                + r * (1.0 / 6.0
+                    + r * (1.0 / 24.0
+                        + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    // k is in [-126, 0]: the integer in kr's low bits, offset by the exponent bias.
+    let two_k =
+        f32::from_bits((kr.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127)) << 23);
+    e_r * two_k
 }
 
 #[cfg(test)]
@@ -98,22 +257,44 @@ mod tests {
     /// head (found by repeating kv heads as HF's repeat_kv does).
     #[test]
     fn matches_naive_softmax_attention() {
-        let s = AttentionShape {
-            n_heads: 4,
-            n_kv_heads: 2,
-            head_dim: 8,
-            context_len: 10,
-        };
+        // Short: one block of keys. Long: several blocks (the online softmax's rescaling), a
+        // group of 10 query heads (two passes of MAX_GROUP), and a head_dim with a remainder
+        // after the lanes.
+        for (s, start, t) in [
+            (
+                AttentionShape {
+                    n_heads: 4,
+                    n_kv_heads: 2,
+                    head_dim: 8,
+                    context_len: 10,
+                },
+                4,
+                3,
+            ),
+            (
+                AttentionShape {
+                    n_heads: 20,
+                    n_kv_heads: 2,
+                    head_dim: 24,
+                    context_len: 300,
+                },
+                200,
+                5,
+            ),
+        ] {
+            check_against_naive(s, start, t);
+        }
+    }
+
+    fn check_against_naive(s: AttentionShape, start: usize, t: usize) {
         let mut seed = 3;
         let kv_len = s.n_kv_heads * s.context_len * s.head_dim;
         let k: Vec<f32> = (0..kv_len).map(|_| lcg(&mut seed) * 2.0).collect();
         let v: Vec<f32> = (0..kv_len).map(|_| lcg(&mut seed)).collect();
-        let (start, t) = (4, 3);
         let width = s.n_heads * s.head_dim;
         let q: Vec<f32> = (0..t * width).map(|_| lcg(&mut seed) * 2.0).collect();
         let mut out = vec![0f32; t * width];
-        let mut scores = vec![0f32; s.n_heads * s.context_len];
-        attention(&mut out, &q, &k, &v, &mut scores, s, start, t);
+        attention(&mut out, &q, &k, &v, s, start, t);
 
         let hd = s.head_dim;
         for i in 0..t {
@@ -138,5 +319,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn exp_is_accurate_to_a_few_ulp() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x <= 0.0 {
+            let want = (x as f64).exp();
+            let got = exp(x) as f64;
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.001_3;
+        }
+        assert!(
+            worst < 4.0 * f32::EPSILON as f64,
+            "relative error {worst:e}"
+        );
+        assert_eq!(exp(0.0), 1.0);
+        assert!(exp(f32::NEG_INFINITY) < 1e-37);
+    }
+
+    /// Every compiled version of the attention body gives the same bits: the lanes make the
+    /// order of every addition explicit.
+    #[test]
+    fn every_isa_gives_identical_results() {
+        let (hd, group, n_keys) = (40, 3, 150);
+        let mut seed = 5;
+        let q: Vec<f32> = (0..group * hd).map(|_| lcg(&mut seed) * 3.0).collect();
+        let k: Vec<f32> = (0..n_keys * hd).map(|_| lcg(&mut seed)).collect();
+        let v: Vec<f32> = (0..n_keys * hd).map(|_| lcg(&mut seed)).collect();
+        let mut want = vec![0f32; group * hd];
+        attend_body(&mut want, &q, &k, &v, hd, 0.3);
+        let mut got = vec![0f32; group * hd];
+        attend_fn()(&mut got, &q, &k, &v, hd, 0.3);
+        assert_eq!(got, want);
     }
 }

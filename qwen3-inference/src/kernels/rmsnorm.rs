@@ -2,16 +2,17 @@
 //! `y = w * (x * rsqrt(mean(x^2) + eps))`. No mean subtraction and no bias; the weight multiplies
 //! as stored (not `1 + w`).
 
-/// Normalises each `dim`-long row of `x` in place and scales it by `weight` (`[dim]`).
+/// Normalises each `dim`-long row of `x` into `out` and scales it by `weight` (`[dim]`).
 /// Used for the hidden-size norms (rows = tokens) and the per-head q/k norms (rows = heads).
-pub fn rmsnorm(x: &mut [f32], weight: &[f32], eps: f32) {
+pub fn rmsnorm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
     let dim = weight.len();
     assert_eq!(x.len() % dim, 0, "rmsnorm: x is not a whole number of rows");
-    for row in x.chunks_exact_mut(dim) {
+    assert_eq!(out.len(), x.len(), "rmsnorm: out and x differ in length");
+    for (out, row) in out.chunks_exact_mut(dim).zip(x.chunks_exact(dim)) {
         let sum_sq: f32 = row.iter().map(|v| v * v).sum();
         let inv_rms = 1.0 / (sum_sq / dim as f32 + eps).sqrt();
-        for (v, &w) in row.iter_mut().zip(weight) {
-            *v = w * (*v * inv_rms);
+        for ((o, &v), &w) in out.iter_mut().zip(row).zip(weight) {
+            *o = w * (v * inv_rms);
         }
     }
 }
@@ -23,10 +24,11 @@ mod tests {
     #[test]
     fn matches_the_formula() {
         // Two rows of 4; eps large enough to matter.
-        let mut x = vec![1.0, -2.0, 3.0, -4.0, 0.5, 0.5, 0.5, 0.5];
+        let x0 = vec![1.0, -2.0, 3.0, -4.0, 0.5, 0.5, 0.5, 0.5];
         let w = [0.5, 1.0, 1.5, 2.0];
         let eps = 0.1f32;
-        rmsnorm(&mut x, &w, eps);
+        let mut x = vec![0.0; 8];
+        rmsnorm(&mut x, &x0, &w, eps);
         // Row 1: mean(x^2) = 30/4 = 7.5, rsqrt(7.6).
         let r = 1.0 / 7.6f32.sqrt();
         let want1 = [0.5 * r, -2.0 * r, 4.5 * r, -8.0 * r];

@@ -48,6 +48,16 @@ impl RopeTable {
     }
 
     /// Bytes held by the two tables.
+    /// `cos[pos][i]`, `[max_pos, head_dim / 2]`, for backends that keep their own copy.
+    pub fn cos(&self) -> &[f32] {
+        &self.cos
+    }
+
+    /// `sin[pos][i]`, `[max_pos, head_dim / 2]`.
+    pub fn sin(&self) -> &[f32] {
+        &self.sin
+    }
+
     pub fn nbytes(&self) -> usize {
         (self.cos.len() + self.sin.len()) * 4
     }

@@ -1,74 +1,104 @@
-//! The Qwen3 model: its weights, borrowed from the model file, and the forward pass.
+//! The Qwen3 model: its weights, and the forward pass over them.
 //!
 //! The structs mirror HuggingFace's modules in `transformers/models/qwen3/modeling_qwen3.py`
 //! (`Qwen3ForCausalLM` > `Qwen3Model` > `Qwen3DecoderLayer` > `Qwen3Attention` / `Qwen3MLP`), so
-//! a reader can hold the two side by side. The weights are [`TensorView`]s into the mmapped file:
-//! loading copies nothing. The forward pass itself lives in [`session`], which owns the KV cache.
-//! See docs/transformer.md.
+//! a reader can hold the two side by side. They are generic over the tensor type `T` of the
+//! [`Backend`](crate::backend::Backend) that runs them: on the CPU a [`TensorView`] into the
+//! mmapped file (loading copies nothing), on a GPU a range of the uploaded file. The forward pass
+//! itself lives in [`Session`], which owns the KV cache. See docs/transformer.md.
 
 mod session;
 #[cfg(test)]
 pub(crate) mod test_model;
 
-pub use session::Session;
+pub use session::{Session, MAX_BATCH};
 
 use crate::format::reader::{TensorData, TensorView};
 use crate::format::{ModelConfig, ModelFile};
 use anyhow::{bail, Result};
 
-/// `Qwen3ForCausalLM`: the decoder stack plus the classifier.
-pub struct Model<'a> {
+/// `Qwen3ForCausalLM`: the decoder stack plus the classifier. `T` is one stored tensor; by
+/// default a [`TensorView`] borrowed from the model file (the CPU's).
+pub struct Model<'a, T = TensorView<'a>> {
     pub config: &'a ModelConfig,
     /// `model.embed_tokens.weight`: `[vocab, hidden]`.
-    pub embed_tokens: TensorView<'a>,
-    pub layers: Vec<Qwen3DecoderLayer<'a>>,
+    pub embed_tokens: T,
+    pub layers: Vec<Qwen3DecoderLayer<T>>,
     /// `model.norm.weight`: `[hidden]`, the final RMSNorm.
-    pub norm: &'a [f32],
+    pub norm: T,
     /// `lm_head.weight`: `[vocab, hidden]`. With `tie_word_embeddings` (Qwen3-0.6B) this is the
     /// embedding table itself, read a second time as the classifier.
-    pub lm_head: TensorView<'a>,
+    pub lm_head: T,
 }
 
 /// `Qwen3DecoderLayer`: pre-norm attention and pre-norm MLP, each with a residual connection.
-pub struct Qwen3DecoderLayer<'a> {
+pub struct Qwen3DecoderLayer<T> {
     /// `input_layernorm.weight`: `[hidden]`.
-    pub input_layernorm: &'a [f32],
-    pub self_attn: Qwen3Attention<'a>,
+    pub input_layernorm: T,
+    pub self_attn: Qwen3Attention<T>,
     /// `post_attention_layernorm.weight`: `[hidden]`.
-    pub post_attention_layernorm: &'a [f32],
-    pub mlp: Qwen3MLP<'a>,
+    pub post_attention_layernorm: T,
+    pub mlp: Qwen3MLP<T>,
 }
 
 /// `Qwen3Attention`: projections and the per-head q/k RMSNorms (new in Qwen3, absent in Qwen2).
-pub struct Qwen3Attention<'a> {
+pub struct Qwen3Attention<T> {
     /// `[n_heads * head_dim, hidden]`
-    pub q_proj: TensorView<'a>,
+    pub q_proj: T,
     /// `[n_kv_heads * head_dim, hidden]`
-    pub k_proj: TensorView<'a>,
+    pub k_proj: T,
     /// `[n_kv_heads * head_dim, hidden]`
-    pub v_proj: TensorView<'a>,
+    pub v_proj: T,
     /// `[hidden, n_heads * head_dim]`
-    pub o_proj: TensorView<'a>,
+    pub o_proj: T,
     /// `[head_dim]`, shared by every head.
-    pub q_norm: &'a [f32],
+    pub q_norm: T,
     /// `[head_dim]`
-    pub k_norm: &'a [f32],
+    pub k_norm: T,
 }
 
 /// `Qwen3MLP`: SwiGLU, `down(silu(gate(x)) * up(x))`.
-pub struct Qwen3MLP<'a> {
+pub struct Qwen3MLP<T> {
     /// `[intermediate, hidden]`
-    pub gate_proj: TensorView<'a>,
+    pub gate_proj: T,
     /// `[intermediate, hidden]`
-    pub up_proj: TensorView<'a>,
+    pub up_proj: T,
     /// `[hidden, intermediate]`
-    pub down_proj: TensorView<'a>,
+    pub down_proj: T,
 }
 
 impl<'a> Model<'a> {
-    /// Borrows every weight from `file`. The file was validated when opened (every tensor
-    /// present, with the shape and dtype the config implies), so this only looks names up.
+    /// Borrows every weight from `file` (the CPU's model). The file was validated when opened
+    /// (every tensor present, with the shape and dtype the config implies), so this only looks
+    /// names up.
     pub fn load(file: &'a ModelFile) -> Result<Model<'a>> {
+        let model = Model::load_with(file, |name| file.tensor(name))?;
+        // Norm weights are f32 in every model file (format::tensor_specs); the kernels rely on it.
+        let layers = model.layers.iter();
+        let norms = layers.flat_map(|l| {
+            [
+                &l.input_layernorm,
+                &l.post_attention_layernorm,
+                &l.self_attn.q_norm,
+                &l.self_attn.k_norm,
+            ]
+        });
+        for t in norms.chain([&model.norm]) {
+            if !matches!(t.data, TensorData::F32(_)) {
+                bail!("{}: {} is not stored as f32", file.path().display(), t.name);
+            }
+        }
+        Ok(model)
+    }
+}
+
+impl<'a, T> Model<'a, T> {
+    /// Looks every weight up by its HuggingFace name through `get`: a view into the mapped file
+    /// on the CPU, a range of the uploaded file on a GPU.
+    pub fn load_with(
+        file: &'a ModelFile,
+        mut get: impl FnMut(&str) -> Result<T>,
+    ) -> Result<Model<'a, T>> {
         let config = file.config();
         if config.architecture != "Qwen3ForCausalLM" {
             bail!(
@@ -77,45 +107,41 @@ impl<'a> Model<'a> {
                 config.architecture
             );
         }
-        let norm = |name: &str| -> Result<&'a [f32]> {
-            match file.tensor(name)?.data {
-                TensorData::F32(v) => Ok(v),
-                _ => bail!("{}: {name} is not stored as f32", file.path().display()),
-            }
-        };
         let mut layers = Vec::with_capacity(config.num_hidden_layers as usize);
         for l in 0..config.num_hidden_layers {
             let p = format!("model.layers.{l}");
+            let mut w = |name: &str| get(&format!("{p}.{name}.weight"));
             layers.push(Qwen3DecoderLayer {
-                input_layernorm: norm(&format!("{p}.input_layernorm.weight"))?,
+                input_layernorm: w("input_layernorm")?,
                 self_attn: Qwen3Attention {
-                    q_proj: file.tensor(&format!("{p}.self_attn.q_proj.weight"))?,
-                    k_proj: file.tensor(&format!("{p}.self_attn.k_proj.weight"))?,
-                    v_proj: file.tensor(&format!("{p}.self_attn.v_proj.weight"))?,
-                    o_proj: file.tensor(&format!("{p}.self_attn.o_proj.weight"))?,
-                    q_norm: norm(&format!("{p}.self_attn.q_norm.weight"))?,
-                    k_norm: norm(&format!("{p}.self_attn.k_norm.weight"))?,
+                    q_proj: w("self_attn.q_proj")?,
+                    k_proj: w("self_attn.k_proj")?,
+                    v_proj: w("self_attn.v_proj")?,
+                    o_proj: w("self_attn.o_proj")?,
+                    q_norm: w("self_attn.q_norm")?,
+                    k_norm: w("self_attn.k_norm")?,
                 },
-                post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
+                post_attention_layernorm: w("post_attention_layernorm")?,
                 mlp: Qwen3MLP {
-                    gate_proj: file.tensor(&format!("{p}.mlp.gate_proj.weight"))?,
-                    up_proj: file.tensor(&format!("{p}.mlp.up_proj.weight"))?,
-                    down_proj: file.tensor(&format!("{p}.mlp.down_proj.weight"))?,
+                    gate_proj: w("mlp.gate_proj")?,
+                    up_proj: w("mlp.up_proj")?,
+                    down_proj: w("mlp.down_proj")?,
                 },
             });
         }
-        let embed_tokens = file.tensor("model.embed_tokens.weight")?;
+        // Tied: the classifier is the embedding table, looked up a second time (a view or a
+        // device range, not a copy).
         let lm_head = if config.tie_word_embeddings {
-            embed_tokens
+            "model.embed_tokens.weight"
         } else {
-            file.tensor("lm_head.weight")?
+            "lm_head.weight"
         };
         Ok(Model {
             config,
-            embed_tokens,
+            embed_tokens: get("model.embed_tokens.weight")?,
             layers,
-            norm: norm("model.norm.weight")?,
-            lm_head,
+            norm: get("model.norm.weight")?,
+            lm_head: get(lm_head)?,
         })
     }
 

@@ -1,79 +1,102 @@
-//! One running sequence: the KV cache, the scratch buffers, and the forward pass.
+//! One running sequence: the KV cache, the scratch buffers, and the forward pass, written once
+//! over a [`Backend`] (the CPU's SIMD kernels, or a GPU's).
 //!
 //! `Session::forward(tokens)` runs a batch of `t` tokens through the model at positions
 //! `pos .. pos + t` and returns the logits of the last one. The prompt goes in as one call
 //! (prefill: every weight matrix is read once for all `t` tokens), then each sampled token as a
-//! call with `t = 1` (decode). Buffers are allocated once, in [`Session::new`]; a decode step
-//! allocates nothing.
+//! call with `t = 1` (decode). Buffers are allocated once, in [`Session::with_backend`]; a decode
+//! step allocates nothing.
 
 use super::{Model, Qwen3Attention, Qwen3DecoderLayer, Qwen3MLP};
-use crate::kernels::{
-    add, attention, embedding, matmul, rmsnorm, rope, silu_mul, AttentionShape, RopeTable,
-};
+use crate::backend::{AttentionShape, Backend, CpuBackend, RopeTable};
 use anyhow::{bail, Result};
 
 /// Most tokens run through the layers at once. Longer prompts go in chunks of this many, which
 /// bounds the scratch memory (~7 MB for Qwen3-0.6B) while keeping prefill matrix-matrix.
 pub const MAX_BATCH: usize = 128;
 
-/// The KV cache of every layer: `[layer][kv_head][pos][head_dim]`, keys and values apart.
-///
-/// Contiguous per kv head, so attention for one head streams one block of memory; sized by the
-/// context the session was asked for, not the model's maximum.
-struct KvCache {
-    k: Vec<f32>,
-    v: Vec<f32>,
-    /// Floats per layer: `n_kv_heads * context_len * head_dim`.
-    layer_len: usize,
+/// The model's sizes, as `usize`, read once from its config.
+#[derive(Clone, Copy)]
+struct Dims {
+    /// hidden_size
+    d: usize,
+    /// intermediate_size
+    ff: usize,
+    /// num_attention_heads
+    nh: usize,
+    /// num_key_value_heads
+    nkv: usize,
+    head_dim: usize,
+    vocab: usize,
+    eps: f32,
 }
 
 /// Activations of one batch of up to `max_batch` tokens, reused by every call.
-struct Scratch {
+struct Scratch<Buf> {
     /// The residual stream, `[t, hidden]`.
-    x: Vec<f32>,
+    x: Buf,
     /// Normalised input of a block, and later the block's output, `[t, hidden]`.
-    xb: Vec<f32>,
+    xb: Buf,
+    /// `q_proj(xb)` before q_norm, `[t, n_heads, head_dim]`.
+    q_raw: Buf,
+    /// `k_proj(xb)` before k_norm, `[t, n_kv_heads, head_dim]`.
+    k_raw: Buf,
     /// `[t, n_heads, head_dim]`
-    q: Vec<f32>,
+    q: Buf,
     /// `[t, n_kv_heads, head_dim]`
-    k: Vec<f32>,
+    k: Buf,
     /// `[t, n_kv_heads, head_dim]`
-    v: Vec<f32>,
+    v: Buf,
     /// Attention output, `[t, n_heads, head_dim]`.
-    att: Vec<f32>,
+    att: Buf,
     /// `[t, intermediate]`
-    gate: Vec<f32>,
+    gate: Buf,
     /// `[t, intermediate]`
-    up: Vec<f32>,
-    /// Attention scores, `[n_heads, context_len]`.
-    scores: Vec<f32>,
+    up: Buf,
+    /// The last token's residual, `[hidden]`: the classifier's input.
+    last: Buf,
     /// `[vocab]`: the logits of the last token.
-    logits: Vec<f32>,
+    logits: Buf,
 }
 
-/// A sequence being run through a [`Model`]: owns the KV cache and the scratch buffers.
-pub struct Session<'m> {
-    model: &'m Model<'m>,
+/// A sequence being run through a [`Model`] on backend `B`: owns the KV cache and the scratch
+/// buffers.
+pub struct Session<'m, B: Backend> {
+    backend: &'m B,
+    model: &'m Model<'m, B::Tensor>,
+    dims: Dims,
     context_len: usize,
+    /// Tokens the scratch buffers hold.
     max_batch: usize,
+    /// Tokens per forward chunk (at most `max_batch`).
+    batch: usize,
     /// Tokens already in the KV cache; the next token goes to this position.
     pos: usize,
-    rope: RopeTable,
-    cache: KvCache,
-    s: Scratch,
+    rope: B::Rope,
+    cache: B::KvCache,
+    s: Scratch<B::Buf>,
+    /// The logits on the host, when the backend's buffers are not (empty on the CPU).
+    logits_host: Vec<f32>,
 }
 
-/// Which logits a forward call computes. The classifier is the largest matrix of a small model
-/// (Qwen3-0.6B: 151936 x 1024), so prefill runs it for the last token only.
-#[derive(Clone, Copy, PartialEq)]
-enum Logits {
-    Last,
-    All,
+/// The CPU backend holds nothing, so one constant serves every CPU session.
+const CPU: &CpuBackend<'static> = &CpuBackend::new();
+
+impl<'m, 'a: 'm> Session<'m, CpuBackend<'a>> {
+    /// A session on the CPU with room for `context_len` tokens (prompt and generated together).
+    pub fn new(model: &'m Model<'a>, context_len: usize) -> Result<Self> {
+        Session::with_backend(CPU, model, context_len)
+    }
 }
 
-impl<'m> Session<'m> {
-    /// A session with room for `context_len` tokens (prompt and generated together).
-    pub fn new(model: &'m Model<'m>, context_len: usize) -> Result<Session<'m>> {
+impl<'m, B: Backend> Session<'m, B> {
+    /// A session on `backend` with room for `context_len` tokens (prompt and generated
+    /// together). `model` holds the backend's tensors (`Model::load_with`).
+    pub fn with_backend(
+        backend: &'m B,
+        model: &'m Model<'m, B::Tensor>,
+        context_len: usize,
+    ) -> Result<Self> {
         let c = model.config;
         let max = c.max_position_embeddings as usize;
         if context_len == 0 {
@@ -84,45 +107,66 @@ impl<'m> Session<'m> {
                 "context length {context_len} is larger than the model supports ({max} positions)"
             );
         }
-        let (d, hd) = (c.hidden_size as usize, c.head_dim as usize);
-        let (nh, nkv) = (
-            c.num_attention_heads as usize,
-            c.num_key_value_heads as usize,
-        );
-        let ff = c.intermediate_size as usize;
-        let max_batch = MAX_BATCH.min(context_len);
-        let layer_len = nkv * context_len * hd;
+        let dims = Dims {
+            d: c.hidden_size as usize,
+            ff: c.intermediate_size as usize,
+            nh: c.num_attention_heads as usize,
+            nkv: c.num_key_value_heads as usize,
+            head_dim: c.head_dim as usize,
+            vocab: c.vocab_size as usize,
+            eps: c.rms_norm_eps as f32,
+        };
+        let Dims {
+            d,
+            ff,
+            nh,
+            nkv,
+            head_dim: hd,
+            vocab,
+            ..
+        } = dims;
+        let layers = model.layers.len();
         // Keys and values in f32. The config's sizes are bounded by validation, but their product
         // for a hostile file could still be absurd: refuse it instead of aborting in the allocator.
-        let cache_len = layer_len
-            .checked_mul(c.num_hidden_layers as usize)
+        (nkv * context_len * hd)
+            .checked_mul(layers)
             .filter(|n| n.checked_mul(8).is_some_and(|b| b <= isize::MAX as usize))
             .ok_or_else(|| {
                 anyhow::anyhow!("a KV cache for {context_len} positions does not fit in memory")
             })?;
-        Ok(Session {
-            model,
+        let shape = AttentionShape {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
             context_len,
-            max_batch,
+        };
+        let n = MAX_BATCH.min(context_len);
+        let b = backend;
+        Ok(Session {
+            backend,
+            model,
+            dims,
+            context_len,
+            max_batch: n,
+            batch: n,
             pos: 0,
-            rope: RopeTable::new(hd, c.rope_theta, context_len),
-            cache: KvCache {
-                k: vec![0.0; cache_len],
-                v: vec![0.0; cache_len],
-                layer_len,
-            },
+            rope: b.rope_table(RopeTable::new(hd, c.rope_theta, context_len))?,
+            cache: b.kv_cache(layers, shape, n)?,
             s: Scratch {
-                x: vec![0.0; max_batch * d],
-                xb: vec![0.0; max_batch * d],
-                q: vec![0.0; max_batch * nh * hd],
-                k: vec![0.0; max_batch * nkv * hd],
-                v: vec![0.0; max_batch * nkv * hd],
-                att: vec![0.0; max_batch * nh * hd],
-                gate: vec![0.0; max_batch * ff],
-                up: vec![0.0; max_batch * ff],
-                scores: vec![0.0; nh * context_len],
-                logits: vec![0.0; c.vocab_size as usize],
+                x: b.alloc(n * d)?,
+                xb: b.alloc(n * d)?,
+                q_raw: b.alloc(n * nh * hd)?,
+                k_raw: b.alloc(n * nkv * hd)?,
+                q: b.alloc(n * nh * hd)?,
+                k: b.alloc(n * nkv * hd)?,
+                v: b.alloc(n * nkv * hd)?,
+                att: b.alloc(n * nh * hd)?,
+                gate: b.alloc(n * ff)?,
+                up: b.alloc(n * ff)?,
+                last: b.alloc(d)?,
+                logits: b.alloc(vocab)?,
             },
+            logits_host: Vec::new(),
         })
     }
 
@@ -136,13 +180,28 @@ impl<'m> Session<'m> {
         self.context_len
     }
 
-    pub fn model(&self) -> &'m Model<'m> {
+    pub fn model(&self) -> &'m Model<'m, B::Tensor> {
         self.model
+    }
+
+    pub fn backend(&self) -> &'m B {
+        self.backend
     }
 
     /// Bytes held by the KV cache.
     pub fn kv_cache_bytes(&self) -> u64 {
         self.model.kv_cache_bytes(self.context_len)
+    }
+
+    /// Runs later prompts in chunks of at most `n` tokens (1 ..= the batch the buffers were
+    /// sized for, [`MAX_BATCH`] or the context if shorter). For tests: chunked prefill must give
+    /// the same logits as one pass.
+    pub fn set_max_batch(&mut self, n: usize) -> Result<()> {
+        if n == 0 || n > self.max_batch {
+            bail!("batch of {n} tokens: must be 1 ..= {}", self.max_batch);
+        }
+        self.batch = n;
+        Ok(())
     }
 
     /// Forgets every token from position `pos` on, so the next `forward` continues from there.
@@ -164,23 +223,28 @@ impl<'m> Session<'m> {
     /// do not fit in the context.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<&[f32]> {
         self.check(tokens)?;
-        for chunk in tokens.chunks(self.max_batch) {
-            self.forward_batch(chunk, Logits::Last, &mut []);
+        for chunk in tokens.chunks(self.batch) {
+            self.forward_batch(chunk, None)?;
         }
-        Ok(&self.s.logits)
+        let vocab = self.dims.vocab;
+        self.backend
+            .read(&self.s.logits, vocab, &mut self.logits_host)
     }
 
     /// Like [`Session::forward`] but returns the logits of every token, `[tokens.len(), vocab]`
     /// (allocated per call: for tests and evaluation, not the generation loop).
     pub fn forward_all_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         self.check(tokens)?;
-        let vocab = self.model.config.vocab_size as usize;
-        let mut all = vec![0.0; tokens.len() * vocab];
-        for (chunk, out) in tokens
-            .chunks(self.max_batch)
-            .zip(all.chunks_mut(self.max_batch * vocab))
-        {
-            self.forward_batch(chunk, Logits::All, out);
+        let vocab = self.dims.vocab;
+        let mut chunk_logits = self.backend.alloc(self.batch * vocab)?;
+        let mut staging = Vec::new();
+        let mut all = Vec::with_capacity(tokens.len() * vocab);
+        for chunk in tokens.chunks(self.batch) {
+            self.forward_batch(chunk, Some(&mut chunk_logits))?;
+            let rows = self
+                .backend
+                .read(&chunk_logits, chunk.len() * vocab, &mut staging)?;
+            all.extend_from_slice(rows);
         }
         Ok(all)
     }
@@ -204,147 +268,125 @@ impl<'m> Session<'m> {
         Ok(())
     }
 
-    /// The forward pass for `t <= max_batch` tokens at positions `pos .. pos + t`.
-    /// With `Logits::All`, `all_logits` receives `[t, vocab]`; otherwise `self.s.logits` gets the
-    /// last token's.
-    fn forward_batch(&mut self, tokens: &[u32], which: Logits, all_logits: &mut [f32]) {
-        let model = self.model;
-        let c = model.config;
+    /// The forward pass for `t <= batch` tokens at positions `pos .. pos + t`. With
+    /// `all_logits`, it receives `[t, vocab]`; otherwise `self.s.logits` gets the last token's.
+    fn forward_batch(&mut self, tokens: &[u32], all_logits: Option<&mut B::Buf>) -> Result<()> {
+        let (b, model) = (self.backend, self.model);
+        let Dims { d, vocab, eps, .. } = self.dims;
         let t = tokens.len();
-        let d = c.hidden_size as usize;
-        let eps = c.rms_norm_eps as f32;
 
         // 1. Token embedding: row `token` of embed_tokens for each token.   x: [t, hidden]
-        let x = &mut self.s.x[..t * d];
-        for (row, &tok) in x.chunks_exact_mut(d).zip(tokens) {
-            embedding(row, &model.embed_tokens, tok as usize);
-        }
+        b.embed(&mut self.s.x, &model.embed_tokens, tokens, d)?;
 
         // 2. The decoder layers, each adding its attention and MLP outputs to the residual x.
         for (l, layer) in model.layers.iter().enumerate() {
-            self.decoder_layer(l, layer, t, eps);
+            self.decoder_layer(l, layer, t)?;
         }
 
         // 3. Final RMSNorm and the classifier: logits = norm(x) @ lm_head^T.   [t, vocab]
-        let x = &mut self.s.x[..t * d];
-        match which {
-            Logits::All => {
-                rmsnorm(x, model.norm, eps);
-                matmul(all_logits, x, &model.lm_head, t);
+        //    The classifier is the largest matrix of a small model (Qwen3-0.6B: 151936 x 1024),
+        //    so generation runs it for the last token only.
+        let s = &mut self.s;
+        match all_logits {
+            Some(all) => {
+                b.rmsnorm(&mut s.xb, &s.x, &model.norm, t, d, eps)?;
+                b.matmul(all, &model.lm_head, &s.xb, t, vocab, d)?;
             }
-            Logits::Last => {
-                let last = &mut x[(t - 1) * d..];
-                rmsnorm(last, model.norm, eps);
-                matmul(&mut self.s.logits, last, &model.lm_head, 1);
+            None => {
+                b.copy(&mut s.last, 0, &s.x, (t - 1) * d, d)?; //   last: [1, hidden]
+                b.rmsnorm(&mut s.xb, &s.last, &model.norm, 1, d, eps)?;
+                b.matmul(&mut s.logits, &model.lm_head, &s.xb, 1, vocab, d)?;
             }
         }
         self.pos += t;
+        Ok(())
     }
 
     /// `Qwen3DecoderLayer.forward`: `x = x + attn(input_layernorm(x))`,
     /// then `x = x + mlp(post_attention_layernorm(x))`.
-    fn decoder_layer(&mut self, l: usize, layer: &Qwen3DecoderLayer, t: usize, eps: f32) {
-        let d = self.model.config.hidden_size as usize;
+    fn decoder_layer(
+        &mut self,
+        l: usize,
+        layer: &Qwen3DecoderLayer<B::Tensor>,
+        t: usize,
+    ) -> Result<()> {
+        let b = self.backend;
+        let Dims { d, eps, .. } = self.dims;
 
-        // 2a. Attention block.
-        let xb = &mut self.s.xb[..t * d];
-        xb.copy_from_slice(&self.s.x[..t * d]);
-        rmsnorm(xb, layer.input_layernorm, eps);
-        self.self_attention(l, &layer.self_attn, t, eps);
-        // self.s.xb now holds the attention output.             x = x + attn
-        add(&mut self.s.x[..t * d], &self.s.xb[..t * d]);
+        // 2a. Attention block.                                     xb = input_layernorm(x)
+        b.rmsnorm(&mut self.s.xb, &self.s.x, &layer.input_layernorm, t, d, eps)?;
+        self.self_attention(l, &layer.self_attn, t)?;
+        // self.s.xb now holds the attention output.                 x = x + attn
+        b.add(&mut self.s.x, &self.s.xb, t * d)?;
 
-        // 2b. MLP block.
-        let xb = &mut self.s.xb[..t * d];
-        xb.copy_from_slice(&self.s.x[..t * d]);
-        rmsnorm(xb, layer.post_attention_layernorm, eps);
-        self.mlp(&layer.mlp, t);
-        add(&mut self.s.x[..t * d], &self.s.xb[..t * d]); //   x = x + mlp
+        // 2b. MLP block.                                    xb = post_attention_layernorm(x)
+        b.rmsnorm(
+            &mut self.s.xb,
+            &self.s.x,
+            &layer.post_attention_layernorm,
+            t,
+            d,
+            eps,
+        )?;
+        self.mlp(&layer.mlp, t)?;
+        b.add(&mut self.s.x, &self.s.xb, t * d) //                    x = x + mlp
     }
 
     /// `Qwen3Attention.forward` on the normalised input in `xb` (`[t, hidden]`); leaves the output
     /// (after o_proj) in `xb`.
-    fn self_attention(&mut self, l: usize, attn: &Qwen3Attention, t: usize, eps: f32) {
-        let c = self.model.config;
-        let (d, hd) = (c.hidden_size as usize, c.head_dim as usize);
-        let (nh, nkv) = (
-            c.num_attention_heads as usize,
-            c.num_key_value_heads as usize,
-        );
+    fn self_attention(
+        &mut self,
+        l: usize,
+        attn: &Qwen3Attention<B::Tensor>,
+        t: usize,
+    ) -> Result<()> {
+        let b = self.backend;
+        let Dims {
+            d,
+            nh,
+            nkv,
+            head_dim: hd,
+            eps,
+            ..
+        } = self.dims;
+        let pos = self.pos;
         let s = &mut self.s;
-        let (xb, q, k, v) = (
-            &mut s.xb[..t * d],
-            &mut s.q[..t * nh * hd],
-            &mut s.k[..t * nkv * hd],
-            &mut s.v[..t * nkv * hd],
-        );
 
         // i. Projections.     q: [t, n_heads, head_dim]   k, v: [t, n_kv_heads, head_dim]
-        matmul(q, xb, &attn.q_proj, t);
-        matmul(k, xb, &attn.k_proj, t);
-        matmul(v, xb, &attn.v_proj, t);
+        b.matmul(&mut s.q_raw, &attn.q_proj, &s.xb, t, nh * hd, d)?;
+        b.matmul(&mut s.k_raw, &attn.k_proj, &s.xb, t, nkv * hd, d)?;
+        b.matmul(&mut s.v, &attn.v_proj, &s.xb, t, nkv * hd, d)?;
 
-        // ii. Per-head RMSNorm of q and k over head_dim (Qwen3's q_norm/k_norm), before RoPE.
-        rmsnorm(q, attn.q_norm, eps);
-        rmsnorm(k, attn.k_norm, eps);
+        // ii. Per-head RMSNorm of q and k over head_dim (Qwen3's q_norm/k_norm), before RoPE:
+        //     rows = t * heads, each head_dim wide.
+        b.rmsnorm(&mut s.q, &s.q_raw, &attn.q_norm, t * nh, hd, eps)?;
+        b.rmsnorm(&mut s.k, &s.k_raw, &attn.k_norm, t * nkv, hd, eps)?;
 
         // iii. RoPE: rotate each head of token i by the angles of its position pos + i.
-        for i in 0..t {
-            rope(
-                &mut q[i * nh * hd..(i + 1) * nh * hd],
-                &self.rope,
-                self.pos + i,
-            );
-            rope(
-                &mut k[i * nkv * hd..(i + 1) * nkv * hd],
-                &self.rope,
-                self.pos + i,
-            );
-        }
+        b.rope(&mut s.q, &self.rope, t, nh, hd, pos)?;
+        b.rope(&mut s.k, &self.rope, t, nkv, hd, pos)?;
 
         // iv. Append k and v to this layer's cache at positions pos .. pos + t.
-        //     cache[l][kv_head][pos][head_dim] <- k[i][kv_head][head_dim]
-        let ctx = self.context_len;
-        let layer_k = &mut self.cache.k[l * self.cache.layer_len..(l + 1) * self.cache.layer_len];
-        let layer_v = &mut self.cache.v[l * self.cache.layer_len..(l + 1) * self.cache.layer_len];
-        for i in 0..t {
-            for h in 0..nkv {
-                let src = (i * nkv + h) * hd..(i * nkv + h + 1) * hd;
-                let at = (h * ctx + self.pos + i) * hd;
-                layer_k[at..at + hd].copy_from_slice(&k[src.clone()]);
-                layer_v[at..at + hd].copy_from_slice(&v[src]);
-            }
-        }
+        b.store_kv(&mut self.cache, l, &s.k, &s.v, t, pos)?;
 
-        // v. Causal grouped-query attention over the cache.      att: [t, n_heads, head_dim]
-        let shape = AttentionShape {
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: hd,
-            context_len: ctx,
-        };
-        let att = &mut s.att[..t * nh * hd];
-        attention(att, q, layer_k, layer_v, &mut s.scores, shape, self.pos, t);
+        // v. Causal grouped-query attention over the cache: token i sees positions 0 ..= pos + i;
+        //    query head h reads kv head h / (n_heads / n_kv_heads).   att: [t, n_heads, head_dim]
+        b.attention(&mut s.att, &s.q, &mut self.cache, l, t, pos)?;
 
         // vi. Output projection back to the residual width.     xb: [t, hidden]
-        matmul(xb, att, &attn.o_proj, t);
+        b.matmul(&mut s.xb, &attn.o_proj, &s.att, t, d, nh * hd)
     }
 
     /// `Qwen3MLP.forward` on the normalised input in `xb`; leaves `down(silu(gate(x)) * up(x))`
     /// in `xb`.
-    fn mlp(&mut self, mlp: &Qwen3MLP, t: usize) {
-        let c = self.model.config;
-        let (d, ff) = (c.hidden_size as usize, c.intermediate_size as usize);
+    fn mlp(&mut self, mlp: &Qwen3MLP<B::Tensor>, t: usize) -> Result<()> {
+        let b = self.backend;
+        let Dims { d, ff, .. } = self.dims;
         let s = &mut self.s;
-        let (xb, gate, up) = (
-            &mut s.xb[..t * d],
-            &mut s.gate[..t * ff],
-            &mut s.up[..t * ff],
-        );
-        matmul(gate, xb, &mlp.gate_proj, t); //    gate: [t, intermediate]
-        matmul(up, xb, &mlp.up_proj, t); //        up:   [t, intermediate]
-        silu_mul(gate, up); //                     gate = silu(gate) * up
-        matmul(xb, gate, &mlp.down_proj, t); //    xb:   [t, hidden]
+        b.matmul(&mut s.gate, &mlp.gate_proj, &s.xb, t, ff, d)?; //   gate: [t, intermediate]
+        b.matmul(&mut s.up, &mlp.up_proj, &s.xb, t, ff, d)?; //       up:   [t, intermediate]
+        b.silu_mul(&mut s.gate, &s.up, t * ff)?; //                    gate = silu(gate) * up
+        b.matmul(&mut s.xb, &mlp.down_proj, &s.gate, t, d, ff) //      xb:   [t, hidden]
     }
 }
 
@@ -393,7 +435,7 @@ mod tests {
             }
 
             let mut c = Session::new(&model, 32).unwrap();
-            c.max_batch = 3;
+            c.set_max_batch(3).unwrap();
             let last = c.forward(&tokens).unwrap();
             assert!(
                 max_diff(last, &all[19 * vocab as usize..]) < 1e-5,

@@ -1,0 +1,144 @@
+//! The seam between the forward pass and the hardware it runs on: the few operations a Qwen3
+//! forward pass needs, over buffers the backend owns.
+//!
+//! [`crate::model::Session`] is written once against [`Backend`]. Implementations:
+//! - [`CpuBackend`]: host vectors and the SIMD kernels of [`crate::kernels`], weights borrowed from
+//!   the mmapped model file (what `qwen3 inference` runs by default);
+//! - in the `qwen3-cuda` crate, `ReferenceBackend` (host vectors, plain-Rust references of the CUDA
+//!   kernels, same math in the same order) and `CudaBackend` (device memory, the CUDA kernels).
+//!
+//! What the trait leaves to each backend: where buffers live, how a weight tensor is stored, and
+//! the layout of the KV cache (the CPU keeps `[kv_head][pos][head_dim]` so one head's keys are one
+//! contiguous block; the GPU keeps `[pos][kv_head][head_dim]` so one chunk's keys are one copy).
+//!
+//! Buffers are allocated once at their largest size (a prefill chunk of `max_batch` tokens); every
+//! op takes the counts it uses, so the same buffers serve a one-token decode step. Ops return
+//! `Result` because a device can fail at any launch; the CPU's never do.
+
+mod cpu;
+
+pub use crate::kernels::{AttentionShape, RopeTable};
+pub use cpu::CpuBackend;
+
+use anyhow::Result;
+
+/// The operations of a Qwen3 forward pass. Shapes in the comments are row-major; `n_tok` is the
+/// number of tokens in the batch, `pos0` the position of the first one.
+pub trait Backend {
+    /// One weight tensor as the model file stores it: a matrix `[rows, cols]` in f32, bf16 or q8,
+    /// or a norm weight `[n]`, always f32.
+    type Tensor;
+    /// f32 activations.
+    type Buf;
+    /// RoPE's cos and sin tables, in the backend's memory.
+    type Rope;
+    /// Keys and values of every layer (in the backend's own layout), plus whatever scratch its
+    /// attention needs.
+    type KvCache;
+
+    // ---- Memory: allocated once per session. ----
+
+    /// A zeroed buffer of `len` values.
+    fn alloc(&self, len: usize) -> Result<Self::Buf>;
+    /// The tables computed on the host by [`RopeTable::new`], moved to the backend, so that every
+    /// backend rotates by the same angles.
+    fn rope_table(&self, table: RopeTable) -> Result<Self::Rope>;
+    /// A zeroed cache for `layers` layers of `shape.context_len` positions, whose attention takes
+    /// up to `max_batch` query tokens at a time.
+    fn kv_cache(
+        &self,
+        layers: usize,
+        shape: AttentionShape,
+        max_batch: usize,
+    ) -> Result<Self::KvCache>;
+    /// `dst[dst_offset..][..len] = src[src_offset..][..len]`.
+    fn copy(
+        &self,
+        dst: &mut Self::Buf,
+        dst_offset: usize,
+        src: &Self::Buf,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()>;
+    /// `x[..len]` as a host slice. Host buffers are returned as they are; device buffers are
+    /// copied into `staging` (grown to `len` on first use, so steady-state calls allocate nothing).
+    fn read<'s>(
+        &self,
+        x: &'s Self::Buf,
+        len: usize,
+        staging: &'s mut Vec<f32>,
+    ) -> Result<&'s [f32]>;
+
+    // ---- The math. ----
+
+    /// `x[i] = table[tokens[i]]`: rows of the embedding table (`[vocab, hidden]`), converted to
+    /// f32.  x: `[tokens.len(), hidden]`. Token ids are checked by the caller.
+    fn embed(
+        &self,
+        x: &mut Self::Buf,
+        table: &Self::Tensor,
+        tokens: &[u32],
+        hidden: usize,
+    ) -> Result<()>;
+    /// RMSNorm of each of `rows` rows of `n` values: `out = w * (x / sqrt(mean(x^2) + eps))`.
+    /// out, x: `[rows, n]`; w: `[n]`.
+    fn rmsnorm(
+        &self,
+        out: &mut Self::Buf,
+        x: &Self::Buf,
+        w: &Self::Tensor,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<()>;
+    /// `y = x @ w^T`. y: `[n_tok, rows]`; w: `[rows, cols]`; x: `[n_tok, cols]`.
+    fn matmul(
+        &self,
+        y: &mut Self::Buf,
+        w: &Self::Tensor,
+        x: &Self::Buf,
+        n_tok: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
+    /// Rotates every head of token `i` by the angles of position `pos0 + i`, in place.
+    /// x: `[n_tok, n_heads, head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &self,
+        x: &mut Self::Buf,
+        table: &Self::Rope,
+        n_tok: usize,
+        n_heads: usize,
+        head_dim: usize,
+        pos0: usize,
+    ) -> Result<()>;
+    /// Writes the keys and values of `n_tok` tokens into `layer`'s cache at positions
+    /// `pos0 .. pos0 + n_tok`. k, v: `[n_tok, n_kv_heads, head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn store_kv(
+        &self,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        n_tok: usize,
+        pos0: usize,
+    ) -> Result<()>;
+    /// Causal grouped-query attention of `n_tok` query tokens at positions `pos0 ..` over
+    /// `layer`'s cache: token `i` sees keys `0 ..= pos0 + i`.
+    /// out, q: `[n_tok, n_heads, head_dim]`.
+    fn attention(
+        &self,
+        out: &mut Self::Buf,
+        q: &Self::Buf,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        n_tok: usize,
+        pos0: usize,
+    ) -> Result<()>;
+    /// SwiGLU's gate, in place: `gate[i] = silu(gate[i]) * up[i]` for `i < n`.
+    fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, n: usize) -> Result<()>;
+    /// The residual connection, in place: `x[i] += y[i]` for `i < n`.
+    fn add(&self, x: &mut Self::Buf, y: &Self::Buf, n: usize) -> Result<()>;
+}
