@@ -1,10 +1,11 @@
 //! The aarch64 kernels: NEON (Advanced SIMD, part of every ARMv8-A CPU) and, for the integer
-//! product, the `sdot` instruction of the ARMv8.2 dot-product extension (`dotprod`; Cortex-A55
-//! and A76 on, Neoverse N1 on, Apple M1 on). Each `unsafe fn` with `#[target_feature]` may only
-//! run on a CPU that has those features; the safe wrappers in [`NEON`] / [`NEON_DOTPROD`] are
-//! reachable only through `detect()`/`available()`, which hand them out only after
-//! `is_aarch64_feature_detected!` said yes. Slices are read with unaligned loads (`vld1q_*`
-//! accepts any alignment of the element type) at indices checked against their lengths.
+//! product, the `sdot` instruction of the ARMv8.2 dot-product extension (`dotprod`: Cortex-A55,
+//! A75, A76 and later, Neoverse N1 and later, Apple M1 and later). Each `unsafe fn` with
+//! `#[target_feature]` may only run on a CPU that has those features; the safe wrappers in
+//! [`NEON`] / [`NEON_DOTPROD`] are reachable only through `detect()`/`available()`, which hand
+//! them out only after `is_aarch64_feature_detected!` said yes. Slices are read with `vld1q_*`
+//! (which needs only the element type's alignment, which a slice has) at indices checked against
+//! their lengths.
 //!
 //! `vdotq_s32`, the intrinsic for `sdot`, is still unstable in Rust (`stdarch_neon_dotprod`,
 //! rust-lang/rust#117224), so [`sdot`] emits the one instruction with `asm!`, which is stable.
@@ -111,7 +112,8 @@ unsafe fn dot_q8_neon(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], gs: usize) -> 
             isum1 = vpadalq_s16(isum1, vmull_high_s8(wv, xv));
             k += 16;
         }
-        // Each lane holds a sum of gs / 4 products, exact in i32 and, up to gs = 1024, in f32.
+        // Each lane holds a sum of gs / 4 products: |sum| <= gs / 4 * 2^14, exact in i32, and
+        // in f32 too up to gs = 4096 (2^24).
         let isum = vcvtq_f32_s32(vaddq_s32(isum0, isum1));
         acc = vfmaq_n_f32(acc, isum, ws[g] * xs[g]);
     }
