@@ -3,10 +3,10 @@
 //! Decoding a token reads every weight once and does one multiply-add per weight, so the speed of
 //! these few functions is the speed of the runtime. Each has a scalar version, which is the
 //! reference (and the fallback on CPUs without the instructions), and x86-64 versions for AVX2+FMA
-//! and AVX-512 (with VNNI for the integer product). The best version is chosen once, at first use,
-//! with `is_x86_feature_detected!`; after that a call is one indirect jump through [`Dots`].
-//! (aarch64 runs the scalar versions, which LLVM auto-vectorizes partly; a NEON `sdot` kernel is
-//! future work.)
+//! and AVX-512 (with VNNI for the integer product), and aarch64 versions for NEON (with `sdot`
+//! for the integer product where the CPU has the dot-product extension). The best version is
+//! chosen once, at first use, with `is_x86_feature_detected!` / `is_aarch64_feature_detected!`;
+//! after that a call is one indirect jump through [`Dots`].
 //!
 //! The q8 x q8 product (W8A8): the activation vector is quantized per group exactly like the
 //! weights (`quant.rs`), so each group's contribution is `scale_w * scale_x * sum(q_w * q_x)`, an
@@ -118,6 +118,15 @@ fn detect() -> Dots {
             return x86::AVX2;
         }
     }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if aarch64::has_dotprod() {
+            return aarch64::NEON_DOTPROD;
+        }
+        if aarch64::has_neon() {
+            return aarch64::NEON;
+        }
+    }
     SCALAR
 }
 
@@ -131,6 +140,15 @@ pub fn available() -> Vec<Dots> {
         }
         if x86::has_avx512() {
             v.push(x86::AVX512);
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if aarch64::has_neon() {
+            v.push(aarch64::NEON);
+        }
+        if aarch64::has_dotprod() {
+            v.push(aarch64::NEON_DOTPROD);
         }
     }
     v
@@ -186,6 +204,9 @@ pub fn dot_q8_f32_scalar(w: &[i8], ws: &[f32], x: &[f32], gs: usize) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86;
+
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
 
 #[cfg(test)]
 mod tests {
