@@ -6,6 +6,7 @@
 //! repeats each kv head that many times, consecutively).
 
 use super::dot::dots;
+use super::exp::exp;
 use rayon::prelude::*;
 use std::sync::OnceLock;
 
@@ -209,39 +210,6 @@ fn sum_lanes(a: &[f32; LANES]) -> f32 {
     h[0]
 }
 
-/// `e^x` for the softmax (`x <= 0`), accurate to a few ulp, written so that a loop over it
-/// vectorizes (no branches, no library call).
-///
-/// `e^x = 2^k e^r` with `k = round(x / ln 2)` and `r = x - k ln 2` in `[-ln2/2, ln2/2]`; `e^r` by
-/// its Taylor series to degree 7 (truncation error below `0.35^8 / 8! = 6e-9`, relative), `2^k`
-/// by writing `k + 127` into the exponent bits. Arguments below -87 (where `e^x` < 2^-125, far
-/// below anything a softmax sum of ones can notice) are clamped there; `-inf` gives `e^-87`, a
-/// number that multiplies zeros only (the initial `l` and `o`).
-#[inline(always)]
-fn exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // ln 2 split in a part with few mantissa bits (so k * LN2_HI is exact) and the rest.
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    // 1.5 * 2^23: adding it rounds to an integer (round to nearest even), which then sits in
-    // the low mantissa bits of the sum.
-    const ROUND: f32 = 12_582_912.0;
-    let x = x.max(-87.0);
-    let kr = x * LOG2E + ROUND;
-    let k = kr - ROUND;
-    let r = (x - k * LN2_HI) - k * LN2_LO;
-    let e_r = 1.0
-        + r * (1.0
-            + r * (1.0 / 2.0
-                + r * (1.0 / 6.0
-                    + r * (1.0 / 24.0
-                        + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    // k is in [-126, 0]: the integer in kr's low bits, offset by the exponent bias.
-    let two_k =
-        f32::from_bits((kr.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127)) << 23);
-    e_r * two_k
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,24 +287,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn exp_is_accurate_to_a_few_ulp() {
-        let mut worst = 0f64;
-        let mut x = -87.0f32;
-        while x <= 0.0 {
-            let want = (x as f64).exp();
-            let got = exp(x) as f64;
-            worst = worst.max(((got - want) / want).abs());
-            x += 0.001_3;
-        }
-        assert!(
-            worst < 4.0 * f32::EPSILON as f64,
-            "relative error {worst:e}"
-        );
-        assert_eq!(exp(0.0), 1.0);
-        assert!(exp(f32::NEG_INFINITY) < 1e-37);
     }
 
     /// Every compiled version of the attention body gives the same bits: the lanes make the

@@ -21,6 +21,7 @@ mod attention;
 pub mod dot;
 mod elementwise;
 mod embedding;
+pub mod exp;
 mod matmul;
 mod rmsnorm;
 mod rope;
