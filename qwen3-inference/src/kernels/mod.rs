@@ -1,14 +1,11 @@
-//! The numerical kernels of the forward pass, on the CPU: plain scalar Rust, parallel over output
-//! rows with rayon.
-//!
-//! This list is the whole seam between the forward pass ([`crate::model`]) and the hardware. The
-//! forward pass calls nothing else that touches numbers in bulk, so a GPU backend implements these
-//! same few operations and the forward pass is written once:
+//! The numerical kernels of the forward pass on the CPU, parallel over output rows (or attention
+//! heads) with rayon. [`crate::backend::CpuBackend`] is a thin layer over these functions; a GPU
+//! backend implements the same operations with its own kernels (see `backend/mod.rs`).
 //!
 //! | op | shapes |
 //! |---|---|
 //! | [`embedding`] | one row of `[vocab, hidden]` -> `[hidden]` |
-//! | [`matmul`] | `x: [t, cols]`, `w: [rows, cols]` -> `[t, rows]` |
+//! | [`matmul`], [`matmuls`] | `x: [t, cols]`, `w: [rows, cols]` -> `[t, rows]` (several `w` at once) |
 //! | [`rmsnorm`] | rows of `[n, dim]`, weight `[dim]` |
 //! | [`rope`] | rows of `[n, head_dim]` at given positions |
 //! | [`attention`] | queries `[t, n_heads, head_dim]` over the KV cache |
@@ -16,6 +13,7 @@
 //!
 //! The innermost loops, the dot products, are in [`dot`]: scalar references plus SIMD versions
 //! chosen once at run time. The functions here keep their signatures whatever [`dot`] picks.
+//! [`exp`] is the softmax's exponential, written so that loops over it vectorize.
 
 mod attention;
 pub mod dot;
