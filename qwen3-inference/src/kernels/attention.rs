@@ -31,7 +31,7 @@ pub struct AttentionShape {
 /// The work splits into one task per (token, kv head): the task computes the `group` query
 /// heads that share that kv head, so each key and value row is read once for all of them (with
 /// Qwen3-0.6B's 16 query and 8 kv heads, half the cache traffic of one head at a time). Each task
-/// runs [`attend`].
+/// runs [`attend_body`].
 pub fn attention(
     out: &mut [f32],
     q: &[f32],
