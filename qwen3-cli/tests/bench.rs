@@ -1,0 +1,94 @@
+//! `qwen3 bench` end to end through the binary, on a tiny fixture exported as q8: the JSON report
+//! has the fields the issue asks for, its byte count is the model file's tensors plus the KV
+//! cache the decoded positions read, and bad arguments are one-line errors. (The speeds themselves
+//! are not checked: timings belong in benchmarks, not tests.)
+
+use qwen3_export::{export, ExportOptions};
+use qwen3_inference::format::{DType, ModelFile};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn tiny_q8(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pq-bench-{}-{test}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("tiny.bin");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/tiny-f32-tied-gqa2");
+    let opts = ExportOptions {
+        dtype: DType::Q8,
+        group_size: 32,
+        progress: false,
+    };
+    export(&src, &out, &opts).unwrap();
+    out
+}
+
+fn qwen3(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn json_report_has_every_field() {
+    let model = tiny_q8("json");
+    let m = model.to_str().unwrap();
+    let out = qwen3(&[
+        "bench", m, "-p", "5", "-n", "3", "-t", "1,2", "-r", "1", "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for (run, threads) in runs.iter().zip([1, 2]) {
+        assert_eq!(run["threads"], threads);
+        for key in [
+            "prefill_tok_s",
+            "decode_tok_s",
+            "bandwidth_gb_s",
+            "ceiling_tok_s",
+            "fraction_of_ceiling",
+        ] {
+            let x = run[key].as_f64().unwrap_or(f64::NAN);
+            assert!(x > 0.0 && x.is_finite(), "{key} = {}", run[key]);
+        }
+    }
+
+    // Bytes per decoded token: every tensor of the file once, plus the f32 keys and values of
+    // positions 0 ..= p for p = 5 .. 5 + 3 (on average 5 + (3 + 1) / 2 = 7 positions).
+    let file = ModelFile::open(&model).unwrap();
+    let c = file.config();
+    let weights: u64 = file.header().tensors.iter().map(|t| t.nbytes).sum();
+    let per_position =
+        2.0 * (c.num_hidden_layers * c.num_key_value_heads * c.head_dim) as f64 * 4.0;
+    assert_eq!(v["weight_bytes"].as_u64(), Some(weights));
+    assert_eq!(v["kv_bytes_per_token"].as_f64(), Some(per_position * 7.0));
+    assert_eq!(
+        v["bytes_per_token"].as_f64(),
+        Some(weights as f64 + per_position * 7.0)
+    );
+    std::fs::remove_dir_all(model.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn bad_arguments_are_one_line_errors() {
+    let model = tiny_q8("bad");
+    let m = model.to_str().unwrap();
+    for args in [
+        vec!["bench", m, "-r", "0"],
+        vec!["bench", m, "-t", "0"],
+        vec!["bench", m, "-p", "250", "-n", "10"],
+        vec!["bench", "/nonexistent/model.bin"],
+    ] {
+        let out = qwen3(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    std::fs::remove_dir_all(model.parent().unwrap()).unwrap();
+}
