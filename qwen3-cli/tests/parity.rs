@@ -293,16 +293,7 @@ fn max_abs(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn greedy_sampler() -> Sampler {
-    Sampler::new(SamplerConfig {
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        repetition_penalty: 1.0,
-        presence_penalty: 0.0,
-        seed: 0,
-    })
-    .unwrap()
+    Sampler::new(SamplerConfig::greedy()).unwrap()
 }
 
 /// Our logits for one case, both ways: `[P + 23, vocab]` from one forward over

@@ -14,7 +14,7 @@ use qwen3_export::{export, ExportOptions};
 use qwen3_inference::format::{DType, ModelFile};
 use qwen3_inference::generate::generate;
 use qwen3_inference::model::{Model, Session};
-use qwen3_inference::sampler::{Sampler, SamplerConfig};
+use qwen3_inference::sampler::{argmax, Sampler, SamplerConfig};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -54,27 +54,8 @@ fn export_f32(name: &str) -> PathBuf {
     out
 }
 
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
 fn greedy() -> Sampler {
-    Sampler::new(SamplerConfig {
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        repetition_penalty: 1.0,
-        presence_penalty: 0.0,
-        seed: 0,
-    })
-    .unwrap()
+    Sampler::new(SamplerConfig::greedy()).unwrap()
 }
 
 fn max_abs(a: &[f32], b: &[f32]) -> f32 {
@@ -129,7 +110,7 @@ fn check_fixture(name: &str) {
         let np = case.prompt_ids.len();
         for (i, &want) in case.greedy_ids.iter().enumerate() {
             assert_eq!(
-                argmax(&rows[np - 1 + i]),
+                argmax(&rows[np - 1 + i]) as u32,
                 want,
                 "{name} case {ci} greedy step {i}"
             );

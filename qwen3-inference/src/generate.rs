@@ -140,16 +140,7 @@ mod tests {
     use crate::sampler::{argmax, SamplerConfig};
 
     fn greedy() -> Sampler {
-        Sampler::new(SamplerConfig {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            presence_penalty: 0.0,
-            seed: 0,
-        })
-        .unwrap()
+        Sampler::new(SamplerConfig::greedy()).unwrap()
     }
 
     #[test]

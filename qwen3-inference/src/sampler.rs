@@ -33,6 +33,19 @@ pub struct SamplerConfig {
 }
 
 impl SamplerConfig {
+    /// Plain greedy decoding: always the most likely token, no penalty.
+    pub fn greedy() -> SamplerConfig {
+        SamplerConfig {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            seed: 0,
+        }
+    }
+
     /// The model's defaults, with HuggingFace's `GenerationConfig` defaults for what the model
     /// leaves out (temperature 1, top-k 50, top-p 1, no min-p, no penalty). `do_sample: false`
     /// means greedy.
