@@ -18,14 +18,19 @@
 //!
 //! The measured figures are printed (`cargo test --test parity -- --nocapture`).
 
+use anyhow::Result;
 use qwen3_export::{export, ExportOptions};
+use qwen3_inference::backend::{AttentionShape, Backend, CpuBackend, RopeTable};
 use qwen3_inference::format::reader::TensorData;
+use qwen3_inference::format::reader::TensorView;
 use qwen3_inference::format::writer::{ModelWriter, TensorSpec};
 use qwen3_inference::format::{expected_tensors, DType, ModelFile, TensorKind};
 use qwen3_inference::generate::generate;
 use qwen3_inference::model::{Model, Session};
+use qwen3_inference::quant::quantize_q8;
 use qwen3_inference::sampler::{argmax, Sampler, SamplerConfig};
 use serde::Deserialize;
+use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
 
 /// Max abs logit difference allowed for an f32 export (see the module docs).
@@ -166,7 +171,178 @@ fn write_sign_flipped(exact: &ModelFile, stored: &ModelFile, seed: Option<u64>, 
     w.finish().unwrap();
 }
 
-/// The standard deviation of each logit's error caused by rounding the weights, per position.
+/// The CPU backend with W8A8's activation rounding as noise, for the q8 noise draws: before every
+/// matrix product, each activation is moved by its own rounding error (per group of `group_size`,
+/// `quant.rs`'s rule, exactly what the q8 kernels do to it) with a random sign, the activations'
+/// counterpart of [`write_sign_flipped`]. The products themselves run in f32 on the perturbed
+/// values. q/k/v (and gate/up) see the same perturbed input, as they see the same quantized
+/// input in the q8 kernels.
+struct ActivationNoise<'a> {
+    inner: CpuBackend<'a>,
+    group_size: usize,
+    state: Cell<u64>,
+    scratch: RefCell<Vec<f32>>,
+}
+
+impl ActivationNoise<'_> {
+    fn new(group_size: usize, seed: u64) -> Self {
+        ActivationNoise {
+            inner: CpuBackend::new(),
+            group_size,
+            state: Cell::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xd1b5_4a32_d192_ed03),
+            scratch: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// `x[..n]` with every value moved by its rounding error, signs drawn at random.
+    fn perturbed(&self, x: &[f32], n: usize) -> std::cell::RefMut<'_, Vec<f32>> {
+        let gs = self.group_size;
+        let mut out = self.scratch.borrow_mut();
+        out.clear();
+        out.extend_from_slice(&x[..n]);
+        let (mut q, mut scale) = (vec![0i8; gs], [0f32]);
+        for group in out.chunks_exact_mut(gs) {
+            quantize_q8(group, gs, &mut q, &mut scale);
+            for (v, &qi) in group.iter_mut().zip(&q) {
+                let e = qi as f32 * scale[0] - *v;
+                let s = self
+                    .state
+                    .get()
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                self.state.set(s);
+                *v += if s >> 63 == 1 { e } else { -e };
+            }
+        }
+        out
+    }
+}
+
+impl<'a> Backend for ActivationNoise<'a> {
+    type Tensor = TensorView<'a>;
+    type Buf = Vec<f32>;
+    type Rope = <CpuBackend<'a> as Backend>::Rope;
+    type KvCache = <CpuBackend<'a> as Backend>::KvCache;
+
+    fn alloc(&self, len: usize) -> Result<Vec<f32>> {
+        self.inner.alloc(len)
+    }
+    fn rope_table(&self, table: RopeTable) -> Result<Self::Rope> {
+        self.inner.rope_table(table)
+    }
+    fn kv_cache(
+        &self,
+        layers: usize,
+        s: AttentionShape,
+        max_batch: usize,
+    ) -> Result<Self::KvCache> {
+        self.inner.kv_cache(layers, s, max_batch)
+    }
+    fn copy(
+        &self,
+        dst: &mut Vec<f32>,
+        at: usize,
+        src: &Vec<f32>,
+        from: usize,
+        len: usize,
+    ) -> Result<()> {
+        self.inner.copy(dst, at, src, from, len)
+    }
+    fn read<'s>(
+        &self,
+        x: &'s Vec<f32>,
+        len: usize,
+        staging: &'s mut Vec<f32>,
+    ) -> Result<&'s [f32]> {
+        self.inner.read(x, len, staging)
+    }
+    fn embed(
+        &self,
+        x: &mut Vec<f32>,
+        table: &TensorView<'a>,
+        tokens: &[u32],
+        hidden: usize,
+    ) -> Result<()> {
+        self.inner.embed(x, table, tokens, hidden)
+    }
+    fn rmsnorm(
+        &self,
+        out: &mut Vec<f32>,
+        x: &Vec<f32>,
+        w: &TensorView<'a>,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.inner.rmsnorm(out, x, w, rows, n, eps)
+    }
+    fn matmul(
+        &self,
+        y: &mut Vec<f32>,
+        w: &TensorView<'a>,
+        x: &Vec<f32>,
+        n_tok: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        let x = self.perturbed(x, n_tok * cols);
+        self.inner.matmul(y, w, &x, n_tok, rows, cols)
+    }
+    fn matmuls<const N: usize>(
+        &self,
+        ys: [&mut Vec<f32>; N],
+        ws: [&TensorView<'a>; N],
+        x: &Vec<f32>,
+        n_tok: usize,
+        rows: [usize; N],
+        cols: usize,
+    ) -> Result<()> {
+        let x = self.perturbed(x, n_tok * cols);
+        self.inner.matmuls(ys, ws, &x, n_tok, rows, cols)
+    }
+    fn rope(
+        &self,
+        x: &mut Vec<f32>,
+        table: &Self::Rope,
+        n_tok: usize,
+        n_heads: usize,
+        head_dim: usize,
+        pos0: usize,
+    ) -> Result<()> {
+        self.inner.rope(x, table, n_tok, n_heads, head_dim, pos0)
+    }
+    fn store_kv(
+        &self,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        n_tok: usize,
+        pos0: usize,
+    ) -> Result<()> {
+        self.inner.store_kv(cache, layer, k, v, n_tok, pos0)
+    }
+    fn attention(
+        &self,
+        out: &mut Vec<f32>,
+        q: &Vec<f32>,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        n_tok: usize,
+        pos0: usize,
+    ) -> Result<()> {
+        self.inner.attention(out, q, cache, layer, n_tok, pos0)
+    }
+    fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, n: usize) -> Result<()> {
+        self.inner.silu_mul(gate, up, n)
+    }
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> Result<()> {
+        self.inner.add(x, y, n)
+    }
+}
+
+/// The standard deviation of each logit's error caused by rounding the weights (and, for q8, the
+/// activations), per position.
 ///
 /// Rounding moves each weight by a small error (bf16: relative error up to 2^-8; q8: up to half
 /// a scale step) whose sign is, to a good approximation, independent of the other weights'. How
@@ -174,8 +350,10 @@ fn write_sign_flipped(exact: &ModelFile, stored: &ModelFile, seed: Option<u64>, 
 /// amplify; RMSNorm rescales), so instead of assuming a gain we propagate the noise through the
 /// model: the exact f32 model is run with every weight moved by its real rounding error with a
 /// random sign ([`write_sign_flipped`]), [`DRAWS`] times, and the RMS over draws and vocabulary of
-/// the change of the logits at each position is that position's sigma. The real rounding is one
-/// more such draw (with the signs rounding chose), so the test allows [`SIGMAS`] sigma (plus
+/// the change of the logits at each position is that position's sigma. For q8 files, whose
+/// kernels also round every activation row before a product (W8A8), the draws move the
+/// activations by their rounding errors with random signs as well ([`ActivationNoise`]). The real
+/// rounding is one more such draw (with the signs rounding chose), so the test allows [`SIGMAS`] sigma (plus
 /// [`F32_TOL`]) for the rounded model against HF, with the largest sigma of any position: one
 /// stated bound per export ([`export_bound`]).
 ///
@@ -199,6 +377,9 @@ fn noise_sigmas(
 ) -> Vec<Vec<f32>> {
     let exact_model = Model::load(exact).unwrap();
     let vocab = exact.config().vocab_size as usize;
+    // q8 files also round the activations before every product (W8A8).
+    let w8a8_group =
+        (stored.config().dtype == DType::Q8).then_some(stored.config().group_size as usize);
     let base: Vec<Vec<f32>> = refr
         .cases
         .iter()
@@ -211,7 +392,13 @@ fn noise_sigmas(
         let file = ModelFile::open(&path).unwrap();
         let model = Model::load(&file).unwrap();
         for (ci, case) in refr.cases.iter().enumerate() {
-            let noisy = our_logits(&model, case).0;
+            let noisy = match w8a8_group {
+                Some(gs) => {
+                    let backend = ActivationNoise::new(gs, seed * 1000 + ci as u64);
+                    our_logits_on(&backend, &model, case).0
+                }
+                None => our_logits(&model, case).0,
+            };
             for (row, acc) in sum_sq[ci].iter_mut().enumerate() {
                 let span = row * vocab..(row + 1) * vocab;
                 *acc += noisy[span.clone()]
@@ -239,8 +426,9 @@ fn noise_sigmas(
 /// The q8 path also quantizes the activations (W8A8, kernels/matmul.rs), so its logits differ
 /// from its dequantized weights' by the activation rounding, an error of the same kind and size
 /// as the weight rounding. For q8 this check is therefore not "within F32_TOL" but "within the
-/// export's noise bound" (`bound`); the kernel arithmetic itself is checked value by value
-/// against the scalar reference in kernels/dot.rs and kernels/matmul.rs, and the end-to-end
+/// export's noise bound" (`bound`, whose noise model includes that rounding); the kernel
+/// arithmetic itself is checked value by value against the scalar reference in kernels/dot/ and
+/// kernels/matmul.rs, and the end-to-end
 /// error against HF by [`check_full_logits`] with the same bound.
 fn rounded_exports_compute_their_own_weights_exactly(
     exact: &ModelFile,
@@ -299,15 +487,24 @@ fn greedy_sampler() -> Sampler {
 /// Our logits for one case, both ways: `[P + 23, vocab]` from one forward over
 /// prompt + greedy[..23], and from prefill + one decode step per greedy token.
 fn our_logits(model: &Model, case: &Case) -> (Vec<f32>, Vec<f32>) {
+    our_logits_on(&CpuBackend::new(), model, case)
+}
+
+/// [`our_logits`] on a given backend.
+fn our_logits_on<'m, B: Backend<Tensor = TensorView<'m>>>(
+    backend: &'m B,
+    model: &'m Model<'m>,
+    case: &Case,
+) -> (Vec<f32>, Vec<f32>) {
     let vocab = model.config.vocab_size as usize;
     let n = case.greedy_ids.len();
     let mut seq = case.prompt_ids.clone();
     seq.extend_from_slice(&case.greedy_ids[..n - 1]);
     let ctx = seq.len() + 1;
-    let mut one = Session::new(model, ctx).unwrap();
+    let mut one = Session::with_backend(backend, model, ctx).unwrap();
     let full = one.forward_all_logits(&seq).unwrap();
 
-    let mut inc = Session::new(model, ctx).unwrap();
+    let mut inc = Session::with_backend(backend, model, ctx).unwrap();
     let mut stepwise = inc.forward_all_logits(&case.prompt_ids).unwrap();
     for &t in &case.greedy_ids[..n - 1] {
         stepwise.extend_from_slice(inc.forward(&[t]).unwrap());
