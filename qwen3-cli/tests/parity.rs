@@ -9,8 +9,9 @@
 //!   exactly (bf16/f16 sources widen exactly), so the only differences are f32 rounding in a
 //!   different summation order; the fixtures record the reference's own f32-vs-f64 distance
 //!   (`f32_vs_f64_max_abs`, 5e-6 to 2e-5), so 1e-4 leaves a factor of 5 over that noise floor.
-//! - **bf16 and q8 exports**: the weights are rounded, so logits move. The bound is derived from
-//!   the rounding, not tuned: see [`noise_sigmas`]. Every logit must be within that bound, and the
+//! - **bf16 and q8 exports**: the weights are rounded (and q8's kernels round the activations
+//!   too), so logits move. The bound is derived from the rounding, not tuned: see
+//!   [`noise_sigmas`]. Every logit must be within that bound, and the
 //!   top-1 token must match HF wherever HF's top-1 minus top-2 gap exceeds twice the bound (each
 //!   of the two logits can move by the bound, in opposite directions).
 //! - **KV cache**: logits from one pass over the whole sequence and from prefill followed by
