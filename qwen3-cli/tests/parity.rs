@@ -620,31 +620,65 @@ fn check_full_logits(
     f
 }
 
+/// One export of a fixture, with what the checks need: its noise sigmas (rounded exports only)
+/// and its distance from an f32 file of its own weights.
+struct Export {
+    dtype: DType,
+    path: PathBuf,
+    rounded: bool,
+    sigmas: Option<Vec<Vec<f32>>>,
+    kernel_err: f32,
+}
+
+/// Exports fixture `name` as f32, bf16 and q8, each checked against its own weights
+/// ([`rounded_exports_compute_their_own_weights_exactly`]) and given its noise bound.
+fn exports(name: &str, refr: &Reference, dir: &Path) -> Vec<Export> {
+    let f32_path = export_as(name, dir, DType::F32);
+    let exact = ModelFile::open(&f32_path).unwrap();
+    [DType::F32, DType::Bf16, DType::Q8]
+        .into_iter()
+        .map(|dtype| {
+            let path = if dtype == DType::F32 {
+                f32_path.clone()
+            } else {
+                export_as(name, dir, dtype)
+            };
+            let stored = ModelFile::open(&path).unwrap();
+            let rounded = is_rounded(&exact, &stored);
+            let sigmas = rounded.then(|| noise_sigmas(&exact, &stored, refr, dir));
+            let kernel_err = if rounded {
+                rounded_exports_compute_their_own_weights_exactly(
+                    &exact,
+                    &stored,
+                    refr,
+                    dir,
+                    export_bound(sigmas.as_deref()),
+                )
+            } else {
+                0.0
+            };
+            Export {
+                dtype,
+                path,
+                rounded,
+                sigmas,
+                kernel_err,
+            }
+        })
+        .collect()
+}
+
 fn check_fixture(name: &str) {
     let refr = load_reference(name);
     let dir = tempdir(name);
-    let f32_path = export_as(name, &dir, DType::F32);
-    let exact = ModelFile::open(&f32_path).unwrap();
-    for dtype in [DType::F32, DType::Bf16, DType::Q8] {
-        let path = if dtype == DType::F32 {
-            f32_path.clone()
-        } else {
-            export_as(name, &dir, dtype)
-        };
-        let stored = ModelFile::open(&path).unwrap();
-        let rounded = is_rounded(&exact, &stored);
-        let sigmas = rounded.then(|| noise_sigmas(&exact, &stored, &refr, &dir));
-        let kernel_err = if rounded {
-            rounded_exports_compute_their_own_weights_exactly(
-                &exact,
-                &stored,
-                &refr,
-                &dir,
-                export_bound(sigmas.as_deref()),
-            )
-        } else {
-            0.0
-        };
+    for Export {
+        dtype,
+        path,
+        sigmas,
+        kernel_err,
+        ..
+    } in exports(name, &refr, &dir)
+    {
         let f = check_full_logits(name, dtype, sigmas.as_deref(), &path, &refr);
         let max_sigma = sigmas
             .iter()
@@ -687,28 +721,14 @@ fn tiny_qwen3_fullvocab() {
     let name = "tiny-qwen3-fullvocab";
     let refr = load_reference(name);
     let dir = tempdir(name);
-    let f32_path = export_as(name, &dir, DType::F32);
-    let exact = ModelFile::open(&f32_path).unwrap();
-    for dtype in [DType::F32, DType::Bf16, DType::Q8] {
-        let path = if dtype == DType::F32 {
-            f32_path.clone()
-        } else {
-            export_as(name, &dir, dtype)
-        };
-        let stored = ModelFile::open(&path).unwrap();
-        let rounded = is_rounded(&exact, &stored);
-        let sigmas = rounded.then(|| noise_sigmas(&exact, &stored, &refr, &dir));
-        let kernel_err = if rounded {
-            rounded_exports_compute_their_own_weights_exactly(
-                &exact,
-                &stored,
-                &refr,
-                &dir,
-                export_bound(sigmas.as_deref()),
-            )
-        } else {
-            0.0
-        };
+    for Export {
+        dtype,
+        path,
+        rounded,
+        sigmas,
+        kernel_err,
+    } in exports(name, &refr, &dir)
+    {
         let file = ModelFile::open(&path).unwrap();
         let model = Model::load(&file).unwrap();
         let vocab = model.config.vocab_size as usize;
