@@ -69,12 +69,13 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-#[test]
-fn renders_every_hf_case_exactly() {
-    let dir = tempdir("cases");
-    let model = model_with_template(&dir, "qwen3-tokenizer_config.json");
-    let cases = load_cases("chat-template-cases.json");
-    assert_eq!(cases.len(), 13);
+/// Renders every case of `cases_file` with the template of `tokenizer_config` and compares the
+/// text with the reference's `rendered`; `expected` is the number of cases the file holds.
+fn check_rendered(dir_name: &str, tokenizer_config: &str, cases_file: &str, expected: usize) {
+    let dir = tempdir(dir_name);
+    let model = model_with_template(&dir, tokenizer_config);
+    let cases = load_cases(cases_file);
+    assert_eq!(cases.len(), expected);
     for case in &cases {
         let o = run_case(&dir, &model, case, &[]);
         assert!(o.status.success(), "{}: {}", case["name"], stderr(&o));
@@ -88,25 +89,26 @@ fn renders_every_hf_case_exactly() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn renders_every_hf_case_exactly() {
+    check_rendered(
+        "cases",
+        "qwen3-tokenizer_config.json",
+        "chat-template-cases.json",
+        13,
+    );
+}
+
 /// The DeepSeek-R1-0528-Qwen3 template (bos_token, fullwidth markers, a different reasoning rule)
 /// goes through the same code: nothing in pico-qwen knows either template.
 #[test]
 fn renders_deepseek_r1_0528_qwen3_cases_exactly() {
-    let dir = tempdir("deepseek");
-    let model = model_with_template(&dir, "deepseek-r1-0528-qwen3-tokenizer_config.json");
-    let cases = load_cases("deepseek-r1-0528-qwen3-cases.json");
-    assert_eq!(cases.len(), 8);
-    for case in &cases {
-        let o = run_case(&dir, &model, case, &[]);
-        assert!(o.status.success(), "{}: {}", case["name"], stderr(&o));
-        assert_eq!(
-            String::from_utf8(o.stdout).unwrap(),
-            case["rendered"].as_str().unwrap(),
-            "case {}",
-            case["name"]
-        );
-    }
-    std::fs::remove_dir_all(&dir).unwrap();
+    check_rendered(
+        "deepseek",
+        "deepseek-r1-0528-qwen3-tokenizer_config.json",
+        "deepseek-r1-0528-qwen3-cases.json",
+        8,
+    );
 }
 
 /// `--ids` prints the ids HuggingFace's tokenizer gives for the rendered text (the `ids` of each
