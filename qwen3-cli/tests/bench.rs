@@ -58,6 +58,14 @@ fn json_report_has_every_field() {
         }
     }
 
+    // Shares of 2 MiB pages: a fraction on Linux (where /proc/self/smaps exists), null elsewhere.
+    for key in ["weights_in_huge_pages", "bandwidth_buffer_in_huge_pages"] {
+        match v[key].as_f64() {
+            Some(x) => assert!((0.0..=1.0).contains(&x), "{key} = {x}"),
+            None => assert!(v[key].is_null() && !cfg!(target_os = "linux"), "{key}"),
+        }
+    }
+
     // Bytes per decoded token: every tensor of the file once, plus the f32 keys and values of
     // positions 0 ..= p for p = 5 .. 5 + 3 (on average 5 + (3 + 1) / 2 = 7 positions).
     let file = ModelFile::open(&model).unwrap();

@@ -7,9 +7,14 @@
 //! the same SIMD code the kernels use, right before each repeat's decode: on a shared machine
 //! the bandwidth drifts between runs, and each repeat's fraction is taken against the bandwidth
 //! of its own moment (the median of those fractions is reported).
+//!
+//! That buffer is asked for 2 MiB pages, as the model file's mapping is (format/pages.rs): the
+//! ceiling is what the machine streams at its best. Whether the weights got huge pages depends on
+//! the kernel and the page cache, so the share of them that did is printed too.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use qwen3_inference::format::pages::{huge_page_buffer, huge_page_share, PageShare};
 use qwen3_inference::format::{ModelFile, TensorKind};
 use qwen3_inference::kernels::dot::dots;
 use qwen3_inference::model::{Model, Session};
@@ -49,7 +54,8 @@ fn median_spread(v: &mut [f64]) -> (f64, f64) {
 }
 
 /// Memory read bandwidth in bytes/s with `pool`'s threads: each thread streams its share of a
-/// 1 GiB buffer through the f32 dot kernel (`dot(a, a)` reads one stream); median of 3.
+/// buffer (1 GiB, in huge pages where the system has them) through the f32 dot kernel
+/// (`dot(a, a)` reads one stream); median of 3.
 fn measure_bandwidth(pool: &rayon::ThreadPool, buf: &[f32]) -> f64 {
     let dot = dots().f32;
     let threads = pool.current_num_threads();
@@ -119,7 +125,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     } else {
         args.threads.clone()
     };
-    let buf = vec![1.0f32; 256 << 20]; // 1 GiB
+    let mut buf = huge_page_buffer(1 << 30).context("cannot map the bandwidth buffer")?;
+    // The mapping is page-aligned and 2^30 bytes long, so it is exactly 2^28 f32s.
+    let buf: &mut [f32] = bytemuck::cast_slice_mut(&mut buf[..]);
+    buf.fill(1.0);
+    let buf_pages = huge_page_share(buf.as_ptr() as *const u8);
     let mut runs = Vec::new();
     for &t in &threads {
         if t == 0 {
@@ -133,7 +143,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut session = pool.install(|| Session::new(&model, ctx))?;
         for _ in 0..args.repeats {
-            let bandwidth = measure_bandwidth(&pool, &buf);
+            let bandwidth = measure_bandwidth(&pool, buf);
             pool.install(|| -> Result<()> {
                 session.truncate(0)?;
                 let start = Instant::now();
@@ -160,6 +170,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             fraction: median_spread(&mut fracs).0,
         });
     }
+    // Read after the runs, when every weight has been touched.
+    let weight_pages = file.page_share();
     let isa = dots().isa;
     if args.json {
         let runs: Vec<serde_json::Value> = runs
@@ -188,6 +200,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "decode_tokens": args.decode,
             "repeats": args.repeats,
             "isa": isa,
+            "weights_in_huge_pages": weight_pages.map(|p| p.fraction()),
+            "bandwidth_buffer_in_huge_pages": buf_pages.map(|p| p.fraction()),
             "runs": runs,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -201,6 +215,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
         weight_bytes as f64 / 1e6,
         kv_bytes / 1e6,
         args.repeats
+    );
+    let share = |p: Option<PageShare>| {
+        p.map_or("unknown".into(), |p| {
+            format!("{:.0}%", 100.0 * p.fraction())
+        })
+    };
+    println!(
+        "in 2 MiB pages: {} of the resident weights, {} of the bandwidth buffer",
+        share(weight_pages),
+        share(buf_pages)
     );
     println!(
         "{:>7}  {:>20}  {:>20}  {:>12}  {:>12}  {:>9}",

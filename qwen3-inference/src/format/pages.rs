@@ -1,0 +1,153 @@
+//! Huge pages under the mapped weights (Linux).
+//!
+//! Decoding a token streams every weight once, so its speed is the rate at which the cores can
+//! stream memory, and on x86 that rate depends on the size of the pages behind the mapping: the
+//! same loop over the same bytes ran about 1.4x faster through 2 MiB pages than through 4 KiB ones
+//! on the dev machine (docs/performance.md, "Huge pages", has the measurement).
+//!
+//! A file mapping gets 2 MiB page-table entries when two things hold:
+//! - the mapping is 2 MiB-aligned: Linux aligns large file mappings by itself;
+//! - the page cache holds the file in 2 MiB folios. Their size is decided when the pages enter the
+//!   cache. Pages read from disk come in readahead-sized folios; `MADV_HUGEPAGE` on the mapping
+//!   asks the fault path to read ahead in 2 MiB folios (Linux mm/filemap.c,
+//!   `do_sync_mmap_readahead`). Pages written by a program come in folios the size of its writes,
+//!   which is why the exporter writes in aligned 4 MiB chunks (`atomic.rs`).
+//!
+//! Both are hints: where the kernel or the filesystem has no large folios, or on other systems, the
+//! mapping keeps small pages and everything works the same, only slower. [`huge_page_share`] says
+//! which case a run is in (`qwen3 bench` prints it).
+
+use memmap2::{Mmap, MmapMut};
+
+/// Asks the kernel to back `map` with huge pages where it can. A hint: errors (a kernel built
+/// without transparent huge pages says EINVAL) change nothing and are ignored.
+pub fn advise_huge_pages(map: &Mmap) {
+    #[cfg(target_os = "linux")]
+    let _ = map.advise(memmap2::Advice::HugePage);
+    #[cfg(not(target_os = "linux"))]
+    let _ = map;
+}
+
+/// An anonymous mapping of `bytes` zeroed bytes, advised to use huge pages before any is touched
+/// (so the first touch of each 2 MiB allocates a huge page): the buffer `qwen3 bench` measures the
+/// memory bandwidth with, in pages like the weights'.
+pub fn huge_page_buffer(bytes: usize) -> std::io::Result<MmapMut> {
+    let map = MmapMut::map_anon(bytes)?;
+    #[cfg(target_os = "linux")]
+    let _ = map.advise(memmap2::Advice::HugePage);
+    Ok(map)
+}
+
+/// How much of a mapping is resident, and how much of that through huge (PMD) page-table entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageShare {
+    pub resident_bytes: u64,
+    pub huge_bytes: u64,
+}
+
+impl PageShare {
+    /// `huge_bytes / resident_bytes`, 0 when nothing is resident.
+    pub fn fraction(&self) -> f64 {
+        if self.resident_bytes == 0 {
+            0.0
+        } else {
+            self.huge_bytes as f64 / self.resident_bytes as f64
+        }
+    }
+}
+
+/// The [`PageShare`] of the mapping that holds `addr`, from `/proc/self/smaps`; `None` where that
+/// file does not exist (not Linux) or has no such mapping.
+pub fn huge_page_share(addr: *const u8) -> Option<PageShare> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    parse_smaps(&smaps, addr as usize)
+}
+
+/// Finds the entry of `smaps` whose address range holds `addr` and reads its `Rss`, and its huge
+/// page lines: `FilePmdMapped` for a file mapping, `AnonHugePages` for an anonymous one (both in
+/// kB; see proc(5)).
+fn parse_smaps(smaps: &str, addr: usize) -> Option<PageShare> {
+    let mut inside = false;
+    let mut found: Option<PageShare> = None;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        // An entry starts with "start-end perms offset dev inode [path]", addresses in hex.
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                if found.is_some() {
+                    break;
+                }
+                inside = a <= addr && addr < b;
+                if inside {
+                    found = Some(PageShare {
+                        resident_bytes: 0,
+                        huge_bytes: 0,
+                    });
+                }
+                continue;
+            }
+        }
+        let Some(share) = found.as_mut().filter(|_| inside) else {
+            continue;
+        };
+        let mut fields = line.split_whitespace();
+        let (Some(key), Some(kb)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let Ok(kb) = kb.parse::<u64>() else { continue };
+        match key {
+            "Rss:" => share.resident_bytes = kb * 1024,
+            "FilePmdMapped:" | "AnonHugePages:" => share.huge_bytes += kb * 1024,
+            _ => {}
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two entries of a real /proc/self/smaps (Linux 6.18), trimmed to the lines read here and a
+    /// few around them: the model file mapped mostly with 2 MiB pages, then an anonymous mapping.
+    const SMAPS: &str = "\
+7fa964e00000-7fa98ba71000 r--s 00000000 fe:00 2883604                    /work/bench-models/q06b.bin
+Size:             635332 kB
+KernelPageSize:        4 kB
+MMUPageSize:           4 kB
+Rss:              618672 kB
+Pss:              618672 kB
+AnonHugePages:         0 kB
+ShmemPmdMapped:        0 kB
+FilePmdMapped:    587776 kB
+THPeligible:           0
+7fa98bc00000-7fa9b2871000 rw-p 00000000 00:00 0
+Size:             635332 kB
+Rss:              618672 kB
+AnonHugePages:    616448 kB
+ShmemPmdMapped:        0 kB
+FilePmdMapped:         0 kB
+";
+
+    #[test]
+    fn reads_the_entry_holding_the_address() {
+        let file = parse_smaps(SMAPS, 0x7fa964e00000 + 12345).unwrap();
+        assert_eq!(file.resident_bytes, 618672 * 1024);
+        assert_eq!(file.huge_bytes, 587776 * 1024);
+        let anon = parse_smaps(SMAPS, 0x7fa9b2870fff).unwrap();
+        assert_eq!(anon.huge_bytes, 616448 * 1024);
+        assert_eq!(parse_smaps(SMAPS, 0x7fa98ba71000), None);
+        assert_eq!(parse_smaps("", 0x1000), None);
+    }
+
+    #[test]
+    fn finds_our_own_mapping() {
+        let mut map = memmap2::MmapMut::map_anon(1 << 20).unwrap();
+        map.fill(1);
+        if cfg!(target_os = "linux") {
+            let share = huge_page_share(map.as_ptr()).expect("the mapping is in smaps");
+            // Neighbouring anonymous mappings may have been merged into this entry.
+            assert!(share.resident_bytes >= 1 << 20, "{share:?}");
+        }
+    }
+}
