@@ -7,6 +7,7 @@
 use super::{AttentionShape, Backend, RopeTable};
 use crate::format::reader::{TensorData, TensorView};
 use crate::kernels;
+use crate::kernels::attention::{keys_len, store_key};
 use anyhow::{bail, Result};
 use std::marker::PhantomData;
 
@@ -21,15 +22,19 @@ impl CpuBackend<'_> {
     }
 }
 
-/// The KV cache of every layer: `[layer][kv_head][pos][head_dim]`, keys and values apart.
-///
-/// Contiguous per kv head, so attention for one head streams one block of memory; sized by the
-/// context the session was asked for, not the model's maximum.
+/// The KV cache of every layer, keys and values apart, each contiguous per kv head so attention
+/// for one head streams one block of memory; sized by the context the session was asked for, not
+/// the model's maximum.
+/// - values: `[layer][kv_head][pos][head_dim]`
+/// - keys: `[layer][kv_head]` blocks of `kernels::attention::keys_len` floats, in tiles of
+///   `KEY_TILE` positions stored transposed (`[tile][head_dim][KEY_TILE]`; why: `KEY_TILE`).
 pub struct CpuKvCache {
     k: Vec<f32>,
     v: Vec<f32>,
-    /// Floats per layer: `n_kv_heads * context_len * head_dim`.
-    layer_len: usize,
+    /// Floats per layer of keys: `n_kv_heads * keys_len`.
+    k_layer_len: usize,
+    /// Floats per layer of values: `n_kv_heads * context_len * head_dim`.
+    v_layer_len: usize,
     shape: AttentionShape,
 }
 
@@ -55,11 +60,13 @@ impl<'a> Backend for CpuBackend<'a> {
     }
 
     fn kv_cache(&self, layers: usize, s: AttentionShape, _max_batch: usize) -> Result<CpuKvCache> {
-        let layer_len = s.n_kv_heads * s.context_len * s.head_dim;
+        let k_layer_len = s.n_kv_heads * keys_len(&s);
+        let v_layer_len = s.n_kv_heads * s.context_len * s.head_dim;
         Ok(CpuKvCache {
-            k: vec![0.0; layers * layer_len],
-            v: vec![0.0; layers * layer_len],
-            layer_len,
+            k: vec![0.0; layers * k_layer_len],
+            v: vec![0.0; layers * v_layer_len],
+            k_layer_len,
+            v_layer_len,
             shape: s,
         })
     }
@@ -168,21 +175,19 @@ impl<'a> Backend for CpuBackend<'a> {
         n_tok: usize,
         pos0: usize,
     ) -> Result<()> {
-        // cache[layer][kv_head][pos0 + i][..] <- k[i][kv_head][..]
-        let AttentionShape {
-            n_kv_heads: nkv,
-            head_dim: hd,
-            context_len: ctx,
-            ..
-        } = cache.shape;
-        let layer_range = layer * cache.layer_len..(layer + 1) * cache.layer_len;
-        let layer_k = &mut cache.k[layer_range.clone()];
-        let layer_v = &mut cache.v[layer_range];
+        // values[layer][kv_head][pos0 + i][..] <- v[i][kv_head][..], and the same key into its
+        // tile's column.
+        let s = cache.shape;
+        let (nkv, hd, ctx) = (s.n_kv_heads, s.head_dim, s.context_len);
+        let k_head_len = keys_len(&s);
+        let layer_k = &mut cache.k[layer * cache.k_layer_len..(layer + 1) * cache.k_layer_len];
+        let layer_v = &mut cache.v[layer * cache.v_layer_len..(layer + 1) * cache.v_layer_len];
         for i in 0..n_tok {
             for h in 0..nkv {
                 let src = (i * nkv + h) * hd..(i * nkv + h + 1) * hd;
+                let head_k = &mut layer_k[h * k_head_len..(h + 1) * k_head_len];
+                store_key(head_k, pos0 + i, &k[src.clone()]);
                 let at = (h * ctx + pos0 + i) * hd;
-                layer_k[at..at + hd].copy_from_slice(&k[src.clone()]);
                 layer_v[at..at + hd].copy_from_slice(&v[src]);
             }
         }
@@ -200,12 +205,11 @@ impl<'a> Backend for CpuBackend<'a> {
     ) -> Result<()> {
         let s = cache.shape;
         let n = n_tok * s.n_heads * s.head_dim;
-        let layer_range = layer * cache.layer_len..(layer + 1) * cache.layer_len;
         kernels::attention(
             &mut out[..n],
             &q[..n],
-            &cache.k[layer_range.clone()],
-            &cache.v[layer_range],
+            &cache.k[layer * cache.k_layer_len..(layer + 1) * cache.k_layer_len],
+            &cache.v[layer * cache.v_layer_len..(layer + 1) * cache.v_layer_len],
             s,
             pos0,
             n_tok,
@@ -227,6 +231,7 @@ impl<'a> Backend for CpuBackend<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::attention::KEY_TILE;
 
     /// Logits are read in place: no copy, and the staging buffer is never grown.
     #[test]
@@ -240,7 +245,8 @@ mod tests {
         assert!(staging.is_empty());
     }
 
-    /// `store_kv` writes token i's kv head h at `[layer][h][pos0 + i]`, the layout attention reads.
+    /// `store_kv` writes token i's kv head h at position `pos0 + i` of `[layer][h]`, in the layouts
+    /// attention reads: values key-major, keys in transposed tiles.
     #[test]
     fn store_kv_layout_is_head_major() {
         let b = CpuBackend::new();
@@ -257,13 +263,22 @@ mod tests {
             .collect();
         let v: Vec<f32> = k.iter().map(|x| -x).collect();
         b.store_kv(&mut cache, 1, &k, &v, 2, 3).unwrap();
-        let layer = &cache.k[cache.layer_len..];
+        let keys = &cache.k[cache.k_layer_len..];
+        let values = &cache.v[cache.v_layer_len..];
+        // Five positions fit one tile of 16: a kv head's keys are 16 * 3 floats.
+        assert_eq!(cache.k_layer_len, 2 * KEY_TILE * 3);
         for (token, head) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
-            let at = (head * 5 + 3 + token) * 3;
+            let pos = 3 + token;
             let want = (100 * token + 10 * head) as f32;
-            assert_eq!(layer[at..at + 3], [want, want + 1.0, want + 2.0]);
-            assert_eq!(cache.v[cache.layer_len + at], -want);
+            for i in 0..3 {
+                assert_eq!(
+                    keys[head * KEY_TILE * 3 + i * KEY_TILE + pos],
+                    want + i as f32
+                );
+            }
+            let at = (head * 5 + pos) * 3;
+            assert_eq!(values[at..at + 3], [-want, -want - 1.0, -want - 2.0]);
         }
-        assert!(cache.k[..cache.layer_len].iter().all(|&x| x == 0.0));
+        assert!(cache.k[..cache.k_layer_len].iter().all(|&x| x == 0.0));
     }
 }

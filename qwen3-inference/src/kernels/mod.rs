@@ -15,7 +15,7 @@
 //! chosen once at run time. The functions here keep their signatures whatever [`dot`] picks.
 //! [`exp`] is the softmax's exponential, written so that loops over it vectorize.
 
-mod attention;
+pub mod attention;
 pub mod dot;
 mod elementwise;
 mod embedding;
