@@ -75,6 +75,13 @@ fn run(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `qwen3 inference <model> <args>`: each test passes only the flags it is about.
+fn run_inference(model: &Path, args: &[&str]) -> Output {
+    let mut a = vec!["inference", model.to_str().unwrap()];
+    a.extend_from_slice(args);
+    run(&a)
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -109,19 +116,19 @@ fn greedy_generation_streams_ids_and_a_summary() {
     let d = tempdir("greedy");
     let m = d.join("m.bin");
     write_model(&m);
-    let ms = m.to_str().unwrap();
-    let o = run(&[
-        "inference",
-        ms,
-        "-m",
-        "generate",
-        "--prompt-ids",
-        "[5, 9, 13]",
-        "-n",
-        "6",
-        "-t",
-        "0",
-    ]);
+    let o = run_inference(
+        &m,
+        &[
+            "-m",
+            "generate",
+            "--prompt-ids",
+            "[5, 9, 13]",
+            "-n",
+            "6",
+            "-t",
+            "0",
+        ],
+    );
     assert!(o.status.success(), "{}", text(&o.stderr));
     let got = ids(&o.stdout);
     let want = greedy_reference(&m, &[5, 9, 13], 6);
@@ -138,20 +145,21 @@ fn greedy_generation_streams_ids_and_a_summary() {
     );
 
     // --echo prints the prompt first; --verbose reports the KV cache.
-    let o = run(&[
-        "inference",
-        ms,
-        "--prompt-ids",
-        "[5,9,13]",
-        "-n",
-        "2",
-        "-t",
-        "0",
-        "--echo",
-        "--verbose",
-        "-c",
-        "16",
-    ]);
+    let o = run_inference(
+        &m,
+        &[
+            "--prompt-ids",
+            "[5,9,13]",
+            "-n",
+            "2",
+            "-t",
+            "0",
+            "--echo",
+            "--verbose",
+            "-c",
+            "16",
+        ],
+    );
     assert!(o.status.success());
     assert_eq!(&ids(&o.stdout)[..3], &[5, 9, 13]);
     // 2 layers * 2 kv heads * 16 dims * 16 positions * (k + v) * 4 bytes = 8 KiB.
@@ -168,22 +176,22 @@ fn stop_reasons_and_n_zero() {
     let d = tempdir("stops");
     let m = d.join("m.bin");
     write_model(&m);
-    let ms = m.to_str().unwrap();
     // Context of 5 with a 3-token prompt: at most 3 sampled tokens (2 fed, the last not).
-    let o = run(&[
-        "inference",
-        ms,
-        "--prompt-ids",
-        "[5,9,13]",
-        "-n",
-        "50",
-        "-t",
-        "0",
-        "-c",
-        "5",
-        "--top-k",
-        "0",
-    ]);
+    let o = run_inference(
+        &m,
+        &[
+            "--prompt-ids",
+            "[5,9,13]",
+            "-n",
+            "50",
+            "-t",
+            "0",
+            "-c",
+            "5",
+            "--top-k",
+            "0",
+        ],
+    );
     assert!(o.status.success(), "{}", text(&o.stderr));
     let err = text(&o.stderr);
     assert!(
@@ -191,7 +199,7 @@ fn stop_reasons_and_n_zero() {
         "{err}"
     );
     // -n 0: prefill only, nothing generated.
-    let o = run(&["inference", ms, "--prompt-ids", "[5,9,13]", "-n", "0"]);
+    let o = run_inference(&m, &["--prompt-ids", "[5,9,13]", "-n", "0"]);
     assert!(o.status.success());
     assert!(ids(&o.stdout).is_empty());
     assert!(text(&o.stderr).contains("generated tokens 0"));
@@ -203,22 +211,22 @@ fn a_seed_makes_sampling_reproducible() {
     let d = tempdir("seed");
     let m = d.join("m.bin");
     write_model(&m);
-    let ms = m.to_str().unwrap();
     let go = |seed: &str| {
-        let o = run(&[
-            "inference",
-            ms,
-            "--prompt-ids",
-            "[7]",
-            "-n",
-            "20",
-            "-t",
-            "1.5",
-            "--top-k",
-            "0",
-            "--seed",
-            seed,
-        ]);
+        let o = run_inference(
+            &m,
+            &[
+                "--prompt-ids",
+                "[7]",
+                "-n",
+                "20",
+                "-t",
+                "1.5",
+                "--top-k",
+                "0",
+                "--seed",
+                seed,
+            ],
+        );
         assert!(o.status.success(), "{}", text(&o.stderr));
         ids(&o.stdout)
     };
@@ -232,7 +240,6 @@ fn bad_input_is_a_one_line_error() {
     let d = tempdir("bad");
     let m = d.join("m.bin");
     write_model(&m);
-    let ms = m.to_str().unwrap();
     let cases: &[(&[&str], &str)] = &[
         (
             &["--prompt-ids", "[1,2,3,4,5,6]", "-c", "4"],
@@ -260,21 +267,14 @@ fn bad_input_is_a_one_line_error() {
         (&[], "no prompt"),
     ];
     for (extra, want) in cases {
-        let mut a = vec!["inference", ms];
-        a.extend_from_slice(extra);
-        let o = run(&a);
+        let o = run_inference(&m, extra);
         let err = text(&o.stderr);
         assert!(!o.status.success(), "{extra:?} succeeded");
         assert!(err.contains(want), "{extra:?}: {err:?} lacks {want:?}");
         assert!(!err.contains("panicked"), "{extra:?}: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "{extra:?}: {err}");
     }
-    let o = run(&[
-        "inference",
-        d.join("missing.bin").to_str().unwrap(),
-        "--prompt-ids",
-        "[1]",
-    ]);
+    let o = run_inference(&d.join("missing.bin"), &["--prompt-ids", "[1]"]);
     assert!(!o.status.success());
     assert!(text(&o.stderr).contains("missing.bin"));
     std::fs::remove_dir_all(&d).unwrap();
@@ -303,36 +303,17 @@ fn text_generation_matches_huggingface() {
     for case in reference["cases"].as_array().unwrap() {
         let prompt = case["prompt_text"].as_str().unwrap();
         let want = case["greedy_text"].as_str().unwrap();
-        let o = run(&[
-            "inference",
-            m.to_str().unwrap(),
-            "-i",
-            prompt,
-            "-n",
-            "24",
-            "-t",
-            "0",
-        ]);
+        let o = run_inference(&m, &["-i", prompt, "-n", "24", "-t", "0"]);
         assert!(o.status.success(), "{}", text(&o.stderr));
         assert_eq!(text(&o.stdout), format!("{want}\n"), "prompt {prompt:?}");
         assert!(text(&o.stderr).contains("[stopped: reached -n 24]"));
         // --echo puts the prompt text first.
-        let o = run(&[
-            "inference",
-            m.to_str().unwrap(),
-            "-i",
-            prompt,
-            "-n",
-            "24",
-            "-t",
-            "0",
-            "--echo",
-        ]);
+        let o = run_inference(&m, &["-i", prompt, "-n", "24", "-t", "0", "--echo"]);
         assert_eq!(text(&o.stdout), format!("{prompt}{want}\n"));
     }
     // A model without its tokenizer file: a text prompt is a clear error naming the file.
     std::fs::remove_file(d.join("fv.tokenizer.bin")).unwrap();
-    let o = run(&["inference", m.to_str().unwrap(), "-i", "Hello"]);
+    let o = run_inference(&m, &["-i", "Hello"]);
     assert!(!o.status.success());
     assert!(
         text(&o.stderr).contains("fv.tokenizer.bin"),

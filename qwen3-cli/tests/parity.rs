@@ -20,7 +20,6 @@
 //! The measured figures are printed (`cargo test --test parity -- --nocapture`).
 
 use anyhow::Result;
-use qwen3_export::{export, ExportOptions};
 use qwen3_inference::backend::{AttentionShape, Backend, CpuBackend, RopeTable};
 use qwen3_inference::format::reader::TensorData;
 use qwen3_inference::format::reader::TensorView;
@@ -29,8 +28,10 @@ use qwen3_inference::format::{expected_tensors, DType, ModelFile, TensorKind};
 use qwen3_inference::generate::generate;
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::quant::quantize_q8;
-use qwen3_inference::sampler::{argmax, Sampler, SamplerConfig};
-use serde::Deserialize;
+use qwen3_inference::sampler::argmax;
+use qwen3_test_support::{
+    export_fixture, greedy_sampler, load_reference, max_abs, tempdir, Case, Reference,
+};
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
 
@@ -54,51 +55,9 @@ const DRAWS: u64 = 4;
 /// fixture (intermediate sizes 160 and 96 rule out 64).
 const Q8_GROUP: u32 = 32;
 
-#[derive(Deserialize)]
-struct Reference {
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    prompt_ids: Vec<u32>,
-    #[serde(default)]
-    prompt_logits: Vec<Vec<f32>>,
-    greedy_ids: Vec<u32>,
-    #[serde(default)]
-    greedy_logits: Vec<Vec<f32>>,
-    prompt_top2_gap: Vec<f32>,
-    greedy_top2_gap: Vec<f32>,
-    top5: Vec<Vec<(u32, f32)>>,
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fixtures/models")
-        .join(name)
-}
-
-fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pq-parity-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 fn export_as(name: &str, dir: &Path, dtype: DType) -> PathBuf {
-    let out = dir.join(format!("{name}-{dtype}.bin"));
-    let opts = ExportOptions {
-        dtype,
-        group_size: if dtype == DType::Q8 { Q8_GROUP } else { 0 },
-        progress: false,
-    };
-    export(&fixture(name), &out, &opts).unwrap();
-    out
-}
-
-fn load_reference(name: &str) -> Reference {
-    let text = std::fs::read_to_string(fixture(name).join("reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
+    let group_size = if dtype == DType::Q8 { Q8_GROUP } else { 0 };
+    export_fixture(name, dir, dtype, group_size)
 }
 
 fn values(data: TensorData) -> Vec<f32> {
@@ -473,18 +432,6 @@ fn export_bound(sigmas: Option<&[Vec<f32>]>) -> f32 {
     }
 }
 
-fn max_abs(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
-fn greedy_sampler() -> Sampler {
-    Sampler::new(SamplerConfig::greedy()).unwrap()
-}
-
 /// Our logits for one case, both ways: `[P + 23, vocab]` from one forward over
 /// prompt + greedy[..23], and from prefill + one decode step per greedy token.
 fn our_logits(model: &Model, case: &Case) -> (Vec<f32>, Vec<f32>) {
@@ -499,8 +446,7 @@ fn our_logits_on<'m, B: Backend<Tensor = TensorView<'m>>>(
 ) -> (Vec<f32>, Vec<f32>) {
     let vocab = model.config.vocab_size as usize;
     let n = case.greedy_ids.len();
-    let mut seq = case.prompt_ids.clone();
-    seq.extend_from_slice(&case.greedy_ids[..n - 1]);
+    let seq = case.sequence();
     let ctx = seq.len() + 1;
     let mut one = Session::with_backend(backend, model, ctx).unwrap();
     let full = one.forward_all_logits(&seq).unwrap();
@@ -565,11 +511,7 @@ fn check_full_logits(
     for (ci, case) in refr.cases.iter().enumerate() {
         // HF rows in sequence order: prompt positions, then greedy rows 1.. (row 0 repeats the
         // last prompt row).
-        let hf_rows: Vec<&Vec<f32>> = case
-            .prompt_logits
-            .iter()
-            .chain(case.greedy_logits.iter().skip(1))
-            .collect();
+        let hf_rows = case.logit_rows();
         let gaps: Vec<f32> = case
             .prompt_top2_gap
             .iter()
@@ -669,7 +611,7 @@ fn exports(name: &str, refr: &Reference, dir: &Path) -> Vec<Export> {
 
 fn check_fixture(name: &str) {
     let refr = load_reference(name);
-    let dir = tempdir(name);
+    let dir = tempdir("pq-parity", name);
     for Export {
         dtype,
         path,
@@ -718,7 +660,7 @@ fn tiny_f16_sharded_gqa4() {
 fn tiny_qwen3_fullvocab() {
     let name = "tiny-qwen3-fullvocab";
     let refr = load_reference(name);
-    let dir = tempdir(name);
+    let dir = tempdir("pq-parity", name);
     for Export {
         dtype,
         path,

@@ -10,89 +10,30 @@
 //! summation order; the fixtures record transformers' own f32-vs-f64 distance (5e-6 to 2e-5).
 
 use qwen3_cuda::reference::ReferenceBackend;
-use qwen3_export::{export, ExportOptions};
 use qwen3_inference::format::{DType, ModelFile};
 use qwen3_inference::generate::generate;
 use qwen3_inference::model::{Model, Session};
-use qwen3_inference::sampler::{argmax, Sampler, SamplerConfig};
-use serde::Deserialize;
-use std::path::{Path, PathBuf};
+use qwen3_inference::sampler::argmax;
+use qwen3_test_support::{export_fixture, greedy_sampler, load_reference, max_abs, tempdir};
 
 const TOL: f32 = 1e-4;
-
-#[derive(Deserialize)]
-struct Reference {
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    prompt_ids: Vec<u32>,
-    #[serde(default)]
-    prompt_logits: Vec<Vec<f32>>,
-    greedy_ids: Vec<u32>,
-    #[serde(default)]
-    greedy_logits: Vec<Vec<f32>>,
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fixtures/models")
-        .join(name)
-}
-
-fn export_f32(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("qwen3-cuda-parity-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join("model.bin");
-    let opts = ExportOptions {
-        dtype: DType::F32,
-        group_size: 0,
-        progress: false,
-    };
-    export(&fixture(name), &out, &opts).unwrap_or_else(|e| panic!("{name}: export: {e:#}"));
-    out
-}
-
-fn greedy() -> Sampler {
-    Sampler::new(SamplerConfig::greedy()).unwrap()
-}
-
-fn max_abs(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 /// Every position's logits (prompt, then each greedy step, fed one token at a time through the
 /// KV cache) within 1e-4 of transformers; the whole prompt in one chunked prefill gives the last
 /// prompt row too; the greedy continuation is transformers' token for token.
 fn check_fixture(name: &str) {
-    let path = export_f32(name);
+    let dir = tempdir("qwen3-cuda-parity", name);
+    let path = export_fixture(name, &dir, DType::F32, 0);
     let file = ModelFile::open(&path).unwrap();
     let backend = ReferenceBackend::new();
     let model = Model::load(&file).unwrap();
-    let refr: Reference = serde_json::from_str(
-        &std::fs::read_to_string(fixture(name).join("reference.json")).unwrap(),
-    )
-    .unwrap();
+    let refr = load_reference(name);
     let mut worst = 0.0f32;
     for (ci, case) in refr.cases.iter().enumerate() {
         // Sequence order: prompt ids, then greedy ids but the last; row r is the logits after
         // token r. HF's greedy_logits[0] repeats the last prompt row.
-        let seq: Vec<u32> = case
-            .prompt_ids
-            .iter()
-            .chain(&case.greedy_ids[..case.greedy_ids.len() - 1])
-            .copied()
-            .collect();
-        let hf_rows: Vec<&Vec<f32>> = case
-            .prompt_logits
-            .iter()
-            .chain(case.greedy_logits.iter().skip(1))
-            .collect();
+        let seq = case.sequence();
+        let hf_rows = case.logit_rows();
         let mut s = Session::with_backend(&backend, &model, seq.len()).unwrap();
         let mut rows = Vec::new();
         for &t in &seq {
@@ -128,10 +69,17 @@ fn check_fixture(name: &str) {
         let mut g = Session::with_backend(&backend, &model, seq.len()).unwrap();
         let mut ids = Vec::new();
         let n = case.greedy_ids.len();
-        generate(&mut g, &mut greedy(), &case.prompt_ids, n, &[], |id| {
-            ids.push(id);
-            Ok(())
-        })
+        generate(
+            &mut g,
+            &mut greedy_sampler(),
+            &case.prompt_ids,
+            n,
+            &[],
+            |id| {
+                ids.push(id);
+                Ok(())
+            },
+        )
         .unwrap();
         assert_eq!(ids, case.greedy_ids, "{name} case {ci} generate");
     }
@@ -140,7 +88,7 @@ fn check_fixture(name: &str) {
     } else {
         eprintln!("{name}: max abs logit error vs transformers {worst:e}");
     }
-    std::fs::remove_dir_all(path.parent().unwrap()).ok();
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -178,18 +126,8 @@ fn bf16_exports_match_the_cpu_backend() {
         "tiny-f16-sharded-gqa4",
     ] {
         for dtype in [DType::Bf16] {
-            let dir = std::env::temp_dir().join(format!(
-                "qwen3-cuda-cpu-{}-{name}-{dtype}",
-                std::process::id()
-            ));
-            std::fs::create_dir_all(&dir).unwrap();
-            let path = dir.join("model.bin");
-            let opts = ExportOptions {
-                dtype,
-                group_size: 0,
-                progress: false,
-            };
-            export(&fixture(name), &path, &opts).unwrap();
+            let dir = tempdir("qwen3-cuda-cpu", &format!("{name}-{dtype}"));
+            let path = export_fixture(name, &dir, dtype, 0);
             let file = ModelFile::open(&path).unwrap();
             // One model, two backends: the CPU's SIMD kernels and the GPU kernels' references.
             let model = Model::load(&file).unwrap();

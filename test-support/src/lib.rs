@@ -1,0 +1,116 @@
+//! Shared fixture loading for the exactness tests against transformers' outputs:
+//! qwen3-cli/tests/parity.rs (the CPU path) and qwen3-cuda/tests/hf_parity.rs (the GPU path's
+//! forward pass over the kernels' CPU references) read the same HuggingFace checkpoints in
+//! `fixtures/models/` and the same `reference.json` files, made by scripts/make_fixtures.py
+//! (transformers, float32, eager attention). What each test checks, and with what tolerance, stays
+//! in that test; this crate only finds, reads and exports the fixtures.
+//!
+//! Dev-only (`publish = false`): a dev-dependency of those tests and of nothing else.
+
+use qwen3_export::{export, ExportOptions};
+use qwen3_inference::format::DType;
+use qwen3_inference::sampler::{Sampler, SamplerConfig};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// A fixture's `reference.json` (the fields the tests read; the file has more, e.g. the versions
+/// of transformers and torch that made it).
+#[derive(Deserialize)]
+pub struct Reference {
+    pub cases: Vec<Case>,
+}
+
+/// One prompt of a reference: transformers prefills the prompt in one forward, then decodes
+/// greedily through its KV cache, never stopping at EOS (`run_case` in scripts/make_fixtures.py).
+#[derive(Deserialize)]
+pub struct Case {
+    /// The prompt's token ids, `P` of them.
+    pub prompt_ids: Vec<u32>,
+    /// `[P][vocab]`: the logits after each prompt token. Absent (empty) in the full-vocabulary
+    /// fixture, which records only `top5`.
+    #[serde(default)]
+    pub prompt_logits: Vec<Vec<f32>>,
+    /// The greedy continuation, `G` ids.
+    pub greedy_ids: Vec<u32>,
+    /// `[G][vocab]`: the logits each greedy id was the argmax of; row 0 repeats the last prompt
+    /// row. Absent (empty) in the full-vocabulary fixture.
+    #[serde(default)]
+    pub greedy_logits: Vec<Vec<f32>>,
+    /// `[P]`: top-1 minus top-2 logit of each prompt row.
+    pub prompt_top2_gap: Vec<f32>,
+    /// `[G]`: top-1 minus top-2 logit of each greedy row.
+    pub greedy_top2_gap: Vec<f32>,
+    /// `[P + G][5]`: the five largest logits `(id, logit)` of the prompt rows, then of the greedy
+    /// rows (row `P` repeats row `P - 1`).
+    pub top5: Vec<Vec<(u32, f32)>>,
+}
+
+impl Case {
+    /// The tokens whose logits the reference holds, in order: the prompt, then every greedy id but
+    /// the last (`P + G - 1` tokens). Row `r` of [`Case::logit_rows`] follows token `r`.
+    pub fn sequence(&self) -> Vec<u32> {
+        let n = self.greedy_ids.len();
+        let mut seq = self.prompt_ids.clone();
+        seq.extend_from_slice(&self.greedy_ids[..n - 1]);
+        seq
+    }
+
+    /// HF's logit rows in [`Case::sequence`] order: the prompt rows, then the greedy rows but the
+    /// first (which repeats the last prompt row).
+    pub fn logit_rows(&self) -> Vec<&Vec<f32>> {
+        self.prompt_logits
+            .iter()
+            .chain(self.greedy_logits.iter().skip(1))
+            .collect()
+    }
+}
+
+/// The directory of fixture checkpoint `name` in the repository's `fixtures/models/`.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/models")
+        .join(name)
+}
+
+/// Reads fixture `name`'s `reference.json`.
+pub fn load_reference(name: &str) -> Reference {
+    let path = fixture(name).join("reference.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A fresh, empty directory `{prefix}-{pid}-{name}` under the system temp dir, for one test's
+/// exports (the process id keeps concurrent test runs apart; the caller removes it).
+pub fn tempdir(prefix: &str, name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("{prefix}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Exports fixture `name` with `qwen3_export::export` as `dtype` (`group_size`: q8's group, 0
+/// otherwise) to `dir/{name}-{dtype}.bin`, and returns that path.
+pub fn export_fixture(name: &str, dir: &Path, dtype: DType, group_size: u32) -> PathBuf {
+    let out = dir.join(format!("{name}-{dtype}.bin"));
+    let opts = ExportOptions {
+        dtype,
+        group_size,
+        progress: false,
+    };
+    export(&fixture(name), &out, &opts).unwrap_or_else(|e| panic!("{name}: export: {e:#}"));
+    out
+}
+
+/// The greedy sampler (argmax), as the reference continuations were made.
+pub fn greedy_sampler() -> Sampler {
+    Sampler::new(SamplerConfig::greedy()).unwrap()
+}
+
+/// The largest `|a[i] - b[i]|`.
+pub fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
