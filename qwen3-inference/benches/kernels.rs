@@ -3,7 +3,7 @@
 //! fits in L2 (so the kernel's arithmetic is the limit) and one of 256 MB (so memory is); then
 //! the q8 block product that prefill runs, in multiply-adds per second.
 
-use qwen3_inference::kernels::dot::{available, ActsQ8, Dots};
+use qwen3_inference::kernels::dot::{available, ActsQ8Buf, Dots};
 use qwen3_inference::kernels::{attention, AttentionShape};
 use qwen3_inference::quant::quantize_q8;
 use std::hint::black_box;
@@ -99,17 +99,8 @@ fn bench_prefill(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
     let x = rand_vec(t * cols, &mut seed);
     let (mut wq, mut ws) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
     quantize_q8(&w, gs, &mut wq, &mut ws);
-    let (mut xq, mut xs) = (vec![0i8; x.len()], vec![0f32; x.len() / gs]);
-    quantize_q8(&x, gs, &mut xq, &mut xs);
-    let biased: Vec<u8> = xq.iter().map(|&v| v as u8 ^ 0x80).collect();
-    let acts = ActsQ8 {
-        t,
-        cols,
-        group_size: gs,
-        q: &xq,
-        biased: &biased,
-        scales: &xs,
-    };
+    let mut buf = ActsQ8Buf::default();
+    let acts = buf.quantize(&x, t, cols, gs);
     let mut out = vec![0f32; rows * t];
     let secs = time(reps, || {
         for (r0, block) in (0..rows).step_by(16).zip(out.chunks_mut(16 * t)) {

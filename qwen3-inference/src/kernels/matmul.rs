@@ -5,7 +5,7 @@
 //! matrix-matrix product, with `t = 1` (decode) a matrix-vector product. Threads split the output
 //! rows, so each thread streams its own contiguous slice of the weights.
 
-use super::dot::{dots, ActsQ8};
+use super::dot::{dots, ActsQ8, ActsQ8Buf};
 use crate::format::reader::{TensorData, TensorView};
 use rayon::prelude::*;
 
@@ -147,43 +147,12 @@ fn with_activations<R>(
             w.name
         );
     }
-    let dots = dots();
-    let per = cols / gs;
-    ACTIVATIONS.with(|cell| {
-        let mut buf = cell.borrow_mut();
-        let (xq, xb, xs) = &mut *buf;
-        // Grows to the largest [t, cols] seen, then is reused: no allocation per token.
-        xq.resize(t * cols, 0);
-        xb.resize(t * cols, 0);
-        xs.resize(t * per, 0.0);
-        for i in 0..t {
-            (dots.quantize_q8)(
-                &x[i * cols..(i + 1) * cols],
-                gs,
-                &mut xq[i * cols..(i + 1) * cols],
-                &mut xs[i * per..(i + 1) * per],
-            );
-        }
-        // The same values offset by 128 as unsigned bytes, for the AVX-512 kernel.
-        for (b, &v) in xb[..t * cols].iter_mut().zip(&xq[..t * cols]) {
-            *b = v as u8 ^ 0x80;
-        }
-        f(Some(&ActsQ8 {
-            t,
-            cols,
-            group_size: gs,
-            q: &xq[..t * cols],
-            biased: &xb[..t * cols],
-            scales: &xs[..t * per],
-        }))
-    })
+    ACTIVATIONS.with(|cell| f(Some(&cell.borrow_mut().quantize(x, t, cols, gs))))
 }
 
 thread_local! {
-    /// The quantized activations of the q8 path (values, biased values, scales), kept between
-    /// calls.
-    static ACTIVATIONS: std::cell::RefCell<(Vec<i8>, Vec<u8>, Vec<f32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    /// The quantized activations of the q8 path, kept between calls.
+    static ACTIVATIONS: std::cell::RefCell<ActsQ8Buf> = std::cell::RefCell::new(ActsQ8Buf::default());
 }
 
 /// Prefill: fills `out: [t, rows]`, parallel over blocks of weight rows: `fill(r0, block)`

@@ -45,6 +45,42 @@ pub struct ActsQ8<'a> {
     pub scales: &'a [f32],
 }
 
+/// The buffers behind an [`ActsQ8`], reused from one product to the next.
+#[derive(Default)]
+pub struct ActsQ8Buf {
+    q: Vec<i8>,
+    biased: Vec<u8>,
+    scales: Vec<f32>,
+}
+
+impl ActsQ8Buf {
+    /// Quantizes `x: [t, cols]` per group of `gs` and derives the other forms. The buffers grow
+    /// to the largest size seen and are then reused: no allocation per token.
+    pub fn quantize(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {
+        assert!(gs > 0 && cols.is_multiple_of(gs) && x.len() == t * cols);
+        let per = cols / gs;
+        self.q.resize(t * cols, 0);
+        self.biased.resize(t * cols, 0);
+        self.scales.resize(t * per, 0.0);
+        let quantize = dots().quantize_q8;
+        for i in 0..t {
+            let (q, s) = (i * cols..(i + 1) * cols, i * per..(i + 1) * per);
+            quantize(&x[q.clone()], gs, &mut self.q[q], &mut self.scales[s]);
+        }
+        for (b, &v) in self.biased.iter_mut().zip(&self.q) {
+            *b = v as u8 ^ 0x80;
+        }
+        ActsQ8 {
+            t,
+            cols,
+            group_size: gs,
+            q: &self.q,
+            biased: &self.biased,
+            scales: &self.scales,
+        }
+    }
+}
+
 impl ActsQ8<'_> {
     fn per(&self) -> usize {
         self.cols / self.group_size
@@ -294,17 +330,9 @@ mod tests {
                     let x = rand_vec(t * cols, &mut seed, 3.0);
                     let (mut wq, mut ws) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
                     crate::quant::quantize_q8(&w, gs, &mut wq, &mut ws);
-                    let (mut xq, mut xs) = (vec![0i8; x.len()], vec![0f32; x.len() / gs]);
-                    crate::quant::quantize_q8(&x, gs, &mut xq, &mut xs);
-                    let biased: Vec<u8> = xq.iter().map(|&v| v as u8 ^ 0x80).collect();
-                    let acts = ActsQ8 {
-                        t,
-                        cols,
-                        group_size: gs,
-                        q: &xq,
-                        biased: &biased,
-                        scales: &xs,
-                    };
+                    let mut buf = ActsQ8Buf::default();
+                    let acts = buf.quantize(&x, t, cols, gs);
+                    let (xq, xs) = (acts.q, acts.scales);
                     let mut out = vec![f32::NAN; rows * t];
                     (d.q8_rows)(&wq, &ws, &acts, &mut out);
                     let per = cols / gs;
@@ -318,6 +346,17 @@ mod tests {
                                 gs,
                             );
                             let got = out[r * t + i];
+                            if t == 1 {
+                                // Decode: exactly the row's dot product.
+                                let dot = (d.q8)(
+                                    &wq[r * cols..(r + 1) * cols],
+                                    &ws[r * per..(r + 1) * per],
+                                    xq,
+                                    xs,
+                                    gs,
+                                );
+                                assert_eq!(got, dot, "{} decode gs={gs} row {r}", d.isa);
+                            }
                             assert!(
                                 close(got, want, groups, 3.0 * gs as f32),
                                 "{} q8_rows gs={gs} [{rows}x{cols}]x[{t}]: ({r},{i}) {got} vs {want}",
