@@ -1,8 +1,10 @@
 //! `cargo bench -p qwen3-inference --bench kernels`: the dot-product kernels alone, per
 //! instruction set, on one thread, as GB/s of weights streamed. Two sizes: a weight matrix that
-//! fits in L2 (so the kernel's arithmetic is the limit) and one of 256 MB (so memory is); then
-//! the q8 block product that prefill runs, in multiply-adds per second.
+//! fits in L2 (so the kernel's arithmetic is the limit) and one of 256 MB (so memory is), held
+//! in huge pages like a model file's mapping (`format/pages.rs`); then the q8 block product that
+//! prefill runs, in multiply-adds per second.
 
+use qwen3_inference::format::pages::huge_page_buffer;
 use qwen3_inference::kernels::dot::{available, ActsQ8Buf, Dots};
 use qwen3_inference::kernels::{attention, AttentionShape};
 use qwen3_inference::quant::quantize_q8;
@@ -18,6 +20,13 @@ fn rand_vec(n: usize, seed: &mut u64) -> Vec<f32> {
             ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
+}
+
+/// A copy of `v` in an anonymous mapping advised to use huge pages.
+fn in_huge_pages<T: bytemuck::Pod>(v: &[T]) -> memmap2::MmapMut {
+    let mut map = huge_page_buffer(std::mem::size_of_val(v)).unwrap();
+    map.copy_from_slice(bytemuck::cast_slice(v));
+    map
 }
 
 /// Median seconds of `reps` runs of `f`.
@@ -43,6 +52,17 @@ fn bench(d: &Dots, rows: usize, cols: usize, reps: usize) {
     let (mut xq, mut xs) = (vec![0i8; cols], vec![0f32; cols / gs]);
     quantize_q8(&x, gs, &mut xq, &mut xs);
     let wb: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+    // The weights in huge pages (the activations are small and stay in cache).
+    let (w, wq, ws, wb) = (
+        in_huge_pages(&w),
+        in_huge_pages(&wq),
+        in_huge_pages(&ws),
+        in_huge_pages(&wb),
+    );
+    let w: &[f32] = bytemuck::cast_slice(&w);
+    let wq: &[i8] = bytemuck::cast_slice(&wq);
+    let ws: &[f32] = bytemuck::cast_slice(&ws);
+    let wb: &[u16] = bytemuck::cast_slice(&wb);
     let per = cols / gs;
     let q8 = time(reps, || {
         for r in 0..rows {

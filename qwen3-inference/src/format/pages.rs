@@ -1,21 +1,23 @@
 //! Huge pages under the mapped weights (Linux).
 //!
 //! Decoding a token streams every weight once, so its speed is the rate at which the cores can
-//! stream memory, and on x86 that rate depends on the size of the pages behind the mapping: the
-//! same loop over the same bytes ran about 1.4x faster through 2 MiB pages than through 4 KiB ones
-//! on the dev machine (docs/performance.md, "Huge pages", has the measurement).
+//! stream memory, and on the dev machine that rate depends on how the pages behind the mapping
+//! lie in physical memory: a plain summing loop over the model file streamed 22 GB/s when the
+//! page cache held it in 4 KiB pieces, 27 GB/s in 64 KiB pieces and 28 GB/s in 2 MiB ones
+//! (docs/performance.md, "Huge pages", has the measurement and the commands).
 //!
-//! A file mapping gets 2 MiB page-table entries when two things hold:
-//! - the mapping is 2 MiB-aligned: Linux aligns large file mappings by itself;
-//! - the page cache holds the file in 2 MiB folios. Their size is decided when the pages enter the
-//!   cache. Pages read from disk come in readahead-sized folios; `MADV_HUGEPAGE` on the mapping
-//!   asks the fault path to read ahead in 2 MiB folios (Linux mm/filemap.c,
-//!   `do_sync_mmap_readahead`). Pages written by a program come in folios the size of its writes,
-//!   which is why the exporter writes in aligned 4 MiB chunks (`atomic.rs`).
+//! The page cache holds a file in folios (runs of physically contiguous pages), whose size is
+//! decided when the pages enter it:
+//! - pages read from disk come in readahead-sized folios; `MADV_HUGEPAGE` on the mapping asks the
+//!   fault path to read ahead in 2 MiB folios (Linux mm/filemap.c, `do_sync_mmap_readahead`);
+//! - pages written by a program come in folios the size of its writes, which is why the exporter
+//!   writes in aligned 4 MiB chunks (`atomic.rs`).
 //!
-//! Both are hints: where the kernel or the filesystem has no large folios, or on other systems, the
-//! mapping keeps small pages and everything works the same, only slower. [`huge_page_share`] says
-//! which case a run is in (`qwen3 bench` prints it).
+//! A 2 MiB folio is mapped with a single page-table entry when the mapping is 2 MiB-aligned, which
+//! Linux arranges by itself for large file mappings. All of this is a hint: where the kernel or
+//! the filesystem has no large folios, or on other systems, the mapping keeps small pages and
+//! everything works the same, only slower. [`huge_page_share`] says how much of a mapping is
+//! mapped with 2 MiB entries (`qwen3 bench` prints it).
 
 use memmap2::{Mmap, MmapMut};
 
