@@ -226,6 +226,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
         share(weight_pages),
         share(buf_pages)
     );
+    if weight_pages.is_some_and(|p| p.fraction() < 0.5) {
+        // The page cache keeps the folio sizes the file arrived with (format/pages.rs); read back
+        // after an eviction, it comes in 2 MiB folios where the kernel and filesystem allow.
+        println!(
+            "(to have the page cache read the file back in large pages: dd of={} oflag=nocache conv=notrunc,fdatasync count=0)",
+            args.model.display()
+        );
+    }
     println!(
         "{:>7}  {:>20}  {:>20}  {:>12}  {:>12}  {:>9}",
         "threads", "prefill tok/s", "decode tok/s", "bandwidth", "ceiling", "of ceil."
