@@ -44,14 +44,22 @@ fn restore_sigpipe() {
 #[cfg(not(unix))]
 fn restore_sigpipe() {}
 
-/// Runs `f` on a thread of a rayon pool (as many threads as cores, or `RAYON_NUM_THREADS`).
+/// Runs `f` on a thread of a rayon pool of `threads` threads (default: as many as cores, or
+/// `RAYON_NUM_THREADS`).
 ///
 /// The forward pass's parallel loops (a few hundred a token) then run with the calling thread
 /// taking part and the others stealing from it. Called from the main thread instead, each loop
 /// would hand its work to the pool, wake a worker and put the main thread to sleep until the loop
 /// ends: a futex wake and a sleep per loop, which `perf` showed as 15% of decode's time.
-fn on_worker_thread(f: impl FnOnce() -> anyhow::Result<()> + Send) -> anyhow::Result<()> {
+fn on_worker_thread(
+    threads: Option<usize>,
+    f: impl FnOnce() -> anyhow::Result<()> + Send,
+) -> anyhow::Result<()> {
+    if threads == Some(0) {
+        anyhow::bail!("--threads must be at least 1");
+    }
     rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.unwrap_or(0))
         .build()
         .map_err(|e| anyhow::anyhow!("cannot start the thread pool: {e}"))?
         .install(f)
@@ -63,7 +71,7 @@ fn main() {
     let result = match cli.command {
         Command::Export(a) => export::run(a),
         Command::Info(a) => info::run(a),
-        Command::Inference(a) => on_worker_thread(|| inference::run(a)),
+        Command::Inference(a) => on_worker_thread(a.threads, || inference::run(a)),
         Command::Tokenize(a) => tokenize::run(a),
         Command::ChatTemplate(a) => chat_template::run(a),
         Command::Bench(a) => bench::run(a),

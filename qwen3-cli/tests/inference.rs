@@ -235,6 +235,40 @@ fn a_seed_makes_sampling_reproducible() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// Each output row is computed whole by one thread, so the thread count cannot change a bit of
+/// the logits: the sampled ids are the same on 1, 2 and 3 threads. `--threads 0` is an error.
+#[test]
+fn the_thread_count_does_not_change_the_output() {
+    let d = tempdir("threads");
+    let m = d.join("m.bin");
+    write_model(&m);
+    let go = |seed: &str, threads: &str| {
+        let args = ["--prompt-ids", "[7, 3, 9]", "-n", "20", "-t", "1.0"];
+        let o = run_inference(
+            &m,
+            &[&args[..], &["--seed", seed, "--threads", threads]].concat(),
+        );
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        ids(&o.stdout)
+    };
+    // Several seeds, as a sampled end-of-sequence may end a sequence early.
+    let mut total = 0;
+    for seed in ["1", "2", "3", "4", "5", "6", "7", "8"] {
+        let one = go(seed, "1");
+        total += one.len();
+        assert_eq!(go(seed, "2"), one, "seed {seed}");
+        assert_eq!(go(seed, "3"), one, "seed {seed}");
+    }
+    assert!(total >= 20, "only {total} tokens sampled");
+    let o = run_inference(&m, &["--prompt-ids", "[7]", "--threads", "0"]);
+    assert!(!o.status.success());
+    assert_eq!(
+        text(&o.stderr).trim(),
+        "error: --threads must be at least 1"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
 #[test]
 fn bad_input_is_a_one_line_error() {
     let d = tempdir("bad");

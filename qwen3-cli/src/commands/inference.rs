@@ -93,6 +93,9 @@ pub struct InferenceArgs {
     /// and an NVIDIA driver; see docs/cuda.md.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// CPU threads (default: one per core, or the RAYON_NUM_THREADS environment variable).
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// Generate mode: wrap the prompt in the model's chat template as one user turn.
     #[arg(long)]
     pub chat: bool,

@@ -8,8 +8,9 @@
 //!   kernels, same math in the same order) and `CudaBackend` (device memory, the CUDA kernels).
 //!
 //! What the trait leaves to each backend: where buffers live, how a weight tensor is stored, and
-//! the layout of the KV cache (the CPU keeps `[kv_head][pos][head_dim]` so one head's keys are one
-//! contiguous block; the GPU keeps `[pos][kv_head][head_dim]` so one chunk's keys are one copy).
+//! the layout of the KV cache (the CPU keeps each kv head's keys and values as one contiguous
+//! block, keys in transposed tiles of 16 positions; the GPU keeps `[pos][kv_head][head_dim]` so
+//! one chunk's keys are one copy).
 //!
 //! Buffers are allocated once at their largest size (a prefill chunk of `max_batch` tokens); every
 //! op takes the counts it uses, so the same buffers serve a one-token decode step. Ops return

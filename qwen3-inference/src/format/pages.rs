@@ -1,10 +1,10 @@
 //! Huge pages under the mapped weights (Linux).
 //!
 //! Decoding a token streams every weight once, so its speed is the rate at which the cores can
-//! stream memory, and on the dev machine that rate depends on how the pages behind the mapping
-//! lie in physical memory: a plain summing loop over the model file streamed 22 GB/s when the
-//! page cache held it in 4 KiB pieces, 27 GB/s in 64 KiB pieces and 28 GB/s in 2 MiB ones
-//! (docs/performance.md, "Huge pages", has the measurement and the commands).
+//! stream memory, and on the dev machine that rate depends on how the pages behind the memory lie
+//! in physical memory: the q8 decode kernel streamed 17.9 GB/s from a buffer in 4 KiB pages and
+//! 26.0 GB/s from one in 2 MiB pages (`cargo bench --bench kernels`), and a file whose page cache
+//! holds 64 KiB runs streams nearly as fast as 2 MiB ones (docs/performance.md, "Huge pages").
 //!
 //! The page cache holds a file in folios (runs of physically contiguous pages), whose size is
 //! decided when the pages enter it:
