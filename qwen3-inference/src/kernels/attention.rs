@@ -226,16 +226,38 @@ fn attend_body(out: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], hd: usi
 /// multiply-adds do not wait on each other, added in a fixed order at the end.
 #[inline(always)]
 fn tile_scores(q: &[f32], tile: &[f32], scale: f32, scores: &mut [f32]) {
-    let mut acc = [[0f32; KEY_TILE]; 4];
-    let rows = tile.chunks_exact(KEY_TILE);
-    for (d, (row, &qd)) in rows.zip(q).enumerate() {
-        let a = &mut acc[d % 4];
+    // Four dimensions a step, into four named accumulators (an array indexed by `d % 4` would
+    // live in memory, every step a load and a store).
+    let (mut a0, mut a1, mut a2, mut a3) = (
+        [0f32; KEY_TILE],
+        [0f32; KEY_TILE],
+        [0f32; KEY_TILE],
+        [0f32; KEY_TILE],
+    );
+    let rows = tile.chunks_exact(4 * KEY_TILE);
+    let qs = q.chunks_exact(4);
+    let tail = (rows.remainder(), qs.remainder());
+    for (r, qd) in rows.zip(qs) {
+        for lane in 0..KEY_TILE {
+            a0[lane] += qd[0] * r[lane];
+            a1[lane] += qd[1] * r[KEY_TILE + lane];
+            a2[lane] += qd[2] * r[2 * KEY_TILE + lane];
+            a3[lane] += qd[3] * r[3 * KEY_TILE + lane];
+        }
+    }
+    // head_dim not a multiple of 4: the last dimensions go to the first accumulators.
+    for ((row, &qd), a) in tail
+        .0
+        .chunks_exact(KEY_TILE)
+        .zip(tail.1)
+        .zip([&mut a0, &mut a1, &mut a2])
+    {
         for lane in 0..KEY_TILE {
             a[lane] += qd * row[lane];
         }
     }
     for (lane, s) in scores.iter_mut().enumerate() {
-        *s = ((acc[0][lane] + acc[1][lane]) + (acc[2][lane] + acc[3][lane])) * scale;
+        *s = ((a0[lane] + a1[lane]) + (a2[lane] + a3[lane])) * scale;
     }
 }
 
@@ -311,7 +333,8 @@ mod tests {
     fn matches_naive_softmax_attention() {
         // Short: one block of keys. Long: several blocks (the online softmax's rescaling), a
         // group of 10 query heads (two passes of MAX_GROUP), and a head_dim with a remainder
-        // after the lanes.
+        // after the lanes. Then a head_dim that is not a multiple of 4 (the scores' last
+        // dimensions), and Qwen3's 128 (the values summed in registers).
         for (s, start, t) in [
             (
                 AttentionShape {
@@ -332,6 +355,16 @@ mod tests {
                 },
                 200,
                 5,
+            ),
+            (
+                AttentionShape {
+                    n_heads: 2,
+                    n_kv_heads: 1,
+                    head_dim: 18,
+                    context_len: 40,
+                },
+                30,
+                2,
             ),
             (
                 AttentionShape {
