@@ -337,24 +337,16 @@ mod tests {
                     (d.q8_rows)(&wq, &ws, &acts, &mut out);
                     let per = cols / gs;
                     for r in 0..rows {
+                        let (w_r, ws_r) =
+                            (&wq[r * cols..(r + 1) * cols], &ws[r * per..(r + 1) * per]);
                         for i in 0..t {
-                            let want = dot_q8_scalar(
-                                &wq[r * cols..(r + 1) * cols],
-                                &ws[r * per..(r + 1) * per],
-                                &xq[i * cols..(i + 1) * cols],
-                                &xs[i * per..(i + 1) * per],
-                                gs,
-                            );
+                            let (x_i, xs_i) =
+                                (&xq[i * cols..(i + 1) * cols], &xs[i * per..(i + 1) * per]);
+                            let want = dot_q8_scalar(w_r, ws_r, x_i, xs_i, gs);
                             let got = out[r * t + i];
                             if t == 1 {
                                 // Decode: exactly the row's dot product.
-                                let dot = (d.q8)(
-                                    &wq[r * cols..(r + 1) * cols],
-                                    &ws[r * per..(r + 1) * per],
-                                    xq,
-                                    xs,
-                                    gs,
-                                );
+                                let dot = (d.q8)(w_r, ws_r, x_i, xs_i, gs);
                                 assert_eq!(got, dot, "{} decode gs={gs} row {r}", d.isa);
                             }
                             assert!(
