@@ -1,12 +1,12 @@
 //! `cargo bench -p qwen3-inference --bench kernels`: the dot-product kernels alone, per
 //! instruction set, on one thread, as GB/s of weights streamed. Two sizes: a weight matrix that
 //! fits in L2 (so the kernel's arithmetic is the limit) and one of 256 MB (so memory is), held
-//! in huge pages like a model file's mapping (`format/pages.rs`); then the q8 block product that
+//! in huge pages like a model file's mapping (`pages.rs`); then the q8 block product that
 //! prefill runs, in multiply-adds per second.
 
-use qwen3_inference::format::pages::huge_page_buffer;
 use qwen3_inference::kernels::dot::{available, ActsQ8Buf, Dots};
 use qwen3_inference::kernels::{attention, AttentionShape};
+use qwen3_inference::pages::huge_page_buffer;
 use qwen3_inference::quant::quantize_q8;
 use std::hint::black_box;
 use std::time::Instant;

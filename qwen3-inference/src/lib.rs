@@ -4,6 +4,7 @@
 //! files on disk -> [`format`] (the model file) -> [`model`] (weights, forward pass, run by a
 //! [`backend`]) -> logits -> [`sampler`] -> token ids -> [`tokenizer`] -> text. [`chat`] turns a
 //! conversation into the token ids the model sees; [`generate`] drives prefill and decode.
+//! [`pages`] asks for the 2 MiB pages that the weights and the KV cache stream fastest from.
 
 pub mod backend;
 pub mod chat;
@@ -11,6 +12,7 @@ pub mod format;
 pub mod generate;
 pub mod kernels;
 pub mod model;
+pub mod pages;
 pub mod quant;
 pub mod sampler;
 pub mod tokenizer;

@@ -8,16 +8,16 @@
 //! the bandwidth drifts between runs, and each repeat's fraction is taken against the bandwidth
 //! of its own moment (the median of those fractions is reported).
 //!
-//! That buffer is asked for 2 MiB pages, as the model file's mapping is (format/pages.rs): the
+//! That buffer is asked for 2 MiB pages, as the model file's mapping is (pages.rs): the
 //! ceiling is what the machine streams at its best. Whether the weights got huge pages depends on
 //! the kernel and the page cache, so the share of them that did is printed too.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use qwen3_inference::format::pages::{huge_page_buffer, huge_page_share, PageShare};
 use qwen3_inference::format::{ModelFile, TensorKind};
 use qwen3_inference::kernels::dot::dots;
 use qwen3_inference::model::{Model, Session};
+use qwen3_inference::pages::{huge_page_share, HugePageF32s, PageShare};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -125,9 +125,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     } else {
         args.threads.clone()
     };
-    let mut buf = huge_page_buffer(1 << 30).context("cannot map the bandwidth buffer")?;
-    // The mapping is page-aligned and 2^30 bytes long, so it is exactly 2^28 f32s.
-    let buf: &mut [f32] = bytemuck::cast_slice_mut(&mut buf[..]);
+    // 2^28 f32s: 1 GiB.
+    let mut buf = HugePageF32s::zeroed(1 << 28).context("cannot map the bandwidth buffer")?;
     buf.fill(1.0);
     let buf_pages = huge_page_share(buf.as_ptr() as *const u8);
     let mut runs = Vec::new();
@@ -143,7 +142,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut session = pool.install(|| Session::new(&model, ctx))?;
         for _ in 0..args.repeats {
-            let bandwidth = measure_bandwidth(&pool, buf);
+            let bandwidth = measure_bandwidth(&pool, &buf);
             pool.install(|| -> Result<()> {
                 session.truncate(0)?;
                 let start = Instant::now();
@@ -227,7 +226,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         share(buf_pages)
     );
     if weight_pages.is_some_and(|p| p.fraction() < 0.5) {
-        // The page cache keeps the folio sizes the file arrived with (format/pages.rs); read back
+        // The page cache keeps the folio sizes the file arrived with (pages.rs); read back
         // after an eviction, it comes in 2 MiB folios where the kernel and filesystem allow.
         println!(
             "(to have the page cache read the file back in large pages: dd of={} oflag=nocache conv=notrunc,fdatasync count=0)",

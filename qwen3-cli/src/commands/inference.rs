@@ -23,9 +23,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 /// Context length used when `-c` is not given: the model's maximum, capped, because the KV cache
-/// is reserved for the whole context (Qwen3-0.6B at 4096 positions: 896 MiB of f32 keys and
-/// values; at its 40960 maximum it would be 8.75 GiB). The reservation is zeroed memory, which
-/// the OS maps lazily, so resident memory grows only with the positions actually used.
+/// may grow to the whole context (Qwen3-0.6B at 4096 positions: 896 MiB of f32 keys and values;
+/// at its 40960 maximum it would be 8.75 GiB). The CPU cache starts at 512 positions and doubles
+/// as they fill (`qwen3_inference::backend::cpu::CpuKvCache`), so resident memory follows the
+/// positions actually used.
 pub const DEFAULT_CONTEXT_CAP: usize = 4096;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -8,7 +8,7 @@
 //! The bytes reach the file in whole chunks of [`CHUNK`] bytes at multiples of [`CHUNK`] (the last
 //! one shorter). Linux caches written pages in folios the size of the writes that made them, and
 //! only 2 MiB folios can later be mapped with 2 MiB pages, which decode streams faster (see
-//! `pages.rs`): written this way, a freshly exported model file runs at full speed without first
+//! `crate::pages`): written this way, a freshly exported model file runs at full speed without first
 //! leaving the page cache. (A `BufWriter` passes large writes straight through, at whatever offset
 //! the previous one ended.)
 

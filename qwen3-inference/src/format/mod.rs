@@ -20,7 +20,6 @@
 pub mod atomic;
 pub mod bytes;
 pub mod config;
-pub mod pages;
 pub mod reader;
 pub mod writer;
 

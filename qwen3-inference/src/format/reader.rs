@@ -6,11 +6,11 @@
 //! (`&'a self`), so the borrow checker guarantees no view outlives the mapping.
 
 use super::bytes::ByteReader;
-use super::pages::{self, PageShare};
 use super::{
     align_up, tensor_nbytes, tensor_specs, DType, ModelConfig, ALIGN, BYTE_ORDER_MARK,
     FORMAT_VERSION, MAGIC, PREAMBLE_LEN,
 };
+use crate::pages::{self, PageShare};
 use anyhow::{bail, Context, Result};
 use memmap2::Mmap;
 use std::collections::HashMap;
@@ -217,7 +217,7 @@ impl ModelFile {
         // model file in place while it is being run is unsupported, as for every mmap-based
         // runtime. Every access below is bounds-checked against `mmap.len()`.
         let mmap = unsafe { Mmap::map(&file) }.context("cannot mmap")?;
-        // Decode streams every weight once a token; 2 MiB pages stream faster (pages.rs).
+        // Decode streams every weight once a token; 2 MiB pages stream faster (crate::pages).
         pages::advise_huge_pages(&mmap);
         let header = Header::parse(&mmap)?;
         let index = header

@@ -1,4 +1,4 @@
-//! Huge pages under the mapped weights (Linux).
+//! Huge pages under the mapped weights and the KV cache (Linux).
 //!
 //! Decoding a token streams every weight once, so its speed is the rate at which the cores can
 //! stream memory, and on the dev machine that rate depends on how the pages behind the memory lie
@@ -18,6 +18,10 @@
 //! the filesystem has no large folios, or on other systems, the mapping keeps small pages and
 //! everything works the same, only slower. [`huge_page_share`] says how much of a mapping is
 //! mapped with 2 MiB entries (`qwen3 bench` prints it).
+//!
+//! Attention streams the KV cache the same way, once per layer and token, so the CPU backend keeps
+//! it in [`HugePageF32s`]: anonymous memory advised before its first touch, so that each 2 MiB of
+//! it is one huge page when the kernel has one to give.
 
 use memmap2::{Mmap, MmapMut};
 
@@ -38,6 +42,41 @@ pub fn huge_page_buffer(bytes: usize) -> std::io::Result<MmapMut> {
     #[cfg(target_os = "linux")]
     let _ = map.advise(memmap2::Advice::HugePage);
     Ok(map)
+}
+
+/// A fixed number of zeroed f32s in their own anonymous mapping, advised to use huge pages (see
+/// [`huge_page_buffer`]). Memory is committed as it is first touched, 2 MiB at a time where huge
+/// pages are given, 4 KiB otherwise.
+pub struct HugePageF32s {
+    map: MmapMut,
+    len: usize,
+}
+
+impl HugePageF32s {
+    /// `len` zeros; an error when the bytes do not fit in the address space or cannot be mapped.
+    pub fn zeroed(len: usize) -> std::io::Result<Self> {
+        let bytes = len
+            .checked_mul(4)
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
+        // A mapping cannot be empty; one byte stands in for zero floats.
+        let map = huge_page_buffer(bytes.max(1))?;
+        Ok(HugePageF32s { map, len })
+    }
+}
+
+impl std::ops::Deref for HugePageF32s {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        // A mapping starts on a page boundary, so the cast meets f32's alignment; the length is a
+        // multiple of 4 bytes by construction.
+        bytemuck::cast_slice(&self.map[..self.len * 4])
+    }
+}
+
+impl std::ops::DerefMut for HugePageF32s {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        bytemuck::cast_slice_mut(&mut self.map[..self.len * 4])
+    }
 }
 
 /// How much of a mapping is resident, and how much of that through huge (PMD) page-table entries.
@@ -140,6 +179,17 @@ FilePmdMapped:         0 kB
         assert_eq!(anon.huge_bytes, 616448 * 1024);
         assert_eq!(parse_smaps(SMAPS, 0x7fa98ba71000), None);
         assert_eq!(parse_smaps("", 0x1000), None);
+    }
+
+    #[test]
+    fn huge_page_floats_are_zeroed_and_writable() {
+        let mut x = HugePageF32s::zeroed(3 << 20).unwrap();
+        assert_eq!(x.len(), 3 << 20);
+        assert!(x.iter().all(|&v| v == 0.0));
+        x[(3 << 20) - 1] = 2.5;
+        assert_eq!(x[(3 << 20) - 1], 2.5);
+        assert!(HugePageF32s::zeroed(0).unwrap().is_empty());
+        assert!(HugePageF32s::zeroed(usize::MAX / 2).is_err());
     }
 
     #[test]
