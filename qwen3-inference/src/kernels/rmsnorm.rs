@@ -9,12 +9,29 @@ pub fn rmsnorm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
     assert_eq!(x.len() % dim, 0, "rmsnorm: x is not a whole number of rows");
     assert_eq!(out.len(), x.len(), "rmsnorm: out and x differ in length");
     for (out, row) in out.chunks_exact_mut(dim).zip(x.chunks_exact(dim)) {
-        let sum_sq: f32 = row.iter().map(|v| v * v).sum();
+        let sum_sq = sum_of_squares(row);
         let inv_rms = 1.0 / (sum_sq / dim as f32 + eps).sqrt();
         for ((o, &v), &w) in out.iter_mut().zip(row).zip(weight) {
             *o = w * (v * inv_rms);
         }
     }
+}
+
+/// `sum(x^2)` as 16 independent partial sums, added in a fixed order at the end. A plain
+/// `.sum()` is one chain of dependent f32 additions (the compiler may not reorder them), about
+/// four cycles per value: 0.46% of a one-thread decode step of Qwen3-0.6B, most of it in the
+/// per-head q/k norms (perf). Independent lanes vectorize.
+fn sum_of_squares(x: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut acc = [0f32; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += v * v;
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]
@@ -37,6 +54,31 @@ mod tests {
         let want2 = [0.25 * r2, 0.5 * r2, 0.75 * r2, 1.0 * r2];
         for (a, b) in x.iter().zip(want1.iter().chain(&want2)) {
             assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        }
+    }
+
+    /// Rows long enough for the 16 lanes and a tail, against the formula in f64.
+    #[test]
+    fn long_rows_match_f64() {
+        for dim in [128, 1024 + 7] {
+            let x: Vec<f32> = (0..2 * dim)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.03)
+                .collect();
+            let w: Vec<f32> = (0..dim).map(|i| 0.5 + (i % 7) as f32 * 0.1).collect();
+            let mut out = vec![0.0; 2 * dim];
+            rmsnorm(&mut out, &x, &w, 1e-6);
+            for (r, row) in x.chunks(dim).enumerate() {
+                let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / dim as f64;
+                let inv = 1.0 / (ms + 1e-6).sqrt();
+                for (c, &v) in row.iter().enumerate() {
+                    let want = w[c] as f64 * v as f64 * inv;
+                    let got = out[r * dim + c] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+                        "{dim} {r} {c}: {got} vs {want}"
+                    );
+                }
+            }
         }
     }
 }
