@@ -31,11 +31,10 @@ impl CpuBackend<'_> {
 ///
 /// The blocks are laid out for `capacity` positions, which starts at [`INITIAL_KV_CAPACITY`] and
 /// doubles (up to the session's context) when a token would not fit. Why not lay out the whole
-/// context at once: the cache lives in huge pages ([`HugePageF32s`]; attention over 128 positions
-/// ran in 44-47 us a layer from 2 MiB pages against 52-104 us from 4 KiB pages, docs/performance.md),
-/// and the first token touches every head's block, so each block would take a 2 MiB page at once:
-/// 896 MiB for Qwen3-0.6B at 4096 positions before it has said a word. Growing costs one copy of
-/// the cache per doubling.
+/// context at once: the cache lives in huge pages ([`HugePageF32s`]; see docs/performance.md for
+/// what they buy attention), and the first token touches every head's block, so each block would
+/// take a 2 MiB page at once: 896 MiB for Qwen3-0.6B at 4096 positions before it has said a word.
+/// Growing costs one copy of the cache per doubling.
 pub struct CpuKvCache {
     k: HugePageF32s,
     v: HugePageF32s,
@@ -46,10 +45,10 @@ pub struct CpuKvCache {
     shape: AttentionShape,
 }
 
-/// Positions a CPU KV cache is first laid out for (or the context, if shorter). At this size one
-/// layer's keys of a model with 8 kv heads of 128 dimensions (Qwen3-0.6B to 14B) fill one 2 MiB
-/// page, and the whole cache of Qwen3-0.6B is 112 MiB.
-pub const INITIAL_KV_CAPACITY: usize = 512;
+/// Positions a CPU KV cache is first laid out for (or the context, if shorter): small, so a short
+/// exchange commits little memory (Qwen3-0.6B: 28 MiB for 128 positions). Doubling from here
+/// copies less in all than the final cache holds.
+pub const INITIAL_KV_CAPACITY: usize = 128;
 
 impl CpuKvCache {
     /// A zeroed cache of `layers` layers for `shape`, laid out for `capacity` positions at first.
