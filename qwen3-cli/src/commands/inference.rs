@@ -257,7 +257,7 @@ fn generate_text<B: Backend>(
             c.vocab_size
         );
         eprintln!(
-            "context: {context_len} positions (model max {}); KV cache {:.1} MiB (f32)",
+            "context: {context_len} positions (model max {}); KV cache up to {:.1} MiB (f32)",
             c.max_position_embeddings,
             session.kv_cache_bytes() as f64 / (1u64 << 20) as f64
         );
