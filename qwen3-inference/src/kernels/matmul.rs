@@ -16,7 +16,7 @@ const ROWS_PER_TASK: usize = 16;
 
 /// Decode cuts each matrix into about this many tasks per thread: enough for the threads to
 /// balance, few enough that the cost of a task (scheduling, the kernel's length checks) stays out
-/// of the profile. Fixed 16-row tasks cost 1.4% of a one-thread decode step (perf), most of it in
+/// of the profile. Fixed 16-row tasks cost 1.0-1.1% of a one-thread decode step (perf), most in
 /// the 9496 tasks of the 151936-row classifier.
 const DECODE_TASKS_PER_THREAD: usize = 16;
 
