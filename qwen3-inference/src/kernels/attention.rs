@@ -6,6 +6,7 @@
 //! repeats each kv head that many times, consecutively).
 
 use super::exp::exp;
+use super::lanes::sum;
 use rayon::prelude::*;
 use std::sync::OnceLock;
 
@@ -133,8 +134,6 @@ unsafe fn attend_avx2(o: &mut [f32], q: &[f32], k: &[f32], v: &[f32], hd: usize,
     attend_body(o, q, k, v, hd, sc)
 }
 
-/// Width of the independent partial sums of [`sum`]: one AVX-512 register of f32.
-const LANES: usize = 16;
 /// Keys scored per step of the online softmax.
 const BLOCK: usize = 64;
 /// Query heads handled per pass over the keys (larger groups take several passes).
@@ -284,36 +283,6 @@ fn add_values<const G: usize, const HD: usize>(o: &mut [f32], p: &[[f32; BLOCK]]
     for (g, a) in acc.iter().enumerate() {
         o[g * HD..(g + 1) * HD].copy_from_slice(a);
     }
-}
-
-/// `sum(a)` in [`LANES`] independent partial sums, then a fixed tree.
-#[inline(always)]
-fn sum(a: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let chunks = a.chunks_exact(LANES);
-    for (i, x) in chunks.remainder().iter().enumerate() {
-        acc[i] += x;
-    }
-    for c in chunks {
-        for i in 0..LANES {
-            acc[i] += c[i];
-        }
-    }
-    sum_lanes(&acc)
-}
-
-/// Sum of the lanes in a fixed pairwise order (the same on every instruction set).
-#[inline(always)]
-fn sum_lanes(a: &[f32; LANES]) -> f32 {
-    let mut h = *a;
-    let mut n = LANES / 2;
-    while n > 0 {
-        for i in 0..n {
-            h[i] += h[i + n];
-        }
-        n /= 2;
-    }
-    h[0]
 }
 
 #[cfg(test)]

@@ -13,13 +13,15 @@
 //!
 //! The innermost loops, the dot products, are in [`dot`]: scalar references plus SIMD versions
 //! chosen once at run time. The functions here keep their signatures whatever [`dot`] picks.
-//! [`exp`] is the softmax's exponential, written so that loops over it vectorize.
+//! [`exp`] is the softmax's exponential, written so that loops over it vectorize; `lanes.rs` sums
+//! in independent lanes for the same reason.
 
 pub mod attention;
 pub mod dot;
 mod elementwise;
 mod embedding;
 pub mod exp;
+mod lanes;
 mod matmul;
 mod rmsnorm;
 mod rope;
