@@ -4,9 +4,11 @@
 //! in huge pages like a model file's mapping (`pages.rs`); then the q8 block product that
 //! prefill runs, in multiply-adds per second.
 
+use qwen3_inference::kernels::attention::{chunk_len, KV_CHUNK};
 use qwen3_inference::kernels::dot::{available, ActsQ8Buf, Dots};
 use qwen3_inference::kernels::{attention, AttentionShape};
 use qwen3_inference::pages::huge_page_buffer;
+use qwen3_inference::pages::HugePageF32s;
 use qwen3_inference::quant::quantize_q8;
 use std::hint::black_box;
 use std::time::Instant;
@@ -143,6 +145,10 @@ fn bench_prefill(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
 }
 
 fn main() {
+    if std::env::var("ONLY_ATT").is_ok() {
+        bench_attention();
+        return;
+    }
     println!("dot-product kernels, one thread, weights streamed per second (median)");
     for d in available() {
         bench(&d, 256, 1024, 41); // 256 KB of q8: cache-resident
@@ -169,14 +175,22 @@ fn bench_attention() {
         context_len: 4096,
     };
     let mut seed = 3;
-    let kv = s.n_kv_heads * s.context_len * s.head_dim;
-    let (k, v) = (rand_vec(kv, &mut seed), rand_vec(kv, &mut seed));
+    // The layer's cache: its chunks of KV_CHUNK positions, filled with random keys and values
+    // (their layout does not change the work).
+    let len = chunk_len(s.n_kv_heads, s.head_dim);
+    let chunks: Vec<HugePageF32s> = (0..s.context_len / KV_CHUNK)
+        .map(|_| {
+            let mut chunk = HugePageF32s::zeroed(len).unwrap();
+            chunk.copy_from_slice(&rand_vec(len, &mut seed));
+            chunk
+        })
+        .collect();
     println!("attention, one layer of Qwen3-0.6B's shape, one thread (median)");
     for (start, t) in [(2000, 1), (0, 256)] {
         let width = s.n_heads * s.head_dim;
         let q = rand_vec(t * width, &mut seed);
         let mut out = vec![0f32; t * width];
-        let secs = pool.install(|| time(7, || attention(&mut out, &q, &k, &v, s, start, t)));
+        let secs = pool.install(|| time(7, || attention(&mut out, &q, &chunks, s, start, t)));
         println!(
             "{t:>4} token(s) after {start:>4} cached positions: {:>7.3} ms",
             secs * 1e3

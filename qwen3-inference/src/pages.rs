@@ -20,8 +20,8 @@
 //! mapped with 2 MiB entries (`qwen3 bench` prints it).
 //!
 //! Attention streams the KV cache the same way, once per layer and token, so the CPU backend keeps
-//! it in [`HugePageF32s`]: anonymous memory advised before its first touch, so that each 2 MiB of
-//! it is one huge page when the kernel has one to give.
+//! it in [`HugePageF32s`] chunks: anonymous memory advised before its first touch, so that each
+//! 2 MiB of it is one huge page when the kernel has one to give.
 
 use memmap2::{Mmap, MmapMut};
 
@@ -70,6 +70,12 @@ impl std::ops::Deref for HugePageF32s {
         // A mapping starts on a page boundary, so the cast meets f32's alignment; the length is a
         // multiple of 4 bytes by construction.
         bytemuck::cast_slice(&self.map[..self.len * 4])
+    }
+}
+
+impl AsRef<[f32]> for HugePageF32s {
+    fn as_ref(&self) -> &[f32] {
+        self
     }
 }
 

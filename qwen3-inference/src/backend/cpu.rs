@@ -7,7 +7,7 @@
 use super::{AttentionShape, Backend, RopeTable};
 use crate::format::reader::{TensorData, TensorView};
 use crate::kernels;
-use crate::kernels::attention::{keys_len, store_key};
+use crate::kernels::attention::{chunk_len, store_kv, KV_CHUNK};
 use crate::pages::HugePageF32s;
 use anyhow::{bail, Context, Result};
 use std::marker::PhantomData;
@@ -23,108 +23,75 @@ impl CpuBackend<'_> {
     }
 }
 
-/// The KV cache of every layer, keys and values apart, each contiguous per kv head so attention
-/// for one head streams one block of memory.
-/// - values: `[layer][kv_head][pos][head_dim]`
-/// - keys: `[layer][kv_head]` blocks of `kernels::attention::keys_len` floats, in tiles of
-///   `KEY_TILE` positions stored transposed (`[tile][head_dim][KEY_TILE]`; why: `KEY_TILE`).
+/// The KV cache of every layer: per layer, a list of chunks of `KV_CHUNK` positions
+/// (`kernels::attention::chunk_len` says their layout: every kv head's keys in transposed tiles,
+/// then every kv head's values), each chunk its own [`HugePageF32s`] (2 MiB, one huge page, for
+/// Qwen3's shapes; docs/performance.md says what huge pages buy attention).
 ///
-/// The blocks are laid out for `capacity` positions, which starts at [`INITIAL_KV_CAPACITY`] and
-/// doubles (up to the session's context) when a token would not fit. Why not lay out the whole
-/// context at once: the cache lives in huge pages ([`HugePageF32s`]; see docs/performance.md for
-/// what they buy attention), and the first token touches every head's block, so each block would
-/// take a 2 MiB page at once: 896 MiB for Qwen3-0.6B at 4096 positions before it has said a word.
-/// Growing costs one copy of the cache per doubling.
+/// The cache grows a chunk at a time and never moves what it holds, so a long conversation costs
+/// no copy, and memory is committed as positions arrive, not for the whole context at once (for
+/// Qwen3-0.6B at 40960 positions that would be 9 GB). Committing a chunk (the kernel zeroing its
+/// pages) costs time too, so it is not left to the token that first needs it, which would commit
+/// a chunk for every layer at once: each layer allocates its next chunk ahead, at its own
+/// position in the second half of the current one ([`ahead_at`]), one layer every few tokens.
 pub struct CpuKvCache {
-    k: HugePageF32s,
-    v: HugePageF32s,
-    layers: usize,
-    /// Positions the blocks are laid out for: `capacity <= shape.context_len`.
-    capacity: usize,
+    /// `chunks[layer][c]` holds positions `c * KV_CHUNK .. (c + 1) * KV_CHUNK` of the layer.
+    chunks: Vec<Vec<HugePageF32s>>,
     /// The session's shape; `context_len` is the most positions the cache will ever hold.
     shape: AttentionShape,
 }
 
-/// Positions a CPU KV cache is first laid out for (or the context, if shorter): small, so a short
-/// exchange commits little memory (Qwen3-0.6B: 28 MiB for 128 positions). Doubling from here
-/// copies less in all than the final cache holds.
-pub const INITIAL_KV_CAPACITY: usize = 128;
+/// The position within a chunk at which `layer` (of `layers`) allocates its next chunk: spread
+/// over the chunk's second half, so a short exchange allocates nothing ahead, and the layers do
+/// not all allocate at the same token.
+fn ahead_at(layer: usize, layers: usize) -> usize {
+    KV_CHUNK / 2 + layer * (KV_CHUNK / 2) / layers.max(1)
+}
 
 impl CpuKvCache {
-    /// A zeroed cache of `layers` layers for `shape`, laid out for `capacity` positions at first.
-    fn new(layers: usize, shape: AttentionShape, capacity: usize) -> Result<CpuKvCache> {
-        let capacity = capacity.clamp(1, shape.context_len.max(1));
-        let layout = AttentionShape {
-            context_len: capacity,
-            ..shape
-        };
-        let k_len = layers * shape.n_kv_heads * keys_len(&layout);
-        let v_len = layers * shape.n_kv_heads * capacity * shape.head_dim;
-        let alloc = |len| {
-            HugePageF32s::zeroed(len).with_context(|| {
-                format!("cannot allocate a KV cache for {capacity} positions ({len} floats)")
-            })
-        };
-        Ok(CpuKvCache {
-            k: alloc(k_len)?,
-            v: alloc(v_len)?,
-            layers,
-            capacity,
+    /// An empty cache of `layers` layers for `shape`: the first token allocates the first chunks.
+    fn new(layers: usize, shape: AttentionShape) -> CpuKvCache {
+        CpuKvCache {
+            chunks: (0..layers).map(|_| Vec::new()).collect(),
             shape,
-        })
-    }
-
-    /// The shape the blocks are laid out for now: the session's, with `capacity` positions.
-    fn layout(&self) -> AttentionShape {
-        AttentionShape {
-            context_len: self.capacity,
-            ..self.shape
         }
     }
 
-    /// Floats of one kv head's keys, and of its values, in the current layout.
-    fn head_lens(&self) -> (usize, usize) {
-        let s = self.layout();
-        (keys_len(&s), s.context_len * s.head_dim)
-    }
-
-    /// Layer `layer`'s keys and values: `[kv_head]` blocks of `head_lens()` floats.
-    fn layer(&mut self, layer: usize) -> (&mut [f32], &mut [f32]) {
-        let (kh, vh) = self.head_lens();
-        let n = self.shape.n_kv_heads;
-        (
-            &mut self.k[layer * n * kh..][..n * kh],
-            &mut self.v[layer * n * vh..][..n * vh],
-        )
-    }
-
-    /// Makes room for positions `0..positions`, doubling the capacity until they fit. Each head's
-    /// old block is a prefix of its new one (keys' tiles and values' positions are in position
-    /// order), so growing copies every block to the start of its new place.
-    fn reserve(&mut self, positions: usize) -> Result<()> {
-        if positions <= self.capacity {
-            return Ok(());
+    /// Makes sure layer `layer` holds chunks for positions `0..positions`, plus its next chunk
+    /// once `positions` passes the layer's [`ahead_at`] in the last one.
+    fn reserve(&mut self, layer: usize, positions: usize) -> Result<()> {
+        let context = self.shape.context_len;
+        if positions > context {
+            bail!("{positions} positions do not fit a KV cache of {context} (a bug in the caller)");
         }
-        if positions > self.shape.context_len {
-            bail!(
-                "{positions} positions do not fit a KV cache of {} (a bug in the caller)",
-                self.shape.context_len
-            );
+        let len = chunk_len(self.shape.n_kv_heads, self.shape.head_dim);
+        let layers = self.chunks.len();
+        let chunks = &mut self.chunks[layer];
+        let mut want = positions.div_ceil(KV_CHUNK);
+        let last = positions.saturating_sub(1);
+        if last % KV_CHUNK >= ahead_at(layer, layers) && want * KV_CHUNK < context {
+            want += 1;
         }
-        let mut capacity = self.capacity;
-        while capacity < positions {
-            capacity = capacity.saturating_mul(2);
+        while chunks.len() < want {
+            let mut chunk = HugePageF32s::zeroed(len).with_context(|| {
+                format!(
+                    "cannot allocate {:.1} MiB for the KV cache",
+                    len as f64 * 4.0 / 1048576.0
+                )
+            })?;
+            // Commit it now: touching its pages here, not at the token that first needs it,
+            // is what spreads the cost (see the type's comment). The writes are what commit.
+            chunk.fill(0.0);
+            chunks.push(chunk);
         }
-        let mut grown = CpuKvCache::new(self.layers, self.shape, capacity)?;
-        let (kh, vh) = self.head_lens();
-        let (new_kh, new_vh) = grown.head_lens();
-        let heads = self.layers * self.shape.n_kv_heads;
-        for h in 0..heads {
-            grown.k[h * new_kh..][..kh].copy_from_slice(&self.k[h * kh..][..kh]);
-            grown.v[h * new_vh..][..vh].copy_from_slice(&self.v[h * vh..][..vh]);
-        }
-        *self = grown;
         Ok(())
+    }
+
+    /// Floats the cache holds now, for every layer.
+    #[cfg(test)]
+    fn allocated(&self) -> usize {
+        let len = chunk_len(self.shape.n_kv_heads, self.shape.head_dim);
+        self.chunks.iter().map(|c| c.len() * len).sum()
     }
 }
 
@@ -150,7 +117,7 @@ impl<'a> Backend for CpuBackend<'a> {
     }
 
     fn kv_cache(&self, layers: usize, s: AttentionShape, _max_batch: usize) -> Result<CpuKvCache> {
-        CpuKvCache::new(layers, s, INITIAL_KV_CAPACITY)
+        Ok(CpuKvCache::new(layers, s))
     }
 
     fn copy(
@@ -257,19 +224,22 @@ impl<'a> Backend for CpuBackend<'a> {
         n_tok: usize,
         pos0: usize,
     ) -> Result<()> {
-        // values[layer][kv_head][pos0 + i][..] <- v[i][kv_head][..], and the same key into its
-        // tile's column.
-        cache.reserve(pos0 + n_tok)?;
+        // Token i's key and value of kv head h go to position pos0 + i of the layer's chunk
+        // that holds it: the value to its row, the key to its tile's column.
+        cache.reserve(layer, pos0 + n_tok)?;
         let (nkv, hd) = (cache.shape.n_kv_heads, cache.shape.head_dim);
-        let (k_head_len, v_head_len) = cache.head_lens();
-        let (layer_k, layer_v) = cache.layer(layer);
+        let chunks = &mut cache.chunks[layer];
         for i in 0..n_tok {
+            let pos = pos0 + i;
             for h in 0..nkv {
                 let src = (i * nkv + h) * hd..(i * nkv + h + 1) * hd;
-                let head_k = &mut layer_k[h * k_head_len..(h + 1) * k_head_len];
-                store_key(head_k, pos0 + i, &k[src.clone()]);
-                let at = h * v_head_len + (pos0 + i) * hd;
-                layer_v[at..at + hd].copy_from_slice(&v[src]);
+                store_kv(
+                    &mut chunks[pos / KV_CHUNK],
+                    h,
+                    pos,
+                    &k[src.clone()],
+                    &v[src],
+                );
             }
         }
         Ok(())
@@ -284,11 +254,9 @@ impl<'a> Backend for CpuBackend<'a> {
         n_tok: usize,
         pos0: usize,
     ) -> Result<()> {
-        // The kernel sees the blocks as laid out now: a context of `capacity` positions.
-        let s = cache.layout();
+        let s = cache.shape;
         let n = n_tok * s.n_heads * s.head_dim;
-        let (keys, values) = cache.layer(layer);
-        kernels::attention(&mut out[..n], &q[..n], keys, values, s, pos0, n_tok);
+        kernels::attention(&mut out[..n], &q[..n], &cache.chunks[layer], s, pos0, n_tok);
         Ok(())
     }
 
@@ -320,88 +288,134 @@ mod tests {
         assert!(staging.is_empty());
     }
 
-    /// `store_kv` writes token i's kv head h at position `pos0 + i` of `[layer][h]`, in the layouts
-    /// attention reads: values key-major, keys in transposed tiles.
+    /// `store_kv` writes token i's kv head h at position `pos0 + i`, in the chunk that holds it,
+    /// in the layout attention reads: per head, keys in transposed tiles, then values key-major.
     #[test]
-    fn store_kv_layout_is_head_major() {
+    fn store_kv_writes_into_the_chunk_of_each_position() {
         let b = CpuBackend::new();
         let shape = AttentionShape {
             n_heads: 4,
             n_kv_heads: 2,
             head_dim: 3,
-            context_len: 5,
+            context_len: 2 * KV_CHUNK,
         };
         let mut cache = b.kv_cache(2, shape, 2).unwrap();
-        // Two tokens, [2 tokens, 2 kv heads, 3]: value = 100 * token + 10 * head + i.
+        // Two tokens, [2 tokens, 2 kv heads, 3]: value = 100 * token + 10 * head + i, at the
+        // last position of chunk 0 and the first of chunk 1.
         let k: Vec<f32> = (0..12)
             .map(|j| (100 * (j / 6) + 10 * (j / 3 % 2) + j % 3) as f32)
             .collect();
         let v: Vec<f32> = k.iter().map(|x| -x).collect();
-        b.store_kv(&mut cache, 1, &k, &v, 2, 3).unwrap();
-        // Five positions fit one tile of 16: a kv head's keys are 16 * 3 floats.
-        assert_eq!(cache.head_lens(), (KEY_TILE * 3, 5 * 3));
-        assert!(cache.layer(0).0.iter().all(|&x| x == 0.0));
-        let (keys, values) = cache.layer(1);
+        let pos0 = KV_CHUNK - 1;
+        b.store_kv(&mut cache, 1, &k, &v, 2, pos0).unwrap();
+        assert!(cache.chunks[0].is_empty());
+        let chunks = &cache.chunks[1];
+        assert_eq!(chunks.len(), 2);
+        let head_len = KV_CHUNK * 3;
         for (token, head) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
-            let pos = 3 + token;
-            let want = (100 * token + 10 * head) as f32;
+            let (pos, want) = (pos0 + token, (100 * token + 10 * head) as f32);
+            let (chunk, j) = (&chunks[pos / KV_CHUNK], pos % KV_CHUNK);
+            // Both heads' keys, then both heads' values.
+            let keys = &chunk[head * head_len..][..head_len];
+            let values = &chunk[(2 + head) * head_len..][..head_len];
+            let tile = &keys[(j / KEY_TILE) * 3 * KEY_TILE..];
             for i in 0..3 {
-                assert_eq!(
-                    keys[head * KEY_TILE * 3 + i * KEY_TILE + pos],
-                    want + i as f32
-                );
+                assert_eq!(tile[i * KEY_TILE + j % KEY_TILE], want + i as f32);
             }
-            let at = (head * 5 + pos) * 3;
-            assert_eq!(values[at..at + 3], [-want, -want - 1.0, -want - 2.0]);
+            assert_eq!(values[j * 3..j * 3 + 3], [-want, -want - 1.0, -want - 2.0]);
         }
     }
 
-    /// A cache that starts small and doubles as tokens arrive gives the same attention, bit for
-    /// bit, after every token as one laid out for the whole context from the start.
+    /// The cache grows a chunk at a time and never moves one: each layer allocates its next chunk
+    /// at its own position (`ahead_at`), never past the context. Attention over a cache filled by
+    /// one prefill and over one filled a token at a time gives the same bits at every position,
+    /// across chunk ends.
     #[test]
-    fn a_growing_cache_attends_like_a_full_one() {
+    fn the_cache_grows_by_chunks_allocated_ahead() {
         let b = CpuBackend::new();
+        let layers = 3;
         let shape = AttentionShape {
             n_heads: 4,
             n_kv_heads: 2,
             head_dim: 8,
-            context_len: 70,
+            context_len: 2 * KV_CHUNK + 10,
         };
-        let (layers, width) = (2, 2 * 8);
-        let mut growing = CpuKvCache::new(layers, shape, 3).unwrap();
-        let mut full = CpuKvCache::new(layers, shape, 70).unwrap();
+        let width = 2 * 8;
         let value = |pos: usize, layer: usize, j: usize| {
             ((pos * 31 + layer * 7 + j * 3) % 17) as f32 * 0.25 - 2.0
         };
-        // Prefill of 5 tokens, then one token at a time up to the full context.
-        let mut pos0 = 0;
-        for n_tok in std::iter::once(5).chain(std::iter::repeat_n(1, 65)) {
+        let kv = |pos0: usize, n_tok: usize, layer: usize| {
+            let k: Vec<f32> = (0..n_tok * width)
+                .map(|j| value(pos0 + j / width, layer, j % width))
+                .collect();
+            let v: Vec<f32> = k.iter().map(|x| x * 0.5 + 1.0).collect();
+            (k, v)
+        };
+        let q: Vec<f32> = (0..4 * 8).map(|j| value(j, 5, j)).collect();
+        let attend = |cache: &mut CpuKvCache, layer: usize, pos: usize| {
+            let mut out = vec![0.0; q.len()];
+            b.attention(&mut out, &q, cache, layer, 1, pos).unwrap();
+            out
+        };
+
+        let mut stepped = CpuKvCache::new(layers, shape);
+        let mut first_chunk = Vec::new();
+        for pos in 0..shape.context_len {
             for layer in 0..layers {
-                let k: Vec<f32> = (0..n_tok * width)
-                    .map(|j| value(pos0 + j / width, layer, j))
-                    .collect();
-                let v: Vec<f32> = k.iter().map(|x| x * 0.5 + 1.0).collect();
-                let q: Vec<f32> = (0..n_tok * 4 * 8)
-                    .map(|j| value(pos0, layer + 2, j))
-                    .collect();
-                let mut outs = [vec![0.0; q.len()], vec![0.0; q.len()]];
-                for (cache, out) in [&mut growing, &mut full].into_iter().zip(&mut outs) {
-                    b.store_kv(cache, layer, &k, &v, n_tok, pos0).unwrap();
-                    b.attention(out, &q, cache, layer, n_tok, pos0).unwrap();
-                }
+                let (k, v) = kv(pos, 1, layer);
+                b.store_kv(&mut stepped, layer, &k, &v, 1, pos).unwrap();
+                // Chunks for every position so far, and the next one once past ahead_at.
+                let ahead = pos % KV_CHUNK >= ahead_at(layer, layers)
+                    && (pos / KV_CHUNK + 1) * KV_CHUNK < shape.context_len;
                 assert_eq!(
-                    outs[0],
-                    outs[1],
-                    "layer {layer}, positions {pos0}..{}",
-                    pos0 + n_tok
+                    stepped.chunks[layer].len(),
+                    pos / KV_CHUNK + 1 + ahead as usize,
+                    "layer {layer} at position {pos}"
                 );
             }
-            pos0 += n_tok;
+            if pos == 0 {
+                first_chunk = stepped.chunks.iter().map(|c| c[0].as_ptr()).collect();
+            }
         }
-        // 3 -> 6 -> 12 -> 24 -> 48 -> 96, clamped to the context.
-        assert_eq!(growing.capacity, 70);
+        // Three chunks per layer hold the context; none moved.
+        assert_eq!(stepped.allocated(), layers * 3 * chunk_len(2, 8));
+        let now: Vec<_> = stepped.chunks.iter().map(|c| c[0].as_ptr()).collect();
+        assert_eq!(now, first_chunk);
+        // The layers allocated their second chunk at different positions.
+        assert!(ahead_at(0, layers) < ahead_at(1, layers));
+        assert!(ahead_at(1, layers) < ahead_at(2, layers));
+        assert!(ahead_at(layers - 1, layers) < KV_CHUNK);
+
+        // One prefill of 300 positions (across the first chunk's end), then one at a time.
+        let mut prefilled = CpuKvCache::new(layers, shape);
+        for layer in 0..layers {
+            let (k, v) = kv(0, 300, layer);
+            b.store_kv(&mut prefilled, layer, &k, &v, 300, 0).unwrap();
+        }
+        for pos in 300..shape.context_len {
+            for layer in 0..layers {
+                let (k, v) = kv(pos, 1, layer);
+                b.store_kv(&mut prefilled, layer, &k, &v, 1, pos).unwrap();
+            }
+        }
+        for pos in [0, 1, KV_CHUNK - 1, KV_CHUNK, 299, 300, 2 * KV_CHUNK + 9] {
+            for layer in 0..layers {
+                assert_eq!(
+                    attend(&mut stepped, layer, pos),
+                    attend(&mut prefilled, layer, pos),
+                    "layer {layer} at position {pos}"
+                );
+            }
+        }
         assert!(b
-            .store_kv(&mut growing, 0, &vec![0.0; width], &vec![0.0; width], 1, 70)
+            .store_kv(
+                &mut stepped,
+                0,
+                &vec![0.0; width],
+                &vec![0.0; width],
+                1,
+                shape.context_len
+            )
             .is_err());
     }
 }

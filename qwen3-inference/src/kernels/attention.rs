@@ -10,8 +10,8 @@ use super::lanes::sum;
 use rayon::prelude::*;
 use std::sync::OnceLock;
 
-/// Keys are cached in tiles of this many positions, transposed: one kv head's keys are
-/// `[tiles][head_dim][KEY_TILE]`, so `k[pos][d]` is at `(pos / KEY_TILE, d, pos % KEY_TILE)`.
+/// Keys are cached in tiles of this many positions, transposed: a tile holds `k[pos][d]` of
+/// `KEY_TILE` consecutive positions as `[head_dim][KEY_TILE]`.
 ///
 /// The scores of a tile's keys are then `KEY_TILE` independent sums: for each dimension `d`, one
 /// multiply-add of `q[d]` with a contiguous row of `KEY_TILE` floats (one AVX-512 register), and
@@ -20,18 +20,34 @@ use std::sync::OnceLock;
 /// which is a multiply-add of whole rows.
 pub const KEY_TILE: usize = 16;
 
-/// Floats of one kv head's key cache: `context_len` rounded up to whole tiles, times `head_dim`.
-pub fn keys_len(s: &AttentionShape) -> usize {
-    s.context_len.div_ceil(KEY_TILE) * KEY_TILE * s.head_dim
+/// Positions per chunk of the KV cache. The cache of one layer is a list of chunks, each holding
+/// `KV_CHUNK` positions of every kv head ([`chunk_len`] floats), so it grows a chunk at a time
+/// and never moves what it holds. For every Qwen3 size (8 kv heads of 128) a layer's chunk is
+/// 2 MiB, one huge page. A multiple of [`BLOCK`] and [`KEY_TILE`]: no block of keys straddles
+/// two chunks.
+pub const KV_CHUNK: usize = 256;
+
+/// Floats of one layer's chunk: the `KV_CHUNK` keys of every kv head in tiles (`[n_kv_heads]
+/// [KV_CHUNK / KEY_TILE][head_dim][KEY_TILE]`), then their `KV_CHUNK` values (`[n_kv_heads]
+/// [KV_CHUNK][head_dim]`). Attention for one kv head streams two runs of memory per chunk, its
+/// keys and its values.
+pub fn chunk_len(n_kv_heads: usize, head_dim: usize) -> usize {
+    n_kv_heads * 2 * KV_CHUNK * head_dim
 }
 
-/// Writes `k` (`[head_dim]`), the key of position `pos`, into one kv head's key cache.
-pub fn store_key(keys: &mut [f32], pos: usize, k: &[f32]) {
+/// Writes the key `k` and value `v` (`[head_dim]` each) of kv head `h` at position `pos` into the
+/// layer's chunk that holds `pos` (chunk `pos / KV_CHUNK`).
+pub fn store_kv(chunk: &mut [f32], h: usize, pos: usize, k: &[f32], v: &[f32]) {
     let hd = k.len();
-    let tile = &mut keys[(pos / KEY_TILE) * hd * KEY_TILE..][..hd * KEY_TILE];
+    let (all_keys, all_values) = chunk.split_at_mut(chunk.len() / 2);
+    let keys = &mut all_keys[h * KV_CHUNK * hd..][..KV_CHUNK * hd];
+    let values = &mut all_values[h * KV_CHUNK * hd..][..KV_CHUNK * hd];
+    let j = pos % KV_CHUNK;
+    let tile = &mut keys[(j / KEY_TILE) * hd * KEY_TILE..][..hd * KEY_TILE];
     for (d, &x) in k.iter().enumerate() {
-        tile[d * KEY_TILE + pos % KEY_TILE] = x;
+        tile[d * KEY_TILE + j % KEY_TILE] = x;
     }
+    values[j * hd..(j + 1) * hd].copy_from_slice(v);
 }
 
 /// The sizes attention needs.
@@ -47,9 +63,8 @@ pub struct AttentionShape {
 /// Attention for `t` query tokens at positions `start_pos .. start_pos + t`.
 ///
 /// - `q`, `out`: `[t, n_heads, head_dim]`
-/// - `k_cache`: one layer's keys, `[n_kv_heads]` blocks of [`keys_len`] floats, tiled as
-///   [`KEY_TILE`] says; `v_cache`: one layer's values, `[n_kv_heads, context_len, head_dim]`.
-///   Both already hold positions `0 .. start_pos + t` (these tokens included).
+/// - `chunks`: one layer's KV cache, chunk `c` holding positions `c * KV_CHUNK ..` as
+///   [`chunk_len`] says. They already hold positions `0 .. start_pos + t` (these tokens included).
 ///
 /// Query `i` sees cache positions `0 ..= start_pos + i` (the causal mask: never a later token).
 ///
@@ -57,11 +72,10 @@ pub struct AttentionShape {
 /// heads that share that kv head, so each key and value row is read once for all of them (with
 /// Qwen3-0.6B's 16 query and 8 kv heads, half the cache traffic of one head at a time). Each task
 /// runs [`attend_body`].
-pub fn attention(
+pub fn attention<C: AsRef<[f32]> + Sync>(
     out: &mut [f32],
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    chunks: &[C],
     s: AttentionShape,
     start_pos: usize,
     t: usize,
@@ -69,13 +83,15 @@ pub fn attention(
     let hd = s.head_dim;
     let group = s.n_heads / s.n_kv_heads;
     let width = s.n_heads * hd;
-    let k_len = keys_len(&s);
     assert_eq!(q.len(), t * width);
     assert_eq!(out.len(), t * width);
-    assert_eq!(k_cache.len(), s.n_kv_heads * k_len);
-    assert_eq!(v_cache.len(), s.n_kv_heads * s.context_len * hd);
     assert!(start_pos + t <= s.context_len);
-    let scale = (hd as f32).powf(-0.5);
+    assert!(
+        start_pos + t <= chunks.len() * KV_CHUNK,
+        "the cache lacks chunks"
+    );
+    let len = chunk_len(s.n_kv_heads, hd);
+    assert!(chunks.iter().all(|c| c.as_ref().len() == len));
     let attend = attend_fn();
     // out[i][kv * group .. (kv + 1) * group][..]: the group's heads are consecutive (repeat_kv),
     // so each task's output is one contiguous block of group * head_dim values.
@@ -85,19 +101,80 @@ pub fn attention(
         .for_each(|(task, (out_g, q_g))| {
             let (i, kv) = (task / s.n_kv_heads, task % s.n_kv_heads);
             let n_keys = start_pos + i + 1;
-            // The tiles holding keys 0 .. n_keys (the last one may hold later positions too, or
-            // stale ones; their scores are computed and never used).
-            let keys = &k_cache[kv * k_len..][..n_keys.div_ceil(KEY_TILE) * KEY_TILE * hd];
-            let at = kv * s.context_len * hd;
-            let values = &v_cache[at..at + n_keys * hd];
-            attend(out_g, q_g, keys, values, hd, scale);
+            attend_head(attend, out_g, q_g, chunks, kv, n_keys, hd);
         });
 }
 
-/// `out[g] = softmax(q[g] . keys^T * scale) values` for the query heads `g` of one group.
-/// `out`, `q`: `[group, head_dim]`; `values`: `[n_keys, head_dim]`; `keys`: the [`KEY_TILE`]
-/// tiles holding keys `0 .. n_keys`.
-type AttendFn = fn(out: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], hd: usize, scale: f32);
+/// One task: the query heads of `q` (`[group, head_dim]`, all reading kv head `kv`) over keys
+/// `0 .. n_keys`, into `out`. Heads go `MAX_GROUP` at a time; for each pass, `attend` takes the
+/// chunks in order, carrying the online softmax's running maximum and sum from one to the next,
+/// and the output is normalised at the end.
+fn attend_head<C: AsRef<[f32]>>(
+    attend: AttendFn,
+    out: &mut [f32],
+    q: &[f32],
+    chunks: &[C],
+    kv: usize,
+    n_keys: usize,
+    hd: usize,
+) {
+    let scale = (hd as f32).powf(-0.5);
+    let group = q.len() / hd;
+    for g0 in (0..group).step_by(MAX_GROUP) {
+        let gn = (group - g0).min(MAX_GROUP);
+        let q = &q[g0 * hd..(g0 + gn) * hd];
+        let o = &mut out[g0 * hd..(g0 + gn) * hd];
+        o.fill(0.0);
+        let mut run = Running {
+            m: [f32::NEG_INFINITY; MAX_GROUP],
+            l: [0f32; MAX_GROUP],
+        };
+        for (c, chunk) in chunks.iter().take(n_keys.div_ceil(KV_CHUNK)).enumerate() {
+            // This kv head's keys (tiles) and values in the chunk. The tile holding the last key
+            // may hold later positions too, or stale ones; their scores are computed and never
+            // used.
+            let (keys, values) = head_of(chunk.as_ref(), kv, hd);
+            let n = (n_keys - c * KV_CHUNK).min(KV_CHUNK);
+            attend(o, q, keys, values, n, hd, scale, &mut run);
+        }
+        // Normalise: o_g / l_g.
+        for (g, o_g) in o.chunks_exact_mut(hd).enumerate() {
+            let inv = 1.0 / run.l[g];
+            for x in o_g {
+                *x *= inv;
+            }
+        }
+    }
+}
+
+/// Kv head `kv`'s keys (tiles) and values in a layer's chunk (see [`chunk_len`]).
+fn head_of(chunk: &[f32], kv: usize, hd: usize) -> (&[f32], &[f32]) {
+    let (all_keys, all_values) = chunk.split_at(chunk.len() / 2);
+    (
+        &all_keys[kv * KV_CHUNK * hd..][..KV_CHUNK * hd],
+        &all_values[kv * KV_CHUNK * hd..][..KV_CHUNK * hd],
+    )
+}
+
+/// Running maximum `m` and sum `l` of the online softmax, per query head of a pass.
+struct Running {
+    m: [f32; MAX_GROUP],
+    l: [f32; MAX_GROUP],
+}
+
+/// `o[g] += e^(score - m) v` over the keys of one chunk, for the query heads `g` of one pass
+/// (at most [`MAX_GROUP`]), updating `run` (see [`attend_body`]). `o`, `q`: `[heads, head_dim]`;
+/// `keys`, `values`: one kv head's part of a chunk, of which the first `n_keys` positions count.
+type AttendFn = fn(
+    o: &mut [f32],
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    n_keys: usize,
+    hd: usize,
+    scale: f32,
+    run: &mut Running,
+);
 
 /// [`attend_body`] compiled for the best instruction set of this CPU, chosen once. The body is
 /// plain Rust whose loops are elementwise or written in independent lanes, which the compiler
@@ -111,11 +188,13 @@ fn attend_fn() -> AttendFn {
         {
             if is_x86_feature_detected!("avx512f") {
                 // SAFETY: only chosen when the CPU has AVX-512F.
-                return |o, q, k, v, hd, sc| unsafe { attend_avx512(o, q, k, v, hd, sc) };
+                return |o, q, k, v, n, hd, sc, r| unsafe {
+                    attend_avx512(o, q, k, v, n, hd, sc, r)
+                };
             }
             if is_x86_feature_detected!("avx2") {
                 // SAFETY: only chosen when the CPU has AVX2.
-                return |o, q, k, v, hd, sc| unsafe { attend_avx2(o, q, k, v, hd, sc) };
+                return |o, q, k, v, n, hd, sc, r| unsafe { attend_avx2(o, q, k, v, n, hd, sc, r) };
             }
         }
         attend_body
@@ -124,14 +203,34 @@ fn attend_fn() -> AttendFn {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn attend_avx512(o: &mut [f32], q: &[f32], k: &[f32], v: &[f32], hd: usize, sc: f32) {
-    attend_body(o, q, k, v, hd, sc)
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_avx512(
+    o: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    hd: usize,
+    sc: f32,
+    r: &mut Running,
+) {
+    attend_body(o, q, k, v, n, hd, sc, r)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn attend_avx2(o: &mut [f32], q: &[f32], k: &[f32], v: &[f32], hd: usize, sc: f32) {
-    attend_body(o, q, k, v, hd, sc)
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_avx2(
+    o: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    hd: usize,
+    sc: f32,
+    r: &mut Running,
+) {
+    attend_body(o, q, k, v, n, hd, sc, r)
 }
 
 /// Keys scored per step of the online softmax.
@@ -139,85 +238,84 @@ const BLOCK: usize = 64;
 /// Query heads handled per pass over the keys (larger groups take several passes).
 const MAX_GROUP: usize = 8;
 
-/// Attention of a group of query heads over their kv head's keys and values, in one pass, with
-/// the online softmax (Milakov and Gimelshein 2018, "Online normalizer calculation for softmax";
-/// the same recurrence as FlashAttention): for each block of keys, the scores of the block, then
-/// the running maximum `m`, and the running sum `l` and output `o` rescaled by `e^(m_old - m)`.
-/// At the end `o / l` is exactly `softmax(scores) values`, up to f32 rounding, with no buffer of
-/// `n_keys` scores: long contexts cost the same per key as short ones.
+/// Attention of the query heads of one pass over one chunk of their kv head's keys and values,
+/// with the online softmax (Milakov and Gimelshein 2018, "Online normalizer calculation for
+/// softmax"; the same recurrence as FlashAttention): for each block of keys, the scores of the
+/// block, then the running maximum `m`, and the running sum `l` and output `o` rescaled by
+/// `e^(m_old - m)`. After the last chunk `o / l` is exactly `softmax(scores) values`, up to f32
+/// rounding, with no buffer of `n_keys` scores: long contexts cost the same per key as short
+/// ones. ([`attend_head`] takes the chunks in order and divides by `l`.)
 #[inline(always)]
-fn attend_body(out: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], hd: usize, scale: f32) {
-    let group = q.len() / hd;
-    let n_keys = values.len() / hd;
-    for g0 in (0..group).step_by(MAX_GROUP) {
-        let gn = (group - g0).min(MAX_GROUP);
-        let q = &q[g0 * hd..(g0 + gn) * hd];
-        let o = &mut out[g0 * hd..(g0 + gn) * hd];
-        o.fill(0.0);
-        let mut m = [f32::NEG_INFINITY; MAX_GROUP];
-        let mut l = [0f32; MAX_GROUP];
-        let mut p = [[0f32; BLOCK]; MAX_GROUP];
-        for j0 in (0..n_keys).step_by(BLOCK) {
-            let nb = (n_keys - j0).min(BLOCK);
-            // 1. Scores of this block, a tile of keys at a time, each tile read once for the
-            //    whole group: p[g][b] = (q_g . k_{j0+b}) * head_dim^-0.5
-            for t0 in (0..nb).step_by(KEY_TILE) {
-                let tile = &keys[(j0 + t0) * hd..(j0 + t0 + KEY_TILE) * hd];
-                for g in 0..gn {
-                    let scores = &mut p[g][t0..t0 + KEY_TILE];
-                    tile_scores(&q[g * hd..(g + 1) * hd], tile, scale, scores);
-                }
-            }
+#[allow(clippy::too_many_arguments)]
+fn attend_body(
+    o: &mut [f32],
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    n_keys: usize,
+    hd: usize,
+    scale: f32,
+    run: &mut Running,
+) {
+    let gn = q.len() / hd;
+    // Local copies: as locals the compiler keeps them in registers across the blocks.
+    let (mut m, mut l) = (run.m, run.l);
+    let mut p = [[0f32; BLOCK]; MAX_GROUP];
+    for j0 in (0..n_keys).step_by(BLOCK) {
+        let nb = (n_keys - j0).min(BLOCK);
+        // 1. Scores of this block, a tile of keys at a time, each tile read once for the
+        //    whole group: p[g][b] = (q_g . k_{j0+b}) * head_dim^-0.5
+        for t0 in (0..nb).step_by(KEY_TILE) {
+            let tile = &keys[(j0 + t0) * hd..(j0 + t0 + KEY_TILE) * hd];
             for g in 0..gn {
-                // 2. New running maximum; rescale what was accumulated under the old one.
-                let block_max = p[g][..nb].iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
-                let m_new = m[g].max(block_max);
-                let c = exp(m[g] - m_new);
-                m[g] = m_new;
-                // 3. p = e^(score - m), summed into l.
-                for v in p[g][..nb].iter_mut() {
-                    *v = exp(*v - m_new);
-                }
-                l[g] = l[g] * c + sum(&p[g][..nb]);
-                if c != 1.0 {
-                    for x in &mut o[g * hd..(g + 1) * hd] {
-                        *x *= c;
-                    }
-                }
+                let scores = &mut p[g][t0..t0 + KEY_TILE];
+                tile_scores(&q[g * hd..(g + 1) * hd], tile, scale, scores);
             }
-            // 4. o_g += p[g][b] * v_{j0+b}, each value row read once for the whole group.
-            let block = &values[j0 * hd..(j0 + nb) * hd];
-            if hd == QWEN3_HEAD_DIM {
-                // Two heads at a time, their output rows held in registers for the block.
-                let mut g = 0;
-                while g < gn {
-                    if gn - g >= 2 {
-                        add_values::<2, QWEN3_HEAD_DIM>(&mut o[g * hd..], &p[g..], block);
-                        g += 2;
-                    } else {
-                        add_values::<1, QWEN3_HEAD_DIM>(&mut o[g * hd..], &p[g..], block);
-                        g += 1;
-                    }
-                }
-            } else {
-                for (b, v) in block.chunks_exact(hd).enumerate() {
-                    for g in 0..gn {
-                        let w = p[g][b];
-                        for (x, &vv) in o[g * hd..(g + 1) * hd].iter_mut().zip(v) {
-                            *x += w * vv;
-                        }
-                    }
+        }
+        for g in 0..gn {
+            // 2. New running maximum; rescale what was accumulated under the old one.
+            let block_max = p[g][..nb].iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+            let m_new = m[g].max(block_max);
+            let c = exp(m[g] - m_new);
+            m[g] = m_new;
+            // 3. p = e^(score - m), summed into l.
+            for v in p[g][..nb].iter_mut() {
+                *v = exp(*v - m_new);
+            }
+            l[g] = l[g] * c + sum(&p[g][..nb]);
+            if c != 1.0 {
+                for x in &mut o[g * hd..(g + 1) * hd] {
+                    *x *= c;
                 }
             }
         }
-        // 5. Normalise: o_g / l_g.
-        for g in 0..gn {
-            let inv = 1.0 / l[g];
-            for x in &mut o[g * hd..(g + 1) * hd] {
-                *x *= inv;
+        // 4. o_g += p[g][b] * v_{j0+b}, each value row read once for the whole group.
+        let block = &values[j0 * hd..(j0 + nb) * hd];
+        if hd == QWEN3_HEAD_DIM {
+            // Two heads at a time, their output rows held in registers for the block.
+            let mut g = 0;
+            while g < gn {
+                if gn - g >= 2 {
+                    add_values::<2, QWEN3_HEAD_DIM>(&mut o[g * hd..], &p[g..], block);
+                    g += 2;
+                } else {
+                    add_values::<1, QWEN3_HEAD_DIM>(&mut o[g * hd..], &p[g..], block);
+                    g += 1;
+                }
+            }
+        } else {
+            for (b, v) in block.chunks_exact(hd).enumerate() {
+                for g in 0..gn {
+                    let w = p[g][b];
+                    for (x, &vv) in o[g * hd..(g + 1) * hd].iter_mut().zip(v) {
+                        *x += w * vv;
+                    }
+                }
             }
         }
     }
+    run.m = m;
+    run.l = l;
 }
 
 /// `scores[b] = (q . k_b) * scale` for the [`KEY_TILE`] keys of one tile (`[head_dim][KEY_TILE]`).
@@ -303,7 +401,8 @@ mod tests {
         // Short: one block of keys. Long: several blocks (the online softmax's rescaling), a
         // group of 10 query heads (two passes of MAX_GROUP), and a head_dim with a remainder
         // after the lanes. Then a head_dim that is not a multiple of 4 (the scores' last
-        // dimensions), and Qwen3's 128 (the values summed in registers).
+        // dimensions), and Qwen3's 128 (the values summed in registers), last with queries on
+        // both sides of a chunk's end.
         for (s, start, t) in [
             (
                 AttentionShape {
@@ -345,6 +444,16 @@ mod tests {
                 60,
                 3,
             ),
+            (
+                AttentionShape {
+                    n_heads: 4,
+                    n_kv_heads: 2,
+                    head_dim: QWEN3_HEAD_DIM,
+                    context_len: 3 * KV_CHUNK,
+                },
+                2 * KV_CHUNK - 2,
+                4,
+            ),
         ] {
             check_against_naive(s, start, t);
         }
@@ -358,7 +467,7 @@ mod tests {
         let width = s.n_heads * s.head_dim;
         let q: Vec<f32> = (0..t * width).map(|_| lcg(&mut seed) * 2.0).collect();
         let mut out = vec![0f32; t * width];
-        attention(&mut out, &q, &tiled(&k, s), &v, s, start, t);
+        attention(&mut out, &q, &cache_of(&k, &v, s), s, start, t);
 
         let hd = s.head_dim;
         for i in 0..t {
@@ -385,27 +494,31 @@ mod tests {
         }
     }
 
-    /// Key-major keys `[n_kv_heads, context_len, head_dim]` in the tiled cache layout.
-    fn tiled(k: &[f32], s: AttentionShape) -> Vec<f32> {
-        let hd = s.head_dim;
-        let mut out = vec![f32::NAN; s.n_kv_heads * keys_len(&s)];
-        for (h, head) in out.chunks_exact_mut(keys_len(&s)).enumerate() {
-            for pos in 0..s.context_len {
-                let at = (h * s.context_len + pos) * hd;
-                store_key(head, pos, &k[at..at + hd]);
+    /// The chunks of a layer's cache holding key-major `k` and `v` (`[n_kv_heads, context_len,
+    /// head_dim]`), every float not written NaN (stale lanes must not leak into a result).
+    fn cache_of(k: &[f32], v: &[f32], s: AttentionShape) -> Vec<Vec<f32>> {
+        let (hd, n) = (s.head_dim, s.context_len);
+        let len = chunk_len(s.n_kv_heads, hd);
+        let mut chunks = vec![vec![f32::NAN; len]; n.div_ceil(KV_CHUNK)];
+        for h in 0..s.n_kv_heads {
+            for pos in 0..n {
+                let at = (h * n + pos) * hd;
+                let (k, v) = (&k[at..at + hd], &v[at..at + hd]);
+                store_kv(&mut chunks[pos / KV_CHUNK], h, pos, k, v);
             }
         }
-        out
+        chunks
     }
 
     /// Every compiled version of the attention body gives the same bits: the lanes make the
     /// order of every addition explicit. Run with head_dim 40 (the loop over memory) and 128
-    /// (the values summed in registers), a group of 3 (a pair and a single head), and keys that
-    /// end inside a tile whose other lanes hold NaN: they must not leak into the result.
+    /// (the values summed in registers), a group of 3 (a pair and a single head), and keys in two
+    /// chunks that end inside a tile whose other lanes hold NaN: they must not leak into the
+    /// result.
     #[test]
     fn every_isa_gives_identical_results() {
         for hd in [40, QWEN3_HEAD_DIM] {
-            let (group, n_keys) = (3, 150);
+            let (group, n_keys) = (3, 300);
             let s = AttentionShape {
                 n_heads: group,
                 n_kv_heads: 1,
@@ -416,12 +529,12 @@ mod tests {
             let q: Vec<f32> = (0..group * hd).map(|_| lcg(&mut seed) * 3.0).collect();
             let k: Vec<f32> = (0..n_keys * hd).map(|_| lcg(&mut seed)).collect();
             let v: Vec<f32> = (0..n_keys * hd).map(|_| lcg(&mut seed)).collect();
-            let k = tiled(&k, s);
+            let chunks = cache_of(&k, &v, s);
             let mut want = vec![0f32; group * hd];
-            attend_body(&mut want, &q, &k, &v, hd, 0.3);
+            attend_head(attend_body, &mut want, &q, &chunks, 0, n_keys, hd);
             assert!(want.iter().all(|x| x.is_finite()), "head_dim {hd}");
             let mut got = vec![0f32; group * hd];
-            attend_fn()(&mut got, &q, &k, &v, hd, 0.3);
+            attend_head(attend_fn(), &mut got, &q, &chunks, 0, n_keys, hd);
             assert_eq!(got, want, "head_dim {hd}");
         }
     }
