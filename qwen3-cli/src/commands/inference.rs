@@ -24,9 +24,9 @@ use std::path::PathBuf;
 
 /// Context length used when `-c` is not given: the model's maximum, capped, because the KV cache
 /// may grow to the whole context (Qwen3-0.6B at 4096 positions: 896 MiB of f32 keys and values;
-/// at its 40960 maximum it would be 8.75 GiB). The CPU cache starts at 128 positions and doubles
-/// as they fill (`qwen3_inference::backend::cpu::CpuKvCache`), so resident memory follows the
-/// positions actually used.
+/// at its 40960 maximum it would be 8.75 GiB). The CPU cache grows 256 positions at a time
+/// (`qwen3_inference::backend::cpu::CpuKvCache`), so resident memory follows the positions
+/// actually used.
 pub const DEFAULT_CONTEXT_CAP: usize = 4096;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
