@@ -125,7 +125,9 @@ fn attend_head<C: AsRef<[f32]>>(
         let q = &q[g0 * hd..(g0 + gn) * hd];
         let o = &mut out[g0 * hd..(g0 + gn) * hd];
         o.fill(0.0);
-        let mut run = Running {
+        let mut pass = Pass {
+            hd,
+            scale,
             m: [f32::NEG_INFINITY; MAX_GROUP],
             l: [0f32; MAX_GROUP],
         };
@@ -135,11 +137,11 @@ fn attend_head<C: AsRef<[f32]>>(
             // used.
             let (keys, values) = head_of(chunk.as_ref(), kv, hd);
             let n = (n_keys - c * KV_CHUNK).min(KV_CHUNK);
-            attend(o, q, keys, values, n, hd, scale, &mut run);
+            attend(o, q, keys, values, n, &mut pass);
         }
         // Normalise: o_g / l_g.
         for (g, o_g) in o.chunks_exact_mut(hd).enumerate() {
-            let inv = 1.0 / run.l[g];
+            let inv = 1.0 / pass.l[g];
             for x in o_g {
                 *x *= inv;
             }
@@ -156,25 +158,20 @@ fn head_of(chunk: &[f32], kv: usize, hd: usize) -> (&[f32], &[f32]) {
     )
 }
 
-/// Running maximum `m` and sum `l` of the online softmax, per query head of a pass.
-struct Running {
+/// One pass of up to [`MAX_GROUP`] query heads over their kv head's chunks: the head size, the
+/// scores' scale, and the online softmax's running maximum `m` and sum `l` per query head.
+struct Pass {
+    hd: usize,
+    scale: f32,
     m: [f32; MAX_GROUP],
     l: [f32; MAX_GROUP],
 }
 
 /// `o[g] += e^(score - m) v` over the keys of one chunk, for the query heads `g` of one pass
-/// (at most [`MAX_GROUP`]), updating `run` (see [`attend_body`]). `o`, `q`: `[heads, head_dim]`;
+/// (at most [`MAX_GROUP`]), updating `pass` (see [`attend_body`]). `o`, `q`: `[heads, head_dim]`;
 /// `keys`, `values`: one kv head's part of a chunk, of which the first `n_keys` positions count.
-type AttendFn = fn(
-    o: &mut [f32],
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    n_keys: usize,
-    hd: usize,
-    scale: f32,
-    run: &mut Running,
-);
+type AttendFn =
+    fn(o: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], n: usize, pass: &mut Pass);
 
 /// [`attend_body`] compiled for the best instruction set of this CPU, chosen once. The body is
 /// plain Rust whose loops are elementwise or written in independent lanes, which the compiler
@@ -188,13 +185,11 @@ fn attend_fn() -> AttendFn {
         {
             if is_x86_feature_detected!("avx512f") {
                 // SAFETY: only chosen when the CPU has AVX-512F.
-                return |o, q, k, v, n, hd, sc, r| unsafe {
-                    attend_avx512(o, q, k, v, n, hd, sc, r)
-                };
+                return |o, q, k, v, n, p| unsafe { attend_avx512(o, q, k, v, n, p) };
             }
             if is_x86_feature_detected!("avx2") {
                 // SAFETY: only chosen when the CPU has AVX2.
-                return |o, q, k, v, n, hd, sc, r| unsafe { attend_avx2(o, q, k, v, n, hd, sc, r) };
+                return |o, q, k, v, n, p| unsafe { attend_avx2(o, q, k, v, n, p) };
             }
         }
         attend_body
@@ -203,34 +198,14 @@ fn attend_fn() -> AttendFn {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_avx512(
-    o: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    n: usize,
-    hd: usize,
-    sc: f32,
-    r: &mut Running,
-) {
-    attend_body(o, q, k, v, n, hd, sc, r)
+unsafe fn attend_avx512(o: &mut [f32], q: &[f32], k: &[f32], v: &[f32], n: usize, p: &mut Pass) {
+    attend_body(o, q, k, v, n, p)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_avx2(
-    o: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    n: usize,
-    hd: usize,
-    sc: f32,
-    r: &mut Running,
-) {
-    attend_body(o, q, k, v, n, hd, sc, r)
+unsafe fn attend_avx2(o: &mut [f32], q: &[f32], k: &[f32], v: &[f32], n: usize, p: &mut Pass) {
+    attend_body(o, q, k, v, n, p)
 }
 
 /// Keys scored per step of the online softmax.
@@ -246,20 +221,18 @@ const MAX_GROUP: usize = 8;
 /// rounding, with no buffer of `n_keys` scores: long contexts cost the same per key as short
 /// ones. ([`attend_head`] takes the chunks in order and divides by `l`.)
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn attend_body(
     o: &mut [f32],
     q: &[f32],
     keys: &[f32],
     values: &[f32],
     n_keys: usize,
-    hd: usize,
-    scale: f32,
-    run: &mut Running,
+    pass: &mut Pass,
 ) {
+    let (hd, scale) = (pass.hd, pass.scale);
     let gn = q.len() / hd;
     // Local copies: as locals the compiler keeps them in registers across the blocks.
-    let (mut m, mut l) = (run.m, run.l);
+    let (mut m, mut l) = (pass.m, pass.l);
     let mut p = [[0f32; BLOCK]; MAX_GROUP];
     for j0 in (0..n_keys).step_by(BLOCK) {
         let nb = (n_keys - j0).min(BLOCK);
@@ -314,8 +287,8 @@ fn attend_body(
             }
         }
     }
-    run.m = m;
-    run.l = l;
+    pass.m = m;
+    pass.l = l;
 }
 
 /// `scores[b] = (q . k_b) * scale` for the [`KEY_TILE`] keys of one tile (`[head_dim][KEY_TILE]`).
