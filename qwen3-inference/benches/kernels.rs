@@ -145,10 +145,6 @@ fn bench_prefill(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
 }
 
 fn main() {
-    if std::env::var("ONLY_ATT").is_ok() {
-        bench_attention();
-        return;
-    }
     println!("dot-product kernels, one thread, weights streamed per second (median)");
     for d in available() {
         bench(&d, 256, 1024, 41); // 256 KB of q8: cache-resident

@@ -8,6 +8,7 @@
 use super::exp::exp;
 use super::lanes::sum;
 use rayon::prelude::*;
+use std::ops::Range;
 use std::sync::OnceLock;
 
 /// Keys are cached in tiles of this many positions, transposed: a tile holds `k[pos][d]` of
@@ -39,9 +40,10 @@ pub fn chunk_len(n_kv_heads: usize, head_dim: usize) -> usize {
 /// layer's chunk that holds `pos` (chunk `pos / KV_CHUNK`).
 pub fn store_kv(chunk: &mut [f32], h: usize, pos: usize, k: &[f32], v: &[f32]) {
     let hd = k.len();
-    let (all_keys, all_values) = chunk.split_at_mut(chunk.len() / 2);
-    let keys = &mut all_keys[h * KV_CHUNK * hd..][..KV_CHUNK * hd];
-    let values = &mut all_values[h * KV_CHUNK * hd..][..KV_CHUNK * hd];
+    let (key_range, value_range) = head_ranges(chunk.len(), h, hd);
+    let (keys, values) = chunk.split_at_mut(value_range.start);
+    let keys = &mut keys[key_range];
+    let values = &mut values[..KV_CHUNK * hd];
     let j = pos % KV_CHUNK;
     let tile = &mut keys[(j / KEY_TILE) * hd * KEY_TILE..][..hd * KEY_TILE];
     for (d, &x) in k.iter().enumerate() {
@@ -151,11 +153,15 @@ fn attend_head<C: AsRef<[f32]>>(
 
 /// Kv head `kv`'s keys (tiles) and values in a layer's chunk (see [`chunk_len`]).
 fn head_of(chunk: &[f32], kv: usize, hd: usize) -> (&[f32], &[f32]) {
-    let (all_keys, all_values) = chunk.split_at(chunk.len() / 2);
-    (
-        &all_keys[kv * KV_CHUNK * hd..][..KV_CHUNK * hd],
-        &all_values[kv * KV_CHUNK * hd..][..KV_CHUNK * hd],
-    )
+    let (keys, values) = head_ranges(chunk.len(), kv, hd);
+    (&chunk[keys], &chunk[values])
+}
+
+/// Where kv head `kv`'s keys and values lie in a layer's chunk of `len` floats: the keys of
+/// every head fill the first half, their values the second (see [`chunk_len`]).
+fn head_ranges(len: usize, kv: usize, hd: usize) -> (Range<usize>, Range<usize>) {
+    let (at, n) = (kv * KV_CHUNK * hd, KV_CHUNK * hd);
+    (at..at + n, len / 2 + at..len / 2 + at + n)
 }
 
 /// One pass of up to [`MAX_GROUP`] query heads over their kv head's chunks: the head size, the
