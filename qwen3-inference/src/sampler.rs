@@ -8,7 +8,9 @@
 
 use crate::format::GenerationDefaults;
 use crate::kernels::exp::exp;
+use crate::kernels::lanes;
 use anyhow::{bail, Result};
+use std::sync::OnceLock;
 
 /// The sampler's settings. Built from the model's generation_config.json defaults
 /// ([`SamplerConfig::from_defaults`]), then overridden by the command line.
@@ -138,8 +140,14 @@ pub struct Sampler {
     work: Vec<f32>,
     /// (logit, token) of the tokens still in the running.
     candidates: Vec<(f32, u32)>,
+    /// Room for top-p's bands of tokens, the size of the vocabulary (see [`nucleus`]).
+    scratch: Vec<(f32, u32)>,
+    /// The largest scaled logit of each block of [`TOP_P_BLOCK`] tokens.
+    block_max: Vec<f32>,
     /// exp(logit - max) of each candidate, for the draw.
     weights: Vec<f32>,
+    /// The draw's sums of [`DRAW_BLOCK`] weights at a time.
+    block_sums: Vec<f64>,
     /// `marks[token] == stamp` means "already penalised this call" (dedupes repeated ids).
     marks: Vec<u32>,
     stamp: u32,
@@ -155,7 +163,10 @@ impl Sampler {
             cfg,
             work: Vec::new(),
             candidates: Vec::new(),
+            scratch: Vec::new(),
+            block_max: Vec::new(),
             weights: Vec::new(),
+            block_sums: Vec::new(),
             marks: Vec::new(),
             stamp: 0,
             last_kept: 0,
@@ -175,6 +186,13 @@ impl Sampler {
     /// seen (prompt and generated: the repetition penalty looks at all of them, as in HF);
     /// `generated` is the generated part alone (the presence penalty's scope, as in OpenAI's API).
     pub fn sample(&mut self, logits: &[f32], context: &[u32], generated: &[u32]) -> u32 {
+        sample_fn()(self, logits, context, generated)
+    }
+
+    /// [`Sampler::sample`]. Inlined into the per-instruction-set versions of [`sample_fn`], with
+    /// every helper it calls on whole vocabularies.
+    #[inline(always)]
+    fn sample_body(&mut self, logits: &[f32], context: &[u32], generated: &[u32]) -> u32 {
         let vocab = logits.len();
         let (rp, pp) = (self.cfg.repetition_penalty, self.cfg.presence_penalty);
         if self.cfg.is_greedy() && rp == 1.0 && pp == 0.0 {
@@ -226,25 +244,41 @@ impl Sampler {
         // 3. Temperature: p ~ exp(l / T). Below 1 sharpens, above 1 flattens. It is applied
         //    inside the filter, to the candidates only: dividing by T > 0 keeps the order.
         let inv_t = 1.0 / self.cfg.temperature;
-        let max = filter(&self.cfg, src, inv_t, &mut self.candidates);
+        // The largest scaled logit: the draw's weights are exp(l - max), at most 1.
+        let max = max_value(src) * inv_t;
+        let cfg = &self.cfg;
+        let no_filter =
+            (cfg.top_k == 0 || cfg.top_k >= vocab) && cfg.top_p >= 1.0 && cfg.min_p <= 0.0;
+        if no_filter && max.is_finite() {
+            // 4a. Nothing to filter: draw from the whole vocabulary in proportion to
+            //     exp(l - max), the weights written straight from the logits (a loop the
+            //     compiler vectorizes), no candidate list.
+            self.weights.resize(vocab, 0.0);
+            for (w, &raw) in self.weights.iter_mut().zip(src) {
+                *w = exp(raw * inv_t - max);
+            }
+            self.last_kept = vocab;
+            let u = self.rng.next_f64();
+            return draw(&self.weights, u, &mut self.block_sums) as u32;
+        }
+        filter(
+            cfg,
+            src,
+            inv_t,
+            max,
+            &mut self.candidates,
+            &mut self.scratch,
+            &mut self.block_max,
+        );
         self.last_kept = self.candidates.len();
 
-        // 4. Draw from the kept candidates in proportion to exp(l - max): the weights once (a
-        //    loop the compiler vectorizes; with no filter it covers the whole vocabulary), their
-        //    total in f64, then a walk to where the uniform draw falls.
-        self.weights.clear();
-        self.weights
-            .extend(self.candidates.iter().map(|&(l, _)| exp(l - max)));
-        let total: f64 = self.weights.iter().map(|&w| w as f64).sum();
-        let mut r = self.rng.next_f64() * total;
-        for (&w, &(_, t)) in self.weights.iter().zip(&self.candidates) {
-            r -= w as f64;
-            if r < 0.0 {
-                return t;
-            }
+        // 4b. Draw from the kept candidates in proportion to exp(l - max).
+        self.weights.resize(self.candidates.len(), 0.0);
+        for (w, &(l, _)) in self.weights.iter_mut().zip(&self.candidates) {
+            *w = exp(l - max);
         }
-        // Rounding left a sliver of mass past the end: it belongs to the last candidate.
-        self.candidates.last().map_or(0, |&(_, t)| t)
+        let u = self.rng.next_f64();
+        self.candidates[draw(&self.weights, u, &mut self.block_sums)].1
     }
 
     fn next_stamp(&mut self) -> u32 {
@@ -257,123 +291,401 @@ impl Sampler {
     }
 }
 
-/// Leaves in `candidates` the tokens top-k, top-p and min-p keep, and returns the largest scaled
-/// logit (the argmax is always kept). Each filter keeps a prefix of the tokens sorted by
-/// probability, so the result is the shortest of the three prefixes; only that prefix is ever
-/// sorted, never the whole vocabulary. Works on `src * inv_t` (the temperature applied) without
-/// writing it out.
-fn filter(cfg: &SamplerConfig, src: &[f32], inv_t: f32, candidates: &mut Vec<(f32, u32)>) -> f32 {
-    let (top_k, top_p, min_p) = (cfg.top_k, cfg.top_p as f64, cfg.min_p);
-    // Scaled logit of token i: src[i] * inv_t, computed where a candidate is kept.
-    let max = max_value(src) * inv_t;
-    let desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-    let weight = |l: f32| exp(l - max) as f64;
+/// [`Sampler::sample`]'s signature, for [`sample_fn`].
+type SampleFn = fn(&mut Sampler, &[f32], &[u32], &[u32]) -> u32;
 
-    // top-k: the k largest logits, sorted. One pass that keeps the best k seen so far in a
-    // small sorted array: after the first few hundred tokens almost every logit fails the
-    // comparison with the k-th best. So the pass goes a block of logits at a time and skips a
-    // block whose largest logit fails it: one vectorized max per block instead of a branch per
-    // logit (docs/sampling.md has the before and after).
-    candidates.clear();
-    let mut sorted = false;
-    if top_k > 0 && top_k < src.len() {
-        const BLOCK: usize = 64;
-        for (b, block) in src.chunks(BLOCK).enumerate() {
-            if candidates.len() == top_k {
-                // Scaling by inv_t > 0 keeps the order, so the block's best scaled logit is
-                // its best logit scaled.
-                if max_value(block) * inv_t <= candidates[top_k - 1].0 {
-                    continue;
+/// [`Sampler::sample_body`] compiled for the best instruction set of this CPU, chosen once (as
+/// attention's kernel is, `kernels/attention.rs`). Its passes over the vocabulary (the maximum,
+/// the exponentials, top-p's bands, the draw's block sums) are plain loops that the compiler turns into
+/// vector instructions of the enabled width: SSE2 or NEON by default, AVX2 or AVX-512 in the
+/// wrappers below. The draws are identical in every version: the sums go in fixed lanes, and
+/// Rust never fuses a multiply and an add.
+fn sample_fn() -> SampleFn {
+    static F: OnceLock<SampleFn> = OnceLock::new();
+    *F.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") {
+                // SAFETY: only chosen when the CPU has AVX-512F.
+                return |s, l, c, g| unsafe { sample_avx512(s, l, c, g) };
+            }
+            if is_x86_feature_detected!("avx2") {
+                // SAFETY: only chosen when the CPU has AVX2.
+                return |s, l, c, g| unsafe { sample_avx2(s, l, c, g) };
+            }
+        }
+        Sampler::sample_body
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn sample_avx512(s: &mut Sampler, logits: &[f32], context: &[u32], gen: &[u32]) -> u32 {
+    s.sample_body(logits, context, gen)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sample_avx2(s: &mut Sampler, logits: &[f32], context: &[u32], gen: &[u32]) -> u32 {
+    s.sample_body(logits, context, gen)
+}
+
+/// Weights the draw sums at a time before it walks one by one.
+const DRAW_BLOCK: usize = 64;
+
+/// The index where the running sum of `weights` passes `u` times their total (`u` uniform in
+/// [0, 1)): index i with probability `weights[i] / total`.
+///
+/// A walk that subtracts one weight at a time is a chain of dependent f64 subtractions, about
+/// four cycles a weight (0.6 ms over the whole vocabulary). So the weights are summed
+/// [`DRAW_BLOCK`] at a time in independent lanes (vectorized), the total is the sum of those
+/// block sums, and the walk goes block by block, then one by one inside the block where `u`
+/// falls. `block_sums` is the caller's buffer, reused across tokens.
+#[inline(always)]
+fn draw(weights: &[f32], u: f64, block_sums: &mut Vec<f64>) -> usize {
+    block_sums.resize(weights.len().div_ceil(DRAW_BLOCK), 0.0);
+    let mut total = 0.0;
+    for (s, b) in block_sums.iter_mut().zip(weights.chunks(DRAW_BLOCK)) {
+        *s = lanes::sum(b) as f64;
+        total += *s;
+    }
+    let mut r = u * total;
+    for (b, &s) in block_sums.iter().enumerate() {
+        if r < s {
+            let block = &weights[b * DRAW_BLOCK..(b * DRAW_BLOCK + DRAW_BLOCK).min(weights.len())];
+            for (j, &w) in block.iter().enumerate() {
+                r -= w as f64;
+                if r < 0.0 {
+                    return b * DRAW_BLOCK + j;
                 }
+            }
+            // The lanes summed in another order than this walk: the sliver of rounding left
+            // belongs to the block's last weight.
+            return b * DRAW_BLOCK + block.len() - 1;
+        }
+        r -= s;
+    }
+    // Rounding left a sliver of mass past the end: it belongs to the last weight.
+    weights.len().saturating_sub(1)
+}
+
+/// Tokens per block of top-p's passes: each block's largest logit is kept, so a pass skips the
+/// blocks that hold no token it wants with one comparison.
+const TOP_P_BLOCK: usize = 64;
+/// A band of more tokens than this is halved before its cut is searched.
+const WIDE_BAND: usize = 1024;
+/// Depth of top-p's first band below the top token, in (temperature-scaled) logits; each band
+/// after it goes twice as deep.
+const FIRST_BAND: f32 = 0.5;
+
+/// top-p over the whole vocabulary, without sorting it.
+///
+/// A selection of the best 64, 256, ... tokens among all 151936 cost 1.5 ms a token at
+/// temperature 1.5, where nearly every token is within reach of the top one
+/// (docs/sampling.md). Instead:
+/// 1. One pass: `z`, the mass `exp(l - max)` of every token within reach, and the largest logit
+///    of each block of [`TOP_P_BLOCK`] tokens (loops the compiler vectorizes).
+/// 2. Bands of growing depth below the top token, `[max - 0.5, max]`, then down to `max - 1`,
+///    `max - 2`, ...: each pass takes the tokens of the next band from the blocks whose largest
+///    logit reaches it (the others are skipped), and adds up their mass. While the mass so far
+///    stays below `top_p * z`, every token of the band is in the nucleus (the mass of the
+///    tokens before each is below the target), unsorted.
+/// 3. In the band where the mass reaches the target, the cut falls: only that band is ordered,
+///    as far as the cut ([`cut_to_nucleus`]). A band of more than [`WIDE_BAND`] tokens is first
+///    halved by logit, as often as needed, keeping the half where the cut falls.
+///
+/// The bands' masses are f32 sums of 64 weights ([`mass_of`]) and the cut's walk adds weights
+/// in f64; they agree to about 1e-7, as closely as `exp` itself matches the exact exponential.
+///
+/// The nucleus is usually a few tokens near the top, so the bands' passes touch a few blocks.
+/// min-p's floor, when higher, stops the bands there: its prefix is then the shorter one.
+/// `scratch` and `block_max` are buffers of the caller's.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn nucleus(
+    src: &[f32],
+    inv_t: f32,
+    max: f32,
+    top_p: f64,
+    min_p_floor: f32,
+    candidates: &mut Vec<(f32, u32)>,
+    scratch: &mut Vec<(f32, u32)>,
+    block_max: &mut Vec<f32>,
+) {
+    // 1. z and the blocks' maxima. A token NEGLIGIBLE or more below the top one is out of reach
+    //    (see the constant); a block with none within reach is skipped whole.
+    let reach_floor = max - NEGLIGIBLE;
+    block_max.resize(src.len().div_ceil(TOP_P_BLOCK), 0.0);
+    let mut z = 0.0;
+    for (m, block) in block_max.iter_mut().zip(src.chunks(TOP_P_BLOCK)) {
+        *m = max_value(block) * inv_t;
+        if *m >= reach_floor {
+            z += lanes::sum_by(block, |raw| {
+                let l = raw * inv_t;
+                if l >= reach_floor {
+                    exp(l - max)
+                } else {
+                    0.0
+                }
+            }) as f64;
+        }
+    }
+    let target = top_p * z;
+
+    // 2. Bands, the tokens in [floor, upper). `scratch` has room for the whole vocabulary, so
+    //    a band is written without a branch per token: each token is stored at the band's end,
+    //    which moves on only when the token belongs (a branch would be mispredicted whenever
+    //    the band cuts through the bulk of the vocabulary).
+    scratch.resize(src.len(), (0.0, 0));
+    let lowest = reach_floor.max(min_p_floor);
+    candidates.clear();
+    let mut mass = 0.0;
+    let mut upper = f32::INFINITY;
+    let mut depth = FIRST_BAND;
+    loop {
+        let floor = (max - depth).max(lowest);
+        let mut n = 0;
+        for (k, (block, &m)) in src.chunks(TOP_P_BLOCK).zip(block_max.iter()).enumerate() {
+            if m < floor {
+                continue;
             }
             for (j, &raw) in block.iter().enumerate() {
                 let l = raw * inv_t;
-                let c = &mut *candidates;
-                if c.len() == top_k {
-                    if l <= c[top_k - 1].0 {
-                        continue;
-                    }
-                    c.pop();
-                }
-                let at = c.partition_point(|&(v, _)| v >= l);
-                c.insert(at, (l, (b * BLOCK + j) as u32));
+                scratch[n] = (l, (k * TOP_P_BLOCK + j) as u32);
+                n += (l >= floor && l < upper) as usize;
             }
         }
-        sorted = true;
-    } else if top_p < 1.0 || min_p > 0.0 {
-        // Top-p or min-p will cut the tail; tokens more than NEGLIGIBLE below the maximum
-        // cannot matter to either (see the constant), so they are not even collected.
-        let floor = max - NEGLIGIBLE;
-        candidates.extend(
-            src.iter()
-                .enumerate()
-                .map(|(i, &raw)| (raw * inv_t, i as u32))
-                .filter(|&(l, _)| l >= floor),
-        );
-    } else {
-        candidates.extend(
-            src.iter()
-                .enumerate()
-                .map(|(i, &raw)| (raw * inv_t, i as u32)),
-        );
+        let mut band = &mut scratch[..n];
+        let band_mass = mass_of(band, max);
+        if mass + band_mass >= target {
+            // 3. The cut is in this band. A wide band (a high temperature) is halved first, by
+            //    logit, keeping the half where the cut falls: the upper half goes whole into
+            //    the nucleus when its mass leaves the target unreached.
+            let (mut lo, mut hi) = (floor, upper.min(max + FIRST_BAND));
+            while band.len() > WIDE_BAND {
+                let mid = lo + (hi - lo) / 2.0;
+                if mid <= lo || mid >= hi {
+                    break; // the band is as narrow as f32 can make it
+                }
+                // The tokens at or above mid to the front, without a branch: [0, k) holds
+                // them, [k, i) the others.
+                let mut k = 0;
+                for i in 0..band.len() {
+                    let above = band[i].0 >= mid;
+                    band.swap(i, k);
+                    k += above as usize;
+                }
+                let (above, below) = band.split_at_mut(k);
+                let above_mass = mass_of(above, max);
+                if mass + above_mass >= target {
+                    band = above;
+                    lo = mid;
+                } else {
+                    candidates.extend_from_slice(above);
+                    mass += above_mass;
+                    band = below;
+                    hi = mid;
+                }
+            }
+            let kept = cut_to_nucleus(band, mass, target, max, false);
+            candidates.extend_from_slice(&band[..kept]);
+            return;
+        }
+        candidates.extend_from_slice(band);
+        mass += band_mass;
+        if floor <= lowest {
+            // Every token within reach (or above min-p's floor) is needed.
+            return;
+        }
+        upper = floor;
+        depth *= 2.0;
     }
+}
 
-    // top-p is measured against the distribution top-k left (HF renormalises after top-k).
-    let z: f64 = if top_p < 1.0 {
-        candidates.iter().map(|&(l, _)| weight(l)).sum()
-    } else {
-        0.0
-    };
-
-    // min-p: p_i >= min_p * p_max  <=>  l_i >= l_max + ln(min_p). Dropping these first is
-    // safe: min-p would drop them after top-p anyway, and top-p's cut only depends on the
+/// Leaves in `candidates` the tokens top-k, top-p and min-p keep (the argmax always among them);
+/// `max` is the largest scaled logit. Each filter keeps a prefix of the tokens sorted by
+/// probability, so the result is the shortest of the three prefixes. Nothing sorts the whole
+/// vocabulary: top-k keeps its k in order as it scans, top-p sorts only the tokens of the band
+/// where its cut falls ([`nucleus`]). Works on `src * inv_t` (the temperature applied) without
+/// writing it out.
+#[inline(always)]
+fn filter(
+    cfg: &SamplerConfig,
+    src: &[f32],
+    inv_t: f32,
+    max: f32,
+    candidates: &mut Vec<(f32, u32)>,
+    scratch: &mut Vec<(f32, u32)>,
+    block_max: &mut Vec<f32>,
+) {
+    let (top_k, top_p, min_p) = (cfg.top_k, cfg.top_p as f64, cfg.min_p);
+    // Scaled logit of token i: src[i] * inv_t, computed where a candidate is kept.
+    if !max.is_finite() {
+        // A temperature so small that the scaled logits overflow (or no finite logit at all):
+        // the limit of T -> 0 is greedy.
+        candidates.clear();
+        candidates.push((0.0, argmax(src) as u32));
+        return;
+    }
+    // min-p: p_i >= min_p * p_max  <=>  l_i >= l_max + ln(min_p). Dropping these before top-p's
+    // cut is safe: min-p would drop them after it anyway, and top-p's cut only depends on the
     // mass of tokens above it, which min-p never removes.
-    if min_p > 0.0 {
-        let floor = max + min_p.ln();
-        candidates.retain(|&(l, _)| l >= floor);
+    let min_p_floor = if min_p > 0.0 {
+        max + min_p.ln()
+    } else {
+        f32::NEG_INFINITY
+    };
+    candidates.clear();
+
+    if top_k > 0 && top_k < src.len() {
+        top_k_sorted(src, inv_t, top_k, candidates);
+        // top-p is measured against the distribution top-k left (HF renormalises after top-k).
+        let z: f64 = if top_p < 1.0 {
+            candidates.iter().map(|&(l, _)| weight(l, max)).sum()
+        } else {
+            0.0
+        };
+        candidates.retain(|&(l, _)| l >= min_p_floor);
+        if top_p < 1.0 {
+            let kept = cut_to_nucleus(candidates, 0.0, top_p * z, max, true);
+            candidates.truncate(kept);
+        }
+        return;
     }
 
-    // top-p: sort only a growing prefix (64, 256, ...) until its mass reaches top_p * z.
-    // The nucleus is usually a few dozen tokens, so this is one partial selection.
     if top_p < 1.0 {
-        let target = top_p * z;
-        let mut m = 64;
-        loop {
-            let n = candidates.len();
-            let prefix = m.min(n);
-            if !sorted {
-                if m < n {
-                    candidates.select_nth_unstable_by(m - 1, desc);
+        nucleus(
+            src,
+            inv_t,
+            max,
+            top_p,
+            min_p_floor,
+            candidates,
+            scratch,
+            block_max,
+        );
+        return;
+    }
+
+    // min-p alone: tokens more than NEGLIGIBLE below the maximum cannot pass (see the
+    // constant), so the floor is at least that. With no filter at all every token stays.
+    if min_p > 0.0 {
+        collect(src, inv_t, min_p_floor.max(max - NEGLIGIBLE), candidates);
+    } else {
+        collect(src, inv_t, f32::NEG_INFINITY, candidates);
+    }
+}
+
+/// Unnormalised probability of scaled logit `l`: `exp(l - max)`, summed in f64.
+#[inline(always)]
+fn weight(l: f32, max: f32) -> f64 {
+    exp(l - max) as f64
+}
+
+/// The summed weights of `c`, 64 at a time in f32 lanes (vectorized), the blocks' sums in f64.
+#[inline(always)]
+fn mass_of(c: &[(f32, u32)], max: f32) -> f64 {
+    let mut w = [0f32; 64];
+    let mut total = 0.0;
+    for block in c.chunks(64) {
+        for (wi, &(l, _)) in w.iter_mut().zip(block) {
+            *wi = exp(l - max);
+        }
+        total += lanes::sum(&w[..block.len()]) as f64;
+    }
+    total
+}
+
+/// `candidates` = (scaled logit, token) of every token whose scaled logit is at least `floor`.
+#[inline(always)]
+fn collect(src: &[f32], inv_t: f32, floor: f32, candidates: &mut Vec<(f32, u32)>) {
+    candidates.clear();
+    candidates.extend(
+        src.iter()
+            .enumerate()
+            .map(|(i, &raw)| (raw * inv_t, i as u32))
+            .filter(|&(l, _)| l >= floor),
+    );
+}
+
+/// Order of candidates: the most likely first, the lower id first on ties.
+fn descending(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
+    b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
+}
+
+/// top-k: the k largest scaled logits, sorted. One pass that keeps the best k seen so far in a
+/// small sorted array: after the first few hundred tokens almost every logit fails the
+/// comparison with the k-th best. So the pass goes a block of logits at a time and skips a
+/// block whose largest logit fails it: one vectorized max per block instead of a branch per
+/// logit (docs/sampling.md has the before and after).
+#[inline(always)]
+fn top_k_sorted(src: &[f32], inv_t: f32, top_k: usize, candidates: &mut Vec<(f32, u32)>) {
+    const BLOCK: usize = 64;
+    for (b, block) in src.chunks(BLOCK).enumerate() {
+        if candidates.len() == top_k {
+            // Scaling by inv_t > 0 keeps the order, so the block's best scaled logit is its
+            // best logit scaled.
+            if max_value(block) * inv_t <= candidates[top_k - 1].0 {
+                continue;
+            }
+        }
+        for (j, &raw) in block.iter().enumerate() {
+            let l = raw * inv_t;
+            let c = &mut *candidates;
+            if c.len() == top_k {
+                if l <= c[top_k - 1].0 {
+                    continue;
                 }
-                candidates[..prefix].sort_unstable_by(desc);
+                c.pop();
             }
-            // Keep token i while the mass of the tokens before it is below the target (HF
-            // keeps the token that crosses top_p): the smallest set reaching top_p.
-            let mut mass = 0.0;
-            let mut keep = None;
-            for (i, &(l, _)) in candidates[..prefix].iter().enumerate() {
-                if mass >= target {
-                    keep = Some(i);
-                    break;
-                }
-                mass += weight(l);
-            }
-            if let Some(k) = keep {
-                candidates.truncate(k.max(1));
-                return max;
-            }
-            if prefix == n {
-                return max; // every candidate is needed to reach top_p
-            }
-            m *= 4;
+            let at = c.partition_point(|&(v, _)| v >= l);
+            c.insert(at, (l, (b * BLOCK + j) as u32));
         }
     }
-    // No top-p: the draw does not need the candidates in order.
-    max
+}
+
+/// top-p's cut: how many of `candidates`, the most likely first, to keep while the mass before
+/// each is below `target` (HF keeps the token that crosses top_p): the smallest set reaching it.
+/// `mass_before` is the mass of the tokens already kept above these. All of them when together
+/// they stay below `target`; at least one.
+///
+/// Unless `sorted`, only a growing prefix (64, 256, ...) is selected and sorted until its mass
+/// reaches the target: the nucleus is usually a few dozen tokens. The kept ones end up first.
+#[inline(always)]
+fn cut_to_nucleus(
+    candidates: &mut [(f32, u32)],
+    mass_before: f64,
+    target: f64,
+    max: f32,
+    sorted: bool,
+) -> usize {
+    let mut m = 64;
+    loop {
+        let n = candidates.len();
+        let prefix = m.min(n);
+        if !sorted {
+            if m < n {
+                candidates.select_nth_unstable_by(m - 1, descending);
+            }
+            candidates[..prefix].sort_unstable_by(descending);
+        }
+        let mut mass = mass_before;
+        for (i, &(l, _)) in candidates[..prefix].iter().enumerate() {
+            if mass >= target {
+                return i.max(1);
+            }
+            mass += weight(l, max);
+        }
+        if prefix == n {
+            return n;
+        }
+        m *= 4;
+    }
 }
 
 /// The largest value (NaNs ignored), in 16 independent running maxima so that the compiler can
 /// keep them in vector registers (a single running `f32::max` is a chain it will not reorder).
+#[inline(always)]
 fn max_value(v: &[f32]) -> f32 {
     let mut m = [f32::NEG_INFINITY; 16];
     let chunks = v.chunks_exact(16);
@@ -391,6 +703,7 @@ fn max_value(v: &[f32]) -> f32 {
 
 /// Index of the largest value; the first one on ties. NaN is never the maximum (an all-NaN or
 /// empty slice gives 0).
+#[inline(always)]
 pub fn argmax(v: &[f32]) -> usize {
     // The largest value first (vectorized), then its first position.
     let m = max_value(v);
@@ -498,7 +811,16 @@ mod tests {
             let inside: std::collections::HashSet<usize> =
                 order[..nucleus].iter().copied().collect();
             let mut s = Sampler::new(cfg(1.0, 0, p, 0.0, 5)).unwrap();
-            filter(&s.cfg, &l, 1.0, &mut s.candidates);
+            let max = max_value(&l);
+            filter(
+                &s.cfg,
+                &l,
+                1.0,
+                max,
+                &mut s.candidates,
+                &mut s.scratch,
+                &mut s.block_max,
+            );
             assert_eq!(s.candidates.len(), nucleus, "n {n} p {p}");
             let mut seen = std::collections::HashSet::new();
             for _ in 0..4000 {
@@ -511,6 +833,152 @@ mod tests {
             }
             if nucleus <= 50 {
                 assert_eq!(seen.len(), nucleus, "every nucleus token is reachable");
+            }
+        }
+    }
+
+    /// The tokens top-p and min-p keep, from a full sort in f64 with the library `exp`: the
+    /// smallest set of most likely tokens whose probability reaches `p`, then the tokens of it
+    /// at least `min_p` times as likely as the top one.
+    fn reference_kept(l: &[f32], t: f32, p: f32, min_p: f32) -> Vec<u32> {
+        let scaled: Vec<f32> = l.iter().map(|&v| v * (1.0 / t)).collect();
+        let order = ranked(&scaled);
+        let max = scaled[order[0]] as f64;
+        let prob = |i: usize| (scaled[i] as f64 - max).exp();
+        let z: f64 = (0..l.len()).map(prob).sum();
+        let mut kept = Vec::new();
+        let mut mass = 0.0;
+        for &i in &order {
+            if mass >= p as f64 * z {
+                break;
+            }
+            kept.push(i as u32);
+            mass += prob(i);
+        }
+        kept.retain(|&i| prob(i as usize) >= min_p as f64);
+        kept.sort_unstable();
+        kept
+    }
+
+    /// Top-p over the whole vocabulary goes by bands and halves wide ones (`nucleus`): the kept
+    /// set must be exactly the reference's, from a few tokens to tens of thousands, with and
+    /// without min-p binding first.
+    #[test]
+    fn top_p_and_min_p_keep_exactly_the_reference_set() {
+        let vocab = 151936;
+        for (n, spread, t, p, min_p, spikes) in [
+            (vocab, 8.0, 1.0, 0.9, 0.0, false),
+            (vocab, 8.0, 1.5, 0.9, 0.0, false),
+            (vocab, 40.0, 0.6, 0.95, 0.0, false),
+            (vocab, 12.0, 1.0, 0.9, 0.0, true),
+            (vocab, 12.0, 1.5, 0.95, 0.0, true),
+            (vocab, 12.0, 0.7, 0.8, 0.0, true),
+            (vocab, 20.0, 1.0, 0.9, 0.05, false),
+            (vocab, 8.0, 1.0, 0.5, 0.3, false),
+            (vocab, 8.0, 1.0, 0.99, 0.5, false),
+            (vocab, 12.0, 1.0, 0.95, 0.1, true),
+            (3000, 12.0, 1.0, 0.9, 0.0, false),
+            (200, 2.0, 1.0, 0.5, 0.0, false),
+            (10, 1.0, 1.0, 0.99, 0.0, false),
+        ] {
+            let mut l = logits(n, spread);
+            if spikes {
+                // A few tokens far above the rest, as a trained model's logits have.
+                for (k, v) in l.iter_mut().step_by(9973).take(6).enumerate() {
+                    *v += 12.0 - k as f32;
+                }
+            }
+            let want = reference_kept(&l, t, p, min_p);
+            let mut s = Sampler::new(cfg(t, 0, p, min_p, 5)).unwrap();
+            let max = max_value(&l) * (1.0 / t);
+            filter(
+                &s.cfg,
+                &l,
+                1.0 / t,
+                max,
+                &mut s.candidates,
+                &mut s.scratch,
+                &mut s.block_max,
+            );
+            let mut got: Vec<u32> = s.candidates.iter().map(|&(_, i)| i).collect();
+            got.sort_unstable();
+            assert_eq!(
+                got.len(),
+                want.len(),
+                "n {n} spread {spread} T {t} p {p} min-p {min_p}"
+            );
+            assert_eq!(got, want, "n {n} spread {spread} T {t} p {p} min-p {min_p}");
+        }
+    }
+
+    /// The draw walks blocks of 64 weights, then the weights of one block: `u` picks the token
+    /// where the running sum passes `u * total`, across block ends too.
+    #[test]
+    fn draw_lands_where_the_running_sum_passes_u() {
+        let mut w = vec![0f32; 200];
+        (w[10], w[63], w[64], w[150], w[199]) = (1.0, 1.0, 2.0, 3.0, 1.0); // total 8
+        let mut sums = Vec::new();
+        for (u, want) in [
+            (0.0, 10),
+            (0.1, 10),
+            (0.13, 63),
+            (0.25, 64),
+            (0.49, 64),
+            (0.5, 150),
+            (0.87, 150),
+            (0.875, 199),
+            (0.999_999, 199),
+        ] {
+            assert_eq!(draw(&w, u, &mut sums), want, "u {u}");
+        }
+        assert_eq!(draw(&[0.5], 0.7, &mut sums), 0);
+    }
+
+    /// Each instruction set's build of the sampler draws the same tokens from the same seed.
+    #[test]
+    fn every_instruction_set_draws_the_same_tokens() {
+        let l = logits(151936, 12.0);
+        for c in [
+            cfg(1.0, 0, 1.0, 0.0, 11),
+            cfg(1.5, 0, 0.9, 0.0, 12),
+            cfg(0.6, 20, 0.95, 0.0, 13),
+            cfg(1.0, 0, 1.0, 0.02, 14),
+        ] {
+            let mut base = Sampler::new(c.clone()).unwrap();
+            let want: Vec<u32> = (0..20).map(|_| base.sample_body(&l, &[], &[])).collect();
+            #[cfg(target_arch = "x86_64")]
+            {
+                if is_x86_feature_detected!("avx2") {
+                    let mut s = Sampler::new(c.clone()).unwrap();
+                    // SAFETY: this CPU has AVX2.
+                    let got: Vec<u32> = (0..20)
+                        .map(|_| unsafe { sample_avx2(&mut s, &l, &[], &[]) })
+                        .collect();
+                    assert_eq!(got, want, "avx2, {c:?}");
+                }
+                if is_x86_feature_detected!("avx512f") {
+                    let mut s = Sampler::new(c.clone()).unwrap();
+                    // SAFETY: this CPU has AVX-512F.
+                    let got: Vec<u32> = (0..20)
+                        .map(|_| unsafe { sample_avx512(&mut s, &l, &[], &[]) })
+                        .collect();
+                    assert_eq!(got, want, "avx512, {c:?}");
+                }
+            }
+            let mut s = Sampler::new(c.clone()).unwrap();
+            let got: Vec<u32> = (0..20).map(|_| s.sample(&l, &[], &[])).collect();
+            assert_eq!(got, want, "dispatched, {c:?}");
+        }
+    }
+
+    /// A temperature so small that the scaled logits overflow is greedy, whatever the filters.
+    #[test]
+    fn a_vanishing_temperature_is_greedy() {
+        let l = [1.0f32, 3.0, 2.0, -1.0];
+        for (k, p, m) in [(0, 1.0, 0.0), (0, 0.9, 0.0), (2, 0.9, 0.1), (0, 1.0, 0.5)] {
+            let mut s = Sampler::new(cfg(1e-39, k, p, m, 1)).unwrap();
+            for _ in 0..10 {
+                assert_eq!(s.sample(&l, &[], &[]), 1, "top-k {k} top-p {p} min-p {m}");
             }
         }
     }

@@ -21,7 +21,7 @@ pub mod dot;
 mod elementwise;
 mod embedding;
 pub mod exp;
-mod lanes;
+pub(crate) mod lanes;
 mod matmul;
 mod rmsnorm;
 mod rope;
