@@ -20,12 +20,13 @@
 //! The measured figures are printed (`cargo test --test parity -- --nocapture`).
 
 use anyhow::Result;
-use qwen3_inference::backend::{AttentionShape, Backend, CpuBackend, RopeTable};
+use qwen3_inference::backend::{AttentionShape, Backend, CpuBackend, KvType, RopeTable};
 use qwen3_inference::format::reader::TensorData;
 use qwen3_inference::format::reader::TensorView;
 use qwen3_inference::format::writer::{ModelWriter, TensorSpec};
 use qwen3_inference::format::{expected_tensors, DType, ModelFile, TensorKind};
 use qwen3_inference::generate::generate;
+use qwen3_inference::kernels::attention::{Bf16, KvElem};
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::quant::quantize_q8;
 use qwen3_inference::sampler::argmax;
@@ -131,54 +132,77 @@ fn write_sign_flipped(exact: &ModelFile, stored: &ModelFile, seed: Option<u64>, 
     w.finish().unwrap();
 }
 
-/// The CPU backend with W8A8's activation rounding as noise, for the q8 noise draws: before every
-/// matrix product, each activation is moved by its own rounding error (per group of `group_size`,
-/// `quant.rs`'s rule, exactly what the q8 kernels do to it) with a random sign, the activations'
-/// counterpart of [`write_sign_flipped`]. The products themselves run in f32 on the perturbed
-/// values. q/k/v (and gate/up) see the same perturbed input, as they see the same quantized
-/// input in the q8 kernels.
-struct ActivationNoise<'a> {
+/// The CPU backend with a rounding of the computation replaced by noise of the same size, for the
+/// noise draws of [`noise_sigmas`] and [`kv_bf16_sigmas`]:
+/// - `w8a8_group`: W8A8's activation rounding. Before every matrix product, each activation is
+///   moved by its own rounding error (per group, `quant.rs`'s rule, exactly what the q8 kernels
+///   do to it) with a random sign, the activations' counterpart of [`write_sign_flipped`]. The
+///   products themselves run in f32 on the perturbed values. q/k/v (and gate/up) see the same
+///   perturbed input, as they see the same quantized input in the q8 kernels.
+/// - `kv_bf16`: the bf16 KV cache's rounding. Every key and value is moved by its own bf16
+///   rounding error with a random sign, then stored in an f32 cache.
+struct RoundingNoise<'a> {
     inner: CpuBackend<'a>,
-    group_size: usize,
+    w8a8_group: Option<usize>,
+    kv_bf16: bool,
     state: Cell<u64>,
     scratch: RefCell<Vec<f32>>,
 }
 
-impl ActivationNoise<'_> {
-    fn new(group_size: usize, seed: u64) -> Self {
-        ActivationNoise {
+impl RoundingNoise<'_> {
+    fn new(w8a8_group: Option<usize>, kv_bf16: bool, seed: u64) -> Self {
+        RoundingNoise {
             inner: CpuBackend::new(),
-            group_size,
+            w8a8_group,
+            kv_bf16,
             state: Cell::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xd1b5_4a32_d192_ed03),
             scratch: RefCell::new(Vec::new()),
         }
     }
 
-    /// `x[..n]` with every value moved by its rounding error, signs drawn at random.
+    /// `e` or `-e`, at random.
+    fn random_sign(&self, e: f32) -> f32 {
+        let s = self
+            .state
+            .get()
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.state.set(s);
+        if s >> 63 == 1 {
+            e
+        } else {
+            -e
+        }
+    }
+
+    /// `x[..n]` with every value moved by its W8A8 rounding error, signs drawn at random (as it
+    /// is without `w8a8_group`).
     fn perturbed(&self, x: &[f32], n: usize) -> std::cell::RefMut<'_, Vec<f32>> {
-        let gs = self.group_size;
         let mut out = self.scratch.borrow_mut();
         out.clear();
         out.extend_from_slice(&x[..n]);
+        let Some(gs) = self.w8a8_group else {
+            return out;
+        };
         let (mut q, mut scale) = (vec![0i8; gs], [0f32]);
         for group in out.chunks_exact_mut(gs) {
             quantize_q8(group, gs, &mut q, &mut scale);
             for (v, &qi) in group.iter_mut().zip(&q) {
-                let e = qi as f32 * scale[0] - *v;
-                let s = self
-                    .state
-                    .get()
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                self.state.set(s);
-                *v += if s >> 63 == 1 { e } else { -e };
+                *v += self.random_sign(qi as f32 * scale[0] - *v);
             }
         }
         out
     }
+
+    /// `x` with every value moved by its bf16 rounding error, signs drawn at random.
+    fn bf16_perturbed(&self, x: &[f32]) -> Vec<f32> {
+        x.iter()
+            .map(|&v| v + self.random_sign(Bf16::from_f32(v).to_f32() - v))
+            .collect()
+    }
 }
 
-impl<'a> Backend for ActivationNoise<'a> {
+impl<'a> Backend for RoundingNoise<'a> {
     type Tensor = TensorView<'a>;
     type Buf = Vec<f32>;
     type Rope = <CpuBackend<'a> as Backend>::Rope;
@@ -195,8 +219,9 @@ impl<'a> Backend for ActivationNoise<'a> {
         layers: usize,
         s: AttentionShape,
         max_batch: usize,
+        kv: KvType,
     ) -> Result<Self::KvCache> {
-        self.inner.kv_cache(layers, s, max_batch)
+        self.inner.kv_cache(layers, s, max_batch, kv)
     }
     fn copy(
         &self,
@@ -280,6 +305,10 @@ impl<'a> Backend for ActivationNoise<'a> {
         n_tok: usize,
         pos0: usize,
     ) -> Result<()> {
+        if self.kv_bf16 {
+            let (k, v) = (self.bf16_perturbed(k), self.bf16_perturbed(v));
+            return self.inner.store_kv(cache, layer, &k, &v, n_tok, pos0);
+        }
         self.inner.store_kv(cache, layer, k, v, n_tok, pos0)
     }
     fn attention(
@@ -354,7 +383,7 @@ fn noise_sigmas(
         for (ci, case) in refr.cases.iter().enumerate() {
             let noisy = match w8a8_group {
                 Some(gs) => {
-                    let backend = ActivationNoise::new(gs, seed * 1000 + ci as u64);
+                    let backend = RoundingNoise::new(Some(gs), false, seed * 1000 + ci as u64);
                     our_logits_on(&backend, &model, case).0
                 }
                 None => our_logits(&model, case).0,
@@ -444,14 +473,24 @@ fn our_logits_on<'m, B: Backend<Tensor = TensorView<'m>>>(
     model: &'m Model<'m>,
     case: &Case,
 ) -> (Vec<f32>, Vec<f32>) {
+    our_logits_kv(backend, model, case, KvType::F32)
+}
+
+/// [`our_logits_on`] with the KV cache in `kv`.
+fn our_logits_kv<'m, B: Backend<Tensor = TensorView<'m>>>(
+    backend: &'m B,
+    model: &'m Model<'m>,
+    case: &Case,
+    kv: KvType,
+) -> (Vec<f32>, Vec<f32>) {
     let vocab = model.config.vocab_size as usize;
     let n = case.greedy_ids.len();
     let seq = case.sequence();
     let ctx = seq.len() + 1;
-    let mut one = Session::with_backend(backend, model, ctx).unwrap();
+    let mut one = Session::with_kv_cache(backend, model, ctx, kv).unwrap();
     let full = one.forward_all_logits(&seq).unwrap();
 
-    let mut inc = Session::with_backend(backend, model, ctx).unwrap();
+    let mut inc = Session::with_kv_cache(backend, model, ctx, kv).unwrap();
     let mut stepwise = inc.forward_all_logits(&case.prompt_ids).unwrap();
     for &t in &case.greedy_ids[..n - 1] {
         stepwise.extend_from_slice(inc.forward(&[t]).unwrap());
@@ -638,6 +677,95 @@ fn check_fixture(name: &str) {
         );
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Per case and row, the sigma of the logits' change when every key and value is rounded to bf16:
+/// [`noise_sigmas`]' method with [`RoundingNoise`]'s `kv_bf16` noise, on the exact f32 model.
+fn kv_bf16_sigmas(model: &Model, refr: &Reference) -> Vec<Vec<f32>> {
+    let vocab = model.config.vocab_size as usize;
+    let base: Vec<Vec<f32>> = refr.cases.iter().map(|c| our_logits(model, c).0).collect();
+    let mut sum_sq: Vec<Vec<f64>> = base.iter().map(|b| vec![0.0; b.len() / vocab]).collect();
+    for seed in 0..DRAWS {
+        for (ci, case) in refr.cases.iter().enumerate() {
+            let backend = RoundingNoise::new(None, true, seed * 1000 + ci as u64);
+            let noisy = our_logits_on(&backend, model, case).0;
+            for (row, acc) in sum_sq[ci].iter_mut().enumerate() {
+                let span = row * vocab..(row + 1) * vocab;
+                *acc += noisy[span.clone()]
+                    .iter()
+                    .zip(&base[ci][span])
+                    .map(|(a, b)| ((a - b) as f64).powi(2))
+                    .sum::<f64>();
+            }
+        }
+    }
+    sum_sq
+        .iter()
+        .map(|rows| {
+            rows.iter()
+                .map(|&s| (s / (DRAWS as f64 * vocab as f64)).sqrt() as f32)
+                .collect()
+        })
+        .collect()
+}
+
+/// `--kv-cache bf16`: the f32 export with its keys and values rounded to bf16 in the cache, both
+/// ways (one pass, and prefill then decode), against HF's logits, within [`F32_TOL`] plus
+/// [`SIGMAS`] times the largest sigma of that rounding ([`kv_bf16_sigmas`]); top-1 as HF's
+/// wherever HF's gap exceeds twice the bound.
+fn check_kv_bf16(name: &str) {
+    let refr = load_reference(name);
+    let dir = tempdir("pq-parity-kv", name);
+    let path = export_as(name, &dir, DType::F32);
+    let file = ModelFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let vocab = model.config.vocab_size as usize;
+    let sigmas = kv_bf16_sigmas(&model, &refr);
+    let bound = export_bound(Some(&sigmas));
+    let (mut max_err, mut checked) = (0f32, 0);
+    for (ci, case) in refr.cases.iter().enumerate() {
+        let gaps: Vec<f32> = case
+            .prompt_top2_gap
+            .iter()
+            .chain(case.greedy_top2_gap.iter().skip(1))
+            .copied()
+            .collect();
+        let (full, stepwise) = our_logits_kv(&CpuBackend::new(), &model, case, KvType::Bf16);
+        for (row, hf) in case.logit_rows().iter().enumerate() {
+            let ours = &full[row * vocab..(row + 1) * vocab];
+            let ours_step = &stepwise[row * vocab..(row + 1) * vocab];
+            let err = max_abs(ours, hf).max(max_abs(ours_step, hf));
+            max_err = max_err.max(err);
+            assert!(
+                err <= bound,
+                "{name} bf16 KV case {ci} position {row}: max abs logit error {err:e} > bound {bound:e}"
+            );
+            if gaps[row] > 2.0 * bound {
+                checked += 1;
+                assert_eq!(
+                    argmax(ours),
+                    argmax(hf),
+                    "{name} bf16 KV case {ci} position {row}"
+                );
+            }
+        }
+    }
+    println!(
+        "{name} f32 weights, bf16 KV cache: bound {bound:.3e}, max abs logit error {max_err:.3e} ({:.0}% of bound), top-1 checked at {checked} positions",
+        100.0 * max_err / bound
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn kv_cache_in_bf16() {
+    for name in [
+        "tiny-f32-tied-gqa2",
+        "tiny-bf16-untied-mha",
+        "tiny-f16-sharded-gqa4",
+    ] {
+        check_kv_bf16(name);
+    }
 }
 
 #[test]

@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use qwen3_cuda::cuda::{device_count, CudaBackend};
 use qwen3_cuda::reference::ReferenceBackend;
-use qwen3_inference::backend::{AttentionShape, Backend, RopeTable};
+use qwen3_inference::backend::{AttentionShape, Backend, KvType, RopeTable};
 use qwen3_inference::format::{DType, ModelFile};
 use qwen3_inference::model::{Model, Session};
 
@@ -99,7 +99,7 @@ fn layer_ops<B: Upload>(
         head_dim: hd,
         context_len: ctx,
     };
-    let mut cache = b.kv_cache(1, shape, n).unwrap();
+    let mut cache = b.kv_cache(1, shape, n, KvType::F32).unwrap();
     let kc = b.upload(&values(ctx * nkv * hd, 2));
     let vc = b.upload(&values(ctx * nkv * hd, 3));
     b.store_kv(&mut cache, 0, &kc, &vc, ctx, 0).unwrap();

@@ -24,6 +24,7 @@
 //! 2 MiB of it is one huge page when the kernel has one to give.
 
 use memmap2::{Mmap, MmapMut};
+use std::marker::PhantomData;
 
 /// Asks the kernel to back `map` with huge pages where it can. A hint: errors (a kernel built
 /// without transparent huge pages says EINVAL) change nothing and are ignored.
@@ -44,44 +45,58 @@ pub fn huge_page_buffer(bytes: usize) -> std::io::Result<MmapMut> {
     Ok(map)
 }
 
-/// A fixed number of zeroed f32s in their own anonymous mapping, advised to use huge pages (see
+/// A fixed number of zeroed values in their own anonymous mapping, advised to use huge pages (see
 /// [`huge_page_buffer`]). Memory is committed as it is first touched, 2 MiB at a time where huge
 /// pages are given, 4 KiB otherwise.
-pub struct HugePageF32s {
+pub struct HugePages<T> {
     map: MmapMut,
     len: usize,
+    _values: PhantomData<T>,
 }
 
-impl HugePageF32s {
+/// f32s in huge pages: the weights' bandwidth buffer, and the KV cache's chunks in f32.
+pub type HugePageF32s = HugePages<f32>;
+
+impl<T: bytemuck::Pod> HugePages<T> {
     /// `len` zeros; an error when the bytes do not fit in the address space or cannot be mapped.
     pub fn zeroed(len: usize) -> std::io::Result<Self> {
         let bytes = len
-            .checked_mul(4)
+            .checked_mul(std::mem::size_of::<T>())
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
-        // A mapping cannot be empty; one byte stands in for zero floats.
+        // A mapping cannot be empty; one byte stands in for zero values.
         let map = huge_page_buffer(bytes.max(1))?;
-        Ok(HugePageF32s { map, len })
+        Ok(HugePages {
+            map,
+            len,
+            _values: PhantomData,
+        })
+    }
+
+    fn byte_len(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
     }
 }
 
-impl std::ops::Deref for HugePageF32s {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
-        // A mapping starts on a page boundary, so the cast meets f32's alignment; the length is a
-        // multiple of 4 bytes by construction.
-        bytemuck::cast_slice(&self.map[..self.len * 4])
+impl<T: bytemuck::Pod> std::ops::Deref for HugePages<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // A mapping starts on a page boundary, which meets the alignment of every `Pod` value
+        // type used here (f32, u16); the length is a whole number of values by construction.
+        // (`cast_slice` checks both and panics rather than misreading.)
+        bytemuck::cast_slice(&self.map[..self.byte_len()])
     }
 }
 
-impl AsRef<[f32]> for HugePageF32s {
-    fn as_ref(&self) -> &[f32] {
+impl<T: bytemuck::Pod> AsRef<[T]> for HugePages<T> {
+    fn as_ref(&self) -> &[T] {
         self
     }
 }
 
-impl std::ops::DerefMut for HugePageF32s {
-    fn deref_mut(&mut self) -> &mut [f32] {
-        bytemuck::cast_slice_mut(&mut self.map[..self.len * 4])
+impl<T: bytemuck::Pod> std::ops::DerefMut for HugePages<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        let n = self.byte_len();
+        bytemuck::cast_slice_mut(&mut self.map[..n])
     }
 }
 

@@ -12,8 +12,10 @@
 //! ceiling is what the machine streams at its best. Whether the weights got huge pages depends on
 //! the kernel and the page cache, so the share of them that did is printed too.
 
+use super::inference::KvCacheArg;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use qwen3_inference::backend::KvType;
 use qwen3_inference::format::{ModelFile, TensorKind};
 use qwen3_inference::kernels::dot::dots;
 use qwen3_inference::model::{Model, Session};
@@ -40,6 +42,9 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// What the KV cache stores keys and values as (as `qwen3 inference --kv-cache`).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub kv_cache: KvCacheArg,
 }
 
 /// Median and (max - min) of a sample.
@@ -101,10 +106,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // Bytes a decode step reads: every matrix and norm once (the classifier is the embedding
     // table when tied, already counted).
     let weight_bytes: u64 = file.header().tensors.iter().map(|t| t.nbytes).sum();
-    // The KV cache a decode step reads: keys and values (f32) of every layer and kv head, for
-    // positions 0 ..= p. Averaged over the decoded tokens, at positions prompt .. prompt + n.
-    let kv_per_position =
-        2 * c.num_hidden_layers as u64 * c.num_key_value_heads as u64 * c.head_dim as u64 * 4;
+    // The KV cache a decode step reads: keys and values (f32 or bf16) of every layer and kv
+    // head, for positions 0 ..= p. Averaged over the decoded tokens, at positions prompt ..
+    // prompt + n.
+    let kv: KvType = args.kv_cache.into();
+    let kv_per_position = 2
+        * c.num_hidden_layers as u64
+        * c.num_key_value_heads as u64
+        * c.head_dim as u64
+        * kv.bytes() as u64;
     let kv_bytes = kv_per_position as f64 * (args.prompt as f64 + (args.decode as f64 + 1.0) / 2.0);
     let bytes_per_token = weight_bytes as f64 + kv_bytes;
     let matrices = qwen3_inference::format::expected_tensors(c)
@@ -140,7 +150,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .context("cannot start the thread pool")?;
         let (mut pre, mut dec, mut bws, mut fracs) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut session = pool.install(|| Session::new(&model, ctx))?;
+        let mut session = pool.install(|| Session::with_kv(&model, ctx, kv))?;
         for _ in 0..args.repeats {
             let bandwidth = measure_bandwidth(&pool, &buf);
             pool.install(|| -> Result<()> {
@@ -195,6 +205,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "bytes_per_token": bytes_per_token,
             "weight_bytes": weight_bytes,
             "kv_bytes_per_token": kv_bytes,
+            "kv_cache": format!("{kv:?}").to_lowercase(),
             "prompt_tokens": args.prompt,
             "decode_tokens": args.decode,
             "repeats": args.repeats,
@@ -207,12 +218,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{}: {} {} matrices; a decoded token reads {:.1} MB of weights and {:.1} MB of KV cache on average; kernels {isa}; {} repeats, medians (spread)",
+        "{}: {} {} matrices; a decoded token reads {:.1} MB of weights and {:.1} MB of KV cache ({}) on average; kernels {isa}; {} repeats, medians (spread)",
         args.model.display(),
         matrices,
         c.dtype,
         weight_bytes as f64 / 1e6,
         kv_bytes / 1e6,
+        format!("{kv:?}").to_lowercase(),
         args.repeats
     );
     let share = |p: Option<PageShare>| {

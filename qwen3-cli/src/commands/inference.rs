@@ -12,7 +12,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use qwen3_cuda::device::check_available;
 use qwen3_cuda::Device;
-use qwen3_inference::backend::Backend;
+use qwen3_inference::backend::{Backend, KvType};
 use qwen3_inference::chat::{ChatTemplate, Conversation};
 use qwen3_inference::format::{companion_paths, ModelConfig, ModelFile};
 use qwen3_inference::generate::{generate, StopReason};
@@ -35,6 +35,25 @@ pub enum Mode {
     Generate,
     /// A conversation in the terminal (or one user message per line of piped stdin).
     Chat,
+}
+
+/// `--kv-cache`: what the KV cache stores keys and values as.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KvCacheArg {
+    /// f32: attention exactly as HF's float32 reference.
+    F32,
+    /// bf16: half the memory, and half the bytes attention reads a token; keys and values
+    /// rounded to bf16 (8 significant bits).
+    Bf16,
+}
+
+impl From<KvCacheArg> for KvType {
+    fn from(k: KvCacheArg) -> KvType {
+        match k {
+            KvCacheArg::F32 => KvType::F32,
+            KvCacheArg::Bf16 => KvType::Bf16,
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -84,6 +103,10 @@ pub struct InferenceArgs {
     /// Default: the model's maximum, capped at 4096.
     #[arg(short = 'c', long)]
     pub context: Option<usize>,
+    /// What the KV cache stores keys and values as: f32 (exact) or bf16 (half the memory and
+    /// of what attention reads at long contexts; CPU only).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub kv_cache: KvCacheArg,
     /// Print the prompt before the completion.
     #[arg(long)]
     pub echo: bool,
@@ -143,13 +166,16 @@ pub fn run(args: InferenceArgs) -> Result<()> {
     match device {
         Device::Cpu => {
             let model = Model::load(&file)?;
-            let session = Session::new(&model, context_len)?;
+            let session = Session::with_kv(&model, context_len, args.kv_cache.into())?;
             let about = format!(
                 "cpu, threads: {}, dot products: {}",
                 qwen3_inference::kernels::threads(),
                 qwen3_inference::kernels::dot::dots().isa
             );
             run_job(&args, session, job, &about)
+        }
+        Device::Cuda(_) if args.kv_cache != KvCacheArg::F32 => {
+            bail!("--kv-cache bf16 is for --device cpu: the CUDA backend keeps its KV cache in f32")
         }
         Device::Cuda(ordinal) => cuda::run(&args, &file, ordinal, context_len, job),
     }
@@ -257,9 +283,13 @@ fn generate_text<B: Backend>(
             c.vocab_size
         );
         eprintln!(
-            "context: {context_len} positions (model max {}); KV cache up to {:.1} MiB (f32)",
+            "context: {context_len} positions (model max {}); KV cache up to {:.1} MiB ({})",
             c.max_position_embeddings,
-            session.kv_cache_bytes() as f64 / (1u64 << 20) as f64
+            session.kv_cache_bytes() as f64 / (1u64 << 20) as f64,
+            match session.kv_type() {
+                KvType::F32 => "f32",
+                KvType::Bf16 => "bf16",
+            }
         );
         eprintln!("eos ids: {eos_ids:?}");
         let s = sampler.config();

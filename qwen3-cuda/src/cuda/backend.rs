@@ -16,7 +16,7 @@ use crate::kernels::{
 };
 use anyhow::{bail, ensure, Result};
 use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
-use qwen3_inference::backend::{AttentionShape, Backend, RopeTable};
+use qwen3_inference::backend::{AttentionShape, Backend, KvType, RopeTable};
 use qwen3_inference::format::{DType, ModelFile};
 
 pub struct CudaBackend {
@@ -110,7 +110,11 @@ impl Backend for CudaBackend {
         layers: usize,
         shape: AttentionShape,
         max_batch: usize,
+        kv: KvType,
     ) -> Result<CudaKvCache> {
+        if kv != KvType::F32 {
+            bail!("this backend keeps its KV cache in f32 only; --kv-cache {kv:?} is for the CPU");
+        }
         let len = shape.context_len * shape.n_kv_heads * shape.head_dim;
         let per_layer =
             || -> Result<Vec<CudaSlice<f32>>> { (0..layers).map(|_| self.alloc(len)).collect() };

@@ -8,8 +8,8 @@
 
 use super::attention::AttentionShape as KernelShape;
 use crate::reference;
-use anyhow::{ensure, Result};
-use qwen3_inference::backend::{AttentionShape, Backend, RopeTable};
+use anyhow::{bail, ensure, Result};
+use qwen3_inference::backend::{AttentionShape, Backend, KvType, RopeTable};
 use qwen3_inference::format::reader::{TensorData, TensorView};
 use std::marker::PhantomData;
 
@@ -66,7 +66,11 @@ impl<'a> Backend for ReferenceBackend<'a> {
         layers: usize,
         shape: AttentionShape,
         _max_batch: usize,
+        kv: KvType,
     ) -> Result<ReferenceKvCache> {
+        if kv != KvType::F32 {
+            bail!("this backend keeps its KV cache in f32 only; --kv-cache {kv:?} is for the CPU");
+        }
         let len = shape.context_len * shape.n_kv_heads * shape.head_dim;
         Ok(ReferenceKvCache {
             k: vec![vec![0.0; len]; layers],

@@ -7,8 +7,8 @@
 use super::{AttentionShape, Backend, RopeTable};
 use crate::format::reader::{TensorData, TensorView};
 use crate::kernels;
-use crate::kernels::attention::{chunk_len, store_kv, KV_CHUNK};
-use crate::pages::HugePageF32s;
+use crate::kernels::attention::{chunk_len, store_kv, Bf16, KvElem, KvType, KV_CHUNK};
+use crate::pages::HugePages;
 use anyhow::{bail, Context, Result};
 use std::marker::PhantomData;
 
@@ -25,8 +25,9 @@ impl CpuBackend<'_> {
 
 /// The KV cache of every layer: per layer, a list of chunks of `KV_CHUNK` positions
 /// (`kernels::attention::chunk_len` says their layout: every kv head's keys in transposed tiles,
-/// then every kv head's values), each chunk its own [`HugePageF32s`] (2 MiB, one huge page, for
-/// Qwen3's shapes; docs/performance.md says what huge pages buy attention).
+/// then every kv head's values), each chunk its own [`HugePages`] (in f32, 2 MiB, one huge page,
+/// for Qwen3's shapes; docs/performance.md says what huge pages buy attention). The elements are
+/// f32 or bf16, as the session asked ([`KvType`]).
 ///
 /// The cache grows a chunk at a time and never moves what it holds, so a long conversation costs
 /// no copy, and memory is committed as positions arrive, not for the whole context at once (for
@@ -35,10 +36,16 @@ impl CpuBackend<'_> {
 /// a chunk for every layer at once: each layer allocates its next chunk ahead, at its own
 /// position in the second half of the current one ([`ahead_at`]), one layer every few tokens.
 pub struct CpuKvCache {
-    /// `chunks[layer][c]` holds positions `c * KV_CHUNK .. (c + 1) * KV_CHUNK` of the layer.
-    chunks: Vec<Vec<HugePageF32s>>,
+    chunks: KvChunks,
     /// The session's shape; `context_len` is the most positions the cache will ever hold.
     shape: AttentionShape,
+}
+
+/// `[layer][c]`: chunk `c` of each layer, holding positions `c * KV_CHUNK .. (c + 1) * KV_CHUNK`,
+/// in the cache's element type.
+enum KvChunks {
+    F32(Vec<Vec<HugePages<f32>>>),
+    Bf16(Vec<Vec<HugePages<Bf16>>>),
 }
 
 /// The position within a chunk at which `layer` (of `layers`) allocates its next chunk: spread
@@ -49,49 +56,95 @@ fn ahead_at(layer: usize, layers: usize) -> usize {
 }
 
 impl CpuKvCache {
-    /// An empty cache of `layers` layers for `shape`: the first token allocates the first chunks.
-    fn new(layers: usize, shape: AttentionShape) -> CpuKvCache {
-        CpuKvCache {
-            chunks: (0..layers).map(|_| Vec::new()).collect(),
-            shape,
-        }
+    /// An empty cache of `layers` layers for `shape`, in elements of `kv`: the first token
+    /// allocates the first chunks.
+    fn new(layers: usize, shape: AttentionShape, kv: KvType) -> CpuKvCache {
+        let chunks = match kv {
+            KvType::F32 => KvChunks::F32((0..layers).map(|_| Vec::new()).collect()),
+            KvType::Bf16 => KvChunks::Bf16((0..layers).map(|_| Vec::new()).collect()),
+        };
+        CpuKvCache { chunks, shape }
     }
 
     /// Makes sure layer `layer` holds chunks for positions `0..positions`, plus its next chunk
     /// once `positions` passes the layer's [`ahead_at`] in the last one.
     fn reserve(&mut self, layer: usize, positions: usize) -> Result<()> {
-        let context = self.shape.context_len;
-        if positions > context {
-            bail!("{positions} positions do not fit a KV cache of {context} (a bug in the caller)");
+        match &mut self.chunks {
+            KvChunks::F32(c) => reserve(c, layer, positions, self.shape),
+            KvChunks::Bf16(c) => reserve(c, layer, positions, self.shape),
         }
-        let len = chunk_len(self.shape.n_kv_heads, self.shape.head_dim);
-        let layers = self.chunks.len();
-        let chunks = &mut self.chunks[layer];
-        let mut want = positions.div_ceil(KV_CHUNK);
-        let last = positions.saturating_sub(1);
-        if last % KV_CHUNK >= ahead_at(layer, layers) && want * KV_CHUNK < context {
-            want += 1;
-        }
-        while chunks.len() < want {
-            let mut chunk = HugePageF32s::zeroed(len).with_context(|| {
-                format!(
-                    "cannot allocate {:.1} MiB for the KV cache",
-                    len as f64 * 4.0 / 1048576.0
-                )
-            })?;
-            // Commit it now: touching its pages here, not at the token that first needs it,
-            // is what spreads the cost (see the type's comment). The writes are what commit.
-            chunk.fill(0.0);
-            chunks.push(chunk);
-        }
-        Ok(())
     }
 
-    /// Floats the cache holds now, for every layer.
+    /// Elements the cache holds now, for every layer.
     #[cfg(test)]
     fn allocated(&self) -> usize {
         let len = chunk_len(self.shape.n_kv_heads, self.shape.head_dim);
-        self.chunks.iter().map(|c| c.len() * len).sum()
+        let chunks = match &self.chunks {
+            KvChunks::F32(c) => c.iter().map(Vec::len).sum::<usize>(),
+            KvChunks::Bf16(c) => c.iter().map(Vec::len).sum(),
+        };
+        chunks * len
+    }
+}
+
+/// [`CpuKvCache::reserve`] for one element type.
+fn reserve<T: KvElem>(
+    layers_chunks: &mut [Vec<HugePages<T>>],
+    layer: usize,
+    positions: usize,
+    shape: AttentionShape,
+) -> Result<()> {
+    let context = shape.context_len;
+    if positions > context {
+        bail!("{positions} positions do not fit a KV cache of {context} (a bug in the caller)");
+    }
+    let len = chunk_len(shape.n_kv_heads, shape.head_dim);
+    let layers = layers_chunks.len();
+    let chunks = &mut layers_chunks[layer];
+    let mut want = positions.div_ceil(KV_CHUNK);
+    let last = positions.saturating_sub(1);
+    if last % KV_CHUNK >= ahead_at(layer, layers) && want * KV_CHUNK < context {
+        want += 1;
+    }
+    while chunks.len() < want {
+        let mut chunk = HugePages::<T>::zeroed(len).with_context(|| {
+            format!(
+                "cannot allocate {:.1} MiB for the KV cache",
+                (len * std::mem::size_of::<T>()) as f64 / 1048576.0
+            )
+        })?;
+        // Commit it now: touching its pages here, not at the token that first needs it, is what
+        // spreads the cost (see the type's comment). The writes are what commit.
+        chunk.fill(T::zeroed());
+        chunks.push(chunk);
+    }
+    Ok(())
+}
+
+/// `n_tok` tokens' keys and values (`[n_tok, n_kv_heads, head_dim]`) into positions `pos0 ..` of
+/// one layer's chunks: token i's kv head h to position `pos0 + i` of the chunk that holds it, the
+/// value to its row, the key to its tile's column.
+fn store_tokens<T: KvElem>(
+    chunks: &mut [HugePages<T>],
+    shape: AttentionShape,
+    k: &[f32],
+    v: &[f32],
+    n_tok: usize,
+    pos0: usize,
+) {
+    let (nkv, hd) = (shape.n_kv_heads, shape.head_dim);
+    for i in 0..n_tok {
+        let pos = pos0 + i;
+        for h in 0..nkv {
+            let src = (i * nkv + h) * hd..(i * nkv + h + 1) * hd;
+            store_kv(
+                &mut chunks[pos / KV_CHUNK],
+                h,
+                pos,
+                &k[src.clone()],
+                &v[src],
+            );
+        }
     }
 }
 
@@ -116,8 +169,14 @@ impl<'a> Backend for CpuBackend<'a> {
         Ok(table)
     }
 
-    fn kv_cache(&self, layers: usize, s: AttentionShape, _max_batch: usize) -> Result<CpuKvCache> {
-        Ok(CpuKvCache::new(layers, s))
+    fn kv_cache(
+        &self,
+        layers: usize,
+        s: AttentionShape,
+        _max_batch: usize,
+        kv: KvType,
+    ) -> Result<CpuKvCache> {
+        Ok(CpuKvCache::new(layers, s, kv))
     }
 
     fn copy(
@@ -224,23 +283,11 @@ impl<'a> Backend for CpuBackend<'a> {
         n_tok: usize,
         pos0: usize,
     ) -> Result<()> {
-        // Token i's key and value of kv head h go to position pos0 + i of the layer's chunk
-        // that holds it: the value to its row, the key to its tile's column.
         cache.reserve(layer, pos0 + n_tok)?;
-        let (nkv, hd) = (cache.shape.n_kv_heads, cache.shape.head_dim);
-        let chunks = &mut cache.chunks[layer];
-        for i in 0..n_tok {
-            let pos = pos0 + i;
-            for h in 0..nkv {
-                let src = (i * nkv + h) * hd..(i * nkv + h + 1) * hd;
-                store_kv(
-                    &mut chunks[pos / KV_CHUNK],
-                    h,
-                    pos,
-                    &k[src.clone()],
-                    &v[src],
-                );
-            }
+        let shape = cache.shape;
+        match &mut cache.chunks {
+            KvChunks::F32(c) => store_tokens(&mut c[layer], shape, k, v, n_tok, pos0),
+            KvChunks::Bf16(c) => store_tokens(&mut c[layer], shape, k, v, n_tok, pos0),
         }
         Ok(())
     }
@@ -256,7 +303,11 @@ impl<'a> Backend for CpuBackend<'a> {
     ) -> Result<()> {
         let s = cache.shape;
         let n = n_tok * s.n_heads * s.head_dim;
-        kernels::attention(&mut out[..n], &q[..n], &cache.chunks[layer], s, pos0, n_tok);
+        let (out, q) = (&mut out[..n], &q[..n]);
+        match &cache.chunks {
+            KvChunks::F32(c) => kernels::attention(out, q, &c[layer], s, pos0, n_tok),
+            KvChunks::Bf16(c) => kernels::attention(out, q, &c[layer], s, pos0, n_tok),
+        }
         Ok(())
     }
 
@@ -288,10 +339,41 @@ mod tests {
         assert!(staging.is_empty());
     }
 
+    /// Chunks of `layer` the cache holds.
+    fn chunks_of(cache: &CpuKvCache, layer: usize) -> usize {
+        match &cache.chunks {
+            KvChunks::F32(c) => c[layer].len(),
+            KvChunks::Bf16(c) => c[layer].len(),
+        }
+    }
+
+    /// Where chunk `c` of `layer` lies in memory.
+    fn chunk_at(cache: &CpuKvCache, layer: usize, c: usize) -> *const u8 {
+        match &cache.chunks {
+            KvChunks::F32(ch) => ch[layer][c].as_ptr() as *const u8,
+            KvChunks::Bf16(ch) => ch[layer][c].as_ptr() as *const u8,
+        }
+    }
+
+    /// Element `i` of chunk `c` of `layer`, as an f32.
+    fn element(cache: &CpuKvCache, layer: usize, c: usize, i: usize) -> f32 {
+        match &cache.chunks {
+            KvChunks::F32(ch) => ch[layer][c][i],
+            KvChunks::Bf16(ch) => ch[layer][c][i].to_f32(),
+        }
+    }
+
     /// `store_kv` writes token i's kv head h at position `pos0 + i`, in the chunk that holds it,
-    /// in the layout attention reads: per head, keys in transposed tiles, then values key-major.
+    /// in the layout attention reads: per head, keys in transposed tiles, then values key-major;
+    /// in f32 and in bf16 (the test's values are small integers, exact in both).
     #[test]
     fn store_kv_writes_into_the_chunk_of_each_position() {
+        for kv in [KvType::F32, KvType::Bf16] {
+            store_kv_writes(kv);
+        }
+    }
+
+    fn store_kv_writes(kv: KvType) {
         let b = CpuBackend::new();
         let shape = AttentionShape {
             n_heads: 4,
@@ -299,7 +381,7 @@ mod tests {
             head_dim: 3,
             context_len: 2 * KV_CHUNK,
         };
-        let mut cache = b.kv_cache(2, shape, 2).unwrap();
+        let mut cache = b.kv_cache(2, shape, 2, kv).unwrap();
         // Two tokens, [2 tokens, 2 kv heads, 3]: value = 100 * token + 10 * head + i, at the
         // last position of chunk 0 and the first of chunk 1.
         let k: Vec<f32> = (0..12)
@@ -308,21 +390,22 @@ mod tests {
         let v: Vec<f32> = k.iter().map(|x| -x).collect();
         let pos0 = KV_CHUNK - 1;
         b.store_kv(&mut cache, 1, &k, &v, 2, pos0).unwrap();
-        assert!(cache.chunks[0].is_empty());
-        let chunks = &cache.chunks[1];
-        assert_eq!(chunks.len(), 2);
+        assert_eq!(chunks_of(&cache, 0), 0);
+        assert_eq!(chunks_of(&cache, 1), 2);
         let head_len = KV_CHUNK * 3;
         for (token, head) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
             let (pos, want) = (pos0 + token, (100 * token + 10 * head) as f32);
-            let (chunk, j) = (&chunks[pos / KV_CHUNK], pos % KV_CHUNK);
+            let (c, j) = (pos / KV_CHUNK, pos % KV_CHUNK);
             // Both heads' keys, then both heads' values.
-            let keys = &chunk[head * head_len..][..head_len];
-            let values = &chunk[(2 + head) * head_len..][..head_len];
-            let tile = &keys[(j / KEY_TILE) * 3 * KEY_TILE..];
+            let key = |i: usize| {
+                let tile = head * head_len + (j / KEY_TILE) * 3 * KEY_TILE;
+                element(&cache, 1, c, tile + i * KEY_TILE + j % KEY_TILE)
+            };
+            let value = |i: usize| element(&cache, 1, c, (2 + head) * head_len + j * 3 + i);
             for i in 0..3 {
-                assert_eq!(tile[i * KEY_TILE + j % KEY_TILE], want + i as f32);
+                assert_eq!(key(i), want + i as f32, "{kv:?}");
+                assert_eq!(value(i), -want - i as f32, "{kv:?}");
             }
-            assert_eq!(values[j * 3..j * 3 + 3], [-want, -want - 1.0, -want - 2.0]);
         }
     }
 
@@ -332,6 +415,12 @@ mod tests {
     /// across chunk ends.
     #[test]
     fn the_cache_grows_by_chunks_allocated_ahead() {
+        for kv in [KvType::F32, KvType::Bf16] {
+            cache_grows(kv);
+        }
+    }
+
+    fn cache_grows(kv_type: KvType) {
         let b = CpuBackend::new();
         let layers = 3;
         let shape = AttentionShape {
@@ -358,7 +447,7 @@ mod tests {
             out
         };
 
-        let mut stepped = CpuKvCache::new(layers, shape);
+        let mut stepped = CpuKvCache::new(layers, shape, kv_type);
         let mut first_chunk = Vec::new();
         for pos in 0..shape.context_len {
             for layer in 0..layers {
@@ -368,18 +457,18 @@ mod tests {
                 let ahead = pos % KV_CHUNK >= ahead_at(layer, layers)
                     && (pos / KV_CHUNK + 1) * KV_CHUNK < shape.context_len;
                 assert_eq!(
-                    stepped.chunks[layer].len(),
+                    chunks_of(&stepped, layer),
                     pos / KV_CHUNK + 1 + ahead as usize,
                     "layer {layer} at position {pos}"
                 );
             }
             if pos == 0 {
-                first_chunk = stepped.chunks.iter().map(|c| c[0].as_ptr()).collect();
+                first_chunk = (0..layers).map(|l| chunk_at(&stepped, l, 0)).collect();
             }
         }
         // Three chunks per layer hold the context; none moved.
         assert_eq!(stepped.allocated(), layers * 3 * chunk_len(2, 8));
-        let now: Vec<_> = stepped.chunks.iter().map(|c| c[0].as_ptr()).collect();
+        let now: Vec<_> = (0..layers).map(|l| chunk_at(&stepped, l, 0)).collect();
         assert_eq!(now, first_chunk);
         // The layers allocated their second chunk at different positions.
         assert!(ahead_at(0, layers) < ahead_at(1, layers));
@@ -387,7 +476,7 @@ mod tests {
         assert!(ahead_at(layers - 1, layers) < KV_CHUNK);
 
         // One prefill of 300 positions (across the first chunk's end), then one at a time.
-        let mut prefilled = CpuKvCache::new(layers, shape);
+        let mut prefilled = CpuKvCache::new(layers, shape, kv_type);
         for layer in 0..layers {
             let (k, v) = kv(0, 300, layer);
             b.store_kv(&mut prefilled, layer, &k, &v, 300, 0).unwrap();

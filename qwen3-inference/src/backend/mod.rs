@@ -18,7 +18,7 @@
 
 mod cpu;
 
-pub use crate::kernels::{AttentionShape, RopeTable};
+pub use crate::kernels::{AttentionShape, KvType, RopeTable};
 pub use cpu::CpuBackend;
 
 use anyhow::Result;
@@ -45,12 +45,14 @@ pub trait Backend {
     /// backend rotates by the same angles.
     fn rope_table(&self, table: RopeTable) -> Result<Self::Rope>;
     /// A zeroed cache for `layers` layers of `shape.context_len` positions, whose attention takes
-    /// up to `max_batch` query tokens at a time.
+    /// up to `max_batch` query tokens at a time, holding keys and values as `kv` says (a backend
+    /// refuses a type it does not implement).
     fn kv_cache(
         &self,
         layers: usize,
         shape: AttentionShape,
         max_batch: usize,
+        kv: KvType,
     ) -> Result<Self::KvCache>;
     /// `dst[dst_offset..][..len] = src[src_offset..][..len]`.
     fn copy(

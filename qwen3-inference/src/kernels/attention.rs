@@ -28,7 +28,83 @@ pub const KEY_TILE: usize = 16;
 /// two chunks.
 pub const KV_CHUNK: usize = 256;
 
-/// Floats of one layer's chunk: the `KV_CHUNK` keys of every kv head in tiles (`[n_kv_heads]
+/// The element type of a session's KV cache (`--kv-cache`): see [`KvElem`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvType {
+    /// Exact: the default.
+    #[default]
+    F32,
+    /// Half the memory and the bytes attention reads, keys and values rounded to bf16.
+    Bf16,
+}
+
+impl KvType {
+    /// Bytes of one stored key or value element.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::Bf16 => 2,
+        }
+    }
+}
+
+/// What the KV cache stores a key or value element as.
+///
+/// - `f32`: the activations as computed, so attention is exactly HF's float32 reference.
+/// - [`Bf16`]: the upper half of an f32's bits (`torch.bfloat16`: 8 significant bits), rounded
+///   to nearest. The cache takes half the memory, and attention half the bytes a token, which is
+///   what bounds it at long contexts; keys and values lose the precision HF's own bf16 runs
+///   (its default dtype for Qwen3) lose. Widening back is a 16-bit shift, which vectorizes.
+pub trait KvElem: bytemuck::Pod + Send + Sync {
+    /// `x` as stored.
+    fn from_f32(x: f32) -> Self;
+    /// The stored value, exactly, as an f32.
+    fn to_f32(self) -> f32;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn from_f32(x: f32) -> f32 {
+        x
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+/// A bfloat16: the upper 16 bits of an f32 (sign, 8 exponent bits, 7 mantissa bits), as
+/// `torch.bfloat16` stores it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[repr(transparent)]
+pub struct Bf16(pub u16);
+
+// SAFETY: `Bf16` is `repr(transparent)` over a `u16`: no padding, and every bit pattern is a
+// valid value (Zeroable: all zeros is +0.0).
+unsafe impl bytemuck::Zeroable for Bf16 {}
+// SAFETY: as above; it is also `Copy` and `'static`, as `Pod` requires.
+unsafe impl bytemuck::Pod for Bf16 {}
+
+impl KvElem for Bf16 {
+    /// Round to nearest, ties to even: add half a unit of the kept part (less one, plus the
+    /// kept part's lowest bit, which breaks ties toward even) and drop the low 16 bits. Too
+    /// large a value rounds to infinity, as in IEEE rounding; NaN stays a (quiet) NaN.
+    #[inline(always)]
+    fn from_f32(x: f32) -> Bf16 {
+        let b = x.to_bits();
+        if x.is_nan() {
+            return Bf16((b >> 16) as u16 | 0x0040);
+        }
+        let round = 0x7fff + ((b >> 16) & 1);
+        Bf16((b.wrapping_add(round) >> 16) as u16)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self.0 as u32) << 16)
+    }
+}
+
+/// Elements of one layer's chunk: the `KV_CHUNK` keys of every kv head in tiles (`[n_kv_heads]
 /// [KV_CHUNK / KEY_TILE][head_dim][KEY_TILE]`), then their `KV_CHUNK` values (`[n_kv_heads]
 /// [KV_CHUNK][head_dim]`). Attention for one kv head streams two runs of memory per chunk, its
 /// keys and its values.
@@ -37,8 +113,8 @@ pub fn chunk_len(n_kv_heads: usize, head_dim: usize) -> usize {
 }
 
 /// Writes the key `k` and value `v` (`[head_dim]` each) of kv head `h` at position `pos` into the
-/// layer's chunk that holds `pos` (chunk `pos / KV_CHUNK`).
-pub fn store_kv(chunk: &mut [f32], h: usize, pos: usize, k: &[f32], v: &[f32]) {
+/// layer's chunk that holds `pos` (chunk `pos / KV_CHUNK`), as `T`.
+pub fn store_kv<T: KvElem>(chunk: &mut [T], h: usize, pos: usize, k: &[f32], v: &[f32]) {
     let hd = k.len();
     let (key_range, value_range) = head_ranges(chunk.len(), h, hd);
     let (keys, values) = chunk.split_at_mut(value_range.start);
@@ -47,9 +123,11 @@ pub fn store_kv(chunk: &mut [f32], h: usize, pos: usize, k: &[f32], v: &[f32]) {
     let j = pos % KV_CHUNK;
     let tile = &mut keys[(j / KEY_TILE) * hd * KEY_TILE..][..hd * KEY_TILE];
     for (d, &x) in k.iter().enumerate() {
-        tile[d * KEY_TILE + j % KEY_TILE] = x;
+        tile[d * KEY_TILE + j % KEY_TILE] = T::from_f32(x);
     }
-    values[j * hd..(j + 1) * hd].copy_from_slice(v);
+    for (dst, &x) in values[j * hd..(j + 1) * hd].iter_mut().zip(v) {
+        *dst = T::from_f32(x);
+    }
 }
 
 /// The sizes attention needs.
@@ -74,7 +152,7 @@ pub struct AttentionShape {
 /// heads that share that kv head, so each key and value row is read once for all of them (with
 /// Qwen3-0.6B's 16 query and 8 kv heads, half the cache traffic of one head at a time). Each task
 /// runs [`attend_body`].
-pub fn attention<C: AsRef<[f32]> + Sync>(
+pub fn attention<T: KvElem, C: AsRef<[T]> + Sync>(
     out: &mut [f32],
     q: &[f32],
     chunks: &[C],
@@ -94,7 +172,7 @@ pub fn attention<C: AsRef<[f32]> + Sync>(
     );
     let len = chunk_len(s.n_kv_heads, hd);
     assert!(chunks.iter().all(|c| c.as_ref().len() == len));
-    let attend = attend_fn();
+    let attend = attend_fn::<T>();
     // out[i][kv * group .. (kv + 1) * group][..]: the group's heads are consecutive (repeat_kv),
     // so each task's output is one contiguous block of group * head_dim values.
     out.par_chunks_mut(group * hd)
@@ -111,8 +189,8 @@ pub fn attention<C: AsRef<[f32]> + Sync>(
 /// `0 .. n_keys`, into `out`. Heads go `MAX_GROUP` at a time; for each pass, `attend` takes the
 /// chunks in order, carrying the online softmax's running maximum and sum from one to the next,
 /// and the output is normalised at the end.
-fn attend_head<C: AsRef<[f32]>>(
-    attend: AttendFn,
+fn attend_head<T: KvElem, C: AsRef<[T]>>(
+    attend: AttendFn<T>,
     out: &mut [f32],
     q: &[f32],
     chunks: &[C],
@@ -152,7 +230,7 @@ fn attend_head<C: AsRef<[f32]>>(
 }
 
 /// Kv head `kv`'s keys (tiles) and values in a layer's chunk (see [`chunk_len`]).
-fn head_of(chunk: &[f32], kv: usize, hd: usize) -> (&[f32], &[f32]) {
+fn head_of<T>(chunk: &[T], kv: usize, hd: usize) -> (&[T], &[T]) {
     let (keys, values) = head_ranges(chunk.len(), kv, hd);
     (&chunk[keys], &chunk[values])
 }
@@ -176,41 +254,70 @@ struct Pass {
 /// `o[g] += e^(score - m) v` over the keys of one chunk, for the query heads `g` of one pass
 /// (at most [`MAX_GROUP`]), updating `pass` (see [`attend_body`]). `o`, `q`: `[heads, head_dim]`;
 /// `keys`, `values`: one kv head's part of a chunk, of which the first `n_keys` positions count.
-type AttendFn =
-    fn(o: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], n: usize, pass: &mut Pass);
+type AttendFn<T> =
+    fn(o: &mut [f32], q: &[f32], keys: &[T], values: &[T], n: usize, pass: &mut Pass);
 
-/// [`attend_body`] compiled for the best instruction set of this CPU, chosen once. The body is
-/// plain Rust whose loops are elementwise or written in independent lanes, which the compiler
-/// turns into vector instructions of whatever width the enabled features give (SSE2 or NEON by
-/// default, AVX2 or AVX-512 in the wrappers below). Every version does the same operations in
-/// the same order, so all give bit-identical results (tested).
-fn attend_fn() -> AttendFn {
-    static F: OnceLock<AttendFn> = OnceLock::new();
-    *F.get_or_init(|| {
+/// The instruction sets [`attend_body`] is compiled for.
+#[derive(Clone, Copy)]
+enum Isa {
+    Avx512,
+    Avx2,
+    Baseline,
+}
+
+/// [`attend_body`] for cache elements `T`, compiled for the best instruction set of this CPU
+/// (detected once). The body is plain Rust whose loops are elementwise or written in independent
+/// lanes, which the compiler turns into vector instructions of whatever width the enabled
+/// features give (SSE2 or NEON by default, AVX2 or AVX-512 in the wrappers below). Every version
+/// does the same operations in the same order, so all give bit-identical results (tested).
+fn attend_fn<T: KvElem>() -> AttendFn<T> {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    let isa = *ISA.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
             if is_x86_feature_detected!("avx512f") {
-                // SAFETY: only chosen when the CPU has AVX-512F.
-                return |o, q, k, v, n, p| unsafe { attend_avx512(o, q, k, v, n, p) };
+                return Isa::Avx512;
             }
             if is_x86_feature_detected!("avx2") {
-                // SAFETY: only chosen when the CPU has AVX2.
-                return |o, q, k, v, n, p| unsafe { attend_avx2(o, q, k, v, n, p) };
+                return Isa::Avx2;
             }
         }
-        attend_body
-    })
+        Isa::Baseline
+    });
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: only chosen when the CPU has AVX-512F.
+        Isa::Avx512 => |o, q, k, v, n, p| unsafe { attend_avx512(o, q, k, v, n, p) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: only chosen when the CPU has AVX2.
+        Isa::Avx2 => |o, q, k, v, n, p| unsafe { attend_avx2(o, q, k, v, n, p) },
+        _ => attend_body,
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn attend_avx512(o: &mut [f32], q: &[f32], k: &[f32], v: &[f32], n: usize, p: &mut Pass) {
+unsafe fn attend_avx512<T: KvElem>(
+    o: &mut [f32],
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    n: usize,
+    p: &mut Pass,
+) {
     attend_body(o, q, k, v, n, p)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn attend_avx2(o: &mut [f32], q: &[f32], k: &[f32], v: &[f32], n: usize, p: &mut Pass) {
+unsafe fn attend_avx2<T: KvElem>(
+    o: &mut [f32],
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    n: usize,
+    p: &mut Pass,
+) {
     attend_body(o, q, k, v, n, p)
 }
 
@@ -227,11 +334,11 @@ const MAX_GROUP: usize = 8;
 /// rounding, with no buffer of `n_keys` scores: long contexts cost the same per key as short
 /// ones. ([`attend_head`] takes the chunks in order and divides by `l`.)
 #[inline(always)]
-fn attend_body(
+fn attend_body<T: KvElem>(
     o: &mut [f32],
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: &[T],
+    values: &[T],
     n_keys: usize,
     pass: &mut Pass,
 ) {
@@ -275,10 +382,10 @@ fn attend_body(
             let mut g = 0;
             while g < gn {
                 if gn - g >= 2 {
-                    add_values::<2, QWEN3_HEAD_DIM>(&mut o[g * hd..], &p[g..], block);
+                    add_values::<T, 2, QWEN3_HEAD_DIM>(&mut o[g * hd..], &p[g..], block);
                     g += 2;
                 } else {
-                    add_values::<1, QWEN3_HEAD_DIM>(&mut o[g * hd..], &p[g..], block);
+                    add_values::<T, 1, QWEN3_HEAD_DIM>(&mut o[g * hd..], &p[g..], block);
                     g += 1;
                 }
             }
@@ -287,7 +394,7 @@ fn attend_body(
                 for g in 0..gn {
                     let w = p[g][b];
                     for (x, &vv) in o[g * hd..(g + 1) * hd].iter_mut().zip(v) {
-                        *x += w * vv;
+                        *x += w * vv.to_f32();
                     }
                 }
             }
@@ -301,7 +408,7 @@ fn attend_body(
 /// Each lane is one key's sum over `d`, kept as four partial sums (`d` mod 4) so consecutive
 /// multiply-adds do not wait on each other, added in a fixed order at the end.
 #[inline(always)]
-fn tile_scores(q: &[f32], tile: &[f32], scale: f32, scores: &mut [f32]) {
+fn tile_scores<T: KvElem>(q: &[f32], tile: &[T], scale: f32, scores: &mut [f32]) {
     // Four dimensions a step, into four named accumulators (an array indexed by `d % 4` would
     // live in memory, every step a load and a store).
     let (mut a0, mut a1, mut a2, mut a3) = (
@@ -315,10 +422,10 @@ fn tile_scores(q: &[f32], tile: &[f32], scale: f32, scores: &mut [f32]) {
     let tail = (rows.remainder(), qs.remainder());
     for (r, qd) in rows.zip(qs) {
         for lane in 0..KEY_TILE {
-            a0[lane] += qd[0] * r[lane];
-            a1[lane] += qd[1] * r[KEY_TILE + lane];
-            a2[lane] += qd[2] * r[2 * KEY_TILE + lane];
-            a3[lane] += qd[3] * r[3 * KEY_TILE + lane];
+            a0[lane] += qd[0] * r[lane].to_f32();
+            a1[lane] += qd[1] * r[KEY_TILE + lane].to_f32();
+            a2[lane] += qd[2] * r[2 * KEY_TILE + lane].to_f32();
+            a3[lane] += qd[3] * r[3 * KEY_TILE + lane].to_f32();
         }
     }
     // head_dim not a multiple of 4: the last dimensions go to the first accumulators.
@@ -329,7 +436,7 @@ fn tile_scores(q: &[f32], tile: &[f32], scale: f32, scores: &mut [f32]) {
         .zip([&mut a0, &mut a1, &mut a2])
     {
         for lane in 0..KEY_TILE {
-            a[lane] += qd * row[lane];
+            a[lane] += qd * row[lane].to_f32();
         }
     }
     for (lane, s) in scores.iter_mut().enumerate() {
@@ -344,7 +451,11 @@ const QWEN3_HEAD_DIM: usize = 128;
 /// `o[g] += sum_b p[g][b] * v[b]` for `G` heads, with `o`'s `G` rows of `HD` values held in
 /// registers (AVX-512: 8 per row) across the whole block instead of loaded and stored per key.
 #[inline(always)]
-fn add_values<const G: usize, const HD: usize>(o: &mut [f32], p: &[[f32; BLOCK]], block: &[f32]) {
+fn add_values<T: KvElem, const G: usize, const HD: usize>(
+    o: &mut [f32],
+    p: &[[f32; BLOCK]],
+    block: &[T],
+) {
     let mut acc = [[0f32; HD]; G];
     for (g, a) in acc.iter_mut().enumerate() {
         a.copy_from_slice(&o[g * HD..(g + 1) * HD]);
@@ -353,7 +464,7 @@ fn add_values<const G: usize, const HD: usize>(o: &mut [f32], p: &[[f32; BLOCK]]
         for (a, p) in acc.iter_mut().zip(p) {
             let w = p[b];
             for (x, &vv) in a.iter_mut().zip(v) {
-                *x += w * vv;
+                *x += w * vv.to_f32();
             }
         }
     }
@@ -434,11 +545,14 @@ mod tests {
                 4,
             ),
         ] {
-            check_against_naive(s, start, t);
+            check_against_naive::<f32>(s, start, t);
+            check_against_naive::<Bf16>(s, start, t);
         }
     }
 
-    fn check_against_naive(s: AttentionShape, start: usize, t: usize) {
+    /// Attention over a cache of `T` against the naive formula in f64 over the keys and values
+    /// as the cache holds them (rounded to `T`, then widened exactly).
+    fn check_against_naive<T: KvElem>(s: AttentionShape, start: usize, t: usize) {
         let mut seed = 3;
         let kv_len = s.n_kv_heads * s.context_len * s.head_dim;
         let k: Vec<f32> = (0..kv_len).map(|_| lcg(&mut seed) * 2.0).collect();
@@ -446,7 +560,8 @@ mod tests {
         let width = s.n_heads * s.head_dim;
         let q: Vec<f32> = (0..t * width).map(|_| lcg(&mut seed) * 2.0).collect();
         let mut out = vec![0f32; t * width];
-        attention(&mut out, &q, &cache_of(&k, &v, s), s, start, t);
+        attention(&mut out, &q, &cache_of::<T>(&k, &v, s), s, start, t);
+        let stored = |x: f32| T::from_f32(x).to_f32() as f64;
 
         let hd = s.head_dim;
         for i in 0..t {
@@ -454,8 +569,8 @@ mod tests {
             for h in 0..s.n_heads {
                 // repeat_kv: kv head for query head h.
                 let kvh = h * s.n_kv_heads / s.n_heads;
-                let key = |j: usize, c: usize| k[(kvh * s.context_len + j) * hd + c] as f64;
-                let val = |j: usize, c: usize| v[(kvh * s.context_len + j) * hd + c] as f64;
+                let key = |j: usize, c: usize| stored(k[(kvh * s.context_len + j) * hd + c]);
+                let val = |j: usize, c: usize| stored(v[(kvh * s.context_len + j) * hd + c]);
                 let qv = |c: usize| q[i * width + h * hd + c] as f64;
                 let logits: Vec<f64> = (0..=pos)
                     .map(|j| (0..hd).map(|c| qv(c) * key(j, c)).sum::<f64>() / (hd as f64).sqrt())
@@ -475,10 +590,10 @@ mod tests {
 
     /// The chunks of a layer's cache holding key-major `k` and `v` (`[n_kv_heads, context_len,
     /// head_dim]`), every float not written NaN (stale lanes must not leak into a result).
-    fn cache_of(k: &[f32], v: &[f32], s: AttentionShape) -> Vec<Vec<f32>> {
+    fn cache_of<T: KvElem>(k: &[f32], v: &[f32], s: AttentionShape) -> Vec<Vec<T>> {
         let (hd, n) = (s.head_dim, s.context_len);
         let len = chunk_len(s.n_kv_heads, hd);
-        let mut chunks = vec![vec![f32::NAN; len]; n.div_ceil(KV_CHUNK)];
+        let mut chunks = vec![vec![T::from_f32(f32::NAN); len]; n.div_ceil(KV_CHUNK)];
         for h in 0..s.n_kv_heads {
             for pos in 0..n {
                 let at = (h * n + pos) * hd;
@@ -496,6 +611,11 @@ mod tests {
     /// result.
     #[test]
     fn every_isa_gives_identical_results() {
+        every_isa_identical::<f32>();
+        every_isa_identical::<Bf16>();
+    }
+
+    fn every_isa_identical<T: KvElem>() {
         for hd in [40, QWEN3_HEAD_DIM] {
             let (group, n_keys) = (3, 300);
             let s = AttentionShape {
@@ -508,13 +628,47 @@ mod tests {
             let q: Vec<f32> = (0..group * hd).map(|_| lcg(&mut seed) * 3.0).collect();
             let k: Vec<f32> = (0..n_keys * hd).map(|_| lcg(&mut seed)).collect();
             let v: Vec<f32> = (0..n_keys * hd).map(|_| lcg(&mut seed)).collect();
-            let chunks = cache_of(&k, &v, s);
+            let chunks = cache_of::<T>(&k, &v, s);
             let mut want = vec![0f32; group * hd];
             attend_head(attend_body, &mut want, &q, &chunks, 0, n_keys, hd);
             assert!(want.iter().all(|x| x.is_finite()), "head_dim {hd}");
             let mut got = vec![0f32; group * hd];
-            attend_head(attend_fn(), &mut got, &q, &chunks, 0, n_keys, hd);
+            attend_head(attend_fn::<T>(), &mut got, &q, &chunks, 0, n_keys, hd);
             assert_eq!(got, want, "head_dim {hd}");
+        }
+    }
+
+    /// The cache's bf16 rounding is IEEE round-to-nearest-even, as the `half` crate's: checked on
+    /// ties in both directions, values that round up into the next binade and to infinity,
+    /// subnormals, zeros, infinities, and a sweep of bit patterns; NaN stays NaN.
+    #[test]
+    fn bf16_rounds_to_nearest_even() {
+        let mut bits: Vec<u32> = vec![
+            0x3f80_8000, // 1 + 2^-8: a tie, rounds down to even 1.0
+            0x3f81_8000, // a tie above an odd value: rounds up
+            0x3f80_8001, // just above a tie: up
+            0x3fff_ffff, // rounds up into the next binade (2.0)
+            0x7f7f_ffff, // f32::MAX: beyond bf16's largest, rounds to infinity
+            0x0000_8001, // a subnormal
+            0x0000_0000,
+            0x8000_0000,
+            0x7f80_0000,
+            0xff80_0000,
+        ];
+        let mut x = 0x1234_5678u32;
+        for _ in 0..100_000 {
+            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            bits.push(x);
+        }
+        for b in bits {
+            let f = f32::from_bits(b);
+            let ours = Bf16::from_f32(f);
+            if f.is_nan() {
+                assert!(ours.to_f32().is_nan(), "{b:#x}");
+                continue;
+            }
+            assert_eq!(ours.0, half::bf16::from_f32(f).to_bits(), "{b:#x}");
+            assert_eq!(ours.to_f32(), half::bf16::from_f32(f).to_f32(), "{b:#x}");
         }
     }
 }

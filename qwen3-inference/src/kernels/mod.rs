@@ -26,7 +26,7 @@ mod matmul;
 mod rmsnorm;
 mod rope;
 
-pub use attention::{attention, AttentionShape};
+pub use attention::{attention, AttentionShape, KvType};
 pub use elementwise::{add, silu_mul};
 pub use embedding::embedding;
 pub use matmul::{matmul, matmuls};

@@ -15,6 +15,7 @@ pub use session::{Session, MAX_BATCH};
 
 use crate::format::reader::{TensorData, TensorView};
 use crate::format::{ModelConfig, ModelFile};
+use crate::kernels::KvType;
 use anyhow::{bail, Result};
 
 /// `Qwen3ForCausalLM`: the decoder stack plus the classifier. `T` is one stored tensor; by
@@ -145,14 +146,14 @@ impl<'a, T> Model<'a, T> {
         })
     }
 
-    /// Bytes of KV cache a session of `context_len` positions needs: keys and values, f32, for
-    /// every layer and kv head.
-    pub fn kv_cache_bytes(&self, context_len: usize) -> u64 {
+    /// Bytes of KV cache a session of `context_len` positions needs: keys and values, as `kv`
+    /// stores them, for every layer and kv head.
+    pub fn kv_cache_bytes(&self, context_len: usize, kv: KvType) -> u64 {
         let c = self.config;
         2 * c.num_hidden_layers as u64
             * c.num_key_value_heads as u64
             * c.head_dim as u64
             * context_len as u64
-            * 4
+            * kv.bytes() as u64
     }
 }

@@ -8,7 +8,7 @@
 //! step allocates nothing.
 
 use super::{Model, Qwen3Attention, Qwen3DecoderLayer, Qwen3MLP};
-use crate::backend::{AttentionShape, Backend, CpuBackend, RopeTable};
+use crate::backend::{AttentionShape, Backend, CpuBackend, KvType, RopeTable};
 use anyhow::{bail, Result};
 
 /// Most tokens run through the layers at once. Longer prompts go in chunks of this many, which
@@ -74,6 +74,8 @@ pub struct Session<'m, B: Backend> {
     pos: usize,
     rope: B::Rope,
     cache: B::KvCache,
+    /// What the cache stores keys and values as.
+    kv: KvType,
     s: Scratch<B::Buf>,
     /// The logits on the host, when the backend's buffers are not (empty on the CPU).
     logits_host: Vec<f32>,
@@ -83,9 +85,15 @@ pub struct Session<'m, B: Backend> {
 const CPU: &CpuBackend<'static> = &CpuBackend::new();
 
 impl<'m, 'a: 'm> Session<'m, CpuBackend<'a>> {
-    /// A session on the CPU with room for `context_len` tokens (prompt and generated together).
+    /// A session on the CPU with room for `context_len` tokens (prompt and generated together),
+    /// its KV cache in f32.
     pub fn new(model: &'m Model<'a>, context_len: usize) -> Result<Self> {
-        Session::with_backend(CPU, model, context_len)
+        Session::with_kv_cache(CPU, model, context_len, KvType::F32)
+    }
+
+    /// [`Session::new`] with the KV cache holding keys and values as `kv` says.
+    pub fn with_kv(model: &'m Model<'a>, context_len: usize, kv: KvType) -> Result<Self> {
+        Session::with_kv_cache(CPU, model, context_len, kv)
     }
 }
 
@@ -96,6 +104,16 @@ impl<'m, B: Backend> Session<'m, B> {
         backend: &'m B,
         model: &'m Model<'m, B::Tensor>,
         context_len: usize,
+    ) -> Result<Self> {
+        Session::with_kv_cache(backend, model, context_len, KvType::F32)
+    }
+
+    /// [`Session::with_backend`], the KV cache holding keys and values as `kv` says.
+    pub fn with_kv_cache(
+        backend: &'m B,
+        model: &'m Model<'m, B::Tensor>,
+        context_len: usize,
+        kv: KvType,
     ) -> Result<Self> {
         let c = model.config;
         let max = c.max_position_embeddings as usize;
@@ -126,11 +144,14 @@ impl<'m, B: Backend> Session<'m, B> {
             ..
         } = dims;
         let layers = model.layers.len();
-        // Keys and values in f32. The config's sizes are bounded by validation, but their product
-        // for a hostile file could still be absurd: refuse it instead of aborting in the allocator.
+        // Keys and values. The config's sizes are bounded by validation, but their product for a
+        // hostile file could still be absurd: refuse it instead of aborting in the allocator.
         (nkv * context_len * hd)
             .checked_mul(layers)
-            .filter(|n| n.checked_mul(8).is_some_and(|b| b <= isize::MAX as usize))
+            .filter(|n| {
+                n.checked_mul(2 * kv.bytes())
+                    .is_some_and(|b| b <= isize::MAX as usize)
+            })
             .ok_or_else(|| {
                 anyhow::anyhow!("a KV cache for {context_len} positions does not fit in memory")
             })?;
@@ -151,7 +172,8 @@ impl<'m, B: Backend> Session<'m, B> {
             batch: n,
             pos: 0,
             rope: b.rope_table(RopeTable::new(hd, c.rope_theta, context_len))?,
-            cache: b.kv_cache(layers, shape, n)?,
+            cache: b.kv_cache(layers, shape, n, kv)?,
+            kv,
             s: Scratch {
                 x: b.alloc(n * d)?,
                 xb: b.alloc(n * d)?,
@@ -188,9 +210,14 @@ impl<'m, B: Backend> Session<'m, B> {
         self.backend
     }
 
+    /// What the KV cache stores keys and values as.
+    pub fn kv_type(&self) -> KvType {
+        self.kv
+    }
+
     /// Bytes held by the KV cache.
     pub fn kv_cache_bytes(&self) -> u64 {
-        self.model.kv_cache_bytes(self.context_len)
+        self.model.kv_cache_bytes(self.context_len, self.kv)
     }
 
     /// Runs later prompts in chunks of at most `n` tokens (1 ..= the batch the buffers were
