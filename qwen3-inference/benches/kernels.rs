@@ -2,13 +2,13 @@
 //! instruction set, on one thread, as GB/s of weights streamed. Two sizes: a weight matrix that
 //! fits in L2 (so the kernel's arithmetic is the limit) and one of 256 MB (so memory is), held
 //! in huge pages like a model file's mapping (`pages.rs`); then the q8 block product that
-//! prefill runs, in multiply-adds per second.
+//! prefill runs, in multiply-adds per second; then attention with the KV cache in f32 and bf16.
 
-use qwen3_inference::kernels::attention::{chunk_len, KV_CHUNK};
+use qwen3_inference::kernels::attention::{chunk_len, Bf16, KvElem, KV_CHUNK};
 use qwen3_inference::kernels::dot::{available, ActsQ8Buf, Dots};
 use qwen3_inference::kernels::{attention, AttentionShape};
 use qwen3_inference::pages::huge_page_buffer;
-use qwen3_inference::pages::HugePageF32s;
+use qwen3_inference::pages::HugePages;
 use qwen3_inference::quant::quantize_q8;
 use std::hint::black_box;
 use std::time::Instant;
@@ -157,9 +157,17 @@ fn main() {
     bench_attention();
 }
 
-/// One layer's attention with Qwen3-0.6B's heads (16 query, 8 kv, head_dim 128), one thread:
-/// one decode token after 2000 cached positions, and a 256-token prompt from position 0.
+/// Attention with Qwen3-0.6B's heads (16 query, 8 kv, head_dim 128), one thread, with the cache
+/// in f32 and in bf16: one decode token after 2000 cached positions in each of 28 layers (the
+/// whole model's, so the caches come from memory as in decode: 459 MB in f32), and a 256-token
+/// prompt from position 0 in one layer.
 fn bench_attention() {
+    println!("attention, Qwen3-0.6B's shape, one thread (median)");
+    bench_attention_of::<f32>("f32");
+    bench_attention_of::<Bf16>("bf16");
+}
+
+fn bench_attention_of<T: KvElem>(name: &str) {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
@@ -168,28 +176,45 @@ fn bench_attention() {
         n_heads: 16,
         n_kv_heads: 8,
         head_dim: 128,
-        context_len: 4096,
+        context_len: 2048,
     };
+    const LAYERS: usize = 28;
     let mut seed = 3;
-    // The layer's cache: its chunks of KV_CHUNK positions, filled with random keys and values
+    // Each layer's cache: its chunks of KV_CHUNK positions, filled with random keys and values
     // (their layout does not change the work).
     let len = chunk_len(s.n_kv_heads, s.head_dim);
-    let chunks: Vec<HugePageF32s> = (0..s.context_len / KV_CHUNK)
+    let layers: Vec<Vec<HugePages<T>>> = (0..LAYERS)
         .map(|_| {
-            let mut chunk = HugePageF32s::zeroed(len).unwrap();
-            chunk.copy_from_slice(&rand_vec(len, &mut seed));
-            chunk
+            (0..s.context_len / KV_CHUNK)
+                .map(|_| {
+                    let mut chunk = HugePages::<T>::zeroed(len).unwrap();
+                    for (c, x) in chunk.iter_mut().zip(rand_vec(len, &mut seed)) {
+                        *c = T::from_f32(x);
+                    }
+                    chunk
+                })
+                .collect()
         })
         .collect();
-    println!("attention, one layer of Qwen3-0.6B's shape, one thread (median)");
-    for (start, t) in [(2000, 1), (0, 256)] {
-        let width = s.n_heads * s.head_dim;
-        let q = rand_vec(t * width, &mut seed);
-        let mut out = vec![0f32; t * width];
-        let secs = pool.install(|| time(7, || attention(&mut out, &q, &chunks, s, start, t)));
-        println!(
-            "{t:>4} token(s) after {start:>4} cached positions: {:>7.3} ms",
-            secs * 1e3
-        );
-    }
+    let width = s.n_heads * s.head_dim;
+    let q = rand_vec(width, &mut seed);
+    let mut out = vec![0f32; width];
+    let secs = pool.install(|| {
+        time(7, || {
+            for chunks in &layers {
+                attention(&mut out, &q, chunks, s, 2000, 1);
+            }
+        })
+    });
+    println!(
+        "{name:>5} cache, 1 token after 2000 positions, {LAYERS} layers: {:>7.3} ms",
+        secs * 1e3
+    );
+    let q = rand_vec(256 * width, &mut seed);
+    let mut out = vec![0f32; 256 * width];
+    let secs = pool.install(|| time(7, || attention(&mut out, &q, &layers[0], s, 0, 256)));
+    println!(
+        "{name:>5} cache, 256-token prompt from position 0, 1 layer: {:>7.3} ms",
+        secs * 1e3
+    );
 }
