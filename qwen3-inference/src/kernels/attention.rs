@@ -53,8 +53,9 @@ impl KvType {
 /// - `f32`: the activations as computed, so attention is exactly HF's float32 reference.
 /// - [`Bf16`]: the upper half of an f32's bits (`torch.bfloat16`: 8 significant bits), rounded
 ///   to nearest. The cache takes half the memory, and attention half the bytes a token, which is
-///   what bounds it at long contexts; keys and values lose the precision HF's own bf16 runs
-///   (its default dtype for Qwen3) lose. Widening back is a 16-bit shift, which vectorizes.
+///   what bounds it at long contexts; keys and values lose the precision they lose when HF runs
+///   Qwen3 in bf16 (the `torch_dtype` its config names). Widening back is a 16-bit shift, which
+///   vectorizes.
 pub trait KvElem: bytemuck::Pod + Send + Sync {
     /// `x` as stored.
     fn from_f32(x: f32) -> Self;
@@ -260,7 +261,9 @@ type AttendFn<T> =
 /// The instruction sets [`attend_body`] is compiled for.
 #[derive(Clone, Copy)]
 enum Isa {
+    #[cfg(target_arch = "x86_64")]
     Avx512,
+    #[cfg(target_arch = "x86_64")]
     Avx2,
     Baseline,
 }
