@@ -365,32 +365,46 @@ fn noise_sigmas(
     dir: &Path,
 ) -> Vec<Vec<f32>> {
     let exact_model = Model::load(exact).unwrap();
-    let vocab = exact.config().vocab_size as usize;
     // q8 files also round the activations before every product (W8A8).
     let w8a8_group =
         (stored.config().dtype == DType::Q8).then_some(stored.config().group_size as usize);
-    let base: Vec<Vec<f32>> = refr
-        .cases
-        .iter()
-        .map(|c| our_logits(&exact_model, c).0)
+    let files: Vec<PathBuf> = (0..DRAWS)
+        .map(|seed| {
+            let path = dir.join(format!("perturbed-{seed}.bin"));
+            write_sign_flipped(exact, stored, Some(seed), &path);
+            path
+        })
         .collect();
+    rms_change(&exact_model, refr, |seed, ci, case| {
+        let file = ModelFile::open(&files[seed as usize]).unwrap();
+        let model = Model::load(&file).unwrap();
+        match w8a8_group {
+            Some(gs) => {
+                let backend = RoundingNoise::new(Some(gs), false, seed * 1000 + ci as u64);
+                our_logits_on(&backend, &model, case).0
+            }
+            None => our_logits(&model, case).0,
+        }
+    })
+}
+
+/// Per case and row of [`our_logits`], the RMS over [`DRAWS`] draws and the vocabulary of how
+/// far `noisy(seed, case index, case)` moves the logits of `exact`: the sigmas of
+/// [`noise_sigmas`] and [`kv_bf16_sigmas`].
+fn rms_change(
+    exact: &Model,
+    refr: &Reference,
+    mut noisy: impl FnMut(u64, usize, &Case) -> Vec<f32>,
+) -> Vec<Vec<f32>> {
+    let vocab = exact.config.vocab_size as usize;
+    let base: Vec<Vec<f32>> = refr.cases.iter().map(|c| our_logits(exact, c).0).collect();
     let mut sum_sq: Vec<Vec<f64>> = base.iter().map(|b| vec![0.0; b.len() / vocab]).collect();
     for seed in 0..DRAWS {
-        let path = dir.join(format!("perturbed-{seed}.bin"));
-        write_sign_flipped(exact, stored, Some(seed), &path);
-        let file = ModelFile::open(&path).unwrap();
-        let model = Model::load(&file).unwrap();
         for (ci, case) in refr.cases.iter().enumerate() {
-            let noisy = match w8a8_group {
-                Some(gs) => {
-                    let backend = RoundingNoise::new(Some(gs), false, seed * 1000 + ci as u64);
-                    our_logits_on(&backend, &model, case).0
-                }
-                None => our_logits(&model, case).0,
-            };
+            let moved = noisy(seed, ci, case);
             for (row, acc) in sum_sq[ci].iter_mut().enumerate() {
                 let span = row * vocab..(row + 1) * vocab;
-                *acc += noisy[span.clone()]
+                *acc += moved[span.clone()]
                     .iter()
                     .zip(&base[ci][span])
                     .map(|(a, b)| ((a - b) as f64).powi(2))
@@ -502,9 +516,9 @@ fn our_logits_kv<'m, B: Backend<Tensor = TensorView<'m>>>(
 
 /// Our greedy continuation through the generation loop (prefill, then decode), never stopping
 /// at EOS, as the reference was made.
-fn our_greedy(model: &Model, case: &Case) -> Vec<u32> {
+fn our_greedy(model: &Model, case: &Case, kv: KvType) -> Vec<u32> {
     let n = case.greedy_ids.len();
-    let mut s = Session::new(model, case.prompt_ids.len() + n).unwrap();
+    let mut s = Session::with_kv(model, case.prompt_ids.len() + n, kv).unwrap();
     let mut out = vec![];
     generate(
         &mut s,
@@ -533,12 +547,30 @@ struct Figures {
     greedy_total: usize,
 }
 
-/// Runs every case of a fixture with full reference logits against one export.
-/// `sigmas`: per case and row, the noise sigma of this export ([`noise_sigmas`]); `None` when the
-/// export stores the source weights exactly (then the f32 tolerance applies and greedy must match).
+impl Figures {
+    /// The figures as one line of the test's report, with the `bound` they were checked against.
+    fn summary(&self, bound: f32) -> String {
+        format!(
+            "bound {bound:.3e}, max abs logit error {:.3e} ({:.0}% of bound), full vs stepwise {:.1e}, top-1 checked at {} positions ({} skipped, gap <= 2 x bound), greedy prefix matching HF {}/{}",
+            self.max_err,
+            100.0 * self.max_err_over_bound,
+            self.full_vs_stepwise,
+            self.top1_checked,
+            self.top1_skipped,
+            self.greedy_matches,
+            self.greedy_total
+        )
+    }
+}
+
+/// Runs every case of a fixture with full reference logits against one export, its KV cache in
+/// `kv`. `sigmas`: per case and row, the noise sigma of this export and cache ([`noise_sigmas`],
+/// [`kv_bf16_sigmas`]); `None` when nothing is rounded (then the f32 tolerance applies and greedy
+/// must match).
 fn check_full_logits(
     name: &str,
     dtype: DType,
+    kv: KvType,
     sigmas: Option<&[Vec<f32>]>,
     path: &Path,
     refr: &Reference,
@@ -557,7 +589,7 @@ fn check_full_logits(
             .chain(case.greedy_top2_gap.iter().skip(1))
             .copied()
             .collect();
-        let (full, stepwise) = our_logits(&model, case);
+        let (full, stepwise) = our_logits_kv(&CpuBackend::new(), &model, case, kv);
         f.full_vs_stepwise = f.full_vs_stepwise.max(max_abs(&full, &stepwise));
         for (row, hf) in hf_rows.iter().enumerate() {
             let ours = &full[row * vocab..(row + 1) * vocab];
@@ -582,7 +614,7 @@ fn check_full_logits(
                 f.top1_skipped += 1;
             }
         }
-        let greedy = our_greedy(&model, case);
+        let greedy = our_greedy(&model, case, kv);
         f.greedy_total += case.greedy_ids.len();
         f.greedy_matches += greedy
             .iter()
@@ -658,22 +690,15 @@ fn check_fixture(name: &str) {
         kernel_err,
     } in exports(name, &refr, &dir)
     {
-        let f = check_full_logits(name, dtype, sigmas.as_deref(), &path, &refr);
+        let f = check_full_logits(name, dtype, KvType::F32, sigmas.as_deref(), &path, &refr);
         let max_sigma = sigmas
             .iter()
             .flatten()
             .flatten()
             .fold(0f32, |m, &v| m.max(v));
         println!(
-            "{name} {dtype}: vs own weights in f32 {kernel_err:.1e}, max noise sigma {max_sigma:.2e}, bound {:.3e}, max abs logit error {:.3e} ({:.0}% of bound), full vs stepwise {:.1e}, top-1 checked at {} positions ({} skipped, gap <= 2 x bound), greedy prefix matching HF {}/{}",
-            export_bound(sigmas.as_deref()),
-            f.max_err,
-            100.0 * f.max_err_over_bound,
-            f.full_vs_stepwise,
-            f.top1_checked,
-            f.top1_skipped,
-            f.greedy_matches,
-            f.greedy_total
+            "{name} {dtype}: vs own weights in f32 {kernel_err:.1e}, max noise sigma {max_sigma:.2e}, {}",
+            f.summary(export_bound(sigmas.as_deref()))
         );
     }
     std::fs::remove_dir_all(&dir).unwrap();
@@ -682,77 +707,26 @@ fn check_fixture(name: &str) {
 /// Per case and row, the sigma of the logits' change when every key and value is rounded to bf16:
 /// [`noise_sigmas`]' method with [`RoundingNoise`]'s `kv_bf16` noise, on the exact f32 model.
 fn kv_bf16_sigmas(model: &Model, refr: &Reference) -> Vec<Vec<f32>> {
-    let vocab = model.config.vocab_size as usize;
-    let base: Vec<Vec<f32>> = refr.cases.iter().map(|c| our_logits(model, c).0).collect();
-    let mut sum_sq: Vec<Vec<f64>> = base.iter().map(|b| vec![0.0; b.len() / vocab]).collect();
-    for seed in 0..DRAWS {
-        for (ci, case) in refr.cases.iter().enumerate() {
-            let backend = RoundingNoise::new(None, true, seed * 1000 + ci as u64);
-            let noisy = our_logits_on(&backend, model, case).0;
-            for (row, acc) in sum_sq[ci].iter_mut().enumerate() {
-                let span = row * vocab..(row + 1) * vocab;
-                *acc += noisy[span.clone()]
-                    .iter()
-                    .zip(&base[ci][span])
-                    .map(|(a, b)| ((a - b) as f64).powi(2))
-                    .sum::<f64>();
-            }
-        }
-    }
-    sum_sq
-        .iter()
-        .map(|rows| {
-            rows.iter()
-                .map(|&s| (s / (DRAWS as f64 * vocab as f64)).sqrt() as f32)
-                .collect()
-        })
-        .collect()
+    rms_change(model, refr, |seed, ci, case| {
+        let backend = RoundingNoise::new(None, true, seed * 1000 + ci as u64);
+        our_logits_on(&backend, model, case).0
+    })
 }
 
 /// `--kv-cache bf16`: the f32 export with its keys and values rounded to bf16 in the cache, both
-/// ways (one pass, and prefill then decode), against HF's logits, within [`F32_TOL`] plus
-/// [`SIGMAS`] times the largest sigma of that rounding ([`kv_bf16_sigmas`]); top-1 as HF's
-/// wherever HF's gap exceeds twice the bound.
+/// ways (one pass, and prefill then decode), against HF's logits ([`check_full_logits`]), within
+/// [`F32_TOL`] plus [`SIGMAS`] times the largest sigma of that rounding ([`kv_bf16_sigmas`]).
 fn check_kv_bf16(name: &str) {
     let refr = load_reference(name);
     let dir = tempdir("pq-parity-kv", name);
     let path = export_as(name, &dir, DType::F32);
     let file = ModelFile::open(&path).unwrap();
     let model = Model::load(&file).unwrap();
-    let vocab = model.config.vocab_size as usize;
     let sigmas = kv_bf16_sigmas(&model, &refr);
-    let bound = export_bound(Some(&sigmas));
-    let (mut max_err, mut checked) = (0f32, 0);
-    for (ci, case) in refr.cases.iter().enumerate() {
-        let gaps: Vec<f32> = case
-            .prompt_top2_gap
-            .iter()
-            .chain(case.greedy_top2_gap.iter().skip(1))
-            .copied()
-            .collect();
-        let (full, stepwise) = our_logits_kv(&CpuBackend::new(), &model, case, KvType::Bf16);
-        for (row, hf) in case.logit_rows().iter().enumerate() {
-            let ours = &full[row * vocab..(row + 1) * vocab];
-            let ours_step = &stepwise[row * vocab..(row + 1) * vocab];
-            let err = max_abs(ours, hf).max(max_abs(ours_step, hf));
-            max_err = max_err.max(err);
-            assert!(
-                err <= bound,
-                "{name} bf16 KV case {ci} position {row}: max abs logit error {err:e} > bound {bound:e}"
-            );
-            if gaps[row] > 2.0 * bound {
-                checked += 1;
-                assert_eq!(
-                    argmax(ours),
-                    argmax(hf),
-                    "{name} bf16 KV case {ci} position {row}"
-                );
-            }
-        }
-    }
+    let f = check_full_logits(name, DType::F32, KvType::Bf16, Some(&sigmas), &path, &refr);
     println!(
-        "{name} f32 weights, bf16 KV cache: bound {bound:.3e}, max abs logit error {max_err:.3e} ({:.0}% of bound), top-1 checked at {checked} positions",
-        100.0 * max_err / bound
+        "{name} f32 weights, bf16 KV cache: {}",
+        f.summary(export_bound(Some(&sigmas)))
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -843,7 +817,7 @@ fn tiny_qwen3_fullvocab() {
             }
             if !rounded {
                 assert_eq!(
-                    our_greedy(&model, case),
+                    our_greedy(&model, case, KvType::F32),
                     case.greedy_ids,
                     "{name} {dtype} case {ci}"
                 );

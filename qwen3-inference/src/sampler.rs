@@ -944,30 +944,30 @@ mod tests {
             cfg(0.6, 20, 0.95, 0.0, 13),
             cfg(1.0, 0, 1.0, 0.02, 14),
         ] {
-            let mut base = Sampler::new(c.clone()).unwrap();
-            let want: Vec<u32> = (0..20).map(|_| base.sample_body(&l, &[], &[])).collect();
+            // The baseline build, then every other one this CPU can run.
+            let mut builds: Vec<(&str, SampleFn)> = vec![("baseline", Sampler::sample_body)];
             #[cfg(target_arch = "x86_64")]
             {
                 if is_x86_feature_detected!("avx2") {
-                    let mut s = Sampler::new(c.clone()).unwrap();
                     // SAFETY: this CPU has AVX2.
-                    let got: Vec<u32> = (0..20)
-                        .map(|_| unsafe { sample_avx2(&mut s, &l, &[], &[]) })
-                        .collect();
-                    assert_eq!(got, want, "avx2, {c:?}");
+                    builds.push(("avx2", |s, l, c, g| unsafe { sample_avx2(s, l, c, g) }));
                 }
                 if is_x86_feature_detected!("avx512f") {
-                    let mut s = Sampler::new(c.clone()).unwrap();
                     // SAFETY: this CPU has AVX-512F.
-                    let got: Vec<u32> = (0..20)
-                        .map(|_| unsafe { sample_avx512(&mut s, &l, &[], &[]) })
-                        .collect();
-                    assert_eq!(got, want, "avx512, {c:?}");
+                    builds.push(("avx512", |s, l, c, g| unsafe { sample_avx512(s, l, c, g) }));
                 }
             }
-            let mut s = Sampler::new(c.clone()).unwrap();
-            let got: Vec<u32> = (0..20).map(|_| s.sample(&l, &[], &[])).collect();
-            assert_eq!(got, want, "dispatched, {c:?}");
+            builds.push(("dispatched", Sampler::sample));
+            let mut want = None;
+            for (name, build) in builds {
+                let mut s = Sampler::new(c.clone()).unwrap();
+                let got: Vec<u32> = (0..20).map(|_| build(&mut s, &l, &[], &[])).collect();
+                assert_eq!(
+                    got,
+                    *want.get_or_insert_with(|| got.clone()),
+                    "{name}, {c:?}"
+                );
+            }
         }
     }
 
