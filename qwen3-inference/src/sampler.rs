@@ -244,6 +244,17 @@ impl Sampler {
         // 3. Temperature: p ~ exp(l / T). Below 1 sharpens, above 1 flattens. It is applied
         //    inside the filter, to the candidates only: dividing by T > 0 keeps the order.
         let inv_t = 1.0 / self.cfg.temperature;
+        // Room for the whole vocabulary in every buffer, once: how many tokens the filters keep
+        // changes from token to token, and a buffer that grew whenever a step kept more than
+        // any before would allocate in the middle of decoding.
+        if self.candidates.capacity() < vocab {
+            self.candidates.clear();
+            self.candidates.reserve(vocab);
+            self.weights.clear();
+            self.weights.reserve(vocab);
+            self.block_sums.clear();
+            self.block_sums.reserve(vocab.div_ceil(DRAW_BLOCK));
+        }
         // The largest scaled logit: the draw's weights are exp(l - max), at most 1.
         let max = max_value(src) * inv_t;
         let cfg = &self.cfg;
