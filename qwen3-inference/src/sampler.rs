@@ -9,8 +9,8 @@
 use crate::format::GenerationDefaults;
 use crate::kernels::exp::exp;
 use crate::kernels::lanes;
+use crate::kernels::{vector_isa, VectorIsa};
 use anyhow::{bail, Result};
-use std::sync::OnceLock;
 
 /// The sampler's settings. Built from the model's generation_config.json defaults
 /// ([`SamplerConfig::from_defaults`]), then overridden by the command line.
@@ -305,28 +305,22 @@ impl Sampler {
 /// [`Sampler::sample`]'s signature, for [`sample_fn`].
 type SampleFn = fn(&mut Sampler, &[f32], &[u32], &[u32]) -> u32;
 
-/// [`Sampler::sample_body`] compiled for the best instruction set of this CPU, chosen once (as
-/// attention's kernel is, `kernels/attention.rs`). Its passes over the vocabulary (the maximum,
+/// [`Sampler::sample_body`] compiled for the best instruction set of this CPU ([`vector_isa`], as
+/// attention's kernel is). Its passes over the vocabulary (the maximum,
 /// the exponentials, top-p's bands, the draw's block sums) are plain loops that the compiler turns into
 /// vector instructions of the enabled width: SSE2 or NEON by default, AVX2 or AVX-512 in the
 /// wrappers below. The draws are identical in every version: the sums go in fixed lanes, and
 /// Rust never fuses a multiply and an add.
 fn sample_fn() -> SampleFn {
-    static F: OnceLock<SampleFn> = OnceLock::new();
-    *F.get_or_init(|| {
+    match vector_isa() {
         #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx512f") {
-                // SAFETY: only chosen when the CPU has AVX-512F.
-                return |s, l, c, g| unsafe { sample_avx512(s, l, c, g) };
-            }
-            if is_x86_feature_detected!("avx2") {
-                // SAFETY: only chosen when the CPU has AVX2.
-                return |s, l, c, g| unsafe { sample_avx2(s, l, c, g) };
-            }
-        }
-        Sampler::sample_body
-    })
+        // SAFETY: only chosen when the CPU has AVX-512F.
+        VectorIsa::Avx512 => |s, l, c, g| unsafe { sample_avx512(s, l, c, g) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: only chosen when the CPU has AVX2.
+        VectorIsa::Avx2 => |s, l, c, g| unsafe { sample_avx2(s, l, c, g) },
+        VectorIsa::Baseline => Sampler::sample_body,
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

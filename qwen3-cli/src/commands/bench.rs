@@ -205,7 +205,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "bytes_per_token": bytes_per_token,
             "weight_bytes": weight_bytes,
             "kv_bytes_per_token": kv_bytes,
-            "kv_cache": format!("{kv:?}").to_lowercase(),
+            "kv_cache": kv.name(),
             "prompt_tokens": args.prompt,
             "decode_tokens": args.decode,
             "repeats": args.repeats,
@@ -224,7 +224,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         c.dtype,
         weight_bytes as f64 / 1e6,
         kv_bytes / 1e6,
-        format!("{kv:?}").to_lowercase(),
+        kv.name(),
         args.repeats
     );
     let share = |p: Option<PageShare>| {

@@ -286,10 +286,7 @@ fn generate_text<B: Backend>(
             "context: {context_len} positions (model max {}); KV cache up to {:.1} MiB ({})",
             c.max_position_embeddings,
             session.kv_cache_bytes() as f64 / (1u64 << 20) as f64,
-            match session.kv_type() {
-                KvType::F32 => "f32",
-                KvType::Bf16 => "bf16",
-            }
+            session.kv_type().name()
         );
         eprintln!("eos ids: {eos_ids:?}");
         let s = sampler.config();

@@ -7,9 +7,9 @@
 
 use super::exp::exp;
 use super::lanes::sum;
+use super::{vector_isa, VectorIsa};
 use rayon::prelude::*;
 use std::ops::Range;
-use std::sync::OnceLock;
 
 /// Keys are cached in tiles of this many positions, transposed: a tile holds `k[pos][d]` of
 /// `KEY_TILE` consecutive positions as `[head_dim][KEY_TILE]`.
@@ -39,6 +39,14 @@ pub enum KvType {
 }
 
 impl KvType {
+    /// The name `--kv-cache` takes and reports print.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::Bf16 => "bf16",
+        }
+    }
+
     /// Bytes of one stored key or value element.
     pub fn bytes(self) -> usize {
         match self {
@@ -258,43 +266,20 @@ struct Pass {
 type AttendFn<T> =
     fn(o: &mut [f32], q: &[f32], keys: &[T], values: &[T], n: usize, pass: &mut Pass);
 
-/// The instruction sets [`attend_body`] is compiled for.
-#[derive(Clone, Copy)]
-enum Isa {
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    Baseline,
-}
-
 /// [`attend_body`] for cache elements `T`, compiled for the best instruction set of this CPU
-/// (detected once). The body is plain Rust whose loops are elementwise or written in independent
+/// ([`vector_isa`]). The body is plain Rust whose loops are elementwise or written in independent
 /// lanes, which the compiler turns into vector instructions of whatever width the enabled
 /// features give (SSE2 or NEON by default, AVX2 or AVX-512 in the wrappers below). Every version
 /// does the same operations in the same order, so all give bit-identical results (tested).
 fn attend_fn<T: KvElem>() -> AttendFn<T> {
-    static ISA: OnceLock<Isa> = OnceLock::new();
-    let isa = *ISA.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
-            }
-            if is_x86_feature_detected!("avx2") {
-                return Isa::Avx2;
-            }
-        }
-        Isa::Baseline
-    });
-    match isa {
+    match vector_isa() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: only chosen when the CPU has AVX-512F.
-        Isa::Avx512 => |o, q, k, v, n, p| unsafe { attend_avx512(o, q, k, v, n, p) },
+        VectorIsa::Avx512 => |o, q, k, v, n, p| unsafe { attend_avx512(o, q, k, v, n, p) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: only chosen when the CPU has AVX2.
-        Isa::Avx2 => |o, q, k, v, n, p| unsafe { attend_avx2(o, q, k, v, n, p) },
-        _ => attend_body,
+        VectorIsa::Avx2 => |o, q, k, v, n, p| unsafe { attend_avx2(o, q, k, v, n, p) },
+        VectorIsa::Baseline => attend_body,
     }
 }
 

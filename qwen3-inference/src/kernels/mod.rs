@@ -33,6 +33,35 @@ pub use matmul::{matmul, matmuls};
 pub use rmsnorm::rmsnorm;
 pub use rope::{rope, RopeTable};
 
+/// The widest vectors this CPU has for the plain-Rust kernels written in lanes (attention's body,
+/// the sampler's passes), detected once. Each such kernel has one wrapper per variant, compiled
+/// with that instruction set enabled, and picks the wrapper from this.
+#[derive(Clone, Copy)]
+pub(crate) enum VectorIsa {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// SSE2 or NEON, what the target always has.
+    Baseline,
+}
+
+pub(crate) fn vector_isa() -> VectorIsa {
+    static ISA: std::sync::OnceLock<VectorIsa> = std::sync::OnceLock::new();
+    *ISA.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") {
+                return VectorIsa::Avx512;
+            }
+            if is_x86_feature_detected!("avx2") {
+                return VectorIsa::Avx2;
+            }
+        }
+        VectorIsa::Baseline
+    })
+}
+
 /// Threads the kernels split work over (rayon's pool; set `RAYON_NUM_THREADS` to change it).
 pub fn threads() -> usize {
     rayon::current_num_threads()
