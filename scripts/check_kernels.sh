@@ -20,7 +20,7 @@ venv="${QWEN3_CUDA_VENV:-$tmp/venv}"
 if [ ! -x "$venv/bin/python" ]; then
     echo "== installing $NVRTC_WHEEL and $NVCC_WHEEL into $venv"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check "$NVRTC_WHEEL" "$NVCC_WHEEL"
+    "$venv/bin/pip" install --quiet --no-cache-dir --disable-pip-version-check "$NVRTC_WHEEL" "$NVCC_WHEEL"
 fi
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 nvrtc_lib="$site/nvidia/cuda_nvrtc/lib"
