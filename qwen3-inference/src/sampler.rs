@@ -140,10 +140,8 @@ pub struct Sampler {
     work: Vec<f32>,
     /// (logit, token) of the tokens still in the running.
     candidates: Vec<(f32, u32)>,
-    /// Room for top-p's bands of tokens, the size of the vocabulary (see [`nucleus`]).
-    scratch: Vec<(f32, u32)>,
-    /// The largest scaled logit of each block of [`TOP_P_BLOCK`] tokens.
-    block_max: Vec<f32>,
+    /// top-p's buffers (see [`nucleus`]).
+    top_p: TopPBuffers,
     /// exp(logit - max) of each candidate, for the draw.
     weights: Vec<f32>,
     /// The draw's sums of [`DRAW_BLOCK`] weights at a time.
@@ -163,8 +161,7 @@ impl Sampler {
             cfg,
             work: Vec::new(),
             candidates: Vec::new(),
-            scratch: Vec::new(),
-            block_max: Vec::new(),
+            top_p: TopPBuffers::default(),
             weights: Vec::new(),
             block_sums: Vec::new(),
             marks: Vec::new(),
@@ -254,6 +251,10 @@ impl Sampler {
             self.weights.reserve(vocab);
             self.block_sums.clear();
             self.block_sums.reserve(vocab.div_ceil(DRAW_BLOCK));
+            // Tokens too close to be told apart by f32 can leave more than FEW between top-p's
+            // bounds: room for all.
+            self.top_p.between.clear();
+            self.top_p.between.reserve(vocab);
         }
         // The largest scaled logit: the draw's weights are exp(l - max), at most 1.
         let max = max_value(src) * inv_t;
@@ -272,18 +273,26 @@ impl Sampler {
             let u = self.rng.next_f64();
             return draw(&self.weights, u, &mut self.block_sums) as u32;
         }
-        filter(
-            cfg,
-            src,
-            inv_t,
-            max,
-            &mut self.candidates,
-            &mut self.scratch,
-            &mut self.block_max,
-        );
+        if (cfg.top_k == 0 || cfg.top_k >= vocab) && cfg.top_p < 1.0 && max.is_finite() {
+            // 4b. top-p over the whole vocabulary: a small nucleus is listed in the candidates,
+            //     a large one left as the weights of the tokens kept (zeros for the others),
+            //     drawn from as they are.
+            self.weights.resize(vocab, 0.0);
+            let floor = min_p_floor(cfg.min_p, max);
+            let (top_p, buffers) = (cfg.top_p as f64, &mut self.top_p);
+            let (weights, candidates) = (&mut self.weights, &mut self.candidates);
+            let kept = nucleus(src, inv_t, max, top_p, floor, weights, candidates, buffers);
+            if let Nucleus::Weighted(n) = kept {
+                self.last_kept = n;
+                let u = self.rng.next_f64();
+                return draw(&self.weights, u, &mut self.block_sums) as u32;
+            }
+        } else {
+            filter(cfg, src, inv_t, max, &mut self.candidates);
+        }
         self.last_kept = self.candidates.len();
 
-        // 4b. Draw from the kept candidates in proportion to exp(l - max).
+        // 4c. Draw from the kept candidates in proportion to exp(l - max).
         self.weights.resize(self.candidates.len(), 0.0);
         for (w, &(l, _)) in self.weights.iter_mut().zip(&self.candidates) {
             *w = exp(l - max);
@@ -365,46 +374,77 @@ fn draw(weights: &[f32], u: f64, block_sums: &mut Vec<f64>) -> usize {
                 }
             }
             // The lanes summed in another order than this walk: the sliver of rounding left
-            // belongs to the block's last weight.
-            return b * DRAW_BLOCK + block.len() - 1;
+            // belongs to the block's last token with a weight (a zero weight is a token the
+            // filters dropped; this block's sum is positive, so it has one).
+            let last = block
+                .iter()
+                .rposition(|&w| w > 0.0)
+                .unwrap_or(block.len() - 1);
+            return b * DRAW_BLOCK + last;
         }
         r -= s;
     }
-    // Rounding left a sliver of mass past the end: it belongs to the last weight.
-    weights.len().saturating_sub(1)
+    // Rounding left a sliver of mass past the end: it belongs to the last token with a weight.
+    weights
+        .iter()
+        .rposition(|&w| w > 0.0)
+        .unwrap_or(weights.len().saturating_sub(1))
 }
 
 /// Tokens per block of top-p's passes: each block's largest logit is kept, so a pass skips the
-/// blocks that hold no token it wants with one comparison.
-const TOP_P_BLOCK: usize = 64;
-/// A band of more tokens than this is halved before its cut is searched.
-const WIDE_BAND: usize = 1024;
-/// Depth of top-p's first band below the top token, in (temperature-scaled) logits; each band
-/// after it goes twice as deep.
-const FIRST_BAND: f32 = 0.5;
+/// blocks that hold no token it looks for with one comparison.
+const TOP_P_BLOCK: usize = 256;
+/// top-p's search for its cut stops when at most this many tokens lie between its bounds; those
+/// are then sorted.
+const FEW: usize = 1024;
+/// Depth of top-p's first threshold below the top token, in (temperature-scaled) logits; each
+/// next one goes twice as deep.
+const FIRST_DEPTH: f32 = 0.5;
 
-/// top-p over the whole vocabulary, without sorting it.
+/// top-p's buffers, kept across tokens: their sizes follow the vocabulary, not the step.
+#[derive(Default)]
+struct TopPBuffers {
+    /// The largest scaled logit of each block of [`TOP_P_BLOCK`] tokens.
+    block_max: Vec<f32>,
+    /// (scaled logit, token) of the tokens between the search's bounds.
+    between: Vec<(f32, u32)>,
+}
+
+/// What [`nucleus`] left for the draw.
+enum Nucleus {
+    /// The kept tokens are in `candidates`.
+    Listed,
+    /// `weights` holds `exp(l - max)` for each of this many kept tokens and 0 for the others.
+    Weighted(usize),
+}
+
+/// top-p without top-k, with min-p's floor when it is higher. A nucleus of at most [`FEW`]
+/// tokens above the search's upper bound is listed in `candidates`; a larger one is left in
+/// `weights` (`[vocab]`): `exp(l - max)` for every token kept, 0 for every other.
 ///
-/// A selection of the best 64, 256, ... tokens among all 151936 cost 1.5 ms a token at
-/// temperature 1.5, where nearly every token is within reach of the top one
-/// (docs/sampling.md). Instead:
-/// 1. One pass: `z`, the mass `exp(l - max)` of every token within reach, and the largest logit
-///    of each block of [`TOP_P_BLOCK`] tokens (loops the compiler vectorizes).
-/// 2. Bands of growing depth below the top token, `[max - 0.5, max]`, then down to `max - 1`,
-///    `max - 2`, ...: each pass takes the tokens of the next band from the blocks whose largest
-///    logit reaches it (the others are skipped), and adds up their mass. While the mass so far
-///    stays below `top_p * z`, every token of the band is in the nucleus (the mass of the
-///    tokens before each is below the target), unsorted.
-/// 3. In the band where the mass reaches the target, the cut falls: only that band is ordered,
-///    as far as the cut ([`cut_to_nucleus`]). A band of more than [`WIDE_BAND`] tokens is first
-///    halved by logit, as often as needed, keeping the half where the cut falls.
+/// The nucleus can be a few tokens or most of the vocabulary. Sorting (or selecting among) the
+/// 151936 tokens cost 1.5 ms at temperature 1.5, and so does any pass that handles the tokens one
+/// at a time, as collecting them into a list does: 1-2 ns a token on this project's machine
+/// (docs/performance.md, seventh session). So the vocabulary is only read in passes the compiler
+/// vectorizes, and only the tokens around the cut are listed and sorted:
+/// 1. The largest logit of each block of [`TOP_P_BLOCK`] tokens, and `z`, the sum of the
+///    weights `exp(l - max)` of every token within reach of the top one (see [`NEGLIGIBLE`]).
+/// 2. The search: [`above`] gives the mass `M(x)` of the tokens whose logit is at least `x`,
+///    reading only the blocks that reach `x`. The cut lies between two bounds, `hi` with
+///    `M(hi) < top_p * z` (every token at or above `hi` is kept: the mass before each is below
+///    the target) and `lo` with `M(lo) >= top_p * z`. Thresholds go down from the top, 0.5, 1,
+///    2, 4 ... below it, until one reaches the target; then `[lo, hi)` is halved until at most
+///    [`FEW`] tokens lie in it.
+///    Once a threshold reaches most blocks, the weights are written into `weights`, and the
+///    passes after it read them instead of computing an exponential per token.
+/// 3. Those tokens are listed and sorted, and the cut among them found as HF finds it
+///    ([`cut_to_nucleus`]).
+/// 4. A nucleus of many tokens: one pass zeroes the weights of the tokens below the cut (a list
+///    of them would cost a pass that handles them one at a time).
 ///
-/// The bands' masses are f32 sums of 64 weights ([`mass_of`]) and the cut's walk adds weights
-/// in f64; they agree to about 1e-7, as closely as `exp` itself matches the exact exponential.
-///
-/// The nucleus is usually a few tokens near the top, so the bands' passes touch a few blocks.
-/// min-p's floor, when higher, stops the bands there: its prefix is then the shorter one.
-/// `scratch` and `block_max` are buffers of the caller's.
+/// Masses are f32 sums of a block's weights in lanes, added up in f64; the cut's walk adds
+/// weights in f64. They agree to about 1e-7, as closely as `exp` itself matches the exact
+/// exponential. The draw then walks the vocabulary in its own order ([`draw`]).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn nucleus(
@@ -413,106 +453,261 @@ fn nucleus(
     max: f32,
     top_p: f64,
     min_p_floor: f32,
+    weights: &mut [f32],
     candidates: &mut Vec<(f32, u32)>,
-    scratch: &mut Vec<(f32, u32)>,
-    block_max: &mut Vec<f32>,
-) {
-    // 1. z and the blocks' maxima. A token NEGLIGIBLE or more below the top one is out of reach
-    //    (see the constant); a block with none within reach is skipped whole.
+    buffers: &mut TopPBuffers,
+) -> Nucleus {
+    let TopPBuffers { block_max, between } = buffers;
+    // 1. The blocks' maxima, then z, the mass of every token within reach.
     let reach_floor = max - NEGLIGIBLE;
-    block_max.resize(src.len().div_ceil(TOP_P_BLOCK), 0.0);
-    let mut z = 0.0;
-    for (m, block) in block_max.iter_mut().zip(src.chunks(TOP_P_BLOCK)) {
-        *m = max_value(block) * inv_t;
-        if *m >= reach_floor {
-            z += lanes::sum_by(block, |raw| {
-                let l = raw * inv_t;
-                if l >= reach_floor {
-                    exp(l - max)
-                } else {
-                    0.0
-                }
-            }) as f64;
+    block_max.clear();
+    block_max.extend(src.chunks(TOP_P_BLOCK).map(|b| max_value(b) * inv_t));
+    let z = above::<false>(src, inv_t, max, weights, block_max, reach_floor).0;
+    let target = top_p * z;
+    // The weights are written out once a threshold reaches most blocks (a high temperature):
+    // from then on each pass reads them instead of computing an exponential per token. While
+    // the thresholds stay near the top, few blocks are read, and writing the weights of the
+    // whole vocabulary would cost more than the passes.
+    let mut stored = false;
+    let mut above = |x: f32, weights: &mut [f32]| {
+        if !stored && block_max.iter().filter(|&&m| m >= x).count() * 2 > block_max.len() {
+            store_weights(src, inv_t, max, block_max, weights, reach_floor);
+            stored = true;
+        }
+        if stored {
+            above::<true>(src, inv_t, max, weights, block_max, x)
+        } else {
+            above::<false>(src, inv_t, max, weights, block_max, x)
+        }
+    };
+
+    // 2. The bounds. The cut falls at or above min-p's floor, when that is higher than the reach.
+    let lowest = reach_floor.max(min_p_floor);
+    let (mut hi, mut mass_hi, mut count_hi) = (f32::INFINITY, 0.0, 0);
+    let mut depth = FIRST_DEPTH;
+    let (mut lo, mut count_lo) = loop {
+        let x = (max - depth).max(lowest);
+        let (mass, count) = above(x, weights);
+        if mass >= target {
+            break (x, count);
+        }
+        if x <= lowest {
+            // Even every token down to the floor does not reach the target (min-p's floor ends
+            // the search first): all of them are kept.
+            let (cut, last) = (lowest, u32::MAX);
+            if !stored {
+                store_weights(src, inv_t, max, block_max, weights, reach_floor);
+            }
+            let kept = zero_below_cut(src, inv_t, block_max, weights, reach_floor, cut, last);
+            return Nucleus::Weighted(kept);
+        }
+        (hi, mass_hi, count_hi) = (x, mass, count);
+        depth *= 2.0;
+    };
+    while count_lo - count_hi > FEW {
+        // `hi` is infinite until a threshold has missed the target; no logit is above `max`.
+        let top = hi.min(max);
+        let mid = lo + (top - lo) / 2.0;
+        if mid <= lo || mid >= top {
+            break; // as narrow as f32 makes it: the tokens left share (nearly) one logit
+        }
+        let (mass, count) = above(mid, weights);
+        if mass >= target {
+            (lo, count_lo) = (mid, count);
+        } else {
+            (hi, mass_hi, count_hi) = (mid, mass, count);
         }
     }
-    let target = top_p * z;
 
-    // 2. Bands, the tokens in [floor, upper). `scratch` has room for the whole vocabulary, so
-    //    a band is written without a branch per token: each token is stored at the band's end,
-    //    which moves on only when the token belongs (a branch would be mispredicted whenever
-    //    the band cuts through the bulk of the vocabulary).
-    scratch.resize(src.len(), (0.0, 0));
-    let lowest = reach_floor.max(min_p_floor);
+    // 3. The tokens in [lo, hi), sorted, and the cut among them; when the tokens above `hi` are
+    //    few, those too, into `candidates`. Most runs of 16 tokens hold none of either: a count
+    //    over the run (vectorized) skips those.
+    let list = count_hi <= FEW;
+    let upper = if list { f32::INFINITY } else { hi };
+    between.clear();
     candidates.clear();
-    let mut mass = 0.0;
-    let mut upper = f32::INFINITY;
-    let mut depth = FIRST_BAND;
-    loop {
-        let floor = (max - depth).max(lowest);
-        let mut n = 0;
-        for (k, (block, &m)) in src.chunks(TOP_P_BLOCK).zip(block_max.iter()).enumerate() {
-            if m < floor {
+    let inside = |raw: f32| {
+        let l = raw * inv_t;
+        l >= lo && l < upper
+    };
+    for (k, (block, &m)) in src.chunks(TOP_P_BLOCK).zip(block_max.iter()).enumerate() {
+        if m < lo {
+            continue;
+        }
+        for (c, run) in block.chunks(lanes::LANES).enumerate() {
+            if run.iter().map(|&raw| inside(raw) as u32).sum::<u32>() == 0 {
                 continue;
             }
-            for (j, &raw) in block.iter().enumerate() {
-                let l = raw * inv_t;
-                scratch[n] = (l, (k * TOP_P_BLOCK + j) as u32);
-                n += (l >= floor && l < upper) as usize;
-            }
-        }
-        let mut band = &mut scratch[..n];
-        let band_mass = mass_of(band, max);
-        if mass + band_mass >= target {
-            // 3. The cut is in this band. A wide band (a high temperature) is halved first, by
-            //    logit, keeping the half where the cut falls: the upper half goes whole into
-            //    the nucleus when its mass leaves the target unreached.
-            let (mut lo, mut hi) = (floor, upper.min(max + FIRST_BAND));
-            while band.len() > WIDE_BAND {
-                let mid = lo + (hi - lo) / 2.0;
-                if mid <= lo || mid >= hi {
-                    break; // the band is as narrow as f32 can make it
-                }
-                // The tokens at or above mid to the front, without a branch: [0, k) holds
-                // them, [k, i) the others.
-                let mut k = 0;
-                for i in 0..band.len() {
-                    let above = band[i].0 >= mid;
-                    band.swap(i, k);
-                    k += above as usize;
-                }
-                let (above, below) = band.split_at_mut(k);
-                let above_mass = mass_of(above, max);
-                if mass + above_mass >= target {
-                    band = above;
-                    lo = mid;
-                } else {
-                    candidates.extend_from_slice(above);
-                    mass += above_mass;
-                    band = below;
-                    hi = mid;
+            let first = k * TOP_P_BLOCK + c * lanes::LANES;
+            for (j, &raw) in run.iter().enumerate() {
+                let token = (raw * inv_t, (first + j) as u32);
+                if token.0 >= hi {
+                    if list {
+                        candidates.push(token);
+                    }
+                } else if token.0 >= lo {
+                    between.push(token);
                 }
             }
-            let kept = cut_to_nucleus(band, mass, target, max, false);
-            candidates.extend_from_slice(&band[..kept]);
-            return;
         }
-        candidates.extend_from_slice(band);
-        mass += band_mass;
-        if floor <= lowest {
-            // Every token within reach (or above min-p's floor) is needed.
-            return;
+    }
+    between.sort_unstable_by(descending);
+    let kept = cut_to_nucleus(between, mass_hi, target, max, true);
+    // The last token kept: every token above its logit stays, and of those equal to it the ones
+    // with no larger id (the order `descending` gives ties).
+    let (cut, last) = match between.get(kept.wrapping_sub(1)) {
+        Some(&(l, id)) => (l, id),
+        None => (lo, u32::MAX), // no token between the bounds: cannot happen, keep [lo, ..)
+    };
+
+    if list {
+        candidates.extend_from_slice(&between[..kept]);
+        return Nucleus::Listed;
+    }
+
+    // 4.
+    if !stored {
+        store_weights(src, inv_t, max, block_max, weights, reach_floor);
+    }
+    Nucleus::Weighted(zero_below_cut(
+        src,
+        inv_t,
+        block_max,
+        weights,
+        reach_floor,
+        cut,
+        last,
+    ))
+}
+
+/// The mass and the number of the tokens whose scaled logit is at least `x` (`x` within reach,
+/// see [`NEGLIGIBLE`]), from the blocks whose largest logit reaches it. Their weights
+/// `exp(l - max)` are read from `weights` if `STORED`, computed otherwise (the same values).
+///
+/// In lanes across blocks: each block's masked weights go into 16 f32 lanes, which are then added
+/// into 16 f64 lanes. (A sum of each block on its own, its lanes added up before the next, kept
+/// the compiler from vectorizing the loop: 125-160 us a pass over 151936 tokens, against 28.)
+#[inline(always)]
+fn above<const STORED: bool>(
+    src: &[f32],
+    inv_t: f32,
+    max: f32,
+    weights: &[f32],
+    block_max: &[f32],
+    x: f32,
+) -> (f64, usize) {
+    const L: usize = lanes::LANES;
+    let (mut mass, mut count) = ([0f64; L], [0u32; L]);
+    let whole = src.len() / TOP_P_BLOCK * TOP_P_BLOCK;
+    for ((block, w), &m) in src[..whole]
+        .chunks_exact(TOP_P_BLOCK)
+        .zip(weights.chunks_exact(TOP_P_BLOCK))
+        .zip(block_max)
+    {
+        if m < x {
+            continue;
         }
-        upper = floor;
-        depth *= 2.0;
+        let mut part = [0f32; L];
+        for (l16, w16) in block.chunks_exact(L).zip(w.chunks_exact(L)) {
+            for i in 0..L {
+                let l = l16[i] * inv_t;
+                let weight = if STORED { w16[i] } else { exp(l - max) };
+                part[i] += lanes::select(l >= x, weight);
+                count[i] += (l >= x) as u32;
+            }
+        }
+        for i in 0..L {
+            mass[i] += part[i] as f64;
+        }
+    }
+    let (mut mass, mut count) = (mass.iter().sum::<f64>(), count.iter().sum::<u32>() as usize);
+    // The last, shorter block.
+    for &raw in &src[whole..] {
+        let l = raw * inv_t;
+        if l >= x {
+            mass += exp(l - max) as f64;
+            count += 1;
+        }
+    }
+    (mass, count)
+}
+
+/// `weights[i] = exp(l_i - max)` for every token within reach, 0 for the others.
+#[inline(always)]
+fn store_weights(
+    src: &[f32],
+    inv_t: f32,
+    max: f32,
+    block_max: &[f32],
+    weights: &mut [f32],
+    reach_floor: f32,
+) {
+    const L: usize = lanes::LANES;
+    for ((block, w), &m) in src
+        .chunks(TOP_P_BLOCK)
+        .zip(weights.chunks_mut(TOP_P_BLOCK))
+        .zip(block_max)
+    {
+        if m < reach_floor {
+            w.fill(0.0);
+            continue;
+        }
+        // In runs of 16, as `above` (as one loop over the block it was not vectorized).
+        let whole = block.len() / L * L;
+        for (b16, w16) in block[..whole].chunks_exact(L).zip(w.chunks_exact_mut(L)) {
+            for i in 0..L {
+                let l = b16[i] * inv_t;
+                w16[i] = lanes::select(l >= reach_floor, exp(l - max));
+            }
+        }
+        for (wi, &raw) in w[whole..].iter_mut().zip(&block[whole..]) {
+            let l = raw * inv_t;
+            *wi = lanes::select(l >= reach_floor, exp(l - max));
+        }
     }
 }
 
-/// Leaves in `candidates` the tokens top-k, top-p and min-p keep (the argmax always among them);
-/// `max` is the largest scaled logit. Each filter keeps a prefix of the tokens sorted by
-/// probability, so the result is the shortest of the three prefixes. Nothing sorts the whole
-/// vocabulary: top-k keeps its k in order as it scans, top-p sorts only the tokens of the band
-/// where its cut falls ([`nucleus`]). Works on `src * inv_t` (the temperature applied) without
-/// writing it out.
+/// Keeps the weights of the tokens whose scaled logit is above `cut`, or equal to it with an id
+/// of at most `last`, and zeroes the others; returns how many are kept. Blocks with no token at
+/// or above `reach_floor` are zero already.
+#[inline(always)]
+fn zero_below_cut(
+    src: &[f32],
+    inv_t: f32,
+    block_max: &[f32],
+    weights: &mut [f32],
+    reach_floor: f32,
+    cut: f32,
+    last: u32,
+) -> usize {
+    let mut kept = 0;
+    for (k, ((block, w), &m)) in src
+        .chunks(TOP_P_BLOCK)
+        .zip(weights.chunks_mut(TOP_P_BLOCK))
+        .zip(block_max)
+        .enumerate()
+    {
+        if m < reach_floor {
+            continue;
+        }
+        let first = (k * TOP_P_BLOCK) as u32;
+        let mut n = 0;
+        for (j, (wi, &raw)) in w.iter_mut().zip(block).enumerate() {
+            let l = raw * inv_t;
+            let keep = l > cut || (l == cut && first + j as u32 <= last);
+            *wi = lanes::select(keep, *wi);
+            n += keep as u32;
+        }
+        kept += n as usize;
+    }
+    kept
+}
+
+/// Leaves in `candidates` the tokens top-k, top-p and min-p keep (the argmax always among them),
+/// except for top-p without top-k, which [`nucleus`] does; `max` is the largest scaled logit.
+/// Each filter keeps a prefix of the tokens sorted by probability, so the result is the shortest
+/// of the three prefixes. Nothing sorts the whole vocabulary: top-k keeps its k in order as it
+/// scans. Works on `src * inv_t` (the temperature applied) without writing it out.
 #[inline(always)]
 fn filter(
     cfg: &SamplerConfig,
@@ -520,8 +715,6 @@ fn filter(
     inv_t: f32,
     max: f32,
     candidates: &mut Vec<(f32, u32)>,
-    scratch: &mut Vec<(f32, u32)>,
-    block_max: &mut Vec<f32>,
 ) {
     let (top_k, top_p, min_p) = (cfg.top_k, cfg.top_p as f64, cfg.min_p);
     // Scaled logit of token i: src[i] * inv_t, computed where a candidate is kept.
@@ -532,14 +725,7 @@ fn filter(
         candidates.push((0.0, argmax(src) as u32));
         return;
     }
-    // min-p: p_i >= min_p * p_max  <=>  l_i >= l_max + ln(min_p). Dropping these before top-p's
-    // cut is safe: min-p would drop them after it anyway, and top-p's cut only depends on the
-    // mass of tokens above it, which min-p never removes.
-    let min_p_floor = if min_p > 0.0 {
-        max + min_p.ln()
-    } else {
-        f32::NEG_INFINITY
-    };
+    let min_p_floor = min_p_floor(min_p, max);
     candidates.clear();
 
     if top_k > 0 && top_k < src.len() {
@@ -558,20 +744,7 @@ fn filter(
         return;
     }
 
-    if top_p < 1.0 {
-        nucleus(
-            src,
-            inv_t,
-            max,
-            top_p,
-            min_p_floor,
-            candidates,
-            scratch,
-            block_max,
-        );
-        return;
-    }
-
+    debug_assert!(top_p >= 1.0, "top-p without top-k is `nucleus`'s");
     // min-p alone: tokens more than NEGLIGIBLE below the maximum cannot pass (see the
     // constant), so the floor is at least that. With no filter at all every token stays.
     if min_p > 0.0 {
@@ -581,24 +754,23 @@ fn filter(
     }
 }
 
+/// min-p: `p_i >= min_p * p_max`  <=>  `l_i >= l_max + ln(min_p)`, the floor on scaled logits
+/// (none when min-p is off). Dropping the tokens below it before top-p's cut is safe: min-p would
+/// drop them after it anyway, and top-p's cut only depends on the mass of the tokens above it,
+/// which min-p never removes.
+#[inline(always)]
+fn min_p_floor(min_p: f32, max: f32) -> f32 {
+    if min_p > 0.0 {
+        max + min_p.ln()
+    } else {
+        f32::NEG_INFINITY
+    }
+}
+
 /// Unnormalised probability of scaled logit `l`: `exp(l - max)`, summed in f64.
 #[inline(always)]
 fn weight(l: f32, max: f32) -> f64 {
     exp(l - max) as f64
-}
-
-/// The summed weights of `c`, 64 at a time in f32 lanes (vectorized), the blocks' sums in f64.
-#[inline(always)]
-fn mass_of(c: &[(f32, u32)], max: f32) -> f64 {
-    let mut w = [0f32; 64];
-    let mut total = 0.0;
-    for block in c.chunks(64) {
-        for (wi, &(l, _)) in w.iter_mut().zip(block) {
-            *wi = exp(l - max);
-        }
-        total += lanes::sum(&w[..block.len()]) as f64;
-    }
-    total
 }
 
 /// `candidates` = (scaled logit, token) of every token whose scaled logit is at least `floor`.
@@ -816,17 +988,7 @@ mod tests {
             let inside: std::collections::HashSet<usize> =
                 order[..nucleus].iter().copied().collect();
             let mut s = Sampler::new(cfg(1.0, 0, p, 0.0, 5)).unwrap();
-            let max = max_value(&l);
-            filter(
-                &s.cfg,
-                &l,
-                1.0,
-                max,
-                &mut s.candidates,
-                &mut s.scratch,
-                &mut s.block_max,
-            );
-            assert_eq!(s.candidates.len(), nucleus, "n {n} p {p}");
+            assert_eq!(kept_by_nucleus(&mut s, &l).len(), nucleus, "n {n} p {p}");
             let mut seen = std::collections::HashSet::new();
             for _ in 0..4000 {
                 let t = s.sample(&l, &[], &[]) as usize;
@@ -838,6 +1000,39 @@ mod tests {
             }
             if nucleus <= 50 {
                 assert_eq!(seen.len(), nucleus, "every nucleus token is reachable");
+            }
+        }
+    }
+
+    /// The tokens [`nucleus`] keeps (top-p and min-p without top-k, as `sample` runs it), in
+    /// increasing order; checks the count it returns.
+    fn kept_by_nucleus(s: &mut Sampler, l: &[f32]) -> Vec<u32> {
+        let inv_t = 1.0 / s.cfg.temperature;
+        let max = max_value(l) * inv_t;
+        let floor = min_p_floor(s.cfg.min_p, max);
+        let mut w = vec![0f32; l.len()];
+        let mut c = Vec::new();
+        match nucleus(
+            l,
+            inv_t,
+            max,
+            s.cfg.top_p as f64,
+            floor,
+            &mut w,
+            &mut c,
+            &mut s.top_p,
+        ) {
+            Nucleus::Listed => {
+                let mut kept: Vec<u32> = c.iter().map(|&(_, i)| i).collect();
+                kept.sort_unstable();
+                kept
+            }
+            Nucleus::Weighted(n) => {
+                let kept: Vec<u32> = (0..l.len() as u32)
+                    .filter(|&i| w[i as usize] > 0.0)
+                    .collect();
+                assert_eq!(kept.len(), n, "the count nucleus returns");
+                kept
             }
         }
     }
@@ -865,9 +1060,9 @@ mod tests {
         kept
     }
 
-    /// Top-p over the whole vocabulary goes by bands and halves wide ones (`nucleus`): the kept
-    /// set must be exactly the reference's, from a few tokens to tens of thousands, with and
-    /// without min-p binding first.
+    /// Top-p over the whole vocabulary searches its cut by thresholds (`nucleus`): the kept set
+    /// must be exactly the reference's, from a few tokens to nearly all, with and without min-p
+    /// binding first.
     #[test]
     fn top_p_and_min_p_keep_exactly_the_reference_set() {
         let vocab = 151936;
@@ -895,18 +1090,7 @@ mod tests {
             }
             let want = reference_kept(&l, t, p, min_p);
             let mut s = Sampler::new(cfg(t, 0, p, min_p, 5)).unwrap();
-            let max = max_value(&l) * (1.0 / t);
-            filter(
-                &s.cfg,
-                &l,
-                1.0 / t,
-                max,
-                &mut s.candidates,
-                &mut s.scratch,
-                &mut s.block_max,
-            );
-            let mut got: Vec<u32> = s.candidates.iter().map(|&(_, i)| i).collect();
-            got.sort_unstable();
+            let got = kept_by_nucleus(&mut s, &l);
             assert_eq!(
                 got.len(),
                 want.len(),
