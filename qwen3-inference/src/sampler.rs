@@ -316,7 +316,7 @@ type SampleFn = fn(&mut Sampler, &[f32], &[u32], &[u32]) -> u32;
 
 /// [`Sampler::sample_body`] compiled for the best instruction set of this CPU ([`vector_isa`], as
 /// attention's kernel is). Its passes over the vocabulary (the maximum,
-/// the exponentials, top-p's bands, the draw's block sums) are plain loops that the compiler turns into
+/// the exponentials, top-p's thresholds, the draw's block sums) are plain loops that the compiler turns into
 /// vector instructions of the enabled width: SSE2 or NEON by default, AVX2 or AVX-512 in the
 /// wrappers below. The draws are identical in every version: the sums go in fixed lanes, and
 /// Rust never fuses a multiply and an add.
