@@ -1073,6 +1073,9 @@ mod tests {
             (vocab, 12.0, 1.0, 0.9, 0.0, true),
             (vocab, 12.0, 1.5, 0.95, 0.0, true),
             (vocab, 12.0, 0.7, 0.8, 0.0, true),
+            // The spikes hold most of the mass: the cut is found while few blocks are read, so
+            // the search's passes compute the weights instead of reading them back.
+            (vocab, 4.0, 0.5, 0.8, 0.0, true),
             (vocab, 20.0, 1.0, 0.9, 0.05, false),
             (vocab, 8.0, 1.0, 0.5, 0.3, false),
             (vocab, 8.0, 1.0, 0.99, 0.5, false),
