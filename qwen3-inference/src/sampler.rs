@@ -495,10 +495,7 @@ fn nucleus(
             // Even every token down to the floor does not reach the target (min-p's floor ends
             // the search first): all of them are kept.
             let (cut, last) = (lowest, u32::MAX);
-            if !stored {
-                store_weights(src, inv_t, max, block_max, weights, reach_floor);
-            }
-            let kept = zero_below_cut(src, inv_t, block_max, weights, reach_floor, cut, last);
+            let kept = keep_above_cut(src, inv_t, max, block_max, weights, stored, cut, last);
             return Nucleus::Weighted(kept);
         }
         (hi, mass_hi, count_hi) = (x, mass, count);
@@ -552,7 +549,7 @@ fn nucleus(
         }
     }
     between.sort_unstable_by(descending);
-    let kept = cut_to_nucleus(between, mass_hi, target, max, true);
+    let kept = cut_to_nucleus(between, mass_hi, target, max);
     // The last token kept: every token above its logit stays, and of those equal to it the ones
     // with no larger id (the order `descending` gives ties).
     let (cut, last) = match between.get(kept.wrapping_sub(1)) {
@@ -566,17 +563,8 @@ fn nucleus(
     }
 
     // 4.
-    if !stored {
-        store_weights(src, inv_t, max, block_max, weights, reach_floor);
-    }
-    Nucleus::Weighted(zero_below_cut(
-        src,
-        inv_t,
-        block_max,
-        weights,
-        reach_floor,
-        cut,
-        last,
+    Nucleus::Weighted(keep_above_cut(
+        src, inv_t, max, block_max, weights, stored, cut, last,
     ))
 }
 
@@ -667,16 +655,19 @@ fn store_weights(
     }
 }
 
-/// Keeps the weights of the tokens whose scaled logit is above `cut`, or equal to it with an id
-/// of at most `last`, and zeroes the others; returns how many are kept. Blocks with no token at
-/// or above `reach_floor` are zero already.
+/// Leaves in `weights` the weight `exp(l - max)` of each token whose scaled logit is above `cut`,
+/// or equal to it with an id of at most `last`, and 0 for every other; returns how many are kept.
+/// The weights are read back when `stored` (written by [`store_weights`]), computed otherwise.
+/// `cut` is within reach (see [`NEGLIGIBLE`]), so the blocks that do not reach it keep nothing.
 #[inline(always)]
-fn zero_below_cut(
+#[allow(clippy::too_many_arguments)]
+fn keep_above_cut(
     src: &[f32],
     inv_t: f32,
+    max: f32,
     block_max: &[f32],
     weights: &mut [f32],
-    reach_floor: f32,
+    stored: bool,
     cut: f32,
     last: u32,
 ) -> usize {
@@ -687,7 +678,8 @@ fn zero_below_cut(
         .zip(block_max)
         .enumerate()
     {
-        if m < reach_floor {
+        if m < cut {
+            w.fill(0.0);
             continue;
         }
         let first = (k * TOP_P_BLOCK) as u32;
@@ -695,7 +687,7 @@ fn zero_below_cut(
         for (j, (wi, &raw)) in w.iter_mut().zip(block).enumerate() {
             let l = raw * inv_t;
             let keep = l > cut || (l == cut && first + j as u32 <= last);
-            *wi = lanes::select(keep, *wi);
+            *wi = lanes::select(keep, if stored { *wi } else { exp(l - max) });
             n += keep as u32;
         }
         kept += n as usize;
@@ -738,7 +730,7 @@ fn filter(
         };
         candidates.retain(|&(l, _)| l >= min_p_floor);
         if top_p < 1.0 {
-            let kept = cut_to_nucleus(candidates, 0.0, top_p * z, max, true);
+            let kept = cut_to_nucleus(candidates, 0.0, top_p * z, max);
             candidates.truncate(kept);
         }
         return;
@@ -821,43 +813,20 @@ fn top_k_sorted(src: &[f32], inv_t: f32, top_k: usize, candidates: &mut Vec<(f32
     }
 }
 
-/// top-p's cut: how many of `candidates`, the most likely first, to keep while the mass before
-/// each is below `target` (HF keeps the token that crosses top_p): the smallest set reaching it.
+/// top-p's cut: how many of `sorted` (the most likely first) to keep while the mass before each
+/// is below `target` (HF keeps the token that crosses top_p): the smallest set reaching it.
 /// `mass_before` is the mass of the tokens already kept above these. All of them when together
 /// they stay below `target`; at least one.
-///
-/// Unless `sorted`, only a growing prefix (64, 256, ...) is selected and sorted until its mass
-/// reaches the target: the nucleus is usually a few dozen tokens. The kept ones end up first.
 #[inline(always)]
-fn cut_to_nucleus(
-    candidates: &mut [(f32, u32)],
-    mass_before: f64,
-    target: f64,
-    max: f32,
-    sorted: bool,
-) -> usize {
-    let mut m = 64;
-    loop {
-        let n = candidates.len();
-        let prefix = m.min(n);
-        if !sorted {
-            if m < n {
-                candidates.select_nth_unstable_by(m - 1, descending);
-            }
-            candidates[..prefix].sort_unstable_by(descending);
+fn cut_to_nucleus(sorted: &[(f32, u32)], mass_before: f64, target: f64, max: f32) -> usize {
+    let mut mass = mass_before;
+    for (i, &(l, _)) in sorted.iter().enumerate() {
+        if mass >= target {
+            return i.max(1);
         }
-        let mut mass = mass_before;
-        for (i, &(l, _)) in candidates[..prefix].iter().enumerate() {
-            if mass >= target {
-                return i.max(1);
-            }
-            mass += weight(l, max);
-        }
-        if prefix == n {
-            return n;
-        }
-        m *= 4;
+        mass += weight(l, max);
     }
+    sorted.len()
 }
 
 /// The largest value (NaNs ignored), in 16 independent running maxima so that the compiler can
