@@ -7,6 +7,7 @@
 
 use super::exp::exp;
 use super::lanes::sum;
+use super::team::Team;
 use super::{vector_isa, VectorIsa};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -184,6 +185,19 @@ pub fn attention<T: KvElem, C: AsRef<[T]> + Sync>(
     let attend = attend_fn::<T>();
     // out[i][kv * group .. (kv + 1) * group][..]: the group's heads are consecutive (repeat_kv),
     // so each task's output is one contiguous block of group * head_dim values.
+    if t == 1 {
+        // Decode: the kv heads are parts of a job of the decode team (team.rs), each thread
+        // owning a run of them, as in the products around attention.
+        let block = group * hd;
+        Team::current().split([out], block, |_, start, part| {
+            for (j, out_g) in part.chunks_mut(block).enumerate() {
+                let kv = start / block + j;
+                let q_g = &q[kv * block..(kv + 1) * block];
+                attend_head(attend, out_g, q_g, chunks, kv, start_pos + 1, hd);
+            }
+        });
+        return;
+    }
     out.par_chunks_mut(group * hd)
         .zip(q.par_chunks(group * hd))
         .enumerate()

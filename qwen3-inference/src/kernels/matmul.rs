@@ -6,19 +6,14 @@
 //! rows, so each thread streams its own contiguous slice of the weights.
 
 use super::dot::{dots, ActsQ8, ActsQ8Buf};
+use super::team::Team;
 use crate::format::reader::{TensorData, TensorView};
 use rayon::prelude::*;
 
-/// Output rows handed to one rayon task in prefill, and the fewest in decode. Large enough that
-/// scheduling costs nothing next to the dot products, small enough that two cores stay balanced
-/// on the smallest matrices.
+/// Output rows handed to one rayon task in prefill. Large enough that scheduling costs nothing
+/// next to the dot products, small enough that two cores stay balanced on the smallest matrices.
+/// Decode's parts of a matrix (team.rs) start on multiples of it too.
 const ROWS_PER_TASK: usize = 16;
-
-/// Decode cuts each matrix into about this many tasks per thread: enough for the threads to
-/// balance, few enough that the cost of a task (scheduling, the kernel's length checks) stays out
-/// of the profile. Fixed 16-row tasks cost 1.0-1.1% of a one-thread decode step (perf), most in
-/// the 9496 tasks of the 151936-row classifier.
-const DECODE_TASKS_PER_THREAD: usize = 16;
 
 /// `out[i, r] = sum_c x[i, c] * w[r, c]`.
 ///
@@ -59,22 +54,13 @@ pub fn matmuls<const N: usize>(outs: [&mut [f32]; N], x: &[f32], ws: [&TensorVie
     }
     with_activations(x, t, cols, &ws, |acts| {
         if t == 1 {
-            // Decode: `[1, rows]` and `[rows, 1]` are the same layout, so each task writes its
-            // contiguous slice of an output directly and streams the matching block of weight
-            // rows. One parallel iterator covers the blocks of every matrix.
-            let threads = rayon::current_num_threads();
-            outs.into_par_iter()
-                .zip(ws)
-                .flat_map(|(out, w)| {
-                    let per_task = out
-                        .len()
-                        .div_ceil(DECODE_TASKS_PER_THREAD * threads)
-                        .next_multiple_of(ROWS_PER_TASK);
-                    out.par_chunks_mut(per_task)
-                        .enumerate()
-                        .map(move |(chunk, block)| (w, chunk * per_task, block))
-                })
-                .for_each(|(w, r0, block)| fill_block(w, x, acts, 1, r0, block));
+            // Decode: `[1, rows]` and `[rows, 1]` are the same layout, so each part writes its
+            // rows of an output directly and streams the matching rows of the matrix. The
+            // decode team (team.rs) gives each thread a contiguous run of every output's parts,
+            // and the job ends once, after the last matrix.
+            Team::current().split(outs, ROWS_PER_TASK, |k, r0, part| {
+                fill_block(ws[k], x, acts, 1, r0, part)
+            });
         } else {
             for (out, w) in outs.into_iter().zip(ws) {
                 prefill(out, w.shape[0] as usize, t, |r0, block| {

@@ -25,6 +25,7 @@ pub(crate) mod lanes;
 mod matmul;
 mod rmsnorm;
 mod rope;
+pub(crate) mod team;
 
 pub use attention::{attention, AttentionShape, KvType};
 pub use elementwise::{add, silu_mul};
