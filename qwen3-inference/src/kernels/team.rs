@@ -34,8 +34,11 @@ use std::time::{Duration, Instant};
 const SPIN: Duration = Duration::from_micros(200);
 
 /// Each member's share of an output is cut into about this many parts. One part is the most a
-/// descheduled member can hold up the others by; each part costs one atomic add.
-const PARTS_PER_MEMBER: usize = 8;
+/// descheduled member can hold up the others by, and at the end of a job the caller waits for
+/// the part a worker is in the middle of; each part costs one atomic add. Two threads decoding
+/// the 0.6B shape waited 4.3-8.0 us a job with 4 parts, 3.3-5.3 with 8, 2.3-3.9 with 16 and
+/// 1.5-3.2 with 32 (jobs of 110-170 us; docs/performance.md, eighth session).
+const PARTS_PER_MEMBER: usize = 16;
 
 /// A job: `parts(owner)` parts belong to each member `owner`, and `run(owner, i)` does part `i`
 /// of them. Every part is run exactly once, by some member.
@@ -352,8 +355,9 @@ mod tests {
             stalled.load(Ordering::Relaxed),
             "the worker never took a part"
         );
-        // 1024 values in 16 parts of 64.
-        assert_eq!(by_caller.load(Ordering::Relaxed), 1024 - 64);
+        // 1024 values in parts of 1024 / (2 * PARTS_PER_MEMBER) (a multiple of 16).
+        let part = 1024 / (2 * PARTS_PER_MEMBER);
+        assert_eq!(by_caller.load(Ordering::Relaxed), 1024 - part);
     }
 
     #[test]
