@@ -17,16 +17,16 @@
 //! worker is in the middle of.
 //!
 //! The team is the calling thread plus `size - 1` workers, started once per team size and kept.
-//! Between jobs a worker spins for [`SPIN`] (the next product of a step comes within
+//! Between jobs a worker waits busily for [`SPIN`] (the next product of a step comes within
 //! microseconds), then sleeps on a condition variable, so an idle process does not keep a core
-//! busy.
+//! busy. Every busy wait gives up its core after [`YIELD_AFTER`] (see [`Wait`]).
 //!
 //! Prefill keeps rayon: its loops are long, and a busy team would compete with rayon's threads
 //! for the cores. Only decode (one token) uses the team, so the two are never busy at once.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -94,9 +94,13 @@ impl Team {
         team
     }
 
-    /// The team as large as rayon's pool on this thread (the thread count `--threads` sets).
+    /// The team as large as rayon's pool on this thread (the thread count `--threads` sets), but
+    /// no larger than the cores this process may run on: decode is bound by memory, and a member
+    /// without a core of its own only makes the others wait for it.
     pub fn current() -> &'static Team {
-        Team::of_size(rayon::current_num_threads())
+        static CORES: OnceLock<usize> = OnceLock::new();
+        let cores = *CORES.get_or_init(|| thread::available_parallelism().map_or(1, |n| n.get()));
+        Team::of_size(rayon::current_num_threads().min(cores))
     }
 
     fn start(size: usize) -> Team {
@@ -156,6 +160,7 @@ impl Team {
         let mine = catch_unwind(AssertUnwindSafe(|| take_parts(s, job, 0)));
         // Every part is taken; close the job once the workers inside have finished theirs. The
         // Acquire pairs with a worker's Release on leaving: its writes are visible after this.
+        let mut wait = Wait::new();
         loop {
             let now = s.state.load(Ordering::Acquire);
             if now & INSIDE == 0
@@ -165,7 +170,7 @@ impl Team {
             {
                 break;
             }
-            std::hint::spin_loop();
+            wait.spin();
         }
         s.job.store(std::ptr::null_mut(), Ordering::Relaxed);
         if let Err(panic) = mine {
@@ -250,8 +255,7 @@ unsafe impl Sync for SendPtr {}
 fn worker(s: &Shared, member: usize) {
     // The number of the last job this worker entered: it enters each job once.
     let mut last = 0;
-    let mut since = Instant::now();
-    let mut spins = 0u32;
+    let mut wait = Wait::new();
     loop {
         let now = s.state.load(Ordering::Acquire);
         let number = now & !(ONE_JOB - 1);
@@ -272,12 +276,10 @@ fn worker(s: &Shared, member: usize) {
                 s.panicked.store(true, Ordering::Relaxed);
             }
             s.state.fetch_sub(1, Ordering::Release);
-            since = Instant::now();
+            wait = Wait::new();
             continue;
         }
-        spins = spins.wrapping_add(1);
-        if !spins.is_multiple_of(256) || since.elapsed() < SPIN {
-            std::hint::spin_loop();
+        if wait.spin() < SPIN {
             continue;
         }
         // Sleep until the job number moves. `sleepers` is raised before the state is read
@@ -290,7 +292,47 @@ fn worker(s: &Shared, member: usize) {
         }
         s.sleepers.fetch_sub(1, Ordering::SeqCst);
         drop(lock);
-        since = Instant::now();
+        wait = Wait::new();
+    }
+}
+
+/// A busy wait that gives up its core once it has lasted [`YIELD_AFTER`]. A job's parts and the
+/// gaps between jobs are a few microseconds, and spinning sees the end of one sooner than any
+/// sleep. But when more threads are ready to run than there are cores (`--threads` above the
+/// core count, or another busy process), a spinning thread can hold the core that the thread it
+/// waits for needs. `yield_now` lets that thread run, and costs a system call when nothing else
+/// is waiting.
+struct Wait {
+    since: Instant,
+    spins: u32,
+}
+
+/// How long a wait spins before it starts to yield its core.
+const YIELD_AFTER: Duration = Duration::from_micros(20);
+
+impl Wait {
+    fn new() -> Wait {
+        Wait {
+            since: Instant::now(),
+            spins: 0,
+        }
+    }
+
+    /// One round of waiting; returns how long the wait has lasted (read every 64 rounds, else
+    /// zero).
+    fn spin(&mut self) -> Duration {
+        self.spins = self.spins.wrapping_add(1);
+        if !self.spins.is_multiple_of(64) {
+            std::hint::spin_loop();
+            return Duration::ZERO;
+        }
+        let waited = self.since.elapsed();
+        if waited < YIELD_AFTER {
+            std::hint::spin_loop();
+        } else {
+            thread::yield_now();
+        }
+        waited
     }
 }
 
