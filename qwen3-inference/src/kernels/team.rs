@@ -144,10 +144,10 @@ impl Team {
         // a plain store is enough; its Release publishes the job and the counters above.
         //
         // Lifetime: `job` and what it borrows stay alive until this function returns. A worker
-        // reads `s.job` only after entering the job (`enter`), and the job is closed below only
-        // when no worker is inside; after that, no worker can enter it (entering needs the state
-        // this store writes, and the number in it changes with every job; it would take 2^40
-        // jobs while one worker is stopped between a load and the next instruction for the
+        // reads `s.job` only after entering the job (see `worker`), and the job is closed below
+        // only when no worker is inside; after that, no worker can enter it (entering needs the
+        // state this store writes, and the number in it changes with every job; it would take
+        // 2^40 jobs while one worker is stopped between a load and the next instruction for the
         // number to come back). So erasing the lifetime never lets a worker see `job` dangle.
         let erased = (job as *const Job<'_>).cast_mut().cast::<Job<'static>>();
         s.job.store(erased, Ordering::Relaxed);
