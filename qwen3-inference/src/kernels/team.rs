@@ -340,6 +340,14 @@ impl Wait {
 mod tests {
     use super::*;
 
+    /// Spins until `flag` is set, or 5 s have passed (the test's assertions then fail).
+    fn wait_for(flag: &AtomicBool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !flag.load(Ordering::Relaxed) && Instant::now() < deadline {
+            std::hint::spin_loop();
+        }
+    }
+
     #[test]
     fn split_covers_every_value_once() {
         for size in [1, 2, 3] {
@@ -380,12 +388,9 @@ mod tests {
         let by_caller = AtomicUsize::new(0);
         let stalled = AtomicBool::new(false);
         let caller = thread::current().id();
-        let deadline = Instant::now() + Duration::from_secs(5);
         team.split([&mut out], 16, |_, _, part| {
             if thread::current().id() == caller {
-                while !stalled.load(Ordering::Relaxed) && Instant::now() < deadline {
-                    std::hint::spin_loop();
-                }
+                wait_for(&stalled);
                 by_caller.fetch_add(part.len(), Ordering::Relaxed);
             } else if !stalled.swap(true, Ordering::Relaxed) {
                 thread::sleep(Duration::from_millis(300));
@@ -411,15 +416,12 @@ mod tests {
             // one of them.
             let failed = AtomicBool::new(false);
             let mut out = vec![0f32; 1024];
-            let deadline = Instant::now() + Duration::from_secs(5);
             team.split([&mut out], 16, |_, _, _| {
                 if thread::current().id() != caller {
                     failed.store(true, Ordering::Relaxed);
                     panic!("worker's part fails");
                 }
-                while !failed.load(Ordering::Relaxed) && Instant::now() < deadline {
-                    std::hint::spin_loop();
-                }
+                wait_for(&failed);
             });
         }));
         assert!(r.is_err());
@@ -438,14 +440,11 @@ mod tests {
             // The caller's parts wait until a worker has done one, so a worker must wake.
             let woke = AtomicBool::new(false);
             let mut out = vec![0f32; 1024];
-            let deadline = Instant::now() + Duration::from_secs(5);
             team.split([&mut out], 16, |_, _, part| {
                 if thread::current().id() != caller {
                     woke.store(true, Ordering::Relaxed);
                 } else {
-                    while !woke.load(Ordering::Relaxed) && Instant::now() < deadline {
-                        std::hint::spin_loop();
-                    }
+                    wait_for(&woke);
                 }
                 part.fill(3.0);
             });
