@@ -64,6 +64,7 @@ pub(crate) fn vector_isa() -> VectorIsa {
 }
 
 /// Threads the kernels split work over (rayon's pool; set `RAYON_NUM_THREADS` to change it).
+/// Decode uses no more of them than the cores the process may run on (`team.rs`).
 pub fn threads() -> usize {
     rayon::current_num_threads()
 }

@@ -97,13 +97,13 @@ impl Team {
         team
     }
 
-    /// The team as large as rayon's pool on this thread (the thread count `--threads` sets), but
-    /// no larger than the cores this process may run on: decode is bound by memory, and a member
-    /// without a core of its own only makes the others wait for it.
+    /// The team as large as rayon's pool on this thread ([`super::threads`], which `--threads`
+    /// sets), but no larger than the cores this process may run on: decode is bound by memory,
+    /// and a member without a core of its own only makes the others wait for it.
     pub fn current() -> &'static Team {
         static CORES: OnceLock<usize> = OnceLock::new();
         let cores = *CORES.get_or_init(|| thread::available_parallelism().map_or(1, |n| n.get()));
-        Team::of_size(rayon::current_num_threads().min(cores))
+        Team::of_size(super::threads().min(cores))
     }
 
     fn start(size: usize) -> Team {
