@@ -2,28 +2,32 @@
 
 use super::exp::exp;
 
-/// SwiGLU (Shazeer 2020) as Qwen3's MLP uses it: `gate[i] = silu(gate[i]) * up[i]`, with
-/// `silu(v) = v * sigmoid(v) = v / (1 + e^-v)`.
-///
-/// `e^-v` overflows for very negative `v`, and [`exp`] takes only arguments `<= 0`, so the
-/// sigmoid is computed from `e = e^-|v|` on both sides: `1 / (1 + e)` for `v >= 0`, and
-/// `e / (1 + e)` (the same value, multiplied through by `e^v`) for `v < 0`. Both branches are a
-/// select, so the loop vectorizes, which a call to libm's `expf` per value prevents.
-pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    assert_eq!(gate.len(), up.len());
-    for (g, &u) in gate.iter_mut().zip(up) {
-        let v = *g;
-        let e = exp(-v.abs());
-        let sigmoid = if v >= 0.0 { 1.0 } else { e } / (1.0 + e);
-        *g = v * sigmoid * u;
+vectorized! {
+    /// SwiGLU (Shazeer 2020) as Qwen3's MLP uses it: `gate[i] = silu(gate[i]) * up[i]`, with
+    /// `silu(v) = v * sigmoid(v) = v / (1 + e^-v)`.
+    ///
+    /// `e^-v` overflows for very negative `v`, and [`exp`] takes only arguments `<= 0`, so the
+    /// sigmoid is computed from `e = e^-|v|` on both sides: `1 / (1 + e)` for `v >= 0`, and
+    /// `e / (1 + e)` (the same value, multiplied through by `e^v`) for `v < 0`. Both branches are
+    /// a select, so the loop vectorizes, which a call to libm's `expf` per value prevents.
+    pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+        assert_eq!(gate.len(), up.len());
+        for (g, &u) in gate.iter_mut().zip(up) {
+            let v = *g;
+            let e = exp(-v.abs());
+            let sigmoid = if v >= 0.0 { 1.0 } else { e } / (1.0 + e);
+            *g = v * sigmoid * u;
+        }
     }
 }
 
-/// The residual connection: `x[i] += y[i]`.
-pub fn add(x: &mut [f32], y: &[f32]) {
-    assert_eq!(x.len(), y.len());
-    for (a, &b) in x.iter_mut().zip(y) {
-        *a += b;
+vectorized! {
+    /// The residual connection: `x[i] += y[i]`.
+    pub fn add(x: &mut [f32], y: &[f32]) {
+        assert_eq!(x.len(), y.len());
+        for (a, &b) in x.iter_mut().zip(y) {
+            *a += b;
+        }
     }
 }
 

@@ -16,6 +16,44 @@
 //! [`exp`] is the softmax's exponential, written so that loops over it vectorize; `lanes.rs` sums
 //! in independent lanes for the same reason.
 
+/// Defines a kernel whose body is compiled once per instruction set and run in the widest
+/// version this CPU has ([`vector_isa`]), for the small elementwise steps (RMSNorm, RoPE, SwiGLU,
+/// the residual add) whose plain loops the compiler vectorizes. At the target's baseline (SSE2)
+/// a decode step's SwiGLU took 4.8-6.2 us a layer, time in which the other threads wait for the
+/// caller (performance.md, "Ninth session").
+///
+/// The body becomes an `#[inline(always)]` function, inlined into one wrapper per instruction set
+/// compiled with that set enabled, so its loops take that width. Rust never fuses a multiply and
+/// an add on its own, and sums written in lanes (`lanes.rs`) add in a fixed order, so every
+/// version gives the same bits (`every_isa_gives_the_same_bits` below).
+macro_rules! vectorized {
+    ($(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$attr])*
+        $vis fn $name($($arg: $ty),*) {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f")]
+            unsafe fn avx512($($arg: $ty),*) {
+                body($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2")]
+            unsafe fn avx2($($arg: $ty),*) {
+                body($($arg),*)
+            }
+            match $crate::kernels::vector_isa() {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: only chosen when the CPU has AVX-512F.
+                $crate::kernels::VectorIsa::Avx512 => unsafe { avx512($($arg),*) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: only chosen when the CPU has AVX2.
+                $crate::kernels::VectorIsa::Avx2 => unsafe { avx2($($arg),*) },
+                $crate::kernels::VectorIsa::Baseline => body($($arg),*),
+            }
+        }
+    };
+}
 pub mod attention;
 pub mod dot;
 mod elementwise;
@@ -37,7 +75,7 @@ pub use rope::{rope, RopeTable};
 /// The widest vectors this CPU has for the plain-Rust kernels written in lanes (attention's body,
 /// the sampler's passes), detected once. Each such kernel has one wrapper per variant, compiled
 /// with that instruction set enabled, and picks the wrapper from this.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) enum VectorIsa {
     #[cfg(target_arch = "x86_64")]
     Avx512,
@@ -48,6 +86,10 @@ pub(crate) enum VectorIsa {
 }
 
 pub(crate) fn vector_isa() -> VectorIsa {
+    #[cfg(test)]
+    if let Some(isa) = tests::FORCED_ISA.get() {
+        return isa;
+    }
     static ISA: std::sync::OnceLock<VectorIsa> = std::sync::OnceLock::new();
     *ISA.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
@@ -67,4 +109,60 @@ pub(crate) fn vector_isa() -> VectorIsa {
 /// Decode uses no more of them than the cores the process may run on (`team.rs`).
 pub fn threads() -> usize {
     rayon::current_num_threads()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Set by a test to run the kernels of this thread in one version ([`vector_isa`]).
+        pub(super) static FORCED_ISA: Cell<Option<VectorIsa>> = const { Cell::new(None) };
+    }
+
+    /// Every version this CPU can run, the baseline first.
+    fn isas() -> Vec<VectorIsa> {
+        #[allow(unused_mut)]
+        let mut v = vec![VectorIsa::Baseline];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") {
+                v.push(VectorIsa::Avx2);
+            }
+            if is_x86_feature_detected!("avx512f") {
+                v.push(VectorIsa::Avx512);
+            }
+        }
+        v
+    }
+
+    /// The elementwise steps of [`vectorized`] in each version, on lengths with vector tails:
+    /// the same bits as the baseline's.
+    #[test]
+    fn every_isa_gives_the_same_bits() {
+        let x: Vec<f32> = (0..3 * 200 + 13)
+            .map(|i| ((i * 7919 % 1009) as f32 - 504.0) * 0.013)
+            .collect();
+        let w: Vec<f32> = (0..200).map(|i| 0.5 + (i % 13) as f32 * 0.07).collect();
+        let table = RopeTable::new(200, 1_000_000.0, 8);
+        let run = |isa: VectorIsa| {
+            FORCED_ISA.set(Some(isa));
+            let mut gate = x.clone();
+            silu_mul(&mut gate, &x);
+            let mut sum = x.clone();
+            add(&mut sum, &gate);
+            let mut norm = vec![0.0; 600];
+            rmsnorm(&mut norm, &x[..600], &w, 1e-6);
+            let mut rot = x[..600].to_vec();
+            rope(&mut rot, &table, 5);
+            FORCED_ISA.set(None);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
+            [bits(&gate), bits(&sum), bits(&norm), bits(&rot)]
+        };
+        let base = run(VectorIsa::Baseline);
+        for isa in isas() {
+            assert_eq!(run(isa), base, "{isa:?}");
+        }
+    }
 }

@@ -4,19 +4,22 @@
 
 use super::lanes::sum_of_squares;
 
-/// Normalises each `dim`-long row of `x` into `out` and scales it by `weight` (`[dim]`).
-/// Used for the hidden-size norms (rows = tokens) and the per-head q/k norms (rows = heads).
-pub fn rmsnorm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
-    let dim = weight.len();
-    assert_eq!(x.len() % dim, 0, "rmsnorm: x is not a whole number of rows");
-    assert_eq!(out.len(), x.len(), "rmsnorm: out and x differ in length");
-    for (out, row) in out.chunks_exact_mut(dim).zip(x.chunks_exact(dim)) {
-        // The squares summed in lanes (`lanes.rs`): as one chain of dependent additions this was
-        // 0.46% of a one-thread decode step of Qwen3-0.6B, most of it in the per-head q/k norms.
-        let sum_sq = sum_of_squares(row);
-        let inv_rms = 1.0 / (sum_sq / dim as f32 + eps).sqrt();
-        for ((o, &v), &w) in out.iter_mut().zip(row).zip(weight) {
-            *o = w * (v * inv_rms);
+vectorized! {
+    /// Normalises each `dim`-long row of `x` into `out` and scales it by `weight` (`[dim]`).
+    /// Used for the hidden-size norms (rows = tokens) and the per-head q/k norms (rows = heads).
+    pub fn rmsnorm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
+        let dim = weight.len();
+        assert_eq!(x.len() % dim, 0, "rmsnorm: x is not a whole number of rows");
+        assert_eq!(out.len(), x.len(), "rmsnorm: out and x differ in length");
+        for (out, row) in out.chunks_exact_mut(dim).zip(x.chunks_exact(dim)) {
+            // The squares summed in lanes (`lanes.rs`): as one chain of dependent additions this
+            // was 0.46% of a one-thread decode step of Qwen3-0.6B, most of it in the per-head q/k
+            // norms.
+            let sum_sq = sum_of_squares(row);
+            let inv_rms = 1.0 / (sum_sq / dim as f32 + eps).sqrt();
+            for ((o, &v), &w) in out.iter_mut().zip(row).zip(weight) {
+                *o = w * (v * inv_rms);
+            }
         }
     }
 }

@@ -63,17 +63,20 @@ impl RopeTable {
     }
 }
 
-/// Rotates every `head_dim`-long head in `x` (`[n, head_dim]`, all at position `pos`) in place.
-pub fn rope(x: &mut [f32], table: &RopeTable, pos: usize) {
-    let half = table.half;
-    let cos = &table.cos[pos * half..(pos + 1) * half];
-    let sin = &table.sin[pos * half..(pos + 1) * half];
-    for head in x.chunks_exact_mut(2 * half) {
-        let (lo, hi) = head.split_at_mut(half);
-        for i in 0..half {
-            let (a, b) = (lo[i], hi[i]);
-            lo[i] = a * cos[i] - b * sin[i];
-            hi[i] = b * cos[i] + a * sin[i];
+vectorized! {
+    /// Rotates every `head_dim`-long head in `x` (`[n, head_dim]`, all at position `pos`) in
+    /// place.
+    pub fn rope(x: &mut [f32], table: &RopeTable, pos: usize) {
+        let half = table.half;
+        let cos = &table.cos[pos * half..(pos + 1) * half];
+        let sin = &table.sin[pos * half..(pos + 1) * half];
+        for head in x.chunks_exact_mut(2 * half) {
+            let (lo, hi) = head.split_at_mut(half);
+            for i in 0..half {
+                let (a, b) = (lo[i], hi[i]);
+                lo[i] = a * cos[i] - b * sin[i];
+                hi[i] = b * cos[i] + a * sin[i];
+            }
         }
     }
 }
