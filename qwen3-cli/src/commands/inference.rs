@@ -16,6 +16,7 @@ use qwen3_inference::backend::{Backend, KvType};
 use qwen3_inference::chat::{ChatTemplate, Conversation};
 use qwen3_inference::format::{companion_paths, ModelConfig, ModelFile};
 use qwen3_inference::generate::{generate, StopReason};
+use qwen3_inference::kernels;
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::sampler::{Sampler, SamplerConfig};
 use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
@@ -167,10 +168,15 @@ pub fn run(args: InferenceArgs) -> Result<()> {
         Device::Cpu => {
             let model = Model::load(&file)?;
             let session = Session::with_kv(&model, context_len, args.kv_cache.into())?;
+            let (threads, decode) = (kernels::threads(), kernels::decode_threads());
+            let threads = if decode == threads {
+                format!("{threads}")
+            } else {
+                format!("{threads} (decode: {decode}, one per core)")
+            };
             let about = format!(
-                "cpu, threads: {}, dot products: {}",
-                qwen3_inference::kernels::threads(),
-                qwen3_inference::kernels::dot::dots().isa
+                "cpu, threads: {threads}, dot products: {}",
+                kernels::dot::dots().isa
             );
             run_job(&args, session, job, &about)
         }

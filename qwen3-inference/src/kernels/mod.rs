@@ -106,9 +106,18 @@ pub(crate) fn vector_isa() -> VectorIsa {
 }
 
 /// Threads the kernels split work over (rayon's pool; set `RAYON_NUM_THREADS` to change it).
-/// Decode uses no more of them than the cores the process may run on (`team.rs`).
+/// Decode uses no more of them than the cores the process may run on ([`decode_threads`]).
 pub fn threads() -> usize {
     rayon::current_num_threads()
+}
+
+/// Threads a decode step runs on: [`threads`], but no more than the cores this process may run
+/// on. Decode is bound by memory, and a thread without a core of its own only makes the others
+/// wait for it (team.rs).
+pub fn decode_threads() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    threads().min(cores)
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -97,13 +97,10 @@ impl Team {
         team
     }
 
-    /// The team as large as rayon's pool on this thread ([`super::threads`], which `--threads`
-    /// sets), but no larger than the cores this process may run on: decode is bound by memory,
-    /// and a member without a core of its own only makes the others wait for it.
+    /// The team of [`super::decode_threads`] members: as large as rayon's pool on this thread
+    /// (which `--threads` sets), but no larger than the cores this process may run on.
     pub fn current() -> &'static Team {
-        static CORES: OnceLock<usize> = OnceLock::new();
-        let cores = *CORES.get_or_init(|| thread::available_parallelism().map_or(1, |n| n.get()));
-        Team::of_size(super::threads().min(cores))
+        Team::of_size(super::decode_threads())
     }
 
     fn start(size: usize) -> Team {
