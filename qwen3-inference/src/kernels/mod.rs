@@ -14,7 +14,8 @@
 //! The innermost loops, the dot products, are in [`dot`]: scalar references plus SIMD versions
 //! chosen once at run time. The functions here keep their signatures whatever [`dot`] picks.
 //! [`exp`] is the softmax's exponential, written so that loops over it vectorize; `lanes.rs` sums
-//! in independent lanes for the same reason.
+//! in independent lanes for the same reason. The elementwise steps are plain loops compiled once
+//! per instruction set by `vectorized!` (below), which runs the widest this CPU has.
 
 /// Defines a kernel whose body is compiled once per instruction set and run in the widest
 /// version this CPU has ([`vector_isa`]), for the small elementwise steps (RMSNorm, RoPE, SwiGLU,
