@@ -105,7 +105,7 @@ pub trait Backend {
         cols: usize,
     ) -> Result<()>;
     /// Products of one input with several matrices of the same width, `ys[k] = x @ ws[k]^T`
-    /// (q/k/v, or gate/up). ys[k]: `[n_tok, rows[k]]`. A backend may run them as one pass (the
+    /// (q/k/v, or gate/up). `ys[k]`: `[n_tok, rows[k]]`. A backend may run them as one pass (the
     /// CPU quantizes `x` once and its threads meet once); by default they run one by one.
     #[allow(clippy::too_many_arguments)]
     fn matmuls<const N: usize>(
