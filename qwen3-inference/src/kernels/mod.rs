@@ -74,8 +74,9 @@ pub use rmsnorm::rmsnorm;
 pub use rope::{rope, RopeTable};
 
 /// The widest vectors this CPU has for the plain-Rust kernels written in lanes (attention's body,
-/// the sampler's passes), detected once. Each such kernel has one wrapper per variant, compiled
-/// with that instruction set enabled, and picks the wrapper from this.
+/// the sampler's passes, the elementwise steps of `vectorized!`), detected once. Each such kernel
+/// has one wrapper per variant, compiled with that instruction set enabled, and picks the wrapper
+/// from this.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum VectorIsa {
     #[cfg(target_arch = "x86_64")]
@@ -86,23 +87,40 @@ pub(crate) enum VectorIsa {
     Baseline,
 }
 
+impl VectorIsa {
+    /// Every variant, widest first.
+    const ALL: &[VectorIsa] = &[
+        #[cfg(target_arch = "x86_64")]
+        VectorIsa::Avx512,
+        #[cfg(target_arch = "x86_64")]
+        VectorIsa::Avx2,
+        VectorIsa::Baseline,
+    ];
+
+    /// Whether this CPU can run the variant's instructions.
+    fn supported(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            VectorIsa::Avx512 => is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            VectorIsa::Avx2 => is_x86_feature_detected!("avx2"),
+            VectorIsa::Baseline => true,
+        }
+    }
+}
+
+/// The widest [`VectorIsa`] this CPU supports. The wrappers' `unsafe` calls rely on it: it never
+/// names a variant the CPU lacks (a test's forced choice included).
 pub(crate) fn vector_isa() -> VectorIsa {
     #[cfg(test)]
     if let Some(isa) = tests::FORCED_ISA.get() {
+        assert!(isa.supported(), "{isa:?} is not supported here");
         return isa;
     }
     static ISA: std::sync::OnceLock<VectorIsa> = std::sync::OnceLock::new();
     *ISA.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx512f") {
-                return VectorIsa::Avx512;
-            }
-            if is_x86_feature_detected!("avx2") {
-                return VectorIsa::Avx2;
-            }
-        }
-        VectorIsa::Baseline
+        let widest = VectorIsa::ALL.iter().find(|isa| isa.supported());
+        *widest.unwrap_or(&VectorIsa::Baseline)
     })
 }
 
@@ -131,22 +149,6 @@ mod tests {
         pub(super) static FORCED_ISA: Cell<Option<VectorIsa>> = const { Cell::new(None) };
     }
 
-    /// Every version this CPU can run, the baseline first.
-    fn isas() -> Vec<VectorIsa> {
-        #[allow(unused_mut)]
-        let mut v = vec![VectorIsa::Baseline];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2") {
-                v.push(VectorIsa::Avx2);
-            }
-            if is_x86_feature_detected!("avx512f") {
-                v.push(VectorIsa::Avx512);
-            }
-        }
-        v
-    }
-
     /// The elementwise steps of [`vectorized`] in each version, on lengths with vector tails:
     /// the same bits as the baseline's.
     #[test]
@@ -171,7 +173,7 @@ mod tests {
             [bits(&gate), bits(&sum), bits(&norm), bits(&rot)]
         };
         let base = run(VectorIsa::Baseline);
-        for isa in isas() {
+        for &isa in VectorIsa::ALL.iter().filter(|isa| isa.supported()) {
             assert_eq!(run(isa), base, "{isa:?}");
         }
     }
