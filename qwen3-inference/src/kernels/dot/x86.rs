@@ -372,17 +372,8 @@ unsafe fn tile_q8<const R: usize, const N: usize>(
 /// weight once, so it waits on DRAM unless loads are in flight well ahead of use: the
 /// hardware prefetcher alone keeps too few in flight for a loop that also computes. 8 KiB
 /// (128 cache lines) was the best of 1, 4, 8, 16 and 32 KiB in a one-thread benchmark on a
-/// 256 MB matrix (AMD EPYC, AVX-512): 21-23 GB/s against 17-18 without. Measured again token
-/// by token in whole decode steps (ninth session), 2, 4 and 16 KiB were slower.
+/// 256 MB matrix (AMD EPYC, AVX-512): 21-23 GB/s against 17-18 without.
 const PREFETCH_AHEAD: usize = 8192;
-
-/// A second, farther prefetch into the outer caches (`prefetcht2`), so that a line is already on
-/// its way from DRAM when the near prefetch asks for it. Whole decode steps, alternated token by
-/// token with the near prefetch alone (ninth session): one thread took 0.977 times as long
-/// (median of 16 reports, 0.916-0.990), two threads 0.999 (12 reports, 0.983-1.020: there the
-/// memory, shared by both cores, is the limit). 16 KiB was slower, 64 KiB no better, and
-/// `prefetcht1` at 32 KiB gained less.
-const PREFETCH_FAR: usize = 32768;
 
 /// `ws[g] * xs[g]` in every lane. Caller guarantees `g` is in bounds of both.
 #[inline]
@@ -401,11 +392,9 @@ unsafe fn group_q8_avx512(w: *const i8, x: *const i8, at: usize, n: usize) -> __
     let mut k = at;
     while k < at + n {
         // Ask for the weights PREFETCH_AHEAD bytes on now, so they arrive while this group
-        // computes, and PREFETCH_FAR bytes on into the outer caches (see both). A prefetch
-        // never faults and has no effect on the program's meaning, and `wrapping_add` may point
-        // past the slice without UB.
+        // computes (see PREFETCH_AHEAD). A prefetch never faults and has no effect on the
+        // program's meaning, and `wrapping_add` may point past the slice without UB.
         _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(k + PREFETCH_AHEAD));
-        _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_FAR));
         let wv = _mm512_loadu_si512(w.add(k) as *const __m512i);
         let xv = _mm512_loadu_si512(x.add(k) as *const __m512i);
         // vpdpbusd multiplies unsigned by signed bytes: use |w| and negate x where w < 0.
