@@ -58,13 +58,16 @@ pub fn matmuls<const N: usize>(outs: [&mut [f32]; N], x: &[f32], ws: [&TensorVie
             // rows of an output directly and streams the matching rows of the matrix. The
             // decode team (team.rs) gives each thread a contiguous run of every output's parts,
             // and the job ends once, after the last matrix.
-            Team::current().split(outs, ROWS_PER_TASK, |k, r0, part| {
-                fill_block(ws[k], x, acts, 1, r0, part)
+            // One thread streams memory alone: its kernel prefetches deeper (`q8_rows_alone`).
+            let team = Team::current();
+            let alone = team.size() == 1;
+            team.split(outs, ROWS_PER_TASK, |k, r0, part| {
+                fill_block(ws[k], x, acts, 1, r0, part, alone)
             });
         } else {
             for (out, w) in outs.into_iter().zip(ws) {
                 prefill(out, w.shape[0] as usize, t, |r0, block| {
-                    fill_block(w, x, acts, t, r0, block)
+                    fill_block(w, x, acts, t, r0, block, false)
                 });
             }
         }
@@ -72,7 +75,8 @@ pub fn matmuls<const N: usize>(outs: [&mut [f32]; N], x: &[f32], ws: [&TensorVie
 }
 
 /// `block: [n, t]` (weight row, then token): weight rows `r0 .. r0 + n` of `w` against the `t`
-/// activation rows, `x` as f32 or, for q8 weights, as quantized in `acts`.
+/// activation rows, `x` as f32 or, for q8 weights, as quantized in `acts`. `alone`: a decode
+/// step on one thread (see `Dots::q8_rows_alone`).
 fn fill_block(
     w: &TensorView,
     x: &[f32],
@@ -80,6 +84,7 @@ fn fill_block(
     t: usize,
     r0: usize,
     block: &mut [f32],
+    alone: bool,
 ) {
     let cols = w.shape[1] as usize;
     let n = block.len() / t;
@@ -110,7 +115,8 @@ fn fill_block(
             Some(acts),
         ) => {
             let per = cols / gs;
-            (dots.q8_rows)(
+            let rows = if alone { dots.q8_rows_alone } else { dots.q8_rows };
+            rows(
                 &q[r0 * cols..(r0 + n) * cols],
                 &scales[r0 * per..(r0 + n) * per],
                 acts,

@@ -181,6 +181,11 @@ impl Team {
         }
     }
 
+    /// Members, the caller included.
+    pub fn size(&self) -> usize {
+        self.shared.size
+    }
+
     /// Cuts each of `outs` into parts (boundaries on multiples of `align` values, except the
     /// end) and runs `f(k, start, part)` once for every part `start .. start + part.len()` of
     /// `outs[k]`. Each member owns a contiguous run of every output's parts.

@@ -22,20 +22,24 @@ pub fn has_dotprod() -> bool {
     has_neon() && std::arch::is_aarch64_feature_detected!("dotprod")
 }
 
+fn mat_q8_neon(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
+    mat_q8_with(
+        // SAFETY: only reached through `NEON`, handed out after `has_neon()` returned true.
+        |w, ws, x, xs, gs| unsafe { dot_q8_neon(w, ws, x, xs, gs) },
+        w,
+        ws,
+        x,
+        out,
+    )
+}
+
 pub const NEON: Dots = Dots {
     // SAFETY (all): only handed out after `has_neon()` returned true.
     f32: |a, b| unsafe { dot_f32_neon(a, b) },
     bf16: |w, x| unsafe { dot_bf16_neon(w, x) },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_neon(w, ws, x, xs, gs) },
-    q8_rows: |w, ws, x, out| {
-        mat_q8_with(
-            |w, ws, x, xs, gs| unsafe { dot_q8_neon(w, ws, x, xs, gs) },
-            w,
-            ws,
-            x,
-            out,
-        )
-    },
+    q8_rows: mat_q8_neon,
+    q8_rows_alone: mat_q8_neon,
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_neon(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_neon(x, gs, q, s) },
     isa: "neon",
@@ -46,6 +50,7 @@ pub const NEON_DOTPROD: Dots = Dots {
     // SAFETY: only handed out after `has_dotprod()` returned true, which includes NEON.
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_dotprod(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out| unsafe { mat_q8_dotprod(w, ws, x, out) },
+    q8_rows_alone: |w, ws, x, out| unsafe { mat_q8_dotprod(w, ws, x, out) },
     isa: "neon-dotprod",
     ..NEON
 };

@@ -121,6 +121,10 @@ pub struct Dots {
     pub bf16: DotBf16,
     pub q8: DotQ8,
     pub q8_rows: MatQ8,
+    /// [`MatQ8`] for a decode step that runs on one thread: the same values, read with the
+    /// prefetching that suits one core streaming memory alone (the AVX-512 kernel's differs; the
+    /// others are `q8_rows`).
+    pub q8_rows_alone: MatQ8,
     pub q8_f32: DotQ8F32,
     pub quantize_q8: QuantizeQ8,
     /// Which instruction set was picked, for `--verbose` and the bench report.
@@ -133,6 +137,7 @@ pub const SCALAR: Dots = Dots {
     bf16: dot_bf16_scalar,
     q8: dot_q8_scalar,
     q8_rows: mat_q8_scalar,
+    q8_rows_alone: mat_q8_scalar,
     q8_f32: dot_q8_f32_scalar,
     quantize_q8: crate::quant::quantize_q8,
     isa: "scalar",
@@ -335,6 +340,10 @@ mod tests {
                     let (xq, xs) = (acts.q, acts.scales);
                     let mut out = vec![f32::NAN; rows * t];
                     (d.q8_rows)(&wq, &ws, &acts, &mut out);
+                    let mut alone = vec![f32::NAN; rows * t];
+                    (d.q8_rows_alone)(&wq, &ws, &acts, &mut alone);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&alone), bits(&out), "{} q8_rows_alone", d.isa);
                     let per = cols / gs;
                     for r in 0..rows {
                         let (w_r, ws_r) =

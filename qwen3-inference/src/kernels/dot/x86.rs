@@ -21,19 +21,23 @@ pub const AVX2: Dots = Dots {
     f32: |a, b| unsafe { dot_f32_avx2(a, b) },
     bf16: |w, x| unsafe { dot_bf16_avx2(w, x) },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2(w, ws, x, xs, gs) },
-    q8_rows: |w, ws, x, out| {
-        mat_q8_with(
-            |w, ws, x, xs, gs| unsafe { dot_q8_avx2(w, ws, x, xs, gs) },
-            w,
-            ws,
-            x,
-            out,
-        )
-    },
+    q8_rows: mat_q8_avx2,
+    q8_rows_alone: mat_q8_avx2,
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx2(w, ws, x, gs) },
     quantize_q8: crate::quant::quantize_q8,
     isa: "avx2",
 };
+
+fn mat_q8_avx2(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
+    mat_q8_with(
+        // SAFETY: only reached through `AVX2`, handed out after `has_avx2()` returned true.
+        |w, ws, x, xs, gs| unsafe { dot_q8_avx2(w, ws, x, xs, gs) },
+        w,
+        ws,
+        x,
+        out,
+    )
+}
 
 pub const AVX512: Dots = Dots {
     // SAFETY (all four): only handed out after `has_avx512()` returned true; AVX-512F implies
@@ -41,7 +45,8 @@ pub const AVX512: Dots = Dots {
     f32: |a, b| unsafe { dot_f32_avx512(a, b) },
     bf16: |w, x| unsafe { dot_bf16_avx512(w, x) },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx512(w, ws, x, xs, gs) },
-    q8_rows: |w, ws, x, out| unsafe { mat_q8_avx512(w, ws, x, out) },
+    q8_rows: |w, ws, x, out| unsafe { mat_q8_avx512::<false>(w, ws, x, out) },
+    q8_rows_alone: |w, ws, x, out| unsafe { mat_q8_avx512::<true>(w, ws, x, out) },
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
     isa: "avx512-vnni",
@@ -208,6 +213,19 @@ unsafe fn dot_bf16_avx512(w: &[u16], x: &[f32]) -> f32 {
 /// Groups of a multiple of 64 values use VNNI; multiples of 32 the AVX2 kernel; others scalar.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
 unsafe fn dot_q8_avx512(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], gs: usize) -> f32 {
+    dot_q8_avx512_with::<false>(w, ws, x, xs, gs)
+}
+
+/// [`dot_q8_avx512`], prefetching for one thread when `ALONE` (see [`PREFETCH_FAR`]).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+unsafe fn dot_q8_avx512_with<const ALONE: bool>(
+    w: &[i8],
+    ws: &[f32],
+    x: &[i8],
+    xs: &[f32],
+    gs: usize,
+) -> f32 {
     if !gs.is_multiple_of(64) {
         return dot_q8_avx2(w, ws, x, xs, gs);
     }
@@ -221,13 +239,13 @@ unsafe fn dot_q8_avx512(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], gs: usize) -
     // g < groups, and `groups` is at most each slice's length in groups.
     while g + 2 <= groups {
         acc0 = _mm512_fmadd_ps(
-            group_q8_avx512(wp, xp, g * gs, gs),
+            group_q8_avx512::<ALONE>(wp, xp, g * gs, gs),
             scale_at(ws, xs, g),
             acc0,
         );
         let h = g + 1;
         acc1 = _mm512_fmadd_ps(
-            group_q8_avx512(wp, xp, h * gs, gs),
+            group_q8_avx512::<ALONE>(wp, xp, h * gs, gs),
             scale_at(ws, xs, h),
             acc1,
         );
@@ -235,7 +253,7 @@ unsafe fn dot_q8_avx512(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], gs: usize) -
     }
     if g < groups {
         acc0 = _mm512_fmadd_ps(
-            group_q8_avx512(wp, xp, g * gs, gs),
+            group_q8_avx512::<ALONE>(wp, xp, g * gs, gs),
             scale_at(ws, xs, g),
             acc0,
         );
@@ -251,8 +269,10 @@ unsafe fn dot_q8_avx512(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], gs: usize) -
 /// time ([`tile_q8`]), each weight vector loaded once for four tokens and each activation
 /// vector once for two rows. (Two rows by eight tokens measured slower: its sixteen
 /// accumulators plus temporaries exceed the 32 vector registers, and the compiler spills.)
+///
+/// `ALONE`: decode runs on one thread, so the rows are prefetched as [`PREFETCH_FAR`] says.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
-unsafe fn mat_q8_avx512(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
+unsafe fn mat_q8_avx512<const ALONE: bool>(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
     let rows = x.check(w, ws, out);
     let (t, cols, gs, per) = (x.t, x.cols, x.group_size, x.per());
     if !gs.is_multiple_of(64) {
@@ -267,7 +287,7 @@ unsafe fn mat_q8_avx512(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
     }
     if t == 1 {
         for (r, o) in out.iter_mut().enumerate() {
-            *o = dot_q8_avx512(
+            *o = dot_q8_avx512_with::<ALONE>(
                 &w[r * cols..(r + 1) * cols],
                 &ws[r * per..(r + 1) * per],
                 x.q,
@@ -372,8 +392,22 @@ unsafe fn tile_q8<const R: usize, const N: usize>(
 /// weight once, so it waits on DRAM unless loads are in flight well ahead of use: the
 /// hardware prefetcher alone keeps too few in flight for a loop that also computes. 8 KiB
 /// (128 cache lines) was the best of 1, 4, 8, 16 and 32 KiB in a one-thread benchmark on a
-/// 256 MB matrix (AMD EPYC, AVX-512): 21-23 GB/s against 17-18 without.
+/// 256 MB matrix (AMD EPYC, AVX-512): 21-23 GB/s against 17-18 without. Measured again token
+/// by token in whole decode steps (ninth session), 2, 4 and 16 KiB were slower.
 const PREFETCH_AHEAD: usize = 8192;
+
+/// How far ahead a decode step on one thread also asks for the weights (the kernels' `ALONE`
+/// parameter). The choice depends on how many cores stream memory at once; decode steps were
+/// alternated token by token in one process (ninth session, performance.md):
+/// - several threads: `prefetcht0` (into L1) [`PREFETCH_AHEAD`] bytes on. The one-thread form
+///   below was 2-5% slower in most runs, where both cores share the memory's bandwidth (it asks
+///   for more lines, some past the end of a thread's rows), and 4-10% faster in the moments the
+///   machine streamed fast;
+/// - one thread: `prefetcht2` (into the outer caches) [`PREFETCH_AHEAD`] and `PREFETCH_FAR`
+///   bytes on. One core alone keeps too few lines in flight with one near prefetch: a one-thread
+///   step took 0.939-0.968 times as long (12 reports). `prefetcht0` near with `prefetcht2` far
+///   gained nothing, and `prefetcht2` far alone was slower.
+const PREFETCH_FAR: usize = 32768;
 
 /// `ws[g] * xs[g]` in every lane. Caller guarantees `g` is in bounds of both.
 #[inline]
@@ -386,15 +420,25 @@ unsafe fn scale_at(ws: &[f32], xs: &[f32], g: usize) -> __m512 {
 /// f32 partial sums. Caller guarantees both ranges are in bounds.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn group_q8_avx512(w: *const i8, x: *const i8, at: usize, n: usize) -> __m512 {
+unsafe fn group_q8_avx512<const ALONE: bool>(
+    w: *const i8,
+    x: *const i8,
+    at: usize,
+    n: usize,
+) -> __m512 {
     let zero = _mm512_setzero_si512();
     let mut isum = _mm512_setzero_si512();
     let mut k = at;
     while k < at + n {
-        // Ask for the weights PREFETCH_AHEAD bytes on now, so they arrive while this group
-        // computes (see PREFETCH_AHEAD). A prefetch never faults and has no effect on the
-        // program's meaning, and `wrapping_add` may point past the slice without UB.
-        _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(k + PREFETCH_AHEAD));
+        // Ask for the weights ahead now, so they arrive while this group computes (see
+        // PREFETCH_AHEAD and PREFETCH_FAR). A prefetch never faults and has no effect on the program's meaning, and
+        // `wrapping_add` may point past the slice without UB.
+        if ALONE {
+            _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_AHEAD));
+            _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_FAR));
+        } else {
+            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(k + PREFETCH_AHEAD));
+        }
         let wv = _mm512_loadu_si512(w.add(k) as *const __m512i);
         let xv = _mm512_loadu_si512(x.add(k) as *const __m512i);
         // vpdpbusd multiplies unsigned by signed bytes: use |w| and negate x where w < 0.
