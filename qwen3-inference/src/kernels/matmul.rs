@@ -115,7 +115,11 @@ fn fill_block(
             Some(acts),
         ) => {
             let per = cols / gs;
-            let rows = if alone { dots.q8_rows_alone } else { dots.q8_rows };
+            let rows = if alone {
+                dots.q8_rows_alone
+            } else {
+                dots.q8_rows
+            };
             rows(
                 &q[r0 * cols..(r0 + n) * cols],
                 &scales[r0 * per..(r0 + n) * per],

@@ -399,13 +399,13 @@ const PREFETCH_AHEAD: usize = 8192;
 /// How far ahead a decode step on one thread also asks for the weights (the kernels' `ALONE`
 /// parameter). The choice depends on how many cores stream memory at once; decode steps were
 /// alternated token by token in one process (ninth session, performance.md):
-/// - several threads: `prefetcht0` (into L1) [`PREFETCH_AHEAD`] bytes on. The one-thread form
-///   below was 2-5% slower in most runs, where both cores share the memory's bandwidth (it asks
-///   for more lines, some past the end of a thread's rows), and 4-10% faster in the moments the
-///   machine streamed fast;
+/// - several threads: `prefetcht0` (into L1) [`PREFETCH_AHEAD`] bytes on. With two threads the
+///   one-thread form below was 2-5% slower in most reports, where both cores share the memory's
+///   bandwidth (it asks for more lines, some past the end of a thread's rows), and 2-10% faster
+///   in the others;
 /// - one thread: `prefetcht2` (into the outer caches) [`PREFETCH_AHEAD`] and `PREFETCH_FAR`
 ///   bytes on. One core alone keeps too few lines in flight with one near prefetch: a one-thread
-///   step took 0.939-0.968 times as long (12 reports). `prefetcht0` near with `prefetcht2` far
+///   step took 0.928-0.968 times as long (12 reports). `prefetcht0` near with `prefetcht2` far
 ///   gained nothing, and `prefetcht2` far alone was slower.
 const PREFETCH_FAR: usize = 32768;
 
