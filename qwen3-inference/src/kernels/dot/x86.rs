@@ -40,7 +40,7 @@ fn mat_q8_avx2(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
 }
 
 pub const AVX512: Dots = Dots {
-    // SAFETY (all four): only handed out after `has_avx512()` returned true; AVX-512F implies
+    // SAFETY (all): only handed out after `has_avx512()` returned true; AVX-512F implies
     // AVX2 and FMA on every CPU that has it, and the AVX2 fallbacks inside check nothing more.
     f32: |a, b| unsafe { dot_f32_avx512(a, b) },
     bf16: |w, x| unsafe { dot_bf16_avx512(w, x) },
@@ -431,8 +431,8 @@ unsafe fn group_q8_avx512<const ALONE: bool>(
     let mut k = at;
     while k < at + n {
         // Ask for the weights ahead now, so they arrive while this group computes (see
-        // PREFETCH_AHEAD and PREFETCH_FAR). A prefetch never faults and has no effect on the program's meaning, and
-        // `wrapping_add` may point past the slice without UB.
+        // PREFETCH_AHEAD and PREFETCH_FAR). A prefetch never faults and has no effect on the
+        // program's meaning, and `wrapping_add` may point past the slice without UB.
         if ALONE {
             _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_AHEAD));
             _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_FAR));
