@@ -189,7 +189,7 @@ pub fn attention<T: KvElem, C: AsRef<[T]> + Sync>(
         // Decode: the kv heads are parts of a job of the decode team (team.rs), each thread
         // owning a run of them, as in the products around attention.
         let block = group * hd;
-        Team::current().split([out], block, |_, start, part| {
+        Team::current().split([out], block, |_, start, part, _| {
             for (j, out_g) in part.chunks_mut(block).enumerate() {
                 let kv = start / block + j;
                 let q_g = &q[kv * block..(kv + 1) * block];

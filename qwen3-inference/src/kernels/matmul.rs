@@ -57,17 +57,15 @@ pub fn matmuls<const N: usize>(outs: [&mut [f32]; N], x: &[f32], ws: [&TensorVie
             // Decode: `[1, rows]` and `[rows, 1]` are the same layout, so each part writes its
             // rows of an output directly and streams the matching rows of the matrix. The
             // decode team (team.rs) gives each thread a contiguous run of every output's parts,
-            // and the job ends once, after the last matrix.
-            // One thread streams memory alone: its kernel prefetches deeper (`q8_rows_alone`).
-            let team = Team::current();
-            let alone = team.size() == 1;
-            team.split(outs, ROWS_PER_TASK, |k, r0, part| {
-                fill_block(ws[k], x, acts, 1, r0, part, alone)
+            // and the job ends once, after the last matrix. The kernel may prefetch the weight
+            // rows up to the end of the part's run (the rows its thread does next), no further.
+            Team::current().split(outs, ROWS_PER_TASK, |k, r0, part, run_end| {
+                fill_block(ws[k], x, acts, 1, r0, part, run_end - r0 - part.len())
             });
         } else {
             for (out, w) in outs.into_iter().zip(ws) {
                 prefill(out, w.shape[0] as usize, t, |r0, block| {
-                    fill_block(w, x, acts, t, r0, block, false)
+                    fill_block(w, x, acts, t, r0, block, 0)
                 });
             }
         }
@@ -75,8 +73,8 @@ pub fn matmuls<const N: usize>(outs: [&mut [f32]; N], x: &[f32], ws: [&TensorVie
 }
 
 /// `block: [n, t]` (weight row, then token): weight rows `r0 .. r0 + n` of `w` against the `t`
-/// activation rows, `x` as f32 or, for q8 weights, as quantized in `acts`. `alone`: a decode
-/// step on one thread (see `Dots::q8_rows_alone`).
+/// activation rows, `x` as f32 or, for q8 weights, as quantized in `acts`. `rows_ahead`: how
+/// many weight rows after the block this thread reads next (see `MatQ8`'s `ahead`).
 fn fill_block(
     w: &TensorView,
     x: &[f32],
@@ -84,7 +82,7 @@ fn fill_block(
     t: usize,
     r0: usize,
     block: &mut [f32],
-    alone: bool,
+    rows_ahead: usize,
 ) {
     let cols = w.shape[1] as usize;
     let n = block.len() / t;
@@ -115,16 +113,12 @@ fn fill_block(
             Some(acts),
         ) => {
             let per = cols / gs;
-            let rows = if alone {
-                dots.q8_rows_alone
-            } else {
-                dots.q8_rows
-            };
-            rows(
+            (dots.q8_rows)(
                 &q[r0 * cols..(r0 + n) * cols],
                 &scales[r0 * per..(r0 + n) * per],
                 acts,
                 block,
+                rows_ahead * cols,
             );
         }
         (TensorData::Q8 { .. }, None) => unreachable!("q8 weights without quantized activations"),

@@ -181,19 +181,16 @@ impl Team {
         }
     }
 
-    /// Members, the caller included.
-    pub fn size(&self) -> usize {
-        self.shared.size
-    }
-
     /// Cuts each of `outs` into parts (boundaries on multiples of `align` values, except the
-    /// end) and runs `f(k, start, part)` once for every part `start .. start + part.len()` of
-    /// `outs[k]`. Each member owns a contiguous run of every output's parts.
+    /// end) and runs `f(k, start, part, run_end)` once for every part `start .. start +
+    /// part.len()` of `outs[k]`. Each member owns a contiguous run of every output's parts, and
+    /// `run_end` is where the run holding this part ends: its owner does the values up to there
+    /// next (a kernel may prefetch what they read, and should not read further ahead).
     pub fn split<const N: usize>(
         &self,
         outs: [&mut [f32]; N],
         align: usize,
-        f: impl Fn(usize, usize, &mut [f32]) + Sync,
+        f: impl Fn(usize, usize, &mut [f32], usize) + Sync,
     ) {
         let size = self.shared.size;
         let lens = outs.each_ref().map(|o| o.len());
@@ -222,7 +219,7 @@ impl Team {
                     let part = unsafe {
                         std::slice::from_raw_parts_mut(ptrs[k].0.add(start), end - start)
                     };
-                    return f(k, start, part);
+                    return f(k, start, part, (mine.end * part_len[k]).min(lens[k]));
                 }
                 i -= mine.len();
             }
@@ -366,8 +363,10 @@ mod tests {
             ] {
                 for _ in 0..50 {
                     let (mut a, mut b) = (vec![0f32; len_a], vec![0f32; len_b]);
-                    team.split([&mut a, &mut b], align, |k, start, part| {
+                    team.split([&mut a, &mut b], align, |k, start, part, run_end| {
                         assert!(start % align == 0, "part starts at {start}");
+                        let len = [len_a, len_b][k];
+                        assert!(start + part.len() <= run_end && run_end <= len);
                         for (i, v) in part.iter_mut().enumerate() {
                             *v += (k * 1000000 + start + i) as f32 + 1.0;
                         }
@@ -393,7 +392,7 @@ mod tests {
         let by_caller = AtomicUsize::new(0);
         let stalled = AtomicBool::new(false);
         let caller = thread::current().id();
-        team.split([&mut out], 16, |_, _, part| {
+        team.split([&mut out], 16, |_, _, part, _| {
             if thread::current().id() == caller {
                 wait_for(&stalled);
                 by_caller.fetch_add(part.len(), Ordering::Relaxed);
@@ -421,7 +420,7 @@ mod tests {
             // one of them.
             let failed = AtomicBool::new(false);
             let mut out = vec![0f32; 1024];
-            team.split([&mut out], 16, |_, _, _| {
+            team.split([&mut out], 16, |_, _, _, _| {
                 if thread::current().id() != caller {
                     failed.store(true, Ordering::Relaxed);
                     panic!("worker's part fails");
@@ -432,7 +431,7 @@ mod tests {
         assert!(r.is_err());
         // The team still works afterwards.
         let mut out = vec![0f32; 100];
-        team.split([&mut out], 1, |_, _, part| part.fill(2.0));
+        team.split([&mut out], 1, |_, _, part, _| part.fill(2.0));
         assert!(out.iter().all(|&v| v == 2.0));
     }
 
@@ -445,7 +444,7 @@ mod tests {
             // The caller's parts wait until a worker has done one, so a worker must wake.
             let woke = AtomicBool::new(false);
             let mut out = vec![0f32; 1024];
-            team.split([&mut out], 16, |_, _, part| {
+            team.split([&mut out], 16, |_, _, part, _| {
                 if thread::current().id() != caller {
                     woke.store(true, Ordering::Relaxed);
                 } else {

@@ -22,7 +22,7 @@ pub fn has_dotprod() -> bool {
     has_neon() && std::arch::is_aarch64_feature_detected!("dotprod")
 }
 
-fn mat_q8_neon(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
+fn mat_q8_neon(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], _ahead: usize) {
     mat_q8_with(
         // SAFETY: only reached through `NEON`, handed out after `has_neon()` returned true.
         |w, ws, x, xs, gs| unsafe { dot_q8_neon(w, ws, x, xs, gs) },
@@ -39,7 +39,6 @@ pub const NEON: Dots = Dots {
     bf16: |w, x| unsafe { dot_bf16_neon(w, x) },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_neon(w, ws, x, xs, gs) },
     q8_rows: mat_q8_neon,
-    q8_rows_alone: mat_q8_neon,
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_neon(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_neon(x, gs, q, s) },
     isa: "neon",
@@ -49,8 +48,7 @@ pub const NEON: Dots = Dots {
 pub const NEON_DOTPROD: Dots = Dots {
     // SAFETY: only handed out after `has_dotprod()` returned true, which includes NEON.
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_dotprod(w, ws, x, xs, gs) },
-    q8_rows: |w, ws, x, out| unsafe { mat_q8_dotprod(w, ws, x, out) },
-    q8_rows_alone: |w, ws, x, out| unsafe { mat_q8_dotprod(w, ws, x, out) },
+    q8_rows: |w, ws, x, out, _| unsafe { mat_q8_dotprod(w, ws, x, out) },
     isa: "neon-dotprod",
     ..NEON
 };

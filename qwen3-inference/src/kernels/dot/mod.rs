@@ -27,7 +27,11 @@ pub type DotQ8F32 = fn(w: &[i8], ws: &[f32], x: &[f32], group_size: usize) -> f3
 /// [`DotQ8`] of weight row `r` (`w: [rows, cols]`, `ws: [rows, cols / gs]`) with token `i` of
 /// `x`. Prefill calls it with every token of the prompt chunk, so each block of weights is read
 /// from memory once and reused from cache for all of them.
-pub type MatQ8 = fn(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]);
+///
+/// `ahead`: how many bytes of weights follow `w` in memory that the same thread reads next (in
+/// decode, the rest of its run of rows, see `team.rs`). A kernel may prefetch them and nothing
+/// further; 0 confines prefetching to `w`. Only the AVX-512 decode kernel prefetches.
+pub type MatQ8 = fn(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead: usize);
 
 /// `t` activation rows of `cols` values, quantized per group of `group_size` for the q8 kernels
 /// (the same rule as the weights, `quant.rs`).
@@ -121,10 +125,6 @@ pub struct Dots {
     pub bf16: DotBf16,
     pub q8: DotQ8,
     pub q8_rows: MatQ8,
-    /// [`MatQ8`] for a decode step that runs on one thread: the same values, read with the
-    /// prefetching that suits one core streaming memory alone (the AVX-512 kernel's differs; the
-    /// others are `q8_rows`).
-    pub q8_rows_alone: MatQ8,
     pub q8_f32: DotQ8F32,
     pub quantize_q8: QuantizeQ8,
     /// Which instruction set was picked, for `--verbose` and the bench report.
@@ -137,7 +137,6 @@ pub const SCALAR: Dots = Dots {
     bf16: dot_bf16_scalar,
     q8: dot_q8_scalar,
     q8_rows: mat_q8_scalar,
-    q8_rows_alone: mat_q8_scalar,
     q8_f32: dot_q8_f32_scalar,
     quantize_q8: crate::quant::quantize_q8,
     isa: "scalar",
@@ -218,7 +217,7 @@ pub fn dot_q8_scalar(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], gs: usize) -> f
     sum
 }
 
-pub fn mat_q8_scalar(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
+pub fn mat_q8_scalar(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], _ahead: usize) {
     mat_q8_with(dot_q8_scalar, w, ws, x, out)
 }
 
@@ -315,8 +314,9 @@ mod tests {
     }
 
     /// The block kernel against one scalar dot product per (row, token), over shapes that take
-    /// every tile of the AVX-512 kernel (2 or 1 rows; 8, 4 or 1 tokens) and group sizes with one
-    /// and several 64-byte chunks, and ones it does not handle itself (16, 32).
+    /// every tile of the AVX-512 kernel (2 or 1 rows; 8, 4 or 1 tokens) and every prefetch depth
+    /// of its decode path, and group sizes with one and several 64-byte chunks, and ones it does
+    /// not handle itself (16, 32).
     #[test]
     fn q8_rows_matches_scalar_dots() {
         let mut seed = 7;
@@ -329,6 +329,9 @@ mod tests {
                     (5, 8, 2),
                     (3, 13, 20),
                     (4, 20, 16),
+                    // Decode over enough rows that the AVX-512 kernel takes each of its
+                    // prefetch depths (32 KiB, 8 KiB, none) as the end of the rows nears.
+                    (160, 1, 4),
                 ] {
                     let cols = gs * groups;
                     let w = rand_vec(rows * cols, &mut seed, 1.0);
@@ -339,11 +342,13 @@ mod tests {
                     let acts = buf.quantize(&x, t, cols, gs);
                     let (xq, xs) = (acts.q, acts.scales);
                     let mut out = vec![f32::NAN; rows * t];
-                    (d.q8_rows)(&wq, &ws, &acts, &mut out);
-                    let mut alone = vec![f32::NAN; rows * t];
-                    (d.q8_rows_alone)(&wq, &ws, &acts, &mut alone);
+                    (d.q8_rows)(&wq, &ws, &acts, &mut out, 0);
+                    // Prefetching further (as decode does when more rows follow) changes no
+                    // value.
+                    let mut ahead = vec![f32::NAN; rows * t];
+                    (d.q8_rows)(&wq, &ws, &acts, &mut ahead, 1 << 20);
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&alone), bits(&out), "{} q8_rows_alone", d.isa);
+                    assert_eq!(bits(&ahead), bits(&out), "{} q8_rows ahead", d.isa);
                     let per = cols / gs;
                     for r in 0..rows {
                         let (w_r, ws_r) =

@@ -22,13 +22,12 @@ pub const AVX2: Dots = Dots {
     bf16: |w, x| unsafe { dot_bf16_avx2(w, x) },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2(w, ws, x, xs, gs) },
     q8_rows: mat_q8_avx2,
-    q8_rows_alone: mat_q8_avx2,
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx2(w, ws, x, gs) },
     quantize_q8: crate::quant::quantize_q8,
     isa: "avx2",
 };
 
-fn mat_q8_avx2(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
+fn mat_q8_avx2(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], _ahead: usize) {
     mat_q8_with(
         // SAFETY: only reached through `AVX2`, handed out after `has_avx2()` returned true.
         |w, ws, x, xs, gs| unsafe { dot_q8_avx2(w, ws, x, xs, gs) },
@@ -45,8 +44,7 @@ pub const AVX512: Dots = Dots {
     f32: |a, b| unsafe { dot_f32_avx512(a, b) },
     bf16: |w, x| unsafe { dot_bf16_avx512(w, x) },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx512(w, ws, x, xs, gs) },
-    q8_rows: |w, ws, x, out| unsafe { mat_q8_avx512::<false>(w, ws, x, out) },
-    q8_rows_alone: |w, ws, x, out| unsafe { mat_q8_avx512::<true>(w, ws, x, out) },
+    q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx512(w, ws, x, out, ahead) },
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
     isa: "avx512-vnni",
@@ -213,13 +211,14 @@ unsafe fn dot_bf16_avx512(w: &[u16], x: &[f32]) -> f32 {
 /// Groups of a multiple of 64 values use VNNI; multiples of 32 the AVX2 kernel; others scalar.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
 unsafe fn dot_q8_avx512(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], gs: usize) -> f32 {
-    dot_q8_avx512_with::<false>(w, ws, x, xs, gs)
+    dot_q8_avx512_with::<0>(w, ws, x, xs, gs)
 }
 
-/// [`dot_q8_avx512`], prefetching for one thread when `ALONE` (see [`PREFETCH_FAR`]).
+/// [`dot_q8_avx512`], prefetching the weights up to `REACH` bytes past the one it reads (see
+/// [`PREFETCH_NEAR`]): 0, [`PREFETCH_NEAR`] or [`PREFETCH_FAR`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
-unsafe fn dot_q8_avx512_with<const ALONE: bool>(
+unsafe fn dot_q8_avx512_with<const REACH: usize>(
     w: &[i8],
     ws: &[f32],
     x: &[i8],
@@ -239,13 +238,13 @@ unsafe fn dot_q8_avx512_with<const ALONE: bool>(
     // g < groups, and `groups` is at most each slice's length in groups.
     while g + 2 <= groups {
         acc0 = _mm512_fmadd_ps(
-            group_q8_avx512::<ALONE>(wp, xp, g * gs, gs),
+            group_q8_avx512::<REACH>(wp, xp, g * gs, gs),
             scale_at(ws, xs, g),
             acc0,
         );
         let h = g + 1;
         acc1 = _mm512_fmadd_ps(
-            group_q8_avx512::<ALONE>(wp, xp, h * gs, gs),
+            group_q8_avx512::<REACH>(wp, xp, h * gs, gs),
             scale_at(ws, xs, h),
             acc1,
         );
@@ -253,7 +252,7 @@ unsafe fn dot_q8_avx512_with<const ALONE: bool>(
     }
     if g < groups {
         acc0 = _mm512_fmadd_ps(
-            group_q8_avx512::<ALONE>(wp, xp, g * gs, gs),
+            group_q8_avx512::<REACH>(wp, xp, g * gs, gs),
             scale_at(ws, xs, g),
             acc0,
         );
@@ -270,9 +269,10 @@ unsafe fn dot_q8_avx512_with<const ALONE: bool>(
 /// vector once for two rows. (Two rows by eight tokens measured slower: its sixteen
 /// accumulators plus temporaries exceed the 32 vector registers, and the compiler spills.)
 ///
-/// `ALONE`: decode runs on one thread, so the rows are prefetched as [`PREFETCH_FAR`] says.
+/// Decode prefetches the weights [`PREFETCH_NEAR`] and [`PREFETCH_FAR`] bytes ahead of the row
+/// it reads, within `w` and the `ahead` bytes after it (see [`MatQ8`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
-unsafe fn mat_q8_avx512<const ALONE: bool>(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
+unsafe fn mat_q8_avx512(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead: usize) {
     let rows = x.check(w, ws, out);
     let (t, cols, gs, per) = (x.t, x.cols, x.group_size, x.per());
     if !gs.is_multiple_of(64) {
@@ -287,13 +287,17 @@ unsafe fn mat_q8_avx512<const ALONE: bool>(w: &[i8], ws: &[f32], x: &ActsQ8, out
     }
     if t == 1 {
         for (r, o) in out.iter_mut().enumerate() {
-            *o = dot_q8_avx512_with::<ALONE>(
-                &w[r * cols..(r + 1) * cols],
-                &ws[r * per..(r + 1) * per],
-                x.q,
-                x.scales,
-                gs,
-            );
+            let (w_r, ws_r) = (&w[r * cols..(r + 1) * cols], &ws[r * per..(r + 1) * per]);
+            // Bytes this thread reads after row r: the prefetches of the row reach at most
+            // REACH - 64 bytes past its end, so each is for a weight this thread reads soon.
+            let after = (rows - r - 1) * cols + ahead;
+            *o = if after >= PREFETCH_FAR {
+                dot_q8_avx512_with::<PREFETCH_FAR>(w_r, ws_r, x.q, x.scales, gs)
+            } else if after >= PREFETCH_NEAR {
+                dot_q8_avx512_with::<PREFETCH_NEAR>(w_r, ws_r, x.q, x.scales, gs)
+            } else {
+                dot_q8_avx512_with::<0>(w_r, ws_r, x.q, x.scales, gs)
+            };
         }
         return;
     }
@@ -388,25 +392,27 @@ unsafe fn tile_q8<const R: usize, const N: usize>(
     }
 }
 
-/// How far ahead of the current weight byte the decode kernel prefetches. Decode reads each
-/// weight once, so it waits on DRAM unless loads are in flight well ahead of use: the
-/// hardware prefetcher alone keeps too few in flight for a loop that also computes. 8 KiB
-/// (128 cache lines) was the best of 1, 4, 8, 16 and 32 KiB in a one-thread benchmark on a
-/// 256 MB matrix (AMD EPYC, AVX-512): 21-23 GB/s against 17-18 without. Measured again token
-/// by token in whole decode steps (ninth session), 2, 4 and 16 KiB were slower.
-const PREFETCH_AHEAD: usize = 8192;
+/// How far ahead of the weight byte it reads the decode kernel asks for the weights, twice:
+/// [`PREFETCH_NEAR`] and [`PREFETCH_FAR`] bytes on, both with `prefetcht2` (into the outer
+/// caches). Decode reads each weight once, so it waits on DRAM unless loads are in flight well
+/// ahead of use, and the hardware prefetcher alone keeps too few in flight for a loop that also
+/// computes (one thread on a 256 MB matrix: 21-23 GB/s with an 8 KiB prefetch against 17-18
+/// without, first session).
+///
+/// Measured on the classifier of the 0.6B shape, two threads, variants alternated call by call
+/// (tenth session, performance.md): against one `prefetcht0` 8 KiB on, this form streamed 1.06
+/// times as fast when the machine's memory was fast (probe above 45 GB/s) and 1.00-1.01 as fast
+/// otherwise; no prefetch at all was 0.76 and 0.92; `prefetchnta` 8 KiB 1.02 and 1.01; other
+/// pairs of distances (8+24, 8+48, 16+32, 16+48, 24+48 KiB) within 0.01 of this one.
+///
+/// The prefetches stop at the end of the rows this thread reads next (the `ahead` of
+/// [`MatQ8`]): past it, the lines belong to another thread, which has already read them, and
+/// each is a wasted read of DRAM. Unbounded, the far prefetch made a two-thread decode step
+/// 1.5% slower (it costs up to 40 KiB at each of the ~400 ends of a thread's rows in a step);
+/// bounded, the step took 0.94 times as long in fast moments and 1.00 otherwise.
+const PREFETCH_NEAR: usize = 8192;
 
-/// How far ahead a decode step on one thread also asks for the weights (the kernels' `ALONE`
-/// parameter). The choice depends on how many cores stream memory at once; decode steps were
-/// alternated token by token in one process (ninth session, performance.md):
-/// - several threads: `prefetcht0` (into L1) [`PREFETCH_AHEAD`] bytes on. With two threads the
-///   one-thread form below was 2-5% slower in most reports, where both cores share the memory's
-///   bandwidth (it asks for more lines, some past the end of a thread's rows), and 2-10% faster
-///   in the others;
-/// - one thread: `prefetcht2` (into the outer caches) [`PREFETCH_AHEAD`] and `PREFETCH_FAR`
-///   bytes on. One core alone keeps too few lines in flight with one near prefetch: a one-thread
-///   step took 0.928-0.968 times as long (12 reports). `prefetcht0` near with `prefetcht2` far
-///   gained nothing, and `prefetcht2` far alone was slower.
+/// See [`PREFETCH_NEAR`].
 const PREFETCH_FAR: usize = 32768;
 
 /// `ws[g] * xs[g]` in every lane. Caller guarantees `g` is in bounds of both.
@@ -420,7 +426,7 @@ unsafe fn scale_at(ws: &[f32], xs: &[f32], g: usize) -> __m512 {
 /// f32 partial sums. Caller guarantees both ranges are in bounds.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn group_q8_avx512<const ALONE: bool>(
+unsafe fn group_q8_avx512<const REACH: usize>(
     w: *const i8,
     x: *const i8,
     at: usize,
@@ -431,13 +437,13 @@ unsafe fn group_q8_avx512<const ALONE: bool>(
     let mut k = at;
     while k < at + n {
         // Ask for the weights ahead now, so they arrive while this group computes (see
-        // PREFETCH_AHEAD and PREFETCH_FAR). A prefetch never faults and has no effect on the
-        // program's meaning, and `wrapping_add` may point past the slice without UB.
-        if ALONE {
-            _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_AHEAD));
+        // PREFETCH_NEAR). A prefetch never faults and has no effect on the program's meaning,
+        // and `wrapping_add` may point past the slice without UB.
+        if REACH >= PREFETCH_NEAR {
+            _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_NEAR));
+        }
+        if REACH >= PREFETCH_FAR {
             _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_FAR));
-        } else {
-            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(k + PREFETCH_AHEAD));
         }
         let wv = _mm512_loadu_si512(w.add(k) as *const __m512i);
         let xv = _mm512_loadu_si512(x.add(k) as *const __m512i);
