@@ -400,10 +400,12 @@ unsafe fn tile_q8<const R: usize, const N: usize>(
 /// without, first session).
 ///
 /// Measured on the classifier of the 0.6B shape, two threads, variants alternated call by call
-/// (tenth session, performance.md): against one `prefetcht0` 8 KiB on, this form streamed 1.06
-/// times as fast when the machine's memory was fast (probe above 45 GB/s) and 1.00-1.01 as fast
-/// otherwise; no prefetch at all was 0.76 and 0.92; `prefetchnta` 8 KiB 1.02 and 1.01; other
-/// pairs of distances (8+24, 8+48, 16+32, 16+48, 24+48 KiB) within 0.01 of this one.
+/// (tenth session, performance.md): against one `prefetcht0` 8 KiB on, this form streamed
+/// 1.06-1.09 times as fast when the machine's memory was fast (probe above 45 GB/s) and
+/// 0.99-1.01 times otherwise; no prefetch at all 0.77 and 0.92; `prefetchnta` 8 KiB 1.02 and
+/// 1.01; other pairs of distances (8+24, 8+48, 16+32, 16+48, 24+48 KiB) within 0.01-0.02 of
+/// this one. On one thread, whole decode steps took 0.93-0.97 times as long with this form as
+/// with the single `prefetcht0` (ninth session).
 ///
 /// The prefetches stop at the end of the rows this thread reads next (the `ahead` of
 /// [`MatQ8`]): past it, the lines belong to another thread, which has already read them, and
