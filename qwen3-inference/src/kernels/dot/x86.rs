@@ -43,7 +43,7 @@ pub const AVX512: Dots = Dots {
     // AVX2 and FMA on every CPU that has it, and the AVX2 fallbacks inside check nothing more.
     f32: |a, b| unsafe { dot_f32_avx512(a, b) },
     bf16: |w, x| unsafe { dot_bf16_avx512(w, x) },
-    q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx512(w, ws, x, xs, gs) },
+    q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx512::<0>(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx512(w, ws, x, out, ahead) },
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
@@ -209,16 +209,11 @@ unsafe fn dot_bf16_avx512(w: &[u16], x: &[f32]) -> f32 {
 }
 
 /// Groups of a multiple of 64 values use VNNI; multiples of 32 the AVX2 kernel; others scalar.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
-unsafe fn dot_q8_avx512(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], gs: usize) -> f32 {
-    dot_q8_avx512_with::<0>(w, ws, x, xs, gs)
-}
-
-/// [`dot_q8_avx512`], prefetching the weights up to `REACH` bytes past the one it reads (see
-/// [`PREFETCH_NEAR`]): 0, [`PREFETCH_NEAR`] or [`PREFETCH_FAR`].
+/// Prefetches the weights up to `REACH` bytes past the one it reads (see [`PREFETCH_NEAR`]): 0,
+/// [`PREFETCH_NEAR`] or [`PREFETCH_FAR`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
-unsafe fn dot_q8_avx512_with<const REACH: usize>(
+unsafe fn dot_q8_avx512<const REACH: usize>(
     w: &[i8],
     ws: &[f32],
     x: &[i8],
@@ -292,11 +287,11 @@ unsafe fn mat_q8_avx512(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead
             // REACH - 64 bytes past its end, so each is for a weight this thread reads soon.
             let after = (rows - r - 1) * cols + ahead;
             *o = if after >= PREFETCH_FAR {
-                dot_q8_avx512_with::<PREFETCH_FAR>(w_r, ws_r, x.q, x.scales, gs)
+                dot_q8_avx512::<PREFETCH_FAR>(w_r, ws_r, x.q, x.scales, gs)
             } else if after >= PREFETCH_NEAR {
-                dot_q8_avx512_with::<PREFETCH_NEAR>(w_r, ws_r, x.q, x.scales, gs)
+                dot_q8_avx512::<PREFETCH_NEAR>(w_r, ws_r, x.q, x.scales, gs)
             } else {
-                dot_q8_avx512_with::<0>(w_r, ws_r, x.q, x.scales, gs)
+                dot_q8_avx512::<0>(w_r, ws_r, x.q, x.scales, gs)
             };
         }
         return;
