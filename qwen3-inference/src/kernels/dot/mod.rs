@@ -30,7 +30,7 @@ pub type DotQ8F32 = fn(w: &[i8], ws: &[f32], x: &[f32], group_size: usize) -> f3
 ///
 /// `ahead`: how many bytes of weights follow `w` in memory that the same thread reads next (in
 /// decode, the rest of its run of rows, see `team.rs`). A kernel may prefetch them and nothing
-/// further; 0 confines prefetching to `w`. Only the AVX-512 decode kernel prefetches.
+/// further; 0 confines prefetching to `w`. The AVX-512 and AVX2 decode kernels prefetch.
 pub type MatQ8 = fn(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead: usize);
 
 /// `t` activation rows of `cols` values, quantized per group of `group_size` for the q8 kernels
@@ -282,7 +282,7 @@ mod tests {
                 let (r, s) = ((d.bf16)(&w, &b), dot_bf16_scalar(&w, &b));
                 assert!(close(r, s, n, 6.0), "{} bf16 n={n}: {r} vs {s}", d.isa);
             }
-            for gs in [16, 32, 64, 128] {
+            for gs in [16, 32, 64, 96, 128] {
                 for groups in [1, 3, 16] {
                     let n = gs * groups;
                     let a = rand_vec(n, &mut seed, 1.5);
@@ -314,14 +314,14 @@ mod tests {
     }
 
     /// The block kernel against one scalar dot product per (row, token), over shapes that take
-    /// every tile of the AVX-512 kernel (2 or 1 rows; 8, 4 or 1 tokens) and every prefetch depth
-    /// of its decode path, and group sizes with one and several 64-byte chunks, and ones it does
-    /// not handle itself (16, 32).
+    /// every tile of the AVX-512 and AVX2 kernels (2 or 1 rows; 8, 4 or 1 tokens) and every
+    /// prefetch depth of their decode paths, and group sizes with one and several 64-byte
+    /// chunks, a 32-byte tail (96), and ones a kernel does not handle itself (16, 32).
     #[test]
     fn q8_rows_matches_scalar_dots() {
         let mut seed = 7;
         for d in available() {
-            for gs in [16, 32, 64, 128] {
+            for gs in [16, 32, 64, 96, 128] {
                 for (rows, t, groups) in [
                     (1, 1, 3),
                     (3, 2, 1),
@@ -369,6 +369,42 @@ mod tests {
                                 d.isa
                             );
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A prompt's tokens get the same bits from the block product (prefill) as one at a time
+    /// (decode), so a prompt run in one pass leaves the same KV cache and logits as the same
+    /// tokens run one by one (the parity tests check that end to end on tiny models). The
+    /// AVX-512 kernel is the exception: its decode adds the groups in two alternating chains
+    /// (one would be bound by the FMA latency) and its prefill in one, so the two differ in the
+    /// last bits of the f32 sums once a row has more than one group.
+    #[test]
+    fn prefill_rows_equal_decode_rows() {
+        let mut seed = 11;
+        for d in available().into_iter().filter(|d| d.isa != "avx512-vnni") {
+            for gs in [16, 32, 64, 128] {
+                let (rows, t, cols) = (7, 9, 20 * gs);
+                let w = rand_vec(rows * cols, &mut seed, 1.0);
+                let x = rand_vec(t * cols, &mut seed, 3.0);
+                let (mut wq, mut ws) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
+                crate::quant::quantize_q8(&w, gs, &mut wq, &mut ws);
+                let mut buf = ActsQ8Buf::default();
+                let mut all = vec![f32::NAN; rows * t];
+                (d.q8_rows)(&wq, &ws, &buf.quantize(&x, t, cols, gs), &mut all, 0);
+                for i in 0..t {
+                    let mut one = vec![f32::NAN; rows];
+                    let acts = buf.quantize(&x[i * cols..(i + 1) * cols], 1, cols, gs);
+                    (d.q8_rows)(&wq, &ws, &acts, &mut one, 0);
+                    for r in 0..rows {
+                        assert_eq!(
+                            all[r * t + i].to_bits(),
+                            one[r].to_bits(),
+                            "{} gs={gs} row {r} token {i}",
+                            d.isa
+                        );
                     }
                 }
             }

@@ -17,26 +17,15 @@ pub fn has_avx512() -> bool {
 }
 
 pub const AVX2: Dots = Dots {
-    // SAFETY (all four): only handed out after `has_avx2()` returned true.
+    // SAFETY (all): only handed out after `has_avx2()` returned true.
     f32: |a, b| unsafe { dot_f32_avx2(a, b) },
     bf16: |w, x| unsafe { dot_bf16_avx2(w, x) },
-    q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2(w, ws, x, xs, gs) },
-    q8_rows: mat_q8_avx2,
+    q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2::<0>(w, ws, x, xs, gs) },
+    q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx2(w, ws, x, out, ahead) },
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx2(w, ws, x, gs) },
     quantize_q8: crate::quant::quantize_q8,
     isa: "avx2",
 };
-
-fn mat_q8_avx2(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], _ahead: usize) {
-    mat_q8_with(
-        // SAFETY: only reached through `AVX2`, handed out after `has_avx2()` returned true.
-        |w, ws, x, xs, gs| unsafe { dot_q8_avx2(w, ws, x, xs, gs) },
-        w,
-        ws,
-        x,
-        out,
-    )
-}
 
 pub const AVX512: Dots = Dots {
     // SAFETY (all): only handed out after `has_avx512()` returned true; AVX-512F implies
@@ -94,32 +83,205 @@ unsafe fn dot_bf16_avx2(w: &[u16], x: &[f32]) -> f32 {
     hsum256(acc) + dot_bf16_scalar(&w[i..n], &x[i..n])
 }
 
-/// Groups of a multiple of 32 values; other group sizes take the scalar path.
+/// Groups of a multiple of 32 values; other group sizes take the scalar path. Prefetches the
+/// weights up to `REACH` bytes past the one it reads, as [`dot_q8_avx512`] does.
+#[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_q8_avx2(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], gs: usize) -> f32 {
-    if !gs.is_multiple_of(32) {
-        return dot_q8_scalar(w, ws, x, xs, gs);
+unsafe fn dot_q8_avx2<const REACH: usize>(
+    w: &[i8],
+    ws: &[f32],
+    x: &[i8],
+    xs: &[f32],
+    gs: usize,
+) -> f32 {
+    // The default group size is compiled on its own, so that a group's loop unrolls.
+    match gs {
+        64 => dot_q8_avx2_gs::<REACH, 64>(w, ws, x, xs, gs),
+        _ if gs.is_multiple_of(32) => dot_q8_avx2_gs::<REACH, 0>(w, ws, x, xs, gs),
+        _ => dot_q8_scalar(w, ws, x, xs, gs),
     }
+}
+
+/// [`dot_q8_avx2`] for a group size of `GS` values, or of `gs` when `GS` is 0; a multiple of 32.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_q8_avx2_gs<const REACH: usize, const GS: usize>(
+    w: &[i8],
+    ws: &[f32],
+    x: &[i8],
+    xs: &[f32],
+    gs: usize,
+) -> f32 {
+    let gs = if GS > 0 { GS } else { gs };
     let groups = ws.len().min(xs.len()).min(w.len() / gs).min(x.len() / gs);
-    let ones = _mm256_set1_epi16(1);
+    let (wp, xp) = (w.as_ptr(), x.as_ptr());
+    // One chain of multiply-adds, group after group, in the order tile_q8_avx2 adds them, so
+    // decode and prefill give the same bits.
     let mut acc = _mm256_setzero_ps();
+    // SAFETY: group_q8_avx2 reads w and x at [g*gs, (g+1)*gs) and scale_at256 ws[g], xs[g],
+    // for g < groups, and `groups` is at most each slice's length in groups.
     for g in 0..groups {
-        let mut isum = _mm256_setzero_si256();
-        let mut k = g * gs;
-        // SAFETY: reads [k, k+32) of w and x with k + 32 <= (g+1)*gs <= len.
-        while k < (g + 1) * gs {
-            let wv = _mm256_loadu_si256(w.as_ptr().add(k) as *const __m256i);
-            let xv = _mm256_loadu_si256(x.as_ptr().add(k) as *const __m256i);
-            // maddubs multiplies unsigned by signed bytes: move w's sign onto x.
-            // |w| * (sign(w) x) = w x; pairs sum to at most 2*127*127 < 2^15, no saturation.
-            let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p16, ones));
-            k += 32;
-        }
-        let scale = _mm256_set1_ps(ws[g] * xs[g]);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
+        let isum = group_q8_avx2::<REACH>(wp, xp, g * gs, gs);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale_at256(ws, xs, g), acc);
     }
     hsum256(acc)
+}
+
+/// `ws[g] * xs[g]` in every lane. Caller guarantees `g` is in bounds of both.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn scale_at256(ws: &[f32], xs: &[f32], g: usize) -> __m256 {
+    _mm256_set1_ps(*ws.get_unchecked(g) * *xs.get_unchecked(g))
+}
+
+/// The sum `sum(w[i] * x[i])` over the `n` values (a multiple of 32) at `w + at` and `x + at`,
+/// as 8 i32 partial sums. Prefetches the weights up to `REACH` bytes ahead, once per 64 bytes
+/// (see [`PREFETCH_NEAR`]). Caller guarantees both ranges are in bounds.
+///
+/// `vpmaddubsw` multiplies unsigned by signed bytes, so the sign of `w` moves onto `x`:
+/// `|w| * (sign(w) x) = w x`. Quantized values lie in [-127, 127], so a pair of products sums to
+/// at most 2 * 127 * 127 < 2^15 and never saturates; `vpmaddwd` against ones then widens the
+/// pairs to i32 exactly.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn group_q8_avx2<const REACH: usize>(
+    w: *const i8,
+    x: *const i8,
+    at: usize,
+    n: usize,
+) -> __m256i {
+    let ones = _mm256_set1_epi16(1);
+    let product = |k: usize| {
+        let wv = _mm256_loadu_si256(w.add(k) as *const __m256i);
+        let xv = _mm256_loadu_si256(x.add(k) as *const __m256i);
+        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+        _mm256_madd_epi16(p16, ones)
+    };
+    let mut isum = _mm256_setzero_si256();
+    let mut k = at;
+    // 64 bytes (one cache line of weights) at a time, and 32 for an odd tail.
+    while k + 64 <= at + n {
+        // See group_q8_avx512: a prefetch never faults, and `wrapping_add` may point past the
+        // slice without UB.
+        if REACH >= PREFETCH_NEAR {
+            _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_NEAR));
+        }
+        if REACH >= PREFETCH_FAR {
+            _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_FAR));
+        }
+        isum = _mm256_add_epi32(isum, _mm256_add_epi32(product(k), product(k + 32)));
+        k += 64;
+    }
+    if k < at + n {
+        isum = _mm256_add_epi32(isum, product(k));
+    }
+    isum
+}
+
+/// [`MatQ8`] on AVX2, for groups of a multiple of 32 values (others take the scalar product).
+///
+/// Decode (`t = 1`) runs [`dot_q8_avx2`] row by row, prefetching as [`mat_q8_avx512`] does.
+/// Prefill is tiled: `R` weight rows against `N` tokens at a time ([`tile_q8_avx2`]).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn mat_q8_avx2(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead: usize) {
+    let rows = x.check(w, ws, out);
+    let (t, cols, gs, per) = (x.t, x.cols, x.group_size, x.per());
+    if !gs.is_multiple_of(32) {
+        return mat_q8_with(dot_q8_scalar, w, ws, x, out);
+    }
+    if t == 1 {
+        for (r, o) in out.iter_mut().enumerate() {
+            let (w_r, ws_r) = (&w[r * cols..(r + 1) * cols], &ws[r * per..(r + 1) * per]);
+            // As in mat_q8_avx512: prefetch no further than the bytes this thread reads next.
+            let after = (rows - r - 1) * cols + ahead;
+            *o = if after >= PREFETCH_FAR {
+                dot_q8_avx2::<PREFETCH_FAR>(w_r, ws_r, x.q, x.scales, gs)
+            } else if after >= PREFETCH_NEAR {
+                dot_q8_avx2::<PREFETCH_NEAR>(w_r, ws_r, x.q, x.scales, gs)
+            } else {
+                dot_q8_avx2::<0>(w_r, ws_r, x.q, x.scales, gs)
+            };
+        }
+        return;
+    }
+    let mut i = 0;
+    while i < t {
+        let n = if t - i >= TILE_N_AVX2 { TILE_N_AVX2 } else { 1 };
+        let mut r = 0;
+        while r < rows {
+            let m = if rows - r >= TILE_R_AVX2 {
+                TILE_R_AVX2
+            } else {
+                1
+            };
+            // SAFETY: rows r..r+m and tokens i..i+n are in range (m <= rows - r,
+            // n <= t - i), and `check` proved every slice has the length of its shape.
+            match (m == 1, n == 1) {
+                (false, false) => tile_q8_avx2::<TILE_R_AVX2, TILE_N_AVX2>(w, ws, x, out, r, i),
+                (false, true) => tile_q8_avx2::<TILE_R_AVX2, 1>(w, ws, x, out, r, i),
+                (true, false) => tile_q8_avx2::<1, TILE_N_AVX2>(w, ws, x, out, r, i),
+                (true, true) => tile_q8_avx2::<1, 1>(w, ws, x, out, r, i),
+            }
+            r += m;
+        }
+        i += n;
+    }
+}
+
+const TILE_R_AVX2: usize = 2;
+const TILE_N_AVX2: usize = 4;
+
+/// `out[(r + a) * t + i + j]` for the `R` weight rows from `r` and the `N` tokens from `i`, on
+/// AVX2: each weight vector and its absolute value are loaded and made once for `N` tokens,
+/// each activation vector loaded once for `R` rows. Per 32 weights and token: the sign
+/// fix-up, `vpmaddubsw`, `vpmaddwd` and an add (see [`group_q8_avx2`]).
+///
+/// Caller guarantees rows `r..r+R` and tokens `i..i+N` exist, that `x.check` passed and that
+/// the group size is a multiple of 32.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_q8_avx2<const R: usize, const N: usize>(
+    w: &[i8],
+    ws: &[f32],
+    x: &ActsQ8,
+    out: &mut [f32],
+    r: usize,
+    i: usize,
+) {
+    let (t, cols, gs, per) = (x.t, x.cols, x.group_size, x.per());
+    let ones = _mm256_set1_epi16(1);
+    let w_row: [*const i8; R] = std::array::from_fn(|a| w.as_ptr().add((r + a) * cols));
+    let ws_row: [*const f32; R] = std::array::from_fn(|a| ws.as_ptr().add((r + a) * per));
+    let x_row: [*const i8; N] = std::array::from_fn(|j| x.q.as_ptr().add((i + j) * cols));
+    let xs_row: [*const f32; N] = std::array::from_fn(|j| x.scales.as_ptr().add((i + j) * per));
+    let mut acc = [[_mm256_setzero_ps(); N]; R];
+    for g in 0..per {
+        let mut isum = [[_mm256_setzero_si256(); N]; R];
+        for k in (g * gs..(g + 1) * gs).step_by(32) {
+            let wv: [__m256i; R] =
+                std::array::from_fn(|a| _mm256_loadu_si256(w_row[a].add(k) as *const __m256i));
+            let aw = wv.map(|v| _mm256_sign_epi8(v, v));
+            for j in 0..N {
+                let xv = _mm256_loadu_si256(x_row[j].add(k) as *const __m256i);
+                for a in 0..R {
+                    let p16 = _mm256_maddubs_epi16(aw[a], _mm256_sign_epi8(xv, wv[a]));
+                    isum[a][j] = _mm256_add_epi32(isum[a][j], _mm256_madd_epi16(p16, ones));
+                }
+            }
+        }
+        for a in 0..R {
+            let w_scale = *ws_row[a].add(g);
+            for j in 0..N {
+                let sc = _mm256_set1_ps(w_scale * *xs_row[j].add(g));
+                acc[a][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[a][j]), sc, acc[a][j]);
+            }
+        }
+    }
+    for (a, acc_a) in acc.iter().enumerate() {
+        for (j, &acc_aj) in acc_a.iter().enumerate() {
+            *out.get_unchecked_mut((r + a) * t + i + j) = hsum256(acc_aj);
+        }
+    }
 }
 
 /// Groups of a multiple of 8 values; others take the scalar path.
@@ -221,7 +383,7 @@ unsafe fn dot_q8_avx512<const REACH: usize>(
     gs: usize,
 ) -> f32 {
     if !gs.is_multiple_of(64) {
-        return dot_q8_avx2(w, ws, x, xs, gs);
+        return dot_q8_avx2::<0>(w, ws, x, xs, gs);
     }
     let groups = ws.len().min(xs.len()).min(w.len() / gs).min(x.len() / gs);
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
@@ -271,14 +433,8 @@ unsafe fn mat_q8_avx512(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead
     let rows = x.check(w, ws, out);
     let (t, cols, gs, per) = (x.t, x.cols, x.group_size, x.per());
     if !gs.is_multiple_of(64) {
-        return mat_q8_with(
-            // SAFETY: this CPU has AVX-512F, hence AVX2 and FMA (see `AVX512`).
-            |w, ws, x, xs, gs| dot_q8_avx2(w, ws, x, xs, gs),
-            w,
-            ws,
-            x,
-            out,
-        );
+        // This CPU has AVX-512F, hence AVX2 and FMA (see `AVX512`).
+        return mat_q8_avx2(w, ws, x, out, ahead);
     }
     if t == 1 {
         for (r, o) in out.iter_mut().enumerate() {
