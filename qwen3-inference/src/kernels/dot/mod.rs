@@ -313,6 +313,23 @@ mod tests {
         }
     }
 
+    /// Every quantizer rounds exact ties to even, as the reference does: max|x| = 127 makes the
+    /// scale exactly 1, so x / s = x.
+    #[test]
+    fn every_quantizer_rounds_ties_to_even() {
+        let mut x = vec![0.0f32; 32];
+        x[..8].copy_from_slice(&[127.0, 0.5, 1.5, 2.5, -0.5, -1.5, 126.5, -2.5]);
+        x[16..24].copy_from_slice(&[-127.0, 3.5, -3.5, 4.5, 0.25, -0.75, 100.5, 101.5]);
+        let want: [i8; 16] = [127, 0, 2, 2, 0, -2, 126, -2, -127, 4, -4, 4, 0, -1, 100, 102];
+        for d in available() {
+            let (mut q, mut s) = (vec![0i8; 32], vec![0f32; 2]);
+            (d.quantize_q8)(&x, 16, &mut q, &mut s);
+            assert_eq!(s, [1.0, 1.0], "{}", d.isa);
+            assert_eq!(&q[..8], &want[..8], "{}", d.isa);
+            assert_eq!(&q[16..24], &want[8..], "{}", d.isa);
+        }
+    }
+
     /// The block kernel against one scalar dot product per (row, token), over shapes that take
     /// every tile of the AVX-512 and AVX2 kernels (2 or 1 rows; 8, 4 or 1 tokens) and every
     /// prefetch depth of their decode paths, and group sizes with one and several 64-byte
