@@ -3,8 +3,8 @@
 //! Decoding one token reads every weight once, and the keys and values of every earlier position
 //! (f32, all layers), so `bandwidth / bytes per token` is a ceiling on decode tokens/s; the
 //! fraction of it reached says how close the kernels are to the hardware. The bandwidth is
-//! measured here, at each thread count, by streaming a buffer much larger than the caches through
-//! the same SIMD code the kernels use, right before each repeat's decode: on a shared machine
+//! measured here, at each thread count, by reading a buffer much larger than the caches with a
+//! loop that does nothing else (`kernels::bandwidth`), right before each repeat's decode: on a shared machine
 //! the bandwidth drifts between runs, and each repeat's fraction is taken against the bandwidth
 //! of its own moment (the median of those fractions is reported).
 //!
@@ -17,6 +17,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use qwen3_inference::backend::KvType;
 use qwen3_inference::format::{ModelFile, TensorKind};
+use qwen3_inference::kernels::bandwidth::read_sum;
 use qwen3_inference::kernels::dot::dots;
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::pages::{huge_page_share, HugePageF32s, PageShare};
@@ -58,11 +59,10 @@ fn median_spread(v: &mut [f64]) -> (f64, f64) {
     (m, v[v.len() - 1] - v[0])
 }
 
-/// Memory read bandwidth in bytes/s with `pool`'s threads: each thread streams its share of a
-/// buffer (1 GiB, in huge pages where the system has them) through the f32 dot kernel
-/// (`dot(a, a)` reads one stream); median of 3.
+/// Memory read bandwidth in bytes/s with `pool`'s threads: each thread reads its share of a
+/// buffer (1 GiB, in huge pages where the system has them) with `kernels::bandwidth::read_sum`;
+/// median of 3.
 fn measure_bandwidth(pool: &rayon::ThreadPool, buf: &[f32]) -> f64 {
-    let dot = dots().f32;
     let threads = pool.current_num_threads();
     let chunk = buf.len().div_ceil(threads);
     let mut samples: Vec<f64> = (0..3)
@@ -70,7 +70,13 @@ fn measure_bandwidth(pool: &rayon::ThreadPool, buf: &[f32]) -> f64 {
             let start = Instant::now();
             let s: f32 = pool.install(|| {
                 use rayon::prelude::*;
-                buf.par_chunks(chunk).map(|c| dot(c, c)).sum()
+                buf.par_chunks(chunk)
+                    .map(|c| {
+                        let mut s = 0.0;
+                        read_sum(c, &mut s);
+                        s
+                    })
+                    .sum()
             });
             std::hint::black_box(s);
             (buf.len() * 4) as f64 / start.elapsed().as_secs_f64()

@@ -56,6 +56,7 @@ macro_rules! vectorized {
     };
 }
 pub mod attention;
+pub mod bandwidth;
 pub mod dot;
 mod elementwise;
 mod embedding;
