@@ -451,7 +451,9 @@ unsafe fn dot_q8_avx512<const REACH: usize>(
     let groups = ws.len().min(xs.len()).min(w.len() / gs).min(x.len() / gs);
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
     // Two accumulators, alternating between groups, so consecutive groups' multiply-adds do
-    // not wait on each other (one chain is bound by the FMA latency, about 4 cycles a group).
+    // not wait on each other (one chain is bound by the FMA latency, about 4 cycles a group:
+    // decode measured 4-5% slower with one, twelfth session). tile_q8 adds in the same order,
+    // so decode and prefill give the same bits.
     let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     let mut g = 0;
     // SAFETY: group_at(g) reads w and x at [g*gs, (g+1)*gs) and ws[g], xs[g], for
@@ -540,10 +542,11 @@ unsafe fn mat_q8_avx512(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead
 /// The integer product of a group uses the biased activations `x + 128` (unsigned, as
 /// `vpdpbusd` wants its first operand) and removes the bias afterwards:
 /// `sum(x * w) = sum((x + 128) * w) - 128 * sum(w)`. The correction `128 * sum(w)` depends on
-/// the weights only, so it is computed once per group (one more `vpdpbusd`, against a vector
-/// of 128s) and shared by all `N` tokens; each token then costs one `vpdpbusd`, one
-/// conversion and one multiply-add per 64 weights. The sums are exact integers, so the result
-/// equals [`dot_q8_scalar`] up to the order of the f32 additions.
+/// the weights only, so it is computed once per 64 weights (one more `vpdpbusd`, against a
+/// vector of 128s) and shared by all `N` tokens; each token then costs one `vpdpbusd` per 64
+/// weights, and one conversion and one multiply-add per group. The sums are exact integers, so
+/// the result equals [`dot_q8_scalar`] up to the order of the f32 additions, which is the
+/// order of [`dot_q8_avx512`]: prefill and decode give the same bits.
 ///
 /// Caller guarantees rows `r..r+R` and tokens `i..i+N` exist and that `x.check` passed.
 #[inline]
@@ -556,14 +559,38 @@ unsafe fn tile_q8<const R: usize, const N: usize>(
     r: usize,
     i: usize,
 ) {
-    let (t, cols, gs, per) = (x.t, x.cols, x.group_size, x.per());
+    // The default group size is compiled on its own, so that a group's loop unrolls.
+    if x.group_size == 64 {
+        tile_q8_gs::<R, N, 64>(w, ws, x, out, r, i)
+    } else {
+        tile_q8_gs::<R, N, 0>(w, ws, x, out, r, i)
+    }
+}
+
+/// [`tile_q8`] for a group size of `GS` values, or of `x.group_size` when `GS` is 0.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+unsafe fn tile_q8_gs<const R: usize, const N: usize, const GS: usize>(
+    w: &[i8],
+    ws: &[f32],
+    x: &ActsQ8,
+    out: &mut [f32],
+    r: usize,
+    i: usize,
+) {
+    let (t, cols, per) = (x.t, x.cols, x.per());
+    let gs = if GS > 0 { GS } else { x.group_size };
     let zero = _mm512_setzero_si512();
     let bias = _mm512_set1_epi8(-128i8); // 0x80: 128 as an unsigned byte
     let w_row: [*const i8; R] = std::array::from_fn(|a| w.as_ptr().add((r + a) * cols));
     let ws_row: [*const f32; R] = std::array::from_fn(|a| ws.as_ptr().add((r + a) * per));
     let x_row: [*const u8; N] = std::array::from_fn(|j| x.biased.as_ptr().add((i + j) * cols));
     let xs_row: [*const f32; N] = std::array::from_fn(|j| x.scales.as_ptr().add((i + j) * per));
-    let mut acc = [[_mm512_setzero_ps(); N]; R];
+    // Two accumulators per row and token, for the even and the odd groups, added in the order
+    // dot_q8_avx512 (decode) adds them, so both give the same bits. The independent chains
+    // also keep the multiply-adds from waiting on each other: with one chain per row and token
+    // this kernel did 53-56 GMAC/s, with two 78-81 (twelfth session, `cargo bench`).
+    let mut acc = [[[_mm512_setzero_ps(); 2]; N]; R];
     // Combined scales ws[r, g] * xs[i, g] of up to 16 groups, made 16 at a time with one
     // vector multiply; the multiply-adds below broadcast them from here.
     let mut scale = [[[0f32; 16]; N]; R];
@@ -578,9 +605,11 @@ unsafe fn tile_q8<const R: usize, const N: usize>(
                 _mm512_storeu_ps(scale[a][j].as_mut_ptr(), _mm512_mul_ps(wsv, xsv));
             }
         }
-        for g in g0..g0 + m {
-            // A group of more than 64 values is taken 64 at a time, each part scaled by the
-            // group's scale: the same sum, as the integer parts convert to f32 exactly.
+        // Group g into chain c.
+        let mut group = |g: usize, c: usize| {
+            // The group's integer sums, 64 values at a time, as dot_q8_avx512 makes them
+            // (exact, so the order within the group does not matter).
+            let mut isum = [[zero; N]; R];
             for k in (g * gs..(g + 1) * gs).step_by(64) {
                 let wv: [__m512i; R] =
                     std::array::from_fn(|a| _mm512_loadu_si512(w_row[a].add(k) as *const __m512i));
@@ -590,18 +619,36 @@ unsafe fn tile_q8<const R: usize, const N: usize>(
                 for j in 0..N {
                     let xv = _mm512_loadu_si512(x_row[j].add(k) as *const __m512i);
                     for a in 0..R {
-                        let isum = _mm512_dpbusd_epi32(neg_bias[a], xv, wv[a]);
-                        let sc = _mm512_set1_ps(*scale[a][j].get_unchecked(g - g0));
-                        acc[a][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, acc[a][j]);
+                        let start = _mm512_add_epi32(isum[a][j], neg_bias[a]);
+                        isum[a][j] = _mm512_dpbusd_epi32(start, xv, wv[a]);
                     }
                 }
             }
+            for a in 0..R {
+                for j in 0..N {
+                    let sc = _mm512_set1_ps(*scale[a][j].get_unchecked(g - g0));
+                    let v = _mm512_cvtepi32_ps(isum[a][j]);
+                    acc[a][j][c] = _mm512_fmadd_ps(v, sc, acc[a][j][c]);
+                }
+            }
+        };
+        // g0 is a multiple of 16, so even groups go to chain 0 as in decode, and so does an
+        // odd last group.
+        let mut g = g0;
+        while g + 2 <= g0 + m {
+            group(g, 0);
+            group(g + 1, 1);
+            g += 2;
+        }
+        if g < g0 + m {
+            group(g, 0);
         }
         g0 += m;
     }
     for (a, acc_a) in acc.iter().enumerate() {
-        for (j, &acc_aj) in acc_a.iter().enumerate() {
-            *out.get_unchecked_mut((r + a) * t + i + j) = _mm512_reduce_add_ps(acc_aj);
+        for (j, [even, odd]) in acc_a.iter().enumerate() {
+            *out.get_unchecked_mut((r + a) * t + i + j) =
+                _mm512_reduce_add_ps(_mm512_add_ps(*even, *odd));
         }
     }
 }
