@@ -154,6 +154,9 @@ fn detect() -> Dots {
         if x86::has_avx512() {
             return x86::AVX512;
         }
+        if x86::has_avx_vnni() {
+            return x86::AVX_VNNI;
+        }
         if x86::has_avx2() {
             return x86::AVX2;
         }
@@ -177,6 +180,9 @@ pub fn available() -> Vec<Dots> {
     {
         if x86::has_avx2() {
             v.push(x86::AVX2);
+        }
+        if x86::has_avx_vnni() {
+            v.push(x86::AVX_VNNI);
         }
         if x86::has_avx512() {
             v.push(x86::AVX512);

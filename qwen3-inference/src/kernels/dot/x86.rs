@@ -4,15 +4,23 @@
 //! yes. Slices are read with unaligned loads at indices checked against their lengths.
 
 use super::*;
+use std::arch::asm;
 use std::arch::x86_64::*;
 
 pub fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
 }
 
+/// AVX-VNNI: `vpdpbusd` on 256 bits with a VEX encoding, on CPUs that may lack AVX-512 (Intel's
+/// client cores since Alder Lake).
+pub fn has_avx_vnni() -> bool {
+    has_avx2() && is_x86_feature_detected!("avxvnni")
+}
+
 pub fn has_avx512() -> bool {
     is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512vnni")
 }
 
@@ -20,16 +28,27 @@ pub const AVX2: Dots = Dots {
     // SAFETY (all): only handed out after `has_avx2()` returned true.
     f32: |a, b| unsafe { dot_f32_avx2(a, b) },
     bf16: |w, x| unsafe { dot_bf16_avx2(w, x) },
-    q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2::<0>(w, ws, x, xs, gs) },
-    q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx2(w, ws, x, out, ahead) },
+    q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2::<0, MADDUBS>(w, ws, x, xs, gs) },
+    q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx2::<MADDUBS>(w, ws, x, out, ahead) },
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx2(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx2(x, gs, q, s) },
     isa: "avx2",
 };
 
+/// The AVX2 kernels with AVX-VNNI's `vpdpbusd` for the integer products.
+pub const AVX_VNNI: Dots = Dots {
+    // SAFETY (both): only handed out after `has_avx_vnni()` returned true, which implies
+    // `has_avx2()`.
+    q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2::<0, VEX_VNNI>(w, ws, x, xs, gs) },
+    q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx2::<VEX_VNNI>(w, ws, x, out, ahead) },
+    isa: "avx-vnni",
+    ..AVX2
+};
+
 pub const AVX512: Dots = Dots {
     // SAFETY (all): only handed out after `has_avx512()` returned true; AVX-512F implies
-    // AVX2 and FMA on every CPU that has it, and the AVX2 fallbacks inside check nothing more.
+    // AVX2 and FMA on every CPU that has it, and the AVX2 fallbacks inside need nothing more
+    // (their EVEX `vpdpbusd` needs AVX512-VNNI and AVX512-VL, which `has_avx512()` checks).
     f32: |a, b| unsafe { dot_f32_avx512(a, b) },
     bf16: |w, x| unsafe { dot_bf16_avx512(w, x) },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx512::<0>(w, ws, x, xs, gs) },
@@ -94,10 +113,11 @@ unsafe fn dot_bf16_avx2(w: &[u16], x: &[f32]) -> f32 {
 }
 
 /// Groups of a multiple of 32 values; other group sizes take the scalar path. Prefetches the
-/// weights up to `REACH` bytes past the one it reads, as [`dot_q8_avx512`] does.
+/// weights up to `REACH` bytes past the one it reads, as [`dot_q8_avx512`] does; multiplies
+/// bytes with the instructions `P` names (see [`MADDUBS`]).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_q8_avx2<const REACH: usize>(
+unsafe fn dot_q8_avx2<const REACH: usize, const P: u8>(
     w: &[i8],
     ws: &[f32],
     x: &[i8],
@@ -106,8 +126,8 @@ unsafe fn dot_q8_avx2<const REACH: usize>(
 ) -> f32 {
     // The default group size is compiled on its own, so that a group's loop unrolls.
     match gs {
-        64 => dot_q8_avx2_gs::<REACH, 64>(w, ws, x, xs, gs),
-        _ if gs.is_multiple_of(32) => dot_q8_avx2_gs::<REACH, 0>(w, ws, x, xs, gs),
+        64 => dot_q8_avx2_gs::<REACH, 64, P>(w, ws, x, xs, gs),
+        _ if gs.is_multiple_of(32) => dot_q8_avx2_gs::<REACH, 0, P>(w, ws, x, xs, gs),
         _ => dot_q8_scalar(w, ws, x, xs, gs),
     }
 }
@@ -115,7 +135,7 @@ unsafe fn dot_q8_avx2<const REACH: usize>(
 /// [`dot_q8_avx2`] for a group size of `GS` values, or of `gs` when `GS` is 0; a multiple of 32.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_q8_avx2_gs<const REACH: usize, const GS: usize>(
+unsafe fn dot_q8_avx2_gs<const REACH: usize, const GS: usize, const P: u8>(
     w: &[i8],
     ws: &[f32],
     x: &[i8],
@@ -131,7 +151,7 @@ unsafe fn dot_q8_avx2_gs<const REACH: usize, const GS: usize>(
     // SAFETY: group_q8_avx2 reads w and x at [g*gs, (g+1)*gs) and scale_at256 ws[g], xs[g],
     // for g < groups, and `groups` is at most each slice's length in groups.
     for g in 0..groups {
-        let isum = group_q8_avx2::<REACH>(wp, xp, g * gs, gs);
+        let isum = group_q8_avx2::<REACH, P>(wp, xp, g * gs, gs);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale_at256(ws, xs, g), acc);
     }
     hsum256(acc)
@@ -148,24 +168,20 @@ unsafe fn scale_at256(ws: &[f32], xs: &[f32], g: usize) -> __m256 {
 /// as 8 i32 partial sums. Prefetches the weights up to `REACH` bytes ahead, once per 64 bytes
 /// (see [`PREFETCH_NEAR`]). Caller guarantees both ranges are in bounds.
 ///
-/// `vpmaddubsw` multiplies unsigned by signed bytes, so the sign of `w` moves onto `x`:
-/// `|w| * (sign(w) x) = w x`. Quantized values lie in [-127, 127], so a pair of products sums to
-/// at most 2 * 127 * 127 < 2^15 and never saturates; `vpmaddwd` against ones then widens the
-/// pairs to i32 exactly.
+/// The byte products ([`dot4`]) take unsigned by signed bytes, so the sign of `w` moves onto
+/// `x`: `|w| * (sign(w) x) = w x`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn group_q8_avx2<const REACH: usize>(
+unsafe fn group_q8_avx2<const REACH: usize, const P: u8>(
     w: *const i8,
     x: *const i8,
     at: usize,
     n: usize,
 ) -> __m256i {
-    let ones = _mm256_set1_epi16(1);
-    let product = |k: usize| {
+    let product = |isum: __m256i, k: usize| {
         let wv = _mm256_loadu_si256(w.add(k) as *const __m256i);
         let xv = _mm256_loadu_si256(x.add(k) as *const __m256i);
-        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
-        _mm256_madd_epi16(p16, ones)
+        dot4::<P>(isum, _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
     };
     let mut isum = _mm256_setzero_si256();
     let mut k = at;
@@ -179,13 +195,66 @@ unsafe fn group_q8_avx2<const REACH: usize>(
         if REACH >= PREFETCH_FAR {
             _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_FAR));
         }
-        isum = _mm256_add_epi32(isum, _mm256_add_epi32(product(k), product(k + 32)));
+        isum = product(product(isum, k), k + 32);
         k += 64;
     }
     if k < at + n {
-        isum = _mm256_add_epi32(isum, product(k));
+        isum = product(isum, k);
     }
     isum
+}
+
+/// Which instructions the AVX2 kernels multiply bytes with: their const parameter `P`. Each
+/// of the three adds to every i32 lane the four products of its neighbouring bytes, unsigned by
+/// signed; the sums are the same exact integers. AVX2 alone takes two instructions and an add:
+/// `vpmaddubsw` multiplies into i16 pairs, `vpmaddwd` against ones widens them to i32.
+const MADDUBS: u8 = 0;
+/// `vpdpbusd` with a VEX encoding (AVX-VNNI): one instruction for the three of [`MADDUBS`].
+const VEX_VNNI: u8 = 1;
+/// `vpdpbusd` on 256 bits with an EVEX encoding (AVX512-VNNI with AVX512-VL): the AVX-512
+/// kernel's path for group sizes that are a multiple of 32 but not of 64. It is the AVX-VNNI
+/// path with another encoding of the same instruction, so the tests run that path's code on
+/// AVX-512 machines, which have no VEX `vpdpbusd`.
+const EVEX_VNNI: u8 = 2;
+
+/// `isum` plus, in each i32 lane `l`, `sum(u[4l + b] * s[4l + b])` over `b` in 0..4, for
+/// unsigned bytes `u` and signed bytes `s`, with the instructions `P` names (see [`MADDUBS`]).
+/// Caller guarantees `u <= 127` and `-127 <= s <= 127` in every byte (quantized values lie in
+/// [-127, 127]): then a pair of products sums to at most 2 * 127 * 127 < 2^15 and
+/// `vpmaddubsw` never saturates, so all three forms give the exact sum. It guarantees as well
+/// that the CPU has the instructions (`P` comes from the dispatch: `has_avx2`,
+/// `has_avx_vnni`, `has_avx512`).
+///
+/// `vpdpbusd` is written as inline assembly: the `std::arch` intrinsics for it may only be
+/// inlined into functions compiled with AVX-VNNI or AVX512-VNNI enabled, and the kernels around
+/// this call are compiled once for AVX2 and reused for all three forms.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn dot4<const P: u8>(isum: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    let mut acc = isum;
+    // SAFETY (both asm blocks): the caller guarantees the CPU has the instruction; it reads
+    // the three registers and writes `acc`, and touches no memory, stack or flags.
+    match P {
+        VEX_VNNI => asm!(
+            "{{vex}} vpdpbusd {acc}, {u}, {s}",
+            acc = inout(ymm_reg) acc,
+            u = in(ymm_reg) u,
+            s = in(ymm_reg) s,
+            options(pure, nomem, nostack, preserves_flags),
+        ),
+        EVEX_VNNI => asm!(
+            "{{evex}} vpdpbusd {acc}, {u}, {s}",
+            acc = inout(ymm_reg) acc,
+            u = in(ymm_reg) u,
+            s = in(ymm_reg) s,
+            options(pure, nomem, nostack, preserves_flags),
+        ),
+        _ => {
+            let p16 = _mm256_maddubs_epi16(u, s);
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+        }
+    }
+    acc
 }
 
 /// [`MatQ8`] on AVX2, for groups of a multiple of 32 values (others take the scalar product).
@@ -193,7 +262,13 @@ unsafe fn group_q8_avx2<const REACH: usize>(
 /// Decode (`t = 1`) runs [`dot_q8_avx2`] row by row, prefetching as [`mat_q8_avx512`] does.
 /// Prefill is tiled: `R` weight rows against `N` tokens at a time ([`tile_q8_avx2`]).
 #[target_feature(enable = "avx2,fma")]
-unsafe fn mat_q8_avx2(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead: usize) {
+unsafe fn mat_q8_avx2<const P: u8>(
+    w: &[i8],
+    ws: &[f32],
+    x: &ActsQ8,
+    out: &mut [f32],
+    ahead: usize,
+) {
     let rows = x.check(w, ws, out);
     let (t, cols, gs, per) = (x.t, x.cols, x.group_size, x.per());
     if !gs.is_multiple_of(32) {
@@ -205,11 +280,11 @@ unsafe fn mat_q8_avx2(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead: 
             // As in mat_q8_avx512: prefetch no further than the bytes this thread reads next.
             let after = (rows - r - 1) * cols + ahead;
             *o = if after >= PREFETCH_FAR {
-                dot_q8_avx2::<PREFETCH_FAR>(w_r, ws_r, x.q, x.scales, gs)
+                dot_q8_avx2::<PREFETCH_FAR, P>(w_r, ws_r, x.q, x.scales, gs)
             } else if after >= PREFETCH_NEAR {
-                dot_q8_avx2::<PREFETCH_NEAR>(w_r, ws_r, x.q, x.scales, gs)
+                dot_q8_avx2::<PREFETCH_NEAR, P>(w_r, ws_r, x.q, x.scales, gs)
             } else {
-                dot_q8_avx2::<0>(w_r, ws_r, x.q, x.scales, gs)
+                dot_q8_avx2::<0, P>(w_r, ws_r, x.q, x.scales, gs)
             };
         }
         return;
@@ -227,10 +302,10 @@ unsafe fn mat_q8_avx2(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead: 
             // SAFETY: rows r..r+m and tokens i..i+n are in range (m <= rows - r,
             // n <= t - i), and `check` proved every slice has the length of its shape.
             match (m == 1, n == 1) {
-                (false, false) => tile_q8_avx2::<TILE_R_AVX2, TILE_N_AVX2>(w, ws, x, out, r, i),
-                (false, true) => tile_q8_avx2::<TILE_R_AVX2, 1>(w, ws, x, out, r, i),
-                (true, false) => tile_q8_avx2::<1, TILE_N_AVX2>(w, ws, x, out, r, i),
-                (true, true) => tile_q8_avx2::<1, 1>(w, ws, x, out, r, i),
+                (false, false) => tile_q8_avx2::<TILE_R_AVX2, TILE_N_AVX2, P>(w, ws, x, out, r, i),
+                (false, true) => tile_q8_avx2::<TILE_R_AVX2, 1, P>(w, ws, x, out, r, i),
+                (true, false) => tile_q8_avx2::<1, TILE_N_AVX2, P>(w, ws, x, out, r, i),
+                (true, true) => tile_q8_avx2::<1, 1, P>(w, ws, x, out, r, i),
             }
             r += m;
         }
@@ -244,13 +319,13 @@ const TILE_N_AVX2: usize = 4;
 /// `out[(r + a) * t + i + j]` for the `R` weight rows from `r` and the `N` tokens from `i`, on
 /// AVX2: each weight vector and its absolute value are loaded and made once for `N` tokens,
 /// each activation vector loaded once for `R` rows. Per 32 weights and token: the sign
-/// fix-up, `vpmaddubsw`, `vpmaddwd` and an add (see [`group_q8_avx2`]).
+/// fix-up and the byte products ([`dot4`]; see [`group_q8_avx2`]).
 ///
 /// Caller guarantees rows `r..r+R` and tokens `i..i+N` exist, that `x.check` passed and that
 /// the group size is a multiple of 32.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_q8_avx2<const R: usize, const N: usize>(
+unsafe fn tile_q8_avx2<const R: usize, const N: usize, const P: u8>(
     w: &[i8],
     ws: &[f32],
     x: &ActsQ8,
@@ -260,16 +335,16 @@ unsafe fn tile_q8_avx2<const R: usize, const N: usize>(
 ) {
     // The default group size is compiled on its own, so that a group's loop unrolls.
     if x.group_size == 64 {
-        tile_q8_avx2_gs::<R, N, 64>(w, ws, x, out, r, i)
+        tile_q8_avx2_gs::<R, N, 64, P>(w, ws, x, out, r, i)
     } else {
-        tile_q8_avx2_gs::<R, N, 0>(w, ws, x, out, r, i)
+        tile_q8_avx2_gs::<R, N, 0, P>(w, ws, x, out, r, i)
     }
 }
 
 /// [`tile_q8_avx2`] for a group size of `GS` values, or of the activations' when `GS` is 0.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_q8_avx2_gs<const R: usize, const N: usize, const GS: usize>(
+unsafe fn tile_q8_avx2_gs<const R: usize, const N: usize, const GS: usize, const P: u8>(
     w: &[i8],
     ws: &[f32],
     x: &ActsQ8,
@@ -279,7 +354,6 @@ unsafe fn tile_q8_avx2_gs<const R: usize, const N: usize, const GS: usize>(
 ) {
     let (t, cols, per) = (x.t, x.cols, x.per());
     let gs = if GS > 0 { GS } else { x.group_size };
-    let ones = _mm256_set1_epi16(1);
     let w_row: [*const i8; R] = std::array::from_fn(|a| w.as_ptr().add((r + a) * cols));
     let ws_row: [*const f32; R] = std::array::from_fn(|a| ws.as_ptr().add((r + a) * per));
     let x_row: [*const i8; N] = std::array::from_fn(|j| x.q.as_ptr().add((i + j) * cols));
@@ -317,8 +391,7 @@ unsafe fn tile_q8_avx2_gs<const R: usize, const N: usize, const GS: usize>(
                 for j in 0..N {
                     let xv = _mm256_loadu_si256(x_row[j].add(k) as *const __m256i);
                     for a in 0..R {
-                        let p16 = _mm256_maddubs_epi16(aw[a], _mm256_sign_epi8(xv, wv[a]));
-                        isum[a][j] = _mm256_add_epi32(isum[a][j], _mm256_madd_epi16(p16, ones));
+                        isum[a][j] = dot4::<P>(isum[a][j], aw[a], _mm256_sign_epi8(xv, wv[a]));
                     }
                 }
             };
@@ -446,7 +519,7 @@ unsafe fn dot_q8_avx512<const REACH: usize>(
     gs: usize,
 ) -> f32 {
     if !gs.is_multiple_of(64) {
-        return dot_q8_avx2::<0>(w, ws, x, xs, gs);
+        return dot_q8_avx2::<0, EVEX_VNNI>(w, ws, x, xs, gs);
     }
     let groups = ws.len().min(xs.len()).min(w.len() / gs).min(x.len() / gs);
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
@@ -499,7 +572,7 @@ unsafe fn mat_q8_avx512(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead
     let (t, cols, gs, per) = (x.t, x.cols, x.group_size, x.per());
     if !gs.is_multiple_of(64) {
         // This CPU has AVX-512F, hence AVX2 and FMA (see `AVX512`).
-        return mat_q8_avx2(w, ws, x, out, ahead);
+        return mat_q8_avx2::<EVEX_VNNI>(w, ws, x, out, ahead);
     }
     if t == 1 {
         for (r, o) in out.iter_mut().enumerate() {
