@@ -8,7 +8,8 @@
 # runs (about 20 s under emulation), the forward-pass tests on the kernels chosen for that CPU:
 #   -cpu max         has the dot-product extension: kernels "neon" and "neon-dotprod" (chosen);
 #   -cpu cortex-a53  ARMv8.0, no dotprod: kernel "neon" only.
-# QWEN3_EXPECT_DOTPROD makes a test fail if the emulated CPU is not the one asked for.
+# QWEN3_EXPECT_DOTPROD makes a test fail if the emulated CPU is not the one asked for;
+# QWEN3_UNDER_QEMU tells the tests that /proc/self is qemu's rendering (pages.rs).
 #
 # Needs Debian packages qemu-user and gcc-aarch64-linux-gnu (the linker; its sysroot also gives
 # qemu the aarch64 libc) and the Rust target aarch64-unknown-linux-gnu; installs what is
@@ -53,7 +54,7 @@ run_on() { # CPU EXPECT_DOTPROD [test binary arguments...]
     shift 2
     echo "== qemu-aarch64 -cpu $cpu: cargo test -p qwen3-inference --lib --target $TARGET $*"
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu $cpu -L $SYSROOT" \
-        QWEN3_EXPECT_DOTPROD=$expect \
+        QWEN3_EXPECT_DOTPROD=$expect QWEN3_UNDER_QEMU=1 \
         cargo test -p qwen3-inference --lib --target "$TARGET" -- "$@"
 }
 # Builds once (the test profile); each run after that only starts the emulator.

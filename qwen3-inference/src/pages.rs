@@ -219,6 +219,12 @@ FilePmdMapped:         0 kB
         map.fill(1);
         if cfg!(target_os = "linux") {
             let share = huge_page_share(map.as_ptr()).expect("the mapping is in smaps");
+            if std::env::var_os("QWEN3_UNDER_QEMU").is_some() {
+                // Under qemu-user, /proc/self/smaps is qemu's rendering of the guest's mappings,
+                // and qemu 10 reports every entry with Rss 0 (qemu 7.2 reports the host's).
+                eprintln!("under qemu-user: not checking resident bytes ({share:?})");
+                return;
+            }
             // Neighbouring anonymous mappings may have been merged into this entry.
             assert!(share.resident_bytes >= 1 << 20, "{share:?}");
         }
