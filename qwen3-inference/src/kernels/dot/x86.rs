@@ -660,9 +660,8 @@ unsafe fn tile_q8_gs<const R: usize, const N: usize, const GS: usize>(
     let x_row: [*const u8; N] = std::array::from_fn(|j| x.biased.as_ptr().add((i + j) * cols));
     let xs_row: [*const f32; N] = std::array::from_fn(|j| x.scales.as_ptr().add((i + j) * per));
     // Two accumulators per row and token, for the even and the odd groups, added in the order
-    // dot_q8_avx512 (decode) adds them, so both give the same bits. The independent chains
-    // also keep the multiply-adds from waiting on each other: with one chain per row and token
-    // this kernel did 53-56 GMAC/s, with two 78-81 (twelfth session, `cargo bench`).
+    // dot_q8_avx512 (decode) adds them, so both give the same bits. With one per row and token
+    // this kernel did 75-78 GMAC/s, with two 85-86 (twelfth session, `cargo bench`).
     let mut acc = [[[_mm512_setzero_ps(); 2]; N]; R];
     // Combined scales ws[r, g] * xs[i, g] of up to 16 groups, made 16 at a time with one
     // vector multiply; the multiply-adds below broadcast them from here.
@@ -678,7 +677,7 @@ unsafe fn tile_q8_gs<const R: usize, const N: usize, const GS: usize>(
                 _mm512_storeu_ps(scale[a][j].as_mut_ptr(), _mm512_mul_ps(wsv, xsv));
             }
         }
-        // Group g into chain c.
+        // Adds group g into accumulator c of every row and token.
         let mut group = |g: usize, c: usize| {
             // The group's integer sums, 64 values at a time, as dot_q8_avx512 makes them
             // (exact, so the order within the group does not matter).
