@@ -5,13 +5,16 @@
 //! a reader can hold the two side by side. They are generic over the tensor type `T` of the
 //! [`Backend`](crate::backend::Backend) that runs them: on the CPU a [`TensorView`] into the
 //! mmapped file (loading copies nothing), on a GPU a range of the uploaded file. The forward pass
-//! itself lives in [`Session`], which owns the KV cache. See docs/transformer.md.
+//! itself lives in [`Forward`], written once for a step of one or many sequences; a
+//! [`Session`] is one sequence with its KV cache. See docs/transformer.md.
 
+mod forward;
 mod session;
 #[cfg(test)]
 pub(crate) mod test_model;
 
-pub use session::{Session, MAX_BATCH};
+pub use forward::{Forward, Segment, MAX_BATCH};
+pub use session::Session;
 
 use crate::format::reader::{TensorData, TensorView};
 use crate::format::{ModelConfig, ModelFile};

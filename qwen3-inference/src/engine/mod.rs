@@ -1,0 +1,445 @@
+//! Many sequences at once: continuous batching over one [`Forward`] pass.
+//!
+//! The engine owns `slots` sequences, each with its own KV cache, and a queue of requests
+//! waiting for a slot. Every [`Engine::step`]:
+//!
+//! 1. admits waiting requests into free slots, first come first served, each into the free slot
+//!    whose cached tokens share the longest prefix with its prompt (the prefix cache: a chat
+//!    client that resends the whole conversation finds it already computed);
+//! 2. forms the step's rows: the next token of every decoding sequence, then chunks of prompts
+//!    still being read, up to the step's budget of rows;
+//! 3. runs them all through the model in one [`Forward::step`], so each weight matrix is read
+//!    once for every sequence;
+//! 4. samples the next token of each sequence whose row ended in logits, each with its own
+//!    sampler and seed, and reports it as an [`Event`]; a sequence that stops leaves its slot
+//!    (and its cache, for the prefix cache) to the next request.
+//!
+//! A request joins at the next step and leaves as soon as it ends; nobody waits for a batch to
+//! drain. Because the forward pass computes each row the same way whatever its neighbours, and
+//! a prompt gives the same keys and values however it is chunked (model/forward.rs), a request's
+//! tokens do not depend on what else runs: with temperature 0 they equal `qwen3 inference -t 0`.
+//!
+//! The engine is synchronous and single-threaded (the kernels use the threads); the server puts it
+//! on one worker thread and talks to it through channels.
+
+use crate::backend::Backend;
+use crate::chat::reuse_len;
+use crate::generate::StopReason;
+use crate::model::{Forward, Segment, MAX_BATCH};
+use crate::sampler::{Sampler, SamplerConfig};
+use anyhow::{bail, Result};
+use std::collections::VecDeque;
+
+#[cfg(test)]
+mod tests;
+
+/// A request's number, given by [`Engine::submit`].
+pub type RequestId = u64;
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The prompt's token ids (at least one).
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    pub sampler: SamplerConfig,
+    /// Ids that end the answer (the model's end-of-sequence ids, the template's end of turn).
+    /// They are not reported as tokens.
+    pub stop_ids: Vec<u32>,
+}
+
+/// What happened to a request in a step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The request took a slot; `cached` of its prompt's tokens were already in the slot's cache.
+    Started { id: RequestId, cached: usize },
+    /// The next token of the answer.
+    Token { id: RequestId, token: u32 },
+    /// The answer ended. `generated` counts the sampled tokens, an end-of-sequence id included.
+    Finished {
+        id: RequestId,
+        reason: StopReason,
+        prompt_tokens: usize,
+        generated: usize,
+        cached: usize,
+    },
+    /// The step that ran this request failed; the request is over and its slot is free.
+    Failed { id: RequestId, error: String },
+}
+
+/// Why [`Engine::submit`] refused a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejected {
+    /// The queue already holds `EngineConfig::max_queue` requests.
+    QueueFull,
+    /// The request can never run (an empty prompt, or one longer than a slot's context).
+    Invalid(String),
+}
+
+impl std::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rejected::QueueFull => write!(f, "the queue of waiting requests is full"),
+            Rejected::Invalid(why) => f.write_str(why),
+        }
+    }
+}
+
+/// The engine's sizes.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineConfig {
+    /// Sequences that run at once (`--parallel`).
+    pub slots: usize,
+    /// Requests that may wait for a slot; more are refused (`--queue`).
+    pub max_queue: usize,
+    /// Prompt tokens a step takes while other sequences are decoding. A long prompt then goes in
+    /// chunks of this many between their tokens, so their streams keep flowing; alone, a prompt
+    /// goes in chunks of the pass's full batch.
+    pub prefill_chunk: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            slots: 4,
+            max_queue: 64,
+            prefill_chunk: 32,
+        }
+    }
+}
+
+/// A request in a slot.
+struct Job {
+    id: RequestId,
+    /// The prompt, then each sampled token: what the model has seen or will see next.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    max_tokens: usize,
+    sampler: Sampler,
+    stop_ids: Vec<u32>,
+    /// Prompt tokens found in the slot's cache when it started.
+    cached: usize,
+}
+
+/// One sequence's place: its KV cache, the tokens the cache holds, and the request using it.
+struct Slot<C> {
+    cache: C,
+    /// The tokens whose keys and values are in `cache`, positions `0 .. cached.len()`. Kept
+    /// after a request ends: the prefix cache.
+    cached: Vec<u32>,
+    job: Option<Job>,
+    /// The step at which the slot was last given a request (the least recently used free slot
+    /// is taken when no cached prefix helps).
+    last_used: u64,
+}
+
+/// Continuous batching: see the module's comment.
+pub struct Engine<'m, B: Backend> {
+    fwd: Forward<'m, B>,
+    cfg: EngineConfig,
+    slots: Vec<Slot<B::KvCache>>,
+    waiting: VecDeque<(RequestId, Request)>,
+    next_id: RequestId,
+    steps: u64,
+    /// The step's rows and which slot each segment is, reused by every step.
+    rows: Vec<u32>,
+    plan: Vec<(usize, usize, bool)>,
+}
+
+impl<'m, B: Backend> Engine<'m, B> {
+    /// An engine of `cfg.slots` sequences over `fwd`, which must return logits for as many rows
+    /// a step ([`Forward::new`]'s `max_logits`).
+    pub fn new(fwd: Forward<'m, B>, cfg: EngineConfig) -> Result<Self> {
+        if cfg.slots == 0 || cfg.slots > fwd.max_logits() {
+            bail!(
+                "{} slots: must be 1 ..= {} (the rows of logits a step returns)",
+                cfg.slots,
+                fwd.max_logits()
+            );
+        }
+        if cfg.prefill_chunk == 0 {
+            bail!("the prefill chunk must be at least one token");
+        }
+        let slots = (0..cfg.slots)
+            .map(|_| {
+                Ok(Slot {
+                    cache: fwd.new_cache()?,
+                    cached: Vec::new(),
+                    job: None,
+                    last_used: 0,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Engine {
+            fwd,
+            cfg,
+            slots,
+            waiting: VecDeque::new(),
+            next_id: 1,
+            steps: 0,
+            rows: Vec::with_capacity(MAX_BATCH),
+            plan: Vec::new(),
+        })
+    }
+
+    /// Positions each sequence holds, prompt and answer together.
+    pub fn context_len(&self) -> usize {
+        self.fwd.context_len()
+    }
+
+    pub fn config(&self) -> EngineConfig {
+        self.cfg
+    }
+
+    /// Requests waiting for a slot.
+    pub fn queued(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Requests in slots.
+    pub fn running(&self) -> usize {
+        self.slots.iter().filter(|s| s.job.is_some()).count()
+    }
+
+    /// Nothing to do until the next request.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running() == 0
+    }
+
+    /// Queues `req`; it starts at a step when a slot is free. Refused if the queue is full or the
+    /// request can never run.
+    pub fn submit(&mut self, req: Request) -> Result<RequestId, Rejected> {
+        if req.prompt.is_empty() {
+            return Err(Rejected::Invalid("the prompt is empty".into()));
+        }
+        let ctx = self.context_len();
+        if req.prompt.len() > ctx {
+            return Err(Rejected::Invalid(format!(
+                "the prompt has {} tokens but the context holds {ctx}",
+                req.prompt.len()
+            )));
+        }
+        let vocab = self.fwd.vocab() as u32;
+        if let Some(bad) = req.prompt.iter().find(|&&t| t >= vocab) {
+            return Err(Rejected::Invalid(format!(
+                "token id {bad} is outside the vocabulary (size {vocab})"
+            )));
+        }
+        if let Err(e) = req.sampler.validate() {
+            return Err(Rejected::Invalid(e.to_string()));
+        }
+        if self.waiting.len() >= self.cfg.max_queue {
+            return Err(Rejected::QueueFull);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.waiting.push_back((id, req));
+        Ok(id)
+    }
+
+    /// Ends request `id` wherever it is (queued or running); its slot is free at the next step.
+    /// Unknown ids (already finished) are ignored.
+    pub fn cancel(&mut self, id: RequestId) {
+        self.waiting.retain(|(w, _)| *w != id);
+        for slot in &mut self.slots {
+            if slot.job.as_ref().is_some_and(|j| j.id == id) {
+                slot.job = None;
+            }
+        }
+    }
+
+    /// Runs one step (see the module's comment), appending what happened to `events`. Does
+    /// nothing when idle. A failure of the forward pass ends the requests of that step with
+    /// [`Event::Failed`] and is not an error of the engine, which can go on.
+    pub fn step(&mut self, events: &mut Vec<Event>) {
+        self.steps += 1;
+        self.admit(events);
+        self.plan_rows();
+        if self.plan.is_empty() {
+            return;
+        }
+        // The segments borrow each planned slot's cache; the slots are visited in plan order,
+        // which is slot order.
+        let mut segments = Vec::with_capacity(self.plan.len());
+        let mut planned = self.plan.iter().peekable();
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if let Some(&(_, len, logits)) = planned.next_if(|p| p.0 == i) {
+                segments.push(Segment {
+                    pos: slot.cached.len(),
+                    cache: &mut slot.cache,
+                    len,
+                    logits,
+                });
+            }
+        }
+        let result = self.fwd.step_only(&self.rows, &mut segments);
+        drop(segments);
+        match result {
+            Ok(k) => self.sample(k, events),
+            Err(e) => self.fail_step(&e.to_string(), events),
+        }
+    }
+
+    /// Step 1: free slots take waiting requests, first come first served.
+    fn admit(&mut self, events: &mut Vec<Event>) {
+        while !self.waiting.is_empty() {
+            // The free slot with the longest reusable prefix; among equals, the least recently
+            // used (so that a busy conversation's cache is not the first overwritten).
+            let prompt = &self.waiting[0].1.prompt;
+            let best = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.job.is_none())
+                .map(|(i, s)| {
+                    (
+                        reuse_len(&s.cached, prompt),
+                        std::cmp::Reverse(s.last_used),
+                        i,
+                    )
+                })
+                .max();
+            let Some((reuse, _, i)) = best else { break };
+            let (id, req) = self.waiting.pop_front().expect("not empty");
+            let slot = &mut self.slots[i];
+            slot.cached.truncate(reuse);
+            slot.last_used = self.steps;
+            let sampler = match Sampler::new(req.sampler) {
+                Ok(s) => s,
+                Err(e) => {
+                    // Validated in `submit`; kept as an event rather than a panic.
+                    events.push(Event::Failed {
+                        id,
+                        error: e.to_string(),
+                    });
+                    continue;
+                }
+            };
+            let prompt_len = req.prompt.len();
+            let mut tokens = req.prompt;
+            tokens.reserve(req.max_tokens.min(self.fwd.context_len()) + 1);
+            slot.job = Some(Job {
+                id,
+                tokens,
+                prompt_len,
+                max_tokens: req.max_tokens,
+                sampler,
+                stop_ids: req.stop_ids,
+                cached: reuse,
+            });
+            events.push(Event::Started { id, cached: reuse });
+        }
+    }
+
+    /// Step 2, the step's rows: one for each decoding sequence, then prompt chunks in slot
+    /// order, up to the budget. `plan` gets `(slot, rows, logits wanted)` in slot order.
+    fn plan_rows(&mut self) {
+        self.rows.clear();
+        self.plan.clear();
+        let pending = |s: &Slot<B::KvCache>| {
+            s.job
+                .as_ref()
+                .map_or(0, |j| j.tokens.len() - s.cached.len())
+        };
+        let decoding = self.slots.iter().filter(|s| pending(s) == 1).count();
+        let mut budget = if decoding > 0 {
+            self.cfg.prefill_chunk.min(self.fwd.max_batch() - decoding)
+        } else {
+            self.fwd.max_batch()
+        };
+        for (i, slot) in self.slots.iter().enumerate() {
+            let Some(job) = &slot.job else { continue };
+            let todo = &job.tokens[slot.cached.len()..];
+            let n = if todo.len() == 1 {
+                1
+            } else {
+                let n = todo.len().min(budget);
+                budget -= n;
+                n
+            };
+            if n > 0 {
+                self.rows.extend_from_slice(&todo[..n]);
+                self.plan.push((i, n, n == todo.len()));
+            }
+        }
+    }
+
+    /// Step 4, after a successful pass: the fed tokens are cached; each row of logits gives its
+    /// sequence's next token.
+    fn sample(&mut self, k: usize, events: &mut Vec<Event>) {
+        let vocab = self.fwd.vocab();
+        let ctx = self.fwd.context_len();
+        let logits = match self.fwd.logits(k) {
+            Ok(l) => l,
+            Err(e) => {
+                let e = e.to_string();
+                return self.fail_step(&e, events);
+            }
+        };
+        let mut row = 0;
+        for &(i, n, wants_logits) in &self.plan {
+            let slot = &mut self.slots[i];
+            let Some(job) = slot.job.as_mut() else {
+                continue;
+            };
+            let start = slot.cached.len();
+            slot.cached.extend_from_slice(&job.tokens[start..start + n]);
+            if !wants_logits {
+                continue;
+            }
+            let l = &logits[row * vocab..(row + 1) * vocab];
+            row += 1;
+            let generated = job.tokens.len() - job.prompt_len;
+            let stop = if generated >= job.max_tokens {
+                Some(StopReason::MaxTokens)
+            } else {
+                // The penalties' scopes: everything seen, and the answer so far.
+                let next = job
+                    .sampler
+                    .sample(l, &job.tokens, &job.tokens[job.prompt_len..]);
+                job.tokens.push(next);
+                if job.stop_ids.contains(&next) {
+                    Some(StopReason::Eos(next))
+                } else {
+                    events.push(Event::Token {
+                        id: job.id,
+                        token: next,
+                    });
+                    if generated + 1 == job.max_tokens {
+                        Some(StopReason::MaxTokens)
+                    } else if slot.cached.len() == ctx {
+                        Some(StopReason::ContextFull)
+                    } else {
+                        None
+                    }
+                }
+            };
+            if let Some(reason) = stop {
+                let job = slot.job.take().expect("a job");
+                events.push(Event::Finished {
+                    id: job.id,
+                    reason,
+                    prompt_tokens: job.prompt_len,
+                    generated: job.tokens.len() - job.prompt_len,
+                    cached: job.cached,
+                });
+            }
+        }
+    }
+
+    /// A failed step: its requests end, and their slots forget what they cached (the step may
+    /// have written part of it).
+    fn fail_step(&mut self, error: &str, events: &mut Vec<Event>) {
+        for &(i, _, _) in &self.plan {
+            let slot = &mut self.slots[i];
+            slot.cached.clear();
+            if let Some(job) = slot.job.take() {
+                events.push(Event::Failed {
+                    id: job.id,
+                    error: error.to_string(),
+                });
+            }
+        }
+    }
+}

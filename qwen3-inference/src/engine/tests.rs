@@ -1,0 +1,249 @@
+//! The engine against the one-sequence path (`generate` over a `Session`, what
+//! `qwen3 inference` runs): the same tokens, bit for bit, whatever runs beside a request.
+
+use super::*;
+use crate::backend::{CpuBackend, KvType};
+use crate::format::{DType, ModelFile};
+use crate::generate::generate;
+use crate::model::test_model::write_random;
+use crate::model::{Model, Session};
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+const CPU: &CpuBackend<'static> = &CpuBackend::new();
+
+fn model_file(name: &str, dt: DType) -> (PathBuf, ModelFile) {
+    let d = std::env::temp_dir().join(format!("pq-engine-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let p = d.join("m.bin");
+    write_random(&p, dt);
+    let f = ModelFile::open(&p).unwrap();
+    (d, f)
+}
+
+fn engine<'m>(model: &'m Model<'m>, slots: usize, chunk: usize) -> Engine<'m, CpuBackend<'m>> {
+    let fwd = Forward::new(CPU, model, 64, MAX_BATCH, slots, KvType::F32).unwrap();
+    let cfg = EngineConfig {
+        slots,
+        max_queue: 64,
+        prefill_chunk: chunk,
+    };
+    Engine::new(fwd, cfg).unwrap()
+}
+
+/// Test prompts of different lengths (the test model's vocabulary is 40 tokens; 0 is its EOS).
+fn prompts() -> Vec<Vec<u32>> {
+    (0..6)
+        .map(|i| {
+            (0..3 + 5 * i)
+                .map(|j| 1 + (j * 7 + i * 3) as u32 % 39)
+                .collect()
+        })
+        .collect()
+}
+
+fn request(prompt: &[u32], sampler: SamplerConfig) -> Request {
+    Request {
+        prompt: prompt.to_vec(),
+        max_tokens: 12,
+        sampler,
+        stop_ids: vec![],
+    }
+}
+
+/// Runs the engine until idle; returns each request's tokens and finish event.
+fn drain(e: &mut Engine<CpuBackend>) -> HashMap<RequestId, (Vec<u32>, Event)> {
+    let mut out: HashMap<RequestId, (Vec<u32>, Event)> = HashMap::new();
+    let mut events = Vec::new();
+    let mut steps = 0;
+    while !e.is_idle() {
+        e.step(&mut events);
+        steps += 1;
+        assert!(steps < 10_000, "the engine does not finish");
+        for ev in events.drain(..) {
+            match ev {
+                Event::Token { id, token } => out.entry(id).or_default().0.push(token),
+                Event::Finished { id, .. } | Event::Failed { id, .. } => {
+                    out.entry(id).or_default().1 = ev
+                }
+                Event::Started { .. } => {}
+            }
+        }
+    }
+    out
+}
+
+impl Default for Event {
+    fn default() -> Self {
+        Event::Started { id: 0, cached: 0 }
+    }
+}
+
+fn sampled(seed: u64) -> SamplerConfig {
+    SamplerConfig {
+        temperature: 0.9,
+        top_k: 20,
+        top_p: 0.95,
+        seed,
+        ..SamplerConfig::greedy()
+    }
+}
+
+/// Every request's tokens, run together with the others on 4 slots (prompts chunked by 5 while
+/// others decode), equal the same request run alone, and the greedy ones equal `generate` on a
+/// `Session`: for f32, bf16 and q8 weights.
+#[test]
+fn batch_invariance() {
+    for dt in [DType::F32, DType::Bf16, DType::Q8] {
+        let (dir, file) = model_file(dt.name(), dt);
+        let model = Model::load(&file).unwrap();
+        let mut reqs = vec![];
+        for (i, p) in prompts().iter().enumerate() {
+            reqs.push(request(p, SamplerConfig::greedy()));
+            reqs.push(request(p, sampled(i as u64)));
+        }
+
+        let mut alone = vec![];
+        for r in &reqs {
+            let mut e = engine(&model, 1, 128);
+            let id = e.submit(r.clone()).unwrap();
+            alone.push(drain(&mut e).remove(&id).unwrap());
+        }
+        let mut e = engine(&model, 4, 5);
+        let ids: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
+        let mut together = drain(&mut e);
+        for (i, id) in ids.iter().enumerate() {
+            let (tokens, fin) = together.remove(id).unwrap();
+            assert_eq!(tokens, alone[i].0, "{dt} request {i}");
+            assert!(
+                matches!(fin, Event::Finished { generated: 12, .. }),
+                "{fin:?}"
+            );
+            assert_eq!(tokens.len(), 12);
+        }
+
+        // Greedy: the CLI's path, one Session and `generate`.
+        for (i, r) in reqs.iter().enumerate().step_by(2) {
+            let mut s = Session::new(&model, 64).unwrap();
+            let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
+            let mut out = vec![];
+            generate(&mut s, &mut sampler, &r.prompt, 12, &[], |t| {
+                out.push(t);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(out, alone[i].0, "{dt} request {i} against generate");
+        }
+        // The samplers' seeds matter (the test can fail): two seeds, two answers.
+        assert_ne!(alone[1].0, alone[3].0);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
+
+/// A request that starts with a finished one's prompt and answer reuses them (the prefix cache)
+/// and gets the tokens a fresh engine gives.
+#[test]
+fn prefix_cache_reuses_and_matches() {
+    let (dir, file) = model_file("prefix", DType::Q8);
+    let model = Model::load(&file).unwrap();
+    let p = &prompts()[3];
+    let mut e = engine(&model, 2, 8);
+    let first = e.submit(request(p, SamplerConfig::greedy())).unwrap();
+    let answer = drain(&mut e).remove(&first).unwrap().0;
+
+    // The conversation resent: prompt, answer, and a new turn.
+    let mut next = p.clone();
+    next.extend(&answer);
+    next.extend([5, 6, 7]);
+    let id = e.submit(request(&next, SamplerConfig::greedy())).unwrap();
+    let mut events = vec![];
+    e.step(&mut events);
+    // The last answer token was sampled, never fed: everything before it is cached.
+    let cached = p.len() + answer.len() - 1;
+    assert_eq!(events[0], Event::Started { id, cached });
+    let mut rest = drain(&mut e);
+    let mut tokens: Vec<u32> = events
+        .iter()
+        .filter_map(|ev| match ev {
+            Event::Token { token, .. } => Some(*token),
+            _ => None,
+        })
+        .collect();
+    tokens.extend(rest.remove(&id).unwrap().0);
+
+    let mut fresh = engine(&model, 1, 128);
+    let fid = fresh
+        .submit(request(&next, SamplerConfig::greedy()))
+        .unwrap();
+    assert_eq!(tokens, drain(&mut fresh).remove(&fid).unwrap().0);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn stops_queue_and_cancel() {
+    let (dir, file) = model_file("stops", DType::F32);
+    let model = Model::load(&file).unwrap();
+    let p = prompts()[1].clone();
+    let mut e = engine(&model, 1, 128);
+    let id = e.submit(request(&p, SamplerConfig::greedy())).unwrap();
+    let tokens = drain(&mut e).remove(&id).unwrap().0;
+
+    // An end-of-sequence id: not reported, and the reason says which.
+    let mut r = request(&p, SamplerConfig::greedy());
+    r.stop_ids = vec![tokens[2]];
+    let id = e.submit(r).unwrap();
+    let (got, fin) = drain(&mut e).remove(&id).unwrap();
+    let first = tokens.iter().position(|&t| t == tokens[2]).unwrap();
+    assert_eq!(got, tokens[..first]);
+    assert!(
+        matches!(fin, Event::Finished { reason: StopReason::Eos(t), generated, .. }
+        if t == tokens[2] && generated == first + 1)
+    );
+
+    // The context: 64 positions, so a prompt of 60 leaves room for 4 fed tokens and a 5th
+    // sampled one.
+    let long: Vec<u32> = (0..60).map(|i| 1 + i % 39).collect();
+    let mut r = request(&long, SamplerConfig::greedy());
+    r.max_tokens = 100;
+    let id = e.submit(r).unwrap();
+    let (got, fin) = drain(&mut e).remove(&id).unwrap();
+    assert_eq!(got.len(), 5);
+    assert!(matches!(
+        fin,
+        Event::Finished {
+            reason: StopReason::ContextFull,
+            ..
+        }
+    ));
+
+    // Refusals.
+    let bad = |prompt: Vec<u32>| request(&prompt, SamplerConfig::greedy());
+    assert!(matches!(e.submit(bad(vec![])), Err(Rejected::Invalid(_))));
+    assert!(matches!(
+        e.submit(bad(vec![1; 65])),
+        Err(Rejected::Invalid(_))
+    ));
+    assert!(matches!(e.submit(bad(vec![40])), Err(Rejected::Invalid(_))));
+    let mut e = Engine::new(
+        Forward::new(CPU, &model, 64, MAX_BATCH, 1, KvType::F32).unwrap(),
+        EngineConfig {
+            slots: 1,
+            max_queue: 2,
+            prefill_chunk: 8,
+        },
+    )
+    .unwrap();
+    let a = e.submit(bad(p.clone())).unwrap();
+    let b = e.submit(bad(p.clone())).unwrap();
+    assert_eq!(e.submit(bad(p.clone())), Err(Rejected::QueueFull));
+
+    // Cancel the running one after a step; the queued one takes its slot.
+    let mut events = vec![];
+    e.step(&mut events);
+    assert_eq!(e.running(), 1);
+    e.cancel(a);
+    let done = drain(&mut e);
+    assert!(!done.contains_key(&a));
+    assert_eq!(done[&b].0, tokens);
+    std::fs::remove_dir_all(dir).unwrap();
+}
