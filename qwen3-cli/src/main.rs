@@ -3,7 +3,7 @@
 mod commands;
 
 use clap::{Parser, Subcommand};
-use commands::{bench, chat_template, export, inference, info, tokenize};
+use commands::{bench, chat_template, export, inference, info, serve, tokenize};
 
 /// Run HuggingFace Qwen3 models from a compact INT8 file, on the CPU.
 #[derive(Parser)]
@@ -27,6 +27,8 @@ enum Command {
     ChatTemplate(chat_template::ChatTemplateArgs),
     /// Measure prefill and decode speed against this machine's memory bandwidth.
     Bench(bench::BenchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API, batching concurrent requests.
+    Serve(serve::ServeArgs),
 }
 
 /// Restores the default action for SIGPIPE (terminate quietly), which Rust's runtime sets to
@@ -75,6 +77,7 @@ fn main() {
         Command::Tokenize(a) => tokenize::run(a),
         Command::ChatTemplate(a) => chat_template::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Serve(a) => serve::run(a),
     };
     if let Err(e) = result {
         // One line: the chain of contexts, outermost first ("file: problem: cause").

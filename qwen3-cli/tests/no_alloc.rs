@@ -125,6 +125,7 @@ fn sampler(temperature: f32, top_k: usize, top_p: f32) -> SamplerConfig {
         min_p: 0.0,
         repetition_penalty: 1.0,
         presence_penalty: 0.0,
+        frequency_penalty: 0.0,
         seed: 7,
     }
 }

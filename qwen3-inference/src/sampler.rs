@@ -30,6 +30,9 @@ pub struct SamplerConfig {
     /// Subtracted from the logit of every token already generated (OpenAI's presence penalty).
     /// 0 is off.
     pub presence_penalty: f32,
+    /// Subtracted from the logit of a generated token once for every time it was generated
+    /// (OpenAI's frequency penalty: `logit - count * frequency_penalty`). 0 is off.
+    pub frequency_penalty: f32,
     /// Seed of the random draws; every value is valid, 0 included.
     pub seed: u64,
 }
@@ -44,6 +47,7 @@ impl SamplerConfig {
             min_p: 0.0,
             repetition_penalty: 1.0,
             presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: 0,
         }
     }
@@ -64,6 +68,7 @@ impl SamplerConfig {
             min_p: g.min_p.unwrap_or(0.0),
             repetition_penalty: g.repetition_penalty.unwrap_or(1.0),
             presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed,
         }
     }
@@ -85,6 +90,12 @@ impl SamplerConfig {
         let r = self.repetition_penalty;
         if !(r.is_finite() && r > 0.0) {
             bail!("repetition penalty must be a number > 0 (1 is off), got {r}");
+        }
+        if !self.frequency_penalty.is_finite() {
+            bail!(
+                "frequency penalty must be a finite number, got {}",
+                self.frequency_penalty
+            );
         }
         if !self.presence_penalty.is_finite() {
             bail!(
@@ -192,14 +203,15 @@ impl Sampler {
     fn sample_body(&mut self, logits: &[f32], context: &[u32], generated: &[u32]) -> u32 {
         let vocab = logits.len();
         let (rp, pp) = (self.cfg.repetition_penalty, self.cfg.presence_penalty);
-        if self.cfg.is_greedy() && rp == 1.0 && pp == 0.0 {
+        let fp = self.cfg.frequency_penalty;
+        if self.cfg.is_greedy() && rp == 1.0 && pp == 0.0 && fp == 0.0 {
             // Plain greedy: nothing reshapes the logits, so no copy.
             self.last_kept = 1;
             return argmax(logits) as u32;
         }
         // 1. Penalties, once per distinct token id, on a copy of the logits (only when a penalty
         //    is set: otherwise the logits are read in place).
-        let penalized = rp != 1.0 || pp != 0.0;
+        let penalized = rp != 1.0 || pp != 0.0 || fp != 0.0;
         if penalized {
             self.work.clear();
             self.work.extend_from_slice(logits);
@@ -226,6 +238,14 @@ impl Sampler {
                 if t < vocab && self.marks[t] != stamp {
                     self.marks[t] = stamp;
                     self.work[t] -= pp;
+                }
+            }
+        }
+        if fp != 0.0 {
+            // Once per occurrence: a token generated three times loses 3 * fp.
+            for &t in generated {
+                if let Some(l) = self.work.get_mut(t as usize) {
+                    *l -= fp;
                 }
             }
         }
@@ -868,6 +888,7 @@ mod tests {
             min_p,
             repetition_penalty: 1.0,
             presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed,
         }
     }
@@ -1165,12 +1186,19 @@ mod tests {
         assert_eq!(s.sample(&l, &[], &[]), 0);
         c.repetition_penalty = 1.0;
         c.presence_penalty = 0.6;
-        let mut s = Sampler::new(c).unwrap();
+        let mut s = Sampler::new(c.clone()).unwrap();
         assert_eq!(
             s.sample(&l, &[0], &[]),
             0,
             "presence penalty ignores the prompt"
         );
+        assert_eq!(s.sample(&l, &[0], &[0, 0]), 1);
+        // Frequency: 2.0 - 0.3 = 1.7 stays first after one occurrence, 2.0 - 0.6 = 1.4 does not
+        // after two.
+        c.presence_penalty = 0.0;
+        c.frequency_penalty = 0.3;
+        let mut s = Sampler::new(c).unwrap();
+        assert_eq!(s.sample(&l, &[0], &[0]), 0);
         assert_eq!(s.sample(&l, &[0], &[0, 0]), 1);
     }
 

@@ -6,4 +6,5 @@ pub mod chat_template;
 pub mod export;
 pub mod inference;
 pub mod info;
+pub mod serve;
 pub mod tokenize;

@@ -91,7 +91,8 @@ impl std::fmt::Display for Rejected {
 pub struct EngineConfig {
     /// Sequences that run at once (`--parallel`).
     pub slots: usize,
-    /// Requests that may wait for a slot; more are refused (`--queue`).
+    /// Requests that may wait for a slot, beyond those the free slots take at the next step;
+    /// more are refused (`--queue`).
     pub max_queue: usize,
     /// Prompt tokens a step takes while other sequences are decoding. A long prompt then goes in
     /// chunks of this many between their tokens, so their streams keep flowing; alone, a prompt
@@ -229,7 +230,9 @@ impl<'m, B: Backend> Engine<'m, B> {
         if let Err(e) = req.sampler.validate() {
             return Err(Rejected::Invalid(e.to_string()));
         }
-        if self.waiting.len() >= self.cfg.max_queue {
+        // Free slots take waiting requests at the next step: those do not count as queued.
+        let free = self.slots.iter().filter(|s| s.job.is_none()).count();
+        if self.waiting.len() >= self.cfg.max_queue + free {
             return Err(Rejected::QueueFull);
         }
         let id = self.next_id;

@@ -233,17 +233,20 @@ fn stops_queue_and_cancel() {
         },
     )
     .unwrap();
+    // One free slot and a queue of two: the fourth is refused.
     let a = e.submit(bad(p.clone())).unwrap();
     let b = e.submit(bad(p.clone())).unwrap();
+    let c = e.submit(bad(p.clone())).unwrap();
     assert_eq!(e.submit(bad(p.clone())), Err(Rejected::QueueFull));
 
-    // Cancel the running one after a step; the queued one takes its slot.
+    // Cancel the running one after a step; the queued ones take its slot in turn.
     let mut events = vec![];
     e.step(&mut events);
-    assert_eq!(e.running(), 1);
+    assert_eq!((e.running(), e.queued()), (1, 2));
     e.cancel(a);
     let done = drain(&mut e);
     assert!(!done.contains_key(&a));
     assert_eq!(done[&b].0, tokens);
+    assert_eq!(done[&c].0, tokens);
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -1,0 +1,164 @@
+//! `qwen3 serve <model.bin>`: an OpenAI-compatible HTTP server (the `qwen3-server` crate) over
+//! the continuous-batching engine. This file reads the model's files and starts the worker; see
+//! docs/serve.md for what the server does.
+
+use super::inference::{KvCacheArg, DEFAULT_CONTEXT_CAP};
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use qwen3_cuda::device::check_available;
+use qwen3_cuda::Device;
+use qwen3_inference::backend::CpuBackend;
+use qwen3_inference::chat::ChatTemplate;
+use qwen3_inference::engine::{Engine, EngineConfig};
+use qwen3_inference::format::{companion_paths, ModelFile};
+use qwen3_inference::model::{Forward, Model, MAX_BATCH};
+use qwen3_inference::tokenizer::Tokenizer;
+use qwen3_server::{worker, AppState, ServeOptions};
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Model file written by `qwen3 export` (its tokenizer and template files beside it).
+    pub model: PathBuf,
+    /// Address to listen on. The default answers this machine only; 0.0.0.0 answers every
+    /// network the machine is on (set --api-key then).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on; 0 picks a free one (printed when ready).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Sequences generated at once, each with its own KV cache; more requests wait.
+    #[arg(long, default_value_t = 4)]
+    pub parallel: usize,
+    /// Requests that may wait for a free sequence; beyond them the server answers 503.
+    #[arg(long, default_value_t = 64)]
+    pub queue: usize,
+    /// Context of each sequence (prompt + answer). Default: the model's maximum, capped at 4096.
+    #[arg(short = 'c', long)]
+    pub context: Option<usize>,
+    /// What the KV caches store keys and values as: f32 (exact) or bf16 (half the memory).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub kv_cache: KvCacheArg,
+    /// CPU threads (default: one per core, or the RAYON_NUM_THREADS environment variable).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Where to run. The server runs on the CPU for now.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Require `Authorization: Bearer KEY` on every route but /health (default: the
+    /// QWEN3_API_KEY environment variable, if set).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// The model id that /v1/models lists and requests name (default: the model file's stem).
+    #[arg(long)]
+    pub model_name: Option<String>,
+    /// Prompt tokens a step takes while other sequences are generating: smaller keeps their
+    /// streams smoother, larger reads a new prompt sooner.
+    #[arg(long, default_value_t = 32)]
+    pub prefill_chunk: usize,
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let device: Device = args.device.parse().map_err(|e: String| anyhow!(e))?;
+    check_available(device).map_err(|e| anyhow!(e))?;
+    if device != Device::Cpu {
+        bail!(
+            "qwen3 serve runs on the CPU for now: --device {} is for `qwen3 inference`",
+            args.device
+        );
+    }
+    if args.parallel == 0 || args.parallel > MAX_BATCH {
+        bail!(
+            "--parallel must be in 1 ..= {MAX_BATCH}, got {}",
+            args.parallel
+        );
+    }
+    if args.threads == Some(0) {
+        bail!("--threads must be at least 1");
+    }
+    let file = ModelFile::open(&args.model)?;
+    let c = file.config().clone();
+    let max_ctx = c.max_position_embeddings as usize;
+    let context_len = args.context.unwrap_or(max_ctx.min(DEFAULT_CONTEXT_CAP));
+    if context_len == 0 || context_len > max_ctx {
+        bail!("--context must be in 1 ..= {max_ctx} (the model's maximum), got {context_len}");
+    }
+    let paths = companion_paths(&args.model);
+    let tokenizer = Tokenizer::open(&paths.tokenizer)?;
+    // A model exported without a chat template still serves /v1/completions.
+    let template = if paths.template.exists() {
+        Some(ChatTemplate::open(&paths.template)?)
+    } else {
+        None
+    };
+    let chat_stop_ids = match &template {
+        Some(t) => super::chat::stop_ids(&c.eos_token_ids, t, &tokenizer),
+        None => c.eos_token_ids.clone(),
+    };
+    let thinking_template = template
+        .as_ref()
+        .is_some_and(|t| t.default_thinking().is_some());
+    let model_name = match args.model_name {
+        Some(n) => n,
+        None => args
+            .model
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .context("the model path has no file name")?,
+    };
+    let api_key = args
+        .api_key
+        .or_else(|| std::env::var("QWEN3_API_KEY").ok())
+        .filter(|k| !k.is_empty());
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let state = AppState {
+        model_name,
+        tokenizer: Box::leak(Box::new(tokenizer)),
+        template,
+        thinking_template,
+        eos_ids: c.eos_token_ids.clone(),
+        chat_stop_ids,
+        defaults: c.generation.clone(),
+        context_len,
+        slots: args.parallel,
+        max_queue: args.queue,
+        api_key,
+        created: qwen3_server::routes::unix_now(),
+        commands: tx,
+    };
+    let cfg = EngineConfig {
+        slots: args.parallel,
+        max_queue: args.queue,
+        prefill_chunk: args.prefill_chunk,
+    };
+    let kv = args.kv_cache.into();
+    // The engine is built on the worker thread, inside a rayon pool of `--threads` threads (the
+    // kernels' parallel loops then run with the worker taking part, as `qwen3 inference` does).
+    // It is built before the server listens, so a bad setting fails here, not at the first
+    // request.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads.unwrap_or(0))
+        .build()
+        .map_err(|e| anyhow!("cannot start the thread pool: {e}"))?;
+    {
+        let model = Model::load(&file)?;
+        let fwd = Forward::new(&CPU, &model, context_len, MAX_BATCH, args.parallel, kv)?;
+        Engine::new(fwd, cfg)?;
+    }
+    let opts = ServeOptions {
+        host: args.host,
+        port: args.port,
+    };
+    qwen3_server::serve(opts, state, rx, move |commands| {
+        pool.install(|| {
+            let model = Model::load(&file)?;
+            let fwd = Forward::new(&CPU, &model, context_len, MAX_BATCH, cfg.slots, kv)?;
+            worker::run(Engine::new(fwd, cfg)?, commands);
+            Ok(())
+        })
+    })
+}
+
+/// The CPU backend holds nothing; one value serves the server's life.
+const CPU: CpuBackend<'static> = CpuBackend::new();

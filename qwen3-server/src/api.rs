@@ -1,0 +1,422 @@
+//! The requests of OpenAI's API as this server reads them: every field it knows is checked for
+//! type and range, and a wrong one is a 400 naming it. Unknown fields are ignored, as OpenAI's
+//! own server and vLLM ignore them; fields this server cannot honour yet (`logprobs`, `tools`,
+//! ...) are refused rather than silently dropped.
+//!
+//! References: OpenAI's API reference for `/v1/completions` and `/v1/chat/completions`; vLLM's
+//! extra sampling fields (`top_k`, `min_p`, `repetition_penalty`, `chat_template_kwargs`).
+
+use crate::error::ApiError;
+use qwen3_inference::format::GenerationDefaults;
+use qwen3_inference::sampler::SamplerConfig;
+use qwen3_inference::tokenizer::Tokenizer;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The body as JSON: malformed JSON, or anything but an object, is a 400.
+pub fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
+    let v: Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::invalid(None, format!("the body is not valid JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::invalid(None, "the body must be a JSON object"));
+    }
+    Ok(v)
+}
+
+/// Deserializes `v` as `T`; a field of the wrong type is a 400 whose `param` names it.
+fn typed<T: for<'de> Deserialize<'de>>(v: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        ApiError::invalid(path.clone(), format!("{path}: {}", e.inner()))
+    })
+}
+
+/// `stop`: one string or a list.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+/// The fields both endpoints share.
+#[derive(Deserialize)]
+struct Common {
+    model: Option<String>,
+    max_tokens: Option<i64>,
+    max_completion_tokens: Option<i64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    min_p: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    repetition_penalty: Option<f32>,
+    seed: Option<i64>,
+    stop: Option<Stop>,
+    n: Option<i64>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+}
+
+/// Fields of OpenAI's API that this server does not implement: given with a value that asks for
+/// them, they are refused (a client that needs them should know).
+const UNSUPPORTED: [&str; 9] = [
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "suffix",
+    "best_of",
+    "logit_bias",
+    "tools",
+    "functions",
+    "response_format",
+];
+
+/// What a request asks of the engine, read and checked.
+#[derive(Debug, Clone)]
+pub struct Params {
+    /// The model it names, if any.
+    pub model: Option<String>,
+    /// The first choice's sampler (choice `i` gets seed `seed + i`).
+    pub sampler: SamplerConfig,
+    /// `max_tokens` or `max_completion_tokens`, if given.
+    pub max_tokens: Option<usize>,
+    pub stops: Vec<String>,
+    pub n: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Most choices (`n`) one request may ask for.
+pub const MAX_N: usize = 16;
+/// Most stop strings.
+pub const MAX_STOPS: usize = 16;
+
+/// Reads the shared fields of `v`; sampling defaults come from the model's generation config,
+/// and the seed, when not given, from `default_seed`.
+pub fn params(
+    v: &Value,
+    defaults: &GenerationDefaults,
+    default_seed: u64,
+) -> Result<Params, ApiError> {
+    for name in UNSUPPORTED {
+        match v.get(name) {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+            Some(Value::Array(a)) if a.is_empty() => {}
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    name.to_string(),
+                    format!("{name} is not supported by this server"),
+                ))
+            }
+        }
+    }
+    let c: Common = typed(v)?;
+    let mut s = SamplerConfig::from_defaults(defaults, default_seed);
+    let range = |name: &str, x: Option<f32>, ok: &dyn Fn(f32) -> bool, what: &str| match x {
+        Some(x) if !x.is_finite() || !ok(x) => Err(ApiError::invalid(
+            name.to_string(),
+            format!("{name} must be {what}, got {x}"),
+        )),
+        _ => Ok(x),
+    };
+    if let Some(t) = range(
+        "temperature",
+        c.temperature,
+        &|t| (0.0..=2.0).contains(&t),
+        "in [0, 2]",
+    )? {
+        s.temperature = t;
+    }
+    if let Some(p) = range("top_p", c.top_p, &|p| p > 0.0 && p <= 1.0, "in (0, 1]")? {
+        s.top_p = p;
+    }
+    if let Some(p) = range("min_p", c.min_p, &|p| (0.0..=1.0).contains(&p), "in [0, 1]")? {
+        s.min_p = p;
+    }
+    let pen = |p: f32| (-2.0..=2.0).contains(&p);
+    if let Some(p) = range("presence_penalty", c.presence_penalty, &pen, "in [-2, 2]")? {
+        s.presence_penalty = p;
+    }
+    if let Some(p) = range("frequency_penalty", c.frequency_penalty, &pen, "in [-2, 2]")? {
+        s.frequency_penalty = p;
+    }
+    let rep = |p: f32| p > 0.0 && p <= 10.0;
+    if let Some(p) = range(
+        "repetition_penalty",
+        c.repetition_penalty,
+        &rep,
+        "in (0, 10]",
+    )? {
+        s.repetition_penalty = p;
+    }
+    match c.top_k {
+        // vLLM's convention: -1 (or 0) keeps every token.
+        Some(-1) | Some(0) => s.top_k = 0,
+        Some(k) if k > 0 => s.top_k = k.min(u32::MAX as i64) as usize,
+        Some(k) => {
+            return Err(ApiError::invalid(
+                "top_k".to_string(),
+                format!("top_k must be -1 (off) or at least 0, got {k}"),
+            ))
+        }
+        None => {}
+    }
+    if let Some(seed) = c.seed {
+        // Any integer: negative ones keep their bits.
+        s.seed = seed as u64;
+    }
+    let max_tokens = match (c.max_completion_tokens, c.max_tokens) {
+        (Some(m), _) => Some(("max_completion_tokens", m)),
+        (None, Some(m)) => Some(("max_tokens", m)),
+        _ => None,
+    };
+    let max_tokens = match max_tokens {
+        Some((name, m)) if m < 1 => {
+            return Err(ApiError::invalid(
+                name.to_string(),
+                format!("{name} must be at least 1, got {m}"),
+            ))
+        }
+        Some((_, m)) => Some(m.min(u32::MAX as i64) as usize),
+        None => None,
+    };
+    let stops = match c.stop {
+        None => vec![],
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(v)) => v,
+    };
+    if stops.len() > MAX_STOPS || stops.iter().any(String::is_empty) {
+        return Err(ApiError::invalid(
+            "stop".to_string(),
+            format!("stop must be at most {MAX_STOPS} non-empty strings"),
+        ));
+    }
+    let n = c.n.unwrap_or(1);
+    if !(1..=MAX_N as i64).contains(&n) {
+        return Err(ApiError::invalid(
+            "n".to_string(),
+            format!("n must be in 1 ..= {MAX_N}, got {n}"),
+        ));
+    }
+    let stream = c.stream.unwrap_or(false);
+    Ok(Params {
+        model: c.model,
+        sampler: s,
+        max_tokens,
+        stops,
+        n: n as usize,
+        stream,
+        include_usage: stream
+            && c.stream_options
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false),
+    })
+}
+
+/// `/v1/completions`' `prompt`: a string or a list of token ids (or a list of one of either).
+pub fn completion_prompt(v: &Value, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Prompt {
+        Text(String),
+        Ids(Vec<u32>),
+        Texts(Vec<String>),
+        IdLists(Vec<Vec<u32>>),
+    }
+    #[derive(Deserialize)]
+    struct Body {
+        prompt: Option<Value>,
+    }
+    let body: Body = typed(v)?;
+    let p = body
+        .prompt
+        .ok_or_else(|| ApiError::invalid("prompt".to_string(), "prompt is required"))?;
+    let bad = || {
+        ApiError::invalid(
+            "prompt".to_string(),
+            "prompt must be a string or a list of token ids",
+        )
+    };
+    let one = |n: usize| {
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(
+                "prompt".to_string(),
+                format!("{n} prompts in one request: send one request per prompt"),
+            ))
+        }
+    };
+    let ids = match serde_json::from_value::<Prompt>(p).map_err(|_| bad())? {
+        Prompt::Text(t) => tok.encode(&t),
+        Prompt::Ids(ids) => ids,
+        Prompt::Texts(t) => {
+            one(t.len())?;
+            tok.encode(&t[0])
+        }
+        Prompt::IdLists(mut l) => {
+            one(l.len())?;
+            l.remove(0)
+        }
+    };
+    if ids.is_empty() {
+        return Err(ApiError::invalid(
+            "prompt".to_string(),
+            "the prompt is empty: give at least one token",
+        ));
+    }
+    Ok(ids)
+}
+
+/// `/v1/chat/completions`' `messages`, as the JSON messages the chat template reads, and
+/// `chat_template_kwargs.enable_thinking`.
+pub fn chat_messages(v: &Value) -> Result<(Vec<Value>, Option<bool>), ApiError> {
+    #[derive(Deserialize)]
+    struct Kwargs {
+        enable_thinking: Option<bool>,
+    }
+    #[derive(Deserialize)]
+    struct Body {
+        messages: Option<Vec<Value>>,
+        chat_template_kwargs: Option<Kwargs>,
+    }
+    let body: Body = typed(v)?;
+    let messages = body
+        .messages
+        .ok_or_else(|| ApiError::invalid("messages".to_string(), "messages is required"))?;
+    if messages.is_empty() {
+        return Err(ApiError::invalid(
+            "messages".to_string(),
+            "messages must hold at least one message",
+        ));
+    }
+    let out = messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| message(i, m))
+        .collect::<Result<_, _>>()?;
+    let thinking = body.chat_template_kwargs.and_then(|k| k.enable_thinking);
+    Ok((out, thinking))
+}
+
+/// One message, checked: a known role, and content that is text (a string, or a list of text
+/// parts, which are joined).
+fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
+    let at = |f: &str| format!("messages[{i}].{f}");
+    let obj = m.as_object().ok_or_else(|| {
+        ApiError::invalid(format!("messages[{i}]"), "a message must be an object")
+    })?;
+    let role = match obj.get("role").and_then(Value::as_str) {
+        Some(r @ ("system" | "user" | "assistant")) => r,
+        // OpenAI's newer name for the system role.
+        Some("developer") => "system",
+        Some(r) => {
+            return Err(ApiError::invalid(
+                at("role"),
+                format!("unknown role {r:?}: expected system, developer, user or assistant"),
+            ))
+        }
+        None => return Err(ApiError::invalid(at("role"), "role must be a string")),
+    };
+    let content =
+        match obj.get("content") {
+            None | Some(Value::Null) if role == "assistant" => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                        (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                        _ => return Err(ApiError::invalid(
+                            format!("messages[{i}].content[{j}]"),
+                            "only text parts ({\"type\": \"text\", \"text\": ...}) are supported",
+                        )),
+                    }
+                }
+                text
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    at("content"),
+                    "content must be a string or a list of text parts",
+                ))
+            }
+        };
+    let mut out = serde_json::Map::new();
+    out.insert("role".into(), role.into());
+    out.insert("content".into(), content.into());
+    if role == "assistant" {
+        match obj.get("reasoning_content") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(r)) => {
+                out.insert("reasoning_content".into(), r.clone().into());
+            }
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    at("reasoning_content"),
+                    "reasoning_content must be a string",
+                ))
+            }
+        }
+    }
+    Ok(Value::Object(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn p(v: Value) -> Result<Params, ApiError> {
+        params(&v, &GenerationDefaults::default(), 1)
+    }
+
+    #[test]
+    fn fields_are_checked_and_named() {
+        let e = p(json!({"temperature": "hot"})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"), "{}", e.message);
+        let e = p(json!({"temperature": 3})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        assert_eq!(p(json!({"n": 0})).unwrap_err().param.as_deref(), Some("n"));
+        let e = p(json!({"max_tokens": 0})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        let e = p(json!({"logprobs": true})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logprobs"));
+        let e = p(json!({"stop": [1]})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stop"));
+        let ok = p(
+            json!({"temperature": 0, "top_k": -1, "seed": -1, "stop": "x",
+                          "stream": true, "stream_options": {"include_usage": true},
+                          "frequency_penalty": 0.5, "whatever": 1}),
+        )
+        .unwrap();
+        assert_eq!(ok.sampler.temperature, 0.0);
+        assert_eq!(ok.sampler.top_k, 0);
+        assert_eq!(ok.sampler.seed, u64::MAX);
+        assert_eq!(ok.sampler.frequency_penalty, 0.5);
+        assert_eq!(ok.stops, ["x"]);
+        assert!(ok.include_usage);
+    }
+
+    #[test]
+    fn messages_are_checked() {
+        let m = |v: Value| chat_messages(&json!({ "messages": v }));
+        let e = m(json!([{"role": "wizard", "content": "hi"}])).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].role"));
+        let e = m(json!([{"role": "user", "content": 5}])).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content"));
+        assert!(m(json!([])).is_err());
+        let (ok, _) = m(json!([{"role": "developer", "content": [
+            {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]))
+        .unwrap();
+        assert_eq!(ok, [json!({"role": "system", "content": "ab"})]);
+    }
+}

@@ -1,0 +1,225 @@
+//! `qwen3 serve`: an OpenAI-compatible HTTP server over the continuous-batching engine
+//! ([`qwen3_inference::engine`]). See docs/serve.md.
+//!
+//! This crate is the only place tokio lives. The library below it is synchronous: one worker
+//! thread ([`worker`]) owns the engine, and the async handlers ([`routes`]) talk to it through
+//! channels. The caller (the CLI) loads the model files and says how to start the worker, so that
+//! the server does not care which backend runs the model.
+//!
+//! - [`api`]: the requests, read and checked;
+//! - [`text`]: tokens to the text a client sees (stop strings, `<think>` split off);
+//! - [`routes`]: the HTTP routes, auth, the request log, streaming;
+//! - [`worker`]: the model thread;
+//! - [`error`]: OpenAI's error object.
+
+pub mod api;
+pub mod error;
+pub mod routes;
+pub mod text;
+pub mod worker;
+
+use anyhow::{bail, Context, Result};
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use qwen3_inference::chat::ChatTemplate;
+use qwen3_inference::format::GenerationDefaults;
+use qwen3_inference::tokenizer::Tokenizer;
+use std::io::Write;
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+use tower_http::cors::CorsLayer;
+use worker::Command;
+
+/// The largest request body accepted (413 beyond it): far more than a context of text.
+pub const MAX_BODY: usize = 8 << 20;
+
+/// What the handlers share.
+pub struct AppState {
+    /// The id `/v1/models` lists and requests may name.
+    pub model_name: String,
+    /// Leaked once at start: the server holds it for the whole process, and each answer's
+    /// streaming decoder borrows it from a task that may outlive any one handler.
+    pub tokenizer: &'static Tokenizer,
+    pub template: Option<ChatTemplate>,
+    /// Whether the template has a thinking switch (Qwen3's `enable_thinking`): then a chat
+    /// answer's `<think>` block goes to `reasoning_content`.
+    pub thinking_template: bool,
+    /// End-of-sequence ids of a completion (the model's).
+    pub eos_ids: Vec<u32>,
+    /// Of a chat answer: the model's and the template's end of turn.
+    pub chat_stop_ids: Vec<u32>,
+    pub defaults: GenerationDefaults,
+    /// Positions of each sequence.
+    pub context_len: usize,
+    /// Sequences that run at once.
+    pub slots: usize,
+    pub max_queue: usize,
+    pub api_key: Option<String>,
+    pub created: u64,
+    pub commands: Sender<Command>,
+}
+
+/// Where to listen.
+pub struct ServeOptions {
+    pub host: String,
+    pub port: u16,
+}
+
+/// One request log line on stderr: method, path, status, tokens, milliseconds.
+pub fn log_line(
+    method: &str,
+    path: &str,
+    status: u16,
+    tokens: Option<routes::LogTokens>,
+    took: Duration,
+) {
+    let tokens = tokens.map_or(String::new(), |t| {
+        format!(" prompt={} completion={}", t.prompt, t.completion)
+    });
+    eprintln!(
+        "{method} {path} {status}{tokens} {:.0}ms",
+        took.as_secs_f64() * 1000.0
+    );
+}
+
+/// The routes, with auth, the log, CORS and the body limit.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(routes::health))
+        .route("/v1/models", get(routes::models))
+        .route("/v1/models/{id}", get(routes::model))
+        .route("/v1/completions", post(routes::completions))
+        .route("/v1/chat/completions", post(routes::chat_completions))
+        .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::wrong_method)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            routes::auth,
+        ))
+        .layer(axum::middleware::from_fn(routes::log))
+        .layer(CorsLayer::permissive())
+        .with_state(state)
+}
+
+/// Serves until Ctrl-C or SIGTERM: starts `worker` on its own thread with the command channel's
+/// receiving end, listens, prints one line with the URL, and answers. On a signal it stops
+/// accepting, ends the running requests, and returns `Ok`. If the worker ends on its own (it
+/// failed), the server stops with its error.
+pub fn serve<W>(
+    opts: ServeOptions,
+    state: AppState,
+    commands: Receiver<Command>,
+    worker: W,
+) -> Result<()>
+where
+    W: FnOnce(Receiver<Command>) -> Result<()> + Send + 'static,
+{
+    let (ended_tx, ended_rx) = tokio::sync::oneshot::channel::<String>();
+    let thread = std::thread::Builder::new()
+        .name("qwen3-worker".into())
+        .spawn(move || {
+            let why =
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker(commands))) {
+                    Ok(Ok(())) => "the model worker stopped".to_string(),
+                    Ok(Err(e)) => format!("the model worker failed: {e:#}"),
+                    Err(p) => {
+                        let msg = p
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default();
+                        format!("the model worker panicked: {msg}")
+                    }
+                };
+            let _ = ended_tx.send(why);
+        })
+        .context("cannot start the model worker thread")?;
+    let shutdown_commands = state.commands.clone();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let result = rt.block_on(async move {
+        let addr = format!("{}:{}", opts.host, opts.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        let shown = if local.is_ipv6() {
+            format!("[{}]:{}", local.ip(), local.port())
+        } else {
+            local.to_string()
+        };
+        let state = Arc::new(state);
+        println!(
+            "qwen3 serve: {} on http://{shown} ({} slots of {} positions)",
+            state.model_name, state.slots, state.context_len
+        );
+        std::io::stdout().flush().ok();
+        let app = router(state);
+
+        // Stop on a signal, or when the worker ends by itself.
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(None::<String>);
+        let signals = async {
+            tokio::select! {
+                _ = signal() => None,
+                why = ended_rx => Some(why.unwrap_or_else(|_| "the model worker vanished".into())),
+            }
+        };
+        let server = axum::serve(listener, app).with_graceful_shutdown({
+            let mut stop_rx = stop_rx.clone();
+            async move {
+                let _ = stop_rx.changed().await;
+            }
+        });
+        let server = tokio::spawn(async move { server.await });
+        let failure = signals.await;
+        // End the running requests (their handlers answer and streams close), then give the
+        // connections a moment to finish.
+        let _ = shutdown_commands.send(Command::Shutdown);
+        let _ = stop_tx.send(failure.clone());
+        if tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .is_err()
+        {
+            eprintln!("qwen3 serve: connections still open after 10 s; exiting anyway");
+        }
+        match failure {
+            Some(why) => bail!("{why}"),
+            None => {
+                eprintln!("qwen3 serve: stopped");
+                Ok(())
+            }
+        }
+    });
+    // The worker got Shutdown; do not wait long for it (it may be in the middle of a step).
+    drop(thread);
+    rt.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+/// Ctrl-C, or SIGTERM on Unix.
+async fn signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {},
+                    _ = term.recv() => {},
+                }
+            }
+            Err(_) => ctrl_c.await,
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await;
+}

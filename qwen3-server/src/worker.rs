@@ -1,0 +1,179 @@
+//! The model worker: one thread that owns the [`Engine`] (the model, every sequence's KV cache)
+//! and runs its steps, while the HTTP handlers, on tokio, talk to it through channels.
+//!
+//! ```text
+//! handler --Command::Submit{requests, updates}--> [std mpsc] --> worker: engine.submit(...)
+//! handler <--Update::Token / Finished ...-------- [tokio mpsc, one per HTTP request]
+//! ```
+//!
+//! The worker blocks on its command channel while the engine is idle, and otherwise takes the
+//! commands that arrived since the last step before running the next one. A handler that goes
+//! away (its client disconnected) drops its receiver; the worker sees the closed channel before
+//! the next step and cancels the request, freeing its slot.
+
+use qwen3_inference::backend::Backend;
+use qwen3_inference::engine::{Engine, Event, Rejected, Request, RequestId};
+use qwen3_inference::generate::StopReason;
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// What a handler asks of the worker.
+pub enum Command {
+    /// Run these requests (an HTTP request's `n` choices); what happens to them goes to
+    /// `updates`, each tagged with its choice's index.
+    Submit {
+        requests: Vec<Request>,
+        updates: UnboundedSender<Update>,
+    },
+    /// Stop a request early (a stop string ended it).
+    Cancel(RequestId),
+    /// End every request and return (Ctrl-C or SIGTERM).
+    Shutdown,
+}
+
+/// What happened to a choice.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Update {
+    /// The engine took the requests; choice `i` is request `ids[i]`.
+    Queued {
+        ids: Vec<RequestId>,
+    },
+    /// The engine refused them; none runs.
+    Rejected(Rejected),
+    /// Choice `choice` took a slot with `cached` prompt tokens already computed.
+    Started {
+        choice: usize,
+        cached: usize,
+    },
+    Token {
+        choice: usize,
+        token: u32,
+    },
+    Finished {
+        choice: usize,
+        reason: StopReason,
+        generated: usize,
+    },
+    /// The worker failed this choice (a failed step, or shutdown).
+    Failed {
+        choice: usize,
+        error: String,
+    },
+}
+
+/// Runs the worker until the command channel closes or [`Command::Shutdown`] arrives.
+pub fn run<B: Backend>(mut engine: Engine<B>, commands: Receiver<Command>) {
+    let mut routes: HashMap<RequestId, (UnboundedSender<Update>, usize)> = HashMap::new();
+    let mut events = Vec::new();
+    loop {
+        // 1. Commands: wait for one when there is nothing to run, then take all that arrived.
+        let mut next = if engine.is_idle() {
+            match commands.recv() {
+                Ok(c) => Some(c),
+                Err(_) => return,
+            }
+        } else {
+            None
+        };
+        loop {
+            let cmd = match next.take() {
+                Some(c) => c,
+                None => match commands.try_recv() {
+                    Ok(c) => c,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return fail_all(&routes, "shut down"),
+                },
+            };
+            match cmd {
+                Command::Submit { requests, updates } => {
+                    submit(&mut engine, &mut routes, requests, updates)
+                }
+                Command::Cancel(id) => {
+                    engine.cancel(id);
+                    routes.remove(&id);
+                }
+                Command::Shutdown => {
+                    return fail_all(&routes, "the server is shutting down");
+                }
+            }
+        }
+
+        // 2. Clients that went away: their requests end now.
+        routes.retain(|&id, (tx, _)| {
+            let open = !tx.is_closed();
+            if !open {
+                engine.cancel(id);
+            }
+            open
+        });
+
+        // 3. One step, and its events to their requests.
+        engine.step(&mut events);
+        for ev in events.drain(..) {
+            let (id, last) = match &ev {
+                Event::Started { id, .. } | Event::Token { id, .. } => (*id, false),
+                Event::Finished { id, .. } | Event::Failed { id, .. } => (*id, true),
+            };
+            let Some((tx, choice)) = routes.get(&id) else {
+                continue;
+            };
+            let choice = *choice;
+            let update = match ev {
+                Event::Started { cached, .. } => Update::Started { choice, cached },
+                Event::Token { token, .. } => Update::Token { choice, token },
+                Event::Finished {
+                    reason, generated, ..
+                } => Update::Finished {
+                    choice,
+                    reason,
+                    generated,
+                },
+                Event::Failed { error, .. } => Update::Failed { choice, error },
+            };
+            if tx.send(update).is_err() {
+                // The handler is gone: stop spending steps on it.
+                engine.cancel(id);
+                routes.remove(&id);
+            } else if last {
+                routes.remove(&id);
+            }
+        }
+    }
+}
+
+/// Queues an HTTP request's choices, all or none.
+fn submit<B: Backend>(
+    engine: &mut Engine<B>,
+    routes: &mut HashMap<RequestId, (UnboundedSender<Update>, usize)>,
+    requests: Vec<Request>,
+    updates: UnboundedSender<Update>,
+) {
+    let mut ids = Vec::with_capacity(requests.len());
+    for r in requests {
+        match engine.submit(r) {
+            Ok(id) => ids.push(id),
+            Err(why) => {
+                for &id in &ids {
+                    engine.cancel(id);
+                }
+                let _ = updates.send(Update::Rejected(why));
+                return;
+            }
+        }
+    }
+    for (choice, &id) in ids.iter().enumerate() {
+        routes.insert(id, (updates.clone(), choice));
+    }
+    let _ = updates.send(Update::Queued { ids });
+}
+
+/// Tells every open request that the worker stops.
+fn fail_all(routes: &HashMap<RequestId, (UnboundedSender<Update>, usize)>, why: &str) {
+    for (tx, choice) in routes.values() {
+        let _ = tx.send(Update::Failed {
+            choice: *choice,
+            error: why.to_string(),
+        });
+    }
+}
