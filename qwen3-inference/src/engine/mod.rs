@@ -23,7 +23,7 @@
 //! on one worker thread and talks to it through channels.
 
 use crate::backend::Backend;
-use crate::chat::reuse_len;
+use crate::chat::{common_prefix_len, reuse_len};
 use crate::generate::StopReason;
 use crate::model::{Forward, Segment, MAX_BATCH};
 use crate::sampler::{Sampler, SamplerConfig};
@@ -287,8 +287,9 @@ impl<'m, B: Backend> Engine<'m, B> {
     /// Step 1: free slots take waiting requests, first come first served.
     fn admit(&mut self, events: &mut Vec<Event>) {
         while !self.waiting.is_empty() {
-            // The free slot with the longest reusable prefix; among equals, the least recently
-            // used (so that a busy conversation's cache is not the first overwritten).
+            // The free slot whose cache shares the longest prefix with the prompt; among
+            // equals, the least recently used (so that a busy conversation's cache is not the
+            // first overwritten).
             let prompt = &self.waiting[0].1.prompt;
             let best = self
                 .slots
@@ -296,14 +297,12 @@ impl<'m, B: Backend> Engine<'m, B> {
                 .enumerate()
                 .filter(|(_, s)| s.job.is_none())
                 .map(|(i, s)| {
-                    (
-                        reuse_len(&s.cached, prompt),
-                        std::cmp::Reverse(s.last_used),
-                        i,
-                    )
+                    let common = common_prefix_len(&s.cached, prompt);
+                    (common, std::cmp::Reverse(s.last_used), i)
                 })
                 .max();
-            let Some((reuse, _, i)) = best else { break };
+            let Some((_, _, i)) = best else { break };
+            let reuse = reuse_len(&self.slots[i].cached, prompt);
             let (id, req) = self.waiting.pop_front().expect("not empty");
             let slot = &mut self.slots[i];
             slot.cached.truncate(reuse);

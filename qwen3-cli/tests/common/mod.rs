@@ -1,0 +1,224 @@
+//! The server tests' client side: the real `qwen3 serve` binary on an ephemeral loopback port,
+//! and a small HTTP/1.1 client over `TcpStream` (one request per connection, `Connection:
+//! close`), so a test sees exactly the bytes a client gets, can send malformed requests, and
+//! can hang up in the middle of an answer.
+
+#![allow(dead_code)] // each test file uses part of it
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `qwen3 serve`; killed when dropped.
+pub struct Server {
+    pub child: Child,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl Server {
+    /// Starts `qwen3 serve <model> --port 0 <args>` and waits for its ready line (the port).
+    pub fn start(model: &Path, args: &[&str]) -> Server {
+        Server::start_env(model, args, &[])
+    }
+
+    pub fn start_env(model: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let log = model.with_extension(format!("serve-{}.log", unique()));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_qwen3"));
+        cmd.arg("serve").arg(model).args(["--port", "0"]).args(args);
+        // One kernel thread unless the test asks: tests run side by side.
+        if !args.contains(&"--threads") {
+            cmd.args(["--threads", "1"]);
+        }
+        cmd.env_remove("QWEN3_API_KEY")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .split("http://127.0.0.1:")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| {
+                panic!(
+                    "no ready line: {line:?}; log: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                )
+            });
+        Server { child, port, log }
+    }
+
+    pub fn get(&self, path: &str) -> Resp {
+        http(self.port, "GET", path, &[], b"")
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> Resp {
+        http(self.port, "POST", path, &[], body.to_string().as_bytes())
+    }
+
+    /// The request log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// An HTTP response.
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Resp {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", self.status, self.body))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The `data:` payloads of a server-sent event stream, in order.
+    pub fn events(&self) -> Vec<String> {
+        self.body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// An OpenAI error object's `error`, checking its shape.
+    pub fn error(&self) -> Value {
+        let v = self.json();
+        let e = v["error"].clone();
+        for f in ["message", "type", "param", "code"] {
+            assert!(e.get(f).is_some(), "error object without {f}: {v}");
+        }
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()));
+        e
+    }
+}
+
+/// One request on a fresh connection, read to the end.
+pub fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+    let mut s = connect(port);
+    send(&mut s, method, path, headers, body);
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    parse(&raw)
+}
+
+pub fn connect(port: u16) -> TcpStream {
+    let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    s
+}
+
+pub fn send(s: &mut TcpStream, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) {
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    // A body the server refuses early may not be read in full: the write can then fail.
+    let _ = s.write_all(body);
+}
+
+fn parse(raw: &[u8]) -> Resp {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header end: {:?}", String::from_utf8_lossy(raw)));
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    if chunked {
+        body = dechunk(&body);
+    }
+    Resp {
+        status,
+        headers,
+        body: String::from_utf8(body).expect("the body is UTF-8"),
+    }
+}
+
+/// Undoes `Transfer-Encoding: chunked`: hex size line, data, CRLF, until a zero size.
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let eol = b.windows(2).position(|w| w == b"\r\n").expect("chunk size");
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&b[..eol]).unwrap().trim(), 16).unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
+        b = &b[eol + 2 + size + 2..];
+    }
+}
+
+/// Waits until `f` holds, polling, for at most `limit`.
+pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+/// The text of a completion answer's first choice.
+pub fn text(v: &Value) -> String {
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}

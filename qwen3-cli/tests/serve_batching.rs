@@ -1,0 +1,205 @@
+//! `qwen3 serve` under many clients: the real binary, real HTTP, concurrent connections.
+//!
+//! - A burst of 64 requests at concurrency 16: every request is answered, and each answer is
+//!   bit-identical to the same request run alone (batch invariance: its tokens do not depend on
+//!   its neighbours in a step nor on how its prompt was chunked), and the greedy ones equal
+//!   `qwen3 inference -t 0`.
+//! - Clients that vanish mid-answer (streaming or not) free their slot at once; a full queue is a
+//!   503 with Retry-After.
+
+mod common;
+
+use common::{connect, http, send, text, wait_until, Server};
+use qwen3_inference::format::DType;
+use qwen3_test_support::{export_fixture, tempdir};
+use serde_json::{json, Value};
+use std::io::Read;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const FIXTURE: &str = "tiny-qwen3-fullvocab";
+
+/// Prompts of many lengths: short ones, and long ones that a step takes in several chunks.
+fn prompts() -> Vec<String> {
+    let words = [
+        "river", "stone", "quantum", "bread", "Paris", "violet", "engine", "mouse",
+    ];
+    (0..16)
+        .map(|i| {
+            let n = 1 + (i * 37) % 160;
+            (0..n)
+                .map(|j| words[(i * 7 + j * 3) % words.len()])
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
+}
+
+/// Request `i` of the burst: a prompt, greedy or sampled with its own seed, streamed or not.
+fn request(i: usize, prompts: &[String]) -> Value {
+    let greedy = i.is_multiple_of(2);
+    json!({
+        "prompt": prompts[i % prompts.len()],
+        "max_tokens": 16,
+        "temperature": if greedy { 0.0 } else { 0.8 },
+        "seed": i,
+        "stream": i % 4 >= 2,
+    })
+}
+
+/// The text of an answer, streamed or not.
+fn answer(r: &common::Resp, stream: bool) -> String {
+    assert_eq!(r.status, 200, "{}", r.body);
+    if !stream {
+        return text(&r.json());
+    }
+    let events = r.events();
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .map(|c| c["choices"][0]["text"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn burst_answers_equal_solo_answers() {
+    let dir = tempdir("pq-serve-batch", "burst");
+    let model = export_fixture(FIXTURE, &dir, DType::Q8, 32);
+    let prompts = prompts();
+    let s = Server::start(
+        &model,
+        &["--parallel", "16", "--prefill-chunk", "7", "--threads", "2"],
+    );
+
+    // Each request alone, one after the other.
+    let solo: Vec<String> = (0..64)
+        .map(|i| {
+            let req = request(i, &prompts);
+            answer(&s.post("/v1/completions", &req), req["stream"] == true)
+        })
+        .collect();
+
+    // The same 64 from 16 clients at once.
+    let next = Arc::new(Mutex::new(0usize));
+    let got = Arc::new(Mutex::new(vec![None; 64]));
+    let clients: Vec<_> = (0..16)
+        .map(|_| {
+            let (next, got, prompts, port) = (next.clone(), got.clone(), prompts.clone(), s.port);
+            std::thread::spawn(move || loop {
+                let i = {
+                    let mut n = next.lock().unwrap();
+                    if *n == 64 {
+                        return;
+                    }
+                    *n += 1;
+                    *n - 1
+                };
+                let req = request(i, &prompts);
+                let r = http(
+                    port,
+                    "POST",
+                    "/v1/completions",
+                    &[],
+                    req.to_string().as_bytes(),
+                );
+                got.lock().unwrap()[i] = Some(answer(&r, req["stream"] == true));
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    let got = got.lock().unwrap();
+    for i in 0..64 {
+        assert_eq!(got[i].as_deref(), Some(solo[i].as_str()), "request {i}");
+    }
+    // The test can fail: sampled answers depend on their seeds.
+    assert_ne!(solo[1], solo[3]);
+    let log = s.log();
+    assert_eq!(
+        log.lines().filter(|l| l.contains(" 200 ")).count(),
+        128,
+        "{log}"
+    );
+
+    // Greedy answers equal the CLI's.
+    for i in [0, 2, 6, 10] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_qwen3"))
+            .args([
+                "inference",
+                model.to_str().unwrap(),
+                "-i",
+                &prompts[i],
+                "-n",
+                "16",
+                "-t",
+                "0",
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success());
+        let cli = String::from_utf8(o.stdout).unwrap();
+        assert_eq!(cli.strip_suffix('\n'), Some(solo[i].as_str()), "prompt {i}");
+    }
+    drop(s);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// One slot and no queue: a second request is a 503 with Retry-After while the first runs; a
+/// client that hangs up (mid-stream, or waiting for a whole answer) frees the slot at once, so
+/// the next request is served long before the abandoned answer would have ended.
+#[test]
+fn vanished_clients_free_their_slots() {
+    let dir = tempdir("pq-serve-batch", "vanish");
+    let model = export_fixture(FIXTURE, &dir, DType::Q8, 32);
+    let s = Server::start(
+        &model,
+        &["--parallel", "1", "--queue", "0", "--context", "40000"],
+    );
+    // Long enough that nobody waits for its end: 39990 tokens.
+    let long = |stream: bool| {
+        json!({"prompt": "Once upon a time", "max_tokens": 39990, "stream": stream}).to_string()
+    };
+    let small = json!({"prompt": "hi", "max_tokens": 2}).to_string();
+    let try_small = || http(s.port, "POST", "/v1/completions", &[], small.as_bytes());
+
+    for stream in [true, false] {
+        let mut c = connect(s.port);
+        send(
+            &mut c,
+            "POST",
+            "/v1/completions",
+            &[],
+            long(stream).as_bytes(),
+        );
+        if stream {
+            // Read until the first token has arrived.
+            let mut buf = [0u8; 4096];
+            let mut seen = Vec::new();
+            while !String::from_utf8_lossy(&seen).contains("data: {") {
+                let n = c.read(&mut buf).unwrap();
+                assert!(n > 0, "the stream ended early");
+                seen.extend_from_slice(&buf[..n]);
+            }
+        } else {
+            // Wait until the request holds the slot: then another is refused.
+            assert!(wait_until(Duration::from_secs(10), || try_small().status == 503));
+        }
+        // Busy: the second request is refused with the right status and header.
+        let r = try_small();
+        assert_eq!(r.status, 503, "{}", r.body);
+        assert_eq!(r.header("retry-after"), Some("1"));
+        assert_eq!(r.error()["code"], "queue_full");
+
+        drop(c); // the client vanishes
+        assert!(
+            wait_until(Duration::from_secs(10), || try_small().status == 200),
+            "the abandoned request (stream: {stream}) still holds the slot: {}",
+            s.log()
+        );
+    }
+    assert_eq!(s.get("/health").status, 200);
+    drop(s);
+    std::fs::remove_dir_all(dir).unwrap();
+}
