@@ -1,5 +1,6 @@
 //! Issue 6 asks that the decode loop allocate nothing per token. This test counts every heap
-//! allocation of the process (a counting global allocator) while `generate` decodes, on the
+//! allocation of the process (a counting global allocator) while `generate` decodes (the
+//! engine's step loop, as the CLI and the server run it), on the
 //! full-vocabulary fixture (151936 tokens, so the sampler works on a real vocabulary's size),
 //! exported as q8 and as f32, with the KV cache in f32 and in bf16, at the sampler settings that
 //! take different paths: greedy, the model's defaults (top-k), top-p alone at a high temperature,
@@ -18,11 +19,12 @@
 //! This file holds one test: the counter is process-wide, and another test running beside it
 //! would count too.
 
-use qwen3_inference::backend::KvType;
+use qwen3_inference::backend::{CpuBackend, KvType};
+use qwen3_inference::engine::{Engine, Request};
 use qwen3_inference::format::{DType, ModelFile};
 use qwen3_inference::generate::generate;
-use qwen3_inference::model::{Model, Session};
-use qwen3_inference::sampler::{Sampler, SamplerConfig};
+use qwen3_inference::model::Model;
+use qwen3_inference::sampler::SamplerConfig;
 use qwen3_test_support::{export_fixture, tempdir};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -87,23 +89,22 @@ fn decode_and_count() {
         let model = Model::load(&file).unwrap();
         for kv in [KvType::F32, KvType::Bf16] {
             for (label, cfg) in &settings {
-                let mut session = Session::with_kv(&model, 128, kv).unwrap();
-                let mut sampler = Sampler::new(cfg.clone()).unwrap();
+                let cpu = CpuBackend::new();
+                let mut engine = Engine::one_sequence(&cpu, &model, 128, kv).unwrap();
+                let request = Request {
+                    prompt: vec![9707, 11, 1879, 0],
+                    max_tokens: WARM_UP + COUNTED,
+                    sampler: cfg.clone(),
+                    stop_ids: vec![],
+                };
                 let (mut seen, mut at_start) = (0, 0);
-                generate(
-                    &mut session,
-                    &mut sampler,
-                    &[9707, 11, 1879, 0],
-                    WARM_UP + COUNTED,
-                    &[],
-                    |_| {
-                        seen += 1;
-                        if seen == WARM_UP {
-                            at_start = ALLOCATIONS.load(Ordering::Relaxed);
-                        }
-                        Ok(())
-                    },
-                )
+                generate(&mut engine, request, |_| {
+                    seen += 1;
+                    if seen == WARM_UP {
+                        at_start = ALLOCATIONS.load(Ordering::Relaxed);
+                    }
+                    Ok(true)
+                })
                 .unwrap();
                 let during = ALLOCATIONS.load(Ordering::Relaxed) - at_start;
                 assert_eq!(seen, WARM_UP + COUNTED);

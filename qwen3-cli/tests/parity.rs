@@ -21,6 +21,7 @@
 
 use anyhow::Result;
 use qwen3_inference::backend::{AttentionShape, Backend, CpuBackend, KvType, RopeTable};
+use qwen3_inference::engine::{Engine, Request};
 use qwen3_inference::format::reader::TensorData;
 use qwen3_inference::format::reader::TensorView;
 use qwen3_inference::format::writer::{ModelWriter, TensorSpec};
@@ -29,10 +30,8 @@ use qwen3_inference::generate::generate;
 use qwen3_inference::kernels::attention::{Bf16, KvElem};
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::quant::quantize_q8;
-use qwen3_inference::sampler::argmax;
-use qwen3_test_support::{
-    export_fixture, greedy_sampler, load_reference, max_abs, tempdir, Case, Reference,
-};
+use qwen3_inference::sampler::{argmax, SamplerConfig};
+use qwen3_test_support::{export_fixture, load_reference, max_abs, tempdir, Case, Reference};
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
 
@@ -518,19 +517,19 @@ fn our_logits_kv<'m, B: Backend<Tensor = TensorView<'m>>>(
 /// at EOS, as the reference was made.
 fn our_greedy(model: &Model, case: &Case, kv: KvType) -> Vec<u32> {
     let n = case.greedy_ids.len();
-    let mut s = Session::with_kv(model, case.prompt_ids.len() + n, kv).unwrap();
+    let cpu = CpuBackend::new();
+    let mut e = Engine::one_sequence(&cpu, model, case.prompt_ids.len() + n, kv).unwrap();
+    let request = Request {
+        prompt: case.prompt_ids.clone(),
+        max_tokens: n,
+        sampler: SamplerConfig::greedy(),
+        stop_ids: vec![],
+    };
     let mut out = vec![];
-    generate(
-        &mut s,
-        &mut greedy_sampler(),
-        &case.prompt_ids,
-        n,
-        &[],
-        |t| {
-            out.push(t);
-            Ok(())
-        },
-    )
+    generate(&mut e, request, |t| {
+        out.push(t);
+        Ok(true)
+    })
     .unwrap();
     out
 }

@@ -475,7 +475,7 @@ fn sigterm_exits_cleanly() {
             "POST",
             "/v1/completions",
             &[],
-            json!({"prompt": "hi", "max_tokens": 3000, "stream": true})
+            json!({"prompt": "hi", "max_tokens": 3000, "stream": true, "ignore_eos": true})
                 .to_string()
                 .as_bytes(),
         )

@@ -10,11 +10,13 @@
 //! summation order; the fixtures record transformers' own f32-vs-f64 distance (5e-6 to 2e-5).
 
 use qwen3_cuda::reference::ReferenceBackend;
+use qwen3_inference::backend::KvType;
+use qwen3_inference::engine::{Engine, Request};
 use qwen3_inference::format::{DType, ModelFile};
 use qwen3_inference::generate::generate;
 use qwen3_inference::model::{Model, Session};
-use qwen3_inference::sampler::argmax;
-use qwen3_test_support::{export_fixture, greedy_sampler, load_reference, max_abs, tempdir};
+use qwen3_inference::sampler::{argmax, SamplerConfig};
+use qwen3_test_support::{export_fixture, load_reference, max_abs, tempdir};
 
 const TOL: f32 = 1e-4;
 
@@ -66,20 +68,18 @@ fn check_fixture(name: &str) {
         );
         // The generation loop (qwen3_inference::generate, the CLI's, generic over the backend),
         // greedy: transformers' continuation token for token.
-        let mut g = Session::with_backend(&backend, &model, seq.len()).unwrap();
+        let mut g = Engine::one_sequence(&backend, &model, seq.len(), KvType::F32).unwrap();
         let mut ids = Vec::new();
-        let n = case.greedy_ids.len();
-        generate(
-            &mut g,
-            &mut greedy_sampler(),
-            &case.prompt_ids,
-            n,
-            &[],
-            |id| {
-                ids.push(id);
-                Ok(())
-            },
-        )
+        let request = Request {
+            prompt: case.prompt_ids.clone(),
+            max_tokens: case.greedy_ids.len(),
+            sampler: SamplerConfig::greedy(),
+            stop_ids: vec![],
+        };
+        generate(&mut g, request, |id| {
+            ids.push(id);
+            Ok(true)
+        })
         .unwrap();
         assert_eq!(ids, case.greedy_ids, "{name} case {ci} generate");
     }

@@ -1,11 +1,12 @@
-//! One completion: run the whole prompt (prefill), then sample and feed one token at a time
-//! (decode) until an end-of-sequence id, the token limit, or the end of the context.
+//! One completion, as the CLI runs it: submit one request to an [`Engine`] and step it until the
+//! request ends, passing each token on as it comes. The decode loop itself is the engine's (the
+//! same one the server runs for many requests): prefill, then sample and feed one token at a time
+//! until an end-of-sequence id, the token limit, or the end of the context.
 
 use crate::backend::Backend;
-use crate::model::Session;
-use crate::sampler::Sampler;
-use anyhow::{bail, Result};
-use std::time::{Duration, Instant};
+use crate::engine::{Engine, Event, Request};
+use anyhow::{anyhow, bail, Result};
+use std::time::Duration;
 
 /// Why generation stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,6 +17,8 @@ pub enum StopReason {
     MaxTokens,
     /// Every position of the session's context is used.
     ContextFull,
+    /// The caller stopped it (Ctrl-C in the chat).
+    Stopped,
 }
 
 impl std::fmt::Display for StopReason {
@@ -24,17 +27,20 @@ impl std::fmt::Display for StopReason {
             StopReason::Eos(id) => write!(f, "end-of-sequence token {id}"),
             StopReason::MaxTokens => write!(f, "token limit reached"),
             StopReason::ContextFull => write!(f, "context full"),
+            StopReason::Stopped => write!(f, "stopped"),
         }
     }
 }
 
 /// What happened, for the summary line.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GenerationStats {
     pub prompt_tokens: usize,
+    /// Prompt tokens whose keys and values were already cached (not run again).
+    pub cached_tokens: usize,
     /// Tokens sampled, an end-of-sequence token included.
     pub generated_tokens: usize,
-    /// Time of the prompt's forward pass.
+    /// From taking a slot to the end of the pass that ran the prompt's last token.
     pub prefill: Duration,
     /// From the start to the first sampled token (prefill plus one sampling step).
     pub time_to_first_token: Duration,
@@ -48,8 +54,9 @@ pub struct GenerationStats {
 }
 
 impl GenerationStats {
+    /// Prompt tokens run per second of prefill (cached ones are not run).
     pub fn prefill_tok_s(&self) -> f64 {
-        self.prompt_tokens as f64 / self.prefill.as_secs_f64()
+        (self.prompt_tokens - self.cached_tokens) as f64 / self.prefill.as_secs_f64()
     }
 
     /// Tokens per second after the first one (each is one forward pass with t = 1 and a sample).
@@ -58,89 +65,87 @@ impl GenerationStats {
     }
 }
 
-/// Runs `prompt` at the session's current position, then generates up to `max_tokens` tokens,
-/// calling `on_token` with each one as it is produced (end-of-sequence ids are not passed on).
+/// Runs `request` on `engine` (which should have nothing else to do) until it ends, calling
+/// `on_token` with each token as it is produced (end-of-sequence ids are not passed on).
+/// `on_token` returns whether to go on: `false` ends the request with [`StopReason::Stopped`].
 ///
 /// The prompt is run in full before anything is sampled. `max_tokens == 0` runs the prompt and
 /// generates nothing (useful to time prefill).
 pub fn generate<B: Backend>(
-    session: &mut Session<B>,
-    sampler: &mut Sampler,
-    prompt: &[u32],
-    max_tokens: usize,
-    eos_ids: &[u32],
-    mut on_token: impl FnMut(u32) -> Result<()>,
+    engine: &mut Engine<B>,
+    request: Request,
+    mut on_token: impl FnMut(u32) -> Result<bool>,
 ) -> Result<GenerationStats> {
-    if prompt.is_empty() {
-        bail!("the prompt is empty: give at least one token");
-    }
-    let free = session.context_len() - session.pos();
-    if prompt.len() > free {
+    let ctx = engine.context_len();
+    if request.prompt.len() > ctx {
         bail!(
-            "the prompt has {} tokens but only {free} of the {} context positions are free (raise -c/--context)",
-            prompt.len(),
-            session.context_len()
+            "the prompt has {} tokens but the context holds {ctx} (raise -c/--context)",
+            request.prompt.len()
         );
     }
-    // Every token the model has seen in this call: the repetition penalty's scope.
-    let mut context = Vec::with_capacity(prompt.len() + max_tokens.min(free) + 1);
-    context.extend_from_slice(prompt);
-
-    // Prefill: the whole prompt in one forward pass; only the last position's logits are used.
-    let start = Instant::now();
-    let mut logits = session.forward(prompt)?;
-    let prefill = start.elapsed();
-    let mut first_token_at = None;
-    let mut sampling = Duration::ZERO;
-    let mut kept_candidates = 0;
-
-    let stop = loop {
-        if context.len() - prompt.len() == max_tokens {
-            break StopReason::MaxTokens;
+    let id = engine.submit(request).map_err(|e| anyhow!(e))?;
+    let mut events = Vec::with_capacity(8);
+    loop {
+        engine.step(&mut events);
+        let mut go_on = true;
+        for ev in events.drain(..) {
+            match ev {
+                Event::Token { id: i, token } if i == id && go_on => {
+                    go_on = match on_token(token) {
+                        Ok(g) => g,
+                        Err(e) => {
+                            engine.cancel(id);
+                            return Err(e);
+                        }
+                    }
+                }
+                Event::Finished { id: i, stats } if i == id => return Ok(stats),
+                Event::Failed { id: i, error } if i == id => bail!("{error}"),
+                _ => {}
+            }
         }
-        let t = Instant::now();
-        let next = sampler.sample(logits, &context, &context[prompt.len()..]);
-        sampling += t.elapsed();
-        kept_candidates += sampler.last_kept();
-        first_token_at.get_or_insert_with(|| start.elapsed());
-        context.push(next);
-        if eos_ids.contains(&next) {
-            break StopReason::Eos(next);
+        if !go_on {
+            if let Some(stats) = engine.stop(id) {
+                return Ok(stats);
+            }
         }
-        on_token(next)?;
-        if context.len() - prompt.len() == max_tokens {
-            break StopReason::MaxTokens;
+        if engine.is_idle() {
+            bail!("the request ended without a result (a bug in the engine)");
         }
-        if session.pos() == session.context_len() {
-            break StopReason::ContextFull;
-        }
-        // Decode: feed the sampled token at the next position.
-        logits = session.forward(&[next])?;
-    };
-    let total = start.elapsed();
-    let time_to_first_token = first_token_at.unwrap_or(total);
-    Ok(GenerationStats {
-        prompt_tokens: prompt.len(),
-        generated_tokens: context.len() - prompt.len(),
-        prefill,
-        time_to_first_token,
-        decode: total - time_to_first_token,
-        sampling,
-        kept_candidates,
-        stop,
-    })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::{CpuBackend, KvType};
+    use crate::engine::{Engine, EngineConfig};
     use crate::format::{DType, ModelFile};
     use crate::model::test_model::write_random;
-    use crate::model::Model;
+    use crate::model::{Forward, Model, Session, MAX_BATCH};
     use crate::sampler::{argmax, SamplerConfig};
 
-    fn greedy() -> Sampler {
-        Sampler::new(SamplerConfig::greedy()).unwrap()
+    const CPU: &CpuBackend<'static> = &CpuBackend::new();
+
+    fn engine<'m>(model: &'m Model<'m>, ctx: usize) -> Engine<'m, CpuBackend<'m>> {
+        let fwd = Forward::new(CPU, model, ctx, MAX_BATCH, 1, KvType::F32).unwrap();
+        Engine::new(
+            fwd,
+            EngineConfig {
+                slots: 1,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    }
+
+    fn request(prompt: &[u32], max_tokens: usize, stop_ids: &[u32]) -> Request {
+        Request {
+            prompt: prompt.to_vec(),
+            max_tokens,
+            sampler: SamplerConfig::greedy(),
+            stop_ids: stop_ids.to_vec(),
+        }
     }
 
     #[test]
@@ -154,11 +159,11 @@ mod tests {
         let prompt = [3u32, 14, 15, 9];
 
         // Token limit; every token passed on; greedy output is the argmax of each step's logits.
-        let mut s = Session::new(&model, 32).unwrap();
+        let mut e = engine(&model, 32);
         let mut out = vec![];
-        let st = generate(&mut s, &mut greedy(), &prompt, 6, &[], |t| {
+        let st = generate(&mut e, request(&prompt, 6, &[]), |t| {
             out.push(t);
-            Ok(())
+            Ok(true)
         })
         .unwrap();
         assert_eq!(
@@ -166,7 +171,7 @@ mod tests {
             (StopReason::MaxTokens, 6, 6)
         );
         // The last sampled token is not fed: 4 prompt + 5 fed.
-        assert_eq!(s.pos(), 9);
+        assert_eq!(e.slot_tokens(0).len(), 9);
         let mut check = Session::new(&model, 32).unwrap();
         let mut seq = prompt.to_vec();
         for &t in &out {
@@ -178,8 +183,8 @@ mod tests {
         }
 
         // End of sequence: make the first greedy token an EOS id; nothing is passed on.
-        let mut s = Session::new(&model, 32).unwrap();
-        let st = generate(&mut s, &mut greedy(), &prompt, 6, &[out[0]], |_| {
+        let mut e = engine(&model, 32);
+        let st = generate(&mut e, request(&prompt, 6, &[out[0]]), |_| {
             panic!("EOS must not be emitted")
         })
         .unwrap();
@@ -187,26 +192,36 @@ mod tests {
 
         // Context full: 4 prompt tokens in a context of 7 leave room for 3 more fed tokens, so
         // the 4th sampled token fills the last slot's successor and stops.
-        let mut s = Session::new(&model, 7).unwrap();
-        let st = generate(&mut s, &mut greedy(), &prompt, 100, &[], |_| Ok(())).unwrap();
+        let mut e = engine(&model, 7);
+        let st = generate(&mut e, request(&prompt, 100, &[]), |_| Ok(true)).unwrap();
         assert_eq!(
-            (st.stop, st.generated_tokens, s.pos()),
+            (st.stop, st.generated_tokens, e.slot_tokens(0).len()),
             (StopReason::ContextFull, 4, 7)
         );
 
+        // The caller stops after two tokens.
+        let mut e = engine(&model, 32);
+        let mut n = 0;
+        let st = generate(&mut e, request(&prompt, 100, &[]), |_| {
+            n += 1;
+            Ok(n < 2)
+        })
+        .unwrap();
+        assert_eq!((st.stop, st.generated_tokens), (StopReason::Stopped, 2));
+
         // -n 0: prefill only.
-        let mut s = Session::new(&model, 32).unwrap();
-        let st = generate(&mut s, &mut greedy(), &prompt, 0, &[], |_| Ok(())).unwrap();
+        let mut e = engine(&model, 32);
+        let st = generate(&mut e, request(&prompt, 0, &[]), |_| Ok(true)).unwrap();
         assert_eq!(
-            (st.stop, st.generated_tokens, s.pos()),
+            (st.stop, st.generated_tokens, e.slot_tokens(0).len()),
             (StopReason::MaxTokens, 0, 4)
         );
 
         // A prompt that does not fit, or none: errors.
-        let mut s = Session::new(&model, 3).unwrap();
-        let e = generate(&mut s, &mut greedy(), &prompt, 1, &[], |_| Ok(())).unwrap_err();
-        assert!(e.to_string().contains("context positions are free"), "{e}");
-        assert!(generate(&mut s, &mut greedy(), &[], 1, &[], |_| Ok(())).is_err());
+        let mut e = engine(&model, 3);
+        let err = generate(&mut e, request(&prompt, 1, &[]), |_| Ok(true)).unwrap_err();
+        assert!(err.to_string().contains("context holds 3"), "{err}");
+        assert!(generate(&mut e, request(&[], 1, &[]), |_| Ok(true)).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

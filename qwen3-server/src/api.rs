@@ -4,7 +4,8 @@
 //! ...) are refused rather than silently dropped.
 //!
 //! References: OpenAI's API reference for `/v1/completions` and `/v1/chat/completions`; vLLM's
-//! extra sampling fields (`top_k`, `min_p`, `repetition_penalty`, `chat_template_kwargs`).
+//! extra fields (`top_k`, `min_p`, `repetition_penalty`, `chat_template_kwargs`,
+//! `ignore_eos`).
 
 use crate::error::ApiError;
 use qwen3_inference::format::GenerationDefaults;
@@ -63,6 +64,7 @@ struct Common {
     n: Option<i64>,
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
+    ignore_eos: Option<bool>,
 }
 
 /// Fields of OpenAI's API that this server does not implement: given with a value that asks for
@@ -92,6 +94,9 @@ pub struct Params {
     pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
+    /// vLLM's and llama-server's `ignore_eos`: generate `max_tokens` whatever the model says
+    /// (for benchmarks).
+    pub ignore_eos: bool,
 }
 
 /// Most choices (`n`) one request may ask for.
@@ -218,6 +223,7 @@ pub fn params(
             && c.stream_options
                 .and_then(|o| o.include_usage)
                 .unwrap_or(false),
+        ignore_eos: c.ignore_eos.unwrap_or(false),
     })
 }
 

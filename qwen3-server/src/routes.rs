@@ -200,7 +200,11 @@ async fn run(s: Arc<AppState>, job: Job, p: Params) -> Result<Response, ApiError
                 prompt: job.prompt.clone(),
                 max_tokens,
                 sampler,
-                stop_ids: job.stop_ids.clone(),
+                stop_ids: if p.ignore_eos {
+                    vec![]
+                } else {
+                    job.stop_ids.clone()
+                },
             }
         })
         .collect();
@@ -353,7 +357,7 @@ impl Choices {
                 }
                 c.tokens = generated;
                 c.finish = Some(match reason {
-                    StopReason::Eos(_) => "stop",
+                    StopReason::Eos(_) | StopReason::Stopped => "stop",
                     StopReason::MaxTokens | StopReason::ContextFull => "length",
                 });
                 let d = c.text.finish();

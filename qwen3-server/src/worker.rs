@@ -122,12 +122,10 @@ pub fn run<B: Backend>(mut engine: Engine<B>, commands: Receiver<Command>) {
             let update = match ev {
                 Event::Started { cached, .. } => Update::Started { choice, cached },
                 Event::Token { token, .. } => Update::Token { choice, token },
-                Event::Finished {
-                    reason, generated, ..
-                } => Update::Finished {
+                Event::Finished { stats, .. } => Update::Finished {
                     choice,
-                    reason,
-                    generated,
+                    reason: stats.stop,
+                    generated: stats.generated_tokens,
                 },
                 Event::Failed { error, .. } => Update::Failed { choice, error },
             };

@@ -9,7 +9,6 @@
 
 use qwen3_export::{export, ExportOptions};
 use qwen3_inference::format::DType;
-use qwen3_inference::sampler::{Sampler, SamplerConfig};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -99,11 +98,6 @@ pub fn export_fixture(name: &str, dir: &Path, dtype: DType, group_size: u32) -> 
     };
     export(&fixture(name), &out, &opts).unwrap_or_else(|e| panic!("{name}: export: {e:#}"));
     out
-}
-
-/// The greedy sampler (argmax), as the reference continuations were made.
-pub fn greedy_sampler() -> Sampler {
-    Sampler::new(SamplerConfig::greedy()).unwrap()
 }
 
 /// The largest `|a[i] - b[i]|`.

@@ -1,8 +1,9 @@
 //! `qwen3 inference <model.bin> -m chat`: a conversation in the terminal (see docs/chat.md).
 //!
 //! Each turn renders the whole conversation with the model's own chat template, tokenizes it,
-//! keeps the part of the KV cache that agrees with it ([`reuse_len`]) and feeds only the rest,
-//! so the model has always seen exactly HuggingFace's `apply_chat_template(..., tokenize=True,
+//! and sends it to a one-slot engine (the server's, `qwen3_inference::engine`), whose prefix
+//! cache keeps the part of the KV cache that agrees with it and feeds only the rest, so the model
+//! has always seen exactly HuggingFace's `apply_chat_template(..., tokenize=True,
 //! add_generation_prompt=True)` ids of the conversation so far. Then it samples the answer one
 //! token at a time, streaming it to stdout.
 //!
@@ -14,14 +15,15 @@
 use super::inference::{sampler_from_args, InferenceArgs};
 use anyhow::{Context, Result};
 use qwen3_inference::backend::Backend;
-use qwen3_inference::chat::{reuse_len, ChatTemplate, Conversation};
+use qwen3_inference::chat::{ChatTemplate, Conversation};
+use qwen3_inference::engine::{Engine, Request};
 use qwen3_inference::format::companion_paths;
-use qwen3_inference::model::Session;
-use qwen3_inference::sampler::Sampler;
+use qwen3_inference::generate::{generate, StopReason};
+use qwen3_inference::sampler::SamplerConfig;
 use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Set while an answer is being generated: Ctrl-C then stops the answer instead of the program.
 static GENERATING: AtomicBool = AtomicBool::new(false);
@@ -67,16 +69,17 @@ impl ChatFiles {
     }
 }
 
-/// The chat on `session`, whatever backend it runs on. `device` describes it, for `--verbose`.
+/// The chat on `engine` (one slot), whatever backend it runs on. `device` describes it, for
+/// `--verbose`.
 pub fn run<B: Backend>(
     args: &InferenceArgs,
-    session: Session<B>,
+    engine: Engine<B>,
     files: ChatFiles,
     device: &str,
 ) -> Result<()> {
     let ChatFiles { tok, template } = files;
-    let c = session.model().config;
-    let ctx = session.context_len();
+    let c = engine.forward().model().config;
+    let ctx = engine.context_len();
     let sampler = sampler_from_args(args, c)?;
 
     let interactive = std::io::stdin().is_terminal();
@@ -91,10 +94,9 @@ pub fn run<B: Backend>(
         think: (tok.token_id("<think>"), tok.token_id("</think>")),
         tok: &tok,
         template: &template,
-        session,
+        engine,
         sampler,
         conv,
-        cache: Vec::new(),
         max_tokens: args.max_tokens,
         hide_thinking: args.hide_thinking,
         verbose_prompt: args.verbose_prompt,
@@ -229,11 +231,10 @@ enum Stop {
 struct Chat<'a, 'm, B: Backend> {
     tok: &'a Tokenizer,
     template: &'a ChatTemplate,
-    session: Session<'m, B>,
-    sampler: Sampler,
+    engine: Engine<'m, B>,
+    /// The sampler's settings; answer `k` draws with seed `seed + k`.
+    sampler: SamplerConfig,
     conv: Conversation,
-    /// The tokens in the KV cache, position by position (`cache.len() == session.pos()`).
-    cache: Vec<u32>,
     stop_ids: Vec<u32>,
     /// The ids of `<think>` and `</think>`, if the tokenizer has such tokens.
     think: (Option<u32>, Option<u32>),
@@ -286,8 +287,8 @@ impl<B: Backend> Chat<'_, '_, B> {
         let t = &self.totals;
         eprintln!(
             "KV cache {}/{} positions; conversation: {} messages{}, thinking {}",
-            self.session.pos(),
-            self.session.context_len(),
+            self.engine.slot_tokens(0).len(),
+            self.engine.context_len(),
             self.conv.turns().len(),
             if self.conv.system().is_some() {
                 " + system prompt"
@@ -304,7 +305,7 @@ impl<B: Backend> Chat<'_, '_, B> {
             t.fed,
             t.reused
         );
-        let s = self.sampler.config();
+        let s = &self.sampler;
         eprintln!(
             "sampler: temperature {}, top_k {}, top_p {}, min_p {}, repetition_penalty {}, presence_penalty {}, seed {}",
             s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty, s.presence_penalty, s.seed
@@ -315,14 +316,14 @@ impl<B: Backend> Chat<'_, '_, B> {
     /// `-n`, but at most half the context so that long answers do not evict everything.
     fn answer_room(&self) -> usize {
         self.max_tokens
-            .clamp(1, (self.session.context_len() / 2).max(1))
+            .clamp(1, (self.engine.context_len() / 2).max(1))
     }
 
     /// The prompt ids of the conversation with `text` as the new user message, dropping the
     /// oldest exchanges while it does not fit. `None` (and the message removed) if it cannot.
     fn prompt_ids(&mut self, text: &str) -> Result<Option<Vec<u32>>> {
         self.conv.push_user(text);
-        let ctx = self.session.context_len();
+        let ctx = self.engine.context_len();
         loop {
             let rendered = match self.conv.prompt(self.template) {
                 Ok(r) => r,
@@ -364,10 +365,6 @@ impl<B: Backend> Chat<'_, '_, B> {
         let Some(ids) = self.prompt_ids(text)? else {
             return Ok(());
         };
-        // Keep what the cache shares with the new prompt; run the rest.
-        let keep = reuse_len(&self.cache, &ids);
-        self.session.truncate(keep)?;
-        self.cache.truncate(keep);
 
         // From here Ctrl-C stops the answer (set before anything is printed, so that a script
         // that waits for `prompt ids:` and then interrupts cannot end the program instead).
@@ -376,12 +373,12 @@ impl<B: Backend> Chat<'_, '_, B> {
         if self.verbose_prompt {
             eprintln!("prompt ids: {}", serde_json::to_string(&ids)?);
         }
-        let result = self.answer(&ids, keep);
+        let result = self.answer(&ids);
         GENERATING.store(false, Ordering::SeqCst);
-        let (generated, stop, decode_time) = result?;
+        let (generated, stop, keep, decode_time) = result?;
 
-        let reached = self.session.pos();
-        let ctx = self.session.context_len();
+        let reached = self.engine.slot_tokens(0).len();
+        let ctx = self.engine.context_len();
         let text = self.tok.decode(&generated, false)?;
         match stop {
             Stop::Interrupted => {
@@ -423,50 +420,45 @@ impl<B: Backend> Chat<'_, '_, B> {
         Ok(())
     }
 
-    /// Feeds `ids[keep..]` after the cached `ids[..keep]`, then samples until a stop id, `-n`,
-    /// the end of the context, or Ctrl-C. Returns the answer's ids (no stop id), why it ended,
-    /// and the time spent sampling.
+    /// Runs the conversation `ids` on the engine, whose prefix cache keeps what the KV cache
+    /// shares with them and feeds the rest; then samples until a stop id, `-n`, the end of the
+    /// context, or Ctrl-C, streaming the answer. Returns the answer's ids (no stop id), why it
+    /// ended, how many prompt tokens were reused, and the time it took.
     ///
-    /// This is `generate::generate` with three differences a chat needs: the prompt starts in
-    /// the middle of the cache, the repetition penalty sees the whole conversation (HF penalises
-    /// every id of `input_ids`, and here the conversation is the input), and Ctrl-C is checked.
-    fn answer(&mut self, ids: &[u32], keep: usize) -> Result<(Vec<u32>, Stop, Duration)> {
-        let start = Instant::now();
-        let mut logits = self.session.forward(&ids[keep..])?;
-        self.cache.extend_from_slice(&ids[keep..]);
-        let mut context = ids.to_vec();
+    /// The repetition penalty sees the whole conversation (HF penalises every id of
+    /// `input_ids`, and here the conversation is the input).
+    fn answer(&mut self, ids: &[u32]) -> Result<(Vec<u32>, Stop, usize, Duration)> {
         let mut generated: Vec<u32> = Vec::new();
         let mut show = Shown::new(self.tok, self.think, self.hide_thinking, self.colour);
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
-        let stop = loop {
+        let mut sampler = self.sampler.clone();
+        sampler.seed = sampler.seed.wrapping_add(self.totals.answers as u64);
+        let request = Request {
+            prompt: ids.to_vec(),
+            max_tokens: self.max_tokens,
+            sampler,
+            stop_ids: self.stop_ids.clone(),
+        };
+        let stats = generate(&mut self.engine, request, |next| {
             if INTERRUPTED.load(Ordering::SeqCst) {
-                break Stop::Interrupted;
-            }
-            if generated.len() == self.max_tokens {
-                break Stop::MaxTokens;
-            }
-            let next = self.sampler.sample(logits, &context, &generated);
-            context.push(next);
-            if self.stop_ids.contains(&next) {
-                break Stop::End;
+                return Ok(false);
             }
             generated.push(next);
             write!(out, "{}", show.push(next))?;
             out.flush().context("stdout")?;
-            if generated.len() == self.max_tokens {
-                break Stop::MaxTokens;
-            }
-            if self.session.pos() == self.session.context_len() {
-                break Stop::ContextFull;
-            }
-            logits = self.session.forward(&[next])?;
-            self.cache.push(next);
-        };
+            Ok(true)
+        })?;
         writeln!(out, "{}", show.finish())?;
         out.flush()?;
-        debug_assert_eq!(self.cache.len(), self.session.pos());
-        Ok((generated, stop, start.elapsed()))
+        let stop = match stats.stop {
+            StopReason::Eos(_) => Stop::End,
+            StopReason::MaxTokens => Stop::MaxTokens,
+            StopReason::ContextFull => Stop::ContextFull,
+            StopReason::Stopped => Stop::Interrupted,
+        };
+        let time = stats.time_to_first_token + stats.decode;
+        Ok((generated, stop, stats.cached_tokens, time))
     }
 }
 

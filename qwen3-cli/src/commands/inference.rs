@@ -12,13 +12,14 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use qwen3_cuda::device::check_available;
 use qwen3_cuda::Device;
-use qwen3_inference::backend::{Backend, KvType};
+use qwen3_inference::backend::{Backend, CpuBackend, KvType};
 use qwen3_inference::chat::{ChatTemplate, Conversation};
+use qwen3_inference::engine::{Engine, Request};
 use qwen3_inference::format::{companion_paths, ModelConfig, ModelFile};
 use qwen3_inference::generate::{generate, StopReason};
 use qwen3_inference::kernels;
-use qwen3_inference::model::{Model, Session};
-use qwen3_inference::sampler::{Sampler, SamplerConfig};
+use qwen3_inference::model::Model;
+use qwen3_inference::sampler::SamplerConfig;
 use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
 use std::io::Write;
 use std::path::PathBuf;
@@ -167,7 +168,8 @@ pub fn run(args: InferenceArgs) -> Result<()> {
     match device {
         Device::Cpu => {
             let model = Model::load(&file)?;
-            let session = Session::with_kv(&model, context_len, args.kv_cache.into())?;
+            let cpu = CpuBackend::new();
+            let engine = Engine::one_sequence(&cpu, &model, context_len, args.kv_cache.into())?;
             let (threads, decode) = (kernels::threads(), kernels::decode_threads());
             let threads = if decode == threads {
                 format!("{threads}")
@@ -178,7 +180,7 @@ pub fn run(args: InferenceArgs) -> Result<()> {
                 "cpu, threads: {threads}, dot products: {}",
                 kernels::dot::dots().isa
             );
-            run_job(&args, session, job, &about)
+            run_job(&args, engine, job, &about)
         }
         Device::Cuda(_) if args.kv_cache != KvCacheArg::F32 => {
             bail!("--kv-cache bf16 is for --device cpu: the CUDA backend keeps its KV cache in f32")
@@ -194,17 +196,17 @@ pub enum Job {
     Chat(Box<super::chat::ChatFiles>),
 }
 
-/// Runs `job` on `session`: the same code for every backend. `device` describes where, for
+/// Runs `job` on `engine`: the same code for every backend. `device` describes where, for
 /// `--verbose`.
 fn run_job<B: Backend>(
     args: &InferenceArgs,
-    session: Session<B>,
+    engine: Engine<B>,
     job: Job,
     device: &str,
 ) -> Result<()> {
     match job {
-        Job::Generate(p) => generate_text(args, session, *p, device),
-        Job::Chat(files) => super::chat::run(args, session, *files, device),
+        Job::Generate(p) => generate_text(args, engine, *p, device),
+        Job::Chat(files) => super::chat::run(args, engine, *files, device),
     }
 }
 
@@ -259,7 +261,7 @@ impl PromptJob {
 /// `-m generate` on any backend: prefill, then sample and stream tokens to stdout.
 fn generate_text<B: Backend>(
     args: &InferenceArgs,
-    mut session: Session<B>,
+    mut engine: Engine<B>,
     job: PromptJob,
     device: &str,
 ) -> Result<()> {
@@ -268,9 +270,11 @@ fn generate_text<B: Backend>(
         prompt,
         eos_ids,
     } = job;
-    let c = session.model().config;
-    let context_len = session.context_len();
-    let mut sampler = sampler_from_args(args, c)?;
+    let fwd = engine.forward();
+    let c = fwd.model().config;
+    let context_len = fwd.context_len();
+    let kv = fwd.kv_type();
+    let sampler = sampler_from_args(args, c)?;
     if args.verbose {
         eprintln!(
             "model: {} ({}{}), {} layers, hidden {}, heads {}/{} kv, head_dim {}, vocab {}",
@@ -291,11 +295,11 @@ fn generate_text<B: Backend>(
         eprintln!(
             "context: {context_len} positions (model max {}); KV cache up to {:.1} MiB ({})",
             c.max_position_embeddings,
-            session.kv_cache_bytes() as f64 / (1u64 << 20) as f64,
-            session.kv_type().name()
+            fwd.model().kv_cache_bytes(context_len, kv) as f64 / (1u64 << 20) as f64,
+            kv.name()
         );
         eprintln!("eos ids: {eos_ids:?}");
-        let s = sampler.config();
+        let s = &sampler;
         eprintln!(
             "sampler: temperature {}, top_k {}, top_p {}, min_p {}, repetition_penalty {}, presence_penalty {}, seed {}",
             s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty, s.presence_penalty, s.seed
@@ -313,22 +317,22 @@ fn generate_text<B: Backend>(
         }
     }
     let mut first = !args.echo;
-    let stats = generate(
-        &mut session,
-        &mut sampler,
-        &prompt,
-        args.max_tokens,
-        &eos_ids,
-        |id| {
-            match decoder.as_mut() {
-                Some(d) => write!(out, "{}", d.push(id))?,
-                None if first => write!(out, "{id}")?,
-                None => write!(out, " {id}")?,
-            }
-            first = false;
-            out.flush().context("stdout")
-        },
-    )?;
+    let request = Request {
+        prompt,
+        max_tokens: args.max_tokens,
+        sampler,
+        stop_ids: eos_ids,
+    };
+    let stats = generate(&mut engine, request, |id| {
+        match decoder.as_mut() {
+            Some(d) => write!(out, "{}", d.push(id))?,
+            None if first => write!(out, "{id}")?,
+            None => write!(out, " {id}")?,
+        }
+        first = false;
+        out.flush().context("stdout")?;
+        Ok(true)
+    })?;
     if let Some(d) = decoder.as_mut() {
         write!(out, "{}", d.finish())?;
     }
@@ -339,6 +343,7 @@ fn generate_text<B: Backend>(
         StopReason::Eos(id) => format!("end-of-sequence token {id}"),
         StopReason::MaxTokens => format!("reached -n {}", args.max_tokens),
         StopReason::ContextFull => format!("context full ({context_len} positions; raise -c)"),
+        StopReason::Stopped => "stopped".to_string(),
     };
     eprintln!("[stopped: {why}]");
     eprintln!(
@@ -374,7 +379,7 @@ pub fn context_len(args: &InferenceArgs, c: &ModelConfig) -> Result<usize> {
 }
 
 /// The model's generation defaults, overridden by the sampling flags (the same in both modes).
-pub fn sampler_from_args(args: &InferenceArgs, c: &ModelConfig) -> Result<Sampler> {
+pub fn sampler_from_args(args: &InferenceArgs, c: &ModelConfig) -> Result<SamplerConfig> {
     let seed = args.seed.unwrap_or_else(clock_seed);
     let mut cfg = SamplerConfig::from_defaults(&c.generation, seed);
     if let Some(v) = args.temperature {
@@ -395,7 +400,8 @@ pub fn sampler_from_args(args: &InferenceArgs, c: &ModelConfig) -> Result<Sample
     if let Some(v) = args.presence_penalty {
         cfg.presence_penalty = v;
     }
-    Sampler::new(cfg)
+    cfg.validate()?;
+    Ok(cfg)
 }
 
 /// Parses `[1, 2, 3]`.
@@ -420,7 +426,8 @@ fn clock_seed() -> u64 {
 }
 
 /// `--device cuda:N`: the weights uploaded once to the GPU, then the same [`run_job`] as on the
-/// CPU: one forward pass (`qwen3_inference::model::Session`), here over the CUDA kernels. (Not run
+/// CPU: one engine over the forward pass (`qwen3_inference::model::Forward`), here over the CUDA
+/// kernels. (Not run
 /// here: no GPU on our machines; see docs/cuda.md for what is proven without one.)
 #[cfg(feature = "cuda")]
 mod cuda {
@@ -436,9 +443,9 @@ mod cuda {
     ) -> Result<()> {
         let gpu = CudaBackend::load(ordinal, file)?;
         let model = Model::load_with(file, |name| gpu.weights.tensor(name))?;
-        let session = Session::with_backend(&gpu, &model, context_len)?;
+        let engine = Engine::one_sequence(&gpu, &model, context_len, KvType::F32)?;
         let about = format!("cuda:{ordinal}, {}", gpu.runtime.description);
-        run_job(args, session, job, &about)
+        run_job(args, engine, job, &about)
     }
 }
 

@@ -22,13 +22,14 @@
 //! The engine is synchronous and single-threaded (the kernels use the threads); the server puts it
 //! on one worker thread and talks to it through channels.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, KvType};
 use crate::chat::{common_prefix_len, reuse_len};
-use crate::generate::StopReason;
-use crate::model::{Forward, Segment, MAX_BATCH};
+use crate::generate::{GenerationStats, StopReason};
+use crate::model::{Forward, Model, Segment, MAX_BATCH};
 use crate::sampler::{Sampler, SamplerConfig};
 use anyhow::{bail, Result};
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 #[cfg(test)]
 mod tests;
@@ -56,13 +57,11 @@ pub enum Event {
     Started { id: RequestId, cached: usize },
     /// The next token of the answer.
     Token { id: RequestId, token: u32 },
-    /// The answer ended. `generated` counts the sampled tokens, an end-of-sequence id included.
+    /// The answer ended: why, and its counts and times (`stats.generated_tokens` counts the
+    /// sampled tokens, an end-of-sequence id included).
     Finished {
         id: RequestId,
-        reason: StopReason,
-        prompt_tokens: usize,
-        generated: usize,
-        cached: usize,
+        stats: GenerationStats,
     },
     /// The step that ran this request failed; the request is over and its slot is free.
     Failed { id: RequestId, error: String },
@@ -121,11 +120,19 @@ struct Job {
     stop_ids: Vec<u32>,
     /// Prompt tokens found in the slot's cache when it started.
     cached: usize,
+    /// When it took its slot.
+    start: Instant,
+    /// The time of the pass that gave its first logits (the prompt's).
+    prefill: Option<Duration>,
+    /// From `start` to its first sampled token.
+    first_token: Option<Duration>,
+    sampling: Duration,
+    kept_candidates: usize,
 }
 
-/// One sequence's place: its KV cache, the tokens the cache holds, and the request using it.
-struct Slot<C> {
-    cache: C,
+/// One sequence's place: the tokens its KV cache holds (the cache is `Engine::caches[i]` for
+/// slot `i`), and the request using it.
+struct Slot {
     /// The tokens whose keys and values are in `cache`, positions `0 .. cached.len()`. Kept
     /// after a request ends: the prefix cache.
     cached: Vec<u32>,
@@ -139,13 +146,16 @@ struct Slot<C> {
 pub struct Engine<'m, B: Backend> {
     fwd: Forward<'m, B>,
     cfg: EngineConfig,
-    slots: Vec<Slot<B::KvCache>>,
+    slots: Vec<Slot>,
+    /// `caches[i]`: the keys and values of slot `i`'s tokens.
+    caches: Vec<B::KvCache>,
     waiting: VecDeque<(RequestId, Request)>,
     next_id: RequestId,
     steps: u64,
-    /// The step's rows and which slot each segment is, reused by every step.
+    /// The step's rows and their segments (`seq` is the slot), reused by every step: a step
+    /// allocates nothing.
     rows: Vec<u32>,
-    plan: Vec<(usize, usize, bool)>,
+    plan: Vec<Segment>,
 }
 
 impl<'m, B: Backend> Engine<'m, B> {
@@ -162,26 +172,44 @@ impl<'m, B: Backend> Engine<'m, B> {
         if cfg.prefill_chunk == 0 {
             bail!("the prefill chunk must be at least one token");
         }
-        let slots = (0..cfg.slots)
-            .map(|_| {
-                Ok(Slot {
-                    cache: fwd.new_cache()?,
-                    cached: Vec::new(),
-                    job: None,
-                    last_used: 0,
-                })
-            })
+        let caches = (0..cfg.slots)
+            .map(|_| fwd.new_cache())
             .collect::<Result<_>>()?;
+        let slots = (0..cfg.slots)
+            .map(|_| Slot {
+                cached: Vec::with_capacity(fwd.context_len()),
+                job: None,
+                last_used: 0,
+            })
+            .collect();
         Ok(Engine {
             fwd,
             cfg,
             slots,
+            caches,
             waiting: VecDeque::new(),
             next_id: 1,
             steps: 0,
             rows: Vec::with_capacity(MAX_BATCH),
-            plan: Vec::new(),
+            plan: Vec::with_capacity(cfg.slots),
         })
+    }
+
+    /// An engine of one sequence, as the CLI's generate and chat run: the prompt in chunks of
+    /// [`MAX_BATCH`], then one token a step.
+    pub fn one_sequence(
+        backend: &'m B,
+        model: &'m Model<'m, B::Tensor>,
+        context_len: usize,
+        kv: KvType,
+    ) -> Result<Self> {
+        let fwd = Forward::new(backend, model, context_len, MAX_BATCH, 1, kv)?;
+        let cfg = EngineConfig {
+            slots: 1,
+            max_queue: 1,
+            prefill_chunk: MAX_BATCH,
+        };
+        Engine::new(fwd, cfg)
     }
 
     /// Positions each sequence holds, prompt and answer together.
@@ -191,6 +219,17 @@ impl<'m, B: Backend> Engine<'m, B> {
 
     pub fn config(&self) -> EngineConfig {
         self.cfg
+    }
+
+    /// The tokens whose keys and values slot `i` holds (after a request: its prompt and all
+    /// but the last answer token, which was sampled and never run).
+    pub fn slot_tokens(&self, i: usize) -> &[u32] {
+        &self.slots[i].cached
+    }
+
+    /// The forward pass the engine runs (its model, backend and sizes).
+    pub fn forward(&self) -> &Forward<'m, B> {
+        &self.fwd
     }
 
     /// Requests waiting for a slot.
@@ -252,6 +291,18 @@ impl<'m, B: Backend> Engine<'m, B> {
         }
     }
 
+    /// Ends running request `id` now, as if it had stopped by itself ([`StopReason::Stopped`]),
+    /// and returns its counts and times; `None` if it is not running. What it generated stays
+    /// in the slot's cache.
+    pub fn stop(&mut self, id: RequestId) -> Option<GenerationStats> {
+        let slot = self
+            .slots
+            .iter_mut()
+            .find(|s| s.job.as_ref().is_some_and(|j| j.id == id))?;
+        let job = slot.job.take()?;
+        Some(job.stats(StopReason::Stopped))
+    }
+
     /// Runs one step (see the module's comment), appending what happened to `events`. Does
     /// nothing when idle. A failure of the forward pass ends the requests of that step with
     /// [`Event::Failed`] and is not an error of the engine, which can go on.
@@ -262,22 +313,7 @@ impl<'m, B: Backend> Engine<'m, B> {
         if self.plan.is_empty() {
             return;
         }
-        // The segments borrow each planned slot's cache; the slots are visited in plan order,
-        // which is slot order.
-        let mut segments = Vec::with_capacity(self.plan.len());
-        let mut planned = self.plan.iter().peekable();
-        for (i, slot) in self.slots.iter_mut().enumerate() {
-            if let Some(&(_, len, logits)) = planned.next_if(|p| p.0 == i) {
-                segments.push(Segment {
-                    pos: slot.cached.len(),
-                    cache: &mut slot.cache,
-                    len,
-                    logits,
-                });
-            }
-        }
-        let result = self.fwd.step_only(&self.rows, &mut segments);
-        drop(segments);
+        let result = self.fwd.step_only(&self.rows, &self.plan, &mut self.caches);
         match result {
             Ok(k) => self.sample(k, events),
             Err(e) => self.fail_step(&e.to_string(), events),
@@ -329,17 +365,22 @@ impl<'m, B: Backend> Engine<'m, B> {
                 sampler,
                 stop_ids: req.stop_ids,
                 cached: reuse,
+                start: Instant::now(),
+                prefill: None,
+                first_token: None,
+                sampling: Duration::ZERO,
+                kept_candidates: 0,
             });
             events.push(Event::Started { id, cached: reuse });
         }
     }
 
     /// Step 2, the step's rows: one for each decoding sequence, then prompt chunks in slot
-    /// order, up to the budget. `plan` gets `(slot, rows, logits wanted)` in slot order.
+    /// order, up to the budget. `plan` gets a segment per slot that runs, in slot order.
     fn plan_rows(&mut self) {
         self.rows.clear();
         self.plan.clear();
-        let pending = |s: &Slot<B::KvCache>| {
+        let pending = |s: &Slot| {
             s.job
                 .as_ref()
                 .map_or(0, |j| j.tokens.len() - s.cached.len())
@@ -362,7 +403,12 @@ impl<'m, B: Backend> Engine<'m, B> {
             };
             if n > 0 {
                 self.rows.extend_from_slice(&todo[..n]);
-                self.plan.push((i, n, n == todo.len()));
+                self.plan.push(Segment {
+                    seq: i,
+                    pos: slot.cached.len(),
+                    len: n,
+                    logits: n == todo.len(),
+                });
             }
         }
     }
@@ -380,26 +426,32 @@ impl<'m, B: Backend> Engine<'m, B> {
             }
         };
         let mut row = 0;
-        for &(i, n, wants_logits) in &self.plan {
-            let slot = &mut self.slots[i];
+        for seg in &self.plan {
+            let slot = &mut self.slots[seg.seq];
             let Some(job) = slot.job.as_mut() else {
                 continue;
             };
             let start = slot.cached.len();
-            slot.cached.extend_from_slice(&job.tokens[start..start + n]);
-            if !wants_logits {
+            slot.cached
+                .extend_from_slice(&job.tokens[start..start + seg.len]);
+            if !seg.logits {
                 continue;
             }
             let l = &logits[row * vocab..(row + 1) * vocab];
             row += 1;
+            job.prefill.get_or_insert_with(|| job.start.elapsed());
             let generated = job.tokens.len() - job.prompt_len;
             let stop = if generated >= job.max_tokens {
                 Some(StopReason::MaxTokens)
             } else {
                 // The penalties' scopes: everything seen, and the answer so far.
+                let t = Instant::now();
                 let next = job
                     .sampler
                     .sample(l, &job.tokens, &job.tokens[job.prompt_len..]);
+                job.sampling += t.elapsed();
+                job.kept_candidates += job.sampler.last_kept();
+                job.first_token.get_or_insert_with(|| job.start.elapsed());
                 job.tokens.push(next);
                 if job.stop_ids.contains(&next) {
                     Some(StopReason::Eos(next))
@@ -417,14 +469,11 @@ impl<'m, B: Backend> Engine<'m, B> {
                     }
                 }
             };
-            if let Some(reason) = stop {
+            if let Some(stop) = stop {
                 let job = slot.job.take().expect("a job");
                 events.push(Event::Finished {
                     id: job.id,
-                    reason,
-                    prompt_tokens: job.prompt_len,
-                    generated: job.tokens.len() - job.prompt_len,
-                    cached: job.cached,
+                    stats: job.stats(stop),
                 });
             }
         }
@@ -433,8 +482,8 @@ impl<'m, B: Backend> Engine<'m, B> {
     /// A failed step: its requests end, and their slots forget what they cached (the step may
     /// have written part of it).
     fn fail_step(&mut self, error: &str, events: &mut Vec<Event>) {
-        for &(i, _, _) in &self.plan {
-            let slot = &mut self.slots[i];
+        for seg in &self.plan {
+            let slot = &mut self.slots[seg.seq];
             slot.cached.clear();
             if let Some(job) = slot.job.take() {
                 events.push(Event::Failed {
@@ -442,6 +491,25 @@ impl<'m, B: Backend> Engine<'m, B> {
                     error: error.to_string(),
                 });
             }
+        }
+    }
+}
+
+impl Job {
+    /// The finished request's counts and times.
+    fn stats(&self, stop: StopReason) -> GenerationStats {
+        let total = self.start.elapsed();
+        let first = self.first_token.unwrap_or(total);
+        GenerationStats {
+            prompt_tokens: self.prompt_len,
+            cached_tokens: self.cached,
+            generated_tokens: self.tokens.len() - self.prompt_len,
+            prefill: self.prefill.unwrap_or(total),
+            time_to_first_token: first,
+            decode: total - first,
+            sampling: self.sampling,
+            kept_candidates: self.kept_candidates,
+            stop,
         }
     }
 }

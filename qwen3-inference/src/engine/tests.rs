@@ -4,9 +4,9 @@
 use super::*;
 use crate::backend::{CpuBackend, KvType};
 use crate::format::{DType, ModelFile};
-use crate::generate::generate;
 use crate::model::test_model::write_random;
 use crate::model::{Model, Session};
+use crate::sampler::argmax;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -116,23 +116,24 @@ fn batch_invariance() {
             let (tokens, fin) = together.remove(id).unwrap();
             assert_eq!(tokens, alone[i].0, "{dt} request {i}");
             assert!(
-                matches!(fin, Event::Finished { generated: 12, .. }),
+                matches!(&fin, Event::Finished { stats, .. } if stats.generated_tokens == 12),
                 "{fin:?}"
             );
             assert_eq!(tokens.len(), 12);
         }
 
-        // Greedy: the CLI's path, one Session and `generate`.
+        // Greedy: the argmax of a Session's logits (the one-sequence forward pass, no engine),
+        // token by token.
         for (i, r) in reqs.iter().enumerate().step_by(2) {
             let mut s = Session::new(&model, 64).unwrap();
-            let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
+            let mut logits = s.forward(&r.prompt).unwrap().to_vec();
             let mut out = vec![];
-            generate(&mut s, &mut sampler, &r.prompt, 12, &[], |t| {
+            for _ in 0..12 {
+                let t = argmax(&logits) as u32;
                 out.push(t);
-                Ok(())
-            })
-            .unwrap();
-            assert_eq!(out, alone[i].0, "{dt} request {i} against generate");
+                logits = s.forward(&[t]).unwrap().to_vec();
+            }
+            assert_eq!(out, alone[i].0, "{dt} request {i} against a Session");
         }
         // The samplers' seeds matter (the test can fail): two seeds, two answers.
         assert_ne!(alone[1].0, alone[3].0);
@@ -195,10 +196,8 @@ fn stops_queue_and_cancel() {
     let (got, fin) = drain(&mut e).remove(&id).unwrap();
     let first = tokens.iter().position(|&t| t == tokens[2]).unwrap();
     assert_eq!(got, tokens[..first]);
-    assert!(
-        matches!(fin, Event::Finished { reason: StopReason::Eos(t), generated, .. }
-        if t == tokens[2] && generated == first + 1)
-    );
+    assert!(matches!(&fin, Event::Finished { stats, .. }
+        if stats.stop == StopReason::Eos(tokens[2]) && stats.generated_tokens == first + 1));
 
     // The context: 64 positions, so a prompt of 60 leaves room for 4 fed tokens and a 5th
     // sampled one.
@@ -208,13 +207,7 @@ fn stops_queue_and_cancel() {
     let id = e.submit(r).unwrap();
     let (got, fin) = drain(&mut e).remove(&id).unwrap();
     assert_eq!(got.len(), 5);
-    assert!(matches!(
-        fin,
-        Event::Finished {
-            reason: StopReason::ContextFull,
-            ..
-        }
-    ));
+    assert!(matches!(&fin, Event::Finished { stats, .. } if stats.stop == StopReason::ContextFull));
 
     // Refusals.
     let bad = |prompt: Vec<u32>| request(&prompt, SamplerConfig::greedy());

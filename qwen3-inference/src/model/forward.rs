@@ -45,9 +45,11 @@ pub(super) struct Dims {
 }
 
 /// One sequence's rows in a step: `len` consecutive rows of the step's tokens, at positions
-/// `pos .. pos + len` of the sequence whose keys and values `cache` holds.
-pub struct Segment<'c, C> {
-    pub cache: &'c mut C,
+/// `pos .. pos + len` of the sequence whose keys and values are `caches[seq]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// Which of the step's caches is this sequence's.
+    pub seq: usize,
     /// The position of the segment's first token (tokens already in `cache`).
     pub pos: usize,
     /// How many of the step's tokens are this sequence's.
@@ -250,8 +252,13 @@ impl<'m, B: Backend> Forward<'m, B> {
     /// `len`s add up to `tokens.len()`). Returns the logits of each segment that asked for them,
     /// `[k, vocab]` in segment order. Errors, changing nothing, on a token outside the
     /// vocabulary, a segment past the context, or a step larger than the buffers.
-    pub fn step(&mut self, tokens: &[u32], segments: &mut [Segment<B::KvCache>]) -> Result<&[f32]> {
-        let k = self.step_only(tokens, segments)?;
+    pub fn step(
+        &mut self,
+        tokens: &[u32],
+        segments: &[Segment],
+        caches: &mut [B::KvCache],
+    ) -> Result<&[f32]> {
+        let k = self.step_only(tokens, segments, caches)?;
         self.logits(k)
     }
 
@@ -260,9 +267,10 @@ impl<'m, B: Backend> Forward<'m, B> {
     pub fn step_only(
         &mut self,
         tokens: &[u32],
-        segments: &mut [Segment<B::KvCache>],
+        segments: &[Segment],
+        caches: &mut [B::KvCache],
     ) -> Result<usize> {
-        self.check(tokens, segments)?;
+        self.check(tokens, segments, caches.len())?;
         let k = segments.iter().filter(|s| s.logits).count();
         if k > self.max_logits {
             bail!(
@@ -270,7 +278,7 @@ impl<'m, B: Backend> Forward<'m, B> {
                 self.max_logits
             );
         }
-        self.run(tokens, segments, None)?;
+        self.run(tokens, segments, caches, None)?;
         Ok(k)
     }
 
@@ -285,15 +293,16 @@ impl<'m, B: Backend> Forward<'m, B> {
     pub fn step_all_logits(
         &mut self,
         tokens: &[u32],
-        segment: Segment<B::KvCache>,
+        segment: Segment,
+        cache: &mut B::KvCache,
         all: &mut B::Buf,
     ) -> Result<()> {
-        let mut segments = [segment];
-        self.check(tokens, &segments)?;
-        self.run(tokens, &mut segments, Some(all))
+        let segments = [Segment { seq: 0, ..segment }];
+        self.check(tokens, &segments, 1)?;
+        self.run(tokens, &segments, std::slice::from_mut(cache), Some(all))
     }
 
-    fn check(&self, tokens: &[u32], segments: &[Segment<B::KvCache>]) -> Result<()> {
+    fn check(&self, tokens: &[u32], segments: &[Segment], caches: usize) -> Result<()> {
         if tokens.is_empty() {
             bail!("no tokens to run");
         }
@@ -316,6 +325,9 @@ impl<'m, B: Backend> Forward<'m, B> {
             );
         }
         for s in segments {
+            if s.seq >= caches {
+                bail!("segment of sequence {} in a step of {caches} caches", s.seq);
+            }
             if s.pos + s.len > self.context_len {
                 bail!(
                     "{} tokens do not fit: {} of {} context positions are used",
@@ -333,7 +345,8 @@ impl<'m, B: Backend> Forward<'m, B> {
     fn run(
         &mut self,
         tokens: &[u32],
-        segments: &mut [Segment<B::KvCache>],
+        segments: &[Segment],
+        caches: &mut [B::KvCache],
         all_logits: Option<&mut B::Buf>,
     ) -> Result<()> {
         let (b, model) = (self.backend, self.model);
@@ -345,7 +358,7 @@ impl<'m, B: Backend> Forward<'m, B> {
 
         // 2. The decoder layers, each adding its attention and MLP outputs to the residual x.
         for (l, layer) in model.layers.iter().enumerate() {
-            self.decoder_layer(l, layer, t, segments)?;
+            self.decoder_layer(l, layer, t, segments, caches)?;
         }
 
         // 3. Final RMSNorm and the classifier: logits = norm(x) @ lm_head^T.   [k, vocab]
@@ -382,14 +395,15 @@ impl<'m, B: Backend> Forward<'m, B> {
         l: usize,
         layer: &Qwen3DecoderLayer<B::Tensor>,
         t: usize,
-        segments: &mut [Segment<B::KvCache>],
+        segments: &[Segment],
+        caches: &mut [B::KvCache],
     ) -> Result<()> {
         let b = self.backend;
         let Dims { d, eps, .. } = self.dims;
 
         // 2a. Attention block.                                     xb = input_layernorm(x)
         b.rmsnorm(&mut self.s.xb, &self.s.x, &layer.input_layernorm, t, d, eps)?;
-        self.self_attention(l, &layer.self_attn, t, segments)?;
+        self.self_attention(l, &layer.self_attn, t, segments, caches)?;
         // self.s.xb now holds the attention output.                 x = x + attn
         b.add(&mut self.s.x, &self.s.xb, t * d)?;
 
@@ -413,7 +427,8 @@ impl<'m, B: Backend> Forward<'m, B> {
         l: usize,
         attn: &Qwen3Attention<B::Tensor>,
         t: usize,
-        segments: &mut [Segment<B::KvCache>],
+        segments: &[Segment],
+        caches: &mut [B::KvCache],
     ) -> Result<()> {
         let b = self.backend;
         let Dims {
@@ -447,19 +462,21 @@ impl<'m, B: Backend> Forward<'m, B> {
             // One sequence: its rows are the whole buffers.
             [seg] => {
                 let Scratch { q, k, v, att, .. } = &mut *s;
-                seq_attention(b, &self.rope, self.dims, l, seg, [q, k, v, att])?
+                let cache = &mut caches[seg.seq];
+                seq_attention(b, &self.rope, self.dims, l, seg, cache, [q, k, v, att])?
             }
             // Several: each segment's rows are copied to the start of `seg`, and its output back.
             _ => {
                 let [sq, sk, sv, satt] = &mut s.seg;
                 let mut r0 = 0;
-                for seg in segments.iter_mut() {
+                for seg in segments {
                     let n = seg.len;
                     b.copy(sq, 0, &s.q, r0 * nh * hd, n * nh * hd)?;
                     b.copy(sk, 0, &s.k, r0 * nkv * hd, n * nkv * hd)?;
                     b.copy(sv, 0, &s.v, r0 * nkv * hd, n * nkv * hd)?;
                     let bufs = [&mut *sq, &mut *sk, &mut *sv, &mut *satt];
-                    seq_attention(b, &self.rope, self.dims, l, seg, bufs)?;
+                    let cache = &mut caches[seg.seq];
+                    seq_attention(b, &self.rope, self.dims, l, seg, cache, bufs)?;
                     b.copy(&mut s.att, r0 * nh * hd, satt, 0, n * nh * hd)?;
                     r0 += n;
                 }
@@ -497,7 +514,8 @@ fn seq_attention<B: Backend>(
     rope: &B::Rope,
     dims: Dims,
     l: usize,
-    seg: &mut Segment<B::KvCache>,
+    seg: &Segment,
+    cache: &mut B::KvCache,
     [q, k, v, att]: [&mut B::Buf; 4],
 ) -> Result<()> {
     let Dims {
@@ -513,9 +531,9 @@ fn seq_attention<B: Backend>(
     b.rope(k, rope, n, nkv, hd, pos)?;
 
     // iv. Append k and v to this layer's cache at positions pos .. pos + n.
-    b.store_kv(seg.cache, l, k, v, n, pos)?;
+    b.store_kv(cache, l, k, v, n, pos)?;
 
     // v. Causal grouped-query attention over the cache: token i sees positions 0 ..= pos + i;
     //    query head h reads kv head h / (n_heads / n_kv_heads).   att: [n, n_heads, head_dim]
-    b.attention(att, q, seg.cache, l, n, pos)
+    b.attention(att, q, cache, l, n, pos)
 }

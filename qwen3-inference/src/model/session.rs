@@ -130,12 +130,13 @@ impl<'m, B: Backend> Session<'m, B> {
         let n_chunks = tokens.len().div_ceil(self.batch);
         for (i, chunk) in tokens.chunks(self.batch).enumerate() {
             let seg = Segment {
-                cache: &mut self.cache,
+                seq: 0,
                 pos: self.pos,
                 len: chunk.len(),
                 logits: i + 1 == n_chunks,
             };
-            self.fwd.step_only(chunk, &mut [seg])?;
+            let caches = std::slice::from_mut(&mut self.cache);
+            self.fwd.step_only(chunk, &[seg], caches)?;
             self.pos += chunk.len();
         }
         // The last chunk's logits, read back once.
@@ -153,12 +154,13 @@ impl<'m, B: Backend> Session<'m, B> {
         let mut all = Vec::with_capacity(tokens.len() * vocab);
         for chunk in tokens.chunks(self.batch) {
             let seg = Segment {
-                cache: &mut self.cache,
+                seq: 0,
                 pos: self.pos,
                 len: chunk.len(),
                 logits: false,
             };
-            self.fwd.step_all_logits(chunk, seg, &mut chunk_logits)?;
+            self.fwd
+                .step_all_logits(chunk, seg, &mut self.cache, &mut chunk_logits)?;
             self.pos += chunk.len();
             all.extend_from_slice(b.read(&chunk_logits, chunk.len() * vocab, &mut staging)?);
         }
