@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Aggregate generation speed of an OpenAI-compatible server under 1, 2, 4, 8, 16 concurrent streams.
+
+Works against `qwen3 serve` and llama.cpp's `llama-server` alike (both take `ignore_eos`, so every
+request generates exactly --max-tokens tokens). Python's standard library only.
+
+    python3 scripts/bench_serve.py --url http://127.0.0.1:8080 --label qwen3 [--concurrency 1,2,4,8,16]
+
+Each concurrency level runs C client threads; each client sends --rounds streamed
+`/v1/completions` requests one after the other, greedy, each with its own prompt of about
+--prompt-words words (distinct prompts, so no prefix cache helps). Reported per level:
+
+- aggregate tok/s: generated tokens of all requests / wall time of the level;
+- per stream tok/s: the median over requests of (tokens - 1) / (last token - first token);
+- TTFT: time from sending a request to its first token (median and p99);
+- ITL: gaps between consecutive streamed chunks of a request (median and p99), all requests.
+
+A chunk is one token for both servers, except that `qwen3 serve` holds back the bytes of an
+incomplete UTF-8 character, so a multi-token character arrives as one chunk (gaps are then larger,
+never smaller).
+"""
+
+import argparse
+import http.client
+import json
+import random
+import statistics
+import threading
+import time
+from urllib.parse import urlparse
+
+WORDS = ("river stone quantum bread violet engine mouse cloud ladder silver orbit garden paper "
+         "thunder candle mirror forest copper lantern harbor").split()
+
+
+def prompt(i: int, words: int) -> str:
+    rng = random.Random(i)
+    return f"Story {i}: " + " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def one_request(url, model, text, max_tokens):
+    """Sends one streamed completion; returns (send time, [arrival time of each chunk], tokens)."""
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    body = {"prompt": text, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    if model:
+        body["model"] = model
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+    arrivals, tokens = [], None
+    for raw in resp:
+        line = raw.decode("utf-8", "replace").strip()
+        if not line.startswith("data: "):
+            continue
+        data = line[6:]
+        if data == "[DONE]":
+            break
+        chunk = json.loads(data)
+        if chunk.get("usage"):
+            tokens = chunk["usage"]["completion_tokens"]
+        if chunk.get("choices") and chunk["choices"][0].get("text"):
+            arrivals.append(time.perf_counter())
+    conn.close()
+    return t0, arrivals, tokens if tokens is not None else len(arrivals)
+
+
+def pct(values, p):
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+
+
+def level(args, c, offset):
+    results, errors = [], []
+    lock = threading.Lock()
+
+    def client(k):
+        for r in range(args.rounds):
+            i = offset + k * args.rounds + r
+            try:
+                res = one_request(args.url, args.model, prompt(i, args.prompt_words), args.max_tokens)
+            except Exception as e:  # noqa: BLE001 - reported, and the level fails
+                with lock:
+                    errors.append(str(e))
+                return
+            with lock:
+                results.append(res)
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(c)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"concurrency {c}: {len(errors)} failed requests, first: {errors[0]}")
+    tokens = sum(r[2] for r in results)
+    ttft = [r[1][0] - r[0] for r in results if r[1]]
+    itl = [b - a for r in results for a, b in zip(r[1], r[1][1:])]
+    per_stream = [(len(r[1]) - 1) / (r[1][-1] - r[1][0]) for r in results if len(r[1]) > 1]
+    return {
+        "concurrency": c, "requests": len(results), "tokens": tokens, "wall_s": wall,
+        "agg_tok_s": tokens / wall, "stream_tok_s": statistics.median(per_stream),
+        "ttft_med_s": statistics.median(ttft), "ttft_p99_s": pct(ttft, 99),
+        "itl_med_ms": 1000 * statistics.median(itl), "itl_p99_ms": 1000 * pct(itl, 99),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", default="http://127.0.0.1:8080")
+    ap.add_argument("--model", default=None, help="model name to send (default: none)")
+    ap.add_argument("--label", default="server")
+    ap.add_argument("--concurrency", default="1,2,4,8,16")
+    ap.add_argument("--rounds", type=int, default=2, help="requests per client per level")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--prompt-words", type=int, default=100)
+    ap.add_argument("--json", help="also write the rows to this file")
+    args = ap.parse_args()
+
+    one_request(args.url, args.model, prompt(10**6, args.prompt_words), 8)  # warm-up
+    rows, offset = [], 0
+    print(f"| {args.label} | streams | requests | aggregate tok/s | per stream tok/s | TTFT median / p99 s | ITL median / p99 ms |")
+    print("|---|---|---|---|---|---|---|")
+    for c in [int(x) for x in args.concurrency.split(",")]:
+        row = level(args, c, offset)
+        offset += c * args.rounds
+        rows.append(row)
+        print(f"| {args.label} | {c} | {row['requests']} | {row['agg_tok_s']:.1f} | {row['stream_tok_s']:.1f} | "
+              f"{row['ttft_med_s']:.3f} / {row['ttft_p99_s']:.3f} | {row['itl_med_ms']:.1f} / {row['itl_p99_ms']:.1f} |",
+              flush=True)
+    base = rows[0]["agg_tok_s"]
+    print(f"aggregate tok/s relative to the first level: "
+          + ", ".join(f"{r['concurrency']}: {r['agg_tok_s'] / base:.2f}x" for r in rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"label": args.label, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

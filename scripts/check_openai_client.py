@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""`qwen3 serve` through the official `openai` Python client: what an application sees.
+
+    pip install openai
+    python3 scripts/check_openai_client.py --qwen3 target/release/qwen3 --model models/tiny.bin
+
+Starts the server on a free loopback port (with an API key), then checks with the client:
+listing models, a completion, a chat answer, both streamed with usage, `n`, stop strings, and
+that bad requests raise the client's own error classes (BadRequestError, NotFoundError,
+AuthenticationError). Prints one line per check and exits non-zero on the first failure. Without
+the `openai` package it says so and exits 0 (CI may not have it).
+"""
+
+import argparse
+import subprocess
+import sys
+
+try:
+    import openai
+except ImportError:
+    print("check_openai_client: the openai package is not installed; skipped")
+    sys.exit(0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--qwen3", default="target/release/qwen3")
+    ap.add_argument("--model", default="models/tiny.bin")
+    args = ap.parse_args()
+
+    key = "test-key"
+    server = subprocess.Popen(
+        [args.qwen3, "serve", args.model, "--port", "0", "--api-key", key, "--model-name", "tiny"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = server.stdout.readline()
+        url = line.split(" on ")[1].split(" ")[0]
+        print(f"server: {line.strip()}")
+        client = openai.OpenAI(base_url=url + "/v1", api_key=key)
+        run(client, url)
+    finally:
+        server.terminate()
+        code = server.wait(timeout=30)
+    if code != 0:
+        raise SystemExit(f"the server exited with {code} on SIGTERM")
+    print("server: exited 0 on SIGTERM")
+    print("all checks passed")
+
+
+def check(name, ok):
+    print(f"{'ok' if ok else 'FAILED'}: {name}")
+    if not ok:
+        raise SystemExit(1)
+
+
+def run(client, url):
+    models = client.models.list()
+    check("models.list names the model", [m.id for m in models.data] == ["tiny"])
+
+    c = client.completions.create(model="tiny", prompt="The capital of France is", max_tokens=8,
+                                  temperature=0)
+    check("completions.create", c.object == "text_completion" and c.usage.completion_tokens == 8
+          and c.choices[0].finish_reason == "length" and len(c.choices[0].text) > 0)
+
+    stream = client.completions.create(model="tiny", prompt="The capital of France is", max_tokens=8,
+                                       temperature=0, stream=True,
+                                       stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    check("completions stream equals the whole answer", text == c.choices[0].text)
+    check("completions stream ends with usage", chunks[-1].usage.completion_tokens == 8)
+
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
+    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0,
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    check("chat.completions.create", r.object == "chat.completion"
+          and r.choices[0].message.role == "assistant" and r.usage.completion_tokens > 0)
+    s = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0,
+                                       stream=True,
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in s if ch.choices)
+    check("chat stream equals the whole answer", streamed == r.choices[0].message.content)
+
+    n = client.completions.create(model="tiny", prompt="Hello", max_tokens=4, n=3, temperature=0)
+    check("n=3 gives three choices", sorted(ch.index for ch in n.choices) == [0, 1, 2])
+
+    full = c.choices[0].text
+    stop = full[len(full) // 2:len(full) // 2 + 2]
+    if stop:
+        cut = client.completions.create(model="tiny", prompt="The capital of France is", max_tokens=8,
+                                        temperature=0, stop=[stop])
+        check("stop string cuts the answer", cut.choices[0].text == full[:full.find(stop)]
+              and cut.choices[0].finish_reason == "stop")
+
+    def raises(name, cls, f):
+        try:
+            f()
+        except cls as e:
+            check(f"{name} raises {cls.__name__} ({e.status_code})", True)
+            return
+        except Exception as e:  # noqa: BLE001
+            check(f"{name} raises {cls.__name__}, not {type(e).__name__}: {e}", False)
+        check(f"{name} raises {cls.__name__}", False)
+
+    raises("an unknown model", openai.NotFoundError,
+           lambda: client.completions.create(model="gpt-4", prompt="hi", max_tokens=2))
+    raises("temperature 5", openai.BadRequestError,
+           lambda: client.completions.create(model="tiny", prompt="hi", temperature=5))
+    raises("an unknown role", openai.BadRequestError,
+           lambda: client.chat.completions.create(model="tiny",
+                                                  messages=[{"role": "wizard", "content": "hi"}]))
+    bad = openai.OpenAI(base_url=url + "/v1", api_key="wrong")
+    raises("a wrong API key", openai.AuthenticationError, lambda: bad.models.list())
+
+
+if __name__ == "__main__":
+    main()
