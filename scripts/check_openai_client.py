@@ -44,13 +44,18 @@ def main():
     if code != 0:
         raise SystemExit(f"the server exited with {code} on SIGTERM")
     print("server: exited 0 on SIGTERM")
-    print("all checks passed")
+    print(f"openai-client: {len(PASSED)} passed, 0 failed")
+
+
+PASSED = []
 
 
 def check(name, ok):
     print(f"{'ok' if ok else 'FAILED'}: {name}")
     if not ok:
+        print(f"openai-client: {len(PASSED)} passed, 1 failed")
         raise SystemExit(1)
+    PASSED.append(name)
 
 
 def run(client, url):

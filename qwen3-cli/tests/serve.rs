@@ -493,3 +493,33 @@ fn sigterm_exits_cleanly() {
     assert_eq!(r.status, 200);
     assert_eq!(r.events().last().map(String::as_str), Some("[DONE]"));
 }
+
+/// Bad flags: a clear one-line error and exit 1, before anything listens.
+#[test]
+fn bad_flags_are_clear_errors() {
+    let m = Model::new("flags");
+    let model = m.path.to_str().unwrap();
+    let run = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+            .args(["serve", model, "--port", "0"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert!(o.stdout.is_empty(), "{args:?}: nothing listens");
+        String::from_utf8(o.stderr).unwrap()
+    };
+    assert!(run(&["--parallel", "0"]).contains("--parallel"));
+    assert!(run(&["--context", "999999"]).contains("--context"));
+    assert!(run(&["--threads", "0"]).contains("--threads"));
+    assert!(run(&["--device", "tpu"]).contains("tpu"));
+    let e = run(&["--device", "cuda"]);
+    assert!(e.to_lowercase().contains("cuda"), "{e}");
+    assert!(run(&["--host", "256.1.1.1"]).contains("256.1.1.1"));
+    let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args(["serve", "/nonexistent/model.bin"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/model.bin"));
+}

@@ -13,8 +13,10 @@ use qwen3_inference::engine::{Engine, EngineConfig};
 use qwen3_inference::format::{companion_paths, ModelFile};
 use qwen3_inference::model::{Forward, Model, MAX_BATCH};
 use qwen3_inference::tokenizer::Tokenizer;
-use qwen3_server::{worker, AppState, ServeOptions};
+use qwen3_server::worker::{self, Command};
+use qwen3_server::{AppState, ServeOptions};
 use std::path::PathBuf;
+use std::sync::mpsc::Receiver;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -42,7 +44,7 @@ pub struct ServeArgs {
     /// CPU threads (default: one per core, or the RAYON_NUM_THREADS environment variable).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Where to run. The server runs on the CPU for now.
+    /// Where to run: cpu, cuda (device 0) or cuda:N (a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Require `Authorization: Bearer KEY` on every route but /health (default: the
@@ -61,11 +63,8 @@ pub struct ServeArgs {
 pub fn run(args: ServeArgs) -> Result<()> {
     let device: Device = args.device.parse().map_err(|e: String| anyhow!(e))?;
     check_available(device).map_err(|e| anyhow!(e))?;
-    if device != Device::Cpu {
-        bail!(
-            "qwen3 serve runs on the CPU for now: --device {} is for `qwen3 inference`",
-            args.device
-        );
+    if device != Device::Cpu && args.kv_cache != KvCacheArg::F32 {
+        bail!("--kv-cache bf16 is for --device cpu: the CUDA backend keeps its KV cache in f32");
     }
     if args.parallel == 0 || args.parallel > MAX_BATCH {
         bail!(
@@ -141,7 +140,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .num_threads(args.threads.unwrap_or(0))
         .build()
         .map_err(|e| anyhow!("cannot start the thread pool: {e}"))?;
-    {
+    if device == Device::Cpu {
         let model = Model::load(&file)?;
         let fwd = Forward::new(&CPU, &model, context_len, MAX_BATCH, args.parallel, kv)?;
         Engine::new(fwd, cfg)?;
@@ -151,13 +150,55 @@ pub fn run(args: ServeArgs) -> Result<()> {
         port: args.port,
     };
     qwen3_server::serve(opts, state, rx, move |commands| {
-        pool.install(|| {
-            let model = Model::load(&file)?;
-            let fwd = Forward::new(&CPU, &model, context_len, MAX_BATCH, cfg.slots, kv)?;
-            worker::run(Engine::new(fwd, cfg)?, commands);
-            Ok(())
+        pool.install(|| match device {
+            Device::Cpu => {
+                let model = Model::load(&file)?;
+                let fwd = Forward::new(&CPU, &model, context_len, MAX_BATCH, cfg.slots, kv)?;
+                worker::run(Engine::new(fwd, cfg)?, commands);
+                Ok(())
+            }
+            Device::Cuda(ordinal) => cuda::work(&file, ordinal, context_len, cfg, commands),
         })
     })
+}
+
+/// `--device cuda:N`: the same engine over the CUDA backend, built on the worker thread (the
+/// thread that then launches every kernel). Not run here: no GPU on our machines.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use qwen3_cuda::cuda::CudaBackend;
+    use qwen3_inference::backend::KvType;
+
+    pub fn work(
+        file: &ModelFile,
+        ordinal: usize,
+        context_len: usize,
+        cfg: EngineConfig,
+        commands: Receiver<Command>,
+    ) -> Result<()> {
+        let gpu = CudaBackend::load(ordinal, file)?;
+        let model = Model::load_with(file, |name| gpu.weights.tensor(name))?;
+        let fwd = Forward::new(&gpu, &model, context_len, MAX_BATCH, cfg.slots, KvType::F32)?;
+        worker::run(Engine::new(fwd, cfg)?, commands);
+        Ok(())
+    }
+}
+
+/// Without the `cuda` feature `check_available` has already refused any CUDA device.
+#[cfg(not(feature = "cuda"))]
+mod cuda {
+    use super::*;
+
+    pub fn work(
+        _file: &ModelFile,
+        _ordinal: usize,
+        _context_len: usize,
+        _cfg: EngineConfig,
+        _commands: Receiver<Command>,
+    ) -> Result<()> {
+        bail!("{}", qwen3_cuda::device::cuda_support().unwrap_err())
+    }
 }
 
 /// The CPU backend holds nothing; one value serves the server's life.
