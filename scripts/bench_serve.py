@@ -68,6 +68,23 @@ def one_request(url, model, text, max_tokens):
     return t0, arrivals, tokens if tokens is not None else len(arrivals)
 
 
+def wait_healthy(url, limit_s=300):
+    """Waits until GET /health answers 200 (llama-server answers 503 while it loads)."""
+    u = urlparse(url)
+    deadline = time.time() + limit_s
+    while True:
+        try:
+            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        if time.time() > deadline:
+            raise SystemExit(f"{url}/health did not answer 200 within {limit_s} s")
+        time.sleep(0.5)
+
+
 def pct(values, p):
     if not values:
         return float("nan")
@@ -124,6 +141,7 @@ def main():
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
 
+    wait_healthy(args.url)
     one_request(args.url, args.model, prompt(10**6, args.prompt_words), 8)  # warm-up
     rows, offset = [], 0
     print(f"| {args.label} | streams | requests | aggregate tok/s | per stream tok/s | TTFT median / p99 s | ITL median / p99 ms |")

@@ -683,6 +683,12 @@ unsafe fn tile_q8_gs<const R: usize, const N: usize, const GS: usize>(
             // (exact, so the order within the group does not matter).
             let mut isum = [[zero; N]; R];
             for k in (g * gs..(g + 1) * gs).step_by(64) {
+                // The weights ahead, as decode asks for them: with few tokens (a batch of
+                // decoding sequences) this product too waits on DRAM without it.
+                for w_a in w_row {
+                    _mm_prefetch::<_MM_HINT_T2>(w_a.wrapping_add(k + PREFETCH_NEAR));
+                    _mm_prefetch::<_MM_HINT_T2>(w_a.wrapping_add(k + PREFETCH_FAR));
+                }
                 let wv: [__m512i; R] =
                     std::array::from_fn(|a| _mm512_loadu_si512(w_row[a].add(k) as *const __m512i));
                 // -128 * sum(w) over these 64 weights, per lane, for each row.
