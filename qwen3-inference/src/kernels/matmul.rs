@@ -62,11 +62,62 @@ pub fn matmuls<const N: usize>(outs: [&mut [f32]; N], x: &[f32], ws: [&TensorVie
             Team::current().split(outs, ROWS_PER_TASK, |k, r0, part, run_end| {
                 fill_block(ws[k], x, acts, 1, r0, part, run_end - r0 - part.len())
             });
+        } else if t <= FEW_TOKENS {
+            few_tokens(outs, x, ws, acts, t);
         } else {
             for (out, w) in outs.into_iter().zip(ws) {
                 prefill(out, w.shape[0] as usize, t, |r0, block| {
                     fill_block(w, x, acts, t, r0, block, 0)
                 });
+            }
+        }
+    })
+}
+
+/// Tokens up to which a product runs as [`few_tokens`] rather than [`prefill`].
+const FEW_TOKENS: usize = 16;
+
+/// A product of a few tokens (the rows of a serving step: one per decoding sequence). Its
+/// arithmetic is a few milliseconds, so the cost of starting parallel loops matters: like decode,
+/// it runs all `N` products as one job of the decode team (team.rs), each part filling weight
+/// rows `r0 ..` for every token into a buffer in `[rows, t]` order, which is then copied to
+/// `[t, rows]`. The blocks are [`prefill`]'s, so the results have the same bits.
+fn few_tokens<const N: usize>(
+    outs: [&mut [f32]; N],
+    x: &[f32],
+    ws: [&TensorView; N],
+    acts: Option<&ActsQ8>,
+    t: usize,
+) {
+    let rows: [usize; N] = ws.map(|w| w.shape[0] as usize);
+    TRANSPOSED.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        buf.resize(rows.iter().sum::<usize>() * t, 0.0);
+        // One `[rows[k], t]` part of the buffer per product.
+        let mut rest: &mut [f32] = &mut buf;
+        let parts: [&mut [f32]; N] = std::array::from_fn(|k| {
+            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(rows[k] * t);
+            rest = tail;
+            mine
+        });
+        // Parts start on multiples of ROWS_PER_TASK * t values: on a weight row. The kernel may
+        // prefetch up to the end of the part's run, as in decode.
+        Team::current().split(parts, ROWS_PER_TASK * t, |k, start, part, run_end| {
+            let rows_ahead = (run_end - start - part.len()) / t;
+            fill_block(ws[k], x, acts, t, start / t, part, rows_ahead)
+        });
+        // Back to `[t, rows]`, 16 weight rows at a time (one cache line of each token's row).
+        let mut from: &[f32] = &buf;
+        for (out, rows) in outs.into_iter().zip(rows) {
+            let (mine, tail) = from.split_at(rows * t);
+            from = tail;
+            for r0 in (0..rows).step_by(16) {
+                let r1 = (r0 + 16).min(rows);
+                for (i, out_row) in out.chunks_exact_mut(rows).enumerate() {
+                    for (r, o) in (r0..r1).zip(&mut out_row[r0..r1]) {
+                        *o = mine[r * t + i];
+                    }
+                }
             }
         }
     })
