@@ -92,14 +92,20 @@ fn body(b: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
     api::parse_body(&bytes)
 }
 
+/// A generation request's body and its shared fields, checked, for the model this server runs.
+fn read(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<(Value, Params), ApiError> {
+    let v = body(b)?;
+    let params = api::params(&v, &s.defaults, default_seed())?;
+    check_model(s, params.model.as_deref())?;
+    Ok((v, params))
+}
+
 /// `POST /v1/completions`: a raw prompt, completed as `qwen3 inference -m generate` does.
 pub async fn completions(
     State(s): State<Arc<AppState>>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let v = body(b)?;
-    let params = api::params(&v, &s.defaults, default_seed())?;
-    check_model(&s, params.model.as_deref())?;
+    let (v, params) = read(&s, b)?;
     let prompt = api::completion_prompt(&v, s.tokenizer)?;
     let job = Job {
         kind: Kind::Completion,
@@ -115,9 +121,7 @@ pub async fn chat_completions(
     State(s): State<Arc<AppState>>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let v = body(b)?;
-    let params = api::params(&v, &s.defaults, default_seed())?;
-    check_model(&s, params.model.as_deref())?;
+    let (v, params) = read(&s, b)?;
     let (messages, thinking) = api::chat_messages(&v)?;
     let Some(template) = &s.template else {
         return Err(ApiError::invalid(
