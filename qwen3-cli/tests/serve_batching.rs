@@ -204,5 +204,60 @@ fn vanished_clients_free_their_slots() {
     }
     assert_eq!(s.get("/health").status, 200);
     drop(s);
+
+    // A client that leaves while its request waits in the queue frees its place there too.
+    let s = Server::start(
+        &model,
+        &["--parallel", "1", "--queue", "1", "--context", "40000"],
+    );
+    let mut running = connect(s.port);
+    send(
+        &mut running,
+        "POST",
+        "/v1/completions",
+        &[],
+        long(true).as_bytes(),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    // The status line of a streamed request: sent as soon as it is queued (or refused).
+    let status = |c: &mut std::net::TcpStream| {
+        let mut head = [0u8; 12];
+        c.read_exact(&mut head).unwrap();
+        String::from_utf8_lossy(&head[9..12]).to_string()
+    };
+    let mut queued = connect(s.port);
+    send(
+        &mut queued,
+        "POST",
+        "/v1/completions",
+        &[],
+        long(true).as_bytes(),
+    );
+    assert_eq!(status(&mut queued), "200");
+    assert_eq!(try_small_on(s.port).status, 503, "the queue holds one");
+    drop(queued);
+    let freed = wait_until(Duration::from_secs(10), || {
+        let mut c = connect(s.port);
+        send(
+            &mut c,
+            "POST",
+            "/v1/completions",
+            &[],
+            long(true).as_bytes(),
+        );
+        status(&mut c) == "200"
+    });
+    assert!(
+        freed,
+        "the vanished queued request still holds its place: {}",
+        s.log()
+    );
+    drop(running);
+    drop(s);
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+fn try_small_on(port: u16) -> common::Resp {
+    let small = json!({"prompt": "hi", "max_tokens": 2}).to_string();
+    http(port, "POST", "/v1/completions", &[], small.as_bytes())
 }

@@ -481,7 +481,13 @@ fn stream(
         let send = |v: Value| Event::default().data(v.to_string());
         let mut failed = None;
         while !choices.all_done() {
-            let Some(u) = rx.recv().await else {
+            // A client that leaves while its request waits for a slot (no tokens to send yet)
+            // ends it here, before it runs.
+            let u = tokio::select! {
+                u = rx.recv() => u,
+                _ = tx.closed() => return,
+            };
+            let Some(u) = u else {
                 failed = Some("the model worker has stopped".to_string());
                 break;
             };
