@@ -186,10 +186,10 @@ async fn run(s: Arc<AppState>, job: Job, p: Params) -> Result<Response, ApiError
     let ctx = s.context_len;
     let n_prompt = job.prompt.len();
     if n_prompt >= ctx {
-        return Err(too_long(ctx, n_prompt, p.max_tokens.unwrap_or(1)));
+        return Err(too_long(job.kind, ctx, n_prompt, p.max_tokens.unwrap_or(1)));
     }
     let max_tokens = match (p.max_tokens, job.kind) {
-        (Some(m), _) if n_prompt + m > ctx => return Err(too_long(ctx, n_prompt, m)),
+        (Some(m), _) if n_prompt + m > ctx => return Err(too_long(job.kind, ctx, n_prompt, m)),
         (Some(m), _) => m,
         // OpenAI's default for the legacy completions endpoint is 16 tokens; a chat answer may
         // use the rest of the context.
@@ -268,9 +268,13 @@ async fn run(s: Arc<AppState>, job: Job, p: Params) -> Result<Response, ApiError
     }
 }
 
-fn too_long(ctx: usize, prompt: usize, max_tokens: usize) -> ApiError {
+fn too_long(kind: Kind, ctx: usize, prompt: usize, max_tokens: usize) -> ApiError {
+    let param = match kind {
+        Kind::Completion => "prompt",
+        Kind::Chat => "messages",
+    };
     ApiError::invalid(
-        "messages".to_string(),
+        param.to_string(),
         format!(
             "this model's context holds {ctx} tokens; the request asks for {} ({prompt} in the prompt, {max_tokens} to generate): shorten the prompt or lower max_tokens",
             prompt + max_tokens
