@@ -14,6 +14,7 @@ use qwen3_inference::format::DType;
 use qwen3_test_support::{export_fixture, tempdir};
 use serde_json::{json, Value};
 use std::io::Read;
+use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -157,24 +158,10 @@ fn vanished_clients_free_their_slots() {
         &model,
         &["--parallel", "1", "--queue", "0", "--context", "40000"],
     );
-    // Long enough that nobody waits for its end: 39990 tokens, whatever the model samples.
-    let long = |stream: bool| {
-        json!({"prompt": "Once upon a time", "max_tokens": 39990, "stream": stream,
-               "ignore_eos": true})
-        .to_string()
-    };
-    let small = json!({"prompt": "hi", "max_tokens": 2}).to_string();
-    let try_small = || http(s.port, "POST", "/v1/completions", &[], small.as_bytes());
+    let try_small = || small_request(s.port);
 
     for stream in [true, false] {
-        let mut c = connect(s.port);
-        send(
-            &mut c,
-            "POST",
-            "/v1/completions",
-            &[],
-            long(stream).as_bytes(),
-        );
+        let mut c = long_request(s.port, stream);
         if stream {
             // Read until the first token has arrived.
             let mut buf = [0u8; 4096];
@@ -210,42 +197,20 @@ fn vanished_clients_free_their_slots() {
         &model,
         &["--parallel", "1", "--queue", "1", "--context", "40000"],
     );
-    let mut running = connect(s.port);
-    send(
-        &mut running,
-        "POST",
-        "/v1/completions",
-        &[],
-        long(true).as_bytes(),
-    );
+    let running = long_request(s.port, true);
     std::thread::sleep(Duration::from_millis(300));
     // The status line of a streamed request: sent as soon as it is queued (or refused).
-    let status = |c: &mut std::net::TcpStream| {
+    let status = |c: &mut TcpStream| {
         let mut head = [0u8; 12];
         c.read_exact(&mut head).unwrap();
         String::from_utf8_lossy(&head[9..12]).to_string()
     };
-    let mut queued = connect(s.port);
-    send(
-        &mut queued,
-        "POST",
-        "/v1/completions",
-        &[],
-        long(true).as_bytes(),
-    );
+    let mut queued = long_request(s.port, true);
     assert_eq!(status(&mut queued), "200");
-    assert_eq!(try_small_on(s.port).status, 503, "the queue holds one");
+    assert_eq!(small_request(s.port).status, 503, "the queue holds one");
     drop(queued);
     let freed = wait_until(Duration::from_secs(10), || {
-        let mut c = connect(s.port);
-        send(
-            &mut c,
-            "POST",
-            "/v1/completions",
-            &[],
-            long(true).as_bytes(),
-        );
-        status(&mut c) == "200"
+        status(&mut long_request(s.port, true)) == "200"
     });
     assert!(
         freed,
@@ -257,7 +222,24 @@ fn vanished_clients_free_their_slots() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-fn try_small_on(port: u16) -> common::Resp {
+/// Sends a request long enough that nobody waits for its end (39990 tokens, whatever the
+/// model samples) on a new connection, and returns the connection unread.
+fn long_request(port: u16, stream: bool) -> TcpStream {
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 39990, "stream": stream,
+                      "ignore_eos": true});
+    let mut c = connect(port);
+    send(
+        &mut c,
+        "POST",
+        "/v1/completions",
+        &[],
+        body.to_string().as_bytes(),
+    );
+    c
+}
+
+/// A two-token request, answered in full.
+fn small_request(port: u16) -> common::Resp {
     let small = json!({"prompt": "hi", "max_tokens": 2}).to_string();
     http(port, "POST", "/v1/completions", &[], small.as_bytes())
 }

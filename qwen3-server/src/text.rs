@@ -180,13 +180,8 @@ impl ReasoningSplit {
                 }
                 State::Thinking { begun } => {
                     if let Some(at) = self.held.find(CLOSE) {
-                        let reasoning = self.held[..at].trim_end_matches('\n');
-                        let reasoning = if begun {
-                            reasoning
-                        } else {
-                            reasoning.trim_start_matches('\n')
-                        };
-                        out.reasoning.push_str(reasoning);
+                        out.reasoning
+                            .push_str(trim_reasoning(&self.held[..at], begun));
                         self.held.drain(..at + CLOSE.len());
                         self.state = State::AfterThink;
                         continue;
@@ -241,16 +236,23 @@ impl ReasoningSplit {
                 content: held,
                 reasoning: String::new(),
             },
-            State::Thinking { begun } => {
-                let r = held.trim_end_matches('\n');
-                let r = if begun { r } else { r.trim_start_matches('\n') };
-                Delta {
-                    content: String::new(),
-                    reasoning: r.to_string(),
-                }
-            }
+            State::Thinking { begun } => Delta {
+                content: String::new(),
+                reasoning: trim_reasoning(&held, begun).to_string(),
+            },
             State::AfterThink => Delta::default(),
         }
+    }
+}
+
+/// The end of the reasoning without its trailing newlines, and without its leading ones if
+/// nothing of it was sent yet (`begun` false): the template's `.strip('\n')`.
+fn trim_reasoning(text: &str, begun: bool) -> &str {
+    let text = text.trim_end_matches('\n');
+    if begun {
+        text
+    } else {
+        text.trim_start_matches('\n')
     }
 }
 
