@@ -197,24 +197,16 @@ unsafe fn mat_q8_dotprod(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
         }
         return;
     }
-    let mut i = 0;
-    while i < t {
-        let n = if t - i >= 4 { 4 } else { 1 };
-        let mut r = 0;
-        while r < rows {
-            let m = if rows - r >= 2 { 2 } else { 1 };
-            // SAFETY: rows r..r+m and tokens i..i+n are in range (m <= rows - r,
-            // n <= t - i), and `check` proved every slice has the length of its shape.
-            match (m, n) {
-                (2, 4) => tile_q8_dotprod::<2, 4>(w, ws, x, out, r, i),
-                (2, _) => tile_q8_dotprod::<2, 1>(w, ws, x, out, r, i),
-                (_, 4) => tile_q8_dotprod::<1, 4>(w, ws, x, out, r, i),
-                _ => tile_q8_dotprod::<1, 1>(w, ws, x, out, r, i),
-            }
-            r += m;
+    super::for_each_tile(rows, t, 2, 4, |m, n, r, i| {
+        // SAFETY: rows r..r+m and tokens i..i+n are in range (for_each_tile keeps them so),
+        // and `check` proved every slice has the length of its shape.
+        match (m, n) {
+            (2, 4) => tile_q8_dotprod::<2, 4>(w, ws, x, out, r, i),
+            (2, _) => tile_q8_dotprod::<2, 1>(w, ws, x, out, r, i),
+            (_, 4) => tile_q8_dotprod::<1, 4>(w, ws, x, out, r, i),
+            _ => tile_q8_dotprod::<1, 1>(w, ws, x, out, r, i),
         }
-        i += n;
-    }
+    });
 }
 
 /// `out[(r + a) * t + i + j]` for the `R` weight rows from `r` and the `N` tokens from `i`:

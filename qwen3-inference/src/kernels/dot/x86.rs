@@ -289,28 +289,16 @@ unsafe fn mat_q8_avx2<const P: u8>(
         }
         return;
     }
-    let mut i = 0;
-    while i < t {
-        let n = if t - i >= TILE_N_AVX2 { TILE_N_AVX2 } else { 1 };
-        let mut r = 0;
-        while r < rows {
-            let m = if rows - r >= TILE_R_AVX2 {
-                TILE_R_AVX2
-            } else {
-                1
-            };
-            // SAFETY: rows r..r+m and tokens i..i+n are in range (m <= rows - r,
-            // n <= t - i), and `check` proved every slice has the length of its shape.
-            match (m == 1, n == 1) {
-                (false, false) => tile_q8_avx2::<TILE_R_AVX2, TILE_N_AVX2, P>(w, ws, x, out, r, i),
-                (false, true) => tile_q8_avx2::<TILE_R_AVX2, 1, P>(w, ws, x, out, r, i),
-                (true, false) => tile_q8_avx2::<1, TILE_N_AVX2, P>(w, ws, x, out, r, i),
-                (true, true) => tile_q8_avx2::<1, 1, P>(w, ws, x, out, r, i),
-            }
-            r += m;
+    super::for_each_tile(rows, t, TILE_R_AVX2, TILE_N_AVX2, |m, n, r, i| {
+        // SAFETY: rows r..r+m and tokens i..i+n are in range (for_each_tile keeps them so),
+        // and `check` proved every slice has the length of its shape.
+        match (m == 1, n == 1) {
+            (false, false) => tile_q8_avx2::<TILE_R_AVX2, TILE_N_AVX2, P>(w, ws, x, out, r, i),
+            (false, true) => tile_q8_avx2::<TILE_R_AVX2, 1, P>(w, ws, x, out, r, i),
+            (true, false) => tile_q8_avx2::<1, TILE_N_AVX2, P>(w, ws, x, out, r, i),
+            (true, true) => tile_q8_avx2::<1, 1, P>(w, ws, x, out, r, i),
         }
-        i += n;
-    }
+    });
 }
 
 const TILE_R_AVX2: usize = 2;
@@ -590,24 +578,16 @@ unsafe fn mat_q8_avx512(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead
         }
         return;
     }
-    let mut i = 0;
-    while i < t {
-        let n = if t - i >= 4 { 4 } else { 1 };
-        let mut r = 0;
-        while r < rows {
-            let m = if rows - r >= 2 { 2 } else { 1 };
-            // SAFETY: rows r..r+m and tokens i..i+n are in range (m <= rows - r,
-            // n <= t - i), and `check` proved every slice has the length of its shape.
-            match (m, n) {
-                (2, 4) => tile_q8::<2, 4>(w, ws, x, out, r, i),
-                (2, _) => tile_q8::<2, 1>(w, ws, x, out, r, i),
-                (_, 4) => tile_q8::<1, 4>(w, ws, x, out, r, i),
-                _ => tile_q8::<1, 1>(w, ws, x, out, r, i),
-            }
-            r += m;
+    super::for_each_tile(rows, t, 2, 4, |m, n, r, i| {
+        // SAFETY: rows r..r+m and tokens i..i+n are in range (for_each_tile keeps them so),
+        // and `check` proved every slice has the length of its shape.
+        match (m, n) {
+            (2, 4) => tile_q8::<2, 4>(w, ws, x, out, r, i),
+            (2, _) => tile_q8::<2, 1>(w, ws, x, out, r, i),
+            (_, 4) => tile_q8::<1, 4>(w, ws, x, out, r, i),
+            _ => tile_q8::<1, 1>(w, ws, x, out, r, i),
         }
-        i += n;
-    }
+    });
 }
 
 /// `out[(r + a) * t + i + j]` for the `R` weight rows from `r` and the `N` tokens from `i`.
