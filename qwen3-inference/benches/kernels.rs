@@ -140,6 +140,36 @@ fn bench_prefill(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
     );
 }
 
+/// A serving step's product: `t` tokens (one per decoding sequence) against a matrix too large
+/// for the caches, in one call as the decode team's parts run it. One thread. With few tokens it
+/// waits on memory like decode; with more, on arithmetic: where the two meet is what a step of
+/// `t` sequences can cost.
+fn bench_few_tokens(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
+    let gs = 64;
+    let mut seed = 3;
+    let w = rand_vec(rows * cols, &mut seed);
+    let x = rand_vec(t * cols, &mut seed);
+    let (mut wq, mut ws) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
+    quantize_q8(&w, gs, &mut wq, &mut ws);
+    let (wq, ws) = (in_huge_pages(&wq), in_huge_pages(&ws));
+    let (wq, ws): (&[i8], &[f32]) = (bytemuck::cast_slice(&wq), bytemuck::cast_slice(&ws));
+    let mut buf = ActsQ8Buf::default();
+    let acts = buf.quantize(&x, t, cols, gs);
+    let mut out = vec![0f32; rows * t];
+    let secs = time(reps, || {
+        (d.q8_rows)(wq, ws, &acts, &mut out, 0);
+        black_box(&out);
+    });
+    println!(
+        "{:<12} {:>6}x{:<5} q8, {t:>2} tokens: {:>6.1} GMAC/s, weights at {:>5.1} GB/s",
+        d.isa,
+        rows,
+        cols,
+        (rows * cols * t) as f64 / secs / 1e9,
+        (wq.len() + ws.len() * 4) as f64 / secs / 1e9
+    );
+}
+
 fn main() {
     println!("dot-product kernels, one thread, weights streamed per second (median)");
     for d in available() {
@@ -149,6 +179,12 @@ fn main() {
     println!("prefill's q8 block product, one thread (median)");
     for d in available() {
         bench_prefill(&d, 1024, 1024, 128, 5);
+    }
+    println!("a serving step's q8 product (one token per sequence), one thread (median)");
+    for d in available() {
+        for t in [1, 2, 4, 8, 16] {
+            bench_few_tokens(&d, 65536, 1024, t, 5);
+        }
     }
     bench_attention();
 }

@@ -202,8 +202,12 @@ unsafe fn mat_q8_dotprod(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
         // and `check` proved every slice has the length of its shape.
         match (m, n) {
             (2, 4) => tile_q8_dotprod::<2, 4>(w, ws, x, out, r, i),
+            (2, 3) => tile_q8_dotprod::<2, 3>(w, ws, x, out, r, i),
+            (2, 2) => tile_q8_dotprod::<2, 2>(w, ws, x, out, r, i),
             (2, _) => tile_q8_dotprod::<2, 1>(w, ws, x, out, r, i),
             (_, 4) => tile_q8_dotprod::<1, 4>(w, ws, x, out, r, i),
+            (_, 3) => tile_q8_dotprod::<1, 3>(w, ws, x, out, r, i),
+            (_, 2) => tile_q8_dotprod::<1, 2>(w, ws, x, out, r, i),
             _ => tile_q8_dotprod::<1, 1>(w, ws, x, out, r, i),
         }
     });

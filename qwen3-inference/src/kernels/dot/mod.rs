@@ -245,8 +245,10 @@ fn mat_q8_with(dot: DotQ8, w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
 const TILE_BLOCK_ROWS: usize = 16;
 
 /// The order in which a tiled [`MatQ8`] with `t > 1` visits its tiles: `f(m, n, r, i)` computes
-/// rows `r .. r + m` against tokens `i .. i + n`, where `m` is `tile_r` or 1 (the last rows) and
-/// `n` is `tile_n` or 1 (the last tokens); together the calls cover every (row, token) once.
+/// rows `r .. r + m` against tokens `i .. i + n`, where `m` is `tile_r` or 1 (the last row of an
+/// odd block) and `n` is `tile_n` or what is left of the tokens (a step of 2, 3, 6 sequences
+/// takes a tile of 2, 3 or 4 and 2 tokens, each weight vector loaded once for all of them);
+/// together the calls cover every (row, token) once.
 ///
 /// Rows are the outer loop, in blocks of [`TILE_BLOCK_ROWS`], and tokens the inner one. With
 /// tokens outside, a product of a few tokens over many rows (a serving step's classifier: 8
@@ -264,7 +266,7 @@ fn for_each_tile(
         let r1 = (r0 + TILE_BLOCK_ROWS).min(rows);
         let mut i = 0;
         while i < t {
-            let n = if t - i >= tile_n { tile_n } else { 1 };
+            let n = (t - i).min(tile_n);
             let mut r = r0;
             while r < r1 {
                 let m = if r1 - r >= tile_r { tile_r } else { 1 };
@@ -376,7 +378,7 @@ mod tests {
     }
 
     /// The block kernel against one scalar dot product per (row, token), over shapes that take
-    /// every tile of the AVX-512 and AVX2 kernels (2 or 1 rows; 8, 4 or 1 tokens) and every
+    /// every tile of the AVX-512, AVX2 and NEON kernels (2 or 1 rows; 4, 3, 2 or 1 tokens) and every
     /// prefetch depth of their decode paths, and group sizes with one and several 64-byte
     /// chunks, a 32-byte tail (96), and ones a kernel does not handle itself (16, 32).
     #[test]
@@ -391,8 +393,9 @@ mod tests {
                     (5, 8, 2),
                     (3, 13, 20),
                     (4, 20, 16),
-                    // Rows in several blocks of `for_each_tile`, the last one odd.
-                    (37, 6, 2),
+                    // Rows in several blocks of `for_each_tile`, the last one odd; tokens
+                    // in a tile of 4 and one of 3.
+                    (37, 7, 2),
                     // Decode over enough rows that the AVX-512 kernel takes each of its
                     // prefetch depths (32 KiB, 8 KiB, none) as the end of the rows nears.
                     (160, 1, 4),

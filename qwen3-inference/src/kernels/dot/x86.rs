@@ -292,15 +292,20 @@ unsafe fn mat_q8_avx2<const P: u8>(
     super::for_each_tile(rows, t, TILE_R_AVX2, TILE_N_AVX2, |m, n, r, i| {
         // SAFETY: rows r..r+m and tokens i..i+n are in range (for_each_tile keeps them so),
         // and `check` proved every slice has the length of its shape.
-        match (m == 1, n == 1) {
-            (false, false) => tile_q8_avx2::<TILE_R_AVX2, TILE_N_AVX2, P>(w, ws, x, out, r, i),
-            (false, true) => tile_q8_avx2::<TILE_R_AVX2, 1, P>(w, ws, x, out, r, i),
-            (true, false) => tile_q8_avx2::<1, TILE_N_AVX2, P>(w, ws, x, out, r, i),
-            (true, true) => tile_q8_avx2::<1, 1, P>(w, ws, x, out, r, i),
+        match (m, n) {
+            (2, 4) => tile_q8_avx2::<2, 4, P>(w, ws, x, out, r, i),
+            (2, 3) => tile_q8_avx2::<2, 3, P>(w, ws, x, out, r, i),
+            (2, 2) => tile_q8_avx2::<2, 2, P>(w, ws, x, out, r, i),
+            (2, _) => tile_q8_avx2::<2, 1, P>(w, ws, x, out, r, i),
+            (_, 4) => tile_q8_avx2::<1, 4, P>(w, ws, x, out, r, i),
+            (_, 3) => tile_q8_avx2::<1, 3, P>(w, ws, x, out, r, i),
+            (_, 2) => tile_q8_avx2::<1, 2, P>(w, ws, x, out, r, i),
+            _ => tile_q8_avx2::<1, 1, P>(w, ws, x, out, r, i),
         }
     });
 }
 
+/// The largest tile of [`tile_q8_avx2`]: 2 weight rows by 4 tokens (the arms above match it).
 const TILE_R_AVX2: usize = 2;
 const TILE_N_AVX2: usize = 4;
 
@@ -385,6 +390,12 @@ unsafe fn tile_q8_avx2_gs<const R: usize, const N: usize, const GS: usize, const
             };
             let mut k = g * gs;
             while k + 64 <= (g + 1) * gs {
+                // The weights ahead, as the AVX-512 tile asks for them (see PREFETCH_NEAR):
+                // with a few tokens this product too waits on DRAM without it.
+                for w_a in w_row {
+                    _mm_prefetch::<_MM_HINT_T2>(w_a.wrapping_add(k + PREFETCH_NEAR));
+                    _mm_prefetch::<_MM_HINT_T2>(w_a.wrapping_add(k + PREFETCH_FAR));
+                }
                 chunk(k);
                 chunk(k + 32);
                 k += 64;
@@ -583,8 +594,12 @@ unsafe fn mat_q8_avx512(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead
         // and `check` proved every slice has the length of its shape.
         match (m, n) {
             (2, 4) => tile_q8::<2, 4>(w, ws, x, out, r, i),
+            (2, 3) => tile_q8::<2, 3>(w, ws, x, out, r, i),
+            (2, 2) => tile_q8::<2, 2>(w, ws, x, out, r, i),
             (2, _) => tile_q8::<2, 1>(w, ws, x, out, r, i),
             (_, 4) => tile_q8::<1, 4>(w, ws, x, out, r, i),
+            (_, 3) => tile_q8::<1, 3>(w, ws, x, out, r, i),
+            (_, 2) => tile_q8::<1, 2>(w, ws, x, out, r, i),
             _ => tile_q8::<1, 1>(w, ws, x, out, r, i),
         }
     });
