@@ -21,6 +21,12 @@ enum Command {
     Info(info::InfoArgs),
     /// Run the model: one completion (`-m generate`) or a terminal chat (`-m chat`).
     Inference(inference::InferenceArgs),
+    /// A conversation in the terminal: the same as `inference -m chat`.
+    #[command(mut_arg("mode", |a| a.hide(true)))]
+    Chat(inference::InferenceArgs),
+    /// Complete a prompt once: the same as `inference -m generate`.
+    #[command(mut_arg("mode", |a| a.hide(true)))]
+    Generate(inference::InferenceArgs),
     /// Encode text into token ids with the model's tokenizer.
     Tokenize(tokenize::TokenizeArgs),
     /// Render a conversation (HuggingFace messages JSON) with the model's chat template.
@@ -74,6 +80,10 @@ fn main() {
         Command::Export(a) => export::run(a),
         Command::Info(a) => info::run(a),
         Command::Inference(a) => on_worker_thread(a.threads, || inference::run(a)),
+        Command::Chat(a) => inference::with_mode(a, inference::Mode::Chat, "chat")
+            .and_then(|a| on_worker_thread(a.threads, || inference::run(a))),
+        Command::Generate(a) => inference::with_mode(a, inference::Mode::Generate, "generate")
+            .and_then(|a| on_worker_thread(a.threads, || inference::run(a))),
         Command::Tokenize(a) => tokenize::run(a),
         Command::ChatTemplate(a) => chat_template::run(a),
         Command::Bench(a) => bench::run(a),

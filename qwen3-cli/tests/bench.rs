@@ -17,6 +17,7 @@ fn tiny_q8(test: &str) -> PathBuf {
         dtype: DType::Q8,
         group_size: 32,
         progress: false,
+        ..Default::default()
     };
     export(&src, &out, &opts).unwrap();
     out
@@ -34,7 +35,17 @@ fn json_report_has_every_field() {
     let model = tiny_q8("json");
     let m = model.to_str().unwrap();
     let out = qwen3(&[
-        "bench", m, "-p", "5", "-n", "3", "-t", "1,2", "-r", "1", "--json",
+        "bench",
+        m,
+        "-p",
+        "5",
+        "-n",
+        "3",
+        "--threads",
+        "1,2",
+        "-r",
+        "1",
+        "--json",
     ]);
     assert!(
         out.status.success(),
@@ -88,7 +99,7 @@ fn bad_arguments_are_one_line_errors() {
     let m = model.to_str().unwrap();
     for args in [
         vec!["bench", m, "-r", "0"],
-        vec!["bench", m, "-t", "0"],
+        vec!["bench", m, "--threads", "0"],
         vec!["bench", m, "-p", "250", "-n", "10"],
         vec!["bench", "/nonexistent/model.bin"],
     ] {

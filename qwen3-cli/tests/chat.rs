@@ -140,12 +140,25 @@ fn check_case(name: &str) -> String {
     }
 
     // KV reuse: each turn runs only what is not already in the cache. Whatever the cache held,
-    // it held the previous prompt, so at least the part shared with it is reused.
+    // it held the previous prompt, so at least the part shared with it is reused; unless a
+    // `/reset` came between, which empties the cache.
+    let mut after_reset = vec![];
+    let mut reset = false;
+    for l in &lines {
+        if *l == "/reset" {
+            reset = true;
+        } else if !l.starts_with('/') {
+            after_reset.push(reset);
+            reset = false;
+        }
+    }
     let counts = reuse_counts(&err);
     assert_eq!(counts.len(), hf.len(), "{name}: {err}");
     for (turn, &(run, reused)) in counts.iter().enumerate() {
         assert_eq!(run + reused, hf[turn].len(), "{name}, turn {turn}");
-        if turn > 0 {
+        if after_reset[turn] {
+            assert_eq!(reused, 0, "{name}, turn {turn}: the cache outlived /reset");
+        } else if turn > 0 {
             let shared = common_prefix(&hf[turn - 1], &hf[turn]).min(hf[turn].len() - 1);
             assert!(
                 reused >= shared,
@@ -211,7 +224,8 @@ fn message_longer_than_the_context_is_refused() {
         &format!("{long}\nHi\n"),
     );
     let err = text(&o.stderr);
-    assert!(o.status.success(), "{err}");
+    // Piped: the exit says a message failed (piped_chat_exits_non_zero_when_a_message_failed).
+    assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
         err.contains("the context holds 30 (raise -c/--context)"),
         "{err}"
@@ -233,7 +247,7 @@ fn stats_report_reused_tokens() {
     assert!(o.status.success(), "{err}");
     let line = err
         .lines()
-        .find(|l| l.starts_with("answers 2,"))
+        .find(|l| l.starts_with("2 answers,"))
         .unwrap_or_else(|| panic!("{err}"));
     let reused: usize = line.rsplit(' ').next().unwrap().parse().unwrap();
     // The second turn keeps at least the first prompt (16 tokens, HF's ids of that prompt in
@@ -343,4 +357,114 @@ fn generate_chat_wraps_one_user_turn() {
         .unwrap();
     assert!(!e.status.success());
     assert!(text(&e.stderr).contains("need --chat"));
+}
+
+/// Seconds from the "prompt ids:" line of a chat fed `message` to the end of its first answer,
+/// with Ctrl-C sent `interrupt_after` seconds after that line if given; and the stderr after it.
+#[cfg(unix)]
+fn time_long_prompt(message: &str, interrupt_after: Option<f64>) -> (f64, String) {
+    let mut child = qwen3()
+        .arg("inference")
+        .arg(model())
+        .args(["-m", "chat", "-t", "0", "-n", "1", "-c", "16384"])
+        .args(["--thinking", "off", "--verbose-prompt"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{message}").unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("prompt ids:") {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "no prompt ids line");
+    }
+    let start = std::time::Instant::now();
+    if let Some(after) = interrupt_after {
+        std::thread::sleep(std::time::Duration::from_secs_f64(after));
+        // SAFETY: kill() only sends a signal to the child we spawned (not yet waited on).
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    }
+    // The answer's summary line ("[N tokens, ...]") ends the turn.
+    let mut rest = String::new();
+    loop {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "no summary: {rest}");
+        rest.push_str(&line);
+        if line.starts_with('[') && line.contains("tok/s") {
+            break;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    drop(stdin);
+    assert!(child.wait().unwrap().success(), "{rest}");
+    (secs, rest)
+}
+
+/// Ctrl-C during a long prompt's prefill acts within a chunk of it, not after the whole prompt:
+/// the time from the signal to the end of the turn is well under the full prefill's (measured
+/// first on the same prompt, so the test holds on a slow machine as on a fast one).
+#[cfg(unix)]
+#[test]
+fn sigint_during_a_long_prefill_stops_it_early() {
+    let message = "lorem ipsum dolor sit amet ".repeat(2400); // ~12000 tokens
+    let (full, out) = time_long_prompt(&message, None);
+    assert!(!out.contains("[interrupted"), "{out}");
+    let wait = full * 0.15;
+    let (total, out) = time_long_prompt(&message, Some(wait));
+    assert!(out.contains("[interrupted"), "{out}");
+    let after_signal = total - wait;
+    assert!(
+        after_signal < full * 0.5,
+        "Ctrl-C took {after_signal:.2} s to act; the whole prefill takes {full:.2} s"
+    );
+}
+
+/// Piped messages that get no answer (here: too long for the context) make the exit non-zero,
+/// after the other messages are answered.
+#[test]
+fn piped_chat_exits_non_zero_when_a_message_failed() {
+    let long = "word ".repeat(200);
+    let o = chat(
+        &["-t", "0", "-n", "2", "-c", "64"],
+        &format!("Hi\n{long}\nHi again\n"),
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("the context holds 64"), "{err}");
+    assert!(err.contains("error: 1 message got no answer"), "{err}");
+    // Both other messages were answered.
+    assert_eq!(err.matches("tok/s, context").count(), 2, "{err}");
+}
+
+/// `/reset` starts over what `/stats` shows (answers, tokens, the KV cache), and counts read
+/// as English ("1 answer", "1 token").
+#[test]
+fn reset_resets_the_stats_and_counts_are_singular_or_plural() {
+    let o = chat(
+        &["-t", "0", "-n", "1", "--thinking", "off"],
+        "Hi\n/stats\n/reset\n/stats\n",
+    );
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("[1 token, "), "{err}");
+    let stats: Vec<&str> = err.lines().filter(|l| l.starts_with("KV cache ")).collect();
+    assert_eq!(stats.len(), 2, "{err}");
+    assert!(stats[0].contains("conversation: 2 messages"), "{err}");
+    assert!(stats[1].starts_with("KV cache 0/"), "{err}");
+    assert!(stats[1].contains("conversation: 0 messages"), "{err}");
+    let totals: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("tokens generated"))
+        .collect();
+    assert!(
+        totals[0].starts_with("1 answer, tokens generated 1 "),
+        "{err}"
+    );
+    assert!(
+        totals[1].starts_with("0 answers, tokens generated 0 "),
+        "{err}"
+    );
 }

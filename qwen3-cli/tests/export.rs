@@ -269,6 +269,111 @@ fn output_in_missing_directory() {
     );
 }
 
+#[test]
+fn output_that_is_a_directory_fails_before_any_work() {
+    let hf = checkpoint("out-is-dir", &config(), &tensor_shapes());
+    let out = hf.parent().unwrap().join("models");
+    std::fs::create_dir_all(&out).unwrap();
+    let err = fails(&["export", hf.to_str().unwrap(), out.to_str().unwrap()]);
+    assert!(err.contains("is a directory"), "{err}");
+    assert!(
+        err.contains(&format!("{}", out.join("model.bin").display())),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
+    // Nothing beside it either (no companion files, no temporaries).
+    let mut names: Vec<String> = std::fs::read_dir(hf.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["hf", "models"]);
+}
+
+#[test]
+fn unwritable_output_is_named_as_given() {
+    let hf = checkpoint("out-unwritable", &config(), &tensor_shapes());
+    // /proc takes no new files, whoever runs the test (root included).
+    let err = fails(&["export", hf.to_str().unwrap(), "/proc/m.bin"]);
+    assert!(err.contains("/proc/m.bin: cannot write there"), "{err}");
+    assert!(!err.contains(".tmp") && !err.contains(".partial"), "{err}");
+}
+
+/// The real Qwen3 vocabulary makes the fixture's export take long enough to be interrupted.
+fn fullvocab() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/tiny-qwen3-fullvocab")
+}
+
+/// Ctrl-C (SIGINT, what the terminal sends the foreground process) at several moments of an
+/// export: each run either finishes (the three files) or exits 130 leaving no file at all, and
+/// at least one run is interrupted.
+#[test]
+fn interrupted_export_leaves_nothing_behind() {
+    let d = tempdir("interrupt");
+    let mut interrupted = 0;
+    for delay_ms in [20, 60, 120, 200, 350] {
+        let out_dir = d.join(format!("out-{delay_ms}"));
+        std::fs::create_dir_all(&out_dir).unwrap();
+        let out = out_dir.join("m.bin");
+        let child = qwen3()
+            .arg("export")
+            .arg(fullvocab())
+            .arg(&out)
+            .args(["--dtype", "f32"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        // SAFETY: kill(2) with a pid we spawned and have not waited for (so not reused).
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(!err.contains("panicked"), "{err}");
+        let mut left: Vec<String> = std::fs::read_dir(&out_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        if o.status.success() {
+            assert_eq!(left, ["m.bin", "m.template.json", "m.tokenizer.bin"]);
+        } else {
+            assert_eq!(o.status.code(), Some(130), "{err}");
+            assert!(
+                err.contains("interrupted; the partial files were removed"),
+                "{err}"
+            );
+            assert!(left.is_empty(), "left behind after {delay_ms} ms: {left:?}");
+            interrupted += 1;
+        }
+    }
+    assert!(
+        interrupted > 0,
+        "no run was interrupted: the export is too fast for this test"
+    );
+}
+
+#[test]
+fn a_checkpoint_directory_given_as_a_model_file_says_to_export_it() {
+    let hf = fullvocab();
+    for cmd in ["inference", "info", "bench", "serve"] {
+        let err = fails(&[cmd, hf.to_str().unwrap()]);
+        assert!(
+            err.contains("a HuggingFace checkpoint directory, not a model file"),
+            "{cmd}: {err}"
+        );
+        assert!(
+            err.contains(&format!(
+                "qwen3 export {} tiny-qwen3-fullvocab.bin",
+                hf.display()
+            )),
+            "{cmd}: {err}"
+        );
+    }
+    let err = fails(&["inference", env!("CARGO_MANIFEST_DIR")]);
+    assert!(err.contains("a directory, not a model file"), "{err}");
+}
+
 // ---- info (and the loader behind it) on damaged model files ----
 
 /// A valid model file written through the library (export needs tokenizer files this test
@@ -309,10 +414,21 @@ fn info_prints_config_and_tensors() {
         "head_dim                 32",
         "rope_theta               1000000",
         "q8 (group size 32)",
-        "model.layers.0.mlp.down_proj.weight",
-        "lm_head.weight",
         "(missing)",
+        "tensors                  14 (--tensors lists them)",
     ] {
+        assert!(s.contains(want), "expected {want:?} in\n{s}");
+    }
+    // The summary only; the table with --tensors.
+    assert!(!s.contains("lm_head.weight"), "{s}");
+    assert!(s.lines().count() < 30, "{s}");
+    let out = qwen3()
+        .args(["info", p.to_str().unwrap(), "--tensors"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let s = String::from_utf8(out.stdout).unwrap();
+    for want in ["model.layers.0.mlp.down_proj.weight", "lm_head.weight"] {
         assert!(s.contains(want), "expected {want:?} in\n{s}");
     }
 }

@@ -221,6 +221,7 @@ fn gpu_forward_matches_cpu_backend_on_fixtures() {
                 dtype,
                 group_size: 0,
                 progress: false,
+                ..Default::default()
             };
             qwen3_export::export(&src, &path, &opts).unwrap();
             let file = ModelFile::open(&path).unwrap();

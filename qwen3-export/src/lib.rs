@@ -8,6 +8,11 @@
 //! 3. write the tokenizer and template files under temporary names;
 //! 4. stream the tensors, one at a time, into the model file (quantizing matrices for q8);
 //! 5. rename everything into place. A failure at any step leaves no output that looks complete.
+//!
+//! Before step 1 the destination is checked (its directory exists and takes files; it is not
+//! itself a directory), so that a mistake there fails at once, under the name the user gave.
+//! [`ExportOptions::cancel`] (the CLI sets it on Ctrl-C) stops the export between chunks, and the
+//! temporary files go with the error.
 
 pub mod hf;
 
@@ -19,6 +24,7 @@ use qwen3_inference::format::{
 };
 use qwen3_inference::quant::quantize_q8;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How to store the model.
 #[derive(Debug, Clone)]
@@ -28,6 +34,29 @@ pub struct ExportOptions {
     pub group_size: u32,
     /// Print per-tensor progress to stderr.
     pub progress: bool,
+    /// Set (by a Ctrl-C handler) to stop the export: it is checked between chunks of a few MB,
+    /// and the export then fails with [`Interrupted`], having removed what it wrote.
+    pub cancel: Option<&'static AtomicBool>,
+}
+
+/// The error of an export stopped through [`ExportOptions::cancel`].
+#[derive(Debug)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "interrupted; the partial files were removed")
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// Fails with [`Interrupted`] once `cancel` is set.
+fn check_cancel(cancel: Option<&AtomicBool>) -> Result<()> {
+    if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+        return Err(Interrupted.into());
+    }
+    Ok(())
 }
 
 impl Default for ExportOptions {
@@ -36,6 +65,7 @@ impl Default for ExportOptions {
             dtype: DType::Q8,
             group_size: 64,
             progress: false,
+            cancel: None,
         }
     }
 }
@@ -94,6 +124,15 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
             out_dir.display()
         );
     }
+    // What would otherwise fail only at the end, after minutes of work.
+    if out.is_dir() {
+        bail!(
+            "{}: is a directory; give the model file's path, such as {}",
+            out.display(),
+            out.join("model.bin").display()
+        );
+    }
+    probe_writable(out, out_dir)?;
     if !hf_dir.is_dir() {
         bail!("{}: not a directory", hf_dir.display());
     }
@@ -169,8 +208,9 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
         let tokenizer_note =
             hf::tokenizer_json::export_tokenizer(hf_dir, &tmp_tok, config.vocab_size)?;
         let template_note = hf::chat_template::export_chat_template(hf_dir, &tmp_tpl)?;
+        check_cancel(opts.cancel)?;
         // 4. The model file.
-        let model_bytes = write_model(&ckpt, &config, out, opts.progress)?;
+        let model_bytes = write_model(&ckpt, &config, out, opts)?;
         Ok((tokenizer_note, template_note, model_bytes))
     })();
     let (tokenizer_note, template_note, model_bytes) = match result {
@@ -202,6 +242,25 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
     })
 }
 
+/// Creates and removes an empty file beside `out`, so that a destination we cannot write to is
+/// reported under the name the user gave (not a temporary one) before any work is done.
+fn probe_writable(out: &Path, out_dir: &Path) -> Result<()> {
+    let probe = out_dir.join(format!(".qwen3-export-probe.{}", std::process::id()));
+    match std::fs::File::create(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => Err(e).with_context(|| {
+            format!(
+                "{}: cannot write there (directory {})",
+                out.display(),
+                out_dir.display()
+            )
+        }),
+    }
+}
+
 /// `dir/.name.partial`: where a companion file waits for the model file to be complete.
 fn temp_sibling(path: &Path) -> PathBuf {
     let mut name = std::ffi::OsString::from(".");
@@ -211,7 +270,13 @@ fn temp_sibling(path: &Path) -> PathBuf {
 }
 
 /// Streams every expected tensor into the model file. Returns the file's size.
-fn write_model(ckpt: &Checkpoint, config: &ModelConfig, out: &Path, progress: bool) -> Result<u64> {
+fn write_model(
+    ckpt: &Checkpoint,
+    config: &ModelConfig,
+    out: &Path,
+    opts: &ExportOptions,
+) -> Result<u64> {
+    let progress = opts.progress;
     let specs = tensor_specs(config);
     let mut w = ModelWriter::create(out, config, specs.clone())?;
     let total = w.file_len();
@@ -228,6 +293,8 @@ fn write_model(ckpt: &Checkpoint, config: &ModelConfig, out: &Path, progress: bo
         let mut tensor_scales: Vec<f32> = Vec::new();
         let mut first = 0;
         while first < rows {
+            // A failure here drops `w`, whose temporary file goes with it.
+            check_cancel(opts.cancel)?;
             let nrows = chunk_rows.min(rows - first);
             ckpt.read_rows(&t, first, nrows, &mut raw)?;
             match spec.dtype {
@@ -261,14 +328,14 @@ fn write_model(ckpt: &Checkpoint, config: &ModelConfig, out: &Path, progress: bo
         if progress {
             let e = &w.entries()[i];
             eprint!(
-                "\r\x1b[2K[{}/{}] {} ({} -> {}, {:.1} of {:.1} MB)",
+                "\r\x1b[2K[{}/{}] {} ({} -> {}, {:.1} of {:.1} MiB)",
                 i + 1,
                 n,
                 spec.name,
                 t.dtype.name(),
                 spec.dtype,
-                (e.offset + e.nbytes) as f64 / 1e6,
-                total as f64 / 1e6
+                (e.offset + e.nbytes) as f64 / (1u64 << 20) as f64,
+                total as f64 / (1u64 << 20) as f64
             );
         }
     }

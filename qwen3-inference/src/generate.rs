@@ -74,6 +74,19 @@ impl GenerationStats {
 pub fn generate<B: Backend>(
     engine: &mut Engine<B>,
     request: Request,
+    on_token: impl FnMut(u32) -> Result<bool>,
+) -> Result<GenerationStats> {
+    generate_until(engine, request, || false, on_token)
+}
+
+/// [`generate`], asking `interrupted()` after every step of the engine as well: a step is a
+/// token, or a chunk of at most `MAX_BATCH` prompt tokens (model/forward.rs), so a user's Ctrl-C
+/// during a long prompt acts within one chunk rather than after the whole prefill. When it says
+/// yes the request ends with [`StopReason::Stopped`].
+pub fn generate_until<B: Backend>(
+    engine: &mut Engine<B>,
+    request: Request,
+    mut interrupted: impl FnMut() -> bool,
     mut on_token: impl FnMut(u32) -> Result<bool>,
 ) -> Result<GenerationStats> {
     let ctx = engine.context_len();
@@ -104,7 +117,7 @@ pub fn generate<B: Backend>(
                 _ => {}
             }
         }
-        if !go_on {
+        if !go_on || interrupted() {
             if let Some(stats) = engine.stop(id) {
                 return Ok(stats);
             }

@@ -95,6 +95,7 @@ pub fn export_fixture(name: &str, dir: &Path, dtype: DType, group_size: u32) -> 
         dtype,
         group_size,
         progress: false,
+        ..Default::default()
     };
     export(&fixture(name), &out, &opts).unwrap_or_else(|e| panic!("{name}: export: {e:#}"));
     out

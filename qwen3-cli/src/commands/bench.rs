@@ -34,8 +34,9 @@ pub struct BenchArgs {
     /// Tokens decoded one at a time after the prefill.
     #[arg(short = 'n', long, default_value_t = 64)]
     pub decode: usize,
-    /// Thread counts to measure, comma-separated (default: 1 and all cores).
-    #[arg(short = 't', long, value_delimiter = ',')]
+    /// Thread counts to measure, comma-separated (default: 1 and all cores). (No `-t`: that is
+    /// the temperature in `inference`.)
+    #[arg(long, value_delimiter = ',')]
     pub threads: Vec<usize>,
     /// Repeats per thread count; medians are reported.
     #[arg(short = 'r', long, default_value_t = 5)]
@@ -224,12 +225,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{}: {} {} matrices; a decoded token reads {:.1} MB of weights and {:.1} MB of KV cache ({}) on average; kernels {isa}; {} repeats, medians (spread)",
+        "{}: {} {} matrices; a decoded token reads {} of weights and {} of KV cache ({}) on average; kernels {isa}; {} repeats, medians (spread)",
         args.model.display(),
         matrices,
         c.dtype,
-        weight_bytes as f64 / 1e6,
-        kv_bytes / 1e6,
+        super::units::bytes(weight_bytes),
+        super::units::bytes(kv_bytes as u64),
         kv.name(),
         args.repeats
     );

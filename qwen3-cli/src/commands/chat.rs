@@ -13,12 +13,12 @@
 //! decode loop checks); at the prompt, Ctrl-C twice or Ctrl-D leaves.
 
 use super::inference::{sampler_from_args, InferenceArgs};
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use qwen3_inference::backend::Backend;
 use qwen3_inference::chat::{ChatTemplate, Conversation};
 use qwen3_inference::engine::{Engine, Request};
 use qwen3_inference::format::companion_paths;
-use qwen3_inference::generate::{generate, StopReason};
+use qwen3_inference::generate::{generate_until, StopReason};
 use qwen3_inference::sampler::SamplerConfig;
 use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
 use std::io::{BufRead, IsTerminal, Write};
@@ -27,12 +27,13 @@ use std::time::Duration;
 
 /// Set while an answer is being generated: Ctrl-C then stops the answer instead of the program.
 static GENERATING: AtomicBool = AtomicBool::new(false);
-/// Set by Ctrl-C during an answer; the decode loop checks it before each token.
+/// Set by Ctrl-C during an answer; the decode loop checks it after each step (a token, or a chunk
+/// of the prompt).
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 const HELP: &str = "\
 /help          this list
-/reset         start a new conversation (keeps the system prompt and thinking setting)
+/reset         start a new conversation, its stats and KV cache from zero (keeps the system prompt and thinking setting)
 /system TEXT   set the system prompt and start a new conversation (no TEXT: none)
 /think on|off  let the model reason first, or not (/think default: the template decides)
 /stats         context use, tokens fed and reused, sampler settings
@@ -102,6 +103,7 @@ pub fn run<B: Backend>(
         verbose_prompt: args.verbose_prompt,
         colour,
         totals: Totals::default(),
+        failed: 0,
     };
     if args.verbose {
         eprintln!(
@@ -162,6 +164,12 @@ pub fn run<B: Backend>(
             continue;
         }
         chat.turn(line)?;
+    }
+    if chat.failed > 0 && !interactive {
+        bail!(
+            "{} got no answer (see the errors above)",
+            count(chat.failed, "message")
+        );
     }
     Ok(())
 }
@@ -243,6 +251,9 @@ struct Chat<'a, 'm, B: Backend> {
     verbose_prompt: bool,
     colour: bool,
     totals: Totals,
+    /// Messages that got no answer because of an error (a prompt too long for the context, a
+    /// template error): piped input then ends with a non-zero exit.
+    failed: usize,
 }
 
 impl<B: Backend> Chat<'_, '_, B> {
@@ -254,7 +265,10 @@ impl<B: Backend> Chat<'_, '_, B> {
             "help" => eprintln!("{HELP}"),
             "quit" | "exit" => return false,
             "reset" => {
+                // A new conversation from scratch: its statistics and its KV cache too.
                 self.conv.reset();
+                self.totals = Totals::default();
+                self.engine.forget(0);
                 eprintln!("[new conversation]");
             }
             "system" => {
@@ -286,10 +300,10 @@ impl<B: Backend> Chat<'_, '_, B> {
     fn print_stats(&self) {
         let t = &self.totals;
         eprintln!(
-            "KV cache {}/{} positions; conversation: {} messages{}, thinking {}",
+            "KV cache {}/{} positions; conversation: {}{}, thinking {}",
             self.engine.slot_tokens(0).len(),
             self.engine.context_len(),
-            self.conv.turns().len(),
+            count(self.conv.turns().len(), "message"),
             if self.conv.system().is_some() {
                 " + system prompt"
             } else {
@@ -298,8 +312,8 @@ impl<B: Backend> Chat<'_, '_, B> {
             thinking_name(self.conv.thinking())
         );
         eprintln!(
-            "answers {}, tokens generated {} ({:.1} tok/s), prompt tokens fed {}, reused from the KV cache {}",
-            t.answers,
+            "{}, tokens generated {} ({:.1} tok/s), prompt tokens fed {}, reused from the KV cache {}",
+            count(t.answers, "answer"),
             t.generated,
             t.generated as f64 / t.decode_time.as_secs_f64().max(1e-9),
             t.fed,
@@ -329,6 +343,7 @@ impl<B: Backend> Chat<'_, '_, B> {
                 Ok(r) => r,
                 Err(e) => {
                     self.conv.undo_last_user();
+                    self.failed += 1;
                     eprintln!("error: {e:#}");
                     return Ok(None);
                 }
@@ -340,10 +355,10 @@ impl<B: Backend> Chat<'_, '_, B> {
             // Only the new message left: no earlier exchange to drop.
             if self.conv.turns().len() > 1 && self.conv.drop_oldest_exchange() {
                 eprintln!(
-                    "[context full ({} + {} tokens for the answer > {ctx}): dropped the oldest exchange, {} messages kept]",
+                    "[context full ({} + {} for the answer > {ctx}): dropped the oldest exchange, {} kept]",
                     ids.len(),
-                    self.answer_room(),
-                    self.conv.turns().len()
+                    count(self.answer_room(), "token"),
+                    count(self.conv.turns().len(), "message")
                 );
                 continue;
             }
@@ -352,6 +367,7 @@ impl<B: Backend> Chat<'_, '_, B> {
                 return Ok(Some(ids));
             }
             self.conv.undo_last_user();
+            self.failed += 1;
             eprintln!(
                 "error: this message makes a prompt of {} tokens; the context holds {ctx} (raise -c/--context)",
                 ids.len()
@@ -390,7 +406,7 @@ impl<B: Backend> Chat<'_, '_, B> {
             Stop::End | Stop::MaxTokens | Stop::ContextFull => {
                 self.conv.push_assistant(text.clone());
                 if stop == Stop::MaxTokens {
-                    eprintln!("[stopped at -n {} tokens]", self.max_tokens);
+                    eprintln!("[stopped at -n {}]", count(self.max_tokens, "token"));
                 }
                 if stop == Stop::ContextFull {
                     eprintln!("[context full ({ctx} positions): the answer was cut; the next turn drops the oldest exchanges (or raise -c)]");
@@ -402,15 +418,19 @@ impl<B: Backend> Chat<'_, '_, B> {
         }
         let n = generated.len();
         let t = &mut self.totals;
-        t.answers += 1;
+        // A dropped (interrupted) answer is not an answer; its tokens were generated all the same.
+        if stop != Stop::Interrupted {
+            t.answers += 1;
+        }
         t.generated += n;
         t.fed += ids.len() - keep;
         t.reused += keep;
         t.decode_time += decode_time;
         let summary = format!(
-            "[{n} tokens, {:.1} tok/s, context {reached}/{ctx}; prompt: {} tokens run, {keep} reused]",
+            "[{}, {:.1} tok/s, context {reached}/{ctx}; prompt: {} run, {keep} reused]",
+            count(n, "token"),
             n as f64 / decode_time.as_secs_f64().max(1e-9),
-            ids.len() - keep,
+            count(ids.len() - keep, "token"),
         );
         if self.colour {
             eprintln!("{DIM}{summary}{RESET}");
@@ -440,8 +460,11 @@ impl<B: Backend> Chat<'_, '_, B> {
             sampler,
             stop_ids: self.stop_ids.clone(),
         };
-        let stats = generate(&mut self.engine, request, |next| {
-            if INTERRUPTED.load(Ordering::SeqCst) {
+        // Ctrl-C is checked after each step of the engine: each token, and each chunk of a long
+        // prompt's prefill.
+        let interrupted = || INTERRUPTED.load(Ordering::SeqCst);
+        let stats = generate_until(&mut self.engine, request, interrupted, |next| {
+            if interrupted() {
                 return Ok(false);
             }
             generated.push(next);
@@ -464,6 +487,15 @@ impl<B: Backend> Chat<'_, '_, B> {
 
 const DIM: &str = "\x1b[2m";
 const RESET: &str = "\x1b[0m";
+
+/// "1 token", "2 tokens".
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
 
 fn thinking_name(t: Option<bool>) -> &'static str {
     match t {

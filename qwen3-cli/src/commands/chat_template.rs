@@ -20,7 +20,8 @@ use std::path::{Path, PathBuf};
 pub struct ChatTemplateArgs {
     /// Model file; its template file (`<model>.template.json`) is read.
     pub model: PathBuf,
-    /// Conversation: a JSON list of messages, or {"messages": [...], "tools": [...]}.
+    /// Conversation: a JSON list of messages, or {"messages": [...], "tools": [...]}; `-` reads
+    /// it from stdin.
     pub messages: PathBuf,
     /// Pass enable_thinking to the template; without it the template's own default applies.
     #[arg(long, value_parser = ["on", "off"])]
@@ -74,8 +75,7 @@ fn existing(path: &Path, what: &str) -> Result<PathBuf> {
 
 /// The messages (and tools, if given) of a conversation file.
 fn read_messages(path: &Path) -> Result<(Vec<Value>, Option<Vec<Value>>)> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("{}: cannot read", path.display()))?;
+    let text = super::input::read_text(path)?;
     let v: Value = serde_json::from_str(&text)
         .with_context(|| format!("{}: malformed JSON", path.display()))?;
     let shape_error = || {

@@ -1,11 +1,12 @@
 //! `qwen3 export <hf_dir> <out.bin>`: HuggingFace checkpoint -> model file + companions.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
-use qwen3_export::{export, ExportOptions};
+use qwen3_export::{export, ExportOptions, Interrupted};
 use qwen3_inference::format::DType;
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Args)]
 pub struct ExportArgs {
@@ -26,26 +27,39 @@ pub fn run(args: ExportArgs) -> Result<()> {
         bail!("--dtype {:?}: expected q8, bf16 or f32", args.dtype);
     };
     let start = std::time::Instant::now();
+    // Ctrl-C stops the export between chunks; it then removes its partial files and fails with
+    // `Interrupted` (exit 130, as a shell reports a process ended by SIGINT).
+    static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+    ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst))
+        .context("cannot install the Ctrl-C handler")?;
     let opts = ExportOptions {
         dtype,
         group_size: args.group_size,
         progress: std::io::stderr().is_terminal(),
+        cancel: Some(&INTERRUPTED),
     };
-    let s = export(&args.hf_dir, &args.out, &opts)?;
+    let s = match export(&args.hf_dir, &args.out, &opts) {
+        Ok(s) => s,
+        Err(e) if e.is::<Interrupted>() => {
+            eprintln!("\nexport of {}: {e}", args.out.display());
+            std::process::exit(130);
+        }
+        Err(e) => return Err(e),
+    };
     let c = &s.config;
     let storage = match dtype {
         DType::Q8 => format!("q8, group size {}", c.group_size),
         other => other.to_string(),
     };
     println!(
-        "{}: {} ({} layers, hidden {}), {} from {} weights, {:.1} MB in {:.1} s",
+        "{}: {} ({} layers, hidden {}), {} from {} weights, {} in {:.1} s",
         s.model_path.display(),
         c.architecture,
         c.num_hidden_layers,
         c.hidden_size,
         storage,
         s.source_dtypes.join("+"),
-        s.model_bytes as f64 / 1e6,
+        super::units::bytes(s.model_bytes),
         start.elapsed().as_secs_f64()
     );
     println!("{}: {}", s.tokenizer_path.display(), s.tokenizer_note);

@@ -68,23 +68,35 @@ pub enum OnOff {
 pub struct InferenceArgs {
     /// Model file written by `qwen3 export`.
     pub model: PathBuf,
-    #[arg(short = 'm', long, value_enum, default_value = "generate")]
-    pub mode: Mode,
-    /// The prompt text.
-    #[arg(short = 'i', long = "input", conflicts_with = "prompt_ids")]
+    /// generate: complete the prompt once; chat: a conversation (`qwen3 generate` and
+    /// `qwen3 chat` are the same). Default: generate.
+    #[arg(short = 'm', long, value_enum)]
+    pub mode: Option<Mode>,
+    /// The prompt text; `-` reads it from stdin.
+    #[arg(short = 'i', long = "input", visible_alias = "prompt", conflicts_with_all = ["prompt_ids", "file"])]
     pub input: Option<String>,
+    /// Read the prompt from this file (its exact contents); `-` is stdin.
+    #[arg(short = 'f', long, conflicts_with = "prompt_ids")]
+    pub file: Option<PathBuf>,
     /// The prompt as token ids, a JSON array such as '[785, 6722, 315]' (for debugging; the
     /// output is then token ids too, and no tokenizer file is needed).
     #[arg(long)]
     pub prompt_ids: Option<String>,
-    /// Most tokens to generate. 0 runs the prompt and generates nothing (times prefill).
-    #[arg(short = 'n', long = "max-tokens", default_value_t = 256)]
+    /// Most tokens to generate; -1: until the context is full (as llama.cpp's -n -1). 0 runs
+    /// the prompt and generates nothing (times prefill).
+    #[arg(short = 'n', long = "max-tokens", default_value = "256", allow_negative_numbers = true,
+          value_parser = parse_max_tokens)]
     pub max_tokens: usize,
     /// Temperature; 0 is greedy (default: the model's generation_config.json).
-    #[arg(short = 't', long, allow_negative_numbers = true)]
+    #[arg(
+        short = 't',
+        long,
+        visible_alias = "temp",
+        allow_negative_numbers = true
+    )]
     pub temperature: Option<f32>,
     /// Nucleus sampling: keep the most likely tokens up to this probability mass, in (0, 1].
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(short = 'p', long, allow_negative_numbers = true)]
     pub top_p: Option<f32>,
     /// Keep only the k most likely tokens; 0 keeps all.
     #[arg(long)]
@@ -99,7 +111,7 @@ pub struct InferenceArgs {
     #[arg(long, allow_negative_numbers = true)]
     pub presence_penalty: Option<f32>,
     /// Seed of the sampler; any u64. Default: from the clock (printed with --verbose).
-    #[arg(long)]
+    #[arg(short = 's', long)]
     pub seed: Option<u64>,
     /// Context length (prompt + generated tokens); sizes the KV cache.
     /// Default: the model's maximum, capped at 4096.
@@ -141,13 +153,55 @@ pub struct InferenceArgs {
     pub verbose_prompt: bool,
 }
 
+/// `-n`: a count, or -1 for "until the context is full" (the engine stops there).
+fn parse_max_tokens(s: &str) -> std::result::Result<usize, String> {
+    match s.trim() {
+        "-1" => Ok(usize::MAX),
+        t => t.parse::<usize>().map_err(|_| {
+            format!(
+                "{s:?} is not a number of tokens (a count, or -1 for until the context is full)"
+            )
+        }),
+    }
+}
+
+/// `qwen3 chat` and `qwen3 generate`: `inference` with its mode set (`-m` may repeat it, not
+/// contradict it).
+pub fn with_mode(mut args: InferenceArgs, mode: Mode, command: &str) -> Result<InferenceArgs> {
+    if args.mode.is_some_and(|m| m != mode) {
+        bail!(
+            "qwen3 {command} is `qwen3 inference -m {command}`: drop -m, or use `qwen3 inference`"
+        );
+    }
+    args.mode = Some(mode);
+    Ok(args)
+}
+
+impl InferenceArgs {
+    pub fn mode(&self) -> Mode {
+        self.mode.unwrap_or(Mode::Generate)
+    }
+
+    /// The prompt text of `-i` or `-f` (either may be `-`, standard input), if one was given.
+    fn prompt_text(&self) -> Result<Option<String>> {
+        match (&self.input, &self.file) {
+            (Some(t), _) if t == "-" => {
+                super::input::read_text(std::path::Path::new("-")).map(Some)
+            }
+            (Some(t), _) => Ok(Some(t.clone())),
+            (None, Some(path)) => super::input::read_text(path).map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+}
+
 pub fn run(args: InferenceArgs) -> Result<()> {
     let device: Device = args.device.parse().map_err(|e: String| anyhow!(e))?;
     // Before anything is loaded: a build without CUDA, a missing driver or device, is one line.
     check_available(device).map_err(|e| anyhow!(e))?;
-    if args.mode == Mode::Chat {
-        if args.input.is_some() || args.prompt_ids.is_some() || args.chat {
-            bail!("-m chat reads the user's messages from stdin; -i, --prompt-ids and --chat are for -m generate");
+    if args.mode() == Mode::Chat {
+        if args.input.is_some() || args.file.is_some() || args.prompt_ids.is_some() || args.chat {
+            bail!("-m chat reads the user's messages from stdin; -i, -f, --prompt-ids and --chat are for -m generate");
         }
     } else {
         if args.hide_thinking || args.verbose_prompt {
@@ -161,7 +215,7 @@ pub fn run(args: InferenceArgs) -> Result<()> {
     let context_len = context_len(&args, file.config())?;
     // Everything that only needs the files (tokenizer, template, the prompt's ids) is read
     // before the weights go to a device, so that bad input fails fast.
-    let job = match args.mode {
+    let job = match args.mode() {
         Mode::Generate => Job::Generate(Box::new(PromptJob::new(&args, &file, context_len)?)),
         Mode::Chat => Job::Chat(Box::new(super::chat::ChatFiles::open(&args)?)),
     };
@@ -214,6 +268,8 @@ fn run_job<B: Backend>(
 pub struct PromptJob {
     /// Text in, text out (with the model's tokenizer file); ids in (no tokenizer), ids out.
     tokenizer: Option<Tokenizer>,
+    /// The prompt as text (`-i` or `-f`), for `--echo`.
+    text: Option<String>,
     prompt: Vec<u32>,
     eos_ids: Vec<u32>,
 }
@@ -221,12 +277,13 @@ pub struct PromptJob {
 impl PromptJob {
     fn new(args: &InferenceArgs, file: &ModelFile, context_len: usize) -> Result<PromptJob> {
         let c = file.config();
-        let tokenizer = match &args.input {
+        let text = args.prompt_text()?;
+        let tokenizer = match &text {
             Some(_) => Some(Tokenizer::open(&companion_paths(&args.model).tokenizer)?),
             None => None,
         };
         let mut eos_ids = c.eos_token_ids.clone();
-        let prompt: Vec<u32> = match (&args.input, &args.prompt_ids, &tokenizer) {
+        let prompt: Vec<u32> = match (&text, &args.prompt_ids, &tokenizer) {
             (_, Some(_), _) if args.chat => {
                 bail!("--chat needs a text prompt (-i), not --prompt-ids")
             }
@@ -241,7 +298,7 @@ impl PromptJob {
                 tok.encode(&conv.prompt(&template)?)
             }
             (Some(text), None, Some(tok)) => tok.encode(text),
-            _ => bail!("no prompt: give -i TEXT or --prompt-ids '[..]'"),
+            _ => bail!("no prompt: give -i TEXT, -f FILE (- for stdin) or --prompt-ids '[..]'"),
         };
         let max_ctx = c.max_position_embeddings as usize;
         if prompt.len() > context_len {
@@ -252,6 +309,7 @@ impl PromptJob {
         }
         Ok(PromptJob {
             tokenizer,
+            text,
             prompt,
             eos_ids,
         })
@@ -267,6 +325,7 @@ fn generate_text<B: Backend>(
 ) -> Result<()> {
     let PromptJob {
         tokenizer,
+        text,
         prompt,
         eos_ids,
     } = job;
@@ -311,7 +370,7 @@ fn generate_text<B: Backend>(
     let mut out = stdout.lock();
     let mut decoder = tokenizer.as_ref().map(StreamDecoder::new);
     if args.echo {
-        match &args.input {
+        match &text {
             Some(text) => write!(out, "{text}")?,
             None => write!(out, "{}", ids_text(&prompt))?,
         }

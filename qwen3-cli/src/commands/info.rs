@@ -1,5 +1,7 @@
-//! `qwen3 info <model.bin>`: what a model file holds.
+//! `qwen3 info <model.bin> [--tensors]`: what a model file holds: its config, storage and
+//! companion files, and with `--tensors` every tensor.
 
+use super::units::bytes;
 use anyhow::Result;
 use clap::Args;
 use qwen3_inference::format::{companion_paths, ModelFile};
@@ -9,19 +11,13 @@ use std::path::PathBuf;
 pub struct InfoArgs {
     /// Model file written by `qwen3 export`.
     pub model: PathBuf,
+    /// Also list every tensor: name, shape, dtype, group size, bytes.
+    #[arg(long)]
+    pub tensors: bool,
 }
 
 fn size_of(path: &std::path::Path) -> Option<u64> {
     std::fs::metadata(path).ok().map(|m| m.len())
-}
-
-fn human(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 30 => format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64),
-        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
-        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
-        b => format!("{b} B"),
-    }
 }
 
 pub fn run(args: InfoArgs) -> Result<()> {
@@ -32,7 +28,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
     println!(
         "file                     {} ({}, format version {})",
         args.model.display(),
-        human(h.file_len),
+        bytes(h.file_len),
         h.version
     );
     println!("architecture             {}", c.architecture);
@@ -76,6 +72,23 @@ pub fn run(args: InfoArgs) -> Result<()> {
         params as f64 / 1e9,
         h.header_len
     );
+    let comp = companion_paths(&args.model);
+    for (what, path) in [
+        ("tokenizer", &comp.tokenizer),
+        ("chat template", &comp.template),
+    ] {
+        match size_of(path) {
+            Some(n) => println!("{what:<24} {} ({})", path.display(), bytes(n)),
+            None => println!("{what:<24} {} (missing)", path.display()),
+        }
+    }
+    if !args.tensors {
+        println!(
+            "tensors                  {} (--tensors lists them)",
+            h.tensors.len()
+        );
+        return Ok(());
+    }
     println!();
     let w = h
         .tensors
@@ -103,17 +116,6 @@ pub fn run(args: InfoArgs) -> Result<()> {
             group,
             t.nbytes
         );
-    }
-    println!();
-    let comp = companion_paths(&args.model);
-    for (what, path) in [
-        ("tokenizer", &comp.tokenizer),
-        ("chat template", &comp.template),
-    ] {
-        match size_of(path) {
-            Some(n) => println!("{what:<24} {} ({})", path.display(), human(n)),
-            None => println!("{what:<24} {} (missing)", path.display()),
-        }
     }
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! One module per subcommand; each defines its clap `Args` and a `run` function.
+//! One module per subcommand; each defines its clap `Args` and a `run` function. (`input` and
+//! `units` are shared: text from a file or stdin, and how sizes are printed.)
 
 pub mod bench;
 pub mod chat;
@@ -6,5 +7,7 @@ pub mod chat_template;
 pub mod export;
 pub mod inference;
 pub mod info;
+pub mod input;
 pub mod serve;
 pub mod tokenize;
+pub mod units;

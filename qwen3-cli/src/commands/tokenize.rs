@@ -1,7 +1,8 @@
 //! `qwen3 tokenize <model.bin> [TEXT] [-f FILE] [--show-pieces]`: text -> token ids with the
 //! model's tokenizer file (`<model>.tokenizer.bin`, written by `qwen3 export`).
 
-use anyhow::{bail, Context, Result};
+use super::input::read_text;
+use anyhow::{bail, Result};
 use clap::Args;
 use qwen3_inference::format::companion_paths;
 use qwen3_inference::tokenizer::Tokenizer;
@@ -13,10 +14,10 @@ use std::path::PathBuf;
 pub struct TokenizeArgs {
     /// Model file; its companion `<model>.tokenizer.bin` is read (the model itself is not).
     pub model: PathBuf,
-    /// The text to encode.
+    /// The text to encode; `-` reads it from stdin.
     #[arg(conflicts_with = "file")]
     pub text: Option<String>,
-    /// Encode this file's exact contents (no newline trimmed or added).
+    /// Encode this file's exact contents (no newline trimmed or added); `-` is stdin.
     #[arg(short = 'f', long = "file")]
     pub file: Option<PathBuf>,
     /// One line per token: id and the token's text, quoted and escaped.
@@ -26,15 +27,10 @@ pub struct TokenizeArgs {
 
 pub fn run(args: TokenizeArgs) -> Result<()> {
     let text = match (&args.text, &args.file) {
+        (Some(t), None) if t == "-" => read_text(std::path::Path::new("-"))?,
         (Some(t), None) => t.clone(),
-        (None, Some(path)) => {
-            let bytes =
-                std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
-            String::from_utf8(bytes)
-                .map_err(|e| e.utf8_error())
-                .with_context(|| format!("{}: not valid UTF-8 text", path.display()))?
-        }
-        _ => bail!("give the text to encode, or -f FILE"),
+        (None, Some(path)) => read_text(path)?,
+        _ => bail!("give the text to encode, or -f FILE (- for stdin)"),
     };
     let tok_path = companion_paths(&args.model).tokenizer;
     if !tok_path.exists() {

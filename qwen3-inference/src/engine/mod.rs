@@ -280,6 +280,16 @@ impl<'m, B: Backend> Engine<'m, B> {
         Ok(id)
     }
 
+    /// Forgets what slot `i`'s KV cache holds (its prefix cache), unless a request runs there:
+    /// the next request in it runs its whole prompt. (A chat's `/reset`.)
+    pub fn forget(&mut self, i: usize) {
+        if let Some(slot) = self.slots.get_mut(i) {
+            if slot.job.is_none() {
+                slot.cached.clear();
+            }
+        }
+    }
+
     /// Ends request `id` wherever it is (queued or running); its slot is free at the next step.
     /// Unknown ids (already finished) are ignored.
     pub fn cancel(&mut self, id: RequestId) {

@@ -209,6 +209,17 @@ impl ModelFile {
         if cfg!(target_endian = "big") {
             bail!("model files are little-endian; big-endian hosts are not supported");
         }
+        if path.is_dir() {
+            if path.join("config.json").is_file() {
+                let stem = path.file_name().unwrap_or_default().to_string_lossy();
+                bail!(
+                    "a HuggingFace checkpoint directory, not a model file: convert it once with \
+                     `qwen3 export {} {stem}.bin`, then run {stem}.bin",
+                    path.display()
+                );
+            }
+            bail!("a directory, not a model file (written by `qwen3 export`)");
+        }
         let file = File::open(path).context("cannot open")?;
         // SAFETY: `Mmap::map` is unsafe because the mapping's contents could change (or the file
         // shrink) if another process writes the file while we hold the map. We map read-only and

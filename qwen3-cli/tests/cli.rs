@@ -1,0 +1,282 @@
+//! The command line a newcomer types, end to end through the binary, on
+//! `fixtures/models/tiny-qwen3-fullvocab` (random weights, the real Qwen3 tokenizer and template):
+//! the short sampling flags (`-t 0.7 -p 0.8 -s 42`), the common aliases, `-n -1`, prompts from a
+//! file or stdin, and `qwen3 chat` / `qwen3 generate` as the `inference -m` forms.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = std::env::temp_dir().join(format!("pq-cli-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    })
+}
+
+/// The fixture exported once per test binary (q8, the default).
+fn model() -> &'static str {
+    static MODEL: OnceLock<String> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let out = dir().join("m.bin");
+        let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+            .arg("export")
+            .arg(repo().join("fixtures/models/tiny-qwen3-fullvocab"))
+            .arg(&out)
+            .args(["--group-size", "32"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        out.to_str().unwrap().to_string()
+    })
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `qwen3 <args>` with `stdin` fed (then end of input).
+fn qwen3_stdin(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn qwen3(args: &[&str]) -> Output {
+    qwen3_stdin(args, "")
+}
+
+/// stdout of a run that must succeed.
+fn ok(o: Output) -> String {
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    text(&o.stdout)
+}
+
+/// The one-line error of a run that must fail (exit 1 or clap's 2), without a panic.
+fn fails(o: Output) -> String {
+    assert!(!o.status.success(), "succeeded: {}", text(&o.stdout));
+    let err = text(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+const PROMPT: &str = "The capital of France is";
+
+#[test]
+fn the_documented_sampling_line_works_and_equals_the_long_flags() {
+    let m = model();
+    let short = ok(qwen3(&[
+        "inference",
+        m,
+        "-t",
+        "0.7",
+        "-p",
+        "0.8",
+        "-s",
+        "42",
+        "-i",
+        PROMPT,
+        "-n",
+        "8",
+    ]));
+    assert!(!short.trim().is_empty());
+    let long = ok(qwen3(&[
+        "inference",
+        m,
+        "--temperature",
+        "0.7",
+        "--top-p",
+        "0.8",
+        "--seed",
+        "42",
+        "--input",
+        PROMPT,
+        "--max-tokens",
+        "8",
+    ]));
+    assert_eq!(short, long);
+    // The aliases people carry over from llama.cpp and the OpenAI API.
+    let alias = ok(qwen3(&[
+        "inference",
+        m,
+        "--temp",
+        "0.7",
+        "-p",
+        "0.8",
+        "-s",
+        "42",
+        "--prompt",
+        PROMPT,
+        "-n",
+        "8",
+    ]));
+    assert_eq!(short, alias);
+    // Another seed samples something else (the seed is used, not ignored).
+    let other: Vec<String> = (1..=3)
+        .map(|s| {
+            let s = s.to_string();
+            ok(qwen3(&[
+                "inference",
+                m,
+                "-t",
+                "1.5",
+                "-s",
+                &s,
+                "-i",
+                PROMPT,
+                "-n",
+                "8",
+            ]))
+        })
+        .collect();
+    assert!(other.iter().any(|o| o != &other[0]), "{other:?}");
+}
+
+#[test]
+fn chat_and_generate_are_the_inference_modes() {
+    let m = model();
+    let g = ok(qwen3(&["generate", m, "-i", PROMPT, "-n", "6", "-t", "0"]));
+    let i = ok(qwen3(&[
+        "inference",
+        m,
+        "-m",
+        "generate",
+        "-i",
+        PROMPT,
+        "-n",
+        "6",
+        "-t",
+        "0",
+    ]));
+    assert_eq!(g, i);
+    let c = ok(qwen3_stdin(
+        &["chat", m, "-n", "5", "-t", "0", "--thinking", "off"],
+        "Hi\nAnd then?\n",
+    ));
+    let i = ok(qwen3_stdin(
+        &[
+            "inference",
+            m,
+            "-m",
+            "chat",
+            "-n",
+            "5",
+            "-t",
+            "0",
+            "--thinking",
+            "off",
+        ],
+        "Hi\nAnd then?\n",
+    ));
+    assert_eq!(c, i);
+    // -m may repeat the command's mode but not contradict it.
+    ok(qwen3(&[
+        "generate", m, "-m", "generate", "-i", PROMPT, "-n", "1",
+    ]));
+    let err = fails(qwen3(&["chat", m, "-m", "generate", "-i", PROMPT]));
+    assert!(
+        err.contains("qwen3 chat is `qwen3 inference -m chat`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn prompts_come_from_a_file_or_stdin() {
+    let m = model();
+    let want = ok(qwen3(&["generate", m, "-i", PROMPT, "-n", "6", "-t", "0"]));
+    let f = dir().join("prompt.txt");
+    std::fs::write(&f, PROMPT).unwrap();
+    let from_file = ok(qwen3(&[
+        "generate",
+        m,
+        "-f",
+        f.to_str().unwrap(),
+        "-n",
+        "6",
+        "-t",
+        "0",
+    ]));
+    assert_eq!(from_file, want);
+    for flag in ["-i", "-f", "--file"] {
+        let o = qwen3_stdin(&["generate", m, flag, "-", "-n", "6", "-t", "0"], PROMPT);
+        assert_eq!(ok(o), want, "{flag} -");
+    }
+    // tokenize and chat-template read `-` as stdin too.
+    let ids = ok(qwen3(&["tokenize", m, PROMPT]));
+    assert_eq!(ok(qwen3_stdin(&["tokenize", m, "-"], PROMPT)), ids);
+    assert_eq!(ok(qwen3_stdin(&["tokenize", m, "-f", "-"], PROMPT)), ids);
+    let messages = r#"[{"role": "user", "content": "Hi"}]"#;
+    let mf = dir().join("messages.json");
+    std::fs::write(&mf, messages).unwrap();
+    let rendered = ok(qwen3(&["chat-template", m, mf.to_str().unwrap()]));
+    assert!(
+        rendered.contains("<|im_start|>user\nHi<|im_end|>"),
+        "{rendered}"
+    );
+    assert_eq!(
+        ok(qwen3_stdin(&["chat-template", m, "-"], messages)),
+        rendered
+    );
+    // A missing file and non-UTF-8 input name what they are about.
+    let err = fails(qwen3(&["generate", m, "-f", "/nonexistent/prompt.txt"]));
+    assert!(
+        err.contains("/nonexistent/prompt.txt: cannot read"),
+        "{err}"
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args(["generate", m, "-f", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"\xff\xfe").unwrap();
+    let err = fails(child.wait_with_output().unwrap());
+    assert!(err.contains("stdin: not valid UTF-8 text"), "{err}");
+    // -i and -f together are ambiguous.
+    fails(qwen3(&["generate", m, "-i", PROMPT, "-f", "-"]));
+}
+
+#[test]
+fn n_minus_one_runs_until_the_context_is_full() {
+    let m = model();
+    let o = qwen3(&[
+        "generate", m, "-i", PROMPT, "-n", "-1", "-t", "0", "-c", "24", "--top-k", "0",
+    ]);
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("[stopped: context full (24 positions")
+            || err.contains("[stopped: end-of-sequence"),
+        "{err}"
+    );
+    // Other negative counts get a message that says what -n takes.
+    let err = fails(qwen3(&["generate", m, "-i", PROMPT, "-n", "-2"]));
+    assert!(err.contains("-1 for until the context is full"), "{err}");
+}
+
+#[test]
+fn bench_threads_is_a_long_flag_only() {
+    // -t is the temperature elsewhere; bench takes --threads.
+    let err = fails(qwen3(&["bench", model(), "-t", "1"]));
+    assert!(err.contains("unexpected argument '-t'"), "{err}");
+}
