@@ -3,7 +3,7 @@
 mod commands;
 
 use clap::{Parser, Subcommand};
-use commands::{bench, chat_template, export, inference, info, serve, tokenize};
+use commands::{bench, chat_template, detokenize, export, inference, info, serve, tokenize};
 
 /// Run HuggingFace Qwen3 models from a compact INT8 file, on the CPU.
 #[derive(Parser)]
@@ -29,6 +29,8 @@ enum Command {
     Generate(inference::InferenceArgs),
     /// Encode text into token ids with the model's tokenizer.
     Tokenize(tokenize::TokenizeArgs),
+    /// Decode token ids into text with the model's tokenizer.
+    Detokenize(detokenize::DetokenizeArgs),
     /// Render a conversation (HuggingFace messages JSON) with the model's chat template.
     ChatTemplate(chat_template::ChatTemplateArgs),
     /// Measure prefill and decode speed against this machine's memory bandwidth.
@@ -85,6 +87,7 @@ fn main() {
         Command::Generate(a) => inference::with_mode(a, inference::Mode::Generate, "generate")
             .and_then(|a| on_worker_thread(a.threads, || inference::run(a))),
         Command::Tokenize(a) => tokenize::run(a),
+        Command::Detokenize(a) => detokenize::run(a),
         Command::ChatTemplate(a) => chat_template::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => serve::run(a),

@@ -111,3 +111,34 @@ fn bad_arguments_are_one_line_errors() {
     }
     std::fs::remove_dir_all(model.parent().unwrap()).unwrap();
 }
+
+/// The table never shows a fraction of the memory ceiling above 100%: such a run shows "-" and
+/// a line that says why (the bytes fit in the caches).
+#[test]
+fn table_never_claims_more_than_the_ceiling() {
+    let model = tiny_q8("table");
+    let m = model.to_str().unwrap();
+    let out = qwen3(&["bench", m, "-p", "5", "-n", "3", "-r", "1"]);
+    let s = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<&str> = s
+        .lines()
+        .filter(|l| l.contains("tok/s") && l.contains("GB/s"))
+        .collect();
+    assert!(!rows.is_empty(), "{s}");
+    for row in &rows {
+        let last = row.split_whitespace().last().unwrap();
+        match last.strip_suffix('%') {
+            Some(p) => assert!(p.parse::<f64>().unwrap() <= 100.0, "{row}"),
+            None => {
+                assert_eq!(last, "-", "{row}");
+                assert!(s.contains("fit in this machine's caches"), "{s}");
+            }
+        }
+    }
+    std::fs::remove_dir_all(model.parent().unwrap()).unwrap();
+}

@@ -280,3 +280,65 @@ fn bench_threads_is_a_long_flag_only() {
     let err = fails(qwen3(&["bench", model(), "-t", "1"]));
     assert!(err.contains("unexpected argument '-t'"), "{err}");
 }
+
+#[test]
+fn stop_strings_and_json_output_for_scripts() {
+    let m = model();
+    let args = ["generate", m, "-i", PROMPT, "-n", "12", "-t", "0"];
+    let full = ok(qwen3(&args));
+    let full = full.strip_suffix('\n').unwrap();
+    // A stop string from the middle of the answer: the output ends just before it.
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() > 6, "{full:?}");
+    let stop: String = chars[4..6].iter().collect();
+    let cut = &full[..full.find(&stop).unwrap()];
+    let o = qwen3(&[&args[..], &["--stop", &stop, "--stop", "never-seen"]].concat());
+    let err = text(&o.stderr);
+    assert_eq!(ok(o), format!("{cut}\n"));
+    assert!(err.contains("[stopped: stop string]"), "{err}");
+
+    // --json: one object with the text, the ids, why it stopped, counts and timings.
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(qwen3(&[&args[..], &["--json"]].concat()))).unwrap();
+    assert_eq!(v["text"], full);
+    let n = v["generated_tokens"].as_u64().unwrap();
+    assert_eq!(v["tokens"].as_array().unwrap().len() as u64, n);
+    if n == 12 {
+        assert_eq!(
+            (v["finish_reason"].as_str(), v["stop"].as_str()),
+            (Some("length"), Some("max_tokens"))
+        );
+    } else {
+        assert_eq!(
+            (v["finish_reason"].as_str(), v["stop"].as_str()),
+            (Some("stop"), Some("eos"))
+        );
+    }
+    assert!(v["prompt_tokens"].as_u64().unwrap() > 0);
+    assert!(v["timings"]["decode_tok_s"].as_f64().is_some());
+    let v: serde_json::Value = serde_json::from_str(&ok(qwen3(
+        &[&args[..], &["--json", "--stop", &stop]].concat(),
+    )))
+    .unwrap();
+    assert_eq!(v["text"], cut);
+    assert_eq!(
+        (v["finish_reason"].as_str(), v["stop"].as_str()),
+        (Some("stop"), Some("stop_string"))
+    );
+
+    // Where they do not apply, a clear error.
+    let err = fails(qwen3(&[
+        "generate",
+        m,
+        "--prompt-ids",
+        "[1, 2]",
+        "--stop",
+        "x",
+    ]));
+    assert!(err.contains("--stop needs a text prompt"), "{err}");
+    let err = fails(qwen3(&["chat", m, "--json"]));
+    assert!(
+        err.contains("--stop and --json are for -m generate"),
+        "{err}"
+    );
+}

@@ -123,3 +123,65 @@ fn non_utf8_file_is_a_clear_error() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("latin1.txt") && err.contains("UTF-8"), "{err}");
 }
+
+/// `qwen3 detokenize` gives HF's `decode` of every recorded id list, with and without
+/// skip_special_tokens (incomplete UTF-8 as U+FFFD, as HF does).
+#[test]
+fn detokenize_matches_hf_decode() {
+    let cases: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("tokenizer-cases-dev.json")).unwrap(),
+    )
+    .unwrap();
+    let m = model();
+    for c in cases["decode_cases"].as_array().unwrap() {
+        let ids = c["ids"].to_string();
+        let name = c["name"].as_str().unwrap();
+        let got = stdout(&qwen3(&["detokenize", &m, &ids]));
+        assert_eq!(got, c["decoded"].as_str().unwrap(), "{name}");
+        let got = stdout(&qwen3(&["detokenize", &m, &ids, "--skip-special"]));
+        assert_eq!(got, c["decoded_skip_special"].as_str().unwrap(), "{name}");
+    }
+}
+
+/// What `tokenize` prints, `detokenize` reads back (from a file) to HF's decoding of those ids,
+/// for every seventh dev case.
+#[test]
+fn detokenize_reads_what_tokenize_prints() {
+    let cases: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("tokenizer-cases-dev.json")).unwrap(),
+    )
+    .unwrap();
+    let m = model();
+    let dir = model_dir();
+    for (i, c) in cases["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .step_by(7)
+    {
+        let want = c["decoded"].as_str().unwrap();
+        let printed = dir.join(format!("ids-{i}.txt"));
+        std::fs::write(
+            &printed,
+            stdout(&qwen3(&["tokenize", &m, "-f", &text_file(i, c)])),
+        )
+        .unwrap();
+        let got = stdout(&qwen3(&["detokenize", &m, "-f", printed.to_str().unwrap()]));
+        assert_eq!(got, want, "case {i}");
+    }
+    let err = qwen3(&["detokenize", &m, "[12, x]"]);
+    assert_eq!(err.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&err.stderr);
+    assert!(err.contains("the ids: \"x\" is not a token id"), "{err}");
+    let err = qwen3(&["detokenize", &m, "[151936]"]);
+    let err = String::from_utf8_lossy(&err.stderr);
+    assert!(err.contains("token id 151936 is out of range"), "{err}");
+}
+
+/// Case `i`'s text in a file of its own.
+fn text_file(i: usize, c: &serde_json::Value) -> String {
+    let path = model_dir().join(format!("text-{i}.txt"));
+    std::fs::write(&path, c["text"].as_str().unwrap()).unwrap();
+    path.display().to_string()
+}

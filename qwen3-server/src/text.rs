@@ -49,6 +49,13 @@ impl<'t> ChoiceText<'t> {
         }
     }
 
+    /// Shows special tokens' text too (the CLI's generate mode prints what the model wrote;
+    /// the API leaves them out, as OpenAI-compatible servers do).
+    pub fn keep_special(mut self) -> Self {
+        self.decoder = self.decoder.skip_special(false);
+        self
+    }
+
     /// Adds a token. Returns the text now ready, and whether a stop string ended the answer (then
     /// no more tokens are to be pushed, and [`ChoiceText::finish`] returns nothing).
     pub fn push(&mut self, token: u32) -> (Delta, bool) {

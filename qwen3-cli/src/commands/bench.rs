@@ -21,6 +21,7 @@ use qwen3_inference::kernels::bandwidth::read_sum;
 use qwen3_inference::kernels::dot::dots;
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::pages::{huge_page_share, HugePageF32s, PageShare};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -147,9 +148,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     buf.fill(1.0);
     let buf_pages = huge_page_share(buf.as_ptr() as *const u8);
     let mut runs = Vec::new();
+    // A line that says where the runs are, on a terminal (it is erased before the table).
+    let progress = std::io::stderr().is_terminal();
     for &t in &threads {
         if t == 0 {
-            bail!("-t: thread counts must be at least 1");
+            bail!("--threads: thread counts must be at least 1");
         }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(t)
@@ -158,7 +161,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let (mut pre, mut dec, mut bws, mut fracs) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut session = pool.install(|| Session::with_kv(&model, ctx, kv))?;
-        for _ in 0..args.repeats {
+        for i in 0..args.repeats {
+            if progress {
+                eprint!(
+                    "\r\x1b[2K{} thread{}: repeat {} of {}",
+                    t,
+                    if t == 1 { "" } else { "s" },
+                    i + 1,
+                    args.repeats
+                );
+            }
             let bandwidth = measure_bandwidth(&pool, &buf);
             pool.install(|| -> Result<()> {
                 session.truncate(0)?;
@@ -185,6 +197,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             bandwidth: median_spread(&mut bws).0,
             fraction: median_spread(&mut fracs).0,
         });
+    }
+    if progress {
+        eprint!("\r\x1b[2K");
     }
     // Read after the runs, when every weight has been touched.
     let weight_pages = file.page_share();
@@ -258,8 +273,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
     );
     for r in &runs {
         let ceiling = r.bandwidth / bytes_per_token;
+        // Decode cannot stream from memory faster than memory streams: above 100%, the bytes
+        // did not all come from memory (see below), and the fraction means nothing.
+        let fraction = if r.fraction <= 1.0 {
+            format!("{:.0}%", 100.0 * r.fraction)
+        } else {
+            "-".to_string()
+        };
         println!(
-            "{:>7}  {:>11.1} ({:>6.1})  {:>11.1} ({:>6.1})  {:>7.1} GB/s  {:>6.1} tok/s  {:>8.0}%",
+            "{:>7}  {:>11.1} ({:>6.1})  {:>11.1} ({:>6.1})  {:>7.1} GB/s  {:>6.1} tok/s  {:>9}",
             r.threads,
             r.prefill.0,
             r.prefill.1,
@@ -267,7 +289,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
             r.decode.1,
             r.bandwidth / 1e9,
             ceiling,
-            100.0 * r.fraction
+            fraction
+        );
+    }
+    if let Some(r) = runs.iter().find(|r| r.fraction > 1.0) {
+        println!(
+            "(-: decode ran at {:.1} times the memory ceiling with {} thread{}: a token's {} fit in this machine's caches, so they are not read from memory; the ceiling applies to models larger than the caches)",
+            r.fraction,
+            r.threads,
+            if r.threads == 1 { "" } else { "s" },
+            super::units::bytes(bytes_per_token as u64)
         );
     }
     Ok(())

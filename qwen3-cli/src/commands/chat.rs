@@ -22,6 +22,7 @@ use qwen3_inference::generate::{generate_until, StopReason};
 use qwen3_inference::sampler::SamplerConfig;
 use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
 use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -102,6 +103,7 @@ pub fn run<B: Backend>(
         hide_thinking: args.hide_thinking,
         verbose_prompt: args.verbose_prompt,
         colour,
+        interactive,
         totals: Totals::default(),
         failed: 0,
     };
@@ -131,9 +133,21 @@ pub fn run<B: Backend>(
             args.model.display(),
             ctx
         );
-        Input::Editor(Box::new(
-            rustyline::DefaultEditor::new().context("cannot start the line editor")?,
-        ))
+        let mut editor = rustyline::DefaultEditor::new().context("cannot start the line editor")?;
+        let history = if args.no_history {
+            None
+        } else {
+            super::terminal::history_file()
+        };
+        if let Some(path) = &history {
+            // A first run has no file yet; any other failure only costs the recall of old lines.
+            if path.exists() {
+                if let Err(e) = editor.load_history(path) {
+                    eprintln!("(history not loaded from {}: {e})", path.display());
+                }
+            }
+        }
+        Input::Editor(Box::new(editor), history)
     } else {
         Input::Piped(std::io::stdin().lock())
     };
@@ -176,8 +190,9 @@ pub fn run<B: Backend>(
 
 /// Where user lines come from.
 enum Input {
-    /// A terminal: rustyline gives line editing and in-memory history.
-    Editor(Box<rustyline::DefaultEditor>),
+    /// A terminal: rustyline, with the history file it reads and appends to (`None`:
+    /// `--no-history`, or no home directory).
+    Editor(Box<rustyline::DefaultEditor>, Option<PathBuf>),
     /// Anything else: one message per line, no prompt printed.
     Piped(std::io::StdinLock<'static>),
 }
@@ -191,11 +206,26 @@ enum Read {
 impl Input {
     fn read(&mut self) -> Result<Read> {
         match self {
-            Input::Editor(ed) => match ed.readline(">>> ") {
+            Input::Editor(ed, history) => match ed.readline(">>> ") {
                 Ok(line) => {
                     if !line.trim().is_empty() {
-                        // History is a convenience: a failure to record a line is not an error.
+                        // History is a convenience: a failure to record a line is not an error
+                        // (saved at once, so a chat that ends any way keeps it).
                         let _ = ed.add_history_entry(line.as_str());
+                        if let Some(path) = history.as_ref() {
+                            let saved = path
+                                .parent()
+                                .map_or(Ok(()), std::fs::create_dir_all)
+                                .map_err(|e| e.to_string())
+                                .and_then(|()| ed.save_history(path).map_err(|e| e.to_string()));
+                            if let Err(e) = saved {
+                                eprintln!(
+                                    "(history not saved to {}: {e}; --no-history turns it off)",
+                                    path.display()
+                                );
+                                *history = None;
+                            }
+                        }
                     }
                     Ok(Read::Line(line))
                 }
@@ -250,6 +280,8 @@ struct Chat<'a, 'm, B: Backend> {
     hide_thinking: bool,
     verbose_prompt: bool,
     colour: bool,
+    /// stdin is a terminal (the line editor reads it).
+    interactive: bool,
     totals: Totals,
     /// Messages that got no answer because of an error (a prompt too long for the context, a
     /// template error): piped input then ends with a non-zero exit.
@@ -389,7 +421,10 @@ impl<B: Backend> Chat<'_, '_, B> {
         if self.verbose_prompt {
             eprintln!("prompt ids: {}", serde_json::to_string(&ids)?);
         }
+        // On a terminal, keys typed during the answer are not echoed into it (terminal.rs).
+        let quiet = self.interactive.then(super::terminal::QuietKeys::new);
         let result = self.answer(&ids);
+        drop(quiet);
         GENERATING.store(false, Ordering::SeqCst);
         let (generated, stop, keep, decode_time) = result?;
 

@@ -20,7 +20,8 @@ use qwen3_inference::generate::{generate, StopReason};
 use qwen3_inference::kernels;
 use qwen3_inference::model::Model;
 use qwen3_inference::sampler::SamplerConfig;
-use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
+use qwen3_inference::tokenizer::Tokenizer;
+use qwen3_server::text::ChoiceText;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -121,6 +122,13 @@ pub struct InferenceArgs {
     /// of what attention reads at long contexts; CPU only).
     #[arg(long, value_enum, default_value = "f32")]
     pub kv_cache: KvCacheArg,
+    /// Generate mode: end the answer at this text (not printed); may be given several times.
+    #[arg(long = "stop", value_name = "STRING")]
+    pub stops: Vec<String>,
+    /// Generate mode: print one JSON object at the end instead of streaming the text: text,
+    /// token ids, why it stopped, token counts and timings (for scripts).
+    #[arg(long)]
+    pub json: bool,
     /// Print the prompt before the completion.
     #[arg(long)]
     pub echo: bool,
@@ -147,6 +155,10 @@ pub struct InferenceArgs {
     /// Chat mode: do not show the model's reasoning (<think> ... </think>).
     #[arg(long)]
     pub hide_thinking: bool,
+    /// Chat mode: do not read or write the input history file (on a terminal the chat keeps
+    /// it in $XDG_DATA_HOME/qwen3/chat_history, by default ~/.local/share/qwen3/chat_history).
+    #[arg(long)]
+    pub no_history: bool,
     /// Chat mode: print to stderr, each turn, `prompt ids: [..]`: the whole conversation's ids
     /// as the model has now seen them, and after the answer `answer: "..."`.
     #[arg(long)]
@@ -200,12 +212,18 @@ pub fn run(args: InferenceArgs) -> Result<()> {
     // Before anything is loaded: a build without CUDA, a missing driver or device, is one line.
     check_available(device).map_err(|e| anyhow!(e))?;
     if args.mode() == Mode::Chat {
+        if !args.stops.is_empty() || args.json {
+            bail!("--stop and --json are for -m generate");
+        }
         if args.input.is_some() || args.file.is_some() || args.prompt_ids.is_some() || args.chat {
             bail!("-m chat reads the user's messages from stdin; -i, -f, --prompt-ids and --chat are for -m generate");
         }
     } else {
-        if args.hide_thinking || args.verbose_prompt {
-            bail!("--hide-thinking and --verbose-prompt are for -m chat");
+        if args.hide_thinking || args.verbose_prompt || args.no_history {
+            bail!("--hide-thinking, --verbose-prompt and --no-history are for -m chat");
+        }
+        if args.json && args.echo {
+            bail!("--json prints the answer only; drop --echo");
         }
         if !args.chat && (args.system.is_some() || args.thinking.is_some()) {
             bail!("-y/--system and --thinking need --chat (or -m chat)");
@@ -286,6 +304,9 @@ impl PromptJob {
         let prompt: Vec<u32> = match (&text, &args.prompt_ids, &tokenizer) {
             (_, Some(_), _) if args.chat => {
                 bail!("--chat needs a text prompt (-i), not --prompt-ids")
+            }
+            (_, Some(_), _) if !args.stops.is_empty() => {
+                bail!("--stop needs a text prompt (-i or -f): with --prompt-ids the output is ids")
             }
             (_, Some(ids), _) => parse_ids(ids)?,
             (Some(text), None, Some(tok)) if args.chat => {
@@ -368,7 +389,11 @@ fn generate_text<B: Backend>(
 
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let mut decoder = tokenizer.as_ref().map(StreamDecoder::new);
+    // Text out: decoded as tokens come (an incomplete character held back) and cut at a stop
+    // string, as the server's answers are (qwen3_server::text).
+    let mut text_out = tokenizer
+        .as_ref()
+        .map(|t| ChoiceText::new(t, args.stops.clone(), None).keep_special());
     if args.echo {
         match &text {
             Some(text) => write!(out, "{text}")?,
@@ -376,6 +401,9 @@ fn generate_text<B: Backend>(
         }
     }
     let mut first = !args.echo;
+    // With --json everything is kept for the one object printed at the end.
+    let (mut all_text, mut all_ids) = (String::new(), Vec::new());
+    let mut stop_string = false;
     let request = Request {
         prompt,
         max_tokens: args.max_tokens,
@@ -383,27 +411,66 @@ fn generate_text<B: Backend>(
         stop_ids: eos_ids,
     };
     let stats = generate(&mut engine, request, |id| {
-        match decoder.as_mut() {
-            Some(d) => write!(out, "{}", d.push(id))?,
-            None if first => write!(out, "{id}")?,
-            None => write!(out, " {id}")?,
-        }
+        all_ids.push(id);
+        let piece = match text_out.as_mut() {
+            Some(t) => {
+                let (delta, stopped) = t.push(id);
+                stop_string = stopped;
+                delta.content
+            }
+            None if first => format!("{id}"),
+            None => format!(" {id}"),
+        };
         first = false;
-        out.flush().context("stdout")?;
-        Ok(true)
+        if args.json {
+            all_text.push_str(&piece);
+        } else {
+            write!(out, "{piece}")?;
+            out.flush().context("stdout")?;
+        }
+        Ok(!stop_string)
     })?;
-    if let Some(d) = decoder.as_mut() {
-        write!(out, "{}", d.finish())?;
-    }
-    writeln!(out)?;
-    out.flush()?;
-
+    let rest = match text_out.as_mut() {
+        Some(t) if !stop_string => t.finish().content,
+        _ => String::new(),
+    };
     let why = match stats.stop {
         StopReason::Eos(id) => format!("end-of-sequence token {id}"),
         StopReason::MaxTokens => format!("reached -n {}", args.max_tokens),
         StopReason::ContextFull => format!("context full ({context_len} positions; raise -c)"),
+        StopReason::Stopped if stop_string => "stop string".to_string(),
         StopReason::Stopped => "stopped".to_string(),
     };
+    if args.json {
+        all_text.push_str(&rest);
+        let (finish, stop) = match stats.stop {
+            StopReason::Eos(_) => ("stop", "eos"),
+            StopReason::Stopped if stop_string => ("stop", "stop_string"),
+            StopReason::Stopped => ("stop", "stopped"),
+            StopReason::MaxTokens => ("length", "max_tokens"),
+            StopReason::ContextFull => ("length", "context_full"),
+        };
+        let v = serde_json::json!({
+            "text": tokenizer.as_ref().map(|_| all_text),
+            "tokens": all_ids,
+            "finish_reason": finish,
+            "stop": stop,
+            "prompt_tokens": stats.prompt_tokens,
+            "generated_tokens": stats.generated_tokens,
+            "timings": {
+                "time_to_first_token_s": stats.time_to_first_token.as_secs_f64(),
+                "decode_s": stats.decode.as_secs_f64(),
+                "prefill_tok_s": stats.prefill_tok_s(),
+                "decode_tok_s": stats.decode_tok_s(),
+            },
+        });
+        writeln!(out, "{v}")?;
+    } else {
+        write!(out, "{rest}")?;
+        writeln!(out)?;
+    }
+    out.flush()?;
+
     eprintln!("[stopped: {why}]");
     eprintln!(
         "prompt tokens {}, generated tokens {}, prefill {:.1} tok/s, decode {:.1} tok/s, time to first token {:.3} s",

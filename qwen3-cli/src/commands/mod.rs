@@ -4,10 +4,12 @@
 pub mod bench;
 pub mod chat;
 pub mod chat_template;
+pub mod detokenize;
 pub mod export;
 pub mod inference;
 pub mod info;
 pub mod input;
 pub mod serve;
+pub mod terminal;
 pub mod tokenize;
 pub mod units;
