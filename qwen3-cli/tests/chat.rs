@@ -417,7 +417,7 @@ fn sigint_during_a_long_prefill_stops_it_early() {
     assert!(out.contains("[interrupted"), "{out}");
     let after_signal = total - wait;
     assert!(
-        after_signal < full * 0.5,
+        after_signal < full * 0.7,
         "Ctrl-C took {after_signal:.2} s to act; the whole prefill takes {full:.2} s"
     );
 }

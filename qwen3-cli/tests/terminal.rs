@@ -52,6 +52,12 @@ struct Pty {
 
 impl Pty {
     fn spawn(args: &[&str], home: &Path) -> Pty {
+        Pty::spawn_with(args, home, None)
+    }
+
+    /// With `stdin: Some(text)` the child reads `text` from a pipe (a piped chat) while the
+    /// terminal stays its controlling terminal and its stdout and stderr.
+    fn spawn_with(args: &[&str], home: &Path, stdin: Option<&str>) -> Pty {
         // SAFETY: posix_openpt/grantpt/unlockpt/ptsname are called on the descriptor just
         // opened (checked), and ptsname's static buffer is copied at once, before any other call.
         let (master, slave_path) = unsafe {
@@ -84,21 +90,32 @@ impl Pty {
             .env_remove("XDG_DATA_HOME")
             .env_remove("NO_COLOR")
             .env("TERM", "xterm")
-            .stdin(Stdio::from(slave.try_clone().unwrap()))
+            .stdin(match stdin {
+                Some(_) => Stdio::piped(),
+                None => Stdio::from(slave.try_clone().unwrap()),
+            })
             .stdout(Stdio::from(slave.try_clone().unwrap()))
             .stderr(Stdio::from(slave));
         // SAFETY: between fork and exec only async-signal-safe calls: setsid makes the child a
-        // session leader, and TIOCSCTTY on its stdin (the slave) makes that its controlling
+        // session leader, and TIOCSCTTY on its stderr (the slave) makes that its controlling
         // terminal, so the terminal's Ctrl-C reaches it as SIGINT.
         unsafe {
             cmd.pre_exec(|| {
-                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                if libc::setsid() < 0 || libc::ioctl(2, libc::TIOCSCTTY, 0) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
             });
         }
-        let child = cmd.spawn().unwrap();
+        let mut child = cmd.spawn().unwrap();
+        if let Some(text) = stdin {
+            let mut pipe = child.stdin.take().unwrap();
+            let text = text.to_string();
+            // A thread: the chat reads its message while this test goes on.
+            std::thread::spawn(move || {
+                let _ = pipe.write_all(text.as_bytes());
+            });
+        }
         let out = Arc::new(Mutex::new(Vec::new()));
         let (mut reader, sink) = (master.try_clone().unwrap(), out.clone());
         std::thread::spawn(move || {
@@ -198,8 +215,17 @@ fn typing_during_an_answer_stays_out_of_it_and_ctrl_c_stops_it() {
         !answer.contains("zqxjv"),
         "typed keys were echoed into the answer:\n{answer}"
     );
-    // Back at the prompt, the keys typed during the answer were dropped, not kept for it.
+    // Back at the prompt, the keys typed during the answer were dropped, not kept for it; and
+    // the dropped answer is not counted as one.
     let prompt = t.wait_for(">>> ", end);
+    t.keys("/stats\r");
+    let stats = t.wait_for("tokens generated", prompt);
+    assert!(
+        t.output()[..stats].ends_with("0 answers, tokens generated"),
+        "{}",
+        t.output()
+    );
+    t.wait_for(">>> ", stats);
     t.keys("\x04"); // Ctrl-D leaves
     let (status, out) = t.wait_exit();
     assert!(status.success(), "{out}");
@@ -331,4 +357,77 @@ fn ctrl_c_at_the_terminal_during_export_leaves_nothing() {
         interrupted > 0,
         "no run was interrupted: the export is too fast for this test"
     );
+}
+
+/// Seconds from the "prompt ids:" line of a piped chat fed `message` to the end of its turn, with
+/// Ctrl-C typed at its terminal `interrupt_after` seconds after that line if given; and whether
+/// the turn was interrupted.
+fn long_prefill(message: &str, interrupt_after: Option<f64>) -> (f64, bool) {
+    let args = [
+        "chat",
+        model(),
+        "-t",
+        "0",
+        "-n",
+        "1",
+        "-c",
+        "16384",
+        "--verbose-prompt",
+    ];
+    let mut t = Pty::spawn_with(
+        &args,
+        &dir().join("home-prefill"),
+        Some(&format!("{message}\n")),
+    );
+    let ids = t.wait_for("prompt ids:", 0);
+    let start = Instant::now();
+    if let Some(after) = interrupt_after {
+        std::thread::sleep(Duration::from_secs_f64(after));
+        t.keys("\x03");
+    }
+    let end = t.wait_for("tok/s", ids);
+    let secs = start.elapsed().as_secs_f64();
+    let interrupted = t.output()[ids..end].contains("[interrupted");
+    let (status, out) = t.wait_exit();
+    assert!(status.success(), "{out}");
+    (secs, interrupted)
+}
+
+/// Ctrl-C typed during a long prompt's prefill acts within a chunk of it: the turn ends well
+/// before the full prefill's time (measured first on the same prompt).
+#[test]
+fn ctrl_c_at_the_terminal_during_a_long_prefill_stops_it_early() {
+    let message = "lorem ipsum dolor sit amet ".repeat(2400); // ~12000 tokens
+    let (full, interrupted) = long_prefill(&message, None);
+    assert!(!interrupted);
+    let wait = full * 0.15;
+    let (total, interrupted) = long_prefill(&message, Some(wait));
+    assert!(interrupted, "not interrupted");
+    assert!(
+        total - wait < full * 0.7,
+        "Ctrl-C took {:.2} s to act; the whole prefill takes {full:.2} s",
+        total - wait
+    );
+}
+
+/// On a terminal, bench says where it is while it runs (erased before the table).
+#[test]
+fn bench_shows_progress_on_a_terminal() {
+    let args = [
+        "bench",
+        model(),
+        "-p",
+        "4",
+        "-n",
+        "2",
+        "-r",
+        "2",
+        "--threads",
+        "1",
+    ];
+    let t = Pty::spawn(&args, &dir().join("home-bench"));
+    let (status, out) = t.wait_exit();
+    assert!(status.success(), "{out}");
+    assert!(out.contains("1 thread: repeat 2 of 2"), "{out}");
+    assert!(out.contains("decode tok/s"), "{out}");
 }
