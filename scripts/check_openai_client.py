@@ -86,6 +86,19 @@ def run(client, url):
     streamed = "".join(ch.choices[0].delta.content or "" for ch in s if ch.choices)
     check("chat stream equals the whole answer", streamed == r.choices[0].message.content)
 
+    lp = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=4, temperature=0,
+                                        logprobs=True, top_logprobs=2,
+                                        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    entries = lp.choices[0].logprobs.content
+    check("chat logprobs parse as the client's types", len(entries) == 4
+          and all(len(e.top_logprobs) == 2 and e.logprob <= 0 and e.top_logprobs[0].token == e.token
+                  for e in entries))
+    clp = client.completions.create(model="tiny", prompt="The capital of France is", max_tokens=4,
+                                    temperature=0, logprobs=3)
+    check("completion logprobs parse as the client's types",
+          len(clp.choices[0].logprobs.token_logprobs) == 4
+          and all(len(t) == 3 for t in clp.choices[0].logprobs.top_logprobs))
+
     n = client.completions.create(model="tiny", prompt="Hello", max_tokens=4, n=3, temperature=0)
     check("n=3 gives three choices", sorted(ch.index for ch in n.choices) == [0, 1, 2])
 

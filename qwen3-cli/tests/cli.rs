@@ -338,7 +338,7 @@ fn stop_strings_and_json_output_for_scripts() {
     assert!(err.contains("--stop needs a text prompt"), "{err}");
     let err = fails(qwen3(&["chat", m, "--json"]));
     assert!(
-        err.contains("--stop and --json are for -m generate"),
+        err.contains("--stop, --json and --logprobs are for -m generate"),
         "{err}"
     );
 }

@@ -96,6 +96,7 @@ fn decode_and_count() {
                     max_tokens: WARM_UP + COUNTED,
                     sampler: cfg.clone(),
                     stop_ids: vec![],
+                    logprobs: None,
                 };
                 let (mut seen, mut at_start) = (0, 0);
                 generate(&mut engine, request, |_| {

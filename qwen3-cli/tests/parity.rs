@@ -524,6 +524,7 @@ fn our_greedy(model: &Model, case: &Case, kv: KvType) -> Vec<u32> {
         max_tokens: n,
         sampler: SamplerConfig::greedy(),
         stop_ids: vec![],
+        logprobs: None,
     };
     let mut out = vec![];
     generate(&mut e, request, |t| {

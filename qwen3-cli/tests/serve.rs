@@ -345,8 +345,8 @@ fn bad_input_gets_4xx_error_objects() {
     check(
         400,
         c,
-        br#"{"prompt": "hi", "logprobs": 2}"#,
-        Some("logprobs"),
+        br#"{"prompt": "hi", "echo": true}"#,
+        Some("echo"),
         None,
     );
     check(400, c, br#"{"max_tokens": 4}"#, Some("prompt"), None);

@@ -75,6 +75,7 @@ fn check_fixture(name: &str) {
             max_tokens: case.greedy_ids.len(),
             sampler: SamplerConfig::greedy(),
             stop_ids: vec![],
+            logprobs: None,
         };
         generate(&mut g, request, |id| {
             ids.push(id);

@@ -5,6 +5,7 @@
 
 use crate::backend::Backend;
 use crate::engine::{Engine, Event, Request};
+use crate::logprobs::TokenLogprobs;
 use anyhow::{anyhow, bail, Result};
 use std::time::Duration;
 
@@ -74,20 +75,21 @@ impl GenerationStats {
 pub fn generate<B: Backend>(
     engine: &mut Engine<B>,
     request: Request,
-    on_token: impl FnMut(u32) -> Result<bool>,
+    mut on_token: impl FnMut(u32) -> Result<bool>,
 ) -> Result<GenerationStats> {
-    generate_until(engine, request, || false, on_token)
+    generate_until(engine, request, || false, |id, _| on_token(id))
 }
 
 /// [`generate`], asking `interrupted()` after every step of the engine as well: a step is a
 /// token, or a chunk of at most `MAX_BATCH` prompt tokens (model/forward.rs), so a user's Ctrl-C
 /// during a long prompt acts within one chunk rather than after the whole prefill. When it says
-/// yes the request ends with [`StopReason::Stopped`].
+/// yes the request ends with [`StopReason::Stopped`]. `on_token` also gets the token's
+/// log-probabilities when the request asks for them (`Request::logprobs`).
 pub fn generate_until<B: Backend>(
     engine: &mut Engine<B>,
     request: Request,
     mut interrupted: impl FnMut() -> bool,
-    mut on_token: impl FnMut(u32) -> Result<bool>,
+    mut on_token: impl FnMut(u32, Option<&TokenLogprobs>) -> Result<bool>,
 ) -> Result<GenerationStats> {
     let ctx = engine.context_len();
     if request.prompt.len() > ctx {
@@ -103,8 +105,12 @@ pub fn generate_until<B: Backend>(
         let mut go_on = true;
         for ev in events.drain(..) {
             match ev {
-                Event::Token { id: i, token } if i == id && go_on => {
-                    go_on = match on_token(token) {
+                Event::Token {
+                    id: i,
+                    token,
+                    logprobs,
+                } if i == id && go_on => {
+                    go_on = match on_token(token, logprobs.as_deref()) {
                         Ok(g) => g,
                         Err(e) => {
                             engine.cancel(id);
@@ -158,6 +164,7 @@ mod tests {
             max_tokens,
             sampler: SamplerConfig::greedy(),
             stop_ids: stop_ids.to_vec(),
+            logprobs: None,
         }
     }
 

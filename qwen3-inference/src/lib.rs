@@ -12,6 +12,7 @@ pub mod engine;
 pub mod format;
 pub mod generate;
 pub mod kernels;
+pub mod logprobs;
 pub mod model;
 pub mod pages;
 pub mod quant;

@@ -1,7 +1,7 @@
 //! The requests of OpenAI's API as this server reads them: every field it knows is checked for
 //! type and range, and a wrong one is a 400 naming it. Unknown fields are ignored, as OpenAI's
-//! own server and vLLM ignore them; fields this server cannot honour yet (`logprobs`, `tools`,
-//! ...) are refused rather than silently dropped.
+//! own server and vLLM ignore them; fields this server cannot honour yet (`tools`, `echo`, ...)
+//! are refused rather than silently dropped.
 //!
 //! References: OpenAI's API reference for `/v1/completions` and `/v1/chat/completions`; vLLM's
 //! extra fields (`top_k`, `min_p`, `repetition_penalty`, `chat_template_kwargs`,
@@ -69,9 +69,7 @@ struct Common {
 
 /// Fields of OpenAI's API that this server does not implement: given with a value that asks for
 /// them, they are refused (a client that needs them should know).
-const UNSUPPORTED: [&str; 9] = [
-    "logprobs",
-    "top_logprobs",
+const UNSUPPORTED: [&str; 7] = [
     "echo",
     "suffix",
     "best_of",
@@ -225,6 +223,44 @@ pub fn params(
                 .unwrap_or(false),
         ignore_eos: c.ignore_eos.unwrap_or(false),
     })
+}
+
+/// How many alternatives to report with each token's log-probability, or `None` for none:
+/// `/v1/chat/completions` takes `logprobs: true` and `top_logprobs: 0..=20`; `/v1/completions`
+/// takes `logprobs: 0..=20` (OpenAI's legacy limit is 5; vLLM's is 20, as here).
+pub fn logprobs(v: &Value, chat: bool) -> Result<Option<usize>, ApiError> {
+    let max = qwen3_inference::logprobs::MAX_TOP as i64;
+    let bad = |name: &str, what: String| Err(ApiError::invalid(name.to_string(), what));
+    if chat {
+        #[derive(Deserialize)]
+        struct Body {
+            logprobs: Option<bool>,
+            top_logprobs: Option<i64>,
+        }
+        let b: Body = typed(v)?;
+        match (b.logprobs.unwrap_or(false), b.top_logprobs) {
+            (_, Some(k)) if !(0..=max).contains(&k) => bad(
+                "top_logprobs",
+                format!("top_logprobs must be in 0 ..= {max}, got {k}"),
+            ),
+            (false, Some(_)) => bad("top_logprobs", "top_logprobs needs logprobs: true".into()),
+            (false, None) => Ok(None),
+            (true, k) => Ok(Some(k.unwrap_or(0) as usize)),
+        }
+    } else {
+        #[derive(Deserialize)]
+        struct Body {
+            logprobs: Option<i64>,
+        }
+        match typed::<Body>(v)?.logprobs {
+            None => Ok(None),
+            Some(k) if (0..=max).contains(&k) => Ok(Some(k as usize)),
+            Some(k) => bad(
+                "logprobs",
+                format!("logprobs must be in 0 ..= {max}, got {k}"),
+            ),
+        }
+    }
 }
 
 /// `/v1/completions`' `prompt`: a string or a list of token ids (or a list of one of either).
@@ -394,8 +430,8 @@ mod tests {
         assert_eq!(p(json!({"n": 0})).unwrap_err().param.as_deref(), Some("n"));
         let e = p(json!({"max_tokens": 0})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
-        let e = p(json!({"logprobs": true})).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("logprobs"));
+        let e = p(json!({"tools": [{"type": "function"}]})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tools"));
         let e = p(json!({"stop": [1]})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("stop"));
         let ok = p(
@@ -424,5 +460,32 @@ mod tests {
             {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]))
         .unwrap();
         assert_eq!(ok, [json!({"role": "system", "content": "ab"})]);
+    }
+
+    #[test]
+    fn logprobs_per_endpoint() {
+        let lp = |v: Value, chat| logprobs(&v, chat).map_err(|e| e.param.unwrap_or_default());
+        assert_eq!(lp(json!({}), true), Ok(None));
+        assert_eq!(lp(json!({"logprobs": false}), true), Ok(None));
+        assert_eq!(lp(json!({"logprobs": true}), true), Ok(Some(0)));
+        assert_eq!(
+            lp(json!({"logprobs": true, "top_logprobs": 20}), true),
+            Ok(Some(20))
+        );
+        assert_eq!(
+            lp(json!({"top_logprobs": 2}), true),
+            Err("top_logprobs".into())
+        );
+        assert_eq!(
+            lp(json!({"logprobs": true, "top_logprobs": 21}), true),
+            Err("top_logprobs".into())
+        );
+        assert_eq!(lp(json!({"logprobs": 2}), true), Err("logprobs".into()));
+        assert_eq!(lp(json!({}), false), Ok(None));
+        assert_eq!(lp(json!({"logprobs": null}), false), Ok(None));
+        assert_eq!(lp(json!({"logprobs": 0}), false), Ok(Some(0)));
+        assert_eq!(lp(json!({"logprobs": 5}), false), Ok(Some(5)));
+        assert_eq!(lp(json!({"logprobs": 21}), false), Err("logprobs".into()));
+        assert_eq!(lp(json!({"logprobs": true}), false), Err("logprobs".into()));
     }
 }

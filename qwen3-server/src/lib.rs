@@ -14,6 +14,7 @@
 
 pub mod api;
 pub mod error;
+pub mod logprobs;
 pub mod routes;
 pub mod text;
 pub mod worker;

@@ -9,6 +9,7 @@
 
 use crate::api::{self, Params};
 use crate::error::ApiError;
+use crate::logprobs;
 use crate::text::{ChoiceText, Delta};
 use crate::worker::{Command, Update};
 use crate::AppState;
@@ -22,6 +23,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use qwen3_inference::engine::{Rejected, Request as EngineRequest, RequestId};
 use qwen3_inference::generate::StopReason;
+use qwen3_inference::logprobs::TokenLogprobs;
+use qwen3_inference::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -112,6 +115,7 @@ pub async fn completions(
         prompt,
         reasoning: None,
         stop_ids: s.eos_ids.clone(),
+        logprobs: api::logprobs(&v, false)?,
     };
     run(s, job, params).await
 }
@@ -142,6 +146,7 @@ pub async fn chat_completions(
         prompt: s.tokenizer.encode(&text),
         reasoning,
         stop_ids: s.chat_stop_ids.clone(),
+        logprobs: api::logprobs(&v, true)?,
     };
     run(s, job, params).await
 }
@@ -168,6 +173,8 @@ struct Job {
     /// Split `<think>` off (`Some(starts inside)`), for a thinking model's chat.
     reasoning: Option<bool>,
     stop_ids: Vec<u32>,
+    /// Alternatives to report with each token's log-probability (`None`: no log-probabilities).
+    logprobs: Option<usize>,
 }
 
 /// What the request log line says about tokens; put in a response's extensions by the handler.
@@ -209,6 +216,7 @@ async fn run(s: Arc<AppState>, job: Job, p: Params) -> Result<Response, ApiError
                 } else {
                     job.stop_ids.clone()
                 },
+                logprobs: job.logprobs,
             }
         })
         .collect();
@@ -259,7 +267,7 @@ async fn run(s: Arc<AppState>, job: Job, p: Params) -> Result<Response, ApiError
             }
         }
         let usage = choices.usage(n_prompt);
-        let mut r = Json(meta.whole(&choices, &usage)).into_response();
+        let mut r = Json(meta.whole(&choices, &usage, s.tokenizer)).into_response();
         r.extensions_mut().insert(LogTokens {
             prompt: n_prompt,
             completion: choices.completion_tokens(),
@@ -301,11 +309,18 @@ struct ChoiceState {
     finish: Option<&'static str>,
     /// Something was sent for this choice (a stream's first chunk carries the role).
     started: bool,
+    /// Log-probabilities of the tokens so far (when asked for), and how many of them were sent.
+    logprobs: Vec<TokenLogprobs>,
+    sent_logprobs: usize,
+    /// Characters of the text whose tokens' log-probabilities were sent (`text_offset`).
+    sent_chars: usize,
 }
 
 /// Every choice of a request, fed by the worker's updates.
 struct Choices {
     ids: Vec<RequestId>,
+    /// The request asked for log-probabilities.
+    logprobs: bool,
     c: Vec<ChoiceState>,
     /// What the last update changed: (choice, text, finish reason), for a stream to send.
     out: Vec<(usize, Delta, Option<&'static str>)>,
@@ -323,10 +338,14 @@ impl Choices {
                 cached: 0,
                 finish: None,
                 started: false,
+                logprobs: Vec::new(),
+                sent_logprobs: 0,
+                sent_chars: 0,
             })
             .collect();
         Choices {
             ids,
+            logprobs: job.logprobs.is_some(),
             c,
             out: Vec::new(),
         }
@@ -341,12 +360,19 @@ impl Choices {
         self.out.clear();
         match u {
             Update::Started { choice, cached } => self.c[choice].cached = cached,
-            Update::Token { choice, token } => {
+            Update::Token {
+                choice,
+                token,
+                logprobs,
+            } => {
                 let c = &mut self.c[choice];
                 if c.finish.is_some() {
                     return Ok(()); // after a stop string, until the cancel lands
                 }
                 c.tokens += 1;
+                if let Some(lp) = logprobs {
+                    c.logprobs.push(*lp);
+                }
                 let (d, stopped) = c.text.push(token);
                 if stopped {
                     c.finish = Some("stop");
@@ -403,21 +429,24 @@ impl Choices {
 
 impl Meta {
     /// The non-streamed answer.
-    fn whole(&self, ch: &Choices, usage: &Value) -> Value {
+    fn whole(&self, ch: &Choices, usage: &Value, tok: &Tokenizer) -> Value {
         let choices: Vec<Value> = ch
             .c
             .iter()
             .enumerate()
-            .map(|(i, c)| match self.kind {
-                Kind::Completion => json!({
-                    "index": i, "text": c.content, "logprobs": null, "finish_reason": c.finish,
-                }),
-                Kind::Chat => {
-                    let mut m = json!({"role": "assistant", "content": c.content});
-                    if !c.reasoning.is_empty() {
-                        m["reasoning_content"] = c.reasoning.clone().into();
+            .map(|(i, c)| {
+                let lp = ch.logprobs.then(|| self.logprobs(&c.logprobs, 0, tok));
+                match self.kind {
+                    Kind::Completion => json!({
+                        "index": i, "text": c.content, "logprobs": lp, "finish_reason": c.finish,
+                    }),
+                    Kind::Chat => {
+                        let mut m = json!({"role": "assistant", "content": c.content});
+                        if !c.reasoning.is_empty() {
+                            m["reasoning_content"] = c.reasoning.clone().into();
+                        }
+                        json!({"index": i, "message": m, "logprobs": lp, "finish_reason": c.finish})
                     }
-                    json!({"index": i, "message": m, "logprobs": null, "finish_reason": c.finish})
                 }
             })
             .collect();
@@ -446,10 +475,27 @@ impl Meta {
         c
     }
 
-    fn choice_delta(&self, i: usize, d: &Delta, first: bool, finish: Option<&str>) -> Value {
+    /// Log-probabilities of `entries` in this endpoint's shape; `offset`: characters of the
+    /// text before them (`/v1/completions`' `text_offset`).
+    fn logprobs(&self, entries: &[TokenLogprobs], offset: usize, tok: &Tokenizer) -> Value {
+        match self.kind {
+            Kind::Completion => logprobs::completion(entries, tok, offset),
+            Kind::Chat => logprobs::chat(entries, tok),
+        }
+    }
+
+    /// A stream's choice object; `lp`: the log-probabilities of the tokens since the last one.
+    fn choice_delta(
+        &self,
+        i: usize,
+        d: &Delta,
+        first: bool,
+        finish: Option<&str>,
+        lp: Value,
+    ) -> Value {
         match self.kind {
             Kind::Completion => {
-                json!({"index": i, "text": d.content, "logprobs": null, "finish_reason": finish})
+                json!({"index": i, "text": d.content, "logprobs": lp, "finish_reason": finish})
             }
             Kind::Chat => {
                 let mut delta = serde_json::Map::new();
@@ -462,7 +508,7 @@ impl Meta {
                 if !d.content.is_empty() || (first && d.reasoning.is_empty()) {
                     delta.insert("content".into(), d.content.clone().into());
                 }
-                json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish})
             }
         }
     }
@@ -500,9 +546,20 @@ fn stream(
                 break;
             }
             for (i, d, finish) in std::mem::take(&mut choices.out) {
-                let first = !choices.c[i].started;
-                choices.c[i].started = true;
-                let ch = meta.choice_delta(i, &d, first, finish);
+                let c = &mut choices.c[i];
+                let first = !c.started;
+                c.started = true;
+                // The tokens since the last chunk: their text may have been held back until now.
+                let lp = if choices.logprobs {
+                    let new = &c.logprobs[c.sent_logprobs..];
+                    let v = meta.logprobs(new, c.sent_chars, s.tokenizer);
+                    c.sent_chars += logprobs::chars(new, s.tokenizer);
+                    c.sent_logprobs = c.logprobs.len();
+                    v
+                } else {
+                    Value::Null
+                };
+                let ch = meta.choice_delta(i, &d, first, finish, lp);
                 if tx
                     .send(Ok(send(meta.chunk(vec![ch], include_usage))))
                     .await

@@ -14,6 +14,7 @@
 use qwen3_inference::backend::Backend;
 use qwen3_inference::engine::{Engine, Event, Rejected, Request, RequestId};
 use qwen3_inference::generate::StopReason;
+use qwen3_inference::logprobs::TokenLogprobs;
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use tokio::sync::mpsc::UnboundedSender;
@@ -36,19 +37,16 @@ pub enum Command {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Update {
     /// The engine took the requests; choice `i` is request `ids[i]`.
-    Queued {
-        ids: Vec<RequestId>,
-    },
+    Queued { ids: Vec<RequestId> },
     /// The engine refused them; none runs.
     Rejected(Rejected),
     /// Choice `choice` took a slot with `cached` prompt tokens already computed.
-    Started {
-        choice: usize,
-        cached: usize,
-    },
+    Started { choice: usize, cached: usize },
+    /// The next token, with its log-probabilities if the request asked for them.
     Token {
         choice: usize,
         token: u32,
+        logprobs: Option<Box<TokenLogprobs>>,
     },
     Finished {
         choice: usize,
@@ -56,10 +54,7 @@ pub enum Update {
         generated: usize,
     },
     /// The worker failed this choice (a failed step, or shutdown).
-    Failed {
-        choice: usize,
-        error: String,
-    },
+    Failed { choice: usize, error: String },
 }
 
 /// Runs the worker until the command channel closes or [`Command::Shutdown`] arrives.
@@ -121,7 +116,13 @@ pub fn run<B: Backend>(mut engine: Engine<B>, commands: Receiver<Command>) {
             let choice = *choice;
             let update = match ev {
                 Event::Started { cached, .. } => Update::Started { choice, cached },
-                Event::Token { token, .. } => Update::Token { choice, token },
+                Event::Token {
+                    token, logprobs, ..
+                } => Update::Token {
+                    choice,
+                    token,
+                    logprobs,
+                },
                 Event::Finished { stats, .. } => Update::Finished {
                     choice,
                     reason: stats.stop,

@@ -494,11 +494,12 @@ impl<B: Backend> Chat<'_, '_, B> {
             max_tokens: self.max_tokens,
             sampler,
             stop_ids: self.stop_ids.clone(),
+            logprobs: None,
         };
         // Ctrl-C is checked after each step of the engine: each token, and each chunk of a long
         // prompt's prefill.
         let interrupted = || INTERRUPTED.load(Ordering::SeqCst);
-        let stats = generate_until(&mut self.engine, request, interrupted, |next| {
+        let stats = generate_until(&mut self.engine, request, interrupted, |next, _| {
             if interrupted() {
                 return Ok(false);
             }

@@ -16,12 +16,13 @@ use qwen3_inference::backend::{Backend, CpuBackend, KvType};
 use qwen3_inference::chat::{ChatTemplate, Conversation};
 use qwen3_inference::engine::{Engine, Request};
 use qwen3_inference::format::{companion_paths, ModelConfig, ModelFile};
-use qwen3_inference::generate::{generate, StopReason};
+use qwen3_inference::generate::{generate_until, StopReason};
 use qwen3_inference::kernels;
 use qwen3_inference::model::Model;
 use qwen3_inference::sampler::SamplerConfig;
 use qwen3_inference::tokenizer::Tokenizer;
 use qwen3_server::text::ChoiceText;
+use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -129,6 +130,11 @@ pub struct InferenceArgs {
     /// token ids, why it stopped, token counts and timings (for scripts).
     #[arg(long)]
     pub json: bool,
+    /// Generate mode: each token's log-probability and its K most likely alternatives (0-20),
+    /// as one JSON line per token on stdout instead of the text (with --json: in its object).
+    /// Log-softmax of the model's logits, before temperature and the other sampling settings.
+    #[arg(long, value_name = "K")]
+    pub logprobs: Option<usize>,
     /// Print the prompt before the completion.
     #[arg(long)]
     pub echo: bool,
@@ -212,8 +218,8 @@ pub fn run(args: InferenceArgs) -> Result<()> {
     // Before anything is loaded: a build without CUDA, a missing driver or device, is one line.
     check_available(device).map_err(|e| anyhow!(e))?;
     if args.mode() == Mode::Chat {
-        if !args.stops.is_empty() || args.json {
-            bail!("--stop and --json are for -m generate");
+        if !args.stops.is_empty() || args.json || args.logprobs.is_some() {
+            bail!("--stop, --json and --logprobs are for -m generate");
         }
         if args.input.is_some() || args.file.is_some() || args.prompt_ids.is_some() || args.chat {
             bail!("-m chat reads the user's messages from stdin; -i, -f, --prompt-ids and --chat are for -m generate");
@@ -222,8 +228,17 @@ pub fn run(args: InferenceArgs) -> Result<()> {
         if args.hide_thinking || args.verbose_prompt || args.no_history {
             bail!("--hide-thinking, --verbose-prompt and --no-history are for -m chat");
         }
-        if args.json && args.echo {
-            bail!("--json prints the answer only; drop --echo");
+        if (args.json || args.logprobs.is_some()) && args.echo {
+            bail!("--json and --logprobs print the answer only; drop --echo");
+        }
+        if args
+            .logprobs
+            .is_some_and(|k| k > qwen3_inference::logprobs::MAX_TOP)
+        {
+            bail!(
+                "--logprobs: at most {} alternatives",
+                qwen3_inference::logprobs::MAX_TOP
+            );
         }
         if !args.chat && (args.system.is_some() || args.thinking.is_some()) {
             bail!("-y/--system and --thinking need --chat (or -m chat)");
@@ -402,34 +417,56 @@ fn generate_text<B: Backend>(
     }
     let mut first = !args.echo;
     // With --json everything is kept for the one object printed at the end.
-    let (mut all_text, mut all_ids) = (String::new(), Vec::new());
+    let (mut all_text, mut all_ids, mut all_lps) = (String::new(), Vec::new(), Vec::new());
+    let token_text = |id: u32| match &tokenizer {
+        Some(t) => String::from_utf8_lossy(t.token_bytes(id).unwrap_or_default()).into_owned(),
+        None => id.to_string(),
+    };
     let mut stop_string = false;
     let request = Request {
         prompt,
         max_tokens: args.max_tokens,
         sampler,
         stop_ids: eos_ids,
+        logprobs: args.logprobs,
     };
-    let stats = generate(&mut engine, request, |id| {
-        all_ids.push(id);
-        let piece = match text_out.as_mut() {
-            Some(t) => {
-                let (delta, stopped) = t.push(id);
-                stop_string = stopped;
-                delta.content
+    let stats = generate_until(
+        &mut engine,
+        request,
+        || false,
+        |id, lp| {
+            all_ids.push(id);
+            if let Some(lp) = lp {
+                // One JSON object per token: its text is the token's own bytes (lossy UTF-8).
+                let one =
+                    |id: u32, p: f32| json!({"token": id, "text": token_text(id), "logprob": p});
+                let mut v = one(id, lp.logprob);
+                v["top"] = lp.top.iter().map(|&(t, p)| one(t, p)).collect();
+                if args.json {
+                    all_lps.push(v);
+                } else {
+                    writeln!(out, "{v}")?;
+                }
             }
-            None if first => format!("{id}"),
-            None => format!(" {id}"),
-        };
-        first = false;
-        if args.json {
-            all_text.push_str(&piece);
-        } else {
-            write!(out, "{piece}")?;
+            let piece = match text_out.as_mut() {
+                Some(t) => {
+                    let (delta, stopped) = t.push(id);
+                    stop_string = stopped;
+                    delta.content
+                }
+                None if first => format!("{id}"),
+                None => format!(" {id}"),
+            };
+            first = false;
+            if args.json {
+                all_text.push_str(&piece);
+            } else if args.logprobs.is_none() {
+                write!(out, "{piece}")?;
+            }
             out.flush().context("stdout")?;
-        }
-        Ok(!stop_string)
-    })?;
+            Ok(!stop_string)
+        },
+    )?;
     let rest = match text_out.as_mut() {
         Some(t) if !stop_string => t.finish().content,
         _ => String::new(),
@@ -450,7 +487,7 @@ fn generate_text<B: Backend>(
             StopReason::MaxTokens => ("length", "max_tokens"),
             StopReason::ContextFull => ("length", "context_full"),
         };
-        let v = serde_json::json!({
+        let mut v = json!({
             "text": tokenizer.as_ref().map(|_| all_text),
             "tokens": all_ids,
             "finish_reason": finish,
@@ -464,8 +501,11 @@ fn generate_text<B: Backend>(
                 "decode_tok_s": stats.decode_tok_s(),
             },
         });
+        if args.logprobs.is_some() {
+            v["logprobs"] = all_lps.into();
+        }
         writeln!(out, "{v}")?;
-    } else {
+    } else if args.logprobs.is_none() {
         write!(out, "{rest}")?;
         writeln!(out)?;
     }

@@ -25,6 +25,7 @@
 use crate::backend::{Backend, KvType};
 use crate::chat::{common_prefix_len, reuse_len};
 use crate::generate::{GenerationStats, StopReason};
+use crate::logprobs::{token_logprobs, TokenLogprobs, MAX_TOP};
 use crate::model::{Forward, Model, Segment, MAX_BATCH};
 use crate::sampler::{Sampler, SamplerConfig};
 use anyhow::{bail, Result};
@@ -48,6 +49,9 @@ pub struct Request {
     /// Ids that end the answer (the model's end-of-sequence ids, the template's end of turn).
     /// They are not reported as tokens.
     pub stop_ids: Vec<u32>,
+    /// Report each token's log-probability and this many alternatives (at most
+    /// `logprobs::MAX_TOP`) with it; `None`: no log-probabilities (nothing computed).
+    pub logprobs: Option<usize>,
 }
 
 /// What happened to a request in a step.
@@ -55,8 +59,12 @@ pub struct Request {
 pub enum Event {
     /// The request took a slot; `cached` of its prompt's tokens were already in the slot's cache.
     Started { id: RequestId, cached: usize },
-    /// The next token of the answer.
-    Token { id: RequestId, token: u32 },
+    /// The next token of the answer, with its log-probabilities if the request asked for them.
+    Token {
+        id: RequestId,
+        token: u32,
+        logprobs: Option<Box<TokenLogprobs>>,
+    },
     /// The answer ended: why, and its counts and times (`stats.generated_tokens` counts the
     /// sampled tokens, an end-of-sequence id included).
     Finished {
@@ -118,6 +126,7 @@ struct Job {
     max_tokens: usize,
     sampler: Sampler,
     stop_ids: Vec<u32>,
+    logprobs: Option<usize>,
     /// Prompt tokens found in the slot's cache when it started.
     cached: usize,
     /// When it took its slot.
@@ -269,6 +278,11 @@ impl<'m, B: Backend> Engine<'m, B> {
         if let Err(e) = req.sampler.validate() {
             return Err(Rejected::Invalid(e.to_string()));
         }
+        if req.logprobs.is_some_and(|k| k > MAX_TOP) {
+            return Err(Rejected::Invalid(format!(
+                "at most {MAX_TOP} alternatives per token can be reported"
+            )));
+        }
         // Free slots take waiting requests at the next step: those do not count as queued.
         let free = self.slots.iter().filter(|s| s.job.is_none()).count();
         if self.waiting.len() >= self.cfg.max_queue + free {
@@ -374,6 +388,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 max_tokens: req.max_tokens,
                 sampler,
                 stop_ids: req.stop_ids,
+                logprobs: req.logprobs,
                 cached: reuse,
                 start: Instant::now(),
                 prefill: None,
@@ -466,9 +481,14 @@ impl<'m, B: Backend> Engine<'m, B> {
                 if job.stop_ids.contains(&next) {
                     Some(StopReason::Eos(next))
                 } else {
+                    // Of the raw logits, which the sampler read but did not change.
+                    let logprobs = job
+                        .logprobs
+                        .map(|top| Box::new(token_logprobs(l, next, top)));
                     events.push(Event::Token {
                         id: job.id,
                         token: next,
+                        logprobs,
                     });
                     if generated + 1 == job.max_tokens {
                         Some(StopReason::MaxTokens)

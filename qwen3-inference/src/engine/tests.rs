@@ -48,6 +48,7 @@ fn request(prompt: &[u32], sampler: SamplerConfig) -> Request {
         max_tokens: 12,
         sampler,
         stop_ids: vec![],
+        logprobs: None,
     }
 }
 
@@ -62,7 +63,7 @@ fn drain<B: crate::backend::Backend>(e: &mut Engine<B>) -> HashMap<RequestId, (V
         assert!(steps < 10_000, "the engine does not finish");
         for ev in events.drain(..) {
             match ev {
-                Event::Token { id, token } => out.entry(id).or_default().0.push(token),
+                Event::Token { id, token, .. } => out.entry(id).or_default().0.push(token),
                 Event::Finished { id, .. } | Event::Failed { id, .. } => {
                     out.entry(id).or_default().1 = ev
                 }
@@ -412,4 +413,85 @@ fn a_failed_step_ends_its_requests_and_the_engine_goes_on() {
         .unwrap();
     assert_eq!(got, drain(&mut healthy).remove(&h).unwrap().0);
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Log-probabilities come with each token when asked: the log-softmax of the logits a
+/// one-sequence `Session` computes for the same context, and the same bits whether the request
+/// runs alone or beside others. Refused past `MAX_TOP` alternatives.
+#[test]
+fn logprobs_are_the_log_softmax_of_the_logits_in_any_batch() {
+    let (d, f) = model_file("logprobs", DType::F32);
+    let model = Model::load(&f).unwrap();
+    let run = |slots: usize, ids: &[usize]| -> Vec<Vec<(u32, Box<TokenLogprobs>)>> {
+        let mut e = engine(&model, slots, 4);
+        let mut reqs = vec![];
+        for (k, &i) in ids.iter().enumerate() {
+            let mut r = request(&prompts()[i], sampled(40 + i as u64));
+            r.logprobs = Some(k % 4);
+            reqs.push(e.submit(r).unwrap());
+        }
+        let mut got: HashMap<RequestId, Vec<(u32, Box<TokenLogprobs>)>> = HashMap::new();
+        let mut events = Vec::new();
+        while !e.is_idle() {
+            e.step(&mut events);
+            for ev in events.drain(..) {
+                if let Event::Token {
+                    id,
+                    token,
+                    logprobs,
+                } = ev
+                {
+                    got.entry(id)
+                        .or_default()
+                        .push((token, logprobs.expect("asked for")));
+                }
+            }
+        }
+        reqs.iter()
+            .map(|id| got.remove(id).unwrap_or_default())
+            .collect()
+    };
+    let all = [0, 1, 2, 3, 4, 5];
+    let batched = run(4, &all);
+    for (k, &i) in all.iter().enumerate() {
+        // Alone, with the same number of alternatives asked for.
+        let mut e = engine(&model, 1, 4);
+        let mut r = request(&prompts()[i], sampled(40 + i as u64));
+        r.logprobs = Some(k % 4);
+        let id = e.submit(r).unwrap();
+        let mut alone = vec![];
+        let mut events = Vec::new();
+        while !e.is_idle() {
+            e.step(&mut events);
+            for ev in events.drain(..) {
+                if let Event::Token {
+                    id: j,
+                    token,
+                    logprobs,
+                } = ev
+                {
+                    assert_eq!(j, id);
+                    alone.push((token, logprobs.unwrap()));
+                }
+            }
+        }
+        assert_eq!(batched[k], alone, "request {k}");
+        // Against the log-softmax of a Session's logits over the same context.
+        let mut context = prompts()[i].clone();
+        for (token, lp) in &alone {
+            let mut s = Session::new(&model, 64).unwrap();
+            let logits = s.forward(&context).unwrap().to_vec();
+            assert_eq!(
+                **lp,
+                crate::logprobs::token_logprobs(&logits, *token, k % 4)
+            );
+            assert_eq!(lp.top.len(), k % 4);
+            context.push(*token);
+        }
+    }
+    let mut e = engine(&model, 1, 4);
+    let mut r = request(&prompts()[0], sampled(1));
+    r.logprobs = Some(MAX_TOP + 1);
+    assert!(matches!(e.submit(r), Err(Rejected::Invalid(m)) if m.contains("at most 20")));
+    std::fs::remove_dir_all(d).unwrap();
 }
