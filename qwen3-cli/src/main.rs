@@ -3,7 +3,7 @@
 mod commands;
 
 use clap::{Parser, Subcommand};
-use commands::{bench, chat_template, detokenize, export, inference, info, serve, tokenize};
+use commands::{batch, bench, chat_template, detokenize, export, inference, info, serve, tokenize};
 
 /// Run HuggingFace Qwen3 models from a compact INT8 file, on the CPU.
 #[derive(Parser)]
@@ -37,6 +37,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve the model over an OpenAI-compatible HTTP API, batching concurrent requests.
     Serve(serve::ServeArgs),
+    /// Run a file of OpenAI Batch API requests through the same engine, results to a file.
+    Batch(batch::BatchArgs),
 }
 
 /// Restores the default action for SIGPIPE (terminate quietly), which Rust's runtime sets to
@@ -91,6 +93,7 @@ fn main() {
         Command::ChatTemplate(a) => chat_template::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Batch(a) => batch::run(a),
     };
     if let Err(e) = result {
         // One line: the chain of contexts, outermost first ("file: problem: cause").

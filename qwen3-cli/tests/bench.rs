@@ -37,7 +37,7 @@ fn json_report_has_every_field() {
     let out = qwen3(&[
         "bench",
         m,
-        "-p",
+        "--prompt-tokens",
         "5",
         "-n",
         "3",
@@ -100,7 +100,7 @@ fn bad_arguments_are_one_line_errors() {
     for args in [
         vec!["bench", m, "-r", "0"],
         vec!["bench", m, "--threads", "0"],
-        vec!["bench", m, "-p", "250", "-n", "10"],
+        vec!["bench", m, "--prompt-tokens", "250", "-n", "10"],
         vec!["bench", "/nonexistent/model.bin"],
     ] {
         let out = qwen3(&args);
@@ -118,7 +118,7 @@ fn bad_arguments_are_one_line_errors() {
 fn table_never_claims_more_than_the_ceiling() {
     let model = tiny_q8("table");
     let m = model.to_str().unwrap();
-    let out = qwen3(&["bench", m, "-p", "5", "-n", "3", "-r", "1"]);
+    let out = qwen3(&["bench", m, "--prompt-tokens", "5", "-n", "3", "-r", "1"]);
     let s = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),

@@ -275,10 +275,16 @@ fn n_minus_one_runs_until_the_context_is_full() {
 }
 
 #[test]
-fn bench_threads_is_a_long_flag_only() {
-    // -t is the temperature elsewhere; bench takes --threads.
-    let err = fails(qwen3(&["bench", model(), "-t", "1"]));
-    assert!(err.contains("unexpected argument '-t'"), "{err}");
+fn bench_takes_no_letter_that_means_something_else_in_inference() {
+    // -t is the temperature and -p the top-p elsewhere; bench takes --threads and
+    // --prompt-tokens.
+    for flag in ["-t", "-p"] {
+        let err = fails(qwen3(&["bench", model(), flag, "1"]));
+        assert!(
+            err.contains(&format!("unexpected argument '{flag}'")),
+            "{err}"
+        );
+    }
 }
 
 #[test]

@@ -416,7 +416,7 @@ fn bench_shows_progress_on_a_terminal() {
     let args = [
         "bench",
         model(),
-        "-p",
+        "--prompt-tokens",
         "4",
         "-n",
         "2",
@@ -430,4 +430,33 @@ fn bench_shows_progress_on_a_terminal() {
     assert!(status.success(), "{out}");
     assert!(out.contains("1 thread: repeat 2 of 2"), "{out}");
     assert!(out.contains("decode tok/s"), "{out}");
+}
+
+/// On a terminal, `qwen3 batch` shows a progress bar: done/total requests and tokens/s.
+#[test]
+fn batch_shows_a_progress_bar_on_a_terminal() {
+    let input = dir().join("batch-in.jsonl");
+    let lines: Vec<String> = (0..3)
+        .map(|i| {
+            format!(
+                r#"{{"custom_id": "r{i}", "method": "POST", "url": "/v1/completions", "body": {{"prompt": "Hello {i}", "max_tokens": 4, "temperature": 0}}}}"#
+            )
+        })
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let output = dir().join("batch-out.jsonl");
+    let _ = std::fs::remove_file(&output);
+    let args = [
+        "batch",
+        model(),
+        input.to_str().unwrap(),
+        "-o",
+        output.to_str().unwrap(),
+    ];
+    let t = Pty::spawn(&args, &dir().join("home-batch"));
+    let (status, out) = t.wait_exit();
+    assert!(status.success(), "{out}");
+    assert!(out.contains("3/3 requests"), "{out}");
+    assert!(out.contains("tok/s"), "{out}");
+    assert_eq!(std::fs::read_to_string(&output).unwrap().lines().count(), 3);
 }

@@ -10,9 +10,12 @@
 //! - [`text`]: tokens to the text a client sees (stop strings, `<think>` split off);
 //! - [`routes`]: the HTTP routes, auth, the request log, streaming;
 //! - [`worker`]: the model thread;
+//! - [`batch`]: a file of requests through the same routes, without a network;
+//! - [`logprobs`]: log-probabilities in OpenAI's shapes;
 //! - [`error`]: OpenAI's error object.
 
 pub mod api;
+pub mod batch;
 pub mod error;
 pub mod logprobs;
 pub mod routes;
@@ -87,7 +90,13 @@ pub fn log_line(
 
 /// The routes, with auth, the log, CORS and the body limit.
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    router_with(state, true)
+}
+
+/// [`router`], with or without the request log on stderr (a batch keeps stderr for its
+/// progress).
+pub fn router_with(state: Arc<AppState>, log: bool) -> Router {
+    let app = Router::new()
         .route("/health", get(routes::health))
         .route("/v1/models", get(routes::models))
         .route("/v1/models/{id}", get(routes::model))
@@ -99,22 +108,24 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             routes::auth,
-        ))
-        .layer(axum::middleware::from_fn(routes::log))
-        .layer(CorsLayer::permissive())
-        .with_state(state)
+        ));
+    let app = if log {
+        app.layer(axum::middleware::from_fn(routes::log))
+    } else {
+        app
+    };
+    app.layer(CorsLayer::permissive()).with_state(state)
 }
 
-/// Serves until Ctrl-C or SIGTERM: starts `worker` on its own thread with the command channel's
-/// receiving end, listens, prints one line with the URL, and answers. On a signal it stops
-/// accepting, ends the running requests, and returns `Ok`. If the worker ends on its own (it
-/// failed), the server stops with its error.
-pub fn serve<W>(
-    opts: ServeOptions,
-    state: AppState,
-    commands: Receiver<Command>,
+/// Starts `worker` on its own thread with the command channel's receiving end. The receiver
+/// gets why the worker ended, once it does (an error, a panic, or its channel closing).
+pub fn start_worker<W>(
     worker: W,
-) -> Result<()>
+    commands: Receiver<Command>,
+) -> Result<(
+    std::thread::JoinHandle<()>,
+    tokio::sync::oneshot::Receiver<String>,
+)>
 where
     W: FnOnce(Receiver<Command>) -> Result<()> + Send + 'static,
 {
@@ -138,6 +149,23 @@ where
             let _ = ended_tx.send(why);
         })
         .context("cannot start the model worker thread")?;
+    Ok((thread, ended_rx))
+}
+
+/// Serves until Ctrl-C or SIGTERM: starts `worker` on its own thread with the command channel's
+/// receiving end, listens, prints one line with the URL, and answers. On a signal it stops
+/// accepting, ends the running requests, and returns `Ok`. If the worker ends on its own (it
+/// failed), the server stops with its error.
+pub fn serve<W>(
+    opts: ServeOptions,
+    state: AppState,
+    commands: Receiver<Command>,
+    worker: W,
+) -> Result<()>
+where
+    W: FnOnce(Receiver<Command>) -> Result<()> + Send + 'static,
+{
+    let (thread, ended_rx) = start_worker(worker, commands)?;
     let shutdown_commands = state.commands.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

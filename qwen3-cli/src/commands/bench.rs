@@ -29,8 +29,8 @@ use std::time::Instant;
 pub struct BenchArgs {
     /// Model file written by `qwen3 export`.
     pub model: PathBuf,
-    /// Prompt tokens processed in one prefill.
-    #[arg(short = 'p', long, default_value_t = 128)]
+    /// Prompt tokens processed in one prefill. (No `-p`: that is the top-p of `inference`.)
+    #[arg(long = "prompt-tokens", default_value_t = 128)]
     pub prompt: usize,
     /// Tokens decoded one at a time after the prefill.
     #[arg(short = 'n', long, default_value_t = 64)]
@@ -99,7 +99,7 @@ struct Run {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.prompt == 0 || args.decode == 0 || args.repeats == 0 {
-        bail!("-p, -n and -r must be at least 1");
+        bail!("--prompt-tokens, -n and -r must be at least 1");
     }
     let file = ModelFile::open(&args.model)?;
     let model = Model::load(&file)?;
@@ -107,7 +107,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let ctx = args.prompt + args.decode;
     if ctx > c.max_position_embeddings as usize {
         bail!(
-            "-p + -n = {ctx} exceeds the model's {} positions",
+            "--prompt-tokens + -n = {ctx} exceeds the model's {} positions",
             c.max_position_embeddings
         );
     }

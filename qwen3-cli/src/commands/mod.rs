@@ -1,6 +1,7 @@
 //! One module per subcommand; each defines its clap `Args` and a `run` function. (`input` and
 //! `units` are shared: text from a file or stdin, and how sizes are printed.)
 
+pub mod batch;
 pub mod bench;
 pub mod chat;
 pub mod chat_template;

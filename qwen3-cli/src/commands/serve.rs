@@ -20,8 +20,8 @@ use std::sync::mpsc::Receiver;
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Model file written by `qwen3 export` (its tokenizer and template files beside it).
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// Address to listen on. The default answers this machine only; 0.0.0.0 answers every
     /// network the machine is on (set --api-key then).
     #[arg(long, default_value = "127.0.0.1")]
@@ -29,6 +29,17 @@ pub struct ServeArgs {
     /// Port to listen on; 0 picks a free one (printed when ready).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
+    /// Require `Authorization: Bearer KEY` on every route but /health (default: the
+    /// QWEN3_API_KEY environment variable, if set).
+    #[arg(long)]
+    pub api_key: Option<String>,
+}
+
+/// The model and how the engine runs it: `qwen3 serve`'s and `qwen3 batch`'s.
+#[derive(Args)]
+pub struct EngineArgs {
+    /// Model file written by `qwen3 export` (its tokenizer and template files beside it).
+    pub model: PathBuf,
     /// Sequences generated at once, each with its own KV cache; more requests wait.
     #[arg(long, default_value_t = 4)]
     pub parallel: usize,
@@ -47,10 +58,6 @@ pub struct ServeArgs {
     /// Where to run: cpu, cuda (device 0) or cuda:N (a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Require `Authorization: Bearer KEY` on every route but /health (default: the
-    /// QWEN3_API_KEY environment variable, if set).
-    #[arg(long)]
-    pub api_key: Option<String>,
     /// The model id that /v1/models lists and requests name (default: the model file's stem).
     #[arg(long)]
     pub model_name: Option<String>,
@@ -61,6 +68,28 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
+    let api_key = args
+        .api_key
+        .or_else(|| std::env::var("QWEN3_API_KEY").ok())
+        .filter(|k| !k.is_empty());
+    let (state, commands, worker) = prepare(args.engine, api_key)?;
+    let opts = ServeOptions {
+        host: args.host,
+        port: args.port,
+    };
+    qwen3_server::serve(opts, state, commands, worker)
+}
+
+/// What the worker thread runs: builds the engine there and serves its commands.
+pub type Worker = Box<dyn FnOnce(Receiver<Command>) -> Result<()> + Send>;
+
+/// Reads the model's files, checks the flags, and makes the handlers' state, the command
+/// channel's receiving end, and the worker (the engine is built once here too, so that a bad
+/// setting fails before anything listens or runs).
+pub fn prepare(
+    args: EngineArgs,
+    api_key: Option<String>,
+) -> Result<(AppState, Receiver<Command>, Worker)> {
     let device: Device = args.device.parse().map_err(|e: String| anyhow!(e))?;
     check_available(device).map_err(|e| anyhow!(e))?;
     if device != Device::Cpu && args.kv_cache != KvCacheArg::F32 {
@@ -105,11 +134,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .map(|s| s.to_string_lossy().into_owned())
             .context("the model path has no file name")?,
     };
-    let api_key = args
-        .api_key
-        .or_else(|| std::env::var("QWEN3_API_KEY").ok())
-        .filter(|k| !k.is_empty());
-
     let (tx, rx) = std::sync::mpsc::channel();
     let state = AppState {
         model_name,
@@ -145,11 +169,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let fwd = Forward::new(&CPU, &model, context_len, MAX_BATCH, args.parallel, kv)?;
         Engine::new(fwd, cfg)?;
     }
-    let opts = ServeOptions {
-        host: args.host,
-        port: args.port,
-    };
-    qwen3_server::serve(opts, state, rx, move |commands| {
+    let worker: Worker = Box::new(move |commands| {
         pool.install(|| match device {
             Device::Cpu => {
                 let model = Model::load(&file)?;
@@ -159,7 +179,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
             Device::Cuda(ordinal) => cuda::work(&file, ordinal, context_len, cfg, commands),
         })
-    })
+    });
+    Ok((state, rx, worker))
 }
 
 /// `--device cuda:N`: the same engine over the CUDA backend, built on the worker thread (the

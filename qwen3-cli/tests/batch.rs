@@ -1,0 +1,234 @@
+//! `qwen3 batch` end to end: an OpenAI Batch API file through the binary on the fullvocab
+//! fixture: answers equal the CLI's (the same engine), 4xx answers and invalid lines become
+//! result lines, nothing but results on a pipe, and a rerun after an interruption completes the
+//! file without repeating anything.
+
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = std::env::temp_dir().join(format!("pq-batch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    })
+}
+
+fn model() -> &'static str {
+    static MODEL: OnceLock<String> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let out = dir().join("m.bin");
+        let o = qwen3(&[
+            "export",
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../fixtures/models/tiny-qwen3-fullvocab")
+                .to_str()
+                .unwrap(),
+            out.to_str().unwrap(),
+            "--group-size",
+            "32",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        out.to_str().unwrap().to_string()
+    })
+}
+
+fn qwen3(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+const PROMPTS: [&str; 6] = [
+    "The capital of France is",
+    "Once upon a time",
+    "fn main() {",
+    "1, 2, 3, 4,",
+    "Hello",
+    "The weather today",
+];
+
+fn input_lines() -> Vec<String> {
+    let mut lines: Vec<String> = PROMPTS
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            json!({"custom_id": format!("c{i}"), "method": "POST", "url": "/v1/completions",
+                   "body": {"prompt": p, "max_tokens": 6, "temperature": 0}})
+            .to_string()
+        })
+        .collect();
+    lines.push(
+        json!({"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
+               "body": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5,
+                        "temperature": 0}})
+        .to_string(),
+    );
+    lines.push("{not json".to_string());
+    lines.push(
+        json!({"custom_id": "u1", "method": "POST", "url": "/v1/embeddings", "body": {}})
+            .to_string(),
+    );
+    lines.push(lines[0].clone()); // c0 again
+    lines.push(
+        json!({"custom_id": "e1", "method": "POST", "url": "/v1/completions",
+               "body": {"prompt": "x", "temperature": 9}})
+        .to_string(),
+    );
+    lines
+}
+
+/// The result lines of `path`, by custom_id (`null` for a line that had none).
+fn results(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn run_batch(input: &Path, output: &Path) -> Output {
+    qwen3(&[
+        "batch",
+        model(),
+        input.to_str().unwrap(),
+        "-o",
+        output.to_str().unwrap(),
+        "--parallel",
+        "3",
+        "--threads",
+        "1",
+    ])
+}
+
+#[test]
+fn a_batch_file_answers_as_the_server_and_resumes() {
+    let input = dir().join("in.jsonl");
+    std::fs::write(&input, input_lines().join("\n") + "\n").unwrap();
+    let output = dir().join("out.jsonl");
+    let o = run_batch(&input, &output);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // On a pipe: nothing but the results, in the file.
+    assert!(
+        o.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.stdout.is_empty());
+    let all = results(&output);
+    assert_eq!(all.len(), 11, "{all:#?}");
+    let mut by_id: HashMap<String, Vec<Value>> = HashMap::new();
+    for r in &all {
+        let id = r["custom_id"].as_str().unwrap_or("null").to_string();
+        by_id.entry(id).or_default().push(r.clone());
+    }
+    // Each completion equals what `qwen3 generate -t 0` prints for its prompt.
+    for (i, p) in PROMPTS.iter().enumerate() {
+        let r = &by_id[&format!("c{i}")];
+        let ok: Vec<&Value> = r.iter().filter(|v| v["error"].is_null()).collect();
+        assert_eq!(ok.len(), 1, "{r:?}");
+        assert_eq!(ok[0]["response"]["status_code"], 200);
+        let cli = qwen3(&["generate", model(), "-i", p, "-n", "6", "-t", "0"]);
+        let cli = String::from_utf8(cli.stdout).unwrap();
+        assert_eq!(
+            ok[0]["response"]["body"]["choices"][0]["text"]
+                .as_str()
+                .unwrap(),
+            cli.strip_suffix('\n').unwrap(),
+            "{p}"
+        );
+        assert_eq!(
+            ok[0]["response"]["request_id"],
+            ok[0]["response"]["body"]["id"]
+        );
+    }
+    // The duplicate of c0 is an error line with its custom_id.
+    let dup: Vec<&Value> = by_id["c0"]
+        .iter()
+        .filter(|v| !v["error"].is_null())
+        .collect();
+    assert!(dup[0]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("appears twice"));
+    let chat = &by_id["chat"][0]["response"];
+    assert_eq!(chat["status_code"], 200);
+    assert_eq!(chat["body"]["object"], "chat.completion");
+    // A request the server refuses is a result with its 4xx and OpenAI's error object.
+    let e1 = &by_id["e1"][0]["response"];
+    assert_eq!(e1["status_code"], 400);
+    assert_eq!(e1["body"]["error"]["param"], "temperature");
+    // Lines that are not requests: error lines naming the line.
+    let u1 = &by_id["u1"][0];
+    assert!(u1["response"].is_null());
+    assert!(u1["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("line 9: url must be"));
+    let bad = &by_id["null"][0];
+    assert!(bad["error"]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("line 8: not valid JSON"));
+
+    // Rerun on the complete output: nothing new.
+    let before = std::fs::read_to_string(&output).unwrap();
+    assert!(run_batch(&input, &output).status.success());
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), before);
+
+    // An interrupted run: the first 4 results, and half of the fifth. The rerun drops the cut
+    // line, runs the rest, and every result is there once.
+    let lines: Vec<&str> = before.lines().collect();
+    let cut = format!(
+        "{}\n{}",
+        lines[..4].join("\n"),
+        &lines[4][..lines[4].len() / 2]
+    );
+    std::fs::write(&output, cut).unwrap();
+    let o = run_batch(&input, &output);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let again = results(&output);
+    assert_eq!(again.len(), 11);
+    let key = |v: &Value| {
+        (
+            v["custom_id"].to_string(),
+            v["error"]["message"].to_string(),
+            v["response"]["body"]["choices"].to_string(),
+        )
+    };
+    let mut a: Vec<_> = all.iter().map(key).collect();
+    let mut b: Vec<_> = again.iter().map(key).collect();
+    a.sort();
+    b.sort();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn bad_arguments_are_one_line_errors() {
+    let input = dir().join("args-in.jsonl");
+    std::fs::write(&input, "").unwrap();
+    let o = qwen3(&[
+        "batch",
+        model(),
+        input.to_str().unwrap(),
+        "-o",
+        input.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("that is the input file"));
+    let o = qwen3(&[
+        "batch",
+        model(),
+        "/nonexistent/in.jsonl",
+        "-o",
+        dir().join("x.jsonl").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/in.jsonl: cannot read"));
+}
