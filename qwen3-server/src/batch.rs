@@ -83,16 +83,17 @@ fn parse_line(no: usize, text: &str) -> Line {
         Some("POST") => {}
         other => return invalid(id, format!("method must be \"POST\", got {other:?}")),
     }
-    let url =
-        match v.get("url").and_then(Value::as_str) {
-            Some(u @ ("/v1/chat/completions" | "/v1/completions")) => u.to_string(),
-            other => return invalid(
+    let url = match v.get("url").and_then(Value::as_str) {
+        Some(u @ ("/v1/chat/completions" | "/v1/completions")) => u.to_string(),
+        other => {
+            return invalid(
                 id,
                 format!(
                     "url must be \"/v1/chat/completions\" or \"/v1/completions\", got {other:?}"
                 ),
-            ),
-        };
+            )
+        }
+    };
     let body = match v.get("body") {
         Some(b @ Value::Object(_)) => b.clone(),
         _ => return invalid(id, "body must be a JSON object".into()),

@@ -12,12 +12,14 @@
 //! - [`worker`]: the model thread;
 //! - [`batch`]: a file of requests through the same routes, without a network;
 //! - [`logprobs`]: log-probabilities in OpenAI's shapes;
+//! - [`metrics`]: `GET /metrics` for Prometheus;
 //! - [`error`]: OpenAI's error object.
 
 pub mod api;
 pub mod batch;
 pub mod error;
 pub mod logprobs;
+pub mod metrics;
 pub mod routes;
 pub mod text;
 pub mod worker;
@@ -63,6 +65,8 @@ pub struct AppState {
     pub api_key: Option<String>,
     pub created: u64,
     pub commands: Sender<Command>,
+    /// Counted by the handlers and the worker; `GET /metrics` shows them.
+    pub metrics: Arc<metrics::Metrics>,
 }
 
 /// Where to listen.
@@ -98,6 +102,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 pub fn router_with(state: Arc<AppState>, log: bool) -> Router {
     let app = Router::new()
         .route("/health", get(routes::health))
+        .route("/metrics", get(routes::metrics))
         .route("/v1/models", get(routes::models))
         .route("/v1/models/{id}", get(routes::model))
         .route("/v1/completions", post(routes::completions))
@@ -110,7 +115,10 @@ pub fn router_with(state: Arc<AppState>, log: bool) -> Router {
             routes::auth,
         ));
     let app = if log {
-        app.layer(axum::middleware::from_fn(routes::log))
+        app.layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            routes::log,
+        ))
     } else {
         app
     };

@@ -108,6 +108,7 @@ pub async fn completions(
     State(s): State<Arc<AppState>>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let start = Instant::now();
     let (v, params) = read(&s, b)?;
     let prompt = api::completion_prompt(&v, s.tokenizer)?;
     let job = Job {
@@ -116,6 +117,7 @@ pub async fn completions(
         reasoning: None,
         stop_ids: s.eos_ids.clone(),
         logprobs: api::logprobs(&v, false)?,
+        start,
     };
     run(s, job, params).await
 }
@@ -125,6 +127,7 @@ pub async fn chat_completions(
     State(s): State<Arc<AppState>>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let start = Instant::now();
     let (v, params) = read(&s, b)?;
     let (messages, thinking) = api::chat_messages(&v)?;
     let Some(template) = &s.template else {
@@ -147,6 +150,7 @@ pub async fn chat_completions(
         reasoning,
         stop_ids: s.chat_stop_ids.clone(),
         logprobs: api::logprobs(&v, true)?,
+        start,
     };
     run(s, job, params).await
 }
@@ -175,6 +179,8 @@ struct Job {
     stop_ids: Vec<u32>,
     /// Alternatives to report with each token's log-probability (`None`: no log-probabilities).
     logprobs: Option<usize>,
+    /// When the request arrived (its time to first token counts from here).
+    start: Instant,
 }
 
 /// What the request log line says about tokens; put in a response's extensions by the handler.
@@ -314,11 +320,15 @@ struct ChoiceState {
     sent_logprobs: usize,
     /// Characters of the text whose tokens' log-probabilities were sent (`text_offset`).
     sent_chars: usize,
+    /// When its last token arrived (`/metrics`' latencies).
+    last_token: Option<Instant>,
 }
 
 /// Every choice of a request, fed by the worker's updates.
 struct Choices {
     ids: Vec<RequestId>,
+    /// When the request arrived.
+    start: Instant,
     /// The request asked for log-probabilities.
     logprobs: bool,
     c: Vec<ChoiceState>,
@@ -341,10 +351,12 @@ impl Choices {
                 logprobs: Vec::new(),
                 sent_logprobs: 0,
                 sent_chars: 0,
+                last_token: None,
             })
             .collect();
         Choices {
             ids,
+            start: job.start,
             logprobs: job.logprobs.is_some(),
             c,
             out: Vec::new(),
@@ -370,6 +382,11 @@ impl Choices {
                     return Ok(()); // after a stop string, until the cancel lands
                 }
                 c.tokens += 1;
+                let now = Instant::now();
+                match c.last_token.replace(now) {
+                    None => s.metrics.first_token(now - self.start),
+                    Some(t) => s.metrics.next_token(now - t),
+                }
                 if let Some(lp) = logprobs {
                     c.logprobs.push(*lp);
                 }
@@ -577,20 +594,19 @@ fn stream(
             let _ = tx.send(Ok(send(last))).await;
         }
         let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
-        crate::log_line(
-            "POST",
-            if meta.kind == Kind::Chat {
-                "/v1/chat/completions"
-            } else {
-                "/v1/completions"
-            },
-            200,
-            Some(LogTokens {
-                prompt: n_prompt,
-                completion: choices.completion_tokens(),
-            }),
-            started.elapsed(),
-        );
+        let path = if meta.kind == Kind::Chat {
+            "/v1/chat/completions"
+        } else {
+            "/v1/completions"
+        };
+        let completion = choices.completion_tokens();
+        let tokens = LogTokens {
+            prompt: n_prompt,
+            completion,
+        };
+        crate::log_line("POST", path, 200, Some(tokens), started.elapsed());
+        s.metrics.request(path, 200);
+        s.metrics.tokens(n_prompt, completion);
     });
     let body =
         futures_util::stream::unfold(
@@ -631,15 +647,29 @@ fn bearer_matches(headers: &HeaderMap, key: &str) -> bool {
 }
 
 /// Middleware: one line per request on stderr (streams log when they end).
-pub async fn log(req: Request, next: Next) -> Response {
+pub async fn log(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let (method, path) = (req.method().to_string(), req.uri().path().to_string());
     let start = Instant::now();
     let r = next.run(req).await;
     if r.extensions().get::<LogLater>().is_none() {
         let tokens = r.extensions().get::<LogTokens>().copied();
-        crate::log_line(&method, &path, r.status().as_u16(), tokens, start.elapsed());
+        let status = r.status().as_u16();
+        crate::log_line(&method, &path, status, tokens, start.elapsed());
+        s.metrics.request(&path, status);
+        if let Some(t) = tokens {
+            s.metrics.tokens(t.prompt, t.completion);
+        }
     }
     r
+}
+
+/// `GET /metrics`: the Prometheus text (metrics.rs).
+pub async fn metrics(State(s): State<Arc<AppState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(),
+    )
+        .into_response()
 }
 
 /// Fallback: OpenAI's error object with 404 for a path the server does not have.

@@ -11,12 +11,15 @@
 //! away (its client disconnected) drops its receiver; the worker sees the closed channel before
 //! the next step and cancels the request, freeing its slot.
 
+use crate::metrics::Metrics;
 use qwen3_inference::backend::Backend;
 use qwen3_inference::engine::{Engine, Event, Rejected, Request, RequestId};
 use qwen3_inference::generate::StopReason;
 use qwen3_inference::logprobs::TokenLogprobs;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
 
 /// What a handler asks of the worker.
@@ -57,8 +60,9 @@ pub enum Update {
     Failed { choice: usize, error: String },
 }
 
-/// Runs the worker until the command channel closes or [`Command::Shutdown`] arrives.
-pub fn run<B: Backend>(mut engine: Engine<B>, commands: Receiver<Command>) {
+/// Runs the worker until the command channel closes or [`Command::Shutdown`] arrives, keeping
+/// the engine's gauges in `metrics` up to date after every step.
+pub fn run<B: Backend>(mut engine: Engine<B>, commands: Receiver<Command>, metrics: Arc<Metrics>) {
     let mut routes: HashMap<RequestId, (UnboundedSender<Update>, usize)> = HashMap::new();
     let mut events = Vec::new();
     loop {
@@ -105,7 +109,23 @@ pub fn run<B: Backend>(mut engine: Engine<B>, commands: Receiver<Command>) {
 
         // 3. One step, and its events to their requests.
         engine.step(&mut events);
+        metrics.queued.store(engine.queued() as u64, Relaxed);
+        metrics.running.store(engine.running() as u64, Relaxed);
+        metrics.kv_cache_bytes.store(engine.kv_bytes(), Relaxed);
+        if engine.step_sequences() > 0 {
+            metrics
+                .step_sequences
+                .observe(engine.step_sequences() as f64);
+        }
         for ev in events.drain(..) {
+            if let Event::Started { cached, .. } = ev {
+                if cached > 0 {
+                    metrics.prefix_cache_hits.fetch_add(1, Relaxed);
+                    metrics
+                        .prefix_cache_tokens
+                        .fetch_add(cached as u64, Relaxed);
+                }
+            }
             let (id, last) = match &ev {
                 Event::Started { id, .. } | Event::Token { id, .. } => (*id, false),
                 Event::Finished { id, .. } | Event::Failed { id, .. } => (*id, true),

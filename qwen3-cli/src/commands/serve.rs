@@ -13,10 +13,12 @@ use qwen3_inference::engine::{Engine, EngineConfig};
 use qwen3_inference::format::{companion_paths, ModelFile};
 use qwen3_inference::model::{Forward, Model, MAX_BATCH};
 use qwen3_inference::tokenizer::Tokenizer;
+use qwen3_server::metrics::Metrics;
 use qwen3_server::worker::{self, Command};
 use qwen3_server::{AppState, ServeOptions};
 use std::path::PathBuf;
 use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -135,6 +137,7 @@ pub fn prepare(
             .context("the model path has no file name")?,
     };
     let (tx, rx) = std::sync::mpsc::channel();
+    let metrics = Arc::new(Metrics::default());
     let state = AppState {
         model_name,
         tokenizer: Box::leak(Box::new(tokenizer)),
@@ -149,6 +152,7 @@ pub fn prepare(
         api_key,
         created: qwen3_server::routes::unix_now(),
         commands: tx,
+        metrics: metrics.clone(),
     };
     let cfg = EngineConfig {
         slots: args.parallel,
@@ -174,10 +178,12 @@ pub fn prepare(
             Device::Cpu => {
                 let model = Model::load(&file)?;
                 let fwd = Forward::new(&CPU, &model, context_len, MAX_BATCH, cfg.slots, kv)?;
-                worker::run(Engine::new(fwd, cfg)?, commands);
+                worker::run(Engine::new(fwd, cfg)?, commands, metrics);
                 Ok(())
             }
-            Device::Cuda(ordinal) => cuda::work(&file, ordinal, context_len, cfg, commands),
+            Device::Cuda(ordinal) => {
+                cuda::work(&file, ordinal, context_len, cfg, commands, metrics)
+            }
         })
     });
     Ok((state, rx, worker))
@@ -197,11 +203,12 @@ mod cuda {
         context_len: usize,
         cfg: EngineConfig,
         commands: Receiver<Command>,
+        metrics: Arc<Metrics>,
     ) -> Result<()> {
         let gpu = CudaBackend::load(ordinal, file)?;
         let model = Model::load_with(file, |name| gpu.weights.tensor(name))?;
         let fwd = Forward::new(&gpu, &model, context_len, MAX_BATCH, cfg.slots, KvType::F32)?;
-        worker::run(Engine::new(fwd, cfg)?, commands);
+        worker::run(Engine::new(fwd, cfg)?, commands, metrics);
         Ok(())
     }
 }
@@ -217,6 +224,7 @@ mod cuda {
         _context_len: usize,
         _cfg: EngineConfig,
         _commands: Receiver<Command>,
+        _metrics: Arc<Metrics>,
     ) -> Result<()> {
         bail!("{}", qwen3_cuda::device::cuda_support().unwrap_err())
     }

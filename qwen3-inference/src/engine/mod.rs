@@ -294,6 +294,20 @@ impl<'m, B: Backend> Engine<'m, B> {
         Ok(id)
     }
 
+    /// Sequences that ran in the last step (its batch size; 0 when it had nothing to do).
+    pub fn step_sequences(&self) -> usize {
+        self.plan.len()
+    }
+
+    /// Bytes of keys and values the slots hold now, the finished sequences' prefix caches
+    /// included (positions held x bytes a position takes, as `Model::kv_cache_bytes` counts).
+    pub fn kv_bytes(&self) -> u64 {
+        let positions: usize = self.slots.iter().map(|s| s.cached.len()).sum();
+        self.fwd
+            .model()
+            .kv_cache_bytes(positions, self.fwd.kv_type())
+    }
+
     /// Forgets what slot `i`'s KV cache holds (its prefix cache), unless a request runs there:
     /// the next request in it runs its whole prompt. (A chat's `/reset`.)
     pub fn forget(&mut self, i: usize) {
