@@ -5,7 +5,7 @@
 //! tasks that the other threads steal, and its start and end cost enough to show: in a harness
 //! over every q8 matrix of Qwen3-0.6B, two threads on fixed halves of each matrix streamed 1.10
 //! times as fast as rayon's loops whenever the machine's memory was fast (median of 51 runs), and
-//! as fast in slow moments (docs/performance.md, seventh session).
+//! as fast in slow moments (docs/performance.md).
 //!
 //! Fixed halves alone are fragile, though: when the hypervisor or another process takes a core
 //! away from one thread, the other waits for it at the end of every loop. So each member owns a

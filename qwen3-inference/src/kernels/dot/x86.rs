@@ -524,7 +524,7 @@ unsafe fn dot_q8_avx512<const REACH: usize>(
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
     // Two accumulators, alternating between groups, so consecutive groups' multiply-adds do
     // not wait on each other (one chain is bound by the FMA latency, about 4 cycles a group:
-    // decode measured 4-5% slower with one, twelfth session). tile_q8 adds in the same order,
+    // decode measured 4-5% slower with one). tile_q8 adds in the same order,
     // so decode and prefill give the same bits.
     let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     let mut g = 0;
@@ -656,7 +656,7 @@ unsafe fn tile_q8_gs<const R: usize, const N: usize, const GS: usize>(
     let xs_row: [*const f32; N] = std::array::from_fn(|j| x.scales.as_ptr().add((i + j) * per));
     // Two accumulators per row and token, for the even and the odd groups, added in the order
     // dot_q8_avx512 (decode) adds them, so both give the same bits. With one per row and token
-    // this kernel did 75-78 GMAC/s, with two 85-86 (twelfth session, `cargo bench`).
+    // this kernel did 75-78 GMAC/s, with two 85-86 (`cargo bench`).
     let mut acc = [[[_mm512_setzero_ps(); 2]; N]; R];
     // Combined scales ws[r, g] * xs[i, g] of up to 16 groups, made 16 at a time with one
     // vector multiply; the multiply-adds below broadcast them from here.
@@ -731,15 +731,15 @@ unsafe fn tile_q8_gs<const R: usize, const N: usize, const GS: usize>(
 /// caches). Decode reads each weight once, so it waits on DRAM unless loads are in flight well
 /// ahead of use, and the hardware prefetcher alone keeps too few in flight for a loop that also
 /// computes (one thread on a 256 MB matrix: 21-23 GB/s with an 8 KiB prefetch against 17-18
-/// without, first session).
+/// without).
 ///
 /// Measured on the classifier of the 0.6B shape, two threads, variants alternated call by call
-/// (tenth session, performance.md): against one `prefetcht0` 8 KiB on, this form streamed
+/// (performance.md): against one `prefetcht0` 8 KiB on, this form streamed
 /// 1.06-1.09 times as fast when the machine's memory was fast (probe above 45 GB/s) and
 /// 0.99-1.01 times otherwise; no prefetch at all 0.77 and 0.92; `prefetchnta` 8 KiB 1.02 and
 /// 1.01; other pairs of distances (8+24, 8+48, 16+32, 16+48, 24+48 KiB) within 0.01-0.02 of
 /// this one. On one thread, whole decode steps took 0.93-0.97 times as long with this form as
-/// with the single `prefetcht0` (ninth session).
+/// with the single `prefetcht0`.
 ///
 /// The prefetches stop at the end of the rows this thread reads next (the `ahead` of
 /// [`MatQ8`]): past it, the lines belong to another thread, which has already read them, and
