@@ -99,6 +99,20 @@ def run(client, url):
           len(clp.choices[0].logprobs.token_logprobs) == 4
           and all(len(t) == 3 for t in clp.choices[0].logprobs.top_logprobs))
 
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"}]
+    t = client.chat.completions.create(model="tiny", messages=history, tools=tools,
+                                       tool_choice="auto", max_tokens=4, temperature=0)
+    check("tools and a tool-call history are accepted", t.choices[0].message.role == "assistant"
+          and t.usage.prompt_tokens > 100)
+
     n = client.completions.create(model="tiny", prompt="Hello", max_tokens=4, n=3, temperature=0)
     check("n=3 gives three choices", sorted(ch.index for ch in n.choices) == [0, 1, 2])
 

@@ -1,7 +1,7 @@
 //! The requests of OpenAI's API as this server reads them: every field it knows is checked for
 //! type and range, and a wrong one is a 400 naming it. Unknown fields are ignored, as OpenAI's
-//! own server and vLLM ignore them; fields this server cannot honour yet (`tools`, `echo`, ...)
-//! are refused rather than silently dropped.
+//! own server and vLLM ignore them; fields this server cannot honour yet (`response_format`,
+//! `echo`, ...) are refused rather than silently dropped.
 //!
 //! References: OpenAI's API reference for `/v1/completions` and `/v1/chat/completions`; vLLM's
 //! extra fields (`top_k`, `min_p`, `repetition_penalty`, `chat_template_kwargs`,
@@ -69,12 +69,11 @@ struct Common {
 
 /// Fields of OpenAI's API that this server does not implement: given with a value that asks for
 /// them, they are refused (a client that needs them should know).
-const UNSUPPORTED: [&str; 7] = [
+const UNSUPPORTED: [&str; 6] = [
     "echo",
     "suffix",
     "best_of",
     "logit_bias",
-    "tools",
     "functions",
     "response_format",
 ];
@@ -263,6 +262,74 @@ pub fn logprobs(v: &Value, chat: bool) -> Result<Option<usize>, ApiError> {
     }
 }
 
+/// `tool_choice`: whether and how the answer calls a tool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides (the default with tools).
+    Auto,
+    /// No call: the tools are not shown to the model.
+    None,
+    /// Some call: the answer starts with `<tool_call>`.
+    Required,
+    /// This function: the answer starts with the call's beginning, its name filled in.
+    Named(String),
+}
+
+/// `/v1/chat/completions`' `tools` (OpenAI's `{"type": "function", "function": {"name", ...}}`
+/// list, given to the chat template as is) and `tool_choice`.
+pub fn tools(v: &Value) -> Result<(Vec<Value>, ToolChoice), ApiError> {
+    let tools = match v.get("tools") {
+        None | Some(Value::Null) => vec![],
+        Some(Value::Array(t)) => t.clone(),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "tools".to_string(),
+                "tools must be a list",
+            ))
+        }
+    };
+    let mut names = vec![];
+    for (i, t) in tools.iter().enumerate() {
+        match (t["type"].as_str(), t["function"]["name"].as_str()) {
+            (Some("function"), Some(name)) => names.push(name),
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("tools[{i}]"),
+                    "a tool is {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": ...}}",
+                ))
+            }
+        }
+    }
+    let choice = match v.get("tool_choice") {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) if s == "auto" => ToolChoice::Auto,
+        Some(Value::String(s)) if s == "none" => ToolChoice::None,
+        Some(Value::String(s)) if s == "required" => ToolChoice::Required,
+        Some(c) => match c["function"]["name"].as_str() {
+            Some(name) if c["type"] == "function" => ToolChoice::Named(name.to_string()),
+            _ => {
+                return Err(ApiError::invalid(
+                    "tool_choice".to_string(),
+                    "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                ))
+            }
+        },
+    };
+    let missing = match &choice {
+        ToolChoice::Required => tools
+            .is_empty()
+            .then(|| "tool_choice \"required\" needs tools".to_string()),
+        ToolChoice::Named(n) if !names.contains(&n.as_str()) => Some(format!(
+            "tool_choice names {n:?}, which is not among the tools"
+        )),
+        _ => None,
+    };
+    if let Some(why) = missing {
+        return Err(ApiError::invalid("tool_choice".to_string(), why));
+    }
+    Ok((tools, choice))
+}
+
 /// `/v1/completions`' `prompt`: a string or a list of token ids (or a list of one of either).
 pub fn completion_prompt(v: &Value, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
     #[derive(Deserialize)]
@@ -357,13 +424,13 @@ fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
         ApiError::invalid(format!("messages[{i}]"), "a message must be an object")
     })?;
     let role = match obj.get("role").and_then(Value::as_str) {
-        Some(r @ ("system" | "user" | "assistant")) => r,
+        Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
         // OpenAI's newer name for the system role.
         Some("developer") => "system",
         Some(r) => {
             return Err(ApiError::invalid(
                 at("role"),
-                format!("unknown role {r:?}: expected system, developer, user or assistant"),
+                format!("unknown role {r:?}: expected system, developer, user, assistant or tool"),
             ))
         }
         None => return Err(ApiError::invalid(at("role"), "role must be a string")),
@@ -396,6 +463,28 @@ fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
     out.insert("role".into(), role.into());
     out.insert("content".into(), content.into());
     if role == "assistant" {
+        // The calls it made, as the template renders them (Qwen3's takes `arguments` as a JSON
+        // string, as OpenAI clients send it, or as an object).
+        match obj.get("tool_calls") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(calls)) => {
+                for (j, c) in calls.iter().enumerate() {
+                    if c["function"]["name"].as_str().is_none() {
+                        return Err(ApiError::invalid(
+                            format!("messages[{i}].tool_calls[{j}].function.name"),
+                            "a tool call needs function.name",
+                        ));
+                    }
+                }
+                out.insert("tool_calls".into(), Value::Array(calls.clone()));
+            }
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    at("tool_calls"),
+                    "tool_calls must be a list",
+                ))
+            }
+        }
         match obj.get("reasoning_content") {
             None | Some(Value::Null) => {}
             Some(Value::String(r)) => {
@@ -430,8 +519,8 @@ mod tests {
         assert_eq!(p(json!({"n": 0})).unwrap_err().param.as_deref(), Some("n"));
         let e = p(json!({"max_tokens": 0})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
-        let e = p(json!({"tools": [{"type": "function"}]})).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("tools"));
+        let e = p(json!({"response_format": {"type": "json_object"}})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("response_format"));
         let e = p(json!({"stop": [1]})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("stop"));
         let ok = p(

@@ -13,6 +13,7 @@
 //! - [`batch`]: a file of requests through the same routes, without a network;
 //! - [`logprobs`]: log-probabilities in OpenAI's shapes;
 //! - [`metrics`]: `GET /metrics` for Prometheus;
+//! - [`tool_calls`]: `<tool_call>` blocks of an answer as OpenAI's `tool_calls`;
 //! - [`error`]: OpenAI's error object.
 
 pub mod api;
@@ -22,6 +23,7 @@ pub mod logprobs;
 pub mod metrics;
 pub mod routes;
 pub mod text;
+pub mod tool_calls;
 pub mod worker;
 
 use anyhow::{bail, Context, Result};

@@ -11,6 +11,7 @@ use crate::api::{self, Params};
 use crate::error::ApiError;
 use crate::logprobs;
 use crate::text::{ChoiceText, Delta};
+use crate::tool_calls::ToolCall;
 use crate::worker::{Command, Update};
 use crate::AppState;
 use axum::body::Bytes;
@@ -117,6 +118,7 @@ pub async fn completions(
         reasoning: None,
         stop_ids: s.eos_ids.clone(),
         logprobs: api::logprobs(&v, false)?,
+        tool_calls: None,
         start,
     };
     run(s, job, params).await
@@ -136,9 +138,24 @@ pub async fn chat_completions(
             "this model has no chat template: use /v1/completions",
         ));
     };
-    let text = template
-        .render_json(&messages, None, true, thinking)
+    let (tools, choice) = api::tools(&v)?;
+    // With tool_choice "none" the model is not shown the tools.
+    let shown = (!tools.is_empty() && choice != api::ToolChoice::None).then_some(&tools[..]);
+    let mut text = template
+        .render_json(&messages, shown, true, thinking)
         .map_err(|e| ApiError::invalid("messages".to_string(), format!("{e:#}")))?;
+    // "required" and a named function: the answer starts as a call does (Qwen's format, the
+    // only way the template has to ask), and the model writes the rest.
+    let forced = match &choice {
+        api::ToolChoice::Required => "<tool_call>\n".to_string(),
+        api::ToolChoice::Named(name) => format!(
+            "<tool_call>\n{{\"name\": {}, \"arguments\": ",
+            Value::from(name.as_str())
+        ),
+        _ => String::new(),
+    };
+    text.push_str(&forced);
+    let tool_calls = shown.map(|_| forced);
     // A template that opens the reasoning block in the prompt (DeepSeek-R1's) starts the answer
     // inside it.
     let reasoning = s
@@ -150,6 +167,7 @@ pub async fn chat_completions(
         reasoning,
         stop_ids: s.chat_stop_ids.clone(),
         logprobs: api::logprobs(&v, true)?,
+        tool_calls,
         start,
     };
     run(s, job, params).await
@@ -179,6 +197,9 @@ struct Job {
     stop_ids: Vec<u32>,
     /// Alternatives to report with each token's log-probability (`None`: no log-probabilities).
     logprobs: Option<usize>,
+    /// Cut `<tool_call>` blocks out of the answer (a chat with tools): `Some(the beginning of
+    /// the call the prompt already holds)`, empty unless `tool_choice` forces a call.
+    tool_calls: Option<String>,
     /// When the request arrived (its time to first token counts from here).
     start: Instant,
 }
@@ -322,6 +343,8 @@ struct ChoiceState {
     sent_chars: usize,
     /// When its last token arrived (`/metrics`' latencies).
     last_token: Option<Instant>,
+    /// The calls in the answer, with the ids given to them.
+    tool_calls: Vec<(String, ToolCall)>,
 }
 
 /// Every choice of a request, fed by the worker's updates.
@@ -341,7 +364,11 @@ impl Choices {
         let c = ids
             .iter()
             .map(|_| ChoiceState {
-                text: ChoiceText::new(s.tokenizer, p.stops.clone(), job.reasoning),
+                text: match &job.tool_calls {
+                    Some(prefix) => ChoiceText::new(s.tokenizer, p.stops.clone(), job.reasoning)
+                        .with_tool_calls(prefix),
+                    None => ChoiceText::new(s.tokenizer, p.stops.clone(), job.reasoning),
+                },
                 content: String::new(),
                 reasoning: String::new(),
                 tokens: 0,
@@ -352,6 +379,7 @@ impl Choices {
                 sent_logprobs: 0,
                 sent_chars: 0,
                 last_token: None,
+                tool_calls: Vec::new(),
             })
             .collect();
         Choices {
@@ -407,11 +435,14 @@ impl Choices {
                     return Ok(());
                 }
                 c.tokens = generated;
+                let d = c.text.finish();
+                let called = !c.tool_calls.is_empty() || !d.tool_calls.is_empty();
                 c.finish = Some(match reason {
+                    // The model ended its turn after calling: the client runs the tools.
+                    StopReason::Eos(_) if called => "tool_calls",
                     StopReason::Eos(_) | StopReason::Stopped => "stop",
                     StopReason::MaxTokens | StopReason::ContextFull => "length",
                 });
-                let d = c.text.finish();
                 self.record(choice, d);
             }
             Update::Failed { error, .. } => return Err(error),
@@ -424,6 +455,9 @@ impl Choices {
         let c = &mut self.c[choice];
         c.content.push_str(&d.content);
         c.reasoning.push_str(&d.reasoning);
+        for call in &d.tool_calls {
+            c.tool_calls.push((call_id(), call.clone()));
+        }
         if !d.is_empty() || c.finish.is_some() {
             self.out.push((choice, d, c.finish));
         }
@@ -461,6 +495,13 @@ impl Meta {
                         let mut m = json!({"role": "assistant", "content": c.content});
                         if !c.reasoning.is_empty() {
                             m["reasoning_content"] = c.reasoning.clone().into();
+                        }
+                        if !c.tool_calls.is_empty() {
+                            let calls = &c.tool_calls;
+                            m["tool_calls"] = calls.iter().enumerate().map(call_json).collect();
+                            if c.content.is_empty() {
+                                m["content"] = Value::Null;
+                            }
                         }
                         json!({"index": i, "message": m, "logprobs": lp, "finish_reason": c.finish})
                     }
@@ -502,6 +543,7 @@ impl Meta {
     }
 
     /// A stream's choice object; `lp`: the log-probabilities of the tokens since the last one.
+    /// `calls`: the tool calls completed in this delta, with their index in the answer and id.
     fn choice_delta(
         &self,
         i: usize,
@@ -509,6 +551,7 @@ impl Meta {
         first: bool,
         finish: Option<&str>,
         lp: Value,
+        calls: &[(usize, &(String, ToolCall))],
     ) -> Value {
         match self.kind {
             Kind::Completion => {
@@ -522,13 +565,37 @@ impl Meta {
                 if !d.reasoning.is_empty() {
                     delta.insert("reasoning_content".into(), d.reasoning.clone().into());
                 }
-                if !d.content.is_empty() || (first && d.reasoning.is_empty()) {
+                if !d.content.is_empty()
+                    || (first && d.reasoning.is_empty() && d.tool_calls.is_empty())
+                {
                     delta.insert("content".into(), d.content.clone().into());
+                }
+                if !calls.is_empty() {
+                    let v: Vec<Value> = calls.iter().map(|(k, c)| call_json((*k, c))).collect();
+                    delta.insert("tool_calls".into(), v.into());
                 }
                 json!({"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish})
             }
         }
     }
+}
+
+/// An id for a tool call (OpenAI's `call_...`), unique in this server's life.
+fn call_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "call_{:x}{:06x}",
+        unix_now(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A call as OpenAI writes it: `arguments` is the JSON text, as a string.
+fn call_json((index, (id, call)): (usize, &(String, ToolCall))) -> Value {
+    json!({
+        "index": index, "id": id, "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    })
 }
 
 /// The answer as server-sent events: `data: {chunk}` lines, then `data: [DONE]`. A task turns the
@@ -576,7 +643,12 @@ fn stream(
                 } else {
                     Value::Null
                 };
-                let ch = meta.choice_delta(i, &d, first, finish, lp);
+                // The calls this delta completed: the last ones recorded.
+                let n = d.tool_calls.len();
+                let all = &c.tool_calls;
+                let calls: Vec<(usize, &(String, ToolCall))> =
+                    (all.len() - n..all.len()).map(|k| (k, &all[k])).collect();
+                let ch = meta.choice_delta(i, &d, first, finish, lp, &calls);
                 if tx
                     .send(Ok(send(meta.chunk(vec![ch], include_usage))))
                     .await

@@ -7,23 +7,26 @@
 //! the text while it could still be the start of a stop string, and a tag (`<think>`,
 //! `</think>`) while it is not complete.
 
+use crate::tool_calls::{ToolCall, ToolCallSplit};
 use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
 
-/// Text to send: the answer's part and the reasoning's part.
+/// Text to send: the answer's part and the reasoning's part, and the tool calls completed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Delta {
     pub content: String,
     pub reasoning: String,
+    pub tool_calls: Vec<ToolCall>,
 }
 
 impl Delta {
     pub fn is_empty(&self) -> bool {
-        self.content.is_empty() && self.reasoning.is_empty()
+        self.content.is_empty() && self.reasoning.is_empty() && self.tool_calls.is_empty()
     }
 
     fn append(&mut self, other: Delta) {
         self.content.push_str(&other.content);
         self.reasoning.push_str(&other.reasoning);
+        self.tool_calls.extend(other.tool_calls);
     }
 }
 
@@ -32,6 +35,8 @@ pub struct ChoiceText<'t> {
     decoder: StreamDecoder<'t>,
     stops: StopMatcher,
     split: Option<ReasoningSplit>,
+    /// Cuts `<tool_call>` blocks out of the content (a request with tools).
+    tools: Option<ToolCallSplit>,
 }
 
 impl<'t> ChoiceText<'t> {
@@ -46,7 +51,15 @@ impl<'t> ChoiceText<'t> {
                 held: String::new(),
             },
             split: reasoning.map(ReasoningSplit::new),
+            tools: None,
         }
+    }
+
+    /// Turns `<tool_call>` blocks of the content into tool calls (tool_calls.rs); `prefix`: the
+    /// beginning of the answer that the prompt already holds (a forced call), if any.
+    pub fn with_tool_calls(mut self, prefix: &str) -> Self {
+        self.tools = Some(ToolCallSplit::with_prefix(prefix));
+        self
     }
 
     /// Shows special tokens' text too (the CLI's generate mode prints what the model wrote;
@@ -80,17 +93,32 @@ impl<'t> ChoiceText<'t> {
     }
 
     fn route(&mut self, text: &str) -> Delta {
-        match &mut self.split {
+        let d = match &mut self.split {
             None => Delta {
                 content: text.to_string(),
-                reasoning: String::new(),
+                ..Delta::default()
             },
             Some(split) => split.push(text),
-        }
+        };
+        self.cut_tool_calls(d)
     }
 
     fn finish_split(&mut self) -> Delta {
-        self.split.as_mut().map(|s| s.finish()).unwrap_or_default()
+        let d = self.split.as_mut().map(|s| s.finish()).unwrap_or_default();
+        let mut d = self.cut_tool_calls(d);
+        if let Some(t) = &mut self.tools {
+            d.content.push_str(&t.finish());
+        }
+        d
+    }
+
+    fn cut_tool_calls(&mut self, mut d: Delta) -> Delta {
+        if let Some(t) = &mut self.tools {
+            let (content, calls) = t.push(&d.content);
+            d.content = content;
+            d.tool_calls.extend(calls);
+        }
+        d
     }
 }
 
@@ -241,11 +269,11 @@ impl ReasoningSplit {
         match self.state {
             State::Start | State::Content => Delta {
                 content: held,
-                reasoning: String::new(),
+                ..Delta::default()
             },
             State::Thinking { begun } => Delta {
-                content: String::new(),
                 reasoning: trim_reasoning(&held, begun).to_string(),
+                ..Delta::default()
             },
             State::AfterThink => Delta::default(),
         }
