@@ -69,6 +69,8 @@ pub struct AppState {
     pub commands: Sender<Command>,
     /// Counted by the handlers and the worker; `GET /metrics` shows them.
     pub metrics: Arc<metrics::Metrics>,
+    /// Whether `/` answers with the chat page (`--no-ui` turns it off).
+    pub ui: bool,
 }
 
 /// Where to listen.
@@ -103,6 +105,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// progress).
 pub fn router_with(state: Arc<AppState>, log: bool) -> Router {
     let app = Router::new()
+        .route("/", get(routes::page))
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))
         .route("/v1/models", get(routes::models))

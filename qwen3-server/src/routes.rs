@@ -695,7 +695,10 @@ fn stream(
 /// Middleware: with an API key set, every route but `/health` needs `Authorization: Bearer KEY`.
 pub async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.api_key {
-        if req.uri().path() != "/health" && !bearer_matches(req.headers(), key) {
+        // The health check and the chat page (a static file, which asks for the key itself)
+        // need none.
+        let open = matches!(req.uri().path(), "/health" | "/");
+        if !open && !bearer_matches(req.headers(), key) {
             return ApiError::unauthorized().into_response();
         }
     }
@@ -733,6 +736,18 @@ pub async fn log(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Re
         }
     }
     r
+}
+
+/// `GET /`: the chat page (chat.html, one file built into the binary), unless `--no-ui`.
+pub async fn page(State(s): State<Arc<AppState>>, req: Request) -> Response {
+    if !s.ui {
+        return not_found(req).await.into_response();
+    }
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("chat.html"),
+    )
+        .into_response()
 }
 
 /// `GET /metrics`: the Prometheus text (metrics.rs).

@@ -109,9 +109,6 @@ pub fn run<B: Backend>(mut engine: Engine<B>, commands: Receiver<Command>, metri
 
         // 3. One step, and its events to their requests.
         engine.step(&mut events);
-        metrics.queued.store(engine.queued() as u64, Relaxed);
-        metrics.running.store(engine.running() as u64, Relaxed);
-        metrics.kv_cache_bytes.store(engine.kv_bytes(), Relaxed);
         if engine.step_sequences() > 0 {
             metrics
                 .step_sequences
@@ -158,6 +155,11 @@ pub fn run<B: Backend>(mut engine: Engine<B>, commands: Receiver<Command>, metri
                 routes.remove(&id);
             }
         }
+        // The gauges, once the step's events (and the cancels they caused) are done: the loop
+        // may wait for the next request now, and they must say so meanwhile.
+        metrics.queued.store(engine.queued() as u64, Relaxed);
+        metrics.running.store(engine.running() as u64, Relaxed);
+        metrics.kv_cache_bytes.store(engine.kv_bytes(), Relaxed);
     }
 }
 

@@ -31,10 +31,13 @@ pub struct ServeArgs {
     /// Port to listen on; 0 picks a free one (printed when ready).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on every route but /health (default: the
-    /// QWEN3_API_KEY environment variable, if set).
+    /// Require `Authorization: Bearer KEY` on every route but /health and the page (default:
+    /// the QWEN3_API_KEY environment variable, if set).
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Do not answer `/` with the chat page.
+    #[arg(long)]
+    pub no_ui: bool,
 }
 
 /// The model and how the engine runs it: `qwen3 serve`'s and `qwen3 batch`'s.
@@ -74,7 +77,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .api_key
         .or_else(|| std::env::var("QWEN3_API_KEY").ok())
         .filter(|k| !k.is_empty());
-    let (state, commands, worker) = prepare(args.engine, api_key)?;
+    let (mut state, commands, worker) = prepare(args.engine, api_key)?;
+    state.ui = !args.no_ui;
     let opts = ServeOptions {
         host: args.host,
         port: args.port,
@@ -153,6 +157,7 @@ pub fn prepare(
         created: qwen3_server::routes::unix_now(),
         commands: tx,
         metrics: metrics.clone(),
+        ui: false,
     };
     let cfg = EngineConfig {
         slots: args.parallel,
