@@ -789,3 +789,7 @@ mod tests {
         assert!(!bearer_matches(&h, "k1"));
     }
 }
+
+#[cfg(test)]
+#[path = "routes_tests.rs"]
+mod answer_tests;

@@ -1,0 +1,133 @@
+//! The answer's JSON from the worker's updates (routes.rs's `Choices` and `Meta`), on a real
+//! Qwen3 answer's tokens: a thinking answer that calls a tool, whole and streamed. (The fixture
+//! models have random weights and never write a valid call, so the HTTP tests cannot show one.)
+
+use super::*;
+use crate::metrics::Metrics;
+use qwen3_inference::format::GenerationDefaults;
+
+/// The state the handlers would have, with the real tokenizer (leaked, as the server leaks it).
+fn state() -> Arc<AppState> {
+    let dir = std::env::temp_dir().join(format!("pq-routes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("m.tokenizer.bin");
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tokenizer");
+    qwen3_export::hf::tokenizer_json::export_tokenizer(&fixtures, &path, 151936).unwrap();
+    let tokenizer = Box::leak(Box::new(Tokenizer::open(&path).unwrap()));
+    let (commands, _rx) = std::sync::mpsc::channel();
+    Arc::new(AppState {
+        model_name: "m".into(),
+        tokenizer,
+        template: None,
+        thinking_template: true,
+        eos_ids: vec![151645],
+        chat_stop_ids: vec![151645],
+        defaults: GenerationDefaults::default(),
+        context_len: 4096,
+        slots: 1,
+        max_queue: 1,
+        api_key: None,
+        created: 0,
+        commands,
+        metrics: Arc::new(Metrics::default()),
+        ui: false,
+    })
+}
+
+fn params() -> Params {
+    api::params(&json!({}), &GenerationDefaults::default(), 1).unwrap()
+}
+
+/// Runs `answer`'s tokens through `Choices` as the worker's updates, ending with an
+/// end-of-sequence; returns the whole answer's JSON and the streamed chunks' choices.
+fn answer(s: &Arc<AppState>, text: &str) -> (Value, Vec<Value>) {
+    let job = Job {
+        kind: Kind::Chat,
+        prompt: vec![1],
+        reasoning: Some(false),
+        stop_ids: vec![],
+        logprobs: None,
+        tool_calls: Some(String::new()),
+        start: Instant::now(),
+    };
+    let meta = Meta {
+        id: "chatcmpl-1".into(),
+        created: 0,
+        model: "m".into(),
+        kind: Kind::Chat,
+    };
+    let mut ch = Choices::new(s, &job, &params(), vec![7]);
+    let mut chunks = vec![];
+    let ids = s.tokenizer.encode(text);
+    let updates = ids
+        .iter()
+        .map(|&token| Update::Token {
+            choice: 0,
+            token,
+            logprobs: None,
+        })
+        .chain([Update::Finished {
+            choice: 0,
+            reason: StopReason::Eos(151645),
+            generated: ids.len() + 1,
+        }]);
+    for u in updates {
+        ch.apply(u, s).unwrap();
+        for (i, d, finish) in std::mem::take(&mut ch.out) {
+            let c = &mut ch.c[i];
+            let first = !c.started;
+            c.started = true;
+            let n = d.tool_calls.len();
+            let all = &c.tool_calls;
+            let calls: Vec<(usize, &(String, ToolCall))> =
+                (all.len() - n..all.len()).map(|k| (k, &all[k])).collect();
+            chunks.push(meta.choice_delta(i, &d, first, finish, Value::Null, &calls));
+        }
+    }
+    let whole = meta.whole(&ch, &ch.usage(1), s.tokenizer);
+    (whole, chunks)
+}
+
+#[test]
+fn a_tool_call_answer_whole_and_streamed() {
+    let s = state();
+    let text = "<think>\nNeed the weather.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\"}}\n</tool_call>";
+    let (whole, chunks) = answer(&s, text);
+    let c = &whole["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls");
+    let m = &c["message"];
+    assert_eq!(m["content"], Value::Null);
+    assert_eq!(m["reasoning_content"], "Need the weather.");
+    let call = &m["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "get_weather");
+    assert_eq!(call["function"]["arguments"], r#"{"city": "Zürich"}"#);
+    assert!(call["id"].as_str().unwrap().starts_with("call_"));
+    assert_eq!(m["tool_calls"].as_array().unwrap().len(), 1);
+    // Streamed: the call comes whole in one delta, with index 0; the last chunk says why.
+    let with_calls: Vec<&Value> = chunks
+        .iter()
+        .filter(|c| c["delta"].get("tool_calls").is_some())
+        .collect();
+    assert_eq!(with_calls.len(), 1, "{chunks:#?}");
+    let d = &with_calls[0]["delta"]["tool_calls"][0];
+    assert_eq!(d["index"], 0);
+    assert_eq!(d["function"]["name"], "get_weather");
+    assert_eq!(d["function"]["arguments"], r#"{"city": "Zürich"}"#);
+    assert_eq!(chunks.last().unwrap()["finish_reason"], "tool_calls");
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, "");
+}
+
+#[test]
+fn an_answer_without_calls_keeps_its_content_and_stop() {
+    let s = state();
+    let (whole, _) = answer(&s, "Hello <b>there</b>.");
+    let c = &whole["choices"][0];
+    assert_eq!(c["finish_reason"], "stop");
+    assert_eq!(c["message"]["content"], "Hello <b>there</b>.");
+    assert!(c["message"].get("tool_calls").is_none());
+}
