@@ -17,7 +17,7 @@ struct Cli {
 enum Command {
     /// Convert a HuggingFace Qwen3 checkpoint directory into a model file and its companions.
     Export(export::ExportArgs),
-    /// Print what a model file holds: config, tensors, sizes, companion files.
+    /// Print what a model file holds: config, sizes, companion files (and tensors with --tensors).
     Info(info::InfoArgs),
     /// Run the model: one completion (`-m generate`) or a terminal chat (`-m chat`).
     Inference(inference::InferenceArgs),
