@@ -16,6 +16,7 @@
 //! - [`tool_calls`]: `<tool_call>` blocks of an answer as OpenAI's `tool_calls`;
 //! - [`error`]: OpenAI's error object.
 
+pub mod answer;
 pub mod api;
 pub mod batch;
 pub mod error;

@@ -1,17 +1,15 @@
-//! The HTTP routes: `GET /health`, `GET /v1/models`, `POST /v1/completions`,
-//! `POST /v1/chat/completions`, with the API key check, the request log, and OpenAI's error
-//! object for everything that goes wrong (unknown routes included).
+//! The HTTP routes: `GET /` (the chat page), `GET /health`, `GET /metrics`, `GET /v1/models`,
+//! `POST /v1/completions`, `POST /v1/chat/completions`, with the API key check, the request log,
+//! and OpenAI's error object for everything that goes wrong (unknown routes included).
 //!
 //! A generation request goes: body -> [`api`] (checked fields) -> token ids (the prompt, or the
 //! chat template rendered as `qwen3 inference -m chat` renders it) -> the worker, as `n`
-//! engine requests -> updates back -> [`ChoiceText`] per choice -> one JSON answer, or a stream
-//! of server-sent events.
+//! engine requests -> updates back -> [`crate::answer`]: each choice's text, one JSON answer or a
+//! stream of server-sent events.
 
+use crate::answer::{stream, Choices, Meta};
 use crate::api::{self, Params};
 use crate::error::ApiError;
-use crate::logprobs;
-use crate::text::{ChoiceText, Delta};
-use crate::tool_calls::ToolCall;
 use crate::worker::{Command, Update};
 use crate::AppState;
 use axum::body::Bytes;
@@ -19,15 +17,10 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use qwen3_inference::engine::{Rejected, Request as EngineRequest, RequestId};
-use qwen3_inference::generate::StopReason;
-use qwen3_inference::logprobs::TokenLogprobs;
-use qwen3_inference::tokenizer::Tokenizer;
+use qwen3_inference::engine::{Rejected, Request as EngineRequest};
 use serde_json::{json, Value};
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -183,25 +176,25 @@ fn default_seed() -> u64 {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Completion,
     Chat,
 }
 
 /// A generation request, read.
-struct Job {
-    kind: Kind,
-    prompt: Vec<u32>,
+pub(crate) struct Job {
+    pub(crate) kind: Kind,
+    pub(crate) prompt: Vec<u32>,
     /// Split `<think>` off (`Some(starts inside)`), for a thinking model's chat.
-    reasoning: Option<bool>,
-    stop_ids: Vec<u32>,
+    pub(crate) reasoning: Option<bool>,
+    pub(crate) stop_ids: Vec<u32>,
     /// Alternatives to report with each token's log-probability (`None`: no log-probabilities).
-    logprobs: Option<usize>,
+    pub(crate) logprobs: Option<usize>,
     /// Cut `<tool_call>` blocks out of the answer (a chat with tools): `Some(the beginning of
     /// the call the prompt already holds)`, empty unless `tool_choice` forces a call.
-    tool_calls: Option<String>,
+    pub(crate) tool_calls: Option<String>,
     /// When the request arrived (its time to first token counts from here).
-    start: Instant,
+    pub(crate) start: Instant,
 }
 
 /// What the request log line says about tokens; put in a response's extensions by the handler.
@@ -318,380 +311,6 @@ fn too_long(kind: Kind, ctx: usize, prompt: usize, max_tokens: usize) -> ApiErro
     .with_code("context_length_exceeded")
 }
 
-/// The answer's fixed fields.
-struct Meta {
-    id: String,
-    created: u64,
-    model: String,
-    kind: Kind,
-}
-
-/// One choice's state.
-struct ChoiceState {
-    text: ChoiceText<'static>,
-    content: String,
-    reasoning: String,
-    tokens: usize,
-    cached: usize,
-    finish: Option<&'static str>,
-    /// Something was sent for this choice (a stream's first chunk carries the role).
-    started: bool,
-    /// Log-probabilities of the tokens so far (when asked for), and how many of them were sent.
-    logprobs: Vec<TokenLogprobs>,
-    sent_logprobs: usize,
-    /// Characters of the text whose tokens' log-probabilities were sent (`text_offset`).
-    sent_chars: usize,
-    /// When its last token arrived (`/metrics`' latencies).
-    last_token: Option<Instant>,
-    /// The calls in the answer, with the ids given to them.
-    tool_calls: Vec<(String, ToolCall)>,
-}
-
-/// Every choice of a request, fed by the worker's updates.
-struct Choices {
-    ids: Vec<RequestId>,
-    /// When the request arrived.
-    start: Instant,
-    /// The request asked for log-probabilities.
-    logprobs: bool,
-    c: Vec<ChoiceState>,
-    /// What the last update changed: (choice, text, finish reason), for a stream to send.
-    out: Vec<(usize, Delta, Option<&'static str>)>,
-}
-
-impl Choices {
-    fn new(s: &Arc<AppState>, job: &Job, p: &Params, ids: Vec<RequestId>) -> Choices {
-        let c = ids
-            .iter()
-            .map(|_| ChoiceState {
-                text: match &job.tool_calls {
-                    Some(prefix) => ChoiceText::new(s.tokenizer, p.stops.clone(), job.reasoning)
-                        .with_tool_calls(prefix),
-                    None => ChoiceText::new(s.tokenizer, p.stops.clone(), job.reasoning),
-                },
-                content: String::new(),
-                reasoning: String::new(),
-                tokens: 0,
-                cached: 0,
-                finish: None,
-                started: false,
-                logprobs: Vec::new(),
-                sent_logprobs: 0,
-                sent_chars: 0,
-                last_token: None,
-                tool_calls: Vec::new(),
-            })
-            .collect();
-        Choices {
-            ids,
-            start: job.start,
-            logprobs: job.logprobs.is_some(),
-            c,
-            out: Vec::new(),
-        }
-    }
-
-    fn all_done(&self) -> bool {
-        self.c.iter().all(|c| c.finish.is_some())
-    }
-
-    /// Applies an update; `out` gets what changed. A failed choice is an error.
-    fn apply(&mut self, u: Update, s: &AppState) -> Result<(), String> {
-        self.out.clear();
-        match u {
-            Update::Started { choice, cached } => self.c[choice].cached = cached,
-            Update::Token {
-                choice,
-                token,
-                logprobs,
-            } => {
-                let c = &mut self.c[choice];
-                if c.finish.is_some() {
-                    return Ok(()); // after a stop string, until the cancel lands
-                }
-                c.tokens += 1;
-                let now = Instant::now();
-                match c.last_token.replace(now) {
-                    None => s.metrics.first_token(now - self.start),
-                    Some(t) => s.metrics.next_token(now - t),
-                }
-                if let Some(lp) = logprobs {
-                    c.logprobs.push(*lp);
-                }
-                let (d, stopped) = c.text.push(token);
-                if stopped {
-                    c.finish = Some("stop");
-                    let _ = s.commands.send(Command::Cancel(self.ids[choice]));
-                }
-                self.record(choice, d);
-            }
-            Update::Finished {
-                choice,
-                reason,
-                generated,
-            } => {
-                let c = &mut self.c[choice];
-                if c.finish.is_some() {
-                    return Ok(());
-                }
-                c.tokens = generated;
-                let d = c.text.finish();
-                let called = !c.tool_calls.is_empty() || !d.tool_calls.is_empty();
-                c.finish = Some(match reason {
-                    // The model ended its turn after calling: the client runs the tools.
-                    StopReason::Eos(_) if called => "tool_calls",
-                    StopReason::Eos(_) | StopReason::Stopped => "stop",
-                    StopReason::MaxTokens | StopReason::ContextFull => "length",
-                });
-                self.record(choice, d);
-            }
-            Update::Failed { error, .. } => return Err(error),
-            Update::Queued { .. } | Update::Rejected(_) => {}
-        }
-        Ok(())
-    }
-
-    fn record(&mut self, choice: usize, d: Delta) {
-        let c = &mut self.c[choice];
-        c.content.push_str(&d.content);
-        c.reasoning.push_str(&d.reasoning);
-        for call in &d.tool_calls {
-            c.tool_calls.push((call_id(), call.clone()));
-        }
-        if !d.is_empty() || c.finish.is_some() {
-            self.out.push((choice, d, c.finish));
-        }
-    }
-
-    fn completion_tokens(&self) -> usize {
-        self.c.iter().map(|c| c.tokens).sum()
-    }
-
-    fn usage(&self, prompt: usize) -> Value {
-        let completion = self.completion_tokens();
-        json!({
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": self.c[0].cached},
-        })
-    }
-}
-
-impl Meta {
-    /// The non-streamed answer.
-    fn whole(&self, ch: &Choices, usage: &Value, tok: &Tokenizer) -> Value {
-        let choices: Vec<Value> = ch
-            .c
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let lp = ch.logprobs.then(|| self.logprobs(&c.logprobs, 0, tok));
-                match self.kind {
-                    Kind::Completion => json!({
-                        "index": i, "text": c.content, "logprobs": lp, "finish_reason": c.finish,
-                    }),
-                    Kind::Chat => {
-                        let mut m = json!({"role": "assistant", "content": c.content});
-                        if !c.reasoning.is_empty() {
-                            m["reasoning_content"] = c.reasoning.clone().into();
-                        }
-                        if !c.tool_calls.is_empty() {
-                            let calls = &c.tool_calls;
-                            m["tool_calls"] = calls.iter().enumerate().map(call_json).collect();
-                            if c.content.is_empty() {
-                                m["content"] = Value::Null;
-                            }
-                        }
-                        json!({"index": i, "message": m, "logprobs": lp, "finish_reason": c.finish})
-                    }
-                }
-            })
-            .collect();
-        json!({
-            "id": self.id,
-            "object": if self.kind == Kind::Chat { "chat.completion" } else { "text_completion" },
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": usage,
-        })
-    }
-
-    /// One streamed chunk with `choices`.
-    fn chunk(&self, choices: Vec<Value>, include_usage: bool) -> Value {
-        let mut c = json!({
-            "id": self.id,
-            "object": if self.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" },
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        });
-        if include_usage {
-            c["usage"] = Value::Null;
-        }
-        c
-    }
-
-    /// Log-probabilities of `entries` in this endpoint's shape; `offset`: characters of the
-    /// text before them (`/v1/completions`' `text_offset`).
-    fn logprobs(&self, entries: &[TokenLogprobs], offset: usize, tok: &Tokenizer) -> Value {
-        match self.kind {
-            Kind::Completion => logprobs::completion(entries, tok, offset),
-            Kind::Chat => logprobs::chat(entries, tok),
-        }
-    }
-
-    /// A stream's choice object; `lp`: the log-probabilities of the tokens since the last one.
-    /// `calls`: the tool calls completed in this delta, with their index in the answer and id.
-    fn choice_delta(
-        &self,
-        i: usize,
-        d: &Delta,
-        first: bool,
-        finish: Option<&str>,
-        lp: Value,
-        calls: &[(usize, &(String, ToolCall))],
-    ) -> Value {
-        match self.kind {
-            Kind::Completion => {
-                json!({"index": i, "text": d.content, "logprobs": lp, "finish_reason": finish})
-            }
-            Kind::Chat => {
-                let mut delta = serde_json::Map::new();
-                if first {
-                    delta.insert("role".into(), "assistant".into());
-                }
-                if !d.reasoning.is_empty() {
-                    delta.insert("reasoning_content".into(), d.reasoning.clone().into());
-                }
-                if !d.content.is_empty()
-                    || (first && d.reasoning.is_empty() && d.tool_calls.is_empty())
-                {
-                    delta.insert("content".into(), d.content.clone().into());
-                }
-                if !calls.is_empty() {
-                    let v: Vec<Value> = calls.iter().map(|(k, c)| call_json((*k, c))).collect();
-                    delta.insert("tool_calls".into(), v.into());
-                }
-                json!({"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish})
-            }
-        }
-    }
-}
-
-/// An id for a tool call (OpenAI's `call_...`), unique in this server's life.
-fn call_id() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "call_{:x}{:06x}",
-        unix_now(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// A call as OpenAI writes it: `arguments` is the JSON text, as a string.
-fn call_json((index, (id, call)): (usize, &(String, ToolCall))) -> Value {
-    json!({
-        "index": index, "id": id, "type": "function",
-        "function": {"name": call.name, "arguments": call.arguments},
-    })
-}
-
-/// The answer as server-sent events: `data: {chunk}` lines, then `data: [DONE]`. A task turns the
-/// worker's updates into events; when the client goes away the response body, and with it the
-/// event channel, is dropped, the task ends, and the worker sees its update channel closed.
-fn stream(
-    s: Arc<AppState>,
-    meta: Meta,
-    mut choices: Choices,
-    mut rx: mpsc::UnboundedReceiver<Update>,
-    include_usage: bool,
-    n_prompt: usize,
-) -> Response {
-    let (tx, events) = mpsc::channel::<Result<Event, Infallible>>(64);
-    let started = Instant::now();
-    tokio::spawn(async move {
-        let send = |v: Value| Event::default().data(v.to_string());
-        let mut failed = None;
-        while !choices.all_done() {
-            // A client that leaves while its request waits for a slot (no tokens to send yet)
-            // ends it here, before it runs.
-            let u = tokio::select! {
-                u = rx.recv() => u,
-                _ = tx.closed() => return,
-            };
-            let Some(u) = u else {
-                failed = Some("the model worker has stopped".to_string());
-                break;
-            };
-            if let Err(e) = choices.apply(u, &s) {
-                failed = Some(e);
-                break;
-            }
-            for (i, d, finish) in std::mem::take(&mut choices.out) {
-                let c = &mut choices.c[i];
-                let first = !c.started;
-                c.started = true;
-                // The tokens since the last chunk: their text may have been held back until now.
-                let lp = if choices.logprobs {
-                    let new = &c.logprobs[c.sent_logprobs..];
-                    let v = meta.logprobs(new, c.sent_chars, s.tokenizer);
-                    c.sent_chars += logprobs::chars(new, s.tokenizer);
-                    c.sent_logprobs = c.logprobs.len();
-                    v
-                } else {
-                    Value::Null
-                };
-                // The calls this delta completed: the last ones recorded.
-                let n = d.tool_calls.len();
-                let all = &c.tool_calls;
-                let calls: Vec<(usize, &(String, ToolCall))> =
-                    (all.len() - n..all.len()).map(|k| (k, &all[k])).collect();
-                let ch = meta.choice_delta(i, &d, first, finish, lp, &calls);
-                if tx
-                    .send(Ok(send(meta.chunk(vec![ch], include_usage))))
-                    .await
-                    .is_err()
-                {
-                    return; // the client is gone
-                }
-            }
-        }
-        if let Some(e) = failed {
-            let _ = tx.send(Ok(send(ApiError::internal(e).body()))).await;
-        } else if include_usage {
-            let mut last = meta.chunk(vec![], false);
-            last["usage"] = choices.usage(n_prompt);
-            let _ = tx.send(Ok(send(last))).await;
-        }
-        let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
-        let path = if meta.kind == Kind::Chat {
-            "/v1/chat/completions"
-        } else {
-            "/v1/completions"
-        };
-        let completion = choices.completion_tokens();
-        let tokens = LogTokens {
-            prompt: n_prompt,
-            completion,
-        };
-        crate::log_line("POST", path, 200, Some(tokens), started.elapsed());
-        s.metrics.request(path, 200);
-        s.metrics.tokens(n_prompt, completion);
-    });
-    let body =
-        futures_util::stream::unfold(
-            events,
-            |mut rx| async move { rx.recv().await.map(|e| (e, rx)) },
-        );
-    let mut r = Sse::new(body)
-        .keep_alive(KeepAlive::default())
-        .into_response();
-    r.extensions_mut().insert(LogLater);
-    r
-}
-
 /// Middleware: with an API key set, every route but `/health` needs `Authorization: Bearer KEY`.
 pub async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.api_key {
@@ -789,7 +408,3 @@ mod tests {
         assert!(!bearer_matches(&h, "k1"));
     }
 }
-
-#[cfg(test)]
-#[path = "routes_tests.rs"]
-mod answer_tests;

@@ -109,6 +109,10 @@ pub fn run<B: Backend>(mut engine: Engine<B>, commands: Receiver<Command>, metri
 
         // 3. One step, and its events to their requests.
         engine.step(&mut events);
+        // The gauges before the events go out (a handler that answers then, and a client that
+        // reads /metrics after it, see the step's end), and again after them (a send that
+        // finds its handler gone cancels a request).
+        set_gauges(&engine, &metrics);
         if engine.step_sequences() > 0 {
             metrics
                 .step_sequences
@@ -155,12 +159,15 @@ pub fn run<B: Backend>(mut engine: Engine<B>, commands: Receiver<Command>, metri
                 routes.remove(&id);
             }
         }
-        // The gauges, once the step's events (and the cancels they caused) are done: the loop
-        // may wait for the next request now, and they must say so meanwhile.
-        metrics.queued.store(engine.queued() as u64, Relaxed);
-        metrics.running.store(engine.running() as u64, Relaxed);
-        metrics.kv_cache_bytes.store(engine.kv_bytes(), Relaxed);
+        set_gauges(&engine, &metrics);
     }
+}
+
+/// The engine's state in `/metrics`' gauges.
+fn set_gauges<B: Backend>(engine: &Engine<B>, metrics: &Metrics) {
+    metrics.queued.store(engine.queued() as u64, Relaxed);
+    metrics.running.store(engine.running() as u64, Relaxed);
+    metrics.kv_cache_bytes.store(engine.kv_bytes(), Relaxed);
 }
 
 /// Queues an HTTP request's choices, all or none.

@@ -1,4 +1,4 @@
-//! The answer's JSON from the worker's updates (routes.rs's `Choices` and `Meta`), on a real
+//! The answer's JSON from the worker's updates (answer.rs's `Choices` and `Meta`), on a real
 //! Qwen3 answer's tokens: a thinking answer that calls a tool, whole and streamed. (The fixture
 //! models have random weights and never write a valid call, so the HTTP tests cannot show one.)
 
@@ -35,7 +35,7 @@ fn state() -> Arc<AppState> {
 }
 
 fn params() -> Params {
-    api::params(&json!({}), &GenerationDefaults::default(), 1).unwrap()
+    crate::api::params(&json!({}), &GenerationDefaults::default(), 1).unwrap()
 }
 
 /// Runs `answer`'s tokens through `Choices` as the worker's updates, ending with an
