@@ -57,3 +57,54 @@ fn unknown_device_is_refused() {
     assert_eq!(code, Some(1));
     assert!(err.contains("invalid device \"gpu\""), "{err}");
 }
+
+/// `--device plain` (the textbook loops) gives HuggingFace's greedy continuation on f32 exports
+/// of the fixtures (`reference.json`, transformers in float32), as the fast CPU backend does.
+#[test]
+fn plain_device_is_exact_against_huggingface() {
+    use qwen3_inference::format::DType;
+    use qwen3_test_support::{export_fixture, tempdir};
+    for name in ["tiny-f32-tied-gqa2", "tiny-qwen3-fullvocab"] {
+        let dir = tempdir("pq-plain", name);
+        let m = export_fixture(name, &dir, DType::F32, 0);
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures/models")
+            .join(name)
+            .join("reference.json");
+        let refr: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let case = &refr["cases"][0];
+        let eos: Vec<u64> = serde_json::from_value(refr["eos_token_ids"].clone()).unwrap();
+        let greedy: Vec<u64> = serde_json::from_value(case["greedy_ids"].clone()).unwrap();
+        let ids = case["prompt_ids"].to_string();
+        let n = greedy.len().to_string();
+        let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+            .args([
+                "generate",
+                m.to_str().unwrap(),
+                "--prompt-ids",
+                &ids,
+                "-t",
+                "0",
+            ])
+            .args(["-n", &n, "--device", "plain", "--verbose"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert!(err.contains("device: plain"), "{err}");
+        let got: Vec<u64> = String::from_utf8(o.stdout)
+            .unwrap()
+            .split_whitespace()
+            .map(|t| t.parse().unwrap())
+            .collect();
+        // An end-of-sequence id ends the answer early where HF's continuation reaches one.
+        let want: Vec<u64> = greedy
+            .iter()
+            .copied()
+            .take_while(|id| !eos.contains(id))
+            .collect();
+        assert_eq!(got, want, "{name}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -8,6 +8,9 @@ use std::str::FromStr;
 pub enum Device {
     #[default]
     Cpu,
+    /// The CPU in textbook loops (`qwen3_inference::backend::PlainBackend`): the math to read,
+    /// slow.
+    Plain,
     /// A CUDA device by ordinal (the order `nvidia-smi` lists them, unless CUDA_VISIBLE_DEVICES
     /// says otherwise).
     Cuda(usize),
@@ -19,13 +22,14 @@ impl FromStr for Device {
     fn from_str(s: &str) -> Result<Device, String> {
         match s {
             "cpu" => Ok(Device::Cpu),
+            "plain" => Ok(Device::Plain),
             "cuda" => Ok(Device::Cuda(0)),
             _ => match s.strip_prefix("cuda:") {
                 Some(n) => n.parse::<usize>().map(Device::Cuda).map_err(|_| {
                     format!("invalid device {s:?}: expected cuda:N with N a device number")
                 }),
                 None => Err(format!(
-                    "invalid device {s:?}: expected cpu, cuda or cuda:N"
+                    "invalid device {s:?}: expected cpu, plain, cuda or cuda:N"
                 )),
             },
         }
@@ -36,6 +40,7 @@ impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Device::Cpu => f.write_str("cpu"),
+            Device::Plain => f.write_str("plain"),
             Device::Cuda(n) => write!(f, "cuda:{n}"),
         }
     }
@@ -57,7 +62,7 @@ pub fn cuda_support() -> Result<(), String> {
 /// is one line, for the CLI to print before exiting non-zero.
 pub fn check_available(device: Device) -> Result<(), String> {
     match device {
-        Device::Cpu => Ok(()),
+        Device::Cpu | Device::Plain => Ok(()),
         Device::Cuda(n) => {
             cuda_support()?;
             #[cfg(feature = "cuda")]

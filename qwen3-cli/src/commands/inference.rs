@@ -12,7 +12,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use qwen3_cuda::device::check_available;
 use qwen3_cuda::Device;
-use qwen3_inference::backend::{Backend, CpuBackend, KvType};
+use qwen3_inference::backend::{Backend, CpuBackend, KvType, PlainBackend};
 use qwen3_inference::chat::{ChatTemplate, Conversation};
 use qwen3_inference::engine::{Engine, Request};
 use qwen3_inference::format::{companion_paths, ModelConfig, ModelFile};
@@ -141,8 +141,9 @@ pub struct InferenceArgs {
     /// Print model details, KV cache size and sampler settings to stderr.
     #[arg(long)]
     pub verbose: bool,
-    /// Where to run: cpu, cuda (device 0) or cuda:N. CUDA needs a build with `--features cuda`
-    /// and an NVIDIA driver; see docs/cuda.md.
+    /// Where to run: cpu, plain (the same math in textbook loops: slow, to read and to check),
+    /// cuda (device 0) or cuda:N. CUDA needs a build with `--features cuda` and an NVIDIA
+    /// driver; see docs/cuda.md.
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// CPU threads (default: one per core, or the RAYON_NUM_THREADS environment variable).
@@ -268,6 +269,12 @@ pub fn run(args: InferenceArgs) -> Result<()> {
                 kernels::dot::dots().isa
             );
             run_job(&args, engine, job, &about)
+        }
+        Device::Plain => {
+            let model = Model::load(&file)?;
+            let plain = PlainBackend::new();
+            let engine = Engine::one_sequence(&plain, &model, context_len, args.kv_cache.into())?;
+            run_job(&args, engine, job, "plain: the textbook loops, one thread")
         }
         Device::Cuda(_) if args.kv_cache != KvCacheArg::F32 => {
             bail!("--kv-cache bf16 is for --device cpu: the CUDA backend keeps its KV cache in f32")

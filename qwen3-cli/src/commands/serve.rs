@@ -7,7 +7,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use qwen3_cuda::device::check_available;
 use qwen3_cuda::Device;
-use qwen3_inference::backend::CpuBackend;
+use qwen3_inference::backend::{CpuBackend, PlainBackend};
 use qwen3_inference::chat::ChatTemplate;
 use qwen3_inference::engine::{Engine, EngineConfig};
 use qwen3_inference::format::{companion_paths, ModelFile};
@@ -60,7 +60,8 @@ pub struct EngineArgs {
     /// CPU threads (default: one per core, or the RAYON_NUM_THREADS environment variable).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Where to run: cpu, cuda (device 0) or cuda:N (a build with `--features cuda`).
+    /// Where to run: cpu, plain (textbook loops: slow), cuda (device 0) or cuda:N (a build with
+    /// `--features cuda`).
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// The model id that /v1/models lists and requests name (default: the model file's stem).
@@ -98,7 +99,7 @@ pub fn prepare(
 ) -> Result<(AppState, Receiver<Command>, Worker)> {
     let device: Device = args.device.parse().map_err(|e: String| anyhow!(e))?;
     check_available(device).map_err(|e| anyhow!(e))?;
-    if device != Device::Cpu && args.kv_cache != KvCacheArg::F32 {
+    if matches!(device, Device::Cuda(_)) && args.kv_cache != KvCacheArg::F32 {
         bail!("--kv-cache bf16 is for --device cpu: the CUDA backend keeps its KV cache in f32");
     }
     if args.parallel == 0 || args.parallel > MAX_BATCH {
@@ -186,6 +187,12 @@ pub fn prepare(
                 worker::run(Engine::new(fwd, cfg)?, commands, metrics);
                 Ok(())
             }
+            Device::Plain => {
+                let model = Model::load(&file)?;
+                let fwd = Forward::new(&PLAIN, &model, context_len, MAX_BATCH, cfg.slots, kv)?;
+                worker::run(Engine::new(fwd, cfg)?, commands, metrics);
+                Ok(())
+            }
             Device::Cuda(ordinal) => {
                 cuda::work(&file, ordinal, context_len, cfg, commands, metrics)
             }
@@ -235,5 +242,6 @@ mod cuda {
     }
 }
 
-/// The CPU backend holds nothing; one value serves the server's life.
+/// The CPU backends hold nothing; one value serves the server's life.
 const CPU: CpuBackend<'static> = CpuBackend::new();
+const PLAIN: PlainBackend<'static> = PlainBackend::new();

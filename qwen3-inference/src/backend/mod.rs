@@ -2,6 +2,8 @@
 //! forward pass needs, over buffers the backend owns.
 //!
 //! [`crate::model::Session`] is written once against [`Backend`]. Implementations:
+//! - [`PlainBackend`]: the math in textbook loops, no SIMD, no threads (`plain.rs`: read it
+//!   first); the oracle the others are tested against;
 //! - [`CpuBackend`]: host vectors and the SIMD kernels of [`crate::kernels`], weights borrowed from
 //!   the mmapped model file (what `qwen3 inference` runs by default);
 //! - in the `qwen3-cuda` crate, `ReferenceBackend` (host vectors, plain-Rust references of the CUDA
@@ -17,9 +19,11 @@
 //! `Result` because a device can fail at any launch; the CPU's never do.
 
 mod cpu;
+mod plain;
 
 pub use crate::kernels::{AttentionShape, KvType, RopeTable};
 pub use cpu::CpuBackend;
+pub use plain::{PlainBackend, PlainKvCache};
 
 use anyhow::Result;
 

@@ -47,7 +47,6 @@ impl RopeTable {
         self.cos.len() / self.half.max(1)
     }
 
-    /// Bytes held by the two tables.
     /// `cos[pos][i]`, `[max_pos, head_dim / 2]`, for backends that keep their own copy.
     pub fn cos(&self) -> &[f32] {
         &self.cos
@@ -58,6 +57,7 @@ impl RopeTable {
         &self.sin
     }
 
+    /// Bytes held by the two tables.
     pub fn nbytes(&self) -> usize {
         (self.cos.len() + self.sin.len()) * 4
     }

@@ -1,0 +1,332 @@
+//! The math of a Qwen3 forward pass in textbook loops: start reading here.
+//!
+//! [`PlainBackend`] implements every operation of [`Backend`] the way a textbook writes it: one
+//! loop per formula, no SIMD, no threads, no `unsafe`, weights converted to f32 as they are read
+//! ("dequantize on read"). [`crate::model::Session`] runs on it unchanged (`--device plain` in
+//! the CLI). It is slow (a few tokens a second on Qwen3-0.6B) and it is the oracle: the fast CPU
+//! backend (`cpu.rs` over `crate::kernels`) is tested against it, and with an f32 model it gives
+//! HuggingFace's logits to 1e-4 like the fast one.
+//!
+//! Shapes are row-major, as in the trait's comments. The KV cache is the plainest layout:
+//! `keys[layer][pos][kv_head][head_dim]`, and the same for values.
+
+use super::{AttentionShape, Backend, KvType, RopeTable};
+use crate::format::reader::{TensorData, TensorView};
+use anyhow::{bail, Result};
+use std::marker::PhantomData;
+
+/// See the module's comment. It holds nothing; `'a` is the lifetime of the mapped model file its
+/// tensors borrow from.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PlainBackend<'a>(PhantomData<&'a ()>);
+
+impl PlainBackend<'_> {
+    pub const fn new() -> Self {
+        PlainBackend(PhantomData)
+    }
+}
+
+/// Keys and values of every layer: `[layers][context_len * n_kv_heads * head_dim]` each.
+pub struct PlainKvCache {
+    shape: AttentionShape,
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+}
+
+/// Weight `i` (row-major index) of a tensor, as f32: bf16 widened, q8 times its group's scale.
+fn weight(t: &TensorView, i: usize) -> f32 {
+    match t.data {
+        TensorData::F32(v) => v[i],
+        TensorData::Bf16(v) => f32::from_bits((v[i] as u32) << 16),
+        TensorData::Q8 {
+            q,
+            scales,
+            group_size,
+        } => q[i] as f32 * scales[i / group_size],
+    }
+}
+
+impl<'a> Backend for PlainBackend<'a> {
+    type Tensor = TensorView<'a>;
+    type Buf = Vec<f32>;
+    type Rope = RopeTable;
+    type KvCache = PlainKvCache;
+
+    fn alloc(&self, len: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; len])
+    }
+
+    fn rope_table(&self, table: RopeTable) -> Result<RopeTable> {
+        Ok(table)
+    }
+
+    fn kv_cache(
+        &self,
+        layers: usize,
+        shape: AttentionShape,
+        _max_batch: usize,
+        kv: KvType,
+    ) -> Result<PlainKvCache> {
+        if kv != KvType::F32 {
+            bail!("the plain backend keeps its KV cache in f32 (--kv-cache f32)");
+        }
+        let len = shape.context_len * shape.n_kv_heads * shape.head_dim;
+        Ok(PlainKvCache {
+            shape,
+            keys: vec![vec![0.0; len]; layers],
+            values: vec![vec![0.0; len]; layers],
+        })
+    }
+
+    fn copy(
+        &self,
+        dst: &mut Vec<f32>,
+        dst_offset: usize,
+        src: &Vec<f32>,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        dst[dst_offset..dst_offset + len].copy_from_slice(&src[src_offset..src_offset + len]);
+        Ok(())
+    }
+
+    fn read<'s>(
+        &self,
+        x: &'s Vec<f32>,
+        len: usize,
+        _staging: &'s mut Vec<f32>,
+    ) -> Result<&'s [f32]> {
+        Ok(&x[..len])
+    }
+
+    /// `x[i][c] = table[tokens[i]][c]`.
+    fn embed(
+        &self,
+        x: &mut Vec<f32>,
+        table: &TensorView<'a>,
+        tokens: &[u32],
+        hidden: usize,
+    ) -> Result<()> {
+        for (i, &tok) in tokens.iter().enumerate() {
+            for c in 0..hidden {
+                x[i * hidden + c] = weight(table, tok as usize * hidden + c);
+            }
+        }
+        Ok(())
+    }
+
+    /// `out[r][c] = w[c] * x[r][c] / sqrt(mean_c(x[r][c]^2) + eps)`.
+    fn rmsnorm(
+        &self,
+        out: &mut Vec<f32>,
+        x: &Vec<f32>,
+        w: &TensorView<'a>,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<()> {
+        for r in 0..rows {
+            let row = &x[r * n..(r + 1) * n];
+            let mean_sq = row.iter().map(|v| v * v).sum::<f32>() / n as f32;
+            let inv_rms = 1.0 / (mean_sq + eps).sqrt();
+            for c in 0..n {
+                out[r * n + c] = weight(w, c) * (row[c] * inv_rms);
+            }
+        }
+        Ok(())
+    }
+
+    /// `y[t][r] = sum_c x[t][c] * w[r][c]`.
+    fn matmul(
+        &self,
+        y: &mut Vec<f32>,
+        w: &TensorView<'a>,
+        x: &Vec<f32>,
+        n_tok: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        for t in 0..n_tok {
+            for r in 0..rows {
+                let mut sum = 0.0f32;
+                for c in 0..cols {
+                    sum += x[t * cols + c] * weight(w, r * cols + c);
+                }
+                y[t * rows + r] = sum;
+            }
+        }
+        Ok(())
+    }
+
+    /// Each head's halves rotated by the angles of its token's position (HF's `rotate_half`):
+    /// `lo' = lo cos - hi sin`, `hi' = hi cos + lo sin`.
+    fn rope(
+        &self,
+        x: &mut Vec<f32>,
+        table: &RopeTable,
+        n_tok: usize,
+        n_heads: usize,
+        head_dim: usize,
+        pos0: usize,
+    ) -> Result<()> {
+        let half = head_dim / 2;
+        for t in 0..n_tok {
+            let pos = pos0 + t;
+            let cos = &table.cos()[pos * half..(pos + 1) * half];
+            let sin = &table.sin()[pos * half..(pos + 1) * half];
+            for h in 0..n_heads {
+                let head = &mut x[(t * n_heads + h) * head_dim..][..head_dim];
+                for i in 0..half {
+                    let (lo, hi) = (head[i], head[i + half]);
+                    head[i] = lo * cos[i] - hi * sin[i];
+                    head[i + half] = hi * cos[i] + lo * sin[i];
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn store_kv(
+        &self,
+        cache: &mut PlainKvCache,
+        layer: usize,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        n_tok: usize,
+        pos0: usize,
+    ) -> Result<()> {
+        let row = cache.shape.n_kv_heads * cache.shape.head_dim;
+        if pos0 + n_tok > cache.shape.context_len {
+            bail!("the KV cache holds {} positions", cache.shape.context_len);
+        }
+        let at = pos0 * row..(pos0 + n_tok) * row;
+        cache.keys[layer][at.clone()].copy_from_slice(&k[..n_tok * row]);
+        cache.values[layer][at].copy_from_slice(&v[..n_tok * row]);
+        Ok(())
+    }
+
+    /// For each query head: scores `q . k_p / sqrt(head_dim)` for positions `p = 0 ..= pos`,
+    /// softmax over them, and the values' weighted sum. Query head `h` reads kv head
+    /// `h / (n_heads / n_kv_heads)` (grouped-query attention, HF's `repeat_kv`).
+    fn attention(
+        &self,
+        out: &mut Vec<f32>,
+        q: &Vec<f32>,
+        cache: &mut PlainKvCache,
+        layer: usize,
+        n_tok: usize,
+        pos0: usize,
+    ) -> Result<()> {
+        let AttentionShape {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ..
+        } = cache.shape;
+        let group = n_heads / n_kv_heads;
+        let (keys, values) = (&cache.keys[layer], &cache.values[layer]);
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let mut scores = vec![0.0f32; pos0 + n_tok];
+        for t in 0..n_tok {
+            let n_keys = pos0 + t + 1;
+            for h in 0..n_heads {
+                let kv = h / group;
+                let qh = &q[(t * n_heads + h) * head_dim..][..head_dim];
+                let at = |p: usize| (p * n_kv_heads + kv) * head_dim;
+                for (p, s) in scores[..n_keys].iter_mut().enumerate() {
+                    let k = &keys[at(p)..at(p) + head_dim];
+                    *s = qh.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+                }
+                // Softmax, the largest score subtracted first so that exp cannot overflow.
+                let max = scores[..n_keys]
+                    .iter()
+                    .copied()
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let mut total = 0.0f32;
+                for s in &mut scores[..n_keys] {
+                    *s = (*s - max).exp();
+                    total += *s;
+                }
+                let o = &mut out[(t * n_heads + h) * head_dim..][..head_dim];
+                o.fill(0.0);
+                for (p, &s) in scores[..n_keys].iter().enumerate() {
+                    let v = &values[at(p)..at(p) + head_dim];
+                    for (o, &v) in o.iter_mut().zip(v) {
+                        *o += (s / total) * v;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `gate[i] = gate[i] * sigmoid(gate[i]) * up[i]` (SwiGLU: SiLU of the gate times the up).
+    fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, n: usize) -> Result<()> {
+        for i in 0..n {
+            let g = gate[i];
+            gate[i] = g / (1.0 + (-g).exp()) * up[i];
+        }
+        Ok(())
+    }
+
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> Result<()> {
+        for i in 0..n {
+            x[i] += y[i];
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::CpuBackend;
+    use crate::format::{DType, ModelFile};
+    use crate::model::test_model::write_random;
+    use crate::model::{Model, Session};
+
+    /// The fast CPU backend against the plain one, on random models of each storage: the same
+    /// greedy tokens and logits within what their different orders of summation (and, for q8,
+    /// the CPU's quantized activations) allow.
+    #[test]
+    fn the_cpu_backend_computes_the_plain_math() {
+        for (dt, tol) in [(DType::F32, 1e-5), (DType::Bf16, 1e-5), (DType::Q8, 0.05)] {
+            let d = std::env::temp_dir().join(format!("pq-plain-{}-{dt:?}", std::process::id()));
+            std::fs::create_dir_all(&d).unwrap();
+            let p = d.join("m.bin");
+            write_random(&p, dt);
+            let f = ModelFile::open(&p).unwrap();
+            let model = Model::load(&f).unwrap();
+            let (plain, cpu) = (PlainBackend::new(), CpuBackend::new());
+            let mut a = Session::with_backend(&plain, &model, 32).unwrap();
+            let mut b = Session::with_backend(&cpu, &model, 32).unwrap();
+            let mut tokens = vec![3u32, 17, 5, 9, 1, 22];
+            let mut worst = 0.0f32;
+            // A prompt in one pass, then one token at a time.
+            for step in 0..6 {
+                let (la, lb) = (
+                    a.forward(&tokens).unwrap().to_vec(),
+                    b.forward(&tokens).unwrap().to_vec(),
+                );
+                let scale = la.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                for (x, y) in la.iter().zip(&lb) {
+                    worst = worst.max((x - y).abs() / scale.max(1.0));
+                }
+                let next = crate::sampler::argmax(&la) as u32;
+                if dt != DType::Q8 {
+                    assert_eq!(
+                        next,
+                        crate::sampler::argmax(&lb) as u32,
+                        "{dt:?} step {step}"
+                    );
+                }
+                tokens = vec![next];
+            }
+            eprintln!(
+                "{dt:?}: largest logit difference {worst:.2e} (relative to the largest logit)"
+            );
+            assert!(worst < tol, "{dt:?}: logits differ by {worst} (relative)");
+            std::fs::remove_dir_all(d).unwrap();
+        }
+    }
+}
