@@ -3,40 +3,13 @@
 //! result lines, nothing but results on a pipe, and a rerun after an interruption completes the
 //! file without repeating anything.
 
+mod common;
+
+use common::{binary_dir, fullvocab_model};
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::OnceLock;
-
-fn dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let d = std::env::temp_dir().join(format!("pq-batch-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    })
-}
-
-fn model() -> &'static str {
-    static MODEL: OnceLock<String> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        let out = dir().join("m.bin");
-        let o = qwen3(&[
-            "export",
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../fixtures/models/tiny-qwen3-fullvocab")
-                .to_str()
-                .unwrap(),
-            out.to_str().unwrap(),
-            "--group-size",
-            "32",
-        ]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        out.to_str().unwrap().to_string()
-    })
-}
 
 fn qwen3(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_qwen3"))
@@ -96,7 +69,7 @@ fn results(path: &Path) -> Vec<Value> {
 fn run_batch(input: &Path, output: &Path) -> Output {
     qwen3(&[
         "batch",
-        model(),
+        fullvocab_model(),
         input.to_str().unwrap(),
         "-o",
         output.to_str().unwrap(),
@@ -109,9 +82,9 @@ fn run_batch(input: &Path, output: &Path) -> Output {
 
 #[test]
 fn a_batch_file_answers_as_the_server_and_resumes() {
-    let input = dir().join("in.jsonl");
+    let input = binary_dir().join("in.jsonl");
     std::fs::write(&input, input_lines().join("\n") + "\n").unwrap();
-    let output = dir().join("out.jsonl");
+    let output = binary_dir().join("out.jsonl");
     let o = run_batch(&input, &output);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // On a pipe: nothing but the results, in the file.
@@ -134,7 +107,7 @@ fn a_batch_file_answers_as_the_server_and_resumes() {
         let ok: Vec<&Value> = r.iter().filter(|v| v["error"].is_null()).collect();
         assert_eq!(ok.len(), 1, "{r:?}");
         assert_eq!(ok[0]["response"]["status_code"], 200);
-        let cli = qwen3(&["generate", model(), "-i", p, "-n", "6", "-t", "0"]);
+        let cli = qwen3(&["generate", fullvocab_model(), "-i", p, "-n", "6", "-t", "0"]);
         let cli = String::from_utf8(cli.stdout).unwrap();
         assert_eq!(
             ok[0]["response"]["body"]["choices"][0]["text"]
@@ -211,11 +184,11 @@ fn a_batch_file_answers_as_the_server_and_resumes() {
 
 #[test]
 fn bad_arguments_are_one_line_errors() {
-    let input = dir().join("args-in.jsonl");
+    let input = binary_dir().join("args-in.jsonl");
     std::fs::write(&input, "").unwrap();
     let o = qwen3(&[
         "batch",
-        model(),
+        fullvocab_model(),
         input.to_str().unwrap(),
         "-o",
         input.to_str().unwrap(),
@@ -224,10 +197,10 @@ fn bad_arguments_are_one_line_errors() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("that is the input file"));
     let o = qwen3(&[
         "batch",
-        model(),
+        fullvocab_model(),
         "/nonexistent/in.jsonl",
         "-o",
-        dir().join("x.jsonl").to_str().unwrap(),
+        binary_dir().join("x.jsonl").to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/in.jsonl: cannot read"));

@@ -3,41 +3,11 @@
 //! the short sampling flags (`-t 0.7 -p 0.8 -s 42`), the common aliases, `-n -1`, prompts from a
 //! file or stdin, and `qwen3 chat` / `qwen3 generate` as the `inference -m` forms.
 
+mod common;
+
+use common::{binary_dir, fullvocab_model};
 use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let d = std::env::temp_dir().join(format!("pq-cli-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    })
-}
-
-/// The fixture exported once per test binary (q8, the default).
-fn model() -> &'static str {
-    static MODEL: OnceLock<String> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        let out = dir().join("m.bin");
-        let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
-            .arg("export")
-            .arg(repo().join("fixtures/models/tiny-qwen3-fullvocab"))
-            .arg(&out)
-            .args(["--group-size", "32"])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", text(&o.stderr));
-        out.to_str().unwrap().to_string()
-    })
-}
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -83,7 +53,7 @@ const PROMPT: &str = "The capital of France is";
 
 #[test]
 fn the_documented_sampling_line_works_and_equals_the_long_flags() {
-    let m = model();
+    let m = fullvocab_model();
     let short = ok(qwen3(&[
         "inference",
         m,
@@ -153,7 +123,7 @@ fn the_documented_sampling_line_works_and_equals_the_long_flags() {
 
 #[test]
 fn chat_and_generate_are_the_inference_modes() {
-    let m = model();
+    let m = fullvocab_model();
     let g = ok(qwen3(&["generate", m, "-i", PROMPT, "-n", "6", "-t", "0"]));
     let i = ok(qwen3(&[
         "inference",
@@ -201,9 +171,9 @@ fn chat_and_generate_are_the_inference_modes() {
 
 #[test]
 fn prompts_come_from_a_file_or_stdin() {
-    let m = model();
+    let m = fullvocab_model();
     let want = ok(qwen3(&["generate", m, "-i", PROMPT, "-n", "6", "-t", "0"]));
-    let f = dir().join("prompt.txt");
+    let f = binary_dir().join("prompt.txt");
     std::fs::write(&f, PROMPT).unwrap();
     let from_file = ok(qwen3(&[
         "generate",
@@ -225,7 +195,7 @@ fn prompts_come_from_a_file_or_stdin() {
     assert_eq!(ok(qwen3_stdin(&["tokenize", m, "-"], PROMPT)), ids);
     assert_eq!(ok(qwen3_stdin(&["tokenize", m, "-f", "-"], PROMPT)), ids);
     let messages = r#"[{"role": "user", "content": "Hi"}]"#;
-    let mf = dir().join("messages.json");
+    let mf = binary_dir().join("messages.json");
     std::fs::write(&mf, messages).unwrap();
     let rendered = ok(qwen3(&["chat-template", m, mf.to_str().unwrap()]));
     assert!(
@@ -258,7 +228,7 @@ fn prompts_come_from_a_file_or_stdin() {
 
 #[test]
 fn n_minus_one_runs_until_the_context_is_full() {
-    let m = model();
+    let m = fullvocab_model();
     let o = qwen3(&[
         "generate", m, "-i", PROMPT, "-n", "-1", "-t", "0", "-c", "24", "--top-k", "0",
     ]);
@@ -279,7 +249,7 @@ fn bench_takes_no_letter_that_means_something_else_in_inference() {
     // -t is the temperature and -p the top-p elsewhere; bench takes --threads and
     // --prompt-tokens.
     for flag in ["-t", "-p"] {
-        let err = fails(qwen3(&["bench", model(), flag, "1"]));
+        let err = fails(qwen3(&["bench", fullvocab_model(), flag, "1"]));
         assert!(
             err.contains(&format!("unexpected argument '{flag}'")),
             "{err}"
@@ -289,7 +259,7 @@ fn bench_takes_no_letter_that_means_something_else_in_inference() {
 
 #[test]
 fn stop_strings_and_json_output_for_scripts() {
-    let m = model();
+    let m = fullvocab_model();
     let args = ["generate", m, "-i", PROMPT, "-n", "12", "-t", "0"];
     let full = ok(qwen3(&args));
     let full = full.strip_suffix('\n').unwrap();

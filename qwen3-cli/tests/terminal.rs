@@ -4,43 +4,16 @@
 //! between runs (Up recalls the last session's line), or not with `--no-history`.
 #![cfg(target_os = "linux")]
 
+mod common;
+
+use common::{binary_dir, fullvocab_model};
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-fn dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let d = std::env::temp_dir().join(format!("pq-terminal-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    })
-}
-
-/// The fullvocab fixture exported once (q8): the real tokenizer and template.
-fn model() -> &'static str {
-    static MODEL: OnceLock<String> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        let out = dir().join("m.bin");
-        let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
-            .arg("export")
-            .arg(
-                Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("../fixtures/models/tiny-qwen3-fullvocab"),
-            )
-            .arg(&out)
-            .args(["--group-size", "32"])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        out.to_str().unwrap().to_string()
-    })
-}
 
 /// A child process on the slave side of a new pseudo-terminal (its controlling terminal), and
 /// everything it has written, read from the master side by a thread.
@@ -176,12 +149,12 @@ impl Pty {
 
 #[test]
 fn typing_during_an_answer_stays_out_of_it_and_ctrl_c_stops_it() {
-    let home = dir().join("home-keys");
+    let home = binary_dir().join("home-keys");
     std::fs::create_dir_all(&home).unwrap();
     let mut t = Pty::spawn(
         &[
             "chat",
-            model(),
+            fullvocab_model(),
             "-t",
             "0",
             "-n",
@@ -238,14 +211,14 @@ fn typing_during_an_answer_stays_out_of_it_and_ctrl_c_stops_it() {
 
 #[test]
 fn history_is_recalled_in_the_next_run_unless_turned_off() {
-    let home = dir().join("home-history");
+    let home = binary_dir().join("home-history");
     let data = home.join(".local/share/qwen3");
     std::fs::create_dir_all(&data).unwrap();
     // A history as a previous run left it (rustyline's file format).
     let run = |extra: &[&str]| {
         let mut args = vec![
             "chat",
-            model(),
+            fullvocab_model(),
             "-t",
             "0",
             "-n",
@@ -270,7 +243,15 @@ fn history_is_recalled_in_the_next_run_unless_turned_off() {
 
     // Up at the prompt brings the last run's line back, and Enter sends it.
     let mut t = Pty::spawn(
-        &["chat", model(), "-t", "0", "-n", "2", "--verbose-prompt"],
+        &[
+            "chat",
+            fullvocab_model(),
+            "-t",
+            "0",
+            "-n",
+            "2",
+            "--verbose-prompt",
+        ],
         &home,
     );
     let prompt = t.wait_for(">>> ", 0);
@@ -285,12 +266,12 @@ fn history_is_recalled_in_the_next_run_unless_turned_off() {
     assert!(status.success(), "{out}");
 
     // --no-history neither reads nor writes it.
-    let other = dir().join("home-no-history");
+    let other = binary_dir().join("home-no-history");
     std::fs::create_dir_all(&other).unwrap();
     let mut t = Pty::spawn(
         &[
             "chat",
-            model(),
+            fullvocab_model(),
             "-t",
             "0",
             "-n",
@@ -318,7 +299,7 @@ fn ctrl_c_at_the_terminal_during_export_leaves_nothing() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/tiny-qwen3-fullvocab");
     let mut interrupted = 0;
     for delay_ms in [30, 100, 200, 350] {
-        let out_dir = dir().join(format!("export-{delay_ms}"));
+        let out_dir = binary_dir().join(format!("export-{delay_ms}"));
         std::fs::create_dir_all(&out_dir).unwrap();
         let out = out_dir.join("m.bin");
         let args = [
@@ -328,7 +309,7 @@ fn ctrl_c_at_the_terminal_during_export_leaves_nothing() {
             "--dtype",
             "f32",
         ];
-        let mut t = Pty::spawn(&args, &dir().join("home-export"));
+        let mut t = Pty::spawn(&args, &binary_dir().join("home-export"));
         std::thread::sleep(Duration::from_millis(delay_ms));
         t.keys("\x03");
         let (status, log) = t.wait_exit();
@@ -365,7 +346,7 @@ fn ctrl_c_at_the_terminal_during_export_leaves_nothing() {
 fn long_prefill(message: &str, interrupt_after: Option<f64>) -> (f64, bool) {
     let args = [
         "chat",
-        model(),
+        fullvocab_model(),
         "-t",
         "0",
         "-n",
@@ -376,7 +357,7 @@ fn long_prefill(message: &str, interrupt_after: Option<f64>) -> (f64, bool) {
     ];
     let mut t = Pty::spawn_with(
         &args,
-        &dir().join("home-prefill"),
+        &binary_dir().join("home-prefill"),
         Some(&format!("{message}\n")),
     );
     let ids = t.wait_for("prompt ids:", 0);
@@ -415,7 +396,7 @@ fn ctrl_c_at_the_terminal_during_a_long_prefill_stops_it_early() {
 fn bench_shows_progress_on_a_terminal() {
     let args = [
         "bench",
-        model(),
+        fullvocab_model(),
         "--prompt-tokens",
         "4",
         "-n",
@@ -425,7 +406,7 @@ fn bench_shows_progress_on_a_terminal() {
         "--threads",
         "1",
     ];
-    let t = Pty::spawn(&args, &dir().join("home-bench"));
+    let t = Pty::spawn(&args, &binary_dir().join("home-bench"));
     let (status, out) = t.wait_exit();
     assert!(status.success(), "{out}");
     assert!(out.contains("1 thread: repeat 2 of 2"), "{out}");
@@ -435,7 +416,7 @@ fn bench_shows_progress_on_a_terminal() {
 /// On a terminal, `qwen3 batch` shows a progress bar: done/total requests and tokens/s.
 #[test]
 fn batch_shows_a_progress_bar_on_a_terminal() {
-    let input = dir().join("batch-in.jsonl");
+    let input = binary_dir().join("batch-in.jsonl");
     let lines: Vec<String> = (0..3)
         .map(|i| {
             format!(
@@ -444,16 +425,16 @@ fn batch_shows_a_progress_bar_on_a_terminal() {
         })
         .collect();
     std::fs::write(&input, lines.join("\n")).unwrap();
-    let output = dir().join("batch-out.jsonl");
+    let output = binary_dir().join("batch-out.jsonl");
     let _ = std::fs::remove_file(&output);
     let args = [
         "batch",
-        model(),
+        fullvocab_model(),
         input.to_str().unwrap(),
         "-o",
         output.to_str().unwrap(),
     ];
-    let t = Pty::spawn(&args, &dir().join("home-batch"));
+    let t = Pty::spawn(&args, &binary_dir().join("home-batch"));
     let (status, out) = t.wait_exit();
     assert!(status.success(), "{out}");
     assert!(out.contains("3/3 requests"), "{out}");

@@ -1,4 +1,5 @@
-//! The server tests' client side: the real `qwen3 serve` binary on an ephemeral loopback port,
+//! What several end-to-end tests share: the fullvocab fixture exported once per test binary, and
+//! the server tests' client side: the real `qwen3 serve` binary on an ephemeral loopback port,
 //! and a small HTTP/1.1 client over `TcpStream` (one request per connection, `Connection:
 //! close`), so a test sees exactly the bytes a client gets, can send malformed requests, and
 //! can hang up in the middle of an answer.
@@ -10,7 +11,41 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+/// A temporary directory of this test binary's own (emptied when the binary starts).
+pub fn binary_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let name = format!("pq-{}-{}", env!("CARGO_CRATE_NAME"), std::process::id());
+        let d = std::env::temp_dir().join(name);
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    })
+}
+
+/// `fixtures/models/tiny-qwen3-fullvocab` (random weights, the real Qwen3 tokenizer and
+/// template) exported once per test binary through the CLI, as q8 with groups of 32.
+pub fn fullvocab_model() -> &'static str {
+    static MODEL: OnceLock<String> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let out = binary_dir().join("m.bin");
+        let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+            .arg("export")
+            .arg(
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../fixtures/models/tiny-qwen3-fullvocab"),
+            )
+            .arg(&out)
+            .args(["--group-size", "32"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        out.to_str().unwrap().to_string()
+    })
+}
 
 /// A running `qwen3 serve`; killed when dropped.
 pub struct Server {
