@@ -6,14 +6,26 @@ use super::*;
 use crate::metrics::Metrics;
 use qwen3_inference::format::GenerationDefaults;
 
-/// The state the handlers would have, with the real tokenizer (leaked, as the server leaks it).
+/// The real Qwen3 tokenizer, written from the fixtures once for every test of this binary (tests
+/// run side by side) and leaked, as the server leaks it.
+fn tokenizer() -> &'static Tokenizer {
+    static TOK: std::sync::OnceLock<&'static Tokenizer> = std::sync::OnceLock::new();
+    TOK.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("pq-answer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.tokenizer.bin");
+        let fixtures =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tokenizer");
+        qwen3_export::hf::tokenizer_json::export_tokenizer(&fixtures, &path, 151936).unwrap();
+        let tok = Box::leak(Box::new(Tokenizer::open(&path).unwrap()));
+        let _ = std::fs::remove_dir_all(&dir);
+        tok
+    })
+}
+
+/// The state the handlers would have.
 fn state() -> Arc<AppState> {
-    let dir = std::env::temp_dir().join(format!("pq-routes-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("m.tokenizer.bin");
-    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tokenizer");
-    qwen3_export::hf::tokenizer_json::export_tokenizer(&fixtures, &path, 151936).unwrap();
-    let tokenizer = Box::leak(Box::new(Tokenizer::open(&path).unwrap()));
+    let tokenizer = tokenizer();
     let (commands, _rx) = std::sync::mpsc::channel();
     Arc::new(AppState {
         model_name: "m".into(),
