@@ -156,6 +156,37 @@ impl Choices {
         Ok(())
     }
 
+    /// The stream's choice object for delta `d` of choice `i` (an entry of `out`): with the
+    /// log-probabilities of the tokens since the last chunk (their text may have been held back
+    /// until now) and the tool calls this delta completed.
+    pub(crate) fn streamed(
+        &mut self,
+        meta: &Meta,
+        i: usize,
+        d: &Delta,
+        finish: Option<&str>,
+        tok: &Tokenizer,
+    ) -> Value {
+        let c = &mut self.c[i];
+        let first = !c.started;
+        c.started = true;
+        let lp = if self.logprobs {
+            let new = &c.logprobs[c.sent_logprobs..];
+            let v = meta.logprobs(new, c.sent_chars, tok);
+            c.sent_chars += logprobs::chars(new, tok);
+            c.sent_logprobs = c.logprobs.len();
+            v
+        } else {
+            Value::Null
+        };
+        // The calls this delta completed: the last ones recorded.
+        let all = &c.tool_calls;
+        let calls: Vec<(usize, &(String, ToolCall))> = (all.len() - d.tool_calls.len()..all.len())
+            .map(|k| (k, &all[k]))
+            .collect();
+        meta.choice_delta(i, d, first, finish, lp, &calls)
+    }
+
     fn record(&mut self, choice: usize, d: Delta) {
         let c = &mut self.c[choice];
         c.content.push_str(&d.content);
@@ -335,25 +366,7 @@ pub(crate) fn stream(
                 break;
             }
             for (i, d, finish) in std::mem::take(&mut choices.out) {
-                let c = &mut choices.c[i];
-                let first = !c.started;
-                c.started = true;
-                // The tokens since the last chunk: their text may have been held back until now.
-                let lp = if choices.logprobs {
-                    let new = &c.logprobs[c.sent_logprobs..];
-                    let v = meta.logprobs(new, c.sent_chars, s.tokenizer);
-                    c.sent_chars += logprobs::chars(new, s.tokenizer);
-                    c.sent_logprobs = c.logprobs.len();
-                    v
-                } else {
-                    Value::Null
-                };
-                // The calls this delta completed: the last ones recorded.
-                let n = d.tool_calls.len();
-                let all = &c.tool_calls;
-                let calls: Vec<(usize, &(String, ToolCall))> =
-                    (all.len() - n..all.len()).map(|k| (k, &all[k])).collect();
-                let ch = meta.choice_delta(i, &d, first, finish, lp, &calls);
+                let ch = choices.streamed(&meta, i, &d, finish, s.tokenizer);
                 if tx
                     .send(Ok(send(meta.chunk(vec![ch], include_usage))))
                     .await

@@ -86,14 +86,7 @@ fn answer(s: &Arc<AppState>, text: &str) -> (Value, Vec<Value>) {
     for u in updates {
         ch.apply(u, s).unwrap();
         for (i, d, finish) in std::mem::take(&mut ch.out) {
-            let c = &mut ch.c[i];
-            let first = !c.started;
-            c.started = true;
-            let n = d.tool_calls.len();
-            let all = &c.tool_calls;
-            let calls: Vec<(usize, &(String, ToolCall))> =
-                (all.len() - n..all.len()).map(|k| (k, &all[k])).collect();
-            chunks.push(meta.choice_delta(i, &d, first, finish, Value::Null, &calls));
+            chunks.push(ch.streamed(&meta, i, &d, finish, s.tokenizer));
         }
     }
     let whole = meta.whole(&ch, &ch.usage(1), s.tokenizer);

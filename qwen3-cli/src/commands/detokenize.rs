@@ -5,8 +5,6 @@
 use super::input::read_text;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use qwen3_inference::format::companion_paths;
-use qwen3_inference::tokenizer::Tokenizer;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -34,14 +32,7 @@ pub fn run(args: DetokenizeArgs) -> Result<()> {
         _ => bail!("give the ids to decode ('[9707,1879]'), or -f FILE (- for stdin)"),
     };
     let ids = parse_ids(&text).with_context(|| from.clone())?;
-    let tok_path = companion_paths(&args.model).tokenizer;
-    if !tok_path.exists() {
-        bail!(
-            "{}: tokenizer file not found (written by `qwen3 export` next to the model file)",
-            tok_path.display()
-        );
-    }
-    let tok = Tokenizer::open(&tok_path)?;
+    let tok = super::tokenize::open_tokenizer(&args.model)?;
     let text = tok.decode(&ids, args.skip_special)?;
     // The text exactly, no newline added: `qwen3 tokenize m "x" | qwen3 detokenize m -` gives "x".
     let mut out = std::io::stdout().lock();

@@ -32,14 +32,7 @@ pub fn run(args: TokenizeArgs) -> Result<()> {
         (None, Some(path)) => read_text(path)?,
         _ => bail!("give the text to encode, or -f FILE (- for stdin)"),
     };
-    let tok_path = companion_paths(&args.model).tokenizer;
-    if !tok_path.exists() {
-        bail!(
-            "{}: tokenizer file not found (written by `qwen3 export` next to the model file)",
-            tok_path.display()
-        );
-    }
-    let tok = Tokenizer::open(&tok_path)?;
+    let tok = open_tokenizer(&args.model)?;
     let ids = tok.encode(&text);
 
     let mut out = String::new();
@@ -59,6 +52,18 @@ pub fn run(args: TokenizeArgs) -> Result<()> {
     }
     std::io::stdout().lock().write_all(out.as_bytes())?;
     Ok(())
+}
+
+/// The tokenizer file beside `model` (`<model>.tokenizer.bin`); a missing one says who writes it.
+pub fn open_tokenizer(model: &std::path::Path) -> Result<Tokenizer> {
+    let path = companion_paths(model).tokenizer;
+    if !path.exists() {
+        bail!(
+            "{}: tokenizer file not found (written by `qwen3 export` next to the model file)",
+            path.display()
+        );
+    }
+    Tokenizer::open(&path)
 }
 
 /// A token's bytes as a quoted string a terminal can show: escapes for quotes, backslashes and
