@@ -172,7 +172,7 @@ unsafe fn dot_q8_dotprod(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], gs: usize) 
 /// [`DotQ8`] per pair).
 ///
 /// Decode (`t = 1`) runs [`dot_q8_dotprod`] row by row: it is bound by memory. Prefill is bound
-/// by arithmetic, so it is tiled like the AVX-512 kernel (`mat_q8_avx512` in x86.rs): two weight
+/// by arithmetic, so it is tiled like the AVX-512 kernel (`mat_q8_avx512` in x86/avx512.rs): two weight
 /// rows against four tokens at a time ([`tile_q8_dotprod`]), each 16-byte weight vector loaded
 /// once for four tokens and each activation vector once for two rows, 6 loads for 8 `sdot`s
 /// where one dot product per pair needs 16. (Its 8 integer sums, 8 float sums and 3 operands fit

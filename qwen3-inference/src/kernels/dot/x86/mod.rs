@@ -1,0 +1,91 @@
+//! The x86-64 kernels. Each `unsafe fn` with `#[target_feature]` may only run on a CPU that
+//! has those features; the safe wrappers in [`AVX2`] / [`AVX512`] are reachable only through
+//! `detect()`/`available()`, which hand them out only after `is_x86_feature_detected!` said
+//! yes. Slices are read with unaligned loads at indices checked against their lengths.
+//!
+//! One file per instruction set: `avx2.rs` (AVX2 and FMA, with AVX-VNNI's `vpdpbusd` as an
+//! option) and `avx512.rs` (AVX-512 F, BW, VL and VNNI), each tested against the scalar
+//! kernels of `dot/mod.rs`.
+
+mod avx2;
+mod avx512;
+
+use super::Dots;
+use avx2::*;
+use avx512::*;
+
+pub fn has_avx2() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+}
+
+/// AVX-VNNI: `vpdpbusd` on 256 bits with a VEX encoding, on CPUs that may lack AVX-512 (Intel's
+/// client cores since Alder Lake).
+pub fn has_avx_vnni() -> bool {
+    has_avx2() && is_x86_feature_detected!("avxvnni")
+}
+
+pub fn has_avx512() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+pub const AVX2: Dots = Dots {
+    // SAFETY (all): only handed out after `has_avx2()` returned true.
+    f32: |a, b| unsafe { dot_f32_avx2(a, b) },
+    bf16: |w, x| unsafe { dot_bf16_avx2(w, x) },
+    q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2::<0, MADDUBS>(w, ws, x, xs, gs) },
+    q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx2::<MADDUBS>(w, ws, x, out, ahead) },
+    q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx2(w, ws, x, gs) },
+    quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx2(x, gs, q, s) },
+    isa: "avx2",
+};
+
+/// The AVX2 kernels with AVX-VNNI's `vpdpbusd` for the integer products.
+pub const AVX_VNNI: Dots = Dots {
+    // SAFETY (both): only handed out after `has_avx_vnni()` returned true, which implies
+    // `has_avx2()`.
+    q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2::<0, VEX_VNNI>(w, ws, x, xs, gs) },
+    q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx2::<VEX_VNNI>(w, ws, x, out, ahead) },
+    isa: "avx-vnni",
+    ..AVX2
+};
+
+pub const AVX512: Dots = Dots {
+    // SAFETY (all): only handed out after `has_avx512()` returned true; AVX-512F implies
+    // AVX2 and FMA on every CPU that has it, and the AVX2 fallbacks inside need nothing more
+    // (their EVEX `vpdpbusd` needs AVX512-VNNI and AVX512-VL, which `has_avx512()` checks).
+    f32: |a, b| unsafe { dot_f32_avx512(a, b) },
+    bf16: |w, x| unsafe { dot_bf16_avx512(w, x) },
+    q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx512::<0>(w, ws, x, xs, gs) },
+    q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx512(w, ws, x, out, ahead) },
+    q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
+    quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
+    isa: "avx512-vnni",
+};
+
+/// How far ahead of the weight byte it reads the decode kernel asks for the weights, twice:
+/// [`PREFETCH_NEAR`] and [`PREFETCH_FAR`] bytes on, both with `prefetcht2` (into the outer
+/// caches). Decode reads each weight once, so it waits on DRAM unless loads are in flight well
+/// ahead of use, and the hardware prefetcher alone keeps too few in flight for a loop that also
+/// computes (one thread on a 256 MB matrix: 21-23 GB/s with an 8 KiB prefetch against 17-18
+/// without).
+///
+/// Measured on the classifier of the 0.6B shape, two threads, variants alternated call by call
+/// (performance.md): against one `prefetcht0` 8 KiB on, this form streamed
+/// 1.06-1.09 times as fast when the machine's memory was fast (probe above 45 GB/s) and
+/// 0.99-1.01 times otherwise; no prefetch at all 0.77 and 0.92; `prefetchnta` 8 KiB 1.02 and
+/// 1.01; other pairs of distances (8+24, 8+48, 16+32, 16+48, 24+48 KiB) within 0.01-0.02 of
+/// this one. On one thread, whole decode steps took 0.93-0.97 times as long with this form as
+/// with the single `prefetcht0`.
+///
+/// The prefetches stop at the end of the rows this thread reads next (the `ahead` of
+/// [`MatQ8`]): past it, the lines belong to another thread, which has already read them, and
+/// each is a wasted read of DRAM. Unbounded, the far prefetch made a two-thread decode step
+/// 1.5% slower (it costs up to 40 KiB at each of the ~400 ends of a thread's rows in a step);
+/// bounded, the step took 0.94 times as long in fast moments and 1.00 otherwise.
+pub(super) const PREFETCH_NEAR: usize = 8192;
+
+/// See [`PREFETCH_NEAR`].
+pub(super) const PREFETCH_FAR: usize = 32768;
