@@ -1,7 +1,7 @@
 """Tokenizer speed: pico-qwen next to HuggingFace `tokenizers` (Python, one thread), same text,
 same run.
 
-  /work/venv-tok/bin/python scripts/bench_tokenizer.py      # needs: pip install tokenizers==0.23.3
+  ../venv-tok/bin/python scripts/bench_tokenizer.py      # needs: pip install tokenizers==0.23.3
 
 Runs `cargo bench -p qwen3-inference --bench tokenizer` (which builds ~1 MB of mixed prose, code
 and CJK/multilingual text from committed files, writes it to target/tokenizer-bench.txt with our

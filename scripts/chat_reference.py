@@ -17,9 +17,9 @@ For each scenario (a list of stdin lines: user messages and slash commands) this
 Our code contributes only the assistant texts; every expected id comes from transformers.
 
 Run from the repo root, after `cargo build -p qwen3-cli`, with a virtualenv outside the repo
-that has transformers (e.g. /work/venv-torch):
+that has transformers (e.g. ../venv-torch):
 
-    /work/venv-torch/bin/python scripts/chat_reference.py [path/to/qwen3]
+    ../venv-torch/bin/python scripts/chat_reference.py [path/to/qwen3]
 """
 
 import json

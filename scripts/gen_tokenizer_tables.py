@@ -4,7 +4,7 @@ pre-tokenizer regex uses (\\p{L}, \\p{N}, \\s), probed from the regex engine Hug
 Unicode version rather than with Rust's or Python's; and the combining characters HF's NFC
 normalizer knows (its Unicode tables are older than those of the unicode-normalization crate).
 
-Run: /work/venv-tok/bin/python scripts/gen_tokenizer_tables.py > qwen3-inference/src/tokenizer/unicode_tables.rs
+Run: ../venv-tok/bin/python scripts/gen_tokenizer_tables.py > qwen3-inference/src/tokenizer/unicode_tables.rs
 (needs `pip install tokenizers==0.23.3`).
 """
 

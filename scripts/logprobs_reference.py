@@ -6,7 +6,7 @@ references) prefills the prompt and decodes greedily; at every step it records
 values `logprobs` must report (before temperature and the other sampling settings), to 1e-4.
 
 Developer-only (CI never runs it; it reads the committed fixtures and writes a small JSON):
-    /work/venv-torch/bin/python scripts/logprobs_reference.py
+    ../venv-torch/bin/python scripts/logprobs_reference.py
 (requirements: scripts/requirements-fixtures.txt)
 """
 

@@ -4,7 +4,7 @@
 For benchmarks (speed and memory need the real shapes, not the real weights) on machines without
 the real checkpoint:
 
-    /work/venv-torch/bin/python scripts/make_bench_model.py --shape 0.6b OUT_DIR [--check]
+    ../venv-torch/bin/python scripts/make_bench_model.py --shape 0.6b OUT_DIR [--check]
 
 OUT_DIR gets config.json and generation_config.json (Qwen3's hub keys and values),
 model.safetensors (bf16, like the hub checkpoints), and the real Qwen3 tokenizer.json and
@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-DEFAULT_QWEN3_TOKENIZER = Path("/work/shared/qwen3-tokenizer")
+# The real Qwen3 tokenizer files, in `shared/` beside the repository.
+DEFAULT_QWEN3_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "qwen3-tokenizer"
 
 # Shapes from the hub config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B.
 SHAPES = {

@@ -3,9 +3,9 @@
 
 Run once by a developer (never by CI; CI has no PyTorch):
 
-    python3 -m venv /work/venv-torch
-    /work/venv-torch/bin/pip install -r scripts/requirements-fixtures.txt
-    /work/venv-torch/bin/python scripts/make_fixtures.py [--only NAME] [--qwen3-tokenizer DIR]
+    python3 -m venv ../venv-torch
+    ../venv-torch/bin/pip install -r scripts/requirements-fixtures.txt
+    ../venv-torch/bin/python scripts/make_fixtures.py [--only NAME] [--qwen3-tokenizer DIR]
 
 Each checkpoint directory is a self-contained HuggingFace checkpoint (config.json,
 generation_config.json, safetensors, tokenizer.json, tokenizer_config.json) plus reference.json:
@@ -40,7 +40,8 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 
 REPO = Path(__file__).resolve().parent.parent
 OUT_ROOT = REPO / "fixtures" / "models"
-DEFAULT_QWEN3_TOKENIZER = Path("/work/shared/qwen3-tokenizer")
+# The real Qwen3 tokenizer files, in `shared/` beside the repository.
+DEFAULT_QWEN3_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "qwen3-tokenizer"
 
 GREEDY_STEPS = 24
 # A correct f32 implementation can differ from torch by ~1e-5 in a logit (different summation

@@ -3,11 +3,11 @@
 Expected ids and texts come from HF `tokenizers` 0.23.3 on fixtures/tokenizer/tokenizer.json,
 never from our own encoder.
 
-  python3 -m venv /work/venv-tok && /work/venv-tok/bin/pip install tokenizers==0.23.3
+  python3 -m venv ../venv-tok && ../venv-tok/bin/pip install tokenizers==0.23.3
   # the committed extra cases:
-  /work/venv-tok/bin/python scripts/tokenizer_cases.py > fixtures/tokenizer/tokenizer-cases-extra.json
+  ../venv-tok/bin/python scripts/tokenizer_cases.py > fixtures/tokenizer/tokenizer-cases-extra.json
   # a randomized differential set (not committed; see docs/tokenizer.md):
-  /work/venv-tok/bin/python scripts/tokenizer_cases.py --random 20000 --seed 1 > /tmp/tok-random.json
+  ../venv-tok/bin/python scripts/tokenizer_cases.py --random 20000 --seed 1 > tok-random.json
 
 Output format: like tokenizer-cases-dev.json ("cases" with text, ids, tokens, decoded,
 decoded_skip_special; "decode_cases" with ids and decoded texts), plus each case's

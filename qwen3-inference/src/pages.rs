@@ -173,7 +173,7 @@ mod tests {
     /// Two entries of a real /proc/self/smaps (Linux 6.18), trimmed to the lines read here and a
     /// few around them: the model file mapped mostly with 2 MiB pages, then an anonymous mapping.
     const SMAPS: &str = "\
-7fa964e00000-7fa98ba71000 r--s 00000000 fe:00 2883604                    /work/bench-models/q06b.bin
+7fa964e00000-7fa98ba71000 r--s 00000000 fe:00 2883604                    /models/q06b.bin
 Size:             635332 kB
 KernelPageSize:        4 kB
 MMUPageSize:           4 kB

@@ -39,8 +39,8 @@ const SPIN: Duration = Duration::from_micros(200);
 /// the 0.6B shape waited 4.2-8.0 us a job with 4 parts, 3.3-5.3 with 8, 2.3-3.9 with 16 and
 /// 1.5-3.2 with 32 (jobs of 110-170 us). Alternating 8, 16 and 32 token by token in one process,
 /// the layers of a step took 0.995-1.000 times as long with 8 as with 16, and 1.004-1.016 with
-/// 32: 16 is as fast as 8 and holds up the others half as long (docs/performance.md, eighth
-/// session).
+/// 32: 16 is as fast as 8 and holds up the others half as long (docs/performance.md, "The
+/// thread team").
 const PARTS_PER_MEMBER: usize = 16;
 
 /// A job: `parts(owner)` parts belong to each member `owner`, and `run(owner, i)` does part `i`
