@@ -3,7 +3,9 @@
 mod commands;
 
 use clap::{Parser, Subcommand};
-use commands::{batch, bench, chat_template, detokenize, export, inference, info, serve, tokenize};
+use commands::{
+    args, batch, bench, chat_template, detokenize, export, inference, info, serve, tokenize,
+};
 
 /// Run HuggingFace Qwen3 models from a compact INT8 file, on the CPU.
 #[derive(Parser)]
@@ -20,13 +22,13 @@ enum Command {
     /// Print what a model file holds: config, sizes, companion files (and tensors with --tensors).
     Info(info::InfoArgs),
     /// Run the model: one completion (`-m generate`) or a terminal chat (`-m chat`).
-    Inference(inference::InferenceArgs),
+    Inference(args::InferenceArgs),
     /// A conversation in the terminal: the same as `inference -m chat`.
     #[command(mut_arg("mode", |a| a.hide(true)))]
-    Chat(inference::InferenceArgs),
+    Chat(args::InferenceArgs),
     /// Complete a prompt once: the same as `inference -m generate`.
     #[command(mut_arg("mode", |a| a.hide(true)))]
-    Generate(inference::InferenceArgs),
+    Generate(args::InferenceArgs),
     /// Encode text into token ids with the model's tokenizer.
     Tokenize(tokenize::TokenizeArgs),
     /// Decode token ids into text with the model's tokenizer.
@@ -84,9 +86,9 @@ fn main() {
         Command::Export(a) => export::run(a),
         Command::Info(a) => info::run(a),
         Command::Inference(a) => on_worker_thread(a.threads, || inference::run(a)),
-        Command::Chat(a) => inference::with_mode(a, inference::Mode::Chat, "chat")
+        Command::Chat(a) => args::with_mode(a, args::Mode::Chat, "chat")
             .and_then(|a| on_worker_thread(a.threads, || inference::run(a))),
-        Command::Generate(a) => inference::with_mode(a, inference::Mode::Generate, "generate")
+        Command::Generate(a) => args::with_mode(a, args::Mode::Generate, "generate")
             .and_then(|a| on_worker_thread(a.threads, || inference::run(a))),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Detokenize(a) => detokenize::run(a),

@@ -2,6 +2,7 @@
 //! file: output format, stop reasons, determinism, and bad input (non-zero exit, one-line error,
 //! no panic). Exactness against HuggingFace is in parity.rs.
 
+use qwen3_inference::backend::{KvType, CPU};
 use qwen3_inference::format::writer::ModelWriter;
 use qwen3_inference::format::{tensor_specs, DType, GenerationDefaults, ModelConfig, ModelFile};
 use qwen3_inference::model::{Model, Session};
@@ -48,12 +49,7 @@ fn write_model(path: &Path) {
     for s in &specs {
         let n = s.shape.iter().product::<u64>() as usize;
         let mut v: Vec<f32> = (0..n)
-            .map(|_| {
-                seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
+            .map(|_| qwen3_inference::testing::lcg(&mut seed))
             .collect();
         if s.dtype == DType::F32 {
             v.iter_mut().for_each(|x| *x = 1.0 + 0.5 * *x);
@@ -100,7 +96,7 @@ fn greedy_reference(model: &Path, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut seq = prompt.to_vec();
     let mut out = vec![];
     for _ in 0..n {
-        let mut s = Session::new(&m, 32).unwrap();
+        let mut s = Session::new(CPU, &m, 32, KvType::F32).unwrap();
         let next = argmax(s.forward(&seq).unwrap()) as u32;
         if next == 0 {
             break;

@@ -31,7 +31,9 @@ use qwen3_inference::kernels::attention::{Bf16, KvElem};
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::quant::quantize_q8;
 use qwen3_inference::sampler::{argmax, SamplerConfig};
-use qwen3_test_support::{export_fixture, load_reference, max_abs, tempdir, Case, Reference};
+use qwen3_test_support::{
+    export_fixture, load_reference, max_abs, tempdir, Case, Reference, FULL_LOGIT_CHECKPOINTS,
+};
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
 
@@ -500,10 +502,10 @@ fn our_logits_kv<'m, B: Backend<Tensor = TensorView<'m>>>(
     let n = case.greedy_ids.len();
     let seq = case.sequence();
     let ctx = seq.len() + 1;
-    let mut one = Session::with_kv_cache(backend, model, ctx, kv).unwrap();
+    let mut one = Session::new(backend, model, ctx, kv).unwrap();
     let full = one.forward_all_logits(&seq).unwrap();
 
-    let mut inc = Session::with_kv_cache(backend, model, ctx, kv).unwrap();
+    let mut inc = Session::new(backend, model, ctx, kv).unwrap();
     let mut stepwise = inc.forward_all_logits(&case.prompt_ids).unwrap();
     for &t in &case.greedy_ids[..n - 1] {
         stepwise.extend_from_slice(inc.forward(&[t]).unwrap());
@@ -733,11 +735,7 @@ fn check_kv_bf16(name: &str) {
 
 #[test]
 fn kv_cache_in_bf16() {
-    for name in [
-        "tiny-f32-tied-gqa2",
-        "tiny-bf16-untied-mha",
-        "tiny-f16-sharded-gqa4",
-    ] {
+    for name in FULL_LOGIT_CHECKPOINTS {
         check_kv_bf16(name);
     }
 }

@@ -6,6 +6,7 @@ mod common;
 
 use common::*;
 use qwen3_cuda::reference::ReferenceBackend;
+use qwen3_inference::backend::KvType;
 use qwen3_inference::format::{DType, ModelFile};
 use qwen3_inference::model::{Model, Session};
 
@@ -16,7 +17,7 @@ fn session<'m>(
     ctx: usize,
     chunk: usize,
 ) -> anyhow::Result<Session<'m, ReferenceBackend<'m>>> {
-    let mut s = Session::with_backend(backend, model, ctx)?;
+    let mut s = Session::new(backend, model, ctx, KvType::F32)?;
     s.set_max_batch(chunk)?;
     Ok(s)
 }

@@ -9,9 +9,10 @@ mod common;
 use common::*;
 use qwen3_cuda::cuda::{device_count, CudaBackend};
 use qwen3_cuda::reference::ReferenceBackend;
-use qwen3_inference::backend::{AttentionShape, Backend, KvType, RopeTable};
+use qwen3_inference::backend::{AttentionShape, Backend, KvType, RopeTable, CPU};
 use qwen3_inference::format::{DType, ModelFile};
 use qwen3_inference::model::{Model, Session};
+use qwen3_test_support::FULL_LOGIT_CHECKPOINTS;
 
 fn gpu_or_skip() -> bool {
     match device_count() {
@@ -183,8 +184,8 @@ fn gpu_forward_matches_reference_forward() {
         let cpu_w = Model::load(&file).unwrap();
         let gpu = CudaBackend::load(0, &file).unwrap();
         let gpu_w = Model::load_with(&file, |n| gpu.weights.tensor(n)).unwrap();
-        let mut a = Session::with_backend(&cpu, &cpu_w, 32).unwrap();
-        let mut b = Session::with_backend(&gpu, &gpu_w, 32).unwrap();
+        let mut a = Session::new(&cpu, &cpu_w, 32, KvType::F32).unwrap();
+        let mut b = Session::new(&gpu, &gpu_w, 32, KvType::F32).unwrap();
         a.set_max_batch(8).unwrap();
         b.set_max_batch(8).unwrap();
         let steps: [&[u32]; 4] = [&[3, 17, 99, 0, 42, 42, 7, 8, 9, 10], &[5], &[6], &[7]];
@@ -207,11 +208,7 @@ fn gpu_forward_matches_cpu_backend_on_fixtures() {
         return;
     }
     let tokens: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % 500).collect();
-    for name in [
-        "tiny-f32-tied-gqa2",
-        "tiny-bf16-untied-mha",
-        "tiny-f16-sharded-gqa4",
-    ] {
+    for name in FULL_LOGIT_CHECKPOINTS {
         for dtype in [DType::F32, DType::Bf16] {
             let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../fixtures/models")
@@ -226,10 +223,10 @@ fn gpu_forward_matches_cpu_backend_on_fixtures() {
             qwen3_export::export(&src, &path, &opts).unwrap();
             let file = ModelFile::open(&path).unwrap();
             let model = Model::load(&file).unwrap();
-            let mut cpu = Session::new(&model, 32).unwrap();
+            let mut cpu = Session::new(CPU, &model, 32, KvType::F32).unwrap();
             let gpu = CudaBackend::load(0, &file).unwrap();
             let gpu_w = Model::load_with(&file, |n| gpu.weights.tensor(n)).unwrap();
-            let mut g = Session::with_backend(&gpu, &gpu_w, 32).unwrap();
+            let mut g = Session::new(&gpu, &gpu_w, 32, KvType::F32).unwrap();
             g.set_max_batch(8).unwrap();
             let (a, b) = (
                 cpu.forward(&tokens[..12]).unwrap(),

@@ -10,13 +10,15 @@
 //! summation order; the fixtures record transformers' own f32-vs-f64 distance (5e-6 to 2e-5).
 
 use qwen3_cuda::reference::ReferenceBackend;
-use qwen3_inference::backend::KvType;
+use qwen3_inference::backend::{KvType, CPU};
 use qwen3_inference::engine::{Engine, Request};
 use qwen3_inference::format::{DType, ModelFile};
 use qwen3_inference::generate::generate;
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::sampler::{argmax, SamplerConfig};
-use qwen3_test_support::{export_fixture, load_reference, max_abs, tempdir};
+use qwen3_test_support::{
+    export_fixture, load_reference, max_abs, tempdir, FULL_LOGIT_CHECKPOINTS,
+};
 
 const TOL: f32 = 1e-4;
 
@@ -36,7 +38,7 @@ fn check_fixture(name: &str) {
         // token r. HF's greedy_logits[0] repeats the last prompt row.
         let seq = case.sequence();
         let hf_rows = case.logit_rows();
-        let mut s = Session::with_backend(&backend, &model, seq.len()).unwrap();
+        let mut s = Session::new(&backend, &model, seq.len(), KvType::F32).unwrap();
         let mut rows = Vec::new();
         for &t in &seq {
             rows.push(s.forward(&[t]).unwrap().to_vec());
@@ -59,7 +61,7 @@ fn check_fixture(name: &str) {
             );
         }
         // Prefill of the whole prompt in chunks: the same last row, bit for bit.
-        let mut p = Session::with_backend(&backend, &model, seq.len()).unwrap();
+        let mut p = Session::new(&backend, &model, seq.len(), KvType::F32).unwrap();
         p.set_max_batch(8.min(seq.len())).unwrap();
         assert_eq!(
             p.forward(&case.prompt_ids).unwrap(),
@@ -121,20 +123,16 @@ fn tiny_qwen3_fullvocab_greedy() {
 #[test]
 fn bf16_exports_match_the_cpu_backend() {
     let tokens: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % 500).collect();
-    for name in [
-        "tiny-f32-tied-gqa2",
-        "tiny-bf16-untied-mha",
-        "tiny-f16-sharded-gqa4",
-    ] {
+    for name in FULL_LOGIT_CHECKPOINTS {
         for dtype in [DType::Bf16] {
             let dir = tempdir("qwen3-cuda-cpu", &format!("{name}-{dtype}"));
             let path = export_fixture(name, &dir, dtype, 0);
             let file = ModelFile::open(&path).unwrap();
             // One model, two backends: the CPU's SIMD kernels and the GPU kernels' references.
             let model = Model::load(&file).unwrap();
-            let mut cpu = Session::new(&model, 32).unwrap();
+            let mut cpu = Session::new(CPU, &model, 32, KvType::F32).unwrap();
             let backend = ReferenceBackend::new();
-            let mut ours = Session::with_backend(&backend, &model, 32).unwrap();
+            let mut ours = Session::new(&backend, &model, 32, KvType::F32).unwrap();
             ours.set_max_batch(8).unwrap();
             let mut worst = max_abs(
                 cpu.forward(&tokens[..12]).unwrap(),

@@ -10,19 +10,9 @@ use qwen3_inference::kernels::{attention, AttentionShape};
 use qwen3_inference::pages::huge_page_buffer;
 use qwen3_inference::pages::HugePages;
 use qwen3_inference::quant::quantize_q8;
+use qwen3_inference::testing::next_values;
 use std::hint::black_box;
 use std::time::Instant;
-
-fn rand_vec(n: usize, seed: &mut u64) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            *seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 /// A copy of `v` in an anonymous mapping advised to use huge pages.
 fn in_huge_pages<T: bytemuck::Pod>(v: &[T]) -> memmap2::MmapMut {
@@ -47,8 +37,8 @@ fn time(reps: usize, mut f: impl FnMut()) -> f64 {
 fn bench(d: &Dots, rows: usize, cols: usize, reps: usize) {
     let gs = 64;
     let mut seed = 1;
-    let w = rand_vec(rows * cols, &mut seed);
-    let x = rand_vec(cols, &mut seed);
+    let w = next_values(rows * cols, &mut seed);
+    let x = next_values(cols, &mut seed);
     let (mut wq, mut ws) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
     quantize_q8(&w, gs, &mut wq, &mut ws);
     let mut acts_buf = ActsQ8Buf::default();
@@ -112,8 +102,8 @@ fn bench_prefill(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
     let gs = 64;
     let per = cols / gs;
     let mut seed = 2;
-    let w = rand_vec(rows * cols, &mut seed);
-    let x = rand_vec(t * cols, &mut seed);
+    let w = next_values(rows * cols, &mut seed);
+    let x = next_values(t * cols, &mut seed);
     let (mut wq, mut ws) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
     quantize_q8(&w, gs, &mut wq, &mut ws);
     let mut buf = ActsQ8Buf::default();
@@ -147,8 +137,8 @@ fn bench_prefill(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
 fn bench_few_tokens(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
     let gs = 64;
     let mut seed = 3;
-    let w = rand_vec(rows * cols, &mut seed);
-    let x = rand_vec(t * cols, &mut seed);
+    let w = next_values(rows * cols, &mut seed);
+    let x = next_values(t * cols, &mut seed);
     let (mut wq, mut ws) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
     quantize_q8(&w, gs, &mut wq, &mut ws);
     let (wq, ws) = (in_huge_pages(&wq), in_huge_pages(&ws));
@@ -220,7 +210,7 @@ fn bench_attention_of<T: KvElem>(name: &str) {
             (0..s.context_len / KV_CHUNK)
                 .map(|_| {
                     let mut chunk = HugePages::<T>::zeroed(len).unwrap();
-                    for (c, x) in chunk.iter_mut().zip(rand_vec(len, &mut seed)) {
+                    for (c, x) in chunk.iter_mut().zip(next_values(len, &mut seed)) {
                         *c = T::from_f32(x);
                     }
                     chunk
@@ -229,7 +219,7 @@ fn bench_attention_of<T: KvElem>(name: &str) {
         })
         .collect();
     let width = s.n_heads * s.head_dim;
-    let q = rand_vec(width, &mut seed);
+    let q = next_values(width, &mut seed);
     let mut out = vec![0f32; width];
     let secs = pool.install(|| {
         time(7, || {
@@ -242,7 +232,7 @@ fn bench_attention_of<T: KvElem>(name: &str) {
         "{name:>5} cache, 1 token after 2000 positions, {LAYERS} layers: {:>7.3} ms",
         secs * 1e3
     );
-    let q = rand_vec(256 * width, &mut seed);
+    let q = next_values(256 * width, &mut seed);
     let mut out = vec![0f32; 256 * width];
     let secs = pool.install(|| time(7, || attention(&mut out, &q, &layers[0], s, 0, 256)));
     println!(

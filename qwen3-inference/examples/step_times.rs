@@ -8,6 +8,7 @@
 //! capacity would have to grow.
 
 use anyhow::{Context, Result};
+use qwen3_inference::backend::{KvType, CPU};
 use qwen3_inference::format::ModelFile;
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::sampler::argmax;
@@ -26,7 +27,7 @@ fn main() -> Result<()> {
         .num_threads(threads)
         .build()?;
     let times = pool.install(|| -> Result<Vec<f64>> {
-        let mut session = Session::new(&model, steps)?;
+        let mut session = Session::new(CPU, &model, steps, KvType::F32)?;
         let mut token = 0u32;
         let mut times = Vec::with_capacity(steps);
         for _ in 0..steps {

@@ -137,14 +137,12 @@ pub fn generate_until<B: Backend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{CpuBackend, KvType};
+    use crate::backend::{CpuBackend, KvType, CPU};
     use crate::engine::{Engine, EngineConfig};
     use crate::format::{DType, ModelFile};
     use crate::model::test_model::write_random;
     use crate::model::{Forward, Model, Session, MAX_BATCH};
     use crate::sampler::{argmax, SamplerConfig};
-
-    const CPU: &CpuBackend<'static> = &CpuBackend::new();
 
     fn engine<'m>(model: &'m Model<'m>, ctx: usize) -> Engine<'m, CpuBackend<'m>> {
         let fwd = Forward::new(CPU, model, ctx, MAX_BATCH, 1, KvType::F32).unwrap();
@@ -192,7 +190,7 @@ mod tests {
         );
         // The last sampled token is not fed: 4 prompt + 5 fed.
         assert_eq!(e.slot_tokens(0).len(), 9);
-        let mut check = Session::new(&model, 32).unwrap();
+        let mut check = Session::new(CPU, &model, 32, KvType::F32).unwrap();
         let mut seq = prompt.to_vec();
         for &t in &out {
             let logits = check.forward_all_logits(&seq).unwrap();

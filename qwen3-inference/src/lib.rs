@@ -17,4 +17,5 @@ pub mod model;
 pub mod pages;
 pub mod quant;
 pub mod sampler;
+pub mod testing;
 pub mod tokenizer;

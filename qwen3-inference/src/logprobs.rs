@@ -68,12 +68,7 @@ mod tests {
     fn equals_the_plain_log_softmax_and_a_full_sort() {
         let mut seed = 7u64;
         let logits: Vec<f32> = (0..5000)
-            .map(|_| {
-                seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((seed >> 40) as f32 / (1u64 << 24) as f32) * 30.0 - 15.0
-            })
+            .map(|_| crate::testing::lcg(&mut seed) * 15.0)
             .collect();
         let total: f64 = logits.iter().map(|&l| (l as f64).exp()).sum();
         let plain = |i: usize| ((logits[i] as f64).exp() / total).ln();

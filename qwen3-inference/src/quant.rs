@@ -50,12 +50,7 @@ pub fn dequantize_q8(q: &[i8], scales: &[f32], group_size: usize, out: &mut [f32
 mod tests {
     use super::*;
 
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
+    use crate::testing::lcg;
 
     #[test]
     fn error_is_at_most_half_a_step() {

@@ -12,6 +12,15 @@ use qwen3_inference::format::DType;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
+/// The tiny checkpoints whose `reference.json` holds every logit (the full-vocabulary one holds
+/// the top 5 only): f32 with a tied classifier and GQA ratio 2, bf16 untied with as many kv heads
+/// as heads, f16 in two shards with GQA ratio 4. The CPU and GPU parity tests loop over these.
+pub const FULL_LOGIT_CHECKPOINTS: [&str; 3] = [
+    "tiny-f32-tied-gqa2",
+    "tiny-bf16-untied-mha",
+    "tiny-f16-sharded-gqa4",
+];
+
 /// A fixture's `reference.json` (the fields the tests read; the file has more, e.g. the versions
 /// of transformers and torch that made it).
 #[derive(Deserialize)]

@@ -12,15 +12,16 @@
 //! ceiling is what the machine streams at its best. Whether the weights got huge pages depends on
 //! the kernel and the page cache, so the share of them that did is printed too.
 
-use super::inference::KvCacheArg;
+use super::args::KvCacheArg;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use qwen3_inference::backend::KvType;
+use qwen3_inference::backend::{KvType, CPU};
 use qwen3_inference::format::{ModelFile, TensorKind};
 use qwen3_inference::kernels::bandwidth::read_sum;
 use qwen3_inference::kernels::dot::dots;
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::pages::{huge_page_share, HugePageF32s, PageShare};
+use qwen3_inference::sampler::argmax;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -101,6 +102,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.prompt == 0 || args.decode == 0 || args.repeats == 0 {
         bail!("--prompt-tokens, -n and -r must be at least 1");
     }
+    if args.threads.contains(&0) {
+        bail!("--threads: thread counts must be at least 1");
+    }
     let file = ModelFile::open(&args.model)?;
     let model = Model::load(&file)?;
     let c = file.config();
@@ -111,142 +115,204 @@ pub fn run(args: BenchArgs) -> Result<()> {
             c.max_position_embeddings
         );
     }
-    // Bytes a decode step reads: every matrix and norm once (the classifier is the embedding
-    // table when tied, already counted).
-    let weight_bytes: u64 = file.header().tensors.iter().map(|t| t.nbytes).sum();
-    // The KV cache a decode step reads: keys and values (f32 or bf16) of every layer and kv
-    // head, for positions 0 ..= p. Averaged over the decoded tokens, at positions prompt ..
-    // prompt + n.
-    let kv: KvType = args.kv_cache.into();
-    let kv_per_position = 2
-        * c.num_hidden_layers as u64
-        * c.num_key_value_heads as u64
-        * c.head_dim as u64
-        * kv.bytes() as u64;
-    let kv_bytes = kv_per_position as f64 * (args.prompt as f64 + (args.decode as f64 + 1.0) / 2.0);
-    let bytes_per_token = weight_bytes as f64 + kv_bytes;
-    let matrices = qwen3_inference::format::expected_tensors(c)
-        .iter()
-        .filter(|t| t.kind == TensorKind::Matrix)
-        .count();
+    let reads = TokenReads::new(&file, &args);
     // Deterministic token ids spread over the vocabulary.
     let prompt: Vec<u32> = (0..args.prompt as u64)
         .map(|i| ((i * 7919 + 13) % c.vocab_size as u64) as u32)
         .collect();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = if args.threads.is_empty() {
-        if cores > 1 {
-            vec![1, cores]
-        } else {
-            vec![1]
-        }
-    } else {
-        args.threads.clone()
-    };
     // 2^28 f32s: 1 GiB.
     let mut buf = HugePageF32s::zeroed(1 << 28).context("cannot map the bandwidth buffer")?;
     buf.fill(1.0);
-    let buf_pages = huge_page_share(buf.as_ptr() as *const u8);
-    let mut runs = Vec::new();
-    // A line that says where the runs are, on a terminal (it is erased before the table).
-    let progress = std::io::stderr().is_terminal();
-    for &t in &threads {
-        if t == 0 {
-            bail!("--threads: thread counts must be at least 1");
-        }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(t)
-            .build()
-            .context("cannot start the thread pool")?;
-        let (mut pre, mut dec, mut bws, mut fracs) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut session = pool.install(|| Session::with_kv(&model, ctx, kv))?;
-        for i in 0..args.repeats {
-            if progress {
-                eprint!(
-                    "\r\x1b[2K{} thread{}: repeat {} of {}",
-                    t,
-                    if t == 1 { "" } else { "s" },
-                    i + 1,
-                    args.repeats
-                );
-            }
-            let bandwidth = measure_bandwidth(&pool, &buf);
-            pool.install(|| -> Result<()> {
-                session.truncate(0)?;
-                let start = Instant::now();
-                let logits = session.forward(&prompt)?;
-                let mut next = qwen3_inference::sampler::argmax(logits) as u32;
-                pre.push(args.prompt as f64 / start.elapsed().as_secs_f64());
-                let start = Instant::now();
-                for _ in 0..args.decode {
-                    let logits = session.forward(&[next])?;
-                    next = qwen3_inference::sampler::argmax(logits) as u32;
-                }
-                let tok_s = args.decode as f64 / start.elapsed().as_secs_f64();
-                dec.push(tok_s);
-                fracs.push(tok_s * bytes_per_token / bandwidth);
-                bws.push(bandwidth);
-                Ok(())
-            })?;
-        }
-        runs.push(Run {
-            threads: t,
-            prefill: median_spread(&mut pre),
-            decode: median_spread(&mut dec),
-            bandwidth: median_spread(&mut bws).0,
-            fraction: median_spread(&mut fracs).0,
-        });
+    let runs = (thread_counts(&args).into_iter())
+        .map(|t| measure(&args, &model, &prompt, &buf, &reads, t))
+        .collect::<Result<Vec<Run>>>()?;
+    if std::io::stderr().is_terminal() {
+        eprint!("\r\x1b[2K"); // erase the progress line
     }
-    if progress {
-        eprint!("\r\x1b[2K");
-    }
-    // Read after the runs, when every weight has been touched.
-    let weight_pages = file.page_share();
-    let isa = dots().isa;
+    let pages = Pages {
+        // Read after the runs, when every weight has been touched.
+        weights: file.page_share(),
+        buffer: huge_page_share(buf.as_ptr() as *const u8),
+    };
     if args.json {
-        let runs: Vec<serde_json::Value> = runs
-            .iter()
-            .map(|r| {
-                serde_json::json!({
-                    "threads": r.threads,
-                    "prefill_tok_s": r.prefill.0,
-                    "prefill_spread": r.prefill.1,
-                    "decode_tok_s": r.decode.0,
-                    "decode_spread": r.decode.1,
-                    "bandwidth_gb_s": r.bandwidth / 1e9,
-                    "ceiling_tok_s": r.bandwidth / bytes_per_token,
-                    "fraction_of_ceiling": r.fraction,
-                })
-            })
-            .collect();
-        let out = serde_json::json!({
-            "model": args.model.display().to_string(),
-            "dtype": c.dtype.name(),
-            "group_size": c.group_size,
-            "bytes_per_token": bytes_per_token,
-            "weight_bytes": weight_bytes,
-            "kv_bytes_per_token": kv_bytes,
-            "kv_cache": kv.name(),
-            "prompt_tokens": args.prompt,
-            "decode_tokens": args.decode,
-            "repeats": args.repeats,
-            "isa": isa,
-            "weights_in_huge_pages": weight_pages.map(|p| p.fraction()),
-            "bandwidth_buffer_in_huge_pages": buf_pages.map(|p| p.fraction()),
-            "runs": runs,
-        });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
+        print_json(&args, &file, &reads, &pages, &runs)
+    } else {
+        print_table(&args, &file, &reads, &pages, &runs);
+        Ok(())
     }
+}
+
+/// The bytes a decoded token reads: every matrix and norm once (the classifier is the embedding
+/// table when tied, already counted), and the KV cache of the positions before it.
+struct TokenReads {
+    weights: u64,
+    /// Keys and values (f32 or bf16) of every layer and kv head for positions 0 ..= p, averaged
+    /// over the decoded tokens, at positions prompt .. prompt + n.
+    kv: f64,
+    kv_type: KvType,
+}
+
+impl TokenReads {
+    fn new(file: &ModelFile, args: &BenchArgs) -> TokenReads {
+        let c = file.config();
+        let kv_type: KvType = args.kv_cache.into();
+        let per_position = 2
+            * c.num_hidden_layers as u64
+            * c.num_key_value_heads as u64
+            * c.head_dim as u64
+            * kv_type.bytes() as u64;
+        TokenReads {
+            weights: file.header().tensors.iter().map(|t| t.nbytes).sum(),
+            kv: per_position as f64 * (args.prompt as f64 + (args.decode as f64 + 1.0) / 2.0),
+            kv_type,
+        }
+    }
+
+    fn total(&self) -> f64 {
+        self.weights as f64 + self.kv
+    }
+}
+
+/// `--threads`, or 1 and every core.
+fn thread_counts(args: &BenchArgs) -> Vec<usize> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match (args.threads.is_empty(), cores) {
+        (false, _) => args.threads.clone(),
+        (true, 1) => vec![1],
+        (true, cores) => vec![1, cores],
+    }
+}
+
+/// `-r` repeats on `threads` threads: before each, the bandwidth; then a prefill of the prompt
+/// and `-n` greedy decode steps, timed.
+fn measure(
+    args: &BenchArgs,
+    model: &Model,
+    prompt: &[u32],
+    buf: &[f32],
+    reads: &TokenReads,
+    threads: usize,
+) -> Result<Run> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("cannot start the thread pool")?;
+    let (mut pre, mut dec, mut bws, mut fracs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let ctx = args.prompt + args.decode;
+    let mut session = pool.install(|| Session::new(CPU, model, ctx, reads.kv_type))?;
+    // A line that says where the runs are, on a terminal (erased before the report).
+    let progress = std::io::stderr().is_terminal();
+    for i in 0..args.repeats {
+        if progress {
+            let s = if threads == 1 { "" } else { "s" };
+            eprint!(
+                "\r\x1b[2K{threads} thread{s}: repeat {} of {}",
+                i + 1,
+                args.repeats
+            );
+        }
+        let bandwidth = measure_bandwidth(&pool, buf);
+        pool.install(|| -> Result<()> {
+            session.truncate(0)?;
+            let start = Instant::now();
+            let logits = session.forward(prompt)?;
+            let mut next = argmax(logits) as u32;
+            pre.push(args.prompt as f64 / start.elapsed().as_secs_f64());
+            let start = Instant::now();
+            for _ in 0..args.decode {
+                let logits = session.forward(&[next])?;
+                next = argmax(logits) as u32;
+            }
+            let tok_s = args.decode as f64 / start.elapsed().as_secs_f64();
+            dec.push(tok_s);
+            fracs.push(tok_s * reads.total() / bandwidth);
+            bws.push(bandwidth);
+            Ok(())
+        })?;
+    }
+    Ok(Run {
+        threads,
+        prefill: median_spread(&mut pre),
+        decode: median_spread(&mut dec),
+        bandwidth: median_spread(&mut bws).0,
+        fraction: median_spread(&mut fracs).0,
+    })
+}
+
+/// How much of the weights and of the bandwidth buffer lies in 2 MiB pages ("Huge pages" in
+/// docs/performance.md).
+struct Pages {
+    weights: Option<PageShare>,
+    buffer: Option<PageShare>,
+}
+
+/// `--json`: one object with the same figures as the table.
+fn print_json(
+    args: &BenchArgs,
+    file: &ModelFile,
+    reads: &TokenReads,
+    pages: &Pages,
+    runs: &[Run],
+) -> Result<()> {
+    let c = file.config();
+    let bytes_per_token = reads.total();
+    let runs: Vec<serde_json::Value> = runs
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "threads": r.threads,
+                "prefill_tok_s": r.prefill.0,
+                "prefill_spread": r.prefill.1,
+                "decode_tok_s": r.decode.0,
+                "decode_spread": r.decode.1,
+                "bandwidth_gb_s": r.bandwidth / 1e9,
+                "ceiling_tok_s": r.bandwidth / bytes_per_token,
+                "fraction_of_ceiling": r.fraction,
+            })
+        })
+        .collect();
+    let out = serde_json::json!({
+        "model": args.model.display().to_string(),
+        "dtype": c.dtype.name(),
+        "group_size": c.group_size,
+        "bytes_per_token": bytes_per_token,
+        "weight_bytes": reads.weights,
+        "kv_bytes_per_token": reads.kv,
+        "kv_cache": reads.kv_type.name(),
+        "prompt_tokens": args.prompt,
+        "decode_tokens": args.decode,
+        "repeats": args.repeats,
+        "isa": dots().isa,
+        "weights_in_huge_pages": pages.weights.map(|p| p.fraction()),
+        "bandwidth_buffer_in_huge_pages": pages.buffer.map(|p| p.fraction()),
+        "runs": runs,
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
+
+/// The report as a table, with what a reader needs to trust its last column.
+fn print_table(
+    args: &BenchArgs,
+    file: &ModelFile,
+    reads: &TokenReads,
+    pages: &Pages,
+    runs: &[Run],
+) {
+    let c = file.config();
+    let matrices = qwen3_inference::format::expected_tensors(c)
+        .iter()
+        .filter(|t| t.kind == TensorKind::Matrix)
+        .count();
     println!(
-        "{}: {} {} matrices; a decoded token reads {} of weights and {} of KV cache ({}) on average; kernels {isa}; {} repeats, medians (spread)",
+        "{}: {} {} matrices; a decoded token reads {} of weights and {} of KV cache ({}) on average; kernels {}; {} repeats, medians (spread)",
         args.model.display(),
         matrices,
         c.dtype,
-        super::units::bytes(weight_bytes),
-        super::units::bytes(kv_bytes as u64),
-        kv.name(),
+        super::units::bytes(reads.weights),
+        super::units::bytes(reads.kv as u64),
+        reads.kv_type.name(),
+        dots().isa,
         args.repeats
     );
     let share = |p: Option<PageShare>| {
@@ -256,10 +322,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     println!(
         "in 2 MiB pages: {} of the resident weights, {} of the bandwidth buffer",
-        share(weight_pages),
-        share(buf_pages)
+        share(pages.weights),
+        share(pages.buffer)
     );
-    if weight_pages.is_some_and(|p| p.fraction() < 0.5) {
+    if pages.weights.is_some_and(|p| p.fraction() < 0.5) {
         // The page cache keeps the folio sizes the file arrived with (pages.rs); read back
         // after an eviction, it comes in 2 MiB folios where the kernel and filesystem allow.
         println!(
@@ -271,8 +337,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "{:>7}  {:>20}  {:>20}  {:>12}  {:>12}  {:>9}",
         "threads", "prefill tok/s", "decode tok/s", "bandwidth", "ceiling", "of ceil."
     );
-    for r in &runs {
-        let ceiling = r.bandwidth / bytes_per_token;
+    for r in runs {
+        let ceiling = r.bandwidth / reads.total();
         // Decode cannot stream from memory faster than memory streams: above 100%, the bytes
         // did not all come from memory (see below), and the fraction means nothing.
         let fraction = if r.fraction <= 1.0 {
@@ -298,8 +364,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             r.fraction,
             r.threads,
             if r.threads == 1 { "" } else { "s" },
-            super::units::bytes(bytes_per_token as u64)
+            super::units::bytes(reads.total() as u64)
         );
     }
-    Ok(())
 }

@@ -12,7 +12,7 @@
 //! `/` are commands (`/help`). Ctrl-C during an answer stops it (a SIGINT handler sets a flag the
 //! decode loop checks); at the prompt, Ctrl-C twice or Ctrl-D leaves.
 
-use super::inference::{sampler_from_args, InferenceArgs};
+use super::args::{sampler_from_args, InferenceArgs};
 use anyhow::{bail, Context, Result};
 use qwen3_inference::backend::Backend;
 use qwen3_inference::chat::{ChatTemplate, Conversation};
@@ -89,7 +89,7 @@ pub fn run<B: Backend>(
         && std::io::stdout().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let mut conv = Conversation::new(args.system.clone());
-    conv.set_thinking(args.thinking.map(|t| t == super::inference::OnOff::On));
+    conv.set_thinking(args.thinking.map(|t| t == super::args::OnOff::On));
 
     let mut chat = Chat {
         stop_ids: stop_ids(&c.eos_token_ids, &template, &tok),

@@ -1,12 +1,15 @@
-//! One module per subcommand; each defines its clap `Args` and a `run` function. (`input` and
-//! `units` are shared: text from a file or stdin, and how sizes are printed.)
+//! One module per subcommand; each defines its clap `Args` and a `run` function. (`args` holds
+//! the flags `inference`'s two modes share; `input` and `units` are shared helpers: text from a
+//! file or stdin, and how sizes are printed.)
 
+pub mod args;
 pub mod batch;
 pub mod bench;
 pub mod chat;
 pub mod chat_template;
 pub mod detokenize;
 pub mod export;
+pub mod generate;
 pub mod inference;
 pub mod info;
 pub mod input;

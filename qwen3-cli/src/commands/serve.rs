@@ -2,12 +2,12 @@
 //! the continuous-batching engine. This file reads the model's files and starts the worker; see
 //! docs/serve.md for what the server does.
 
-use super::inference::{KvCacheArg, DEFAULT_CONTEXT_CAP};
+use super::args::{KvCacheArg, DEFAULT_CONTEXT_CAP};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use qwen3_cuda::device::check_available;
 use qwen3_cuda::Device;
-use qwen3_inference::backend::{CpuBackend, PlainBackend};
+use qwen3_inference::backend::{PlainBackend, CPU};
 use qwen3_inference::chat::ChatTemplate;
 use qwen3_inference::engine::{Engine, EngineConfig};
 use qwen3_inference::format::{companion_paths, ModelFile};
@@ -176,14 +176,14 @@ pub fn prepare(
         .map_err(|e| anyhow!("cannot start the thread pool: {e}"))?;
     if device == Device::Cpu {
         let model = Model::load(&file)?;
-        let fwd = Forward::new(&CPU, &model, context_len, MAX_BATCH, args.parallel, kv)?;
+        let fwd = Forward::new(CPU, &model, context_len, MAX_BATCH, args.parallel, kv)?;
         Engine::new(fwd, cfg)?;
     }
     let worker: Worker = Box::new(move |commands| {
         pool.install(|| match device {
             Device::Cpu => {
                 let model = Model::load(&file)?;
-                let fwd = Forward::new(&CPU, &model, context_len, MAX_BATCH, cfg.slots, kv)?;
+                let fwd = Forward::new(CPU, &model, context_len, MAX_BATCH, cfg.slots, kv)?;
                 worker::run(Engine::new(fwd, cfg)?, commands, metrics);
                 Ok(())
             }
@@ -242,6 +242,6 @@ mod cuda {
     }
 }
 
-/// The CPU backends hold nothing; one value serves the server's life.
-const CPU: CpuBackend<'static> = CpuBackend::new();
+/// The plain backend holds nothing; one value serves the server's life (as
+/// `qwen3_inference::backend::CPU` does for the CPU backend).
 const PLAIN: PlainBackend<'static> = PlainBackend::new();

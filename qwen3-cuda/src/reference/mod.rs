@@ -22,18 +22,6 @@ pub mod rope;
 
 pub use backend::ReferenceBackend;
 
-/// Deterministic pseudo-random values in [-1, 1) for tests (a 64-bit LCG; no crate needed).
+/// Deterministic pseudo-random values in [-1, 1) for tests.
 #[cfg(test)]
-pub(crate) fn test_values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+pub(crate) use qwen3_inference::testing::values as test_values;

@@ -10,19 +10,7 @@ use qwen3_inference::quant::quantize_q8;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-pub fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+pub use qwen3_inference::testing::values;
 
 /// head_dim (32) differs from hidden / heads (16), GQA ratio 2, untied or tied classifier.
 pub fn tiny_config(dtype: DType, tied: bool) -> ModelConfig {

@@ -23,6 +23,10 @@ impl CpuBackend<'_> {
     }
 }
 
+/// The CPU backend holds nothing (its lifetime only ties it to the model's tensors), so one
+/// constant serves every caller: `Session::new(CPU, &model, context_len, KvType::F32)`.
+pub const CPU: &CpuBackend<'static> = &CpuBackend::new();
+
 /// The KV cache of every layer: per layer, a list of chunks of `KV_CHUNK` positions
 /// (`kernels::attention::chunk_len` says their layout: every kv head's keys in transposed tiles,
 /// then every kv head's values), each chunk its own [`HugePages`] (in f32, 2 MiB, one huge page,

@@ -22,7 +22,7 @@ mod cpu;
 mod plain;
 
 pub use crate::kernels::{AttentionShape, KvType, RopeTable};
-pub use cpu::CpuBackend;
+pub use cpu::{CpuBackend, CPU};
 pub use plain::{PlainBackend, PlainKvCache};
 
 use anyhow::Result;

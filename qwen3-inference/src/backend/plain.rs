@@ -280,7 +280,7 @@ impl<'a> Backend for PlainBackend<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::CpuBackend;
+    use crate::backend::{CpuBackend, KvType};
     use crate::format::{DType, ModelFile};
     use crate::model::test_model::write_random;
     use crate::model::{Model, Session};
@@ -298,8 +298,8 @@ mod tests {
             let f = ModelFile::open(&p).unwrap();
             let model = Model::load(&f).unwrap();
             let (plain, cpu) = (PlainBackend::new(), CpuBackend::new());
-            let mut a = Session::with_backend(&plain, &model, 32).unwrap();
-            let mut b = Session::with_backend(&cpu, &model, 32).unwrap();
+            let mut a = Session::new(&plain, &model, 32, KvType::F32).unwrap();
+            let mut b = Session::new(&cpu, &model, 32, KvType::F32).unwrap();
             let mut tokens = vec![3u32, 17, 5, 9, 1, 22];
             let mut worst = 0.0f32;
             // A prompt in one pass, then one token at a time.

@@ -2,15 +2,13 @@
 //! `qwen3 inference` runs): the same tokens, bit for bit, whatever runs beside a request.
 
 use super::*;
-use crate::backend::{CpuBackend, KvType};
+use crate::backend::{CpuBackend, KvType, CPU};
 use crate::format::{DType, ModelFile};
 use crate::model::test_model::write_random;
 use crate::model::{Model, Session};
 use crate::sampler::argmax;
 use std::collections::HashMap;
 use std::path::PathBuf;
-
-const CPU: &CpuBackend<'static> = &CpuBackend::new();
 
 fn model_file(name: &str, dt: DType) -> (PathBuf, ModelFile) {
     let d = std::env::temp_dir().join(format!("pq-engine-{}-{name}", std::process::id()));
@@ -126,7 +124,7 @@ fn batch_invariance() {
         // Greedy: the argmax of a Session's logits (the one-sequence forward pass, no engine),
         // token by token.
         for (i, r) in reqs.iter().enumerate().step_by(2) {
-            let mut s = Session::new(&model, 64).unwrap();
+            let mut s = Session::new(CPU, &model, 64, KvType::F32).unwrap();
             let mut logits = s.forward(&r.prompt).unwrap().to_vec();
             let mut out = vec![];
             for _ in 0..12 {
@@ -479,7 +477,7 @@ fn logprobs_are_the_log_softmax_of_the_logits_in_any_batch() {
         // Against the log-softmax of a Session's logits over the same context.
         let mut context = prompts()[i].clone();
         for (token, lp) in &alone {
-            let mut s = Session::new(&model, 64).unwrap();
+            let mut s = Session::new(CPU, &model, 64, KvType::F32).unwrap();
             let logits = s.forward(&context).unwrap().to_vec();
             assert_eq!(
                 **lp,

@@ -479,12 +479,7 @@ fn add_values<T: KvElem, const G: usize, const HD: usize>(
 mod tests {
     use super::*;
 
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
+    use crate::testing::lcg;
 
     /// Textbook attention in f64: per query head, the full softmax over keys 0..=pos of its kv
     /// head (found by repeating kv heads as HF's repeat_kv does).

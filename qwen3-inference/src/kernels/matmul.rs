@@ -303,12 +303,7 @@ mod tests {
     use super::*;
     use crate::quant::{dequantize_q8, quantize_q8};
 
-    pub(crate) fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
+    use crate::testing::lcg;
 
     /// Naive reference in f64: dequantize the weight to f32 first, then a plain dot product.
     fn reference(x: &[f32], w: &[f32], t: usize, rows: usize, cols: usize) -> Vec<f32> {

@@ -4,13 +4,13 @@
 //! `Session::forward(tokens)` runs a batch of `t` tokens through the model at positions
 //! `pos .. pos + t` and returns the logits of the last one. The prompt goes in as one call
 //! (prefill: every weight matrix is read once for all `t` tokens), then each sampled token as a
-//! call with `t = 1` (decode). Buffers are allocated once, in [`Session::with_kv_cache`]; a decode
+//! call with `t = 1` (decode). Buffers are allocated once, in [`Session::new`]; a decode
 //! step allocates nothing. Many sequences at once are the serving engine's ([`crate::engine`]),
 //! over the same [`Forward`].
 
 use super::forward::{Forward, Segment, MAX_BATCH};
 use super::Model;
-use crate::backend::{Backend, CpuBackend, KvType};
+use crate::backend::{Backend, KvType};
 use anyhow::{bail, Result};
 
 /// A sequence being run through a [`Model`] on backend `B`: owns the KV cache; the forward pass
@@ -24,35 +24,11 @@ pub struct Session<'m, B: Backend> {
     cache: B::KvCache,
 }
 
-/// The CPU backend holds nothing, so one constant serves every CPU session.
-const CPU: &CpuBackend<'static> = &CpuBackend::new();
-
-impl<'m, 'a: 'm> Session<'m, CpuBackend<'a>> {
-    /// A session on the CPU with room for `context_len` tokens (prompt and generated together),
-    /// its KV cache in f32.
-    pub fn new(model: &'m Model<'a>, context_len: usize) -> Result<Self> {
-        Session::with_kv_cache(CPU, model, context_len, KvType::F32)
-    }
-
-    /// [`Session::new`] with the KV cache holding keys and values as `kv` says.
-    pub fn with_kv(model: &'m Model<'a>, context_len: usize, kv: KvType) -> Result<Self> {
-        Session::with_kv_cache(CPU, model, context_len, kv)
-    }
-}
-
 impl<'m, B: Backend> Session<'m, B> {
     /// A session on `backend` with room for `context_len` tokens (prompt and generated
-    /// together). `model` holds the backend's tensors (`Model::load_with`).
-    pub fn with_backend(
-        backend: &'m B,
-        model: &'m Model<'m, B::Tensor>,
-        context_len: usize,
-    ) -> Result<Self> {
-        Session::with_kv_cache(backend, model, context_len, KvType::F32)
-    }
-
-    /// [`Session::with_backend`], the KV cache holding keys and values as `kv` says.
-    pub fn with_kv_cache(
+    /// together), its KV cache holding keys and values as `kv` says (f32 is HF's float32).
+    /// `model` holds the backend's tensors (`Model::load`, or `Model::load_with` for a device).
+    pub fn new(
         backend: &'m B,
         model: &'m Model<'m, B::Tensor>,
         context_len: usize,
@@ -191,6 +167,7 @@ impl<'m, B: Backend> Session<'m, B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::CPU;
     use crate::format::{DType, ModelFile};
     use crate::model::test_model::write_random;
     use std::path::PathBuf;
@@ -220,19 +197,19 @@ mod tests {
             let vocab = 40;
             let tokens: Vec<u32> = (0..20).map(|i| (i * 7 + 3) % vocab).collect();
 
-            let mut a = Session::new(&model, 32).unwrap();
+            let mut a = Session::new(CPU, &model, 32, KvType::F32).unwrap();
             let all = a.forward_all_logits(&tokens).unwrap();
             assert_eq!(a.pos(), 20);
             assert!(all.iter().all(|v| v.is_finite()));
 
-            let mut b = Session::new(&model, 32).unwrap();
+            let mut b = Session::new(CPU, &model, 32, KvType::F32).unwrap();
             for (i, &tok) in tokens.iter().enumerate() {
                 let logits = b.forward(&[tok]).unwrap();
                 let want = &all[i * vocab as usize..(i + 1) * vocab as usize];
                 assert!(max_diff(logits, want) < 1e-5, "{dt} pos {i}");
             }
 
-            let mut c = Session::new(&model, 32).unwrap();
+            let mut c = Session::new(CPU, &model, 32, KvType::F32).unwrap();
             c.set_max_batch(3).unwrap();
             let last = c.forward(&tokens).unwrap();
             assert!(
@@ -249,7 +226,7 @@ mod tests {
             );
 
             // Different prefixes give different logits (the test can fail).
-            let mut d = Session::new(&model, 32).unwrap();
+            let mut d = Session::new(CPU, &model, 32, KvType::F32).unwrap();
             let other = d.forward(&tokens[1..]).unwrap();
             assert!(max_diff(other, &all[19 * vocab as usize..]) > 1e-3);
             std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
@@ -262,10 +239,13 @@ mod tests {
         write_random(&p, DType::F32);
         let file = ModelFile::open(&p).unwrap();
         let model = Model::load(&file).unwrap();
-        assert!(Session::new(&model, 0).is_err());
-        let e = Session::new(&model, 65).err().unwrap().to_string();
+        assert!(Session::new(CPU, &model, 0, KvType::F32).is_err());
+        let e = Session::new(CPU, &model, 65, KvType::F32)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("larger than the model supports"), "{e}");
-        let mut s = Session::new(&model, 4).unwrap();
+        let mut s = Session::new(CPU, &model, 4, KvType::F32).unwrap();
         assert!(s.forward(&[]).is_err());
         assert!(s
             .forward(&[40])

@@ -35,12 +35,7 @@ pub fn write_random(path: &Path, dtype: DType) {
     let specs = tensor_specs(&c);
     let mut w = ModelWriter::create(path, &c, specs.clone()).unwrap();
     let mut seed = 11u64;
-    let mut rnd = || {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    };
+    let mut rnd = || crate::testing::lcg(&mut seed);
     for s in &specs {
         let n = s.shape.iter().product::<u64>() as usize;
         let norm = s.dtype == DType::F32 && s.shape.len() == 1;

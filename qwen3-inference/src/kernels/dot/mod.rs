@@ -298,14 +298,7 @@ mod tests {
     use super::*;
 
     fn rand_vec(n: usize, seed: &mut u64, scale: f32) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                *seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
-            })
-            .collect()
+        (0..n).map(|_| crate::testing::lcg(seed) * scale).collect()
     }
 
     /// Relative agreement with the scalar reference: different summation orders of n products of

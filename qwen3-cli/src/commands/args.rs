@@ -1,0 +1,277 @@
+//! The arguments of `qwen3 inference` (and of `qwen3 chat` / `qwen3 generate`, the same with
+//! the mode set), and what they imply: the context length and the sampler's settings. Shared by
+//! both modes (`generate.rs`, `chat.rs`) and by `bench` and `serve` for the flags they share.
+
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use qwen3_inference::backend::KvType;
+use qwen3_inference::format::ModelConfig;
+use qwen3_inference::sampler::SamplerConfig;
+use std::path::PathBuf;
+
+/// Context length used when `-c` is not given: the model's maximum, capped, because the KV cache
+/// may grow to the whole context (Qwen3-0.6B at 4096 positions: 896 MiB of f32 keys and values;
+/// at its 40960 maximum it would be 8.75 GiB). The CPU cache grows 256 positions at a time
+/// (`qwen3_inference::backend::cpu::CpuKvCache`), so resident memory follows the positions
+/// actually used.
+pub const DEFAULT_CONTEXT_CAP: usize = 4096;
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Complete the prompt once.
+    Generate,
+    /// A conversation in the terminal (or one user message per line of piped stdin).
+    Chat,
+}
+
+/// `--kv-cache`: what the KV cache stores keys and values as.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KvCacheArg {
+    /// f32: attention exactly as HF's float32 reference.
+    F32,
+    /// bf16: half the memory, and half the bytes attention reads a token; keys and values
+    /// rounded to bf16 (8 significant bits).
+    Bf16,
+}
+
+impl From<KvCacheArg> for KvType {
+    fn from(k: KvCacheArg) -> KvType {
+        match k {
+            KvCacheArg::F32 => KvType::F32,
+            KvCacheArg::Bf16 => KvType::Bf16,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Args)]
+pub struct InferenceArgs {
+    /// Model file written by `qwen3 export`.
+    pub model: PathBuf,
+    /// generate: complete the prompt once; chat: a conversation (`qwen3 generate` and
+    /// `qwen3 chat` are the same). Default: generate.
+    #[arg(short = 'm', long, value_enum)]
+    pub mode: Option<Mode>,
+    /// The prompt text; `-` reads it from stdin.
+    #[arg(short = 'i', long = "input", visible_alias = "prompt", conflicts_with_all = ["prompt_ids", "file"])]
+    pub input: Option<String>,
+    /// Read the prompt from this file (its exact contents); `-` is stdin.
+    #[arg(short = 'f', long, conflicts_with = "prompt_ids")]
+    pub file: Option<PathBuf>,
+    /// The prompt as token ids, a JSON array such as '[785, 6722, 315]' (for debugging; the
+    /// output is then token ids too, and no tokenizer file is needed).
+    #[arg(long)]
+    pub prompt_ids: Option<String>,
+    /// Most tokens to generate; -1: until the context is full (as llama.cpp's -n -1). 0 runs
+    /// the prompt and generates nothing (times prefill).
+    #[arg(short = 'n', long = "max-tokens", default_value = "256", allow_negative_numbers = true,
+          value_parser = parse_max_tokens)]
+    pub max_tokens: usize,
+    /// Temperature; 0 is greedy (default: the model's generation_config.json).
+    #[arg(
+        short = 't',
+        long,
+        visible_alias = "temp",
+        allow_negative_numbers = true
+    )]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling: keep the most likely tokens up to this probability mass, in (0, 1].
+    #[arg(short = 'p', long, allow_negative_numbers = true)]
+    pub top_p: Option<f32>,
+    /// Keep only the k most likely tokens; 0 keeps all.
+    #[arg(long)]
+    pub top_k: Option<u32>,
+    /// Drop tokens less likely than this fraction of the most likely one, in [0, 1].
+    #[arg(long, allow_negative_numbers = true)]
+    pub min_p: Option<f32>,
+    /// Penalise tokens already in the context (HF repetition_penalty; 1 is off).
+    #[arg(long, allow_negative_numbers = true)]
+    pub repeat_penalty: Option<f32>,
+    /// Subtract this from the logits of tokens already generated (0 is off).
+    #[arg(long, allow_negative_numbers = true)]
+    pub presence_penalty: Option<f32>,
+    /// Seed of the sampler; any u64. Default: from the clock (printed with --verbose).
+    #[arg(short = 's', long)]
+    pub seed: Option<u64>,
+    /// Context length (prompt + generated tokens); sizes the KV cache.
+    /// Default: the model's maximum, capped at 4096.
+    #[arg(short = 'c', long)]
+    pub context: Option<usize>,
+    /// What the KV cache stores keys and values as: f32 (exact) or bf16 (half the memory and
+    /// of what attention reads at long contexts; CPU only).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub kv_cache: KvCacheArg,
+    /// Generate mode: end the answer at this text (not printed); may be given several times.
+    #[arg(long = "stop", value_name = "STRING")]
+    pub stops: Vec<String>,
+    /// Generate mode: print one JSON object at the end instead of streaming the text: text,
+    /// token ids, why it stopped, token counts and timings (for scripts).
+    #[arg(long)]
+    pub json: bool,
+    /// Generate mode: each token's log-probability and its K most likely alternatives (0-20),
+    /// as one JSON line per token on stdout instead of the text (with --json: in its object).
+    /// Log-softmax of the model's logits, before temperature and the other sampling settings.
+    #[arg(long, value_name = "K")]
+    pub logprobs: Option<usize>,
+    /// Print the prompt before the completion.
+    #[arg(long)]
+    pub echo: bool,
+    /// Print model details, KV cache size and sampler settings to stderr.
+    #[arg(long)]
+    pub verbose: bool,
+    /// Where to run: cpu, plain (the same math in textbook loops: slow, to read and to check),
+    /// cuda (device 0) or cuda:N. CUDA needs a build with `--features cuda` and an NVIDIA
+    /// driver; see docs/cuda.md.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// CPU threads (default: one per core, or the RAYON_NUM_THREADS environment variable).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Generate mode: wrap the prompt in the model's chat template as one user turn.
+    #[arg(long)]
+    pub chat: bool,
+    /// System prompt (chat mode, or generate mode with --chat).
+    #[arg(short = 'y', long)]
+    pub system: Option<String>,
+    /// Let the model reason before answering (the template's enable_thinking).
+    /// Default: whatever the template does when it is not given (Qwen3: on).
+    #[arg(long, value_enum)]
+    pub thinking: Option<OnOff>,
+    /// Chat mode: do not show the model's reasoning (<think> ... </think>).
+    #[arg(long)]
+    pub hide_thinking: bool,
+    /// Chat mode: do not read or write the input history file (on a terminal the chat keeps
+    /// it in $XDG_DATA_HOME/qwen3/chat_history, by default ~/.local/share/qwen3/chat_history).
+    #[arg(long)]
+    pub no_history: bool,
+    /// Chat mode: print to stderr, each turn, `prompt ids: [..]`: the whole conversation's ids
+    /// as the model has now seen them, and after the answer `answer: "..."`.
+    #[arg(long)]
+    pub verbose_prompt: bool,
+}
+
+/// `-n`: a count, or -1 for "until the context is full" (the engine stops there).
+fn parse_max_tokens(s: &str) -> std::result::Result<usize, String> {
+    match s.trim() {
+        "-1" => Ok(usize::MAX),
+        t => t.parse::<usize>().map_err(|_| {
+            format!(
+                "{s:?} is not a number of tokens (a count, or -1 for until the context is full)"
+            )
+        }),
+    }
+}
+
+/// `qwen3 chat` and `qwen3 generate`: `inference` with its mode set (`-m` may repeat it, not
+/// contradict it).
+pub fn with_mode(mut args: InferenceArgs, mode: Mode, command: &str) -> Result<InferenceArgs> {
+    if args.mode.is_some_and(|m| m != mode) {
+        bail!(
+            "qwen3 {command} is `qwen3 inference -m {command}`: drop -m, or use `qwen3 inference`"
+        );
+    }
+    args.mode = Some(mode);
+    Ok(args)
+}
+
+impl InferenceArgs {
+    pub fn mode(&self) -> Mode {
+        self.mode.unwrap_or(Mode::Generate)
+    }
+
+    /// The prompt text of `-i` or `-f` (either may be `-`, standard input), if one was given.
+    pub fn prompt_text(&self) -> Result<Option<String>> {
+        match (&self.input, &self.file) {
+            (Some(t), _) if t == "-" => {
+                super::input::read_text(std::path::Path::new("-")).map(Some)
+            }
+            (Some(t), _) => Ok(Some(t.clone())),
+            (None, Some(path)) => super::input::read_text(path).map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+}
+
+impl InferenceArgs {
+    /// Refuses flags that belong to the other mode, and combinations that mean nothing.
+    pub fn check_mode_flags(&self) -> Result<()> {
+        if self.mode() == Mode::Chat {
+            if !self.stops.is_empty() || self.json || self.logprobs.is_some() {
+                bail!("--stop, --json and --logprobs are for -m generate");
+            }
+            if self.input.is_some() || self.file.is_some() || self.prompt_ids.is_some() || self.chat
+            {
+                bail!("-m chat reads the user's messages from stdin; -i, -f, --prompt-ids and --chat are for -m generate");
+            }
+        } else {
+            if self.hide_thinking || self.verbose_prompt || self.no_history {
+                bail!("--hide-thinking, --verbose-prompt and --no-history are for -m chat");
+            }
+            if (self.json || self.logprobs.is_some()) && self.echo {
+                bail!("--json and --logprobs print the answer only; drop --echo");
+            }
+            if self
+                .logprobs
+                .is_some_and(|k| k > qwen3_inference::logprobs::MAX_TOP)
+            {
+                bail!(
+                    "--logprobs: at most {} alternatives",
+                    qwen3_inference::logprobs::MAX_TOP
+                );
+            }
+            if !self.chat && (self.system.is_some() || self.thinking.is_some()) {
+                bail!("-y/--system and --thinking need --chat (or -m chat)");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `-c`, or the model's maximum capped at [`DEFAULT_CONTEXT_CAP`]; never more than the maximum.
+pub fn context_len(args: &InferenceArgs, c: &ModelConfig) -> Result<usize> {
+    let max_ctx = c.max_position_embeddings as usize;
+    let context_len = args.context.unwrap_or(max_ctx.min(DEFAULT_CONTEXT_CAP));
+    if context_len > max_ctx {
+        bail!("--context {context_len} is larger than the model supports ({max_ctx} positions)");
+    }
+    Ok(context_len)
+}
+
+/// The model's generation defaults, overridden by the sampling flags (the same in both modes).
+pub fn sampler_from_args(args: &InferenceArgs, c: &ModelConfig) -> Result<SamplerConfig> {
+    let seed = args.seed.unwrap_or_else(clock_seed);
+    let mut cfg = SamplerConfig::from_defaults(&c.generation, seed);
+    if let Some(v) = args.temperature {
+        cfg.temperature = v;
+    }
+    if let Some(v) = args.top_p {
+        cfg.top_p = v;
+    }
+    if let Some(v) = args.top_k {
+        cfg.top_k = v as usize;
+    }
+    if let Some(v) = args.min_p {
+        cfg.min_p = v;
+    }
+    if let Some(v) = args.repeat_penalty {
+        cfg.repetition_penalty = v;
+    }
+    if let Some(v) = args.presence_penalty {
+        cfg.presence_penalty = v;
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// A seed from the clock, for runs without `--seed`.
+fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
