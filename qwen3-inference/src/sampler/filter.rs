@@ -101,7 +101,7 @@ pub(super) fn descending(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
 /// small sorted array: after the first few hundred tokens almost every logit fails the
 /// comparison with the k-th best. So the pass goes a block of logits at a time and skips a
 /// block whose largest logit fails it: one vectorized max per block instead of a branch per
-/// logit (docs/sampling.md has the before and after).
+/// logit (docs/sampling.md, "Making it cheap").
 #[inline(always)]
 fn top_k_sorted(src: &[f32], inv_t: f32, top_k: usize, candidates: &mut Vec<(f32, u32)>) {
     const BLOCK: usize = 64;

@@ -73,8 +73,8 @@ pub(super) enum Nucleus {
 ///
 /// The nucleus can be a few tokens or most of the vocabulary. Sorting (or selecting among) the
 /// 151936 tokens cost 1.5 ms at temperature 1.5, and so does any pass that handles the tokens one
-/// at a time, as collecting them into a list does: 1-2 ns a token on this project's machine
-/// (docs/performance.md). So the vocabulary is only read in passes the compiler
+/// at a time, as collecting them into a list does: 1-2 ns a token (docs/sampling.md, "Making it
+/// cheap"). So the vocabulary is only read in passes the compiler
 /// vectorizes, and only the tokens around the cut are listed and sorted:
 /// 1. The largest logit of each block of [`TOP_P_BLOCK`] tokens, and `z`, the sum of the
 ///    weights `exp(l - max)` of every token within reach of the top one (see [`NEGLIGIBLE`]).
