@@ -1,4 +1,4 @@
-//! Issue 6 asks that the decode loop allocate nothing per token. This test counts every heap
+//! The decode loop allocates nothing per token (docs/performance.md, "Smaller steps"). This test counts every heap
 //! allocation of the process (a counting global allocator) while `generate` decodes (the
 //! engine's step loop, as the CLI and the server run it), on the
 //! full-vocabulary fixture (151936 tokens, so the sampler works on a real vocabulary's size),
