@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Build the tiny random-weight Qwen3 checkpoints in fixtures/models/ and their HF references.
+"""Build the tiny random-weight Qwen3 and Qwen2 checkpoints in fixtures/models/ and their HF
+references.
 
 Run once by a developer (never by CI; CI has no PyTorch):
 
@@ -101,6 +102,20 @@ TEXT_PROMPTS_FULLVOCAB = [
     "Once upon a time, there was a little model that wanted to run on every computer in the world. It",
 ]
 
+# The added tokens of the Qwen2 checkpoints: Qwen2.5 has no <think>, and its tool calls are
+# wrapped in <tool_call> ... </tool_call> (added, not special, in Qwen2.5's tokenizer.json as in
+# Qwen3's, whose flags are copied).
+QWEN2_ADDED_TOKENS = [
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+]
+
+# Qwen2.5-Instruct's chat template (fixtures/chat/README.md says where it comes from).
+QWEN25_TEMPLATE = REPO / "fixtures" / "chat" / "qwen2.5-instruct.chat_template.jinja"
+
 # Qwen3-0.6B's generation_config.json (values; ids are per tokenizer).
 QWEN3_GENERATION = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95}
 
@@ -175,6 +190,53 @@ SPECS = [
         base_seed=3000,
         random_prompt_lens=[1, 6, 19],
     ),
+    # Qwen2 (Qwen2ForCausalLM): q/k/v biases, no q/k norms, head_dim = hidden / heads (no key).
+    # Between them: both config layouts, tied and untied, GQA 2 and 4, rope_theta 1e6 and 1e4,
+    # eps 1e-6 and 1e-5, one file and two shards.
+    dict(
+        name="tiny-qwen2-f32-tied-gqa2",
+        arch="qwen2",
+        config_style="hub",
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        write_head_dim=False,
+        layers=2,
+        intermediate=160,
+        vocab=512,
+        tied=True,
+        rope_theta=1000000.0,
+        eps=1e-6,
+        max_pos=256,
+        dtype="float32",
+        shards=1,
+        eos_in_config="single",
+        base_seed=5000,
+        random_prompt_lens=[1, 6, 20],
+    ),
+    dict(
+        name="tiny-qwen2-bf16-untied-gqa4-sharded",
+        arch="qwen2",
+        config_style="transformers5",
+        hidden=128,
+        heads=8,
+        kv_heads=2,
+        head_dim=16,
+        write_head_dim=False,
+        layers=2,
+        intermediate=96,
+        vocab=512,
+        tied=False,
+        rope_theta=10000.0,
+        eps=1e-5,
+        max_pos=128,
+        dtype="bfloat16",
+        shards=2,
+        eos_in_config="list",
+        base_seed=6000,
+        random_prompt_lens=[1, 6, 19],
+    ),
     dict(
         name="tiny-qwen3-fullvocab",
         config_style="hub",
@@ -207,7 +269,7 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 # ----------------------------------------------------------------------------------------------
 
 
-def build_small_tokenizer(real_tok_json: dict, vocab_size: int) -> dict:
+def build_small_tokenizer(real_tok_json: dict, vocab_size: int, added_tokens=SMALL_ADDED_TOKENS) -> dict:
     """Train a byte-level BPE with Qwen3's exact normalizer / pre-tokenizer / decoder.
 
     The BPE part gets vocab_size - 5 - 5 tokens (256 byte symbols + merges), the five added tokens
@@ -225,7 +287,7 @@ def build_small_tokenizer(real_tok_json: dict, vocab_size: int) -> dict:
     )
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    bpe_size = vocab_size - 2 * len(SMALL_ADDED_TOKENS)
+    bpe_size = vocab_size - 2 * len(added_tokens)
     trainer = trainers.BpeTrainer(
         vocab_size=bpe_size,
         min_frequency=1,
@@ -236,7 +298,7 @@ def build_small_tokenizer(real_tok_json: dict, vocab_size: int) -> dict:
     tok.train_from_iterator(TRAIN_TEXT.splitlines(keepends=True), trainer)
     n_bpe = tok.get_vocab_size()
     assert n_bpe == bpe_size, f"BPE training produced {n_bpe} tokens, wanted {bpe_size}"
-    for content, special in SMALL_ADDED_TOKENS:
+    for content, special in added_tokens:
         t = AddedToken(content, single_word=False, lstrip=False, rstrip=False, normalized=False, special=special)
         if special:
             tok.add_special_tokens([t])
@@ -262,8 +324,8 @@ def build_small_tokenizer(real_tok_json: dict, vocab_size: int) -> dict:
     j = {k: j[k] for k in real_tok_json.keys()}  # Qwen3's key order
     # Round trip through the library to be sure it loads and agrees with what we meant.
     check = Tokenizer.from_str(json.dumps(j))
-    assert check.get_vocab_size(with_added_tokens=True) == vocab_size - len(SMALL_ADDED_TOKENS)
-    for content, _ in SMALL_ADDED_TOKENS:
+    assert check.get_vocab_size(with_added_tokens=True) == vocab_size - len(added_tokens)
+    for content, _ in added_tokens:
         assert check.token_to_id(content) < vocab_size
     return j
 
@@ -306,17 +368,26 @@ def make_weights(spec: dict, seed: int) -> dict:
     def norm(n):
         return torch.rand(n, generator=g) + 0.5
 
+    qwen2 = spec.get("arch") == "qwen2"
     w = {}
     w["model.embed_tokens.weight"] = torch.randn(V, h, generator=g) * 0.35
     for l in range(spec["layers"]):
         p = f"model.layers.{l}."
         w[p + "input_layernorm.weight"] = norm(h)
-        w[p + "self_attn.q_proj.weight"] = mat(nh * hd, h)
-        w[p + "self_attn.k_proj.weight"] = mat(nkv * hd, h)
+        # Qwen2 has no q/k norms, so the scale of q and k reaches the softmax: gain 1.
+        w[p + "self_attn.q_proj.weight"] = mat(nh * hd, h, gain=1.0 if qwen2 else 2.0)
+        w[p + "self_attn.k_proj.weight"] = mat(nkv * hd, h, gain=1.0 if qwen2 else 2.0)
         w[p + "self_attn.v_proj.weight"] = mat(nkv * hd, h, gain=1.0)
+        if qwen2:
+            # Biases N(0, 0.5^2): as large as a projection's outputs, so dropping one (or adding
+            # it after RoPE) moves the logits far beyond the test tolerances.
+            w[p + "self_attn.q_proj.bias"] = torch.randn(nh * hd, generator=g) * 0.5
+            w[p + "self_attn.k_proj.bias"] = torch.randn(nkv * hd, generator=g) * 0.5
+            w[p + "self_attn.v_proj.bias"] = torch.randn(nkv * hd, generator=g) * 0.5
         w[p + "self_attn.o_proj.weight"] = mat(h, nh * hd, gain=1.0)
-        w[p + "self_attn.q_norm.weight"] = norm(hd)
-        w[p + "self_attn.k_norm.weight"] = norm(hd)
+        if not qwen2:
+            w[p + "self_attn.q_norm.weight"] = norm(hd)
+            w[p + "self_attn.k_norm.weight"] = norm(hd)
         w[p + "post_attention_layernorm.weight"] = norm(h)
         w[p + "mlp.gate_proj.weight"] = mat(inter, h, gain=1.5)
         w[p + "mlp.up_proj.weight"] = mat(inter, h, gain=1.5)
@@ -390,6 +461,63 @@ def hub_config(spec: dict, bos: int, eos) -> dict:
     }
 
 
+def qwen2_hub_config(spec: dict, bos: int, eos) -> dict:
+    """config.json with exactly the keys (and key order) of Qwen2.5-0.5B-Instruct's hub
+    config.json (no head_dim: Qwen2 takes hidden / heads)."""
+    assert spec["head_dim"] == spec["hidden"] // spec["heads"] and not spec["write_head_dim"]
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "hidden_act": "silu",
+        "hidden_size": spec["hidden"],
+        "initializer_range": 0.02,
+        "intermediate_size": spec["intermediate"],
+        "max_position_embeddings": spec["max_pos"],
+        "max_window_layers": spec["layers"],
+        "model_type": "qwen2",
+        "num_attention_heads": spec["heads"],
+        "num_hidden_layers": spec["layers"],
+        "num_key_value_heads": spec["kv_heads"],
+        "rms_norm_eps": spec["eps"],
+        "rope_theta": spec["rope_theta"],
+        "sliding_window": spec["max_pos"],
+        "tie_word_embeddings": spec["tied"],
+        "torch_dtype": spec["dtype"],
+        "transformers_version": "4.43.1",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": spec["vocab"],
+    }
+
+
+def qwen2_transformers5_config(spec: dict, bos: int, eos) -> dict:
+    """config.json as transformers 5 writes it (Qwen2Config.save_pretrained)."""
+    assert spec["head_dim"] == spec["hidden"] // spec["heads"] and not spec["write_head_dim"]
+    cfg = transformers.Qwen2Config(
+        vocab_size=spec["vocab"],
+        hidden_size=spec["hidden"],
+        intermediate_size=spec["intermediate"],
+        num_hidden_layers=spec["layers"],
+        num_attention_heads=spec["heads"],
+        num_key_value_heads=spec["kv_heads"],
+        max_position_embeddings=spec["max_pos"],
+        rms_norm_eps=spec["eps"],
+        tie_word_embeddings=spec["tied"],
+        rope_parameters={"rope_type": "default", "rope_theta": spec["rope_theta"]},
+        bos_token_id=bos,
+        eos_token_id=eos,
+        max_window_layers=spec["layers"],
+    )
+    cfg.architectures = ["Qwen2ForCausalLM"]
+    cfg.dtype = TORCH_DTYPES[spec["dtype"]]
+    d = json.loads(cfg.to_json_string(use_diff=True))  # what save_pretrained writes
+    assert "rope_theta" not in d and "torch_dtype" not in d and d["dtype"] == spec["dtype"]
+    assert "head_dim" not in d
+    return d
+
+
 def transformers5_config(spec: dict, bos: int, eos) -> dict:
     """config.json as transformers 5 writes it (Qwen3Config.save_pretrained), minus head_dim when
     the spec says so."""
@@ -449,7 +577,10 @@ def load_reference_model(ckpt: Path, spec: dict):
     assert not bad, f"{ckpt}: loading problems {bad}"
     model.eval()
     c = model.config
-    assert c.head_dim == spec["head_dim"], (c.head_dim, spec["head_dim"])
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    assert head_dim == spec["head_dim"], (head_dim, spec["head_dim"])
+    want_arch = "Qwen2ForCausalLM" if spec.get("arch") == "qwen2" else "Qwen3ForCausalLM"
+    assert type(model).__name__ == want_arch, type(model).__name__
     assert model.model.embed_tokens.weight.dtype == torch.float32
     assert (model.lm_head.weight is model.model.embed_tokens.weight) == spec["tied"]
     return model
@@ -535,10 +666,14 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
         tok_json_text = None
         tokenizer = Tokenizer.from_file(str(real_tok_dir / "tokenizer.json"))
     else:
-        tok_json = build_small_tokenizer(real_tok_json, spec["vocab"])
+        qwen2 = spec.get("arch") == "qwen2"
+        added = QWEN2_ADDED_TOKENS if qwen2 else SMALL_ADDED_TOKENS
+        tok_json = build_small_tokenizer(real_tok_json, spec["vocab"], added)
         tok_json_text = json.dumps(tok_json, indent=2, ensure_ascii=False) + "\n"
         tokenizer = Tokenizer.from_str(tok_json_text)
         tok_cfg = small_tokenizer_config(real_tok_cfg, tok_json)
+        if qwen2:
+            tok_cfg["chat_template"] = QWEN25_TEMPLATE.read_text(encoding="utf-8")
     bos = tokenizer.token_to_id("<|endoftext|>")
     im_end = tokenizer.token_to_id("<|im_end|>")
     eos_list = [im_end, bos]
@@ -546,10 +681,11 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
     eos_cfg = im_end if spec["eos_in_config"] == "single" else eos_list
     n_tok = tokenizer.get_vocab_size(with_added_tokens=True)
 
+    qwen2 = spec.get("arch") == "qwen2"
     if spec["config_style"] == "hub":
-        config = hub_config(spec, bos, eos_cfg)
+        config = (qwen2_hub_config if qwen2 else hub_config)(spec, bos, eos_cfg)
     else:
-        config = transformers5_config(spec, bos, eos_cfg)
+        config = (qwen2_transformers5_config if qwen2 else transformers5_config)(spec, bos, eos_cfg)
 
     for attempt in range(MAX_SEED_TRIES):
         seed = spec["base_seed"] + attempt

@@ -64,7 +64,11 @@ fn unknown_device_is_refused() {
 fn plain_device_is_exact_against_huggingface() {
     use qwen3_inference::format::DType;
     use qwen3_test_support::{export_fixture, tempdir};
-    for name in ["tiny-f32-tied-gqa2", "tiny-qwen3-fullvocab"] {
+    for name in [
+        "tiny-f32-tied-gqa2",
+        "tiny-qwen2-bf16-untied-gqa4-sharded",
+        "tiny-qwen3-fullvocab",
+    ] {
         let dir = tempdir("pq-plain", name);
         let m = export_fixture(name, &dir, DType::F32, 0);
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

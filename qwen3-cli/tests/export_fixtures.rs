@@ -14,10 +14,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const FIXTURES: [&str; 4] = [
+const FIXTURES: [&str; 6] = [
     "tiny-f32-tied-gqa2",
     "tiny-bf16-untied-mha",
     "tiny-f16-sharded-gqa4",
+    "tiny-qwen2-f32-tied-gqa2",
+    "tiny-qwen2-bf16-untied-gqa4-sharded",
     "tiny-qwen3-fullvocab",
 ];
 
@@ -146,6 +148,19 @@ fn every_fixture_exports_faithfully_in_every_dtype() {
                 "tiny-f16-sharded-gqa4" => {
                     assert_eq!((c.head_dim, c.rms_norm_eps), (16, 1e-5));
                     assert_eq!(c.rope_theta, 10000.0);
+                }
+                "tiny-qwen2-f32-tied-gqa2" => {
+                    assert_eq!(c.architecture, "Qwen2ForCausalLM");
+                    assert_eq!(c.head_dim, 64 / 4, "Qwen2: hidden / heads");
+                    assert!(c.attention_bias && !c.qk_norm && c.tie_word_embeddings);
+                    assert_eq!((c.rope_theta, c.rms_norm_eps), (1e6, 1e-6));
+                }
+                "tiny-qwen2-bf16-untied-gqa4-sharded" => {
+                    assert_eq!(c.architecture, "Qwen2ForCausalLM");
+                    assert_eq!(c.head_dim, 128 / 8, "Qwen2: hidden / heads");
+                    assert!(c.attention_bias && !c.qk_norm && !c.tie_word_embeddings);
+                    assert_eq!(c.rope_theta, 10000.0, "from rope_parameters");
+                    assert_eq!(c.rms_norm_eps, 1e-5);
                 }
                 _ => {
                     assert_eq!(c.eos_token_ids, vec![151645, 151643]);

@@ -42,6 +42,8 @@ fn write_model(path: &Path) {
         },
         dtype: DType::Q8,
         group_size: 16,
+        attention_bias: false,
+        qk_norm: true,
     };
     let specs = tensor_specs(&c);
     let mut w = ModelWriter::create(path, &c, specs.clone()).unwrap();

@@ -557,6 +557,16 @@ fn tiny_f16_sharded_gqa4() {
     check_fixture("tiny-f16-sharded-gqa4");
 }
 
+#[test]
+fn tiny_qwen2_f32_tied_gqa2() {
+    check_fixture("tiny-qwen2-f32-tied-gqa2");
+}
+
+#[test]
+fn tiny_qwen2_bf16_untied_gqa4_sharded() {
+    check_fixture("tiny-qwen2-bf16-untied-gqa4-sharded");
+}
+
 /// The full-vocabulary checkpoint records only the top 5 logits per position and the greedy ids.
 #[test]
 fn tiny_qwen3_fullvocab() {

@@ -17,3 +17,12 @@ extern "C" __global__ void add_assign(float* x, const float* y, int n) {
         x[i] = x[i] + y[i];
     }
 }
+
+// A bias added to every row (Qwen2's q/k/v projections): x[i] += bias[i % n], i < rows * n.
+// x: [n_tok, n] flattened; bias: [n].
+extern "C" __global__ void add_bias(float* x, const float* bias, int n, int total) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) {
+        x[i] = x[i] + bias[i % n];
+    }
+}

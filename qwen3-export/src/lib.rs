@@ -1,4 +1,4 @@
-//! HuggingFace Qwen3 checkpoint directory -> pico-qwen model file, tokenizer file, template file.
+//! HuggingFace Qwen3 (or Qwen2) checkpoint directory -> pico-qwen model file, tokenizer file, template file.
 //!
 //! The steps, in order:
 //! 1. read config.json (+ generation_config.json) into a [`ModelConfig`], refusing what we do not

@@ -13,12 +13,16 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
 /// The tiny checkpoints whose `reference.json` holds every logit (the full-vocabulary one holds
-/// the top 5 only): f32 with a tied classifier and GQA ratio 2, bf16 untied with as many kv heads
-/// as heads, f16 in two shards with GQA ratio 4. The CPU and GPU parity tests loop over these.
-pub const FULL_LOGIT_CHECKPOINTS: [&str; 3] = [
+/// the top 5 only). Qwen3: f32 with a tied classifier and GQA ratio 2, bf16 untied with as many
+/// kv heads as heads, f16 in three shards with GQA ratio 4. Qwen2 (q/k/v biases, no q/k norms):
+/// f32 tied with GQA ratio 2 (hub config layout), bf16 untied in two shards with GQA ratio 4
+/// (transformers 5 layout). The CPU and GPU parity tests loop over these.
+pub const FULL_LOGIT_CHECKPOINTS: [&str; 5] = [
     "tiny-f32-tied-gqa2",
     "tiny-bf16-untied-mha",
     "tiny-f16-sharded-gqa4",
+    "tiny-qwen2-f32-tied-gqa2",
+    "tiny-qwen2-bf16-untied-gqa4-sharded",
 ];
 
 /// A fixture's `reference.json` (the fields the tests read; the file has more, e.g. the versions

@@ -198,6 +198,15 @@ impl<'a> Backend for RoundingNoise<'a> {
     ) -> Result<()> {
         self.inner.attention(out, q, cache, layer, n_tok, pos0)
     }
+    fn add_bias(
+        &self,
+        x: &mut Vec<f32>,
+        bias: &TensorView<'a>,
+        n_tok: usize,
+        n: usize,
+    ) -> Result<()> {
+        self.inner.add_bias(x, bias, n_tok, n)
+    }
     fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, n: usize) -> Result<()> {
         self.inner.silu_mul(gate, up, n)
     }

@@ -422,6 +422,34 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn add_bias(
+        &self,
+        x: &mut CudaSlice<f32>,
+        bias: &DeviceTensor,
+        n_tok: usize,
+        n: usize,
+    ) -> Result<()> {
+        need_tensor(bias, Some(DType::F32), n, "add_bias")?;
+        let total = n_tok * n;
+        need(x, total, "add_bias")?;
+        let cfg = grid(
+            total.div_ceil(ELEMENTWISE_BLOCK_DIM),
+            1,
+            ELEMENTWISE_BLOCK_DIM,
+        )?;
+        let (n_i, total_i) = (int(n)?, int(total)?);
+        let bv = self.weights.view(&bias.values);
+        let mut b = self
+            .runtime
+            .stream
+            .launch_builder(&self.runtime.functions.add_bias);
+        b.arg(x).arg(&bv).arg(&n_i).arg(&total_i);
+        // SAFETY: add_bias(x, bias, n, total); thread i < total touches x[i] and reads
+        // bias[i % n]; x holds total values and bias n (both checked above).
+        unsafe { b.launch(cfg) }.map_err(err)?;
+        Ok(())
+    }
+
     fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) -> Result<()> {
         need(x, n, "add")?;
         need(y, n, "add")?;

@@ -36,6 +36,7 @@ pub struct Functions {
     pub attention: CudaFunction,
     pub silu_mul: CudaFunction,
     pub add_assign: CudaFunction,
+    pub add_bias: CudaFunction,
 }
 
 /// A CUDA device with the kernels compiled for it and one stream every launch goes to (so launches
@@ -107,6 +108,7 @@ impl CudaRuntime {
             attention: take("attention")?,
             silu_mul: take("silu_mul")?,
             add_assign: take("add_assign")?,
+            add_bias: take("add_bias")?,
         };
         Ok(CudaRuntime {
             stream: ctx.default_stream(),

@@ -224,6 +224,18 @@ impl<'a> Backend for ReferenceBackend<'a> {
         Ok(())
     }
 
+    fn add_bias(
+        &self,
+        x: &mut Vec<f32>,
+        bias: &TensorView<'a>,
+        n_tok: usize,
+        n: usize,
+    ) -> Result<()> {
+        let bias = norm_weight(bias)?;
+        reference::elementwise::add_bias(&mut x[..n_tok * n], &bias[..n]);
+        Ok(())
+    }
+
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> Result<()> {
         reference::elementwise::add_assign(&mut x[..n], &y[..n]);
         Ok(())

@@ -14,6 +14,14 @@ pub fn add_assign(x: &mut [f32], y: &[f32]) {
     }
 }
 
+/// `x[i] += bias[i % n]`: a bias added to every row of `x` (`[rows, n]`), as `add_bias` does.
+pub fn add_bias(x: &mut [f32], bias: &[f32]) {
+    let n = bias.len();
+    for (i, a) in x.iter_mut().enumerate() {
+        *a += bias[i % n];
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -39,5 +47,12 @@ mod tests {
         let mut x = [1.0f32, 2.0];
         add_assign(&mut x, &[0.5, -2.0]);
         assert_eq!(x, [1.5, 0.0]);
+    }
+
+    #[test]
+    fn add_bias_adds_the_bias_to_every_row() {
+        let mut x = [1.0f32, 2.0, 3.0, 10.0, 20.0, 30.0];
+        add_bias(&mut x, &[0.5, -1.0, 0.25]);
+        assert_eq!(x, [1.5, 1.0, 3.25, 10.5, 19.0, 30.25]);
     }
 }

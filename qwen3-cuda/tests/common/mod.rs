@@ -31,6 +31,8 @@ pub fn tiny_config(dtype: DType, tied: bool) -> ModelConfig {
         generation: GenerationDefaults::default(),
         dtype,
         group_size: if dtype == DType::Q8 { 32 } else { 0 },
+        attention_bias: false,
+        qk_norm: true,
     }
 }
 
@@ -46,7 +48,7 @@ pub fn write_model(path: &Path, c: &ModelConfig) {
     for (i, t) in expected.iter().enumerate() {
         let n: usize = t.shape.iter().product::<u64>() as usize;
         let v = values(n, 1000 + i as u64);
-        if t.kind == TensorKind::Norm {
+        if t.kind != TensorKind::Matrix {
             // away from 1.0 so a forward pass that drops the weight (or uses 1 + w) fails
             let v: Vec<f32> = v.iter().map(|x| 1.0 + 0.5 * x).collect();
             w.write_f32(&t.name, &v).unwrap();

@@ -3,16 +3,19 @@
 //! Two dialects exist. Checkpoints on the hub (written by transformers 4.x) carry a top-level
 //! `rope_theta` and `torch_dtype`; transformers 5 writes `rope_parameters: {rope_type, rope_theta}`,
 //! `dtype` and `layer_types`. Both are accepted. Defaults for absent keys are those of
-//! `Qwen3Config.__init__` in transformers' `configuration_qwen3.py`. Any key that would change the
-//! math in a way we do not implement is refused, never ignored.
+//! `Qwen3Config` and `Qwen2Config` in transformers' `configuration_qwen3.py` and
+//! `configuration_qwen2.py`. Any key that would change the math in a way we do not implement is
+//! refused, never ignored.
+//!
+//! The two families differ in their attention only (`modeling_qwen2.py`, `modeling_qwen3.py`):
+//! Qwen2's q/k/v projections always have biases and it has no q/k norms; Qwen3 has q/k norms and
+//! biases only if `attention_bias` says so. Qwen2's head_dim defaults to hidden / heads, Qwen3's
+//! to 128.
 
 use anyhow::{bail, Context, Result};
-use qwen3_inference::format::{DType, GenerationDefaults, ModelConfig};
+use qwen3_inference::format::{DType, GenerationDefaults, ModelConfig, ARCHITECTURES};
 use serde_json::{Map, Value};
 use std::path::Path;
-
-/// Architectures whose forward pass is the one in qwen3-inference.
-const SUPPORTED_ARCHITECTURES: &[&str] = &["Qwen3ForCausalLM"];
 
 /// `Qwen3Config`'s default head_dim, used when config.json does not give one.
 const QWEN3_DEFAULT_HEAD_DIM: u32 = 128;
@@ -98,7 +101,7 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         bail!("not a JSON object");
     };
 
-    // 1. Architecture: the forward pass we implement is Qwen3ForCausalLM.
+    // 1. Architecture: Qwen3ForCausalLM or Qwen2ForCausalLM, one forward pass.
     let archs: Vec<&str> = match obj.get("architectures") {
         Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_str()).collect(),
         _ => vec![],
@@ -107,27 +110,41 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         Some(a) => a.to_string(),
         None => match obj.get("model_type").and_then(|v| v.as_str()) {
             Some("qwen3") => "Qwen3ForCausalLM".to_string(),
-            _ => bail!("no `architectures` and no `model_type: qwen3`; not a Qwen3 checkpoint"),
+            Some("qwen2") => "Qwen2ForCausalLM".to_string(),
+            _ => bail!(
+                "no `architectures` and no `model_type` qwen3 or qwen2; not a Qwen checkpoint"
+            ),
         },
     };
-    if !SUPPORTED_ARCHITECTURES.contains(&architecture.as_str()) {
+    if !ARCHITECTURES.contains(&architecture.as_str()) {
         bail!(
             "architecture {architecture} is not supported (supported: {})",
-            SUPPORTED_ARCHITECTURES.join(", ")
+            ARCHITECTURES.join(", ")
         );
     }
+    let qwen2 = architecture == "Qwen2ForCausalLM";
 
     // 2. Sizes. When config.json has no head_dim, transformers' Qwen3Config uses its own default,
     //    128 (`head_dim=128` in configuration_qwen3.py; checked with transformers 5.23.0 while
-    //    building fixtures/models/tiny-bf16-untied-mha). It does NOT fall back to
-    //    hidden_size / num_attention_heads as Llama and Qwen2 do. Real Qwen3 checkpoints state it,
-    //    and it usually differs from that ratio (0.6B: 1024/16 = 64, head_dim 128).
+    //    building fixtures/models/tiny-bf16-untied-mha), NOT hidden_size / num_attention_heads.
+    //    Real Qwen3 checkpoints state it, and it usually differs from that ratio (0.6B: 1024/16 =
+    //    64, head_dim 128). Qwen2Attention takes `getattr(config, "head_dim", hidden / heads)`:
+    //    the ratio, which is what every Qwen2 checkpoint means (none states head_dim).
     let hidden_size = require_u32(obj, "hidden_size")?;
     let num_attention_heads = require_u32(obj, "num_attention_heads")?;
     if num_attention_heads == 0 {
         bail!("num_attention_heads is 0");
     }
-    let head_dim = get_u32(obj, "head_dim")?.unwrap_or(QWEN3_DEFAULT_HEAD_DIM);
+    let head_dim = match get_u32(obj, "head_dim")? {
+        Some(h) => h,
+        None if qwen2 => {
+            if !hidden_size.is_multiple_of(num_attention_heads) {
+                bail!("hidden_size {hidden_size} is not a multiple of num_attention_heads {num_attention_heads}, and there is no head_dim");
+            }
+            hidden_size / num_attention_heads
+        }
+        None => QWEN3_DEFAULT_HEAD_DIM,
+    };
     let num_key_value_heads = get_u32(obj, "num_key_value_heads")?.unwrap_or(num_attention_heads);
 
     // 3. Rotary embeddings: theta from the top level (hub) or rope_parameters (transformers 5).
@@ -155,12 +172,17 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
     }
     let rope_theta = rope_theta.unwrap_or(10_000.0);
 
-    // 4. Options that change the math and are not implemented: refuse loudly.
-    if get_bool(obj, "attention_bias")?.unwrap_or(false) {
-        bail!("attention_bias: true is not supported (Qwen3 has no q/k/v biases)");
-    }
+    // 4. The attention's variant: Qwen2Attention always has q/k/v biases (`bias=True`) and no
+    //    q/k norms; Qwen3Attention has the norms, and biases when `attention_bias` is true.
+    let (attention_bias, qk_norm) = if qwen2 {
+        (true, false)
+    } else {
+        (get_bool(obj, "attention_bias")?.unwrap_or(false), true)
+    };
+
+    // 5. Options that change the math and are not implemented: refuse loudly.
     if get_bool(obj, "use_sliding_window")?.unwrap_or(false) {
-        bail!("use_sliding_window: true is not supported");
+        bail!("use_sliding_window: true is not supported (sliding-window attention is not implemented; every released Qwen2/Qwen3 checkpoint has it off)");
     }
     if let Some(Value::Array(types)) = obj.get("layer_types") {
         if let Some(t) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
@@ -169,7 +191,7 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
     }
     if let Some(act) = obj.get("hidden_act").and_then(|v| v.as_str()) {
         if act != "silu" {
-            bail!("hidden_act {act:?} is not supported (Qwen3 uses silu)");
+            bail!("hidden_act {act:?} is not supported (Qwen2 and Qwen3 use silu)");
         }
     }
     if get_u32(obj, "num_experts")?.unwrap_or(0) > 0 {
@@ -191,13 +213,15 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         max_position_embeddings: get_u32(obj, "max_position_embeddings")?.unwrap_or(32768),
         rope_theta,
         rms_norm_eps: get_f64(obj, "rms_norm_eps")?.unwrap_or(1e-6),
-        // Qwen3Config's default is False; real Qwen3 checkpoints state it.
+        // Qwen3Config's and Qwen2Config's default is False; real checkpoints state it.
         tie_word_embeddings: get_bool(obj, "tie_word_embeddings")?.unwrap_or(false),
         bos_token_id,
         eos_token_ids,
         generation: GenerationDefaults::default(),
         dtype: DType::F32,
         group_size: 0,
+        attention_bias,
+        qk_norm,
     })
 }
 
@@ -294,7 +318,6 @@ mod tests {
                 json!({"rope_type": "yarn", "factor": 4.0}),
                 "yarn",
             ),
-            ("attention_bias", json!(true), "attention_bias"),
             ("use_sliding_window", json!(true), "sliding"),
             (
                 "architectures",
@@ -317,6 +340,47 @@ mod tests {
         let mut j = qwen3_06b();
         j.as_object_mut().unwrap().remove("hidden_size");
         assert!(format!("{:#}", parse_config(&j).unwrap_err()).contains("hidden_size is missing"));
+    }
+
+    /// The real config.json of Qwen/Qwen2.5-0.5B-Instruct (hub dialect), as published on the hub.
+    fn qwen25_05b() -> Value {
+        json!({
+          "architectures": ["Qwen2ForCausalLM"],
+          "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
+          "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+          "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 21,
+          "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+          "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+          "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+          "transformers_version": "4.43.1", "use_cache": true, "use_sliding_window": false,
+          "vocab_size": 151936
+        })
+    }
+
+    #[test]
+    fn qwen2_has_biases_no_qk_norm_and_head_dim_hidden_over_heads() {
+        let c = parse_config(&qwen25_05b()).unwrap();
+        assert_eq!(c.architecture, "Qwen2ForCausalLM");
+        assert!(c.attention_bias && !c.qk_norm);
+        assert_eq!(c.head_dim, 896 / 14);
+        assert_eq!((c.rope_theta, c.num_key_value_heads), (1e6, 2));
+        // Qwen3: norms, and biases only when attention_bias says so.
+        let c = parse_config(&qwen3_06b()).unwrap();
+        assert!(!c.attention_bias && c.qk_norm);
+        let mut j = qwen3_06b();
+        j.as_object_mut()
+            .unwrap()
+            .insert("attention_bias".into(), json!(true));
+        assert!(parse_config(&j).unwrap().attention_bias);
+        // A Qwen2 config with sliding windows on is refused; model_type alone is enough.
+        let mut j = qwen25_05b();
+        j.as_object_mut()
+            .unwrap()
+            .insert("use_sliding_window".into(), json!(true));
+        assert!(format!("{:#}", parse_config(&j).unwrap_err()).contains("use_sliding_window"));
+        let mut j = qwen25_05b();
+        j.as_object_mut().unwrap().remove("architectures");
+        assert_eq!(parse_config(&j).unwrap().architecture, "Qwen2ForCausalLM");
     }
 
     #[test]

@@ -262,6 +262,20 @@ impl<'a> Backend for CpuBackend<'a> {
         Ok(())
     }
 
+    fn add_bias(
+        &self,
+        x: &mut Vec<f32>,
+        bias: &TensorView<'a>,
+        n_tok: usize,
+        n: usize,
+    ) -> Result<()> {
+        let bias = norm_weight(bias)?;
+        for row in x[..n_tok * n].chunks_exact_mut(n) {
+            kernels::add(row, &bias[..n]);
+        }
+        Ok(())
+    }
+
     fn rope(
         &self,
         x: &mut Vec<f32>,

@@ -126,6 +126,15 @@ pub trait Backend {
         }
         Ok(())
     }
+    /// A bias added to every row, in place: `x[i][j] += bias[j]`. x: `[n_tok, n]`; bias: `[n]`,
+    /// f32 (Qwen2's q/k/v projections).
+    fn add_bias(
+        &self,
+        x: &mut Self::Buf,
+        bias: &Self::Tensor,
+        n_tok: usize,
+        n: usize,
+    ) -> Result<()>;
     /// Rotates every head of token `i` by the angles of position `pos0 + i`, in place.
     /// x: `[n_tok, n_heads, head_dim]`.
     #[allow(clippy::too_many_arguments)]

@@ -160,6 +160,22 @@ impl<'a> Backend for PlainBackend<'a> {
 
     /// Each head's halves rotated by the angles of its token's position (HF's `rotate_half`):
     /// `lo' = lo cos - hi sin`, `hi' = hi cos + lo sin`.
+    /// `x[t][j] += bias[j]`.
+    fn add_bias(
+        &self,
+        x: &mut Vec<f32>,
+        bias: &TensorView<'a>,
+        n_tok: usize,
+        n: usize,
+    ) -> Result<()> {
+        for t in 0..n_tok {
+            for j in 0..n {
+                x[t * n + j] += weight(bias, j);
+            }
+        }
+        Ok(())
+    }
+
     fn rope(
         &self,
         x: &mut Vec<f32>,

@@ -362,6 +362,15 @@ impl<'a> crate::backend::Backend for Flaky<'a> {
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> anyhow::Result<()> {
         self.cpu.add(x, y, n)
     }
+    fn add_bias(
+        &self,
+        x: &mut Vec<f32>,
+        bias: &Self::Tensor,
+        n_tok: usize,
+        n: usize,
+    ) -> anyhow::Result<()> {
+        self.cpu.add_bias(x, bias, n_tok, n)
+    }
 }
 
 /// A step that fails ends its requests with `Failed` (no panic, no hang), and the engine goes

@@ -18,10 +18,10 @@ pub struct GenerationDefaults {
     pub do_sample: Option<bool>,
 }
 
-/// The model's hyper-parameters, named as in HuggingFace's `Qwen3Config`.
+/// The model's hyper-parameters, named as in HuggingFace's `Qwen3Config` / `Qwen2Config`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
-    /// `architectures[0]` of config.json, e.g. `Qwen3ForCausalLM`.
+    /// `architectures[0]` of config.json: one of [`ARCHITECTURES`].
     pub architecture: String,
     pub hidden_size: u32,
     pub intermediate_size: u32,
@@ -43,7 +43,17 @@ pub struct ModelConfig {
     pub dtype: DType,
     /// Values per q8 group along each row (0 when `dtype` is not q8).
     pub group_size: u32,
+    /// q, k and v projections add a bias (`q_proj.bias`, ...): Qwen2's attention (always on in
+    /// transformers' `Qwen2Attention`; `attention_bias` in `Qwen3Config`, off in every Qwen3).
+    pub attention_bias: bool,
+    /// Each head of q and k is RMS-normalised before RoPE (`q_norm`, `k_norm`): new in Qwen3,
+    /// absent in Qwen2.
+    pub qk_norm: bool,
 }
+
+/// The architectures whose forward pass this crate runs (`config.json`'s `architectures`). They
+/// differ only in data: Qwen2 has q/k/v biases and no q/k norms (see [`ModelConfig::qk_norm`]).
+pub const ARCHITECTURES: [&str; 2] = ["Qwen3ForCausalLM", "Qwen2ForCausalLM"];
 
 /// Sentinel for "absent" in the optional u32 fields.
 const NONE_U32: u32 = u32::MAX;
@@ -62,6 +72,13 @@ impl ModelConfig {
             ("vocab_size", self.vocab_size),
             ("max_position_embeddings", self.max_position_embeddings),
         ];
+        if !ARCHITECTURES.contains(&self.architecture.as_str()) {
+            bail!(
+                "config: architecture {} is not supported (supported: {})",
+                self.architecture,
+                ARCHITECTURES.join(", ")
+            );
+        }
         for (name, v) in positive {
             if v == 0 {
                 bail!("config: {name} is 0");
@@ -173,10 +190,14 @@ impl ModelConfig {
         w.u8(g.do_sample.unwrap_or(false) as u8);
         w.u8(self.dtype.code());
         w.u32(self.group_size);
+        // Since format version 2.
+        w.u8(self.attention_bias as u8);
+        w.u8(self.qk_norm as u8);
     }
 
-    /// Reads a config block written by [`ModelConfig::encode`] and validates it.
-    pub fn decode(r: &mut ByteReader<'_>) -> Result<ModelConfig> {
+    /// Reads a config block written by [`ModelConfig::encode`] in format `version` and validates
+    /// it. Version 1 had no architecture flags: every version 1 file is a Qwen3 model.
+    pub fn decode(r: &mut ByteReader<'_>, version: u32) -> Result<ModelConfig> {
         let architecture = r.string("architecture")?;
         let hidden_size = r.u32("hidden_size")?;
         let intermediate_size = r.u32("intermediate_size")?;
@@ -220,6 +241,18 @@ impl ModelConfig {
             bail!("corrupt header: unknown dtype code {code}");
         };
         let group_size = r.u32("group_size")?;
+        let flag = |r: &mut ByteReader<'_>, name: &str| -> Result<bool> {
+            match r.u8(name)? {
+                0 => Ok(false),
+                1 => Ok(true),
+                v => bail!("corrupt header: {name} is {v}, not 0 or 1"),
+            }
+        };
+        let (attention_bias, qk_norm) = if version >= 2 {
+            (flag(r, "attention_bias")?, flag(r, "qk_norm")?)
+        } else {
+            (false, true)
+        };
         let c = ModelConfig {
             architecture,
             hidden_size,
@@ -238,6 +271,8 @@ impl ModelConfig {
             generation,
             dtype,
             group_size,
+            attention_bias,
+            qk_norm,
         };
         c.validate()?;
         Ok(c)
@@ -273,19 +308,41 @@ pub(crate) mod tests {
             },
             dtype,
             group_size: if dtype == DType::Q8 { 32 } else { 0 },
+            attention_bias: false,
+            qk_norm: true,
         }
     }
 
     #[test]
     fn config_round_trips() {
         for dt in [DType::F32, DType::Bf16, DType::Q8] {
-            let c = tiny_config(dt);
-            let mut w = ByteWriter::default();
-            c.encode(&mut w);
-            let mut r = ByteReader::new(&w.buf);
-            assert_eq!(ModelConfig::decode(&mut r).unwrap(), c);
-            assert_eq!(r.remaining(), 0);
+            for qwen2 in [false, true] {
+                let mut c = tiny_config(dt);
+                if qwen2 {
+                    c.architecture = "Qwen2ForCausalLM".into();
+                    (c.attention_bias, c.qk_norm) = (true, false);
+                }
+                let mut w = ByteWriter::default();
+                c.encode(&mut w);
+                let mut r = ByteReader::new(&w.buf);
+                assert_eq!(ModelConfig::decode(&mut r, 2).unwrap(), c);
+                assert_eq!(r.remaining(), 0);
+            }
         }
+    }
+
+    /// A version 1 config block (the same bytes without the two flags) is a Qwen3 model.
+    #[test]
+    fn version_1_config_is_qwen3() {
+        let c = tiny_config(DType::Q8);
+        let mut w = ByteWriter::default();
+        c.encode(&mut w);
+        let v1 = &w.buf[..w.buf.len() - 2];
+        let mut r = ByteReader::new(v1);
+        let got = ModelConfig::decode(&mut r, 1).unwrap();
+        assert_eq!(got, c);
+        assert!(got.qk_norm && !got.attention_bias);
+        assert_eq!(r.remaining(), 0);
     }
 
     #[test]

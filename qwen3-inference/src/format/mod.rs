@@ -23,7 +23,7 @@ pub mod config;
 pub mod reader;
 pub mod writer;
 
-pub use config::{GenerationDefaults, ModelConfig};
+pub use config::{GenerationDefaults, ModelConfig, ARCHITECTURES};
 pub use reader::{ModelFile, TensorView};
 pub use writer::ModelWriter;
 
@@ -31,8 +31,14 @@ use std::path::{Path, PathBuf};
 
 /// The first 8 bytes of every model file.
 pub const MAGIC: [u8; 8] = *b"QW3PICO\0";
-/// Bumped on any change of the layout. A reader refuses any other version.
-pub const FORMAT_VERSION: u32 = 1;
+/// Bumped on any change of the layout. A reader reads this version and the older ones it lists in
+/// [`OLDEST_READABLE_VERSION`]..; it refuses newer ones.
+///
+/// Version 2 added two flags to the config block (`attention_bias`, `qk_norm`) for the Qwen2
+/// family; a version 1 file is a Qwen3 model (no biases, q/k norms), and loads as one.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest version this build still reads.
+pub const OLDEST_READABLE_VERSION: u32 = 1;
 /// Written as a little-endian u32; a reader that sees other bytes was handed a file from a
 /// big-endian writer (or garbage) and refuses it.
 pub const BYTE_ORDER_MARK: u32 = 0x0A0B_0C0D;
@@ -120,10 +126,12 @@ pub fn tensor_nbytes(dtype: DType, shape: &[u64], group_size: u32) -> Option<u64
     }
 }
 
-/// Whether a tensor is a norm weight (kept in f32 whatever the export dtype) or a matrix.
+/// What a tensor is: a norm weight or a bias (vectors, kept in f32 whatever the export dtype),
+/// or a matrix (stored in the export dtype).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TensorKind {
     Norm,
+    Bias,
     Matrix,
 }
 
@@ -135,7 +143,8 @@ pub struct ExpectedTensor {
     pub kind: TensorKind,
 }
 
-/// The tensors a Qwen3 model file holds, in file order, with the shapes the config implies.
+/// The tensors a model file holds, in file order, with the shapes the config implies (Qwen3: q/k
+/// norms; Qwen2: q/k/v biases).
 ///
 /// Names are HuggingFace's (`modeling_qwen3.py`), so a reader can match them with the checkpoint.
 /// The exporter writes exactly these; the reader checks that exactly these are present.
@@ -157,6 +166,11 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
         shape: vec![len],
         kind: TensorKind::Norm,
     };
+    let bias = |name: String, len: u64| ExpectedTensor {
+        name,
+        shape: vec![len],
+        kind: TensorKind::Bias,
+    };
     let mut t = vec![m("model.embed_tokens.weight".into(), vec![v, d])];
     for l in 0..c.num_hidden_layers {
         let p = format!("model.layers.{l}");
@@ -164,8 +178,17 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
         t.push(m(format!("{p}.self_attn.q_proj.weight"), vec![nq * hd, d]));
         t.push(m(format!("{p}.self_attn.k_proj.weight"), vec![nkv * hd, d]));
         t.push(m(format!("{p}.self_attn.v_proj.weight"), vec![nkv * hd, d]));
-        t.push(n(format!("{p}.self_attn.q_norm.weight"), hd));
-        t.push(n(format!("{p}.self_attn.k_norm.weight"), hd));
+        if c.attention_bias {
+            // Qwen2: q/k/v projections with biases.
+            t.push(bias(format!("{p}.self_attn.q_proj.bias"), nq * hd));
+            t.push(bias(format!("{p}.self_attn.k_proj.bias"), nkv * hd));
+            t.push(bias(format!("{p}.self_attn.v_proj.bias"), nkv * hd));
+        }
+        if c.qk_norm {
+            // Qwen3: per-head RMSNorms of q and k.
+            t.push(n(format!("{p}.self_attn.q_norm.weight"), hd));
+            t.push(n(format!("{p}.self_attn.k_norm.weight"), hd));
+        }
         t.push(m(format!("{p}.self_attn.o_proj.weight"), vec![d, nq * hd]));
         t.push(n(format!("{p}.post_attention_layernorm.weight"), d));
         t.push(m(format!("{p}.mlp.gate_proj.weight"), vec![ff, d]));
@@ -179,15 +202,15 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
     t
 }
 
-/// Every tensor of a Qwen3 model with this config as the model file stores it: norm weights in
-/// f32, matrices in the config's dtype and group size. The exporter writes exactly these and the
+/// Every tensor of a model with this config as the model file stores it: norm weights and biases
+/// in f32, matrices in the config's dtype and group size. The exporter writes exactly these and the
 /// reader accepts exactly these.
 pub fn tensor_specs(c: &ModelConfig) -> Vec<writer::TensorSpec> {
     expected_tensors(c)
         .into_iter()
         .map(|e| {
             let (dtype, group_size) = match e.kind {
-                TensorKind::Norm => (DType::F32, 0),
+                TensorKind::Norm | TensorKind::Bias => (DType::F32, 0),
                 TensorKind::Matrix => (c.dtype, c.group_size),
             };
             writer::TensorSpec {

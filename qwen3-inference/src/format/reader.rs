@@ -8,7 +8,7 @@
 use super::bytes::ByteReader;
 use super::{
     align_up, tensor_nbytes, tensor_specs, DType, ModelConfig, ALIGN, BYTE_ORDER_MARK,
-    FORMAT_VERSION, MAGIC, PREAMBLE_LEN,
+    FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION, PREAMBLE_LEN,
 };
 use crate::pages::{self, PageShare};
 use anyhow::{bail, Context, Result};
@@ -52,11 +52,11 @@ impl Header {
             bail!("not a pico-qwen model file (wrong magic {magic:02x?})");
         }
         let version = r.u32("format version")?;
-        if version != FORMAT_VERSION {
-            if version > FORMAT_VERSION {
-                bail!("format version {version} is newer than this build reads ({FORMAT_VERSION}); update pico-qwen");
-            }
-            bail!("format version {version} is older than this build reads ({FORMAT_VERSION}); re-export the model");
+        if version > FORMAT_VERSION {
+            bail!("format version {version} is newer than this build reads ({FORMAT_VERSION}); update pico-qwen");
+        }
+        if version < OLDEST_READABLE_VERSION {
+            bail!("format version {version} is older than this build reads ({OLDEST_READABLE_VERSION} to {FORMAT_VERSION}); re-export the model");
         }
         let bom = r.u32("byte-order mark")?;
         if bom != BYTE_ORDER_MARK {
@@ -73,7 +73,7 @@ impl Header {
         }
         // From here on, read only inside the header.
         let mut r = ByteReader::new(&file[PREAMBLE_LEN as usize..header_len as usize]);
-        let config = ModelConfig::decode(&mut r)?;
+        let config = ModelConfig::decode(&mut r, version)?;
         // Smallest entry: empty name (4) + dtype (1) + rank (1) + group (4) + offset (8) + len (8).
         let n = r.count(26, "tensor count")?;
         let mut tensors = Vec::with_capacity(n);
@@ -395,8 +395,10 @@ mod tests {
         b[0] = b'X';
         check(&b, "wrong magic");
         let mut b = good.clone();
-        b[8] = 2;
+        b[8] = FORMAT_VERSION as u8 + 1;
         check(&b, "newer");
+        b[8] = 0;
+        check(&b, "older");
         check(&good[..good.len() - 1], "truncated");
         check(&good[..20], "truncated");
         // Point the first tensor's offset past the end of the file.

@@ -65,7 +65,7 @@ struct Scratch<Buf> {
     x: Buf,
     /// Normalised input of a block, and later the block's output, `[t, hidden]`.
     xb: Buf,
-    /// `q_proj(xb)` before q_norm, `[t, n_heads, head_dim]`.
+    /// `q_proj(xb)` before q_norm, `[t, n_heads, head_dim]` (unused without q/k norms).
     q_raw: Buf,
     /// `k_proj(xb)` before k_norm, `[t, n_kv_heads, head_dim]`.
     k_raw: Buf,
@@ -443,8 +443,13 @@ impl<'m, B: Backend> Forward<'m, B> {
 
         // i. Projections, the three in one pass over xb.
         //    q: [t, n_heads, head_dim]   k, v: [t, n_kv_heads, head_dim]
+        //    With q/k norms (Qwen3), q and k land in q_raw/k_raw, the norms' inputs.
+        let (q, k) = match attn.qk_norm {
+            Some(_) => (&mut s.q_raw, &mut s.k_raw),
+            None => (&mut s.q, &mut s.k),
+        };
         b.matmuls(
-            [&mut s.q_raw, &mut s.k_raw, &mut s.v],
+            [&mut *q, &mut *k, &mut s.v],
             [&attn.q_proj, &attn.k_proj, &attn.v_proj],
             &s.xb,
             t,
@@ -452,10 +457,18 @@ impl<'m, B: Backend> Forward<'m, B> {
             d,
         )?;
 
-        // ii. Per-head RMSNorm of q and k over head_dim (Qwen3's q_norm/k_norm), before RoPE:
+        // ii. Qwen2: the projections' biases, one per output row: q += b_q, k += b_k, v += b_v.
+        if let Some([bq, bk, bv]) = &attn.qkv_bias {
+            b.add_bias(q, bq, t, nh * hd)?;
+            b.add_bias(k, bk, t, nkv * hd)?;
+            b.add_bias(&mut s.v, bv, t, nkv * hd)?;
+        }
+        //     Qwen3: per-head RMSNorm of q and k over head_dim (q_norm/k_norm), before RoPE:
         //     rows = t * heads, each head_dim wide.
-        b.rmsnorm(&mut s.q, &s.q_raw, &attn.q_norm, t * nh, hd, eps)?;
-        b.rmsnorm(&mut s.k, &s.k_raw, &attn.k_norm, t * nkv, hd, eps)?;
+        if let Some([q_norm, k_norm]) = &attn.qk_norm {
+            b.rmsnorm(&mut s.q, &s.q_raw, q_norm, t * nh, hd, eps)?;
+            b.rmsnorm(&mut s.k, &s.k_raw, k_norm, t * nkv, hd, eps)?;
+        }
 
         // iii-v. Per sequence: RoPE at its positions, its cache, attention over its cache.
         match segments {

@@ -2,7 +2,9 @@
 //!
 //! The structs mirror HuggingFace's modules in `transformers/models/qwen3/modeling_qwen3.py`
 //! (`Qwen3ForCausalLM` > `Qwen3Model` > `Qwen3DecoderLayer` > `Qwen3Attention` / `Qwen3MLP`), so
-//! a reader can hold the two side by side. They are generic over the tensor type `T` of the
+//! a reader can hold the two side by side. Qwen2 (`modeling_qwen2.py`) is the same model with two
+//! differences in its attention, both data here: q/k/v projections with biases, and no q/k norms
+//! (the optional fields of [`Qwen3Attention`]). They are generic over the tensor type `T` of the
 //! [`Backend`](crate::backend::Backend) that runs them: on the CPU a [`TensorView`] into the
 //! mmapped file (loading copies nothing), on a GPU a range of the uploaded file. The forward pass
 //! itself lives in [`Forward`], written once for a step of one or many sequences; a
@@ -45,7 +47,8 @@ pub struct Qwen3DecoderLayer<T> {
     pub mlp: Qwen3MLP<T>,
 }
 
-/// `Qwen3Attention`: projections and the per-head q/k RMSNorms (new in Qwen3, absent in Qwen2).
+/// `Qwen3Attention` (and `Qwen2Attention`): projections, and per-head q/k RMSNorms (new in Qwen3)
+/// or q/k/v biases (Qwen2).
 pub struct Qwen3Attention<T> {
     /// `[n_heads * head_dim, hidden]`
     pub q_proj: T,
@@ -55,10 +58,11 @@ pub struct Qwen3Attention<T> {
     pub v_proj: T,
     /// `[hidden, n_heads * head_dim]`
     pub o_proj: T,
-    /// `[head_dim]`, shared by every head.
-    pub q_norm: T,
-    /// `[head_dim]`
-    pub k_norm: T,
+    /// Qwen2: `q_proj.bias`, `k_proj.bias`, `v_proj.bias`, `[n_heads * head_dim]` and
+    /// `[n_kv_heads * head_dim]` twice.
+    pub qkv_bias: Option<[T; 3]>,
+    /// Qwen3: `q_norm.weight` and `k_norm.weight`, `[head_dim]` each, shared by every head.
+    pub qk_norm: Option<[T; 2]>,
 }
 
 /// `Qwen3MLP`: SwiGLU, `down(silu(gate(x)) * up(x))`.
@@ -77,15 +81,17 @@ impl<'a> Model<'a> {
     /// names up.
     pub fn load(file: &'a ModelFile) -> Result<Model<'a>> {
         let model = Model::load_with(file, |name| file.tensor(name))?;
-        // Norm weights are f32 in every model file (format::tensor_specs); the kernels rely on it.
+        // Norm weights and biases are f32 in every model file (format::tensor_specs); the kernels
+        // rely on it.
         let layers = model.layers.iter();
         let norms = layers.flat_map(|l| {
-            [
-                &l.input_layernorm,
-                &l.post_attention_layernorm,
-                &l.self_attn.q_norm,
-                &l.self_attn.k_norm,
-            ]
+            let attn = &l.self_attn;
+            let qk = attn.qk_norm.iter().flatten();
+            let bias = attn.qkv_bias.iter().flatten();
+            [&l.input_layernorm, &l.post_attention_layernorm]
+                .into_iter()
+                .chain(qk)
+                .chain(bias)
         });
         for t in norms.chain([&model.norm]) {
             if !matches!(t.data, TensorData::F32(_)) {
@@ -104,27 +110,32 @@ impl<'a, T> Model<'a, T> {
         mut get: impl FnMut(&str) -> Result<T>,
     ) -> Result<Model<'a, T>> {
         let config = file.config();
-        if config.architecture != "Qwen3ForCausalLM" {
-            bail!(
-                "{}: architecture {} is not Qwen3ForCausalLM",
-                file.path().display(),
-                config.architecture
-            );
-        }
         let mut layers = Vec::with_capacity(config.num_hidden_layers as usize);
         for l in 0..config.num_hidden_layers {
             let p = format!("model.layers.{l}");
+            let mut t = |name: &str| get(&format!("{p}.{name}"));
+            let self_attn = Qwen3Attention {
+                q_proj: t("self_attn.q_proj.weight")?,
+                k_proj: t("self_attn.k_proj.weight")?,
+                v_proj: t("self_attn.v_proj.weight")?,
+                o_proj: t("self_attn.o_proj.weight")?,
+                qkv_bias: match config.attention_bias {
+                    true => Some([
+                        t("self_attn.q_proj.bias")?,
+                        t("self_attn.k_proj.bias")?,
+                        t("self_attn.v_proj.bias")?,
+                    ]),
+                    false => None,
+                },
+                qk_norm: match config.qk_norm {
+                    true => Some([t("self_attn.q_norm.weight")?, t("self_attn.k_norm.weight")?]),
+                    false => None,
+                },
+            };
             let mut w = |name: &str| get(&format!("{p}.{name}.weight"));
             layers.push(Qwen3DecoderLayer {
                 input_layernorm: w("input_layernorm")?,
-                self_attn: Qwen3Attention {
-                    q_proj: w("self_attn.q_proj")?,
-                    k_proj: w("self_attn.k_proj")?,
-                    v_proj: w("self_attn.v_proj")?,
-                    o_proj: w("self_attn.o_proj")?,
-                    q_norm: w("self_attn.q_norm")?,
-                    k_norm: w("self_attn.k_norm")?,
-                },
+                self_attn,
                 post_attention_layernorm: w("post_attention_layernorm")?,
                 mlp: Qwen3MLP {
                     gate_proj: w("mlp.gate_proj")?,

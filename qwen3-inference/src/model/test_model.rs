@@ -26,6 +26,8 @@ pub fn config(dtype: DType) -> ModelConfig {
         generation: GenerationDefaults::default(),
         dtype,
         group_size: if dtype == DType::Q8 { 16 } else { 0 },
+        attention_bias: false,
+        qk_norm: true,
     }
 }
 
