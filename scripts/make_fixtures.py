@@ -113,6 +113,19 @@ QWEN2_ADDED_TOKENS = [
     ("</tool_call>", False),
 ]
 
+# A DeepSeek-R1-Distill-Qwen-style tokenizer: its post-processor puts a BOS token before every
+# encoded text (TemplateProcessing, as LlamaTokenizerFast's tokenizer.json does), and its chat
+# template writes {{ bos_token }} itself. The BOS is a special added token of its own.
+DISTILL_BOS = "<｜begin▁of▁sentence｜>"
+DISTILL_ADDED_TOKENS = SMALL_ADDED_TOKENS + [(DISTILL_BOS, True), ("<｜User｜>", False), ("<｜Assistant｜>", False)]
+DISTILL_TEMPLATE = REPO / "fixtures" / "chat" / "deepseek-r1-0528-qwen3.chat_template.jinja"
+# Conversations rendered and tokenized by apply_chat_template for that checkpoint.
+DISTILL_CHATS = [
+    [{"role": "user", "content": "What is 2 + 2?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"},
+     {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "The capital of France?"}],
+]
+
 # Qwen2.5-Instruct's chat template (fixtures/chat/README.md says where it comes from).
 QWEN25_TEMPLATE = REPO / "fixtures" / "chat" / "qwen2.5-instruct.chat_template.jinja"
 
@@ -237,6 +250,31 @@ SPECS = [
         base_seed=6000,
         random_prompt_lens=[1, 6, 19],
     ),
+    # The first Qwen2 checkpoint's shapes with a DeepSeek-R1-Distill-style tokenizer (see
+    # DISTILL_BOS): its text prompt starts with the BOS the post-processor adds.
+    dict(
+        name="tiny-qwen2-bos-tokenizer",
+        arch="qwen2",
+        distill_tokenizer=True,
+        config_style="hub",
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        write_head_dim=False,
+        layers=2,
+        intermediate=160,
+        vocab=512,
+        tied=True,
+        rope_theta=1000000.0,
+        eps=1e-6,
+        max_pos=256,
+        dtype="float32",
+        shards=1,
+        eos_in_config="single",
+        base_seed=7000,
+        random_prompt_lens=[],
+    ),
     dict(
         name="tiny-qwen3-fullvocab",
         config_style="hub",
@@ -317,7 +355,8 @@ def build_small_tokenizer(real_tok_json: dict, vocab_size: int, added_tokens=SMA
     real_flags = {a["content"]: a for a in real_tok_json["added_tokens"]}
     added = []
     for a in j["added_tokens"]:
-        r = dict(real_flags[a["content"]])
+        # Tokens Qwen3 lacks (the distill tokenizer's) keep the flags the library wrote.
+        r = dict(real_flags.get(a["content"], a))
         r["id"] = a["id"]
         added.append(r)
     j["added_tokens"] = added
@@ -667,12 +706,22 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
         tokenizer = Tokenizer.from_file(str(real_tok_dir / "tokenizer.json"))
     else:
         qwen2 = spec.get("arch") == "qwen2"
-        added = QWEN2_ADDED_TOKENS if qwen2 else SMALL_ADDED_TOKENS
+        distill = spec.get("distill_tokenizer", False)
+        added = DISTILL_ADDED_TOKENS if distill else QWEN2_ADDED_TOKENS if qwen2 else SMALL_ADDED_TOKENS
         tok_json = build_small_tokenizer(real_tok_json, spec["vocab"], added)
+        if distill:
+            bos_id = next(a["id"] for a in tok_json["added_tokens"] if a["content"] == DISTILL_BOS)
+            pp = processors.TemplateProcessing(
+                single=f"{DISTILL_BOS} $A", pair=f"{DISTILL_BOS} $A {DISTILL_BOS} $B",
+                special_tokens=[(DISTILL_BOS, bos_id)])
+            tok_json["post_processor"] = json.loads(pp.__getstate__())
         tok_json_text = json.dumps(tok_json, indent=2, ensure_ascii=False) + "\n"
         tokenizer = Tokenizer.from_str(tok_json_text)
         tok_cfg = small_tokenizer_config(real_tok_cfg, tok_json)
-        if qwen2:
+        if distill:
+            tok_cfg["chat_template"] = DISTILL_TEMPLATE.read_text(encoding="utf-8").rstrip("\n")
+            tok_cfg["bos_token"] = DISTILL_BOS
+        elif qwen2:
             tok_cfg["chat_template"] = QWEN25_TEMPLATE.read_text(encoding="utf-8")
     bos = tokenizer.token_to_id("<|endoftext|>")
     im_end = tokenizer.token_to_id("<|im_end|>")
@@ -769,6 +818,15 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
         stats["diff"].append(diff)
         stats["distinct"].append(len(set(gids)))
 
+    chat_cases = []
+    if spec.get("distill_tokenizer"):
+        hf_tok = transformers.AutoTokenizer.from_pretrained(str(ckpt))
+        for messages in DISTILL_CHATS:
+            ids = hf_tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+            if hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            rendered = hf_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            chat_cases.append({"messages": messages, "rendered": rendered, "ids": list(ids)})
     ref = {
         "model": name,
         "transformers": transformers.__version__,
@@ -780,6 +838,8 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
         "eos_token_ids": eos_list,
         "cases": ref_cases,
     }
+    if chat_cases:
+        ref["chat_cases"] = chat_cases
     # Compact JSON: the logits rows dominate the size; tests parse it, people read README.md.
     text = json.dumps(ref, ensure_ascii=False, separators=(",", ":"))
     (ckpt / "reference.json").write_text(text + "\n", encoding="utf-8")

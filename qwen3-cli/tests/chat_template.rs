@@ -135,6 +135,41 @@ fn ids_of_every_hf_case() {
 }
 
 /// Runs `qwen3 chat-template` with `messages` (as JSON text) and returns the failed output.
+/// Qwen2.5-Instruct's template (a default system prompt when none is given, tools in the system
+/// prompt, no thinking): the text and the ids of HuggingFace's `apply_chat_template`, made by
+/// fixtures/chat/make_qwen25_cases.py.
+#[test]
+fn renders_qwen25_cases_exactly_with_hf_ids() {
+    check_rendered(
+        "qwen25",
+        "qwen2.5-instruct-tokenizer_config.json",
+        "qwen2.5-instruct-cases.json",
+        7,
+    );
+    // Qwen2.5's tokenizer: Qwen3's without the four added tokens Qwen3 introduced (ids 151665
+    // and up: <tool_response>, </tool_response>, <think>, </think>), as the script built it.
+    let dir = tempdir("qwen25-ids");
+    let model = model_with_template(&dir, "qwen2.5-instruct-tokenizer_config.json");
+    let tok_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tokenizer");
+    let mut tok: Value =
+        serde_json::from_str(&std::fs::read_to_string(tok_dir.join("tokenizer.json")).unwrap())
+            .unwrap();
+    let added = tok["added_tokens"].as_array_mut().unwrap();
+    added.retain(|a| a["id"].as_u64().unwrap() < 151_665);
+    assert_eq!(added.len(), 22);
+    let hf = dir.join("hf");
+    std::fs::write(hf.join("tokenizer.json"), tok.to_string()).unwrap();
+    let tokenizer = qwen3_inference::format::companion_paths(&model).tokenizer;
+    qwen3_export::hf::tokenizer_json::export_tokenizer(&hf, &tokenizer, 151_936).unwrap();
+    for case in load_cases("qwen2.5-instruct-cases.json") {
+        let o = run_case(&dir, &model, &case, &["--ids"]);
+        assert!(o.status.success(), "{}: {}", case["name"], stderr(&o));
+        let ids: Value = serde_json::from_str(&String::from_utf8(o.stdout).unwrap()).unwrap();
+        assert_eq!(ids, case["ids"], "case {}", case["name"]);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 fn fails(dir: &Path, model: &Path, messages: &str, extra: &[&str]) -> String {
     let msgs = dir.join("bad.json");
     std::fs::write(&msgs, messages).unwrap();

@@ -365,11 +365,11 @@ pub fn completion_prompt(v: &Value, tok: &Tokenizer) -> Result<Vec<u32>, ApiErro
         }
     };
     let ids = match serde_json::from_value::<Prompt>(p).map_err(|_| bad())? {
-        Prompt::Text(t) => tok.encode(&t),
+        Prompt::Text(t) => tok.encode_with_special_tokens(&t),
         Prompt::Ids(ids) => ids,
         Prompt::Texts(t) => {
             one(t.len())?;
-            tok.encode(&t[0])
+            tok.encode_with_special_tokens(&t[0])
         }
         Prompt::IdLists(mut l) => {
             one(l.len())?;

@@ -54,7 +54,7 @@ impl PromptJob {
                 eos_ids = super::chat::stop_ids(&c.eos_token_ids, &template, tok);
                 tok.encode(&conv.prompt(&template)?)
             }
-            (Some(text), None, Some(tok)) => tok.encode(text),
+            (Some(text), None, Some(tok)) => tok.encode_with_special_tokens(text),
             _ => bail!("no prompt: give -i TEXT, -f FILE (- for stdin) or --prompt-ids '[..]'"),
         };
         let max_ctx = c.max_position_embeddings as usize;

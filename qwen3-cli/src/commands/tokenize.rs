@@ -23,6 +23,11 @@ pub struct TokenizeArgs {
     /// One line per token: id and the token's text, quoted and escaped.
     #[arg(long)]
     pub show_pieces: bool,
+    /// Only the text's own tokens: leave out what tokenizer.json's post-processor adds around
+    /// them (a BOS, for DeepSeek-R1-Distill-Qwen; Qwen adds nothing). As HF's
+    /// `encode(text, add_special_tokens=False)`.
+    #[arg(long)]
+    pub no_special_tokens: bool,
 }
 
 pub fn run(args: TokenizeArgs) -> Result<()> {
@@ -33,7 +38,10 @@ pub fn run(args: TokenizeArgs) -> Result<()> {
         _ => bail!("give the text to encode, or -f FILE (- for stdin)"),
     };
     let tok = open_tokenizer(&args.model)?;
-    let ids = tok.encode(&text);
+    let ids = match args.no_special_tokens {
+        true => tok.encode(&text),
+        false => tok.encode_with_special_tokens(&text),
+    };
 
     let mut out = String::new();
     if args.show_pieces {

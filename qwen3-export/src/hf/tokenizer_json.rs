@@ -31,7 +31,7 @@ pub fn export_tokenizer(hf_dir: &Path, out: &Path, vocab_size: u32) -> Result<St
         );
     }
     write_atomic(out, &data.to_bytes())?;
-    Ok(format!(
+    let mut note = format!(
         "tokenizer: {} tokens ({} added), {} merges, normalizer {}, bos {}, eos {}",
         data.len(),
         data.added.len(),
@@ -39,7 +39,14 @@ pub fn export_tokenizer(hf_dir: &Path, out: &Path, vocab_size: u32) -> Result<St
         data.normalizer.name(),
         data.bos_id.map_or("none".into(), |i| i.to_string()),
         data.eos_id.map_or("none".into(), |i| i.to_string()),
-    ))
+    );
+    if !data.prefix.is_empty() || !data.suffix.is_empty() {
+        note += &format!(
+            ", a text's ids framed by {:?} and {:?}",
+            data.prefix, data.suffix
+        );
+    }
+    Ok(note)
 }
 
 /// Parses `hf_dir/tokenizer.json` and `hf_dir/tokenizer_config.json` (optional) into the data
@@ -115,12 +122,10 @@ fn from_json(json: &Value) -> Result<TokenizerData> {
         "decoder",
         false,
     )?;
-    // The ByteLevel post-processor only adjusts offsets; any other would add tokens to the ids.
-    check_byte_level(
-        json.get("post_processor").unwrap_or(&Value::Null),
-        "post_processor",
-        true,
-    )?;
+    // The post-processor: Qwen's ByteLevel only adjusts offsets; a TemplateProcessing (alone or
+    // in a Sequence) adds tokens around a text's ids, as DeepSeek-R1-Distill-Qwen's BOS. Read
+    // after the vocabulary, whose ids it names.
+    let post_processor = json.get("post_processor").unwrap_or(&Value::Null);
 
     // The vocabulary: byte-level strings -> ids. Undo the byte-level mapping.
     let vocab = model
@@ -237,6 +242,7 @@ fn from_json(json: &Value) -> Result<TokenizerData> {
     if blob.len() > u32::MAX as usize {
         bail!("the tokens take more than 4 GiB");
     }
+    let (prefix, suffix) = post_processor_ids(post_processor, tokens.len())?;
     Ok(TokenizerData {
         normalizer,
         split_pattern: QWEN2_SPLIT_PATTERN.to_owned(),
@@ -248,7 +254,68 @@ fn from_json(json: &Value) -> Result<TokenizerData> {
         byte_ids,
         merges,
         added,
+        prefix,
+        suffix,
     })
+}
+
+/// The ids tokenizer.json's `post_processor` puts before and after the ids of one text (HF
+/// `tokenizers`' `processors`): none for `ByteLevel` (it only trims offsets); for
+/// `TemplateProcessing`, the special tokens of its `single` template before and after `$A`; a
+/// `Sequence` applies its processors in order. Any other processor is refused.
+fn post_processor_ids(p: &Value, n_tokens: usize) -> Result<(Vec<u32>, Vec<u32>)> {
+    let (mut prefix, mut suffix) = (Vec::new(), Vec::new());
+    let kind = p.get("type").and_then(Value::as_str);
+    match kind {
+        None if p.is_null() => {}
+        Some("ByteLevel") => check_byte_level(p, "post_processor", false)?,
+        Some("Sequence") => {
+            let list = p.get("processors").and_then(Value::as_array);
+            for q in list.context("post_processor Sequence without processors")? {
+                let (pre, suf) = post_processor_ids(q, n_tokens)?;
+                // A later processor wraps what the earlier ones made.
+                prefix = [pre, prefix].concat();
+                suffix.extend(suf);
+            }
+        }
+        Some("TemplateProcessing") => {
+            let single = p.get("single").and_then(Value::as_array);
+            let single = single.context("TemplateProcessing without a single template")?;
+            let specials = p.get("special_tokens").unwrap_or(&Value::Null);
+            let mut seen_text = false;
+            for piece in single {
+                if let Some(seq) = piece.get("Sequence") {
+                    if seq.get("id").and_then(Value::as_str) != Some("A") || seen_text {
+                        bail!("post_processor: the single template must hold $A once: {p}");
+                    }
+                    seen_text = true;
+                    continue;
+                }
+                let name = piece
+                    .get("SpecialToken")
+                    .and_then(|t| t.get("id"))
+                    .and_then(Value::as_str)
+                    .with_context(|| format!("post_processor: unknown template piece {piece}"))?;
+                let ids = specials
+                    .get(name)
+                    .and_then(|t| t.get("ids"))
+                    .and_then(Value::as_array)
+                    .with_context(|| format!("post_processor: no ids for {name:?}"))?;
+                for id in ids {
+                    let id = id
+                        .as_u64()
+                        .filter(|&i| (i as usize) < n_tokens)
+                        .with_context(|| format!("post_processor: {name:?} has a bad id {id}"))?;
+                    if seen_text { &mut suffix } else { &mut prefix }.push(id as u32);
+                }
+            }
+            if !seen_text {
+                bail!("post_processor: the single template has no $A: {p}");
+            }
+        }
+        _ => bail!("post_processor {p} is not supported: pico-qwen implements ByteLevel and TemplateProcessing"),
+    }
+    Ok((prefix, suffix))
 }
 
 /// The pre-tokenizer must be Qwen2's: Sequence[Split(QWEN2_SPLIT_PATTERN, Isolated), ByteLevel
@@ -335,6 +402,47 @@ mod tests {
     use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
     use std::path::PathBuf;
     use std::sync::OnceLock;
+
+    /// Post-processors: ByteLevel adds nothing; TemplateProcessing (alone or in a Sequence) gives
+    /// the special tokens around `$A`; other kinds and malformed templates are refused.
+    #[test]
+    fn post_processor_framing() {
+        let template = serde_json::json!({
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                       {"Sequence": {"id": "A", "type_id": 0}},
+                       {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [7], "tokens": ["<s>"]},
+                               "</s>": {"id": "</s>", "ids": [8], "tokens": ["</s>"]}}
+        });
+        let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
+                                            "trim_offsets": false, "use_regex": false});
+        assert_eq!(
+            post_processor_ids(&Value::Null, 10).unwrap(),
+            (vec![], vec![])
+        );
+        assert_eq!(
+            post_processor_ids(&byte_level, 10).unwrap(),
+            (vec![], vec![])
+        );
+        assert_eq!(
+            post_processor_ids(&template, 10).unwrap(),
+            (vec![7], vec![8])
+        );
+        let seq = serde_json::json!({"type": "Sequence", "processors": [byte_level, template]});
+        assert_eq!(post_processor_ids(&seq, 10).unwrap(), (vec![7], vec![8]));
+        assert!(
+            post_processor_ids(&template, 8).is_err(),
+            "id 8 outside 8 tokens"
+        );
+        let bert =
+            serde_json::json!({"type": "BertProcessing", "sep": ["[SEP]", 1], "cls": ["[CLS]", 0]});
+        let e = post_processor_ids(&bert, 10).unwrap_err().to_string();
+        assert!(e.contains("not supported"), "{e}");
+        let mut no_a = template.clone();
+        no_a["single"].as_array_mut().unwrap().remove(1);
+        assert!(post_processor_ids(&no_a, 10).is_err());
+    }
 
     fn fixtures() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tokenizer")
@@ -467,7 +575,8 @@ mod tests {
     /// The tiny test checkpoints (fixtures/models/, made by scripts/make_fixtures.py) carry their
     /// own small byte-level BPE tokenizer.json; their reference.json holds HF's decode of the
     /// greedy ids (some past the tokenizer, inside the 512-row embedding) and HF's ids of the
-    /// prompt text.
+    /// prompt text (`tokenizer(text)`: with what the post-processor adds, a BOS for
+    /// tiny-qwen2-bos-tokenizer).
     #[test]
     fn tiny_checkpoint_tokenizers_export_and_agree_with_hf() {
         let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models");
@@ -491,7 +600,8 @@ mod tests {
                 assert_eq!(tok.decode(&ids, false).unwrap(), want, "{}", dir.display());
                 assert_eq!(stream(&tok, &ids, false), want, "{}", dir.display());
                 if let Some(text) = c["prompt_text"].as_str() {
-                    assert_eq!(tok.encode(text), ids_of(&c["prompt_ids"]), "{text:?}");
+                    let want = ids_of(&c["prompt_ids"]);
+                    assert_eq!(tok.encode_with_special_tokens(text), want, "{text:?}");
                 }
                 checked += 1;
             }

@@ -22,7 +22,12 @@
 //! merge entries   m x (right u32, rank u32, merged u32), sorted by right within each left
 //! added_count     u32
 //! added tokens    each: id u32, flags u8 (FLAG_*), content string
+//! prefix          u32 count, then ids: what the post-processor puts before a text's ids
+//! suffix          u32 count, then ids: what it puts after them   (prefix and suffix: version 2)
 //! ```
+//!
+//! A version 1 file has no prefix or suffix (Qwen's post-processor adds nothing), and loads as
+//! one with both empty.
 //!
 //! The merges are stored grouped by left token (the rank is explicit) so that loading builds no
 //! hash table: the lookup is a binary search in the left token's group (see `bpe::MergeTable`).
@@ -36,7 +41,7 @@ use crate::format::bytes::{ByteReader, ByteWriter};
 use anyhow::{bail, Result};
 
 pub const MAGIC: &[u8; 8] = b"PQWTOKEN";
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Marks an absent id (no BOS, no single-byte token for a byte).
 pub const NO_ID: u32 = u32::MAX;
 
@@ -96,6 +101,11 @@ pub struct TokenizerData {
     /// The merges, grouped by left token.
     pub merges: MergeTable,
     pub added: Vec<AddedToken>,
+    /// Ids tokenizer.json's post-processor puts before the ids of a text, and after them
+    /// (`TemplateProcessing`'s `single` template; DeepSeek-R1-Distill-Qwen: its BOS first). Empty
+    /// for Qwen, whose `ByteLevel` post-processor adds nothing.
+    pub prefix: Vec<u32>,
+    pub suffix: Vec<u32>,
 }
 
 impl TokenizerData {
@@ -170,6 +180,12 @@ impl TokenizerData {
             w.u8(flags);
             w.string(&a.content);
         }
+        for ids in [&self.prefix, &self.suffix] {
+            w.u32(ids.len() as u32);
+            for &id in ids {
+                w.u32(id);
+            }
+        }
         w.buf
     }
 
@@ -182,10 +198,10 @@ impl TokenizerData {
             bail!("not a pico-qwen tokenizer file (bad magic)");
         }
         let version = r.u32("version")?;
-        if version != FORMAT_VERSION {
+        if !(1..=FORMAT_VERSION).contains(&version) {
             bail!(
-                "tokenizer file version {version} is not supported (this build reads version \
-                 {FORMAT_VERSION}); re-export the model"
+                "tokenizer file version {version} is not supported (this build reads versions 1 \
+                 to {FORMAT_VERSION}); re-export the model, or update pico-qwen"
             );
         }
         let normalizer = match r.string("normalizer")?.as_str() {
@@ -248,6 +264,8 @@ impl TokenizerData {
             byte_ids,
             merges: MergeTable::default(),
             added: Vec::new(),
+            prefix: Vec::new(),
+            suffix: Vec::new(),
         };
         for (b, &id) in data.byte_ids.iter().enumerate() {
             if id != NO_ID && data.token(id) != Some(&[b as u8][..]) {
@@ -306,8 +324,21 @@ impl TokenizerData {
                 normalized: flags & FLAG_NORMALIZED != 0,
             });
         }
+        if version >= 2 {
+            for what in ["prefix", "suffix"] {
+                let k = r.count(4, what)?;
+                let ids = u32_array(&mut r, k, what)?;
+                for &id in &ids {
+                    check_id(id, what)?;
+                }
+                match what {
+                    "prefix" => data.prefix = ids,
+                    _ => data.suffix = ids,
+                }
+            }
+        }
         if r.remaining() != 0 {
-            bail!("{} unexpected bytes after the added tokens", r.remaining());
+            bail!("{} unexpected bytes at the end", r.remaining());
         }
         Ok(data)
     }

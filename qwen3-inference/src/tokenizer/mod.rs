@@ -144,8 +144,26 @@ impl Tokenizer {
         normalize(self.data.normalizer, text)
     }
 
-    /// Encodes `text` into token ids, exactly as HF `Tokenizer.encode(text).ids` does (Qwen3's
-    /// tokenizer.json adds no BOS/EOS; a post-processor that would is refused at export).
+    /// Encodes a text typed as a prompt (`qwen3 generate -i`, `/v1/completions`), with what the
+    /// post-processor of tokenizer.json adds around it: HF `tokenizer(text)`, whose
+    /// `add_special_tokens` is true by default. Qwen's tokenizers add nothing;
+    /// DeepSeek-R1-Distill-Qwen's put its BOS first. (A rendered chat template is encoded with
+    /// [`Tokenizer::encode`]: `apply_chat_template` encodes without special tokens, the template
+    /// writes its own.)
+    pub fn encode_with_special_tokens(&self, text: &str) -> Vec<u32> {
+        let mut ids = self.data.prefix.clone();
+        ids.extend(self.encode(text));
+        ids.extend_from_slice(&self.data.suffix);
+        ids
+    }
+
+    /// What the post-processor puts before and after a text's ids (both empty for Qwen).
+    pub fn framing(&self) -> (&[u32], &[u32]) {
+        (&self.data.prefix, &self.data.suffix)
+    }
+
+    /// Encodes `text` into token ids, exactly as HF `Tokenizer.encode(text,
+    /// add_special_tokens=False).ids` does: the text's own tokens, nothing added around them.
     pub fn encode(&self, text: &str) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3);
         let mut cache = PieceCache::default();
@@ -347,6 +365,8 @@ mod tests {
             blob,
             byte_ids,
             added,
+            prefix: Vec::new(),
+            suffix: Vec::new(),
         }
     }
 
@@ -366,8 +386,31 @@ mod tests {
 
     #[test]
     fn file_round_trips() {
-        let data = toy_data();
+        let mut data = toy_data();
         assert_eq!(TokenizerData::from_bytes(&data.to_bytes()).unwrap(), data);
+        (data.prefix, data.suffix) = (vec![3], vec![4, 5]);
+        assert_eq!(TokenizerData::from_bytes(&data.to_bytes()).unwrap(), data);
+    }
+
+    /// A version 1 file (no prefix, no suffix) loads with nothing around a text's ids.
+    #[test]
+    fn version_1_file_loads_without_framing() {
+        let data = toy_data();
+        let mut bytes = data.to_bytes();
+        bytes.truncate(bytes.len() - 8); // the two empty counts
+        bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+        assert_eq!(TokenizerData::from_bytes(&bytes).unwrap(), data);
+    }
+
+    /// The post-processor's ids frame a text in `encode_with_special_tokens`, never in `encode`.
+    #[test]
+    fn framing_is_added_only_when_asked() {
+        let mut data = toy_data();
+        (data.prefix, data.suffix) = (vec![3], vec![4]);
+        let tok = Tokenizer::from_data(data);
+        let plain = tok.encode("hello");
+        let framed = tok.encode_with_special_tokens("hello");
+        assert_eq!(framed, [&[3][..], &plain, &[4]].concat());
     }
 
     #[test]
