@@ -32,6 +32,14 @@ pub fn run(args: InfoArgs) -> Result<()> {
         h.version
     );
     println!("architecture             {}", c.architecture);
+    // The two ways the families' attention differs (docs/transformer.md).
+    let attention = match (c.attention_bias, c.qk_norm) {
+        (true, true) => "q/k/v biases, q/k norms",
+        (true, false) => "q/k/v biases, no q/k norms",
+        (false, true) => "q/k norms, no biases",
+        (false, false) => "no biases, no q/k norms",
+    };
+    println!("attention                {attention}");
     println!("hidden_size              {}", c.hidden_size);
     println!("intermediate_size        {}", c.intermediate_size);
     println!("num_hidden_layers        {}", c.num_hidden_layers);
