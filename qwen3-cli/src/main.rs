@@ -1,6 +1,7 @@
 //! `qwen3`: the pico-qwen command line. One file per command under `commands/`.
 
 mod commands;
+mod hub;
 
 use clap::{Parser, Subcommand};
 use commands::{

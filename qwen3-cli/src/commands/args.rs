@@ -51,8 +51,17 @@ pub enum OnOff {
 
 #[derive(Args)]
 pub struct InferenceArgs {
-    /// Model file written by `qwen3 export`.
+    /// Model file written by `qwen3 export`, or a HuggingFace repository id (Qwen/Qwen3-0.6B,
+    /// @REVISION optional), exported once into --models-dir and reused.
     pub model: PathBuf,
+    /// Where models given by repository id are exported (default: $QWEN3_MODELS_DIR, else
+    /// $XDG_DATA_HOME/qwen3/models, i.e. ~/.local/share/qwen3/models).
+    #[arg(long)]
+    pub models_dir: Option<PathBuf>,
+    /// With a repository id: use the HuggingFace cache only, never the network (as
+    /// HF_HUB_OFFLINE=1).
+    #[arg(long)]
+    pub offline: bool,
     /// generate: complete the prompt once; chat: a conversation (`qwen3 generate` and
     /// `qwen3 chat` are the same). Default: generate.
     #[arg(short = 'm', long, value_enum)]

@@ -1,4 +1,6 @@
-//! `qwen3 export <hf_dir> <out.bin>`: HuggingFace checkpoint -> model file + companions.
+//! `qwen3 export <hf_dir | ORG/NAME[@REV]> <out.bin>`: HuggingFace checkpoint -> model file +
+//! companions. A repository id is looked up in the HuggingFace cache, and downloaded into it
+//! when it is not there (`crate::hub`).
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -10,7 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Args)]
 pub struct ExportArgs {
-    /// HuggingFace checkpoint directory (config.json, *.safetensors, tokenizer.json, ...).
+    /// HuggingFace checkpoint directory (config.json, *.safetensors, tokenizer.json, ...), or a
+    /// repository id such as Qwen/Qwen3-0.6B (@REVISION optional): taken from the HuggingFace
+    /// cache, downloaded into it if missing (HF_ENDPOINT, HF_TOKEN, HF_HUB_CACHE are honoured).
     pub hf_dir: PathBuf,
     /// Model file to write; the tokenizer and template files are written beside it.
     pub out: PathBuf,
@@ -20,11 +24,21 @@ pub struct ExportArgs {
     /// How to store the matrices: q8 (group-wise INT8), bf16, or f32. Norms are always f32.
     #[arg(long, default_value = "q8")]
     pub dtype: String,
+    /// With a repository id: use the HuggingFace cache only, never the network (as
+    /// HF_HUB_OFFLINE=1).
+    #[arg(long)]
+    pub offline: bool,
 }
 
 pub fn run(args: ExportArgs) -> Result<()> {
     let Some(dtype) = DType::parse(&args.dtype) else {
         bail!("--dtype {:?}: expected q8, bf16 or f32", args.dtype);
+    };
+    let source = match args.hf_dir.to_str().and_then(crate::hub::RepoRef::parse) {
+        Some(repo) if !args.hf_dir.exists() => {
+            crate::hub::checkpoint_dir(&repo, crate::hub::offline(args.offline))?
+        }
+        _ => args.hf_dir.clone(),
     };
     let start = std::time::Instant::now();
     // Ctrl-C stops the export between chunks; it then removes its partial files and fails with
@@ -38,7 +52,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
         progress: std::io::stderr().is_terminal(),
         cancel: Some(&INTERRUPTED),
     };
-    let s = match export(&args.hf_dir, &args.out, &opts) {
+    let s = match export(&source, &args.out, &opts) {
         Ok(s) => s,
         Err(e) if e.is::<Interrupted>() => {
             eprintln!("\nexport of {}: {e}", args.out.display());

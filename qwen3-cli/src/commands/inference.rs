@@ -21,7 +21,10 @@ use qwen3_inference::model::Model;
 
 /// `qwen3 inference`: checks the flags, reads what the mode needs from the model's files, then
 /// loads the weights for the device and runs the mode there.
-pub fn run(args: InferenceArgs) -> Result<()> {
+pub fn run(mut args: InferenceArgs) -> Result<()> {
+    // A repository id instead of a file: its export, made once (crate::hub).
+    args.model =
+        crate::hub::models::resolve(&args.model, args.models_dir.as_deref(), args.offline)?;
     let device: Device = args.device.parse().map_err(|e: String| anyhow!(e))?;
     // Before anything is loaded: a build without CUDA, a missing driver or device, is one line.
     check_available(device).map_err(|e| anyhow!(e))?;

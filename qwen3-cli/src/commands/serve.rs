@@ -43,8 +43,16 @@ pub struct ServeArgs {
 /// The model and how the engine runs it: `qwen3 serve`'s and `qwen3 batch`'s.
 #[derive(Args)]
 pub struct EngineArgs {
-    /// Model file written by `qwen3 export` (its tokenizer and template files beside it).
+    /// Model file written by `qwen3 export` (its tokenizer and template files beside it), or a
+    /// HuggingFace repository id (Qwen/Qwen3-0.6B), exported once into --models-dir and reused.
     pub model: PathBuf,
+    /// Where models given by repository id are exported (default: $QWEN3_MODELS_DIR, else
+    /// $XDG_DATA_HOME/qwen3/models, i.e. ~/.local/share/qwen3/models).
+    #[arg(long)]
+    pub models_dir: Option<PathBuf>,
+    /// With a repository id: use the HuggingFace cache only, never the network.
+    #[arg(long)]
+    pub offline: bool,
     /// Sequences generated at once, each with its own KV cache; more requests wait.
     #[arg(long, default_value_t = 4)]
     pub parallel: usize,
@@ -64,7 +72,8 @@ pub struct EngineArgs {
     /// `--features cuda`).
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// The model id that /v1/models lists and requests name (default: the model file's stem).
+    /// The model id that /v1/models lists and requests name (default: the repository id the
+    /// model was given as, else the model file's stem).
     #[arg(long)]
     pub model_name: Option<String>,
     /// Prompt tokens a step takes while other sequences are generating: smaller keeps their
@@ -94,9 +103,17 @@ pub type Worker = Box<dyn FnOnce(Receiver<Command>) -> Result<()> + Send>;
 /// channel's receiving end, and the worker (the engine is built once here too, so that a bad
 /// setting fails before anything listens or runs).
 pub fn prepare(
-    args: EngineArgs,
+    mut args: EngineArgs,
     api_key: Option<String>,
 ) -> Result<(AppState, Receiver<Command>, Worker)> {
+    // A repository id: served under that name, from its export.
+    if let Some(repo) = args.model.to_str().and_then(crate::hub::RepoRef::parse) {
+        if !args.model.exists() {
+            args.model_name.get_or_insert_with(|| repo.id.clone());
+        }
+    }
+    args.model =
+        crate::hub::models::resolve(&args.model, args.models_dir.as_deref(), args.offline)?;
     let device: Device = args.device.parse().map_err(|e: String| anyhow!(e))?;
     check_available(device).map_err(|e| anyhow!(e))?;
     if matches!(device, Device::Cuda(_)) && args.kv_cache != KvCacheArg::F32 {

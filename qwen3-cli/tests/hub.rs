@@ -1,0 +1,635 @@
+//! Models by name, without the internet: `qwen3 export ORG/NAME` and `qwen3 generate ORG/NAME`
+//! against a local mirror of the hub on a loopback port (`HF_ENDPOINT`), serving the tiny fixture
+//! checkpoints with the hub's URL layout and headers. First download into the HuggingFace cache,
+//! a cache hit with the mirror stopped, resume after a cut connection and after a killed run,
+//! 404, 401 (gated) with and without a token, offline mode, an architecture we do not run; and a
+//! cache directory written by Python's `huggingface_hub` itself (`fixtures/hub-cache`).
+
+use qwen3_test_support::tempdir;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+/// One request the mirror saw: its path and its `Range` header.
+#[derive(Clone, Debug)]
+struct Seen {
+    path: String,
+    range: Option<String>,
+}
+
+/// A repository the mirror serves: its files (name -> bytes).
+struct MirrorRepo {
+    files: HashMap<String, Vec<u8>>,
+    /// Answered with 401 `GatedRepo` unless the request carries `Bearer good-token`.
+    gated: bool,
+}
+
+/// What the mirror does, shared with its thread.
+struct State {
+    repos: HashMap<String, MirrorRepo>,
+    seen: Vec<Seen>,
+    /// A file whose first full download is cut after half its bytes.
+    cut: Option<String>,
+}
+
+/// The hub's API on a loopback port: `GET /api/models/ID/revision/REV` (the file list and
+/// commit) and `GET /ID/resolve/REV/FILE` (the bytes, `Range` requests answered with 206 and
+/// `Content-Range`, with the headers huggingface_hub and hf-hub read: `X-Repo-Commit`, `ETag`).
+struct Mirror {
+    port: u16,
+    state: Arc<Mutex<State>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Mirror {
+    fn start(repos: HashMap<String, MirrorRepo>, cut: Option<&str>) -> Mirror {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new(Mutex::new(State {
+            repos,
+            seen: Vec::new(),
+            cut: cut.map(str::to_string),
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (st, sp) = (state.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if sp.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let st = st.clone();
+                std::thread::spawn(move || serve(conn, &st));
+            }
+        });
+        Mirror { port, state, stop }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.state.lock().unwrap().seen.clone()
+    }
+}
+
+impl Drop for Mirror {
+    /// Stops accepting: the port refuses connections from then on.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+/// A file's etag: its sha256, as the hub gives for LFS files (any unique string works for the
+/// cache, which names blobs by it).
+fn etag(bytes: &[u8]) -> String {
+    // FNV-1a 64 twice over, hex: unique enough for a test's handful of files.
+    let mut h: [u64; 2] = [0xcbf2_9ce4_8422_2325, 0x8422_2325_cbf2_9ce4];
+    for (k, &b) in bytes.iter().enumerate() {
+        let i = k % 2;
+        h[i] = (h[i] ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{:016x}{:016x}", h[0], h[1])
+}
+
+fn serve(mut conn: TcpStream, state: &Mutex<State>) {
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let mut line = String::new();
+    if reader.read_line(&mut line).is_err() {
+        return;
+    }
+    let path = line.split(' ').nth(1).unwrap_or("").to_string();
+    let mut headers = HashMap::new();
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+        }
+    }
+    let range = headers.get("range").cloned();
+    let authorized = headers.get("authorization").map(String::as_str) == Some("Bearer good-token");
+    let mut st = state.lock().unwrap();
+    st.seen.push(Seen {
+        path: path.clone(),
+        range: range.clone(),
+    });
+    let reply = |conn: &mut TcpStream, status: &str, extra: &[(&str, String)], body: &[u8]| {
+        let mut head = format!(
+            "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
+            body.len()
+        );
+        for (k, v) in extra {
+            head += &format!("{k}: {v}\r\n");
+        }
+        head += "\r\n";
+        let _ = conn.write_all(head.as_bytes());
+        let _ = conn.write_all(body);
+    };
+    // /api/models/ORG/NAME/revision/REV
+    if let Some(rest) = path.strip_prefix("/api/models/") {
+        let id = rest.split("/revision/").next().unwrap_or("").to_string();
+        match st.repos.get(&id) {
+            None => reply(
+                &mut conn,
+                "404 Not Found",
+                &[("X-Error-Code", "RepoNotFound".into())],
+                b"{}",
+            ),
+            Some(r) if r.gated && !authorized => reply(
+                &mut conn,
+                "401 Unauthorized",
+                &[("X-Error-Code", "GatedRepo".into())],
+                b"{}",
+            ),
+            Some(r) => {
+                let mut names: Vec<&String> = r.files.keys().collect();
+                names.sort();
+                let siblings: Vec<_> = names
+                    .iter()
+                    .map(|n| serde_json::json!({"rfilename": n}))
+                    .collect();
+                let body = serde_json::json!({"id": id, "sha": COMMIT, "siblings": siblings});
+                reply(&mut conn, "200 OK", &[], body.to_string().as_bytes());
+            }
+        }
+        return;
+    }
+    // /ORG/NAME/resolve/REV/FILE
+    let Some((id, file)) =
+        path.trim_start_matches('/')
+            .split_once("/resolve/")
+            .map(|(id, rest)| {
+                (
+                    id.to_string(),
+                    rest.split_once('/')
+                        .map(|(_, f)| f.to_string())
+                        .unwrap_or_default(),
+                )
+            })
+    else {
+        return reply(&mut conn, "404 Not Found", &[], b"");
+    };
+    let Some(repo) = st.repos.get(&id) else {
+        return reply(
+            &mut conn,
+            "404 Not Found",
+            &[("X-Error-Code", "RepoNotFound".into())],
+            b"",
+        );
+    };
+    if repo.gated && !authorized {
+        return reply(
+            &mut conn,
+            "401 Unauthorized",
+            &[("X-Error-Code", "GatedRepo".into())],
+            b"",
+        );
+    }
+    let Some(bytes) = repo.files.get(&file).cloned() else {
+        return reply(
+            &mut conn,
+            "404 Not Found",
+            &[("X-Error-Code", "EntryNotFound".into())],
+            b"",
+        );
+    };
+    let common = [
+        ("X-Repo-Commit", COMMIT.to_string()),
+        ("ETag", format!("\"{}\"", etag(&bytes))),
+    ];
+    let total = bytes.len();
+    let (start, end) = match range.as_deref().and_then(|r| r.strip_prefix("bytes=")) {
+        Some(r) => {
+            let (a, b) = r.split_once('-').unwrap_or((r, ""));
+            let a: usize = a.parse().unwrap_or(0);
+            let b: usize = b.parse().map(|b: usize| b + 1).unwrap_or(total);
+            (a.min(total), b.min(total))
+        }
+        None => (0, total),
+    };
+    let cut_now =
+        st.cut.as_deref() == Some(file.as_str()) && start == 0 && end == total && total > 1;
+    if cut_now {
+        st.cut = None;
+    }
+    drop(st);
+    let mut extra = common.to_vec();
+    if range.is_some() {
+        extra.push((
+            "Content-Range",
+            format!("bytes {start}-{}/{total}", end.max(1) - 1),
+        ));
+    }
+    let status = if range.is_some() {
+        "206 Partial Content"
+    } else {
+        "200 OK"
+    };
+    if cut_now {
+        // Promise every byte, send half, hang up.
+        let mut head =
+            format!("HTTP/1.1 {status}\r\nContent-Length: {total}\r\nConnection: close\r\n");
+        for (k, v) in &extra {
+            head += &format!("{k}: {v}\r\n");
+        }
+        head += "\r\n";
+        let _ = conn.write_all(head.as_bytes());
+        let _ = conn.write_all(&bytes[..total / 2]);
+        let _ = conn.flush();
+        let _ = conn.shutdown(std::net::Shutdown::Both);
+        return;
+    }
+    reply(&mut conn, status, &extra, &bytes[start..end]);
+}
+
+fn fixture_files(name: &str) -> HashMap<String, Vec<u8>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/models")
+        .join(name);
+    let mut files = HashMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let n = p.file_name().unwrap().to_str().unwrap().to_string();
+        files.insert(n, std::fs::read(&p).unwrap());
+    }
+    files
+}
+
+fn repo(name: &str, gated: bool) -> MirrorRepo {
+    MirrorRepo {
+        files: fixture_files(name),
+        gated,
+    }
+}
+
+/// `qwen3 ARGS` with the cache at `cache` and the hub at `endpoint`; no token, not offline.
+fn qwen3(cache: &Path, endpoint: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_qwen3"));
+    cmd.args(args)
+        .env("HF_HUB_CACHE", cache)
+        .env("HF_ENDPOINT", endpoint)
+        .env("HF_HOME", cache.join("no-home"))
+        .env_remove("HF_TOKEN")
+        .env_remove("HF_HUB_OFFLINE");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn err(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn ok(o: &Output) {
+    assert!(o.status.success(), "{}", err(o));
+}
+
+/// A refused request fails with one line naming the problem and writes no model file.
+fn refused(o: &Output, out: &Path, want: &str) {
+    assert_eq!(o.status.code(), Some(1), "{}", err(o));
+    let e = err(o);
+    assert!(e.contains(want), "expected {want:?} in {e}");
+    assert!(!out.exists(), "{} was written", out.display());
+}
+
+/// The bytes an export of the fixture's own directory gives: what a download must reproduce.
+fn local_export(name: &str, dir: &Path) -> Vec<u8> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/models")
+        .join(name);
+    let out = dir.join("local.bin");
+    let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args([
+            "export",
+            src.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "--dtype",
+            "f32",
+        ])
+        .output()
+        .unwrap();
+    ok(&o);
+    std::fs::read(out).unwrap()
+}
+
+const SHARDED: &str = "tiny-f16-sharded-gqa4";
+
+#[test]
+fn first_download_then_the_cache_without_network() {
+    let dir = tempdir("hub", "first");
+    let cache = dir.join("cache");
+    let mirror = Mirror::start(
+        HashMap::from([("test-org/tiny".to_string(), repo(SHARDED, false))]),
+        None,
+    );
+    let out = dir.join("a.bin");
+    let o = qwen3(
+        &cache,
+        &mirror.url(),
+        &[
+            "export",
+            "test-org/tiny",
+            out.to_str().unwrap(),
+            "--dtype",
+            "f32",
+        ],
+        &[],
+    );
+    ok(&o);
+    assert_eq!(std::fs::read(&out).unwrap(), local_export(SHARDED, &dir));
+    // Only what export reads was fetched: not reference.json.
+    let seen = mirror.seen();
+    assert!(
+        seen.iter().all(|s| !s.path.contains("reference.json")),
+        "{seen:?}"
+    );
+    assert!(seen
+        .iter()
+        .any(|s| s.path.ends_with("model-00003-of-00003.safetensors")));
+    // huggingface_hub's layout: refs/main holds the commit, snapshots/COMMIT/ links into blobs/.
+    let repo_dir = cache.join("models--test-org--tiny");
+    assert_eq!(
+        std::fs::read_to_string(repo_dir.join("refs/main"))
+            .unwrap()
+            .trim(),
+        COMMIT
+    );
+    let link = repo_dir.join("snapshots").join(COMMIT).join("config.json");
+    let target = std::fs::read_link(&link).unwrap();
+    assert!(target.starts_with("../../blobs"), "{}", target.display());
+
+    // The mirror gone (its port refuses connections): the cache alone, no request made.
+    let endpoint = mirror.url();
+    drop(mirror);
+    for extra in [&[][..], &["--offline"][..]] {
+        let out2 = dir.join("b.bin");
+        let mut args = vec![
+            "export",
+            "test-org/tiny",
+            out2.to_str().unwrap(),
+            "--dtype",
+            "f32",
+        ];
+        args.extend_from_slice(extra);
+        let o = qwen3(&cache, &endpoint, &args, &[]);
+        ok(&o);
+        assert!(err(&o).contains("in the HuggingFace cache"), "{}", err(&o));
+        assert_eq!(std::fs::read(&out2).unwrap(), std::fs::read(&out).unwrap());
+        std::fs::remove_file(&out2).unwrap();
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A connection cut halfway through a shard: the download resumes from where it stopped (a
+/// `Range` request from the bytes it had), and the result is whole.
+#[test]
+fn a_cut_download_resumes() {
+    let dir = tempdir("hub", "cut");
+    let cache = dir.join("cache");
+    let shard = "model-00002-of-00003.safetensors";
+    let mirror = Mirror::start(
+        HashMap::from([("test-org/tiny".to_string(), repo(SHARDED, false))]),
+        Some(shard),
+    );
+    let out = dir.join("a.bin");
+    let o = qwen3(
+        &cache,
+        &mirror.url(),
+        &[
+            "export",
+            "test-org/tiny",
+            out.to_str().unwrap(),
+            "--dtype",
+            "f32",
+        ],
+        &[],
+    );
+    ok(&o);
+    assert_eq!(std::fs::read(&out).unwrap(), local_export(SHARDED, &dir));
+    let resumed: Vec<Seen> = mirror
+        .seen()
+        .into_iter()
+        .filter(|s| {
+            s.path.ends_with(shard)
+                && s.range
+                    .as_deref()
+                    .is_some_and(|r| r != "bytes=0-0" && r != "bytes=0-")
+        })
+        .collect();
+    assert!(
+        !resumed.is_empty(),
+        "no resumed range request: {:?}",
+        mirror.seen()
+    );
+
+    // A run killed mid-file leaves its `.part` blob: the next run asks for the rest only.
+    let dir2 = dir.join("second");
+    let cache2 = dir2.join("cache");
+    let bytes = &fixture_files(SHARDED)[shard];
+    let blobs = cache2.join("models--test-org--tiny/blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    std::fs::write(blobs.join(format!("{}.part", etag(bytes))), &bytes[..1000]).unwrap();
+    let mirror = Mirror::start(
+        HashMap::from([("test-org/tiny".to_string(), repo(SHARDED, false))]),
+        None,
+    );
+    let out = dir2.join("a.bin");
+    let o = qwen3(
+        &cache2,
+        &mirror.url(),
+        &[
+            "export",
+            "test-org/tiny",
+            out.to_str().unwrap(),
+            "--dtype",
+            "f32",
+        ],
+        &[],
+    );
+    ok(&o);
+    assert_eq!(std::fs::read(&out).unwrap(), local_export(SHARDED, &dir));
+    let shard_gets: Vec<Seen> = mirror
+        .seen()
+        .into_iter()
+        .filter(|s| s.path.ends_with(shard))
+        .collect();
+    assert!(
+        shard_gets
+            .iter()
+            .any(|s| s.range.as_deref() == Some("bytes=1000-")),
+        "{shard_gets:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn unknown_gated_offline_and_unsupported_are_one_line_each() {
+    let dir = tempdir("hub", "errors");
+    let cache = dir.join("cache");
+    let mut llama = repo("tiny-f32-tied-gqa2", false);
+    let cfg = String::from_utf8(llama.files["config.json"].clone()).unwrap();
+    llama.files.insert(
+        "config.json".into(),
+        cfg.replace("Qwen3ForCausalLM", "LlamaForCausalLM")
+            .replace("qwen3", "llama")
+            .into_bytes(),
+    );
+    let mirror = Mirror::start(
+        HashMap::from([
+            (
+                "test-org/gated".to_string(),
+                repo("tiny-f32-tied-gqa2", true),
+            ),
+            ("test-org/llama".to_string(), llama),
+        ]),
+        None,
+    );
+    let out = dir.join("a.bin");
+    let o_str = out.to_str().unwrap();
+    let run = |name: &str, env: &[(&str, &str)], extra: &[&str]| {
+        let mut args = vec!["export", name, o_str, "--dtype", "f32"];
+        args.extend_from_slice(extra);
+        qwen3(&cache, &mirror.url(), &args, env)
+    };
+    refused(
+        &run("test-org/nope", &[], &[]),
+        &out,
+        "test-org/nope: no such model at",
+    );
+    refused(
+        &run("test-org/gated", &[], &[]),
+        &out,
+        "test-org/gated is gated: accept its licence",
+    );
+    refused(
+        &run("test-org/gated", &[("HF_TOKEN", "bad-token")], &[]),
+        &out,
+        "is gated",
+    );
+    let o = run("test-org/llama", &[], &[]);
+    refused(&o, &out, "architecture LlamaForCausalLM is not supported (supported: Qwen3ForCausalLM, Qwen2ForCausalLM)");
+    // Refused before the weights were fetched.
+    assert!(
+        mirror
+            .seen()
+            .iter()
+            .all(|s| !s.path.ends_with(".safetensors")),
+        "{:?}",
+        mirror.seen()
+    );
+    // Offline, and not in the cache: no request at all.
+    let before = mirror.seen().len();
+    refused(
+        &run("test-org/other", &[], &["--offline"]),
+        &out,
+        "not in the HuggingFace cache",
+    );
+    refused(
+        &run("test-org/other", &[("HF_HUB_OFFLINE", "1")], &[]),
+        &out,
+        "forbids downloading",
+    );
+    assert_eq!(mirror.seen().len(), before);
+    // No server at all.
+    let o = qwen3(
+        &cache,
+        "http://127.0.0.1:9",
+        &["export", "test-org/x", o_str],
+        &[],
+    );
+    refused(&o, &out, "cannot reach http://127.0.0.1:9");
+    // The token opens the gated repository.
+    ok(&run("test-org/gated", &[("HF_TOKEN", "good-token")], &[]));
+    assert!(out.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `qwen3 generate NAME`: exported once into --models-dir, then that file, with no download.
+#[test]
+fn a_name_runs_from_its_export_made_once() {
+    let dir = tempdir("hub", "byname");
+    let cache = dir.join("cache");
+    let models = dir.join("models");
+    let mirror = Mirror::start(
+        HashMap::from([("test-org/tiny".to_string(), repo(SHARDED, false))]),
+        None,
+    );
+    let args = [
+        "generate",
+        "test-org/tiny",
+        "--models-dir",
+        models.to_str().unwrap(),
+        "--prompt-ids",
+        "[1, 2, 3]",
+        "-n",
+        "4",
+        "-t",
+        "0",
+    ];
+    let first = qwen3(&cache, &mirror.url(), &args, &[]);
+    ok(&first);
+    assert!(
+        err(&first).contains("exporting it once to"),
+        "{}",
+        err(&first)
+    );
+    let file = models.join("test-org--tiny.bin");
+    assert!(file.exists() && models.join("test-org--tiny.tokenizer.bin").exists());
+    let requests = mirror.seen().len();
+    let second = qwen3(&cache, &mirror.url(), &args, &[]);
+    ok(&second);
+    assert!(!err(&second).contains("exporting"), "{}", err(&second));
+    assert_eq!(first.stdout, second.stdout, "the same greedy tokens");
+    assert_eq!(mirror.seen().len(), requests, "no request the second time");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A cache written by Python's huggingface_hub (`snapshot_download` from a local mirror, by
+/// scripts/make_hub_cache.py): found offline by branch and by commit.
+#[test]
+fn a_cache_written_by_huggingface_hub_is_read() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hub-cache");
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("meta.json")).unwrap()).unwrap();
+    let id = meta["repo_id"].as_str().unwrap();
+    let commit = meta["commit"].as_str().unwrap();
+    let dir = tempdir("hub", "python");
+    let cache: PathBuf = fixture.join("hub");
+    for name in [id.to_string(), format!("{id}@{commit}")] {
+        let out = dir.join("m.bin");
+        let o = qwen3(
+            &cache,
+            "http://127.0.0.1:9",
+            &[
+                "export",
+                &name,
+                out.to_str().unwrap(),
+                "--dtype",
+                "f32",
+                "--offline",
+            ],
+            &[],
+        );
+        ok(&o);
+        let src = meta["fixture"].as_str().unwrap();
+        assert_eq!(
+            std::fs::read(&out).unwrap(),
+            local_export(src, &dir),
+            "{name}"
+        );
+        std::fs::remove_file(&out).unwrap();
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
