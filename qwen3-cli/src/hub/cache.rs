@@ -42,6 +42,7 @@ pub fn repo_dir(root: &Path, id: &str) -> PathBuf {
 
 /// The files of a repository that `export` reads: the configs, the tokenizer, the safetensors
 /// weights and their index. (Not `pytorch_model.bin`, README, images, ...)
+#[cfg_attr(not(feature = "hub"), allow(dead_code))] // used by the downloader (and its tests)
 pub fn is_needed(name: &str) -> bool {
     matches!(
         name,
