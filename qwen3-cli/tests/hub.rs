@@ -633,3 +633,47 @@ fn a_cache_written_by_huggingface_hub_is_read() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `qwen3 serve NAME`: served from its export, under the repository id in `/v1/models`.
+#[test]
+fn serve_names_the_model_by_its_id() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hub-cache/hub");
+    let dir = tempdir("hub", "serve");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args([
+            "serve",
+            "test-org/tiny-qwen2",
+            "--offline",
+            "--port",
+            "0",
+            "--threads",
+            "1",
+        ])
+        .arg("--models-dir")
+        .arg(dir.join("models"))
+        .env("HF_HUB_CACHE", &fixture)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line
+        .split("http://127.0.0.1:")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no ready line: {line:?}"));
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    std::io::Read::read_to_string(&mut c, &mut body).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(body.contains("\"id\":\"test-org/tiny-qwen2\""), "{body}");
+    assert!(dir.join("models/test-org--tiny-qwen2.bin").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
