@@ -32,7 +32,14 @@ pub fn resolve(model: &Path, dir_flag: Option<&Path>, offline: bool) -> Result<P
     if model.exists() {
         return Ok(model.to_path_buf());
     }
-    let Some(repo) = model.to_str().and_then(RepoRef::parse) else {
+    // `models/qwen3.bin` that does not exist is a missing model file (opening it says so), not
+    // a repository named `qwen3.bin`.
+    let is_file_name = model.extension().is_some_and(|e| e == "bin");
+    let Some(repo) = model
+        .to_str()
+        .and_then(RepoRef::parse)
+        .filter(|_| !is_file_name)
+    else {
         return Ok(model.to_path_buf());
     };
     let dir = models_dir(dir_flag);
