@@ -65,7 +65,8 @@ fn restore_sigpipe() {}
 /// The forward pass's parallel loops (a few hundred a token) then run with the calling thread
 /// taking part and the others stealing from it. Called from the main thread instead, each loop
 /// would hand its work to the pool, wake a worker and put the main thread to sleep until the loop
-/// ends: a futex wake and a sleep per loop, which `perf` showed as 15% of decode's time.
+/// ends: a futex wake and a sleep per loop, which showed in decode's profile (measured:
+/// docs/performance.md, "The thread team").
 fn on_worker_thread(
     threads: Option<usize>,
     f: impl FnOnce() -> anyhow::Result<()> + Send,

@@ -2,9 +2,9 @@
 //!
 //! Decoding a token streams every weight once, so its speed is the rate at which the cores can
 //! stream memory, and on the dev machine that rate depends on how the pages behind the memory lie
-//! in physical memory: the q8 decode kernel streamed 17.9 GB/s from a buffer in 4 KiB pages and
-//! 26.0 GB/s from one in 2 MiB pages (`cargo bench --bench kernels`), and a file whose page cache
-//! holds 64 KiB runs streams nearly as fast as 2 MiB ones (docs/performance.md, "Huge pages").
+//! in physical memory: the q8 decode kernel streams a buffer in 2 MiB pages markedly faster than
+//! one in scattered 4 KiB pages, and a file whose page cache holds 64 KiB runs streams nearly as
+//! fast as 2 MiB ones (measured: docs/performance.md, "Huge pages").
 //!
 //! The page cache holds a file in folios (runs of physically contiguous pages), whose size is
 //! decided when the pages enter it:

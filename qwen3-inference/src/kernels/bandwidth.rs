@@ -4,9 +4,9 @@
 //!
 //! Its loop keeps 64 independent sums, so nothing waits on an addition and each cache line costs
 //! few instructions: a core's out-of-order window then holds many lines' loads at once, which is
-//! what streaming from DRAM needs. A dot product is a worse probe: on an AVX2 machine,
-//! `dot(a, a)` through the f32 kernel read 15-17 GB/s on one thread where this reads 18-22
-//! (performance.md).
+//! what streaming from DRAM needs. A dot product is a worse probe: on one thread, `dot(a, a)`
+//! through the f32 kernel read less than this loop does (measured: docs/performance.md,
+//! "Measuring").
 
 vectorized! {
     /// `sum` = the sum of `x` (in an order of its own; the value only keeps the reads alive).

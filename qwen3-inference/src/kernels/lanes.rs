@@ -28,7 +28,8 @@ pub fn sum_by(a: &[f32], f: impl Fn(f32) -> f32) -> f32 {
 /// `v` where `cond` holds, else `+0.0`, by masking the bits. Written as `if cond { v } else {
 /// 0.0 }` inside a sum, the compiler keeps a branch per value and does not vectorize the loop
 /// (adding `+0.0` is not a no-op for `-0.0`, so the select cannot become a skipped addition):
-/// 7 times slower over 151936 values on this project's machine.
+/// a pass over the vocabulary then takes several times as long (measured: docs/sampling.md,
+/// "Making it cheap").
 #[inline(always)]
 pub fn select(cond: bool, v: f32) -> f32 {
     f32::from_bits(v.to_bits() & 0u32.wrapping_sub(cond as u32))

@@ -19,9 +19,9 @@
 
 /// Defines a kernel whose body is compiled once per instruction set and run in the widest
 /// version this CPU has ([`vector_isa`]), for the small elementwise steps (RMSNorm, RoPE, SwiGLU,
-/// the residual add) whose plain loops the compiler vectorizes. At the target's baseline (SSE2)
-/// a decode step's SwiGLU took 4.8-6.2 us a layer, time in which the other threads wait for the
-/// caller (performance.md).
+/// the residual add) whose plain loops the compiler vectorizes. Decode runs these steps on the
+/// calling thread while the other threads wait for it, so their time counts twice, and at the
+/// target's baseline (SSE2) it showed (measured: docs/performance.md, "Smaller steps").
 ///
 /// The body becomes an `#[inline(always)]` function, inlined into one wrapper per instruction set
 /// compiled with that set enabled, so its loops take that width. Rust never fuses a multiply and

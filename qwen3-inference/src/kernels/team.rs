@@ -1,11 +1,11 @@
 //! A team of threads for decode's parallel loops.
 //!
 //! Decoding one token runs about 140 parallel loops (four products and attention in each of 28
-//! layers, then the classifier), most of them 50-250 us long. Under rayon each loop is a tree of
-//! tasks that the other threads steal, and its start and end cost enough to show: in a harness
-//! over every q8 matrix of Qwen3-0.6B, two threads on fixed halves of each matrix streamed 1.10
-//! times as fast as rayon's loops whenever the machine's memory was fast (median of 51 runs), and
-//! as fast in slow moments (docs/performance.md).
+//! layers, then the classifier), most of them short. Under rayon each loop is a tree of tasks
+//! that the other threads steal, and its start and end cost enough to show: over every q8 matrix
+//! of Qwen3-0.6B, two threads on fixed halves of each matrix streamed faster than rayon's loops
+//! whenever the machine's memory was fast, and as fast in slow moments (measured:
+//! docs/performance.md, "The thread team").
 //!
 //! Fixed halves alone are fragile, though: when the hypervisor or another process takes a core
 //! away from one thread, the other waits for it at the end of every loop. So each member owns a
@@ -35,12 +35,10 @@ const SPIN: Duration = Duration::from_micros(200);
 
 /// Each member's share of an output is cut into about this many parts. One part is the most a
 /// descheduled member can hold up the others by, and at the end of a job the caller waits for
-/// the part a worker is in the middle of; each part costs one atomic add. Two threads decoding
-/// the 0.6B shape waited 4.2-8.0 us a job with 4 parts, 3.3-5.3 with 8, 2.3-3.9 with 16 and
-/// 1.5-3.2 with 32 (jobs of 110-170 us). Alternating 8, 16 and 32 token by token in one process,
-/// the layers of a step took 0.995-1.000 times as long with 8 as with 16, and 1.004-1.016 with
-/// 32: 16 is as fast as 8 and holds up the others half as long (docs/performance.md, "The
-/// thread team").
+/// the part a worker is in the middle of; each part costs one atomic add. More parts shorten
+/// the wait at a job's end, fewer save atomic adds: 16 decodes as fast as 8 and holds up the
+/// others about half as long, while 32 made the steps slightly slower (measured:
+/// docs/performance.md, "The thread team").
 const PARTS_PER_MEMBER: usize = 16;
 
 /// A job: `parts(owner)` parts belong to each member `owner`, and `run(owner, i)` does part `i`

@@ -9,10 +9,11 @@ pub(super) const DRAW_BLOCK: usize = 64;
 /// [0, 1)): index i with probability `weights[i] / total`.
 ///
 /// A walk that subtracts one weight at a time is a chain of dependent f64 subtractions, about
-/// four cycles a weight (0.6 ms over the whole vocabulary). So the weights are summed
-/// [`DRAW_BLOCK`] at a time in independent lanes (vectorized), the total is the sum of those
-/// block sums, and the walk goes block by block, then one by one inside the block where `u`
-/// falls. `block_sums` is the caller's buffer, reused across tokens.
+/// four cycles a weight, slow over the whole vocabulary (measured: docs/sampling.md, "Making it
+/// cheap"). So the weights are summed [`DRAW_BLOCK`] at a time in independent lanes
+/// (vectorized), the total is the sum of those block sums, and the walk goes block by block,
+/// then one by one inside the block where `u` falls. `block_sums` is the caller's buffer, reused
+/// across tokens.
 #[inline(always)]
 pub(super) fn draw(weights: &[f32], u: f64, block_sums: &mut Vec<f64>) -> usize {
     block_sums.resize(weights.len().div_ceil(DRAW_BLOCK), 0.0);

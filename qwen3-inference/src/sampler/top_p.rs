@@ -15,8 +15,8 @@ use crate::kernels::lanes;
 /// kept, as HuggingFace's `TopPLogitsWarper` keeps it). `scaled` holds the logits already divided
 /// by the temperature, `[vocab]`; `top_p` is in (0, 1].
 ///
-/// Sorting 151936 tokens costs a millisecond or more a token, as much as a fifth of a decode
-/// step: the sampler runs [`nucleus`] instead. This one is the reference it is checked against.
+/// Sorting 151936 tokens is costly next to a decode step (measured: docs/sampling.md, "Making it
+/// cheap"): the sampler runs [`nucleus`] instead. This one is the reference it is checked against.
 pub fn plain_nucleus(scaled: &[f32], top_p: f64) -> Vec<u32> {
     // 1. Unnormalised probabilities: p_i ~ exp(l_i - max). Subtracting the largest logit keeps
     //    every exponential in (0, 1], so none overflows; it cancels in p_i / z.
@@ -72,10 +72,10 @@ pub(super) enum Nucleus {
 /// `weights` (`[vocab]`): `exp(l - max)` for every token kept, 0 for every other.
 ///
 /// The nucleus can be a few tokens or most of the vocabulary. Sorting (or selecting among) the
-/// 151936 tokens cost 1.5 ms at temperature 1.5, and so does any pass that handles the tokens one
-/// at a time, as collecting them into a list does: 1-2 ns a token (docs/sampling.md, "Making it
-/// cheap"). So the vocabulary is only read in passes the compiler
-/// vectorizes, and only the tokens around the cut are listed and sorted:
+/// 151936 tokens is costly next to a decode step, and so is any pass that handles the tokens one
+/// at a time, as collecting them into a list does (measured: docs/sampling.md, "Making it
+/// cheap"). So the vocabulary is only read in passes the compiler vectorizes, and only the
+/// tokens around the cut are listed and sorted:
 /// 1. The largest logit of each block of [`TOP_P_BLOCK`] tokens, and `z`, the sum of the
 ///    weights `exp(l - max)` of every token within reach of the top one (see [`NEGLIGIBLE`]).
 /// 2. The search: [`above`] gives the mass `M(x)` of the tokens whose logit is at least `x`,
@@ -223,7 +223,8 @@ pub(super) fn nucleus(
 ///
 /// In lanes across blocks: each block's masked weights go into 16 f32 lanes, which are then added
 /// into 16 f64 lanes. (A sum of each block on its own, its lanes added up before the next, kept
-/// the compiler from vectorizing the loop: 125-160 us a pass over 151936 tokens, against 28.)
+/// the compiler from vectorizing the loop, which made each pass several times slower; measured:
+/// docs/sampling.md, "Making it cheap".)
 #[inline(always)]
 fn above<const STORED: bool>(
     src: &[f32],

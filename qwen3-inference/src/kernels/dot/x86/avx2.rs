@@ -400,7 +400,8 @@ pub(super) unsafe fn dot_q8_f32_avx2(w: &[i8], ws: &[f32], x: &[f32], gs: usize)
 
 /// [`quantize_q8_avx512`] on AVX2, the same bits as `quant::quantize_q8` by the same argument.
 /// (Without it the reference's `round_ties_even` is a call to libm's `rintf` per value, as
-/// x86-64's baseline has no rounding instruction: 6% of a one-thread prefill on AVX2.)
+/// x86-64's baseline has no rounding instruction, and those calls show in a one-thread prefill's
+/// profile; measured: docs/performance.md, "Integer dot products (W8A8)".)
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn quantize_q8_avx2(x: &[f32], gs: usize, q: &mut [i8], scales: &mut [f32]) {
     if !gs.is_multiple_of(8) {

@@ -83,9 +83,9 @@ pub(super) unsafe fn dot_q8_avx512<const REACH: usize>(
     let groups = ws.len().min(xs.len()).min(w.len() / gs).min(x.len() / gs);
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
     // Two accumulators, alternating between groups, so consecutive groups' multiply-adds do
-    // not wait on each other (one chain is bound by the FMA latency, about 4 cycles a group:
-    // decode measured 4-5% slower with one). tile_q8 adds in the same order,
-    // so decode and prefill give the same bits.
+    // not wait on each other (one chain is bound by the FMA latency, about 4 cycles a group, and
+    // decode measured slower with one: docs/performance.md, "Not done yet"). tile_q8 adds in
+    // the same order, so decode and prefill give the same bits.
     let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     let mut g = 0;
     // SAFETY: group_at(g) reads w and x at [g*gs, (g+1)*gs) and ws[g], xs[g], for
@@ -121,7 +121,8 @@ pub(super) unsafe fn dot_q8_avx512<const REACH: usize>(
 /// Prefill is bound by arithmetic, so it is tiled: two weight rows against four tokens at a
 /// time ([`tile_q8`]), each weight vector loaded once for four tokens and each activation
 /// vector once for two rows. (Two rows by eight tokens measured slower: its sixteen
-/// accumulators plus temporaries exceed the 32 vector registers, and the compiler spills.)
+/// accumulators plus temporaries exceed the 32 vector registers, and the compiler spills;
+/// docs/performance.md, "Prefill: a register-tiled block product".)
 ///
 /// Decode prefetches the weights [`PREFETCH_NEAR`] and [`PREFETCH_FAR`] bytes ahead of the row
 /// it reads, within `w` and the `ahead` bytes after it (see [`MatQ8`]).
@@ -222,7 +223,8 @@ pub(super) unsafe fn tile_q8_gs<const R: usize, const N: usize, const GS: usize>
     let xs_row: [*const f32; N] = std::array::from_fn(|j| x.scales.as_ptr().add((i + j) * per));
     // Two accumulators per row and token, for the even and the odd groups, added in the order
     // dot_q8_avx512 (decode) adds them, so both give the same bits. With one per row and token
-    // this kernel did 75-78 GMAC/s, with two 85-86 (`cargo bench`).
+    // this kernel was slower (measured: docs/performance.md, "Prefill: a register-tiled block
+    // product").
     let mut acc = [[[_mm512_setzero_ps(); 2]; N]; R];
     // Combined scales ws[r, g] * xs[i, g] of up to 16 groups, made 16 at a time with one
     // vector multiply; the multiply-adds below broadcast them from here.
