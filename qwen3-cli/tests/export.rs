@@ -255,7 +255,11 @@ fn bad_group_size_lists_valid_ones() {
 #[test]
 fn bad_dtype_flag() {
     let hf = checkpoint("dtype-flag", &config(), &tensor_shapes());
-    export_fails(&hf, &["--dtype", "q4"], &["--dtype", "q4"]);
+    export_fails(
+        &hf,
+        &["--dtype", "q3"],
+        &["--dtype", "q3", "expected q8, q4, bf16 or f32"],
+    );
 }
 
 #[test]

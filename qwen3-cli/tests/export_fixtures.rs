@@ -104,7 +104,7 @@ fn every_fixture_exports_faithfully_in_every_dtype() {
             &std::fs::read_to_string(fixture(name).join("config.json")).unwrap(),
         )
         .unwrap();
-        for dtype in ["f32", "bf16", "q8"] {
+        for dtype in ["f32", "bf16", "q8", "q4"] {
             let (dir, out) = export(name, dtype);
             let mut files: Vec<String> = std::fs::read_dir(&dir)
                 .unwrap()
@@ -184,12 +184,29 @@ fn every_fixture_exports_faithfully_in_every_dtype() {
                             );
                         }
                     }
+                    TensorData::Q4 {
+                        packed,
+                        scales,
+                        group_size,
+                    } => {
+                        // quant.rs's rule applied to the source values, bit for bit; the
+                        // embedding table and the classifier stay q8.
+                        assert_eq!((dtype, group_size), ("q4", 32));
+                        assert!(!t.name.contains("embed_tokens") && !t.name.contains("lm_head"));
+                        let mut p = vec![0u8; want.len() / 2];
+                        let mut sc = vec![0u16; want.len() / 32];
+                        qwen3_inference::quant::quantize_q4(&want, 32, &mut p, &mut sc);
+                        assert_eq!((packed, scales), (&p[..], &sc[..]), "{name} {}", t.name);
+                    }
                     TensorData::Q8 {
                         q,
                         scales,
                         group_size,
                     } => {
                         assert_eq!(group_size, 32);
+                        if dtype == "q4" {
+                            assert!(t.name.contains("embed_tokens") || t.name.contains("lm_head"));
+                        }
                         for (g, (qg, wg)) in q.chunks(32).zip(want.chunks(32)).enumerate() {
                             let max = wg.iter().fold(0f32, |m, v| m.max(v.abs()));
                             assert_eq!(scales[g], max / 127.0, "{name} {} group {g}", t.name);

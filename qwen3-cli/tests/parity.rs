@@ -78,6 +78,15 @@ fn values(data: TensorData) -> Vec<f32> {
             qwen3_inference::quant::dequantize_q8(q, scales, group_size, &mut out);
             out
         }
+        TensorData::Q4 {
+            packed,
+            scales,
+            group_size,
+        } => {
+            let mut out = vec![0.0; packed.len() * 2];
+            qwen3_inference::quant::dequantize_q4(packed, scales, group_size, &mut out);
+            out
+        }
     }
 }
 

@@ -36,7 +36,12 @@ fn info_bench_and_generate_on_every_dtype() {
         .unwrap(),
     )
     .unwrap();
-    for (dtype, gs) in [(DType::F32, 0), (DType::Bf16, 0), (DType::Q8, 32)] {
+    for (dtype, gs) in [
+        (DType::F32, 0),
+        (DType::Bf16, 0),
+        (DType::Q8, 32),
+        (DType::Q4, 32),
+    ] {
         let m = export_fixture(NAME, &tempdir("qwen2", &dtype.to_string()), dtype, gs);
         let m = m.to_str().unwrap();
         let info = String::from_utf8(qwen3(&["info", m]).stdout).unwrap();

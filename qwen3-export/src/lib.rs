@@ -22,7 +22,7 @@ use qwen3_inference::format::writer::ModelWriter;
 use qwen3_inference::format::{
     companion_paths, expected_tensors, tensor_specs, DType, ModelConfig, TensorKind,
 };
-use qwen3_inference::quant::quantize_q8;
+use qwen3_inference::quant::{quantize_q4, quantize_q8};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -140,12 +140,15 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
     // 1. Config.
     let mut config = hf::config::load_config(hf_dir)?;
     config.dtype = opts.dtype;
-    config.group_size = if opts.dtype == DType::Q8 {
-        opts.group_size
-    } else {
-        0
-    };
-    if opts.dtype == DType::Q8 {
+    let grouped = matches!(opts.dtype, DType::Q8 | DType::Q4);
+    config.group_size = if grouped { opts.group_size } else { 0 };
+    if opts.dtype == DType::Q4 && !opts.group_size.is_multiple_of(2) {
+        bail!(
+            "q4 packs two values a byte: the group size must be even, got {}",
+            opts.group_size
+        );
+    }
+    if grouped {
         let valid = valid_group_sizes(&config);
         if !valid.contains(&opts.group_size) {
             let list: Vec<String> = valid.iter().map(|v| v.to_string()).collect();
@@ -284,6 +287,7 @@ fn write_model(
     // Reused buffers: a chunk of source rows, its f32 values, its output encoding.
     let (mut raw, mut values) = (Vec::new(), Vec::new());
     let (mut bf16, mut q, mut scales) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut packed, mut scales16) = (Vec::new(), Vec::new());
     for (i, spec) in specs.iter().enumerate() {
         let t = ckpt.tensor(&spec.name)?;
         let rows = t.numel() / t.row_len();
@@ -291,6 +295,7 @@ fn write_model(
         let chunk_rows = ((4 << 20) / (t.row_len() * t.bytes_per_value())).max(1);
         w.begin(&spec.name, spec.dtype)?;
         let mut tensor_scales: Vec<f32> = Vec::new();
+        let mut tensor_scales16: Vec<u16> = Vec::new();
         let mut first = 0;
         while first < rows {
             // A failure here drops `w`, whose temporary file goes with it.
@@ -318,11 +323,23 @@ fn write_model(
                     w.data(bytemuck::cast_slice(&q))?;
                     tensor_scales.extend_from_slice(&scales);
                 }
+                DType::Q4 => {
+                    values.clear();
+                    to_f32(t.dtype, &raw, &mut values);
+                    let gs = spec.group_size as usize;
+                    packed.resize(values.len() / 2, 0u8);
+                    scales16.resize(values.len() / gs, 0u16);
+                    quantize_q4(&values, gs, &mut packed, &mut scales16);
+                    w.data(&packed)?;
+                    tensor_scales16.extend_from_slice(&scales16);
+                }
             }
             first += nrows;
         }
-        if spec.dtype == DType::Q8 {
-            w.q8_scales(&tensor_scales)?;
+        match spec.dtype {
+            DType::Q8 => w.q8_scales(&tensor_scales)?,
+            DType::Q4 => w.q4_scales(&tensor_scales16)?,
+            _ => {}
         }
         w.end()?;
         if progress {

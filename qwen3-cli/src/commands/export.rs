@@ -18,10 +18,12 @@ pub struct ExportArgs {
     pub hf_dir: PathBuf,
     /// Model file to write; the tokenizer and template files are written beside it.
     pub out: PathBuf,
-    /// Values per INT8 scale for `--dtype q8`; must divide every matrix row length.
-    #[arg(long, default_value_t = 64)]
-    pub group_size: u32,
-    /// How to store the matrices: q8 (group-wise INT8), bf16, or f32. Norms are always f32.
+    /// Values per scale for `--dtype q8` (default 64) or q4 (default 32); must divide every
+    /// matrix row length.
+    #[arg(long)]
+    pub group_size: Option<u32>,
+    /// How to store the matrices: q8 (group-wise INT8), q4 (group-wise 4-bit; the embedding
+    /// table and the classifier stay q8), bf16, or f32. Norms are always f32.
     #[arg(long, default_value = "q8")]
     pub dtype: String,
     /// With a repository id: use the HuggingFace cache only, never the network (as
@@ -32,8 +34,11 @@ pub struct ExportArgs {
 
 pub fn run(args: ExportArgs) -> Result<()> {
     let Some(dtype) = DType::parse(&args.dtype) else {
-        bail!("--dtype {:?}: expected q8, bf16 or f32", args.dtype);
+        bail!("--dtype {:?}: expected q8, q4, bf16 or f32", args.dtype);
     };
+    let group_size = args
+        .group_size
+        .unwrap_or(if dtype == DType::Q4 { 32 } else { 64 });
     let source = match args.hf_dir.to_str().and_then(crate::hub::RepoRef::parse) {
         Some(repo) if !args.hf_dir.exists() => {
             crate::hub::checkpoint_dir(&repo, crate::hub::offline(args.offline))?
@@ -48,7 +53,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
         .context("cannot install the Ctrl-C handler")?;
     let opts = ExportOptions {
         dtype,
-        group_size: args.group_size,
+        group_size,
         progress: std::io::stderr().is_terminal(),
         cancel: Some(&INTERRUPTED),
     };
@@ -63,6 +68,10 @@ pub fn run(args: ExportArgs) -> Result<()> {
     let c = &s.config;
     let storage = match dtype {
         DType::Q8 => format!("q8, group size {}", c.group_size),
+        DType::Q4 => format!(
+            "q4 (embedding and classifier q8), group size {}",
+            c.group_size
+        ),
         other => other.to_string(),
     };
     println!(
@@ -76,6 +85,9 @@ pub fn run(args: ExportArgs) -> Result<()> {
         super::units::bytes(s.model_bytes),
         start.elapsed().as_secs_f64()
     );
+    if dtype == DType::Q4 {
+        eprintln!("note: q4 runs on the scalar reference kernel so far, several times slower than q8 (docs/quantization.md)");
+    }
     println!("{}: {}", s.tokenizer_path.display(), s.tokenizer_note);
     println!("{}: {}", s.template_path.display(), s.template_note);
     Ok(())

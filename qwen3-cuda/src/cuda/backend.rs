@@ -193,6 +193,8 @@ impl Backend for CudaBackend {
             DType::Q8 => self.runtime.stream.launch_builder(&f.embed_q8),
             DType::Bf16 => self.runtime.stream.launch_builder(&f.embed_bf16),
             DType::F32 => self.runtime.stream.launch_builder(&f.embed_f32),
+            // Never uploaded: `CudaWeights::load` refuses q4 files.
+            DType::Q4 => bail!("embed: q4 tables are not uploaded to the GPU"),
         };
         b.arg(out).arg(&ids).arg(&values);
         let scales = self.weights.view(&table.scales);
@@ -265,6 +267,7 @@ impl Backend for CudaBackend {
             DType::Q8 => self.runtime.stream.launch_builder(&f.matmul_q8),
             DType::Bf16 => self.runtime.stream.launch_builder(&f.matmul_bf16),
             DType::F32 => self.runtime.stream.launch_builder(&f.matmul_f32),
+            DType::Q4 => bail!("matmul: q4 weights are not uploaded to the GPU"),
         };
         b.arg(y).arg(&values);
         if w.dtype == DType::Q8 {

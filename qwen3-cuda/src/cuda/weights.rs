@@ -61,6 +61,10 @@ impl DeviceWeights {
                     let at = start + align_up(numel as u64).context("overflow")? as usize;
                     (start..start + numel, at..start + usize::try_from(t.nbytes)?)
                 }
+                DType::Q4 => bail!(
+                    "{name}: q4 weights ({}) run on the CPU only so far: use --device cpu, or export as q8",
+                    t.name
+                ),
             };
             if shape.len() == 2 {
                 let gs = (t.dtype == DType::Q8).then_some(t.group_size as usize);

@@ -16,6 +16,11 @@ pub fn embed(out: &mut [f32], table: &TensorData<'_>, tokens: &[u32], cols: usiz
                     scales,
                     group_size,
                 } => q[i] as f32 * scales[i / group_size],
+                TensorData::Q4 {
+                    packed,
+                    scales,
+                    group_size,
+                } => qwen3_inference::quant::q4_value(packed, scales, group_size, i),
                 TensorData::Bf16(b) => f32::from_bits((b[i] as u32) << 16),
                 TensorData::F32(f) => f[i],
             };

@@ -16,6 +16,17 @@ fn load4(w: &TensorData<'_>, row: usize, cols: usize, c: usize) -> ([f32; 4], f3
             std::array::from_fn(|k| q[i + k] as f32),
             scales[row * (cols / group_size) + c / group_size],
         ),
+        // (No CUDA kernel reads q4 yet: `CudaBackend::load` refuses q4 files.)
+        TensorData::Q4 {
+            packed,
+            scales,
+            group_size,
+        } => {
+            use qwen3_inference::quant::{q4_int, q4_scale};
+            let q = |k: usize| q4_int(packed, group_size, i + k) as f32;
+            let scale = q4_scale(scales, row * (cols / group_size) + c / group_size);
+            (std::array::from_fn(q), scale)
+        }
         TensorData::Bf16(b) => (
             std::array::from_fn(|k| f32::from_bits((b[i + k] as u32) << 16)),
             1.0,

@@ -43,6 +43,11 @@ fn weight(t: &TensorView, i: usize) -> f32 {
             scales,
             group_size,
         } => q[i] as f32 * scales[i / group_size],
+        TensorData::Q4 {
+            packed,
+            scales,
+            group_size,
+        } => crate::quant::q4_value(packed, scales, group_size, i),
     }
 }
 
@@ -302,11 +307,17 @@ mod tests {
     use crate::model::{Model, Session};
 
     /// The fast CPU backend against the plain one, on random models of each storage: the same
-    /// greedy tokens and logits within what their different orders of summation (and, for q8,
-    /// the CPU's quantized activations) allow.
+    /// greedy tokens and logits within what their different orders of summation (and, for q8
+    /// and q4, the CPU's quantized activations) allow.
     #[test]
     fn the_cpu_backend_computes_the_plain_math() {
-        for (dt, tol) in [(DType::F32, 1e-5), (DType::Bf16, 1e-5), (DType::Q8, 0.05)] {
+        let cases = [
+            (DType::F32, 1e-5),
+            (DType::Bf16, 1e-5),
+            (DType::Q8, 0.05),
+            (DType::Q4, 0.05),
+        ];
+        for (dt, tol) in cases {
             let d = std::env::temp_dir().join(format!("pq-plain-{}-{dt:?}", std::process::id()));
             std::fs::create_dir_all(&d).unwrap();
             let p = d.join("m.bin");
@@ -329,7 +340,7 @@ mod tests {
                     worst = worst.max((x - y).abs() / scale.max(1.0));
                 }
                 let next = crate::sampler::argmax(&la) as u32;
-                if dt != DType::Q8 {
+                if !matches!(dt, DType::Q8 | DType::Q4) {
                     assert_eq!(
                         next,
                         crate::sampler::argmax(&lb) as u32,

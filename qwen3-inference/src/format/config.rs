@@ -137,6 +137,14 @@ impl ModelConfig {
                     bail!("config: q8 with group size 0");
                 }
             }
+            DType::Q4 => {
+                if self.group_size == 0 || !self.group_size.is_multiple_of(2) {
+                    bail!(
+                        "config: q4 needs an even group size, got {}",
+                        self.group_size
+                    );
+                }
+            }
             _ => {
                 if self.group_size != 0 {
                     bail!(
@@ -307,7 +315,11 @@ pub(crate) mod tests {
                 ..Default::default()
             },
             dtype,
-            group_size: if dtype == DType::Q8 { 32 } else { 0 },
+            group_size: if matches!(dtype, DType::Q8 | DType::Q4) {
+                32
+            } else {
+                0
+            },
             attention_bias: false,
             qk_norm: true,
         }
@@ -315,7 +327,7 @@ pub(crate) mod tests {
 
     #[test]
     fn config_round_trips() {
-        for dt in [DType::F32, DType::Bf16, DType::Q8] {
+        for dt in [DType::F32, DType::Bf16, DType::Q8, DType::Q4] {
             for qwen2 in [false, true] {
                 let mut c = tiny_config(dt);
                 if qwen2 {

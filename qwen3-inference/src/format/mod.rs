@@ -35,8 +35,9 @@ pub const MAGIC: [u8; 8] = *b"QW3PICO\0";
 /// [`OLDEST_READABLE_VERSION`]..; it refuses newer ones.
 ///
 /// Version 2 added two flags to the config block (`attention_bias`, `qk_norm`) for the Qwen2
-/// family; a version 1 file is a Qwen3 model (no biases, q/k norms), and loads as one.
-pub const FORMAT_VERSION: u32 = 2;
+/// family; a version 1 file is a Qwen3 model (no biases, q/k norms), and loads as one. Version 3
+/// added the q4 dtype (code 3).
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest version this build still reads.
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 /// Written as a little-endian u32; a reader that sees other bytes was handed a file from a
@@ -63,6 +64,9 @@ pub enum DType {
     Bf16,
     /// Group-wise symmetric INT8: 1 byte a value plus one f32 scale per `group_size` values.
     Q8,
+    /// Group-wise symmetric 4-bit: two values a byte plus one f16 scale per `group_size` values
+    /// (`quant::quantize_q4`). The embedding table and the classifier of a q4 file stay q8.
+    Q4,
 }
 
 impl DType {
@@ -71,6 +75,7 @@ impl DType {
             DType::F32 => 0,
             DType::Bf16 => 1,
             DType::Q8 => 2,
+            DType::Q4 => 3,
         }
     }
 
@@ -79,6 +84,7 @@ impl DType {
             0 => Some(DType::F32),
             1 => Some(DType::Bf16),
             2 => Some(DType::Q8),
+            3 => Some(DType::Q4),
             _ => None,
         }
     }
@@ -88,6 +94,7 @@ impl DType {
             DType::F32 => "f32",
             DType::Bf16 => "bf16",
             DType::Q8 => "q8",
+            DType::Q4 => "q4",
         }
     }
 
@@ -96,6 +103,7 @@ impl DType {
             "f32" => Some(DType::F32),
             "bf16" => Some(DType::Bf16),
             "q8" => Some(DType::Q8),
+            "q4" => Some(DType::Q4),
             _ => None,
         }
     }
@@ -107,8 +115,8 @@ impl std::fmt::Display for DType {
     }
 }
 
-/// Bytes a tensor of `dtype` and `shape` occupies in the data section (q8: values, padding to
-/// [`ALIGN`], scales). `None` when the shape overflows or the group size does not fit the shape.
+/// Bytes a tensor of `dtype` and `shape` occupies in the data section (q8 and q4: values, padding
+/// to [`ALIGN`], scales). `None` when the shape overflows or the group size does not fit it.
 pub fn tensor_nbytes(dtype: DType, shape: &[u64], group_size: u32) -> Option<u64> {
     let numel = shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))?;
     match dtype {
@@ -122,6 +130,15 @@ pub fn tensor_nbytes(dtype: DType, shape: &[u64], group_size: u32) -> Option<u64
             }
             let n_scales = numel / gs;
             align_up(numel)?.checked_add(n_scales.checked_mul(4)?)
+        }
+        DType::Q4 => {
+            let cols = *shape.last()?;
+            let gs = group_size as u64;
+            if gs == 0 || !gs.is_multiple_of(2) || !cols.is_multiple_of(gs) {
+                return None;
+            }
+            let n_scales = numel / gs;
+            align_up(numel / 2)?.checked_add(n_scales.checked_mul(2)?)
         }
     }
 }
@@ -209,8 +226,12 @@ pub fn tensor_specs(c: &ModelConfig) -> Vec<writer::TensorSpec> {
     expected_tensors(c)
         .into_iter()
         .map(|e| {
+            let table = e.name == "model.embed_tokens.weight" || e.name == "lm_head.weight";
             let (dtype, group_size) = match e.kind {
                 TensorKind::Norm | TensorKind::Bias => (DType::F32, 0),
+                // q4 files keep the embedding table and the classifier in q8 (the classifier
+                // writes the logits directly; docs/quantization.md).
+                TensorKind::Matrix if c.dtype == DType::Q4 && table => (DType::Q8, c.group_size),
                 TensorKind::Matrix => (c.dtype, c.group_size),
             };
             writer::TensorSpec {
@@ -271,6 +292,10 @@ mod tests {
         // 1*32 values pad to 64, then one scale.
         assert_eq!(tensor_nbytes(DType::Q8, &[1, 32], 32), Some(64 + 4));
         assert_eq!(tensor_nbytes(DType::Q8, &[2, 100], 64), None);
+        // q4: half a byte a value, padded to 64, then an f16 scale per group.
+        assert_eq!(tensor_nbytes(DType::Q4, &[2, 128], 32), Some(128 + 16));
+        assert_eq!(tensor_nbytes(DType::Q4, &[3, 64], 32), Some(128 + 12));
+        assert_eq!(tensor_nbytes(DType::Q4, &[2, 100], 32), None);
         assert_eq!(tensor_nbytes(DType::F32, &[u64::MAX, 2], 0), None);
     }
 }

@@ -181,6 +181,13 @@ pub enum TensorData<'a> {
         scales: &'a [f32],
         group_size: usize,
     },
+    /// Two 4-bit values a byte, as `quant::quantize_q4` packs them; `scales[i]` (f16 bits) is
+    /// group `i`'s.
+    Q4 {
+        packed: &'a [u8],
+        scales: &'a [u16],
+        group_size: usize,
+    },
 }
 
 /// A tensor: its shape and borrowed values.
@@ -305,6 +312,15 @@ fn view_data<'a>(file: &'a [u8], t: &TensorInfo) -> Result<TensorData<'a>> {
                 group_size: t.group_size as usize,
             }
         }
+        DType::Q4 => {
+            let numel = t.shape.iter().product::<u64>() as usize;
+            let scales_at = align_up(numel as u64 / 2).context("overflow")? as usize;
+            TensorData::Q4 {
+                packed: &bytes[..numel / 2],
+                scales: bytemuck::try_cast_slice(&bytes[scales_at..]).map_err(cast_err)?,
+                group_size: t.group_size as usize,
+            }
+        }
     })
 }
 
@@ -332,6 +348,11 @@ mod tests {
                     let q: Vec<i8> = (0..n).map(|i| (i % 251) as i8).collect();
                     let sc: Vec<f32> = (0..n / s.group_size as usize).map(|i| i as f32).collect();
                     w.write_q8(&s.name, &q, &sc).unwrap()
+                }
+                DType::Q4 => {
+                    let p: Vec<u8> = (0..n / 2).map(|i| (i % 251) as u8).collect();
+                    let sc: Vec<u16> = (0..n / s.group_size as usize).map(|i| i as u16).collect();
+                    w.write_q4(&s.name, &p, &sc).unwrap()
                 }
             }
         }

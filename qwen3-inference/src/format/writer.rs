@@ -172,16 +172,26 @@ impl ModelWriter {
 
     /// The scales of the current q8 tensor, after all its int8 values.
     pub fn q8_scales(&mut self, scales: &[f32]) -> Result<()> {
+        self.scales(bytemuck::cast_slice(scales), 1)
+    }
+
+    /// After a q4 tensor's packed values: padding, then its f16 scales (as bits).
+    pub fn q4_scales(&mut self, scales: &[u16]) -> Result<()> {
+        self.scales(bytemuck::cast_slice(scales), 2)
+    }
+
+    /// Padding to [`ALIGN`] after the values (`numel / per_byte` bytes of them), then the scales.
+    fn scales(&mut self, bytes: &[u8], per_byte: u64) -> Result<()> {
         let Some(e) = &self.current else {
             bail!("scales written outside a tensor");
         };
         let numel: u64 = e.spec.shape.iter().product();
-        if self.pos != e.offset + numel {
+        if self.pos != e.offset + numel / per_byte {
             bail!("tensor {}: scales written before all values", e.spec.name);
         }
         let scales_at = align_up(self.pos).context("file too large")?;
         self.pad_to(scales_at)?;
-        self.data(bytemuck::cast_slice(scales))
+        self.data(bytes)
     }
 
     /// Ends the current tensor, checking it got exactly its planned length.
@@ -240,6 +250,14 @@ impl ModelWriter {
         self.begin(name, DType::Q8)?;
         self.data(bytemuck::cast_slice(q))?;
         self.q8_scales(scales)?;
+        self.end()
+    }
+
+    /// A whole q4 tensor: its packed values (`quant::quantize_q4`) and one f16 scale per group.
+    pub fn write_q4(&mut self, name: &str, packed: &[u8], scales: &[u16]) -> Result<()> {
+        self.begin(name, DType::Q4)?;
+        self.data(packed)?;
+        self.q4_scales(scales)?;
         self.end()
     }
 

@@ -85,8 +85,9 @@ const FEW_TOKENS: usize = 16;
 /// have the same bits.
 ///
 /// The parts write the output themselves, in parallel, while the block is still in their cache:
-/// done on one thread after the job, the copy was 2.5% of an 8-stream server's samples, with the
-/// other core waiting (the classifier alone is 151936 rows x 8 tokens).
+/// done on one thread after the job, the copy showed in a profile of a serving step, with the
+/// other core waiting (the classifier alone is 151936 rows x 8 tokens; measured:
+/// docs/performance.md, "A few rows: a serving step").
 fn few_tokens<const N: usize>(
     outs: [&mut [f32]; N],
     x: &[f32],
@@ -217,11 +218,31 @@ fn fill_block(
                 rows_ahead * cols,
             );
         }
-        (TensorData::Q8 { .. }, None) => unreachable!("q8 weights without quantized activations"),
+        (
+            TensorData::Q4 {
+                packed,
+                scales,
+                group_size: gs,
+            },
+            Some(acts),
+        ) => {
+            let per = cols / gs;
+            (dots.q4_rows)(
+                &packed[r0 * cols / 2..(r0 + n) * cols / 2],
+                &scales[r0 * per..(r0 + n) * per],
+                acts,
+                block,
+                rows_ahead * cols / 2,
+            );
+        }
+        (TensorData::Q8 { .. } | TensorData::Q4 { .. }, None) => {
+            unreachable!("q8 or q4 weights without quantized activations")
+        }
     }
 }
 
-/// Runs `f` with the activations quantized for q8 weights (`None` for f32 and bf16 weights).
+/// Runs `f` with the activations quantized for q8 or q4 weights (`None` for f32 and bf16
+/// weights).
 ///
 /// W8A8: each activation row is quantized once, per group of `gs` like the weights (quant.rs),
 /// so every group's product is an integer dot product times two scales:
@@ -235,13 +256,15 @@ fn with_activations<R>(
     ws: &[&TensorView],
     f: impl FnOnce(Option<&ActsQ8>) -> R,
 ) -> R {
-    let TensorData::Q8 { group_size: gs, .. } = ws[0].data else {
-        return f(None);
+    let gs = match ws[0].data {
+        TensorData::Q8 { group_size, .. } | TensorData::Q4 { group_size, .. } => group_size,
+        _ => return f(None),
     };
     for w in ws {
         assert!(
-            matches!(w.data, TensorData::Q8 { group_size, .. } if group_size == gs),
-            "matmuls: {} is not q8 with group size {gs}",
+            matches!(w.data, TensorData::Q8 { group_size, .. } | TensorData::Q4 { group_size, .. }
+                if group_size == gs),
+            "matmuls: {} is not q8 or q4 with group size {gs}",
             w.name
         );
     }
@@ -261,7 +284,7 @@ fn prefill(out: &mut [f32], rows: usize, t: usize, fill: impl Fn(usize, &mut [f3
     // weight row is read from memory once and then from cache for the other tokens. Its results
     // are columns of `out`, which are not contiguous, so they go to a transposed buffer
     // `[rows, t]` first, kept between calls (a fresh one per call costs page faults that showed
-    // up as a tenth of prefill's time).
+    // up in prefill's profile; measured: docs/performance.md, "Batched prefill").
     TRANSPOSED.with(|cell| {
         let mut out_t = cell.borrow_mut();
         out_t.resize(rows * t, 0.0);
@@ -270,9 +293,9 @@ fn prefill(out: &mut [f32], rows: usize, t: usize, fill: impl Fn(usize, &mut [f3
             .enumerate()
             .for_each(|(chunk, block)| fill(chunk * ROWS_PER_TASK, block));
         // Back to `[t, rows]`, in parallel over blocks of tokens (done on one thread, this copy
-        // was 3.4% of a 130-token prefill's CPU time on two threads, with the other core idle),
-        // and within a block 16 weight rows at a time: each token's 16 results are one cache
-        // line of `out`, read from 16 sequential streams of `out_t`.
+        // left the other cores idle while it ran; measured: docs/performance.md, "Batched
+        // prefill"), and within a block 16 weight rows at a time: each token's 16 results are
+        // one cache line of `out`, read from 16 sequential streams of `out_t`.
         let out_t: &[f32] = &out_t[..rows * t];
         out.par_chunks_mut(rows * TOKENS_PER_TASK)
             .enumerate()

@@ -4,7 +4,7 @@
 
 use crate::format::writer::ModelWriter;
 use crate::format::{tensor_specs, DType, GenerationDefaults, ModelConfig};
-use crate::quant::quantize_q8;
+use crate::quant::{quantize_q4, quantize_q8};
 use std::path::Path;
 
 pub fn config(dtype: DType) -> ModelConfig {
@@ -25,7 +25,11 @@ pub fn config(dtype: DType) -> ModelConfig {
         eos_token_ids: vec![0],
         generation: GenerationDefaults::default(),
         dtype,
-        group_size: if dtype == DType::Q8 { 16 } else { 0 },
+        group_size: if matches!(dtype, DType::Q8 | DType::Q4) {
+            16
+        } else {
+            0
+        },
         attention_bias: false,
         qk_norm: true,
     }
@@ -56,6 +60,13 @@ pub fn write_random(path: &Path, dtype: DType) {
                 let mut sc = vec![0f32; n / gs];
                 quantize_q8(&v, gs, &mut q, &mut sc);
                 w.write_q8(&s.name, &q, &sc).unwrap()
+            }
+            DType::Q4 => {
+                let gs = s.group_size as usize;
+                let mut p = vec![0u8; n / 2];
+                let mut sc = vec![0u16; n / gs];
+                quantize_q4(&v, gs, &mut p, &mut sc);
+                w.write_q4(&s.name, &p, &sc).unwrap()
             }
         }
     }

@@ -39,6 +39,7 @@ pub const NEON: Dots = Dots {
     bf16: |w, x| unsafe { dot_bf16_neon(w, x) },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_neon(w, ws, x, xs, gs) },
     q8_rows: mat_q8_neon,
+    q4_rows: super::q4::mat_q4_scalar,
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_neon(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_neon(x, gs, q, s) },
     isa: "neon",
@@ -49,6 +50,7 @@ pub const NEON_DOTPROD: Dots = Dots {
     // SAFETY: only handed out after `has_dotprod()` returned true, which includes NEON.
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_dotprod(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, _| unsafe { mat_q8_dotprod(w, ws, x, out) },
+    q4_rows: super::q4::mat_q4_scalar,
     isa: "neon-dotprod",
     ..NEON
 };

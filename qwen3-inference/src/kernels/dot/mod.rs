@@ -32,6 +32,8 @@ pub type DotQ8F32 = fn(w: &[i8], ws: &[f32], x: &[f32], group_size: usize) -> f3
 /// decode, the rest of its run of rows, see `team.rs`). A kernel may prefetch them and nothing
 /// further; 0 confines prefetching to `w`. The AVX-512 and AVX2 decode kernels prefetch.
 pub type MatQ8 = fn(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead: usize);
+/// [`MatQ8`] for q4 weights: `w` the rows' packed bytes, `ws` their f16 scales (`q4.rs`).
+pub type MatQ4 = fn(w: &[u8], ws: &[u16], x: &ActsQ8, out: &mut [f32], ahead: usize);
 
 /// `t` activation rows of `cols` values, quantized per group of `group_size` for the q8 kernels
 /// (the same rule as the weights, `quant.rs`).
@@ -89,10 +91,10 @@ impl ActsQ8<'_> {
     fn per(&self) -> usize {
         self.cols / self.group_size
     }
-    fn q_row(&self, i: usize) -> &[i8] {
+    pub(crate) fn q_row(&self, i: usize) -> &[i8] {
         &self.q[i * self.cols..(i + 1) * self.cols]
     }
-    fn scales_row(&self, i: usize) -> &[f32] {
+    pub(crate) fn scales_row(&self, i: usize) -> &[f32] {
         &self.scales[i * self.per()..(i + 1) * self.per()]
     }
     /// Panics unless every slice has the length the sizes say (a caller's bug, not bad input).
@@ -125,6 +127,9 @@ pub struct Dots {
     pub bf16: DotBf16,
     pub q8: DotQ8,
     pub q8_rows: MatQ8,
+    /// q4 weights against q8 activations (W4A8). For now every instruction set runs the scalar
+    /// reference (`q4.rs`).
+    pub q4_rows: MatQ4,
     pub q8_f32: DotQ8F32,
     pub quantize_q8: QuantizeQ8,
     /// Which instruction set was picked, for `--verbose` and the bench report.
@@ -137,6 +142,7 @@ pub const SCALAR: Dots = Dots {
     bf16: dot_bf16_scalar,
     q8: dot_q8_scalar,
     q8_rows: mat_q8_scalar,
+    q4_rows: q4::mat_q4_scalar,
     q8_f32: dot_q8_f32_scalar,
     quantize_q8: crate::quant::quantize_q8,
     isa: "scalar",
@@ -252,9 +258,10 @@ const TILE_BLOCK_ROWS: usize = 16;
 ///
 /// Rows are the outer loop, in blocks of [`TILE_BLOCK_ROWS`], and tokens the inner one. With
 /// tokens outside, a product of a few tokens over many rows (a serving step's classifier: 8
-/// tokens, 4700 rows a part) read its weights from DRAM once per four tokens; a step of 8
-/// sequences took 44-47 ms where a prefill of 8 tokens (one classifier row) took 35. Each tile
-/// makes the same bits whatever the order, so results do not change.
+/// tokens, 4700 rows a part) read its weights from DRAM once per four tokens, and a step of 8
+/// sequences was slower than a prefill of 8 tokens, which computes only one classifier row
+/// (measured: docs/performance.md, "A few rows: a serving step"). Each tile makes the same bits
+/// whatever the order, so results do not change.
 fn for_each_tile(
     rows: usize,
     t: usize,
@@ -287,6 +294,7 @@ pub fn dot_q8_f32_scalar(w: &[i8], ws: &[f32], x: &[f32], gs: usize) -> f32 {
     sum
 }
 
+pub mod q4;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

@@ -37,6 +37,7 @@ pub const AVX2: Dots = Dots {
     bf16: |w, x| unsafe { dot_bf16_avx2(w, x) },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2::<0, MADDUBS>(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx2::<MADDUBS>(w, ws, x, out, ahead) },
+    q4_rows: super::q4::mat_q4_scalar,
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx2(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx2(x, gs, q, s) },
     isa: "avx2",
@@ -60,6 +61,7 @@ pub const AVX512: Dots = Dots {
     bf16: |w, x| unsafe { dot_bf16_avx512(w, x) },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx512::<0>(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx512(w, ws, x, out, ahead) },
+    q4_rows: super::q4::mat_q4_scalar,
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
     isa: "avx512-vnni",
@@ -69,22 +71,18 @@ pub const AVX512: Dots = Dots {
 /// [`PREFETCH_NEAR`] and [`PREFETCH_FAR`] bytes on, both with `prefetcht2` (into the outer
 /// caches). Decode reads each weight once, so it waits on DRAM unless loads are in flight well
 /// ahead of use, and the hardware prefetcher alone keeps too few in flight for a loop that also
-/// computes (one thread on a 256 MB matrix: 21-23 GB/s with an 8 KiB prefetch against 17-18
-/// without).
+/// computes: without a prefetch, one thread streams a large matrix markedly slower.
 ///
-/// Measured on the classifier of the 0.6B shape, two threads, variants alternated call by call
-/// (performance.md): against one `prefetcht0` 8 KiB on, this form streamed
-/// 1.06-1.09 times as fast when the machine's memory was fast (probe above 45 GB/s) and
-/// 0.99-1.01 times otherwise; no prefetch at all 0.77 and 0.92; `prefetchnta` 8 KiB 1.02 and
-/// 1.01; other pairs of distances (8+24, 8+48, 16+32, 16+48, 24+48 KiB) within 0.01-0.02 of
-/// this one. On one thread, whole decode steps took 0.93-0.97 times as long with this form as
-/// with the single `prefetcht0`.
+/// Against a single `prefetcht0` 8 KiB on, this form streams faster when the machine's memory is
+/// fast and as fast when it is slow, where the memory is the limit whatever the kernel does;
+/// `prefetchnta` and other pairs of distances were no better, and whole one-thread decode steps
+/// are shorter with this form (measured: docs/performance.md, "Decode: software prefetch").
 ///
 /// The prefetches stop at the end of the rows this thread reads next (the `ahead` of
 /// [`MatQ8`]): past it, the lines belong to another thread, which has already read them, and
 /// each is a wasted read of DRAM. Unbounded, the far prefetch made a two-thread decode step
-/// 1.5% slower (it costs up to 40 KiB at each of the ~400 ends of a thread's rows in a step);
-/// bounded, the step took 0.94 times as long in fast moments and 1.00 otherwise.
+/// slower (it costs up to 40 KiB at each of the ~400 ends of a thread's rows in a step); bounded,
+/// the step is faster in fast moments and no slower otherwise (same section).
 pub(super) const PREFETCH_NEAR: usize = 8192;
 
 /// See [`PREFETCH_NEAR`].
