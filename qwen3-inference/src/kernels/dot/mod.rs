@@ -49,6 +49,9 @@ pub struct ActsQ8<'a> {
     pub biased: &'a [u8],
     /// `[t, cols / group_size]`
     pub scales: &'a [f32],
+    /// `[t, cols / group_size]`: each group's sum of `q` (the q4 kernels' correction for their
+    /// unsigned nibbles).
+    pub sums: &'a [i32],
 }
 
 /// The buffers behind an [`ActsQ8`], reused from one product to the next.
@@ -57,6 +60,7 @@ pub struct ActsQ8Buf {
     q: Vec<i8>,
     biased: Vec<u8>,
     scales: Vec<f32>,
+    sums: Vec<i32>,
 }
 
 impl ActsQ8Buf {
@@ -76,6 +80,10 @@ impl ActsQ8Buf {
         for (b, &v) in self.biased.iter_mut().zip(&self.q) {
             *b = v as u8 ^ 0x80;
         }
+        self.sums.resize(t * per, 0);
+        for (s, g) in self.sums.iter_mut().zip(self.q.chunks_exact(gs)) {
+            *s = g.iter().map(|&v| v as i32).sum();
+        }
         ActsQ8 {
             t,
             cols,
@@ -83,6 +91,7 @@ impl ActsQ8Buf {
             q: &self.q,
             biased: &self.biased,
             scales: &self.scales,
+            sums: &self.sums,
         }
     }
 }
@@ -96,6 +105,9 @@ impl ActsQ8<'_> {
     }
     pub(crate) fn scales_row(&self, i: usize) -> &[f32] {
         &self.scales[i * self.per()..(i + 1) * self.per()]
+    }
+    pub(crate) fn sums_row(&self, i: usize) -> &[i32] {
+        &self.sums[i * self.per()..(i + 1) * self.per()]
     }
     /// Panics unless every slice has the length the sizes say (a caller's bug, not bad input).
     fn check(&self, w: &[i8], ws: &[f32], out: &[f32]) -> usize {
@@ -382,6 +394,45 @@ mod tests {
     /// every tile of the AVX-512, AVX2 and NEON kernels (2 or 1 rows; 4, 3, 2 or 1 tokens) and every
     /// prefetch depth of their decode paths, and group sizes with one and several 64-byte
     /// chunks, a 32-byte tail (96), and ones a kernel does not handle itself (16, 32).
+    /// Every instruction set's q4 kernel against the scalar reference (`q4.rs`), which is itself
+    /// checked against the dequantized product: group sizes the SIMD kernels take (multiples of
+    /// 32) and one they hand back to the reference.
+    #[test]
+    fn q4_rows_match_the_reference() {
+        let mut seed = 9;
+        for d in available() {
+            for gs in [16, 32, 64, 128] {
+                for (rows, t, groups) in [
+                    (1, 1, 3),
+                    (3, 2, 1),
+                    (5, 3, 17),
+                    (2, 3, 2),
+                    (3, 1, 32),
+                    (2, 5, 22),
+                ] {
+                    let cols = gs * groups;
+                    let w = rand_vec(rows * cols, &mut seed, 1.0);
+                    let x = rand_vec(t * cols, &mut seed, 3.0);
+                    let mut packed = vec![0u8; w.len() / 2];
+                    let mut ws = vec![0u16; w.len() / gs];
+                    crate::quant::quantize_q4(&w, gs, &mut packed, &mut ws);
+                    let mut buf = ActsQ8Buf::default();
+                    let acts = buf.quantize(&x, t, cols, gs);
+                    let (mut got, mut want) = (vec![f32::NAN; rows * t], vec![0f32; rows * t]);
+                    (d.q4_rows)(&packed, &ws, &acts, &mut got, 0);
+                    q4::mat_q4_scalar(&packed, &ws, &acts, &mut want, 0);
+                    for (k, (&r, &s)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            close(r, s, cols, 6.0),
+                            "{} q4 gs={gs} [{k}]: {r} vs {s}",
+                            d.isa
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn q8_rows_matches_scalar_dots() {
         let mut seed = 7;

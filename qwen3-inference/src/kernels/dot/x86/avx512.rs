@@ -371,3 +371,114 @@ pub(super) unsafe fn quantize_q8_avx512(x: &[f32], gs: usize, q: &mut [i8], scal
         }
     }
 }
+
+/// q4 weights against q8 activations (`dot/q4.rs` has the scalar reference and the packing), for
+/// group size 32 (the default); others take the reference. Two groups at a time: their 32
+/// packed bytes give, by one mask and one shift, the low and the high nibbles of both groups,
+/// which one lane shuffle puts in the order of the 64 activations they meet. `vpdpbusd`
+/// multiplies the nibbles (`q + 8`, unsigned) by the activations (signed), eight lanes a group;
+/// the `+ 8` comes off at the end as `8 * sum(x)` per group, from the activations' group sums
+/// (`ActsQ8::sums`). The weight scales (f16) are widened eight groups at a time (`vcvtph2ps`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn dot_q4_avx512(
+    w: &[u8],
+    ws: &[u16],
+    x: &[i8],
+    xs: &[f32],
+    sums: &[i32],
+    gs: usize,
+) -> f32 {
+    let groups = ws
+        .len()
+        .min(xs.len())
+        .min(sums.len())
+        .min(w.len() / 16)
+        .min(x.len() / 32);
+    if gs != 32 || !groups.is_multiple_of(2) {
+        return super::super::q4::dot_q4_scalar(w, ws, x, xs, gs);
+    }
+    let nibble = _mm256_set1_epi8(15);
+    let (mut acc, mut corr) = (_mm512_setzero_ps(), _mm256_setzero_ps());
+    // Lane k of the 8-group scale vector, for the 8 lanes of each of two groups.
+    let pick = |k: i32| {
+        _mm512_set_epi32(
+            k + 1,
+            k + 1,
+            k + 1,
+            k + 1,
+            k + 1,
+            k + 1,
+            k + 1,
+            k + 1,
+            k,
+            k,
+            k,
+            k,
+            k,
+            k,
+            k,
+            k,
+        )
+    };
+    let picks = [pick(0), pick(2), pick(4), pick(6)];
+    let mut g0 = 0;
+    while g0 < groups {
+        let n = (groups - g0).min(8);
+        let (mut d16, mut s8, mut c8) = ([0u16; 8], [0f32; 8], [0i32; 8]);
+        d16[..n].copy_from_slice(&ws[g0..g0 + n]);
+        s8[..n].copy_from_slice(&xs[g0..g0 + n]);
+        c8[..n].copy_from_slice(&sums[g0..g0 + n]);
+        // SAFETY: loads from local arrays of exactly these sizes.
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(d16.as_ptr() as *const __m128i));
+        let scales = _mm256_mul_ps(d, _mm256_loadu_ps(s8.as_ptr()));
+        let xsum = _mm256_cvtepi32_ps(_mm256_loadu_si256(c8.as_ptr() as *const __m256i));
+        // `8 * sum(x) * scale` per group, subtracted at the end.
+        corr = _mm256_fmadd_ps(_mm256_mul_ps(xsum, _mm256_set1_ps(8.0)), scales, corr);
+        let scales = _mm512_castps256_ps512(scales);
+        for (pair, &pk) in picks.iter().enumerate().take(n / 2) {
+            let g = g0 + 2 * pair;
+            // SAFETY: 32 bytes of w from 16 * g and 64 of x from 32 * g, with g + 2 <= groups.
+            let b = _mm256_loadu_si256(w.as_ptr().add(16 * g) as *const __m256i);
+            let lo = _mm256_and_si256(b, nibble);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble);
+            // [A lo, B lo, A hi, B hi] -> [A lo, A hi, B lo, B hi]: values 0..64 in order.
+            let v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            let v = _mm512_shuffle_i64x2(v, v, 0b11_01_10_00);
+            let xv = _mm512_loadu_si512(x.as_ptr().add(32 * g) as *const __m512i);
+            let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, xv);
+            acc = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(isum),
+                _mm512_permutexvar_ps(pk, scales),
+                acc,
+            );
+        }
+        g0 += n;
+    }
+    let c4 = _mm_add_ps(_mm256_castps256_ps128(corr), _mm256_extractf128_ps(corr, 1));
+    let c2 = _mm_add_ps(c4, _mm_movehl_ps(c4, c4));
+    let c = _mm_cvtss_f32(_mm_add_ss(c2, _mm_shuffle_ps(c2, c2, 1)));
+    _mm512_reduce_add_ps(acc) - c
+}
+
+/// [`MatQ4`]: one [`dot_q4_avx512`] per (row, token) pair.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn mat_q4_avx512(
+    w: &[u8],
+    ws: &[u16],
+    x: &ActsQ8,
+    out: &mut [f32],
+    _ahead: usize,
+) {
+    let (cols, gs, t) = (x.cols, x.group_size, x.t);
+    let per = cols / gs;
+    assert!(w.len() * 2 == out.len() / t * cols && ws.len() == out.len() / t * per);
+    for (r, out_r) in out.chunks_exact_mut(t).enumerate() {
+        let (w_r, ws_r) = (
+            &w[r * cols / 2..(r + 1) * cols / 2],
+            &ws[r * per..(r + 1) * per],
+        );
+        for (i, o) in out_r.iter_mut().enumerate() {
+            *o = dot_q4_avx512(w_r, ws_r, x.q_row(i), x.scales_row(i), x.sums_row(i), gs);
+        }
+    }
+}

@@ -29,6 +29,7 @@ pub fn has_avx512() -> bool {
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("f16c")
 }
 
 pub const AVX2: Dots = Dots {
@@ -61,7 +62,7 @@ pub const AVX512: Dots = Dots {
     bf16: |w, x| unsafe { dot_bf16_avx512(w, x) },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx512::<0>(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx512(w, ws, x, out, ahead) },
-    q4_rows: super::q4::mat_q4_scalar,
+    q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx512(w, ws, x, out, ahead) },
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
     isa: "avx512-vnni",
