@@ -424,14 +424,27 @@ pub(super) unsafe fn dot_q4_avx512(
     let mut g0 = 0;
     while g0 < groups {
         let n = (groups - g0).min(8);
-        let (mut d16, mut s8, mut c8) = ([0u16; 8], [0f32; 8], [0i32; 8]);
-        d16[..n].copy_from_slice(&ws[g0..g0 + n]);
-        s8[..n].copy_from_slice(&xs[g0..g0 + n]);
-        c8[..n].copy_from_slice(&sums[g0..g0 + n]);
-        // SAFETY: loads from local arrays of exactly these sizes.
-        let d = _mm256_cvtph_ps(_mm_loadu_si128(d16.as_ptr() as *const __m128i));
-        let scales = _mm256_mul_ps(d, _mm256_loadu_ps(s8.as_ptr()));
-        let xsum = _mm256_cvtepi32_ps(_mm256_loadu_si256(c8.as_ptr() as *const __m256i));
+        let (d, sx, xsum) = if n == 8 {
+            // SAFETY: 8 scales of each kind from g0, with g0 + 8 <= groups.
+            (
+                _mm256_cvtph_ps(_mm_loadu_si128(ws.as_ptr().add(g0) as *const __m128i)),
+                _mm256_loadu_ps(xs.as_ptr().add(g0)),
+                _mm256_cvtepi32_ps(_mm256_loadu_si256(sums.as_ptr().add(g0) as *const __m256i)),
+            )
+        } else {
+            // The last few groups of a row, through zero-padded copies.
+            let (mut d16, mut s8, mut c8) = ([0u16; 8], [0f32; 8], [0i32; 8]);
+            d16[..n].copy_from_slice(&ws[g0..g0 + n]);
+            s8[..n].copy_from_slice(&xs[g0..g0 + n]);
+            c8[..n].copy_from_slice(&sums[g0..g0 + n]);
+            // SAFETY: loads from local arrays of exactly these sizes.
+            (
+                _mm256_cvtph_ps(_mm_loadu_si128(d16.as_ptr() as *const __m128i)),
+                _mm256_loadu_ps(s8.as_ptr()),
+                _mm256_cvtepi32_ps(_mm256_loadu_si256(c8.as_ptr() as *const __m256i)),
+            )
+        };
+        let scales = _mm256_mul_ps(d, sx);
         // `8 * sum(x) * scale` per group, subtracted at the end.
         corr = _mm256_fmadd_ps(_mm256_mul_ps(xsum, _mm256_set1_ps(8.0)), scales, corr);
         let scales = _mm512_castps256_ps512(scales);
@@ -460,21 +473,33 @@ pub(super) unsafe fn dot_q4_avx512(
     _mm512_reduce_add_ps(acc) - c
 }
 
-/// [`MatQ4`]: one [`dot_q4_avx512`] per (row, token) pair.
+/// [`MatQ4`]: one [`dot_q4_avx512`] per (row, token) pair. Before each row it asks for the
+/// weights [`PREFETCH_NEAR`] and [`PREFETCH_FAR`] bytes ahead, into the outer caches, as the q8
+/// decode kernel does, and never past the `ahead` bytes this thread reads after `w`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn mat_q4_avx512(
     w: &[u8],
     ws: &[u16],
     x: &ActsQ8,
     out: &mut [f32],
-    _ahead: usize,
+    ahead: usize,
 ) {
     let (cols, gs, t) = (x.cols, x.group_size, x.t);
     let per = cols / gs;
     assert!(w.len() * 2 == out.len() / t * cols && ws.len() == out.len() / t * per);
+    let (row_bytes, end) = (cols / 2, w.len() + ahead);
     for (r, out_r) in out.chunks_exact_mut(t).enumerate() {
+        for off in (r * row_bytes..(r + 1) * row_bytes).step_by(64) {
+            for dist in [PREFETCH_NEAR, PREFETCH_FAR] {
+                if off + dist < end {
+                    // A prefetch never faults; the address stays inside the rows this thread
+                    // reads (`end`).
+                    _mm_prefetch::<_MM_HINT_T2>(w.as_ptr().wrapping_add(off + dist) as *const i8);
+                }
+            }
+        }
         let (w_r, ws_r) = (
-            &w[r * cols / 2..(r + 1) * cols / 2],
+            &w[r * row_bytes..(r + 1) * row_bytes],
             &ws[r * per..(r + 1) * per],
         );
         for (i, o) in out_r.iter_mut().enumerate() {
