@@ -373,12 +373,13 @@ pub(super) unsafe fn quantize_q8_avx512(x: &[f32], gs: usize, q: &mut [i8], scal
 }
 
 /// q4 weights against q8 activations (`dot/q4.rs` has the scalar reference and the packing), for
-/// group size 32 (the default); others take the reference. Two groups at a time: their 32
-/// packed bytes give, by one mask and one shift, the low and the high nibbles of both groups,
-/// which one lane shuffle puts in the order of the 64 activations they meet. `vpdpbusd`
-/// multiplies the nibbles (`q + 8`, unsigned) by the activations (signed), eight lanes a group;
-/// the `+ 8` comes off at the end as `8 * sum(x)` per group, from the activations' group sums
-/// (`ActsQ8::sums`). The weight scales (f16) are widened eight groups at a time (`vcvtph2ps`).
+/// group size 32 (the default); others take the reference. Eight groups at a time, in 256-bit
+/// vectors: a group's 16 packed bytes give, by one mask and one shift, its low and high halves,
+/// which `vpdpbusd` multiplies (unsigned `q + 8`) by its 32 activations (signed) into eight
+/// lanes. Horizontal adds fold the eight groups' lanes into one vector of eight integer sums,
+/// from which `8 * sum(x)` (the activations' group sums, `ActsQ8::sums`) takes the `+ 8` off,
+/// exactly; then one conversion and one multiply-add by the eight groups' scales (the f16 weight
+/// scales widened by `vcvtph2ps`). A row's last `groups % 8` groups take the reference.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn dot_q4_avx512(
     w: &[u8],
@@ -394,83 +395,57 @@ pub(super) unsafe fn dot_q4_avx512(
         .min(sums.len())
         .min(w.len() / 16)
         .min(x.len() / 32);
-    if gs != 32 || !groups.is_multiple_of(2) {
+    if gs != 32 {
         return super::super::q4::dot_q4_scalar(w, ws, x, xs, gs);
     }
-    let nibble = _mm256_set1_epi8(15);
-    let (mut acc, mut corr) = (_mm512_setzero_ps(), _mm256_setzero_ps());
-    // Lane k of the 8-group scale vector, for the 8 lanes of each of two groups.
-    let pick = |k: i32| {
-        _mm512_set_epi32(
-            k + 1,
-            k + 1,
-            k + 1,
-            k + 1,
-            k + 1,
-            k + 1,
-            k + 1,
-            k + 1,
-            k,
-            k,
-            k,
-            k,
-            k,
-            k,
-            k,
-            k,
-        )
+    let nibble = _mm_set1_epi8(15);
+    // Group g's eight lanes of sum((q + 8) * x).
+    let group = |g: usize| -> __m256i {
+        // SAFETY: 16 bytes of w from 16 * g and 32 of x from 32 * g, with g < groups.
+        let b = _mm_loadu_si128(w.as_ptr().add(16 * g) as *const __m128i);
+        let lo = _mm_and_si128(b, nibble);
+        let hi = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
+        let xv = _mm256_loadu_si256(x.as_ptr().add(32 * g) as *const __m256i);
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set_m128i(hi, lo), xv)
     };
-    let picks = [pick(0), pick(2), pick(4), pick(6)];
-    let mut g0 = 0;
-    while g0 < groups {
-        let n = (groups - g0).min(8);
-        let (d, sx, xsum) = if n == 8 {
-            // SAFETY: 8 scales of each kind from g0, with g0 + 8 <= groups.
-            (
-                _mm256_cvtph_ps(_mm_loadu_si128(ws.as_ptr().add(g0) as *const __m128i)),
-                _mm256_loadu_ps(xs.as_ptr().add(g0)),
-                _mm256_cvtepi32_ps(_mm256_loadu_si256(sums.as_ptr().add(g0) as *const __m256i)),
-            )
-        } else {
-            // The last few groups of a row, through zero-padded copies.
-            let (mut d16, mut s8, mut c8) = ([0u16; 8], [0f32; 8], [0i32; 8]);
-            d16[..n].copy_from_slice(&ws[g0..g0 + n]);
-            s8[..n].copy_from_slice(&xs[g0..g0 + n]);
-            c8[..n].copy_from_slice(&sums[g0..g0 + n]);
-            // SAFETY: loads from local arrays of exactly these sizes.
-            (
-                _mm256_cvtph_ps(_mm_loadu_si128(d16.as_ptr() as *const __m128i)),
-                _mm256_loadu_ps(s8.as_ptr()),
-                _mm256_cvtepi32_ps(_mm256_loadu_si256(c8.as_ptr() as *const __m256i)),
-            )
-        };
-        let scales = _mm256_mul_ps(d, sx);
-        // `8 * sum(x) * scale` per group, subtracted at the end.
-        corr = _mm256_fmadd_ps(_mm256_mul_ps(xsum, _mm256_set1_ps(8.0)), scales, corr);
-        let scales = _mm512_castps256_ps512(scales);
-        for (pair, &pk) in picks.iter().enumerate().take(n / 2) {
-            let g = g0 + 2 * pair;
-            // SAFETY: 32 bytes of w from 16 * g and 64 of x from 32 * g, with g + 2 <= groups.
-            let b = _mm256_loadu_si256(w.as_ptr().add(16 * g) as *const __m256i);
-            let lo = _mm256_and_si256(b, nibble);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble);
-            // [A lo, B lo, A hi, B hi] -> [A lo, A hi, B lo, B hi]: values 0..64 in order.
-            let v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-            let v = _mm512_shuffle_i64x2(v, v, 0b11_01_10_00);
-            let xv = _mm512_loadu_si512(x.as_ptr().add(32 * g) as *const __m512i);
-            let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, xv);
-            acc = _mm512_fmadd_ps(
-                _mm512_cvtepi32_ps(isum),
-                _mm512_permutexvar_ps(pk, scales),
-                acc,
-            );
-        }
-        g0 += n;
+    let mut acc = _mm256_setzero_ps();
+    let blocks = groups / 8;
+    for blk in 0..blocks {
+        let g = 8 * blk;
+        // Pairwise sums within 128-bit lanes: after two rounds, lane half 0 holds the sums of
+        // the first four lanes of groups g..g+4 and half 1 those of their last four.
+        let h01 = _mm256_hadd_epi32(group(g), group(g + 1));
+        let h23 = _mm256_hadd_epi32(group(g + 2), group(g + 3));
+        let h45 = _mm256_hadd_epi32(group(g + 4), group(g + 5));
+        let h67 = _mm256_hadd_epi32(group(g + 6), group(g + 7));
+        let q0 = _mm256_hadd_epi32(h01, h23);
+        let q1 = _mm256_hadd_epi32(h45, h67);
+        let tot = _mm256_add_epi32(
+            _mm256_permute2x128_si256(q0, q1, 0x20),
+            _mm256_permute2x128_si256(q0, q1, 0x31),
+        );
+        // SAFETY: eight scales and sums from g, with g + 8 <= groups.
+        let xsum = _mm256_loadu_si256(sums.as_ptr().add(g) as *const __m256i);
+        let tot = _mm256_sub_epi32(tot, _mm256_slli_epi32(xsum, 3));
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(ws.as_ptr().add(g) as *const __m128i));
+        let scales = _mm256_mul_ps(d, _mm256_loadu_ps(xs.as_ptr().add(g)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), scales, acc);
     }
-    let c4 = _mm_add_ps(_mm256_castps256_ps128(corr), _mm256_extractf128_ps(corr, 1));
-    let c2 = _mm_add_ps(c4, _mm_movehl_ps(c4, c4));
-    let c = _mm_cvtss_f32(_mm_add_ss(c2, _mm_shuffle_ps(c2, c2, 1)));
-    _mm512_reduce_add_ps(acc) - c
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    let mut total = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+    let g = 8 * blocks;
+    if g < groups {
+        let tail = super::super::q4::dot_q4_scalar(
+            &w[16 * g..16 * groups],
+            &ws[g..groups],
+            &x[32 * g..32 * groups],
+            &xs[g..groups],
+            gs,
+        );
+        total += tail;
+    }
+    total
 }
 
 /// [`MatQ4`]: one [`dot_q4_avx512`] per (row, token) pair. Before each row it asks for the
