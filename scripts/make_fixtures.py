@@ -531,43 +531,17 @@ def qwen2_hub_config(spec: dict, bos: int, eos) -> dict:
     }
 
 
-def qwen2_transformers5_config(spec: dict, bos: int, eos) -> dict:
-    """config.json as transformers 5 writes it (Qwen2Config.save_pretrained)."""
-    assert spec["head_dim"] == spec["hidden"] // spec["heads"] and not spec["write_head_dim"]
-    cfg = transformers.Qwen2Config(
-        vocab_size=spec["vocab"],
-        hidden_size=spec["hidden"],
-        intermediate_size=spec["intermediate"],
-        num_hidden_layers=spec["layers"],
-        num_attention_heads=spec["heads"],
-        num_key_value_heads=spec["kv_heads"],
-        max_position_embeddings=spec["max_pos"],
-        rms_norm_eps=spec["eps"],
-        tie_word_embeddings=spec["tied"],
-        rope_parameters={"rope_type": "default", "rope_theta": spec["rope_theta"]},
-        bos_token_id=bos,
-        eos_token_id=eos,
-        max_window_layers=spec["layers"],
-    )
-    cfg.architectures = ["Qwen2ForCausalLM"]
-    cfg.dtype = TORCH_DTYPES[spec["dtype"]]
-    d = json.loads(cfg.to_json_string(use_diff=True))  # what save_pretrained writes
-    assert "rope_theta" not in d and "torch_dtype" not in d and d["dtype"] == spec["dtype"]
-    assert "head_dim" not in d
-    return d
-
-
 def transformers5_config(spec: dict, bos: int, eos) -> dict:
-    """config.json as transformers 5 writes it (Qwen3Config.save_pretrained), minus head_dim when
-    the spec says so."""
-    cfg = transformers.Qwen3Config(
+    """config.json as transformers 5 writes it (Qwen3Config or Qwen2Config.save_pretrained),
+    minus head_dim when the spec says so (Qwen2 states none: hidden / heads)."""
+    qwen2 = spec.get("arch") == "qwen2"
+    kwargs = dict(
         vocab_size=spec["vocab"],
         hidden_size=spec["hidden"],
         intermediate_size=spec["intermediate"],
         num_hidden_layers=spec["layers"],
         num_attention_heads=spec["heads"],
         num_key_value_heads=spec["kv_heads"],
-        head_dim=spec["head_dim"],
         max_position_embeddings=spec["max_pos"],
         rms_norm_eps=spec["eps"],
         tie_word_embeddings=spec["tied"],
@@ -576,11 +550,17 @@ def transformers5_config(spec: dict, bos: int, eos) -> dict:
         eos_token_id=eos,
         max_window_layers=spec["layers"],
     )
-    cfg.architectures = ["Qwen3ForCausalLM"]
+    if qwen2:
+        assert spec["head_dim"] == spec["hidden"] // spec["heads"] and not spec["write_head_dim"]
+        cfg = transformers.Qwen2Config(**kwargs)
+        cfg.architectures = ["Qwen2ForCausalLM"]
+    else:
+        cfg = transformers.Qwen3Config(head_dim=spec["head_dim"], **kwargs)
+        cfg.architectures = ["Qwen3ForCausalLM"]
     cfg.dtype = TORCH_DTYPES[spec["dtype"]]
     d = json.loads(cfg.to_json_string(use_diff=True))  # what save_pretrained writes
     if not spec["write_head_dim"]:
-        del d["head_dim"]
+        d.pop("head_dim", None)
     assert "rope_theta" not in d and "torch_dtype" not in d and d["dtype"] == spec["dtype"]
     return d
 
@@ -734,7 +714,7 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
     if spec["config_style"] == "hub":
         config = (qwen2_hub_config if qwen2 else hub_config)(spec, bos, eos_cfg)
     else:
-        config = (qwen2_transformers5_config if qwen2 else transformers5_config)(spec, bos, eos_cfg)
+        config = transformers5_config(spec, bos, eos_cfg)
 
     for attempt in range(MAX_SEED_TRIES):
         seed = spec["base_seed"] + attempt

@@ -5,6 +5,8 @@
 //! 404, 401 (gated) with and without a token, offline mode, an architecture we do not run; and a
 //! cache directory written by Python's `huggingface_hub` itself (`fixtures/hub-cache`).
 
+mod common;
+
 use qwen3_test_support::tempdir;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -326,27 +328,34 @@ fn local_export(name: &str, dir: &Path) -> Vec<u8> {
 
 const SHARDED: &str = "tiny-f16-sharded-gqa4";
 
+/// A mirror serving the sharded fixture as `test-org/tiny`, cutting `cut`'s first download.
+fn sharded_mirror(cut: Option<&str>) -> Mirror {
+    Mirror::start(
+        HashMap::from([("test-org/tiny".to_string(), repo(SHARDED, false))]),
+        cut,
+    )
+}
+
+/// `qwen3 export test-org/tiny OUT --dtype f32 EXTRA...` against `endpoint`, cache at `cache`.
+fn export_tiny(cache: &Path, endpoint: &str, out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "export",
+        "test-org/tiny",
+        out.to_str().unwrap(),
+        "--dtype",
+        "f32",
+    ];
+    args.extend_from_slice(extra);
+    qwen3(cache, endpoint, &args, &[])
+}
+
 #[test]
 fn first_download_then_the_cache_without_network() {
     let dir = tempdir("hub", "first");
     let cache = dir.join("cache");
-    let mirror = Mirror::start(
-        HashMap::from([("test-org/tiny".to_string(), repo(SHARDED, false))]),
-        None,
-    );
+    let mirror = sharded_mirror(None);
     let out = dir.join("a.bin");
-    let o = qwen3(
-        &cache,
-        &mirror.url(),
-        &[
-            "export",
-            "test-org/tiny",
-            out.to_str().unwrap(),
-            "--dtype",
-            "f32",
-        ],
-        &[],
-    );
+    let o = export_tiny(&cache, &mirror.url(), &out, &[]);
     ok(&o);
     assert_eq!(std::fs::read(&out).unwrap(), local_export(SHARDED, &dir));
     // Only what export reads was fetched: not reference.json.
@@ -375,15 +384,7 @@ fn first_download_then_the_cache_without_network() {
     drop(mirror);
     for extra in [&[][..], &["--offline"][..]] {
         let out2 = dir.join("b.bin");
-        let mut args = vec![
-            "export",
-            "test-org/tiny",
-            out2.to_str().unwrap(),
-            "--dtype",
-            "f32",
-        ];
-        args.extend_from_slice(extra);
-        let o = qwen3(&cache, &endpoint, &args, &[]);
+        let o = export_tiny(&cache, &endpoint, &out2, extra);
         ok(&o);
         assert!(err(&o).contains("in the HuggingFace cache"), "{}", err(&o));
         assert_eq!(std::fs::read(&out2).unwrap(), std::fs::read(&out).unwrap());
@@ -399,23 +400,9 @@ fn a_cut_download_resumes() {
     let dir = tempdir("hub", "cut");
     let cache = dir.join("cache");
     let shard = "model-00002-of-00003.safetensors";
-    let mirror = Mirror::start(
-        HashMap::from([("test-org/tiny".to_string(), repo(SHARDED, false))]),
-        Some(shard),
-    );
+    let mirror = sharded_mirror(Some(shard));
     let out = dir.join("a.bin");
-    let o = qwen3(
-        &cache,
-        &mirror.url(),
-        &[
-            "export",
-            "test-org/tiny",
-            out.to_str().unwrap(),
-            "--dtype",
-            "f32",
-        ],
-        &[],
-    );
+    let o = export_tiny(&cache, &mirror.url(), &out, &[]);
     ok(&o);
     assert_eq!(std::fs::read(&out).unwrap(), local_export(SHARDED, &dir));
     let resumed: Vec<Seen> = mirror
@@ -441,23 +428,9 @@ fn a_cut_download_resumes() {
     let blobs = cache2.join("models--test-org--tiny/blobs");
     std::fs::create_dir_all(&blobs).unwrap();
     std::fs::write(blobs.join(format!("{}.part", etag(bytes))), &bytes[..1000]).unwrap();
-    let mirror = Mirror::start(
-        HashMap::from([("test-org/tiny".to_string(), repo(SHARDED, false))]),
-        None,
-    );
+    let mirror = sharded_mirror(None);
     let out = dir2.join("a.bin");
-    let o = qwen3(
-        &cache2,
-        &mirror.url(),
-        &[
-            "export",
-            "test-org/tiny",
-            out.to_str().unwrap(),
-            "--dtype",
-            "f32",
-        ],
-        &[],
-    );
+    let o = export_tiny(&cache2, &mirror.url(), &out, &[]);
     ok(&o);
     assert_eq!(std::fs::read(&out).unwrap(), local_export(SHARDED, &dir));
     let shard_gets: Vec<Seen> = mirror
@@ -562,10 +535,7 @@ fn a_name_runs_from_its_export_made_once() {
     let dir = tempdir("hub", "byname");
     let cache = dir.join("cache");
     let models = dir.join("models");
-    let mirror = Mirror::start(
-        HashMap::from([("test-org/tiny".to_string(), repo(SHARDED, false))]),
-        None,
-    );
+    let mirror = sharded_mirror(None);
     let args = [
         "generate",
         "test-org/tiny",
@@ -639,41 +609,15 @@ fn a_cache_written_by_huggingface_hub_is_read() {
 fn serve_names_the_model_by_its_id() {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hub-cache/hub");
     let dir = tempdir("hub", "serve");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_qwen3"))
-        .args([
-            "serve",
-            "test-org/tiny-qwen2",
-            "--offline",
-            "--port",
-            "0",
-            "--threads",
-            "1",
-        ])
-        .arg("--models-dir")
-        .arg(dir.join("models"))
-        .env("HF_HUB_CACHE", &fixture)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port: u16 = line
-        .split("http://127.0.0.1:")
-        .nth(1)
-        .and_then(|s| s.split(' ').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no ready line: {line:?}"));
-    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    c.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut body = String::new();
-    std::io::Read::read_to_string(&mut c, &mut body).unwrap();
-    child.kill().unwrap();
-    child.wait().unwrap();
-    assert!(body.contains("\"id\":\"test-org/tiny-qwen2\""), "{body}");
-    assert!(dir.join("models/test-org--tiny-qwen2.bin").exists());
+    let models = dir.join("models");
+    let server = common::Server::start_env(
+        Path::new("test-org/tiny-qwen2"),
+        &["--offline", "--models-dir", models.to_str().unwrap()],
+        &[("HF_HUB_CACHE", fixture.to_str().unwrap())],
+    );
+    let v = server.get("/v1/models").json();
+    assert_eq!(v["data"][0]["id"], "test-org/tiny-qwen2", "{v}");
+    drop(server);
+    assert!(models.join("test-org--tiny-qwen2.bin").exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -172,7 +172,7 @@ fn bench_q4(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
     let (wp, ws) = (in_huge_pages(&wp), in_huge_pages(&ws));
     let (wp, ws): (&[u8], &[u16]) = (bytemuck::cast_slice(&wp), bytemuck::cast_slice(&ws));
     let mut buf = ActsQ8Buf::default();
-    let acts = buf.quantize(&x, t, cols, gs);
+    let acts = buf.quantize_for_q4(&x, t, cols, gs);
     let mut out = vec![0f32; rows * t];
     let secs = time(reps, || {
         (d.q4_rows)(wp, ws, &acts, &mut out, 0);

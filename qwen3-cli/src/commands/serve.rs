@@ -107,10 +107,8 @@ pub fn prepare(
     api_key: Option<String>,
 ) -> Result<(AppState, Receiver<Command>, Worker)> {
     // A repository id: served under that name, from its export.
-    if let Some(repo) = args.model.to_str().and_then(crate::hub::RepoRef::parse) {
-        if !args.model.exists() {
-            args.model_name.get_or_insert_with(|| repo.id.clone());
-        }
+    if let Some(repo) = crate::hub::models::as_repo(&args.model) {
+        args.model_name.get_or_insert(repo.id);
     }
     args.model =
         crate::hub::models::resolve(&args.model, args.models_dir.as_deref(), args.offline)?;

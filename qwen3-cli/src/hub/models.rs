@@ -25,6 +25,16 @@ pub fn models_dir(flag: Option<&Path>) -> PathBuf {
     data.join("qwen3").join("models")
 }
 
+/// The repository `model` names, when it names one: not an existing path, and not a missing
+/// `x.bin` (a missing model file, which opening reports, not a repository named `x.bin`).
+pub fn as_repo(model: &Path) -> Option<RepoRef> {
+    let is_file_name = model.extension().is_some_and(|e| e == "bin");
+    if model.exists() || is_file_name {
+        return None;
+    }
+    model.to_str().and_then(RepoRef::parse)
+}
+
 /// The model file for `model`: `model` itself when it is a file (or anything that is not a
 /// repository id: opening it then says what is wrong); for a repository id, its export in the
 /// models directory, made now if it is not there yet.
@@ -76,19 +86,12 @@ pub fn resolve(model: &Path, dir_flag: Option<&Path>, offline: bool) -> Result<P
     Ok(file)
 }
 
-/// The q8 group size for a checkpoint: 64, the default, or the largest power of two below it
-/// that divides every matrix row (a row length that 64 does not divide is rare in real models;
-/// the tiny test checkpoints have some).
+/// The q8 group size for a checkpoint: 64, the default, or the largest valid one below it (one
+/// that divides every matrix row, `qwen3_export::valid_group_sizes`; 64 divides every real
+/// model's rows, the tiny test checkpoints' not always).
 fn group_size(checkpoint: &Path) -> Result<u32> {
     let json = qwen3_export::hf::config::read_json(&checkpoint.join("config.json"))?;
     let c = qwen3_export::hf::config::parse_config(&json)?;
-    let rows = [
-        c.hidden_size,
-        c.intermediate_size,
-        c.num_attention_heads * c.head_dim,
-    ];
-    Ok([64u32, 32, 16, 8, 4, 2, 1]
-        .into_iter()
-        .find(|g| rows.iter().all(|r| r % g == 0))
-        .unwrap_or(1))
+    let valid = qwen3_export::valid_group_sizes(&c);
+    Ok(valid.into_iter().filter(|&g| g <= 64).max().unwrap_or(1))
 }

@@ -56,12 +56,18 @@ pub struct Server {
 
 impl Server {
     /// Starts `qwen3 serve <model> --port 0 <args>` and waits for its ready line (the port).
+    /// `model` is a model file, or anything else `serve` takes (a repository id).
     pub fn start(model: &Path, args: &[&str]) -> Server {
         Server::start_env(model, args, &[])
     }
 
     pub fn start_env(model: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
-        let log = model.with_extension(format!("serve-{}.log", unique()));
+        // In the temporary directory, not beside the model: the model may be a repository id.
+        let log = std::env::temp_dir().join(format!(
+            "qwen3-serve-{}-{}.log",
+            std::process::id(),
+            unique()
+        ));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_qwen3"));
         cmd.arg("serve").arg(model).args(["--port", "0"]).args(args);
         // One kernel thread unless the test asks: tests run side by side.

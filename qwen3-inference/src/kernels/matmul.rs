@@ -268,7 +268,15 @@ fn with_activations<R>(
             w.name
         );
     }
-    ACTIVATIONS.with(|cell| f(Some(&cell.borrow_mut().quantize(x, t, cols, gs))))
+    let q4 = ws.iter().any(|w| matches!(w.data, TensorData::Q4 { .. }));
+    ACTIVATIONS.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        let acts = match q4 {
+            true => buf.quantize_for_q4(x, t, cols, gs),
+            false => buf.quantize(x, t, cols, gs),
+        };
+        f(Some(&acts))
+    })
 }
 
 thread_local! {

@@ -50,7 +50,7 @@ pub struct ActsQ8<'a> {
     /// `[t, cols / group_size]`
     pub scales: &'a [f32],
     /// `[t, cols / group_size]`: each group's sum of `q` (the q4 kernels' correction for their
-    /// unsigned nibbles).
+    /// unsigned nibbles); empty unless made by [`ActsQ8Buf::quantize_for_q4`].
     pub sums: &'a [i32],
 }
 
@@ -64,9 +64,26 @@ pub struct ActsQ8Buf {
 }
 
 impl ActsQ8Buf {
-    /// Quantizes `x: [t, cols]` per group of `gs` and derives the other forms. The buffers grow
-    /// to the largest size seen and are then reused: no allocation per token.
+    /// Quantizes `x: [t, cols]` per group of `gs` and derives the other forms, for q8 weights
+    /// (no group sums: `sums` is empty). The buffers grow to the largest size seen and are then
+    /// reused: no allocation per token.
     pub fn quantize(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {
+        self.quantize_with(x, t, cols, gs, false)
+    }
+
+    /// [`ActsQ8Buf::quantize`] plus each group's sum of `q`, which the q4 kernels need.
+    pub fn quantize_for_q4(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {
+        self.quantize_with(x, t, cols, gs, true)
+    }
+
+    fn quantize_with(
+        &mut self,
+        x: &[f32],
+        t: usize,
+        cols: usize,
+        gs: usize,
+        sums: bool,
+    ) -> ActsQ8<'_> {
         assert!(gs > 0 && cols.is_multiple_of(gs) && x.len() == t * cols);
         let per = cols / gs;
         self.q.resize(t * cols, 0);
@@ -80,9 +97,13 @@ impl ActsQ8Buf {
         for (b, &v) in self.biased.iter_mut().zip(&self.q) {
             *b = v as u8 ^ 0x80;
         }
-        self.sums.resize(t * per, 0);
-        for (s, g) in self.sums.iter_mut().zip(self.q.chunks_exact(gs)) {
-            *s = g.iter().map(|&v| v as i32).sum();
+        self.sums.clear();
+        if sums {
+            self.sums.extend(
+                self.q
+                    .chunks_exact(gs)
+                    .map(|g| g.iter().map(|&v| v as i32).sum::<i32>()),
+            );
         }
         ActsQ8 {
             t,
@@ -419,7 +440,7 @@ mod tests {
                     let mut ws = vec![0u16; w.len() / gs];
                     crate::quant::quantize_q4(&w, gs, &mut packed, &mut ws);
                     let mut buf = ActsQ8Buf::default();
-                    let acts = buf.quantize(&x, t, cols, gs);
+                    let acts = buf.quantize_for_q4(&x, t, cols, gs);
                     let (mut got, mut want) = (vec![f32::NAN; rows * t], vec![0f32; rows * t]);
                     (d.q4_rows)(&packed, &ws, &acts, &mut got, 0);
                     q4::mat_q4_scalar(&packed, &ws, &acts, &mut want, 0);

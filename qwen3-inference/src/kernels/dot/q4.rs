@@ -59,7 +59,7 @@ mod tests {
             let mut wd = vec![0f32; rows * cols];
             dequantize_q4(&packed, &scales, gs, &mut wd);
             let mut buf = ActsQ8Buf::default();
-            let acts = buf.quantize(&x, t, cols, gs);
+            let acts = buf.quantize_for_q4(&x, t, cols, gs);
             let mut out = vec![0f32; rows * t];
             mat_q4_scalar(&packed, &scales, &acts, &mut out, 0);
             for r in 0..rows {
