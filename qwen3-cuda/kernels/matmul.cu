@@ -6,6 +6,9 @@
 // Weight layouts (docs/format.md):
 //   q8    q: rows*cols int8 values, row-major; scales: rows * (cols/gs) f32, row-major, so
 //         W[r, c] = q[r*cols + c] * scales[r*(cols/gs) + c/gs]
+//   q4    packed: rows*cols/2 bytes, each group of gs values in gs/2 bytes, byte j holding value j
+//         in its low nibble and value j + gs/2 in its high one, both as q + 8; scales: rows *
+//         (cols/gs) f16 bits, so W[r, c] = (nibble - 8) * half(scales[r*(cols/gs) + c/gs])
 //   bf16  raw bfloat16 bits, row-major; W[r, c] = float(bits << 16)
 //   f32   row-major
 //
@@ -16,6 +19,8 @@
 // one coalesced transaction; bf16 reads 8 bytes and f32 16 bytes a lane, equally contiguous.
 // Requirements (checked on the host): cols % 4 == 0, gs % 4 == 0 (four columns never straddle
 // two groups), x and the weights 16-byte aligned (every tensor in the file is 64-byte aligned).
+// q4 reads a lane's four columns from four consecutive bytes (the low or the high nibbles of one
+// half of a group): gs % 8 == 0 keeps them in one half and the 4-byte load aligned.
 //
 // Accumulation order, reproduced exactly by src/reference/matmul.rs:
 //   d = w0*x0; d = fmaf(w1, x1, d); d = fmaf(w2, x2, d); d = fmaf(w3, x3, d)   (4 columns)
@@ -36,6 +41,30 @@ struct Q8Weights {
         const char4 v = *(const char4*)(q + row * cols + c);
         *scale = scales[row * (cols / gs) + c / gs];
         return make_float4((float)v.x, (float)v.y, (float)v.z, (float)v.w);
+    }
+};
+
+// An f16 bit pattern as a float (PTX's conversion; NVRTC needs no header for it).
+__device__ float f16_bits_to_float(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+struct Q4Weights {
+    const unsigned char* packed;
+    const unsigned short* scales;
+    int gs;
+    __device__ float4 load4(size_t row, int cols, int c, float* scale) const {
+        const int half = gs / 2, g = c / gs, j = c % gs;
+        // Columns c..c+3 are values j..j+3 of group g: bytes j..j+3 of its first half, low
+        // nibbles, or bytes j-half.. of it, high nibbles.
+        const size_t byte = row * (size_t)(cols / 2) + (size_t)g * half + (j % half);
+        const unsigned int word = *(const unsigned int*)(packed + byte);
+        const unsigned int v = (j < half ? word : word >> 4) & 0x0f0f0f0fu;
+        *scale = f16_bits_to_float(scales[row * (cols / gs) + g]);
+        return make_float4((float)((int)(v & 0xff) - 8), (float)((int)((v >> 8) & 0xff) - 8),
+                           (float)((int)((v >> 16) & 0xff) - 8), (float)((int)(v >> 24) - 8));
     }
 };
 
@@ -102,6 +131,12 @@ __device__ void matmul_tile(const Weights& w, float* y, const float* x, int rows
 extern "C" __global__ void matmul_q8(float* y, const signed char* q, const float* scales, int gs,
                                      const float* x, int rows, int cols, int n_tok) {
     matmul_tile(Q8Weights{q, scales, gs}, y, x, rows, cols, n_tok);
+}
+
+extern "C" __global__ void matmul_q4(float* y, const unsigned char* packed,
+                                     const unsigned short* scales, int gs, const float* x, int rows,
+                                     int cols, int n_tok) {
+    matmul_tile(Q4Weights{packed, scales, gs}, y, x, rows, cols, n_tok);
 }
 
 extern "C" __global__ void matmul_bf16(float* y, const unsigned short* w, const float* x, int rows,

@@ -4,6 +4,8 @@
 //! Each `.cu` file is compiled as its own NVRTC program with [`COMMON`] prepended; the kernel
 //! names listed here are the `extern "C"` entry points the launch code loads.
 
+use qwen3_inference::format::DType;
+
 /// Reductions shared by every kernel (`warp_sum`, `block_sum`, `block_max`).
 pub const COMMON: &str = include_str!("../kernels/common.cuh");
 
@@ -32,7 +34,7 @@ pub const RMSNORM: KernelSource = KernelSource {
 pub const MATMUL: KernelSource = KernelSource {
     file: "matmul.cu",
     source: include_str!("../kernels/matmul.cu"),
-    entry_points: &["matmul_q8", "matmul_bf16", "matmul_f32"],
+    entry_points: &["matmul_q8", "matmul_q4", "matmul_bf16", "matmul_f32"],
 };
 pub const EMBED: KernelSource = KernelSource {
     file: "embed.cu",
@@ -80,21 +82,29 @@ pub const ATTENTION_BLOCK_DIM: usize = 128;
 pub const ELEMENTWISE_BLOCK_DIM: usize = 256;
 
 /// Checks what the `matmul_*` kernels assume of a weight matrix: four columns per lane load, and
-/// (q8) groups that four-column loads never straddle. Returns a one-line reason otherwise.
-pub fn check_matmul_shape(cols: usize, group_size: Option<usize>) -> Result<(), String> {
+/// groups that four-column loads never straddle (q8: a multiple of 4; q4: of 8, so that the four
+/// also lie in one half of a group). `quant`: the dtype and group size of q8 and q4 weights.
+/// Returns a one-line reason otherwise.
+pub fn check_matmul_shape(cols: usize, quant: Option<(DType, usize)>) -> Result<(), String> {
     if cols == 0 || !cols.is_multiple_of(4) {
         return Err(format!(
             "the CUDA matmul needs a column count that is a multiple of 4, got {cols}"
         ));
     }
-    if let Some(gs) = group_size {
-        if gs == 0 || !gs.is_multiple_of(4) || !cols.is_multiple_of(gs) {
+    if let Some((dtype, gs)) = quant {
+        let m = if dtype == DType::Q4 { 8 } else { 4 };
+        if gs == 0 || !gs.is_multiple_of(m) || !cols.is_multiple_of(gs) {
             return Err(format!(
-                "the CUDA q8 matmul needs a group size that is a multiple of 4 and divides {cols}, got {gs}"
+                "the CUDA {dtype} matmul needs a group size that is a multiple of {m} and divides {cols}, got {gs}"
             ));
         }
     }
     Ok(())
+}
+
+/// The dtype and group size [`check_matmul_shape`] takes, for a tensor of `dtype`.
+pub fn quant_of(dtype: DType, group_size: usize) -> Option<(DType, usize)> {
+    matches!(dtype, DType::Q8 | DType::Q4).then_some((dtype, group_size))
 }
 
 #[cfg(test)]
@@ -138,10 +148,12 @@ mod tests {
 
     #[test]
     fn matmul_shape_checks() {
-        assert!(check_matmul_shape(1024, Some(64)).is_ok());
+        assert!(check_matmul_shape(1024, Some((DType::Q8, 64))).is_ok());
         assert!(check_matmul_shape(1024, None).is_ok());
         assert!(check_matmul_shape(1022, None).is_err());
-        assert!(check_matmul_shape(1024, Some(6)).is_err());
-        assert!(check_matmul_shape(96, Some(64)).is_err());
+        assert!(check_matmul_shape(1024, Some((DType::Q8, 6))).is_err());
+        assert!(check_matmul_shape(96, Some((DType::Q8, 64))).is_err());
+        assert!(check_matmul_shape(1024, Some((DType::Q4, 32))).is_ok());
+        assert!(check_matmul_shape(1024, Some((DType::Q4, 4))).is_err());
     }
 }

@@ -54,6 +54,7 @@ fn decode_matches_the_plain_backend_for_every_dtype_tied_and_untied() {
         (DType::F32, true),
         (DType::Bf16, false),
         (DType::Q8, true),
+        (DType::Q4, false),
     ] {
         let c = tiny_config(dtype, tied);
         let path = temp_path(&format!("decode-{dtype}-{tied}.bin"));

@@ -140,7 +140,7 @@ fn kernels_match_references() {
     if !gpu_or_skip() {
         return;
     }
-    for dtype in [DType::F32, DType::Bf16, DType::Q8] {
+    for dtype in [DType::F32, DType::Bf16, DType::Q8, DType::Q4] {
         let c = tiny_config(dtype, false);
         let path = temp_path(&format!("gpu-kernels-{dtype}.bin"));
         write_model(&path, &c);
@@ -179,7 +179,12 @@ fn gpu_forward_matches_reference_forward() {
     if !gpu_or_skip() {
         return;
     }
-    for (dtype, tied) in [(DType::F32, false), (DType::Bf16, true), (DType::Q8, true)] {
+    for (dtype, tied) in [
+        (DType::F32, false),
+        (DType::Bf16, true),
+        (DType::Q8, true),
+        (DType::Q4, false),
+    ] {
         let c = tiny_config(dtype, tied);
         let path = temp_path(&format!("gpu-forward-{dtype}.bin"));
         write_model(&path, &c);

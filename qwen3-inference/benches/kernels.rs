@@ -160,8 +160,8 @@ fn bench_few_tokens(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
     );
 }
 
-/// q4 weights (group 32) against `t` q8 activation rows, a matrix too large for the caches, one
-/// thread: decode's product for q4 files, beside q8's above.
+/// q4 weights (group 32) against `t` q8 activation rows, one thread: decode's product for q4
+/// files (from the caches and from memory), and prefill's, beside q8's below.
 fn bench_q4(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
     let gs = 32;
     let mut seed = 4;
@@ -191,9 +191,12 @@ fn bench_q4(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
 fn main() {
     println!("q4 products (group 32), one thread (median)");
     for d in available() {
+        bench_q4(&d, 512, 1024, 1, 41); // 256 KB of q4: cache-resident, the kernel's own speed
+        bench_q4(&d, 128, 4096, 1, 41);
         for t in [1, 4] {
-            bench_q4(&d, 65536, 1024, t, 5);
+            bench_q4(&d, 65536, 1024, t, 5); // 32 MB of q4: memory-bound
         }
+        bench_q4(&d, 1024, 1024, 128, 5); // prefill's block product
     }
     println!("dot-product kernels, one thread, weights streamed per second (median)");
     for d in available() {

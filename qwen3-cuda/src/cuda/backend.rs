@@ -11,7 +11,7 @@
 use super::runtime::CudaRuntime;
 use super::weights::{DeviceTensor, DeviceWeights};
 use crate::kernels::{
-    check_matmul_shape, rmsnorm_block_dim, ATTENTION_BLOCK_DIM, ELEMENTWISE_BLOCK_DIM,
+    check_matmul_shape, quant_of, rmsnorm_block_dim, ATTENTION_BLOCK_DIM, ELEMENTWISE_BLOCK_DIM,
     MATMUL_ROWS_PER_BLOCK, MATMUL_TOK_TILE,
 };
 use anyhow::{bail, ensure, Result};
@@ -193,8 +193,8 @@ impl Backend for CudaBackend {
             DType::Q8 => self.runtime.stream.launch_builder(&f.embed_q8),
             DType::Bf16 => self.runtime.stream.launch_builder(&f.embed_bf16),
             DType::F32 => self.runtime.stream.launch_builder(&f.embed_f32),
-            // Never uploaded: `CudaWeights::load` refuses q4 files.
-            DType::Q4 => bail!("embed: q4 tables are not uploaded to the GPU"),
+            // q4 files keep their embedding table in q8 (format::tensor_specs).
+            DType::Q4 => bail!("embed: no CUDA kernel reads a q4 embedding table"),
         };
         b.arg(out).arg(&ids).arg(&values);
         let scales = self.weights.view(&table.scales);
@@ -250,8 +250,7 @@ impl Backend for CudaBackend {
             "matmul: weight {:?}, [{rows}, {cols}] needed",
             w.shape
         );
-        let gs = (w.dtype == DType::Q8).then_some(w.group_size);
-        check_matmul_shape(cols, gs).map_err(anyhow::Error::msg)?;
+        check_matmul_shape(cols, quant_of(w.dtype, w.group_size)).map_err(anyhow::Error::msg)?;
         need(y, n_tok * rows, "matmul")?;
         need(x, n_tok * cols, "matmul")?;
         let cfg = grid(
@@ -265,20 +264,22 @@ impl Backend for CudaBackend {
         let scales = self.weights.view(&w.scales);
         let mut b = match w.dtype {
             DType::Q8 => self.runtime.stream.launch_builder(&f.matmul_q8),
+            DType::Q4 => self.runtime.stream.launch_builder(&f.matmul_q4),
             DType::Bf16 => self.runtime.stream.launch_builder(&f.matmul_bf16),
             DType::F32 => self.runtime.stream.launch_builder(&f.matmul_f32),
-            DType::Q4 => bail!("matmul: q4 weights are not uploaded to the GPU"),
         };
         b.arg(y).arg(&values);
-        if w.dtype == DType::Q8 {
+        if matches!(w.dtype, DType::Q8 | DType::Q4) {
             b.arg(&scales).arg(&gs_i);
         }
         b.arg(x).arg(&rows_i).arg(&cols_i).arg(&n_i);
-        // SAFETY: matmul_q8(y, q, scales, gs, x, rows, cols, n_tok) / matmul_{bf16,f32}(y, w, x,
-        // rows, cols, n_tok) as in matmul.cu. Warps with row >= rows return; token t < n_tok reads
-        // x[t*cols .. +cols] and writes y[t*rows + row]; the weight ranges hold rows*cols values
-        // (shape checked here, byte ranges at upload); cols % 4 == 0 and, for q8, gs % 4 == 0 and
-        // gs | cols, so every 4-wide load stays within one row and one group, 16-byte aligned.
+        // SAFETY: matmul_{q8,q4}(y, values, scales, gs, x, rows, cols, n_tok) /
+        // matmul_{bf16,f32}(y, w, x, rows, cols, n_tok) as in matmul.cu. Warps with row >= rows
+        // return; token t < n_tok reads x[t*cols .. +cols] and writes y[t*rows + row]; the weight
+        // ranges hold rows*cols values (shape checked here, byte ranges at upload); cols % 4 == 0
+        // and, for q8, gs % 4 == 0 and gs | cols, so every 4-wide load stays within one row and
+        // one group, 16-byte aligned; for q4, gs % 8 == 0 and gs | cols, so a lane's four columns
+        // are four aligned bytes of one half of one group.
         unsafe { b.launch(cfg) }.map_err(err)?;
         Ok(())
     }

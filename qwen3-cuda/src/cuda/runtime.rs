@@ -27,6 +27,7 @@ pub fn device_count() -> Result<usize> {
 pub struct Functions {
     pub rmsnorm_f32: CudaFunction,
     pub matmul_q8: CudaFunction,
+    pub matmul_q4: CudaFunction,
     pub matmul_bf16: CudaFunction,
     pub matmul_f32: CudaFunction,
     pub embed_q8: CudaFunction,
@@ -99,6 +100,7 @@ impl CudaRuntime {
         let functions = Functions {
             rmsnorm_f32: take("rmsnorm_f32")?,
             matmul_q8: take("matmul_q8")?,
+            matmul_q4: take("matmul_q4")?,
             matmul_bf16: take("matmul_bf16")?,
             matmul_f32: take("matmul_f32")?,
             embed_q8: take("embed_q8")?,

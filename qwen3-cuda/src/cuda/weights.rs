@@ -1,11 +1,11 @@
 //! The model's weights on the device: the whole model file uploaded in one copy, and each tensor
 //! as a byte range of that one allocation.
 //!
-//! The model file puts every tensor (and every q8 scale array) on a 64-byte boundary, and device
+//! The model file puts every tensor (and every q8 or q4 scale array) on a 64-byte boundary, and device
 //! allocations are at least 256-byte aligned, so every range below is aligned for the kernels'
 //! 16-byte loads without any repacking.
 
-use crate::kernels::check_matmul_shape;
+use crate::kernels::{check_matmul_shape, quant_of};
 use anyhow::{bail, Context, Result};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use qwen3_inference::format::{align_up, DType, ModelFile};
@@ -20,7 +20,7 @@ pub struct DeviceTensor {
     /// [rows, cols] for matrices, [n] for norm weights.
     pub shape: Vec<usize>,
     pub values: Range<usize>,
-    /// q8 only.
+    /// q8 and q4 only.
     pub scales: Range<usize>,
     pub group_size: usize,
 }
@@ -61,14 +61,17 @@ impl DeviceWeights {
                     let at = start + align_up(numel as u64).context("overflow")? as usize;
                     (start..start + numel, at..start + usize::try_from(t.nbytes)?)
                 }
-                DType::Q4 => bail!(
-                    "{name}: q4 weights ({}) run on the CPU only so far: use --device cpu, or export as q8",
-                    t.name
-                ),
+                // The packed nibbles, then (64-byte aligned) the f16 scales.
+                DType::Q4 => {
+                    let at = start + align_up(numel as u64 / 2).context("overflow")? as usize;
+                    (
+                        start..start + numel / 2,
+                        at..start + usize::try_from(t.nbytes)?,
+                    )
+                }
             };
             if shape.len() == 2 {
-                let gs = (t.dtype == DType::Q8).then_some(t.group_size as usize);
-                check_matmul_shape(cols, gs)
+                check_matmul_shape(cols, quant_of(t.dtype, t.group_size as usize))
                     .map_err(|e| anyhow::anyhow!("{name}: {}: {e}", t.name))?;
             }
             let tensor = DeviceTensor {

@@ -1,4 +1,4 @@
-//! Reference of `kernels/matmul.cu` (`matmul_q8`, `matmul_bf16`, `matmul_f32`).
+//! Reference of `kernels/matmul.cu` (`matmul_q8`, `matmul_q4`, `matmul_bf16`, `matmul_f32`).
 
 use super::reduce::warp_sum;
 use qwen3_inference::format::reader::TensorData;
@@ -16,7 +16,6 @@ fn load4(w: &TensorData<'_>, row: usize, cols: usize, c: usize) -> ([f32; 4], f3
             std::array::from_fn(|k| q[i + k] as f32),
             scales[row * (cols / group_size) + c / group_size],
         ),
-        // (No CUDA kernel reads q4 yet: `CudaBackend::load` refuses q4 files.)
         TensorData::Q4 {
             packed,
             scales,
@@ -70,7 +69,7 @@ pub fn matmul(y: &mut [f32], w: &TensorData<'_>, x: &[f32], rows: usize, cols: u
 mod tests {
     use super::*;
     use crate::reference::test_values;
-    use qwen3_inference::quant::{dequantize_q8, quantize_q8};
+    use qwen3_inference::quant::{dequantize_q4, dequantize_q8, quantize_q4, quantize_q8};
 
     /// y = W x in f64 from the dequantized weights.
     fn naive(w: &[f32], x: &[f32], rows: usize, cols: usize) -> Vec<f64> {
@@ -120,6 +119,33 @@ mod tests {
             let mut y = vec![0.0; 3 * rows];
             let data = TensorData::Q8 {
                 q: &q,
+                scales: &scales,
+                group_size: gs,
+            };
+            matmul(&mut y, &data, &x, rows, cols);
+            check(&y, &naive(&deq, &x, rows, cols), &deq, &x, cols);
+        }
+    }
+
+    /// q4 (groups of 32, 64 and 8, the kernel's smallest) against the f64 product of the
+    /// dequantized weights: a wrong nibble, half or scale fails.
+    #[test]
+    fn q4_matches_dequantized_f64() {
+        for (rows, cols, gs) in [(5, 1024, 32), (3, 192, 64), (4, 200, 8)] {
+            let w: Vec<f32> = test_values(rows * cols, cols as u64)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v * (1 + (i / gs) % 5) as f32)
+                .collect();
+            let mut packed = vec![0u8; w.len() / 2];
+            let mut scales = vec![0u16; w.len() / gs];
+            quantize_q4(&w, gs, &mut packed, &mut scales);
+            let mut deq = vec![0.0f32; w.len()];
+            dequantize_q4(&packed, &scales, gs, &mut deq);
+            let x = test_values(3 * cols, 98);
+            let mut y = vec![0.0; 3 * rows];
+            let data = TensorData::Q4 {
+                packed: &packed,
                 scales: &scales,
                 group_size: gs,
             };

@@ -6,7 +6,7 @@ use qwen3_inference::format::TensorKind;
 use qwen3_inference::format::{
     expected_tensors, tensor_specs, DType, GenerationDefaults, ModelConfig, ModelWriter,
 };
-use qwen3_inference::quant::quantize_q8;
+use qwen3_inference::quant::{quantize_q4, quantize_q8};
 use std::path::{Path, PathBuf};
 
 pub use qwen3_inference::testing::values;
@@ -30,7 +30,11 @@ pub fn tiny_config(dtype: DType, tied: bool) -> ModelConfig {
         eos_token_ids: vec![1],
         generation: GenerationDefaults::default(),
         dtype,
-        group_size: if dtype == DType::Q8 { 32 } else { 0 },
+        group_size: if matches!(dtype, DType::Q8 | DType::Q4) {
+            32
+        } else {
+            0
+        },
         attention_bias: false,
         qk_norm: true,
     }
@@ -44,7 +48,7 @@ pub fn temp_path(name: &str) -> PathBuf {
 pub fn write_model(path: &Path, c: &ModelConfig) {
     let expected = expected_tensors(c);
     let specs = tensor_specs(c);
-    let mut w = ModelWriter::create(path, c, specs).unwrap();
+    let mut w = ModelWriter::create(path, c, specs.clone()).unwrap();
     for (i, t) in expected.iter().enumerate() {
         let n: usize = t.shape.iter().product::<u64>() as usize;
         let v = values(n, 1000 + i as u64);
@@ -55,20 +59,26 @@ pub fn write_model(path: &Path, c: &ModelConfig) {
             continue;
         }
         let v: Vec<f32> = v.iter().map(|x| 0.4 * x).collect();
-        match c.dtype {
+        // Each tensor as the file format stores it (a q4 file's tables are q8).
+        let gs = specs[i].group_size as usize;
+        match specs[i].dtype {
             DType::F32 => w.write_f32(&t.name, &v).unwrap(),
             DType::Bf16 => {
                 let bits: Vec<u16> = v.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
                 w.write_bf16(&t.name, &bits).unwrap();
             }
             DType::Q8 => {
-                let gs = c.group_size as usize;
                 let mut q = vec![0i8; n];
                 let mut s = vec![0.0f32; n / gs];
                 quantize_q8(&v, gs, &mut q, &mut s);
                 w.write_q8(&t.name, &q, &s).unwrap();
             }
-            DType::Q4 => unimplemented!("the CUDA tests write no q4 model"),
+            DType::Q4 => {
+                let mut packed = vec![0u8; n / 2];
+                let mut s = vec![0u16; n / gs];
+                quantize_q4(&v, gs, &mut packed, &mut s);
+                w.write_q4(&t.name, &packed, &s).unwrap();
+            }
         }
     }
     w.finish().unwrap();

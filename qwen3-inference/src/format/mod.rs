@@ -222,6 +222,9 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
 /// Every tensor of a model with this config as the model file stores it: norm weights and biases
 /// in f32, matrices in the config's dtype and group size. The exporter writes exactly these and the
 /// reader accepts exactly these.
+/// The group size of the q8 embedding table and classifier in a q4 file (see [`tensor_specs`]).
+pub const Q4_TABLE_GROUP: u32 = 64;
+
 pub fn tensor_specs(c: &ModelConfig) -> Vec<writer::TensorSpec> {
     expected_tensors(c)
         .into_iter()
@@ -230,8 +233,15 @@ pub fn tensor_specs(c: &ModelConfig) -> Vec<writer::TensorSpec> {
             let (dtype, group_size) = match e.kind {
                 TensorKind::Norm | TensorKind::Bias => (DType::F32, 0),
                 // q4 files keep the embedding table and the classifier in q8 (the classifier
-                // writes the logits directly; docs/quantization.md).
-                TensorKind::Matrix if c.dtype == DType::Q4 && table => (DType::Q8, c.group_size),
+                // writes the logits directly; docs/quantization.md), in q8's own groups of 64
+                // where the width allows: the q8 kernels' fast path wants a multiple of 64.
+                TensorKind::Matrix if c.dtype == DType::Q4 && table => {
+                    let gs = match c.hidden_size.is_multiple_of(Q4_TABLE_GROUP) {
+                        true => Q4_TABLE_GROUP,
+                        false => c.group_size,
+                    };
+                    (DType::Q8, gs)
+                }
                 TensorKind::Matrix => (c.dtype, c.group_size),
             };
             writer::TensorSpec {

@@ -50,7 +50,7 @@ pub const NEON_DOTPROD: Dots = Dots {
     // SAFETY: only handed out after `has_dotprod()` returned true, which includes NEON.
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_dotprod(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, _| unsafe { mat_q8_dotprod(w, ws, x, out) },
-    q4_rows: super::q4::mat_q4_scalar,
+    q4_rows: |w, ws, x, out, _| unsafe { mat_q4_dotprod(w, ws, x, out) },
     isa: "neon-dotprod",
     ..NEON
 };
@@ -260,6 +260,97 @@ unsafe fn tile_q8_dotprod<const R: usize, const N: usize>(
     for (a, acc_a) in acc.iter().enumerate() {
         for (j, &acc_aj) in acc_a.iter().enumerate() {
             out[(r + a) * t + i + j] = vaddvq_f32(acc_aj);
+        }
+    }
+}
+
+/// [`super::MatQ4`] with `sdot`, for groups of 32 (others take the reference), reading the
+/// activations in the layout `q4.rs` describes: a chunk of 64 packed bytes in four quarters of
+/// 16, one group each, whose low and high nibbles `sdot` multiplies by the group's two halves
+/// of activations into 4 lanes, starting from the lanes' correction for the `+ 8`. Tiles of two
+/// rows by four tokens, as the q8 kernel's; decode is the 1-token tile, so prefill and decode
+/// give the same bits.
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn mat_q4_dotprod(w: &[u8], ws: &[u16], x: &ActsQ8, out: &mut [f32]) {
+    let rows = q4::check(w, ws, x, out);
+    if x.q4.chunks == 0 {
+        return q4::mat_q4_scalar(w, ws, x, out, 0);
+    }
+    super::for_each_tile(rows, x.t, 2, 4, |m, n, r, i| {
+        // SAFETY: rows r..r+m and tokens i..i+n are in range (for_each_tile keeps them so),
+        // and `q4::check` proved every slice has the length of its shape.
+        match (m, n) {
+            (2, 4) => tile_q4_dotprod::<2, 4>(w, ws, x, out, r, i),
+            (2, 3) => tile_q4_dotprod::<2, 3>(w, ws, x, out, r, i),
+            (2, 2) => tile_q4_dotprod::<2, 2>(w, ws, x, out, r, i),
+            (2, _) => tile_q4_dotprod::<2, 1>(w, ws, x, out, r, i),
+            (_, 4) => tile_q4_dotprod::<1, 4>(w, ws, x, out, r, i),
+            (_, 3) => tile_q4_dotprod::<1, 3>(w, ws, x, out, r, i),
+            (_, 2) => tile_q4_dotprod::<1, 2>(w, ws, x, out, r, i),
+            _ => tile_q4_dotprod::<1, 1>(w, ws, x, out, r, i),
+        }
+    });
+}
+
+/// `out[(r + a) * t + i + j]` for the `R` weight rows from `r` and the `N` tokens from `i`.
+/// Caller guarantees the rows and tokens exist, that `q4::check` passed and that
+/// `x.q4.chunks > 0`.
+#[inline]
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn tile_q4_dotprod<const R: usize, const N: usize>(
+    w: &[u8],
+    ws: &[u16],
+    x: &ActsQ8,
+    out: &mut [f32],
+    r: usize,
+    i: usize,
+) {
+    let (t, cols, chunks) = (x.t, x.cols, x.q4.chunks);
+    let (row_bytes, per, lanes) = (cols / 2, cols / q4::SIMD_GROUP, chunks * q4::LANES);
+    let w_row: [*const u8; R] = std::array::from_fn(|a| w.as_ptr().add((r + a) * row_bytes));
+    let x_row: [*const i8; N] = std::array::from_fn(|j| x.q4.x.as_ptr().add((i + j) * cols));
+    let corr_row: [*const i32; N] =
+        std::array::from_fn(|j| x.q4.corr.as_ptr().add((i + j) * lanes));
+    let xs_row: [*const f32; N] =
+        std::array::from_fn(|j| x.q4.scales.as_ptr().add((i + j) * lanes));
+    let nibble = vdupq_n_u8(15);
+    let mut acc = [[vdupq_n_f32(0.0); N]; R];
+    for c in 0..chunks {
+        for quarter in 0..4 {
+            let g = 4 * c + quarter;
+            let (wb, xb, lb) = (
+                64 * c + 16 * quarter,
+                q4::CHUNK * c + 16 * quarter,
+                16 * c + 4 * quarter,
+            );
+            let wv: [uint8x16_t; R] = w_row.map(|p| vld1q_u8(p.add(wb)));
+            // Nibbles are 0..=15, so as signed bytes they are the same values.
+            let lo = wv.map(|v| vreinterpretq_s8_u8(vandq_u8(v, nibble)));
+            let hi = wv.map(|v| vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)));
+            let d: [f32; R] =
+                std::array::from_fn(|a| half::f16::from_bits(ws[(r + a) * per + g]).to_f32());
+            // Plain loops, not closures, around `sdot` (see tile_q8_dotprod).
+            for j in 0..N {
+                let x_lo = vld1q_s8(x_row[j].add(xb));
+                let x_hi = vld1q_s8(x_row[j].add(xb + 64));
+                let corr = vld1q_s32(corr_row[j].add(lb));
+                let xs = vld1q_f32(xs_row[j].add(lb));
+                for a in 0..R {
+                    let isum = sdot(sdot(corr, lo[a], x_lo), hi[a], x_hi);
+                    let v = vmulq_f32(vcvtq_f32_s32(isum), xs);
+                    acc[a][j] = vfmaq_n_f32(acc[a][j], v, d[a]);
+                }
+            }
+        }
+    }
+    for a in 0..R {
+        let (w_r, ws_r) = (
+            &w[(r + a) * row_bytes..(r + a + 1) * row_bytes],
+            &ws[(r + a) * per..(r + a + 1) * per],
+        );
+        for j in 0..N {
+            let tail = q4::tail(w_r, ws_r, x.q_row(i + j), x.scales_row(i + j), chunks);
+            out[(r + a) * t + i + j] = vaddvq_f32(acc[a][j]) + tail;
         }
     }
 }

@@ -49,9 +49,9 @@ pub struct ActsQ8<'a> {
     pub biased: &'a [u8],
     /// `[t, cols / group_size]`
     pub scales: &'a [f32],
-    /// `[t, cols / group_size]`: each group's sum of `q` (the q4 kernels' correction for their
-    /// unsigned nibbles); empty unless made by [`ActsQ8Buf::quantize_for_q4`].
-    pub sums: &'a [i32],
+    /// The same values laid out for the q4 kernels (`q4.rs`); empty unless made by
+    /// [`ActsQ8Buf::quantize_for_q4`] with groups of 32.
+    pub q4: q4::ActsQ4<'a>,
 }
 
 /// The buffers behind an [`ActsQ8`], reused from one product to the next.
@@ -60,7 +60,7 @@ pub struct ActsQ8Buf {
     q: Vec<i8>,
     biased: Vec<u8>,
     scales: Vec<f32>,
-    sums: Vec<i32>,
+    q4: q4::ActsQ4Buf,
 }
 
 impl ActsQ8Buf {
@@ -71,7 +71,7 @@ impl ActsQ8Buf {
         self.quantize_with(x, t, cols, gs, false)
     }
 
-    /// [`ActsQ8Buf::quantize`] plus each group's sum of `q`, which the q4 kernels need.
+    /// [`ActsQ8Buf::quantize`] plus the layout the q4 kernels read ([`q4::ActsQ4`]).
     pub fn quantize_for_q4(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {
         self.quantize_with(x, t, cols, gs, true)
     }
@@ -82,7 +82,7 @@ impl ActsQ8Buf {
         t: usize,
         cols: usize,
         gs: usize,
-        sums: bool,
+        for_q4: bool,
     ) -> ActsQ8<'_> {
         assert!(gs > 0 && cols.is_multiple_of(gs) && x.len() == t * cols);
         let per = cols / gs;
@@ -97,14 +97,10 @@ impl ActsQ8Buf {
         for (b, &v) in self.biased.iter_mut().zip(&self.q) {
             *b = v as u8 ^ 0x80;
         }
-        self.sums.clear();
-        if sums {
-            self.sums.extend(
-                self.q
-                    .chunks_exact(gs)
-                    .map(|g| g.iter().map(|&v| v as i32).sum::<i32>()),
-            );
-        }
+        let q4 = match for_q4 {
+            true => self.q4.lay_out(&self.q, &self.scales, t, cols, gs),
+            false => q4::ActsQ4::default(),
+        };
         ActsQ8 {
             t,
             cols,
@@ -112,7 +108,7 @@ impl ActsQ8Buf {
             q: &self.q,
             biased: &self.biased,
             scales: &self.scales,
-            sums: &self.sums,
+            q4,
         }
     }
 }
@@ -126,11 +122,6 @@ impl ActsQ8<'_> {
     }
     pub(crate) fn scales_row(&self, i: usize) -> &[f32] {
         &self.scales[i * self.per()..(i + 1) * self.per()]
-    }
-    // Only the AVX-512 q4 kernel reads the sums so far.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub(crate) fn sums_row(&self, i: usize) -> &[i32] {
-        &self.sums[i * self.per()..(i + 1) * self.per()]
     }
     /// Panics unless every slice has the length the sizes say (a caller's bug, not bad input).
     fn check(&self, w: &[i8], ws: &[f32], out: &[f32]) -> usize {
@@ -162,8 +153,8 @@ pub struct Dots {
     pub bf16: DotBf16,
     pub q8: DotQ8,
     pub q8_rows: MatQ8,
-    /// q4 weights against q8 activations (W4A8). For now every instruction set runs the scalar
-    /// reference (`q4.rs`).
+    /// q4 weights against q8 activations (W4A8): `q4.rs` has the scalar reference and the
+    /// activations' layout the SIMD versions read.
     pub q4_rows: MatQ4,
     pub q8_f32: DotQ8F32,
     pub quantize_q8: QuantizeQ8,
@@ -413,10 +404,6 @@ mod tests {
         }
     }
 
-    /// The block kernel against one scalar dot product per (row, token), over shapes that take
-    /// every tile of the AVX-512, AVX2 and NEON kernels (2 or 1 rows; 4, 3, 2 or 1 tokens) and every
-    /// prefetch depth of their decode paths, and group sizes with one and several 64-byte
-    /// chunks, a 32-byte tail (96), and ones a kernel does not handle itself (16, 32).
     /// Every instruction set's q4 kernel against the scalar reference (`q4.rs`), which is itself
     /// checked against the dequantized product: group sizes the SIMD kernels take (multiples of
     /// 32) and one they hand back to the reference.
@@ -456,6 +443,10 @@ mod tests {
         }
     }
 
+    /// The block kernel against one scalar dot product per (row, token), over shapes that take
+    /// every tile of the AVX-512, AVX2 and NEON kernels (2 or 1 rows; 4, 3, 2 or 1 tokens) and every
+    /// prefetch depth of their decode paths, and group sizes with one and several 64-byte
+    /// chunks, a 32-byte tail (96), and ones a kernel does not handle itself (16, 32).
     #[test]
     fn q8_rows_matches_scalar_dots() {
         let mut seed = 7;
@@ -543,6 +534,46 @@ mod tests {
                             all[r * t + i].to_bits(),
                             one[r].to_bits(),
                             "{} gs={gs} row {r} token {i}",
+                            d.isa
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The same for q4 weights, with rows of full chunks and a tail, and prefetching that
+    /// reaches past the rows (as decode asks when more rows follow).
+    #[test]
+    fn q4_prefill_rows_equal_decode_rows() {
+        let mut seed = 13;
+        for d in available() {
+            for groups in [4, 17, 34] {
+                let (rows, t, gs) = (39, 9, 32);
+                let cols = groups * gs;
+                let w = rand_vec(rows * cols, &mut seed, 1.0);
+                let x = rand_vec(t * cols, &mut seed, 3.0);
+                let mut packed = vec![0u8; w.len() / 2];
+                let mut ws = vec![0u16; w.len() / gs];
+                crate::quant::quantize_q4(&w, gs, &mut packed, &mut ws);
+                let mut buf = ActsQ8Buf::default();
+                let mut all = vec![f32::NAN; rows * t];
+                (d.q4_rows)(
+                    &packed,
+                    &ws,
+                    &buf.quantize_for_q4(&x, t, cols, gs),
+                    &mut all,
+                    0,
+                );
+                for i in 0..t {
+                    let mut one = vec![f32::NAN; rows];
+                    let acts = buf.quantize_for_q4(&x[i * cols..(i + 1) * cols], 1, cols, gs);
+                    (d.q4_rows)(&packed, &ws, &acts, &mut one, 1 << 20);
+                    for r in 0..rows {
+                        assert_eq!(
+                            all[r * t + i].to_bits(),
+                            one[r].to_bits(),
+                            "{} q4 {groups} groups: row {r} token {i}",
                             d.isa
                         );
                     }

@@ -1,9 +1,116 @@
-//! q4 weights against q8 activations (W4A8): the scalar reference. Each group of `gs` weights is
-//! `gs / 2` packed bytes and an f16 scale (`quant::quantize_q4`: byte `j` holds value `j` in its
-//! low nibble and value `j + gs / 2` in its high one, each as `q + 8`), so a group's product is
-//! the integer sum `sum_j (nibble_j - 8) * q_x[j]` times the two scales, as q8's is.
+//! q4 weights against q8 activations (W4A8): the scalar reference, and the layout of the
+//! activations that the SIMD versions read. Each group of `gs` weights is `gs / 2` packed bytes
+//! and an f16 scale (`quant::quantize_q4`: byte `j` holds value `j` in its low nibble and value
+//! `j + gs / 2` in its high one, each as `q + 8`), so a group's product is the integer sum
+//! `sum_j (nibble_j - 8) * q_x[j]` times the two scales, as q8's is.
+//!
+//! ## The SIMD kernels' view: chunks of 64 bytes
+//!
+//! With groups of 32 (the default), 64 packed bytes hold four groups, 128 weights: a *chunk*.
+//! One mask and one shift split a chunk's bytes into its low nibbles (the first 16 values of each
+//! group) and its high nibbles (the last 16). Multiplying those by the activations needs the
+//! activations in the same order, so [`ActsQ4Buf::lay_out`] rearranges each token's quantized
+//! values once, per chunk: the first halves of the four groups, then their second halves:
+//!
+//! ```text
+//! weights, 64 bytes:  [g0: v0|v16, v1|v17, .. v15|v31] [g1: ..] [g2: ..] [g3: ..]
+//! low nibbles:        g0 v0..v15, g1 v0..v15, g2 v0..v15, g3 v0..v15
+//! activations, 128:   g0 x0..x15, g1 x0..x15, g2 x0..x15, g3 x0..x15,    (for the low nibbles)
+//!                     g0 x16..x31, g1 x16..x31, g2 x16..x31, g3 x16..x31 (for the high ones)
+//! ```
+//!
+//! A byte dot product (`vpdpbusd`, `sdot`) adds four neighbouring products into each 32-bit
+//! lane, so lane `l` (0..16) of a chunk sums 4 low and 4 high products of group `l / 4` (the
+//! 512-bit kernel's lanes; the 256-bit one does a chunk in two halves of 8 lanes and NEON in four
+//! quarters of 4, with the same lane numbering). The nibbles are `q + 8`, so each lane's sum is
+//! `8 * (its 8 activations)` too large: the layout holds that correction per lane, and a kernel
+//! starts each lane's sum from it. A lane's integer sum is then exact; it is converted to f32
+//! and multiplied by the activations' scale (also held per lane) and the weights' scale.
+//!
+//! Other group sizes, and the columns after a row's last full chunk, take the reference.
 
 use super::ActsQ8;
+
+/// Weights per chunk: 64 packed bytes, four groups of 32.
+pub const CHUNK: usize = 128;
+/// The group size the SIMD kernels take.
+pub const SIMD_GROUP: usize = 32;
+/// 32-bit lanes per chunk: one per 8 weights.
+pub const LANES: usize = CHUNK / 8;
+
+/// The activations of `t` tokens in the q4 kernels' layout (see the module's text). Empty when
+/// the group size is not [`SIMD_GROUP`].
+#[derive(Clone, Copy, Default)]
+pub struct ActsQ4<'a> {
+    /// Full chunks per row (`cols / CHUNK`).
+    pub chunks: usize,
+    /// `[t, cols]`: each chunk's 128 values rearranged; values after the last chunk as they are.
+    pub x: &'a [i8],
+    /// `[t, chunks * LANES]`: `-8 * sum` of the 8 activations each lane multiplies.
+    pub corr: &'a [i32],
+    /// `[t, chunks * LANES]`: the activations' scale of each lane's group.
+    pub scales: &'a [f32],
+}
+
+/// The buffers behind an [`ActsQ4`], reused from one product to the next.
+#[derive(Default)]
+pub struct ActsQ4Buf {
+    x: Vec<i8>,
+    corr: Vec<i32>,
+    scales: Vec<f32>,
+}
+
+impl ActsQ4Buf {
+    /// Lays out `q: [t, cols]` (scales `[t, cols / gs]`) for the q4 kernels.
+    pub fn lay_out(
+        &mut self,
+        q: &[i8],
+        scales: &[f32],
+        t: usize,
+        cols: usize,
+        gs: usize,
+    ) -> ActsQ4<'_> {
+        if gs != SIMD_GROUP {
+            return ActsQ4::default();
+        }
+        let (chunks, per) = (cols / CHUNK, cols / gs);
+        let half = gs / 2;
+        self.x.clear();
+        self.corr.clear();
+        self.scales.clear();
+        for i in 0..t {
+            let (row, s_row) = (
+                &q[i * cols..(i + 1) * cols],
+                &scales[i * per..(i + 1) * per],
+            );
+            for c in 0..chunks {
+                let chunk = &row[c * CHUNK..(c + 1) * CHUNK];
+                let start = self.x.len();
+                // The four groups' first halves, then their second halves.
+                for part in [0, half] {
+                    for g in chunk.chunks_exact(gs) {
+                        self.x.extend_from_slice(&g[part..part + half]);
+                    }
+                }
+                let (lo, hi) = self.x[start..].split_at(CHUNK / 2);
+                for l in 0..LANES {
+                    let sum: i32 = (4 * l..4 * l + 4)
+                        .map(|b| lo[b] as i32 + hi[b] as i32)
+                        .sum();
+                    self.corr.push(-8 * sum);
+                    self.scales.push(s_row[c * (CHUNK / gs) + l * 4 / half]);
+                }
+            }
+            self.x.extend_from_slice(&row[chunks * CHUNK..]);
+        }
+        ActsQ4 {
+            chunks,
+            x: &self.x,
+            corr: &self.corr,
+            scales: &self.scales,
+        }
+    }
+}
 
 /// `sum_g ws[g] * xs[g] * sum_{j in g} q_w[j] * q_x[j]` over one row: `w` its packed bytes
 /// (`cols / 2`), `ws` its f16 scales, `x`/`xs` one activation row quantized per group of `gs`.
@@ -19,6 +126,38 @@ pub fn dot_q4_scalar(w: &[u8], ws: &[u16], x: &[i8], xs: &[f32], gs: usize) -> f
         sum += isum as f32 * (half::f16::from_bits(ws[g]).to_f32() * xs[g]);
     }
     sum
+}
+
+/// Checks the slices of a q4 product (`w: [rows, cols / 2]`, `ws: [rows, cols / gs]`, `out:
+/// [rows, t]`) and returns `rows`; panics on a mismatch (a caller's bug, not bad input).
+pub(crate) fn check(w: &[u8], ws: &[u16], x: &ActsQ8, out: &[f32]) -> usize {
+    let (cols, gs, t) = (x.cols, x.group_size, x.t);
+    let rows = out.len() / t.max(1);
+    assert!(
+        out.len() == rows * t && w.len() * 2 == rows * cols && ws.len() * gs == rows * cols,
+        "q4: slice lengths do not match [{rows}, {cols}] x [{t}, {cols}]"
+    );
+    let lanes = x.q4.chunks * LANES;
+    assert!(
+        x.q4.chunks == 0
+            || (x.q4.x.len() == t * cols
+                && x.q4.corr.len() == t * lanes
+                && x.q4.scales.len() == t * lanes),
+        "q4: activations not laid out for [{t}, {cols}]"
+    );
+    rows
+}
+
+/// The reference product of the groups after a row's last full chunk, which the SIMD kernels
+/// leave to it: `w_r`, `ws_r` one weight row, `x_r`, `xs_r` one token (either layout: the tail
+/// is not rearranged).
+pub(crate) fn tail(w_r: &[u8], ws_r: &[u16], x_r: &[i8], xs_r: &[f32], chunks: usize) -> f32 {
+    let g = chunks * (CHUNK / SIMD_GROUP);
+    if g == ws_r.len() {
+        return 0.0;
+    }
+    let (b, c) = (chunks * CHUNK / 2, chunks * CHUNK);
+    dot_q4_scalar(&w_r[b..], &ws_r[g..], &x_r[c..], &xs_r[g..], SIMD_GROUP)
 }
 
 /// `out[r, i]` (`[rows, t]`) = row `r` of the packed weights against activation row `i`, one

@@ -5,17 +5,22 @@
 //!
 //! One file per instruction set: `avx2.rs` (AVX2 and FMA, with AVX-VNNI's `vpdpbusd` as an
 //! option) and `avx512.rs` (AVX-512 F, BW, VL and VNNI), each tested against the scalar
-//! kernels of `dot/mod.rs`.
+//! kernels of `dot/mod.rs`; and `q4.rs`, the q4 kernels of both, tested against `dot/q4.rs`.
 
 mod avx2;
 mod avx512;
+mod q4;
 
 use super::Dots;
 use avx2::*;
 use avx512::*;
+use q4::*;
 
+/// AVX2 and FMA, and F16C for the q4 kernels' f16 scales (every CPU with AVX2 has it).
 pub fn has_avx2() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
 }
 
 /// AVX-VNNI: `vpdpbusd` on 256 bits with a VEX encoding, on CPUs that may lack AVX-512 (Intel's
@@ -38,7 +43,7 @@ pub const AVX2: Dots = Dots {
     bf16: |w, x| unsafe { dot_bf16_avx2(w, x) },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2::<0, MADDUBS>(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx2::<MADDUBS>(w, ws, x, out, ahead) },
-    q4_rows: super::q4::mat_q4_scalar,
+    q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS>(w, ws, x, out, ahead) },
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx2(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx2(x, gs, q, s) },
     isa: "avx2",
@@ -46,10 +51,11 @@ pub const AVX2: Dots = Dots {
 
 /// The AVX2 kernels with AVX-VNNI's `vpdpbusd` for the integer products.
 pub const AVX_VNNI: Dots = Dots {
-    // SAFETY (both): only handed out after `has_avx_vnni()` returned true, which implies
+    // SAFETY (all): only handed out after `has_avx_vnni()` returned true, which implies
     // `has_avx2()`.
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2::<0, VEX_VNNI>(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx2::<VEX_VNNI>(w, ws, x, out, ahead) },
+    q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<VEX_VNNI>(w, ws, x, out, ahead) },
     isa: "avx-vnni",
     ..AVX2
 };

@@ -1,0 +1,240 @@
+//! The q4 (W4A8) kernels on x86-64: AVX-512 VNNI on 512-bit vectors, one chunk of four groups
+//! per step, and AVX2 (with `vpmaddubsw`, AVX-VNNI's or AVX-512's `vpdpbusd`) on 256-bit ones,
+//! a chunk in two halves. Both read the activations in the layout `dot/q4.rs` describes, for
+//! groups of 32; other group sizes take the reference.
+//!
+//! One step, for a chunk of 64 packed bytes (128 weights) of one row and one token:
+//!
+//! ```text
+//! lo, hi   = bytes & 15, (bytes >> 4) & 15             the nibbles, q + 8, unsigned
+//! isum     = corr + dot4(lo, x_lo) + dot4(hi, x_hi)    16 lanes, exact: sum(q * x) per 8 weights
+//! acc     += float(isum) * x_scale * w_scale           each lane's group's scales
+//! ```
+//!
+//! The weights' f16 scales are widened 16 at a time (`vcvtph2ps`) and spread to the lanes of
+//! their group by one permute. Chunks alternate between two accumulators, so that consecutive
+//! multiply-adds do not wait on each other; decode and prefill run the same steps in the same
+//! order (decode is the 1 x 1 tile), so a prompt's tokens get the same bits either way.
+
+use super::super::q4::{self, CHUNK, LANES};
+use super::super::{for_each_tile, ActsQ8};
+use super::avx2::{dot4, hsum256};
+use super::{PREFETCH_FAR, PREFETCH_NEAR};
+use std::arch::x86_64::*;
+
+/// [`super::super::MatQ4`] on AVX-512 VNNI. Decode (`t = 1`) takes one row at a time, asking
+/// for the weights ahead as the q8 kernel does (see [`PREFETCH_NEAR`]); prefill is tiled, two
+/// weight rows against four tokens, each chunk of weights unpacked once for four tokens.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn mat_q4_avx512(
+    w: &[u8],
+    ws: &[u16],
+    x: &ActsQ8,
+    out: &mut [f32],
+    ahead: usize,
+) {
+    let rows = q4::check(w, ws, x, out);
+    if x.q4.chunks == 0 {
+        return q4::mat_q4_scalar(w, ws, x, out, ahead);
+    }
+    // Bytes this thread may prefetch, counted from the start of `w`.
+    let reach = w.len() + ahead;
+    for_each_tile(rows, x.t, 2, 4, |m, n, r, i| {
+        // SAFETY: rows r..r+m and tokens i..i+n are in range (for_each_tile keeps them so), and
+        // `check` proved every slice has the length of its shape.
+        match (m, n) {
+            (2, 4) => tile_avx512::<2, 4>(w, ws, x, out, r, i, reach),
+            (2, 3) => tile_avx512::<2, 3>(w, ws, x, out, r, i, reach),
+            (2, 2) => tile_avx512::<2, 2>(w, ws, x, out, r, i, reach),
+            (2, _) => tile_avx512::<2, 1>(w, ws, x, out, r, i, reach),
+            (_, 4) => tile_avx512::<1, 4>(w, ws, x, out, r, i, reach),
+            (_, 3) => tile_avx512::<1, 3>(w, ws, x, out, r, i, reach),
+            (_, 2) => tile_avx512::<1, 2>(w, ws, x, out, r, i, reach),
+            _ => tile_avx512::<1, 1>(w, ws, x, out, r, i, reach),
+        }
+    });
+}
+
+/// `out[(r + a) * t + i + j]` for the `R` weight rows from `r` and the `N` tokens from `i`.
+/// Prefetches weights up to `reach` bytes from the start of `w`. Caller guarantees the rows and
+/// tokens exist, that `q4::check` passed and that `x.q4.chunks > 0`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn tile_avx512<const R: usize, const N: usize>(
+    w: &[u8],
+    ws: &[u16],
+    x: &ActsQ8,
+    out: &mut [f32],
+    r: usize,
+    i: usize,
+    reach: usize,
+) {
+    let (t, cols, chunks) = (x.t, x.cols, x.q4.chunks);
+    let (row_bytes, per, lanes) = (cols / 2, cols / q4::SIMD_GROUP, chunks * LANES);
+    let w_at: [usize; R] = std::array::from_fn(|a| (r + a) * row_bytes);
+    let w_row: [*const u8; R] = w_at.map(|at| w.as_ptr().add(at));
+    let ws_row: [*const u16; R] = std::array::from_fn(|a| ws.as_ptr().add((r + a) * per));
+    let x_row: [*const i8; N] = std::array::from_fn(|j| x.q4.x.as_ptr().add((i + j) * cols));
+    let corr_row: [*const i32; N] =
+        std::array::from_fn(|j| x.q4.corr.as_ptr().add((i + j) * lanes));
+    let xs_row: [*const f32; N] =
+        std::array::from_fn(|j| x.q4.scales.as_ptr().add((i + j) * lanes));
+    let nibble = _mm512_set1_epi8(15);
+    // Lane l of chunk k (0..4) of a window of 16 groups has group 4k + l / 4.
+    let spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    let idx: [__m512i; 4] =
+        std::array::from_fn(|k| _mm512_add_epi32(spread, _mm512_set1_epi32(4 * k as i32)));
+    let mut acc = [[_mm512_setzero_ps(); N]; R];
+    // Adds chunk c (the k-th of its window, whose weight scales are `d16`) into `acc`.
+    let mut step = |c: usize, k: usize, d16: &[__m512; R]| {
+        let off = 64 * c;
+        for at in w_at {
+            for dist in [PREFETCH_NEAR, PREFETCH_FAR] {
+                if at + off + dist < reach {
+                    // A prefetch never faults, and the address stays inside the weights this
+                    // thread reads.
+                    _mm_prefetch::<_MM_HINT_T2>(w.as_ptr().add(at + off + dist) as *const i8);
+                }
+            }
+        }
+        let wv: [__m512i; R] =
+            std::array::from_fn(|a| _mm512_loadu_si512(w_row[a].add(off) as *const __m512i));
+        let lo = wv.map(|v| _mm512_and_si512(v, nibble));
+        let hi = wv.map(|v| _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
+        let d = d16.map(|v| _mm512_permutexvar_ps(idx[k], v));
+        for j in 0..N {
+            let x_lo = _mm512_loadu_si512(x_row[j].add(CHUNK * c) as *const __m512i);
+            let x_hi = _mm512_loadu_si512(x_row[j].add(CHUNK * c + 64) as *const __m512i);
+            let corr = _mm512_loadu_si512(corr_row[j].add(LANES * c) as *const __m512i);
+            let xs = _mm512_loadu_ps(xs_row[j].add(LANES * c));
+            for a in 0..R {
+                let isum = _mm512_dpbusd_epi32(corr, lo[a], x_lo);
+                let isum = _mm512_dpbusd_epi32(isum, hi[a], x_hi);
+                let v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), xs);
+                acc[a][j] = _mm512_fmadd_ps(v, d[a], acc[a][j]);
+            }
+        }
+    };
+    let mut c = 0;
+    while c < chunks {
+        // The weight scales of the next (up to) 16 groups, widened from f16; a masked load
+        // reads no scale past the row's full chunks.
+        let n4 = (chunks - c).min(4);
+        let mask: __mmask16 = if n4 == 4 { 0xffff } else { (1 << (4 * n4)) - 1 };
+        let d16: [__m512; R] = std::array::from_fn(|a| {
+            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                mask,
+                ws_row[a].add(4 * c) as *const i16,
+            ))
+        });
+        for k in 0..n4 {
+            step(c + k, k, &d16);
+        }
+        c += n4;
+    }
+    for (a, acc_a) in acc.iter().enumerate() {
+        let (w_r, ws_r) = (
+            &w[w_at[a]..w_at[a] + row_bytes],
+            &ws[(r + a) * per..(r + a + 1) * per],
+        );
+        for (j, &acc_aj) in acc_a.iter().enumerate() {
+            let sum = _mm512_reduce_add_ps(acc_aj);
+            let tail = q4::tail(w_r, ws_r, x.q_row(i + j), x.scales_row(i + j), chunks);
+            *out.get_unchecked_mut((r + a) * t + i + j) = sum + tail;
+        }
+    }
+}
+
+/// [`super::super::MatQ4`] on AVX2, multiplying bytes with the instructions `P` names (see
+/// [`super::avx2::MADDUBS`]). As [`mat_q4_avx512`], with a chunk in two halves of 32 bytes and
+/// tiles of one row by four tokens (sixteen 256-bit registers hold no more accumulators).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn mat_q4_avx2<const P: u8>(
+    w: &[u8],
+    ws: &[u16],
+    x: &ActsQ8,
+    out: &mut [f32],
+    ahead: usize,
+) {
+    let rows = q4::check(w, ws, x, out);
+    if x.q4.chunks == 0 {
+        return q4::mat_q4_scalar(w, ws, x, out, ahead);
+    }
+    let reach = w.len() + ahead;
+    for_each_tile(rows, x.t, 1, 4, |_, n, r, i| {
+        // SAFETY: as in mat_q4_avx512.
+        match n {
+            4 => tile_avx2::<4, P>(w, ws, x, out, r, i, reach),
+            3 => tile_avx2::<3, P>(w, ws, x, out, r, i, reach),
+            2 => tile_avx2::<2, P>(w, ws, x, out, r, i, reach),
+            _ => tile_avx2::<1, P>(w, ws, x, out, r, i, reach),
+        }
+    });
+}
+
+/// [`tile_avx512`] on 256-bit vectors for one weight row: the two halves of a chunk go to the
+/// two accumulators. Caller guarantees what [`tile_avx512`]'s does, and that the CPU has the
+/// instructions `P` names.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_avx2<const N: usize, const P: u8>(
+    w: &[u8],
+    ws: &[u16],
+    x: &ActsQ8,
+    out: &mut [f32],
+    r: usize,
+    i: usize,
+    reach: usize,
+) {
+    let (t, cols, chunks) = (x.t, x.cols, x.q4.chunks);
+    let (row_bytes, per, lanes) = (cols / 2, cols / q4::SIMD_GROUP, chunks * LANES);
+    let w_at = r * row_bytes;
+    let (w_row, ws_row) = (w.as_ptr().add(w_at), &ws[r * per..(r + 1) * per]);
+    let x_row: [*const i8; N] = std::array::from_fn(|j| x.q4.x.as_ptr().add((i + j) * cols));
+    let corr_row: [*const i32; N] =
+        std::array::from_fn(|j| x.q4.corr.as_ptr().add((i + j) * lanes));
+    let xs_row: [*const f32; N] =
+        std::array::from_fn(|j| x.q4.scales.as_ptr().add((i + j) * lanes));
+    let nibble = _mm256_set1_epi8(15);
+    // Lane l of half h (0..2) of a chunk has the chunk's group 2h + l / 4.
+    let spread = [
+        _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0),
+        _mm256_set_epi32(3, 3, 3, 3, 2, 2, 2, 2),
+    ];
+    let mut acc = [[_mm256_setzero_ps(); N]; 2];
+    for c in 0..chunks {
+        let off = 64 * c;
+        for dist in [PREFETCH_NEAR, PREFETCH_FAR] {
+            if w_at + off + dist < reach {
+                // A prefetch never faults; the address stays inside this thread's weights.
+                _mm_prefetch::<_MM_HINT_T2>(w.as_ptr().add(w_at + off + dist) as *const i8);
+            }
+        }
+        // The chunk's four weight scales, widened from f16 (8 bytes: a 64-bit load).
+        let d4 = _mm_cvtph_ps(_mm_loadl_epi64(ws_row.as_ptr().add(4 * c) as *const __m128i));
+        let d8 = _mm256_castps128_ps256(d4);
+        for (h, acc_h) in acc.iter_mut().enumerate() {
+            let wv = _mm256_loadu_si256(w_row.add(off + 32 * h) as *const __m256i);
+            let lo = _mm256_and_si256(wv, nibble);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), nibble);
+            let d = _mm256_permutevar8x32_ps(d8, spread[h]);
+            for j in 0..N {
+                let x_lo = _mm256_loadu_si256(x_row[j].add(CHUNK * c + 32 * h) as *const __m256i);
+                let x_hi =
+                    _mm256_loadu_si256(x_row[j].add(CHUNK * c + 64 + 32 * h) as *const __m256i);
+                let at = LANES * c + 8 * h;
+                let corr = _mm256_loadu_si256(corr_row[j].add(at) as *const __m256i);
+                // Nibbles are at most 15 and activations in [-127, 127], as dot4 asks.
+                let isum = dot4::<P>(dot4::<P>(corr, lo, x_lo), hi, x_hi);
+                let v = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_loadu_ps(xs_row[j].add(at)));
+                acc_h[j] = _mm256_fmadd_ps(v, d, acc_h[j]);
+            }
+        }
+    }
+    let w_r = &w[w_at..w_at + row_bytes];
+    for (j, (&first, &second)) in acc[0].iter().zip(&acc[1]).enumerate() {
+        let sum = hsum256(_mm256_add_ps(first, second));
+        let tail = q4::tail(w_r, ws_row, x.q_row(i + j), x.scales_row(i + j), chunks);
+        *out.get_unchecked_mut(r * t + i + j) = sum + tail;
+    }
+}
