@@ -5,7 +5,8 @@ mod hub;
 
 use clap::{Parser, Subcommand};
 use commands::{
-    args, batch, bench, chat_template, detokenize, export, inference, info, serve, tokenize,
+    args, batch, bench, chat_template, detokenize, export, inference, info, perplexity, serve,
+    tokenize,
 };
 
 /// Run HuggingFace Qwen3 models from a compact INT8 file, on the CPU.
@@ -38,6 +39,8 @@ enum Command {
     ChatTemplate(chat_template::ChatTemplateArgs),
     /// Measure prefill and decode speed against this machine's memory bandwidth.
     Bench(bench::BenchArgs),
+    /// Score a text: perplexity, and with --base the KL divergence from a higher-precision file.
+    Perplexity(perplexity::PerplexityArgs),
     /// Serve the model over an OpenAI-compatible HTTP API, batching concurrent requests.
     Serve(serve::ServeArgs),
     /// Run a file of OpenAI Batch API requests through the same engine, results to a file.
@@ -96,6 +99,7 @@ fn main() {
         Command::Detokenize(a) => detokenize::run(a),
         Command::ChatTemplate(a) => chat_template::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Perplexity(a) => on_worker_thread(a.threads, || perplexity::run(a)),
         Command::Serve(a) => serve::run(a),
         Command::Batch(a) => batch::run(a),
     };
