@@ -86,7 +86,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
         start.elapsed().as_secs_f64()
     );
     if dtype == DType::Q4 {
-        eprintln!("note: q4 decodes no faster than q8 yet, and only AVX-512 CPUs have a q4 kernel (docs/quantization.md)");
+        eprintln!("note: q4 costs accuracy that q8 does not; measure it on your model with `qwen3 perplexity --base` (docs/quantization.md)");
     }
     println!("{}: {}", s.tokenizer_path.display(), s.tokenizer_note);
     println!("{}: {}", s.template_path.display(), s.template_note);

@@ -39,6 +39,17 @@ pub(super) unsafe fn mat_q4_avx512(
     }
     // Bytes this thread may prefetch, counted from the start of `w`.
     let reach = w.len() + ahead;
+    if x.t == 1 {
+        // Decode: four rows a tile, the fixed costs of a tile (its setup, the sums across lanes)
+        // shared by four rows' streams.
+        return for_each_tile(rows, 1, 4, 1, |m, _, r, _| {
+            // SAFETY: as below.
+            match m {
+                4 => tile_avx512::<4, 1>(w, ws, x, out, r, 0, reach),
+                _ => tile_avx512::<1, 1>(w, ws, x, out, r, 0, reach),
+            }
+        });
+    }
     for_each_tile(rows, x.t, 2, 4, |m, n, r, i| {
         // SAFETY: rows r..r+m and tokens i..i+n are in range (for_each_tile keeps them so), and
         // `check` proved every slice has the length of its shape.
