@@ -23,17 +23,69 @@ fn qwen3(args: &[&str]) -> String {
     String::from_utf8(o.stdout).unwrap()
 }
 
-fn export(dtype: &str) -> String {
+/// The fullvocab fixture exported as `name` (each test its own files: tests run in parallel).
+fn export(name: &str, dtype: &str, extra: &[&str]) -> String {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/tiny-qwen3-fullvocab");
-    let out = common::binary_dir().join(format!("m-{dtype}.bin"));
+    let out = common::binary_dir().join(format!("{name}.bin"));
     let (src, path) = (src.to_str().unwrap(), out.to_str().unwrap());
-    qwen3(&["export", src, path, "--dtype", dtype, "--group-size", "32"]);
+    let mut args = vec!["export", src, path, "--dtype", dtype, "--group-size", "32"];
+    args.extend(extra);
+    qwen3(&args);
     path.to_string()
+}
+
+/// `--tables q4` stores the embedding table (here also the tied classifier) in q4 too: a smaller
+/// file that loads, generates and scores; `--tables` with another dtype is refused by name.
+#[test]
+fn q4_tables_are_a_choice() {
+    let q4 = export("tables-q8", "q4", &[]);
+    let q4t = export("tables-q4", "q4", &["--tables", "q4"]);
+    let info = qwen3(&["info", &q4t, "--tensors"]);
+    let table: Vec<&str> = info
+        .lines()
+        .filter(|l| l.contains("embed_tokens"))
+        .collect();
+    assert!(
+        !table.is_empty() && table.iter().all(|l| l.contains("q4")),
+        "{info}"
+    );
+    let size = |p: &str| std::fs::metadata(p).unwrap().len();
+    assert!(size(&q4t) < size(&q4), "{} vs {}", size(&q4t), size(&q4));
+    let out = qwen3(&[
+        "generate",
+        &q4t,
+        "-i",
+        "Once upon a time",
+        "-n",
+        "8",
+        "-t",
+        "0",
+        "--json",
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 8, "{out}");
+
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/tiny-qwen3-fullvocab");
+    let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args([
+            "export",
+            src.to_str().unwrap(),
+            "/nonexistent/x.bin",
+            "--tables",
+            "q4",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--tables applies to --dtype q4"),
+        "{err}"
+    );
 }
 
 #[test]
 fn info_bench_and_serve_on_a_q4_file() {
-    let (q4, q8) = (export("q4"), export("q8"));
+    let (q4, q8) = (export("q4", "q4", &[]), export("q8", "q8", &[]));
     let info = qwen3(&["info", &q4, "--tensors"]);
     assert!(info.contains("q4"), "{info}");
     let lines = |name: &str| -> Vec<String> {

@@ -26,6 +26,11 @@ pub struct ExportArgs {
     /// table and the classifier stay q8), bf16, or f32. Norms are always f32.
     #[arg(long, default_value = "q8")]
     pub dtype: String,
+    /// With `--dtype q4`: how to store the embedding table and the classifier, q8 (the default,
+    /// more accurate) or q4 (a smaller file, faster decode; what it costs: docs/quantization.md).
+    /// As llama-quantize's --token-embedding-type / --output-tensor-type.
+    #[arg(long, value_parser = ["q8", "q4"])]
+    pub tables: Option<String>,
     /// With a repository id: use the HuggingFace cache only, never the network (as
     /// HF_HUB_OFFLINE=1).
     #[arg(long)]
@@ -51,9 +56,14 @@ pub fn run(args: ExportArgs) -> Result<()> {
     static INTERRUPTED: AtomicBool = AtomicBool::new(false);
     ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst))
         .context("cannot install the Ctrl-C handler")?;
+    let q4_tables = args.tables.as_deref() == Some("q4");
+    if args.tables.is_some() && dtype != DType::Q4 {
+        bail!("--tables applies to --dtype q4 only");
+    }
     let opts = ExportOptions {
         dtype,
         group_size,
+        q4_tables,
         progress: std::io::stderr().is_terminal(),
         cancel: Some(&INTERRUPTED),
     };
@@ -69,7 +79,8 @@ pub fn run(args: ExportArgs) -> Result<()> {
     let storage = match dtype {
         DType::Q8 => format!("q8, group size {}", c.group_size),
         DType::Q4 => format!(
-            "q4 (embedding and classifier q8), group size {}",
+            "q4 (embedding and classifier {}), group size {}",
+            if q4_tables { "q4" } else { "q8" },
             c.group_size
         ),
         other => other.to_string(),

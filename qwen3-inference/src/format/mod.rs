@@ -219,23 +219,31 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
     t
 }
 
-/// Every tensor of a model with this config as the model file stores it: norm weights and biases
-/// in f32, matrices in the config's dtype and group size. The exporter writes exactly these and the
-/// reader accepts exactly these.
 /// The group size of the q8 embedding table and classifier in a q4 file (see [`tensor_specs`]).
 pub const Q4_TABLE_GROUP: u32 = 64;
 
+/// Every tensor of a model with this config as the model file stores it: norm weights and biases
+/// in f32, matrices in the config's dtype and group size, except a q4 file's embedding table and
+/// classifier (q8 here; [`tensor_specs_with`] for q4 ones). The exporter writes these, and the
+/// reader accepts these or, in a q4 file, q4 tables.
 pub fn tensor_specs(c: &ModelConfig) -> Vec<writer::TensorSpec> {
+    tensor_specs_with(c, false)
+}
+
+/// [`tensor_specs`], with a q4 file's embedding table and classifier in q4 when `q4_tables`
+/// (`qwen3 export --dtype q4 --tables q4`).
+pub fn tensor_specs_with(c: &ModelConfig, q4_tables: bool) -> Vec<writer::TensorSpec> {
     expected_tensors(c)
         .into_iter()
         .map(|e| {
             let table = e.name == "model.embed_tokens.weight" || e.name == "lm_head.weight";
             let (dtype, group_size) = match e.kind {
                 TensorKind::Norm | TensorKind::Bias => (DType::F32, 0),
-                // q4 files keep the embedding table and the classifier in q8 (the classifier
-                // writes the logits directly; docs/quantization.md), in q8's own groups of 64
-                // where the width allows: the q8 kernels' fast path wants a multiple of 64.
-                TensorKind::Matrix if c.dtype == DType::Q4 && table => {
+                // q4 files keep the embedding table and the classifier in q8 unless asked (the
+                // classifier writes the logits directly; measured: docs/quantization.md), in
+                // q8's own groups of 64 where the width allows: the q8 kernels' fast path wants
+                // a multiple of 64.
+                TensorKind::Matrix if c.dtype == DType::Q4 && table && !q4_tables => {
                     let gs = match c.hidden_size.is_multiple_of(Q4_TABLE_GROUP) {
                         true => Q4_TABLE_GROUP,
                         false => c.group_size,

@@ -7,8 +7,9 @@
 
 use super::bytes::ByteReader;
 use super::{
-    align_up, tensor_nbytes, tensor_specs, DType, ModelConfig, ALIGN, BYTE_ORDER_MARK,
-    FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION, PREAMBLE_LEN,
+    align_up, tensor_nbytes, tensor_specs, tensor_specs_with, writer::TensorSpec, DType,
+    ModelConfig, ALIGN, BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION,
+    PREAMBLE_LEN,
 };
 use crate::pages::{self, PageShare};
 use anyhow::{bail, Context, Result};
@@ -142,7 +143,9 @@ impl Header {
         }
         let by_name: HashMap<&str, &TensorInfo> =
             self.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-        for e in &expected {
+        // A q4 file's tables may be q8 (the default) or q4 (`export --tables q4`).
+        let q4_tables = tensor_specs_with(&self.config, true);
+        for (e, alt) in expected.iter().zip(&q4_tables) {
             let Some(t) = by_name.get(e.name.as_str()) else {
                 bail!("tensor {} is missing", e.name);
             };
@@ -154,7 +157,8 @@ impl Header {
                     e.shape
                 );
             }
-            if t.dtype != e.dtype || t.group_size != e.group_size {
+            let is = |e: &TensorSpec| t.dtype == e.dtype && t.group_size == e.group_size;
+            if !is(e) && !is(alt) {
                 bail!(
                     "tensor {}: stored as {} (group {}), expected {} (group {})",
                     e.name,
