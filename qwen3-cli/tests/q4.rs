@@ -35,7 +35,7 @@ fn export(name: &str, dtype: &str, extra: &[&str]) -> String {
 }
 
 /// `--tables q4` stores the embedding table (here also the tied classifier) in q4 too: a smaller
-/// file that loads, generates and scores; `--tables` with another dtype is refused by name.
+/// file that loads and generates; `--tables` with another dtype is refused by name.
 #[test]
 fn q4_tables_are_a_choice() {
     let q4 = export("tables-q8", "q4", &[]);

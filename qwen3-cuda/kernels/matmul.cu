@@ -20,11 +20,13 @@
 // Requirements (checked on the host): cols % 4 == 0, gs % 4 == 0 (four columns never straddle
 // two groups), x and the weights 16-byte aligned (every tensor in the file is 64-byte aligned).
 // q4 reads a lane's four columns from four consecutive bytes (the low or the high nibbles of one
-// half of a group): gs % 8 == 0 keeps them in one half and the 4-byte load aligned.
+// half of a group): gs % 8 == 0 keeps them in one half, and with cols % gs == 0 (so each row's
+// cols/2 bytes are a multiple of 4) the 4-byte load aligned. The 32 lanes read 64 distinct
+// bytes, each twice (the lanes of a group's first half and of its second read the same bytes).
 //
 // Accumulation order, reproduced exactly by src/reference/matmul.rs:
 //   d = w0*x0; d = fmaf(w1, x1, d); d = fmaf(w2, x2, d); d = fmaf(w3, x3, d)   (4 columns)
-//   acc = fmaf(d, s, acc)       s = the group's scale for q8, 1.0 for bf16 and f32
+//   acc = fmaf(d, s, acc)       s = the group's scale for q8 and q4, 1.0 for bf16 and f32
 //   y = warp_sum(acc)           (butterfly over the 32 lanes)
 // A token's result does not depend on which tile it is in, so batched prefill and one-token decode
 // give bit-identical outputs.

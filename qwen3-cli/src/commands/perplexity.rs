@@ -67,6 +67,9 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     if args.ctx < 4 {
         bail!("--ctx must be at least 4");
     }
+    if args.chunks == Some(0) {
+        bail!("--chunks must be at least 1");
+    }
     let file = ModelFile::open(&args.model)?;
     let model = Model::load(&file)?;
     let base_file = args.base.as_ref().map(|p| ModelFile::open(p)).transpose()?;

@@ -193,7 +193,7 @@ impl Backend for CudaBackend {
             DType::Q8 => self.runtime.stream.launch_builder(&f.embed_q8),
             DType::Bf16 => self.runtime.stream.launch_builder(&f.embed_bf16),
             DType::F32 => self.runtime.stream.launch_builder(&f.embed_f32),
-            // q4 files keep their embedding table in q8 (format::tensor_specs).
+            // Unreachable in practice: DeviceWeights::upload refuses a q4 embedding table.
             DType::Q4 => bail!("embed: no CUDA kernel reads a q4 embedding table"),
         };
         b.arg(out).arg(&ids).arg(&values);

@@ -4,7 +4,7 @@ use super::reduce::warp_sum;
 use qwen3_inference::format::reader::TensorData;
 
 /// Four consecutive weights of row `row` starting at column `c`, and the scale applying to them
-/// (the group's scale for q8, 1.0 otherwise): the kernels' `load4`.
+/// (the group's scale for q8 and q4, 1.0 otherwise): the kernels' `load4`.
 fn load4(w: &TensorData<'_>, row: usize, cols: usize, c: usize) -> ([f32; 4], f32) {
     let i = row * cols + c;
     match *w {

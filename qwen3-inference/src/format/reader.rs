@@ -143,7 +143,8 @@ impl Header {
         }
         let by_name: HashMap<&str, &TensorInfo> =
             self.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-        // A q4 file's tables may be q8 (the default) or q4 (`export --tables q4`).
+        // A q4 file's tables may be q8 (the default), q4 (`export --tables q4`), or q8 at the
+        // file's group size (as q4 files were first written).
         let q4_tables = tensor_specs_with(&self.config, true);
         for (e, alt) in expected.iter().zip(&q4_tables) {
             let Some(t) = by_name.get(e.name.as_str()) else {
@@ -158,7 +159,11 @@ impl Header {
                 );
             }
             let is = |e: &TensorSpec| t.dtype == e.dtype && t.group_size == e.group_size;
-            if !is(e) && !is(alt) {
+            let first_q4_tables = self.config.dtype == DType::Q4
+                && e.dtype == DType::Q8
+                && t.dtype == DType::Q8
+                && t.group_size == self.config.group_size;
+            if !is(e) && !is(alt) && !first_q4_tables {
                 bail!(
                     "tensor {}: stored as {} (group {}), expected {} (group {})",
                     e.name,
@@ -332,12 +337,22 @@ fn view_data<'a>(file: &'a [u8], t: &TensorInfo) -> Result<TensorData<'a>> {
 mod tests {
     use super::*;
     use crate::format::config::tests::tiny_config;
-    use crate::format::writer::ModelWriter;
+    use crate::format::writer::{self, ModelWriter};
 
     /// Writes a tiny model file whose every value is distinct, so views can be checked.
     pub(crate) fn write_tiny(path: &Path, dtype: DType) -> ModelConfig {
+        write_tiny_as(path, dtype, |_| {})
+    }
+
+    /// [`write_tiny`] with its tensor specs changed by `edit` first.
+    fn write_tiny_as(
+        path: &Path,
+        dtype: DType,
+        edit: impl Fn(&mut writer::TensorSpec),
+    ) -> ModelConfig {
         let c = tiny_config(dtype);
-        let specs = tensor_specs(&c);
+        let mut specs = tensor_specs(&c);
+        specs.iter_mut().for_each(edit);
         let mut w = ModelWriter::create(path, &c, specs.clone()).unwrap();
         for s in &specs {
             let n = s.shape.iter().product::<u64>() as usize;
@@ -368,6 +383,59 @@ mod tests {
         let d = std::env::temp_dir().join(format!("pq-reader-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
         d.join("m.bin")
+    }
+
+    /// A q4 file's tables may be q8 in groups of 64 (the default), q4 (`--tables q4`) or q8 at
+    /// the file's group size (as q4 files were first written); a layer matrix in q8 is refused.
+    #[test]
+    fn q4_files_take_their_tables_three_ways() {
+        let table = |s: &writer::TensorSpec| s.name == "model.embed_tokens.weight";
+        type Edit = Box<dyn Fn(&mut writer::TensorSpec)>;
+        let cases: [(&str, Edit, bool); 4] = [
+            ("default", Box::new(|_| {}), true),
+            (
+                "q4",
+                Box::new(move |s| {
+                    if table(s) {
+                        s.dtype = DType::Q4;
+                        s.group_size = 32
+                    }
+                }),
+                true,
+            ),
+            (
+                "first",
+                Box::new(move |s| {
+                    if table(s) {
+                        s.group_size = 32
+                    }
+                }),
+                true,
+            ),
+            (
+                "layer",
+                Box::new(|s| {
+                    if s.name.ends_with("down_proj.weight") {
+                        s.dtype = DType::Q8;
+                    }
+                }),
+                false,
+            ),
+        ];
+        for (name, edit, ok) in cases {
+            let p = tmp(&format!("q4-tables-{name}"));
+            let c = write_tiny_as(&p, DType::Q4, edit);
+            assert_eq!(c.group_size, 32);
+            let opened = ModelFile::open(&p).map(|_| ());
+            std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
+            match opened {
+                Ok(()) => assert!(ok, "{name}: accepted"),
+                Err(e) => assert!(
+                    !ok && format!("{e:#}").contains("down_proj"),
+                    "{name}: {e:#}"
+                ),
+            }
+        }
     }
 
     #[test]

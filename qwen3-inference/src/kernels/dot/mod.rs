@@ -65,7 +65,7 @@ pub struct ActsQ8Buf {
 
 impl ActsQ8Buf {
     /// Quantizes `x: [t, cols]` per group of `gs` and derives the other forms, for q8 weights
-    /// (no group sums: `sums` is empty). The buffers grow to the largest size seen and are then
+    /// (no q4 layout: `q4` is empty). The buffers grow to the largest size seen and are then
     /// reused: no allocation per token.
     pub fn quantize(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {
         self.quantize_with(x, t, cols, gs, false)

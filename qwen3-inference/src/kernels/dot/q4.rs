@@ -39,7 +39,8 @@ pub const SIMD_GROUP: usize = 32;
 pub const LANES: usize = CHUNK / 8;
 
 /// The activations of `t` tokens in the q4 kernels' layout (see the module's text). Empty when
-/// the group size is not [`SIMD_GROUP`].
+/// the group size is not [`SIMD_GROUP`]; `chunks` is 0 (and the kernels take the reference)
+/// when a row is narrower than a chunk.
 #[derive(Clone, Copy, Default)]
 pub struct ActsQ4<'a> {
     /// Full chunks per row (`cols / CHUNK`).
@@ -98,7 +99,8 @@ impl ActsQ4Buf {
                         .map(|b| lo[b] as i32 + hi[b] as i32)
                         .sum();
                     self.corr.push(-8 * sum);
-                    self.scales.push(s_row[c * (CHUNK / gs) + l * 4 / half]);
+                    // Lane l sums bytes 4l..4l+4 of each half: group 4l / half of the chunk.
+                    self.scales.push(s_row[c * (CHUNK / gs) + 4 * l / half]);
                 }
             }
             self.x.extend_from_slice(&row[chunks * CHUNK..]);
@@ -129,7 +131,9 @@ pub fn dot_q4_scalar(w: &[u8], ws: &[u16], x: &[i8], xs: &[f32], gs: usize) -> f
 }
 
 /// Checks the slices of a q4 product (`w: [rows, cols / 2]`, `ws: [rows, cols / gs]`, `out:
-/// [rows, t]`) and returns `rows`; panics on a mismatch (a caller's bug, not bad input).
+/// [rows, t]`) and, when the activations are laid out for the SIMD kernels, that the layout is
+/// for groups of 32 and this width; returns `rows`. Panics on a mismatch (a caller's bug, not
+/// bad input). The SIMD kernels' reads are in bounds because of what this checks.
 pub(crate) fn check(w: &[u8], ws: &[u16], x: &ActsQ8, out: &[f32]) -> usize {
     let (cols, gs, t) = (x.cols, x.group_size, x.t);
     let rows = out.len() / t.max(1);
@@ -140,7 +144,9 @@ pub(crate) fn check(w: &[u8], ws: &[u16], x: &ActsQ8, out: &[f32]) -> usize {
     let lanes = x.q4.chunks * LANES;
     assert!(
         x.q4.chunks == 0
-            || (x.q4.x.len() == t * cols
+            || (gs == SIMD_GROUP
+                && x.q4.chunks == cols / CHUNK
+                && x.q4.x.len() == t * cols
                 && x.q4.corr.len() == t * lanes
                 && x.q4.scales.len() == t * lanes),
         "q4: activations not laid out for [{t}, {cols}]"
@@ -163,9 +169,12 @@ pub(crate) fn tail(w_r: &[u8], ws_r: &[u16], x_r: &[i8], xs_r: &[f32], chunks: u
 /// `out[r, i]` (`[rows, t]`) = row `r` of the packed weights against activation row `i`, one
 /// [`dot_q4_scalar`] per pair. `_ahead` is the prefetch hint the SIMD kernels take.
 pub fn mat_q4_scalar(w: &[u8], ws: &[u16], x: &ActsQ8, out: &mut [f32], _ahead: usize) {
+    check(w, ws, x, out);
     let (cols, gs, t) = (x.cols, x.group_size, x.t);
+    if t == 0 {
+        return;
+    }
     let per = cols / gs;
-    assert!(w.len() * 2 == out.len() / t * cols && ws.len() == out.len() / t * per);
     for (r, out_r) in out.chunks_exact_mut(t).enumerate() {
         let (w_r, ws_r) = (
             &w[r * cols / 2..(r + 1) * cols / 2],

@@ -12,9 +12,10 @@
 //! ```
 //!
 //! The weights' f16 scales are widened 16 at a time (`vcvtph2ps`) and spread to the lanes of
-//! their group by one permute. Chunks alternate between two accumulators, so that consecutive
-//! multiply-adds do not wait on each other; decode and prefill run the same steps in the same
-//! order (decode is the 1 x 1 tile), so a prompt's tokens get the same bits either way.
+//! their group by one permute. Each (row, token) pair of a tile has its own accumulator, so a
+//! tile's multiply-adds do not wait on each other (the AVX2 kernel, with one row a tile, gives
+//! each half of a chunk its own). Every tile shape runs the same steps in the same order for
+//! each pair, so decode (tiles of one token) and prefill give a prompt's tokens the same bits.
 
 use super::super::q4::{self, CHUNK, LANES};
 use super::super::{for_each_tile, ActsQ8};
@@ -22,8 +23,8 @@ use super::avx2::{dot4, hsum256};
 use super::{PREFETCH_FAR, PREFETCH_NEAR};
 use std::arch::x86_64::*;
 
-/// [`super::super::MatQ4`] on AVX-512 VNNI. Decode (`t = 1`) takes one row at a time, asking
-/// for the weights ahead as the q8 kernel does (see [`PREFETCH_NEAR`]); prefill is tiled, two
+/// [`super::super::MatQ4`] on AVX-512 VNNI. Decode (`t = 1`) takes four rows a tile, asking
+/// for the weights ahead as the q8 kernel does (see [`PREFETCH_NEAR`]); prefill tiles are two
 /// weight rows against four tokens, each chunk of weights unpacked once for four tokens.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn mat_q4_avx512(
@@ -44,7 +45,7 @@ pub(super) unsafe fn mat_q4_avx512(
         // Decode: four rows a tile, the fixed costs of a tile (its setup, the sums across lanes)
         // shared by four rows' streams.
         return for_each_tile(rows, 1, 4, 1, |m, _, r, _| {
-            // SAFETY: as below.
+            // SAFETY: rows r..r+m exist (for_each_tile keeps them so) and `q4::check` passed.
             match m {
                 4 => tile_avx512::<4, 1>(w, ws, x, out, r, 0, reach),
                 _ => tile_avx512::<1, 1>(w, ws, x, out, r, 0, reach),
@@ -53,7 +54,8 @@ pub(super) unsafe fn mat_q4_avx512(
     }
     for_each_tile(rows, x.t, 2, 4, |m, n, r, i| {
         // SAFETY: rows r..r+m and tokens i..i+n are in range (for_each_tile keeps them so), and
-        // `check` proved every slice has the length of its shape.
+        // `q4::check` proved every slice has the length of its shape and the layout is for
+        // groups of 32 and `chunks = cols / 128`.
         match (m, n) {
             (2, 4) => tile_avx512::<2, 4>(w, ws, x, out, r, i, reach),
             (2, 3) => tile_avx512::<2, 3>(w, ws, x, out, r, i, reach),
@@ -69,7 +71,12 @@ pub(super) unsafe fn mat_q4_avx512(
 
 /// `out[(r + a) * t + i + j]` for the `R` weight rows from `r` and the `N` tokens from `i`.
 /// Prefetches weights up to `reach` bytes from the start of `w`. Caller guarantees the rows and
-/// tokens exist, that `q4::check` passed and that `x.q4.chunks > 0`.
+/// tokens exist, that `q4::check` passed and that `x.q4.chunks > 0`. Then every read is in
+/// bounds: chunk `c < chunks = cols / 128` reads bytes `64c .. 64c + 64 <= cols / 2` of a
+/// weight row, values `128c .. 128c + 128 <= cols` of a token's laid-out row, lanes `16c ..
+/// 16c + 16 <= lanes` of its corrections and scales; the weight scales are read by a masked load
+/// of `4 * n4` values from `4c`, which stays within `4 * chunks <= per` (masked-off elements are
+/// not read and cannot fault).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn tile_avx512<const R: usize, const N: usize>(
@@ -103,9 +110,10 @@ unsafe fn tile_avx512<const R: usize, const N: usize>(
         for at in w_at {
             for dist in [PREFETCH_NEAR, PREFETCH_FAR] {
                 if at + off + dist < reach {
-                    // A prefetch never faults, and the address stays inside the weights this
-                    // thread reads.
-                    _mm_prefetch::<_MM_HINT_T2>(w.as_ptr().add(at + off + dist) as *const i8);
+                    // A prefetch never faults and has no effect on the program's meaning;
+                    // `wrapping_add` may point past `w` (into the `ahead` bytes) without UB.
+                    let p = w.as_ptr().wrapping_add(at + off + dist);
+                    _mm_prefetch::<_MM_HINT_T2>(p as *const i8);
                 }
             }
         }
@@ -174,7 +182,7 @@ pub(super) unsafe fn mat_q4_avx2<const P: u8>(
     }
     let reach = w.len() + ahead;
     for_each_tile(rows, x.t, 1, 4, |_, n, r, i| {
-        // SAFETY: as in mat_q4_avx512.
+        // SAFETY: as in mat_q4_avx512 (and the CPU has what `P` names: the dispatch's word).
         match n {
             4 => tile_avx2::<4, P>(w, ws, x, out, r, i, reach),
             3 => tile_avx2::<3, P>(w, ws, x, out, r, i, reach),
@@ -218,11 +226,12 @@ unsafe fn tile_avx2<const N: usize, const P: u8>(
         let off = 64 * c;
         for dist in [PREFETCH_NEAR, PREFETCH_FAR] {
             if w_at + off + dist < reach {
-                // A prefetch never faults; the address stays inside this thread's weights.
-                _mm_prefetch::<_MM_HINT_T2>(w.as_ptr().add(w_at + off + dist) as *const i8);
+                // As in tile_avx512: a hint, and `wrapping_add` may point past `w`.
+                let p = w.as_ptr().wrapping_add(w_at + off + dist);
+                _mm_prefetch::<_MM_HINT_T2>(p as *const i8);
             }
         }
-        // The chunk's four weight scales, widened from f16 (8 bytes: a 64-bit load).
+        // The chunk's four weight scales, widened from f16 (8 bytes from 4c: within `per`).
         let d4 = _mm_cvtph_ps(_mm_loadl_epi64(ws_row.as_ptr().add(4 * c) as *const __m128i));
         let d8 = _mm256_castps128_ps256(d4);
         for (h, acc_h) in acc.iter_mut().enumerate() {
@@ -263,7 +272,7 @@ mod tests {
     /// only on AVX-VNNI CPUs, which no machine here has.
     #[test]
     fn avx2_kernel_with_vnni_matches_the_reference() {
-        if !super::super::has_avx512() {
+        if !(super::super::has_avx512() && super::super::has_avx2()) {
             eprintln!("no AVX-512 VNNI: skipping the EVEX form of the AVX2 q4 kernel");
             return;
         }
@@ -278,7 +287,8 @@ mod tests {
             let mut buf = ActsQ8Buf::default();
             let acts = buf.quantize_for_q4(&x, t, cols, gs);
             let (mut got, mut want) = (vec![f32::NAN; rows * t], vec![0f32; rows * t]);
-            // SAFETY: has_avx512() said the CPU has AVX-512 VNNI (with VL), AVX2, FMA and F16C.
+            // SAFETY: the CPU has AVX-512 VNNI with VL (has_avx512) and AVX2, FMA, F16C
+            // (has_avx2), all that this form of the kernel uses.
             unsafe { mat_q4_avx2::<EVEX_VNNI>(&packed, &ws, &acts, &mut got, 0) };
             q4::mat_q4_scalar(&packed, &ws, &acts, &mut want, 0);
             for (k, (&g, &e)) in got.iter().zip(&want).enumerate() {
