@@ -91,13 +91,13 @@ pub fn quantize_q4(w: &[f32], group_size: usize, packed: &mut [u8], scales: &mut
         });
 }
 
-/// `round_half_even(x / d)` clamped to [-8, 7], plus 8: the nibble q4 stores for `x` (8, the
-/// value 0, when `d` is 0).
+/// [`q4_level`] of `x / d`, plus 8: the nibble q4 stores for `x` (8, the value 0, when `d` is
+/// 0).
 fn q4_nibble(x: f32, d: f32) -> u8 {
     if d == 0.0 {
         return 8;
     }
-    ((x / d).round_ties_even().clamp(-8.0, 7.0) as i32 + 8) as u8
+    (q4_level(x / d) as i32 + 8) as u8
 }
 
 /// `round_half_even(v)` clamped to [-8, 7], in a form the compiler vectorizes (the search runs
