@@ -1,6 +1,6 @@
-//! q4 files through the commands a user runs: `info` (q4 layers, q8 tables), `bench` (its ceiling
-//! from the q4 bytes), and `serve` answering several concurrent requests with the very text
-//! `generate` writes for each prompt (a q4 step of several sequences gives each the bits it gets
+//! q4 files through the commands a user runs: `export`'s choice of what stays q8, `info`,
+//! `bench` (its ceiling from the q4 bytes), and `serve` answering several concurrent requests
+//! with the very text `generate` writes for each prompt (a q4 step of several sequences gives each the bits it gets
 //! alone). Accuracy against f32: tests/perplexity.rs's command, docs/quantization.md's table.
 
 mod common;
@@ -34,53 +34,86 @@ fn export(name: &str, dtype: &str, extra: &[&str]) -> String {
     path.to_string()
 }
 
-/// `--tables q4` stores the embedding table (here also the tied classifier) in q4 too: a smaller
-/// file that loads and generates; `--tables` with another dtype is refused by name.
+/// Which tensors of a q4 file keep 8 bits is a choice: by default the embedding table (here
+/// also the tied classifier) and the sensitive layers' v_proj and down_proj (of this 2-layer
+/// model, layer 1's, as llama.cpp's rule picks); `--tables q4` and `--sensitive q4` store them in
+/// q4 too: each a smaller file that loads and generates. Either flag with another dtype is
+/// refused by name.
 #[test]
-fn q4_tables_are_a_choice() {
-    let q4 = export("tables-q8", "q4", &[]);
-    let q4t = export("tables-q4", "q4", &["--tables", "q4"]);
-    let info = qwen3(&["info", &q4t, "--tensors"]);
-    let table: Vec<&str> = info
-        .lines()
-        .filter(|l| l.contains("embed_tokens"))
-        .collect();
-    assert!(
-        !table.is_empty() && table.iter().all(|l| l.contains("q4")),
-        "{info}"
+fn q4_mix_is_a_choice() {
+    let q4 = export("mix-default", "q4", &[]);
+    let q4t = export("mix-tables-q4", "q4", &["--tables", "q4"]);
+    let all = export("mix-all-q4", "q4", &["--tables", "q4", "--sensitive", "q4"]);
+    let dtypes = |m: &str| -> Vec<(String, String)> {
+        let info = qwen3(&["info", m, "--tensors"]);
+        info.lines()
+            .filter(|l| l.contains("_proj") || l.contains("embed_tokens"))
+            .map(|l| {
+                // name, shape (with spaces), dtype, group, bytes
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f[0].to_string(), f[f.len() - 3].to_string())
+            })
+            .collect()
+    };
+    let q8_of = |m: &str| -> Vec<String> {
+        let mut v: Vec<String> = dtypes(m)
+            .into_iter()
+            .filter(|(_, d)| d == "q8")
+            .map(|(n, _)| n)
+            .collect();
+        v.sort();
+        v
+    };
+    let sensitive = [
+        "model.layers.1.mlp.down_proj.weight",
+        "model.layers.1.self_attn.v_proj.weight",
+    ];
+    assert_eq!(
+        q8_of(&q4),
+        [&["model.embed_tokens.weight"][..], &sensitive[..]].concat()
     );
+    assert_eq!(q8_of(&q4t), sensitive);
+    assert!(q8_of(&all).is_empty());
+    assert!(dtypes(&all).iter().all(|(_, d)| d == "q4"));
+    let info = qwen3(&["info", &q4]);
+    assert!(info.contains("3 of 15 matrices in q8"), "{info}");
+
     let size = |p: &str| std::fs::metadata(p).unwrap().len();
-    assert!(size(&q4t) < size(&q4), "{} vs {}", size(&q4t), size(&q4));
-    let out = qwen3(&[
-        "generate",
-        &q4t,
-        "-i",
-        "Once upon a time",
-        "-n",
-        "8",
-        "-t",
-        "0",
-        "--json",
-    ]);
-    let v: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["tokens"].as_array().unwrap().len(), 8, "{out}");
+    assert!(size(&all) < size(&q4t) && size(&q4t) < size(&q4));
+    for m in [&q4t, &all] {
+        let out = qwen3(&[
+            "generate",
+            m,
+            "-i",
+            "Once upon a time",
+            "-n",
+            "8",
+            "-t",
+            "0",
+            "--json",
+        ]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["tokens"].as_array().unwrap().len(), 8, "{out}");
+    }
 
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/tiny-qwen3-fullvocab");
-    let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
-        .args([
-            "export",
-            src.to_str().unwrap(),
-            "/nonexistent/x.bin",
-            "--tables",
-            "q4",
-        ])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && err.contains("--tables applies to --dtype q4"),
-        "{err}"
-    );
+    for flag in ["--tables", "--sensitive"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+            .args([
+                "export",
+                src.to_str().unwrap(),
+                "/nonexistent/x.bin",
+                flag,
+                "q4",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains(&format!("{flag} applies to --dtype q4")),
+            "{err}"
+        );
+    }
 }
 
 #[test]

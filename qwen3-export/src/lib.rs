@@ -20,7 +20,7 @@ use anyhow::{bail, Context, Result};
 use hf::checkpoint::{to_bf16_bits, to_f32, Checkpoint};
 use qwen3_inference::format::writer::ModelWriter;
 use qwen3_inference::format::{
-    companion_paths, expected_tensors, tensor_specs_with, DType, ModelConfig, TensorKind,
+    companion_paths, expected_tensors, tensor_specs_with, DType, ModelConfig, Q4Mix, TensorKind,
 };
 use qwen3_inference::quant::{quantize_q4, quantize_q8};
 use std::path::{Path, PathBuf};
@@ -32,8 +32,8 @@ pub struct ExportOptions {
     pub dtype: DType,
     /// Values per q8 or q4 scale (ignored for bf16 and f32).
     pub group_size: u32,
-    /// q4 only: store the embedding table and the classifier in q4 too (default: q8).
-    pub q4_tables: bool,
+    /// q4 only: which tensors keep 8 bits (default: the tables and the sensitive layers).
+    pub q4_mix: Q4Mix,
     /// Print per-tensor progress to stderr.
     pub progress: bool,
     /// Set (by a Ctrl-C handler) to stop the export: it is checked between chunks of a few MB,
@@ -66,7 +66,7 @@ impl Default for ExportOptions {
         ExportOptions {
             dtype: DType::Q8,
             group_size: 64,
-            q4_tables: false,
+            q4_mix: Q4Mix::default(),
             progress: false,
             cancel: None,
         }
@@ -145,9 +145,9 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
     config.dtype = opts.dtype;
     let grouped = matches!(opts.dtype, DType::Q8 | DType::Q4);
     config.group_size = if grouped { opts.group_size } else { 0 };
-    if opts.q4_tables && opts.dtype != DType::Q4 {
+    if opts.q4_mix != Q4Mix::default() && opts.dtype != DType::Q4 {
         bail!(
-            "q4 tables (--tables q4) need --dtype q4, got {}",
+            "a mix of q4 and q8 tensors (--tables, --sensitive) needs --dtype q4, got {}",
             opts.dtype
         );
     }
@@ -289,7 +289,7 @@ fn write_model(
     opts: &ExportOptions,
 ) -> Result<u64> {
     let progress = opts.progress;
-    let specs = tensor_specs_with(config, opts.q4_tables);
+    let specs = tensor_specs_with(config, opts.q4_mix);
     let mut w = ModelWriter::create(out, config, specs.clone())?;
     let total = w.file_len();
     let n = specs.len();

@@ -97,9 +97,9 @@ fn bench(d: &Dots, rows: usize, cols: usize, reps: usize) {
 
 /// The q8 block product as prefill uses it: 16 weight rows (one rayon task's block) against a
 /// chunk of `t` tokens, over a whole `[rows, cols]` matrix. Reported in multiply-adds per second,
-/// since prefill is bound by arithmetic.
-fn bench_prefill(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
-    let gs = 64;
+/// since prefill is bound by arithmetic. Groups of 64 (q8 files) or 32 (the matrices a q4 file
+/// keeps in q8, `format::Q4Mix`).
+fn bench_prefill(d: &Dots, rows: usize, cols: usize, t: usize, gs: usize, reps: usize) {
     let per = cols / gs;
     let mut seed = 2;
     let w = next_values(rows * cols, &mut seed);
@@ -122,7 +122,7 @@ fn bench_prefill(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
         black_box(&out);
     });
     println!(
-        "{:<12} {:>6}x{:<5} q8 block product, {t} tokens: {:>6.1} GMAC/s",
+        "{:<12} {:>6}x{:<5} q8 block product, group {gs}, {t} tokens: {:>6.1} GMAC/s",
         d.isa,
         rows,
         cols,
@@ -205,7 +205,9 @@ fn main() {
     }
     println!("prefill's q8 block product, one thread (median)");
     for d in available() {
-        bench_prefill(&d, 1024, 1024, 128, 5);
+        for gs in [64, 32] {
+            bench_prefill(&d, 1024, 1024, 128, gs, 5);
+        }
     }
     println!("a serving step's q8 product (one token per sequence), one thread (median)");
     for d in available() {

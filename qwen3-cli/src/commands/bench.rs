@@ -16,7 +16,8 @@ use super::args::KvCacheArg;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use qwen3_inference::backend::{KvType, CPU};
-use qwen3_inference::format::{ModelFile, TensorKind};
+use qwen3_inference::format::reader::TensorInfo;
+use qwen3_inference::format::{DType, ModelFile};
 use qwen3_inference::kernels::bandwidth::read_sum;
 use qwen3_inference::kernels::dot::dots;
 use qwen3_inference::model::{Model, Session};
@@ -300,15 +301,19 @@ fn print_table(
     runs: &[Run],
 ) {
     let c = file.config();
-    let matrices = qwen3_inference::format::expected_tensors(c)
-        .iter()
-        .filter(|t| t.kind == TensorKind::Matrix)
-        .count();
+    // "197 q8 matrices", or for a q4 file with some kept in q8 (`Q4Mix`) "168 q4 + 29 q8".
+    let count = |dtype: DType| {
+        let matrix = |t: &&TensorInfo| t.shape.len() == 2 && t.dtype == dtype;
+        file.header().tensors.iter().filter(matrix).count()
+    };
+    let matrices = match count(DType::Q8) {
+        n if c.dtype == DType::Q4 && n > 0 => format!("{} q4 + {n} q8", count(DType::Q4)),
+        _ => format!("{} {}", count(c.dtype), c.dtype),
+    };
     println!(
-        "{}: {} {} matrices; a decoded token reads {} of weights and {} of KV cache ({}) on average; kernels {}; {} repeats, medians (spread)",
+        "{}: {} matrices; a decoded token reads {} of weights and {} of KV cache ({}) on average; kernels {}; {} repeats, medians (spread)",
         args.model.display(),
         matrices,
-        c.dtype,
         super::units::bytes(reads.weights),
         super::units::bytes(reads.kv as u64),
         reads.kv_type.name(),

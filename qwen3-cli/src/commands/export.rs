@@ -5,7 +5,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use qwen3_export::{export, ExportOptions, Interrupted};
-use qwen3_inference::format::DType;
+use qwen3_inference::format::{DType, Q4Mix};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +23,8 @@ pub struct ExportArgs {
     #[arg(long)]
     pub group_size: Option<u32>,
     /// How to store the matrices: q8 (group-wise INT8), q4 (group-wise 4-bit; the embedding
-    /// table and the classifier stay q8), bf16, or f32. Norms are always f32.
+    /// table, the classifier and the sensitive layers' v_proj and down_proj stay q8), bf16, or
+    /// f32. Norms are always f32.
     #[arg(long, default_value = "q8")]
     pub dtype: String,
     /// With `--dtype q4`: how to store the embedding table and the classifier, q8 (the default,
@@ -31,6 +32,11 @@ pub struct ExportArgs {
     /// As llama-quantize's --token-embedding-type / --output-tensor-type.
     #[arg(long, value_parser = ["q8", "q4"])]
     pub tables: Option<String>,
+    /// With `--dtype q4`: how to store v_proj and down_proj in half the layers (the first and
+    /// last eighth and every third between, llama.cpp Q4_K_M's choice), q8 (the default, more
+    /// accurate) or q4 (a smaller file, faster decode; what it costs: docs/quantization.md).
+    #[arg(long, value_parser = ["q8", "q4"])]
+    pub sensitive: Option<String>,
     /// With a repository id: use the HuggingFace cache only, never the network (as
     /// HF_HUB_OFFLINE=1).
     #[arg(long)]
@@ -56,14 +62,23 @@ pub fn run(args: ExportArgs) -> Result<()> {
     static INTERRUPTED: AtomicBool = AtomicBool::new(false);
     ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst))
         .context("cannot install the Ctrl-C handler")?;
-    let q4_tables = args.tables.as_deref() == Some("q4");
-    if args.tables.is_some() && dtype != DType::Q4 {
-        bail!("--tables applies to --dtype q4 only");
+    for (flag, value) in [("--tables", &args.tables), ("--sensitive", &args.sensitive)] {
+        if value.is_some() && dtype != DType::Q4 {
+            bail!("{flag} applies to --dtype q4 only");
+        }
     }
+    let pick = |value: &Option<String>| match value.as_deref() {
+        Some("q4") => DType::Q4,
+        _ => DType::Q8,
+    };
+    let q4_mix = Q4Mix {
+        tables: pick(&args.tables),
+        sensitive: pick(&args.sensitive),
+    };
     let opts = ExportOptions {
         dtype,
         group_size,
-        q4_tables,
+        q4_mix,
         progress: std::io::stderr().is_terminal(),
         cancel: Some(&INTERRUPTED),
     };
@@ -79,9 +94,8 @@ pub fn run(args: ExportArgs) -> Result<()> {
     let storage = match dtype {
         DType::Q8 => format!("q8, group size {}", c.group_size),
         DType::Q4 => format!(
-            "q4 (embedding and classifier {}), group size {}",
-            if q4_tables { "q4" } else { "q8" },
-            c.group_size
+            "q4 (embedding and classifier {}, sensitive layers {}), group size {}",
+            q4_mix.tables, q4_mix.sensitive, c.group_size
         ),
         other => other.to_string(),
     };

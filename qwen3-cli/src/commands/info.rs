@@ -66,9 +66,26 @@ pub fn run(args: InfoArgs) -> Result<()> {
         opt(g.repetition_penalty.map(|v| v.to_string())),
         opt(g.do_sample.map(|v| v.to_string())),
     );
+    // A q4 file keeps some matrices in q8 (`Q4Mix`): say how many, and their share of the bytes.
+    let matrices: Vec<_> = h.tensors.iter().filter(|t| t.shape.len() == 2).collect();
+    let other: Vec<_> = matrices.iter().filter(|t| t.dtype != c.dtype).collect();
+    let mix = match other.is_empty() {
+        true => String::new(),
+        false => format!(
+            ", {} of {} matrices in {} ({:.0}% of the bytes)",
+            other.len(),
+            matrices.len(),
+            other[0].dtype,
+            100.0 * other.iter().map(|t| t.nbytes).sum::<u64>() as f64
+                / matrices.iter().map(|t| t.nbytes).sum::<u64>() as f64
+        ),
+    };
     match c.group_size {
         0 => println!("weights                  {}", c.dtype),
-        gs => println!("weights                  {} (group size {gs})", c.dtype),
+        gs => println!(
+            "weights                  {} (group size {gs}){mix}",
+            c.dtype
+        ),
     }
     let params: u64 = h
         .tensors

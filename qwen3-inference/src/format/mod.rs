@@ -65,7 +65,7 @@ pub enum DType {
     /// Group-wise symmetric INT8: 1 byte a value plus one f32 scale per `group_size` values.
     Q8,
     /// Group-wise symmetric 4-bit: two values a byte plus one f16 scale per `group_size` values
-    /// (`quant::quantize_q4`). The embedding table and the classifier of a q4 file stay q8.
+    /// (`quant::quantize_q4`). A q4 file keeps some tensors in q8 ([`Q4Mix`]).
     Q4,
 }
 
@@ -222,35 +222,80 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
 /// The group size of the q8 embedding table and classifier in a q4 file (see [`tensor_specs`]).
 pub const Q4_TABLE_GROUP: u32 = 64;
 
-/// Every tensor of a model with this config as the model file stores it: norm weights and biases
-/// in f32, matrices in the config's dtype and group size, except a q4 file's embedding table and
-/// classifier (q8 here; [`tensor_specs_with`] for q4 ones). The exporter writes these, and the
-/// reader accepts these or, in a q4 file, q4 tables.
-pub fn tensor_specs(c: &ModelConfig) -> Vec<writer::TensorSpec> {
-    tensor_specs_with(c, false)
+/// Which tensors of a q4 file keep 8 bits. Quantization error does not hurt every tensor alike:
+/// the classifier writes the logits directly, and `v_proj` and `down_proj` write straight into
+/// the residual stream; llama.cpp's Q4_K_M gives those more bits too. What each choice costs and
+/// buys is measured in docs/quantization.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Q4Mix {
+    /// The embedding table and the classifier: q8 (in groups of [`Q4_TABLE_GROUP`] where the
+    /// width allows, as they are used alone) or q4 (`export --tables q4`).
+    pub tables: DType,
+    /// `v_proj` and `down_proj` of the layers [`sensitive_layer`] picks: q8 at the file's group
+    /// size (`v_proj` shares its input's quantization with `q_proj` and `k_proj`, so their groups
+    /// must match) or q4 (`export --sensitive q4`).
+    pub sensitive: DType,
 }
 
-/// [`tensor_specs`], with a q4 file's embedding table and classifier in q4 when `q4_tables`
-/// (`qwen3 export --dtype q4 --tables q4`).
-pub fn tensor_specs_with(c: &ModelConfig, q4_tables: bool) -> Vec<writer::TensorSpec> {
+impl Default for Q4Mix {
+    /// The most accurate mix: tables and sensitive layers in q8.
+    fn default() -> Self {
+        Q4Mix {
+            tables: DType::Q8,
+            sensitive: DType::Q8,
+        }
+    }
+}
+
+/// The layers whose `v_proj` and `down_proj` a q4 file keeps in q8: the first and last eighth,
+/// and every third layer between them, half the layers in all. This is llama.cpp's
+/// `use_more_bits` (src/llama-quant.cpp), its Q4_K_M's rule for `attn_v` and `ffn_down`.
+pub fn sensitive_layer(layer: u32, n_layers: u32) -> bool {
+    let eighth = n_layers / 8;
+    layer < eighth || layer >= 7 * n_layers / 8 || (layer - eighth) % 3 == 2
+}
+
+/// The layer a tensor name belongs to and the rest of its name: `model.layers.3.mlp.down_proj.weight`
+/// gives `(3, "mlp.down_proj.weight")`.
+fn layer_of(name: &str) -> Option<(u32, &str)> {
+    let (layer, rest) = name.strip_prefix("model.layers.")?.split_once('.')?;
+    Some((layer.parse().ok()?, rest))
+}
+
+/// Every tensor of a model with this config as the model file stores it by default: norm weights
+/// and biases in f32, matrices in the config's dtype and group size, except in a q4 file the
+/// tensors [`Q4Mix::default`] keeps in q8. The exporter writes these ([`tensor_specs_with`] for
+/// another mix); the reader accepts any mix.
+pub fn tensor_specs(c: &ModelConfig) -> Vec<writer::TensorSpec> {
+    tensor_specs_with(c, Q4Mix::default())
+}
+
+/// [`tensor_specs`] with a q4 file's tensors stored as `mix` says (ignored for other dtypes).
+pub fn tensor_specs_with(c: &ModelConfig, mix: Q4Mix) -> Vec<writer::TensorSpec> {
     expected_tensors(c)
         .into_iter()
         .map(|e| {
             let table = e.name == "model.embed_tokens.weight" || e.name == "lm_head.weight";
+            let sensitive = layer_of(&e.name).is_some_and(|(l, rest)| {
+                sensitive_layer(l, c.num_hidden_layers)
+                    && matches!(rest, "self_attn.v_proj.weight" | "mlp.down_proj.weight")
+            });
             let (dtype, group_size) = match e.kind {
                 TensorKind::Norm | TensorKind::Bias => (DType::F32, 0),
-                // q4 files keep the embedding table and the classifier in q8 unless asked (the
-                // classifier writes the logits directly; measured: docs/quantization.md), in
+                TensorKind::Matrix if c.dtype != DType::Q4 => (c.dtype, c.group_size),
                 // q8's own groups of 64 where the width allows: the q8 kernels' fast path wants
                 // a multiple of 64.
-                TensorKind::Matrix if c.dtype == DType::Q4 && table && !q4_tables => {
+                TensorKind::Matrix if table && mix.tables == DType::Q8 => {
                     let gs = match c.hidden_size.is_multiple_of(Q4_TABLE_GROUP) {
                         true => Q4_TABLE_GROUP,
                         false => c.group_size,
                     };
                     (DType::Q8, gs)
                 }
-                TensorKind::Matrix => (c.dtype, c.group_size),
+                TensorKind::Matrix if sensitive && mix.sensitive == DType::Q8 => {
+                    (DType::Q8, c.group_size)
+                }
+                TensorKind::Matrix => (DType::Q4, c.group_size),
             };
             writer::TensorSpec {
                 name: e.name,
@@ -260,6 +305,19 @@ pub fn tensor_specs_with(c: &ModelConfig, q4_tables: bool) -> Vec<writer::Tensor
             }
         })
         .collect()
+}
+
+/// Whether a model file may store a matrix of a file of dtype `file` as `dtype` in groups of
+/// `group_size`: as the file's dtype and group size, or, in a q4 file, also as q8 at the file's
+/// group size (any matrix: the kernels take each tensor as it is stored, and the products that
+/// share one quantized input need one group size), and the embedding table and classifier as q8
+/// in groups of [`Q4_TABLE_GROUP`].
+pub fn matrix_storage_ok(c: &ModelConfig, name: &str, dtype: DType, group_size: u32) -> bool {
+    let table = name == "model.embed_tokens.weight" || name == "lm_head.weight";
+    (dtype == c.dtype && group_size == c.group_size)
+        || (c.dtype == DType::Q4
+            && dtype == DType::Q8
+            && (group_size == c.group_size || (table && group_size == Q4_TABLE_GROUP)))
 }
 
 /// Where the companion files of a model file live: `x.bin` -> `x.tokenizer.bin`, `x.template.json`.
@@ -297,6 +355,34 @@ mod tests {
         assert_eq!(c.template, Path::new("models/qwen3-0.6b.template.json"));
         let c = companion_paths(Path::new("m.q8"));
         assert_eq!(c.tokenizer, Path::new("m.q8.tokenizer.bin"));
+    }
+
+    /// The layers llama.cpp's Q4_K_M stores `attn_v` and `ffn_down` of in Q6_K, read from the
+    /// Q4_K_M file llama-quantize (0c1e570) wrote of a 28-layer Qwen3 (0.6B and 1.7B both have
+    /// 28): ours keeps the same layers' `v_proj` and `down_proj` in q8.
+    #[test]
+    fn sensitive_layers_are_llama_cpp_q4_k_m_ones() {
+        let q6k = [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27];
+        let ours: Vec<u32> = (0..28).filter(|&l| sensitive_layer(l, 28)).collect();
+        assert_eq!(ours, q6k);
+        let mut c = config::tests::tiny_config(DType::Q4);
+        c.num_hidden_layers = 28;
+        let q8: Vec<String> = tensor_specs(&c)
+            .into_iter()
+            .filter(|s| s.dtype == DType::Q8)
+            .map(|s| s.name)
+            .collect();
+        // The embedding table and the (untied) classifier, and two tensors a sensitive layer.
+        assert_eq!(q8.len(), 2 + 2 * q6k.len(), "{q8:?}");
+        assert!(q8.contains(&"model.layers.27.mlp.down_proj.weight".to_string()));
+        assert!(q8.contains(&"model.layers.5.self_attn.v_proj.weight".to_string()));
+        let all_q4 = Q4Mix {
+            tables: DType::Q4,
+            sensitive: DType::Q4,
+        };
+        assert!(tensor_specs_with(&c, all_q4)
+            .iter()
+            .all(|s| s.dtype == DType::Q4 || s.group_size == 0));
     }
 
     #[test]

@@ -7,8 +7,8 @@
 
 use super::bytes::ByteReader;
 use super::{
-    align_up, tensor_nbytes, tensor_specs, tensor_specs_with, writer::TensorSpec, DType,
-    ModelConfig, ALIGN, BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION,
+    align_up, expected_tensors, matrix_storage_ok, tensor_nbytes, tensor_specs, DType, ModelConfig,
+    TensorKind, ALIGN, BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION,
     PREAMBLE_LEN,
 };
 use crate::pages::{self, PageShare};
@@ -143,10 +143,10 @@ impl Header {
         }
         let by_name: HashMap<&str, &TensorInfo> =
             self.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-        // A q4 file's tables may be q8 (the default), q4 (`export --tables q4`), or q8 at the
-        // file's group size (as q4 files were first written).
-        let q4_tables = tensor_specs_with(&self.config, true);
-        for (e, alt) in expected.iter().zip(&q4_tables) {
+        for (e, kind) in expected
+            .iter()
+            .zip(expected_tensors(&self.config).iter().map(|e| e.kind))
+        {
             let Some(t) = by_name.get(e.name.as_str()) else {
                 bail!("tensor {} is missing", e.name);
             };
@@ -158,12 +158,15 @@ impl Header {
                     e.shape
                 );
             }
-            let is = |e: &TensorSpec| t.dtype == e.dtype && t.group_size == e.group_size;
-            let first_q4_tables = self.config.dtype == DType::Q4
-                && e.dtype == DType::Q8
-                && t.dtype == DType::Q8
-                && t.group_size == self.config.group_size;
-            if !is(e) && !is(alt) && !first_q4_tables {
+            // Norms and biases are f32; a matrix is in the file's dtype, or in a q4 file perhaps
+            // q8 (whichever mix the export chose, `Q4Mix`).
+            let ok = match kind {
+                TensorKind::Norm | TensorKind::Bias => t.dtype == DType::F32 && t.group_size == 0,
+                TensorKind::Matrix => {
+                    matrix_storage_ok(&self.config, &e.name, t.dtype, t.group_size)
+                }
+            };
+            if !ok {
                 bail!(
                     "tensor {}: stored as {} (group {}), expected {} (group {})",
                     e.name,
@@ -385,38 +388,57 @@ mod tests {
         d.join("m.bin")
     }
 
-    /// A q4 file's tables may be q8 in groups of 64 (the default), q4 (`--tables q4`) or q8 at
-    /// the file's group size (as q4 files were first written); a layer matrix in q8 is refused.
+    /// A q4 file's matrices may be q4 or q8 at the file's group size (whichever mix the export
+    /// chose), its tables also q8 in groups of 64 (the default); a layer matrix in q8 at another
+    /// group size, or in bf16, is refused, naming the tensor.
     #[test]
-    fn q4_files_take_their_tables_three_ways() {
+    fn q4_files_take_any_mix_of_q4_and_q8() {
         let table = |s: &writer::TensorSpec| s.name == "model.embed_tokens.weight";
+        let down = |s: &writer::TensorSpec| s.name.ends_with("down_proj.weight");
         type Edit = Box<dyn Fn(&mut writer::TensorSpec)>;
-        let cases: [(&str, Edit, bool); 4] = [
+        let cases: [(&str, Edit, bool); 6] = [
             ("default", Box::new(|_| {}), true),
             (
-                "q4",
+                "tables-q4",
                 Box::new(move |s| {
                     if table(s) {
-                        s.dtype = DType::Q4;
+                        (s.dtype, s.group_size) = (DType::Q4, 32)
+                    }
+                }),
+                true,
+            ),
+            (
+                "tables-q8-32",
+                Box::new(move |s| {
+                    if table(s) {
                         s.group_size = 32
                     }
                 }),
                 true,
             ),
             (
-                "first",
+                "down-q4",
                 Box::new(move |s| {
-                    if table(s) {
-                        s.group_size = 32
+                    if down(s) {
+                        s.dtype = DType::Q4
                     }
                 }),
                 true,
             ),
             (
-                "layer",
-                Box::new(|s| {
-                    if s.name.ends_with("down_proj.weight") {
-                        s.dtype = DType::Q8;
+                "down-q8-64",
+                Box::new(move |s| {
+                    if down(s) {
+                        (s.dtype, s.group_size) = (DType::Q8, 64)
+                    }
+                }),
+                false,
+            ),
+            (
+                "down-bf16",
+                Box::new(move |s| {
+                    if down(s) {
+                        (s.dtype, s.group_size) = (DType::Bf16, 0)
                     }
                 }),
                 false,
