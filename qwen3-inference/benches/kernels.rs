@@ -34,8 +34,7 @@ fn time(reps: usize, mut f: impl FnMut()) -> f64 {
     t[reps / 2]
 }
 
-fn bench(d: &Dots, rows: usize, cols: usize, reps: usize) {
-    let gs = 64;
+fn bench(d: &Dots, rows: usize, cols: usize, gs: usize, reps: usize) {
     let mut seed = 1;
     let w = next_values(rows * cols, &mut seed);
     let x = next_values(cols, &mut seed);
@@ -84,7 +83,7 @@ fn bench(d: &Dots, rows: usize, cols: usize, reps: usize) {
     });
     let n = (rows * cols) as f64;
     println!(
-        "{:<12} {:>6}x{:<5} q8xq8 {:>6.1} GB/s   q8xf32 {:>6.1} GB/s   bf16 {:>6.1} GB/s   f32 {:>6.1} GB/s",
+        "{:<12} {:>6}x{:<5} g{gs:<3} q8xq8 {:>6.1} GB/s   q8xf32 {:>6.1} GB/s   bf16 {:>6.1} GB/s   f32 {:>6.1} GB/s",
         d.isa,
         rows,
         cols,
@@ -200,8 +199,11 @@ fn main() {
     }
     println!("dot-product kernels, one thread, weights streamed per second (median)");
     for d in available() {
-        bench(&d, 256, 1024, 41); // 256 KB of q8: cache-resident
-        bench(&d, 65536, 1024, 5); // 64 MB of q8, 256 MB of f32: memory-bound
+        // Groups of 64 (q8 files) and 32 (the q8 matrices of a q4 file, `format::Q4Mix`).
+        for gs in [64, 32] {
+            bench(&d, 256, 1024, gs, 41); // 256 KB of q8: cache-resident
+            bench(&d, 65536, 1024, gs, 5); // 64 MB of q8, 256 MB of f32: memory-bound
+        }
     }
     println!("prefill's q8 block product, one thread (median)");
     for d in available() {

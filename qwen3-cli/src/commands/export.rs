@@ -67,13 +67,9 @@ pub fn run(args: ExportArgs) -> Result<()> {
             bail!("{flag} applies to --dtype q4 only");
         }
     }
-    let pick = |value: &Option<String>| match value.as_deref() {
-        Some("q4") => DType::Q4,
-        _ => DType::Q8,
-    };
     let q4_mix = Q4Mix {
-        tables: pick(&args.tables),
-        sensitive: pick(&args.sensitive),
+        q8_tables: args.tables.as_deref() != Some("q4"),
+        q8_sensitive: args.sensitive.as_deref() != Some("q4"),
     };
     let opts = ExportOptions {
         dtype,
@@ -95,7 +91,9 @@ pub fn run(args: ExportArgs) -> Result<()> {
         DType::Q8 => format!("q8, group size {}", c.group_size),
         DType::Q4 => format!(
             "q4 (embedding and classifier {}, sensitive layers {}), group size {}",
-            q4_mix.tables, q4_mix.sensitive, c.group_size
+            if q4_mix.q8_tables { "q8" } else { "q4" },
+            if q4_mix.q8_sensitive { "q8" } else { "q4" },
+            c.group_size
         ),
         other => other.to_string(),
     };

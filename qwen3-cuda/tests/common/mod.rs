@@ -59,7 +59,7 @@ pub fn write_model(path: &Path, c: &ModelConfig) {
             continue;
         }
         let v: Vec<f32> = v.iter().map(|x| 0.4 * x).collect();
-        // Each tensor as the file format stores it (a q4 file's tables are q8).
+        // Each tensor as the file format stores it (a q4 file keeps some matrices q8: Q4Mix).
         let gs = specs[i].group_size as usize;
         match specs[i].dtype {
             DType::F32 => w.write_f32(&t.name, &v).unwrap(),

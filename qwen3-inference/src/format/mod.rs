@@ -222,27 +222,28 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
 /// The group size of the q8 embedding table and classifier in a q4 file (see [`tensor_specs`]).
 pub const Q4_TABLE_GROUP: u32 = 64;
 
-/// Which tensors of a q4 file keep 8 bits. Quantization error does not hurt every tensor alike:
-/// the classifier writes the logits directly, and `v_proj` and `down_proj` write straight into
-/// the residual stream; llama.cpp's Q4_K_M gives those more bits too. What each choice costs and
-/// buys is measured in docs/quantization.md.
+/// Which tensors of a q4 file keep 8 bits (the others are q4). Quantization error does not hurt
+/// every tensor alike: the classifier writes the logits directly; `v_proj`'s error reaches the
+/// residual stream through attention's weighted sum and `o_proj`, linearly, and `down_proj`'s
+/// output is added to it directly. llama.cpp's Q4_K_M gives these more bits too. What each choice
+/// costs and buys is measured in docs/quantization.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Q4Mix {
-    /// The embedding table and the classifier: q8 (in groups of [`Q4_TABLE_GROUP`] where the
-    /// width allows, as they are used alone) or q4 (`export --tables q4`).
-    pub tables: DType,
-    /// `v_proj` and `down_proj` of the layers [`sensitive_layer`] picks: q8 at the file's group
+    /// The embedding table and the classifier in q8 (in groups of [`Q4_TABLE_GROUP`] where the
+    /// width allows, as they are used alone); `false`: q4 (`export --tables q4`).
+    pub q8_tables: bool,
+    /// `v_proj` and `down_proj` of the layers [`sensitive_layer`] picks in q8, at the file's group
     /// size (`v_proj` shares its input's quantization with `q_proj` and `k_proj`, so their groups
-    /// must match) or q4 (`export --sensitive q4`).
-    pub sensitive: DType,
+    /// must match); `false`: q4 (`export --sensitive q4`).
+    pub q8_sensitive: bool,
 }
 
 impl Default for Q4Mix {
     /// The most accurate mix: tables and sensitive layers in q8.
     fn default() -> Self {
         Q4Mix {
-            tables: DType::Q8,
-            sensitive: DType::Q8,
+            q8_tables: true,
+            q8_sensitive: true,
         }
     }
 }
@@ -285,16 +286,14 @@ pub fn tensor_specs_with(c: &ModelConfig, mix: Q4Mix) -> Vec<writer::TensorSpec>
                 TensorKind::Matrix if c.dtype != DType::Q4 => (c.dtype, c.group_size),
                 // q8's own groups of 64 where the width allows: the q8 kernels' fast path wants
                 // a multiple of 64.
-                TensorKind::Matrix if table && mix.tables == DType::Q8 => {
+                TensorKind::Matrix if table && mix.q8_tables => {
                     let gs = match c.hidden_size.is_multiple_of(Q4_TABLE_GROUP) {
                         true => Q4_TABLE_GROUP,
                         false => c.group_size,
                     };
                     (DType::Q8, gs)
                 }
-                TensorKind::Matrix if sensitive && mix.sensitive == DType::Q8 => {
-                    (DType::Q8, c.group_size)
-                }
+                TensorKind::Matrix if sensitive && mix.q8_sensitive => (DType::Q8, c.group_size),
                 TensorKind::Matrix => (DType::Q4, c.group_size),
             };
             writer::TensorSpec {
@@ -367,18 +366,26 @@ mod tests {
         assert_eq!(ours, q6k);
         let mut c = config::tests::tiny_config(DType::Q4);
         c.num_hidden_layers = 28;
-        let q8: Vec<String> = tensor_specs(&c)
-            .into_iter()
+        let specs = tensor_specs(&c);
+        let q8: Vec<String> = specs
+            .iter()
             .filter(|s| s.dtype == DType::Q8)
-            .map(|s| s.name)
+            .map(|s| s.name.clone())
             .collect();
         // The embedding table and the (untied) classifier, and two tensors a sensitive layer.
         assert_eq!(q8.len(), 2 + 2 * q6k.len(), "{q8:?}");
+        // Tables in q8's groups of 64 (hidden 64 allows it); every layer matrix at the file's
+        // 32, so the products that share one quantized input share one group size.
+        for s in specs.iter().filter(|s| s.group_size != 0) {
+            let table = s.name.contains("embed_tokens") || s.name.contains("lm_head");
+            let gs = if table { 64 } else { 32 };
+            assert_eq!(s.group_size, gs, "{}", s.name);
+        }
         assert!(q8.contains(&"model.layers.27.mlp.down_proj.weight".to_string()));
         assert!(q8.contains(&"model.layers.5.self_attn.v_proj.weight".to_string()));
         let all_q4 = Q4Mix {
-            tables: DType::Q4,
-            sensitive: DType::Q4,
+            q8_tables: false,
+            q8_sensitive: false,
         };
         assert!(tensor_specs_with(&c, all_q4)
             .iter()

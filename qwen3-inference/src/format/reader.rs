@@ -167,13 +167,20 @@ impl Header {
                 }
             };
             if !ok {
+                let expected = match (kind, self.config.dtype) {
+                    (TensorKind::Matrix, DType::Q4) => "q4 or q8",
+                    (TensorKind::Matrix, d) => d.name(),
+                    _ => "f32",
+                };
+                let group = match kind {
+                    TensorKind::Matrix => self.config.group_size,
+                    _ => 0,
+                };
                 bail!(
-                    "tensor {}: stored as {} (group {}), expected {} (group {})",
+                    "tensor {}: stored as {} (group {}), expected {expected} (group {group})",
                     e.name,
                     t.dtype,
                     t.group_size,
-                    e.dtype,
-                    e.group_size
                 );
             }
         }
@@ -388,15 +395,16 @@ mod tests {
         d.join("m.bin")
     }
 
-    /// A q4 file's matrices may be q4 or q8 at the file's group size (whichever mix the export
-    /// chose), its tables also q8 in groups of 64 (the default); a layer matrix in q8 at another
-    /// group size, or in bf16, is refused, naming the tensor.
+    /// A q4 file's matrices may be q4 or q8 at the file's group size (any mix, not only the ones
+    /// the export writes), its tables also q8 in groups of 64 (the default); a layer matrix in q8
+    /// at another group size, or in bf16, is refused, naming the tensor.
     #[test]
     fn q4_files_take_any_mix_of_q4_and_q8() {
         let table = |s: &writer::TensorSpec| s.name == "model.embed_tokens.weight";
         let down = |s: &writer::TensorSpec| s.name.ends_with("down_proj.weight");
         type Edit = Box<dyn Fn(&mut writer::TensorSpec)>;
-        let cases: [(&str, Edit, bool); 6] = [
+        let q_proj = |s: &writer::TensorSpec| s.name.ends_with("q_proj.weight");
+        let cases: [(&str, Edit, bool); 7] = [
             ("default", Box::new(|_| {}), true),
             (
                 "tables-q4",
@@ -421,6 +429,15 @@ mod tests {
                 Box::new(move |s| {
                     if down(s) {
                         s.dtype = DType::Q4
+                    }
+                }),
+                true,
+            ),
+            (
+                "q-proj-q8",
+                Box::new(move |s| {
+                    if q_proj(s) {
+                        s.dtype = DType::Q8
                     }
                 }),
                 true,

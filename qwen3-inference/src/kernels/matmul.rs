@@ -25,7 +25,7 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
 }
 
 /// Several products of the same activations, `outs[k] = x @ ws[k]^T`, for matrices of the same
-/// input width and storage (q/k/v, or gate/up, of one layer).
+/// input width and group size (q/k/v, or gate/up, of one layer; in a q4 file some may be q8).
 ///
 /// Decode runs them as one parallel pass over all their rows: the activations are quantized
 /// once, and the threads meet once instead of after every matrix. Prefill runs them one after

@@ -77,8 +77,8 @@ pub struct Qwen3MLP<T> {
 
 impl<'a> Model<'a> {
     /// Borrows every weight from `file` (the CPU's model). The file was validated when opened
-    /// (every tensor present, with the shape and dtype the config implies), so this only looks
-    /// names up.
+    /// (every tensor present, with the shape the config implies and a dtype it allows; each
+    /// tensor carries its own), so this only looks names up.
     pub fn load(file: &'a ModelFile) -> Result<Model<'a>> {
         let model = Model::load_with(file, |name| file.tensor(name))?;
         // Norm weights and biases are f32 in every model file (format::tensor_specs); the kernels
