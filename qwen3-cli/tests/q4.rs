@@ -150,6 +150,14 @@ fn info_bench_and_serve_on_a_q4_file() {
         ]);
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["dtype"], if m == q4 { "q4" } else { "q8" });
+        // 2 layers of 7 matrices and the tied table; a q4 file keeps the table and layer 1's
+        // v_proj and down_proj in q8.
+        let want = if m == q4 {
+            json!({"q4": 12, "q8": 3})
+        } else {
+            json!({"q8": 15})
+        };
+        assert_eq!(v["matrices"], want, "{out}");
         v["bytes_per_token"].as_f64().unwrap()
     };
     let (b4, b8) = (bytes(&q4), bytes(&q8));

@@ -248,6 +248,12 @@ struct Pages {
 }
 
 /// `--json`: one object with the same figures as the table.
+/// How many of the file's matrices are stored as `dtype`.
+fn matrices_of(file: &ModelFile, dtype: DType) -> usize {
+    let matrix = |t: &&TensorInfo| t.shape.len() == 2 && t.dtype == dtype;
+    file.header().tensors.iter().filter(matrix).count()
+}
+
 fn print_json(
     args: &BenchArgs,
     file: &ModelFile,
@@ -272,10 +278,18 @@ fn print_json(
             })
         })
         .collect();
+    // Per dtype, how many matrices are stored so (a q4 file keeps some in q8: `Q4Mix`).
+    let matrices: serde_json::Map<String, serde_json::Value> =
+        [DType::F32, DType::Bf16, DType::Q8, DType::Q4]
+            .into_iter()
+            .filter(|&d| matrices_of(file, d) > 0)
+            .map(|d| (d.name().to_string(), matrices_of(file, d).into()))
+            .collect();
     let out = serde_json::json!({
         "model": args.model.display().to_string(),
         "dtype": c.dtype.name(),
         "group_size": c.group_size,
+        "matrices": matrices,
         "bytes_per_token": bytes_per_token,
         "weight_bytes": reads.weights,
         "kv_bytes_per_token": reads.kv,
@@ -302,10 +316,7 @@ fn print_table(
 ) {
     let c = file.config();
     // "197 q8 matrices", or for a q4 file with some kept in q8 (`Q4Mix`) "168 q4 + 29 q8".
-    let count = |dtype: DType| {
-        let matrix = |t: &&TensorInfo| t.shape.len() == 2 && t.dtype == dtype;
-        file.header().tensors.iter().filter(matrix).count()
-    };
+    let count = |dtype: DType| matrices_of(file, dtype);
     let matrices = match count(DType::Q8) {
         n if c.dtype == DType::Q4 && n > 0 => format!("{} q4 + {n} q8", count(DType::Q4)),
         _ => format!("{} {}", count(c.dtype), c.dtype),
