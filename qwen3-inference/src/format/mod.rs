@@ -256,6 +256,11 @@ pub fn sensitive_layer(layer: u32, n_layers: u32) -> bool {
     layer < eighth || layer >= 7 * n_layers / 8 || (layer - eighth) % 3 == 2
 }
 
+/// Whether `name` is the embedding table or the classifier, which a q4 file stores apart.
+fn is_table(name: &str) -> bool {
+    name == "model.embed_tokens.weight" || name == "lm_head.weight"
+}
+
 /// The layer a tensor name belongs to and the rest of its name: `model.layers.3.mlp.down_proj.weight`
 /// gives `(3, "mlp.down_proj.weight")`.
 fn layer_of(name: &str) -> Option<(u32, &str)> {
@@ -276,7 +281,7 @@ pub fn tensor_specs_with(c: &ModelConfig, mix: Q4Mix) -> Vec<writer::TensorSpec>
     expected_tensors(c)
         .into_iter()
         .map(|e| {
-            let table = e.name == "model.embed_tokens.weight" || e.name == "lm_head.weight";
+            let table = is_table(&e.name);
             let sensitive = layer_of(&e.name).is_some_and(|(l, rest)| {
                 sensitive_layer(l, c.num_hidden_layers)
                     && matches!(rest, "self_attn.v_proj.weight" | "mlp.down_proj.weight")
@@ -312,7 +317,7 @@ pub fn tensor_specs_with(c: &ModelConfig, mix: Q4Mix) -> Vec<writer::TensorSpec>
 /// share one quantized input need one group size), and the embedding table and classifier as q8
 /// in groups of [`Q4_TABLE_GROUP`].
 pub fn matrix_storage_ok(c: &ModelConfig, name: &str, dtype: DType, group_size: u32) -> bool {
-    let table = name == "model.embed_tokens.weight" || name == "lm_head.weight";
+    let table = is_table(name);
     (dtype == c.dtype && group_size == c.group_size)
         || (c.dtype == DType::Q4
             && dtype == DType::Q8

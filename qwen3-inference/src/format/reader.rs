@@ -7,9 +7,8 @@
 
 use super::bytes::ByteReader;
 use super::{
-    align_up, expected_tensors, matrix_storage_ok, tensor_nbytes, tensor_specs, DType, ModelConfig,
-    TensorKind, ALIGN, BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION,
-    PREAMBLE_LEN,
+    align_up, expected_tensors, matrix_storage_ok, tensor_nbytes, DType, ModelConfig, TensorKind,
+    ALIGN, BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION, PREAMBLE_LEN,
 };
 use crate::pages::{self, PageShare};
 use anyhow::{bail, Context, Result};
@@ -133,7 +132,7 @@ impl Header {
 
     /// The directory must hold exactly the tensors a Qwen3 model of this config needs.
     fn check_tensor_set(&self) -> Result<()> {
-        let expected = tensor_specs(&self.config);
+        let expected = expected_tensors(&self.config);
         if expected.len() != self.tensors.len() {
             bail!(
                 "the directory has {} tensors; a model with this config has {}",
@@ -143,10 +142,7 @@ impl Header {
         }
         let by_name: HashMap<&str, &TensorInfo> =
             self.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-        for (e, kind) in expected
-            .iter()
-            .zip(expected_tensors(&self.config).iter().map(|e| e.kind))
-        {
+        for e in &expected {
             let Some(t) = by_name.get(e.name.as_str()) else {
                 bail!("tensor {} is missing", e.name);
             };
@@ -160,19 +156,19 @@ impl Header {
             }
             // Norms and biases are f32; a matrix is in the file's dtype, or in a q4 file perhaps
             // q8 (whichever mix the export chose, `Q4Mix`).
-            let ok = match kind {
+            let ok = match e.kind {
                 TensorKind::Norm | TensorKind::Bias => t.dtype == DType::F32 && t.group_size == 0,
                 TensorKind::Matrix => {
                     matrix_storage_ok(&self.config, &e.name, t.dtype, t.group_size)
                 }
             };
             if !ok {
-                let expected = match (kind, self.config.dtype) {
+                let expected = match (e.kind, self.config.dtype) {
                     (TensorKind::Matrix, DType::Q4) => "q4 or q8",
                     (TensorKind::Matrix, d) => d.name(),
                     _ => "f32",
                 };
-                let group = match kind {
+                let group = match e.kind {
                     TensorKind::Matrix => self.config.group_size,
                     _ => 0,
                 };
@@ -347,6 +343,7 @@ fn view_data<'a>(file: &'a [u8], t: &TensorInfo) -> Result<TensorData<'a>> {
 mod tests {
     use super::*;
     use crate::format::config::tests::tiny_config;
+    use crate::format::tensor_specs;
     use crate::format::writer::{self, ModelWriter};
 
     /// Writes a tiny model file whose every value is distinct, so views can be checked.
@@ -400,69 +397,44 @@ mod tests {
     /// at another group size, or in bf16, is refused, naming the tensor.
     #[test]
     fn q4_files_take_any_mix_of_q4_and_q8() {
-        let table = |s: &writer::TensorSpec| s.name == "model.embed_tokens.weight";
-        let down = |s: &writer::TensorSpec| s.name.ends_with("down_proj.weight");
-        type Edit = Box<dyn Fn(&mut writer::TensorSpec)>;
-        let q_proj = |s: &writer::TensorSpec| s.name.ends_with("q_proj.weight");
-        let cases: [(&str, Edit, bool); 7] = [
-            ("default", Box::new(|_| {}), true),
+        // Each case stores the tensors whose names end with its suffix as (dtype, group size).
+        let cases = [
+            ("default", "", None, true),
             (
                 "tables-q4",
-                Box::new(move |s| {
-                    if table(s) {
-                        (s.dtype, s.group_size) = (DType::Q4, 32)
-                    }
-                }),
+                "embed_tokens.weight",
+                Some((DType::Q4, 32)),
                 true,
             ),
             (
                 "tables-q8-32",
-                Box::new(move |s| {
-                    if table(s) {
-                        s.group_size = 32
-                    }
-                }),
+                "embed_tokens.weight",
+                Some((DType::Q8, 32)),
                 true,
             ),
-            (
-                "down-q4",
-                Box::new(move |s| {
-                    if down(s) {
-                        s.dtype = DType::Q4
-                    }
-                }),
-                true,
-            ),
-            (
-                "q-proj-q8",
-                Box::new(move |s| {
-                    if q_proj(s) {
-                        s.dtype = DType::Q8
-                    }
-                }),
-                true,
-            ),
+            ("down-q4", "down_proj.weight", Some((DType::Q4, 32)), true),
+            ("q-proj-q8", "q_proj.weight", Some((DType::Q8, 32)), true),
             (
                 "down-q8-64",
-                Box::new(move |s| {
-                    if down(s) {
-                        (s.dtype, s.group_size) = (DType::Q8, 64)
-                    }
-                }),
+                "down_proj.weight",
+                Some((DType::Q8, 64)),
                 false,
             ),
             (
                 "down-bf16",
-                Box::new(move |s| {
-                    if down(s) {
-                        (s.dtype, s.group_size) = (DType::Bf16, 0)
-                    }
-                }),
+                "down_proj.weight",
+                Some((DType::Bf16, 0)),
                 false,
             ),
         ];
-        for (name, edit, ok) in cases {
+        for (name, suffix, storage, ok) in cases {
             let p = tmp(&format!("q4-tables-{name}"));
+            let edit = |s: &mut writer::TensorSpec| match storage {
+                Some((dtype, gs)) if s.name.ends_with(suffix) => {
+                    (s.dtype, s.group_size) = (dtype, gs)
+                }
+                _ => {}
+            };
             let c = write_tiny_as(&p, DType::Q4, edit);
             assert_eq!(c.group_size, 32);
             let opened = ModelFile::open(&p).map(|_| ());
