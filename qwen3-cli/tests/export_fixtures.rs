@@ -198,6 +198,19 @@ fn every_fixture_exports_faithfully_in_every_dtype() {
                         qwen3_inference::quant::quantize_q4(&want, 32, &mut p, &mut sc);
                         assert_eq!((packed, scales), (&p[..], &sc[..]), "{name} {}", t.name);
                     }
+                    TensorData::Q6 {
+                        packed,
+                        scales,
+                        group_size,
+                        cols,
+                    } => {
+                        // quant.rs's rule applied to the source values, bit for bit.
+                        assert_eq!((dtype, group_size), ("q4", 32));
+                        let mut p = vec![0u8; want.len() / 4 * 3];
+                        let mut sc = vec![0u16; want.len() / 32];
+                        qwen3_inference::quant::quantize_q6(&want, cols, 32, &mut p, &mut sc);
+                        assert_eq!((packed, scales), (&p[..], &sc[..]), "{name} {}", t.name);
+                    }
                     TensorData::Q8 {
                         q,
                         scales,

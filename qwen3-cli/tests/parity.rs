@@ -87,6 +87,18 @@ fn values(data: TensorData) -> Vec<f32> {
             qwen3_inference::quant::dequantize_q4(packed, scales, group_size, &mut out);
             out
         }
+        TensorData::Q6 {
+            packed,
+            scales,
+            group_size,
+            cols,
+        } => {
+            let mut out = vec![0.0; packed.len() / 3 * 4];
+            for (r, row) in out.chunks_exact_mut(cols).enumerate() {
+                qwen3_inference::quant::dequantize_q6_row(packed, scales, cols, group_size, r, row);
+            }
+            out
+        }
     }
 }
 

@@ -44,6 +44,7 @@ fn q4_mix_is_a_choice() {
     let q4 = export("mix-default", "q4", &[]);
     let q4t = export("mix-tables-q4", "q4", &["--tables", "q4"]);
     let all = export("mix-all-q4", "q4", &["--tables", "q4", "--sensitive", "q4"]);
+    let six = export("mix-q6", "q4", &["--tables", "q6", "--sensitive", "q6"]);
     let dtypes = |m: &str| -> Vec<(String, String)> {
         let info = qwen3(&["info", m, "--tensors"]);
         info.lines()
@@ -55,10 +56,10 @@ fn q4_mix_is_a_choice() {
             })
             .collect()
     };
-    let q8_of = |m: &str| -> Vec<String> {
+    let stored_as = |m: &str, dtype: &str| -> Vec<String> {
         let mut v: Vec<String> = dtypes(m)
             .into_iter()
-            .filter(|(_, d)| d == "q8")
+            .filter(|(_, d)| d == dtype)
             .map(|(n, _)| n)
             .collect();
         v.sort();
@@ -68,19 +69,22 @@ fn q4_mix_is_a_choice() {
         "model.layers.1.mlp.down_proj.weight",
         "model.layers.1.self_attn.v_proj.weight",
     ];
-    assert_eq!(
-        q8_of(&q4),
-        [&["model.embed_tokens.weight"][..], &sensitive[..]].concat()
-    );
-    assert_eq!(q8_of(&q4t), sensitive);
-    assert!(q8_of(&all).is_empty());
+    let finer = [&["model.embed_tokens.weight"][..], &sensitive[..]].concat();
+    assert_eq!(stored_as(&q4, "q8"), finer);
+    assert_eq!(stored_as(&q4t, "q8"), sensitive);
+    assert!(stored_as(&all, "q8").is_empty());
     assert!(dtypes(&all).iter().all(|(_, d)| d == "q4"));
+    assert_eq!(stored_as(&six, "q6"), finer);
+    assert!(stored_as(&six, "q8").is_empty());
     let info = qwen3(&["info", &q4]);
     assert!(info.contains("3 of 15 matrices in q8"), "{info}");
+    let info = qwen3(&["info", &six]);
+    assert!(info.contains("3 of 15 matrices in q6"), "{info}");
 
     let size = |p: &str| std::fs::metadata(p).unwrap().len();
     assert!(size(&all) < size(&q4t) && size(&q4t) < size(&q4));
-    for m in [&q4t, &all] {
+    assert!(size(&all) < size(&six) && size(&six) < size(&q4));
+    for m in [&q4t, &all, &six] {
         let out = qwen3(&[
             "generate",
             m,

@@ -9,6 +9,11 @@
 //   q4    packed: rows*cols/2 bytes, each group of gs values in gs/2 bytes, byte j holding value j
 //         in its low nibble and value j + gs/2 in its high one, both as q + 8; scales: rows *
 //         (cols/gs) f16 bits, so W[r, c] = (nibble - 8) * half(scales[r*(cols/gs) + c/gs])
+//   q6    packed: rows*cols*3/4 bytes, each row in blocks of 128 values (the last may hold fewer,
+//         a multiple of 32); a block of n values is n/2 nibble bytes packed as q4's groups of 32,
+//         then n/4 high bytes, byte k holding the two high bits of nibble byte k's low and high
+//         values (bits 0-1, 2-3) and of nibble byte k + n/4's (bits 4-5, 6-7); values are q + 32;
+//         scales as q4's (quant::quantize_q6)
 //   bf16  raw bfloat16 bits, row-major; W[r, c] = float(bits << 16)
 //   f32   row-major
 //
@@ -23,6 +28,9 @@
 // half of a group): gs % 8 == 0 keeps them in one half, and with cols % gs == 0 (so each row's
 // cols/2 bytes are a multiple of 4) the 4-byte load aligned. The 32 lanes read 64 distinct
 // bytes, each twice (the lanes of a group's first half and of its second read the same bytes).
+// q6 likewise reads four consecutive nibble bytes and four consecutive high bytes: gs % 32 == 0
+// (so cols % 32 == 0: a row is a whole number of 24-byte runs, and every block a multiple of 4
+// bytes) keeps both loads aligned.
 //
 // Accumulation order, reproduced exactly by src/reference/matmul.rs:
 //   d = w0*x0; d = fmaf(w1, x1, d); d = fmaf(w2, x2, d); d = fmaf(w3, x3, d)   (4 columns)
@@ -67,6 +75,27 @@ struct Q4Weights {
         *scale = f16_bits_to_float(scales[row * (cols / gs) + g]);
         return make_float4((float)((int)(v & 0xff) - 8), (float)((int)((v >> 8) & 0xff) - 8),
                            (float)((int)((v >> 16) & 0xff) - 8), (float)((int)(v >> 24) - 8));
+    }
+};
+
+struct Q6Weights {
+    const unsigned char* packed;
+    const unsigned short* scales;
+    int gs;
+    __device__ float4 load4(size_t row, int cols, int c, float* scale) const {
+        // Block b of the row holds n values; columns c..c+3 are values i..i+3 of it, in its run
+        // of 32 (i / 32) the low or high nibbles (i % 32 < 16 or not) of nibble bytes p..p+3.
+        const int b = c / 128, i = c % 128, n = min(128, cols - 128 * b);
+        const int m = n / 4, p = 16 * (i / 32) + i % 16, second = (i % 32) >= 16;
+        const unsigned char* block = packed + row * (size_t)(cols / 4 * 3) + (size_t)b * 96;
+        const unsigned int word = *(const unsigned int*)(block + p);
+        const unsigned int high = *(const unsigned int*)(block + n / 2 + p % m);
+        const int shift = 4 * (p >= m) + 2 * second;
+        const unsigned int v = ((second ? word >> 4 : word) & 0x0f0f0f0fu) |
+                               (((high >> shift) & 0x03030303u) << 4);
+        *scale = f16_bits_to_float(scales[row * (cols / gs) + c / gs]);
+        return make_float4((float)((int)(v & 0xff) - 32), (float)((int)((v >> 8) & 0xff) - 32),
+                           (float)((int)((v >> 16) & 0xff) - 32), (float)((int)(v >> 24) - 32));
     }
 };
 
@@ -139,6 +168,12 @@ extern "C" __global__ void matmul_q4(float* y, const unsigned char* packed,
                                      const unsigned short* scales, int gs, const float* x, int rows,
                                      int cols, int n_tok) {
     matmul_tile(Q4Weights{packed, scales, gs}, y, x, rows, cols, n_tok);
+}
+
+extern "C" __global__ void matmul_q6(float* y, const unsigned char* packed,
+                                     const unsigned short* scales, int gs, const float* x, int rows,
+                                     int cols, int n_tok) {
+    matmul_tile(Q6Weights{packed, scales, gs}, y, x, rows, cols, n_tok);
 }
 
 extern "C" __global__ void matmul_bf16(float* y, const unsigned short* w, const float* x, int rows,

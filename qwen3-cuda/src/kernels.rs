@@ -34,12 +34,18 @@ pub const RMSNORM: KernelSource = KernelSource {
 pub const MATMUL: KernelSource = KernelSource {
     file: "matmul.cu",
     source: include_str!("../kernels/matmul.cu"),
-    entry_points: &["matmul_q8", "matmul_q4", "matmul_bf16", "matmul_f32"],
+    entry_points: &[
+        "matmul_q8",
+        "matmul_q4",
+        "matmul_q6",
+        "matmul_bf16",
+        "matmul_f32",
+    ],
 };
 pub const EMBED: KernelSource = KernelSource {
     file: "embed.cu",
     source: include_str!("../kernels/embed.cu"),
-    entry_points: &["embed_q8", "embed_bf16", "embed_f32"],
+    entry_points: &["embed_q8", "embed_q6", "embed_bf16", "embed_f32"],
 };
 pub const ROPE: KernelSource = KernelSource {
     file: "rope.cu",
@@ -83,7 +89,8 @@ pub const ELEMENTWISE_BLOCK_DIM: usize = 256;
 
 /// Checks what the `matmul_*` kernels assume of a weight matrix: four columns per lane load, and
 /// groups that four-column loads never straddle (q8: a multiple of 4; q4: of 8, so that the four
-/// also lie in one half of a group). `quant`: the dtype and group size of q8 and q4 weights.
+/// also lie in one half of a group; q6: of 32, the runs its blocks pack). `quant`: the dtype and
+/// group size of q8, q4 and q6 weights.
 /// Returns a one-line reason otherwise.
 pub fn check_matmul_shape(cols: usize, quant: Option<(DType, usize)>) -> Result<(), String> {
     if cols == 0 || !cols.is_multiple_of(4) {
@@ -92,7 +99,11 @@ pub fn check_matmul_shape(cols: usize, quant: Option<(DType, usize)>) -> Result<
         ));
     }
     if let Some((dtype, gs)) = quant {
-        let m = if dtype == DType::Q4 { 8 } else { 4 };
+        let m = match dtype {
+            DType::Q4 => 8,
+            DType::Q6 => 32,
+            _ => 4,
+        };
         if gs == 0 || !gs.is_multiple_of(m) || !cols.is_multiple_of(gs) {
             return Err(format!(
                 "the CUDA {dtype} matmul needs a group size that is a multiple of {m} and divides {cols}, got {gs}"
@@ -104,7 +115,7 @@ pub fn check_matmul_shape(cols: usize, quant: Option<(DType, usize)>) -> Result<
 
 /// The dtype and group size [`check_matmul_shape`] takes, for a tensor of `dtype`.
 pub fn quant_of(dtype: DType, group_size: usize) -> Option<(DType, usize)> {
-    matches!(dtype, DType::Q8 | DType::Q4).then_some((dtype, group_size))
+    matches!(dtype, DType::Q8 | DType::Q4 | DType::Q6).then_some((dtype, group_size))
 }
 
 #[cfg(test)]
@@ -155,5 +166,7 @@ mod tests {
         assert!(check_matmul_shape(96, Some((DType::Q8, 64))).is_err());
         assert!(check_matmul_shape(1024, Some((DType::Q4, 32))).is_ok());
         assert!(check_matmul_shape(1024, Some((DType::Q4, 4))).is_err());
+        assert!(check_matmul_shape(1024, Some((DType::Q6, 32))).is_ok());
+        assert!(check_matmul_shape(1024, Some((DType::Q6, 16))).is_err());
     }
 }

@@ -22,7 +22,7 @@ use qwen3_inference::format::writer::ModelWriter;
 use qwen3_inference::format::{
     companion_paths, expected_tensors, tensor_specs_with, DType, ModelConfig, Q4Mix, TensorKind,
 };
-use qwen3_inference::quant::{quantize_q4, quantize_q8};
+use qwen3_inference::quant::{quantize_q4, quantize_q6, quantize_q8};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -32,7 +32,7 @@ pub struct ExportOptions {
     pub dtype: DType,
     /// Values per q8 or q4 scale (ignored for bf16 and f32).
     pub group_size: u32,
-    /// q4 only: which tensors keep 8 bits (default: the tables and the sensitive layers).
+    /// q4 only: which tensors keep more bits (default: the tables and the sensitive layers).
     pub q4_mix: Q4Mix,
     /// Print per-tensor progress to stderr.
     pub progress: bool,
@@ -147,7 +147,7 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
     config.group_size = if grouped { opts.group_size } else { 0 };
     if opts.q4_mix != Q4Mix::default() && opts.dtype != DType::Q4 {
         bail!(
-            "a mix of q4 and q8 tensors (--tables, --sensitive) needs --dtype q4, got {}",
+            "a mix of q4 and finer tensors (--tables, --sensitive) needs --dtype q4, got {}",
             opts.dtype
         );
     }
@@ -342,12 +342,28 @@ fn write_model(
                     w.data(&packed)?;
                     tensor_scales16.extend_from_slice(&scales16);
                 }
+                DType::Q6 => {
+                    values.clear();
+                    to_f32(t.dtype, &raw, &mut values);
+                    let gs = spec.group_size as usize;
+                    packed.resize(values.len() / 4 * 3, 0u8);
+                    scales16.resize(values.len() / gs, 0u16);
+                    quantize_q6(
+                        &values,
+                        t.row_len() as usize,
+                        gs,
+                        &mut packed,
+                        &mut scales16,
+                    );
+                    w.data(&packed)?;
+                    tensor_scales16.extend_from_slice(&scales16);
+                }
             }
             first += nrows;
         }
         match spec.dtype {
             DType::Q8 => w.q8_scales(&tensor_scales)?,
-            DType::Q4 => w.q4_scales(&tensor_scales16)?,
+            DType::Q4 | DType::Q6 => w.f16_scales(&tensor_scales16)?,
             _ => {}
         }
         w.end()?;

@@ -91,29 +91,37 @@ pub fn quantize_q4(w: &[f32], group_size: usize, packed: &mut [u8], scales: &mut
         });
 }
 
-/// [`q4_level`] of `x / d`, plus 8: the nibble q4 stores for `x` (8, the value 0, when `d` is
-/// 0).
+/// [`level`] `::<8>` of `x / d`, plus 8: the nibble q4 stores for `x` (8, the value 0, when
+/// `d` is 0).
 fn q4_nibble(x: f32, d: f32) -> u8 {
     if d == 0.0 {
         return 8;
     }
-    (q4_level(x / d) as i32 + 8) as u8
+    (level::<8>(x / d) as i32 + 8) as u8
 }
 
-/// `round_half_even(v)` clamped to [-8, 7], in a form the compiler vectorizes (the search runs
-/// it 27 times a value): adding and subtracting 1.5 * 2^23 rounds to an integer in the default
-/// round-to-nearest-even mode, exactly for |v| < 2^22; larger values land far outside [-8, 7]
+/// `round_half_even(v)` clamped to [-N, N - 1], the integers of a symmetric grid of `2N` levels
+/// (q4: N = 8, q6: N = 32), in a form the compiler vectorizes (the scale search runs it 27 times
+/// a value): adding and subtracting 1.5 * 2^23 rounds to an integer in the default
+/// round-to-nearest-even mode, exactly for |v| < 2^22; larger values land far outside the grid
 /// and are clamped as they would be. (`f32::round_ties_even` is a library call on baseline
 /// x86-64, which made the export more than twice as slow.)
 #[inline]
-fn q4_level(v: f32) -> f32 {
+fn level<const N: i32>(v: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
-    ((v + MAGIC) - MAGIC).clamp(-8.0, 7.0)
+    ((v + MAGIC) - MAGIC).clamp(-N as f32, (N - 1) as f32)
 }
 
-/// The f16 scale [`quantize_q4`] stores for one group: of Q4_0's `m / -8` and the refitted
-/// candidates, the one whose levels give the smallest `sum (w - d q)^2`.
+/// The f16 scale [`quantize_q4`] stores for one group.
 fn q4_scale_for(group: &[f32]) -> half::f16 {
+    scale_for::<8>(group)
+}
+
+/// The f16 scale of a group on the grid [-N, N - 1] (`N` = 8 for q4, 32 for q6): of `m / -N`
+/// (`m` the value of largest magnitude, which lands on -N exactly) and the least-squares refits
+/// of the divisors `-(N - 1.5), -(N - 1.25), ..., -(N + 1.5)`, the one with the smallest squared
+/// error after f16 rounding. See [`quantize_q4`].
+fn scale_for<const N: i32>(group: &[f32]) -> half::f16 {
     let m = group
         .iter()
         .fold(0.0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
@@ -121,14 +129,14 @@ fn q4_scale_for(group: &[f32]) -> half::f16 {
         return half::f16::ZERO;
     }
     // The squared error of scale `d`, each value rounded to its nearest level.
-    let error = |d: f32| lanes_sum(group, |x| (x - q4_level(x / d) * d).powi(2));
-    let mut best = half::f16::from_f32(m / -8.0);
+    let error = |d: f32| lanes_sum(group, |x| (x - level::<N>(x / d) * d).powi(2));
+    let mut best = half::f16::from_f32(m / -(N as f32));
     let mut best_error = error(best.to_f32());
     for step in 0..=12 {
-        let d = m / -(6.5 + 0.25 * step as f32);
+        let d = m / -(N as f32 - 1.5 + 0.25 * step as f32);
         // Least squares for the integers this `d` gives.
-        let wq = lanes_sum(group, |x| x * q4_level(x / d));
-        let qq = lanes_sum(group, |x| q4_level(x / d).powi(2));
+        let wq = lanes_sum(group, |x| x * level::<N>(x / d));
+        let qq = lanes_sum(group, |x| level::<N>(x / d).powi(2));
         let fitted = half::f16::from_f32(wq / qq);
         let e = error(fitted.to_f32());
         if fitted.to_f32() != 0.0 && e < best_error {
@@ -181,6 +189,127 @@ pub fn q4_value(packed: &[u8], scales: &[u16], group_size: usize, i: usize) -> f
 pub fn dequantize_q4(packed: &[u8], scales: &[u16], group_size: usize, out: &mut [f32]) {
     for (i, o) in out.iter_mut().enumerate() {
         *o = q4_value(packed, scales, group_size, i);
+    }
+}
+
+/// q6: group-wise symmetric 6-bit, for the tensors a q4 file keeps finer (`format::Q4Mix`).
+/// Each group stores one f16 scale `d` and 64 levels `q * d`, `q` in [-32, 31], the scale
+/// chosen as q4's is ([`scale_for`]): 6.5 bits a weight in groups of 32, against q8's 8.5 and
+/// llama.cpp Q6_K's 6.56.
+///
+/// Packing: each row is cut into *blocks* of 128 values (the last may be shorter, a multiple of
+/// 32), and a block of `n` values takes `n / 2` nibble bytes then `n / 4` high bytes, so the
+/// values of `u = q + 32` (0..=63) split into a low nibble and two high bits:
+///
+/// ```text
+/// nibble byte p  (32 values a run of 16 bytes, as q4 packs a group of 32):
+///     low nibble of value 32 (p / 16) + p % 16, high nibble of that value + 16
+/// high byte k    (m = n / 4 of them): bits 0-1 and 2-3 the high bits of nibble byte k's low and
+///     high values, bits 4-5 and 6-7 those of nibble byte k + m's
+/// ```
+///
+/// A SIMD kernel splits the nibble bytes as it does q4's, and finds each nibble's two high bits
+/// at the same byte of the high bytes for the first half of the nibble bytes, and four bits up
+/// for the second half: one load of the high bytes, a shift and a mask each (`dot/q6.rs`).
+/// Rows are blocked on their own, so a row is `3 * cols / 4` bytes from `3 * cols / 4 * r`.
+pub fn quantize_q6(
+    w: &[f32],
+    cols: usize,
+    group_size: usize,
+    packed: &mut [u8],
+    scales: &mut [u16],
+) {
+    assert!(group_size > 0 && group_size.is_multiple_of(32) && cols.is_multiple_of(group_size));
+    assert!(w.len().is_multiple_of(cols));
+    assert_eq!(packed.len(), w.len() / 4 * 3);
+    assert_eq!(scales.len(), w.len() / group_size);
+    let per = cols / group_size;
+    w.par_chunks_exact(cols)
+        .zip(packed.par_chunks_exact_mut(cols / 4 * 3))
+        .zip(scales.par_chunks_exact_mut(per))
+        .for_each(|((row, out), scales)| {
+            // u = q + 32 of every value of the row, then packed block by block.
+            let mut u = vec![0u8; cols];
+            for ((group, ug), scale) in row
+                .chunks_exact(group_size)
+                .zip(u.chunks_exact_mut(group_size))
+                .zip(scales.iter_mut())
+            {
+                let d = scale_for::<32>(group);
+                *scale = d.to_bits();
+                let d = d.to_f32();
+                for (v, &x) in ug.iter_mut().zip(group) {
+                    *v = match d == 0.0 {
+                        true => 32,
+                        false => (level::<32>(x / d) as i32 + 32) as u8,
+                    };
+                }
+            }
+            for (block, out) in u.chunks(Q6_BLOCK).zip(out.chunks_mut(Q6_BLOCK / 4 * 3)) {
+                q6_pack_block(block, out);
+            }
+        });
+}
+
+/// Values a q6 block holds (see [`quantize_q6`]).
+pub const Q6_BLOCK: usize = 128;
+
+/// Packs one block of `u = q + 32` values (`n`, a multiple of 32, at most [`Q6_BLOCK`]) into
+/// `3 n / 4` bytes, as [`quantize_q6`] describes.
+fn q6_pack_block(u: &[u8], out: &mut [u8]) {
+    let (nibbles, high) = out.split_at_mut(u.len() / 2);
+    let m = high.len();
+    // Nibble byte p's two values: p's run of 32, its place in the first 16, and 16 on.
+    let first = |p: usize| u[32 * (p / 16) + p % 16];
+    let second = |p: usize| u[32 * (p / 16) + p % 16 + 16];
+    for (p, b) in nibbles.iter_mut().enumerate() {
+        *b = first(p) & 15 | (second(p) & 15) << 4;
+    }
+    for (k, b) in high.iter_mut().enumerate() {
+        *b = first(k) >> 4
+            | (second(k) >> 4) << 2
+            | (first(k + m) >> 4) << 4
+            | (second(k + m) >> 4) << 6;
+    }
+}
+
+/// The q6 integer (`u - 32`, in -32..=31) at index `c` of a row packed by [`quantize_q6`]
+/// (`row` its `3 * cols / 4` bytes).
+#[inline]
+pub fn q6_int(row: &[u8], cols: usize, c: usize) -> i32 {
+    let (b, i) = (c / Q6_BLOCK, c % Q6_BLOCK);
+    let n = (cols - b * Q6_BLOCK).min(Q6_BLOCK);
+    let block = &row[b * Q6_BLOCK / 4 * 3..];
+    let (nibbles, m) = (n / 2, n / 4);
+    let (p, second) = (16 * (i / 32) + i % 16, i % 32 >= 16);
+    let nibble = match second {
+        false => block[p] & 15,
+        true => block[p] >> 4,
+    };
+    let shift = 4 * (p >= m) as u32 + 2 * second as u32;
+    let high = (block[nibbles + p % m] >> shift) & 3;
+    (nibble | high << 4) as i32 - 32
+}
+
+/// The q6 value at row-major index `i` of a tensor `cols` wide: `q * scale`.
+#[inline]
+pub fn q6_value(packed: &[u8], scales: &[u16], cols: usize, group_size: usize, i: usize) -> f32 {
+    let (r, c) = (i / cols, i % cols);
+    let row = &packed[r * cols / 4 * 3..(r + 1) * cols / 4 * 3];
+    q6_int(row, cols, c) as f32 * q4_scale(scales, i / group_size)
+}
+
+/// Dequantizes row `r` of a q6 tensor `cols` wide into `out` (`cols` values).
+pub fn dequantize_q6_row(
+    packed: &[u8],
+    scales: &[u16],
+    cols: usize,
+    gs: usize,
+    r: usize,
+    out: &mut [f32],
+) {
+    for (c, o) in out.iter_mut().enumerate() {
+        *o = q6_value(packed, scales, cols, gs, r * cols + c);
     }
 }
 
@@ -307,5 +436,52 @@ mod tests {
         quantize_q4(&[0.0; 32], 32, &mut p, &mut s);
         assert_eq!(s[0], 0);
         assert_eq!(q4_value(&p, &s, 32, 5), 0.0);
+    }
+
+    /// q6: every value within half a step of its stored level (or clamped), the error well
+    /// below q4's, and the packing as documented, for a row of a full and a short block.
+    #[test]
+    fn q6_error_and_packing() {
+        let mut seed = 13;
+        for (gs, cols) in [(32, 160), (64, 256), (32, 32)] {
+            let w: Vec<f32> = (0..cols * 40)
+                .map(|i| (0..4).map(|_| lcg(&mut seed)).sum::<f32>() * (1.0 + (i / gs % 7) as f32))
+                .collect();
+            let mut p6 = vec![0u8; w.len() / 4 * 3];
+            let mut s6 = vec![0u16; w.len() / gs];
+            quantize_q6(&w, cols, gs, &mut p6, &mut s6);
+            let (mut p4, mut s4) = (vec![0u8; w.len() / 2], vec![0u16; w.len() / gs]);
+            quantize_q4(&w, gs, &mut p4, &mut s4);
+            let (mut e6, mut e4) = (0.0f64, 0.0f64);
+            for (i, &x) in w.iter().enumerate() {
+                let d = q4_scale(&s6, i / gs);
+                let q = q6_value(&p6, &s6, cols, gs, i);
+                let nearest = (x / d).round().clamp(-32.0, 31.0) * d;
+                assert!(
+                    (x - q).abs() <= (x - nearest).abs() + d.abs() * 1e-4,
+                    "{i}: {x} -> {q}"
+                );
+                e6 += ((x - q) as f64).powi(2);
+                e4 += ((x - q4_value(&p4, &s4, gs, i)) as f64).powi(2);
+            }
+            // Four times finer steps: about a sixteenth of the squared error.
+            assert!(e6 < e4 / 10.0, "{gs} {cols}: q6 {e6} vs q4 {e4}");
+        }
+        // The layout, by hand: a row of 32 (one short block: 16 nibble bytes, 8 high bytes).
+        let mut w = [0.0f32; 32];
+        // d = 1 (m = -32); u = q + 32: value 0 -> 0, value 16 -> 63, value 8 -> 32 + 5 = 37.
+        (w[0], w[16], w[8], w[24]) = (-32.0, 31.0, 5.0, -17.0);
+        let (mut p, mut s) = ([0u8; 24], [0u16; 1]);
+        quantize_q6(&w, 32, 32, &mut p, &mut s);
+        assert_eq!(half::f16::from_bits(s[0]).to_f32(), 1.0);
+        // Byte 0: value 0 (u 0) low, value 16 (u 63: nibble 15) high.
+        assert_eq!(p[0], 15 << 4);
+        // Byte 8: value 8 (u 37 = 0b10_0101) low, value 24 (u 15) high.
+        assert_eq!(p[8], 5 | 15 << 4);
+        // m = 8 high bytes: byte 0 holds byte 0's (0, 3) and byte 8's (2, 0) high bits.
+        assert_eq!(p[16], 3 << 2 | 2 << 4);
+        assert_eq!(q6_int(&p, 32, 8), 5);
+        assert_eq!(q6_int(&p, 32, 24), -17);
+        assert_eq!(q6_int(&p, 32, 16), 31);
     }
 }

@@ -278,9 +278,9 @@ fn print_json(
             })
         })
         .collect();
-    // Per dtype, how many matrices are stored so (a q4 file keeps some in q8: `Q4Mix`).
+    // Per dtype, how many matrices are stored so (a q4 file keeps some in q6 or q8: `Q4Mix`).
     let matrices: serde_json::Map<String, serde_json::Value> =
-        [DType::F32, DType::Bf16, DType::Q8, DType::Q4]
+        [DType::F32, DType::Bf16, DType::Q8, DType::Q6, DType::Q4]
             .into_iter()
             .filter(|&d| matrices_of(file, d) > 0)
             .map(|d| (d.name().to_string(), matrices_of(file, d).into()))
@@ -314,13 +314,15 @@ fn print_table(
     pages: &Pages,
     runs: &[Run],
 ) {
-    let c = file.config();
-    // "197 q8 matrices", or for a q4 file with some kept in q8 (`Q4Mix`) "168 q4 + 29 q8".
-    let count = |dtype: DType| matrices_of(file, dtype);
-    let matrices = match count(DType::Q8) {
-        n if c.dtype == DType::Q4 && n > 0 => format!("{} q4 + {n} q8", count(DType::Q4)),
-        _ => format!("{} {}", count(c.dtype), c.dtype),
-    };
+    // "197 q8 matrices", or for a q4 file with some kept finer (`Q4Mix`) "168 q4 + 29 q8".
+    let matrices: Vec<String> = [DType::F32, DType::Bf16, DType::Q8, DType::Q6, DType::Q4]
+        .into_iter()
+        .map(|d| (d, matrices_of(file, d)))
+        .filter(|&(_, n)| n > 0)
+        .map(|(d, n)| format!("{n} {d}"))
+        .rev()
+        .collect();
+    let matrices = matrices.join(" + ");
     println!(
         "{}: {} matrices; a decoded token reads {} of weights and {} of KV cache ({}) on average; kernels {}; {} repeats, medians (spread)",
         args.model.display(),

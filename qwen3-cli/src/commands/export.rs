@@ -5,7 +5,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use qwen3_export::{export, ExportOptions, Interrupted};
-use qwen3_inference::format::{DType, Q4Mix};
+use qwen3_inference::format::{DType, Finer, Q4Mix};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,19 +23,19 @@ pub struct ExportArgs {
     #[arg(long)]
     pub group_size: Option<u32>,
     /// How to store the matrices: q8 (group-wise INT8), q4 (group-wise 4-bit; the embedding
-    /// table, the classifier and the sensitive layers' v_proj and down_proj stay q8), bf16, or
-    /// f32. Norms are always f32.
+    /// table, the classifier and the sensitive layers' v_proj and down_proj keep more bits, see
+    /// --tables and --sensitive), bf16, or f32. Norms are always f32.
     #[arg(long, default_value = "q8")]
     pub dtype: String,
     /// With `--dtype q4`: how to store the embedding table and the classifier, q8 (the default,
-    /// more accurate) or q4 (a smaller file, faster decode; what it costs: docs/quantization.md).
-    /// As llama-quantize's --token-embedding-type / --output-tensor-type.
-    #[arg(long, value_parser = ["q8", "q4"])]
+    /// the most accurate), q6 or q4 (smaller files, faster decode; what each costs:
+    /// docs/quantization.md). As llama-quantize's --token-embedding-type / --output-tensor-type.
+    #[arg(long, value_parser = ["q8", "q6", "q4"])]
     pub tables: Option<String>,
     /// With `--dtype q4`: how to store v_proj and down_proj in half the layers (the first and
-    /// last eighth and every third between, llama.cpp Q4_K_M's choice), q8 (the default, more
-    /// accurate) or q4 (a smaller file, faster decode; what it costs: docs/quantization.md).
-    #[arg(long, value_parser = ["q8", "q4"])]
+    /// last eighth and every third between, llama.cpp Q4_K_M's choice), q8 (the default, the
+    /// most accurate), q6 or q4 (smaller files, faster decode; docs/quantization.md).
+    #[arg(long, value_parser = ["q8", "q6", "q4"])]
     pub sensitive: Option<String>,
     /// With a repository id: use the HuggingFace cache only, never the network (as
     /// HF_HUB_OFFLINE=1).
@@ -67,9 +67,13 @@ pub fn run(args: ExportArgs) -> Result<()> {
             bail!("{flag} applies to --dtype q4 only");
         }
     }
+    // clap accepts only the names Finer::parse knows.
+    let finer = |flag: &Option<String>, default: Finer| {
+        flag.as_deref().and_then(Finer::parse).unwrap_or(default)
+    };
     let q4_mix = Q4Mix {
-        q8_tables: args.tables.as_deref() != Some("q4"),
-        q8_sensitive: args.sensitive.as_deref() != Some("q4"),
+        tables: finer(&args.tables, Q4Mix::default().tables),
+        sensitive: finer(&args.sensitive, Q4Mix::default().sensitive),
     };
     let opts = ExportOptions {
         dtype,
@@ -91,8 +95,8 @@ pub fn run(args: ExportArgs) -> Result<()> {
         DType::Q8 => format!("q8, group size {}", c.group_size),
         DType::Q4 => format!(
             "q4 (embedding and classifier {}, sensitive layers {}), group size {}",
-            if q4_mix.q8_tables { "q8" } else { "q4" },
-            if q4_mix.q8_sensitive { "q8" } else { "q4" },
+            q4_mix.tables.dtype(),
+            q4_mix.sensitive.dtype(),
             c.group_size
         ),
         other => other.to_string(),

@@ -4,7 +4,7 @@
 use super::units::bytes;
 use anyhow::Result;
 use clap::Args;
-use qwen3_inference::format::{companion_paths, ModelFile};
+use qwen3_inference::format::{companion_paths, DType, ModelFile};
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -66,20 +66,26 @@ pub fn run(args: InfoArgs) -> Result<()> {
         opt(g.repetition_penalty.map(|v| v.to_string())),
         opt(g.do_sample.map(|v| v.to_string())),
     );
-    // A q4 file keeps some matrices in q8 (`Q4Mix`): say how many, and their share of the bytes.
+    // A q4 file keeps some matrices in q6 or q8 (`Q4Mix`): say how many, and their share of
+    // the bytes, as "29 of 197 matrices in q8 (52% of the bytes)".
     let matrices: Vec<_> = h.tensors.iter().filter(|t| t.shape.len() == 2).collect();
-    let other: Vec<_> = matrices.iter().filter(|t| t.dtype != c.dtype).collect();
-    let mix = match other.is_empty() {
-        true => String::new(),
-        false => format!(
-            ", {} of {} matrices in {} ({:.0}% of the bytes)",
-            other.len(),
-            matrices.len(),
-            other[0].dtype,
-            100.0 * other.iter().map(|t| t.nbytes).sum::<u64>() as f64
-                / matrices.iter().map(|t| t.nbytes).sum::<u64>() as f64
-        ),
-    };
+    let all_bytes = matrices.iter().map(|t| t.nbytes).sum::<u64>() as f64;
+    let mix: String = [DType::Q6, DType::Q8]
+        .into_iter()
+        .filter(|&d| d != c.dtype)
+        .filter_map(|d| {
+            let these: Vec<_> = matrices.iter().filter(|t| t.dtype == d).collect();
+            let bytes = these.iter().map(|t| t.nbytes).sum::<u64>() as f64;
+            (!these.is_empty()).then(|| {
+                format!(
+                    ", {} of {} matrices in {d} ({:.0}% of the bytes)",
+                    these.len(),
+                    matrices.len(),
+                    100.0 * bytes / all_bytes
+                )
+            })
+        })
+        .collect();
     match c.group_size {
         0 => println!("weights                  {}", c.dtype),
         gs => println!(

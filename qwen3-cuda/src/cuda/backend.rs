@@ -191,6 +191,7 @@ impl Backend for CudaBackend {
         let values = self.weights.view(&table.values);
         let mut b = match table.dtype {
             DType::Q8 => self.runtime.stream.launch_builder(&f.embed_q8),
+            DType::Q6 => self.runtime.stream.launch_builder(&f.embed_q6),
             DType::Bf16 => self.runtime.stream.launch_builder(&f.embed_bf16),
             DType::F32 => self.runtime.stream.launch_builder(&f.embed_f32),
             // Unreachable in practice: DeviceWeights::upload refuses a q4 embedding table.
@@ -199,11 +200,11 @@ impl Backend for CudaBackend {
         b.arg(out).arg(&ids).arg(&values);
         let scales = self.weights.view(&table.scales);
         let gs = int(table.group_size)?;
-        if table.dtype == DType::Q8 {
+        if matches!(table.dtype, DType::Q8 | DType::Q6) {
             b.arg(&scales).arg(&gs);
         }
         b.arg(&cols_i);
-        // SAFETY: embed_{q8,bf16,f32}(out, tokens, values[, scales, gs], cols) as in embed.cu.
+        // SAFETY: embed_{q8,q6,bf16,f32}(out, tokens, values[, scales, gs], cols) as in embed.cu.
         // Every id is below `vocab` (checked), so rows read lie inside the table's ranges; out
         // holds n * cols values (checked).
         unsafe { b.launch(cfg) }.map_err(err)?;
@@ -265,21 +266,23 @@ impl Backend for CudaBackend {
         let mut b = match w.dtype {
             DType::Q8 => self.runtime.stream.launch_builder(&f.matmul_q8),
             DType::Q4 => self.runtime.stream.launch_builder(&f.matmul_q4),
+            DType::Q6 => self.runtime.stream.launch_builder(&f.matmul_q6),
             DType::Bf16 => self.runtime.stream.launch_builder(&f.matmul_bf16),
             DType::F32 => self.runtime.stream.launch_builder(&f.matmul_f32),
         };
         b.arg(y).arg(&values);
-        if matches!(w.dtype, DType::Q8 | DType::Q4) {
+        if matches!(w.dtype, DType::Q8 | DType::Q4 | DType::Q6) {
             b.arg(&scales).arg(&gs_i);
         }
         b.arg(x).arg(&rows_i).arg(&cols_i).arg(&n_i);
-        // SAFETY: matmul_{q8,q4}(y, values, scales, gs, x, rows, cols, n_tok) /
+        // SAFETY: matmul_{q8,q4,q6}(y, values, scales, gs, x, rows, cols, n_tok) /
         // matmul_{bf16,f32}(y, w, x, rows, cols, n_tok) as in matmul.cu. Warps with row >= rows
         // return; token t < n_tok reads x[t*cols .. +cols] and writes y[t*rows + row]; the weight
         // ranges hold rows*cols values (shape checked here, byte ranges at upload); cols % 4 == 0
         // and, for q8, gs % 4 == 0 and gs | cols, so every 4-wide load stays within one row and
         // one group, 16-byte aligned; for q4, gs % 8 == 0 and gs | cols, so a lane's four columns
-        // are four aligned bytes of one half of one group.
+        // are four aligned bytes of one half of one group; for q6, gs % 32 == 0 and gs | cols, so
+        // its two 4-byte loads lie inside the row's block, aligned (matmul.cu).
         unsafe { b.launch(cfg) }.map_err(err)?;
         Ok(())
     }

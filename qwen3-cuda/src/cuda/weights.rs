@@ -61,16 +61,24 @@ impl DeviceWeights {
                     let at = start + align_up(numel as u64).context("overflow")? as usize;
                     (start..start + numel, at..start + usize::try_from(t.nbytes)?)
                 }
-                // No CUDA kernel reads a q4 embedding row (q4 files keep the table q8 unless
+                // No CUDA kernel reads a q4 embedding row (q4 files keep the table finer unless
                 // exported with --tables q4).
                 DType::Q4 if t.name == "model.embed_tokens.weight" => bail!(
-                    "{name}: its embedding table is q4, which the CUDA backend does not read: use --device cpu, or export with --tables q8"
+                    "{name}: its embedding table is q4, which the CUDA backend does not read: use --device cpu, or export with --tables q6 or q8"
                 ),
                 // The packed nibbles, then (64-byte aligned) the f16 scales.
                 DType::Q4 => {
                     let at = start + align_up(numel as u64 / 2).context("overflow")? as usize;
                     (
                         start..start + numel / 2,
+                        at..start + usize::try_from(t.nbytes)?,
+                    )
+                }
+                // Three bytes for four values, then (64-byte aligned) the f16 scales.
+                DType::Q6 => {
+                    let at = start + align_up(numel as u64 / 4 * 3).context("overflow")? as usize;
+                    (
+                        start..start + numel / 4 * 3,
                         at..start + usize::try_from(t.nbytes)?,
                     )
                 }

@@ -21,6 +21,12 @@ pub fn embed(out: &mut [f32], table: &TensorData<'_>, tokens: &[u32], cols: usiz
                     scales,
                     group_size,
                 } => qwen3_inference::quant::q4_value(packed, scales, group_size, i),
+                TensorData::Q6 {
+                    packed,
+                    scales,
+                    group_size,
+                    cols,
+                } => qwen3_inference::quant::q6_value(packed, scales, cols, group_size, i),
                 TensorData::Bf16(b) => f32::from_bits((b[i] as u32) << 16),
                 TensorData::F32(f) => f[i],
             };

@@ -1,10 +1,11 @@
-//! Reference of `kernels/matmul.cu` (`matmul_q8`, `matmul_q4`, `matmul_bf16`, `matmul_f32`).
+//! Reference of `kernels/matmul.cu` (`matmul_q8`, `matmul_q4`, `matmul_q6`, `matmul_bf16`,
+//! `matmul_f32`).
 
 use super::reduce::warp_sum;
 use qwen3_inference::format::reader::TensorData;
 
 /// Four consecutive weights of row `row` starting at column `c`, and the scale applying to them
-/// (the group's scale for q8 and q4, 1.0 otherwise): the kernels' `load4`.
+/// (the group's scale for q8, q4 and q6, 1.0 otherwise): the kernels' `load4`.
 fn load4(w: &TensorData<'_>, row: usize, cols: usize, c: usize) -> ([f32; 4], f32) {
     let i = row * cols + c;
     match *w {
@@ -25,6 +26,32 @@ fn load4(w: &TensorData<'_>, row: usize, cols: usize, c: usize) -> ([f32; 4], f3
             let q = |k: usize| q4_int(packed, group_size, i + k) as f32;
             let scale = q4_scale(scales, row * (cols / group_size) + c / group_size);
             (std::array::from_fn(q), scale)
+        }
+        TensorData::Q6 {
+            packed,
+            scales,
+            group_size,
+            ..
+        } => {
+            // Q6Weights::load4, word for word: a 4-byte load of nibble bytes and one of high
+            // bytes, each byte's high pair shifted into place.
+            let (b, i) = (c / 128, c % 128);
+            let n = (cols - 128 * b).min(128);
+            let (m, p, second) = (n / 4, 16 * (i / 32) + i % 16, i % 32 >= 16);
+            let block = &packed[row * (cols / 4 * 3) + b * 96..];
+            let word = u32::from_le_bytes(block[p..p + 4].try_into().unwrap());
+            let high = u32::from_le_bytes(block[n / 2 + p % m..][..4].try_into().unwrap());
+            let shift = 4 * (p >= m) as u32 + 2 * second as u32;
+            let v = (if second { word >> 4 } else { word } & 0x0f0f_0f0f)
+                | ((high >> shift) & 0x0303_0303) << 4;
+            let scale = qwen3_inference::quant::q4_scale(
+                scales,
+                row * (cols / group_size) + c / group_size,
+            );
+            (
+                std::array::from_fn(|k| ((v >> (8 * k)) & 0xff) as f32 - 32.0),
+                scale,
+            )
         }
         TensorData::Bf16(b) => (
             std::array::from_fn(|k| f32::from_bits((b[i + k] as u32) << 16)),
@@ -69,7 +96,9 @@ pub fn matmul(y: &mut [f32], w: &TensorData<'_>, x: &[f32], rows: usize, cols: u
 mod tests {
     use super::*;
     use crate::reference::test_values;
-    use qwen3_inference::quant::{dequantize_q4, dequantize_q8, quantize_q4, quantize_q8};
+    use qwen3_inference::quant::{
+        dequantize_q4, dequantize_q6_row, dequantize_q8, quantize_q4, quantize_q6, quantize_q8,
+    };
 
     /// y = W x in f64 from the dequantized weights.
     fn naive(w: &[f32], x: &[f32], rows: usize, cols: usize) -> Vec<f64> {
@@ -148,6 +177,36 @@ mod tests {
                 packed: &packed,
                 scales: &scales,
                 group_size: gs,
+            };
+            matmul(&mut y, &data, &x, rows, cols);
+            check(&y, &naive(&deq, &x, rows, cols), &deq, &x, cols);
+        }
+    }
+
+    /// q6 (rows of full blocks, a short last block, groups wider than a block) against the f64
+    /// product of the dequantized weights: a wrong nibble, high pair or scale fails.
+    #[test]
+    fn q6_matches_dequantized_f64() {
+        for (rows, cols, gs) in [(5, 1024, 32), (3, 160, 32), (4, 320, 64), (2, 256, 256)] {
+            let w: Vec<f32> = test_values(rows * cols, cols as u64)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v * (1 + (i / gs) % 5) as f32)
+                .collect();
+            let mut packed = vec![0u8; w.len() / 4 * 3];
+            let mut scales = vec![0u16; w.len() / gs];
+            quantize_q6(&w, cols, gs, &mut packed, &mut scales);
+            let mut deq = vec![0.0f32; w.len()];
+            for (r, row) in deq.chunks_exact_mut(cols).enumerate() {
+                dequantize_q6_row(&packed, &scales, cols, gs, r, row);
+            }
+            let x = test_values(3 * cols, 97);
+            let mut y = vec![0.0; 3 * rows];
+            let data = TensorData::Q6 {
+                packed: &packed,
+                scales: &scales,
+                group_size: gs,
+                cols,
             };
             matmul(&mut y, &data, &x, rows, cols);
             check(&y, &naive(&deq, &x, rows, cols), &deq, &x, cols);

@@ -6,7 +6,7 @@ use qwen3_inference::format::TensorKind;
 use qwen3_inference::format::{
     expected_tensors, tensor_specs, DType, GenerationDefaults, ModelConfig, ModelWriter,
 };
-use qwen3_inference::quant::{quantize_q4, quantize_q8};
+use qwen3_inference::quant::{quantize_q4, quantize_q6, quantize_q8};
 use std::path::{Path, PathBuf};
 
 pub use qwen3_inference::testing::values;
@@ -59,7 +59,7 @@ pub fn write_model(path: &Path, c: &ModelConfig) {
             continue;
         }
         let v: Vec<f32> = v.iter().map(|x| 0.4 * x).collect();
-        // Each tensor as the file format stores it (a q4 file keeps some matrices q8: Q4Mix).
+        // Each tensor as the file format stores it (a q4 file keeps some matrices finer: Q4Mix).
         let gs = specs[i].group_size as usize;
         match specs[i].dtype {
             DType::F32 => w.write_f32(&t.name, &v).unwrap(),
@@ -78,6 +78,13 @@ pub fn write_model(path: &Path, c: &ModelConfig) {
                 let mut s = vec![0u16; n / gs];
                 quantize_q4(&v, gs, &mut packed, &mut s);
                 w.write_q4(&t.name, &packed, &s).unwrap();
+            }
+            DType::Q6 => {
+                let cols = t.shape[1] as usize;
+                let mut packed = vec![0u8; n / 4 * 3];
+                let mut s = vec![0u16; n / gs];
+                quantize_q6(&v, cols, gs, &mut packed, &mut s);
+                w.write_q6(&t.name, &packed, &s).unwrap();
             }
         }
     }

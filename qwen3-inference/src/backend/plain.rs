@@ -33,7 +33,8 @@ pub struct PlainKvCache {
     values: Vec<Vec<f32>>,
 }
 
-/// Weight `i` (row-major index) of a tensor, as f32: bf16 widened, q8 times its group's scale.
+/// Weight `i` (row-major index) of a tensor, as f32: bf16 widened, q8, q4 and q6 times their
+/// group's scale.
 fn weight(t: &TensorView, i: usize) -> f32 {
     match t.data {
         TensorData::F32(v) => v[i],
@@ -48,6 +49,12 @@ fn weight(t: &TensorView, i: usize) -> f32 {
             scales,
             group_size,
         } => crate::quant::q4_value(packed, scales, group_size, i),
+        TensorData::Q6 {
+            packed,
+            scales,
+            group_size,
+            cols,
+        } => crate::quant::q6_value(packed, scales, cols, group_size, i),
     }
 }
 
@@ -307,8 +314,8 @@ mod tests {
     use crate::model::{Model, Session};
 
     /// The fast CPU backend against the plain one, on random models of each storage: the same
-    /// greedy tokens and logits within what their different orders of summation (and, for q8
-    /// and q4, the CPU's quantized activations) allow.
+    /// greedy tokens and logits within what their different orders of summation (and, for q8,
+    /// q4 and q6, the CPU's quantized activations) allow.
     #[test]
     fn the_cpu_backend_computes_the_plain_math() {
         let cases = [
@@ -316,6 +323,8 @@ mod tests {
             (DType::Bf16, 1e-5),
             (DType::Q8, 0.05),
             (DType::Q4, 0.05),
+            // A q4 file with every matrix in q6.
+            (DType::Q6, 0.05),
         ];
         for (dt, tol) in cases {
             let d = std::env::temp_dir().join(format!("pq-plain-{}-{dt:?}", std::process::id()));
@@ -340,7 +349,7 @@ mod tests {
                     worst = worst.max((x - y).abs() / scale.max(1.0));
                 }
                 let next = crate::sampler::argmax(&la) as u32;
-                if !matches!(dt, DType::Q8 | DType::Q4) {
+                if !matches!(dt, DType::Q8 | DType::Q4 | DType::Q6) {
                     assert_eq!(
                         next,
                         crate::sampler::argmax(&lb) as u32,

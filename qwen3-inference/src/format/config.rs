@@ -145,6 +145,7 @@ impl ModelConfig {
                     );
                 }
             }
+            DType::Q6 => bail!("config: q6 is not a file's dtype (q4 files keep tensors in it)"),
             _ => {
                 if self.group_size != 0 {
                     bail!(

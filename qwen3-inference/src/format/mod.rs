@@ -36,8 +36,9 @@ pub const MAGIC: [u8; 8] = *b"QW3PICO\0";
 ///
 /// Version 2 added two flags to the config block (`attention_bias`, `qk_norm`) for the Qwen2
 /// family; a version 1 file is a Qwen3 model (no biases, q/k norms), and loads as one. Version 3
-/// added the q4 dtype (code 3).
-pub const FORMAT_VERSION: u32 = 3;
+/// added the q4 dtype (code 3), version 4 the q6 dtype (code 4) for the tensors a q4 file keeps
+/// finer.
+pub const FORMAT_VERSION: u32 = 4;
 /// The oldest version this build still reads.
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 /// Written as a little-endian u32; a reader that sees other bytes was handed a file from a
@@ -65,8 +66,11 @@ pub enum DType {
     /// Group-wise symmetric INT8: 1 byte a value plus one f32 scale per `group_size` values.
     Q8,
     /// Group-wise symmetric 4-bit: two values a byte plus one f16 scale per `group_size` values
-    /// (`quant::quantize_q4`). A q4 file keeps some tensors in q8 ([`Q4Mix`]).
+    /// (`quant::quantize_q4`). A q4 file keeps some tensors in q6 or q8 ([`Q4Mix`]).
     Q4,
+    /// Group-wise symmetric 6-bit: three bytes for four values plus one f16 scale per
+    /// `group_size` values (`quant::quantize_q6`). Only inside q4 files, not a file's dtype.
+    Q6,
 }
 
 impl DType {
@@ -76,6 +80,7 @@ impl DType {
             DType::Bf16 => 1,
             DType::Q8 => 2,
             DType::Q4 => 3,
+            DType::Q6 => 4,
         }
     }
 
@@ -85,6 +90,7 @@ impl DType {
             1 => Some(DType::Bf16),
             2 => Some(DType::Q8),
             3 => Some(DType::Q4),
+            4 => Some(DType::Q6),
             _ => None,
         }
     }
@@ -95,6 +101,7 @@ impl DType {
             DType::Bf16 => "bf16",
             DType::Q8 => "q8",
             DType::Q4 => "q4",
+            DType::Q6 => "q6",
         }
     }
 
@@ -104,6 +111,7 @@ impl DType {
             "bf16" => Some(DType::Bf16),
             "q8" => Some(DType::Q8),
             "q4" => Some(DType::Q4),
+            "q6" => Some(DType::Q6),
             _ => None,
         }
     }
@@ -139,6 +147,15 @@ pub fn tensor_nbytes(dtype: DType, shape: &[u64], group_size: u32) -> Option<u64
             }
             let n_scales = numel / gs;
             align_up(numel / 2)?.checked_add(n_scales.checked_mul(2)?)
+        }
+        DType::Q6 => {
+            let cols = *shape.last()?;
+            let gs = group_size as u64;
+            if gs == 0 || !gs.is_multiple_of(32) || !cols.is_multiple_of(gs) {
+                return None;
+            }
+            let n_scales = numel / gs;
+            align_up(numel / 4 * 3)?.checked_add(n_scales.checked_mul(2)?)
         }
     }
 }
@@ -222,33 +239,59 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
 /// The group size of the q8 embedding table and classifier in a q4 file (see [`tensor_specs`]).
 pub const Q4_TABLE_GROUP: u32 = 64;
 
-/// Which tensors of a q4 file keep 8 bits (the others are q4). Quantization error does not hurt
-/// every tensor alike: the classifier writes the logits directly; `v_proj`'s error reaches the
-/// residual stream through attention's weighted sum and `o_proj`, linearly, and `down_proj`'s
-/// output is added to it directly. llama.cpp's Q4_K_M gives these more bits too. What each choice
-/// costs and buys is measured in docs/quantization.md.
+/// Which tensors of a q4 file keep more bits, and how many (the others are q4). Quantization
+/// error does not hurt every tensor alike: the classifier writes the logits directly; `v_proj`'s
+/// error reaches the residual stream through attention's weighted sum and `o_proj`, linearly,
+/// and `down_proj`'s output is added to it directly. llama.cpp's Q4_K_M gives these 6 bits
+/// (Q6_K). What each choice costs and buys is measured in docs/quantization.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Q4Mix {
-    /// The embedding table and the classifier in q8 (in groups of [`Q4_TABLE_GROUP`] where the
-    /// width allows, as they are used alone); `false`: q4 (`export --tables q4`).
-    pub q8_tables: bool,
-    /// `v_proj` and `down_proj` of the layers [`sensitive_layer`] picks in q8, at the file's group
-    /// size (`v_proj` shares its input's quantization with `q_proj` and `k_proj`, so their groups
-    /// must match); `false`: q4 (`export --sensitive q4`).
-    pub q8_sensitive: bool,
+    /// The embedding table and the classifier (`export --tables`). In q8 they take groups of
+    /// [`Q4_TABLE_GROUP`] where the width allows (they are used alone, so their group size is
+    /// free); in q6 and q4 the file's group size.
+    pub tables: Finer,
+    /// `v_proj` and `down_proj` of the layers [`sensitive_layer`] picks (`export --sensitive`),
+    /// at the file's group size (`v_proj` shares its input's quantization with `q_proj` and
+    /// `k_proj`, so their groups must match).
+    pub sensitive: Finer,
+}
+
+/// How a [`Q4Mix`] stores a group of tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finer {
+    Q4,
+    Q6,
+    Q8,
+}
+
+impl Finer {
+    pub fn dtype(self) -> DType {
+        match self {
+            Finer::Q4 => DType::Q4,
+            Finer::Q6 => DType::Q6,
+            Finer::Q8 => DType::Q8,
+        }
+    }
+
+    /// `q4`, `q6` or `q8`.
+    pub fn parse(s: &str) -> Option<Finer> {
+        [Finer::Q4, Finer::Q6, Finer::Q8]
+            .into_iter()
+            .find(|f| f.dtype().name() == s)
+    }
 }
 
 impl Default for Q4Mix {
     /// The most accurate mix: tables and sensitive layers in q8.
     fn default() -> Self {
         Q4Mix {
-            q8_tables: true,
-            q8_sensitive: true,
+            tables: Finer::Q8,
+            sensitive: Finer::Q8,
         }
     }
 }
 
-/// The layers whose `v_proj` and `down_proj` a q4 file keeps in q8: the first and last eighth,
+/// The layers whose `v_proj` and `down_proj` a q4 file keeps finer: the first and last eighth,
 /// and every third layer between them, half the layers in all. This is llama.cpp's
 /// `use_more_bits` (src/llama-quant.cpp), its Q4_K_M's rule for `attn_v` and `ffn_down`.
 pub fn sensitive_layer(layer: u32, n_layers: u32) -> bool {
@@ -270,7 +313,7 @@ fn layer_of(name: &str) -> Option<(u32, &str)> {
 
 /// Every tensor of a model with this config as the model file stores it by default: norm weights
 /// and biases in f32, matrices in the config's dtype and group size, except in a q4 file the
-/// tensors [`Q4Mix::default`] keeps in q8. The exporter writes these ([`tensor_specs_with`] for
+/// tensors [`Q4Mix::default`] keeps finer. The exporter writes these ([`tensor_specs_with`] for
 /// another mix); the reader accepts any mix.
 pub fn tensor_specs(c: &ModelConfig) -> Vec<writer::TensorSpec> {
     tensor_specs_with(c, Q4Mix::default())
@@ -291,14 +334,15 @@ pub fn tensor_specs_with(c: &ModelConfig, mix: Q4Mix) -> Vec<writer::TensorSpec>
                 TensorKind::Matrix if c.dtype != DType::Q4 => (c.dtype, c.group_size),
                 // q8's own groups of 64 where the width allows: the q8 kernels' fast path wants
                 // a multiple of 64.
-                TensorKind::Matrix if table && mix.q8_tables => {
+                TensorKind::Matrix if table && mix.tables == Finer::Q8 => {
                     let gs = match c.hidden_size.is_multiple_of(Q4_TABLE_GROUP) {
                         true => Q4_TABLE_GROUP,
                         false => c.group_size,
                     };
                     (DType::Q8, gs)
                 }
-                TensorKind::Matrix if sensitive && mix.q8_sensitive => (DType::Q8, c.group_size),
+                TensorKind::Matrix if table => (q6_or_q8(c, mix.tables), c.group_size),
+                TensorKind::Matrix if sensitive => (q6_or_q8(c, mix.sensitive), c.group_size),
                 TensorKind::Matrix => (DType::Q4, c.group_size),
             };
             writer::TensorSpec {
@@ -311,17 +355,27 @@ pub fn tensor_specs_with(c: &ModelConfig, mix: Q4Mix) -> Vec<writer::TensorSpec>
         .collect()
 }
 
+/// `finer`'s dtype, except q6 where the file's group size is not a multiple of 32 (q6 packs
+/// runs of 32 values): there q8.
+fn q6_or_q8(c: &ModelConfig, finer: Finer) -> DType {
+    match finer {
+        Finer::Q6 if !c.group_size.is_multiple_of(32) => DType::Q8,
+        f => f.dtype(),
+    }
+}
+
 /// Whether a model file may store a matrix of a file of dtype `file` as `dtype` in groups of
-/// `group_size`: as the file's dtype and group size, or, in a q4 file, also as q8 at the file's
-/// group size (any matrix: the kernels take each tensor as it is stored, and the products that
-/// share one quantized input need one group size), and the embedding table and classifier as q8
-/// in groups of [`Q4_TABLE_GROUP`].
+/// `group_size`: as the file's dtype and group size, or, in a q4 file, also as q6 or q8 at the
+/// file's group size (any matrix: the kernels take each tensor as it is stored, and the products
+/// that share one quantized input need one group size), and the embedding table and classifier
+/// as q8 in groups of [`Q4_TABLE_GROUP`].
 pub fn matrix_storage_ok(c: &ModelConfig, name: &str, dtype: DType, group_size: u32) -> bool {
     let table = is_table(name);
     (dtype == c.dtype && group_size == c.group_size)
         || (c.dtype == DType::Q4
-            && dtype == DType::Q8
-            && (group_size == c.group_size || (table && group_size == Q4_TABLE_GROUP)))
+            && matches!(dtype, DType::Q6 | DType::Q8)
+            && group_size == c.group_size)
+        || (c.dtype == DType::Q4 && dtype == DType::Q8 && table && group_size == Q4_TABLE_GROUP)
 }
 
 /// Where the companion files of a model file live: `x.bin` -> `x.tokenizer.bin`, `x.template.json`.
@@ -389,12 +443,25 @@ mod tests {
         assert!(q8.contains(&"model.layers.27.mlp.down_proj.weight".to_string()));
         assert!(q8.contains(&"model.layers.5.self_attn.v_proj.weight".to_string()));
         let all_q4 = Q4Mix {
-            q8_tables: false,
-            q8_sensitive: false,
+            tables: Finer::Q4,
+            sensitive: Finer::Q4,
         };
         assert!(tensor_specs_with(&c, all_q4)
             .iter()
             .all(|s| s.dtype == DType::Q4 || s.group_size == 0));
+        // q6 in place of q8: the same tensors, all at the file's group size.
+        let q6 = Q4Mix {
+            tables: Finer::Q6,
+            sensitive: Finer::Q6,
+        };
+        let six = tensor_specs_with(&c, q6);
+        let names: Vec<&String> = six
+            .iter()
+            .filter(|s| s.dtype == DType::Q6)
+            .map(|s| &s.name)
+            .collect();
+        assert_eq!(names, q8.iter().collect::<Vec<_>>());
+        assert!(six.iter().all(|s| s.group_size == 32 || s.group_size == 0));
     }
 
     #[test]
@@ -412,6 +479,10 @@ mod tests {
         assert_eq!(tensor_nbytes(DType::Q4, &[2, 128], 32), Some(128 + 16));
         assert_eq!(tensor_nbytes(DType::Q4, &[3, 64], 32), Some(128 + 12));
         assert_eq!(tensor_nbytes(DType::Q4, &[2, 100], 32), None);
+        // q6: three bytes for four values, padded to 64, then an f16 scale per group.
+        assert_eq!(tensor_nbytes(DType::Q6, &[2, 128], 32), Some(192 + 16));
+        assert_eq!(tensor_nbytes(DType::Q6, &[1, 32], 32), Some(64 + 2));
+        assert_eq!(tensor_nbytes(DType::Q6, &[2, 48], 16), None);
         assert_eq!(tensor_nbytes(DType::F32, &[u64::MAX, 2], 0), None);
     }
 }

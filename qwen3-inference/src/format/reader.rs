@@ -155,7 +155,7 @@ impl Header {
                 );
             }
             // Norms and biases are f32; a matrix is in the file's dtype, or in a q4 file perhaps
-            // q8 (whichever mix the export chose, `Q4Mix`).
+            // q6 or q8 (whichever mix the export chose, `Q4Mix`).
             let ok = match e.kind {
                 TensorKind::Norm | TensorKind::Bias => t.dtype == DType::F32 && t.group_size == 0,
                 TensorKind::Matrix => {
@@ -164,7 +164,7 @@ impl Header {
             };
             if !ok {
                 let expected = match (e.kind, self.config.dtype) {
-                    (TensorKind::Matrix, DType::Q4) => "q4 or q8",
+                    (TensorKind::Matrix, DType::Q4) => "q4, q6 or q8",
                     (TensorKind::Matrix, d) => d.name(),
                     _ => "f32",
                 };
@@ -202,6 +202,14 @@ pub enum TensorData<'a> {
         packed: &'a [u8],
         scales: &'a [u16],
         group_size: usize,
+    },
+    /// Four 6-bit values in three bytes, in blocks of 128 of each row (`cols` wide) as
+    /// `quant::quantize_q6` packs them; `scales[i]` (f16 bits) is group `i`'s.
+    Q6 {
+        packed: &'a [u8],
+        scales: &'a [u16],
+        group_size: usize,
+        cols: usize,
     },
 }
 
@@ -336,6 +344,16 @@ fn view_data<'a>(file: &'a [u8], t: &TensorInfo) -> Result<TensorData<'a>> {
                 group_size: t.group_size as usize,
             }
         }
+        DType::Q6 => {
+            let numel = t.shape.iter().product::<u64>() as usize;
+            let scales_at = align_up(numel as u64 / 4 * 3).context("overflow")? as usize;
+            TensorData::Q6 {
+                packed: &bytes[..numel / 4 * 3],
+                scales: bytemuck::try_cast_slice(&bytes[scales_at..]).map_err(cast_err)?,
+                group_size: t.group_size as usize,
+                cols: *t.shape.last().context("q6: a tensor without a shape")? as usize,
+            }
+        }
     })
 }
 
@@ -380,6 +398,11 @@ mod tests {
                     let sc: Vec<u16> = (0..n / s.group_size as usize).map(|i| i as u16).collect();
                     w.write_q4(&s.name, &p, &sc).unwrap()
                 }
+                DType::Q6 => {
+                    let p: Vec<u8> = (0..n / 4 * 3).map(|i| (i % 251) as u8).collect();
+                    let sc: Vec<u16> = (0..n / s.group_size as usize).map(|i| i as u16).collect();
+                    w.write_q6(&s.name, &p, &sc).unwrap()
+                }
             }
         }
         w.finish().unwrap();
@@ -392,11 +415,11 @@ mod tests {
         d.join("m.bin")
     }
 
-    /// A q4 file's matrices may be q4 or q8 at the file's group size (any mix, not only the ones
+    /// A q4 file's matrices may be q4, q6 or q8 at the file's group size (any mix, not only the ones
     /// the export writes), its tables also q8 in groups of 64 (the default); a layer matrix in q8
     /// at another group size, or in bf16, is refused, naming the tensor.
     #[test]
-    fn q4_files_take_any_mix_of_q4_and_q8() {
+    fn q4_files_take_any_mix_of_q4_q6_and_q8() {
         // Each case stores the tensors whose names end with its suffix as (dtype, group size).
         let cases = [
             ("default", "", None, true),
@@ -414,6 +437,19 @@ mod tests {
             ),
             ("down-q4", "down_proj.weight", Some((DType::Q4, 32)), true),
             ("q-proj-q8", "q_proj.weight", Some((DType::Q8, 32)), true),
+            ("down-q6", "down_proj.weight", Some((DType::Q6, 32)), true),
+            (
+                "tables-q6",
+                "embed_tokens.weight",
+                Some((DType::Q6, 32)),
+                true,
+            ),
+            (
+                "down-q6-64",
+                "down_proj.weight",
+                Some((DType::Q6, 64)),
+                false,
+            ),
             (
                 "down-q8-64",
                 "down_proj.weight",

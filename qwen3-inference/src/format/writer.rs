@@ -172,21 +172,26 @@ impl ModelWriter {
 
     /// The scales of the current q8 tensor, after all its int8 values.
     pub fn q8_scales(&mut self, scales: &[f32]) -> Result<()> {
-        self.scales(bytemuck::cast_slice(scales), 1)
+        self.scales(bytemuck::cast_slice(scales))
     }
 
-    /// After a q4 tensor's packed values: padding, then its f16 scales (as bits).
-    pub fn q4_scales(&mut self, scales: &[u16]) -> Result<()> {
-        self.scales(bytemuck::cast_slice(scales), 2)
+    /// After a q4 or q6 tensor's packed values: padding, then its f16 scales (as bits).
+    pub fn f16_scales(&mut self, scales: &[u16]) -> Result<()> {
+        self.scales(bytemuck::cast_slice(scales))
     }
 
-    /// Padding to [`ALIGN`] after the values (`numel / per_byte` bytes of them), then the scales.
-    fn scales(&mut self, bytes: &[u8], per_byte: u64) -> Result<()> {
+    /// Padding to [`ALIGN`] after the values, then the scales.
+    fn scales(&mut self, bytes: &[u8]) -> Result<()> {
         let Some(e) = &self.current else {
             bail!("scales written outside a tensor");
         };
         let numel: u64 = e.spec.shape.iter().product();
-        if self.pos != e.offset + numel / per_byte {
+        let values = match e.spec.dtype {
+            DType::Q4 => numel / 2,
+            DType::Q6 => numel / 4 * 3,
+            _ => numel,
+        };
+        if self.pos != e.offset + values {
             bail!("tensor {}: scales written before all values", e.spec.name);
         }
         let scales_at = align_up(self.pos).context("file too large")?;
@@ -257,7 +262,15 @@ impl ModelWriter {
     pub fn write_q4(&mut self, name: &str, packed: &[u8], scales: &[u16]) -> Result<()> {
         self.begin(name, DType::Q4)?;
         self.data(packed)?;
-        self.q4_scales(scales)?;
+        self.f16_scales(scales)?;
+        self.end()
+    }
+
+    /// A whole q6 tensor: its packed values (`quant::quantize_q6`) and one f16 scale per group.
+    pub fn write_q6(&mut self, name: &str, packed: &[u8], scales: &[u16]) -> Result<()> {
+        self.begin(name, DType::Q6)?;
+        self.data(packed)?;
+        self.f16_scales(scales)?;
         self.end()
     }
 

@@ -3,7 +3,7 @@
 //! mmap (for Qwen3-0.6B at q8 that is 156 MB instead of a 622 MB f32 copy).
 
 use crate::format::reader::{TensorData, TensorView};
-use crate::quant::{dequantize_q4, dequantize_q8};
+use crate::quant::{dequantize_q4, dequantize_q6_row, dequantize_q8};
 
 /// Writes row `token` of `table` (`[vocab, hidden]`) into `out` (`[hidden]`).
 /// The caller checks `token < vocab` (an out-of-range id is bad input, not a bug).
@@ -32,12 +32,17 @@ pub fn embedding(out: &mut [f32], table: &TensorView, token: usize) {
             scales,
             group_size,
         } => {
-            // (q4 files store the table as q8; this serves a q4 table all the same.)
             let per_row = hidden / group_size;
             let s = &scales[token * per_row..(token + 1) * per_row];
             let row = &packed[token * hidden / 2..(token + 1) * hidden / 2];
             dequantize_q4(row, s, group_size, out);
         }
+        TensorData::Q6 {
+            packed,
+            scales,
+            group_size,
+            cols,
+        } => dequantize_q6_row(packed, scales, cols, group_size, token, out),
     }
 }
 

@@ -235,8 +235,26 @@ fn fill_block(
                 rows_ahead * cols / 2,
             );
         }
-        (TensorData::Q8 { .. } | TensorData::Q4 { .. }, None) => {
-            unreachable!("q8 or q4 weights without quantized activations")
+        (
+            TensorData::Q6 {
+                packed,
+                scales,
+                group_size: gs,
+                ..
+            },
+            Some(acts),
+        ) => {
+            let (per, row_bytes) = (cols / gs, cols / 4 * 3);
+            (dots.q6_rows)(
+                &packed[r0 * row_bytes..(r0 + n) * row_bytes],
+                &scales[r0 * per..(r0 + n) * per],
+                acts,
+                block,
+                rows_ahead * row_bytes,
+            );
+        }
+        (TensorData::Q8 { .. } | TensorData::Q4 { .. } | TensorData::Q6 { .. }, None) => {
+            unreachable!("q8, q4 or q6 weights without quantized activations")
         }
     }
 }
@@ -256,19 +274,26 @@ fn with_activations<R>(
     ws: &[&TensorView],
     f: impl FnOnce(Option<&ActsQ8>) -> R,
 ) -> R {
-    let gs = match ws[0].data {
-        TensorData::Q8 { group_size, .. } | TensorData::Q4 { group_size, .. } => group_size,
-        _ => return f(None),
+    let group = |w: &TensorView| match w.data {
+        TensorData::Q8 { group_size, .. }
+        | TensorData::Q4 { group_size, .. }
+        | TensorData::Q6 { group_size, .. } => Some(group_size),
+        _ => None,
+    };
+    let Some(gs) = group(ws[0]) else {
+        return f(None);
     };
     for w in ws {
         assert!(
-            matches!(w.data, TensorData::Q8 { group_size, .. } | TensorData::Q4 { group_size, .. }
-                if group_size == gs),
-            "matmuls: {} is not q8 or q4 with group size {gs}",
+            group(w) == Some(gs),
+            "matmuls: {} is not q8, q4 or q6 with group size {gs}",
             w.name
         );
     }
-    let q4 = ws.iter().any(|w| matches!(w.data, TensorData::Q4 { .. }));
+    // q4 and q6 kernels read the activations rearranged (dot/q4.rs).
+    let q4 = ws
+        .iter()
+        .any(|w| matches!(w.data, TensorData::Q4 { .. } | TensorData::Q6 { .. }));
     ACTIVATIONS.with(|cell| {
         let mut buf = cell.borrow_mut();
         let acts = match q4 {

@@ -189,7 +189,7 @@ mod tests {
     /// prompt) must give the same logits at every position: the KV cache and positions are right.
     #[test]
     fn prefill_equals_token_by_token_decode() {
-        for dt in [DType::F32, DType::Bf16, DType::Q8, DType::Q4] {
+        for dt in [DType::F32, DType::Bf16, DType::Q8, DType::Q4, DType::Q6] {
             let p = tmp(dt.name());
             write_random(&p, dt);
             let file = ModelFile::open(&p).unwrap();

@@ -4,7 +4,7 @@
 
 use crate::format::writer::ModelWriter;
 use crate::format::{tensor_specs, DType, GenerationDefaults, ModelConfig};
-use crate::quant::{quantize_q4, quantize_q8};
+use crate::quant::{quantize_q4, quantize_q6, quantize_q8};
 use std::path::Path;
 
 pub fn config(dtype: DType) -> ModelConfig {
@@ -35,10 +35,22 @@ pub fn config(dtype: DType) -> ModelConfig {
     }
 }
 
-/// A model file with random weights (norm weights drawn in 0.5..1.5).
+/// A model file with random weights (norm weights drawn in 0.5..1.5). `DType::Q6`, not a file's
+/// dtype, asks for a q4 file (groups of 32, rows a multiple of 32 wide) whose every matrix is
+/// stored in q6.
 pub fn write_random(path: &Path, dtype: DType) {
-    let c = config(dtype);
-    let specs = tensor_specs(&c);
+    let (c, specs) = match dtype {
+        DType::Q6 => {
+            let mut c = config(DType::Q4);
+            (c.group_size, c.intermediate_size) = (32, 64);
+            let mut specs = tensor_specs(&c);
+            for s in specs.iter_mut().filter(|s| s.shape.len() == 2) {
+                s.dtype = DType::Q6;
+            }
+            (c, specs)
+        }
+        _ => (config(dtype), tensor_specs(&config(dtype))),
+    };
     let mut w = ModelWriter::create(path, &c, specs.clone()).unwrap();
     let mut seed = 11u64;
     let mut rnd = || crate::testing::lcg(&mut seed);
@@ -67,6 +79,13 @@ pub fn write_random(path: &Path, dtype: DType) {
                 let mut sc = vec![0u16; n / gs];
                 quantize_q4(&v, gs, &mut p, &mut sc);
                 w.write_q4(&s.name, &p, &sc).unwrap()
+            }
+            DType::Q6 => {
+                let (gs, cols) = (s.group_size as usize, s.shape[1] as usize);
+                let mut p = vec![0u8; n / 4 * 3];
+                let mut sc = vec![0u16; n / gs];
+                quantize_q6(&v, cols, gs, &mut p, &mut sc);
+                w.write_q6(&s.name, &p, &sc).unwrap()
             }
         }
     }

@@ -40,6 +40,7 @@ pub const NEON: Dots = Dots {
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_neon(w, ws, x, xs, gs) },
     q8_rows: mat_q8_neon,
     q4_rows: super::q4::mat_q4_scalar,
+    q6_rows: super::q6::mat_q6_scalar,
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_neon(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_neon(x, gs, q, s) },
     isa: "neon",
@@ -50,7 +51,8 @@ pub const NEON_DOTPROD: Dots = Dots {
     // SAFETY: only handed out after `has_dotprod()` returned true, which includes NEON.
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_dotprod(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, _| unsafe { mat_q8_dotprod(w, ws, x, out) },
-    q4_rows: |w, ws, x, out, _| unsafe { mat_q4_dotprod(w, ws, x, out) },
+    q4_rows: |w, ws, x, out, _| unsafe { mat_q4_dotprod::<false>(w, ws, x, out) },
+    q6_rows: |w, ws, x, out, _| unsafe { mat_q4_dotprod::<true>(w, ws, x, out) },
     isa: "neon-dotprod",
     ..NEON
 };
@@ -269,25 +271,27 @@ unsafe fn tile_q8_dotprod<const R: usize, const N: usize>(
 /// 16, one group each, whose low and high nibbles `sdot` multiplies by the group's two halves
 /// of activations into 4 lanes, starting from the lanes' correction for the `+ 8`. Tiles of two
 /// rows by four tokens, as the q8 kernel's; decode is the 1-token tile, so prefill and decode
-/// give the same bits.
+/// give the same bits. With `SIX`, q6 weights: a chunk is 96 bytes, the 64 nibble bytes and 32
+/// high bytes whose pairs of bits go above the nibbles, and the correction counts four times
+/// (`q6.rs`).
 #[target_feature(enable = "neon,dotprod")]
-unsafe fn mat_q4_dotprod(w: &[u8], ws: &[u16], x: &ActsQ8, out: &mut [f32]) {
-    let rows = q4::check(w, ws, x, out);
+unsafe fn mat_q4_dotprod<const SIX: bool>(w: &[u8], ws: &[u16], x: &ActsQ8, out: &mut [f32]) {
+    let rows = q6::check_either::<SIX>(w, ws, x, out);
     if x.q4.chunks == 0 {
-        return q4::mat_q4_scalar(w, ws, x, out, 0);
+        return q6::reference_either::<SIX>(w, ws, x, out, 0);
     }
     super::for_each_tile(rows, x.t, 2, 4, |m, n, r, i| {
         // SAFETY: rows r..r+m and tokens i..i+n are in range (for_each_tile keeps them so),
         // and `q4::check` proved every slice has the length of its shape.
         match (m, n) {
-            (2, 4) => tile_q4_dotprod::<2, 4>(w, ws, x, out, r, i),
-            (2, 3) => tile_q4_dotprod::<2, 3>(w, ws, x, out, r, i),
-            (2, 2) => tile_q4_dotprod::<2, 2>(w, ws, x, out, r, i),
-            (2, _) => tile_q4_dotprod::<2, 1>(w, ws, x, out, r, i),
-            (_, 4) => tile_q4_dotprod::<1, 4>(w, ws, x, out, r, i),
-            (_, 3) => tile_q4_dotprod::<1, 3>(w, ws, x, out, r, i),
-            (_, 2) => tile_q4_dotprod::<1, 2>(w, ws, x, out, r, i),
-            _ => tile_q4_dotprod::<1, 1>(w, ws, x, out, r, i),
+            (2, 4) => tile_q4_dotprod::<2, 4, SIX>(w, ws, x, out, r, i),
+            (2, 3) => tile_q4_dotprod::<2, 3, SIX>(w, ws, x, out, r, i),
+            (2, 2) => tile_q4_dotprod::<2, 2, SIX>(w, ws, x, out, r, i),
+            (2, _) => tile_q4_dotprod::<2, 1, SIX>(w, ws, x, out, r, i),
+            (_, 4) => tile_q4_dotprod::<1, 4, SIX>(w, ws, x, out, r, i),
+            (_, 3) => tile_q4_dotprod::<1, 3, SIX>(w, ws, x, out, r, i),
+            (_, 2) => tile_q4_dotprod::<1, 2, SIX>(w, ws, x, out, r, i),
+            _ => tile_q4_dotprod::<1, 1, SIX>(w, ws, x, out, r, i),
         }
     });
 }
@@ -297,7 +301,7 @@ unsafe fn mat_q4_dotprod(w: &[u8], ws: &[u16], x: &ActsQ8, out: &mut [f32]) {
 /// `x.q4.chunks > 0`.
 #[inline]
 #[target_feature(enable = "neon,dotprod")]
-unsafe fn tile_q4_dotprod<const R: usize, const N: usize>(
+unsafe fn tile_q4_dotprod<const R: usize, const N: usize, const SIX: bool>(
     w: &[u8],
     ws: &[u16],
     x: &ActsQ8,
@@ -306,27 +310,47 @@ unsafe fn tile_q4_dotprod<const R: usize, const N: usize>(
     i: usize,
 ) {
     let (t, cols, chunks) = (x.t, x.cols, x.q4.chunks);
-    let (row_bytes, per, lanes) = (cols / 2, cols / q4::SIMD_GROUP, chunks * q4::LANES);
+    let (row_bytes, per, lanes) = (
+        cols / 8 * q6::bits::<SIX>(),
+        cols / q4::SIMD_GROUP,
+        chunks * q4::LANES,
+    );
+    let chunk_bytes = q4::CHUNK / 8 * q6::bits::<SIX>();
     let w_row: [*const u8; R] = std::array::from_fn(|a| w.as_ptr().add((r + a) * row_bytes));
     let x_row: [*const i8; N] = std::array::from_fn(|j| x.q4.x.as_ptr().add((i + j) * cols));
     let corr_row: [*const i32; N] =
         std::array::from_fn(|j| x.q4.corr.as_ptr().add((i + j) * lanes));
     let xs_row: [*const f32; N] =
         std::array::from_fn(|j| x.q4.scales.as_ptr().add((i + j) * lanes));
-    let nibble = vdupq_n_u8(15);
+    let (nibble, two_bits) = (vdupq_n_u8(15), vdupq_n_u8(0x30));
     let mut acc = [[vdupq_n_f32(0.0); N]; R];
     for c in 0..chunks {
         for quarter in 0..4 {
             let g = 4 * c + quarter;
             let (wb, xb, lb) = (
-                64 * c + 16 * quarter,
+                chunk_bytes * c + 16 * quarter,
                 q4::CHUNK * c + 16 * quarter,
                 16 * c + 4 * quarter,
             );
             let wv: [uint8x16_t; R] = w_row.map(|p| vld1q_u8(p.add(wb)));
-            // Nibbles are 0..=15, so as signed bytes they are the same values.
-            let lo = wv.map(|v| vreinterpretq_s8_u8(vandq_u8(v, nibble)));
-            let hi = wv.map(|v| vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)));
+            let mut lo = wv.map(|v| vandq_u8(v, nibble));
+            let mut hi = wv.map(|v| vshrq_n_u8::<4>(v));
+            if SIX {
+                // Quarters 0 and 1 find their high pairs at bits 0-1 and 2-3 of the high bytes
+                // 0..16 and 16..32, quarters 2 and 3 at bits 4-5 and 6-7 of the same bytes.
+                for a in 0..R {
+                    let h = vld1q_u8(w_row[a].add(chunk_bytes * c + 64 + 16 * (quarter % 2)));
+                    let (h_lo, h_hi) = match quarter < 2 {
+                        true => (vshlq_n_u8::<4>(h), vshlq_n_u8::<2>(h)),
+                        false => (h, vshrq_n_u8::<2>(h)),
+                    };
+                    lo[a] = vorrq_u8(lo[a], vandq_u8(h_lo, two_bits));
+                    hi[a] = vorrq_u8(hi[a], vandq_u8(h_hi, two_bits));
+                }
+            }
+            // Weights are 0..=63, so as signed bytes they are the same values.
+            let lo = lo.map(|v| vreinterpretq_s8_u8(v));
+            let hi = hi.map(|v| vreinterpretq_s8_u8(v));
             let d: [f32; R] =
                 std::array::from_fn(|a| half::f16::from_bits(ws[(r + a) * per + g]).to_f32());
             // Plain loops, not closures, around `sdot` (see tile_q8_dotprod).
@@ -334,6 +358,8 @@ unsafe fn tile_q4_dotprod<const R: usize, const N: usize>(
                 let x_lo = vld1q_s8(x_row[j].add(xb));
                 let x_hi = vld1q_s8(x_row[j].add(xb + 64));
                 let corr = vld1q_s32(corr_row[j].add(lb));
+                // q6 weights are q + 32, four times q4's offset of 8.
+                let corr = if SIX { vshlq_n_s32::<2>(corr) } else { corr };
                 let xs = vld1q_f32(xs_row[j].add(lb));
                 for a in 0..R {
                     let isum = sdot(sdot(corr, lo[a], x_lo), hi[a], x_hi);
@@ -349,7 +375,8 @@ unsafe fn tile_q4_dotprod<const R: usize, const N: usize>(
             &ws[(r + a) * per..(r + a + 1) * per],
         );
         for j in 0..N {
-            let tail = q4::tail(w_r, ws_r, x.q_row(i + j), x.scales_row(i + j), chunks);
+            let tail =
+                q6::tail_either::<SIX>(w_r, ws_r, x.q_row(i + j), x.scales_row(i + j), chunks);
             out[(r + a) * t + i + j] = vaddvq_f32(acc[a][j]) + tail;
         }
     }

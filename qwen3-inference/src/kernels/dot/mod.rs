@@ -32,7 +32,8 @@ pub type DotQ8F32 = fn(w: &[i8], ws: &[f32], x: &[f32], group_size: usize) -> f3
 /// decode, the rest of its run of rows, see `team.rs`). A kernel may prefetch them and nothing
 /// further; 0 confines prefetching to `w`. The AVX-512 and AVX2 decode kernels prefetch.
 pub type MatQ8 = fn(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead: usize);
-/// [`MatQ8`] for q4 weights: `w` the rows' packed bytes, `ws` their f16 scales (`q4.rs`).
+/// [`MatQ8`] for q4 weights (and q6 ones): `w` the rows' packed bytes, `ws` their f16 scales
+/// (`q4.rs`, `q6.rs`).
 pub type MatQ4 = fn(w: &[u8], ws: &[u16], x: &ActsQ8, out: &mut [f32], ahead: usize);
 
 /// `t` activation rows of `cols` values, quantized per group of `group_size` for the q8 kernels
@@ -156,6 +157,8 @@ pub struct Dots {
     /// q4 weights against q8 activations (W4A8): `q4.rs` has the scalar reference and the
     /// activations' layout the SIMD versions read.
     pub q4_rows: MatQ4,
+    /// q6 weights against q8 activations: q4's kernels with two more bits a weight (`q6.rs`).
+    pub q6_rows: MatQ4,
     pub q8_f32: DotQ8F32,
     pub quantize_q8: QuantizeQ8,
     /// Which instruction set was picked, for `--verbose` and the bench report.
@@ -169,6 +172,7 @@ pub const SCALAR: Dots = Dots {
     q8: dot_q8_scalar,
     q8_rows: mat_q8_scalar,
     q4_rows: q4::mat_q4_scalar,
+    q6_rows: q6::mat_q6_scalar,
     q8_f32: dot_q8_f32_scalar,
     quantize_q8: crate::quant::quantize_q8,
     isa: "scalar",
@@ -321,6 +325,7 @@ pub fn dot_q8_f32_scalar(w: &[i8], ws: &[f32], x: &[f32], gs: usize) -> f32 {
 }
 
 pub mod q4;
+pub mod q6;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -404,14 +409,48 @@ mod tests {
         }
     }
 
-    /// Every instruction set's q4 kernel against the scalar reference (`q4.rs`), which is itself
-    /// checked against the dequantized product: group sizes the SIMD kernels take (multiples of
-    /// 32) and one they hand back to the reference.
+    /// `w` (`[rows, cols]`) packed as q4 or (`six`) q6 in groups of `gs`, with the kernel of
+    /// `d` and the reference for that packing.
+    fn packed(
+        six: bool,
+        w: &[f32],
+        cols: usize,
+        gs: usize,
+        d: &Dots,
+    ) -> (Vec<u8>, Vec<u16>, MatQ4, MatQ4) {
+        let mut ws = vec![0u16; w.len() / gs];
+        match six {
+            true => {
+                let mut p = vec![0u8; w.len() / 4 * 3];
+                crate::quant::quantize_q6(w, cols, gs, &mut p, &mut ws);
+                (p, ws, d.q6_rows, q6::mat_q6_scalar)
+            }
+            false => {
+                let mut p = vec![0u8; w.len() / 2];
+                crate::quant::quantize_q4(w, gs, &mut p, &mut ws);
+                (p, ws, d.q4_rows, q4::mat_q4_scalar)
+            }
+        }
+    }
+
+    /// Every instruction set's q4 and q6 kernels against the scalar references (`q4.rs`,
+    /// `q6.rs`), which are themselves checked against the dequantized product: group sizes the
+    /// SIMD kernels take (32) and ones they hand back to the reference, rows of whole chunks
+    /// and with a tail.
     #[test]
-    fn q4_rows_match_the_reference() {
+    fn q4_and_q6_rows_match_the_reference() {
         let mut seed = 9;
         for d in available() {
-            for gs in [16, 32, 64, 128] {
+            for (six, gs) in [
+                (false, 16),
+                (false, 32),
+                (false, 64),
+                (false, 128),
+                (true, 32),
+                (true, 64),
+                (true, 128),
+            ] {
+                let name = if six { "q6" } else { "q4" };
                 for (rows, t, groups) in [
                     (1, 1, 3),
                     (3, 2, 1),
@@ -423,18 +462,16 @@ mod tests {
                     let cols = gs * groups;
                     let w = rand_vec(rows * cols, &mut seed, 1.0);
                     let x = rand_vec(t * cols, &mut seed, 3.0);
-                    let mut packed = vec![0u8; w.len() / 2];
-                    let mut ws = vec![0u16; w.len() / gs];
-                    crate::quant::quantize_q4(&w, gs, &mut packed, &mut ws);
+                    let (p, ws, kernel, reference) = packed(six, &w, cols, gs, &d);
                     let mut buf = ActsQ8Buf::default();
                     let acts = buf.quantize_for_q4(&x, t, cols, gs);
                     let (mut got, mut want) = (vec![f32::NAN; rows * t], vec![0f32; rows * t]);
-                    (d.q4_rows)(&packed, &ws, &acts, &mut got, 0);
-                    q4::mat_q4_scalar(&packed, &ws, &acts, &mut want, 0);
+                    kernel(&p, &ws, &acts, &mut got, 0);
+                    reference(&p, &ws, &acts, &mut want, 0);
                     for (k, (&r, &s)) in got.iter().zip(&want).enumerate() {
                         assert!(
                             close(r, s, cols, 6.0),
-                            "{} q4 gs={gs} [{k}]: {r} vs {s}",
+                            "{} {name} gs={gs} [{k}]: {r} vs {s}",
                             d.isa
                         );
                     }
@@ -443,10 +480,6 @@ mod tests {
         }
     }
 
-    /// The block kernel against one scalar dot product per (row, token), over shapes that take
-    /// every tile of the AVX-512, AVX2 and NEON kernels (2 or 1 rows; 4, 3, 2 or 1 tokens) and every
-    /// prefetch depth of their decode paths, and group sizes with one and several 64-byte
-    /// chunks, a 32-byte tail (96), and ones a kernel does not handle itself (16, 32).
     #[test]
     fn q8_rows_matches_scalar_dots() {
         let mut seed = 7;
@@ -542,39 +575,39 @@ mod tests {
         }
     }
 
-    /// The same for q4 weights, with rows of full chunks and a tail, and prefetching that
-    /// reaches past the rows (as decode asks when more rows follow).
+    /// The same for q4 and q6 weights, with rows of full chunks and a tail, and prefetching
+    /// that reaches past the rows (as decode asks when more rows follow).
     #[test]
-    fn q4_prefill_rows_equal_decode_rows() {
+    fn q4_and_q6_prefill_rows_equal_decode_rows() {
         let mut seed = 13;
         for d in available() {
-            for groups in [4, 17, 34] {
+            for (six, groups) in [
+                (false, 4),
+                (false, 17),
+                (false, 34),
+                (true, 4),
+                (true, 17),
+                (true, 34),
+            ] {
                 let (rows, t, gs) = (39, 9, 32);
                 let cols = groups * gs;
                 let w = rand_vec(rows * cols, &mut seed, 1.0);
                 let x = rand_vec(t * cols, &mut seed, 3.0);
-                let mut packed = vec![0u8; w.len() / 2];
-                let mut ws = vec![0u16; w.len() / gs];
-                crate::quant::quantize_q4(&w, gs, &mut packed, &mut ws);
+                let (p, ws, kernel, _) = packed(six, &w, cols, gs, &d);
                 let mut buf = ActsQ8Buf::default();
                 let mut all = vec![f32::NAN; rows * t];
-                (d.q4_rows)(
-                    &packed,
-                    &ws,
-                    &buf.quantize_for_q4(&x, t, cols, gs),
-                    &mut all,
-                    0,
-                );
+                kernel(&p, &ws, &buf.quantize_for_q4(&x, t, cols, gs), &mut all, 0);
                 for i in 0..t {
                     let mut one = vec![f32::NAN; rows];
                     let acts = buf.quantize_for_q4(&x[i * cols..(i + 1) * cols], 1, cols, gs);
-                    (d.q4_rows)(&packed, &ws, &acts, &mut one, 1 << 20);
+                    kernel(&p, &ws, &acts, &mut one, 1 << 20);
                     for r in 0..rows {
                         assert_eq!(
                             all[r * t + i].to_bits(),
                             one[r].to_bits(),
-                            "{} q4 {groups} groups: row {r} token {i}",
-                            d.isa
+                            "{} {} {groups} groups: row {r} token {i}",
+                            d.isa,
+                            if six { "q6" } else { "q4" }
                         );
                     }
                 }

@@ -135,11 +135,22 @@ pub fn dot_q4_scalar(w: &[u8], ws: &[u16], x: &[i8], xs: &[f32], gs: usize) -> f
 /// for groups of 32 and this width; returns `rows`. Panics on a mismatch (a caller's bug, not
 /// bad input). The SIMD kernels' reads are in bounds because of what this checks.
 pub(crate) fn check(w: &[u8], ws: &[u16], x: &ActsQ8, out: &[f32]) -> usize {
+    check_packed(w, ws, x, out, x.cols / 2)
+}
+
+/// [`check`] for weights of `row_bytes` a row (q4: `cols / 2`, q6: `3 * cols / 4`).
+pub(crate) fn check_packed(
+    w: &[u8],
+    ws: &[u16],
+    x: &ActsQ8,
+    out: &[f32],
+    row_bytes: usize,
+) -> usize {
     let (cols, gs, t) = (x.cols, x.group_size, x.t);
     let rows = out.len() / t.max(1);
     assert!(
-        out.len() == rows * t && w.len() * 2 == rows * cols && ws.len() * gs == rows * cols,
-        "q4: slice lengths do not match [{rows}, {cols}] x [{t}, {cols}]"
+        out.len() == rows * t && w.len() == rows * row_bytes && ws.len() * gs == rows * cols,
+        "q4/q6: slice lengths do not match [{rows}, {cols}] x [{t}, {cols}]"
     );
     let lanes = x.q4.chunks * LANES;
     assert!(

@@ -43,7 +43,8 @@ pub const AVX2: Dots = Dots {
     bf16: |w, x| unsafe { dot_bf16_avx2(w, x) },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2::<0, MADDUBS>(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx2::<MADDUBS>(w, ws, x, out, ahead) },
-    q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS>(w, ws, x, out, ahead) },
+    q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS, false>(w, ws, x, out, ahead) },
+    q6_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS, true>(w, ws, x, out, ahead) },
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx2(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx2(x, gs, q, s) },
     isa: "avx2",
@@ -55,7 +56,8 @@ pub const AVX_VNNI: Dots = Dots {
     // `has_avx2()`.
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2::<0, VEX_VNNI>(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx2::<VEX_VNNI>(w, ws, x, out, ahead) },
-    q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<VEX_VNNI>(w, ws, x, out, ahead) },
+    q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<VEX_VNNI, false>(w, ws, x, out, ahead) },
+    q6_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<VEX_VNNI, true>(w, ws, x, out, ahead) },
     isa: "avx-vnni",
     ..AVX2
 };
@@ -68,7 +70,8 @@ pub const AVX512: Dots = Dots {
     bf16: |w, x| unsafe { dot_bf16_avx512(w, x) },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx512::<0>(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx512(w, ws, x, out, ahead) },
-    q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx512(w, ws, x, out, ahead) },
+    q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx512::<false>(w, ws, x, out, ahead) },
+    q6_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx512::<true>(w, ws, x, out, ahead) },
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
     isa: "avx512-vnni",

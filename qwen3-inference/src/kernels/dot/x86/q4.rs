@@ -16,27 +16,33 @@
 //! tile's multiply-adds do not wait on each other (the AVX2 kernel, with one row a tile, gives
 //! each half of a chunk its own). Every tile shape runs the same steps in the same order for
 //! each pair, so decode (tiles of one token) and prefill give a prompt's tokens the same bits.
+//!
+//! The same kernels take q6 weights (`SIX`): a chunk is then 96 bytes, the nibbles as above and
+//! 32 high bytes whose bits are ORed in above the nibbles, and the correction is taken four
+//! times (`dot/q6.rs`).
 
 use super::super::q4::{self, CHUNK, LANES};
+use super::super::q6;
 use super::super::{for_each_tile, ActsQ8};
 use super::avx2::{dot4, hsum256};
 use super::{PREFETCH_FAR, PREFETCH_NEAR};
 use std::arch::x86_64::*;
 
-/// [`super::super::MatQ4`] on AVX-512 VNNI. Decode (`t = 1`) takes four rows a tile, asking
-/// for the weights ahead as the q8 kernel does (see [`PREFETCH_NEAR`]); prefill tiles are two
-/// weight rows against four tokens, each chunk of weights unpacked once for four tokens.
+/// [`super::super::MatQ4`] on AVX-512 VNNI, for q4 weights or (`SIX`) q6 ones (`dot/q6.rs`).
+/// Decode (`t = 1`) takes four rows a tile, asking for the weights ahead as the q8 kernel does
+/// (see [`PREFETCH_NEAR`]); prefill tiles are two weight rows against four tokens, each chunk of
+/// weights unpacked once for four tokens.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn mat_q4_avx512(
+pub(super) unsafe fn mat_q4_avx512<const SIX: bool>(
     w: &[u8],
     ws: &[u16],
     x: &ActsQ8,
     out: &mut [f32],
     ahead: usize,
 ) {
-    let rows = q4::check(w, ws, x, out);
+    let rows = q6::check_either::<SIX>(w, ws, x, out);
     if x.q4.chunks == 0 {
-        return q4::mat_q4_scalar(w, ws, x, out, ahead);
+        return q6::reference_either::<SIX>(w, ws, x, out, ahead);
     }
     // Bytes this thread may prefetch, counted from the start of `w`. (A prompt's product, bound
     // by arithmetic, measured slower without the prefetches too.)
@@ -47,8 +53,8 @@ pub(super) unsafe fn mat_q4_avx512(
         return for_each_tile(rows, 1, 4, 1, |m, _, r, _| {
             // SAFETY: rows r..r+m exist (for_each_tile keeps them so) and `q4::check` passed.
             match m {
-                4 => tile_avx512::<4, 1>(w, ws, x, out, r, 0, reach),
-                _ => tile_avx512::<1, 1>(w, ws, x, out, r, 0, reach),
+                4 => tile_avx512::<4, 1, SIX>(w, ws, x, out, r, 0, reach),
+                _ => tile_avx512::<1, 1, SIX>(w, ws, x, out, r, 0, reach),
             }
         });
     }
@@ -57,14 +63,14 @@ pub(super) unsafe fn mat_q4_avx512(
         // `q4::check` proved every slice has the length of its shape and the layout is for
         // groups of 32 and `chunks = cols / 128`.
         match (m, n) {
-            (2, 4) => tile_avx512::<2, 4>(w, ws, x, out, r, i, reach),
-            (2, 3) => tile_avx512::<2, 3>(w, ws, x, out, r, i, reach),
-            (2, 2) => tile_avx512::<2, 2>(w, ws, x, out, r, i, reach),
-            (2, _) => tile_avx512::<2, 1>(w, ws, x, out, r, i, reach),
-            (_, 4) => tile_avx512::<1, 4>(w, ws, x, out, r, i, reach),
-            (_, 3) => tile_avx512::<1, 3>(w, ws, x, out, r, i, reach),
-            (_, 2) => tile_avx512::<1, 2>(w, ws, x, out, r, i, reach),
-            _ => tile_avx512::<1, 1>(w, ws, x, out, r, i, reach),
+            (2, 4) => tile_avx512::<2, 4, SIX>(w, ws, x, out, r, i, reach),
+            (2, 3) => tile_avx512::<2, 3, SIX>(w, ws, x, out, r, i, reach),
+            (2, 2) => tile_avx512::<2, 2, SIX>(w, ws, x, out, r, i, reach),
+            (2, _) => tile_avx512::<2, 1, SIX>(w, ws, x, out, r, i, reach),
+            (_, 4) => tile_avx512::<1, 4, SIX>(w, ws, x, out, r, i, reach),
+            (_, 3) => tile_avx512::<1, 3, SIX>(w, ws, x, out, r, i, reach),
+            (_, 2) => tile_avx512::<1, 2, SIX>(w, ws, x, out, r, i, reach),
+            _ => tile_avx512::<1, 1, SIX>(w, ws, x, out, r, i, reach),
         }
     });
 }
@@ -79,7 +85,7 @@ pub(super) unsafe fn mat_q4_avx512(
 /// not read and cannot fault).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile_avx512<const R: usize, const N: usize>(
+unsafe fn tile_avx512<const R: usize, const N: usize, const SIX: bool>(
     w: &[u8],
     ws: &[u16],
     x: &ActsQ8,
@@ -89,7 +95,12 @@ unsafe fn tile_avx512<const R: usize, const N: usize>(
     reach: usize,
 ) {
     let (t, cols, chunks) = (x.t, x.cols, x.q4.chunks);
-    let (row_bytes, per, lanes) = (cols / 2, cols / q4::SIMD_GROUP, chunks * LANES);
+    let (row_bytes, per, lanes) = (
+        cols / 8 * q6::bits::<SIX>(),
+        cols / q4::SIMD_GROUP,
+        chunks * LANES,
+    );
+    let chunk_bytes = CHUNK / 8 * q6::bits::<SIX>();
     let w_at: [usize; R] = std::array::from_fn(|a| (r + a) * row_bytes);
     let w_row: [*const u8; R] = w_at.map(|at| w.as_ptr().add(at));
     let ws_row: [*const u16; R] = std::array::from_fn(|a| ws.as_ptr().add((r + a) * per));
@@ -98,7 +109,7 @@ unsafe fn tile_avx512<const R: usize, const N: usize>(
         std::array::from_fn(|j| x.q4.corr.as_ptr().add((i + j) * lanes));
     let xs_row: [*const f32; N] =
         std::array::from_fn(|j| x.q4.scales.as_ptr().add((i + j) * lanes));
-    let nibble = _mm512_set1_epi8(15);
+    let (nibble, two_bits) = (_mm512_set1_epi8(15), _mm512_set1_epi8(0x30));
     // Lane l of chunk k (0..4) of a window of 16 groups has group 4k + l / 4.
     let spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     let idx: [__m512i; 4] =
@@ -106,7 +117,7 @@ unsafe fn tile_avx512<const R: usize, const N: usize>(
     let mut acc = [[_mm512_setzero_ps(); N]; R];
     // Adds chunk c (the k-th of its window, whose weight scales are `d16`) into `acc`.
     let mut step = |c: usize, k: usize, d16: &[__m512; R]| {
-        let off = 64 * c;
+        let off = chunk_bytes * c;
         for at in w_at {
             for dist in [PREFETCH_NEAR, PREFETCH_FAR] {
                 if at + off + dist < reach {
@@ -119,13 +130,33 @@ unsafe fn tile_avx512<const R: usize, const N: usize>(
         }
         let wv: [__m512i; R] =
             std::array::from_fn(|a| _mm512_loadu_si512(w_row[a].add(off) as *const __m512i));
-        let lo = wv.map(|v| _mm512_and_si512(v, nibble));
-        let hi = wv.map(|v| _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
+        let mut lo = wv.map(|v| _mm512_and_si512(v, nibble));
+        let mut hi = wv.map(|v| _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
+        if SIX {
+            // The 32 high bytes after the nibbles: for nibble bytes 0..32 their bits 0-3, for
+            // 32..64 their bits 4-7; `h` holds both, each nibble byte's pair at bits 0-1 (low
+            // value) and 2-3 (high value), and each pair goes to bits 4-5 of its value.
+            for a in 0..R {
+                let hb = _mm256_loadu_si256(w_row[a].add(off + 64) as *const __m256i);
+                let h =
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(hb), _mm256_srli_epi16(hb, 4));
+                let h_lo = _mm512_and_si512(_mm512_slli_epi16(h, 4), two_bits);
+                let h_hi = _mm512_and_si512(_mm512_slli_epi16(h, 2), two_bits);
+                lo[a] = _mm512_or_si512(lo[a], h_lo);
+                hi[a] = _mm512_or_si512(hi[a], h_hi);
+            }
+        }
         let d = d16.map(|v| _mm512_permutexvar_ps(idx[k], v));
         for j in 0..N {
             let x_lo = _mm512_loadu_si512(x_row[j].add(CHUNK * c) as *const __m512i);
             let x_hi = _mm512_loadu_si512(x_row[j].add(CHUNK * c + 64) as *const __m512i);
             let corr = _mm512_loadu_si512(corr_row[j].add(LANES * c) as *const __m512i);
+            // q6 weights are q + 32, four times q4's offset of 8.
+            let corr = if SIX {
+                _mm512_slli_epi32(corr, 2)
+            } else {
+                corr
+            };
             let xs = _mm512_loadu_ps(xs_row[j].add(LANES * c));
             for a in 0..R {
                 let isum = _mm512_dpbusd_epi32(corr, lo[a], x_lo);
@@ -159,7 +190,8 @@ unsafe fn tile_avx512<const R: usize, const N: usize>(
         );
         for (j, &acc_aj) in acc_a.iter().enumerate() {
             let sum = _mm512_reduce_add_ps(acc_aj);
-            let tail = q4::tail(w_r, ws_r, x.q_row(i + j), x.scales_row(i + j), chunks);
+            let tail =
+                q6::tail_either::<SIX>(w_r, ws_r, x.q_row(i + j), x.scales_row(i + j), chunks);
             *out.get_unchecked_mut((r + a) * t + i + j) = sum + tail;
         }
     }
@@ -169,25 +201,25 @@ unsafe fn tile_avx512<const R: usize, const N: usize>(
 /// [`super::avx2::MADDUBS`]). As [`mat_q4_avx512`], with a chunk in two halves of 32 bytes and
 /// tiles of one row by four tokens (sixteen 256-bit registers hold no more accumulators).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn mat_q4_avx2<const P: u8>(
+pub(super) unsafe fn mat_q4_avx2<const P: u8, const SIX: bool>(
     w: &[u8],
     ws: &[u16],
     x: &ActsQ8,
     out: &mut [f32],
     ahead: usize,
 ) {
-    let rows = q4::check(w, ws, x, out);
+    let rows = q6::check_either::<SIX>(w, ws, x, out);
     if x.q4.chunks == 0 {
-        return q4::mat_q4_scalar(w, ws, x, out, ahead);
+        return q6::reference_either::<SIX>(w, ws, x, out, ahead);
     }
     let reach = w.len() + ahead;
     for_each_tile(rows, x.t, 1, 4, |_, n, r, i| {
         // SAFETY: as in mat_q4_avx512 (and the CPU has what `P` names: the dispatch's word).
         match n {
-            4 => tile_avx2::<4, P>(w, ws, x, out, r, i, reach),
-            3 => tile_avx2::<3, P>(w, ws, x, out, r, i, reach),
-            2 => tile_avx2::<2, P>(w, ws, x, out, r, i, reach),
-            _ => tile_avx2::<1, P>(w, ws, x, out, r, i, reach),
+            4 => tile_avx2::<4, P, SIX>(w, ws, x, out, r, i, reach),
+            3 => tile_avx2::<3, P, SIX>(w, ws, x, out, r, i, reach),
+            2 => tile_avx2::<2, P, SIX>(w, ws, x, out, r, i, reach),
+            _ => tile_avx2::<1, P, SIX>(w, ws, x, out, r, i, reach),
         }
     });
 }
@@ -197,7 +229,7 @@ pub(super) unsafe fn mat_q4_avx2<const P: u8>(
 /// instructions `P` names.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_avx2<const N: usize, const P: u8>(
+unsafe fn tile_avx2<const N: usize, const P: u8, const SIX: bool>(
     w: &[u8],
     ws: &[u16],
     x: &ActsQ8,
@@ -207,7 +239,12 @@ unsafe fn tile_avx2<const N: usize, const P: u8>(
     reach: usize,
 ) {
     let (t, cols, chunks) = (x.t, x.cols, x.q4.chunks);
-    let (row_bytes, per, lanes) = (cols / 2, cols / q4::SIMD_GROUP, chunks * LANES);
+    let (row_bytes, per, lanes) = (
+        cols / 8 * q6::bits::<SIX>(),
+        cols / q4::SIMD_GROUP,
+        chunks * LANES,
+    );
+    let chunk_bytes = CHUNK / 8 * q6::bits::<SIX>();
     let w_at = r * row_bytes;
     let (w_row, ws_row) = (w.as_ptr().add(w_at), &ws[r * per..(r + 1) * per]);
     let x_row: [*const i8; N] = std::array::from_fn(|j| x.q4.x.as_ptr().add((i + j) * cols));
@@ -215,7 +252,7 @@ unsafe fn tile_avx2<const N: usize, const P: u8>(
         std::array::from_fn(|j| x.q4.corr.as_ptr().add((i + j) * lanes));
     let xs_row: [*const f32; N] =
         std::array::from_fn(|j| x.q4.scales.as_ptr().add((i + j) * lanes));
-    let nibble = _mm256_set1_epi8(15);
+    let (nibble, two_bits) = (_mm256_set1_epi8(15), _mm256_set1_epi8(0x30));
     // Lane l of half h (0..2) of a chunk has the chunk's group 2h + l / 4.
     let spread = [
         _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0),
@@ -223,7 +260,7 @@ unsafe fn tile_avx2<const N: usize, const P: u8>(
     ];
     let mut acc = [[_mm256_setzero_ps(); N]; 2];
     for c in 0..chunks {
-        let off = 64 * c;
+        let off = chunk_bytes * c;
         for dist in [PREFETCH_NEAR, PREFETCH_FAR] {
             if w_at + off + dist < reach {
                 // As in tile_avx512: a hint, and `wrapping_add` may point past `w`.
@@ -234,10 +271,27 @@ unsafe fn tile_avx2<const N: usize, const P: u8>(
         // The chunk's four weight scales, widened from f16 (8 bytes from 4c: within `per`).
         let d4 = _mm_cvtph_ps(_mm_loadl_epi64(ws_row.as_ptr().add(4 * c) as *const __m128i));
         let d8 = _mm256_castps128_ps256(d4);
+        // q6: the chunk's high bytes, each nibble's two high bits moved to bits 4-5 (`dot/q6.rs`):
+        // for the first half's low and high values, then the second half's.
+        let high = match SIX {
+            true => {
+                let hb = _mm256_loadu_si256(w_row.add(off + 64) as *const __m256i);
+                let at = |v: __m256i| _mm256_and_si256(v, two_bits);
+                [
+                    [at(_mm256_slli_epi16(hb, 4)), at(_mm256_slli_epi16(hb, 2))],
+                    [at(hb), at(_mm256_srli_epi16(hb, 2))],
+                ]
+            }
+            false => [[_mm256_setzero_si256(); 2]; 2],
+        };
         for (h, acc_h) in acc.iter_mut().enumerate() {
             let wv = _mm256_loadu_si256(w_row.add(off + 32 * h) as *const __m256i);
-            let lo = _mm256_and_si256(wv, nibble);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), nibble);
+            let mut lo = _mm256_and_si256(wv, nibble);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), nibble);
+            if SIX {
+                lo = _mm256_or_si256(lo, high[h][0]);
+                hi = _mm256_or_si256(hi, high[h][1]);
+            }
             let d = _mm256_permutevar8x32_ps(d8, spread[h]);
             for j in 0..N {
                 let x_lo = _mm256_loadu_si256(x_row[j].add(CHUNK * c + 32 * h) as *const __m256i);
@@ -245,7 +299,13 @@ unsafe fn tile_avx2<const N: usize, const P: u8>(
                     _mm256_loadu_si256(x_row[j].add(CHUNK * c + 64 + 32 * h) as *const __m256i);
                 let at = LANES * c + 8 * h;
                 let corr = _mm256_loadu_si256(corr_row[j].add(at) as *const __m256i);
-                // Nibbles are at most 15 and activations in [-127, 127], as dot4 asks.
+                // q6 weights are q + 32, four times q4's offset of 8.
+                let corr = if SIX {
+                    _mm256_slli_epi32(corr, 2)
+                } else {
+                    corr
+                };
+                // Weights are at most 63 and activations in [-127, 127], as dot4 asks.
                 let isum = dot4::<P>(dot4::<P>(corr, lo, x_lo), hi, x_hi);
                 let v = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_loadu_ps(xs_row[j].add(at)));
                 acc_h[j] = _mm256_fmadd_ps(v, d, acc_h[j]);
@@ -255,7 +315,7 @@ unsafe fn tile_avx2<const N: usize, const P: u8>(
     let w_r = &w[w_at..w_at + row_bytes];
     for (j, (&first, &second)) in acc[0].iter().zip(&acc[1]).enumerate() {
         let sum = hsum256(_mm256_add_ps(first, second));
-        let tail = q4::tail(w_r, ws_row, x.q_row(i + j), x.scales_row(i + j), chunks);
+        let tail = q6::tail_either::<SIX>(w_r, ws_row, x.q_row(i + j), x.scales_row(i + j), chunks);
         *out.get_unchecked_mut(r * t + i + j) = sum + tail;
     }
 }
@@ -289,7 +349,7 @@ mod tests {
             let (mut got, mut want) = (vec![f32::NAN; rows * t], vec![0f32; rows * t]);
             // SAFETY: the CPU has AVX-512 VNNI with VL (has_avx512) and AVX2, FMA, F16C
             // (has_avx2), all that this form of the kernel uses.
-            unsafe { mat_q4_avx2::<EVEX_VNNI>(&packed, &ws, &acts, &mut got, 0) };
+            unsafe { mat_q4_avx2::<EVEX_VNNI, false>(&packed, &ws, &acts, &mut got, 0) };
             q4::mat_q4_scalar(&packed, &ws, &acts, &mut want, 0);
             for (k, (&g, &e)) in got.iter().zip(&want).enumerate() {
                 assert!((g - e).abs() <= 1e-4 * e.abs().max(1.0), "[{k}] {g} vs {e}");
