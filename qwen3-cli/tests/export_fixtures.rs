@@ -190,7 +190,7 @@ fn every_fixture_exports_faithfully_in_every_dtype() {
                         group_size,
                     } => {
                         // quant.rs's rule applied to the source values, bit for bit; the
-                        // embedding table and the classifier stay q8 (`Q4Mix`).
+                        // embedding table and the classifier are kept finer (`Q4Mix`).
                         assert_eq!((dtype, group_size), ("q4", 32));
                         assert!(!t.name.contains("embed_tokens") && !t.name.contains("lm_head"));
                         let mut p = vec![0u8; want.len() / 2];
@@ -204,8 +204,14 @@ fn every_fixture_exports_faithfully_in_every_dtype() {
                         group_size,
                         cols,
                     } => {
-                        // quant.rs's rule applied to the source values, bit for bit.
+                        // quant.rs's rule applied to the source values, bit for bit: q4 files
+                        // keep their tables and the sensitive layers' v_proj and down_proj in
+                        // q6 (`Q4Mix`), at the file's 32.
                         assert_eq!((dtype, group_size), ("q4", 32));
+                        let table = t.name.contains("embed_tokens") || t.name.contains("lm_head");
+                        let sensitive = t.name.ends_with("v_proj.weight")
+                            || t.name.ends_with("down_proj.weight");
+                        assert!(table || sensitive, "{name} {}", t.name);
                         let mut p = vec![0u8; want.len() / 4 * 3];
                         let mut sc = vec![0u16; want.len() / 32];
                         qwen3_inference::quant::quantize_q6(&want, cols, 32, &mut p, &mut sc);
@@ -216,9 +222,10 @@ fn every_fixture_exports_faithfully_in_every_dtype() {
                         scales,
                         group_size,
                     } => {
-                        // q8 files: groups of 32 as asked. q4 files keep in q8 their tables,
-                        // in q8's own 64 where the width allows, and the sensitive layers'
-                        // v_proj and down_proj at the file's 32 (`Q4Mix`).
+                        // q8 files: groups of 32 as asked. q4 files exported with `--tables q8
+                        // --sensitive q8` keep in q8 their tables, in q8's own 64 where the width
+                        // allows, and the sensitive layers' v_proj and down_proj at the file's
+                        // 32 (`Q4Mix`).
                         let table = t.name.contains("embed_tokens") || t.name.contains("lm_head");
                         let gs = match dtype {
                             "q4" if table && c.hidden_size.is_multiple_of(64) => 64,

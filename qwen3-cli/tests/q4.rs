@@ -1,4 +1,4 @@
-//! q4 files through the commands a user runs: `export`'s choice of what stays q8, `info`,
+//! q4 files through the commands a user runs: `export`'s choice of what keeps more bits, `info`,
 //! `bench` (its ceiling from the q4 bytes), and `serve` answering several concurrent requests
 //! with the very text `generate` writes for each prompt (a q4 step of several sequences gives each the bits it gets
 //! alone). Accuracy against f32: tests/perplexity.rs's command, docs/quantization.md's table.
@@ -44,7 +44,7 @@ fn q4_mix_is_a_choice() {
     let q4 = export("mix-default", "q4", &[]);
     let q4t = export("mix-tables-q4", "q4", &["--tables", "q4"]);
     let all = export("mix-all-q4", "q4", &["--tables", "q4", "--sensitive", "q4"]);
-    let six = export("mix-q6", "q4", &["--tables", "q6", "--sensitive", "q6"]);
+    let eight = export("mix-q8", "q4", &["--tables", "q8", "--sensitive", "q8"]);
     let dtypes = |m: &str| -> Vec<(String, String)> {
         let info = qwen3(&["info", m, "--tensors"]);
         info.lines()
@@ -70,21 +70,20 @@ fn q4_mix_is_a_choice() {
         "model.layers.1.self_attn.v_proj.weight",
     ];
     let finer = [&["model.embed_tokens.weight"][..], &sensitive[..]].concat();
-    assert_eq!(stored_as(&q4, "q8"), finer);
-    assert_eq!(stored_as(&q4t, "q8"), sensitive);
-    assert!(stored_as(&all, "q8").is_empty());
+    assert_eq!(stored_as(&q4, "q6"), finer);
+    assert!(stored_as(&q4, "q8").is_empty());
+    assert_eq!(stored_as(&q4t, "q6"), sensitive);
     assert!(dtypes(&all).iter().all(|(_, d)| d == "q4"));
-    assert_eq!(stored_as(&six, "q6"), finer);
-    assert!(stored_as(&six, "q8").is_empty());
+    assert_eq!(stored_as(&eight, "q8"), finer);
+    assert!(stored_as(&eight, "q6").is_empty());
     let info = qwen3(&["info", &q4]);
-    assert!(info.contains("3 of 15 matrices in q8"), "{info}");
-    let info = qwen3(&["info", &six]);
     assert!(info.contains("3 of 15 matrices in q6"), "{info}");
+    let info = qwen3(&["info", &eight]);
+    assert!(info.contains("3 of 15 matrices in q8"), "{info}");
 
     let size = |p: &str| std::fs::metadata(p).unwrap().len();
-    assert!(size(&all) < size(&q4t) && size(&q4t) < size(&q4));
-    assert!(size(&all) < size(&six) && size(&six) < size(&q4));
-    for m in [&q4t, &all, &six] {
+    assert!(size(&all) < size(&q4t) && size(&q4t) < size(&q4) && size(&q4) < size(&eight));
+    for m in [&q4t, &all, &eight] {
         let out = qwen3(&[
             "generate",
             m,
@@ -133,7 +132,7 @@ fn info_bench_and_serve_on_a_q4_file() {
     };
     assert!(lines("q_proj").iter().all(|l| l.contains("q4")), "{info}");
     assert!(
-        lines("embed_tokens").iter().all(|l| l.contains("q8")),
+        lines("embed_tokens").iter().all(|l| l.contains("q6")),
         "{info}"
     );
 
@@ -155,9 +154,9 @@ fn info_bench_and_serve_on_a_q4_file() {
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["dtype"], if m == q4 { "q4" } else { "q8" });
         // 2 layers of 7 matrices and the tied table; a q4 file keeps the table and layer 1's
-        // v_proj and down_proj in q8.
+        // v_proj and down_proj in q6.
         let want = if m == q4 {
-            json!({"q4": 12, "q8": 3})
+            json!({"q4": 12, "q6": 3})
         } else {
             json!({"q8": 15})
         };

@@ -9,7 +9,7 @@ use qwen3_inference::kernels::dot::{available, ActsQ8Buf, Dots};
 use qwen3_inference::kernels::{attention, AttentionShape};
 use qwen3_inference::pages::huge_page_buffer;
 use qwen3_inference::pages::HugePages;
-use qwen3_inference::quant::{quantize_q4, quantize_q8};
+use qwen3_inference::quant::{quantize_q4, quantize_q6, quantize_q8};
 use qwen3_inference::testing::next_values;
 use std::hint::black_box;
 use std::time::Instant;
@@ -159,43 +159,59 @@ fn bench_few_tokens(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
     );
 }
 
-/// q4 weights (group 32) against `t` q8 activation rows, one thread: decode's product for q4
-/// files (from the caches and from memory), and prefill's, beside q8's below.
-fn bench_q4(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
+/// q4 weights (group 32), or q6 ones (`six`: what a q4 file keeps finer), against `t` q8
+/// activation rows, one thread: decode's product for q4 files (from the caches and from
+/// memory), and prefill's, beside q8's below.
+fn bench_q4(d: &Dots, six: bool, rows: usize, cols: usize, t: usize, reps: usize) {
     let gs = 32;
     let mut seed = 4;
     let w = next_values(rows * cols, &mut seed);
     let x = next_values(t * cols, &mut seed);
-    let (mut wp, mut ws) = (vec![0u8; w.len() / 2], vec![0u16; w.len() / gs]);
-    quantize_q4(&w, gs, &mut wp, &mut ws);
+    let mut ws = vec![0u16; w.len() / gs];
+    let (wp, kernel) = match six {
+        true => {
+            let mut wp = vec![0u8; w.len() / 4 * 3];
+            quantize_q6(&w, cols, gs, &mut wp, &mut ws);
+            (wp, d.q6_rows)
+        }
+        false => {
+            let mut wp = vec![0u8; w.len() / 2];
+            quantize_q4(&w, gs, &mut wp, &mut ws);
+            (wp, d.q4_rows)
+        }
+    };
     let (wp, ws) = (in_huge_pages(&wp), in_huge_pages(&ws));
     let (wp, ws): (&[u8], &[u16]) = (bytemuck::cast_slice(&wp), bytemuck::cast_slice(&ws));
     let mut buf = ActsQ8Buf::default();
     let acts = buf.quantize_for_q4(&x, t, cols, gs);
     let mut out = vec![0f32; rows * t];
     let secs = time(reps, || {
-        (d.q4_rows)(wp, ws, &acts, &mut out, 0);
+        kernel(wp, ws, &acts, &mut out, 0);
         black_box(&out);
     });
     println!(
-        "{:<12} {:>6}x{:<5} q4, {t:>2} tokens: {:>6.1} GMAC/s, weights at {:>5.1} GB/s",
+        "{:<12} {:>6}x{:<5} {}, {t:>2} tokens: {:>6.1} GMAC/s, weights at {:>5.1} GB/s",
         d.isa,
         rows,
         cols,
+        if six { "q6" } else { "q4" },
         (rows * cols * t) as f64 / secs / 1e9,
         (wp.len() + ws.len() * 2) as f64 / secs / 1e9
     );
 }
 
 fn main() {
-    println!("q4 products (group 32), one thread (median)");
+    println!("q4 and q6 products (group 32), one thread (median)");
     for d in available() {
-        bench_q4(&d, 512, 1024, 1, 41); // 256 KB of q4: cache-resident, the kernel's own speed
-        bench_q4(&d, 128, 4096, 1, 41);
-        for t in [1, 4] {
-            bench_q4(&d, 65536, 1024, t, 5); // 32 MB of q4: memory-bound
+        for six in [false, true] {
+            // 256 KB of q4: cache-resident, the kernel's own speed
+            bench_q4(&d, six, 512, 1024, 1, 41);
+            bench_q4(&d, six, 128, 4096, 1, 41);
+            for t in [1, 4] {
+                bench_q4(&d, six, 65536, 1024, t, 5); // 32 MB of q4: memory-bound
+            }
+            bench_q4(&d, six, 1024, 1024, 128, 5); // prefill's block product
         }
-        bench_q4(&d, 1024, 1024, 128, 5); // prefill's block product
     }
     println!("dot-product kernels, one thread, weights streamed per second (median)");
     for d in available() {

@@ -23,18 +23,19 @@ pub struct ExportArgs {
     #[arg(long)]
     pub group_size: Option<u32>,
     /// How to store the matrices: q8 (group-wise INT8), q4 (group-wise 4-bit; the embedding
-    /// table, the classifier and the sensitive layers' v_proj and down_proj keep more bits, see
+    /// table, the classifier and the sensitive layers' v_proj and down_proj in 6 bits, see
     /// --tables and --sensitive), bf16, or f32. Norms are always f32.
     #[arg(long, default_value = "q8")]
     pub dtype: String,
-    /// With `--dtype q4`: how to store the embedding table and the classifier, q8 (the default,
-    /// the most accurate), q6 or q4 (smaller files, faster decode; what each costs:
-    /// docs/quantization.md). As llama-quantize's --token-embedding-type / --output-tensor-type.
+    /// With `--dtype q4`: how to store the embedding table and the classifier, q6 (the default,
+    /// as llama.cpp's Q4_K_M), q8 (more accurate, larger) or q4 (smaller, faster decode; what
+    /// each costs: docs/quantization.md). As llama-quantize's --token-embedding-type /
+    /// --output-tensor-type.
     #[arg(long, value_parser = ["q8", "q6", "q4"])]
     pub tables: Option<String>,
     /// With `--dtype q4`: how to store v_proj and down_proj in half the layers (the first and
-    /// last eighth and every third between, llama.cpp Q4_K_M's choice), q8 (the default, the
-    /// most accurate), q6 or q4 (smaller files, faster decode; docs/quantization.md).
+    /// last eighth and every third between, llama.cpp Q4_K_M's choice), q6 (the default, as
+    /// Q4_K_M), q8 (more accurate, larger) or q4 (smaller, faster decode; docs/quantization.md).
     #[arg(long, value_parser = ["q8", "q6", "q4"])]
     pub sensitive: Option<String>,
     /// With a repository id: use the HuggingFace cache only, never the network (as

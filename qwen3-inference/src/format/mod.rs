@@ -282,11 +282,12 @@ impl Finer {
 }
 
 impl Default for Q4Mix {
-    /// The most accurate mix: tables and sensitive layers in q8.
+    /// Tables and sensitive layers in q6, as Q4_K_M gives them 6 bits: a file of Q4_K_M's size.
+    /// q8 for both is a little more accurate and 15% larger (docs/quantization.md).
     fn default() -> Self {
         Q4Mix {
-            tables: Finer::Q8,
-            sensitive: Finer::Q8,
+            tables: Finer::Q6,
+            sensitive: Finer::Q6,
         }
     }
 }
@@ -417,7 +418,7 @@ mod tests {
 
     /// The layers llama.cpp's Q4_K_M stores `attn_v` and `ffn_down` of in Q6_K, read from the
     /// Q4_K_M file llama-quantize (0c1e570) wrote of a 28-layer Qwen3 (0.6B and 1.7B both have
-    /// 28): ours keeps the same layers' `v_proj` and `down_proj` in q8.
+    /// 28): ours keeps the same layers' `v_proj` and `down_proj` finer.
     #[test]
     fn sensitive_layers_are_llama_cpp_q4_k_m_ones() {
         let q6k = [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27];
@@ -425,23 +426,37 @@ mod tests {
         assert_eq!(ours, q6k);
         let mut c = config::tests::tiny_config(DType::Q4);
         c.num_hidden_layers = 28;
-        let specs = tensor_specs(&c);
-        let q8: Vec<String> = specs
+        let names = |c: &ModelConfig, mix: Q4Mix, dtype: DType| -> Vec<String> {
+            tensor_specs_with(c, mix)
+                .iter()
+                .filter(|s| s.dtype == dtype)
+                .map(|s| s.name.clone())
+                .collect()
+        };
+        // The default: the embedding table and the (untied) classifier, and two tensors a
+        // sensitive layer, in q6; every matrix at the file's 32, so the products that share one
+        // quantized input share one group size.
+        let q6 = names(&c, Q4Mix::default(), DType::Q6);
+        assert_eq!(q6.len(), 2 + 2 * q6k.len(), "{q6:?}");
+        assert!(q6.contains(&"model.layers.27.mlp.down_proj.weight".to_string()));
+        assert!(q6.contains(&"model.layers.5.self_attn.v_proj.weight".to_string()));
+        assert!(q6.contains(&"lm_head.weight".to_string()));
+        assert!(tensor_specs(&c)
             .iter()
-            .filter(|s| s.dtype == DType::Q8)
-            .map(|s| s.name.clone())
-            .collect();
-        // The embedding table and the (untied) classifier, and two tensors a sensitive layer.
-        assert_eq!(q8.len(), 2 + 2 * q6k.len(), "{q8:?}");
-        // Tables in q8's groups of 64 (hidden 64 allows it); every layer matrix at the file's
-        // 32, so the products that share one quantized input share one group size.
-        for s in specs.iter().filter(|s| s.group_size != 0) {
-            let table = s.name.contains("embed_tokens") || s.name.contains("lm_head");
-            let gs = if table { 64 } else { 32 };
+            .all(|s| s.group_size == 32 || s.group_size == 0));
+        // In q8 the same tensors, the tables in q8's groups of 64 (hidden 64 allows it).
+        let all_q8 = Q4Mix {
+            tables: Finer::Q8,
+            sensitive: Finer::Q8,
+        };
+        assert_eq!(names(&c, all_q8, DType::Q8), q6);
+        for s in tensor_specs_with(&c, all_q8)
+            .iter()
+            .filter(|s| s.group_size != 0)
+        {
+            let gs = if is_table(&s.name) { 64 } else { 32 };
             assert_eq!(s.group_size, gs, "{}", s.name);
         }
-        assert!(q8.contains(&"model.layers.27.mlp.down_proj.weight".to_string()));
-        assert!(q8.contains(&"model.layers.5.self_attn.v_proj.weight".to_string()));
         let all_q4 = Q4Mix {
             tables: Finer::Q4,
             sensitive: Finer::Q4,
@@ -449,19 +464,9 @@ mod tests {
         assert!(tensor_specs_with(&c, all_q4)
             .iter()
             .all(|s| s.dtype == DType::Q4 || s.group_size == 0));
-        // q6 in place of q8: the same tensors, all at the file's group size.
-        let q6 = Q4Mix {
-            tables: Finer::Q6,
-            sensitive: Finer::Q6,
-        };
-        let six = tensor_specs_with(&c, q6);
-        let names: Vec<&String> = six
-            .iter()
-            .filter(|s| s.dtype == DType::Q6)
-            .map(|s| &s.name)
-            .collect();
-        assert_eq!(names, q8.iter().collect::<Vec<_>>());
-        assert!(six.iter().all(|s| s.group_size == 32 || s.group_size == 0));
+        // q6 needs groups of a multiple of 32: at 16, those tensors are q8.
+        c.group_size = 16;
+        assert_eq!(names(&c, Q4Mix::default(), DType::Q8), q6);
     }
 
     #[test]

@@ -416,7 +416,7 @@ mod tests {
     }
 
     /// A q4 file's matrices may be q4, q6 or q8 at the file's group size (any mix, not only the ones
-    /// the export writes), its tables also q8 in groups of 64 (the default); a layer matrix in q8
+    /// the export writes), its tables also q8 in groups of 64; a layer matrix in q8
     /// at another group size, or in bf16, is refused, naming the tensor.
     #[test]
     fn q4_files_take_any_mix_of_q4_q6_and_q8() {
