@@ -273,6 +273,20 @@ fn q6_pack_block(u: &[u8], out: &mut [u8]) {
     }
 }
 
+/// Unpacks one block of `q.len()` values (a multiple of 32, at most [`Q6_BLOCK`]) packed by
+/// [`quantize_q6`] from `block` (`3 * q.len() / 4` bytes) into their integers `u - 32`.
+pub fn q6_unpack_block(block: &[u8], q: &mut [i8]) {
+    let (nibbles, high) = block.split_at(q.len() / 2);
+    let m = high.len();
+    for (p, &byte) in nibbles.iter().enumerate() {
+        // Nibble byte p's high pairs: in high byte p % m, bits 0-3 for the first m bytes.
+        let h = high[p % m] >> (4 * (p >= m) as u32);
+        let at = 32 * (p / 16) + p % 16;
+        q[at] = ((byte & 15) | (h & 3) << 4) as i8 - 32;
+        q[at + 16] = ((byte >> 4) | (h >> 2 & 3) << 4) as i8 - 32;
+    }
+}
+
 /// The q6 integer (`u - 32`, in -32..=31) at index `c` of a row packed by [`quantize_q6`]
 /// (`row` its `3 * cols / 4` bytes).
 #[inline]
@@ -480,6 +494,10 @@ mod tests {
         assert_eq!(p[8], 5 | 15 << 4);
         // m = 8 high bytes: byte 0 holds byte 0's (0, 3) and byte 8's (2, 0) high bits.
         assert_eq!(p[16], 3 << 2 | 2 << 4);
+        let mut q = [0i8; 32];
+        q6_unpack_block(&p, &mut q);
+        assert_eq!((q[0], q[16], q[8], q[24]), (-32, 31, 5, -17));
+        assert!((0..32).all(|i| q[i] as i32 == q6_int(&p, 32, i)));
         assert_eq!(q6_int(&p, 32, 8), 5);
         assert_eq!(q6_int(&p, 32, 24), -17);
         assert_eq!(q6_int(&p, 32, 16), 31);

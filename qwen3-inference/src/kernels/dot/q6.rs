@@ -15,22 +15,35 @@
 
 use super::q4::{self, CHUNK, SIMD_GROUP};
 use super::ActsQ8;
-use crate::quant::{q4_scale, q6_int};
+use crate::quant::{q4_scale, q6_unpack_block, Q6_BLOCK};
 
 /// Bytes of one chunk (128 weights) of q6: 64 nibble bytes, 32 high bytes.
 pub const CHUNK_BYTES: usize = CHUNK / 4 * 3;
 
 /// `sum_g ws[g] * xs[g] * sum_{j in g} q_w[j] * q_x[j]` over the values of `x` (a row, or its
 /// part from a block boundary to the row's end): `w` their packed bytes, `ws` their f16 scales.
+/// Each block is unpacked to its integers (`quant::q6_unpack_block`), then multiplied.
 pub fn dot_q6_scalar(w: &[u8], ws: &[u16], x: &[i8], xs: &[f32], gs: usize) -> f32 {
-    let cols = x.len();
     let (mut sum, mut isum) = (0.0f32, 0i32);
-    for (c, &xc) in x.iter().enumerate() {
-        isum += q6_int(w, cols, c) * xc as i32;
-        if (c + 1) % gs == 0 {
-            let g = c / gs;
-            sum += isum as f32 * (q4_scale(ws, g) * xs[g]);
-            isum = 0;
+    let mut q = [0i8; Q6_BLOCK];
+    for (b, xb) in x.chunks(Q6_BLOCK).enumerate() {
+        let n = xb.len();
+        let block = &w[b * CHUNK_BYTES..b * CHUNK_BYTES + n / 4 * 3];
+        q6_unpack_block(block, &mut q[..n]);
+        // Runs of 32 (a group is a whole number of them): its sum goes to the group's scales
+        // after the group's last run.
+        for (k, (qr, xr)) in q[..n].chunks_exact(32).zip(xb.chunks_exact(32)).enumerate() {
+            isum += qr
+                .iter()
+                .zip(xr)
+                .map(|(&a, &b)| a as i32 * b as i32)
+                .sum::<i32>();
+            let end = b * Q6_BLOCK + 32 * (k + 1);
+            if end.is_multiple_of(gs) {
+                let g = end / gs - 1;
+                sum += isum as f32 * (q4_scale(ws, g) * xs[g]);
+                isum = 0;
+            }
         }
     }
     sum
