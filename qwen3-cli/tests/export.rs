@@ -260,6 +260,12 @@ fn bad_dtype_flag() {
         &["--dtype", "q3"],
         &["--dtype", "q3", "expected q8, q4, bf16 or f32"],
     );
+    // q6 is a dtype of tensors inside q4 files (--tables, --sensitive), not of a file.
+    export_fails(
+        &hf,
+        &["--dtype", "q6"],
+        &["--dtype", "q6", "expected q8, q4, bf16 or f32"],
+    );
 }
 
 #[test]

@@ -204,11 +204,11 @@ fn main() {
     println!("q4 and q6 products (group 32), one thread (median)");
     for d in available() {
         for six in [false, true] {
-            // 256 KB of q4: cache-resident, the kernel's own speed
+            // 256 KB of q4 (384 KB of q6): cache-resident, the kernel's own speed
             bench_q4(&d, six, 512, 1024, 1, 41);
             bench_q4(&d, six, 128, 4096, 1, 41);
             for t in [1, 4] {
-                bench_q4(&d, six, 65536, 1024, t, 5); // 32 MB of q4: memory-bound
+                bench_q4(&d, six, 65536, 1024, t, 5); // 32 (48) MB: memory-bound
             }
             bench_q4(&d, six, 1024, 1024, 128, 5); // prefill's block product
         }

@@ -82,7 +82,7 @@ pub fn quantize_q4(w: &[f32], group_size: usize, packed: &mut [u8], scales: &mut
         .zip(scales.par_iter_mut())
         .with_min_len(64)
         .for_each(|((group, pg), scale)| {
-            let d = q4_scale_for(group);
+            let d = scale_for::<8>(group);
             *scale = d.to_bits();
             let d = d.to_f32();
             for (j, byte) in pg.iter_mut().enumerate() {
@@ -110,11 +110,6 @@ fn q4_nibble(x: f32, d: f32) -> u8 {
 fn level<const N: i32>(v: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
     ((v + MAGIC) - MAGIC).clamp(-N as f32, (N - 1) as f32)
-}
-
-/// The f16 scale [`quantize_q4`] stores for one group.
-fn q4_scale_for(group: &[f32]) -> half::f16 {
-    scale_for::<8>(group)
 }
 
 /// The f16 scale of a group on the grid [-N, N - 1] (`N` = 8 for q4, 32 for q6): of `m / -N`
@@ -173,16 +168,16 @@ pub fn q4_int(packed: &[u8], group_size: usize, i: usize) -> i32 {
     nibble as i32 - 8
 }
 
-/// Group `g`'s q4 scale (stored as f16 bits).
+/// Group `g`'s scale in a q4 or q6 tensor (stored as f16 bits).
 #[inline]
-pub fn q4_scale(scales: &[u16], g: usize) -> f32 {
+pub fn f16_scale(scales: &[u16], g: usize) -> f32 {
     half::f16::from_bits(scales[g]).to_f32()
 }
 
 /// The q4 value at flat index `i`: `(nibble - 8) * scale`.
 #[inline]
 pub fn q4_value(packed: &[u8], scales: &[u16], group_size: usize, i: usize) -> f32 {
-    q4_int(packed, group_size, i) as f32 * q4_scale(scales, i / group_size)
+    q4_int(packed, group_size, i) as f32 * f16_scale(scales, i / group_size)
 }
 
 /// Dequantizes `out.len()` q4 values starting at a group boundary of `packed`/`scales`.
@@ -194,8 +189,8 @@ pub fn dequantize_q4(packed: &[u8], scales: &[u16], group_size: usize, out: &mut
 
 /// q6: group-wise symmetric 6-bit, for the tensors a q4 file keeps finer (`format::Q4Mix`).
 /// Each group stores one f16 scale `d` and 64 levels `q * d`, `q` in [-32, 31], the scale
-/// chosen as q4's is ([`scale_for`]): 6.5 bits a weight in groups of 32, against q8's 8.5 and
-/// llama.cpp Q6_K's 6.56.
+/// chosen as q4's is ([`scale_for`]): 6.5 bits a weight in groups of 32, against q8's 9 (f32
+/// scales) and llama.cpp Q6_K's 6.56.
 ///
 /// Packing: each row is cut into *blocks* of 128 values (the last may be shorter, a multiple of
 /// 32), and a block of `n` values takes `n / 2` nibble bytes then `n / 4` high bytes, so the
@@ -227,9 +222,9 @@ pub fn quantize_q6(
     w.par_chunks_exact(cols)
         .zip(packed.par_chunks_exact_mut(cols / 4 * 3))
         .zip(scales.par_chunks_exact_mut(per))
-        .for_each(|((row, out), scales)| {
+        .for_each_init(Vec::new, |u, ((row, out), scales)| {
             // u = q + 32 of every value of the row, then packed block by block.
-            let mut u = vec![0u8; cols];
+            u.resize(cols, 0);
             for ((group, ug), scale) in row
                 .chunks_exact(group_size)
                 .zip(u.chunks_exact_mut(group_size))
@@ -310,7 +305,7 @@ pub fn q6_int(row: &[u8], cols: usize, c: usize) -> i32 {
 pub fn q6_value(packed: &[u8], scales: &[u16], cols: usize, group_size: usize, i: usize) -> f32 {
     let (r, c) = (i / cols, i % cols);
     let row = &packed[r * cols / 4 * 3..(r + 1) * cols / 4 * 3];
-    q6_int(row, cols, c) as f32 * q4_scale(scales, i / group_size)
+    q6_int(row, cols, c) as f32 * f16_scale(scales, i / group_size)
 }
 
 /// Dequantizes row `r` of a q6 tensor `cols` wide into `out` (`cols` values).
@@ -412,7 +407,7 @@ mod tests {
             dequantize_q4(&packed, &s, gs, &mut back);
             let (mut ours, mut q4_0) = (0.0f64, 0.0f64);
             for (g, (wg, bg)) in w.chunks(gs).zip(back.chunks(gs)).enumerate() {
-                let d = q4_scale(&s, g);
+                let d = f16_scale(&s, g);
                 let mut e = 0.0f64;
                 for (i, (&a, &b)) in wg.iter().zip(bg).enumerate() {
                     let nearest = (a / d).round().clamp(-8.0, 7.0) * d;
@@ -457,7 +452,7 @@ mod tests {
     #[test]
     fn q6_error_and_packing() {
         let mut seed = 13;
-        for (gs, cols) in [(32, 160), (64, 256), (32, 32)] {
+        for (gs, cols) in [(32, 160), (64, 256), (32, 32), (32, 224)] {
             let w: Vec<f32> = (0..cols * 40)
                 .map(|i| (0..4).map(|_| lcg(&mut seed)).sum::<f32>() * (1.0 + (i / gs % 7) as f32))
                 .collect();
@@ -468,7 +463,7 @@ mod tests {
             quantize_q4(&w, gs, &mut p4, &mut s4);
             let (mut e6, mut e4) = (0.0f64, 0.0f64);
             for (i, &x) in w.iter().enumerate() {
-                let d = q4_scale(&s6, i / gs);
+                let d = f16_scale(&s6, i / gs);
                 let q = q6_value(&p6, &s6, cols, gs, i);
                 let nearest = (x / d).round().clamp(-32.0, 31.0) * d;
                 assert!(

@@ -5,7 +5,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use qwen3_export::{export, ExportOptions, Interrupted};
-use qwen3_inference::format::{DType, Finer, Q4Mix};
+use qwen3_inference::format::{DType, MixDType, Q4Mix};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,7 +45,8 @@ pub struct ExportArgs {
 }
 
 pub fn run(args: ExportArgs) -> Result<()> {
-    let Some(dtype) = DType::parse(&args.dtype) else {
+    // q6 is a dtype of tensors inside q4 files (--tables, --sensitive), not of a file.
+    let Some(dtype) = DType::parse(&args.dtype).filter(|&d| d != DType::Q6) else {
         bail!("--dtype {:?}: expected q8, q4, bf16 or f32", args.dtype);
     };
     let group_size = args
@@ -68,9 +69,9 @@ pub fn run(args: ExportArgs) -> Result<()> {
             bail!("{flag} applies to --dtype q4 only");
         }
     }
-    // clap accepts only the names Finer::parse knows.
-    let finer = |flag: &Option<String>, default: Finer| {
-        flag.as_deref().and_then(Finer::parse).unwrap_or(default)
+    // clap accepts only the names MixDType::parse knows.
+    let finer = |flag: &Option<String>, default: MixDType| {
+        flag.as_deref().and_then(MixDType::parse).unwrap_or(default)
     };
     let q4_mix = Q4Mix {
         tables: finer(&args.tables, Q4Mix::default().tables),

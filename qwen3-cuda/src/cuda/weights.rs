@@ -1,7 +1,7 @@
 //! The model's weights on the device: the whole model file uploaded in one copy, and each tensor
 //! as a byte range of that one allocation.
 //!
-//! The model file puts every tensor (and every q8 or q4 scale array) on a 64-byte boundary, and device
+//! The model file puts every tensor (and every q8, q4 or q6 scale array) on a 64-byte boundary, and device
 //! allocations are at least 256-byte aligned, so every range below is aligned for the kernels'
 //! 16-byte loads without any repacking.
 

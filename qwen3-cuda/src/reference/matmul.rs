@@ -22,9 +22,9 @@ fn load4(w: &TensorData<'_>, row: usize, cols: usize, c: usize) -> ([f32; 4], f3
             scales,
             group_size,
         } => {
-            use qwen3_inference::quant::{q4_int, q4_scale};
+            use qwen3_inference::quant::{f16_scale, q4_int};
             let q = |k: usize| q4_int(packed, group_size, i + k) as f32;
-            let scale = q4_scale(scales, row * (cols / group_size) + c / group_size);
+            let scale = f16_scale(scales, row * (cols / group_size) + c / group_size);
             (std::array::from_fn(q), scale)
         }
         TensorData::Q6 {
@@ -42,9 +42,9 @@ fn load4(w: &TensorData<'_>, row: usize, cols: usize, c: usize) -> ([f32; 4], f3
             let word = u32::from_le_bytes(block[p..p + 4].try_into().unwrap());
             let high = u32::from_le_bytes(block[n / 2 + p % m..][..4].try_into().unwrap());
             let shift = 4 * (p >= m) as u32 + 2 * second as u32;
-            let v = (if second { word >> 4 } else { word } & 0x0f0f_0f0f)
+            let v = ((if second { word >> 4 } else { word }) & 0x0f0f_0f0f)
                 | ((high >> shift) & 0x0303_0303) << 4;
-            let scale = qwen3_inference::quant::q4_scale(
+            let scale = qwen3_inference::quant::f16_scale(
                 scales,
                 row * (cols / group_size) + c / group_size,
             );
@@ -187,7 +187,13 @@ mod tests {
     /// product of the dequantized weights: a wrong nibble, high pair or scale fails.
     #[test]
     fn q6_matches_dequantized_f64() {
-        for (rows, cols, gs) in [(5, 1024, 32), (3, 160, 32), (4, 320, 64), (2, 256, 256)] {
+        for (rows, cols, gs) in [
+            (5, 1024, 32),
+            (3, 160, 32),
+            (4, 320, 64),
+            (3, 224, 32),
+            (2, 256, 256),
+        ] {
             let w: Vec<f32> = test_values(rows * cols, cols as u64)
                 .iter()
                 .enumerate()

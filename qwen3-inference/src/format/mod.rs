@@ -123,7 +123,7 @@ impl std::fmt::Display for DType {
     }
 }
 
-/// Bytes a tensor of `dtype` and `shape` occupies in the data section (q8 and q4: values, padding
+/// Bytes a tensor of `dtype` and `shape` occupies in the data section (q8, q4, q6: values, padding
 /// to [`ALIGN`], scales). `None` when the shape overflows or the group size does not fit it.
 pub fn tensor_nbytes(dtype: DType, shape: &[u64], group_size: u32) -> Option<u64> {
     let numel = shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))?;
@@ -249,33 +249,33 @@ pub struct Q4Mix {
     /// The embedding table and the classifier (`export --tables`). In q8 they take groups of
     /// [`Q4_TABLE_GROUP`] where the width allows (they are used alone, so their group size is
     /// free); in q6 and q4 the file's group size.
-    pub tables: Finer,
+    pub tables: MixDType,
     /// `v_proj` and `down_proj` of the layers [`sensitive_layer`] picks (`export --sensitive`),
     /// at the file's group size (`v_proj` shares its input's quantization with `q_proj` and
     /// `k_proj`, so their groups must match).
-    pub sensitive: Finer,
+    pub sensitive: MixDType,
 }
 
 /// How a [`Q4Mix`] stores a group of tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finer {
+pub enum MixDType {
     Q4,
     Q6,
     Q8,
 }
 
-impl Finer {
+impl MixDType {
     pub fn dtype(self) -> DType {
         match self {
-            Finer::Q4 => DType::Q4,
-            Finer::Q6 => DType::Q6,
-            Finer::Q8 => DType::Q8,
+            MixDType::Q4 => DType::Q4,
+            MixDType::Q6 => DType::Q6,
+            MixDType::Q8 => DType::Q8,
         }
     }
 
     /// `q4`, `q6` or `q8`.
-    pub fn parse(s: &str) -> Option<Finer> {
-        [Finer::Q4, Finer::Q6, Finer::Q8]
+    pub fn parse(s: &str) -> Option<MixDType> {
+        [MixDType::Q4, MixDType::Q6, MixDType::Q8]
             .into_iter()
             .find(|f| f.dtype().name() == s)
     }
@@ -286,8 +286,8 @@ impl Default for Q4Mix {
     /// q8 for both is a little more accurate and 15% larger (docs/quantization.md).
     fn default() -> Self {
         Q4Mix {
-            tables: Finer::Q6,
-            sensitive: Finer::Q6,
+            tables: MixDType::Q6,
+            sensitive: MixDType::Q6,
         }
     }
 }
@@ -322,6 +322,12 @@ pub fn tensor_specs(c: &ModelConfig) -> Vec<writer::TensorSpec> {
 
 /// [`tensor_specs`] with a q4 file's tensors stored as `mix` says (ignored for other dtypes).
 pub fn tensor_specs_with(c: &ModelConfig, mix: Q4Mix) -> Vec<writer::TensorSpec> {
+    // q6 packs runs of 32 values: with groups of another size, q8 in its place.
+    let stored = |m: MixDType| match m {
+        MixDType::Q6 if !c.group_size.is_multiple_of(32) => MixDType::Q8,
+        m => m,
+    };
+    let (tables, sensitive_as) = (stored(mix.tables), stored(mix.sensitive));
     expected_tensors(c)
         .into_iter()
         .map(|e| {
@@ -335,15 +341,15 @@ pub fn tensor_specs_with(c: &ModelConfig, mix: Q4Mix) -> Vec<writer::TensorSpec>
                 TensorKind::Matrix if c.dtype != DType::Q4 => (c.dtype, c.group_size),
                 // q8's own groups of 64 where the width allows: the q8 kernels' fast path wants
                 // a multiple of 64.
-                TensorKind::Matrix if table && mix.tables == Finer::Q8 => {
+                TensorKind::Matrix if table && tables == MixDType::Q8 => {
                     let gs = match c.hidden_size.is_multiple_of(Q4_TABLE_GROUP) {
                         true => Q4_TABLE_GROUP,
                         false => c.group_size,
                     };
                     (DType::Q8, gs)
                 }
-                TensorKind::Matrix if table => (q6_or_q8(c, mix.tables), c.group_size),
-                TensorKind::Matrix if sensitive => (q6_or_q8(c, mix.sensitive), c.group_size),
+                TensorKind::Matrix if table => (tables.dtype(), c.group_size),
+                TensorKind::Matrix if sensitive => (sensitive_as.dtype(), c.group_size),
                 TensorKind::Matrix => (DType::Q4, c.group_size),
             };
             writer::TensorSpec {
@@ -354,15 +360,6 @@ pub fn tensor_specs_with(c: &ModelConfig, mix: Q4Mix) -> Vec<writer::TensorSpec>
             }
         })
         .collect()
-}
-
-/// `finer`'s dtype, except q6 where the file's group size is not a multiple of 32 (q6 packs
-/// runs of 32 values): there q8.
-fn q6_or_q8(c: &ModelConfig, finer: Finer) -> DType {
-    match finer {
-        Finer::Q6 if !c.group_size.is_multiple_of(32) => DType::Q8,
-        f => f.dtype(),
-    }
 }
 
 /// Whether a model file may store a matrix of a file of dtype `file` as `dtype` in groups of
@@ -446,8 +443,8 @@ mod tests {
             .all(|s| s.group_size == 32 || s.group_size == 0));
         // In q8 the same tensors, the tables in q8's groups of 64 (hidden 64 allows it).
         let all_q8 = Q4Mix {
-            tables: Finer::Q8,
-            sensitive: Finer::Q8,
+            tables: MixDType::Q8,
+            sensitive: MixDType::Q8,
         };
         assert_eq!(names(&c, all_q8, DType::Q8), q6);
         for s in tensor_specs_with(&c, all_q8)
@@ -458,8 +455,8 @@ mod tests {
             assert_eq!(s.group_size, gs, "{}", s.name);
         }
         let all_q4 = Q4Mix {
-            tables: Finer::Q4,
-            sensitive: Finer::Q4,
+            tables: MixDType::Q4,
+            sensitive: MixDType::Q4,
         };
         assert!(tensor_specs_with(&c, all_q4)
             .iter()

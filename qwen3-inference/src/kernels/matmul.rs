@@ -25,7 +25,7 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
 }
 
 /// Several products of the same activations, `outs[k] = x @ ws[k]^T`, for matrices of the same
-/// input width and group size (q/k/v, or gate/up, of one layer; in a q4 file some may be q8).
+/// input width and group size (q/k/v, or gate/up, of one layer; in a q4 file some may be q6 or q8).
 ///
 /// Decode runs them as one parallel pass over all their rows: the activations are quantized
 /// once, and the threads meet once instead of after every matrix. Prefill runs them one after
@@ -259,7 +259,7 @@ fn fill_block(
     }
 }
 
-/// Runs `f` with the activations quantized for q8 or q4 weights (`None` for f32 and bf16
+/// Runs `f` with the activations quantized for q8, q4 or q6 weights (`None` for f32 and bf16
 /// weights).
 ///
 /// W8A8: each activation row is quantized once, per group of `gs` like the weights (quant.rs),

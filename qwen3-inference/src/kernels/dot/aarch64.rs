@@ -282,7 +282,7 @@ unsafe fn mat_q4_dotprod<const SIX: bool>(w: &[u8], ws: &[u16], x: &ActsQ8, out:
     }
     super::for_each_tile(rows, x.t, 2, 4, |m, n, r, i| {
         // SAFETY: rows r..r+m and tokens i..i+n are in range (for_each_tile keeps them so),
-        // and `q4::check` proved every slice has the length of its shape.
+        // and `q6::check_either` proved every slice has the length of its shape.
         match (m, n) {
             (2, 4) => tile_q4_dotprod::<2, 4, SIX>(w, ws, x, out, r, i),
             (2, 3) => tile_q4_dotprod::<2, 3, SIX>(w, ws, x, out, r, i),
@@ -297,7 +297,7 @@ unsafe fn mat_q4_dotprod<const SIX: bool>(w: &[u8], ws: &[u16], x: &ActsQ8, out:
 }
 
 /// `out[(r + a) * t + i + j]` for the `R` weight rows from `r` and the `N` tokens from `i`.
-/// Caller guarantees the rows and tokens exist, that `q4::check` passed and that
+/// Caller guarantees the rows and tokens exist, that `q6::check_either::<SIX>` passed and that
 /// `x.q4.chunks > 0`.
 #[inline]
 #[target_feature(enable = "neon,dotprod")]
@@ -311,18 +311,18 @@ unsafe fn tile_q4_dotprod<const R: usize, const N: usize, const SIX: bool>(
 ) {
     let (t, cols, chunks) = (x.t, x.cols, x.q4.chunks);
     let (row_bytes, per, lanes) = (
-        cols / 8 * q6::bits::<SIX>(),
+        q6::row_bytes::<SIX>(cols),
         cols / q4::SIMD_GROUP,
         chunks * q4::LANES,
     );
-    let chunk_bytes = q4::CHUNK / 8 * q6::bits::<SIX>();
+    let chunk_bytes = q6::row_bytes::<SIX>(q4::CHUNK);
     let w_row: [*const u8; R] = std::array::from_fn(|a| w.as_ptr().add((r + a) * row_bytes));
     let x_row: [*const i8; N] = std::array::from_fn(|j| x.q4.x.as_ptr().add((i + j) * cols));
     let corr_row: [*const i32; N] =
         std::array::from_fn(|j| x.q4.corr.as_ptr().add((i + j) * lanes));
     let xs_row: [*const f32; N] =
         std::array::from_fn(|j| x.q4.scales.as_ptr().add((i + j) * lanes));
-    let (nibble, two_bits) = (vdupq_n_u8(15), vdupq_n_u8(0x30));
+    let (nibble, bits_4_5) = (vdupq_n_u8(15), vdupq_n_u8(0x30));
     let mut acc = [[vdupq_n_f32(0.0); N]; R];
     for c in 0..chunks {
         for quarter in 0..4 {
@@ -344,8 +344,8 @@ unsafe fn tile_q4_dotprod<const R: usize, const N: usize, const SIX: bool>(
                         true => (vshlq_n_u8::<4>(h), vshlq_n_u8::<2>(h)),
                         false => (h, vshrq_n_u8::<2>(h)),
                     };
-                    lo[a] = vorrq_u8(lo[a], vandq_u8(h_lo, two_bits));
-                    hi[a] = vorrq_u8(hi[a], vandq_u8(h_hi, two_bits));
+                    lo[a] = vorrq_u8(lo[a], vandq_u8(h_lo, bits_4_5));
+                    hi[a] = vorrq_u8(hi[a], vandq_u8(h_hi, bits_4_5));
                 }
             }
             // Weights are 0..=63, so as signed bytes they are the same values.

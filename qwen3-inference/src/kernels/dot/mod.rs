@@ -458,6 +458,7 @@ mod tests {
                     (2, 3, 2),
                     (3, 1, 32),
                     (2, 5, 22),
+                    (2, 2, 7),
                 ] {
                     let cols = gs * groups;
                     let w = rand_vec(rows * cols, &mut seed, 1.0);
@@ -480,6 +481,10 @@ mod tests {
         }
     }
 
+    /// The block kernel against one scalar dot product per (row, token), over shapes that take
+    /// every tile of the AVX-512, AVX2 and NEON kernels (2 or 1 rows; 4, 3, 2 or 1 tokens) and every
+    /// prefetch depth of their decode paths, and group sizes with one and several 64-byte
+    /// chunks, a 32-byte tail (96), and ones a kernel does not handle itself (16, 32).
     #[test]
     fn q8_rows_matches_scalar_dots() {
         let mut seed = 7;
@@ -586,6 +591,7 @@ mod tests {
                 (false, 17),
                 (false, 34),
                 (true, 4),
+                (true, 7),
                 (true, 17),
                 (true, 34),
             ] {

@@ -160,7 +160,7 @@ pub(crate) fn check_packed(
                 && x.q4.x.len() == t * cols
                 && x.q4.corr.len() == t * lanes
                 && x.q4.scales.len() == t * lanes),
-        "q4: activations not laid out for [{t}, {cols}]"
+        "q4/q6: activations not laid out for [{t}, {cols}]"
     );
     rows
 }

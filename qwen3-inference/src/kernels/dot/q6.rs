@@ -5,8 +5,8 @@
 //! nibble's two high bits in above it:
 //!
 //! ```text
-//! nibble bytes 0..32 (first half):   low values | (high & 3) << 4,  high values | (high & 12) << 2
-//! nibble bytes 32..64 (second half): low values | (high & 48),      high values | (high & 192) >> 2
+//! nibble bytes 0..32:   low values | (high & 3) << 4,   high values | (high & 12) << 2
+//! nibble bytes 32..64:  low values | (high & 48),       high values | (high & 192) >> 2
 //! ```
 //!
 //! The weights are then `q + 32` (0..=63) where q4's are `q + 8`, so the activations' per-lane
@@ -15,7 +15,7 @@
 
 use super::q4::{self, CHUNK, SIMD_GROUP};
 use super::ActsQ8;
-use crate::quant::{q4_scale, q6_unpack_block, Q6_BLOCK};
+use crate::quant::{f16_scale, q6_unpack_block, Q6_BLOCK};
 
 /// Bytes of one chunk (128 weights) of q6: 64 nibble bytes, 32 high bytes.
 pub const CHUNK_BYTES: usize = CHUNK / 4 * 3;
@@ -41,7 +41,7 @@ pub fn dot_q6_scalar(w: &[u8], ws: &[u16], x: &[i8], xs: &[f32], gs: usize) -> f
             let end = b * Q6_BLOCK + 32 * (k + 1);
             if end.is_multiple_of(gs) {
                 let g = end / gs - 1;
-                sum += isum as f32 * (q4_scale(ws, g) * xs[g]);
+                sum += isum as f32 * (f16_scale(ws, g) * xs[g]);
                 isum = 0;
             }
         }
@@ -85,7 +85,9 @@ pub fn mat_q6_scalar(w: &[u8], ws: &[u16], x: &ActsQ8, out: &mut [f32], _ahead: 
     }
 }
 
-// The SIMD kernels take q4 and q6 alike, `SIX` saying which; these pick what differs.
+// The SIMD kernels take q4 and q6 alike, `SIX` saying which; these pick what differs. A q6
+// block is exactly one q4 chunk, which the kernels rely on.
+const _: () = assert!(crate::quant::Q6_BLOCK == CHUNK);
 
 /// Bits a weight of the packing takes: 4 (q4) or 6 (q6, `SIX`).
 pub(crate) const fn bits<const SIX: bool>() -> usize {
@@ -94,6 +96,11 @@ pub(crate) const fn bits<const SIX: bool>() -> usize {
     } else {
         4
     }
+}
+
+/// Bytes of a row of `cols` weights: `cols / 2` (q4) or `3 * cols / 4` (q6).
+pub(crate) const fn row_bytes<const SIX: bool>(cols: usize) -> usize {
+    cols / 8 * bits::<SIX>()
 }
 
 /// `q4::check` or `q6::check`.
@@ -149,7 +156,8 @@ mod tests {
     #[test]
     fn matches_the_dequantized_product() {
         let mut seed = 6;
-        for (gs, cols) in [(32, 128), (32, 160), (64, 320), (256, 256)] {
+        // Short last blocks of 32, 64 (320 = 2 * 128 + 64) and 96 values (224).
+        for (gs, cols) in [(32, 128), (32, 160), (64, 320), (32, 224), (256, 256)] {
             let (rows, t) = (3, 2);
             let w = next_values(rows * cols, &mut seed);
             let x = next_values(t * cols, &mut seed);

@@ -51,7 +51,7 @@ pub(super) unsafe fn mat_q4_avx512<const SIX: bool>(
         // Decode: four rows a tile, the fixed costs of a tile (its setup, the sums across lanes)
         // shared by four rows' streams.
         return for_each_tile(rows, 1, 4, 1, |m, _, r, _| {
-            // SAFETY: rows r..r+m exist (for_each_tile keeps them so) and `q4::check` passed.
+            // SAFETY: rows r..r+m exist (for_each_tile keeps them so) and `check_either` passed.
             match m {
                 4 => tile_avx512::<4, 1, SIX>(w, ws, x, out, r, 0, reach),
                 _ => tile_avx512::<1, 1, SIX>(w, ws, x, out, r, 0, reach),
@@ -60,7 +60,7 @@ pub(super) unsafe fn mat_q4_avx512<const SIX: bool>(
     }
     for_each_tile(rows, x.t, 2, 4, |m, n, r, i| {
         // SAFETY: rows r..r+m and tokens i..i+n are in range (for_each_tile keeps them so), and
-        // `q4::check` proved every slice has the length of its shape and the layout is for
+        // `q6::check_either` proved every slice has the length of its shape and the layout is for
         // groups of 32 and `chunks = cols / 128`.
         match (m, n) {
             (2, 4) => tile_avx512::<2, 4, SIX>(w, ws, x, out, r, i, reach),
@@ -77,10 +77,11 @@ pub(super) unsafe fn mat_q4_avx512<const SIX: bool>(
 
 /// `out[(r + a) * t + i + j]` for the `R` weight rows from `r` and the `N` tokens from `i`.
 /// Prefetches weights up to `reach` bytes from the start of `w`. Caller guarantees the rows and
-/// tokens exist, that `q4::check` passed and that `x.q4.chunks > 0`. Then every read is in
-/// bounds: chunk `c < chunks = cols / 128` reads bytes `64c .. 64c + 64 <= cols / 2` of a
-/// weight row, values `128c .. 128c + 128 <= cols` of a token's laid-out row, lanes `16c ..
-/// 16c + 16 <= lanes` of its corrections and scales; the weight scales are read by a masked load
+/// tokens exist, that `q6::check_either::<SIX>` passed and that `x.q4.chunks > 0`.
+/// Then every read is in bounds: chunk `c < chunks = cols / 128` reads bytes `bc .. bc + b` of a
+/// weight row (`b` = 64 for q4, 96 for q6: the nibbles, then 32 high bytes), within its
+/// `cols / 128 * b` bytes, values `128c .. 128c + 128 <= cols` of a token's laid-out row, lanes
+/// `16c .. 16c + 16 <= lanes` of its corrections and scales; the weight scales are read by a masked load
 /// of `4 * n4` values from `4c`, which stays within `4 * chunks <= per` (masked-off elements are
 /// not read and cannot fault).
 #[inline]
@@ -96,11 +97,11 @@ unsafe fn tile_avx512<const R: usize, const N: usize, const SIX: bool>(
 ) {
     let (t, cols, chunks) = (x.t, x.cols, x.q4.chunks);
     let (row_bytes, per, lanes) = (
-        cols / 8 * q6::bits::<SIX>(),
+        q6::row_bytes::<SIX>(cols),
         cols / q4::SIMD_GROUP,
         chunks * LANES,
     );
-    let chunk_bytes = CHUNK / 8 * q6::bits::<SIX>();
+    let chunk_bytes = q6::row_bytes::<SIX>(CHUNK);
     let w_at: [usize; R] = std::array::from_fn(|a| (r + a) * row_bytes);
     let w_row: [*const u8; R] = w_at.map(|at| w.as_ptr().add(at));
     let ws_row: [*const u16; R] = std::array::from_fn(|a| ws.as_ptr().add((r + a) * per));
@@ -109,7 +110,7 @@ unsafe fn tile_avx512<const R: usize, const N: usize, const SIX: bool>(
         std::array::from_fn(|j| x.q4.corr.as_ptr().add((i + j) * lanes));
     let xs_row: [*const f32; N] =
         std::array::from_fn(|j| x.q4.scales.as_ptr().add((i + j) * lanes));
-    let (nibble, two_bits) = (_mm512_set1_epi8(15), _mm512_set1_epi8(0x30));
+    let (nibble, bits_4_5) = (_mm512_set1_epi8(15), _mm512_set1_epi8(0x30));
     // Lane l of chunk k (0..4) of a window of 16 groups has group 4k + l / 4.
     let spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     let idx: [__m512i; 4] =
@@ -140,8 +141,8 @@ unsafe fn tile_avx512<const R: usize, const N: usize, const SIX: bool>(
                 let hb = _mm256_loadu_si256(w_row[a].add(off + 64) as *const __m256i);
                 let h =
                     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(hb), _mm256_srli_epi16(hb, 4));
-                let h_lo = _mm512_and_si512(_mm512_slli_epi16(h, 4), two_bits);
-                let h_hi = _mm512_and_si512(_mm512_slli_epi16(h, 2), two_bits);
+                let h_lo = _mm512_and_si512(_mm512_slli_epi16(h, 4), bits_4_5);
+                let h_hi = _mm512_and_si512(_mm512_slli_epi16(h, 2), bits_4_5);
                 lo[a] = _mm512_or_si512(lo[a], h_lo);
                 hi[a] = _mm512_or_si512(hi[a], h_hi);
             }
@@ -240,11 +241,11 @@ unsafe fn tile_avx2<const N: usize, const P: u8, const SIX: bool>(
 ) {
     let (t, cols, chunks) = (x.t, x.cols, x.q4.chunks);
     let (row_bytes, per, lanes) = (
-        cols / 8 * q6::bits::<SIX>(),
+        q6::row_bytes::<SIX>(cols),
         cols / q4::SIMD_GROUP,
         chunks * LANES,
     );
-    let chunk_bytes = CHUNK / 8 * q6::bits::<SIX>();
+    let chunk_bytes = q6::row_bytes::<SIX>(CHUNK);
     let w_at = r * row_bytes;
     let (w_row, ws_row) = (w.as_ptr().add(w_at), &ws[r * per..(r + 1) * per]);
     let x_row: [*const i8; N] = std::array::from_fn(|j| x.q4.x.as_ptr().add((i + j) * cols));
@@ -252,7 +253,7 @@ unsafe fn tile_avx2<const N: usize, const P: u8, const SIX: bool>(
         std::array::from_fn(|j| x.q4.corr.as_ptr().add((i + j) * lanes));
     let xs_row: [*const f32; N] =
         std::array::from_fn(|j| x.q4.scales.as_ptr().add((i + j) * lanes));
-    let (nibble, two_bits) = (_mm256_set1_epi8(15), _mm256_set1_epi8(0x30));
+    let (nibble, bits_4_5) = (_mm256_set1_epi8(15), _mm256_set1_epi8(0x30));
     // Lane l of half h (0..2) of a chunk has the chunk's group 2h + l / 4.
     let spread = [
         _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0),
@@ -276,10 +277,13 @@ unsafe fn tile_avx2<const N: usize, const P: u8, const SIX: bool>(
         let high = match SIX {
             true => {
                 let hb = _mm256_loadu_si256(w_row.add(off + 64) as *const __m256i);
-                let at = |v: __m256i| _mm256_and_si256(v, two_bits);
+                let keep = |v: __m256i| _mm256_and_si256(v, bits_4_5);
                 [
-                    [at(_mm256_slli_epi16(hb, 4)), at(_mm256_slli_epi16(hb, 2))],
-                    [at(hb), at(_mm256_srli_epi16(hb, 2))],
+                    [
+                        keep(_mm256_slli_epi16(hb, 4)),
+                        keep(_mm256_slli_epi16(hb, 2)),
+                    ],
+                    [keep(hb), keep(_mm256_srli_epi16(hb, 2))],
                 ]
             }
             false => [[_mm256_setzero_si256(); 2]; 2],
@@ -333,26 +337,51 @@ mod tests {
     #[test]
     fn avx2_kernel_with_vnni_matches_the_reference() {
         if !(super::super::has_avx512() && super::super::has_avx2()) {
-            eprintln!("no AVX-512 VNNI: skipping the EVEX form of the AVX2 q4 kernel");
+            eprintln!("no AVX-512 VNNI: skipping the EVEX form of the AVX2 q4 and q6 kernels");
             return;
         }
         let mut seed = 21;
-        for (rows, t, groups) in [(5, 1, 17), (3, 6, 8), (2, 2, 3)] {
-            let (gs, cols) = (32, 32 * groups);
-            let w = next_values(rows * cols, &mut seed);
-            let x = next_values(t * cols, &mut seed);
-            let mut packed = vec![0u8; w.len() / 2];
-            let mut ws = vec![0u16; w.len() / gs];
-            crate::quant::quantize_q4(&w, gs, &mut packed, &mut ws);
-            let mut buf = ActsQ8Buf::default();
-            let acts = buf.quantize_for_q4(&x, t, cols, gs);
-            let (mut got, mut want) = (vec![f32::NAN; rows * t], vec![0f32; rows * t]);
-            // SAFETY: the CPU has AVX-512 VNNI with VL (has_avx512) and AVX2, FMA, F16C
-            // (has_avx2), all that this form of the kernel uses.
-            unsafe { mat_q4_avx2::<EVEX_VNNI, false>(&packed, &ws, &acts, &mut got, 0) };
-            q4::mat_q4_scalar(&packed, &ws, &acts, &mut want, 0);
-            for (k, (&g, &e)) in got.iter().zip(&want).enumerate() {
-                assert!((g - e).abs() <= 1e-4 * e.abs().max(1.0), "[{k}] {g} vs {e}");
+        for six in [false, true] {
+            for (rows, t, groups) in [(5, 1, 17), (3, 6, 8), (2, 2, 3), (2, 3, 7)] {
+                let (gs, cols) = (32, 32 * groups);
+                let w = next_values(rows * cols, &mut seed);
+                let x = next_values(t * cols, &mut seed);
+                let mut ws = vec![0u16; w.len() / gs];
+                let packed = match six {
+                    true => {
+                        let mut p = vec![0u8; w.len() / 4 * 3];
+                        crate::quant::quantize_q6(&w, cols, gs, &mut p, &mut ws);
+                        p
+                    }
+                    false => {
+                        let mut p = vec![0u8; w.len() / 2];
+                        crate::quant::quantize_q4(&w, gs, &mut p, &mut ws);
+                        p
+                    }
+                };
+                let mut buf = ActsQ8Buf::default();
+                let acts = buf.quantize_for_q4(&x, t, cols, gs);
+                let (mut got, mut want) = (vec![f32::NAN; rows * t], vec![0f32; rows * t]);
+                // SAFETY: the CPU has AVX-512 VNNI with VL (has_avx512) and AVX2, FMA, F16C
+                // (has_avx2), all that this form of the kernel uses.
+                match six {
+                    true => unsafe {
+                        mat_q4_avx2::<EVEX_VNNI, true>(&packed, &ws, &acts, &mut got, 0)
+                    },
+                    false => unsafe {
+                        mat_q4_avx2::<EVEX_VNNI, false>(&packed, &ws, &acts, &mut got, 0)
+                    },
+                }
+                match six {
+                    true => q6::mat_q6_scalar(&packed, &ws, &acts, &mut want, 0),
+                    false => q4::mat_q4_scalar(&packed, &ws, &acts, &mut want, 0),
+                }
+                for (k, (&g, &e)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - e).abs() <= 1e-4 * e.abs().max(1.0),
+                        "{six} [{k}] {g} vs {e}"
+                    );
+                }
             }
         }
     }
