@@ -84,6 +84,11 @@ impl Header {
             let Some(dtype) = DType::from_code(code) else {
                 bail!("tensor {i} ({name}): unknown dtype code {code}");
             };
+            if dtype == DType::Q6 && version < 4 {
+                bail!(
+                    "tensor {name}: q6 in a format version {version} file (q6 came with version 4)"
+                );
+            }
             let rank = r.u8("tensor rank")? as usize;
             let mut shape = Vec::with_capacity(rank);
             for _ in 0..rank {
@@ -483,6 +488,20 @@ mod tests {
                 ),
             }
         }
+    }
+
+    /// A q6 tensor in a file that says it is older than q6 is refused, naming both.
+    #[test]
+    fn q6_needs_version_4() {
+        let p = tmp("q6-version");
+        let c = write_tiny(&p, DType::Q4);
+        assert!(tensor_specs(&c).iter().any(|s| s.dtype == DType::Q6));
+        let mut bytes = std::fs::read(&p).unwrap();
+        bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+        std::fs::write(&p, &bytes).unwrap();
+        let err = format!("{:#}", ModelFile::open(&p).err().unwrap());
+        std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
+        assert!(err.contains("q6 in a format version 3 file"), "{err}");
     }
 
     #[test]
