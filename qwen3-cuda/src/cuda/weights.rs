@@ -8,7 +8,7 @@
 use crate::kernels::{check_matmul_shape, quant_of};
 use anyhow::{bail, Context, Result};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
-use qwen3_inference::format::{align_up, DType, ModelFile};
+use qwen3_inference::format::{align_up, value_bytes, DType, ModelFile};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
@@ -54,33 +54,21 @@ impl DeviceWeights {
             if start % 64 != 0 {
                 bail!("{name}: tensor {} is not 64-byte aligned", t.name);
             }
-            let (values, scales) = match t.dtype {
-                DType::F32 => (start..start + 4 * numel, 0..0),
-                DType::Bf16 => (start..start + 2 * numel, 0..0),
-                DType::Q8 => {
-                    let at = start + align_up(numel as u64).context("overflow")? as usize;
-                    (start..start + numel, at..start + usize::try_from(t.nbytes)?)
-                }
-                // No CUDA kernel reads a q4 embedding row (q4 files keep the table finer unless
-                // exported with --tables q4).
-                DType::Q4 if t.name == "model.embed_tokens.weight" => bail!(
+            // No CUDA kernel reads a q4 embedding row (q4 files keep the table finer unless
+            // exported with --tables q4).
+            if t.dtype == DType::Q4 && t.name == "model.embed_tokens.weight" {
+                bail!(
                     "{name}: its embedding table is q4, which the CUDA backend does not read: use --device cpu, or export with --tables q6 or q8"
-                ),
-                // The packed nibbles, then (64-byte aligned) the f16 scales.
-                DType::Q4 => {
-                    let at = start + align_up(numel as u64 / 2).context("overflow")? as usize;
-                    (
-                        start..start + numel / 2,
-                        at..start + usize::try_from(t.nbytes)?,
-                    )
-                }
-                // Three bytes for four values, then (64-byte aligned) the f16 scales.
-                DType::Q6 => {
-                    let at = start + align_up(numel as u64 / 4 * 3).context("overflow")? as usize;
-                    (
-                        start..start + numel / 4 * 3,
-                        at..start + usize::try_from(t.nbytes)?,
-                    )
+                );
+            }
+            // The values; for q8, q4 and q6 then (64-byte aligned) their scales.
+            let n_values = value_bytes(t.dtype, numel as u64).context("overflow")? as usize;
+            let values = start..start + n_values;
+            let scales = match t.dtype {
+                DType::F32 | DType::Bf16 => 0..0,
+                DType::Q8 | DType::Q4 | DType::Q6 => {
+                    let at = start + align_up(n_values as u64).context("overflow")? as usize;
+                    at..start + usize::try_from(t.nbytes)?
                 }
             };
             if shape.len() == 2 {

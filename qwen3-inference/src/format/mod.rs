@@ -123,41 +123,35 @@ impl std::fmt::Display for DType {
     }
 }
 
+/// Bytes of the values of `numel` weights stored as `dtype`, without q8's, q4's and q6's scales.
+/// `None` on overflow.
+pub fn value_bytes(dtype: DType, numel: u64) -> Option<u64> {
+    match dtype {
+        DType::F32 => numel.checked_mul(4),
+        DType::Bf16 => numel.checked_mul(2),
+        DType::Q8 => Some(numel),
+        DType::Q4 => Some(numel / 2),
+        DType::Q6 => Some(numel / 4 * 3),
+    }
+}
+
 /// Bytes a tensor of `dtype` and `shape` occupies in the data section (q8, q4, q6: values, padding
 /// to [`ALIGN`], scales). `None` when the shape overflows or the group size does not fit it.
 pub fn tensor_nbytes(dtype: DType, shape: &[u64], group_size: u32) -> Option<u64> {
     let numel = shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))?;
-    match dtype {
-        DType::F32 => numel.checked_mul(4),
-        DType::Bf16 => numel.checked_mul(2),
-        DType::Q8 => {
-            let cols = *shape.last()?;
-            let gs = group_size as u64;
-            if gs == 0 || cols % gs != 0 {
-                return None;
-            }
-            let n_scales = numel / gs;
-            align_up(numel)?.checked_add(n_scales.checked_mul(4)?)
-        }
-        DType::Q4 => {
-            let cols = *shape.last()?;
-            let gs = group_size as u64;
-            if gs == 0 || !gs.is_multiple_of(2) || !cols.is_multiple_of(gs) {
-                return None;
-            }
-            let n_scales = numel / gs;
-            align_up(numel / 2)?.checked_add(n_scales.checked_mul(2)?)
-        }
-        DType::Q6 => {
-            let cols = *shape.last()?;
-            let gs = group_size as u64;
-            if gs == 0 || !gs.is_multiple_of(32) || !cols.is_multiple_of(gs) {
-                return None;
-            }
-            let n_scales = numel / gs;
-            align_up(numel / 4 * 3)?.checked_add(n_scales.checked_mul(2)?)
-        }
+    // What a group size must be a multiple of (q4 packs pairs, q6 runs of 32), and the bytes of
+    // a scale (q8's are f32, q4's and q6's f16).
+    let (multiple, scale_bytes) = match dtype {
+        DType::F32 | DType::Bf16 => return value_bytes(dtype, numel),
+        DType::Q8 => (1, 4),
+        DType::Q4 => (2, 2),
+        DType::Q6 => (32, 2),
+    };
+    let (cols, gs) = (*shape.last()?, group_size as u64);
+    if gs == 0 || !gs.is_multiple_of(multiple) || !cols.is_multiple_of(gs) {
+        return None;
     }
+    align_up(value_bytes(dtype, numel)?)?.checked_add((numel / gs).checked_mul(scale_bytes)?)
 }
 
 /// What a tensor is: a norm weight or a bias (vectors, kept in f32 whatever the export dtype),

@@ -7,8 +7,9 @@
 
 use super::bytes::ByteReader;
 use super::{
-    align_up, expected_tensors, matrix_storage_ok, tensor_nbytes, DType, ModelConfig, TensorKind,
-    ALIGN, BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION, PREAMBLE_LEN,
+    align_up, expected_tensors, matrix_storage_ok, tensor_nbytes, value_bytes, DType, ModelConfig,
+    TensorKind, ALIGN, BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION,
+    PREAMBLE_LEN,
 };
 use crate::pages::{self, PageShare};
 use anyhow::{bail, Context, Result};
@@ -340,23 +341,24 @@ fn view_data<'a>(file: &'a [u8], t: &TensorInfo) -> Result<TensorData<'a>> {
                 group_size: t.group_size as usize,
             }
         }
-        DType::Q4 => {
-            let numel = t.shape.iter().product::<u64>() as usize;
-            let scales_at = align_up(numel as u64 / 2).context("overflow")? as usize;
-            TensorData::Q4 {
-                packed: &bytes[..numel / 2],
-                scales: bytemuck::try_cast_slice(&bytes[scales_at..]).map_err(cast_err)?,
-                group_size: t.group_size as usize,
-            }
-        }
-        DType::Q6 => {
-            let numel = t.shape.iter().product::<u64>() as usize;
-            let scales_at = align_up(numel as u64 / 4 * 3).context("overflow")? as usize;
-            TensorData::Q6 {
-                packed: &bytes[..numel / 4 * 3],
-                scales: bytemuck::try_cast_slice(&bytes[scales_at..]).map_err(cast_err)?,
-                group_size: t.group_size as usize,
-                cols: *t.shape.last().context("q6: a tensor without a shape")? as usize,
+        DType::Q4 | DType::Q6 => {
+            let numel = t.shape.iter().product::<u64>();
+            let values = value_bytes(t.dtype, numel).context("overflow")? as usize;
+            let scales_at = align_up(values as u64).context("overflow")? as usize;
+            let (packed, group_size) = (&bytes[..values], t.group_size as usize);
+            let scales = bytemuck::try_cast_slice(&bytes[scales_at..]).map_err(cast_err)?;
+            match t.dtype {
+                DType::Q4 => TensorData::Q4 {
+                    packed,
+                    scales,
+                    group_size,
+                },
+                _ => TensorData::Q6 {
+                    packed,
+                    scales,
+                    group_size,
+                    cols: *t.shape.last().context("q6: a tensor without a shape")? as usize,
+                },
             }
         }
     })

@@ -7,7 +7,8 @@
 use super::atomic::AtomicFile;
 use super::bytes::ByteWriter;
 use super::{
-    align_up, tensor_nbytes, DType, ModelConfig, ALIGN, BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC,
+    align_up, tensor_nbytes, value_bytes, DType, ModelConfig, ALIGN, BYTE_ORDER_MARK,
+    FORMAT_VERSION, MAGIC,
 };
 use anyhow::{bail, Context, Result};
 use std::io::Write;
@@ -186,11 +187,7 @@ impl ModelWriter {
             bail!("scales written outside a tensor");
         };
         let numel: u64 = e.spec.shape.iter().product();
-        let values = match e.spec.dtype {
-            DType::Q4 => numel / 2,
-            DType::Q6 => numel / 4 * 3,
-            _ => numel,
-        };
+        let values = value_bytes(e.spec.dtype, numel).context("tensor too large")?;
         if self.pos != e.offset + values {
             bail!("tensor {}: scales written before all values", e.spec.name);
         }

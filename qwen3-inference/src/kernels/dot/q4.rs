@@ -181,18 +181,35 @@ pub(crate) fn tail(w_r: &[u8], ws_r: &[u16], x_r: &[i8], xs_r: &[f32], chunks: u
 /// [`dot_q4_scalar`] per pair. `_ahead` is the prefetch hint the SIMD kernels take.
 pub fn mat_q4_scalar(w: &[u8], ws: &[u16], x: &ActsQ8, out: &mut [f32], _ahead: usize) {
     check(w, ws, x, out);
-    let (cols, gs, t) = (x.cols, x.group_size, x.t);
+    rows_with(dot_q4_scalar, w, ws, x, out, x.cols / 2);
+}
+
+/// One packed weight row (its bytes and f16 scales) against one activation row quantized per
+/// group: [`dot_q4_scalar`], `q6::dot_q6_scalar`.
+pub(crate) type DotPacked = fn(&[u8], &[u16], &[i8], &[f32], usize) -> f32;
+
+/// The reference kernels' loop: `out[r, i]` = `dot` of weight row `r` (`row_bytes` packed bytes
+/// and its f16 scales) with activation row `i`.
+pub(crate) fn rows_with(
+    dot: DotPacked,
+    w: &[u8],
+    ws: &[u16],
+    x: &ActsQ8,
+    out: &mut [f32],
+    row_bytes: usize,
+) {
+    let (gs, t) = (x.group_size, x.t);
     if t == 0 {
         return;
     }
-    let per = cols / gs;
+    let per = x.cols / gs;
     for (r, out_r) in out.chunks_exact_mut(t).enumerate() {
         let (w_r, ws_r) = (
-            &w[r * cols / 2..(r + 1) * cols / 2],
+            &w[r * row_bytes..(r + 1) * row_bytes],
             &ws[r * per..(r + 1) * per],
         );
         for (i, o) in out_r.iter_mut().enumerate() {
-            *o = dot_q4_scalar(w_r, ws_r, x.q_row(i), x.scales_row(i), gs);
+            *o = dot(w_r, ws_r, x.q_row(i), x.scales_row(i), gs);
         }
     }
 }

@@ -69,20 +69,7 @@ pub(crate) fn tail(w_r: &[u8], ws_r: &[u16], x_r: &[i8], xs_r: &[f32], chunks: u
 /// [`dot_q6_scalar`] per pair.
 pub fn mat_q6_scalar(w: &[u8], ws: &[u16], x: &ActsQ8, out: &mut [f32], _ahead: usize) {
     check(w, ws, x, out);
-    let (cols, gs, t) = (x.cols, x.group_size, x.t);
-    if t == 0 {
-        return;
-    }
-    let (per, row_bytes) = (cols / gs, cols / 4 * 3);
-    for (r, out_r) in out.chunks_exact_mut(t).enumerate() {
-        let (w_r, ws_r) = (
-            &w[r * row_bytes..(r + 1) * row_bytes],
-            &ws[r * per..(r + 1) * per],
-        );
-        for (i, o) in out_r.iter_mut().enumerate() {
-            *o = dot_q6_scalar(w_r, ws_r, x.q_row(i), x.scales_row(i), gs);
-        }
-    }
+    q4::rows_with(dot_q6_scalar, w, ws, x, out, x.cols / 4 * 3);
 }
 
 // The SIMD kernels take q4 and q6 alike, `SIX` saying which; these pick what differs. A q6
