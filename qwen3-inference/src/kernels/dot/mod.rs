@@ -481,6 +481,46 @@ mod tests {
         }
     }
 
+    /// Weights and activations at the ends of their ranges, where a kernel that sums products
+    /// in 16 bits would overflow if it could: every stored weight at its top (q4 15, q6 63) or
+    /// bottom (0) value, every activation at +127 or -127, for q4 and q6 and every instruction
+    /// set. The sums are exact integers, `q * cols` with `q` the weight's level.
+    #[test]
+    fn q4_and_q6_rows_at_the_extremes() {
+        let (gs, cols, rows, t) = (32, 32 * 12, 3, 2);
+        for d in available() {
+            for six in [false, true] {
+                for byte in [0xffu8, 0x00] {
+                    for sign in [1.0f32, -1.0] {
+                        let len = match six {
+                            true => rows * cols / 4 * 3,
+                            false => rows * cols / 2,
+                        };
+                        let (p, ws) = (vec![byte; len], vec![0x3c00u16; rows * cols / gs]); // f16 1.0
+                        let x = vec![sign; t * cols];
+                        let mut buf = ActsQ8Buf::default();
+                        let acts = buf.quantize_for_q4(&x, t, cols, gs);
+                        let (kernel, offset, top) = match six {
+                            true => (d.q6_rows, 32.0, 63.0),
+                            false => (d.q4_rows, 8.0, 15.0),
+                        };
+                        let level = if byte == 0 { -offset } else { top - offset };
+                        let want = sign * level * cols as f32;
+                        let mut got = vec![f32::NAN; rows * t];
+                        kernel(&p, &ws, &acts, &mut got, 0);
+                        for (k, &g) in got.iter().enumerate() {
+                            assert!(
+                                (g - want).abs() <= 1e-5 * want.abs(),
+                                "{} six={six} byte={byte:#x} sign={sign} [{k}]: {g} vs {want}",
+                                d.isa
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// The block kernel against one scalar dot product per (row, token), over shapes that take
     /// every tile of the AVX-512, AVX2 and NEON kernels (2 or 1 rows; 4, 3, 2 or 1 tokens) and every
     /// prefetch depth of their decode paths, and group sizes with one and several 64-byte

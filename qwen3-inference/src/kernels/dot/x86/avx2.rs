@@ -219,6 +219,30 @@ pub(super) unsafe fn dot4<const P: u8>(isum: __m256i, u: __m256i, s: __m256i) ->
     acc
 }
 
+/// `isum` plus, in each i32 lane `l`, the eight products `u1 * s1` and `u2 * s2` of its four
+/// bytes in each pair: [`dot4`] twice, for q4 and q6 weights. Caller guarantees `u1, u2 <= 63`
+/// and `-127 <= s1, s2 <= 127` in every byte, and that the CPU has what `P` names. With
+/// `vpmaddubsw`, the two products are added as i16 before one `vpmaddwd` widens them: each i16
+/// lane holds four products, at most 4 * 63 * 127 = 32004 < 2^15 in size, so the sum is exact and
+/// one widening (and one add) is saved against two `dot4`s. `vpdpbusd` widens as it multiplies.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn dot8<const P: u8>(
+    isum: __m256i,
+    u1: __m256i,
+    s1: __m256i,
+    u2: __m256i,
+    s2: __m256i,
+) -> __m256i {
+    match P {
+        MADDUBS => {
+            let p16 = _mm256_add_epi16(_mm256_maddubs_epi16(u1, s1), _mm256_maddubs_epi16(u2, s2));
+            _mm256_add_epi32(isum, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
+        }
+        _ => dot4::<P>(dot4::<P>(isum, u1, s1), u2, s2),
+    }
+}
+
 /// [`MatQ8`] on AVX2, for groups of a multiple of 32 values (others take the scalar product).
 ///
 /// Decode (`t = 1`) runs [`dot_q8_avx2`] row by row, prefetching as [`mat_q8_avx512`] does.

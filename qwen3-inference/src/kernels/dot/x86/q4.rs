@@ -24,7 +24,7 @@
 use super::super::q4::{self, CHUNK, LANES};
 use super::super::q6;
 use super::super::{for_each_tile, ActsQ8};
-use super::avx2::{dot4, hsum256};
+use super::avx2::{dot8, hsum256};
 use super::{PREFETCH_FAR, PREFETCH_NEAR};
 use std::arch::x86_64::*;
 
@@ -309,8 +309,8 @@ unsafe fn tile_avx2<const N: usize, const P: u8, const SIX: bool>(
                 } else {
                     corr
                 };
-                // Weights are at most 63 and activations in [-127, 127], as dot4 asks.
-                let isum = dot4::<P>(dot4::<P>(corr, lo, x_lo), hi, x_hi);
+                // Weights are at most 63 and activations in [-127, 127], as dot8 asks.
+                let isum = dot8::<P>(corr, lo, x_lo, hi, x_hi);
                 let v = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_loadu_ps(xs_row[j].add(at)));
                 acc_h[j] = _mm256_fmadd_ps(v, d, acc_h[j]);
             }
