@@ -37,8 +37,21 @@ pub const MAGIC: [u8; 8] = *b"QW3PICO\0";
 /// Version 2 added two flags to the config block (`attention_bias`, `qk_norm`) for the Qwen2
 /// family; a version 1 file is a Qwen3 model (no biases, q/k norms), and loads as one. Version 3
 /// added the q4 dtype (code 3), version 4 the q6 dtype (code 4) for the tensors a q4 file keeps
-/// finer.
+/// finer. A file is written with the oldest version that holds its tensors
+/// ([`version_for`]), so a build from before q4 still reads a q8 file exported today.
 pub const FORMAT_VERSION: u32 = 4;
+/// The version every file is written with at least: the config block has held its flags since
+/// version 2.
+pub const OLDEST_WRITTEN_VERSION: u32 = 2;
+
+/// The oldest format version that can hold tensors of these dtypes: [`OLDEST_WRITTEN_VERSION`],
+/// or the version that brought the newest of them ([`DType::since_version`]).
+pub fn version_for(dtypes: impl IntoIterator<Item = DType>) -> u32 {
+    dtypes
+        .into_iter()
+        .map(DType::since_version)
+        .fold(OLDEST_WRITTEN_VERSION, u32::max)
+}
 /// The oldest version this build still reads.
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 /// Written as a little-endian u32; a reader that sees other bytes was handed a file from a
@@ -79,6 +92,16 @@ impl DType {
             DType::F32 => 0,
             DType::Bf16 => 1,
             DType::Q8 => 2,
+            DType::Q4 => 3,
+            DType::Q6 => 4,
+        }
+    }
+
+    /// The format version that brought this dtype: a file of an older version holding it is
+    /// refused.
+    pub fn since_version(self) -> u32 {
+        match self {
+            DType::F32 | DType::Bf16 | DType::Q8 => 1,
             DType::Q4 => 3,
             DType::Q6 => 4,
         }

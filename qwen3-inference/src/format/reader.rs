@@ -85,9 +85,10 @@ impl Header {
             let Some(dtype) = DType::from_code(code) else {
                 bail!("tensor {i} ({name}): unknown dtype code {code}");
             };
-            if dtype == DType::Q6 && version < 4 {
+            if version < dtype.since_version() {
                 bail!(
-                    "tensor {name}: q6 in a format version {version} file (q6 came with version 4)"
+                    "tensor {name}: {dtype} in a format version {version} file ({dtype} came with version {})",
+                    dtype.since_version()
                 );
             }
             let rank = r.u8("tensor rank")? as usize;
@@ -504,6 +505,42 @@ mod tests {
         let err = format!("{:#}", ModelFile::open(&p).err().unwrap());
         std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
         assert!(err.contains("q6 in a format version 3 file"), "{err}");
+    }
+
+    /// A file is written with the oldest version that holds its tensors: 2 without q4 or q6
+    /// (a build from before q4 reads it), 3 with q4 and no q6, 4 with q6; and a q4 tensor in a
+    /// file that says it is older than q4 is refused, as q6 is.
+    #[test]
+    fn files_are_written_with_the_oldest_version_that_holds_them() {
+        // (dtype, whether the q4 file keeps its q6 tensors or stores them in q8, version)
+        let cases = [
+            (DType::F32, true, 2),
+            (DType::Bf16, true, 2),
+            (DType::Q8, true, 2),
+            (DType::Q4, false, 3),
+            (DType::Q4, true, 4),
+        ];
+        for (k, (dt, keep_q6, want)) in cases.into_iter().enumerate() {
+            let p = tmp(&format!("version-{k}"));
+            write_tiny_as(&p, dt, |s| {
+                if s.dtype == DType::Q6 && !keep_q6 {
+                    s.dtype = DType::Q8;
+                }
+            });
+            let version = ModelFile::open(&p).unwrap().header().version;
+            assert_eq!(version, want, "{dt} file, case {k}");
+            if dt == DType::Q4 && want == 3 {
+                let mut bytes = std::fs::read(&p).unwrap();
+                bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+                std::fs::write(&p, &bytes).unwrap();
+                let err = format!("{:#}", ModelFile::open(&p).err().unwrap());
+                assert!(
+                    err.contains("q4 in a format version 2 file (q4 came with version 3)"),
+                    "{err}"
+                );
+            }
+            std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
+        }
     }
 
     #[test]

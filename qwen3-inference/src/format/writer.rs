@@ -7,8 +7,7 @@
 use super::atomic::AtomicFile;
 use super::bytes::ByteWriter;
 use super::{
-    align_up, tensor_nbytes, value_bytes, DType, ModelConfig, ALIGN, BYTE_ORDER_MARK,
-    FORMAT_VERSION, MAGIC,
+    align_up, tensor_nbytes, value_bytes, DType, ModelConfig, ALIGN, BYTE_ORDER_MARK, MAGIC,
 };
 use anyhow::{bail, Context, Result};
 use std::io::Write;
@@ -51,7 +50,7 @@ pub fn encode_header(config: &ModelConfig, entries: &[TensorEntry], file_len: u6
     let header_len = super::PREAMBLE_LEN + body.buf.len() as u64;
     let mut w = ByteWriter::default();
     w.bytes(&MAGIC);
-    w.u32(FORMAT_VERSION);
+    w.u32(super::version_for(entries.iter().map(|e| e.spec.dtype)));
     w.u32(BYTE_ORDER_MARK);
     w.u64(header_len);
     w.u64(file_len);
