@@ -1,4 +1,5 @@
-// Reductions shared by every kernel (prepended to each kernel source before NVRTC compiles it).
+// Reductions and weight-format pieces shared by every kernel (prepended to each kernel source
+// before NVRTC compiles it).
 //
 // Every kernel is compiled with `--fmad=false`, so the compiler never fuses a multiply and an add
 // on its own: where a kernel wants a fused multiply-add it writes `fmaf` explicitly. That makes
@@ -65,4 +66,32 @@ __device__ float block_max(float v) {
     const float total = warp_max(partial[lane]);
     __syncthreads();
     return total;
+}
+
+// The weight formats' shared pieces (matmul.cu, embed.cu).
+
+// An f16 bit pattern as a float (PTX's conversion; NVRTC needs no header for it).
+__device__ __forceinline__ float f16_bits_to_float(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// Where value c of a q6 row starting at `row` lives (the layout: matmul.cu). Its block b holds n
+// values (128, or fewer in the last); c is value i of it, in its run of 32 (i / 32) the low or
+// the `second` (high) nibble of nibble byte `nib`, and its two high bits are bits `shift` and
+// `shift + 1` of high byte `high`. Values c..c+3 with c % 4 == 0 sit at the same place in the
+// three following bytes of each.
+struct Q6Place {
+    const unsigned char* nib;
+    const unsigned char* high;
+    int second;
+    int shift;
+};
+
+__device__ __forceinline__ Q6Place q6_place(const unsigned char* row, int cols, int c) {
+    const int b = c / 128, i = c % 128, n = min(128, cols - 128 * b);
+    const int m = n / 4, p = 16 * (i / 32) + i % 16, second = (i % 32) >= 16;
+    const unsigned char* block = row + (size_t)b * 96;
+    return Q6Place{block + p, block + n / 2 + p % m, second, 4 * (p >= m) + 2 * second};
 }

@@ -16,13 +16,6 @@ extern "C" __global__ void embed_q8(float* out, const unsigned int* tokens, cons
     out[(size_t)blockIdx.y * cols + c] = (float)q[i] * scales[i / gs];
 }
 
-// An f16 bit pattern as a float (PTX's conversion; NVRTC needs no header for it).
-__device__ float f16_bits_to_float(unsigned short h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-
 // q6 (layout: matmul.cu): value c of row `tok`, as quant::q6_int times its group's scale.
 extern "C" __global__ void embed_q6(float* out, const unsigned int* tokens,
                                     const unsigned char* packed, const unsigned short* scales,
@@ -32,11 +25,9 @@ extern "C" __global__ void embed_q6(float* out, const unsigned int* tokens,
         return;
     }
     const size_t tok = tokens[blockIdx.y];
-    const int b = c / 128, i = c % 128, n = min(128, cols - 128 * b);
-    const int m = n / 4, p = 16 * (i / 32) + i % 16, second = (i % 32) >= 16;
-    const unsigned char* block = packed + tok * (size_t)(cols / 4 * 3) + (size_t)b * 96;
-    const int nibble = (second ? block[p] >> 4 : block[p]) & 15;
-    const int high = (block[n / 2 + p % m] >> (4 * (p >= m) + 2 * second)) & 3;
+    const Q6Place at = q6_place(packed + tok * (size_t)(cols / 4 * 3), cols, c);
+    const int nibble = (at.second ? *at.nib >> 4 : *at.nib) & 15;
+    const int high = (*at.high >> at.shift) & 3;
     const float scale = f16_bits_to_float(scales[(tok * cols + c) / gs]);
     out[(size_t)blockIdx.y * cols + c] = (float)((nibble | high << 4) - 32) * scale;
 }

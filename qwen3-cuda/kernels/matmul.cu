@@ -54,13 +54,6 @@ struct Q8Weights {
     }
 };
 
-// An f16 bit pattern as a float (PTX's conversion; NVRTC needs no header for it).
-__device__ float f16_bits_to_float(unsigned short h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-
 struct Q4Weights {
     const unsigned char* packed;
     const unsigned short* scales;
@@ -83,16 +76,12 @@ struct Q6Weights {
     const unsigned short* scales;
     int gs;
     __device__ float4 load4(size_t row, int cols, int c, float* scale) const {
-        // Block b of the row holds n values; columns c..c+3 are values i..i+3 of it, in its run
-        // of 32 (i / 32) the low or high nibbles (i % 32 < 16 or not) of nibble bytes p..p+3.
-        const int b = c / 128, i = c % 128, n = min(128, cols - 128 * b);
-        const int m = n / 4, p = 16 * (i / 32) + i % 16, second = (i % 32) >= 16;
-        const unsigned char* block = packed + row * (size_t)(cols / 4 * 3) + (size_t)b * 96;
-        const unsigned int word = *(const unsigned int*)(block + p);
-        const unsigned int high = *(const unsigned int*)(block + n / 2 + p % m);
-        const int shift = 4 * (p >= m) + 2 * second;
-        const unsigned int v = ((second ? word >> 4 : word) & 0x0f0f0f0fu) |
-                               (((high >> shift) & 0x03030303u) << 4);
+        // Columns c..c+3: four consecutive nibble bytes and four consecutive high bytes.
+        const Q6Place at = q6_place(packed + row * (size_t)(cols / 4 * 3), cols, c);
+        const unsigned int word = *(const unsigned int*)at.nib;
+        const unsigned int high = *(const unsigned int*)at.high;
+        const unsigned int v = ((at.second ? word >> 4 : word) & 0x0f0f0f0fu) |
+                               (((high >> at.shift) & 0x03030303u) << 4);
         *scale = f16_bits_to_float(scales[row * (cols / gs) + c / gs]);
         return make_float4((float)((int)(v & 0xff) - 32), (float)((int)((v >> 8) & 0xff) - 32),
                            (float)((int)((v >> 16) & 0xff) - 32), (float)((int)(v >> 24) - 32));
