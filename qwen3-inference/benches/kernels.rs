@@ -183,7 +183,7 @@ fn bench_q4(d: &Dots, six: bool, rows: usize, cols: usize, t: usize, reps: usize
     let (wp, ws) = (in_huge_pages(&wp), in_huge_pages(&ws));
     let (wp, ws): (&[u8], &[u16]) = (bytemuck::cast_slice(&wp), bytemuck::cast_slice(&ws));
     let mut buf = ActsQ8Buf::default();
-    let acts = buf.quantize_for_q4(&x, t, cols, gs);
+    let acts = buf.quantize_for_q4_as(&x, t, cols, gs, d.q4_layout);
     let mut out = vec![0f32; rows * t];
     let secs = time(reps, || {
         kernel(wp, ws, &acts, &mut out, 0);
@@ -204,6 +204,8 @@ fn main() {
     println!("q4 and q6 products (group 32), one thread (median)");
     for d in available() {
         for six in [false, true] {
+            // 32 KB of q4 (48 KB of q6): in the nearest caches, the kernel's arithmetic alone
+            bench_q4(&d, six, 64, 1024, 1, 2001);
             // 256 KB of q4 (384 KB of q6): cache-resident, the kernel's own speed
             bench_q4(&d, six, 512, 1024, 1, 41);
             bench_q4(&d, six, 128, 4096, 1, 41);

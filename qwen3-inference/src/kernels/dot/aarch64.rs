@@ -41,6 +41,7 @@ pub const NEON: Dots = Dots {
     q8_rows: mat_q8_neon,
     q4_rows: super::q4::mat_q4_scalar,
     q6_rows: super::q6::mat_q6_scalar,
+    q4_layout: super::q4::Q4Layout::Halves,
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_neon(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_neon(x, gs, q, s) },
     isa: "neon",
@@ -53,6 +54,7 @@ pub const NEON_DOTPROD: Dots = Dots {
     q8_rows: |w, ws, x, out, _| unsafe { mat_q8_dotprod(w, ws, x, out) },
     q4_rows: |w, ws, x, out, _| unsafe { mat_q4_dotprod::<false>(w, ws, x, out) },
     q6_rows: |w, ws, x, out, _| unsafe { mat_q4_dotprod::<true>(w, ws, x, out) },
+    q4_layout: super::q4::Q4Layout::Halves,
     isa: "neon-dotprod",
     ..NEON
 };
@@ -280,6 +282,11 @@ unsafe fn mat_q4_dotprod<const SIX: bool>(w: &[u8], ws: &[u16], x: &ActsQ8, out:
     if x.q4.chunks == 0 {
         return q6::reference_either::<SIX>(w, ws, x, out, 0);
     }
+    assert_eq!(
+        x.q4.layout,
+        q4::Q4Layout::Halves,
+        "the NEON q4 kernel reads Q4Layout::Halves"
+    );
     super::for_each_tile(rows, x.t, 2, 4, |m, n, r, i| {
         // SAFETY: rows r..r+m and tokens i..i+n are in range (for_each_tile keeps them so),
         // and `q6::check_either` proved every slice has the length of its shape.

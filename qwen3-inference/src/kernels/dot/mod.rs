@@ -69,12 +69,26 @@ impl ActsQ8Buf {
     /// (no q4 layout: `q4` is empty). The buffers grow to the largest size seen and are then
     /// reused: no allocation per token.
     pub fn quantize(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {
-        self.quantize_with(x, t, cols, gs, false)
+        self.quantize_with(x, t, cols, gs, None)
     }
 
-    /// [`ActsQ8Buf::quantize`] plus the layout the q4 kernels read ([`q4::ActsQ4`]).
+    /// [`ActsQ8Buf::quantize`] plus the layout the q4 kernels of this CPU ([`dots`]) read
+    /// ([`q4::ActsQ4`]).
     pub fn quantize_for_q4(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {
-        self.quantize_with(x, t, cols, gs, true)
+        self.quantize_with(x, t, cols, gs, Some(dots().q4_layout))
+    }
+
+    /// [`ActsQ8Buf::quantize_for_q4`] in a given layout: for a kernel other than this CPU's
+    /// choice (`d.q4_layout` of one of [`available`]).
+    pub fn quantize_for_q4_as(
+        &mut self,
+        x: &[f32],
+        t: usize,
+        cols: usize,
+        gs: usize,
+        layout: q4::Q4Layout,
+    ) -> ActsQ8<'_> {
+        self.quantize_with(x, t, cols, gs, Some(layout))
     }
 
     fn quantize_with(
@@ -83,7 +97,7 @@ impl ActsQ8Buf {
         t: usize,
         cols: usize,
         gs: usize,
-        for_q4: bool,
+        for_q4: Option<q4::Q4Layout>,
     ) -> ActsQ8<'_> {
         assert!(gs > 0 && cols.is_multiple_of(gs) && x.len() == t * cols);
         let per = cols / gs;
@@ -99,8 +113,8 @@ impl ActsQ8Buf {
             *b = v as u8 ^ 0x80;
         }
         let q4 = match for_q4 {
-            true => self.q4.lay_out(&self.q, &self.scales, t, cols, gs),
-            false => q4::ActsQ4::default(),
+            Some(layout) => self.q4.lay_out(&self.q, &self.scales, t, cols, gs, layout),
+            None => q4::ActsQ4::default(),
         };
         ActsQ8 {
             t,
@@ -159,6 +173,8 @@ pub struct Dots {
     pub q4_rows: MatQ4,
     /// q6 weights against q8 activations: q4's kernels with two more bits a weight (`q6.rs`).
     pub q6_rows: MatQ4,
+    /// The order of the activations `q4_rows` and `q6_rows` read (`q4.rs`).
+    pub q4_layout: q4::Q4Layout,
     pub q8_f32: DotQ8F32,
     pub quantize_q8: QuantizeQ8,
     /// Which instruction set was picked, for `--verbose` and the bench report.
@@ -173,6 +189,7 @@ pub const SCALAR: Dots = Dots {
     q8_rows: mat_q8_scalar,
     q4_rows: q4::mat_q4_scalar,
     q6_rows: q6::mat_q6_scalar,
+    q4_layout: q4::Q4Layout::Halves,
     q8_f32: dot_q8_f32_scalar,
     quantize_q8: crate::quant::quantize_q8,
     isa: "scalar",
@@ -459,13 +476,15 @@ mod tests {
                     (3, 1, 32),
                     (2, 5, 22),
                     (2, 2, 7),
+                    // The AVX2 kernel's prompt tiles of eight tokens, and three after them.
+                    (3, 11, 9),
                 ] {
                     let cols = gs * groups;
                     let w = rand_vec(rows * cols, &mut seed, 1.0);
                     let x = rand_vec(t * cols, &mut seed, 3.0);
                     let (p, ws, kernel, reference) = packed(six, &w, cols, gs, &d);
                     let mut buf = ActsQ8Buf::default();
-                    let acts = buf.quantize_for_q4(&x, t, cols, gs);
+                    let acts = buf.quantize_for_q4_as(&x, t, cols, gs, d.q4_layout);
                     let (mut got, mut want) = (vec![f32::NAN; rows * t], vec![0f32; rows * t]);
                     kernel(&p, &ws, &acts, &mut got, 0);
                     reference(&p, &ws, &acts, &mut want, 0);
@@ -499,7 +518,7 @@ mod tests {
                         let (p, ws) = (vec![byte; len], vec![0x3c00u16; rows * cols / gs]); // f16 1.0
                         let x = vec![sign; t * cols];
                         let mut buf = ActsQ8Buf::default();
-                        let acts = buf.quantize_for_q4(&x, t, cols, gs);
+                        let acts = buf.quantize_for_q4_as(&x, t, cols, gs, d.q4_layout);
                         let (kernel, offset, top) = match six {
                             true => (d.q6_rows, 32.0, 63.0),
                             false => (d.q4_rows, 8.0, 15.0),
@@ -642,10 +661,22 @@ mod tests {
                 let (p, ws, kernel, _) = packed(six, &w, cols, gs, &d);
                 let mut buf = ActsQ8Buf::default();
                 let mut all = vec![f32::NAN; rows * t];
-                kernel(&p, &ws, &buf.quantize_for_q4(&x, t, cols, gs), &mut all, 0);
+                kernel(
+                    &p,
+                    &ws,
+                    &buf.quantize_for_q4_as(&x, t, cols, gs, d.q4_layout),
+                    &mut all,
+                    0,
+                );
                 for i in 0..t {
                     let mut one = vec![f32::NAN; rows];
-                    let acts = buf.quantize_for_q4(&x[i * cols..(i + 1) * cols], 1, cols, gs);
+                    let acts = buf.quantize_for_q4_as(
+                        &x[i * cols..(i + 1) * cols],
+                        1,
+                        cols,
+                        gs,
+                        d.q4_layout,
+                    );
                     kernel(&p, &ws, &acts, &mut one, 1 << 20);
                     for r in 0..rows {
                         assert_eq!(

@@ -27,6 +27,17 @@
 //! starts each lane's sum from it. A lane's integer sum is then exact; it is converted to f32
 //! and multiplied by the activations' scale (also held per lane) and the weights' scale.
 //!
+//! That is [`Q4Layout::Halves`], which the AVX-512 and NEON kernels read. The AVX2 kernel reads
+//! [`Q4Layout::Pairs`]: a 256-bit vector holds half a chunk, and with `Halves` each half's 8 lanes
+//! hold two groups (the first half groups 0 and 1, the second 2 and 3), so each half needs its own
+//! conversion to f32 and its own multiplies by the scales. It regroups a chunk's weight bytes
+//! into two vectors whose lane `l` holds the same group in both, with one `vpunpcklqdq` and one
+//! `vpunpckhqdq` of the halves (64-bit pieces: `A` = bytes 0..8, 32..40, 16..24, 48..56 and `B`
+//! = 8..16, 40..48, 24..32, 56..64, lanes of groups 0, 0, 2, 2, 1, 1, 3, 3 in both), and the
+//! activations are laid out in that order: the two vectors' integer sums then add, and one
+//! conversion and one scaling serve a whole chunk. A lane there sums 16 weights, so a chunk has
+//! 8 lanes where `Halves` has 16.
+//!
 //! Other group sizes, and the columns after a row's last full chunk, take the reference.
 
 use super::ActsQ8;
@@ -35,8 +46,38 @@ use super::ActsQ8;
 pub const CHUNK: usize = 128;
 /// The group size the SIMD kernels take.
 pub const SIMD_GROUP: usize = 32;
-/// 32-bit lanes per chunk: one per 8 weights.
+/// 32-bit lanes per chunk in [`Q4Layout::Halves`]: one per 8 weights.
 pub const LANES: usize = CHUNK / 8;
+
+/// How a chunk's activations are ordered for a SIMD kernel (see the module's text).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Q4Layout {
+    /// The four groups' first halves, then their second halves; 16 lanes of 8 weights a chunk.
+    #[default]
+    Halves,
+    /// For the AVX2 kernel: the activations of the two regrouped vectors `A`, `B` of a chunk's
+    /// weight bytes, in each lane's order; 8 lanes of 16 weights a chunk.
+    Pairs,
+}
+
+/// Weight byte `k` of a chunk's 64 that vector `A` (`k < 32`) or `B` (`k >= 32`) of
+/// [`Q4Layout::Pairs`] holds at position `k % 32`: 8-byte pieces 0, 4, 2, 6 of the chunk for
+/// `A` (what `vpunpcklqdq` of its two 32-byte halves gives) and 1, 5, 3, 7 for `B`
+/// (`vpunpckhqdq`).
+pub const fn pairs_byte(k: usize) -> usize {
+    const PIECES: [usize; 8] = [0, 4, 2, 6, 1, 5, 3, 7];
+    8 * PIECES[k / 8] + k % 8
+}
+
+impl Q4Layout {
+    /// 32-bit lanes (entries of `corr` and `scales`) per chunk.
+    pub const fn lanes(self) -> usize {
+        match self {
+            Q4Layout::Halves => LANES,
+            Q4Layout::Pairs => LANES / 2,
+        }
+    }
+}
 
 /// The activations of `t` tokens in the q4 kernels' layout (see the module's text). Empty when
 /// the group size is not [`SIMD_GROUP`]; `chunks` is 0 (and the kernels take the reference)
@@ -45,11 +86,13 @@ pub const LANES: usize = CHUNK / 8;
 pub struct ActsQ4<'a> {
     /// Full chunks per row (`cols / CHUNK`).
     pub chunks: usize,
+    /// The order of each chunk's values (the kernel that reads them checks it).
+    pub layout: Q4Layout,
     /// `[t, cols]`: each chunk's 128 values rearranged; values after the last chunk as they are.
     pub x: &'a [i8],
-    /// `[t, chunks * LANES]`: `-8 * sum` of the 8 activations each lane multiplies.
+    /// `[t, chunks * layout.lanes()]`: `-8 * sum` of the activations each lane multiplies.
     pub corr: &'a [i32],
-    /// `[t, chunks * LANES]`: the activations' scale of each lane's group.
+    /// `[t, chunks * layout.lanes()]`: the activations' scale of each lane's group.
     pub scales: &'a [f32],
 }
 
@@ -62,7 +105,7 @@ pub struct ActsQ4Buf {
 }
 
 impl ActsQ4Buf {
-    /// Lays out `q: [t, cols]` (scales `[t, cols / gs]`) for the q4 kernels.
+    /// Lays out `q: [t, cols]` (scales `[t, cols / gs]`) for the q4 kernels, in `layout`.
     pub fn lay_out(
         &mut self,
         q: &[i8],
@@ -70,6 +113,7 @@ impl ActsQ4Buf {
         t: usize,
         cols: usize,
         gs: usize,
+        layout: Q4Layout,
     ) -> ActsQ4<'_> {
         if gs != SIMD_GROUP {
             return ActsQ4::default();
@@ -87,26 +131,40 @@ impl ActsQ4Buf {
             for c in 0..chunks {
                 let chunk = &row[c * CHUNK..(c + 1) * CHUNK];
                 let start = self.x.len();
-                // The four groups' first halves, then their second halves.
+                // Weight byte b (group b / 16, its values b % 16 and b % 16 + 16) meets the
+                // activations `lo(b)` (low nibble) and `lo(b) + 16` (high).
+                let lo = |b: usize| (b / 16) * gs + b % 16;
+                // In byte order of the kernel's vectors: for Halves the chunk's bytes as they
+                // are (the groups' first halves, then their second halves), for Pairs vector A's
+                // bytes, then B's.
+                let order: [usize; CHUNK / 2] = std::array::from_fn(|k| match layout {
+                    Q4Layout::Halves => k,
+                    Q4Layout::Pairs => pairs_byte(k),
+                });
                 for part in [0, half] {
-                    for g in chunk.chunks_exact(gs) {
-                        self.x.extend_from_slice(&g[part..part + half]);
-                    }
+                    self.x.extend(order.iter().map(|&b| chunk[lo(b) + part]));
                 }
-                let (lo, hi) = self.x[start..].split_at(CHUNK / 2);
-                for l in 0..LANES {
-                    let sum: i32 = (4 * l..4 * l + 4)
-                        .map(|b| lo[b] as i32 + hi[b] as i32)
-                        .sum();
+                let (x_lo, x_hi) = self.x[start..].split_at(CHUNK / 2);
+                // Lane l: bytes 4l..4l+4 of each 32-byte vector (Halves: of half l / 8; Pairs:
+                // of both A and B).
+                let vectors: &[usize] = match layout {
+                    Q4Layout::Halves => &[0],
+                    Q4Layout::Pairs => &[0, 32],
+                };
+                for l in 0..layout.lanes() {
+                    let bytes = || vectors.iter().flat_map(move |&v| v + 4 * l..v + 4 * l + 4);
+                    let sum: i32 = bytes().map(|k| x_lo[k] as i32 + x_hi[k] as i32).sum();
                     self.corr.push(-8 * sum);
-                    // Lane l sums bytes 4l..4l+4 of each half: group 4l / half of the chunk.
-                    self.scales.push(s_row[c * (CHUNK / gs) + 4 * l / half]);
+                    let group = order[4 * l] / 16;
+                    debug_assert!(bytes().all(|k| order[k] / 16 == group));
+                    self.scales.push(s_row[c * (CHUNK / gs) + group]);
                 }
             }
             self.x.extend_from_slice(&row[chunks * CHUNK..]);
         }
         ActsQ4 {
             chunks,
+            layout,
             x: &self.x,
             corr: &self.corr,
             scales: &self.scales,
@@ -152,7 +210,7 @@ pub(crate) fn check_packed(
         out.len() == rows * t && w.len() == rows * row_bytes && ws.len() * gs == rows * cols,
         "q4/q6: slice lengths do not match [{rows}, {cols}] x [{t}, {cols}]"
     );
-    let lanes = x.q4.chunks * LANES;
+    let lanes = x.q4.chunks * x.q4.layout.lanes();
     assert!(
         x.q4.chunks == 0
             || (gs == SIMD_GROUP

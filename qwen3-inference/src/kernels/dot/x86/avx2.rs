@@ -243,6 +243,37 @@ pub(super) unsafe fn dot8<const P: u8>(
     }
 }
 
+/// [`dot8`] for four pairs of bytes: `isum` plus, in each i32 lane, the sixteen products of its
+/// four bytes in each `u[k] * s[k]`. Caller guarantees `u[k] <= 15` (q4's nibbles) and
+/// `-127 <= s[k] <= 127`, and that the CPU has what `P` names. With `vpmaddubsw` the four
+/// products are added as i16 before one `vpmaddwd`: an i16 lane then holds eight products, at
+/// most 8 * 15 * 127 = 15240 < 2^15 in size, so the sum is exact (q6's weights, up to 63, would
+/// overflow it: they take two [`dot8`]s).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn dot16<const P: u8>(
+    isum: __m256i,
+    u: [__m256i; 4],
+    s: [__m256i; 4],
+) -> __m256i {
+    match P {
+        MADDUBS => {
+            let p = |k: usize| _mm256_maddubs_epi16(u[k], s[k]);
+            let p16 = _mm256_add_epi16(_mm256_add_epi16(p(0), p(1)), _mm256_add_epi16(p(2), p(3)));
+            _mm256_add_epi32(isum, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
+        }
+        _ => dot4::<P>(
+            dot4::<P>(
+                dot4::<P>(dot4::<P>(isum, u[0], s[0]), u[1], s[1]),
+                u[2],
+                s[2],
+            ),
+            u[3],
+            s[3],
+        ),
+    }
+}
+
 /// [`MatQ8`] on AVX2, for groups of a multiple of 32 values (others take the scalar product).
 ///
 /// Decode (`t = 1`) runs [`dot_q8_avx2`] row by row, prefetching as [`mat_q8_avx512`] does.

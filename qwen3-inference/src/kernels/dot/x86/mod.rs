@@ -45,6 +45,7 @@ pub const AVX2: Dots = Dots {
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx2::<MADDUBS>(w, ws, x, out, ahead) },
     q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS, false>(w, ws, x, out, ahead) },
     q6_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS, true>(w, ws, x, out, ahead) },
+    q4_layout: super::q4::Q4Layout::Pairs,
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx2(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx2(x, gs, q, s) },
     isa: "avx2",
@@ -58,6 +59,7 @@ pub const AVX_VNNI: Dots = Dots {
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx2::<VEX_VNNI>(w, ws, x, out, ahead) },
     q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<VEX_VNNI, false>(w, ws, x, out, ahead) },
     q6_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<VEX_VNNI, true>(w, ws, x, out, ahead) },
+    q4_layout: super::q4::Q4Layout::Pairs,
     isa: "avx-vnni",
     ..AVX2
 };
@@ -72,6 +74,7 @@ pub const AVX512: Dots = Dots {
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx512(w, ws, x, out, ahead) },
     q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx512::<false>(w, ws, x, out, ahead) },
     q6_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx512::<true>(w, ws, x, out, ahead) },
+    q4_layout: super::q4::Q4Layout::Halves,
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
     isa: "avx512-vnni",

@@ -1,7 +1,8 @@
 //! The q4 (W4A8) kernels on x86-64: AVX-512 VNNI on 512-bit vectors, one chunk of four groups
 //! per step, and AVX2 (with `vpmaddubsw`, AVX-VNNI's or AVX-512's `vpdpbusd`) on 256-bit ones,
-//! a chunk in two halves. Both read the activations in the layout `dot/q4.rs` describes, for
-//! groups of 32; other group sizes take the reference.
+//! a chunk in two vectors regrouped so that their lanes hold the same groups. They read the
+//! activations in the layouts `dot/q4.rs` describes (`Q4Layout::Halves`, `Q4Layout::Pairs`),
+//! for groups of 32; other group sizes take the reference.
 //!
 //! One step, for a chunk of 64 packed bytes (128 weights) of one row and one token:
 //!
@@ -13,18 +14,30 @@
 //!
 //! The weights' f16 scales are widened 16 at a time (`vcvtph2ps`) and spread to the lanes of
 //! their group by one permute. Each (row, token) pair of a tile has its own accumulator, so a
-//! tile's multiply-adds do not wait on each other (the AVX2 kernel, with one row a tile, gives
-//! each half of a chunk its own). Every tile shape runs the same steps in the same order for
-//! each pair, so decode (tiles of one token) and prefill give a prompt's tokens the same bits.
+//! tile's multiply-adds do not wait on each other. Every tile shape runs the same steps in the
+//! same order for each pair, so decode (tiles of one token) and prefill give a prompt's tokens
+//! the same bits.
+//!
+//! The AVX2 kernel does a chunk as two 256-bit vectors `A`, `B` of its weight bytes, regrouped
+//! (`Q4Layout::Pairs`) so that lane `l` of both holds the same group; per chunk:
+//!
+//! ```text
+//! A, B     = unpacklo64(bytes 0..32, bytes 32..64), unpackhi64(..)    lanes: groups 0 0 2 2 1 1 3 3
+//! isum     = corr + dot(A lo, B lo, A hi, B hi; x)    8 lanes, exact: sum(q * x) per 16 weights
+//! acc     += float(isum) * x_scale * w_scale          one conversion and scaling a chunk
+//! ```
+//!
+//! For q4 the four byte products are added as i16 before one widening (`dot16`: eight products of
+//! at most 15 * 127 each fit); q6's larger weights take two widenings (`dot8`).
 //!
 //! The same kernels take q6 weights (`SIX`): a chunk is then 96 bytes, the nibbles as above and
 //! 32 high bytes whose bits are ORed in above the nibbles, and the correction is taken four
 //! times (`dot/q6.rs`).
 
-use super::super::q4::{self, CHUNK, LANES};
+use super::super::q4::{self, Q4Layout, CHUNK, LANES};
 use super::super::q6;
 use super::super::{for_each_tile, ActsQ8};
-use super::avx2::{dot8, hsum256};
+use super::avx2::{dot16, dot8, hsum256};
 use super::{PREFETCH_FAR, PREFETCH_NEAR};
 use std::arch::x86_64::*;
 
@@ -44,6 +57,11 @@ pub(super) unsafe fn mat_q4_avx512<const SIX: bool>(
     if x.q4.chunks == 0 {
         return q6::reference_either::<SIX>(w, ws, x, out, ahead);
     }
+    assert_eq!(
+        x.q4.layout,
+        Q4Layout::Halves,
+        "the AVX-512 q4 kernel reads Q4Layout::Halves"
+    );
     // Bytes this thread may prefetch, counted from the start of `w`. (A prompt's product, bound
     // by arithmetic, measured slower without the prefetches too.)
     let reach = w.len() + ahead;
@@ -199,8 +217,11 @@ unsafe fn tile_avx512<const R: usize, const N: usize, const SIX: bool>(
 }
 
 /// [`super::super::MatQ4`] on AVX2, multiplying bytes with the instructions `P` names (see
-/// [`super::avx2::MADDUBS`]). As [`mat_q4_avx512`], with a chunk in two halves of 32 bytes and
-/// tiles of one row by four tokens (sixteen 256-bit registers hold no more accumulators).
+/// [`super::avx2::MADDUBS`]). As [`mat_q4_avx512`], reading the activations in
+/// [`Q4Layout::Pairs`]: each chunk's weight bytes regrouped into two 256-bit vectors whose lanes
+/// hold the same groups, so that one conversion and one scaling serve the whole chunk; tiles of
+/// one row by up to eight tokens (an accumulator each; the row's unpacked weights take four
+/// registers, its scales one).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn mat_q4_avx2<const P: u8, const SIX: bool>(
     w: &[u8],
@@ -213,10 +234,19 @@ pub(super) unsafe fn mat_q4_avx2<const P: u8, const SIX: bool>(
     if x.q4.chunks == 0 {
         return q6::reference_either::<SIX>(w, ws, x, out, ahead);
     }
+    assert_eq!(
+        x.q4.layout,
+        Q4Layout::Pairs,
+        "the AVX2 q4 kernel reads Q4Layout::Pairs"
+    );
     let reach = w.len() + ahead;
-    for_each_tile(rows, x.t, 1, 4, |_, n, r, i| {
+    for_each_tile(rows, x.t, 1, 8, |_, n, r, i| {
         // SAFETY: as in mat_q4_avx512 (and the CPU has what `P` names: the dispatch's word).
         match n {
+            8 => tile_avx2::<8, P, SIX>(w, ws, x, out, r, i, reach),
+            7 => tile_avx2::<7, P, SIX>(w, ws, x, out, r, i, reach),
+            6 => tile_avx2::<6, P, SIX>(w, ws, x, out, r, i, reach),
+            5 => tile_avx2::<5, P, SIX>(w, ws, x, out, r, i, reach),
             4 => tile_avx2::<4, P, SIX>(w, ws, x, out, r, i, reach),
             3 => tile_avx2::<3, P, SIX>(w, ws, x, out, r, i, reach),
             2 => tile_avx2::<2, P, SIX>(w, ws, x, out, r, i, reach),
@@ -225,9 +255,9 @@ pub(super) unsafe fn mat_q4_avx2<const P: u8, const SIX: bool>(
     });
 }
 
-/// [`tile_avx512`] on 256-bit vectors for one weight row: the two halves of a chunk go to the
-/// two accumulators. Caller guarantees what [`tile_avx512`]'s does, and that the CPU has the
-/// instructions `P` names.
+/// [`tile_avx512`] on 256-bit vectors for one weight row, with the activations in
+/// [`Q4Layout::Pairs`]. Caller guarantees what [`tile_avx512`]'s does (with 8 lanes of
+/// corrections and scales a chunk, from `8c`), and that the CPU has the instructions `P` names.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_avx2<const N: usize, const P: u8, const SIX: bool>(
@@ -239,11 +269,12 @@ unsafe fn tile_avx2<const N: usize, const P: u8, const SIX: bool>(
     i: usize,
     reach: usize,
 ) {
+    const L: usize = Q4Layout::Pairs.lanes();
     let (t, cols, chunks) = (x.t, x.cols, x.q4.chunks);
     let (row_bytes, per, lanes) = (
         q6::row_bytes::<SIX>(cols),
         cols / q4::SIMD_GROUP,
-        chunks * LANES,
+        chunks * L,
     );
     let chunk_bytes = q6::row_bytes::<SIX>(CHUNK);
     let w_at = r * row_bytes;
@@ -254,12 +285,9 @@ unsafe fn tile_avx2<const N: usize, const P: u8, const SIX: bool>(
     let xs_row: [*const f32; N] =
         std::array::from_fn(|j| x.q4.scales.as_ptr().add((i + j) * lanes));
     let (nibble, bits_4_5) = (_mm256_set1_epi8(15), _mm256_set1_epi8(0x30));
-    // Lane l of half h (0..2) of a chunk has the chunk's group 2h + l / 4.
-    let spread = [
-        _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0),
-        _mm256_set_epi32(3, 3, 3, 3, 2, 2, 2, 2),
-    ];
-    let mut acc = [[_mm256_setzero_ps(); N]; 2];
+    // The lanes of both vectors hold groups 0, 0, 2, 2, 1, 1, 3, 3 of the chunk (`q4.rs`).
+    let spread = _mm256_set_epi32(3, 3, 1, 1, 2, 2, 0, 0);
+    let mut acc = [_mm256_setzero_ps(); N];
     for c in 0..chunks {
         let off = chunk_bytes * c;
         for dist in [PREFETCH_NEAR, PREFETCH_FAR] {
@@ -269,56 +297,61 @@ unsafe fn tile_avx2<const N: usize, const P: u8, const SIX: bool>(
                 _mm_prefetch::<_MM_HINT_T2>(p as *const i8);
             }
         }
-        // The chunk's four weight scales, widened from f16 (8 bytes from 4c: within `per`).
+        // The chunk's four weight scales, widened from f16 (8 bytes from 4c: within `per`) and
+        // spread to the lanes of their groups.
         let d4 = _mm_cvtph_ps(_mm_loadl_epi64(ws_row.as_ptr().add(4 * c) as *const __m128i));
-        let d8 = _mm256_castps128_ps256(d4);
-        // q6: the chunk's high bytes, each nibble's two high bits moved to bits 4-5 (`dot/q6.rs`):
-        // for the first half's low and high values, then the second half's.
-        let high = match SIX {
-            true => {
-                let hb = _mm256_loadu_si256(w_row.add(off + 64) as *const __m256i);
-                let keep = |v: __m256i| _mm256_and_si256(v, bits_4_5);
-                [
-                    [
-                        keep(_mm256_slli_epi16(hb, 4)),
-                        keep(_mm256_slli_epi16(hb, 2)),
-                    ],
-                    [keep(hb), keep(_mm256_srli_epi16(hb, 2))],
-                ]
+        let d = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d4), spread);
+        // The two halves of the chunk's nibble bytes, regrouped: A = their 64-bit pieces 0 and
+        // 2 of each 128-bit lane, B = pieces 1 and 3.
+        let h0 = _mm256_loadu_si256(w_row.add(off) as *const __m256i);
+        let h1 = _mm256_loadu_si256(w_row.add(off + 32) as *const __m256i);
+        let v = [_mm256_unpacklo_epi64(h0, h1), _mm256_unpackhi_epi64(h0, h1)];
+        let mut lo = v.map(|v| _mm256_and_si256(v, nibble));
+        let mut hi = v.map(|v| _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble));
+        if SIX {
+            // High byte k holds the top bits of nibble byte k (bits 0-3) and k + 32 (4-7):
+            // regrouped as the nibbles, with the second half's moved down to bits 0-3, each
+            // nibble byte's pair is at bits 0-1 (low value) and 2-3 (high value); each pair
+            // goes to bits 4-5 of its value.
+            let hb = _mm256_loadu_si256(w_row.add(off + 64) as *const __m256i);
+            let hb4 = _mm256_srli_epi16(hb, 4);
+            let hv = [
+                _mm256_unpacklo_epi64(hb, hb4),
+                _mm256_unpackhi_epi64(hb, hb4),
+            ];
+            for k in 0..2 {
+                let h_lo = _mm256_and_si256(_mm256_slli_epi16(hv[k], 4), bits_4_5);
+                let h_hi = _mm256_and_si256(_mm256_slli_epi16(hv[k], 2), bits_4_5);
+                lo[k] = _mm256_or_si256(lo[k], h_lo);
+                hi[k] = _mm256_or_si256(hi[k], h_hi);
             }
-            false => [[_mm256_setzero_si256(); 2]; 2],
-        };
-        for (h, acc_h) in acc.iter_mut().enumerate() {
-            let wv = _mm256_loadu_si256(w_row.add(off + 32 * h) as *const __m256i);
-            let mut lo = _mm256_and_si256(wv, nibble);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), nibble);
-            if SIX {
-                lo = _mm256_or_si256(lo, high[h][0]);
-                hi = _mm256_or_si256(hi, high[h][1]);
-            }
-            let d = _mm256_permutevar8x32_ps(d8, spread[h]);
-            for j in 0..N {
-                let x_lo = _mm256_loadu_si256(x_row[j].add(CHUNK * c + 32 * h) as *const __m256i);
-                let x_hi =
-                    _mm256_loadu_si256(x_row[j].add(CHUNK * c + 64 + 32 * h) as *const __m256i);
-                let at = LANES * c + 8 * h;
-                let corr = _mm256_loadu_si256(corr_row[j].add(at) as *const __m256i);
+        }
+        for j in 0..N {
+            let xv =
+                |k: usize| _mm256_loadu_si256(x_row[j].add(CHUNK * c + 32 * k) as *const __m256i);
+            let corr = _mm256_loadu_si256(corr_row[j].add(L * c) as *const __m256i);
+            // Activations A-low, B-low, A-high, B-high; weights at most 15 (q4) or 63 (q6) and
+            // activations in [-127, 127], as dot16 and dot8 ask.
+            let isum = match SIX {
                 // q6 weights are q + 32, four times q4's offset of 8.
-                let corr = if SIX {
-                    _mm256_slli_epi32(corr, 2)
-                } else {
-                    corr
-                };
-                // Weights are at most 63 and activations in [-127, 127], as dot8 asks.
-                let isum = dot8::<P>(corr, lo, x_lo, hi, x_hi);
-                let v = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_loadu_ps(xs_row[j].add(at)));
-                acc_h[j] = _mm256_fmadd_ps(v, d, acc_h[j]);
-            }
+                true => {
+                    let isum = dot8::<P>(_mm256_slli_epi32(corr, 2), lo[0], xv(0), hi[0], xv(2));
+                    dot8::<P>(isum, lo[1], xv(1), hi[1], xv(3))
+                }
+                false => dot16::<P>(
+                    corr,
+                    [lo[0], lo[1], hi[0], hi[1]],
+                    [xv(0), xv(1), xv(2), xv(3)],
+                ),
+            };
+            let xs = _mm256_loadu_ps(xs_row[j].add(L * c));
+            let v = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), xs);
+            acc[j] = _mm256_fmadd_ps(v, d, acc[j]);
         }
     }
     let w_r = &w[w_at..w_at + row_bytes];
-    for (j, (&first, &second)) in acc[0].iter().zip(&acc[1]).enumerate() {
-        let sum = hsum256(_mm256_add_ps(first, second));
+    for (j, &acc_j) in acc.iter().enumerate() {
+        let sum = hsum256(acc_j);
         let tail = q6::tail_either::<SIX>(w_r, ws_row, x.q_row(i + j), x.scales_row(i + j), chunks);
         *out.get_unchecked_mut(r * t + i + j) = sum + tail;
     }
@@ -360,7 +393,7 @@ mod tests {
                     }
                 };
                 let mut buf = ActsQ8Buf::default();
-                let acts = buf.quantize_for_q4(&x, t, cols, gs);
+                let acts = buf.quantize_for_q4_as(&x, t, cols, gs, Q4Layout::Pairs);
                 let (mut got, mut want) = (vec![f32::NAN; rows * t], vec![0f32; rows * t]);
                 // SAFETY: the CPU has AVX-512 VNNI with VL (has_avx512) and AVX2, FMA, F16C
                 // (has_avx2), all that this form of the kernel uses.
