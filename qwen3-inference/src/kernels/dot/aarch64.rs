@@ -269,7 +269,7 @@ unsafe fn tile_q8_dotprod<const R: usize, const N: usize>(
 }
 
 /// [`super::MatQ4`] with `sdot`, for groups of 32 (others take the reference), reading the
-/// activations in the layout `q4.rs` describes: a chunk of 64 packed bytes in four quarters of
+/// activations in the layout `q4.rs` describes (`Q4Layout::Halves`): a chunk of 64 packed bytes in four quarters of
 /// 16, one group each, whose low and high nibbles `sdot` multiplies by the group's two halves
 /// of activations into 4 lanes, starting from the lanes' correction for the `+ 8`. Tiles of two
 /// rows by four tokens, as the q8 kernel's; decode is the 1-token tile, so prefill and decode
@@ -289,7 +289,8 @@ unsafe fn mat_q4_dotprod<const SIX: bool>(w: &[u8], ws: &[u16], x: &ActsQ8, out:
     );
     super::for_each_tile(rows, x.t, 2, 4, |m, n, r, i| {
         // SAFETY: rows r..r+m and tokens i..i+n are in range (for_each_tile keeps them so),
-        // and `q6::check_either` proved every slice has the length of its shape.
+        // `q6::check_either` proved every slice has the length of its shape, and the layout is
+        // Halves (asserted above: 16 lanes a chunk, as the tile reads).
         match (m, n) {
             (2, 4) => tile_q4_dotprod::<2, 4, SIX>(w, ws, x, out, r, i),
             (2, 3) => tile_q4_dotprod::<2, 3, SIX>(w, ws, x, out, r, i),
@@ -304,8 +305,9 @@ unsafe fn mat_q4_dotprod<const SIX: bool>(w: &[u8], ws: &[u16], x: &ActsQ8, out:
 }
 
 /// `out[(r + a) * t + i + j]` for the `R` weight rows from `r` and the `N` tokens from `i`.
-/// Caller guarantees the rows and tokens exist, that `q6::check_either::<SIX>` passed and that
-/// `x.q4.chunks > 0`.
+/// Caller guarantees the rows and tokens exist, that `q6::check_either::<SIX>` passed, that
+/// `x.q4.chunks > 0` and that the layout is `Q4Layout::Halves` (16 lanes of corrections and
+/// scales a chunk).
 #[inline]
 #[target_feature(enable = "neon,dotprod")]
 unsafe fn tile_q4_dotprod<const R: usize, const N: usize, const SIX: bool>(

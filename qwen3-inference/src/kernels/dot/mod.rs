@@ -33,7 +33,9 @@ pub type DotQ8F32 = fn(w: &[i8], ws: &[f32], x: &[f32], group_size: usize) -> f3
 /// further; 0 confines prefetching to `w`. The AVX-512 and AVX2 decode kernels prefetch.
 pub type MatQ8 = fn(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead: usize);
 /// [`MatQ8`] for q4 weights (and q6 ones): `w` the rows' packed bytes, `ws` their f16 scales
-/// (`q4.rs`, `q6.rs`).
+/// (`q4.rs`, `q6.rs`). The activations must be laid out in the [`Dots::q4_layout`] of the
+/// `Dots` the kernel came from ([`ActsQ8Buf::quantize_for_q4`] for this CPU's,
+/// [`ActsQ8Buf::quantize_for_q4_as`] for another); a SIMD kernel panics on another layout.
 pub type MatQ4 = fn(w: &[u8], ws: &[u16], x: &ActsQ8, out: &mut [f32], ahead: usize);
 
 /// `t` activation rows of `cols` values, quantized per group of `group_size` for the q8 kernels
@@ -51,7 +53,7 @@ pub struct ActsQ8<'a> {
     /// `[t, cols / group_size]`
     pub scales: &'a [f32],
     /// The same values laid out for the q4 kernels (`q4.rs`); empty unless made by
-    /// [`ActsQ8Buf::quantize_for_q4`] with groups of 32.
+    /// [`ActsQ8Buf::quantize_for_q4`] (or `quantize_for_q4_as`) with groups of 32.
     pub q4: q4::ActsQ4<'a>,
 }
 
@@ -476,8 +478,11 @@ mod tests {
                     (3, 1, 32),
                     (2, 5, 22),
                     (2, 2, 7),
-                    // The AVX2 kernel's prompt tiles of eight tokens, and three after them.
+                    // The AVX2 kernel's prompt tiles of eight tokens, and 3, 4, 6 or 7 after.
                     (3, 11, 9),
+                    (2, 12, 5),
+                    (2, 14, 4),
+                    (1, 15, 9),
                 ] {
                     let cols = gs * groups;
                     let w = rand_vec(rows * cols, &mut seed, 1.0);
@@ -536,6 +541,39 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// A SIMD q4 or q6 kernel handed activations in a layout other than its own panics, naming
+    /// the layout, instead of reading the lanes wrong (or, for the AVX-512 and NEON kernels,
+    /// past the end of the shorter `Pairs` arrays). The scalar references read the plain rows
+    /// and take either.
+    #[test]
+    fn q4_kernels_refuse_a_foreign_layout() {
+        let (rows, t, gs, cols) = (2, 3, 32, 256);
+        let mut seed = 17;
+        for d in available() {
+            if matches!(d.isa, "scalar" | "neon") {
+                continue; // their q4 and q6 products are the references
+            }
+            let other = match d.q4_layout {
+                q4::Q4Layout::Halves => q4::Q4Layout::Pairs,
+                q4::Q4Layout::Pairs => q4::Q4Layout::Halves,
+            };
+            for six in [false, true] {
+                let w = rand_vec(rows * cols, &mut seed, 1.0);
+                let x = rand_vec(t * cols, &mut seed, 1.0);
+                let (p, ws, kernel, _) = packed(six, &w, cols, gs, &d);
+                let mut buf = ActsQ8Buf::default();
+                let acts = buf.quantize_for_q4_as(&x, t, cols, gs, other);
+                let mut out = vec![0f32; rows * t];
+                let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    kernel(&p, &ws, &acts, &mut out, 0)
+                }));
+                let msg = caught.expect_err("a foreign layout was accepted");
+                let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
+                assert!(msg.contains("Q4Layout"), "{} six={six}: {msg}", d.isa);
             }
         }
     }

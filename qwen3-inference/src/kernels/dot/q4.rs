@@ -10,7 +10,8 @@
 //! One mask and one shift split a chunk's bytes into its low nibbles (the first 16 values of each
 //! group) and its high nibbles (the last 16). Multiplying those by the activations needs the
 //! activations in the same order, so [`ActsQ4Buf::lay_out`] rearranges each token's quantized
-//! values once, per chunk: the first halves of the four groups, then their second halves:
+//! values once, per chunk; in the order [`Q4Layout::Halves`] (below: `Pairs` differs), the first
+//! halves of the four groups, then their second halves:
 //!
 //! ```text
 //! weights, 64 bytes:  [g0: v0|v16, v1|v17, .. v15|v31] [g1: ..] [g2: ..] [g3: ..]
@@ -21,8 +22,8 @@
 //!
 //! A byte dot product (`vpdpbusd`, `sdot`) adds four neighbouring products into each 32-bit
 //! lane, so lane `l` (0..16) of a chunk sums 4 low and 4 high products of group `l / 4` (the
-//! 512-bit kernel's lanes; the 256-bit one does a chunk in two halves of 8 lanes and NEON in four
-//! quarters of 4, with the same lane numbering). The nibbles are `q + 8`, so each lane's sum is
+//! 512-bit kernel's lanes; NEON does a chunk in four quarters of 4, with the same lane
+//! numbering). The nibbles are `q + 8`, so each lane's sum is
 //! `8 * (its 8 activations)` too large: the layout holds that correction per lane, and a kernel
 //! starts each lane's sum from it. A lane's integer sum is then exact; it is converted to f32
 //! and multiplied by the activations' scale (also held per lane) and the weights' scale.
@@ -120,6 +121,12 @@ impl ActsQ4Buf {
         }
         let (chunks, per) = (cols / CHUNK, cols / gs);
         let half = gs / 2;
+        // The chunk's weight bytes in the order of the kernel's vectors: for Halves as they are
+        // (the groups' first halves, then their second halves), for Pairs vector A's, then B's.
+        let order: [usize; CHUNK / 2] = std::array::from_fn(|k| match layout {
+            Q4Layout::Halves => k,
+            Q4Layout::Pairs => pairs_byte(k),
+        });
         self.x.clear();
         self.corr.clear();
         self.scales.clear();
@@ -134,13 +141,6 @@ impl ActsQ4Buf {
                 // Weight byte b (group b / 16, its values b % 16 and b % 16 + 16) meets the
                 // activations `lo(b)` (low nibble) and `lo(b) + 16` (high).
                 let lo = |b: usize| (b / 16) * gs + b % 16;
-                // In byte order of the kernel's vectors: for Halves the chunk's bytes as they
-                // are (the groups' first halves, then their second halves), for Pairs vector A's
-                // bytes, then B's.
-                let order: [usize; CHUNK / 2] = std::array::from_fn(|k| match layout {
-                    Q4Layout::Halves => k,
-                    Q4Layout::Pairs => pairs_byte(k),
-                });
                 for part in [0, half] {
                     self.x.extend(order.iter().map(|&b| chunk[lo(b) + part]));
                 }

@@ -12,8 +12,8 @@
 //! acc     += float(isum) * x_scale * w_scale           each lane's group's scales
 //! ```
 //!
-//! The weights' f16 scales are widened 16 at a time (`vcvtph2ps`) and spread to the lanes of
-//! their group by one permute. Each (row, token) pair of a tile has its own accumulator, so a
+//! The weights' f16 scales are widened (`vcvtph2ps`: 16 at a time on AVX-512, a chunk's 4 on
+//! AVX2) and spread to the lanes of their group by one permute. Each (row, token) pair of a tile has its own accumulator, so a
 //! tile's multiply-adds do not wait on each other. Every tile shape runs the same steps in the
 //! same order for each pair, so decode (tiles of one token) and prefill give a prompt's tokens
 //! the same bits.
@@ -69,7 +69,8 @@ pub(super) unsafe fn mat_q4_avx512<const SIX: bool>(
         // Decode: four rows a tile, the fixed costs of a tile (its setup, the sums across lanes)
         // shared by four rows' streams.
         return for_each_tile(rows, 1, 4, 1, |m, _, r, _| {
-            // SAFETY: rows r..r+m exist (for_each_tile keeps them so) and `check_either` passed.
+            // SAFETY: rows r..r+m exist (for_each_tile keeps them so), `check_either` passed
+            // and the layout is Halves (asserted above: 16 lanes a chunk, as the tile reads).
             match m {
                 4 => tile_avx512::<4, 1, SIX>(w, ws, x, out, r, 0, reach),
                 _ => tile_avx512::<1, 1, SIX>(w, ws, x, out, r, 0, reach),
@@ -79,7 +80,7 @@ pub(super) unsafe fn mat_q4_avx512<const SIX: bool>(
     for_each_tile(rows, x.t, 2, 4, |m, n, r, i| {
         // SAFETY: rows r..r+m and tokens i..i+n are in range (for_each_tile keeps them so), and
         // `q6::check_either` proved every slice has the length of its shape and the layout is for
-        // groups of 32 and `chunks = cols / 128`.
+        // groups of 32 and `chunks = cols / 128`, with 16 lanes a chunk (Halves, asserted above).
         match (m, n) {
             (2, 4) => tile_avx512::<2, 4, SIX>(w, ws, x, out, r, i, reach),
             (2, 3) => tile_avx512::<2, 3, SIX>(w, ws, x, out, r, i, reach),
@@ -95,8 +96,10 @@ pub(super) unsafe fn mat_q4_avx512<const SIX: bool>(
 
 /// `out[(r + a) * t + i + j]` for the `R` weight rows from `r` and the `N` tokens from `i`.
 /// Prefetches weights up to `reach` bytes from the start of `w`. Caller guarantees the rows and
-/// tokens exist, that `q6::check_either::<SIX>` passed and that `x.q4.chunks > 0`.
-/// Then every read is in bounds: chunk `c < chunks = cols / 128` reads bytes `bc .. bc + b` of a
+/// tokens exist, that `q6::check_either::<SIX>` passed, that `x.q4.chunks > 0` and that the
+/// layout is `Q4Layout::Halves` (16 lanes a chunk; `Pairs` has 8, and its corrections and scales
+/// would be read past their end). Then every read is in bounds: chunk `c < chunks = cols / 128`
+/// reads bytes `bc .. bc + b` of a
 /// weight row (`b` = 64 for q4, 96 for q6: the nibbles, then 32 high bytes), within its
 /// `cols / 128 * b` bytes, values `128c .. 128c + 128 <= cols` of a token's laid-out row, lanes
 /// `16c .. 16c + 16 <= lanes` of its corrections and scales; the weight scales are read by a masked load
