@@ -78,6 +78,25 @@ impl Q4Layout {
             Q4Layout::Pairs => LANES / 2,
         }
     }
+
+    /// The weight byte of a chunk's 64 that position `k` of the kernel's vectors holds: for
+    /// Halves the bytes as they are, for Pairs vector A's, then B's ([`pairs_byte`]).
+    pub const fn byte(self, k: usize) -> usize {
+        match self {
+            Q4Layout::Halves => k,
+            Q4Layout::Pairs => pairs_byte(k),
+        }
+    }
+
+    /// Where the 32-byte vectors that a lane draws from start, among the 64 positions of
+    /// [`Self::byte`]: lane `l` takes bytes `4l..4l + 4` of each (Halves: of the one vector it
+    /// lies in, 16 lanes; Pairs: of both A and B, 8 lanes).
+    pub const fn vectors(self) -> &'static [usize] {
+        match self {
+            Q4Layout::Halves => &[0],
+            Q4Layout::Pairs => &[0, 32],
+        }
+    }
 }
 
 /// The activations of `t` tokens in the q4 kernels' layout (see the module's text). Empty when
@@ -121,12 +140,7 @@ impl ActsQ4Buf {
         }
         let (chunks, per) = (cols / CHUNK, cols / gs);
         let half = gs / 2;
-        // The chunk's weight bytes in the order of the kernel's vectors: for Halves as they are
-        // (the groups' first halves, then their second halves), for Pairs vector A's, then B's.
-        let order: [usize; CHUNK / 2] = std::array::from_fn(|k| match layout {
-            Q4Layout::Halves => k,
-            Q4Layout::Pairs => pairs_byte(k),
-        });
+        let order: [usize; CHUNK / 2] = std::array::from_fn(|k| layout.byte(k));
         self.x.clear();
         self.corr.clear();
         self.scales.clear();
@@ -139,20 +153,25 @@ impl ActsQ4Buf {
                 let chunk = &row[c * CHUNK..(c + 1) * CHUNK];
                 let start = self.x.len();
                 // Weight byte b (group b / 16, its values b % 16 and b % 16 + 16) meets the
-                // activations `lo(b)` (low nibble) and `lo(b) + 16` (high).
+                // activations `lo(b)` (low nibble) and `lo(b) + 16` (high). Both layouts move
+                // bytes in runs of 8 consecutive ones (`pairs_byte`), so each run of 8 positions
+                // is 8 consecutive activations.
                 let lo = |b: usize| (b / 16) * gs + b % 16;
                 for part in [0, half] {
-                    self.x.extend(order.iter().map(|&b| chunk[lo(b) + part]));
+                    for run in order.chunks_exact(8) {
+                        debug_assert!((0..8).all(|k| run[k] == run[0] + k) && run[0] % 8 == 0);
+                        let from = lo(run[0]) + part;
+                        self.x.extend_from_slice(&chunk[from..from + 8]);
+                    }
                 }
                 let (x_lo, x_hi) = self.x[start..].split_at(CHUNK / 2);
-                // Lane l: bytes 4l..4l+4 of each 32-byte vector (Halves: of half l / 8; Pairs:
-                // of both A and B).
-                let vectors: &[usize] = match layout {
-                    Q4Layout::Halves => &[0],
-                    Q4Layout::Pairs => &[0, 32],
-                };
                 for l in 0..layout.lanes() {
-                    let bytes = || vectors.iter().flat_map(move |&v| v + 4 * l..v + 4 * l + 4);
+                    let bytes = || {
+                        layout
+                            .vectors()
+                            .iter()
+                            .flat_map(move |&v| v + 4 * l..v + 4 * l + 4)
+                    };
                     let sum: i32 = bytes().map(|k| x_lo[k] as i32 + x_hi[k] as i32).sum();
                     self.corr.push(-8 * sum);
                     let group = order[4 * l] / 16;

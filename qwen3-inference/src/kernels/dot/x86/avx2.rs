@@ -219,58 +219,30 @@ pub(super) unsafe fn dot4<const P: u8>(isum: __m256i, u: __m256i, s: __m256i) ->
     acc
 }
 
-/// `isum` plus, in each i32 lane `l`, the eight products `u1 * s1` and `u2 * s2` of its four
-/// bytes in each pair: [`dot4`] twice, for q4 and q6 weights. Caller guarantees `u1, u2 <= 63`
-/// and `-127 <= s1, s2 <= 127` in every byte, and that the CPU has what `P` names. With
-/// `vpmaddubsw`, the two products are added as i16 before one `vpmaddwd` widens them: each i16
-/// lane holds four products, at most 4 * 63 * 127 = 32004 < 2^15 in size, so the sum is exact and
-/// one widening (and one add) is saved against two `dot4`s. `vpdpbusd` widens as it multiplies.
+/// `isum` plus, in each i32 lane, the `4K` products `u[k] * s[k]` of its four bytes in each of
+/// the `K` pairs: [`dot4`] `K` times, for q4 and q6 weights. Caller guarantees `u[k] <= max_u`
+/// and `-127 <= s[k] <= 127` in every byte with `2 * K * max_u * 127 < 2^15`, and that the CPU
+/// has what `P` names. With `vpmaddubsw` the `K` products are added as i16 before one
+/// `vpmaddwd` widens them: an i16 lane then holds `2K` products, so the bound keeps the sum exact,
+/// and `K - 1` widenings (and adds) are saved against `K` [`dot4`]s. Used with `K = 2` for q6
+/// (`max_u` = 63: 4 * 63 * 127 = 32004) and `K = 4` for q4 (15: 8 * 15 * 127 = 15240).
+/// `vpdpbusd` widens as it multiplies.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn dot8<const P: u8>(
+pub(super) unsafe fn dot_pairs<const P: u8, const K: usize>(
     isum: __m256i,
-    u1: __m256i,
-    s1: __m256i,
-    u2: __m256i,
-    s2: __m256i,
+    u: [__m256i; K],
+    s: [__m256i; K],
 ) -> __m256i {
     match P {
         MADDUBS => {
-            let p16 = _mm256_add_epi16(_mm256_maddubs_epi16(u1, s1), _mm256_maddubs_epi16(u2, s2));
+            let mut p16 = _mm256_maddubs_epi16(u[0], s[0]);
+            for k in 1..K {
+                p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(u[k], s[k]));
+            }
             _mm256_add_epi32(isum, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
         }
-        _ => dot4::<P>(dot4::<P>(isum, u1, s1), u2, s2),
-    }
-}
-
-/// [`dot8`] for four pairs of bytes: `isum` plus, in each i32 lane, the sixteen products of its
-/// four bytes in each `u[k] * s[k]`. Caller guarantees `u[k] <= 15` (q4's nibbles) and
-/// `-127 <= s[k] <= 127`, and that the CPU has what `P` names. With `vpmaddubsw` the four
-/// products are added as i16 before one `vpmaddwd`: an i16 lane then holds eight products, at
-/// most 8 * 15 * 127 = 15240 < 2^15 in size, so the sum is exact (q6's weights, up to 63, would
-/// overflow it: they take two [`dot8`]s).
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) unsafe fn dot16<const P: u8>(
-    isum: __m256i,
-    u: [__m256i; 4],
-    s: [__m256i; 4],
-) -> __m256i {
-    match P {
-        MADDUBS => {
-            let p = |k: usize| _mm256_maddubs_epi16(u[k], s[k]);
-            let p16 = _mm256_add_epi16(_mm256_add_epi16(p(0), p(1)), _mm256_add_epi16(p(2), p(3)));
-            _mm256_add_epi32(isum, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
-        }
-        _ => dot4::<P>(
-            dot4::<P>(
-                dot4::<P>(dot4::<P>(isum, u[0], s[0]), u[1], s[1]),
-                u[2],
-                s[2],
-            ),
-            u[3],
-            s[3],
-        ),
+        _ => (0..K).fold(isum, |acc, k| dot4::<P>(acc, u[k], s[k])),
     }
 }
 

@@ -27,8 +27,8 @@
 //! acc     += float(isum) * x_scale * w_scale          one conversion and scaling a chunk
 //! ```
 //!
-//! For q4 the four byte products are added as i16 before one widening (`dot16`: eight products of
-//! at most 15 * 127 each fit); q6's larger weights take two widenings (`dot8`).
+//! For q4 the four byte products are added as i16 before one widening (`dot_pairs` of four: eight
+//! products of at most 15 * 127 each fit); q6's larger weights take two widenings of two.
 //!
 //! The same kernels take q6 weights (`SIX`): a chunk is then 96 bytes, the nibbles as above and
 //! 32 high bytes whose bits are ORed in above the nibbles, and the correction is taken four
@@ -37,7 +37,7 @@
 use super::super::q4::{self, Q4Layout, CHUNK, LANES};
 use super::super::q6;
 use super::super::{for_each_tile, ActsQ8};
-use super::avx2::{dot16, dot8, hsum256};
+use super::avx2::{dot_pairs, hsum256};
 use super::{PREFETCH_FAR, PREFETCH_NEAR};
 use std::arch::x86_64::*;
 
@@ -334,14 +334,15 @@ unsafe fn tile_avx2<const N: usize, const P: u8, const SIX: bool>(
                 |k: usize| _mm256_loadu_si256(x_row[j].add(CHUNK * c + 32 * k) as *const __m256i);
             let corr = _mm256_loadu_si256(corr_row[j].add(L * c) as *const __m256i);
             // Activations A-low, B-low, A-high, B-high; weights at most 15 (q4) or 63 (q6) and
-            // activations in [-127, 127], as dot16 and dot8 ask.
+            // activations in [-127, 127], within dot_pairs's bound for the number of pairs.
             let isum = match SIX {
                 // q6 weights are q + 32, four times q4's offset of 8.
                 true => {
-                    let isum = dot8::<P>(_mm256_slli_epi32(corr, 2), lo[0], xv(0), hi[0], xv(2));
-                    dot8::<P>(isum, lo[1], xv(1), hi[1], xv(3))
+                    let corr = _mm256_slli_epi32(corr, 2);
+                    let isum = dot_pairs::<P, 2>(corr, [lo[0], hi[0]], [xv(0), xv(2)]);
+                    dot_pairs::<P, 2>(isum, [lo[1], hi[1]], [xv(1), xv(3)])
                 }
-                false => dot16::<P>(
+                false => dot_pairs::<P, 4>(
                     corr,
                     [lo[0], lo[1], hi[0], hi[1]],
                     [xv(0), xv(1), xv(2), xv(3)],
