@@ -119,6 +119,39 @@ fn q4_mix_is_a_choice() {
     }
 }
 
+/// A group size the SIMD kernels do not take is said at export, before the work starts: such a
+/// file runs on the scalar reference kernels, many times slower. q4's default (32) and a q8
+/// multiple of 32 export without it (this model's rows are too short for q8's default of 64).
+#[test]
+fn export_warns_of_a_group_size_without_simd_kernels() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/tiny-qwen3-fullvocab");
+    let stderr = |name: &str, args: &[&str]| -> String {
+        let out = common::binary_dir().join(format!("{name}.bin"));
+        let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+            .args(["export", src.to_str().unwrap(), out.to_str().unwrap()])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(o.status.success(), "{args:?}: {err}");
+        err
+    };
+    let slow = stderr("gs16-q4", &["--dtype", "q4", "--group-size", "16"]);
+    assert!(
+        slow.contains("warning: the q4 kernels are vectorized for groups of 32: groups of 16 run on the scalar reference"),
+        "{slow}"
+    );
+    let slow = stderr("gs16-q8", &["--dtype", "q8", "--group-size", "16"]);
+    assert!(slow.contains("warning: the q8 kernels"), "{slow}");
+    for (name, args) in [
+        ("gs-default-q4", &["--dtype", "q4"][..]),
+        ("gs32-q8", &["--dtype", "q8", "--group-size", "32"][..]),
+    ] {
+        let err = stderr(name, args);
+        assert!(!err.contains("warning"), "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn info_bench_and_serve_on_a_q4_file() {
     let (q4, q8) = (export("q4", "q4", &[]), export("q8", "q8", &[]));

@@ -52,6 +52,10 @@ pub fn run(args: ExportArgs) -> Result<()> {
     let group_size = args
         .group_size
         .unwrap_or(if dtype == DType::Q4 { 32 } else { 64 });
+    // Said before the export starts, so that a user can stop it and choose again.
+    if let Some(why) = qwen3_inference::kernels::dot::scalar_only(dtype, group_size as usize) {
+        eprintln!("warning: {why}, many times slower (--group-size 32 avoids it)");
+    }
     let source = match args.hf_dir.to_str().and_then(crate::hub::RepoRef::parse) {
         Some(repo) if !args.hf_dir.exists() => {
             crate::hub::checkpoint_dir(&repo, crate::hub::offline(args.offline))?

@@ -343,6 +343,25 @@ pub fn dot_q8_f32_scalar(w: &[i8], ws: &[f32], x: &[f32], gs: usize) -> f32 {
     sum
 }
 
+/// Why matrices of `dtype` in groups of `gs` would run on the scalar reference kernels, many
+/// times slower than the SIMD ones, or `None` when the SIMD kernels take them. q4 (and the q6 in
+/// its files) in groups of [`q4::SIMD_GROUP`] only: their layout is built around groups of 32
+/// (`q4.rs`). q8 in groups of a multiple of 32, AVX2's step (NEON and AVX-512 take multiples of
+/// 16, so 32 is the size every instruction set takes). f32 and bf16 have no groups.
+pub fn scalar_only(dtype: crate::format::DType, gs: usize) -> Option<String> {
+    use crate::format::DType;
+    match dtype {
+        DType::Q4 | DType::Q6 if gs != q4::SIMD_GROUP => Some(format!(
+            "the {dtype} kernels are vectorized for groups of {}: groups of {gs} run on the scalar reference",
+            q4::SIMD_GROUP
+        )),
+        DType::Q8 if !gs.is_multiple_of(32) => Some(format!(
+            "the q8 kernels are vectorized for groups of a multiple of 32: groups of {gs} run on the scalar reference on x86"
+        )),
+        _ => None,
+    }
+}
+
 pub mod q4;
 pub mod q6;
 #[cfg(target_arch = "x86_64")]
