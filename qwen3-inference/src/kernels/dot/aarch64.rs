@@ -269,9 +269,10 @@ unsafe fn tile_q8_dotprod<const R: usize, const N: usize>(
 }
 
 /// [`super::MatQ4`] with `sdot`, for groups of 32 (others take the reference), reading the
-/// activations in the layout `q4.rs` describes (`Q4Layout::Halves`): a chunk of 64 packed bytes in four quarters of
-/// 16, one group each, whose low and high nibbles `sdot` multiplies by the group's two halves
-/// of activations into 4 lanes, starting from the lanes' correction for the `+ 8`. Tiles of two
+/// activations in the layout `q4.rs` describes (`Q4Layout::Halves`): a chunk of 64 packed
+/// bytes in four quarters of 16, one group each, whose low and high nibbles `sdot` multiplies
+/// by the group's two halves of activations into 4 lanes, starting from the lanes' correction
+/// for the `+ 8`. Tiles of two
 /// rows by four tokens, as the q8 kernel's; decode is the 1-token tile, so prefill and decode
 /// give the same bits. With `SIX`, q6 weights: a chunk is 96 bytes, the 64 nibble bytes and 32
 /// high bytes whose pairs of bits go above the nibbles, and the correction counts four times

@@ -346,8 +346,8 @@ pub fn dot_q8_f32_scalar(w: &[i8], ws: &[f32], x: &[f32], gs: usize) -> f32 {
 /// Why matrices of `dtype` in groups of `gs` would run on the scalar reference kernels, many
 /// times slower than the SIMD ones, or `None` when the SIMD kernels take them. q4 (and the q6 in
 /// its files) in groups of [`q4::SIMD_GROUP`] only: their layout is built around groups of 32
-/// (`q4.rs`). q8 in groups of a multiple of 32, AVX2's step (NEON and AVX-512 take multiples of
-/// 16, so 32 is the size every instruction set takes). f32 and bf16 have no groups.
+/// (`q4.rs`). q8 in groups of a multiple of 32 on x86 (AVX2's step; AVX-512's VNNI path wants
+/// 64 and hands multiples of 32 to AVX2's), of 16 on NEON. f32 and bf16 have no groups.
 pub fn scalar_only(dtype: crate::format::DType, gs: usize) -> Option<String> {
     use crate::format::DType;
     match dtype {

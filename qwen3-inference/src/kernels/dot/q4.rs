@@ -88,6 +88,13 @@ impl Q4Layout {
         }
     }
 
+    /// The group (0..4) of a chunk whose activations lane `l` sums: the group of its first byte
+    /// (every byte of a lane is in the same group: `lay_out` checks it). The kernels spread each
+    /// group's weight scale to its lanes with this.
+    pub const fn lane_group(self, l: usize) -> usize {
+        self.byte(4 * l) / 16
+    }
+
     /// Where the 32-byte vectors that a lane draws from start, among the 64 positions of
     /// [`Self::byte`]: lane `l` takes bytes `4l..4l + 4` of each (Halves: of the one vector it
     /// lies in, 16 lanes; Pairs: of both A and B, 8 lanes).
@@ -174,7 +181,7 @@ impl ActsQ4Buf {
                     };
                     let sum: i32 = bytes().map(|k| x_lo[k] as i32 + x_hi[k] as i32).sum();
                     self.corr.push(-8 * sum);
-                    let group = order[4 * l] / 16;
+                    let group = layout.lane_group(l);
                     debug_assert!(bytes().all(|k| order[k] / 16 == group));
                     self.scales.push(s_row[c * (CHUNK / gs) + group]);
                 }

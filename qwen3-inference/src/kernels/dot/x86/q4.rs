@@ -13,8 +13,9 @@
 //! ```
 //!
 //! The weights' f16 scales are widened (`vcvtph2ps`: 16 at a time on AVX-512, a chunk's 4 on
-//! AVX2) and spread to the lanes of their group by one permute. Each (row, token) pair of a tile has its own accumulator, so a
-//! tile's multiply-adds do not wait on each other. Every tile shape runs the same steps in the
+//! AVX2) and spread to the lanes of their group by one permute (`Q4Layout::lane_group`). Each
+//! (row, token) pair of a tile has its own accumulator, so a tile's multiply-adds do not wait on
+//! each other. Every tile shape runs the same steps in the
 //! same order for each pair, so decode (tiles of one token) and prefill give a prompt's tokens
 //! the same bits.
 //!
@@ -99,12 +100,11 @@ pub(super) unsafe fn mat_q4_avx512<const SIX: bool>(
 /// tokens exist, that `q6::check_either::<SIX>` passed, that `x.q4.chunks > 0` and that the
 /// layout is `Q4Layout::Halves` (16 lanes a chunk; `Pairs` has 8, and its corrections and scales
 /// would be read past their end). Then every read is in bounds: chunk `c < chunks = cols / 128`
-/// reads bytes `bc .. bc + b` of a
-/// weight row (`b` = 64 for q4, 96 for q6: the nibbles, then 32 high bytes), within its
-/// `cols / 128 * b` bytes, values `128c .. 128c + 128 <= cols` of a token's laid-out row, lanes
-/// `16c .. 16c + 16 <= lanes` of its corrections and scales; the weight scales are read by a masked load
-/// of `4 * n4` values from `4c`, which stays within `4 * chunks <= per` (masked-off elements are
-/// not read and cannot fault).
+/// reads bytes `bc .. bc + b` of a weight row (`b` = 64 for q4, 96 for q6: the nibbles, then 32
+/// high bytes), within its `cols / 128 * b` bytes, values `128c .. 128c + 128 <= cols` of a
+/// token's laid-out row, lanes `16c .. 16c + 16 <= lanes` of its corrections and scales; the
+/// weight scales are read by a masked load of `4 * n4` values from `4c`, which stays within
+/// `4 * chunks <= per` (masked-off elements are not read and cannot fault).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn tile_avx512<const R: usize, const N: usize, const SIX: bool>(
@@ -133,7 +133,8 @@ unsafe fn tile_avx512<const R: usize, const N: usize, const SIX: bool>(
         std::array::from_fn(|j| x.q4.scales.as_ptr().add((i + j) * lanes));
     let (nibble, bits_4_5) = (_mm512_set1_epi8(15), _mm512_set1_epi8(0x30));
     // Lane l of chunk k (0..4) of a window of 16 groups has group 4k + l / 4.
-    let spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    let groups: [i32; LANES] = std::array::from_fn(|l| Q4Layout::Halves.lane_group(l) as i32);
+    let spread = _mm512_loadu_si512(groups.as_ptr() as *const __m512i);
     let idx: [__m512i; 4] =
         std::array::from_fn(|k| _mm512_add_epi32(spread, _mm512_set1_epi32(4 * k as i32)));
     let mut acc = [[_mm512_setzero_ps(); N]; R];
@@ -289,7 +290,8 @@ unsafe fn tile_avx2<const N: usize, const P: u8, const SIX: bool>(
         std::array::from_fn(|j| x.q4.scales.as_ptr().add((i + j) * lanes));
     let (nibble, bits_4_5) = (_mm256_set1_epi8(15), _mm256_set1_epi8(0x30));
     // The lanes of both vectors hold groups 0, 0, 2, 2, 1, 1, 3, 3 of the chunk (`q4.rs`).
-    let spread = _mm256_set_epi32(3, 3, 1, 1, 2, 2, 0, 0);
+    let groups: [i32; L] = std::array::from_fn(|l| Q4Layout::Pairs.lane_group(l) as i32);
+    let spread = _mm256_loadu_si256(groups.as_ptr() as *const __m256i);
     let mut acc = [_mm256_setzero_ps(); N];
     for c in 0..chunks {
         let off = chunk_bytes * c;
