@@ -57,6 +57,7 @@ fn json_report_has_every_field() {
     assert_eq!(runs.len(), 2);
     for (run, threads) in runs.iter().zip([1, 2]) {
         assert_eq!(run["threads"], threads);
+        assert_eq!(run["device"], "cpu");
         for key in [
             "prefill_tok_s",
             "decode_tok_s",
@@ -102,6 +103,11 @@ fn bad_arguments_are_one_line_errors() {
         vec!["bench", m, "--threads", "0"],
         vec!["bench", m, "--prompt-tokens", "250", "-n", "10"],
         vec!["bench", "/nonexistent/model.bin"],
+        // the textbook loops are not for timing; a default build has no CUDA, and a CUDA build
+        // on these machines no driver: both one line (qwen3-cuda's tests cover the GPU itself)
+        vec!["bench", m, "--device", "plain"],
+        vec!["bench", m, "--device", "cuda"],
+        vec!["bench", m, "--device", "tpu"],
     ] {
         let out = qwen3(&args);
         let err = String::from_utf8_lossy(&out.stderr);

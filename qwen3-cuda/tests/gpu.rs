@@ -12,20 +12,21 @@ use qwen3_cuda::reference::ReferenceBackend;
 use qwen3_inference::backend::{AttentionShape, Backend, KvType, RopeTable, CPU};
 use qwen3_inference::format::{DType, ModelFile};
 use qwen3_inference::model::{Model, Session};
-use qwen3_test_support::FULL_LOGIT_CHECKPOINTS;
+use qwen3_test_support::{fixture, FULL_LOGIT_CHECKPOINTS};
 
+/// Whether a GPU is there to test on; where none is, says why and the test returns (a skip),
+/// unless `QWEN3_REQUIRE_GPU` is set (the GPU check kit sets it), when that is a failure.
 fn gpu_or_skip() -> bool {
-    match device_count() {
-        Ok(n) if n > 0 => true,
-        Ok(_) => {
-            eprintln!("no CUDA device found: skipping GPU test");
-            false
-        }
-        Err(e) => {
-            eprintln!("{e}: skipping GPU test");
-            false
-        }
+    let why = match device_count() {
+        Ok(n) if n > 0 => return true,
+        Ok(_) => "no CUDA device found".to_string(),
+        Err(e) => e.to_string(),
+    };
+    if std::env::var_os("QWEN3_REQUIRE_GPU").is_some() {
+        panic!("QWEN3_REQUIRE_GPU is set but there is no GPU to test on: {why}");
     }
+    eprintln!("{why}: skipping GPU test");
+    false
 }
 
 fn max_abs(a: &[f32], b: &[f32]) -> f32 {
@@ -219,9 +220,7 @@ fn gpu_forward_matches_cpu_backend_on_fixtures() {
     let tokens: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % 500).collect();
     for name in FULL_LOGIT_CHECKPOINTS {
         for dtype in [DType::F32, DType::Bf16] {
-            let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../fixtures/models")
-                .join(name);
+            let src = fixture(name);
             let path = temp_path(&format!("gpu-cpu-{name}-{dtype}.bin"));
             let opts = qwen3_export::ExportOptions {
                 dtype,

@@ -77,11 +77,16 @@ impl Case {
     }
 }
 
-/// The directory of fixture checkpoint `name` in the repository's `fixtures/models/`.
+/// The directory of fixture checkpoint `name`: in `$QWEN3_FIXTURES_DIR` when that is set, else in
+/// the repository's `fixtures/models/`. The override is for test executables run away from the
+/// source tree they were built in (scripts/gpu_check.sh carries them, with the fixtures they read,
+/// to a GPU machine), where the path compiled in from `CARGO_MANIFEST_DIR` does not exist.
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fixtures/models")
-        .join(name)
+    let dir = match std::env::var_os("QWEN3_FIXTURES_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models"),
+    };
+    dir.join(name)
 }
 
 /// Reads fixture `name`'s `reference.json`.

@@ -11,11 +11,17 @@
 //! That buffer is asked for 2 MiB pages, as the model file's mapping is (pages.rs): the
 //! ceiling is what the machine streams at its best. Whether the weights got huge pages depends on
 //! the kernel and the page cache, so the share of them that did is printed too.
+//!
+//! `--device cuda` measures the same on a GPU (a build with `--features cuda`): the weights are
+//! uploaded once, the same forward pass runs over the CUDA backend, and the bandwidth is that of
+//! a device-to-device copy (`CudaRuntime::copy_bandwidth`), before each repeat.
 
 use super::args::KvCacheArg;
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use qwen3_inference::backend::{KvType, CPU};
+use qwen3_cuda::device::check_available;
+use qwen3_cuda::Device;
+use qwen3_inference::backend::{Backend, KvType, CPU};
 use qwen3_inference::format::reader::TensorInfo;
 use qwen3_inference::format::{DType, ModelFile};
 use qwen3_inference::kernels::bandwidth::read_sum;
@@ -50,6 +56,10 @@ pub struct BenchArgs {
     /// What the KV cache stores keys and values as (as `qwen3 inference --kv-cache`).
     #[arg(long, value_enum, default_value = "f32")]
     pub kv_cache: KvCacheArg,
+    /// Where to run: cpu, or cuda (device 0) / cuda:N with a build with `--features cuda`
+    /// (--threads then does not apply).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 /// Median and (max - min) of a sample.
@@ -90,13 +100,23 @@ fn measure_bandwidth(pool: &rayon::ThreadPool, buf: &[f32]) -> f64 {
 }
 
 struct Run {
-    threads: usize,
+    /// The thread count, or the GPU ("cuda:0").
+    on: On,
     prefill: (f64, f64),
     decode: (f64, f64),
     /// Median of the bandwidths measured before each repeat.
     bandwidth: f64,
     /// Median over repeats of decode tok/s * bytes per token / that repeat's bandwidth.
     fraction: f64,
+}
+
+/// Where a run ran: on the CPU with this many threads, or on a GPU.
+#[derive(Clone)]
+enum On {
+    Threads(usize),
+    /// Only a `--features cuda` build makes one.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Gpu(String),
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -106,8 +126,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.threads.contains(&0) {
         bail!("--threads: thread counts must be at least 1");
     }
+    let device: Device = args.device.parse().map_err(|e: String| anyhow!(e))?;
+    check_available(device).map_err(|e| anyhow!(e))?;
     let file = ModelFile::open(&args.model)?;
-    let model = Model::load(&file)?;
     let c = file.config();
     let ctx = args.prompt + args.decode;
     if ctx > c.max_position_embeddings as usize {
@@ -121,6 +142,21 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let prompt: Vec<u32> = (0..args.prompt as u64)
         .map(|i| ((i * 7919 + 13) % c.vocab_size as u64) as u32)
         .collect();
+    match device {
+        Device::Cpu => {}
+        Device::Plain => bail!("bench measures --device cpu or cuda (plain is the textbook loops, for reading, not for speed)"),
+        Device::Cuda(ordinal) => {
+            if !args.threads.is_empty() {
+                bail!("--threads is for --device cpu");
+            }
+            if reads.kv_type != KvType::F32 {
+                bail!("--kv-cache bf16 is for --device cpu: the CUDA backend keeps its KV cache in f32");
+            }
+            let (run, kernels) = cuda::measure(&args, &file, &prompt, &reads, ordinal)?;
+            return report(&args, &file, &reads, None, &[run], &kernels);
+        }
+    }
+    let model = Model::load(&file)?;
     // 2^28 f32s: 1 GiB.
     let mut buf = HugePageF32s::zeroed(1 << 28).context("cannot map the bandwidth buffer")?;
     buf.fill(1.0);
@@ -135,10 +171,22 @@ pub fn run(args: BenchArgs) -> Result<()> {
         weights: file.page_share(),
         buffer: huge_page_share(buf.as_ptr() as *const u8),
     };
+    report(&args, &file, &reads, Some(&pages), &runs, dots().isa)
+}
+
+/// The report, as a table or as JSON. `pages`: the CPU's huge-page shares (none on a GPU).
+fn report(
+    args: &BenchArgs,
+    file: &ModelFile,
+    reads: &TokenReads,
+    pages: Option<&Pages>,
+    runs: &[Run],
+    kernels: &str,
+) -> Result<()> {
     if args.json {
-        print_json(&args, &file, &reads, &pages, &runs)
+        print_json(args, file, reads, pages, runs, kernels)
     } else {
-        print_table(&args, &file, &reads, &pages, &runs);
+        print_table(args, file, reads, pages, runs, kernels);
         Ok(())
     }
 }
@@ -214,30 +262,99 @@ fn measure(
         }
         let bandwidth = measure_bandwidth(&pool, buf);
         pool.install(|| -> Result<()> {
-            session.truncate(0)?;
-            let start = Instant::now();
-            let logits = session.forward(prompt)?;
-            let mut next = argmax(logits) as u32;
-            pre.push(args.prompt as f64 / start.elapsed().as_secs_f64());
-            let start = Instant::now();
-            for _ in 0..args.decode {
-                let logits = session.forward(&[next])?;
-                next = argmax(logits) as u32;
-            }
-            let tok_s = args.decode as f64 / start.elapsed().as_secs_f64();
-            dec.push(tok_s);
-            fracs.push(tok_s * reads.total() / bandwidth);
+            let (p, d) = prefill_and_decode(&mut session, prompt, args.decode)?;
+            pre.push(p);
+            dec.push(d);
+            fracs.push(d * reads.total() / bandwidth);
             bws.push(bandwidth);
             Ok(())
         })?;
     }
     Ok(Run {
-        threads,
+        on: On::Threads(threads),
         prefill: median_spread(&mut pre),
         decode: median_spread(&mut dec),
         bandwidth: median_spread(&mut bws).0,
         fraction: median_spread(&mut fracs).0,
     })
+}
+
+/// One repeat: a prefill of `prompt` in one forward, then `decode` greedy steps; their tokens/s.
+/// (The logits come back to the host at each step, so the clock stops when the device is done.)
+fn prefill_and_decode<B: Backend>(
+    session: &mut Session<B>,
+    prompt: &[u32],
+    decode: usize,
+) -> Result<(f64, f64)> {
+    session.truncate(0)?;
+    let start = Instant::now();
+    let logits = session.forward(prompt)?;
+    let mut next = argmax(logits) as u32;
+    let prefill = prompt.len() as f64 / start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    for _ in 0..decode {
+        let logits = session.forward(&[next])?;
+        next = argmax(logits) as u32;
+    }
+    Ok((prefill, decode as f64 / start.elapsed().as_secs_f64()))
+}
+
+/// `--device cuda:N`: the weights uploaded once, then `-r` repeats, each after a measurement of
+/// the device's copy bandwidth.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use qwen3_cuda::cuda::CudaBackend;
+
+    /// The run, and the kernels' description ("CUDA on NVIDIA H200 (compute 9.0)").
+    pub fn measure(
+        args: &BenchArgs,
+        file: &ModelFile,
+        prompt: &[u32],
+        reads: &TokenReads,
+        ordinal: usize,
+    ) -> Result<(Run, String)> {
+        let gpu = CudaBackend::load(ordinal, file)?;
+        let model = Model::load_with(file, |name| gpu.weights.tensor(name))?;
+        let mut session = Session::new(&gpu, &model, args.prompt + args.decode, KvType::F32)?;
+        let (mut pre, mut dec, mut bws, mut fracs) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        // One untimed pass first: the driver finishes loading the kernels at their first launch.
+        prefill_and_decode(&mut session, prompt, 1)?;
+        for _ in 0..args.repeats {
+            // 1 GiB, far beyond any GPU's L2 cache.
+            let bandwidth = gpu.runtime.copy_bandwidth(1 << 30)?;
+            let (p, d) = prefill_and_decode(&mut session, prompt, args.decode)?;
+            pre.push(p);
+            dec.push(d);
+            fracs.push(d * reads.total() / bandwidth);
+            bws.push(bandwidth);
+        }
+        let run = Run {
+            on: On::Gpu(format!("cuda:{ordinal}")),
+            prefill: median_spread(&mut pre),
+            decode: median_spread(&mut dec),
+            bandwidth: median_spread(&mut bws).0,
+            fraction: median_spread(&mut fracs).0,
+        };
+        Ok((run, format!("CUDA on {}", gpu.runtime.description)))
+    }
+}
+
+/// Without the `cuda` feature `check_available` has already refused any CUDA device.
+#[cfg(not(feature = "cuda"))]
+mod cuda {
+    use super::*;
+
+    pub fn measure(
+        _args: &BenchArgs,
+        _file: &ModelFile,
+        _prompt: &[u32],
+        _reads: &TokenReads,
+        _ordinal: usize,
+    ) -> Result<(Run, String)> {
+        bail!("{}", qwen3_cuda::device::cuda_support().unwrap_err())
+    }
 }
 
 /// How much of the weights and of the bandwidth buffer lies in 2 MiB pages ("Huge pages" in
@@ -258,16 +375,22 @@ fn print_json(
     args: &BenchArgs,
     file: &ModelFile,
     reads: &TokenReads,
-    pages: &Pages,
+    pages: Option<&Pages>,
     runs: &[Run],
+    kernels: &str,
 ) -> Result<()> {
     let c = file.config();
     let bytes_per_token = reads.total();
     let runs: Vec<serde_json::Value> = runs
         .iter()
         .map(|r| {
+            let (threads, device) = match &r.on {
+                On::Threads(t) => (Some(*t), "cpu".to_string()),
+                On::Gpu(d) => (None, d.clone()),
+            };
             serde_json::json!({
-                "threads": r.threads,
+                "device": device,
+                "threads": threads,
                 "prefill_tok_s": r.prefill.0,
                 "prefill_spread": r.prefill.1,
                 "decode_tok_s": r.decode.0,
@@ -297,9 +420,9 @@ fn print_json(
         "prompt_tokens": args.prompt,
         "decode_tokens": args.decode,
         "repeats": args.repeats,
-        "isa": dots().isa,
-        "weights_in_huge_pages": pages.weights.map(|p| p.fraction()),
-        "bandwidth_buffer_in_huge_pages": pages.buffer.map(|p| p.fraction()),
+        "isa": kernels,
+        "weights_in_huge_pages": pages.and_then(|p| p.weights).map(|p| p.fraction()),
+        "bandwidth_buffer_in_huge_pages": pages.and_then(|p| p.buffer).map(|p| p.fraction()),
         "runs": runs,
     });
     println!("{}", serde_json::to_string_pretty(&out)?);
@@ -311,8 +434,9 @@ fn print_table(
     args: &BenchArgs,
     file: &ModelFile,
     reads: &TokenReads,
-    pages: &Pages,
+    pages: Option<&Pages>,
     runs: &[Run],
+    kernels: &str,
 ) {
     // "197 q8 matrices", or for a q4 file with some kept finer (`Q4Mix`) "168 q4 + 29 q8".
     let matrices: Vec<String> = [DType::F32, DType::Bf16, DType::Q8, DType::Q6, DType::Q4]
@@ -330,9 +454,61 @@ fn print_table(
         super::units::bytes(reads.weights),
         super::units::bytes(reads.kv as u64),
         reads.kv_type.name(),
-        dots().isa,
+        kernels,
         args.repeats
     );
+    if let Some(pages) = pages {
+        print_pages(args, pages);
+    }
+    let first = match runs.first().map(|r| &r.on) {
+        Some(On::Gpu(_)) => "device",
+        _ => "threads",
+    };
+    println!(
+        "{:>7}  {:>20}  {:>20}  {:>12}  {:>12}  {:>9}",
+        first, "prefill tok/s", "decode tok/s", "bandwidth", "ceiling", "of ceil."
+    );
+    for r in runs {
+        let ceiling = r.bandwidth / reads.total();
+        // Decode cannot stream from memory faster than memory streams: above 100%, the bytes
+        // did not all come from memory (see below), and the fraction means nothing.
+        let fraction = if r.fraction <= 1.0 {
+            format!("{:.0}%", 100.0 * r.fraction)
+        } else {
+            "-".to_string()
+        };
+        let on = match &r.on {
+            On::Threads(t) => t.to_string(),
+            On::Gpu(d) => d.clone(),
+        };
+        println!(
+            "{:>7}  {:>11.1} ({:>6.1})  {:>11.1} ({:>6.1})  {:>7.1} GB/s  {:>6.1} tok/s  {:>9}",
+            on,
+            r.prefill.0,
+            r.prefill.1,
+            r.decode.0,
+            r.decode.1,
+            r.bandwidth / 1e9,
+            ceiling,
+            fraction
+        );
+    }
+    if let Some(r) = runs.iter().find(|r| r.fraction > 1.0) {
+        let on = match &r.on {
+            On::Threads(1) => "with 1 thread".to_string(),
+            On::Threads(t) => format!("with {t} threads"),
+            On::Gpu(d) => format!("on {d}"),
+        };
+        println!(
+            "(-: decode ran at {:.1} times the memory ceiling {on}: a token's {} fit in this machine's caches, so they are not read from memory; the ceiling applies to models larger than the caches)",
+            r.fraction,
+            super::units::bytes(reads.total() as u64)
+        );
+    }
+}
+
+/// The CPU's huge-page shares, and how to get more of them.
+fn print_pages(args: &BenchArgs, pages: &Pages) {
     let share = |p: Option<PageShare>| {
         p.map_or("unknown".into(), |p| {
             format!("{:.0}%", 100.0 * p.fraction())
@@ -349,40 +525,6 @@ fn print_table(
         println!(
             "(to have the page cache read the file back in large pages: dd of={} oflag=nocache conv=notrunc,fdatasync count=0)",
             args.model.display()
-        );
-    }
-    println!(
-        "{:>7}  {:>20}  {:>20}  {:>12}  {:>12}  {:>9}",
-        "threads", "prefill tok/s", "decode tok/s", "bandwidth", "ceiling", "of ceil."
-    );
-    for r in runs {
-        let ceiling = r.bandwidth / reads.total();
-        // Decode cannot stream from memory faster than memory streams: above 100%, the bytes
-        // did not all come from memory (see below), and the fraction means nothing.
-        let fraction = if r.fraction <= 1.0 {
-            format!("{:.0}%", 100.0 * r.fraction)
-        } else {
-            "-".to_string()
-        };
-        println!(
-            "{:>7}  {:>11.1} ({:>6.1})  {:>11.1} ({:>6.1})  {:>7.1} GB/s  {:>6.1} tok/s  {:>9}",
-            r.threads,
-            r.prefill.0,
-            r.prefill.1,
-            r.decode.0,
-            r.decode.1,
-            r.bandwidth / 1e9,
-            ceiling,
-            fraction
-        );
-    }
-    if let Some(r) = runs.iter().find(|r| r.fraction > 1.0) {
-        println!(
-            "(-: decode ran at {:.1} times the memory ceiling with {} thread{}: a token's {} fit in this machine's caches, so they are not read from memory; the ceiling applies to models larger than the caches)",
-            r.fraction,
-            r.threads,
-            if r.threads == 1 { "" } else { "s" },
-            super::units::bytes(reads.total() as u64)
         );
     }
 }

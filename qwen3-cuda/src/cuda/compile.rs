@@ -27,6 +27,27 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
     Ok((major, minor))
 }
 
+/// The virtual architectures the loaded NVRTC can compile for, as compute capability x 10 (75 for
+/// `compute_75`). They change with the toolkit: NVRTC 12.x takes 50 to 120, NVRTC 13 dropped
+/// Maxwell, Pascal and Volta and starts at 75. Errors (never panics) when libnvrtc is missing.
+pub fn nvrtc_supported_archs() -> Result<Vec<i32>> {
+    if !nvrtc_present() {
+        bail!("libnvrtc not found");
+    }
+    let mut n: std::ffi::c_int = 0;
+    // SAFETY: libnvrtc is present (checked above); the call writes one int through a pointer to a
+    // live local.
+    unsafe { cudarc::nvrtc::sys::nvrtcGetNumSupportedArchs(&mut n) }
+        .result()
+        .map_err(|e| anyhow::anyhow!("nvrtcGetNumSupportedArchs: {e:?}"))?;
+    let mut archs = vec![0; n.max(0) as usize];
+    // SAFETY: NVRTC writes exactly the `n` ints it just counted, and `archs` holds `n`.
+    unsafe { cudarc::nvrtc::sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) }
+        .result()
+        .map_err(|e| anyhow::anyhow!("nvrtcGetSupportedArchs: {e:?}"))?;
+    Ok(archs)
+}
+
 /// Compiles one kernel file for `arch` (`compute_80` for PTX the driver JIT-compiles for any GPU of
 /// compute capability 8.0 or newer; `sm_90` for a specific architecture). The error carries
 /// NVRTC's log, which names the file and line.

@@ -11,6 +11,6 @@ mod runtime;
 mod weights;
 
 pub use backend::CudaBackend;
-pub use compile::{compile_kernel, nvrtc_present, nvrtc_version};
+pub use compile::{compile_kernel, nvrtc_present, nvrtc_supported_archs, nvrtc_version};
 pub use runtime::{device_count, driver_present, CudaRuntime};
 pub use weights::{DeviceTensor, DeviceWeights};

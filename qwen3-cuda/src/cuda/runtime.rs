@@ -1,10 +1,11 @@
 //! One CUDA device, ready to run the kernels: context, stream, loaded functions.
 
-use super::compile::{compile_kernel, nvrtc_present};
+use super::compile::{compile_kernel, nvrtc_present, nvrtc_supported_archs, nvrtc_version};
 use crate::kernels;
 use anyhow::{bail, Context, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Whether the CUDA driver library (libcuda, installed with the NVIDIA driver) can be loaded.
 pub fn driver_present() -> bool {
@@ -70,6 +71,13 @@ impl CudaRuntime {
         if major < 7 {
             bail!("cuda:{ordinal} has compute capability {major}.{minor}; these kernels need 7.0 or newer");
         }
+        // NVRTC 13 no longer compiles for Volta (7.0, 7.2): say so, rather than NVRTC's "invalid
+        // value for --gpu-architecture" from inside the first kernel file.
+        let cc = major * 10 + minor;
+        if !nvrtc_supported_archs()?.contains(&cc) {
+            let (v0, v1) = nvrtc_version()?;
+            bail!("cuda:{ordinal} has compute capability {major}.{minor}, which NVRTC {v0}.{v1} cannot compile for (use a CUDA 12 NVRTC)");
+        }
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         // PTX for the device's own virtual architecture: the driver compiles it to machine code
         // once at load.
@@ -121,5 +129,31 @@ impl CudaRuntime {
             functions,
             description: format!("{name} (compute {major}.{minor})"),
         })
+    }
+}
+
+impl CudaRuntime {
+    /// The device memory's bandwidth as a plain copy reaches it, in bytes per second: `bytes`
+    /// copied device to device (each byte read once and written once, so 2 x `bytes` cross the
+    /// memory bus), the median of five timed copies after one untimed. `qwen3 bench --device cuda`
+    /// divides it by the bytes a decoded token reads for its ceiling: a copy is the simplest kernel
+    /// that streams memory, so what it reaches is what a memory-bound kernel can hope for (on an
+    /// H100 or H200 about 85-90% of the datasheet's figure).
+    pub fn copy_bandwidth(&self, bytes: usize) -> Result<f64> {
+        let e = |e: cudarc::driver::DriverError| anyhow::anyhow!("CUDA: {e}");
+        let src = self.stream.alloc_zeros::<u8>(bytes).map_err(e)?;
+        let mut dst = self.stream.alloc_zeros::<u8>(bytes).map_err(e)?;
+        let mut samples = Vec::new();
+        for i in 0..6 {
+            self.stream.synchronize().map_err(e)?;
+            let start = Instant::now();
+            self.stream.memcpy_dtod(&src, &mut dst).map_err(e)?;
+            self.stream.synchronize().map_err(e)?;
+            if i > 0 {
+                samples.push(2.0 * bytes as f64 / start.elapsed().as_secs_f64());
+            }
+        }
+        samples.sort_by(|a, b| a.total_cmp(b));
+        Ok(samples[samples.len() / 2])
     }
 }

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The GPU check kit: everything needed to check the CUDA backend on a machine with an NVIDIA GPU
+# but no Rust toolchain and no network, built here (no GPU needed) into one folder.
+#
+#   scripts/gpu_check.sh prepare DIR    build the kit into DIR (made anew; < 60 MiB)
+#   DIR/run.sh                          on the GPU machine; see scripts/gpu_check/run.sh
+#
+# DIR holds: bin/qwen3 (release, --features cuda), tests/* (qwen3-cuda's test executables with
+# --features cuda), fixtures/models/* (the checkpoints those tests and the greedy check read, and
+# the real Qwen3 tokenizer for the benchmark checkpoint), make_bench_model.py, greedy.py, run.sh,
+# and KIT (what was built, from which commit). The binaries open libcuda and libnvrtc at run
+# time (cudarc's dynamic loading), so nothing CUDA is needed here. docs/cuda.md describes the kit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+usage() { echo "usage: scripts/gpu_check.sh prepare DIR" >&2; exit 2; }
+[ "${1:-}" = prepare ] && [ -n "${2:-}" ] || usage
+dir=$2
+limit_mib=60
+
+echo "== building qwen3 (release, --features cuda)"
+cargo build --release -p qwen3-cli --features cuda
+
+echo "== building qwen3-cuda's test executables (--features cuda)"
+# cargo prints one JSON line per artifact; the executables are the test targets' "executable".
+json=$(mktemp)
+trap 'rm -f "$json"' EXIT
+cargo test -p qwen3-cuda --features cuda --no-run --message-format=json-render-diagnostics > "$json"
+mapfile -t tests < <(python3 - "$json" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        # the lib's unit tests are target "qwen3_cuda"; the integration tests are named by file
+        print(m["target"]["name"] + "\t" + m["executable"])
+PY
+)
+[ "${#tests[@]}" -gt 0 ] || { echo "no test executables were built" >&2; exit 1; }
+
+echo "== laying out $dir"
+rm -rf "$dir"
+mkdir -p "$dir/bin" "$dir/tests" "$dir/fixtures/models"
+# Symbols stripped: the kit must travel, and a panic's message (what the tests assert) survives.
+strip -o "$dir/bin/qwen3" target/release/qwen3
+for t in "${tests[@]}"; do
+    strip -o "$dir/tests/${t%%$'\t'*}" "${t#*$'\t'}"
+done
+# The tests read the full-logit fixtures and the full-vocabulary one (tests/hf_parity.rs,
+# tests/gpu.rs); the greedy check reads the same; the benchmark checkpoint takes the real Qwen3
+# tokenizer from the full-vocabulary fixture.
+fixtures=$(sed -n '/FULL_LOGIT_CHECKPOINTS: \[&str; [0-9]*\] = \[/,/\];/p' test-support/src/lib.rs \
+    | grep -o '"tiny-[^"]*"' | tr -d '"')
+for f in $fixtures tiny-qwen3-fullvocab; do
+    mkdir -p "$dir/fixtures/models/$f"
+    # logprobs.json is the CLI's logprobs test's, not read here
+    find "fixtures/models/$f" -maxdepth 1 -type f ! -name logprobs.json -exec cp {} "$dir/fixtures/models/$f/" \;
+done
+cp fixtures/README.md "$dir/fixtures/"  # the fixtures' provenance and the tokenizer's licence
+cp scripts/make_bench_model.py scripts/gpu_check/greedy.py scripts/gpu_check/run.sh "$dir/"
+chmod +x "$dir/run.sh"
+{
+    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(rustc --version)"
+    echo "cudarc: $(sed -n 's/^cudarc = .*version = "\([^"]*\)".*"\(cuda-[0-9]*\)".*/\1, bindings \2/p' qwen3-cuda/Cargo.toml)"
+    echo "tests: $(ls "$dir/tests" | tr '\n' ' ')"
+    echo "fixtures: $(ls "$dir/fixtures/models" | tr '\n' ' ')"
+} > "$dir/KIT"
+
+size_kib=$(du -sk "$dir" | cut -f1)
+cat "$dir/KIT"
+echo "kit: $dir, $((size_kib / 1024)) MiB"
+if [ "$size_kib" -ge $((limit_mib * 1024)) ]; then
+    echo "the kit is $((size_kib / 1024)) MiB, over its $limit_mib MiB limit" >&2
+    exit 1
+fi
