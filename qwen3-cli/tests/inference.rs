@@ -44,6 +44,8 @@ fn write_model(path: &Path) {
         group_size: 16,
         attention_bias: false,
         qk_norm: true,
+        rope_scaling: qwen3_inference::format::RopeScaling::None,
+        moe: None,
     };
     let specs = tensor_specs(&c);
     let mut w = ModelWriter::create(path, &c, specs.clone()).unwrap();

@@ -26,3 +26,18 @@ extern "C" __global__ void add_bias(float* x, const float* bias, int n, int tota
         x[i] = x[i] + bias[i % n];
     }
 }
+
+// A mixture of experts' weighted rows added back (transformers' index_add_ of expert(x) * w):
+// out[rows[r]][j] += weights[r] * y[r][j], thread i = r * n + j < n_rows * n. The product and
+// the sum are two roundings (--fmad=false), as on the CPU. No row repeats within a launch (a
+// token chooses an expert once), so no two threads write one value.
+extern "C" __global__ void scatter_add_rows(float* out, const float* y, const unsigned int* rows,
+                                            const float* weights, int n_rows, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n_rows * n) {
+        const int r = i / n;
+        const int j = i - r * n;
+        float* o = out + (long long)rows[r] * n + j;
+        *o = *o + weights[r] * y[i];
+    }
+}

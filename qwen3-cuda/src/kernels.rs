@@ -60,7 +60,7 @@ pub const ATTENTION: KernelSource = KernelSource {
 pub const ELEMENTWISE: KernelSource = KernelSource {
     file: "elementwise.cu",
     source: include_str!("../kernels/elementwise.cu"),
-    entry_points: &["silu_mul", "add_assign", "add_bias"],
+    entry_points: &["silu_mul", "add_assign", "add_bias", "scatter_add_rows"],
 };
 
 /// Every kernel source, in the order a layer uses them.

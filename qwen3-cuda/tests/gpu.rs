@@ -118,8 +118,15 @@ fn layer_ops<B: Upload>(
     b.silu_mul(&mut act, &u, n * ff).unwrap();
     get("silu_mul", &act, n * ff);
     let mut down = b.alloc(n * d).unwrap();
-    b.matmul(&mut down, &lw.mlp.down_proj, &act, n, d, ff)
-        .unwrap();
+    b.matmul(
+        &mut down,
+        &lw.mlp.dense().unwrap().down_proj,
+        &act,
+        n,
+        d,
+        ff,
+    )
+    .unwrap();
     get("matmul down_proj", &down, n * d);
     let mut xs = b.upload(&values(n * d, 6));
     b.add(&mut xs, &down, n * d).unwrap();

@@ -200,7 +200,9 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
     }
     for name in ckpt.names() {
         let tied_head = name == "lm_head.weight" && config.tie_word_embeddings;
-        if !tied_head && !is_ignorable(name) && !expected.iter().any(|e| e.name == name) {
+        // transformers 5's fused experts, read above through their per-expert names.
+        let fused = config.moe.is_some() && hf::checkpoint::is_fused_expert_tensor(name);
+        if !tied_head && !fused && !is_ignorable(name) && !expected.iter().any(|e| e.name == name) {
             bail!(
                 "{}: unexpected tensor {name} (an option this runtime does not implement?)",
                 hf_dir.display()

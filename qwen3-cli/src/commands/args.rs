@@ -243,7 +243,7 @@ impl InferenceArgs {
 
 /// `-c`, or the model's maximum capped at [`DEFAULT_CONTEXT_CAP`]; never more than the maximum.
 pub fn context_len(args: &InferenceArgs, c: &ModelConfig) -> Result<usize> {
-    let max_ctx = c.max_position_embeddings as usize;
+    let max_ctx = c.max_context() as usize;
     let context_len = args.context.unwrap_or(max_ctx.min(DEFAULT_CONTEXT_CAP));
     if context_len > max_ctx {
         bail!("--context {context_len} is larger than the model supports ({max_ctx} positions)");

@@ -131,10 +131,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let file = ModelFile::open(&args.model)?;
     let c = file.config();
     let ctx = args.prompt + args.decode;
-    if ctx > c.max_position_embeddings as usize {
+    if ctx > c.max_context() as usize {
         bail!(
             "--prompt-tokens + -n = {ctx} exceeds the model's {} positions",
-            c.max_position_embeddings
+            c.max_context()
         );
     }
     let reads = TokenReads::new(&file, &args);

@@ -57,7 +57,7 @@ impl PromptJob {
             (Some(text), None, Some(tok)) => tok.encode_with_special_tokens(text),
             _ => bail!("no prompt: give -i TEXT, -f FILE (- for stdin) or --prompt-ids '[..]'"),
         };
-        let max_ctx = c.max_position_embeddings as usize;
+        let max_ctx = c.max_context() as usize;
         if prompt.len() > context_len {
             bail!(
                 "the prompt has {} tokens but the context holds {context_len} (raise -c/--context, at most {max_ctx})",
@@ -141,7 +141,7 @@ fn print_setup<B: Backend>(
     );
     eprintln!(
         "context: {context_len} positions (model max {}); KV cache up to {:.1} MiB ({})",
-        c.max_position_embeddings,
+        c.max_context(),
         fwd.model().kv_cache_bytes(context_len, kv) as f64 / (1u64 << 20) as f64,
         kv.name()
     );

@@ -83,11 +83,11 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
             bail!("--base is not the same model: its vocabulary, width or depth differ");
         }
     }
-    if args.ctx > c.max_position_embeddings as usize {
+    if args.ctx > c.max_context() as usize {
         bail!(
             "--ctx {} exceeds the model's {} positions",
             args.ctx,
-            c.max_position_embeddings
+            c.max_context()
         );
     }
     let tokens = open_tokenizer(&args.model)?.encode_with_special_tokens(&read_text(&args.file)?);

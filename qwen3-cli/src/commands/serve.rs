@@ -128,7 +128,7 @@ pub fn prepare(
     }
     let file = ModelFile::open(&args.model)?;
     let c = file.config().clone();
-    let max_ctx = c.max_position_embeddings as usize;
+    let max_ctx = c.max_context() as usize;
     let context_len = args.context.unwrap_or(max_ctx.min(DEFAULT_CONTEXT_CAP));
     if context_len == 0 || context_len > max_ctx {
         bail!("--context must be in 1 ..= {max_ctx} (the model's maximum), got {context_len}");

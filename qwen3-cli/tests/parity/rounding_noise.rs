@@ -213,4 +213,19 @@ impl<'a> Backend for RoundingNoise<'a> {
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> Result<()> {
         self.inner.add(x, y, n)
     }
+
+    fn zero(&self, x: &mut Vec<f32>, n: usize) -> Result<()> {
+        self.inner.zero(x, n)
+    }
+
+    fn scatter_add_rows(
+        &self,
+        out: &mut Vec<f32>,
+        y: &Vec<f32>,
+        rows: &[u32],
+        weights: &[f32],
+        n: usize,
+    ) -> Result<()> {
+        self.inner.scatter_add_rows(out, y, rows, weights, n)
+    }
 }

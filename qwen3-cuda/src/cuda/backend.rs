@@ -457,6 +457,62 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn zero(&self, x: &mut CudaSlice<f32>, n: usize) -> Result<()> {
+        need(x, n, "zero")?;
+        self.runtime
+            .stream
+            .memset_zeros(&mut x.slice_mut(..n))
+            .map_err(err)
+    }
+
+    fn scatter_add_rows(
+        &self,
+        out: &mut CudaSlice<f32>,
+        y: &CudaSlice<f32>,
+        rows: &[u32],
+        weights: &[f32],
+        n: usize,
+    ) -> Result<()> {
+        ensure!(
+            rows.len() == weights.len(),
+            "scatter_add_rows: {} rows, {} weights",
+            rows.len(),
+            weights.len()
+        );
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let total = rows.len() * n;
+        need(y, total, "scatter_add_rows")?;
+        let top = *rows.iter().max().unwrap_or(&0) as usize;
+        need(out, (top + 1) * n, "scatter_add_rows")?;
+        // The routing lives on the host (it was decided there from the router's logits): a few
+        // bytes uploaded per expert and step.
+        let stream = &self.runtime.stream;
+        let rows_d = stream.clone_htod(rows).map_err(err)?;
+        let weights_d = stream.clone_htod(weights).map_err(err)?;
+        let cfg = grid(
+            total.div_ceil(ELEMENTWISE_BLOCK_DIM),
+            1,
+            ELEMENTWISE_BLOCK_DIM,
+        )?;
+        let (nr_i, n_i) = (int(rows.len())?, int(n)?);
+        int(total)?;
+        let mut b = stream.launch_builder(&self.runtime.functions.scatter_add_rows);
+        b.arg(out)
+            .arg(y)
+            .arg(&rows_d)
+            .arg(&weights_d)
+            .arg(&nr_i)
+            .arg(&n_i);
+        // SAFETY: scatter_add_rows(out, y, rows, weights, n_rows, n); thread i < n_rows * n
+        // (which fits an int, checked) reads y[i] (y holds n_rows * n, checked) and
+        // weights[i / n], and writes out[rows[i / n] * n + i % n], below (max(rows) + 1) * n
+        // (checked). Rows are distinct (one expert a token), so no two threads write one value.
+        unsafe { b.launch(cfg) }.map_err(err)?;
+        Ok(())
+    }
+
     fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) -> Result<()> {
         need(x, n, "add")?;
         need(y, n, "add")?;

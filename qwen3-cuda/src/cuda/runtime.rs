@@ -41,6 +41,7 @@ pub struct Functions {
     pub silu_mul: CudaFunction,
     pub add_assign: CudaFunction,
     pub add_bias: CudaFunction,
+    pub scatter_add_rows: CudaFunction,
 }
 
 /// A CUDA device with the kernels compiled for it and one stream every launch goes to (so launches
@@ -123,6 +124,7 @@ impl CudaRuntime {
             silu_mul: take("silu_mul")?,
             add_assign: take("add_assign")?,
             add_bias: take("add_bias")?,
+            scatter_add_rows: take("scatter_add_rows")?,
         };
         Ok(CudaRuntime {
             stream: ctx.default_stream(),

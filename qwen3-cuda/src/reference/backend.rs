@@ -236,6 +236,30 @@ impl<'a> Backend for ReferenceBackend<'a> {
         Ok(())
     }
 
+    fn zero(&self, x: &mut Vec<f32>, n: usize) -> Result<()> {
+        x[..n].fill(0.0);
+        Ok(())
+    }
+
+    /// `scatter_add_rows` (elementwise.cu): per value a product and a sum, as on the host.
+    fn scatter_add_rows(
+        &self,
+        out: &mut Vec<f32>,
+        y: &Vec<f32>,
+        rows: &[u32],
+        weights: &[f32],
+        n: usize,
+    ) -> Result<()> {
+        qwen3_inference::backend::scatter_add_rows_host(
+            out,
+            &y[..rows.len() * n],
+            rows,
+            weights,
+            n,
+        );
+        Ok(())
+    }
+
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> Result<()> {
         reference::elementwise::add_assign(&mut x[..n], &y[..n]);
         Ok(())

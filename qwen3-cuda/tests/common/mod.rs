@@ -37,6 +37,8 @@ pub fn tiny_config(dtype: DType, tied: bool) -> ModelConfig {
         },
         attention_bias: false,
         qk_norm: true,
+        rope_scaling: qwen3_inference::format::RopeScaling::None,
+        moe: None,
     }
 }
 

@@ -203,9 +203,18 @@ impl Checkpoint {
         self.location.contains_key(name)
     }
 
-    /// Where tensor `name` is, its dtype and shape.
+    /// Where tensor `name` is, its dtype and shape. An expert's matrix that the checkpoint holds
+    /// only inside transformers 5's fused tensors is found there ([`fused_expert_source`]).
     pub fn tensor(&self, name: &str) -> Result<TensorMeta> {
         let Some(&i) = self.location.get(name) else {
+            if let Some((fused, part)) = fused_expert_source(name) {
+                if let Some(src) = fused
+                    .iter()
+                    .find(|f| self.location.contains_key(f.as_str()))
+                {
+                    return self.fused_part(src, part, name);
+                }
+            }
             bail!("tensor {name} is missing from the checkpoint");
         };
         let shard = &self.shards[i];
@@ -228,6 +237,42 @@ impl Checkpoint {
             file: shard.path.clone(),
             offset: shard.data_start + info.data_offsets.0 as u64,
             shard: i,
+        })
+    }
+
+    /// Expert `part.expert`'s matrix inside fused tensor `src` (`[E, rows, cols]`): a run of
+    /// whole rows, so a [`TensorMeta`] of its own whose reads go straight to those bytes.
+    fn fused_part(&self, src: &str, part: FusedPart, name: &str) -> Result<TensorMeta> {
+        let t = self.tensor(src)?;
+        let [e, rows, cols] = t.shape[..] else {
+            bail!(
+                "{}: {src} has shape {:?}, not [experts, rows, cols]",
+                t.file.display(),
+                t.shape
+            );
+        };
+        let (first, n) = match part.half {
+            // gate_up_proj: the expert's gate rows, then its up rows (modeling_qwen3_moe.py:
+            // `gate, up = linear(x, gate_up_proj[e]).chunk(2, dim=-1)`).
+            Some(h) => {
+                if rows % 2 != 0 {
+                    bail!(
+                        "{}: {src} has an odd number of rows ({rows}): not gate and up halves",
+                        t.file.display()
+                    );
+                }
+                (h * rows / 2, rows / 2)
+            }
+            None => (0, rows),
+        };
+        if part.expert >= e {
+            bail!("tensor {name} is missing: {src} holds {e} experts");
+        }
+        let row0 = part.expert * rows + first;
+        Ok(TensorMeta {
+            shape: vec![n, cols],
+            offset: t.offset + row0 * cols * t.bytes_per_value(),
+            ..t
         })
     }
 
@@ -271,4 +316,85 @@ fn open_shard(path: &Path) -> Result<Shard> {
         data_start: 8 + n as u64,
         metadata,
     })
+}
+
+/// Which part of a fused expert tensor one expert's matrix is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FusedPart {
+    pub expert: u64,
+    /// In `gate_up_proj`: 0 for gate_proj, 1 for up_proj; `None` for `down_proj`.
+    pub half: Option<u64>,
+}
+
+/// For an expert's matrix under the hub's per-expert name
+/// (`model.layers.3.mlp.experts.17.up_proj.weight`), the names transformers 5 stores it under,
+/// fused with the other experts' (`model.layers.3.mlp.experts.gate_up_proj` `[E, 2I, H]`, or
+/// `...experts.down_proj` `[E, H, I]`, with or without `.weight`), and which part it is.
+pub fn fused_expert_source(name: &str) -> Option<([String; 2], FusedPart)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once(".mlp.experts.")?;
+    layer.parse::<u32>().ok()?;
+    let (expert, proj) = rest.split_once('.')?;
+    let expert: u64 = expert.parse().ok()?;
+    let (fused, half) = match proj {
+        "gate_proj.weight" => ("gate_up_proj", Some(0)),
+        "up_proj.weight" => ("gate_up_proj", Some(1)),
+        "down_proj.weight" => ("down_proj", None),
+        _ => return None,
+    };
+    let base = format!("model.layers.{layer}.mlp.experts.{fused}");
+    Some(([format!("{base}.weight"), base], FusedPart { expert, half }))
+}
+
+/// Whether `name` is one of transformers 5's fused expert tensors
+/// (`model.layers.N.mlp.experts.gate_up_proj` or `.down_proj`, with or without `.weight`).
+pub fn is_fused_expert_tensor(name: &str) -> bool {
+    let Some((layer, rest)) = name
+        .strip_prefix("model.layers.")
+        .and_then(|r| r.split_once(".mlp.experts."))
+    else {
+        return false;
+    };
+    layer.parse::<u32>().is_ok()
+        && matches!(
+            rest,
+            "gate_up_proj" | "down_proj" | "gate_up_proj.weight" | "down_proj.weight"
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_expert_names_map_to_fused_parts() {
+        let (names, part) =
+            fused_expert_source("model.layers.3.mlp.experts.17.up_proj.weight").unwrap();
+        assert_eq!(names[1], "model.layers.3.mlp.experts.gate_up_proj");
+        assert_eq!(
+            part,
+            FusedPart {
+                expert: 17,
+                half: Some(1)
+            }
+        );
+        let (names, part) =
+            fused_expert_source("model.layers.0.mlp.experts.2.down_proj.weight").unwrap();
+        assert_eq!(names[0], "model.layers.0.mlp.experts.down_proj.weight");
+        assert_eq!(
+            part,
+            FusedPart {
+                expert: 2,
+                half: None
+            }
+        );
+        assert!(fused_expert_source("model.layers.0.mlp.down_proj.weight").is_none());
+        assert!(fused_expert_source("model.layers.0.mlp.experts.x.down_proj.weight").is_none());
+        assert!(is_fused_expert_tensor(
+            "model.layers.12.mlp.experts.gate_up_proj"
+        ));
+        assert!(!is_fused_expert_tensor(
+            "model.layers.12.mlp.experts.0.gate_proj.weight"
+        ));
+    }
 }

@@ -13,7 +13,9 @@
 //! to 128.
 
 use anyhow::{bail, Context, Result};
-use qwen3_inference::format::{DType, GenerationDefaults, ModelConfig, ARCHITECTURES};
+use qwen3_inference::format::{
+    DType, GenerationDefaults, ModelConfig, MoeConfig, RopeScaling, ARCHITECTURES,
+};
 use serde_json::{Map, Value};
 use std::path::Path;
 
@@ -111,6 +113,7 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         None => match obj.get("model_type").and_then(|v| v.as_str()) {
             Some("qwen3") => "Qwen3ForCausalLM".to_string(),
             Some("qwen2") => "Qwen2ForCausalLM".to_string(),
+            Some("qwen3_moe") => "Qwen3MoeForCausalLM".to_string(),
             _ => bail!(
                 "no `architectures` and no `model_type` qwen3 or qwen2; not a Qwen checkpoint"
             ),
@@ -137,7 +140,9 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
     }
     let head_dim = match get_u32(obj, "head_dim")? {
         Some(h) => h,
-        None if qwen2 => {
+        // Qwen3MoeConfig has no head_dim default of its own: Qwen3MoeAttention takes
+        // `getattr(config, "head_dim", hidden // heads)`, as Qwen2 does (modeling_qwen3_moe.py).
+        None if qwen2 || architecture == "Qwen3MoeForCausalLM" => {
             if !hidden_size.is_multiple_of(num_attention_heads) {
                 bail!("hidden_size {hidden_size} is not a multiple of num_attention_heads {num_attention_heads}, and there is no head_dim");
             }
@@ -147,10 +152,12 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
     };
     let num_key_value_heads = get_u32(obj, "num_key_value_heads")?.unwrap_or(num_attention_heads);
 
-    // 3. Rotary embeddings: theta from the top level (hub) or rope_parameters (transformers 5).
-    //    Only the default rotary type is implemented; scaled variants (yarn, linear, dynamic...)
-    //    change the frequencies and are refused.
+    // 3. Rotary embeddings: theta from the top level (hub) or rope_parameters (transformers 5),
+    //    and their scaling from either block: the default rotary type or YaRN; other scaled
+    //    variants (linear, dynamic, longrope, llama3) change the frequencies and are refused.
+    let max_position_embeddings = get_u32(obj, "max_position_embeddings")?.unwrap_or(32768);
     let mut rope_theta = get_f64(obj, "rope_theta")?;
+    let mut rope_scaling = RopeScaling::None;
     for key in ["rope_parameters", "rope_scaling"] {
         match obj.get(key) {
             None | Some(Value::Null) => {}
@@ -160,11 +167,19 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
                     .or_else(|| p.get("type"))
                     .and_then(|v| v.as_str())
                     .unwrap_or("default");
-                if kind != "default" {
-                    bail!("{key} with rope_type {kind:?} is not supported (only the default rotary embedding is implemented)");
+                match kind {
+                    "default" => {}
+                    "yarn" => {
+                        rope_scaling = yarn(p, obj, max_position_embeddings)
+                            .with_context(|| format!("{key} (yarn)"))?
+                    }
+                    _ => bail!("{key} with rope_type {kind:?} is not supported (implemented: the default rotary embedding and yarn)"),
                 }
                 if let Some(t) = get_f64(p, "rope_theta")? {
                     rope_theta = Some(t);
+                }
+                if get_f64(p, "partial_rotary_factor")?.is_some_and(|f| f != 1.0) {
+                    bail!("{key}: partial_rotary_factor is not supported (every head dimension is rotated)");
                 }
             }
             Some(v) => bail!("{key} must be an object or null, got {v}"),
@@ -194,9 +209,16 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
             bail!("hidden_act {act:?} is not supported (Qwen2 and Qwen3 use silu)");
         }
     }
-    if get_u32(obj, "num_experts")?.unwrap_or(0) > 0 {
-        bail!("mixture-of-experts checkpoints (num_experts > 0) are not supported");
-    }
+    let moe = if architecture == "Qwen3MoeForCausalLM" {
+        Some(moe_config(obj)?)
+    } else {
+        for key in ["num_experts", "num_local_experts"] {
+            if get_u32(obj, key)?.unwrap_or(0) > 0 {
+                bail!("{key} > 0 in a {architecture}: experts belong to Qwen3MoeForCausalLM");
+            }
+        }
+        None
+    };
 
     let eos_token_ids = get_ids(obj, "eos_token_id")?;
     let bos_token_id = get_ids(obj, "bos_token_id")?.first().copied();
@@ -210,7 +232,7 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         num_key_value_heads,
         head_dim,
         vocab_size: require_u32(obj, "vocab_size")?,
-        max_position_embeddings: get_u32(obj, "max_position_embeddings")?.unwrap_or(32768),
+        max_position_embeddings,
         rope_theta,
         rms_norm_eps: get_f64(obj, "rms_norm_eps")?.unwrap_or(1e-6),
         // Qwen3Config's and Qwen2Config's default is False; real checkpoints state it.
@@ -222,6 +244,115 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         group_size: 0,
         attention_bias,
         qk_norm,
+        rope_scaling,
+        moe,
+    })
+}
+
+/// YaRN's parameters from a `rope_scaling` / `rope_parameters` block `p`, resolved as
+/// transformers' `_compute_yarn_parameters` and `standardize_rope_params` resolve them
+/// (modeling_rope_utils.py): `original_max_position_embeddings` from the block, else the
+/// config's top level, else `max_position_embeddings`; `factor`, else max / original;
+/// `beta_fast` 32 and `beta_slow` 1 when absent (or 0: transformers reads them with `or`);
+/// `attention_factor`, else `0.1 ln(factor) + 1`, or with both `mscale` and `mscale_all_dim`
+/// the ratio of that formula at each; `truncate` true when absent.
+fn yarn(p: &Map<String, Value>, top: &Map<String, Value>, max_pos: u32) -> Result<RopeScaling> {
+    let original = match get_u32(p, "original_max_position_embeddings")? {
+        Some(o) => o,
+        None => get_u32(top, "original_max_position_embeddings")?.unwrap_or(max_pos),
+    };
+    if original == 0 {
+        bail!("original_max_position_embeddings is 0");
+    }
+    let factor = get_f64(p, "factor")?.unwrap_or(max_pos as f64 / original as f64);
+    if !(factor.is_finite() && factor > 0.0) {
+        bail!("factor {factor} is not a positive number");
+    }
+    let nonzero = |key: &str, default: f64| -> Result<f64> {
+        Ok(get_f64(p, key)?.filter(|&v| v != 0.0).unwrap_or(default))
+    };
+    let mscale = |scale: f64, m: f64| {
+        if scale <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * scale.ln() + 1.0
+        }
+    };
+    let attention_factor = match get_f64(p, "attention_factor")? {
+        Some(a) => a,
+        None => match (nonzero("mscale", 0.0)?, nonzero("mscale_all_dim", 0.0)?) {
+            (m, all) if m != 0.0 && all != 0.0 => mscale(factor, m) / mscale(factor, all),
+            _ => mscale(factor, 1.0),
+        },
+    };
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings: original,
+        beta_fast: nonzero("beta_fast", 32.0)?,
+        beta_slow: nonzero("beta_slow", 1.0)?,
+        attention_factor,
+        truncate: get_bool(p, "truncate")?.unwrap_or(true),
+    })
+}
+
+/// The experts of a `Qwen3MoeForCausalLM` config, with `Qwen3MoeConfig`'s defaults
+/// (configuration_qwen3_moe.py) for absent keys. Options of other mixture-of-experts families
+/// (shared experts, grouped or biased routers) would change the math: refused by name.
+fn moe_config(obj: &Map<String, Value>) -> Result<MoeConfig> {
+    // Qwen2-MoE's shared expert, DeepSeek's shared experts and grouped top-k, sigmoid routers.
+    for key in [
+        "shared_expert_intermediate_size",
+        "n_shared_experts",
+        "num_shared_experts",
+        "n_group",
+        "topk_group",
+    ] {
+        if get_f64(obj, key)?.unwrap_or(0.0) != 0.0 {
+            bail!("{key} is set: this mixture-of-experts option is not implemented (Qwen3-MoE has none)");
+        }
+    }
+    if let Some(f) = obj.get("scoring_func").and_then(|v| v.as_str()) {
+        if f != "softmax" {
+            bail!("scoring_func {f:?} is not implemented (Qwen3-MoE's router is a softmax)");
+        }
+    }
+    if let Some(m) = obj.get("topk_method").and_then(|v| v.as_str()) {
+        if m != "greedy" {
+            bail!("topk_method {m:?} is not implemented (Qwen3-MoE takes the plain top-k)");
+        }
+    }
+    if get_f64(obj, "routed_scaling_factor")?.is_some_and(|f| f != 1.0) {
+        bail!("routed_scaling_factor is not implemented (Qwen3-MoE's router weights are used as they are)");
+    }
+    // The hub's configs say num_experts; transformers 5 writes num_local_experts.
+    let num_experts = match (
+        get_u32(obj, "num_experts")?,
+        get_u32(obj, "num_local_experts")?,
+    ) {
+        (Some(a), Some(b)) if a != b => {
+            bail!("num_experts {a} and num_local_experts {b} disagree")
+        }
+        (Some(n), _) | (None, Some(n)) => n,
+        (None, None) => 128,
+    };
+    let mlp_only_layers = match obj.get("mlp_only_layers") {
+        None | Some(Value::Null) => vec![],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| match v.as_u64() {
+                Some(n) if n <= u32::MAX as u64 => Ok(n as u32),
+                _ => bail!("mlp_only_layers must hold layer numbers, got {v}"),
+            })
+            .collect::<Result<_>>()?,
+        Some(v) => bail!("mlp_only_layers must be a list, got {v}"),
+    };
+    Ok(MoeConfig {
+        num_experts,
+        num_experts_per_tok: get_u32(obj, "num_experts_per_tok")?.unwrap_or(8),
+        moe_intermediate_size: get_u32(obj, "moe_intermediate_size")?.unwrap_or(768),
+        norm_topk_prob: get_bool(obj, "norm_topk_prob")?.unwrap_or(false),
+        decoder_sparse_step: get_u32(obj, "decoder_sparse_step")?.unwrap_or(1),
+        mlp_only_layers,
     })
 }
 
@@ -315,9 +446,15 @@ mod tests {
         let cases = [
             (
                 "rope_scaling",
-                json!({"rope_type": "yarn", "factor": 4.0}),
-                "yarn",
+                json!({"rope_type": "linear", "factor": 4.0}),
+                "linear",
             ),
+            (
+                "rope_scaling",
+                json!({"rope_type": "yarn", "factor": 4.0, "partial_rotary_factor": 0.5}),
+                "partial_rotary_factor",
+            ),
+            ("num_experts", json!(8), "Qwen3MoeForCausalLM"),
             ("use_sliding_window", json!(true), "sliding"),
             (
                 "architectures",
@@ -340,6 +477,121 @@ mod tests {
         let mut j = qwen3_06b();
         j.as_object_mut().unwrap().remove("hidden_size");
         assert!(format!("{:#}", parse_config(&j).unwrap_err()).contains("hidden_size is missing"));
+    }
+
+    /// YaRN as Qwen3's model card documents it: frequencies and the attention factor resolved
+    /// as transformers resolves them, and the context it opens (4 x 32768).
+    #[test]
+    fn yarn_is_read_from_either_block() {
+        let mut j = qwen3_06b();
+        j.as_object_mut().unwrap().insert(
+            "rope_scaling".into(),
+            json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}),
+        );
+        let c = parse_config(&j).unwrap();
+        let want = RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position_embeddings: 32768,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 0.1 * 4f64.ln() + 1.0,
+            truncate: true,
+        };
+        assert_eq!(c.rope_scaling, want);
+        assert_eq!(
+            (c.max_position_embeddings, c.max_context()),
+            (40960, 131072)
+        );
+        // transformers 5's rope_parameters, old `type` key, mscale ratio, no original given
+        // (then max_position_embeddings), betas given.
+        let mut j = qwen3_06b();
+        let o = j.as_object_mut().unwrap();
+        o.remove("rope_scaling");
+        o.insert(
+            "rope_parameters".into(),
+            json!({"type": "yarn", "rope_theta": 1e6, "factor": 2.0, "mscale": 2.0,
+                   "mscale_all_dim": 1.0, "beta_fast": 16, "beta_slow": 2, "truncate": false}),
+        );
+        let c = parse_config(&j).unwrap();
+        let m = |mscale: f64| 0.1 * mscale * 2f64.ln() + 1.0;
+        assert_eq!(
+            c.rope_scaling,
+            RopeScaling::Yarn {
+                factor: 2.0,
+                original_max_position_embeddings: 40960,
+                beta_fast: 16.0,
+                beta_slow: 2.0,
+                attention_factor: m(2.0) / m(1.0),
+                truncate: false,
+            }
+        );
+        // the default type stays unscaled
+        assert_eq!(
+            parse_config(&qwen3_06b()).unwrap().rope_scaling,
+            RopeScaling::None
+        );
+    }
+
+    /// The real config.json of Qwen/Qwen3-30B-A3B (hub dialect), as published on the hub.
+    fn qwen3_30b_a3b() -> Value {
+        json!({
+          "architectures": ["Qwen3MoeForCausalLM"],
+          "attention_bias": false, "attention_dropout": 0.0,
+          "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645,
+          "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
+          "initializer_range": 0.02, "intermediate_size": 6144,
+          "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [],
+          "model_type": "qwen3_moe", "moe_intermediate_size": 768, "norm_topk_prob": true,
+          "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+          "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false,
+          "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+          "router_aux_loss_coef": 0.001, "sliding_window": null, "tie_word_embeddings": false,
+          "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+          "use_sliding_window": false, "vocab_size": 151936
+        })
+    }
+
+    #[test]
+    fn qwen3_moe_config_is_read() {
+        let c = parse_config(&qwen3_30b_a3b()).unwrap();
+        assert_eq!(c.architecture, "Qwen3MoeForCausalLM");
+        assert!(c.qk_norm && !c.attention_bias);
+        assert_eq!((c.head_dim, c.num_key_value_heads), (128, 4));
+        let want = MoeConfig {
+            num_experts: 128,
+            num_experts_per_tok: 8,
+            moe_intermediate_size: 768,
+            norm_topk_prob: true,
+            decoder_sparse_step: 1,
+            mlp_only_layers: vec![],
+        };
+        assert_eq!(c.moe.as_ref(), Some(&want));
+        // transformers 5 names the count num_local_experts; dense layers among sparse ones
+        let mut j = qwen3_30b_a3b();
+        let o = j.as_object_mut().unwrap();
+        o.remove("num_experts");
+        o.insert("num_local_experts".into(), json!(64));
+        o.insert("mlp_only_layers".into(), json!([0, 47]));
+        let m = parse_config(&j).unwrap().moe.unwrap();
+        assert_eq!((m.num_experts, m.mlp_only_layers), (64, vec![0, 47]));
+        // other families' options are refused by name
+        for (k, v) in [
+            ("shared_expert_intermediate_size", json!(5632)),
+            ("n_shared_experts", json!(1)),
+            ("scoring_func", json!("sigmoid")),
+            ("topk_method", json!("noaux_tc")),
+            ("routed_scaling_factor", json!(2.5)),
+        ] {
+            let mut j = qwen3_30b_a3b();
+            j.as_object_mut().unwrap().insert(k.into(), v);
+            let e = format!("{:#}", parse_config(&j).unwrap_err());
+            assert!(e.contains(k), "{k}: {e}");
+        }
+        let mut j = qwen3_30b_a3b();
+        j.as_object_mut()
+            .unwrap()
+            .insert("num_local_experts".into(), json!(64));
+        assert!(format!("{:#}", parse_config(&j).unwrap_err()).contains("disagree"));
     }
 
     /// The real config.json of Qwen/Qwen2.5-0.5B-Instruct (hub dialect), as published on the hub.

@@ -334,6 +334,23 @@ impl<'a> Backend for CpuBackend<'a> {
         Ok(())
     }
 
+    fn zero(&self, x: &mut Vec<f32>, n: usize) -> Result<()> {
+        x[..n].fill(0.0);
+        Ok(())
+    }
+
+    fn scatter_add_rows(
+        &self,
+        out: &mut Vec<f32>,
+        y: &Vec<f32>,
+        rows: &[u32],
+        weights: &[f32],
+        n: usize,
+    ) -> Result<()> {
+        super::scatter_add_rows_host(out, &y[..rows.len() * n], rows, weights, n);
+        Ok(())
+    }
+
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> Result<()> {
         kernels::add(&mut x[..n], &y[..n]);
         Ok(())

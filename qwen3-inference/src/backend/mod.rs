@@ -27,7 +27,7 @@ pub use plain::{PlainBackend, PlainKvCache};
 
 use anyhow::Result;
 
-/// The operations of a Qwen3 forward pass. Shapes in the comments are row-major; `n_tok` is the
+/// The operations of a Qwen3 (and Qwen2, Qwen3-MoE) forward pass. Shapes in the comments are row-major; `n_tok` is the
 /// number of tokens in the batch, `pos0` the position of the first one.
 pub trait Backend {
     /// One weight tensor as the model file stores it: a matrix `[rows, cols]` in f32, bf16 or q8,
@@ -171,8 +171,46 @@ pub trait Backend {
         n_tok: usize,
         pos0: usize,
     ) -> Result<()>;
+    /// `x[..n] = 0`.
+    fn zero(&self, x: &mut Self::Buf, n: usize) -> Result<()>;
+    /// Rows of `x` gathered into `out`: `out[i] = x[rows[i]]`. out: `[rows.len(), n]`;
+    /// x: `[_, n]`. (A mixture of experts runs each expert on the rows routed to it.) By default
+    /// one [`Backend::copy`] a row.
+    fn gather_rows(
+        &self,
+        out: &mut Self::Buf,
+        x: &Self::Buf,
+        rows: &[u32],
+        n: usize,
+    ) -> Result<()> {
+        for (i, &r) in rows.iter().enumerate() {
+            self.copy(out, i * n, x, r as usize * n, n)?;
+        }
+        Ok(())
+    }
+    /// Weighted rows added back: `out[rows[i]] += weights[i] * y[i]` (a product, then a sum, each
+    /// rounded, as transformers' `index_add_` of `expert(x) * weight`). out: `[_, n]`;
+    /// y: `[rows.len(), n]`. `rows` holds no row twice.
+    fn scatter_add_rows(
+        &self,
+        out: &mut Self::Buf,
+        y: &Self::Buf,
+        rows: &[u32],
+        weights: &[f32],
+        n: usize,
+    ) -> Result<()>;
     /// SwiGLU's gate, in place: `gate[i] = silu(gate[i]) * up[i]` for `i < n`.
     fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, n: usize) -> Result<()>;
     /// The residual connection, in place: `x[i] += y[i]` for `i < n`.
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf, n: usize) -> Result<()>;
+}
+
+/// [`Backend::scatter_add_rows`] on host vectors, the plain loop every host backend shares.
+pub fn scatter_add_rows_host(out: &mut [f32], y: &[f32], rows: &[u32], weights: &[f32], n: usize) {
+    for ((&r, &w), yr) in rows.iter().zip(weights).zip(y.chunks_exact(n)) {
+        let o = &mut out[r as usize * n..][..n];
+        for (o, &v) in o.iter_mut().zip(yr) {
+            *o += w * v;
+        }
+    }
 }

@@ -362,6 +362,19 @@ impl<'a> crate::backend::Backend for Flaky<'a> {
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> anyhow::Result<()> {
         self.cpu.add(x, y, n)
     }
+    fn zero(&self, x: &mut Vec<f32>, n: usize) -> anyhow::Result<()> {
+        self.cpu.zero(x, n)
+    }
+    fn scatter_add_rows(
+        &self,
+        out: &mut Vec<f32>,
+        y: &Vec<f32>,
+        rows: &[u32],
+        weights: &[f32],
+        n: usize,
+    ) -> anyhow::Result<()> {
+        self.cpu.scatter_add_rows(out, y, rows, weights, n)
+    }
     fn add_bias(
         &self,
         x: &mut Vec<f32>,

@@ -49,16 +49,109 @@ pub struct ModelConfig {
     /// Each head of q and k is RMS-normalised before RoPE (`q_norm`, `k_norm`): new in Qwen3,
     /// absent in Qwen2.
     pub qk_norm: bool,
+    /// How RoPE's frequencies are scaled for long contexts (`rope_scaling` in config.json).
+    /// Since format version 5.
+    pub rope_scaling: RopeScaling,
+    /// Qwen3-MoE: which layers route each token to a few of many experts, and how. `None` for
+    /// dense models. Since format version 5.
+    pub moe: Option<MoeConfig>,
+}
+
+/// RoPE's frequency scaling: config.json's `rope_scaling` (hub) or `rope_parameters`
+/// (transformers 5) when its `rope_type` is not `default`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    /// The rotary embedding as trained: `inv_freq[i] = theta^(-2i / head_dim)`.
+    None,
+    /// YaRN (Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language
+    /// Models"), as transformers' `_compute_yarn_parameters` computes it: each frequency is
+    /// blended between itself (fast rotations, kept) and itself / `factor` (slow rotations,
+    /// interpolated) by a ramp over the dimensions between the `beta_fast` and `beta_slow`
+    /// rotation counts within `original_max_position_embeddings` positions; cos and sin are then
+    /// multiplied by `attention_factor`. Qwen3 and Qwen2.5 document `factor: 4`, original 32768.
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: u32,
+        beta_fast: f64,
+        beta_slow: f64,
+        /// The factor applied to cos and sin: config.json's `attention_factor`, or, resolved at
+        /// export as transformers resolves it, `0.1 ln(factor) + 1` (or the `mscale` ratio).
+        attention_factor: f64,
+        /// Whether the ramp's ends are rounded to whole dimensions (transformers' `truncate`,
+        /// default true).
+        truncate: bool,
+    },
+}
+
+/// The mixture-of-experts block of Qwen3-MoE (`Qwen3MoeSparseMoeBlock` in transformers'
+/// `modeling_qwen3_moe.py`), named as `Qwen3MoeConfig` names it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    /// Experts in each sparse layer (the hub's `num_experts`; transformers 5: `num_local_experts`).
+    pub num_experts: u32,
+    /// Experts each token is sent to (top-k of the router's probabilities).
+    pub num_experts_per_tok: u32,
+    /// Width of each expert's SwiGLU (the dense layers use `intermediate_size`).
+    pub moe_intermediate_size: u32,
+    /// Whether the k chosen probabilities are renormalised to sum to 1.
+    pub norm_topk_prob: bool,
+    /// Layer `l` is sparse when `(l + 1) % decoder_sparse_step == 0` ...
+    pub decoder_sparse_step: u32,
+    /// ... and `l` is not one of these (dense layers among sparse ones).
+    pub mlp_only_layers: Vec<u32>,
+}
+
+impl MoeConfig {
+    /// Whether layer `l`'s MLP is a mixture of experts: the rule of `Qwen3MoeDecoderLayer.__init__`.
+    pub fn is_sparse(&self, layer: u32) -> bool {
+        !self.mlp_only_layers.contains(&layer)
+            && self.num_experts > 0
+            && (layer + 1).is_multiple_of(self.decoder_sparse_step)
+    }
 }
 
 /// The architectures whose forward pass this crate runs (`config.json`'s `architectures`). They
-/// differ only in data: Qwen2 has q/k/v biases and no q/k norms (see [`ModelConfig::qk_norm`]).
-pub const ARCHITECTURES: [&str; 2] = ["Qwen3ForCausalLM", "Qwen2ForCausalLM"];
+/// differ only in data: Qwen2 has q/k/v biases and no q/k norms (see [`ModelConfig::qk_norm`]);
+/// Qwen3-MoE is Qwen3 with mixture-of-experts MLPs (see [`ModelConfig::moe`]).
+pub const ARCHITECTURES: [&str; 3] = [
+    "Qwen3ForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3MoeForCausalLM",
+];
 
 /// Sentinel for "absent" in the optional u32 fields.
 const NONE_U32: u32 = u32::MAX;
 
 impl ModelConfig {
+    /// The oldest format version whose config block holds this config: 5 for RoPE scaling or
+    /// experts, else [`super::OLDEST_WRITTEN_VERSION`].
+    pub fn since_version(&self) -> u32 {
+        if self.rope_scaling != RopeScaling::None || self.moe.is_some() {
+            5
+        } else {
+            super::OLDEST_WRITTEN_VERSION
+        }
+    }
+
+    /// The most positions a sequence may hold: `max_position_embeddings`, or with YaRN
+    /// `factor x original_max_position_embeddings` when that is more. Qwen3's config.json says
+    /// 40960 and its model card documents 131072 tokens with YaRN's factor 4 over 32768; vLLM
+    /// and llama.cpp take the scaled length too (transformers itself sets no limit).
+    pub fn max_context(&self) -> u32 {
+        match self.rope_scaling {
+            RopeScaling::None => self.max_position_embeddings,
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                ..
+            } => {
+                let scaled =
+                    (factor * original_max_position_embeddings as f64).min(u32::MAX as f64);
+                self.max_position_embeddings.max(scaled as u32)
+            }
+        }
+    }
+
     /// Checks the invariants the forward pass relies on. Called by the writer and the reader, so a
     /// config that breaks them can neither be written nor loaded.
     pub fn validate(&self) -> Result<()> {
@@ -131,6 +224,60 @@ impl ModelConfig {
                 );
             }
         }
+        if (self.architecture == "Qwen3MoeForCausalLM") != self.moe.is_some() {
+            bail!(
+                "config: {} {} experts",
+                self.architecture,
+                if self.moe.is_some() {
+                    "with"
+                } else {
+                    "without"
+                }
+            );
+        }
+        if let Some(m) = &self.moe {
+            if m.num_experts == 0 || m.num_experts > 4096 {
+                bail!("config: num_experts {} is not in 1 ..= 4096", m.num_experts);
+            }
+            if m.num_experts_per_tok == 0 || m.num_experts_per_tok > m.num_experts {
+                bail!(
+                    "config: num_experts_per_tok {} is not in 1 ..= num_experts ({})",
+                    m.num_experts_per_tok,
+                    m.num_experts
+                );
+            }
+            if m.moe_intermediate_size == 0 || m.moe_intermediate_size > 1 << 22 {
+                bail!(
+                    "config: moe_intermediate_size {} is 0 or implausibly large",
+                    m.moe_intermediate_size
+                );
+            }
+            if m.decoder_sparse_step == 0 {
+                bail!("config: decoder_sparse_step is 0");
+            }
+        }
+        if let RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            attention_factor,
+            ..
+        } = self.rope_scaling
+        {
+            let positive = |x: f64| x.is_finite() && x > 0.0;
+            if !(positive(factor)
+                && positive(beta_fast)
+                && positive(beta_slow)
+                && positive(attention_factor))
+                || original_max_position_embeddings == 0
+            {
+                bail!(
+                    "config: YaRN parameters out of range ({:?})",
+                    self.rope_scaling
+                );
+            }
+        }
         match self.dtype {
             DType::Q8 => {
                 if self.group_size == 0 {
@@ -159,8 +306,9 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Appends the config block (layout in docs/format.md).
-    pub fn encode(&self, w: &mut ByteWriter) {
+    /// Appends the config block (layout in docs/format.md) as format `version` lays it out (the
+    /// writer passes at least [`ModelConfig::since_version`]).
+    pub fn encode(&self, w: &mut ByteWriter, version: u32) {
         w.string(&self.architecture);
         for v in [
             self.hidden_size,
@@ -202,6 +350,45 @@ impl ModelConfig {
         // Since format version 2.
         w.u8(self.attention_bias as u8);
         w.u8(self.qk_norm as u8);
+        if version < 5 {
+            return;
+        }
+        // Since format version 5: RoPE scaling (type 0: none, 1: YaRN, then its parameters),
+        // then the experts (a presence flag, then the MoeConfig fields).
+        match self.rope_scaling {
+            RopeScaling::None => w.u8(0),
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                truncate,
+            } => {
+                w.u8(1);
+                w.f64(factor);
+                w.u32(original_max_position_embeddings);
+                w.f64(beta_fast);
+                w.f64(beta_slow);
+                w.f64(attention_factor);
+                w.u8(truncate as u8);
+            }
+        }
+        match &self.moe {
+            None => w.u8(0),
+            Some(m) => {
+                w.u8(1);
+                w.u32(m.num_experts);
+                w.u32(m.num_experts_per_tok);
+                w.u32(m.moe_intermediate_size);
+                w.u8(m.norm_topk_prob as u8);
+                w.u32(m.decoder_sparse_step);
+                w.u32(m.mlp_only_layers.len() as u32);
+                for &l in &m.mlp_only_layers {
+                    w.u32(l);
+                }
+            }
+        }
     }
 
     /// Reads a config block written by [`ModelConfig::encode`] in format `version` and validates
@@ -262,6 +449,42 @@ impl ModelConfig {
         } else {
             (false, true)
         };
+        let (mut rope_scaling, mut moe) = (RopeScaling::None, None);
+        if version >= 5 {
+            rope_scaling = match r.u8("rope scaling type")? {
+                0 => RopeScaling::None,
+                1 => RopeScaling::Yarn {
+                    factor: r.f64("yarn factor")?,
+                    original_max_position_embeddings: r
+                        .u32("yarn original_max_position_embeddings")?,
+                    beta_fast: r.f64("yarn beta_fast")?,
+                    beta_slow: r.f64("yarn beta_slow")?,
+                    attention_factor: r.f64("yarn attention_factor")?,
+                    truncate: flag(r, "yarn truncate")?,
+                },
+                v => bail!("corrupt header: rope scaling type {v}"),
+            };
+            if flag(r, "experts")? {
+                let num_experts = r.u32("num_experts")?;
+                let num_experts_per_tok = r.u32("num_experts_per_tok")?;
+                let moe_intermediate_size = r.u32("moe_intermediate_size")?;
+                let norm_topk_prob = flag(r, "norm_topk_prob")?;
+                let decoder_sparse_step = r.u32("decoder_sparse_step")?;
+                let n = r.count(4, "mlp_only_layers count")?;
+                let mut mlp_only_layers = Vec::with_capacity(n);
+                for _ in 0..n {
+                    mlp_only_layers.push(r.u32("mlp_only_layers")?);
+                }
+                moe = Some(MoeConfig {
+                    num_experts,
+                    num_experts_per_tok,
+                    moe_intermediate_size,
+                    norm_topk_prob,
+                    decoder_sparse_step,
+                    mlp_only_layers,
+                });
+            }
+        }
         let c = ModelConfig {
             architecture,
             hidden_size,
@@ -282,6 +505,8 @@ impl ModelConfig {
             group_size,
             attention_bias,
             qk_norm,
+            rope_scaling,
+            moe,
         };
         c.validate()?;
         Ok(c)
@@ -323,7 +548,69 @@ pub(crate) mod tests {
             },
             attention_bias: false,
             qk_norm: true,
+            rope_scaling: RopeScaling::None,
+            moe: None,
         }
+    }
+
+    /// Qwen3-30B-A3B's experts and Qwen3's documented YaRN, on the tiny config.
+    pub fn tiny_moe_yarn_config(dtype: DType) -> ModelConfig {
+        ModelConfig {
+            architecture: "Qwen3MoeForCausalLM".into(),
+            rope_scaling: RopeScaling::Yarn {
+                factor: 4.0,
+                original_max_position_embeddings: 128,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                attention_factor: 0.1 * 4f64.ln() + 1.0,
+                truncate: true,
+            },
+            moe: Some(MoeConfig {
+                num_experts: 8,
+                num_experts_per_tok: 2,
+                moe_intermediate_size: 32,
+                norm_topk_prob: true,
+                decoder_sparse_step: 1,
+                mlp_only_layers: vec![1],
+            }),
+            ..tiny_config(dtype)
+        }
+    }
+
+    /// Version 5's block round-trips; the oldest version a config needs is what it holds.
+    #[test]
+    fn moe_and_yarn_round_trip_in_version_5() {
+        let c = tiny_moe_yarn_config(DType::Q4);
+        assert_eq!(c.since_version(), 5);
+        assert_eq!(tiny_config(DType::Q8).since_version(), 2);
+        let mut w = ByteWriter::default();
+        c.encode(&mut w, 5);
+        let mut r = ByteReader::new(&w.buf);
+        assert_eq!(ModelConfig::decode(&mut r, 5).unwrap(), c);
+        assert_eq!(r.remaining(), 0);
+        // A dense model without scaling writes the two "none" bytes in version 5.
+        let c = tiny_config(DType::Bf16);
+        let mut w = ByteWriter::default();
+        c.encode(&mut w, 5);
+        let mut r = ByteReader::new(&w.buf);
+        assert_eq!(ModelConfig::decode(&mut r, 5).unwrap(), c);
+        assert_eq!(r.remaining(), 0);
+    }
+
+    /// The sparse layers: `(l + 1) % step == 0` and not in `mlp_only_layers`.
+    #[test]
+    fn sparse_layers_follow_step_and_mlp_only_layers() {
+        let mut m = tiny_moe_yarn_config(DType::F32).moe.unwrap();
+        assert_eq!(
+            (0..4).map(|l| m.is_sparse(l)).collect::<Vec<_>>(),
+            [true, false, true, true]
+        );
+        m.decoder_sparse_step = 2;
+        m.mlp_only_layers.clear();
+        assert_eq!(
+            (0..4).map(|l| m.is_sparse(l)).collect::<Vec<_>>(),
+            [false, true, false, true]
+        );
     }
 
     #[test]
@@ -336,7 +623,7 @@ pub(crate) mod tests {
                     (c.attention_bias, c.qk_norm) = (true, false);
                 }
                 let mut w = ByteWriter::default();
-                c.encode(&mut w);
+                c.encode(&mut w, 2);
                 let mut r = ByteReader::new(&w.buf);
                 assert_eq!(ModelConfig::decode(&mut r, 2).unwrap(), c);
                 assert_eq!(r.remaining(), 0);
@@ -349,7 +636,7 @@ pub(crate) mod tests {
     fn version_1_config_is_qwen3() {
         let c = tiny_config(DType::Q8);
         let mut w = ByteWriter::default();
-        c.encode(&mut w);
+        c.encode(&mut w, 2);
         let v1 = &w.buf[..w.buf.len() - 2];
         let mut r = ByteReader::new(v1);
         let got = ModelConfig::decode(&mut r, 1).unwrap();
@@ -368,6 +655,26 @@ pub(crate) mod tests {
         assert!(c.validate().is_err());
         let mut c = tiny_config(DType::F32);
         c.group_size = 64;
+        assert!(c.validate().is_err());
+        // experts on a dense architecture, none on Qwen3-MoE, top-k beyond the experts
+        let mut c = tiny_config(DType::F32);
+        c.moe = tiny_moe_yarn_config(DType::F32).moe;
+        assert!(c.validate().is_err());
+        let mut c = tiny_moe_yarn_config(DType::F32);
+        c.moe = None;
+        assert!(c.validate().is_err());
+        let mut c = tiny_moe_yarn_config(DType::F32);
+        c.moe.as_mut().unwrap().num_experts_per_tok = 9;
+        assert!(c.validate().is_err());
+        let mut c = tiny_moe_yarn_config(DType::F32);
+        c.rope_scaling = RopeScaling::Yarn {
+            factor: 0.0,
+            original_max_position_embeddings: 64,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 1.0,
+            truncate: true,
+        };
         assert!(c.validate().is_err());
     }
 }

@@ -23,7 +23,7 @@ pub mod config;
 pub mod reader;
 pub mod writer;
 
-pub use config::{GenerationDefaults, ModelConfig, ARCHITECTURES};
+pub use config::{GenerationDefaults, ModelConfig, MoeConfig, RopeScaling, ARCHITECTURES};
 pub use reader::{ModelFile, TensorView};
 pub use writer::ModelWriter;
 
@@ -37,9 +37,11 @@ pub const MAGIC: [u8; 8] = *b"QW3PICO\0";
 /// Version 2 added two flags to the config block (`attention_bias`, `qk_norm`) for the Qwen2
 /// family; a version 1 file is a Qwen3 model (no biases, q/k norms), and loads as one. Version 3
 /// added the q4 dtype (code 3), version 4 the q6 dtype (code 4) for the tensors a q4 file keeps
-/// finer. A file is written with the oldest version that holds its tensors
-/// ([`version_for`]), so a build from before q4 still reads a q8 file exported today.
-pub const FORMAT_VERSION: u32 = 4;
+/// finer. Version 5 added two blocks to the config: RoPE scaling (YaRN) and experts (Qwen3-MoE).
+/// A file is written with the oldest version that holds its tensors ([`version_for`]) and its
+/// config ([`ModelConfig::since_version`]), so a build from before q4 still reads a q8 file
+/// exported today.
+pub const FORMAT_VERSION: u32 = 5;
 /// The version every file is written with at least: the config block has held its flags since
 /// version 2.
 pub const OLDEST_WRITTEN_VERSION: u32 = 2;
@@ -177,13 +179,23 @@ pub fn tensor_nbytes(dtype: DType, shape: &[u64], group_size: u32) -> Option<u64
     align_up(value_bytes(dtype, numel)?)?.checked_add((numel / gs).checked_mul(scale_bytes)?)
 }
 
-/// What a tensor is: a norm weight or a bias (vectors, kept in f32 whatever the export dtype),
-/// or a matrix (stored in the export dtype).
+/// What a tensor is: a norm weight or a bias (vectors, kept in f32 whatever the export dtype), a
+/// mixture-of-experts router (a matrix kept in f32: its products pick the experts, and a flipped
+/// pick changes a token's whole MLP, so it is not quantized; it is 1/400 of a Qwen3-30B-A3B
+/// token's bytes), or a matrix (stored in the export dtype).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TensorKind {
     Norm,
     Bias,
+    Router,
     Matrix,
+}
+
+impl TensorKind {
+    /// Whether tensors of this kind are f32 in every file.
+    pub fn always_f32(self) -> bool {
+        !matches!(self, TensorKind::Matrix)
+    }
 }
 
 /// One tensor the forward pass needs: its HuggingFace name and shape.
@@ -195,7 +207,7 @@ pub struct ExpectedTensor {
 }
 
 /// The tensors a model file holds, in file order, with the shapes the config implies (Qwen3: q/k
-/// norms; Qwen2: q/k/v biases).
+/// norms; Qwen2: q/k/v biases; Qwen3-MoE: a router and experts in its sparse layers).
 ///
 /// Names are HuggingFace's (`modeling_qwen3.py`), so a reader can match them with the checkpoint.
 /// The exporter writes exactly these; the reader checks that exactly these are present.
@@ -242,9 +254,29 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
         }
         t.push(m(format!("{p}.self_attn.o_proj.weight"), vec![d, nq * hd]));
         t.push(n(format!("{p}.post_attention_layernorm.weight"), d));
-        t.push(m(format!("{p}.mlp.gate_proj.weight"), vec![ff, d]));
-        t.push(m(format!("{p}.mlp.up_proj.weight"), vec![ff, d]));
-        t.push(m(format!("{p}.mlp.down_proj.weight"), vec![d, ff]));
+        match &c.moe {
+            // Qwen3-MoE's sparse layers: the router, then each expert's SwiGLU, under the hub's
+            // per-expert names (the exporter splits transformers 5's fused tensors into these).
+            Some(moe) if moe.is_sparse(l) => {
+                let (e, mff) = (moe.num_experts as u64, moe.moe_intermediate_size as u64);
+                t.push(ExpectedTensor {
+                    name: format!("{p}.mlp.gate.weight"),
+                    shape: vec![e, d],
+                    kind: TensorKind::Router,
+                });
+                for x in 0..e {
+                    let q = format!("{p}.mlp.experts.{x}");
+                    t.push(m(format!("{q}.gate_proj.weight"), vec![mff, d]));
+                    t.push(m(format!("{q}.up_proj.weight"), vec![mff, d]));
+                    t.push(m(format!("{q}.down_proj.weight"), vec![d, mff]));
+                }
+            }
+            _ => {
+                t.push(m(format!("{p}.mlp.gate_proj.weight"), vec![ff, d]));
+                t.push(m(format!("{p}.mlp.up_proj.weight"), vec![ff, d]));
+                t.push(m(format!("{p}.mlp.down_proj.weight"), vec![d, ff]));
+            }
+        }
     }
     t.push(n("model.norm.weight".into(), d));
     if !c.tie_word_embeddings {
@@ -350,11 +382,16 @@ pub fn tensor_specs_with(c: &ModelConfig, mix: Q4Mix) -> Vec<writer::TensorSpec>
         .map(|e| {
             let table = is_table(&e.name);
             let sensitive = layer_of(&e.name).is_some_and(|(l, rest)| {
+                // An expert's down_proj is its layer's down_proj (llama.cpp's rule matches
+                // `ffn_down` and `ffn_down_exps` alike).
+                let expert_down =
+                    rest.starts_with("mlp.experts.") && rest.ends_with(".down_proj.weight");
                 sensitive_layer(l, c.num_hidden_layers)
-                    && matches!(rest, "self_attn.v_proj.weight" | "mlp.down_proj.weight")
+                    && (matches!(rest, "self_attn.v_proj.weight" | "mlp.down_proj.weight")
+                        || expert_down)
             });
             let (dtype, group_size) = match e.kind {
-                TensorKind::Norm | TensorKind::Bias => (DType::F32, 0),
+                TensorKind::Norm | TensorKind::Bias | TensorKind::Router => (DType::F32, 0),
                 TensorKind::Matrix if c.dtype != DType::Q4 => (c.dtype, c.group_size),
                 // q8's own groups of 64 where the width allows: the q8 kernels' fast path wants
                 // a multiple of 64.

@@ -33,8 +33,11 @@ pub struct TensorEntry {
 
 /// Encodes the header (preamble, config, directory) for the given entries.
 pub fn encode_header(config: &ModelConfig, entries: &[TensorEntry], file_len: u64) -> Vec<u8> {
+    // The oldest version that holds the tensors' dtypes and the config's blocks.
+    let version =
+        super::version_for(entries.iter().map(|e| e.spec.dtype)).max(config.since_version());
     let mut body = ByteWriter::default();
-    config.encode(&mut body);
+    config.encode(&mut body, version);
     body.u32(entries.len() as u32);
     for e in entries {
         body.string(&e.spec.name);
@@ -50,7 +53,7 @@ pub fn encode_header(config: &ModelConfig, entries: &[TensorEntry], file_len: u6
     let header_len = super::PREAMBLE_LEN + body.buf.len() as u64;
     let mut w = ByteWriter::default();
     w.bytes(&MAGIC);
-    w.u32(super::version_for(entries.iter().map(|e| e.spec.dtype)));
+    w.u32(version);
     w.u32(BYTE_ORDER_MARK);
     w.u64(header_len);
     w.u64(file_len);

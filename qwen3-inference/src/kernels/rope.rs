@@ -8,6 +8,13 @@
 //! out[i]          = x[i] * cos - x[i + half] * sin
 //! out[i + half]   = x[i + half] * cos + x[i] * sin
 //! ```
+//!
+//! Long contexts scale the frequencies: YaRN ([`RopeScaling::Yarn`]) slows the slow rotations by
+//! `factor`, keeps the fast ones, blends those between, and multiplies cos and sin by an
+//! attention factor (so every q.k score by its square). Only the tables change; the rotation is
+//! the same.
+
+use crate::format::RopeScaling;
 
 /// Precomputed `cos` and `sin` of every angle for positions `0..max_pos`: `[max_pos, head_dim/2]`.
 pub struct RopeTable {
@@ -22,21 +29,74 @@ impl RopeTable {
     /// taken of that f32 angle. (At position 4000 an angle is ~4000 rad and one f32 ulp there is
     /// ~5e-4 rad, so computing the angle in f64 instead would *differ* from the reference.)
     pub fn new(head_dim: usize, theta: f64, max_pos: usize) -> RopeTable {
+        RopeTable::with_scaling(head_dim, theta, RopeScaling::None, max_pos)
+    }
+
+    /// [`RopeTable::new`] with the frequencies and the factor of `scaling`, computed as
+    /// transformers' `_compute_yarn_parameters` (modeling_rope_utils.py) computes them: in f32
+    /// where it uses f32 tensors, in f64 where it uses Python floats.
+    pub fn with_scaling(
+        head_dim: usize,
+        theta: f64,
+        scaling: RopeScaling,
+        max_pos: usize,
+    ) -> RopeTable {
         let half = head_dim / 2;
-        // inv_freq = 1 / theta ** (arange(0, dim, 2) / dim), exponent and result in f32.
-        let inv_freq: Vec<f32> = (0..half)
+        // pos_freqs = theta ** (arange(0, dim, 2) / dim), exponent and result in f32.
+        let pos_freqs: Vec<f32> = (0..half)
             .map(|i| {
                 let exponent = (2 * i) as f32 / head_dim as f32;
-                1.0 / (theta.powf(exponent as f64) as f32)
+                theta.powf(exponent as f64) as f32
             })
             .collect();
+        // inv_freq = 1 / pos_freqs, the plain rotary embedding's frequencies.
+        let mut inv_freq: Vec<f32> = pos_freqs.iter().map(|&p| 1.0 / p).collect();
+        let mut scale = 1.0f32;
+        if let RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings: original,
+            beta_fast,
+            beta_slow,
+            attention_factor,
+            truncate,
+        } = scaling
+        {
+            // The dimension pair that turns `rotations` times within the original context
+            // (find_correction_dim), in f64 as Python computes it.
+            let dim = head_dim as f64;
+            let correction_dim = |rotations: f64| {
+                dim * (original as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                    / (2.0 * theta.ln())
+            };
+            // Pairs below `low` rotate fast enough to keep their frequency (extrapolation); those
+            // above `high` are slowed by `factor` (interpolation); a linear ramp in between.
+            let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+            if truncate {
+                (low, high) = (low.floor(), high.ceil());
+            }
+            let (low, high) = (low.max(0.0), high.min(dim - 1.0));
+            // linear_ramp_factor: a singular ramp is widened by 0.001.
+            let high = if low == high { high + 0.001 } else { high };
+            for (i, (f, &p)) in inv_freq.iter_mut().zip(&pos_freqs).enumerate() {
+                // ramp = clamp((i - low) / (high - low), 0, 1), an f32 tensor op with Python
+                // scalars, which torch applies in f32.
+                let ramp = ((i as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
+                let extrapolation = 1.0 - ramp;
+                let interpolated = 1.0 / (factor as f32 * p);
+                let kept = 1.0 / p;
+                // inv_freq = interpolated * (1 - extrapolation) + kept * extrapolation
+                *f = interpolated * (1.0 - extrapolation) + kept * extrapolation;
+            }
+            scale = attention_factor as f32;
+        }
         let mut cos = Vec::with_capacity(max_pos * half);
         let mut sin = Vec::with_capacity(max_pos * half);
         for pos in 0..max_pos {
             for &f in &inv_freq {
                 let angle = pos as f32 * f;
-                cos.push((angle as f64).cos() as f32);
-                sin.push((angle as f64).sin() as f32);
+                // cos = emb.cos() * attention_scaling, each an f32 op (no scaling: times 1).
+                cos.push((angle as f64).cos() as f32 * scale);
+                sin.push((angle as f64).sin() as f32 * scale);
             }
         }
         RopeTable { half, cos, sin }

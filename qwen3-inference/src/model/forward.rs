@@ -20,7 +20,8 @@
 //! So a sequence's numbers do not depend on its neighbours in a step, nor on how its prompt was
 //! cut into chunks: the engine's answers are batch-invariant (tested in `engine`).
 
-use super::{Model, Qwen3Attention, Qwen3DecoderLayer, Qwen3MLP};
+use super::moe::Routes;
+use super::{Mlp, Model, Qwen3Attention, Qwen3DecoderLayer, Qwen3MLP, Qwen3MoeSparseMoeBlock};
 use crate::backend::{AttentionShape, Backend, KvType, RopeTable};
 use anyhow::{bail, Result};
 
@@ -42,6 +43,12 @@ pub(super) struct Dims {
     pub head_dim: usize,
     pub vocab: usize,
     pub eps: f32,
+    /// Qwen3-MoE: num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob
+    /// (zeros and false for dense models).
+    pub experts: usize,
+    pub top_k: usize,
+    pub moe_ff: usize,
+    pub norm_topk: bool,
 }
 
 /// One sequence's rows in a step: `len` consecutive rows of the step's tokens, at positions
@@ -80,10 +87,17 @@ struct Scratch<Buf> {
     /// One segment's rows of q, k, v and the attention output, when a step holds several
     /// sequences (RoPE, the cache and attention take their rows from the start of a buffer).
     seg: [Buf; 4],
-    /// `[t, intermediate]`
+    /// `[t, intermediate]` (or an expert's `[t, moe_intermediate]`, whichever is wider)
     gate: Buf,
-    /// `[t, intermediate]`
+    /// `[t, intermediate]` (likewise)
     up: Buf,
+    /// Qwen3-MoE: the router's logits `[t, num_experts]`, one expert's input rows `[t, hidden]`
+    /// and output rows `[t, hidden]`, and the block's sum `[t, hidden]` (one value each in dense
+    /// models).
+    router: Buf,
+    expert_in: Buf,
+    expert_out: Buf,
+    moe_out: Buf,
     /// The residual of each row whose logits are wanted, `[rows, hidden]`: the classifier's
     /// input.
     last: Buf,
@@ -108,6 +122,10 @@ pub struct Forward<'m, B: Backend> {
     s: Scratch<B::Buf>,
     /// The logits on the host, when the backend's buffers are not (empty on the CPU).
     logits_host: Vec<f32>,
+    /// Qwen3-MoE: the router's logits on the host (where the backend's buffers are not), and the
+    /// step's routing decided from them.
+    router_host: Vec<f32>,
+    routes: Routes,
 }
 
 impl<'m, B: Backend> Forward<'m, B> {
@@ -122,7 +140,7 @@ impl<'m, B: Backend> Forward<'m, B> {
         kv: KvType,
     ) -> Result<Self> {
         let c = model.config;
-        let max = c.max_position_embeddings as usize;
+        let max = c.max_context() as usize;
         if context_len == 0 {
             bail!("context length must be at least 1");
         }
@@ -142,6 +160,13 @@ impl<'m, B: Backend> Forward<'m, B> {
             head_dim: c.head_dim as usize,
             vocab: c.vocab_size as usize,
             eps: c.rms_norm_eps as f32,
+            experts: c.moe.as_ref().map_or(0, |m| m.num_experts as usize),
+            top_k: c.moe.as_ref().map_or(0, |m| m.num_experts_per_tok as usize),
+            moe_ff: c
+                .moe
+                .as_ref()
+                .map_or(0, |m| m.moe_intermediate_size as usize),
+            norm_topk: c.moe.as_ref().is_some_and(|m| m.norm_topk_prob),
         };
         let Dims {
             d,
@@ -150,6 +175,8 @@ impl<'m, B: Backend> Forward<'m, B> {
             nkv,
             head_dim: hd,
             vocab,
+            experts,
+            moe_ff,
             ..
         } = dims;
         // Keys and values of one sequence. The config's sizes are bounded by validation, but
@@ -179,7 +206,12 @@ impl<'m, B: Backend> Forward<'m, B> {
             context_len,
             max_batch: n,
             max_logits,
-            rope: b.rope_table(RopeTable::new(hd, c.rope_theta, context_len))?,
+            rope: b.rope_table(RopeTable::with_scaling(
+                hd,
+                c.rope_theta,
+                c.rope_scaling,
+                context_len,
+            ))?,
             kv,
             s: Scratch {
                 x: b.alloc(n * d)?,
@@ -191,12 +223,18 @@ impl<'m, B: Backend> Forward<'m, B> {
                 v: b.alloc(n * nkv * hd)?,
                 att: b.alloc(n * nh * hd)?,
                 seg,
-                gate: b.alloc(n * ff)?,
-                up: b.alloc(n * ff)?,
+                gate: b.alloc(n * ff.max(moe_ff))?,
+                up: b.alloc(n * ff.max(moe_ff))?,
+                router: b.alloc((n * experts).max(1))?,
+                expert_in: b.alloc(if experts > 0 { n * d } else { 1 })?,
+                expert_out: b.alloc(if experts > 0 { n * d } else { 1 })?,
+                moe_out: b.alloc(if experts > 0 { n * d } else { 1 })?,
                 last: b.alloc(max_logits * d)?,
                 logits: b.alloc(max_logits * vocab)?,
             },
             logits_host: Vec::new(),
+            router_host: Vec::new(),
+            routes: Routes::default(),
         })
     }
 
@@ -416,7 +454,10 @@ impl<'m, B: Backend> Forward<'m, B> {
             d,
             eps,
         )?;
-        self.mlp(&layer.mlp, t)?;
+        match &layer.mlp {
+            Mlp::Dense(mlp) => self.mlp(mlp, t)?,
+            Mlp::Sparse(moe) => self.sparse_moe(moe, t)?,
+        }
         b.add(&mut self.s.x, &self.s.xb, t * d) //                    x = x + mlp
     }
 
@@ -517,6 +558,56 @@ impl<'m, B: Backend> Forward<'m, B> {
         )?;
         b.silu_mul(&mut s.gate, &s.up, t * ff)?; //                    gate = silu(gate) * up
         b.matmul(&mut s.xb, &mlp.down_proj, &s.gate, t, d, ff) //      xb:   [t, hidden]
+    }
+}
+
+impl<'m, B: Backend> Forward<'m, B> {
+    /// `Qwen3MoeSparseMoeBlock.forward` on the normalised input in `xb` (`[t, hidden]`); leaves
+    /// the weighted sum of each row's chosen experts in `xb`. The routing math is in
+    /// [`super::moe`].
+    fn sparse_moe(&mut self, moe: &Qwen3MoeSparseMoeBlock<B::Tensor>, t: usize) -> Result<()> {
+        let b = self.backend;
+        let Dims {
+            d,
+            experts,
+            top_k,
+            moe_ff: mff,
+            norm_topk,
+            ..
+        } = self.dims;
+        let s = &mut self.s;
+
+        // i. The router's logits, f32 weights and f32 activations: z = xb @ gate^T.
+        //    router: [t, num_experts]
+        b.matmul(&mut s.router, &moe.gate, &s.xb, t, experts, d)?;
+
+        // ii. Routing on the host: softmax, top-k, renormalised; grouped by expert.
+        let logits = b.read(&s.router, t * experts, &mut self.router_host)?;
+        self.routes.route(logits, t, experts, top_k, norm_topk);
+
+        // iii. Each chosen expert once, on all the rows that chose it, its weighted output
+        //      added to those rows, experts in ascending order.      moe_out: [t, hidden]
+        b.zero(&mut s.moe_out, t * d)?;
+        for (e, expert) in moe.experts.iter().enumerate() {
+            let (rows, weights) = (&self.routes.rows[e], &self.routes.weights[e]);
+            let n = rows.len();
+            if n == 0 {
+                continue;
+            }
+            b.gather_rows(&mut s.expert_in, &s.xb, rows, d)?; //      expert_in: [n, hidden]
+            b.matmuls(
+                [&mut s.gate, &mut s.up],
+                [&expert.gate_proj, &expert.up_proj],
+                &s.expert_in,
+                n,
+                [mff, mff],
+                d,
+            )?;
+            b.silu_mul(&mut s.gate, &s.up, n * mff)?; //         gate = silu(gate) * up
+            b.matmul(&mut s.expert_out, &expert.down_proj, &s.gate, n, d, mff)?;
+            b.scatter_add_rows(&mut s.moe_out, &s.expert_out, rows, weights, d)?;
+        }
+        b.copy(&mut s.xb, 0, &s.moe_out, 0, t * d)
     }
 }
 

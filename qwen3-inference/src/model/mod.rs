@@ -4,18 +4,21 @@
 //! (`Qwen3ForCausalLM` > `Qwen3Model` > `Qwen3DecoderLayer` > `Qwen3Attention` / `Qwen3MLP`), so
 //! a reader can hold the two side by side. Qwen2 (`modeling_qwen2.py`) is the same model with two
 //! differences in its attention, both data here: q/k/v projections with biases, and no q/k norms
-//! (the optional fields of [`Qwen3Attention`]). They are generic over the tensor type `T` of the
+//! (the optional fields of [`Qwen3Attention`]). Qwen3-MoE (`modeling_qwen3_moe.py`) is Qwen3 whose
+//! MLPs are, in its sparse layers, mixtures of experts ([`Mlp::Sparse`]). They are generic over the tensor type `T` of the
 //! [`Backend`](crate::backend::Backend) that runs them: on the CPU a [`TensorView`] into the
 //! mmapped file (loading copies nothing), on a GPU a range of the uploaded file. The forward pass
 //! itself lives in [`Forward`], written once for a step of one or many sequences; a
 //! [`Session`] is one sequence with its KV cache. See docs/transformer.md.
 
 mod forward;
+mod moe;
 mod session;
 #[cfg(test)]
 pub(crate) mod test_model;
 
 pub use forward::{Forward, Segment, MAX_BATCH};
+pub use moe::Routes;
 pub use session::Session;
 
 use crate::format::reader::{TensorData, TensorView};
@@ -44,7 +47,35 @@ pub struct Qwen3DecoderLayer<T> {
     pub self_attn: Qwen3Attention<T>,
     /// `post_attention_layernorm.weight`: `[hidden]`.
     pub post_attention_layernorm: T,
-    pub mlp: Qwen3MLP<T>,
+    pub mlp: Mlp<T>,
+}
+
+/// A layer's MLP: one SwiGLU (every dense model's layers, and Qwen3-MoE's `mlp_only_layers`), or
+/// a mixture of experts (Qwen3-MoE's sparse layers: `Qwen3MoeDecoderLayer.__init__` decides,
+/// [`crate::format::MoeConfig::is_sparse`] repeats its rule).
+pub enum Mlp<T> {
+    Dense(Qwen3MLP<T>),
+    Sparse(Qwen3MoeSparseMoeBlock<T>),
+}
+
+impl<T> Mlp<T> {
+    /// The dense MLP, if this is one.
+    pub fn dense(&self) -> Option<&Qwen3MLP<T>> {
+        match self {
+            Mlp::Dense(m) => Some(m),
+            Mlp::Sparse(_) => None,
+        }
+    }
+}
+
+/// `Qwen3MoeSparseMoeBlock`: a router scores every expert for each token, the token goes to the
+/// `num_experts_per_tok` best, and its output is their SwiGLUs' outputs weighted by the router's
+/// probabilities (renormalised over the chosen ones with `norm_topk_prob`).
+pub struct Qwen3MoeSparseMoeBlock<T> {
+    /// `mlp.gate.weight`: `[num_experts, hidden]`, the router (f32 in every file).
+    pub gate: T,
+    /// `mlp.experts.{e}`: `num_experts` SwiGLUs of width `moe_intermediate_size`.
+    pub experts: Vec<Qwen3MLP<T>>,
 }
 
 /// `Qwen3Attention` (and `Qwen2Attention`): projections, and per-head q/k RMSNorms (new in Qwen3)
@@ -81,17 +112,22 @@ impl<'a> Model<'a> {
     /// tensor carries its own), so this only looks names up.
     pub fn load(file: &'a ModelFile) -> Result<Model<'a>> {
         let model = Model::load_with(file, |name| file.tensor(name))?;
-        // Norm weights and biases are f32 in every model file (format::tensor_specs); the kernels
-        // rely on it.
+        // Norm weights, biases and routers are f32 in every model file (format::tensor_specs); the
+        // kernels rely on it.
         let layers = model.layers.iter();
         let norms = layers.flat_map(|l| {
             let attn = &l.self_attn;
             let qk = attn.qk_norm.iter().flatten();
             let bias = attn.qkv_bias.iter().flatten();
+            let router = match &l.mlp {
+                Mlp::Sparse(moe) => Some(&moe.gate),
+                Mlp::Dense(_) => None,
+            };
             [&l.input_layernorm, &l.post_attention_layernorm]
                 .into_iter()
                 .chain(qk)
                 .chain(bias)
+                .chain(router)
         });
         for t in norms.chain([&model.norm]) {
             if !matches!(t.data, TensorData::F32(_)) {
@@ -100,6 +136,16 @@ impl<'a> Model<'a> {
         }
         Ok(model)
     }
+}
+
+/// The three matrices of the SwiGLU under `prefix` (`model.layers.3.mlp`, or one expert's
+/// `model.layers.3.mlp.experts.17`).
+fn swiglu<T>(get: &mut impl FnMut(&str) -> Result<T>, prefix: &str) -> Result<Qwen3MLP<T>> {
+    Ok(Qwen3MLP {
+        gate_proj: get(&format!("{prefix}.gate_proj.weight"))?,
+        up_proj: get(&format!("{prefix}.up_proj.weight"))?,
+        down_proj: get(&format!("{prefix}.down_proj.weight"))?,
+    })
 }
 
 impl<'a, T> Model<'a, T> {
@@ -132,16 +178,21 @@ impl<'a, T> Model<'a, T> {
                     false => None,
                 },
             };
+            let mlp = match &config.moe {
+                Some(moe) if moe.is_sparse(l) => Mlp::Sparse(Qwen3MoeSparseMoeBlock {
+                    gate: get(&format!("{p}.mlp.gate.weight"))?,
+                    experts: (0..moe.num_experts)
+                        .map(|e| swiglu(&mut get, &format!("{p}.mlp.experts.{e}")))
+                        .collect::<Result<_>>()?,
+                }),
+                _ => Mlp::Dense(swiglu(&mut get, &format!("{p}.mlp"))?),
+            };
             let mut w = |name: &str| get(&format!("{p}.{name}.weight"));
             layers.push(Qwen3DecoderLayer {
                 input_layernorm: w("input_layernorm")?,
                 self_attn,
                 post_attention_layernorm: w("post_attention_layernorm")?,
-                mlp: Qwen3MLP {
-                    gate_proj: w("mlp.gate_proj")?,
-                    up_proj: w("mlp.up_proj")?,
-                    down_proj: w("mlp.down_proj")?,
-                },
+                mlp,
             });
         }
         // Tied: the classifier is the embedding table, looked up a second time (a view or a

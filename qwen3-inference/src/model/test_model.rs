@@ -3,7 +3,8 @@
 //! qwen3-cli/tests/parity.rs; these only need a valid model.)
 
 use crate::format::writer::ModelWriter;
-use crate::format::{tensor_specs, DType, GenerationDefaults, ModelConfig};
+use crate::format::writer::TensorSpec;
+use crate::format::{tensor_specs, DType, GenerationDefaults, ModelConfig, MoeConfig, RopeScaling};
 use crate::quant::{quantize_q4, quantize_q6, quantize_q8};
 use std::path::Path;
 
@@ -32,6 +33,34 @@ pub fn config(dtype: DType) -> ModelConfig {
         },
         attention_bias: false,
         qk_norm: true,
+        rope_scaling: crate::format::RopeScaling::None,
+        moe: None,
+    }
+}
+
+/// [`config`] as a Qwen3-MoE: 8 experts of width 32, top 2 renormalised, layer 1 of 3 dense;
+/// with YaRN (factor 4 over 16 original positions) so the tables differ from plain RoPE's.
+pub fn moe_config(dtype: DType) -> ModelConfig {
+    ModelConfig {
+        architecture: "Qwen3MoeForCausalLM".into(),
+        num_hidden_layers: 3,
+        rope_scaling: RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position_embeddings: 16,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 0.1 * 4f64.ln() + 1.0,
+            truncate: true,
+        },
+        moe: Some(MoeConfig {
+            num_experts: 8,
+            num_experts_per_tok: 2,
+            moe_intermediate_size: 32,
+            norm_topk_prob: true,
+            decoder_sparse_step: 1,
+            mlp_only_layers: vec![1],
+        }),
+        ..config(dtype)
     }
 }
 
@@ -51,14 +80,35 @@ pub fn write_random(path: &Path, dtype: DType) {
         }
         _ => (config(dtype), tensor_specs(&config(dtype))),
     };
-    let mut w = ModelWriter::create(path, &c, specs.clone()).unwrap();
+    write_random_specs(path, &c, &specs)
+}
+
+/// A model file of config `c` with random weights, stored as [`tensor_specs`] says.
+pub fn write_random_config(path: &Path, c: &ModelConfig) {
+    write_random_specs(path, c, &tensor_specs(c))
+}
+
+fn write_random_specs(path: &Path, c: &ModelConfig, specs: &[TensorSpec]) {
+    let mut w = ModelWriter::create(path, c, specs.to_vec()).unwrap();
     let mut seed = 11u64;
     let mut rnd = || crate::testing::lcg(&mut seed);
-    for s in &specs {
+    for s in specs {
         let n = s.shape.iter().product::<u64>() as usize;
         let norm = s.dtype == DType::F32 && s.shape.len() == 1;
+        // A router's logits spread by a few units, so that top-k picks are clear.
+        let gain = if s.name.ends_with(".mlp.gate.weight") {
+            8.0
+        } else {
+            0.3
+        };
         let v: Vec<f32> = (0..n)
-            .map(|_| if norm { 1.0 + 0.5 * rnd() } else { 0.3 * rnd() })
+            .map(|_| {
+                if norm {
+                    1.0 + 0.5 * rnd()
+                } else {
+                    gain * rnd()
+                }
+            })
             .collect();
         match s.dtype {
             DType::F32 => w.write_f32(&s.name, &v).unwrap(),
