@@ -138,6 +138,15 @@ fn layer_ops<B: Upload>(
     let mut logits = b.alloc(n * 100).unwrap();
     b.matmul(&mut logits, &w.lm_head, &xn, n, 100, d).unwrap();
     get("matmul lm_head", &logits, n * 100);
+    // A mixture of experts' plumbing: rows gathered, weighted rows added back, a zeroed buffer.
+    let mut g = b.alloc(3 * d).unwrap();
+    b.gather_rows(&mut g, &xs, &[4, 0, 2], d).unwrap();
+    get("gather_rows", &g, 3 * d);
+    b.scatter_add_rows(&mut xs, &g, &[1, 3, 0], &[0.5, -1.25, 3.0], d)
+        .unwrap();
+    get("scatter_add_rows", &xs, n * d);
+    b.zero(&mut xs, 2 * d).unwrap();
+    get("zero", &xs, n * d);
     out
 }
 
@@ -181,7 +190,7 @@ fn kernels_match_references() {
 }
 
 /// The forward pass on the GPU gives the logits of the forward pass on the references (prefill,
-/// then decode), for each stored dtype.
+/// then decode), for each stored dtype, dense and Qwen3-MoE with YaRN.
 #[test]
 fn gpu_forward_matches_reference_forward() {
     if !gpu_or_skip() {
@@ -193,24 +202,34 @@ fn gpu_forward_matches_reference_forward() {
         (DType::Q8, true),
         (DType::Q4, false),
     ] {
-        let c = tiny_config(dtype, tied);
-        let path = temp_path(&format!("gpu-forward-{dtype}.bin"));
-        write_model(&path, &c);
-        let file = ModelFile::open(&path).unwrap();
-        let cpu = ReferenceBackend::new();
-        let cpu_w = Model::load(&file).unwrap();
-        let gpu = CudaBackend::load(0, &file).unwrap();
-        let gpu_w = Model::load_with(&file, |n| gpu.weights.tensor(n)).unwrap();
-        let mut a = Session::new(&cpu, &cpu_w, 32, KvType::F32).unwrap();
-        let mut b = Session::new(&gpu, &gpu_w, 32, KvType::F32).unwrap();
-        a.set_max_batch(8).unwrap();
-        b.set_max_batch(8).unwrap();
-        let steps: [&[u32]; 4] = [&[3, 17, 99, 0, 42, 42, 7, 8, 9, 10], &[5], &[6], &[7]];
-        for (i, tokens) in steps.iter().enumerate() {
-            let (x, y) = (a.forward(tokens).unwrap(), b.forward(tokens).unwrap());
-            assert!(max_abs(x, y) < 1e-4, "{dtype} step {i}: {}", max_abs(x, y));
+        for moe in [false, true] {
+            let c = if moe {
+                tiny_moe_config(dtype)
+            } else {
+                tiny_config(dtype, tied)
+            };
+            let path = temp_path(&format!("gpu-forward-{dtype}-{moe}.bin"));
+            write_model(&path, &c);
+            let file = ModelFile::open(&path).unwrap();
+            let cpu = ReferenceBackend::new();
+            let cpu_w = Model::load(&file).unwrap();
+            let gpu = CudaBackend::load(0, &file).unwrap();
+            let gpu_w = Model::load_with(&file, |n| gpu.weights.tensor(n)).unwrap();
+            let mut a = Session::new(&cpu, &cpu_w, 32, KvType::F32).unwrap();
+            let mut b = Session::new(&gpu, &gpu_w, 32, KvType::F32).unwrap();
+            a.set_max_batch(8).unwrap();
+            b.set_max_batch(8).unwrap();
+            let steps: [&[u32]; 4] = [&[3, 17, 99, 0, 42, 42, 7, 8, 9, 10], &[5], &[6], &[7]];
+            for (i, tokens) in steps.iter().enumerate() {
+                let (x, y) = (a.forward(tokens).unwrap(), b.forward(tokens).unwrap());
+                assert!(
+                    max_abs(x, y) < 1e-4,
+                    "{dtype} moe={moe} step {i}: {}",
+                    max_abs(x, y)
+                );
+            }
+            std::fs::remove_file(&path).ok();
         }
-        std::fs::remove_file(&path).ok();
     }
 }
 

@@ -42,6 +42,32 @@ pub fn tiny_config(dtype: DType, tied: bool) -> ModelConfig {
     }
 }
 
+/// [`tiny_config`] as a Qwen3-MoE with YaRN: 8 experts of width 32, top 2 renormalised, the
+/// middle one of 3 layers dense, YaRN's factor 4 over 16 original positions.
+pub fn tiny_moe_config(dtype: DType) -> ModelConfig {
+    ModelConfig {
+        architecture: "Qwen3MoeForCausalLM".into(),
+        num_hidden_layers: 3,
+        rope_scaling: qwen3_inference::format::RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position_embeddings: 16,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 0.1 * 4f64.ln() + 1.0,
+            truncate: true,
+        },
+        moe: Some(qwen3_inference::format::MoeConfig {
+            num_experts: 8,
+            num_experts_per_tok: 2,
+            moe_intermediate_size: 32,
+            norm_topk_prob: true,
+            decoder_sparse_step: 1,
+            mlp_only_layers: vec![1],
+        }),
+        ..tiny_config(dtype, false)
+    }
+}
+
 pub fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("qwen3-cuda-test-{}-{name}", std::process::id()))
 }
@@ -54,6 +80,12 @@ pub fn write_model(path: &Path, c: &ModelConfig) {
     for (i, t) in expected.iter().enumerate() {
         let n: usize = t.shape.iter().product::<u64>() as usize;
         let v = values(n, 1000 + i as u64);
+        if t.kind == TensorKind::Router {
+            // logits a few units apart, so that top-k picks are clear
+            let v: Vec<f32> = v.iter().map(|x| 2.0 * x).collect();
+            w.write_f32(&t.name, &v).unwrap();
+            continue;
+        }
         if t.kind != TensorKind::Matrix {
             // away from 1.0 so a forward pass that drops the weight (or uses 1 + w) fails
             let v: Vec<f32> = v.iter().map(|x| 1.0 + 0.5 * x).collect();
