@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Build the tiny random-weight Qwen3 and Qwen2 checkpoints in fixtures/models/ and their HF
-references.
+"""Build the tiny random-weight Qwen3, Qwen3-MoE and Qwen2 checkpoints in fixtures/models/ and
+their HF references.
 
 Run once by a developer (never by CI; CI has no PyTorch):
 
@@ -19,7 +19,10 @@ Seeds: for each checkpoint the script tries weight seeds base, base+1, ... and k
 where every greedy step's top-1 minus top-2 logit gap is >= MIN_GREEDY_GAP, no EOS id appears in
 any greedy continuation (so a CLI that stops at EOS still produces all GREEDY_STEPS tokens), and
 the logits of one full-sequence forward equal those of prefill + KV-cache decode within
-MAX_INCREMENTAL_DIFF (f32 rounding noise is ~1e-6 relative to the logit size).
+MAX_INCREMENTAL_DIFF (f32 rounding noise is ~1e-6 relative to the logit size). For the MoE
+checkpoints it also requires every routed token's top-k router choice to be clear of a tie by
+MIN_ROUTER_TOPK_GAP, and the YaRN and MoE checkpoints reject a greedy continuation with fewer than
+MIN_DISTINCT_GREEDY distinct ids.
 """
 
 import argparse
@@ -54,6 +57,23 @@ MIN_GREEDY_GAP = 3e-3
 # up to ~15, residual stream up to ~10). 1e-5 absolute rejected nearly every seed of the 3-layer
 # checkpoint; a KV-cache misuse shows up as O(1) differences, so 5e-5 still catches it.
 MAX_INCREMENTAL_DIFF = 5e-5
+# MoE checkpoints: at every sparse layer and every routed token, the k-th largest router
+# probability must exceed the (k+1)-th by this much. Two correct f32 implementations differ in a
+# router probability by ~1e-6 at most, so a port picks the same experts as torch; a near tie could
+# flip an expert, and with it the logits by O(1).
+MIN_ROUTER_TOPK_GAP = 1e-3
+# That condition costs seeds: with iid Gaussian router logits of std s over 8 experts, a token
+# misses it with probability ~1.1% for top-2 (s = 1.5..2) and ~2.5% for top-3 (s = 1..1.5), the
+# best over s (larger s makes the top-1 win but shrinks the k-th and (k+1)-th probabilities
+# together; smaller s makes them all ~1/8 and close), and measured rates on these checkpoints
+# match. A seed passes only if all of its ~170-250 routed token-layers do, so MoE specs get more
+# tries (max_seed_tries) and the top-3 checkpoint fewer, shorter prompts.
+# Checkpoints that set min_distinct_greedy (the YaRN and MoE ones) also reject a seed whose greedy
+# continuation settles into repeating one to three tokens: a run of one token feeds attention
+# identical keys and values (before RoPE), so a wrong rotation changes less, and a repeated token
+# routes the same way every step. (Random MoE weights loop often: requiring 8 distinct ids
+# rejected ~80% of seeds.)
+MIN_DISTINCT_GREEDY = 4
 MAX_SEED_TRIES = 200
 
 # The five Qwen3 added tokens the chat template uses, with Qwen3's own `special` flags
@@ -297,6 +317,98 @@ SPECS = [
         random_prompt_lens=[],
         full_vocab=True,
     ),
+    # YaRN in the hub dialect, the way Qwen3's model cards say to enable it: top-level rope_theta
+    # plus a rope_scaling dict. factor 4 = max_pos 256 / original 64, and the 100-id prompt takes
+    # positions well past the original 64 (YaRN is static in transformers: the same scaled
+    # inv_freq and cos/sin factor at every position, short prompts included).
+    dict(
+        name="tiny-qwen3-yarn",
+        config_style="hub",
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        head_dim=32,
+        write_head_dim=True,
+        layers=2,
+        intermediate=128,
+        vocab=512,
+        tied=True,
+        rope_theta=10000,
+        eps=1e-6,
+        max_pos=256,
+        dtype="float32",
+        shards=1,
+        eos_in_config="single",
+        base_seed=8000,
+        random_prompt_lens=[1, 6, 100],
+        min_distinct_greedy=MIN_DISTINCT_GREEDY,
+    ),
+    # Qwen3MoeForCausalLM exactly as Qwen/Qwen3-30B-A3B ships it: the hub config keys and one
+    # tensor per expert and projection (model.layers.N.mlp.experts.E.gate_proj.weight ...), which
+    # transformers 5 fuses on load. `moe` holds the MoE config values; `experts` the file layout.
+    dict(
+        name="tiny-qwen3moe-bf16-tied",
+        arch="qwen3_moe",
+        config_style="hub",
+        moe=dict(num_experts=8, top_k=2, moe_intermediate=32, norm_topk_prob=True,
+                 decoder_sparse_step=1, mlp_only_layers=[], router_gain=2.0),
+        experts="per_expert",
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        head_dim=32,
+        write_head_dim=True,
+        layers=2,
+        intermediate=96,  # config.json's intermediate_size; no layer uses it (all are sparse)
+        vocab=512,
+        tied=True,
+        rope_theta=1000000.0,
+        eps=1e-6,
+        max_pos=256,
+        dtype="bfloat16",
+        shards=1,
+        eos_in_config="single",
+        base_seed=9000,
+        random_prompt_lens=[1, 6, 20],
+        min_distinct_greedy=MIN_DISTINCT_GREEDY,
+        max_seed_tries=3000,
+    ),
+    # Qwen3MoeForCausalLM as transformers 5.23 itself describes it: its config.json dialect
+    # (num_local_experts, rope_parameters with YaRN whose factor 2 is NOT max_pos / original = 4:
+    # transformers uses the explicit factor and only warns), the fused expert tensors it holds in
+    # memory (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I]), top-3 without
+    # renormalising the routing weights, and a dense layer (mlp_only_layers [1]) between two sparse
+    # ones, whose MLP has intermediate_size (96), not moe_intermediate_size.
+    dict(
+        name="tiny-qwen3moe-f32-sharded-dense-yarn",
+        arch="qwen3_moe",
+        config_style="transformers5",
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 2.0,
+                         "original_max_position_embeddings": 64},
+        moe=dict(num_experts=8, top_k=3, moe_intermediate=24, norm_topk_prob=False,
+                 decoder_sparse_step=1, mlp_only_layers=[1], router_gain=1.5),
+        experts="fused",
+        hidden=64,
+        heads=8,
+        kv_heads=2,
+        head_dim=16,  # not hidden/heads (8)
+        write_head_dim=True,
+        layers=3,
+        intermediate=96,
+        vocab=512,
+        tied=False,
+        rope_theta=1000000.0,
+        eps=1e-5,
+        max_pos=256,
+        dtype="float32",
+        shards=2,
+        eos_in_config="list",
+        base_seed=10000,
+        random_prompt_lens=[1, 6],
+        min_distinct_greedy=MIN_DISTINCT_GREEDY,
+        max_seed_tries=3000,
+    ),
 ]
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -387,6 +499,41 @@ def small_tokenizer_config(real_cfg: dict, tok_json: dict) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 
+def sparse_layers(spec: dict) -> set:
+    """The layers Qwen3MoeDecoderLayer gives a Qwen3MoeSparseMoeBlock: not in mlp_only_layers and
+    (layer + 1) % decoder_sparse_step == 0. Dense checkpoints have none."""
+    moe = spec.get("moe")
+    if moe is None:
+        return set()
+    return {
+        l for l in range(spec["layers"])
+        if l not in moe["mlp_only_layers"] and moe["num_experts"] > 0 and (l + 1) % moe["decoder_sparse_step"] == 0
+    }
+
+
+def fuse_experts(weights: dict, spec: dict) -> dict:
+    """The per-expert tensors of make_weights in the layout transformers 5 holds in memory (and
+    writes with save_pretrained(save_original_format=False)): mlp.experts.gate_up_proj
+    [E, 2I, H], each expert's gate_proj rows first, then its up_proj rows (Qwen3MoeExperts.forward
+    does `.chunk(2, dim=-1)` into gate, up), and mlp.experts.down_proj [E, H, I]. No `.weight`
+    suffix: they are nn.Parameters of Qwen3MoeExperts itself."""
+    n = spec["moe"]["num_experts"]
+    out = {}
+    for k, v in weights.items():
+        if ".mlp.experts." not in k:
+            out[k] = v
+            continue
+        p = k.split("mlp.experts.")[0] + "mlp.experts."
+        if p + "gate_up_proj" in out:
+            continue
+        # Inserted where the layer's first expert tensor was, so the key order stays layer-major.
+        out[p + "gate_up_proj"] = torch.stack([
+            torch.cat([weights[f"{p}{e}.gate_proj.weight"], weights[f"{p}{e}.up_proj.weight"]]) for e in range(n)
+        ])
+        out[p + "down_proj"] = torch.stack([weights[f"{p}{e}.down_proj.weight"] for e in range(n)])
+    return out
+
+
 def make_weights(spec: dict, seed: int) -> dict:
     """Random f32 weights, scaled so logits are far from uniform.
 
@@ -397,6 +544,9 @@ def make_weights(spec: dict, seed: int) -> dict:
     and lm_head gain 2.5, so logits have a std of a few units: the softmax max probability is far
     above 1/vocab. Every RMSNorm weight is U(0.5, 1.5): an
     implementation that drops it, or applies (1 + w) as Gemma does, fails the reference.
+    A sparse MoE layer draws, in place of the dense MLP, its router (gain moe["router_gain"]) and
+    then each expert's gate/up/down with the dense MLP's gains; dense specs draw exactly what they
+    always did, in the same order.
     """
     g = torch.Generator().manual_seed(seed)
     h, hd, nh, nkv, inter, V = (spec[k] for k in ("hidden", "head_dim", "heads", "kv_heads", "intermediate", "vocab"))
@@ -408,6 +558,7 @@ def make_weights(spec: dict, seed: int) -> dict:
         return torch.rand(n, generator=g) + 0.5
 
     qwen2 = spec.get("arch") == "qwen2"
+    sparse = sparse_layers(spec)
     w = {}
     w["model.embed_tokens.weight"] = torch.randn(V, h, generator=g) * 0.35
     for l in range(spec["layers"]):
@@ -428,6 +579,20 @@ def make_weights(spec: dict, seed: int) -> dict:
             w[p + "self_attn.q_norm.weight"] = norm(hd)
             w[p + "self_attn.k_norm.weight"] = norm(hd)
         w[p + "post_attention_layernorm.weight"] = norm(h)
+        if l in sparse:
+            moe = spec["moe"]
+            # The router sees the post-attention RMSNorm output (rms ~1.04 with U(0.5, 1.5) norm
+            # weights), so a token's router logits are iid N(0, (1.04 * router_gain)^2) across
+            # experts: see MIN_ROUTER_TOPK_GAP for how the gain was chosen.
+            w[p + "mlp.gate.weight"] = mat(moe["num_experts"], h, gain=moe["router_gain"])
+            # The hub's per-expert names; build_checkpoint fuses them for an `experts="fused"` spec.
+            mi = moe["moe_intermediate"]
+            for e in range(moe["num_experts"]):
+                q = f"{p}mlp.experts.{e}."
+                w[q + "gate_proj.weight"] = mat(mi, h, gain=1.5)
+                w[q + "up_proj.weight"] = mat(mi, h, gain=1.5)
+                w[q + "down_proj.weight"] = mat(h, mi, gain=1.0)
+            continue
         w[p + "mlp.gate_proj.weight"] = mat(inter, h, gain=1.5)
         w[p + "mlp.up_proj.weight"] = mat(inter, h, gain=1.5)
         w[p + "mlp.down_proj.weight"] = mat(h, inter, gain=1.0)
@@ -488,8 +653,52 @@ def hub_config(spec: dict, bos: int, eos) -> dict:
         "num_hidden_layers": spec["layers"],
         "num_key_value_heads": spec["kv_heads"],
         "rms_norm_eps": spec["eps"],
-        "rope_scaling": None,
+        # null in Qwen3-0.6B; a YaRN dict where Qwen3's model cards say to add one.
+        "rope_scaling": spec.get("rope_scaling"),
         "rope_theta": spec["rope_theta"],
+        "sliding_window": None,
+        "tie_word_embeddings": spec["tied"],
+        "torch_dtype": spec["dtype"],
+        "transformers_version": "4.51.0",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": spec["vocab"],
+    }
+
+
+def qwen3moe_hub_config(spec: dict, bos: int, eos) -> dict:
+    """config.json with exactly the keys (and key order) of Qwen3-30B-A3B's hub config.json:
+    Qwen3-0.6B's plus the MoE keys, `num_experts` (not transformers 5's num_local_experts),
+    output_router_logits and router_aux_loss_coef (training-only, but present)."""
+    moe = spec["moe"]
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": bos,
+        "decoder_sparse_step": moe["decoder_sparse_step"],
+        "eos_token_id": eos,
+        "head_dim": spec["head_dim"],
+        "hidden_act": "silu",
+        "hidden_size": spec["hidden"],
+        "initializer_range": 0.02,
+        "intermediate_size": spec["intermediate"],
+        "max_position_embeddings": spec["max_pos"],
+        "max_window_layers": spec["layers"],
+        "mlp_only_layers": moe["mlp_only_layers"],
+        "model_type": "qwen3_moe",
+        "moe_intermediate_size": moe["moe_intermediate"],
+        "norm_topk_prob": moe["norm_topk_prob"],
+        "num_attention_heads": spec["heads"],
+        "num_experts": moe["num_experts"],
+        "num_experts_per_tok": moe["top_k"],
+        "num_hidden_layers": spec["layers"],
+        "num_key_value_heads": spec["kv_heads"],
+        "output_router_logits": False,
+        "rms_norm_eps": spec["eps"],
+        "rope_scaling": spec.get("rope_scaling"),
+        "rope_theta": spec["rope_theta"],
+        "router_aux_loss_coef": 0.001,
         "sliding_window": None,
         "tie_word_embeddings": spec["tied"],
         "torch_dtype": spec["dtype"],
@@ -532,8 +741,11 @@ def qwen2_hub_config(spec: dict, bos: int, eos) -> dict:
 
 
 def transformers5_config(spec: dict, bos: int, eos) -> dict:
-    """config.json as transformers 5 writes it (Qwen3Config or Qwen2Config.save_pretrained),
-    minus head_dim when the spec says so (Qwen2 states none: hidden / heads)."""
+    """config.json as transformers 5 writes it (Qwen3Config, Qwen2Config or
+    Qwen3MoeConfig.save_pretrained), minus head_dim when the spec says so (Qwen2 states none:
+    hidden / heads)."""
+    if spec.get("arch") == "qwen3_moe":
+        return qwen3moe_transformers5_config(spec, bos, eos)
     qwen2 = spec.get("arch") == "qwen2"
     kwargs = dict(
         vocab_size=spec["vocab"],
@@ -565,6 +777,44 @@ def transformers5_config(spec: dict, bos: int, eos) -> dict:
     return d
 
 
+def qwen3moe_transformers5_config(spec: dict, bos: int, eos) -> dict:
+    """config.json as Qwen3MoeConfig.save_pretrained writes it in transformers 5.23.0. Its
+    attribute_map sends num_experts to num_local_experts, so that is the key it writes (it reads
+    either). It has no max_window_layers or layer_types. head_dim is kept: without it
+    Qwen3MoeAttention falls back to hidden / heads (no class default of 128, unlike Qwen3Config)."""
+    moe = spec["moe"]
+    assert spec["write_head_dim"]
+    cfg = transformers.Qwen3MoeConfig(
+        vocab_size=spec["vocab"],
+        hidden_size=spec["hidden"],
+        intermediate_size=spec["intermediate"],
+        num_hidden_layers=spec["layers"],
+        num_attention_heads=spec["heads"],
+        num_key_value_heads=spec["kv_heads"],
+        head_dim=spec["head_dim"],
+        max_position_embeddings=spec["max_pos"],
+        rms_norm_eps=spec["eps"],
+        tie_word_embeddings=spec["tied"],
+        # A copy: the config standardises the dict it is given in place.
+        rope_parameters=dict(spec.get("rope_parameters") or {"rope_type": "default", "rope_theta": spec["rope_theta"]}),
+        num_experts=moe["num_experts"],
+        num_experts_per_tok=moe["top_k"],
+        moe_intermediate_size=moe["moe_intermediate"],
+        norm_topk_prob=moe["norm_topk_prob"],
+        decoder_sparse_step=moe["decoder_sparse_step"],
+        mlp_only_layers=list(moe["mlp_only_layers"]),
+        bos_token_id=bos,
+        eos_token_id=eos,
+    )
+    cfg.architectures = ["Qwen3MoeForCausalLM"]
+    cfg.dtype = TORCH_DTYPES[spec["dtype"]]
+    d = json.loads(cfg.to_json_string(use_diff=True))  # what save_pretrained writes
+    assert "rope_theta" not in d and "torch_dtype" not in d and d["dtype"] == spec["dtype"]
+    assert d["num_local_experts"] == moe["num_experts"] and "num_experts" not in d
+    assert d["rope_parameters"]["rope_theta"] == spec["rope_theta"]
+    return d
+
+
 def generation_config(bos: int, eos_list: list) -> dict:
     """Shaped like Qwen3-0.6B's generation_config.json."""
     return {
@@ -588,9 +838,25 @@ def write_json(path: Path, obj) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
+ARCH_CLASS = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+
+
+def reference_load_kwargs(spec: dict) -> dict:
+    """from_pretrained arguments beyond the dtype. MoE: transformers 5 defaults the experts to
+    "grouped_mm" (get_correct_experts_implementation), whose CPU kernel sorts tokens by expert and
+    sums each token's experts in top-k order; experts_implementation="eager" sets
+    config._experts_implementation, and the @use_experts_implementation dispatch then finds no
+    registered function for "eager" and runs Qwen3MoeExperts' own forward, the plain loop over the
+    hit experts that a port reads. load_reference_model asserts it took."""
+    kw = {"attn_implementation": "eager"}
+    if spec.get("arch") == "qwen3_moe":
+        kw["experts_implementation"] = "eager"
+    return kw
+
+
 def load_reference_model(ckpt: Path, spec: dict):
     model, info = transformers.AutoModelForCausalLM.from_pretrained(
-        str(ckpt), dtype=torch.float32, attn_implementation="eager", output_loading_info=True
+        str(ckpt), dtype=torch.float32, output_loading_info=True, **reference_load_kwargs(spec)
     )
     bad = {k: v for k, v in info.items() if v}
     assert not bad, f"{ckpt}: loading problems {bad}"
@@ -598,17 +864,100 @@ def load_reference_model(ckpt: Path, spec: dict):
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     assert head_dim == spec["head_dim"], (head_dim, spec["head_dim"])
-    want_arch = "Qwen2ForCausalLM" if spec.get("arch") == "qwen2" else "Qwen3ForCausalLM"
+    want_arch = ARCH_CLASS[spec.get("arch", "qwen3")]
     assert type(model).__name__ == want_arch, type(model).__name__
     assert model.model.embed_tokens.weight.dtype == torch.float32
     assert (model.lm_head.weight is model.model.embed_tokens.weight) == spec["tied"]
+    rope = spec.get("rope_scaling") or spec.get("rope_parameters")
+    if rope is not None:
+        check_yarn(model, spec, rope)
+    if spec.get("arch") == "qwen3_moe":
+        check_moe(model, ckpt, spec)
     return model
+
+
+def check_yarn(model, spec: dict, rope: dict) -> None:
+    """The config.json's YaRN dict reached the model: rope_type yarn, the factor and original
+    length as written, and cos/sin scaled by 0.1 * ln(factor) + 1 (YaRN's attention factor)."""
+    emb = model.model.rotary_emb
+    assert emb.rope_type == "yarn", emb.rope_type
+    rp = model.config.rope_parameters
+    assert rp["rope_type"] == "yarn" and rp["rope_theta"] == spec["rope_theta"], rp
+    assert rp["factor"] == rope["factor"], rp
+    assert rp["original_max_position_embeddings"] == rope["original_max_position_embeddings"], rp
+    want = 0.1 * math.log(rope["factor"]) + 1.0
+    assert emb.attention_scaling != 1.0 and abs(emb.attention_scaling - want) < 1e-12, emb.attention_scaling
+
+
+def check_moe(model, ckpt: Path, spec: dict) -> None:
+    """The sparse/dense layer pattern, the eager experts, and every parameter equal to the
+    tensors on disk (per-expert files fused by transformers' conversion: gate rows, then up)."""
+    moe = spec["moe"]
+    c = model.config
+    assert c._experts_implementation == "eager", c._experts_implementation
+    assert (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.norm_topk_prob) == (
+        moe["num_experts"], moe["top_k"], moe["moe_intermediate"], moe["norm_topk_prob"])
+    sparse = sparse_layers(spec)
+    for l, layer in enumerate(model.model.layers):
+        kind = type(layer.mlp).__name__
+        assert kind == ("Qwen3MoeSparseMoeBlock" if l in sparse else "Qwen3MoeMLP"), (l, kind)
+    disk = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        disk.update(safetensors.torch.load_file(str(f)))
+    if spec["experts"] == "per_expert":
+        assert not any(k.endswith("gate_up_proj") for k in disk)
+        disk = fuse_experts(disk, spec)
+    sd = model.state_dict()
+    want_keys = set(disk) | ({"lm_head.weight"} if spec["tied"] else set())
+    assert set(sd) == want_keys, set(sd) ^ want_keys
+    for k, v in disk.items():
+        assert sd[k].dtype == torch.float32 and torch.equal(sd[k], v.float()), k
+
+
+class RouterCapture:
+    """Forward hooks on every sparse layer's router (`mlp.gate`, a Qwen3MoeTopKRouter), which
+    returns (router_logits [T, E], routing weights [T, k], expert ids [T, k]); `layers` maps the
+    layer index to those three. A dense model has no `mlp.gate` (its MLP has gate_proj), so this
+    hooks nothing and captures nothing."""
+
+    def __init__(self, model):
+        self.model = model
+        self.layers = {}
+        self.handles = []
+
+    def __enter__(self):
+        for l, layer in enumerate(self.model.model.layers):
+            gate = getattr(layer.mlp, "gate", None)
+            if gate is not None:
+                self.handles.append(gate.register_forward_hook(self.hook(l)))
+        return self
+
+    def hook(self, l):
+        def fn(module, args, out):
+            assert l not in self.layers, "a router ran twice in one forward"
+            self.layers[l] = tuple(t.detach().clone() for t in out)
+        return fn
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        return False
+
+
+def router_topk_gap(router_logits: torch.Tensor, k: int) -> float:
+    """Min over tokens of the k-th largest router probability minus the (k+1)-th, the
+    probabilities being the router's own softmax (float32)."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    top = torch.topk(probs, k + 1, dim=-1).values
+    return float((top[:, k - 1] - top[:, k]).min())
 
 
 @torch.no_grad()
 def run_case(model, prompt_ids: list, eos_ids: set):
     """Prefill the prompt in one forward, then greedy-decode GREEDY_STEPS tokens through the KV
-    cache (never stopping at EOS). Returns (prompt_logits [P,V], greedy_ids, greedy_logits [G,V])."""
+    cache (never stopping at EOS). Returns (prompt_logits [P,V], greedy_ids, greedy_logits [G,V],
+    full-vs-incremental diff, routers): routers maps each sparse layer to its router outputs over
+    prompt + greedy[:-1] in the full-sequence forward (empty for a dense model)."""
     ids = torch.tensor([prompt_ids])
     out = model(input_ids=ids, use_cache=True)
     prompt_logits = out.logits[0].float()
@@ -626,10 +975,12 @@ def run_case(model, prompt_ids: list, eos_ids: set):
 
     # Sanity: one full-sequence forward over prompt + greedy[:-1] gives the same logits as the
     # prefill + incremental decode above.
-    full = model(input_ids=torch.tensor([prompt_ids + greedy_ids[:-1]]), use_cache=False).logits[0].float()
+    # The same forward shows every token each sparse layer routed (greedy[-1] is never fed in).
+    with RouterCapture(model) as routers:
+        full = model(input_ids=torch.tensor([prompt_ids + greedy_ids[:-1]]), use_cache=False).logits[0].float()
     incremental = torch.cat([prompt_logits, greedy_logits[1:]])
     diff = float((full - incremental).abs().max())
-    return prompt_logits, greedy_ids, greedy_logits, diff
+    return prompt_logits, greedy_ids, greedy_logits, diff, routers.layers
 
 
 @torch.no_grad()
@@ -712,11 +1063,13 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
 
     qwen2 = spec.get("arch") == "qwen2"
     if spec["config_style"] == "hub":
-        config = (qwen2_hub_config if qwen2 else hub_config)(spec, bos, eos_cfg)
+        moe_arch = spec.get("arch") == "qwen3_moe"
+        config = (qwen2_hub_config if qwen2 else qwen3moe_hub_config if moe_arch else hub_config)(spec, bos, eos_cfg)
     else:
         config = transformers5_config(spec, bos, eos_cfg)
 
-    for attempt in range(MAX_SEED_TRIES):
+    max_tries = spec.get("max_seed_tries", MAX_SEED_TRIES)
+    for attempt in range(max_tries):
         seed = spec["base_seed"] + attempt
         ckpt = work / name
         if ckpt.exists():
@@ -730,7 +1083,10 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
         else:
             (ckpt / "tokenizer.json").write_text(tok_json_text, encoding="utf-8")
             write_json(ckpt / "tokenizer_config.json", tok_cfg)
-        save_weights(ckpt, make_weights(spec, seed), TORCH_DTYPES[spec["dtype"]], spec["shards"])
+        weights = make_weights(spec, seed)
+        if spec.get("experts") == "fused":
+            weights = fuse_experts(weights, spec)
+        save_weights(ckpt, weights, TORCH_DTYPES[spec["dtype"]], spec["shards"])
 
         model = load_reference_model(ckpt, spec)
         # Prompts: random ids (from a generator seeded by the weight seed) drawn from ids that have
@@ -746,7 +1102,7 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
 
         cases, ok, why = [], True, ""
         for text, pids in prompts:
-            pl, gids, gl, diff = run_case(model, pids, eos_ids)
+            pl, gids, gl, diff, routers = run_case(model, pids, eos_ids)
             ggap = top2_gaps(gl)
             if min(ggap) < MIN_GREEDY_GAP:
                 ok, why = False, f"greedy gap {min(ggap):.2e}"
@@ -757,20 +1113,29 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
             if eos_ids & set(gids):
                 ok, why = False, "EOS in greedy continuation"
                 break
-            cases.append((text, pids, pl, gids, gl, diff))
+            if len(set(gids)) < spec.get("min_distinct_greedy", 0):
+                ok, why = False, f"greedy continuation has only {len(set(gids))} distinct ids"
+                break
+            assert set(routers) == sparse_layers(spec), sorted(routers)
+            rgap = min((router_topk_gap(r[0], spec["moe"]["top_k"]) for r in routers.values()), default=None)
+            if rgap is not None and rgap < MIN_ROUTER_TOPK_GAP:
+                ok, why = False, f"router top-k gap {rgap:.2e}"
+                break
+            cases.append((text, pids, pl, gids, gl, diff, routers, rgap))
         if not ok:
             print(f"  {name}: seed {seed} rejected ({why})", flush=True)
             continue
         print(f"  {name}: seed {seed} accepted", flush=True)
         break
     else:
-        sys.exit(f"{name}: no seed in {MAX_SEED_TRIES} tries met the gap/EOS conditions")
+        sys.exit(f"{name}: no seed in {max_tries} tries met the gap/EOS conditions")
 
     model64 = transformers.AutoModelForCausalLM.from_pretrained(
-        str(ckpt), dtype=torch.float64, attn_implementation="eager"
+        str(ckpt), dtype=torch.float64, **reference_load_kwargs(spec)
     ).eval()
     ref_cases, stats = [], {"greedy_gaps": [], "prompt_gaps": [], "max_prob": [], "diff": [], "distinct": [], "f64": []}
-    for text, pids, pl, gids, gl, diff in cases:
+    moe_stats = {"gaps": [], "experts": {}, "sets": {}, "top1_prob": [], "topk_mass": []}
+    for text, pids, pl, gids, gl, diff, routers, rgap in cases:
         noise = f64_noise(model64, pids, gids, pl, gl)
         case = {}
         if text is not None:
@@ -790,6 +1155,22 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
         case["greedy_top2_gap"] = f32_list(torch.tensor(top2_gaps(gl)))
         case["top5"] = top5(torch.cat([pl, gl]))
         case["f32_vs_f64_max_abs"] = noise
+        if routers:
+            # Each sparse layer's choice for the last prompt token (whose logits start the greedy
+            # run), in transformers' order: torch.topk of the router softmax, largest first; the
+            # weights are what multiplies each expert's output (renormalised when norm_topk_prob).
+            case["routing"] = [
+                {"layer": l, "experts": routers[l][2][len(pids) - 1].tolist(),
+                 "weights": f32_list(routers[l][1][len(pids) - 1])}
+                for l in sorted(routers)
+            ]
+            moe_stats["gaps"].append(rgap)
+            for l, (logits, _, idx) in routers.items():
+                moe_stats["experts"].setdefault(l, set()).update(idx.flatten().tolist())
+                moe_stats["sets"].setdefault(l, set()).update(tuple(sorted(r)) for r in idx.tolist())
+                probs = torch.softmax(logits.float(), -1)
+                moe_stats["top1_prob"] += probs.max(-1).values.tolist()
+                moe_stats["topk_mass"] += torch.topk(probs, spec["moe"]["top_k"], -1).values.sum(-1).tolist()
         ref_cases.append(case)
         stats["f64"].append(noise)
         stats["greedy_gaps"] += top2_gaps(gl)
@@ -816,8 +1197,16 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
         "seed": seed,
         "greedy_steps": GREEDY_STEPS,
         "eos_token_ids": eos_list,
-        "cases": ref_cases,
     }
+    if spec.get("rope_scaling") or spec.get("rope_parameters"):
+        # What the port must reproduce from config.json: the scaled inverse frequencies (float32,
+        # as transformers computes them) and the factor both cos and sin are multiplied by.
+        emb = model.model.rotary_emb
+        ref["rope"] = {"rope_type": emb.rope_type, "attention_scaling": emb.attention_scaling,
+                       "inv_freq": f32_list(emb.inv_freq)}
+    if moe_stats["gaps"]:
+        ref["min_router_topk_gap"] = min(moe_stats["gaps"])
+    ref["cases"] = ref_cases
     if chat_cases:
         ref["chat_cases"] = chat_cases
     # Compact JSON: the logits rows dominate the size; tests parse it, people read README.md.
@@ -839,6 +1228,15 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
         "max_f32_vs_f64": max(stats["f64"]),
         "distinct_greedy_ids_per_case": stats["distinct"],
     }
+    if "rope" in ref:
+        s["rope_attention_scaling"] = ref["rope"]["attention_scaling"]
+    if moe_stats["gaps"]:
+        s["min_router_topk_gap"] = min(moe_stats["gaps"])
+        s["router_top1_prob_mean"] = float(np.mean(moe_stats["top1_prob"]))
+        s["router_topk_mass_mean"] = float(np.mean(moe_stats["topk_mass"]))
+        s["uniform_router_prob"] = 1.0 / spec["moe"]["num_experts"]
+        s["distinct_experts_per_layer"] = {l: len(v) for l, v in sorted(moe_stats["experts"].items())}
+        s["distinct_topk_sets_per_layer"] = {l: len(v) for l, v in sorted(moe_stats["sets"].items())}
     return s
 
 

@@ -146,9 +146,60 @@ fn malformed_config() {
 #[test]
 fn unsupported_config_option() {
     let mut c = config();
-    c["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
-    let hf = checkpoint("yarn", &c, &tensor_shapes());
-    export_fails(&hf, &[], &["config.json", "yarn", "not supported"]);
+    c["rope_scaling"] = json!({"rope_type": "linear", "factor": 4.0});
+    let hf = checkpoint("linear-rope", &c, &tensor_shapes());
+    export_fails(&hf, &[], &["config.json", "linear", "not supported"]);
+}
+
+/// `config()` as a Qwen3-MoE of one sparse layer: 2 experts of width 32, top 1.
+fn moe_config() -> Value {
+    let mut c = config();
+    c["architectures"] = json!(["Qwen3MoeForCausalLM"]);
+    c["model_type"] = json!("qwen3_moe");
+    c["num_experts"] = json!(2);
+    c["num_experts_per_tok"] = json!(1);
+    c["moe_intermediate_size"] = json!(32);
+    c
+}
+
+/// `tensor_shapes()` with the MLP replaced by a router and two experts (the hub's names).
+fn moe_tensor_shapes() -> Vec<(String, Vec<usize>)> {
+    let mut t = tensor_shapes();
+    t.retain(|(n, _)| !n.contains(".mlp."));
+    let p = "model.layers.0.mlp";
+    t.push((format!("{p}.gate.weight"), vec![2, 64]));
+    for e in 0..2 {
+        t.push((format!("{p}.experts.{e}.gate_proj.weight"), vec![32, 64]));
+        t.push((format!("{p}.experts.{e}.up_proj.weight"), vec![32, 64]));
+        t.push((format!("{p}.experts.{e}.down_proj.weight"), vec![64, 32]));
+    }
+    t
+}
+
+/// A Qwen3-MoE checkpoint without one expert's matrix: the error names it.
+#[test]
+fn missing_expert_tensor() {
+    let mut t = moe_tensor_shapes();
+    t.retain(|(n, _)| n != "model.layers.0.mlp.experts.1.up_proj.weight");
+    let hf = checkpoint("missing-expert", &moe_config(), &t);
+    export_fails(
+        &hf,
+        &["--group-size", "32"],
+        &["model.layers.0.mlp.experts.1.up_proj.weight", "missing"],
+    );
+}
+
+/// Options of other mixture-of-experts families are refused by name, not ignored.
+#[test]
+fn other_moe_families_are_refused() {
+    let mut c = moe_config();
+    c["shared_expert_intermediate_size"] = json!(64);
+    let hf = checkpoint("shared-expert", &c, &moe_tensor_shapes());
+    export_fails(
+        &hf,
+        &[],
+        &["config.json", "shared_expert_intermediate_size"],
+    );
 }
 
 #[test]

@@ -16,6 +16,13 @@
 //!   of the two logits can move by the bound, in opposite directions).
 //! - **KV cache**: logits from one pass over the whole sequence and from prefill followed by
 //!   token-by-token decode are both compared with HF, and with each other.
+//! - **Mixtures of experts** (the Qwen3-MoE fixtures): f32 exports as above (every logit within
+//!   1e-4, greedy identical). A rounded export's error is not bounded by the noise model there:
+//!   routing is discontinuous, and a rounding that moves a token's router scores across a near
+//!   tie sends it to another expert, a change of order one (the fixtures keep the exact model's
+//!   top-k gaps >= 1e-3, but bf16 weights or q8 activations move scores by more). Their exports
+//!   must run, give finite logits, and the bf16 path compute its own weights exactly (no
+//!   activation rounding); their errors and greedy agreement are printed, not asserted.
 //!
 //! The measured figures are printed (`cargo test --test parity -- --nocapture`).
 
@@ -53,12 +60,25 @@ const SIGMAS: f64 = 8.0;
 /// Noise propagations per export in [`noise_sigmas`].
 const DRAWS: u64 = 4;
 
-/// q8 group size for the exports: the largest power of two dividing every row length of every
-/// fixture (intermediate sizes 160 and 96 rule out 64).
+/// q8 group size for the exports: at most this, the largest power of two dividing every row
+/// length of a fixture (intermediate sizes 160 and 96 rule out 64; the top-3 Qwen3-MoE
+/// fixture's experts, 24 wide, take 8).
 const Q8_GROUP: u32 = 32;
 
 fn export_as(name: &str, dir: &Path, dtype: DType) -> PathBuf {
-    let group_size = if dtype == DType::Q8 { Q8_GROUP } else { 0 };
+    let group_size = match dtype {
+        DType::Q8 => {
+            let c =
+                qwen3_export::hf::config::load_config(&qwen3_test_support::fixture(name)).unwrap();
+            let valid = qwen3_export::valid_group_sizes(&c);
+            (0..=Q8_GROUP.trailing_zeros())
+                .rev()
+                .map(|b| 1 << b)
+                .find(|g| valid.contains(g))
+                .unwrap()
+        }
+        _ => 0,
+    };
     export_fixture(name, dir, dtype, group_size)
 }
 
@@ -279,8 +299,10 @@ fn rounded_exports_compute_their_own_weights_exactly(
     } else {
         F32_TOL
     };
+    // q8's activation rounding reroutes tokens in a mixture of experts (module docs).
+    let routed_q8 = stored.config().moe.is_some() && stored.config().dtype == DType::Q8;
     assert!(
-        worst <= limit,
+        worst <= limit || routed_q8,
         "{}: {worst:e} > {limit:e}",
         stored.path().display()
     );
@@ -404,6 +426,8 @@ fn check_full_logits(
     let model = Model::load(&file).unwrap();
     let vocab = model.config.vocab_size as usize;
     let mut f = Figures::default();
+    // A rounded mixture of experts: errors reported, not bounded (module docs).
+    let routed = model.config.moe.is_some() && sigmas.is_some();
     for (ci, case) in refr.cases.iter().enumerate() {
         // HF rows in sequence order: prompt positions, then greedy rows 1.. (row 0 repeats the
         // last prompt row).
@@ -423,6 +447,13 @@ fn check_full_logits(
             let err = max_abs(ours, hf).max(max_abs(ours_step, hf));
             f.max_err = f.max_err.max(err);
             f.max_err_over_bound = f.max_err_over_bound.max(err / bound);
+            assert!(
+                ours.iter().chain(ours_step).all(|v| v.is_finite()),
+                "{name} {dtype} case {ci} position {row}: a logit is not finite"
+            );
+            if routed {
+                continue;
+            }
             assert!(
                 err <= bound,
                 "{name} {dtype} case {ci} position {row}: max abs logit error {err:e} > bound {bound:e}"
@@ -589,6 +620,60 @@ fn tiny_qwen2_bf16_untied_gqa4_sharded() {
 }
 
 /// The full-vocabulary checkpoint records only the top 5 logits per position and the greedy ids.
+#[test]
+fn tiny_qwen3_yarn() {
+    check_fixture("tiny-qwen3-yarn");
+}
+
+#[test]
+fn tiny_qwen3moe_bf16_tied() {
+    check_fixture("tiny-qwen3moe-bf16-tied");
+}
+
+#[test]
+fn tiny_qwen3moe_f32_sharded_dense_yarn() {
+    check_fixture("tiny-qwen3moe-f32-sharded-dense-yarn");
+}
+
+/// The Qwen3-MoE fixtures exported as q4 (the default mix: tables and half the layers'
+/// `v_proj` and `down_proj`, every expert's included, finer) run: finite logits at every
+/// position, the experts' `down_proj` of a sensitive layer (the last) stored finer than q4.
+#[test]
+fn moe_fixtures_run_as_q4() {
+    for (name, group) in [
+        ("tiny-qwen3moe-bf16-tied", 32),
+        ("tiny-qwen3moe-f32-sharded-dense-yarn", 8),
+    ] {
+        let refr = load_reference(name);
+        let dir = tempdir("pq-parity-q4", name);
+        let path = export_fixture(name, &dir, DType::Q4, group);
+        let file = ModelFile::open(&path).unwrap();
+        let model = Model::load(&file).unwrap();
+        let dtype = |n: &str| {
+            let t = file.header().tensors.iter().find(|t| t.name == n).unwrap();
+            t.dtype
+        };
+        // The last layer is one of the sensitive ones (format::sensitive_layer), and sparse.
+        let last = file.config().num_hidden_layers - 1;
+        let p = format!("model.layers.{last}.mlp.experts.3");
+        assert_eq!(dtype(&format!("{p}.gate_proj.weight")), DType::Q4, "{name}");
+        assert_ne!(dtype(&format!("{p}.down_proj.weight")), DType::Q4, "{name}");
+        let mut agree = 0;
+        for case in &refr.cases {
+            let (full, _) = our_logits(&model, case);
+            assert!(full.iter().all(|v| v.is_finite()), "{name}");
+            let greedy = our_greedy(&model, case, KvType::F32);
+            agree += greedy
+                .iter()
+                .zip(&case.greedy_ids)
+                .take_while(|(a, b)| a == b)
+                .count();
+        }
+        println!("{name} q4 (group {group}): runs; greedy prefix matching HF {agree}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
 #[test]
 fn tiny_qwen3_fullvocab() {
     let name = "tiny-qwen3-fullvocab";

@@ -14,15 +14,22 @@ use std::path::{Path, PathBuf};
 
 /// The tiny checkpoints whose `reference.json` holds every logit (the full-vocabulary one holds
 /// the top 5 only). Qwen3: f32 with a tied classifier and GQA ratio 2, bf16 untied with as many
-/// kv heads as heads, f16 in three shards with GQA ratio 4. Qwen2 (q/k/v biases, no q/k norms):
-/// f32 tied with GQA ratio 2 (hub config layout), bf16 untied in two shards with GQA ratio 4
-/// (transformers 5 layout). The CPU and GPU parity tests loop over these.
-pub const FULL_LOGIT_CHECKPOINTS: [&str; 5] = [
+/// kv heads as heads, f16 in three shards with GQA ratio 4, f32 with YaRN (factor 4 over 64
+/// original positions; prompts of up to 100 tokens). Qwen2 (q/k/v biases, no q/k norms): f32 tied
+/// with GQA ratio 2 (hub config layout), bf16 untied in two shards with GQA ratio 4
+/// (transformers 5 layout). Qwen3-MoE: bf16 tied with the hub's per-expert tensors (8 experts,
+/// top 2, renormalised), f32 in two shards with transformers 5's fused experts, a dense layer
+/// between two sparse ones, top 3 not renormalised, and YaRN in `rope_parameters`. The CPU and
+/// GPU parity tests loop over these.
+pub const FULL_LOGIT_CHECKPOINTS: [&str; 8] = [
     "tiny-f32-tied-gqa2",
     "tiny-bf16-untied-mha",
     "tiny-f16-sharded-gqa4",
     "tiny-qwen2-f32-tied-gqa2",
     "tiny-qwen2-bf16-untied-gqa4-sharded",
+    "tiny-qwen3-yarn",
+    "tiny-qwen3moe-bf16-tied",
+    "tiny-qwen3moe-f32-sharded-dense-yarn",
 ];
 
 /// A fixture's `reference.json` (the fields the tests read; the file has more, e.g. the versions

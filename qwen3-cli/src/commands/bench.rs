@@ -192,7 +192,8 @@ fn report(
 }
 
 /// The bytes a decoded token reads: every matrix and norm once (the classifier is the embedding
-/// table when tied, already counted), and the KV cache of the positions before it.
+/// table when tied, already counted; of a mixture of experts only the experts a token chooses,
+/// `Header::active_weights`), and the KV cache of the positions before it.
 struct TokenReads {
     weights: u64,
     /// Keys and values (f32 or bf16) of every layer and kv head for positions 0 ..= p, averaged
@@ -211,7 +212,7 @@ impl TokenReads {
             * c.head_dim as u64
             * kv_type.bytes() as u64;
         TokenReads {
-            weights: file.header().tensors.iter().map(|t| t.nbytes).sum(),
+            weights: file.header().active_weights().bytes,
             kv: per_position as f64 * (args.prompt as f64 + (args.decode as f64 + 1.0) / 2.0),
             kv_type,
         }

@@ -4,7 +4,7 @@
 use super::units::bytes;
 use anyhow::Result;
 use clap::Args;
-use qwen3_inference::format::{companion_paths, DType, ModelFile};
+use qwen3_inference::format::{companion_paths, DType, ModelFile, RopeScaling};
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -49,6 +49,18 @@ pub fn run(args: InfoArgs) -> Result<()> {
     println!("vocab_size               {}", c.vocab_size);
     println!("max_position_embeddings  {}", c.max_position_embeddings);
     println!("rope_theta               {}", c.rope_theta);
+    if let RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings,
+        attention_factor,
+        ..
+    } = c.rope_scaling
+    {
+        println!(
+            "rope_scaling             yarn, factor {factor} over {original_max_position_embeddings} positions, attention factor {attention_factor:.4}: up to {} positions",
+            c.max_context()
+        );
+    }
     println!("rms_norm_eps             {:e}", c.rms_norm_eps);
     println!("tie_word_embeddings      {}", c.tie_word_embeddings);
     println!(
@@ -103,6 +115,28 @@ pub fn run(args: InfoArgs) -> Result<()> {
         params as f64 / 1e9,
         h.header_len
     );
+    if let Some(m) = &c.moe {
+        let sparse = (0..c.num_hidden_layers).filter(|&l| m.is_sparse(l)).count();
+        println!(
+            "experts                  {} of {} a token (norm_topk_prob {}), width {}, in {sparse} of {} layers{}",
+            m.num_experts_per_tok,
+            m.num_experts,
+            m.norm_topk_prob,
+            m.moe_intermediate_size,
+            c.num_hidden_layers,
+            match m.mlp_only_layers.is_empty() {
+                true => String::new(),
+                false => format!(" (dense: {:?})", m.mlp_only_layers),
+            }
+        );
+        let a = h.active_weights();
+        println!(
+            "active per token         {} parameters ({:.3} B), {} of weights",
+            a.params,
+            a.params as f64 / 1e9,
+            bytes(a.bytes)
+        );
+    }
     let comp = companion_paths(&args.model);
     for (what, path) in [
         ("tokenizer", &comp.tokenizer),

@@ -3,8 +3,9 @@
 
 use super::*;
 use crate::backend::{CpuBackend, KvType, CPU};
+use crate::format::ModelConfig;
 use crate::format::{DType, ModelFile};
-use crate::model::test_model::write_random;
+use crate::model::test_model::{config, moe_config, write_random, write_random_config};
 use crate::model::{Model, Session};
 use crate::sampler::argmax;
 use std::collections::HashMap;
@@ -15,6 +16,16 @@ fn model_file(name: &str, dt: DType) -> (PathBuf, ModelFile) {
     std::fs::create_dir_all(&d).unwrap();
     let p = d.join("m.bin");
     write_random(&p, dt);
+    let f = ModelFile::open(&p).unwrap();
+    (d, f)
+}
+
+/// A random model file of config `c`.
+fn model_file_of(name: &str, c: &ModelConfig) -> (PathBuf, ModelFile) {
+    let d = std::env::temp_dir().join(format!("pq-engine-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let p = d.join("m.bin");
+    write_random_config(&p, c);
     let f = ModelFile::open(&p).unwrap();
     (d, f)
 }
@@ -90,11 +101,22 @@ fn sampled(seed: u64) -> SamplerConfig {
 
 /// Every request's tokens, run together with the others on 4 slots (prompts chunked by 5 while
 /// others decode), equal the same request run alone, and the greedy ones equal `generate` on a
-/// `Session`: for f32, bf16 and q8 weights.
+/// `Session`: for f32, bf16 and q8 weights, and for a Qwen3-MoE (f32, q8, q4), whose experts
+/// run on the rows of every request that chose them at once.
 #[test]
 fn batch_invariance() {
-    for dt in [DType::F32, DType::Bf16, DType::Q8] {
-        let (dir, file) = model_file(dt.name(), dt);
+    let cases = [
+        config(DType::F32),
+        config(DType::Bf16),
+        config(DType::Q8),
+        moe_config(DType::F32),
+        moe_config(DType::Q8),
+        moe_config(DType::Q4),
+    ];
+    for c in cases {
+        let dt = c.dtype;
+        let name = format!("{}-{dt}", c.architecture);
+        let (dir, file) = model_file_of(&name, &c);
         let model = Model::load(&file).unwrap();
         let mut reqs = vec![];
         for (i, p) in prompts().iter().enumerate() {
@@ -113,7 +135,7 @@ fn batch_invariance() {
         let mut together = drain(&mut e);
         for (i, id) in ids.iter().enumerate() {
             let (tokens, fin) = together.remove(id).unwrap();
-            assert_eq!(tokens, alone[i].0, "{dt} request {i}");
+            assert_eq!(tokens, alone[i].0, "{name} request {i}");
             assert!(
                 matches!(&fin, Event::Finished { stats, .. } if stats.generated_tokens == 12),
                 "{fin:?}"
@@ -132,7 +154,7 @@ fn batch_invariance() {
                 out.push(t);
                 logits = s.forward(&[t]).unwrap().to_vec();
             }
-            assert_eq!(out, alone[i].0, "{dt} request {i} against a Session");
+            assert_eq!(out, alone[i].0, "{name} request {i} against a Session");
         }
         // The samplers' seeds matter (the test can fail): two seeds, two answers.
         assert_ne!(alone[1].0, alone[3].0);

@@ -40,7 +40,39 @@ pub struct Header {
     pub tensors: Vec<TensorInfo>,
 }
 
+/// What one decoded token reads of the weights: parameters and bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActiveWeights {
+    pub params: u64,
+    pub bytes: u64,
+}
+
 impl Header {
+    /// The weights one token reads: every tensor, except that of a mixture of experts' experts
+    /// only `num_experts_per_tok` (counted as that share of each sparse layer's experts, which
+    /// all have one size and storage within a layer). A dense model reads every tensor.
+    pub fn active_weights(&self) -> ActiveWeights {
+        let share = self
+            .config
+            .moe
+            .as_ref()
+            .map_or(1.0, |m| m.num_experts_per_tok as f64 / m.num_experts as f64);
+        let (mut params, mut bytes) = (0.0, 0.0);
+        for t in &self.tensors {
+            let f = if t.name.contains(".mlp.experts.") {
+                share
+            } else {
+                1.0
+            };
+            params += f * t.shape.iter().product::<u64>() as f64;
+            bytes += f * t.nbytes as f64;
+        }
+        ActiveWeights {
+            params: params.round() as u64,
+            bytes: bytes.round() as u64,
+        }
+    }
+
     /// Parses the header at the start of `file` (the whole file's bytes) and validates it against
     /// the file: lengths, alignment, bounds, and that the tensors are exactly those a Qwen3 model
     /// with this config needs, with the right shapes and dtypes.
