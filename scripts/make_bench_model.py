@@ -1,14 +1,23 @@
 #!/usr/bin/env python3
-"""Write a random-weight checkpoint with the exact shapes of Qwen3-0.6B or Qwen3-1.7B.
+"""Write a random-weight checkpoint with the exact shapes of Qwen3-0.6B, Qwen3-1.7B or Qwen3-30B-A3B.
 
 For benchmarks (speed and memory need the real shapes, not the real weights) on machines without
 the real checkpoint:
 
     ../venv-torch/bin/python scripts/make_bench_model.py --shape 0.6b OUT_DIR [--check]
+    ../venv-torch/bin/python scripts/make_bench_model.py --shape 30b-a3b --layers 8 OUT_DIR [--check]
 
-OUT_DIR gets config.json and generation_config.json (Qwen3's hub keys and values),
+OUT_DIR gets config.json and generation_config.json (the hub keys and values of that model),
 model.safetensors (bf16, like the hub checkpoints), and the real Qwen3 tokenizer.json and
-tokenizer_config.json copied from --qwen3-tokenizer. Do not commit the output (1.2 GB / 3.4 GB).
+tokenizer_config.json copied from --qwen3-tokenizer. Do not commit the output (1.2 GB / 3.4 GB;
+30b-a3b: 61 GB for all 48 layers, 11.2 GB with --layers 8).
+
+30b-a3b is Qwen3-MoE (model_type qwen3_moe): 128 experts per layer, 8 routed per token, with the
+hub's per-expert tensor names (model.layers.N.mlp.gate.weight is the router,
+model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight the experts). The router weights get a
+larger gain than the other matrices so that different tokens pick clearly different experts.
+--layers N writes only the first N decoder layers (config num_hidden_layers = N; each layer's work
+is unchanged), so that a model too big for the disk can still be benchmarked per layer.
 
 Streaming: the safetensors header is computed from the shapes alone and written first, then each
 tensor is drawn in row chunks, converted to bf16 and appended, so peak memory is one chunk, not the
@@ -29,20 +38,28 @@ import torch
 # The real Qwen3 tokenizer files, in `shared/` beside the repository.
 DEFAULT_QWEN3_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "qwen3-tokenizer"
 
-# Shapes from the hub config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B.
+# Shapes from the hub config.json of Qwen/Qwen3-0.6B, Qwen/Qwen3-1.7B and Qwen/Qwen3-30B-A3B.
 SHAPES = {
     "0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                  num_key_value_heads=8, head_dim=128),
     "1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
                  num_key_value_heads=8, head_dim=128),
+    # Qwen3-MoE: intermediate_size is in the hub config but unused (no dense layers: decoder_sparse_step
+    # 1, mlp_only_layers []); every layer's MLP is 128 experts of moe_intermediate_size, top-8 routed.
+    "30b-a3b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
+                    num_key_value_heads=4, head_dim=128, num_experts=128, moe_intermediate_size=768,
+                    num_experts_per_tok=8),
 }
+ROUTER_GAIN = 3.0  # router logits with std about 3: softmax spread, top-8 varies from token to token
 VOCAB = 151936
 BOS, IM_END = 151643, 151645
 CHUNK_ELEMS = 1 << 24  # 16M values (64 MB of f32) per generated chunk
 
 
 def hub_config(shape: dict) -> dict:
-    """Qwen3-0.6B/1.7B's config.json keys, in their order."""
+    """The hub config.json's keys, in their order (Qwen3-0.6B/1.7B, or Qwen3-30B-A3B for MoE shapes)."""
+    if "num_experts" in shape:
+        return hub_config_moe(shape)
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "attention_bias": False,
@@ -55,7 +72,7 @@ def hub_config(shape: dict) -> dict:
         "initializer_range": 0.02,
         "intermediate_size": shape["intermediate_size"],
         "max_position_embeddings": 40960,
-        "max_window_layers": 28,
+        "max_window_layers": shape["num_hidden_layers"],
         "model_type": "qwen3",
         "num_attention_heads": shape["num_attention_heads"],
         "num_hidden_layers": shape["num_hidden_layers"],
@@ -65,6 +82,46 @@ def hub_config(shape: dict) -> dict:
         "rope_theta": 1000000,
         "sliding_window": None,
         "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.0",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": VOCAB,
+    }
+
+
+def hub_config_moe(shape: dict) -> dict:
+    """Qwen3-30B-A3B's config.json keys and values, in their order."""
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": BOS,
+        "decoder_sparse_step": 1,
+        "eos_token_id": IM_END,
+        "head_dim": shape["head_dim"],
+        "hidden_act": "silu",
+        "hidden_size": shape["hidden_size"],
+        "initializer_range": 0.02,
+        "intermediate_size": shape["intermediate_size"],
+        "max_position_embeddings": 40960,
+        "max_window_layers": shape["num_hidden_layers"],
+        "mlp_only_layers": [],
+        "model_type": "qwen3_moe",
+        "moe_intermediate_size": shape["moe_intermediate_size"],
+        "norm_topk_prob": True,
+        "num_attention_heads": shape["num_attention_heads"],
+        "num_experts": shape["num_experts"],
+        "num_experts_per_tok": shape["num_experts_per_tok"],
+        "num_hidden_layers": shape["num_hidden_layers"],
+        "num_key_value_heads": shape["num_key_value_heads"],
+        "output_router_logits": False,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.001,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
         "transformers_version": "4.51.0",
         "use_cache": True,
@@ -86,17 +143,34 @@ GENERATION_CONFIG = {
 
 
 def tensor_specs(shape: dict):
-    """(name, shape, kind, gain) for every tensor; tied embeddings, so no lm_head.weight."""
+    """(name, shape, kind, gain) for every tensor. Dense shapes tie the embeddings (no lm_head.weight);
+    MoE shapes have an lm_head.weight and a router plus per-expert projections instead of a dense MLP."""
     h, inter = shape["hidden_size"], shape["intermediate_size"]
     hd, nh, nkv = shape["head_dim"], shape["num_attention_heads"], shape["num_key_value_heads"]
+    moe = "num_experts" in shape
     specs = [("model.embed_tokens.weight", [VOCAB, h], "embed", 0.35)]
+    if moe:
+        specs.append(("lm_head.weight", [VOCAB, h], "mat", 1.0))
     for l in range(shape["num_hidden_layers"]):
         p = f"model.layers.{l}."
-        specs += [
+        if moe:
+            ne, mi = shape["num_experts"], shape["moe_intermediate_size"]
+            mlp = [(p + "mlp.gate.weight", [ne, h], "mat", ROUTER_GAIN)]
+            for e in range(ne):
+                q = f"{p}mlp.experts.{e}."
+                mlp += [
+                    (q + "down_proj.weight", [h, mi], "mat", 1.0),
+                    (q + "gate_proj.weight", [mi, h], "mat", 1.5),
+                    (q + "up_proj.weight", [mi, h], "mat", 1.5),
+                ]
+        else:
+            mlp = [
+                (p + "mlp.down_proj.weight", [h, inter], "mat", 1.0),
+                (p + "mlp.gate_proj.weight", [inter, h], "mat", 1.5),
+                (p + "mlp.up_proj.weight", [inter, h], "mat", 1.5),
+            ]
+        specs += mlp + [
             (p + "input_layernorm.weight", [h], "norm", 0),
-            (p + "mlp.down_proj.weight", [h, inter], "mat", 1.0),
-            (p + "mlp.gate_proj.weight", [inter, h], "mat", 1.5),
-            (p + "mlp.up_proj.weight", [inter, h], "mat", 1.5),
             (p + "post_attention_layernorm.weight", [h], "norm", 0),
             (p + "self_attn.k_norm.weight", [hd], "norm", 0),
             (p + "self_attn.k_proj.weight", [nkv * hd, h], "mat", 2.0),
@@ -141,17 +215,24 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
     ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--layers", type=int, help="write only this many decoder layers (default: all of the shape's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--qwen3-tokenizer", type=Path, default=DEFAULT_QWEN3_TOKENIZER)
     ap.add_argument("--check", action="store_true", help="load the result with transformers and run a forward")
     args = ap.parse_args()
 
-    shape = SHAPES[args.shape]
+    shape = dict(SHAPES[args.shape])
+    if args.layers is not None:
+        if not 1 <= args.layers <= shape["num_hidden_layers"]:
+            ap.error(f"--layers must be 1..{shape['num_hidden_layers']} for {args.shape}")
+        shape["num_hidden_layers"] = args.layers
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
     specs = tensor_specs(shape)
     total = sum(math.prod(s[1]) for s in specs)
-    print(f"{args.shape}: {len(specs)} tensors, {total} parameters, {total * 2} bytes of bf16", flush=True)
+    print(f"{args.shape}, {shape['num_hidden_layers']} layers: {len(specs)} tensors, {total} parameters, "
+          f"{total * 2} bytes of bf16", flush=True)
+    every = max(50, len(specs) // 20)
 
     gen = torch.Generator().manual_seed(args.seed)
     final = out / "model.safetensors"
@@ -160,7 +241,7 @@ def main():
         f.write(header_bytes(specs))
         for i, (name, tshape, kind, gain) in enumerate(specs):
             write_tensor(f, gen, tshape, kind, gain)
-            if (i + 1) % 50 == 0 or i + 1 == len(specs):
+            if (i + 1) % every == 0 or i + 1 == len(specs):
                 print(f"  tensor {i + 1}/{len(specs)}", flush=True)
         f.flush()
         os.fsync(f.fileno())
@@ -180,10 +261,19 @@ def main():
         )
         bad = {k: v for k, v in info.items() if v}
         assert not bad, f"loading problems: {bad}"
+        ids = torch.tensor([[785, 6722, 315, 9625, 374]])
+        moe = "num_experts" in shape
         with torch.no_grad():
-            logits = model(input_ids=torch.tensor([[785, 6722, 315, 9625, 374]])).logits
+            res = model(input_ids=ids, output_router_logits=True) if moe else model(input_ids=ids)
+        logits = res.logits
         assert torch.isfinite(logits).all()
         print(f"check: loaded, logits {tuple(logits.shape)}, argmax {logits[0, -1].argmax().item()}")
+        if moe and getattr(res, "router_logits", None):
+            # Distinct experts picked per layer over the 5 tokens (at most 40 = 5 x 8).
+            k = shape["num_experts_per_tok"]
+            used = [r.reshape(-1, shape["num_experts"]).topk(k, dim=-1).indices.unique().numel()
+                    for r in res.router_logits]
+            print(f"check: distinct experts per layer over {ids.shape[1]} tokens (top-{k}): {used}")
 
 
 if __name__ == "__main__":
