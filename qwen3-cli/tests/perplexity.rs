@@ -148,3 +148,40 @@ fn bad_inputs_are_named() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A mixture of experts against a base of itself re-routes nothing; its q8 export, whose
+/// activation rounding moves router scores across near ties, re-routes some choices, counted and
+/// printed (the f32 file's and the q8 file's routing are recorded on the same tokens).
+#[test]
+fn rerouted_experts_are_counted() {
+    let dir = tempdir("qwen3-perplexity", "moe");
+    let f32 = export_fixture("tiny-qwen3moe-bf16-tied", &dir, DType::F32, 0);
+    let q8 = export_fixture("tiny-qwen3moe-bf16-tied", &dir, DType::Q8, 32);
+    let text = root().join("fixtures/text/eval.md");
+    let run = |model: &Path| {
+        let o = qwen3(&[
+            "perplexity",
+            model.to_str().unwrap(),
+            "-f",
+            text.to_str().unwrap(),
+            "--base",
+            f32.to_str().unwrap(),
+            "--ctx",
+            "64",
+            "--chunks",
+            "8",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let same = run(&f32);
+    // 8 chunks x 64 positions x 2 sparse layers x top 2
+    assert!(
+        same.contains("experts re-routed  0.000 % (0 of 2048 choices"),
+        "{same}"
+    );
+    let quantized = run(&q8);
+    let share = number(&quantized, "experts re-routed", "re-routed");
+    assert!(share > 0.0 && share < 20.0, "{quantized}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -16,7 +16,9 @@
 //! ```
 //!
 //! `llama-perplexity --kl-divergence` reports the same three over the same positions
-//! (docs/quantization.md compares them).
+//! (docs/quantization.md compares them). For a mixture of experts it also counts how many of the
+//! experts chosen, at every position and sparse layer, the base did not choose: quantization's
+//! re-routing, a discontinuous change the KL only shows in sum.
 
 use super::input::read_text;
 use super::tokenize::open_tokenizer;
@@ -61,6 +63,10 @@ struct Totals {
     /// Each position's KL divergence, for the mean, its standard error and percentiles.
     kl: Vec<f64>,
     top1_same: usize,
+    /// A mixture of experts with --base: expert choices (token, sparse layer, one of the k) made,
+    /// and those the base did not make, over every position of every chunk.
+    expert_choices: usize,
+    rerouted: usize,
 }
 
 pub fn run(args: PerplexityArgs) -> Result<()> {
@@ -108,6 +114,15 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     };
     let vocab = c.vocab_size as usize;
     let first = args.ctx / 2;
+    // A mixture of experts: record both runs' expert choices to count re-routing.
+    let top_k = c.moe.as_ref().map_or(0, |m| m.num_experts_per_tok as usize);
+    let routed = top_k > 0 && base_session.is_some();
+    if routed {
+        session.record_routes(true);
+        if let Some(s) = &mut base_session {
+            s.record_routes(true);
+        }
+    }
     let mut t = Totals::default();
     let progress = std::io::stderr().is_terminal();
     for (k, chunk) in tokens.chunks_exact(args.ctx).take(n_chunks).enumerate() {
@@ -123,6 +138,17 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
             }
             None => None,
         };
+        if routed {
+            let ours = session.record_routes(true);
+            let theirs = base_session
+                .as_mut()
+                .map_or(vec![], |s| s.record_routes(true));
+            // Per (position, layer): the k experts of each, ascending; count ours not theirs.
+            for (a, b) in ours.chunks_exact(top_k).zip(theirs.chunks_exact(top_k)) {
+                t.expert_choices += top_k;
+                t.rerouted += a.iter().filter(|e| !b.contains(e)).count();
+            }
+        }
         // Position i predicts token i + 1.
         for i in first..args.ctx - 1 {
             let next = chunk[i + 1] as usize;
@@ -194,6 +220,14 @@ fn print_report(
         t.top1_same,
         t.positions
     );
+    if t.expert_choices > 0 {
+        println!(
+            "experts re-routed  {:.3} % ({} of {} choices of every position and sparse layer differ from the base's)",
+            100.0 * t.rerouted as f64 / t.expert_choices as f64,
+            t.rerouted,
+            t.expert_choices
+        );
+    }
 }
 
 /// `ln softmax(l)` in f64: `l[v] - max - ln(sum exp(l - max))`.

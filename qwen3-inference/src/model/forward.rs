@@ -126,6 +126,9 @@ pub struct Forward<'m, B: Backend> {
     /// step's routing decided from them.
     router_host: Vec<f32>,
     routes: Routes,
+    /// When recording ([`Forward::record_routes`]): every sparse layer's choices, appended as
+    /// they are made, for each row its `num_experts_per_tok` expert ids in ascending order.
+    route_log: Option<Vec<u32>>,
 }
 
 impl<'m, B: Backend> Forward<'m, B> {
@@ -235,6 +238,7 @@ impl<'m, B: Backend> Forward<'m, B> {
             logits_host: Vec::new(),
             router_host: Vec::new(),
             routes: Routes::default(),
+            route_log: None,
         })
     }
 
@@ -279,6 +283,16 @@ impl<'m, B: Backend> Forward<'m, B> {
     /// What the caches store keys and values as.
     pub fn kv_type(&self) -> KvType {
         self.kv
+    }
+
+    /// Starts (or stops) recording the experts each row chooses in each sparse layer, and returns
+    /// what was recorded so far: per step, per sparse layer, per row, `num_experts_per_tok`
+    /// expert ids in ascending order. Two runs of the same tokens through two files of one
+    /// checkpoint (`qwen3 perplexity --base`) compare their logs to count re-routed tokens.
+    pub fn record_routes(&mut self, on: bool) -> Vec<u32> {
+        let log = self.route_log.take().unwrap_or_default();
+        self.route_log = on.then(Vec::new);
+        log
     }
 
     /// Vocabulary size: the width of a row of logits.
@@ -584,6 +598,20 @@ impl<'m, B: Backend> Forward<'m, B> {
         // ii. Routing on the host: softmax, top-k, renormalised; grouped by expert.
         let logits = b.read(&s.router, t * experts, &mut self.router_host)?;
         self.routes.route(logits, t, experts, top_k, norm_topk);
+        if let Some(log) = &mut self.route_log {
+            // Row r's experts, ascending: each expert's rows are ascending, so a pass over the
+            // experts in order lists each row's choices in order.
+            let start = log.len();
+            log.resize(start + t * top_k, 0);
+            let mut filled = vec![0usize; t];
+            for (e, rows) in self.routes.rows.iter().enumerate() {
+                for &r in rows {
+                    let r = r as usize;
+                    log[start + r * top_k + filled[r]] = e as u32;
+                    filled[r] += 1;
+                }
+            }
+        }
 
         // iii. Each chosen expert once, on all the rows that chose it, its weighted output
         //      added to those rows, experts in ascending order.      moe_out: [t, hidden]
