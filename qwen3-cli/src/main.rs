@@ -87,6 +87,11 @@ fn on_worker_thread(
 fn main() {
     restore_sigpipe();
     let cli = Cli::parse();
+    // A kernel family forced by QWEN3_KERNELS that this CPU lacks: one line, before any work.
+    if let Err(e) = qwen3_inference::kernels::dot::requested() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
     let result = match cli.command {
         Command::Export(a) => export::run(a),
         Command::Info(a) => info::run(a),

@@ -148,3 +148,57 @@ fn table_never_claims_more_than_the_ceiling() {
     }
     std::fs::remove_dir_all(model.parent().unwrap()).unwrap();
 }
+
+/// `QWEN3_KERNELS` forces a kernel family, named in the report; one this CPU lacks is a one-line
+/// error naming it.
+#[test]
+fn a_kernel_family_can_be_forced() {
+    let model = tiny_q8("kernels");
+    let m = model.to_str().unwrap();
+    let args = [
+        "bench",
+        m,
+        "--prompt-tokens",
+        "5",
+        "-n",
+        "3",
+        "--threads",
+        "1",
+        "-r",
+        "1",
+        "--json",
+    ];
+    let have: Vec<&str> = qwen3_inference::kernels::dot::available()
+        .iter()
+        .map(|d| d.isa)
+        .collect();
+    for isa in &have {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_qwen3"))
+            .args(args)
+            .env("QWEN3_KERNELS", isa)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["isa"], *isa);
+    }
+    for missing in ["avx512", "neon", "bogus"] {
+        if have.iter().any(|h| h.starts_with(missing)) {
+            continue;
+        }
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_qwen3"))
+            .args(args)
+            .env("QWEN3_KERNELS", missing)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{missing}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(&format!("QWEN3_KERNELS={missing}")), "{err}");
+    }
+    std::fs::remove_dir_all(model.parent().unwrap()).unwrap();
+}

@@ -197,10 +197,43 @@ pub const SCALAR: Dots = Dots {
     isa: "scalar",
 };
 
-/// The fastest versions this CPU supports, detected once.
+/// The fastest versions this CPU supports, detected once; or the family `QWEN3_KERNELS` names
+/// ([`requested`]).
 pub fn dots() -> &'static Dots {
     static DOTS: OnceLock<Dots> = OnceLock::new();
-    DOTS.get_or_init(detect)
+    DOTS.get_or_init(|| match requested() {
+        Ok(Some(d)) => d,
+        // Unset, or a family this CPU lacks: the CLI refuses the latter before any work
+        // (`requested` at start-up); a library caller gets the detected kernels.
+        _ => detect(),
+    })
+}
+
+/// The kernel family forced by the environment variable `QWEN3_KERNELS`, to measure every
+/// instruction set a machine has on that machine (docs/performance.md, "Measuring"): `scalar`,
+/// `avx2`, `avx-vnni`, `avx512`, `neon` or `neon-dotprod`, each matching the [`Dots::isa`] of
+/// that name or starting with it (`avx512` is `avx512-vnni`). `Ok(None)` when unset or empty; an error
+/// naming the family and what this CPU has when it has no such kernels.
+pub fn requested() -> Result<Option<Dots>, String> {
+    let want = match std::env::var("QWEN3_KERNELS") {
+        Ok(w) if !w.is_empty() => w,
+        _ => return Ok(None),
+    };
+    let all = available();
+    let found = all
+        .iter()
+        .find(|d| d.isa == want)
+        .or_else(|| all.iter().find(|d| d.isa.starts_with(&format!("{want}-"))));
+    match found {
+        Some(d) => Ok(Some(*d)),
+        None => {
+            let have: Vec<&str> = all.iter().map(|d| d.isa).collect();
+            Err(format!(
+                "QWEN3_KERNELS={want}: this CPU has no such kernels (it has {}; the families are scalar, avx2, avx-vnni, avx512, neon, neon-dotprod)",
+                have.join(", ")
+            ))
+        }
+    }
 }
 
 fn detect() -> Dots {
