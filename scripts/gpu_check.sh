@@ -45,12 +45,11 @@ strip -o "$dir/bin/qwen3" target/release/qwen3
 for t in "${tests[@]}"; do
     strip -o "$dir/tests/${t%%$'\t'*}" "${t#*$'\t'}"
 done
-# The tests read the full-logit fixtures and the full-vocabulary one (tests/hf_parity.rs,
-# tests/gpu.rs); the greedy check reads the same; the benchmark checkpoint takes the real Qwen3
-# tokenizer from the full-vocabulary fixture.
-fixtures=$(sed -n '/FULL_LOGIT_CHECKPOINTS: \[&str; [0-9]*\] = \[/,/\];/p' test-support/src/lib.rs \
-    | grep -o '"tiny-[^"]*"' | tr -d '"')
-for f in $fixtures tiny-qwen3-fullvocab; do
+# Every fixture checkpoint: the tests read the full-logit ones and the full-vocabulary one
+# (tests/hf_parity.rs, tests/gpu.rs), the greedy check every one with a reference.json, and the
+# benchmark checkpoint takes the real Qwen3 tokenizer from the full-vocabulary one.
+for f in fixtures/models/*/; do
+    f=$(basename "$f")
     mkdir -p "$dir/fixtures/models/$f"
     # logprobs.json is the CLI's logprobs test's, not read here
     find "fixtures/models/$f" -maxdepth 1 -type f ! -name logprobs.json -exec cp {} "$dir/fixtures/models/$f/" \;

@@ -247,7 +247,7 @@ fn measure(
         .num_threads(threads)
         .build()
         .context("cannot start the thread pool")?;
-    let (mut pre, mut dec, mut bws, mut fracs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut samples = Samples::default();
     let ctx = args.prompt + args.decode;
     let mut session = pool.install(|| Session::new(CPU, model, ctx, reads.kv_type))?;
     // A line that says where the runs are, on a terminal (erased before the report).
@@ -264,20 +264,40 @@ fn measure(
         let bandwidth = measure_bandwidth(&pool, buf);
         pool.install(|| -> Result<()> {
             let (p, d) = prefill_and_decode(&mut session, prompt, args.decode)?;
-            pre.push(p);
-            dec.push(d);
-            fracs.push(d * reads.total() / bandwidth);
-            bws.push(bandwidth);
+            samples.push(p, d, bandwidth, reads);
             Ok(())
         })?;
     }
-    Ok(Run {
-        on: On::Threads(threads),
-        prefill: median_spread(&mut pre),
-        decode: median_spread(&mut dec),
-        bandwidth: median_spread(&mut bws).0,
-        fraction: median_spread(&mut fracs).0,
-    })
+    Ok(samples.into_run(On::Threads(threads)))
+}
+
+/// Each repeat's figures, for a [`Run`]'s medians.
+#[derive(Default)]
+struct Samples {
+    prefill: Vec<f64>,
+    decode: Vec<f64>,
+    bandwidth: Vec<f64>,
+    fraction: Vec<f64>,
+}
+
+impl Samples {
+    /// One repeat: its prefill and decode tok/s, and the bandwidth measured just before it.
+    fn push(&mut self, prefill: f64, decode: f64, bandwidth: f64, reads: &TokenReads) {
+        self.prefill.push(prefill);
+        self.decode.push(decode);
+        self.fraction.push(decode * reads.total() / bandwidth);
+        self.bandwidth.push(bandwidth);
+    }
+
+    fn into_run(mut self, on: On) -> Run {
+        Run {
+            on,
+            prefill: median_spread(&mut self.prefill),
+            decode: median_spread(&mut self.decode),
+            bandwidth: median_spread(&mut self.bandwidth).0,
+            fraction: median_spread(&mut self.fraction).0,
+        }
+    }
 }
 
 /// One repeat: a prefill of `prompt` in one forward, then `decode` greedy steps; their tokens/s.
@@ -318,26 +338,16 @@ mod cuda {
         let gpu = CudaBackend::load(ordinal, file)?;
         let model = Model::load_with(file, |name| gpu.weights.tensor(name))?;
         let mut session = Session::new(&gpu, &model, args.prompt + args.decode, KvType::F32)?;
-        let (mut pre, mut dec, mut bws, mut fracs) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut samples = Samples::default();
         // One untimed pass first: the driver finishes loading the kernels at their first launch.
         prefill_and_decode(&mut session, prompt, 1)?;
         for _ in 0..args.repeats {
             // 1 GiB, far beyond any GPU's L2 cache.
             let bandwidth = gpu.runtime.copy_bandwidth(1 << 30)?;
             let (p, d) = prefill_and_decode(&mut session, prompt, args.decode)?;
-            pre.push(p);
-            dec.push(d);
-            fracs.push(d * reads.total() / bandwidth);
-            bws.push(bandwidth);
+            samples.push(p, d, bandwidth, reads);
         }
-        let run = Run {
-            on: On::Gpu(format!("cuda:{ordinal}")),
-            prefill: median_spread(&mut pre),
-            decode: median_spread(&mut dec),
-            bandwidth: median_spread(&mut bws).0,
-            fraction: median_spread(&mut fracs).0,
-        };
+        let run = samples.into_run(On::Gpu(format!("cuda:{ordinal}")));
         Ok((run, format!("CUDA on {}", gpu.runtime.description)))
     }
 }

@@ -348,39 +348,48 @@ mod tests {
             std::fs::create_dir_all(&d).unwrap();
             let p = d.join("m.bin");
             write_random(&p, dt);
-            let f = ModelFile::open(&p).unwrap();
-            let model = Model::load(&f).unwrap();
-            let (plain, cpu) = (PlainBackend::new(), CpuBackend::new());
-            let mut a = Session::new(&plain, &model, 32, KvType::F32).unwrap();
-            let mut b = Session::new(&cpu, &model, 32, KvType::F32).unwrap();
-            let mut tokens = vec![3u32, 17, 5, 9, 1, 22];
-            let mut worst = 0.0f32;
-            // A prompt in one pass, then one token at a time.
-            for step in 0..6 {
-                let (la, lb) = (
-                    a.forward(&tokens).unwrap().to_vec(),
-                    b.forward(&tokens).unwrap().to_vec(),
-                );
-                let scale = la.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                for (x, y) in la.iter().zip(&lb) {
-                    worst = worst.max((x - y).abs() / scale.max(1.0));
-                }
-                let next = crate::sampler::argmax(&la) as u32;
-                if !matches!(dt, DType::Q8 | DType::Q4 | DType::Q6) {
-                    assert_eq!(
-                        next,
-                        crate::sampler::argmax(&lb) as u32,
-                        "{dt:?} step {step}"
-                    );
-                }
-                tokens = vec![next];
-            }
+            let exact = !matches!(dt, DType::Q8 | DType::Q4 | DType::Q6);
+            let worst = plain_against_cpu(&p, 32, vec![3, 17, 5, 9, 1, 22], exact);
             eprintln!(
                 "{dt:?}: largest logit difference {worst:.2e} (relative to the largest logit)"
             );
             assert!(worst < tol, "{dt:?}: logits differ by {worst} (relative)");
             std::fs::remove_dir_all(d).unwrap();
         }
+    }
+
+    /// The model at `path` on the plain and the CPU backend: `prompt` in one pass, then five
+    /// greedy tokens one at a time (the plain backend's choices), the same greedy choice on both
+    /// when `same_greedy`. Returns the largest logit difference relative to the largest logit.
+    fn plain_against_cpu(
+        path: &std::path::Path,
+        ctx: usize,
+        prompt: Vec<u32>,
+        same_greedy: bool,
+    ) -> f32 {
+        let f = ModelFile::open(path).unwrap();
+        let model = Model::load(&f).unwrap();
+        let (plain, cpu) = (PlainBackend::new(), CpuBackend::new());
+        let mut a = Session::new(&plain, &model, ctx, KvType::F32).unwrap();
+        let mut b = Session::new(&cpu, &model, ctx, KvType::F32).unwrap();
+        let mut tokens = prompt;
+        let mut worst = 0.0f32;
+        for step in 0..6 {
+            let (la, lb) = (
+                a.forward(&tokens).unwrap().to_vec(),
+                b.forward(&tokens).unwrap().to_vec(),
+            );
+            let scale = la.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            for (x, y) in la.iter().zip(&lb) {
+                worst = worst.max((x - y).abs() / scale.max(1.0));
+            }
+            let next = crate::sampler::argmax(&la) as u32;
+            if same_greedy {
+                assert_eq!(next, crate::sampler::argmax(&lb) as u32, "step {step}");
+            }
+            tokens = vec![next];
+        }
+        worst
     }
 
     /// The same for a Qwen3-MoE with YaRN (a dense layer between two sparse ones): the fast
@@ -397,33 +406,9 @@ mod tests {
             std::fs::create_dir_all(&d).unwrap();
             let p = d.join("m.bin");
             write_random_config(&p, &moe_config(dt));
-            let f = ModelFile::open(&p).unwrap();
-            let model = Model::load(&f).unwrap();
-            let (plain, cpu) = (PlainBackend::new(), CpuBackend::new());
-            let mut a = Session::new(&plain, &model, 48, KvType::F32).unwrap();
-            let mut b = Session::new(&cpu, &model, 48, KvType::F32).unwrap();
             // 20 prompt tokens: beyond YaRN's 16 original positions, and every expert chosen.
-            let mut tokens: Vec<u32> = (0..20).map(|i| (i * 7 + 3) % 40).collect();
-            let mut worst = 0.0f32;
-            for step in 0..6 {
-                let (la, lb) = (
-                    a.forward(&tokens).unwrap().to_vec(),
-                    b.forward(&tokens).unwrap().to_vec(),
-                );
-                let scale = la.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                for (x, y) in la.iter().zip(&lb) {
-                    worst = worst.max((x - y).abs() / scale.max(1.0));
-                }
-                let next = crate::sampler::argmax(&la) as u32;
-                if dt != DType::Q8 {
-                    assert_eq!(
-                        next,
-                        crate::sampler::argmax(&lb) as u32,
-                        "{dt:?} step {step}"
-                    );
-                }
-                tokens = vec![next];
-            }
+            let prompt = (0..20).map(|i| (i * 7 + 3) % 40).collect();
+            let worst = plain_against_cpu(&p, 48, prompt, dt != DType::Q8);
             eprintln!("{dt:?} experts: largest logit difference {worst:.2e} (relative)");
             assert!(worst < tol, "{dt:?}: logits differ by {worst} (relative)");
             std::fs::remove_dir_all(d).unwrap();
