@@ -344,6 +344,36 @@ SPECS = [
         random_prompt_lens=[1, 6, 100],
         min_distinct_greedy=MIN_DISTINCT_GREEDY,
     ),
+    # YaRN on Qwen2, the way Qwen2.5's model cards say to enable it: the hub config.json (Qwen2.5's
+    # keys) plus "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768,
+    # "type": "yarn"}, with the older key `type` (not `rope_type`) that transformers still reads.
+    # Scaled down to an original 64 positions (factor 4 = max_pos 256 / 64; Qwen2.5 itself keeps
+    # max_position_embeddings = the original 32768, and transformers 5 uses the explicit factor
+    # either way); rope_theta 1e6 as in Qwen2.5, and the 100-id prompt takes positions well past 64.
+    dict(
+        name="tiny-qwen2-yarn",
+        arch="qwen2",
+        config_style="hub",
+        rope_scaling={"factor": 4.0, "original_max_position_embeddings": 64, "type": "yarn"},
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        write_head_dim=False,
+        layers=2,
+        intermediate=160,
+        vocab=512,
+        tied=True,
+        rope_theta=1000000.0,
+        eps=1e-6,
+        max_pos=256,
+        dtype="float32",
+        shards=1,
+        eos_in_config="single",
+        base_seed=11000,
+        random_prompt_lens=[1, 6, 100],
+        min_distinct_greedy=MIN_DISTINCT_GREEDY,
+    ),
     # Qwen3MoeForCausalLM exactly as Qwen/Qwen3-30B-A3B ships it: the hub config keys and one
     # tensor per expert and projection (model.layers.N.mlp.experts.E.gate_proj.weight ...), which
     # transformers 5 fuses on load. `moe` holds the MoE config values; `experts` the file layout.
@@ -711,9 +741,12 @@ def qwen3moe_hub_config(spec: dict, bos: int, eos) -> dict:
 
 def qwen2_hub_config(spec: dict, bos: int, eos) -> dict:
     """config.json with exactly the keys (and key order) of Qwen2.5-0.5B-Instruct's hub
-    config.json (no head_dim: Qwen2 takes hidden / heads)."""
+    config.json (no head_dim: Qwen2 takes hidden / heads). Qwen2.5's config.json has no
+    rope_scaling key at all (not even null); a spec with one gets the dict its model cards say to
+    add for long context, placed in sorted position (before rope_theta) like every other key of
+    that file, which save_pretrained writes sorted. JSON readers ignore key order."""
     assert spec["head_dim"] == spec["hidden"] // spec["heads"] and not spec["write_head_dim"]
-    return {
+    cfg = {
         "architectures": ["Qwen2ForCausalLM"],
         "attention_dropout": 0.0,
         "bos_token_id": bos,
@@ -738,6 +771,11 @@ def qwen2_hub_config(spec: dict, bos: int, eos) -> dict:
         "use_sliding_window": False,
         "vocab_size": spec["vocab"],
     }
+    assert list(cfg) == sorted(cfg)
+    if spec.get("rope_scaling") is not None:
+        cfg["rope_scaling"] = dict(spec["rope_scaling"])
+        cfg = dict(sorted(cfg.items()))
+    return cfg
 
 
 def transformers5_config(spec: dict, bos: int, eos) -> dict:
@@ -877,16 +915,26 @@ def load_reference_model(ckpt: Path, spec: dict):
 
 
 def check_yarn(model, spec: dict, rope: dict) -> None:
-    """The config.json's YaRN dict reached the model: rope_type yarn, the factor and original
-    length as written, and cos/sin scaled by 0.1 * ln(factor) + 1 (YaRN's attention factor)."""
+    """The config.json's YaRN dict reached the model (Qwen3, Qwen3-MoE or Qwen2; `rope_type` or
+    Qwen2.5's older key `type`): rope_type yarn, the factor and original length as written, cos/sin
+    scaled by 0.1 * ln(factor) + 1 (YaRN's attention factor), and the inverse frequencies scaled:
+    the fastest one kept, the slowest divided by the factor (both outside the ramp on every
+    fixture)."""
     emb = model.model.rotary_emb
     assert emb.rope_type == "yarn", emb.rope_type
+    assert rope.get("rope_type", rope.get("type")) == "yarn", rope
     rp = model.config.rope_parameters
     assert rp["rope_type"] == "yarn" and rp["rope_theta"] == spec["rope_theta"], rp
     assert rp["factor"] == rope["factor"], rp
     assert rp["original_max_position_embeddings"] == rope["original_max_position_embeddings"], rp
     want = 0.1 * math.log(rope["factor"]) + 1.0
     assert emb.attention_scaling != 1.0 and abs(emb.attention_scaling - want) < 1e-12, emb.attention_scaling
+    dim = spec["head_dim"]
+    plain = 1.0 / (spec["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    inv = emb.inv_freq.double()
+    assert inv.shape == plain.shape, (inv.shape, plain.shape)
+    assert abs(inv[0] / plain[0] - 1) < 1e-6, (inv[0], plain[0])
+    assert abs(inv[-1] * rope["factor"] / plain[-1] - 1) < 1e-6, (inv[-1], plain[-1])
 
 
 def check_moe(model, ckpt: Path, spec: dict) -> None:

@@ -635,6 +635,11 @@ fn tiny_qwen3moe_f32_sharded_dense_yarn() {
     check_fixture("tiny-qwen3moe-f32-sharded-dense-yarn");
 }
 
+#[test]
+fn tiny_qwen2_yarn() {
+    check_fixture("tiny-qwen2-yarn");
+}
+
 /// The Qwen3-MoE fixtures exported as q4 (the default mix: tables and half the layers'
 /// `v_proj` and `down_proj`, every expert's included, finer) run: finite logits at every
 /// position, the experts' `down_proj` of a sensitive layer (the last) stored finer than q4.

@@ -17,11 +17,12 @@ use std::path::{Path, PathBuf};
 /// kv heads as heads, f16 in three shards with GQA ratio 4, f32 with YaRN (factor 4 over 64
 /// original positions; prompts of up to 100 tokens). Qwen2 (q/k/v biases, no q/k norms): f32 tied
 /// with GQA ratio 2 (hub config layout), bf16 untied in two shards with GQA ratio 4
-/// (transformers 5 layout). Qwen3-MoE: bf16 tied with the hub's per-expert tensors (8 experts,
-/// top 2, renormalised), f32 in two shards with transformers 5's fused experts, a dense layer
-/// between two sparse ones, top 3 not renormalised, and YaRN in `rope_parameters`. The CPU and
-/// GPU parity tests loop over these.
-pub const FULL_LOGIT_CHECKPOINTS: [&str; 8] = [
+/// (transformers 5 layout), f32 with YaRN as Qwen2.5's model cards enable it (`rope_scaling`
+/// with the older key `type`; factor 4 over 64 original positions, prompts of up to 100 tokens).
+/// Qwen3-MoE: bf16 tied with the hub's per-expert tensors (8 experts, top 2, renormalised), f32 in
+/// two shards with transformers 5's fused experts, a dense layer between two sparse ones, top 3
+/// not renormalised, and YaRN in `rope_parameters`. The CPU and GPU parity tests loop over these.
+pub const FULL_LOGIT_CHECKPOINTS: [&str; 9] = [
     "tiny-f32-tied-gqa2",
     "tiny-bf16-untied-mha",
     "tiny-f16-sharded-gqa4",
@@ -30,6 +31,7 @@ pub const FULL_LOGIT_CHECKPOINTS: [&str; 8] = [
     "tiny-qwen3-yarn",
     "tiny-qwen3moe-bf16-tied",
     "tiny-qwen3moe-f32-sharded-dense-yarn",
+    "tiny-qwen2-yarn",
 ];
 
 /// A fixture's `reference.json` (the fields the tests read; the file has more, e.g. the versions
