@@ -18,6 +18,10 @@ model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight the experts). The router
 larger gain than the other matrices so that different tokens pick clearly different experts.
 --layers N writes only the first N decoder layers (config num_hidden_layers = N; each layer's work
 is unchanged), so that a model too big for the disk can still be benchmarked per layer.
+--zero-experts leaves every expert weight zero and writes it as a hole in a sparse file: the full
+48-layer 30b-a3b checkpoint then takes about 3 GB of disk instead of 61 GB, for measuring the memory
+and speed of the full-size file (the router and attention stay random, so routing still varies from
+token to token; the experts' products are zero, which costs the same to compute).
 
 Streaming: the safetensors header is computed from the shapes alone and written first, then each
 tensor is drawn in row chunks, converted to bf16 and appended, so peak memory is one chunk, not the
@@ -197,6 +201,9 @@ def header_bytes(specs) -> bytes:
 
 
 def write_tensor(f, gen: torch.Generator, shape, kind: str, gain: float) -> None:
+    if kind == "zero":
+        f.seek(math.prod(shape) * 2, os.SEEK_CUR)  # a hole: reads back as zeros, takes no disk
+        return
     rows = shape[0]
     cols = shape[1] if len(shape) > 1 else 1
     step = max(1, CHUNK_ELEMS // cols)
@@ -217,6 +224,8 @@ def main():
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--layers", type=int, help="write only this many decoder layers (default: all of the shape's)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--zero-experts", action="store_true",
+                    help="expert weights all zero, written as holes of a sparse file (MoE shapes)")
     ap.add_argument("--qwen3-tokenizer", type=Path, default=DEFAULT_QWEN3_TOKENIZER)
     ap.add_argument("--check", action="store_true", help="load the result with transformers and run a forward")
     args = ap.parse_args()
@@ -229,6 +238,10 @@ def main():
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
     specs = tensor_specs(shape)
+    if args.zero_experts:
+        if "num_experts" not in shape:
+            ap.error("--zero-experts needs an MoE shape")
+        specs = [(n, s, "zero" if ".mlp.experts." in n else k, g) for n, s, k, g in specs]
     total = sum(math.prod(s[1]) for s in specs)
     print(f"{args.shape}, {shape['num_hidden_layers']} layers: {len(specs)} tensors, {total} parameters, "
           f"{total * 2} bytes of bf16", flush=True)
@@ -243,6 +256,7 @@ def main():
             write_tensor(f, gen, tshape, kind, gain)
             if (i + 1) % every == 0 or i + 1 == len(specs):
                 print(f"  tensor {i + 1}/{len(specs)}", flush=True)
+        f.truncate(f.tell())  # a hole at the very end still needs the file to reach its length
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)
