@@ -1,15 +1,15 @@
-//! One answer's JSON from the worker's updates: each choice's text (through [`ChoiceText`]),
-//! its log-probabilities and tool calls, the whole answer, and the stream of server-sent events.
-//! The routes (routes.rs) read the request and queue it; this shapes what goes back.
+//! Answer shaping, the last step of a request: the worker's updates for one job become each
+//! choice's text (through [`ChoiceText`]), its log-probabilities and tool calls, and then the
+//! whole answer's JSON or a stream of server-sent events. The engine handle (engine.rs) feeds it;
+//! it reads only the job (job.rs), the shared state, and the text pipeline below it.
 
-use crate::api::Params;
 use crate::error::ApiError;
+use crate::job::{log_line, unix_now, Job, Kind, LogLater, LogTokens, Params};
 use crate::logprobs;
-use crate::routes::{unix_now, Job, Kind, LogLater, LogTokens};
+use crate::state::AppState;
 use crate::text::{ChoiceText, Delta};
 use crate::tool_calls::ToolCall;
 use crate::worker::{Command, Update};
-use crate::AppState;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use qwen3_inference::engine::RequestId;
@@ -394,7 +394,7 @@ pub(crate) fn stream(
             prompt: n_prompt,
             completion,
         };
-        crate::log_line("POST", path, 200, Some(tokens), started.elapsed());
+        log_line("POST", path, 200, Some(tokens), started.elapsed());
         s.metrics.request(path, 200);
         s.metrics.tokens(n_prompt, completion);
     });

@@ -47,7 +47,7 @@ fn state() -> Arc<AppState> {
 }
 
 fn params() -> Params {
-    crate::api::params(&json!({}), &GenerationDefaults::default(), 1).unwrap()
+    crate::request::params(&json!({}), &GenerationDefaults::default(), 1).unwrap()
 }
 
 /// Runs `answer`'s tokens through `Choices` as the worker's updates, ending with an

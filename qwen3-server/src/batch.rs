@@ -13,8 +13,9 @@
 //! skips the `custom_id`s already there (a last line cut by an interruption is dropped and redone),
 //! so an interrupted run loses nothing.
 
+use crate::state::AppState;
 use crate::worker::Command;
-use crate::{router_with, start_worker, AppState};
+use crate::{router_with, start_worker};
 use anyhow::{Context, Result};
 use axum::body::Body;
 use serde_json::{json, Value};

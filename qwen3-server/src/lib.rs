@@ -6,96 +6,72 @@
 //! channels. The caller (the CLI) loads the model files and says how to start the worker, so that
 //! the server does not care which backend runs the model.
 //!
-//! - [`api`]: the requests, read and checked;
+//! A request flows one way, down this list; each module uses only those after it:
+//!
+//! - [`routes`]: the HTTP routes, auth, the request log; each generation route reads its
+//!   request type, makes a job and hands it on;
+//! - [`request`]: one validated type per endpoint ([`request::CompletionRequest`],
+//!   [`request::ChatRequest`]), every field checked in one place;
+//! - [`engine`]: the handle on the engine: a job's token budget, queued on the worker, its
+//!   updates gathered or streamed;
+//! - [`answer`]: the updates shaped into OpenAI's answer, whole or as server-sent events;
+//! - [`job`]: what a checked request asks of the engine, and the request log's line;
 //! - [`text`]: tokens to the text a client sees (stop strings, `<think>` split off);
-//! - [`routes`]: the HTTP routes, auth, the request log, streaming;
-//! - [`worker`]: the model thread;
-//! - [`batch`]: a file of requests through the same routes, without a network;
-//! - [`logprobs`]: log-probabilities in OpenAI's shapes;
-//! - [`metrics`]: `GET /metrics` for Prometheus;
 //! - [`tool_calls`]: `<tool_call>` blocks of an answer as OpenAI's `tool_calls`;
-//! - [`error`]: OpenAI's error object.
+//! - [`logprobs`]: log-probabilities in OpenAI's shapes;
+//! - [`error`]: OpenAI's error object;
+//! - [`state`]: what the handlers share (the tokenizer, the template, the worker's channel);
+//! - [`worker`]: the model thread;
+//! - [`metrics`]: `GET /metrics` for Prometheus (counted by the handlers and the worker).
+//!
+//! Beside them, [`batch`] sends a file of requests through the same router without a network.
+//! This file only wires the modules together: the router, [`serve`] and [`start_worker`].
+
+#![forbid(unsafe_code)]
+
+// One module per group: rustfmt would sort a block of them, and the order is the data flow.
+pub mod routes;
+
+pub mod request;
+
+pub mod engine;
 
 pub mod answer;
-pub mod api;
-pub mod batch;
-pub mod error;
-pub mod logprobs;
-pub mod metrics;
-pub mod routes;
+
+pub mod job;
+
 pub mod text;
+
 pub mod tool_calls;
+
+pub mod logprobs;
+
+pub mod error;
+
+pub mod state;
+
 pub mod worker;
+
+pub mod metrics;
+
+pub mod batch;
 
 use anyhow::{bail, Context, Result};
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
-use qwen3_inference::chat::ChatTemplate;
-use qwen3_inference::format::GenerationDefaults;
-use qwen3_inference::tokenizer::Tokenizer;
 use std::io::Write;
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_http::cors::CorsLayer;
 use worker::Command;
 
+/// The state and options the caller builds, where it has always named them.
+pub use state::{AppState, ServeOptions};
+
 /// The largest request body accepted (413 beyond it): far more than a context of text.
 pub const MAX_BODY: usize = 8 << 20;
-
-/// What the handlers share.
-pub struct AppState {
-    /// The id `/v1/models` lists and requests may name.
-    pub model_name: String,
-    /// Leaked once at start: the server holds it for the whole process, and each answer's
-    /// streaming decoder borrows it from a task that may outlive any one handler.
-    pub tokenizer: &'static Tokenizer,
-    pub template: Option<ChatTemplate>,
-    /// Whether the template has a thinking switch (Qwen3's `enable_thinking`): then a chat
-    /// answer's `<think>` block goes to `reasoning_content`.
-    pub thinking_template: bool,
-    /// End-of-sequence ids of a completion (the model's).
-    pub eos_ids: Vec<u32>,
-    /// Of a chat answer: the model's and the template's end of turn.
-    pub chat_stop_ids: Vec<u32>,
-    pub defaults: GenerationDefaults,
-    /// Positions of each sequence.
-    pub context_len: usize,
-    /// Sequences that run at once.
-    pub slots: usize,
-    pub max_queue: usize,
-    pub api_key: Option<String>,
-    pub created: u64,
-    pub commands: Sender<Command>,
-    /// Counted by the handlers and the worker; `GET /metrics` shows them.
-    pub metrics: Arc<metrics::Metrics>,
-    /// Whether `/` answers with the chat page (`--no-ui` turns it off).
-    pub ui: bool,
-}
-
-/// Where to listen.
-pub struct ServeOptions {
-    pub host: String,
-    pub port: u16,
-}
-
-/// One request log line on stderr: method, path, status, tokens, milliseconds.
-pub fn log_line(
-    method: &str,
-    path: &str,
-    status: u16,
-    tokens: Option<routes::LogTokens>,
-    took: Duration,
-) {
-    let tokens = tokens.map_or(String::new(), |t| {
-        format!(" prompt={} completion={}", t.prompt, t.completion)
-    });
-    eprintln!(
-        "{method} {path} {status}{tokens} {:.0}ms",
-        took.as_secs_f64() * 1000.0
-    );
-}
 
 /// The routes, with auth, the log, CORS and the body limit.
 pub fn router(state: Arc<AppState>) -> Router {

@@ -1,21 +1,183 @@
-//! The requests of OpenAI's API as this server reads them: every field it knows is checked for
-//! type and range, and a wrong one is a 400 naming it. Unknown fields are ignored, as OpenAI's
-//! own server and vLLM ignore them; fields this server cannot honour yet (`response_format`,
-//! `echo`, ...) are refused rather than silently dropped.
+//! The requests of OpenAI's API as this server reads them: one validated type per endpoint,
+//! [`CompletionRequest`] and [`ChatRequest`], each built from the body in one place (its
+//! `parse`). Every field the server knows is checked for type and range there, and a wrong one
+//! is a 400 naming it (`param`); a route gets either a request it can run or that error, and
+//! turns the request into a [`Job`] for the engine handle.
+//!
+//! Unknown fields are ignored, as OpenAI's own server and vLLM ignore them; fields this server
+//! cannot honour yet (`response_format`, `echo`, ...) are refused rather than silently dropped.
+//! The fields are read in a fixed order (shared fields, then the endpoint's own), so a body
+//! with several faults always gets the same error.
 //!
 //! References: OpenAI's API reference for `/v1/completions` and `/v1/chat/completions`; vLLM's
 //! extra fields (`top_k`, `min_p`, `repetition_penalty`, `chat_template_kwargs`,
 //! `ignore_eos`).
 
 use crate::error::ApiError;
+use crate::job::{Job, Kind, Params};
+use crate::state::AppState;
+use axum::http::StatusCode;
 use qwen3_inference::format::GenerationDefaults;
 use qwen3_inference::sampler::SamplerConfig;
 use qwen3_inference::tokenizer::Tokenizer;
 use serde::Deserialize;
 use serde_json::Value;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// `POST /v1/completions`, checked: a raw prompt, completed as `qwen3 inference -m generate`
+/// does.
+pub struct CompletionRequest {
+    pub params: Params,
+    /// `prompt`, as token ids (text is encoded with its special tokens, as the CLI does).
+    pub prompt: Vec<u32>,
+    /// `logprobs: K`: alternatives to report with each token, or `None` for none.
+    pub logprobs: Option<usize>,
+}
+
+impl CompletionRequest {
+    /// Reads and checks `body` for the model `s` runs.
+    pub fn parse(body: &[u8], s: &AppState) -> Result<CompletionRequest, ApiError> {
+        let (v, params) = common(body, s)?;
+        let prompt = completion_prompt(&v, s.tokenizer)?;
+        let logprobs = logprobs(&v, false)?;
+        Ok(CompletionRequest {
+            params,
+            prompt,
+            logprobs,
+        })
+    }
+
+    /// The job the engine handle runs (`start`: when the request arrived).
+    pub(crate) fn into_job(self, s: &AppState, start: Instant) -> (Job, Params) {
+        let job = Job {
+            kind: Kind::Completion,
+            prompt: self.prompt,
+            reasoning: None,
+            stop_ids: s.eos_ids.clone(),
+            logprobs: self.logprobs,
+            tool_calls: None,
+            start,
+        };
+        (job, self.params)
+    }
+}
+
+/// `POST /v1/chat/completions`, checked: a conversation, rendered by the model's chat template.
+pub struct ChatRequest {
+    pub params: Params,
+    /// `messages`, as the chat template reads them: roles known, content as text.
+    pub messages: Vec<Value>,
+    /// `chat_template_kwargs.enable_thinking`, if given.
+    pub thinking: Option<bool>,
+    /// `tools`, as given (the template renders them), and `tool_choice`.
+    pub tools: Vec<Value>,
+    pub tool_choice: ToolChoice,
+    /// `logprobs: true` with `top_logprobs: K`, or `None` for none.
+    pub logprobs: Option<usize>,
+    /// The conversation as the template renders it, up to where the answer starts (with the
+    /// beginning of a call when `tool_choice` forces one). Rendered while the request is read,
+    /// because a template that refuses the conversation is a fault of `messages`.
+    pub text: String,
+}
+
+impl ChatRequest {
+    /// Reads and checks `body` for the model `s` runs, and renders it with the model's template.
+    pub fn parse(body: &[u8], s: &AppState) -> Result<ChatRequest, ApiError> {
+        let (v, params) = common(body, s)?;
+        let (messages, thinking) = chat_messages(&v)?;
+        let Some(template) = &s.template else {
+            return Err(ApiError::invalid(
+                None,
+                "this model has no chat template: use /v1/completions",
+            ));
+        };
+        let (tools, tool_choice) = tools(&v)?;
+        let shown = shown_tools(&tools, &tool_choice);
+        let mut text = template
+            .render_json(&messages, shown, true, thinking)
+            .map_err(|e| ApiError::invalid("messages".to_string(), format!("{e:#}")))?;
+        text.push_str(&tool_choice.forced_start());
+        let logprobs = logprobs(&v, true)?;
+        Ok(ChatRequest {
+            params,
+            messages,
+            thinking,
+            tools,
+            tool_choice,
+            logprobs,
+            text,
+        })
+    }
+
+    /// The job the engine handle runs (`start`: when the request arrived).
+    pub(crate) fn into_job(self, s: &AppState, start: Instant) -> (Job, Params) {
+        // With tools shown, `<tool_call>` blocks are cut out of the answer; the answer of a
+        // forced call starts inside one.
+        let tool_calls =
+            shown_tools(&self.tools, &self.tool_choice).map(|_| self.tool_choice.forced_start());
+        // A template that opens the reasoning block in the prompt (DeepSeek-R1's) starts the
+        // answer inside it.
+        let reasoning = s
+            .thinking_template
+            .then(|| self.text.trim_end().ends_with("<think>"));
+        let job = Job {
+            kind: Kind::Chat,
+            prompt: s.tokenizer.encode(&self.text),
+            reasoning,
+            stop_ids: s.chat_stop_ids.clone(),
+            logprobs: self.logprobs,
+            tool_calls,
+            start,
+        };
+        (job, self.params)
+    }
+}
+
+/// The tools the model is shown: none with `tool_choice: "none"`.
+fn shown_tools<'a>(tools: &'a [Value], choice: &ToolChoice) -> Option<&'a [Value]> {
+    (!tools.is_empty() && *choice != ToolChoice::None).then_some(tools)
+}
+
+/// The body and the fields both endpoints share, checked, for the model this server runs.
+fn common(body: &[u8], s: &AppState) -> Result<(Value, Params), ApiError> {
+    let v = parse_body(body)?;
+    let params = params(&v, &s.defaults, default_seed())?;
+    check_model(s, params.model.as_deref())?;
+    Ok((v, params))
+}
+
+/// A model name other than the one this server runs is a 404 (`model_not_found`), as OpenAI
+/// answers; no name is fine.
+pub fn check_model(s: &AppState, name: Option<&str>) -> Result<(), ApiError> {
+    match name {
+        Some(m) if m != s.model_name => Err(ApiError::invalid(
+            "model".to_string(),
+            format!(
+                "the model {m:?} does not exist: this server runs {:?}",
+                s.model_name
+            ),
+        )
+        .with_status(StatusCode::NOT_FOUND)
+        .with_code("model_not_found")),
+        _ => Ok(()),
+    }
+}
+
+/// A seed from the clock, for requests that do not give one (as `qwen3 inference` does).
+fn default_seed() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(32)
+}
+
+// What follows reads one field (or a group of related fields) each: the only place each field's
+// error is made.
 
 /// The body as JSON: malformed JSON, or anything but an object, is a 400.
-pub fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
+fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
     let v: Value = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::invalid(None, format!("the body is not valid JSON: {e}")))?;
     if !v.is_object() {
@@ -78,24 +240,6 @@ const UNSUPPORTED: [&str; 6] = [
     "response_format",
 ];
 
-/// What a request asks of the engine, read and checked.
-#[derive(Debug, Clone)]
-pub struct Params {
-    /// The model it names, if any.
-    pub model: Option<String>,
-    /// The first choice's sampler (choice `i` gets seed `seed + i`).
-    pub sampler: SamplerConfig,
-    /// `max_tokens` or `max_completion_tokens`, if given.
-    pub max_tokens: Option<usize>,
-    pub stops: Vec<String>,
-    pub n: usize,
-    pub stream: bool,
-    pub include_usage: bool,
-    /// vLLM's and llama-server's `ignore_eos`: generate `max_tokens` whatever the model says
-    /// (for benchmarks).
-    pub ignore_eos: bool,
-}
-
 /// Most choices (`n`) one request may ask for.
 pub const MAX_N: usize = 16;
 /// Most stop strings.
@@ -103,7 +247,7 @@ pub const MAX_STOPS: usize = 16;
 
 /// Reads the shared fields of `v`; sampling defaults come from the model's generation config,
 /// and the seed, when not given, from `default_seed`.
-pub fn params(
+pub(crate) fn params(
     v: &Value,
     defaults: &GenerationDefaults,
     default_seed: u64,
@@ -227,7 +371,7 @@ pub fn params(
 /// How many alternatives to report with each token's log-probability, or `None` for none:
 /// `/v1/chat/completions` takes `logprobs: true` and `top_logprobs: 0..=20`; `/v1/completions`
 /// takes `logprobs: 0..=20` (OpenAI's legacy limit is 5; vLLM's is 20, as here).
-pub fn logprobs(v: &Value, chat: bool) -> Result<Option<usize>, ApiError> {
+fn logprobs(v: &Value, chat: bool) -> Result<Option<usize>, ApiError> {
     let max = qwen3_inference::logprobs::MAX_TOP as i64;
     let bad = |name: &str, what: String| Err(ApiError::invalid(name.to_string(), what));
     if chat {
@@ -275,9 +419,25 @@ pub enum ToolChoice {
     Named(String),
 }
 
+impl ToolChoice {
+    /// The beginning of the answer the prompt already holds: with "required" and a named
+    /// function the answer starts as a call does (Qwen's format, the only way the template has
+    /// to ask), and the model writes the rest. Empty otherwise.
+    fn forced_start(&self) -> String {
+        match self {
+            ToolChoice::Required => "<tool_call>\n".to_string(),
+            ToolChoice::Named(name) => format!(
+                "<tool_call>\n{{\"name\": {}, \"arguments\": ",
+                Value::from(name.as_str())
+            ),
+            ToolChoice::Auto | ToolChoice::None => String::new(),
+        }
+    }
+}
+
 /// `/v1/chat/completions`' `tools` (OpenAI's `{"type": "function", "function": {"name", ...}}`
 /// list, given to the chat template as is) and `tool_choice`.
-pub fn tools(v: &Value) -> Result<(Vec<Value>, ToolChoice), ApiError> {
+fn tools(v: &Value) -> Result<(Vec<Value>, ToolChoice), ApiError> {
     let tools = match v.get("tools") {
         None | Some(Value::Null) => vec![],
         Some(Value::Array(t)) => t.clone(),
@@ -331,7 +491,7 @@ pub fn tools(v: &Value) -> Result<(Vec<Value>, ToolChoice), ApiError> {
 }
 
 /// `/v1/completions`' `prompt`: a string or a list of token ids (or a list of one of either).
-pub fn completion_prompt(v: &Value, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+fn completion_prompt(v: &Value, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Prompt {
@@ -387,7 +547,7 @@ pub fn completion_prompt(v: &Value, tok: &Tokenizer) -> Result<Vec<u32>, ApiErro
 
 /// `/v1/chat/completions`' `messages`, as the JSON messages the chat template reads, and
 /// `chat_template_kwargs.enable_thinking`.
-pub fn chat_messages(v: &Value) -> Result<(Vec<Value>, Option<bool>), ApiError> {
+fn chat_messages(v: &Value) -> Result<(Vec<Value>, Option<bool>), ApiError> {
     #[derive(Deserialize)]
     struct Kwargs {
         enable_thinking: Option<bool>,

@@ -1,0 +1,124 @@
+//! The handlers' handle on the engine: one [`Job`] checked against the context, queued on the
+//! model worker as `n` engine requests, and its updates handed to answer shaping (answer.rs),
+//! either gathered into one JSON answer or passed on as a stream.
+//!
+//! ```text
+//! Job + Params --token budget--> Command::Submit --> worker
+//!                                 Update::Queued  <-- (or Rejected: 503 / 400)
+//!                                 Update::Token ... --> answer::Choices --> JSON or events
+//! ```
+
+use crate::answer::{stream, Choices, Meta};
+use crate::error::ApiError;
+use crate::job::{unix_now, Job, Kind, LogTokens, Params};
+use crate::state::AppState;
+use crate::worker::{Command, Update};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use qwen3_inference::engine::{Rejected, Request as EngineRequest};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// Checks the token budget, queues the choices, and answers.
+pub(crate) async fn run(s: Arc<AppState>, job: Job, p: Params) -> Result<Response, ApiError> {
+    let ctx = s.context_len;
+    let n_prompt = job.prompt.len();
+    if n_prompt >= ctx {
+        return Err(too_long(job.kind, ctx, n_prompt, p.max_tokens.unwrap_or(1)));
+    }
+    let max_tokens = match (p.max_tokens, job.kind) {
+        (Some(m), _) if n_prompt + m > ctx => return Err(too_long(job.kind, ctx, n_prompt, m)),
+        (Some(m), _) => m,
+        // OpenAI's default for the legacy completions endpoint is 16 tokens; a chat answer may
+        // use the rest of the context.
+        (None, Kind::Completion) => 16.min(ctx - n_prompt),
+        (None, Kind::Chat) => ctx - n_prompt,
+    };
+    let requests = (0..p.n)
+        .map(|i| {
+            let mut sampler = p.sampler.clone();
+            sampler.seed = sampler.seed.wrapping_add(i as u64);
+            EngineRequest {
+                prompt: job.prompt.clone(),
+                max_tokens,
+                sampler,
+                stop_ids: if p.ignore_eos {
+                    vec![]
+                } else {
+                    job.stop_ids.clone()
+                },
+                logprobs: job.logprobs,
+            }
+        })
+        .collect();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let sent = s.commands.send(Command::Submit {
+        requests,
+        updates: tx,
+    });
+    if sent.is_err() {
+        return Err(ApiError::internal("the model worker has stopped"));
+    }
+    let ids = match rx.recv().await {
+        Some(Update::Queued { ids }) => ids,
+        Some(Update::Rejected(Rejected::QueueFull)) => {
+            return Err(ApiError::overloaded(s.max_queue))
+        }
+        Some(Update::Rejected(Rejected::Invalid(why))) => {
+            return Err(ApiError::invalid("prompt".to_string(), why))
+        }
+        _ => return Err(ApiError::internal("the model worker has stopped")),
+    };
+    let meta = Meta {
+        id: format!(
+            "{}-{:x}{:04x}",
+            if job.kind == Kind::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            },
+            unix_now(),
+            ids[0]
+        ),
+        created: unix_now(),
+        model: s.model_name.clone(),
+        kind: job.kind,
+    };
+    let choices = Choices::new(&s, &job, &p, ids);
+    if p.stream {
+        Ok(stream(s, meta, choices, rx, p.include_usage, n_prompt))
+    } else {
+        let mut choices = choices;
+        while !choices.all_done() {
+            let Some(u) = rx.recv().await else {
+                return Err(ApiError::internal("the model worker has stopped"));
+            };
+            if let Err(e) = choices.apply(u, &s) {
+                return Err(ApiError::internal(e));
+            }
+        }
+        let usage = choices.usage(n_prompt);
+        let mut r = Json(meta.whole(&choices, &usage, s.tokenizer)).into_response();
+        r.extensions_mut().insert(LogTokens {
+            prompt: n_prompt,
+            completion: choices.completion_tokens(),
+        });
+        Ok(r)
+    }
+}
+
+/// 400 `context_length_exceeded`, naming the field that holds the prompt.
+fn too_long(kind: Kind, ctx: usize, prompt: usize, max_tokens: usize) -> ApiError {
+    let param = match kind {
+        Kind::Completion => "prompt",
+        Kind::Chat => "messages",
+    };
+    ApiError::invalid(
+        param.to_string(),
+        format!(
+            "this model's context holds {ctx} tokens; the request asks for {} ({prompt} in the prompt, {max_tokens} to generate): shorten the prompt or lower max_tokens",
+            prompt + max_tokens
+        ),
+    )
+    .with_code("context_length_exceeded")
+}

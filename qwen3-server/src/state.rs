@@ -1,0 +1,50 @@
+//! What every handler shares: the model's tokenizer and chat template, the limits the server was
+//! started with, and the channel to the model worker. The caller (the CLI) builds it once from
+//! the model's files; the router hands it to each handler behind an `Arc`.
+//!
+//! It sits below every other module of the crate: it holds data and the worker's sending end,
+//! and knows nothing of requests or answers.
+
+use crate::metrics::Metrics;
+use crate::worker::Command;
+use qwen3_inference::chat::ChatTemplate;
+use qwen3_inference::format::GenerationDefaults;
+use qwen3_inference::tokenizer::Tokenizer;
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+/// What the handlers share.
+pub struct AppState {
+    /// The id `/v1/models` lists and requests may name.
+    pub model_name: String,
+    /// Leaked once at start: the server holds it for the whole process, and each answer's
+    /// streaming decoder borrows it from a task that may outlive any one handler.
+    pub tokenizer: &'static Tokenizer,
+    pub template: Option<ChatTemplate>,
+    /// Whether the template has a thinking switch (Qwen3's `enable_thinking`): then a chat
+    /// answer's `<think>` block goes to `reasoning_content`.
+    pub thinking_template: bool,
+    /// End-of-sequence ids of a completion (the model's).
+    pub eos_ids: Vec<u32>,
+    /// Of a chat answer: the model's and the template's end of turn.
+    pub chat_stop_ids: Vec<u32>,
+    pub defaults: GenerationDefaults,
+    /// Positions of each sequence.
+    pub context_len: usize,
+    /// Sequences that run at once.
+    pub slots: usize,
+    pub max_queue: usize,
+    pub api_key: Option<String>,
+    pub created: u64,
+    pub commands: Sender<Command>,
+    /// Counted by the handlers and the worker; `GET /metrics` shows them.
+    pub metrics: Arc<Metrics>,
+    /// Whether `/` answers with the chat page (`--no-ui` turns it off).
+    pub ui: bool,
+}
+
+/// Where to listen.
+pub struct ServeOptions {
+    pub host: String,
+    pub port: u16,
+}
