@@ -1,4 +1,4 @@
-//! `GET /metrics` through the real server: after known traffic, the counters, histograms and
+//! `GET /metrics` through the server's router (in process, tests/common): after known traffic, the counters, histograms and
 //! gauges say what happened (requests by route and status, tokens, latencies, batch sizes, the
 //! prefix cache), in Prometheus' text format; the API key guards it as it guards the API.
 
@@ -119,8 +119,7 @@ fn the_api_key_guards_metrics() {
     let m = export_fixture("tiny-f32-tied-gqa2", &dir, DType::F32, 0);
     let s = Server::start(&m, &["--api-key", "sekrit"]);
     assert_eq!(s.get("/metrics").status, 401);
-    let r = common::http(
-        s.port,
+    let r = s.http(
         "GET",
         "/metrics",
         &[("Authorization", "Bearer sekrit")],

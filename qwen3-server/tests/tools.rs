@@ -2,7 +2,7 @@
 //! trip rendered as HuggingFace renders it, and an answer's `<tool_call>` blocks turned into
 //! `tool_calls`. The fixture's random weights never write a valid call, so the parsing is checked
 //! on a real answer's tokens through the server's own text pipeline, and the routes end to end on
-//! what the model does write.
+//! what the model does write (through the router, in process: tests/common).
 
 mod common;
 
