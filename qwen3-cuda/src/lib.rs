@@ -6,8 +6,8 @@
 //!   tested on any machine.
 //! - [`device`]: `--device cpu|cuda|cuda:N` parsing and the availability check. Always built.
 //! - [`ReferenceBackend`](reference::ReferenceBackend): the references behind qwen3-inference's
-//!   `Backend` trait, so the one forward pass (`qwen3_inference::model::Session`) runs on them as it
-//!   runs on the GPU. Always built, and tested against transformers on the fixtures
+//!   `Backend` trait, so the model's forward pass (`qwen3_inference::model::Forward`) runs on them as
+//!   it runs on the GPU. Always built, and tested against transformers on the fixtures
 //!   (tests/hf_parity.rs).
 //! - `cuda` (feature `cuda`): cudarc-based runtime: probes for the driver and NVRTC, compiles the
 //!   kernels at load time, uploads the model file once, implements qwen3-inference's `Backend`

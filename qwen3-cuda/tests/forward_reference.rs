@@ -1,4 +1,4 @@
-//! The one forward pass (`qwen3_inference::model::Session`) on the CPU references of the kernels:
+//! The model's forward pass (`qwen3_inference::model::Forward`, through a `Session`) on the CPU references of the kernels:
 //! the same orchestration the GPU runs (buffer sizes, KV cache offsets, causal positions, GQA),
 //! checked against the plain backend (`qwen3_inference::backend::PlainBackend`: the same math in
 //! textbook loops, itself checked against HuggingFace by qwen3-cli/tests/device.rs), on tiny

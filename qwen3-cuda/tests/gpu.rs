@@ -1,5 +1,5 @@
-//! The kernels on a real GPU against their CPU references, and the one forward pass
-//! (`qwen3_inference::model::Session`) on the GPU against the same forward pass on the references
+//! The kernels on a real GPU against their CPU references, and the model's forward
+//! pass (`qwen3_inference::model::Forward`, through a `Session`) on the GPU against the same forward pass on the references
 //! and on the CPU backend. Skipped, with a message, where there is no
 //! CUDA driver or device (every machine this project's CI runs on).
 #![cfg(feature = "cuda")]

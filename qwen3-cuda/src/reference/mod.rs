@@ -8,8 +8,9 @@
 //! (attention, SiLU) match to a few ulp. The GPU tests compare kernels with these, and the unit
 //! tests below each compare these with naive f64 math.
 //!
-//! [`ReferenceBackend`] puts them behind qwen3-inference's `Backend` trait, so the one forward pass
-//! (`qwen3_inference::model::Session`) runs on them exactly as it runs on the GPU.
+//! [`ReferenceBackend`] puts them behind qwen3-inference's `Backend` trait, so the model's forward pass
+//! (`qwen3_inference::model::Forward`, under a `Session` or the engine) runs on them exactly as it
+//! runs on the GPU.
 
 pub mod attention;
 pub mod backend;

@@ -103,7 +103,8 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         bail!("not a JSON object");
     };
 
-    // 1. Architecture: Qwen3ForCausalLM or Qwen2ForCausalLM, one forward pass.
+    // 1. Architecture: Qwen3ForCausalLM, Qwen2ForCausalLM or Qwen3MoeForCausalLM: one model, its
+    //    differences data in the config.
     let archs: Vec<&str> = match obj.get("architectures") {
         Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_str()).collect(),
         _ => vec![],

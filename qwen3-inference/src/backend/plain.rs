@@ -170,8 +170,6 @@ impl<'a> Backend for PlainBackend<'a> {
         Ok(())
     }
 
-    /// Each head's halves rotated by the angles of its token's position (HF's `rotate_half`):
-    /// `lo' = lo cos - hi sin`, `hi' = hi cos + lo sin`.
     /// `x[t][j] += bias[j]`.
     fn add_bias(
         &self,
@@ -188,6 +186,8 @@ impl<'a> Backend for PlainBackend<'a> {
         Ok(())
     }
 
+    /// Each head's halves rotated by the angles of its token's position (HF's `rotate_half`):
+    /// `lo' = lo cos - hi sin`, `hi' = hi cos + lo sin`.
     fn rope(
         &self,
         x: &mut Vec<f32>,

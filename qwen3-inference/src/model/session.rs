@@ -43,12 +43,12 @@ impl<'m, B: Backend> Session<'m, B> {
         })
     }
 
-    /// Tokens in the KV cache (the position the next token gets).
     /// See [`Forward::record_routes`].
     pub fn record_routes(&mut self, on: bool) -> Vec<u32> {
         self.fwd.record_routes(on)
     }
 
+    /// Tokens in the KV cache (the position the next token gets).
     pub fn pos(&self) -> usize {
         self.pos
     }
