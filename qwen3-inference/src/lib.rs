@@ -17,5 +17,8 @@ pub mod model;
 pub mod pages;
 pub mod quant;
 pub mod sampler;
+// Deterministic test values: built for this crate's tests and, through the `testing` feature,
+// for other crates' tests and benches only; a release build of `qwen3` does not contain it.
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tokenizer;

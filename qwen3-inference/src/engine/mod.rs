@@ -24,13 +24,15 @@
 
 use crate::backend::{Backend, KvType};
 use crate::chat::{common_prefix_len, reuse_len};
-use crate::generate::{GenerationStats, StopReason};
 use crate::logprobs::{token_logprobs, TokenLogprobs, MAX_TOP};
 use crate::model::{Forward, Model, Segment, MAX_BATCH};
 use crate::sampler::{Sampler, SamplerConfig};
 use anyhow::{bail, Result};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
+
+mod outcome;
+pub use outcome::{GenerationStats, StopReason};
 
 #[cfg(test)]
 mod tests;

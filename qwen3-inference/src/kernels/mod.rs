@@ -74,11 +74,15 @@ pub use matmul::{matmul, matmuls};
 pub use rmsnorm::rmsnorm;
 pub use rope::{rope, RopeTable};
 
-/// The widest vectors this CPU has for the plain-Rust kernels written in lanes (attention's body,
-/// the sampler's passes, the elementwise steps of `vectorized!`), detected once. Each such kernel
-/// has one wrapper per variant, compiled with that instruction set enabled, and picks the wrapper
-/// from this.
-#[derive(Clone, Copy, Debug)]
+/// The widest vectors the plain-Rust kernels written in lanes use (attention's body, the
+/// sampler's passes, the elementwise steps of `vectorized!`). Each such kernel has one wrapper per
+/// variant, compiled with that instruction set enabled, and picks the wrapper from this.
+///
+/// There is one detection of what the CPU has: the dot kernels' ([`dot::dots`], which also obeys
+/// `QWEN3_KERNELS`). This follows the family chosen there, so forcing a family forces every
+/// kernel, and a variant's instructions are always a subset of what that family was checked for
+/// (AVX-512 F of `avx512-vnni`'s F/BW/VL/VNNI, AVX2 of `avx2`'s and `avx-vnni`'s AVX2/FMA/F16C).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum VectorIsa {
     #[cfg(target_arch = "x86_64")]
     Avx512,
@@ -89,7 +93,23 @@ pub(crate) enum VectorIsa {
 }
 
 impl VectorIsa {
-    /// Every variant, widest first.
+    /// The variant for a dot-kernel family ([`dot::Dots::isa`]).
+    fn of_family(isa: &str) -> VectorIsa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if isa.starts_with("avx512") {
+                return VectorIsa::Avx512;
+            }
+            if isa.starts_with("avx") {
+                return VectorIsa::Avx2;
+            }
+        }
+        let _ = isa;
+        VectorIsa::Baseline
+    }
+
+    /// Every variant, widest first (for tests that run each).
+    #[cfg(test)]
     const ALL: &[VectorIsa] = &[
         #[cfg(target_arch = "x86_64")]
         VectorIsa::Avx512,
@@ -98,20 +118,17 @@ impl VectorIsa {
         VectorIsa::Baseline,
     ];
 
-    /// Whether this CPU can run the variant's instructions.
+    /// Whether this CPU has a dot-kernel family of this variant (for a test's forced choice).
+    #[cfg(test)]
     fn supported(self) -> bool {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            VectorIsa::Avx512 => is_x86_feature_detected!("avx512f"),
-            #[cfg(target_arch = "x86_64")]
-            VectorIsa::Avx2 => is_x86_feature_detected!("avx2"),
-            VectorIsa::Baseline => true,
-        }
+        dot::available()
+            .iter()
+            .any(|d| VectorIsa::of_family(d.isa) == self)
     }
 }
 
-/// The widest [`VectorIsa`] this CPU supports. The wrappers' `unsafe` calls rely on it: it never
-/// names a variant the CPU lacks (a test's forced choice included).
+/// The [`VectorIsa`] of the chosen dot-kernel family. The wrappers' `unsafe` calls rely on it:
+/// it never names a variant the CPU lacks (a test's forced choice included).
 pub(crate) fn vector_isa() -> VectorIsa {
     #[cfg(test)]
     if let Some(isa) = tests::FORCED_ISA.get() {
@@ -119,10 +136,7 @@ pub(crate) fn vector_isa() -> VectorIsa {
         return isa;
     }
     static ISA: std::sync::OnceLock<VectorIsa> = std::sync::OnceLock::new();
-    *ISA.get_or_init(|| {
-        let widest = VectorIsa::ALL.iter().find(|isa| isa.supported());
-        *widest.unwrap_or(&VectorIsa::Baseline)
-    })
+    *ISA.get_or_init(|| VectorIsa::of_family(dot::dots().isa))
 }
 
 /// Threads the kernels split work over (rayon's pool; set `RAYON_NUM_THREADS` to change it).

@@ -10,6 +10,10 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+/// Marks an absent id: a byte with no single-byte token, a tokenizer with no BOS. The tokenizer
+/// file stores it as is (`file::NO_ID`).
+pub const NO_ID: u32 = u32::MAX;
+
 /// The merge list, grouped by left token so a lookup is a short binary search and loading
 /// builds nothing (no hash table of 151k pairs at every start).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -86,7 +90,7 @@ pub fn encode_piece(piece: &[u8], byte_ids: &[u32; 256], merges: &MergeTable, ou
     let mut syms: Vec<Symbol> = Vec::with_capacity(piece.len());
     for &b in piece {
         let id = byte_ids[b as usize];
-        if id == super::file::NO_ID {
+        if id == NO_ID {
             continue;
         }
         let i = syms.len();
@@ -155,7 +159,7 @@ mod tests {
 
     /// Toy vocabulary: bytes a=0 b=1 c=2, then merges.
     fn toy() -> ([u32; 256], MergeTable) {
-        let mut byte_ids = [super::super::file::NO_ID; 256];
+        let mut byte_ids = [NO_ID; 256];
         byte_ids[b'a' as usize] = 0;
         byte_ids[b'b' as usize] = 1;
         byte_ids[b'c' as usize] = 2;

@@ -42,8 +42,8 @@ use anyhow::{bail, Result};
 
 pub const MAGIC: &[u8; 8] = b"PQWTOKEN";
 pub const FORMAT_VERSION: u32 = 2;
-/// Marks an absent id (no BOS, no single-byte token for a byte).
-pub const NO_ID: u32 = u32::MAX;
+/// Marks an absent id in the file (no BOS, no single-byte token for a byte): BPE's own marker.
+pub use super::bpe::NO_ID;
 
 /// The Qwen2/Qwen3 pre-tokenizer pattern, as tokenizer.json writes it. The splitter in
 /// `pretokenize.rs` implements exactly this regex; any other pattern is refused.
