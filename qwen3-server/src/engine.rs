@@ -1,4 +1,4 @@
-//! The handlers' handle on the engine: one [`Job`] checked against the context, queued on the
+//! The handlers' handle on the engine: one `Job` checked against the context, queued on the
 //! model worker as `n` engine requests, and its updates handed to answer shaping (answer.rs),
 //! either gathered into one JSON answer or passed on as a stream.
 //!

@@ -1,4 +1,4 @@
-//! A generation job: what a checked request asks of the engine ([`Params`], [`Job`]), shared by
+//! A generation job: what a checked request asks of the engine ([`Params`], `Job`), shared by
 //! the engine handle (engine.rs), which queues it, and answer shaping (answer.rs), which turns its
 //! tokens into JSON. Also the request log's pieces, which both the log middleware (routes.rs)
 //! and a stream's end (answer.rs) write.

@@ -2,7 +2,7 @@
 //! [`CompletionRequest`] and [`ChatRequest`], each built from the body in one place (its
 //! `parse`). Every field the server knows is checked for type and range there, and a wrong one
 //! is a 400 naming it (`param`); a route gets either a request it can run or that error, and
-//! turns the request into a [`Job`] for the engine handle.
+//! turns the request into a `Job` for the engine handle.
 //!
 //! Unknown fields are ignored, as OpenAI's own server and vLLM ignore them; fields this server
 //! cannot honour yet (`response_format`, `echo`, ...) are refused rather than silently dropped.

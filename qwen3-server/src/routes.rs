@@ -6,7 +6,7 @@
 //! A generation route is thin: it reads its request type ([`CompletionRequest`],
 //! [`ChatRequest`]: every field checked, the prompt as token ids or the conversation rendered as
 //! `qwen3 inference -m chat` renders it), turns it into a job, and hands that to the engine
-//! handle ([`engine::run`]), which queues it on the worker and has [`crate::answer`] shape what
+//! handle (`engine::run`), which queues it on the worker and has [`crate::answer`] shape what
 //! comes back.
 
 use crate::engine;
