@@ -3,8 +3,7 @@
 //! no panic). Exactness against HuggingFace is in parity.rs.
 
 use qwen3_inference::backend::{KvType, CPU};
-use qwen3_inference::format::writer::ModelWriter;
-use qwen3_inference::format::{tensor_specs, DType, GenerationDefaults, ModelConfig, ModelFile};
+use qwen3_inference::format::{DType, GenerationDefaults, ModelConfig, ModelFile};
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::sampler::argmax;
 use std::path::{Path, PathBuf};
@@ -47,25 +46,7 @@ fn write_model(path: &Path) {
         rope_scaling: qwen3_inference::format::RopeScaling::None,
         moe: None,
     };
-    let specs = tensor_specs(&c);
-    let mut w = ModelWriter::create(path, &c, specs.clone()).unwrap();
-    let mut seed = 5u64;
-    for s in &specs {
-        let n = s.shape.iter().product::<u64>() as usize;
-        let mut v: Vec<f32> = (0..n)
-            .map(|_| qwen3_inference::testing::lcg(&mut seed))
-            .collect();
-        if s.dtype == DType::F32 {
-            v.iter_mut().for_each(|x| *x = 1.0 + 0.5 * *x);
-            w.write_f32(&s.name, &v).unwrap();
-        } else {
-            let mut q = vec![0i8; n];
-            let mut sc = vec![0f32; n / 16];
-            qwen3_inference::quant::quantize_q8(&v, 16, &mut q, &mut sc);
-            w.write_q8(&s.name, &q, &sc).unwrap();
-        }
-    }
-    w.finish().unwrap();
+    qwen3_inference::testing::model::write_random_config(path, &c);
 }
 
 fn run(args: &[&str]) -> Output {

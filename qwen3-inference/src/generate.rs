@@ -86,9 +86,9 @@ mod tests {
     use crate::backend::{CpuBackend, KvType, CPU};
     use crate::engine::{Engine, EngineConfig};
     use crate::format::{DType, ModelFile};
-    use crate::model::test_model::write_random;
     use crate::model::{Forward, Model, Session, MAX_BATCH};
     use crate::sampler::{argmax, SamplerConfig};
+    use crate::testing::model::write_random;
 
     fn engine<'m>(model: &'m Model<'m>, ctx: usize) -> Engine<'m, CpuBackend<'m>> {
         let fwd = Forward::new(CPU, model, ctx, MAX_BATCH, 1, KvType::F32).unwrap();

@@ -2,13 +2,11 @@
 //! backend, `qwen3_inference::backend::PlainBackend`).
 #![allow(dead_code)]
 
-use qwen3_inference::format::TensorKind;
-use qwen3_inference::format::{
-    expected_tensors, tensor_specs, DType, GenerationDefaults, ModelConfig, ModelWriter,
-};
-use qwen3_inference::quant::{quantize_q4, quantize_q6, quantize_q8};
+use qwen3_inference::format::{DType, GenerationDefaults, ModelConfig};
 use std::path::{Path, PathBuf};
 
+// Not every test binary that includes this module uses it.
+#[allow(unused_imports)]
 pub use qwen3_inference::testing::values;
 
 /// head_dim (32) differs from hidden / heads (16), GQA ratio 2, untied or tied classifier.
@@ -72,55 +70,7 @@ pub fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("qwen3-cuda-test-{}-{name}", std::process::id()))
 }
 
-/// Writes a model file with random weights.
+/// Writes a model file with random weights (the library's one test-model writer).
 pub fn write_model(path: &Path, c: &ModelConfig) {
-    let expected = expected_tensors(c);
-    let specs = tensor_specs(c);
-    let mut w = ModelWriter::create(path, c, specs.clone()).unwrap();
-    for (i, t) in expected.iter().enumerate() {
-        let n: usize = t.shape.iter().product::<u64>() as usize;
-        let v = values(n, 1000 + i as u64);
-        if t.kind == TensorKind::Router {
-            // logits a few units apart, so that top-k picks are clear
-            let v: Vec<f32> = v.iter().map(|x| 2.0 * x).collect();
-            w.write_f32(&t.name, &v).unwrap();
-            continue;
-        }
-        if t.kind != TensorKind::Matrix {
-            // away from 1.0 so a forward pass that drops the weight (or uses 1 + w) fails
-            let v: Vec<f32> = v.iter().map(|x| 1.0 + 0.5 * x).collect();
-            w.write_f32(&t.name, &v).unwrap();
-            continue;
-        }
-        let v: Vec<f32> = v.iter().map(|x| 0.4 * x).collect();
-        // Each tensor as the file format stores it (a q4 file keeps some matrices finer: Q4Mix).
-        let gs = specs[i].group_size as usize;
-        match specs[i].dtype {
-            DType::F32 => w.write_f32(&t.name, &v).unwrap(),
-            DType::Bf16 => {
-                let bits: Vec<u16> = v.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
-                w.write_bf16(&t.name, &bits).unwrap();
-            }
-            DType::Q8 => {
-                let mut q = vec![0i8; n];
-                let mut s = vec![0.0f32; n / gs];
-                quantize_q8(&v, gs, &mut q, &mut s);
-                w.write_q8(&t.name, &q, &s).unwrap();
-            }
-            DType::Q4 => {
-                let mut packed = vec![0u8; n / 2];
-                let mut s = vec![0u16; n / gs];
-                quantize_q4(&v, gs, &mut packed, &mut s);
-                w.write_q4(&t.name, &packed, &s).unwrap();
-            }
-            DType::Q6 => {
-                let cols = t.shape[1] as usize;
-                let mut packed = vec![0u8; n / 4 * 3];
-                let mut s = vec![0u16; n / gs];
-                quantize_q6(&v, cols, gs, &mut packed, &mut s);
-                w.write_q6(&t.name, &packed, &s).unwrap();
-            }
-        }
-    }
-    w.finish().unwrap();
+    qwen3_inference::testing::model::write_random_config(path, c)
 }

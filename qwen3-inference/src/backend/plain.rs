@@ -327,8 +327,8 @@ mod tests {
     use super::*;
     use crate::backend::{CpuBackend, KvType};
     use crate::format::{DType, ModelFile};
-    use crate::model::test_model::{moe_config, write_random, write_random_config};
     use crate::model::{Model, Session};
+    use crate::testing::model::{moe_config, write_random, write_random_config};
 
     /// The fast CPU backend against the plain one, on random models of each storage: the same
     /// greedy tokens and logits within what their different orders of summation (and, for q8,

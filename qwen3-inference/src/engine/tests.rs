@@ -5,9 +5,9 @@ use super::*;
 use crate::backend::{CpuBackend, KvType, CPU};
 use crate::format::ModelConfig;
 use crate::format::{DType, ModelFile};
-use crate::model::test_model::{config, moe_config, write_random, write_random_config};
 use crate::model::{Model, Session};
 use crate::sampler::argmax;
+use crate::testing::model::{config, moe_config, write_random, write_random_config};
 use std::collections::HashMap;
 use std::path::PathBuf;
 

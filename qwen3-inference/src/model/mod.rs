@@ -14,8 +14,6 @@
 mod forward;
 mod moe;
 mod session;
-#[cfg(test)]
-pub(crate) mod test_model;
 
 pub use forward::{Forward, Segment, MAX_BATCH};
 pub use moe::Routes;

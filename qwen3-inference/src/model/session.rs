@@ -174,7 +174,7 @@ mod tests {
     use super::*;
     use crate::backend::CPU;
     use crate::format::{DType, ModelFile};
-    use crate::model::test_model::write_random;
+    use crate::testing::model::write_random;
     use std::path::PathBuf;
 
     fn tmp(name: &str) -> PathBuf {

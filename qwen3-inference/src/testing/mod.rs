@@ -1,9 +1,14 @@
-//! Deterministic pseudo-random values for tests and benchmarks: the same numbers on every machine
-//! and every run, with no crate. A 64-bit linear congruential generator with the multiplier and
+//! Test helpers, built only for tests and benchmarks (`cfg(test)` or the `testing` feature, which
+//! only dev-dependencies enable): deterministic pseudo-random values, here, and tiny model files
+//! with random weights ([`model`]).
+//!
+//! The values are the same numbers on every machine and every run, with no crate. A 64-bit linear congruential generator with the multiplier and
 //! increment of Knuth's MMIX; its top 24 bits make an f32 in [-1, 1) exactly.
 //!
 //! Not for sampling: the sampler's draws come from [`crate::sampler::Rng`] (SplitMix64), whose
 //! low bits are as good as its high ones.
+
+pub mod model;
 
 /// One step of the generator: advances `seed`, returns a value in [-1, 1).
 pub fn lcg(seed: &mut u64) -> f32 {

@@ -1,6 +1,6 @@
-//! A tiny model file with random weights, for the unit tests of the forward pass and generation.
-//! (Exactness against HuggingFace is tested on real exported checkpoints in
-//! qwen3-cli/tests/parity.rs; these only need a valid model.)
+//! Tiny model files with random weights, for the tests of the forward pass, generation, the CLI
+//! and the GPU backend: the one writer they all use. (Exactness against HuggingFace is tested on
+//! real exported checkpoints in qwen3-cli/tests/parity.rs; these only need a valid model.)
 
 use crate::format::writer::ModelWriter;
 use crate::format::writer::TensorSpec;
@@ -83,7 +83,8 @@ pub fn write_random(path: &Path, dtype: DType) {
     write_random_specs(path, &c, &specs)
 }
 
-/// A model file of config `c` with random weights, stored as [`tensor_specs`] says.
+/// A model file of config `c` with random weights, stored as [`tensor_specs`] says (a q4
+/// file keeps some matrices finer: `Q4Mix`).
 pub fn write_random_config(path: &Path, c: &ModelConfig) {
     write_random_specs(path, c, &tensor_specs(c))
 }
@@ -91,7 +92,7 @@ pub fn write_random_config(path: &Path, c: &ModelConfig) {
 fn write_random_specs(path: &Path, c: &ModelConfig, specs: &[TensorSpec]) {
     let mut w = ModelWriter::create(path, c, specs.to_vec()).unwrap();
     let mut seed = 11u64;
-    let mut rnd = || crate::testing::lcg(&mut seed);
+    let mut rnd = || super::lcg(&mut seed);
     for s in specs {
         let n = s.shape.iter().product::<u64>() as usize;
         let norm = s.dtype == DType::F32 && s.shape.len() == 1;
