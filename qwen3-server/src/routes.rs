@@ -25,9 +25,6 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Seconds since the Unix epoch, where the CLI has long found it (it lives in job.rs).
-pub use crate::job::unix_now;
-
 /// `GET /health`: answers as soon as the server listens (no key needed), as llama-server does.
 pub async fn health() -> Json<Value> {
     Json(json!({"status": "ok"}))

@@ -170,7 +170,7 @@ pub fn prepare(
         slots: args.parallel,
         max_queue: args.queue,
         api_key,
-        created: qwen3_server::routes::unix_now(),
+        created: qwen3_server::job::unix_now(),
         commands: tx,
         metrics: metrics.clone(),
         ui: false,

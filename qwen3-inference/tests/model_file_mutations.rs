@@ -1,0 +1,135 @@
+//! The model-file reader on corrupted files: a bounded, deterministic fuzz run on stable Rust.
+//! (The coverage-guided target is fuzz/fuzz_targets/model_file.rs, for `cargo +nightly fuzz`.)
+//!
+//! Valid tiny files (dense f32, q4 with its finer tensors, Qwen3-MoE with YaRN in bf16) are
+//! mutated thousands of times, each time in a few ways a damaged or hostile file could be: bytes
+//! of the header set to random values, a length or count field set to 0, 1, all ones or near the
+//! file's size, the file cut short or grown. The reader must answer each with a value or an
+//! error; a panic, an abort on a huge allocation, or a hang fails the test. A mutated file that
+//! still parses is opened from disk and every tensor viewed, which must not panic either.
+
+use qwen3_inference::format::reader::Header;
+use qwen3_inference::format::{DType, ModelFile};
+use qwen3_inference::testing::lcg;
+use qwen3_inference::testing::model::{moe_config, write_random, write_random_config};
+use std::path::PathBuf;
+
+const ITERATIONS: usize = 4000;
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("pq-mutations-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+/// A random index below `n` from the test's generator.
+fn below(seed: &mut u64, n: usize) -> usize {
+    (((lcg(seed) + 1.0) * 0.5 * n as f32) as usize).min(n.saturating_sub(1))
+}
+
+/// `bytes` with one to four mutations, most of them inside the header (the first `header` bytes).
+fn mutate(bytes: &[u8], header: usize, seed: &mut u64) -> Vec<u8> {
+    let mut b = bytes.to_vec();
+    for _ in 0..1 + below(seed, 4) {
+        if b.len() < 16 {
+            break;
+        }
+        let header = header.min(b.len());
+        match below(seed, 6) {
+            // A random byte of the header.
+            0 | 1 => {
+                let i = below(seed, header);
+                b[i] = below(seed, 256) as u8;
+            }
+            // A 4- or 8-byte field of the header (counts, lengths, offsets, shapes) set to a
+            // value a reader must not trust.
+            2 | 3 => {
+                let len = b.len() as u64;
+                let extremes = [
+                    0,
+                    1,
+                    u32::MAX as u64,
+                    u64::MAX,
+                    len,
+                    len + 1,
+                    len - 1,
+                    1 << 40,
+                ];
+                let v = extremes[below(seed, extremes.len())];
+                let i = below(seed, header.saturating_sub(8)) & !3;
+                if below(seed, 2) == 0 {
+                    b[i..i + 4].copy_from_slice(&(v as u32).to_le_bytes());
+                } else {
+                    b[i..i + 8].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            // Cut short, anywhere.
+            4 => {
+                let n = below(seed, b.len());
+                b.truncate(n);
+            }
+            // Grown by a few bytes.
+            _ => b.extend(std::iter::repeat_n(0xAB, 1 + below(seed, 100))),
+        }
+    }
+    b
+}
+
+#[test]
+fn corrupted_model_files_give_errors_not_panics() {
+    let files = [
+        ("f32", {
+            let p = tmp("f32.bin");
+            write_random(&p, DType::F32);
+            p
+        }),
+        ("q4", {
+            let p = tmp("q4.bin");
+            write_random(&p, DType::Q6);
+            p
+        }),
+        ("moe-bf16", {
+            let p = tmp("moe.bin");
+            write_random_config(&p, &moe_config(DType::Bf16));
+            p
+        }),
+    ];
+    let mut seed = 2026u64;
+    let (mut refused, mut parsed, mut opened) = (0, 0, 0);
+    for (name, path) in &files {
+        let bytes = std::fs::read(path).unwrap();
+        let header = Header::parse(&bytes).expect("the unmutated file parses");
+        // The header and its padding end where the first tensor's data starts.
+        let header_len = header.tensors.iter().map(|t| t.offset).min().unwrap() as usize;
+        for _ in 0..ITERATIONS {
+            let m = mutate(&bytes, header_len, &mut seed);
+            match Header::parse(&m) {
+                Err(e) => {
+                    refused += 1;
+                    assert!(!format!("{e:#}").is_empty(), "{name}: an empty error");
+                }
+                Ok(_) => {
+                    parsed += 1;
+                    // Still a valid header: open it as a file and view every tensor.
+                    let p = tmp("mutated.bin");
+                    std::fs::write(&p, &m).unwrap();
+                    if let Ok(f) = ModelFile::open(&p) {
+                        opened += 1;
+                        for t in &f.header().tensors {
+                            let _ = f.tensor(&t.name);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    std::fs::remove_dir_all(files[0].1.parent().unwrap()).unwrap();
+    println!(
+        "{refused} refused, {parsed} parsed ({opened} opened) of {} mutated files",
+        3 * ITERATIONS
+    );
+    assert!(
+        refused > ITERATIONS,
+        "the mutations should mostly break the files"
+    );
+}
