@@ -30,11 +30,11 @@ test -x "$ptxas" || { echo "ptxas not found at $ptxas" >&2; exit 1; }
 
 echo "== NVRTC: every kernel to PTX (cargo test -p qwen3-cuda --features cuda --test nvrtc)"
 # cudarc opens libnvrtc through the dynamic loader, so the wheel's lib/ goes on LD_LIBRARY_PATH.
-# QWEN3_REQUIRE_NVRTC turns the test's "no NVRTC, skipping" into a failure.
+# The tests are #[ignore]d where libnvrtc may be missing; --include-ignored runs them here.
 mkdir -p "$tmp/ptx"
 LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    QWEN3_REQUIRE_NVRTC=1 QWEN3_PTX_DIR="$tmp/ptx" \
-    cargo test -p qwen3-cuda --features cuda --test nvrtc
+    QWEN3_PTX_DIR="$tmp/ptx" \
+    cargo test -p qwen3-cuda --features cuda --test nvrtc -- --include-ignored
 
 echo "== ptxas: assembling each PTX file for its real architecture"
 "$ptxas" --version | tail -1
