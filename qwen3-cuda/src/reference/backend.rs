@@ -51,7 +51,7 @@ impl<'a> Backend for ReferenceBackend<'a> {
     type KvCache = ReferenceKvCache;
 
     fn alloc(&self, len: usize) -> Result<Vec<f32>> {
-        Ok(vec![0.0; len])
+        qwen3_inference::backend::host::alloc(len)
     }
 
     fn rope_table(&self, table: RopeTable) -> Result<ReferenceRope> {
@@ -87,12 +87,7 @@ impl<'a> Backend for ReferenceBackend<'a> {
         src_offset: usize,
         len: usize,
     ) -> Result<()> {
-        ensure!(
-            dst_offset + len <= dst.len() && src_offset + len <= src.len(),
-            "copy out of bounds"
-        );
-        dst[dst_offset..dst_offset + len].copy_from_slice(&src[src_offset..src_offset + len]);
-        Ok(())
+        qwen3_inference::backend::host::copy(dst, dst_offset, src, src_offset, len)
     }
 
     fn read<'s>(
@@ -101,8 +96,7 @@ impl<'a> Backend for ReferenceBackend<'a> {
         len: usize,
         _staging: &'s mut Vec<f32>,
     ) -> Result<&'s [f32]> {
-        ensure!(len <= x.len(), "read out of bounds");
-        Ok(&x[..len])
+        qwen3_inference::backend::host::read(x, len)
     }
 
     fn embed(
@@ -237,8 +231,7 @@ impl<'a> Backend for ReferenceBackend<'a> {
     }
 
     fn zero(&self, x: &mut Vec<f32>, n: usize) -> Result<()> {
-        x[..n].fill(0.0);
-        Ok(())
+        qwen3_inference::backend::host::zero(x, n)
     }
 
     /// `scatter_add_rows` (elementwise.cu): per value a product and a sum, as on the host.
@@ -250,14 +243,7 @@ impl<'a> Backend for ReferenceBackend<'a> {
         weights: &[f32],
         n: usize,
     ) -> Result<()> {
-        qwen3_inference::backend::scatter_add_rows_host(
-            out,
-            &y[..rows.len() * n],
-            rows,
-            weights,
-            n,
-        );
-        Ok(())
+        qwen3_inference::backend::host::scatter_add_rows(out, y, rows, weights, n)
     }
 
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> Result<()> {

@@ -166,7 +166,7 @@ impl<'a> Backend for CpuBackend<'a> {
     type KvCache = CpuKvCache;
 
     fn alloc(&self, len: usize) -> Result<Vec<f32>> {
-        Ok(vec![0.0; len])
+        super::host::alloc(len)
     }
 
     fn rope_table(&self, table: RopeTable) -> Result<RopeTable> {
@@ -191,8 +191,7 @@ impl<'a> Backend for CpuBackend<'a> {
         src_offset: usize,
         len: usize,
     ) -> Result<()> {
-        dst[dst_offset..dst_offset + len].copy_from_slice(&src[src_offset..src_offset + len]);
-        Ok(())
+        super::host::copy(dst, dst_offset, src, src_offset, len)
     }
 
     fn read<'s>(
@@ -201,7 +200,7 @@ impl<'a> Backend for CpuBackend<'a> {
         len: usize,
         _staging: &'s mut Vec<f32>,
     ) -> Result<&'s [f32]> {
-        Ok(&x[..len])
+        super::host::read(x, len)
     }
 
     fn embed(
@@ -335,8 +334,7 @@ impl<'a> Backend for CpuBackend<'a> {
     }
 
     fn zero(&self, x: &mut Vec<f32>, n: usize) -> Result<()> {
-        x[..n].fill(0.0);
-        Ok(())
+        super::host::zero(x, n)
     }
 
     fn scatter_add_rows(
@@ -347,8 +345,7 @@ impl<'a> Backend for CpuBackend<'a> {
         weights: &[f32],
         n: usize,
     ) -> Result<()> {
-        super::scatter_add_rows_host(out, &y[..rows.len() * n], rows, weights, n);
-        Ok(())
+        super::host::scatter_add_rows(out, y, rows, weights, n)
     }
 
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> Result<()> {

@@ -19,6 +19,7 @@
 //! `Result` because a device can fail at any launch; the CPU's never do.
 
 mod cpu;
+pub mod host;
 mod plain;
 
 pub use crate::kernels::{AttentionShape, KvType, RopeTable};
@@ -203,14 +204,4 @@ pub trait Backend {
     fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, n: usize) -> Result<()>;
     /// The residual connection, in place: `x[i] += y[i]` for `i < n`.
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf, n: usize) -> Result<()>;
-}
-
-/// [`Backend::scatter_add_rows`] on host vectors, the plain loop every host backend shares.
-pub fn scatter_add_rows_host(out: &mut [f32], y: &[f32], rows: &[u32], weights: &[f32], n: usize) {
-    for ((&r, &w), yr) in rows.iter().zip(weights).zip(y.chunks_exact(n)) {
-        let o = &mut out[r as usize * n..][..n];
-        for (o, &v) in o.iter_mut().zip(yr) {
-            *o += w * v;
-        }
-    }
 }

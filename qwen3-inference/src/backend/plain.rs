@@ -65,7 +65,7 @@ impl<'a> Backend for PlainBackend<'a> {
     type KvCache = PlainKvCache;
 
     fn alloc(&self, len: usize) -> Result<Vec<f32>> {
-        Ok(vec![0.0; len])
+        super::host::alloc(len)
     }
 
     fn rope_table(&self, table: RopeTable) -> Result<RopeTable> {
@@ -98,8 +98,7 @@ impl<'a> Backend for PlainBackend<'a> {
         src_offset: usize,
         len: usize,
     ) -> Result<()> {
-        dst[dst_offset..dst_offset + len].copy_from_slice(&src[src_offset..src_offset + len]);
-        Ok(())
+        super::host::copy(dst, dst_offset, src, src_offset, len)
     }
 
     fn read<'s>(
@@ -108,7 +107,7 @@ impl<'a> Backend for PlainBackend<'a> {
         len: usize,
         _staging: &'s mut Vec<f32>,
     ) -> Result<&'s [f32]> {
-        Ok(&x[..len])
+        super::host::read(x, len)
     }
 
     /// `x[i][c] = table[tokens[i]][c]`.
@@ -298,8 +297,7 @@ impl<'a> Backend for PlainBackend<'a> {
     }
 
     fn zero(&self, x: &mut Vec<f32>, n: usize) -> Result<()> {
-        x[..n].fill(0.0);
-        Ok(())
+        super::host::zero(x, n)
     }
 
     fn scatter_add_rows(
@@ -310,8 +308,7 @@ impl<'a> Backend for PlainBackend<'a> {
         weights: &[f32],
         n: usize,
     ) -> Result<()> {
-        super::scatter_add_rows_host(out, &y[..rows.len() * n], rows, weights, n);
-        Ok(())
+        super::host::scatter_add_rows(out, y, rows, weights, n)
     }
 
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> Result<()> {
