@@ -14,6 +14,8 @@
 //! [`ExportOptions::cancel`] (the CLI sets it on Ctrl-C) stops the export between chunks, and the
 //! temporary files go with the error.
 
+#![forbid(unsafe_code)]
+
 pub mod hf;
 
 use anyhow::{bail, Context, Result};

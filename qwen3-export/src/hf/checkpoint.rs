@@ -6,7 +6,7 @@
 
 use super::config::read_json;
 use anyhow::{bail, Context, Result};
-use memmap2::Mmap;
+use qwen3_inference::format::mapped::MappedFile;
 use safetensors::tensor::{Dtype, Metadata};
 use safetensors::{SafeTensorError, SafeTensors};
 use std::collections::HashMap;
@@ -297,11 +297,7 @@ fn open_shard(path: &Path) -> Result<Shard> {
     // The safetensors crate validates a header against the whole file's bytes (its offsets must
     // tile the data section up to the file's end, which is how a truncated shard is caught), so
     // the file is mapped for that check only; tensor data is read later with positioned reads.
-    // SAFETY: the mapping is read-only, lives only inside this function, and is only read
-    // through `&[u8]` with bounds checks. It is sound as long as no other process truncates or
-    // rewrites the checkpoint during the export, the usual condition for reading a file.
-    let mmap =
-        unsafe { Mmap::map(&file) }.with_context(|| format!("{}: cannot mmap", path.display()))?;
+    let mmap = MappedFile::map(&file).with_context(|| format!("{}", path.display()))?;
     let (n, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| match e {
         SafeTensorError::MetadataIncompleteBuffer => anyhow::anyhow!(
             "{}: not a valid safetensors file: truncated (its header describes more data than the file holds)",

@@ -20,6 +20,7 @@
 pub mod atomic;
 pub mod bytes;
 pub mod config;
+pub mod mapped;
 pub mod reader;
 pub mod writer;
 

@@ -6,6 +6,7 @@
 //! (`&'a self`), so the borrow checker guarantees no view outlives the mapping.
 
 use super::bytes::ByteReader;
+use super::mapped::MappedFile;
 use super::{
     align_up, expected_tensors, matrix_storage_ok, tensor_nbytes, value_bytes, DType, ModelConfig,
     TensorKind, ALIGN, BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION,
@@ -13,7 +14,6 @@ use super::{
 };
 use crate::pages::{self, PageShare};
 use anyhow::{bail, Context, Result};
-use memmap2::Mmap;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -265,7 +265,7 @@ pub struct TensorView<'a> {
 /// An open model file: one read-only mapping plus its validated header.
 pub struct ModelFile {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: MappedFile,
     header: Header,
     index: HashMap<String, usize>,
 }
@@ -292,15 +292,10 @@ impl ModelFile {
             bail!("a directory, not a model file (written by `qwen3 export`)");
         }
         let file = File::open(path).context("cannot open")?;
-        // SAFETY: `Mmap::map` is unsafe because the mapping's contents could change (or the file
-        // shrink) if another process writes the file while we hold the map. We map read-only and
-        // only ever read through `&[u8]`; the exporter never rewrites a file in place (it writes a
-        // temporary and renames, which leaves our mapping of the old inode intact). Modifying a
-        // model file in place while it is being run is unsupported, as for every mmap-based
-        // runtime. Every access below is bounds-checked against `mmap.len()`.
-        let mmap = unsafe { Mmap::map(&file) }.context("cannot mmap")?;
+        // Mapped, never copied; every access below is bounds-checked against its length.
+        let mmap = MappedFile::map(&file)?;
         // Decode streams every weight once a token; 2 MiB pages stream faster (crate::pages).
-        pages::advise_huge_pages(&mmap);
+        mmap.advise_huge_pages();
         let header = Header::parse(&mmap)?;
         let index = header
             .tensors

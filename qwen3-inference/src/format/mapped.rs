@@ -1,0 +1,45 @@
+//! A file mapped read-only into memory: the one place where the library and the exporter map a
+//! file, and so the one place its `unsafe` is argued sound.
+//!
+//! Mapping lets the weights stay in the page cache, shared and never copied: a 17 GiB model runs
+//! on a machine whose memory could not hold a copy of it. The price is a promise that no one
+//! changes the file while it is mapped.
+
+use anyhow::{Context, Result};
+use memmap2::Mmap;
+use std::fs::File;
+use std::ops::Deref;
+
+/// The bytes of a file, mapped read-only. Dereferences to `&[u8]`, borrowed from the mapping, so
+/// no view of it can outlive it.
+pub struct MappedFile {
+    map: Mmap,
+}
+
+impl MappedFile {
+    /// Maps `file` read-only.
+    pub fn map(file: &File) -> Result<MappedFile> {
+        // SAFETY: `Mmap::map` is unsafe because the mapping's contents could change (or the file
+        // shrink) if another process writes the file while it is mapped. The mapping is
+        // read-only, and is only ever read through `&[u8]` borrowed from `self`, with bounds
+        // checks (the readers check every offset against `len()`). pico-qwen never rewrites a
+        // file in place: the exporter writes a temporary and renames it (`format::atomic`), which
+        // leaves a mapping of the old file intact. Changing a model file or a checkpoint in place
+        // while it is read is unsupported, as for every mmap-based runtime.
+        let map = unsafe { Mmap::map(file) }.context("cannot mmap")?;
+        Ok(MappedFile { map })
+    }
+
+    /// Asks the kernel for 2 MiB pages under the mapping ([`crate::pages`]); a hint only.
+    pub fn advise_huge_pages(&self) {
+        crate::pages::advise_huge_pages(&self.map);
+    }
+}
+
+impl Deref for MappedFile {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.map
+    }
+}
