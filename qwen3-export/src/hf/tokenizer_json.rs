@@ -547,7 +547,7 @@ mod tests {
     /// `scripts/tokenizer_cases.py --random N > FILE`, then
     /// `PQ_TOKENIZER_CASES=FILE cargo test -p qwen3-export -- --ignored differential --nocapture`.
     #[test]
-    #[ignore]
+    #[ignore = "needs PQ_TOKENIZER_CASES, a case file from scripts/tokenizer_cases.py --random N"]
     fn differential_random_cases() {
         let path = std::env::var("PQ_TOKENIZER_CASES").expect("set PQ_TOKENIZER_CASES");
         let json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
