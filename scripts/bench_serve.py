@@ -154,7 +154,7 @@ def main():
               f"{row['ttft_med_s']:.3f} / {row['ttft_p99_s']:.3f} | {row['itl_med_ms']:.1f} / {row['itl_p99_ms']:.1f} |",
               flush=True)
     base = rows[0]["agg_tok_s"]
-    print(f"aggregate tok/s relative to the first level: "
+    print("aggregate tok/s relative to the first level: "
           + ", ".join(f"{r['concurrency']}: {r['agg_tok_s'] / base:.2f}x" for r in rows))
     if args.json:
         with open(args.json, "w") as f:
