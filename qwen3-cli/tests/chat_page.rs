@@ -2,8 +2,9 @@
 //! `chromium` and `chromium-driver`; the protocol is JSON over HTTP, spoken here with the server
 //! tests' plain client). It loads the page, sends a message, sees the streamed answer appear,
 //! presses Stop in the middle of a long answer, and sees the server free the slot. `#[ignore]`d
-//! with that reason, so a plain `cargo test` reports it as ignored, not passed; CI installs
-//! Chromium and runs it with `--include-ignored`, and there a missing browser is a failure.
+//! with that reason, so a plain `cargo test` reports it as ignored, not passed. CI installs
+//! Chromium and runs it with `--include-ignored` (saying so where it cannot install it); run that
+//! way without a browser, it fails naming what is missing.
 
 mod common;
 

@@ -1,7 +1,7 @@
 //! `qwen3 serve` as a client uses it: the real binary on an ephemeral loopback port, spoken to
 //! over HTTP. What needs the binary: exactness against HuggingFace with streaming, usage and the
-//! request log on stderr, the same answer as the CLI's own chat, a clean exit on SIGTERM, and
-//! clear errors for bad flags. Concurrency (batch invariance, a burst of clients, clients that
+//! request log on stderr, the same answer as the CLI's own chat, a clean exit on SIGTERM, the API
+//! key read from `QWEN3_API_KEY` by the command, and clear errors for bad flags. Concurrency (batch invariance, a burst of clients, clients that
 //! vanish) is in serve_batching.rs; the routes where the socket is not the point (stop strings,
 //! `n`, bad input, the API key) are in qwen3-server/tests, through the router in process.
 
@@ -247,6 +247,25 @@ fn sigterm_exits_cleanly() {
     let r = client.join().unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(r.events().last().map(String::as_str), Some("[DONE]"));
+}
+
+/// The key can come from the environment instead of `--api-key` (read by the command, so only
+/// the real binary shows it): then the routes under `/v1` want it, and `/health` does not.
+#[test]
+fn the_api_key_comes_from_the_environment() {
+    let m = Model::new("env-key");
+    let s = Server::start_env(&m.path, &[], &[("QWEN3_API_KEY", "sekret")]);
+    assert_eq!(s.get("/health").status, 200);
+    let r = s.get("/v1/models");
+    assert_eq!(r.status, 401, "{}", r.body);
+    let ok = http(
+        s.port,
+        "GET",
+        "/v1/models",
+        &[("Authorization", "Bearer sekret")],
+        b"",
+    );
+    assert_eq!(ok.status, 200, "{}", ok.body);
 }
 
 /// Bad flags: a clear one-line error and exit 1, before anything listens.

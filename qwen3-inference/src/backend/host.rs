@@ -3,7 +3,7 @@
 //! only its arithmetic. Every operation checks its ranges and answers a bad one with an error,
 //! not a panic, as a device backend does.
 
-use anyhow::{ensure, Result};
+use anyhow::{bail, ensure, Result};
 
 /// [`super::Backend::alloc`]: `len` zeros.
 pub fn alloc(len: usize) -> Result<Vec<f32>> {
@@ -18,13 +18,17 @@ pub fn copy(
     src_offset: usize,
     len: usize,
 ) -> Result<()> {
-    ensure!(
-        dst_offset + len <= dst.len() && src_offset + len <= src.len(),
-        "copy out of bounds: {len} values from {src_offset} of {} to {dst_offset} of {}",
-        src.len(),
-        dst.len()
-    );
-    dst[dst_offset..dst_offset + len].copy_from_slice(&src[src_offset..src_offset + len]);
+    let (dst_len, src_len) = (dst.len(), src.len());
+    let to = dst_offset
+        .checked_add(len)
+        .and_then(|end| dst.get_mut(dst_offset..end));
+    let from = src_offset
+        .checked_add(len)
+        .and_then(|end| src.get(src_offset..end));
+    let (Some(to), Some(from)) = (to, from) else {
+        bail!("copy out of bounds: {len} values from {src_offset} of {src_len} to {dst_offset} of {dst_len}");
+    };
+    to.copy_from_slice(from);
     Ok(())
 }
 
@@ -43,6 +47,7 @@ pub fn zero(x: &mut [f32], n: usize) -> Result<()> {
 
 /// [`super::Backend::scatter_add_rows`]: `out[rows[i]] += weights[i] * y[i]`, row `i` of `y` being
 /// `n` wide, in the order of `rows` (so each output row sums its experts in ascending order).
+/// Every row is checked before any is added, so an error leaves `out` as it was.
 pub fn scatter_add_rows(
     out: &mut [f32],
     y: &[f32],
@@ -50,18 +55,20 @@ pub fn scatter_add_rows(
     weights: &[f32],
     n: usize,
 ) -> Result<()> {
+    let needed = rows.len().checked_mul(n);
     ensure!(
-        y.len() >= rows.len() * n && weights.len() == rows.len(),
+        n > 0 && needed.is_some_and(|v| v <= y.len()) && weights.len() == rows.len(),
         "scatter_add_rows: {} rows of {n} with {} weights from {} values",
         rows.len(),
         weights.len(),
         y.len()
     );
+    let out_rows = out.len() / n;
+    if let Some(&r) = rows.iter().find(|&&r| r as usize >= out_rows) {
+        bail!("scatter_add_rows: row {r} out of bounds ({out_rows} rows)");
+    }
     for ((&r, &w), yr) in rows.iter().zip(weights).zip(y.chunks_exact(n)) {
-        let start = r as usize * n;
-        let o = out
-            .get_mut(start..start + n)
-            .ok_or_else(|| anyhow::anyhow!("scatter_add_rows: row {r} out of bounds"))?;
+        let o = &mut out[r as usize * n..][..n];
         for (o, &v) in o.iter_mut().zip(yr) {
             *o += w * v;
         }

@@ -1,7 +1,8 @@
 //! The seam between the forward pass and the hardware it runs on: the few operations a Qwen3
 //! forward pass needs, over buffers the backend owns.
 //!
-//! [`crate::model::Session`] is written once against [`Backend`]. Implementations:
+//! The forward pass ([`crate::model::Forward`]) is written once against [`Backend`].
+//! Implementations:
 //! - [`PlainBackend`]: the math in textbook loops, no SIMD, no threads (`plain.rs`: read it
 //!   first); the oracle the others are tested against;
 //! - [`CpuBackend`]: host vectors and the SIMD kernels of [`crate::kernels`], weights borrowed from
@@ -16,7 +17,9 @@
 //!
 //! Buffers are allocated once at their largest size (a prefill chunk of `max_batch` tokens); every
 //! op takes the counts it uses, so the same buffers serve a one-token decode step. Ops return
-//! `Result` because a device can fail at any launch; the CPU's never do.
+//! `Result` because a device can fail at any launch; the host backends' arithmetic does not, and
+//! their memory operations ([`host`]) answer a range the forward pass never asks for with an
+//! error rather than a panic.
 
 mod cpu;
 pub mod host;

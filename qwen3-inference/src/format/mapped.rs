@@ -1,9 +1,21 @@
 //! A file mapped read-only into memory: the one place where the library and the exporter map a
-//! file, and so the one place its `unsafe` is argued sound.
+//! file, and so the one place its `unsafe` is argued.
 //!
 //! Mapping lets the weights stay in the page cache, shared and never copied: a 17 GiB model runs
 //! on a machine whose memory could not hold a copy of it. The price is a promise that no one
 //! changes the file while it is mapped.
+//!
+//! # Soundness
+//!
+//! [`MappedFile::map`] is safe to call, and its soundness rests on one assumption that Rust
+//! cannot check and this crate does not enforce: **no process writes to or truncates the file
+//! while it is mapped**. Were one to, the bytes behind a `&[u8]` would change under the borrow
+//! (undefined behaviour), or reading a truncated page would raise SIGBUS. Every mmap-based runtime
+//! (llama.cpp, safetensors' users, memmap2's) makes the same assumption, and pico-qwen keeps it on
+//! its side: it never writes a file in place (the exporter writes a temporary and renames it,
+//! `format::atomic`, which leaves a mapping of the old file intact), and it maps only model files
+//! and checkpoints, which a user does not edit while running them. Running a model while another
+//! program rewrites that very file in place is unsupported.
 
 use anyhow::{Context, Result};
 use memmap2::Mmap;
@@ -20,12 +32,10 @@ impl MappedFile {
     /// Maps `file` read-only.
     pub fn map(file: &File) -> Result<MappedFile> {
         // SAFETY: `Mmap::map` is unsafe because the mapping's contents could change (or the file
-        // shrink) if another process writes the file while it is mapped. The mapping is
-        // read-only, and is only ever read through `&[u8]` borrowed from `self`, with bounds
-        // checks (the readers check every offset against `len()`). pico-qwen never rewrites a
-        // file in place: the exporter writes a temporary and renames it (`format::atomic`), which
-        // leaves a mapping of the old file intact. Changing a model file or a checkpoint in place
-        // while it is read is unsupported, as for every mmap-based runtime.
+        // shrink) if another process writes the file while it is mapped: this module's
+        // "Soundness" section states that assumption and why pico-qwen can rely on it. The
+        // mapping is read-only, and only ever read through `&[u8]` borrowed from `self`, so no
+        // view outlives it.
         let map = unsafe { Mmap::map(file) }.context("cannot mmap")?;
         Ok(MappedFile { map })
     }

@@ -280,8 +280,8 @@ struct Pass {
 type AttendFn<T> =
     fn(o: &mut [f32], q: &[f32], keys: &[T], values: &[T], n: usize, pass: &mut Pass);
 
-/// [`attend_body`] for cache elements `T`, compiled for the best instruction set of this CPU
-/// ([`vector_isa`]). The body is plain Rust whose loops are elementwise or written in independent
+/// [`attend_body`] for cache elements `T`, compiled for the instruction set of the chosen kernel
+/// family ([`vector_isa`]). The body is plain Rust whose loops are elementwise or written in independent
 /// lanes, which the compiler turns into vector instructions of whatever width the enabled
 /// features give (SSE2 or NEON by default, AVX2 or AVX-512 in the wrappers below). Every version
 /// does the same operations in the same order, so all give bit-identical results (tested).

@@ -15,10 +15,11 @@
 //! chosen once at run time. The functions here keep their signatures whatever [`dot`] picks.
 //! [`exp`] is the softmax's exponential, written so that loops over it vectorize; `lanes.rs` sums
 //! in independent lanes for the same reason. The elementwise steps are plain loops compiled once
-//! per instruction set by `vectorized!` (below), which runs the widest this CPU has.
+//! per instruction set by `vectorized!` (below), which runs the version of the chosen kernel
+//! family ([`vector_isa`]).
 
-/// Defines a kernel whose body is compiled once per instruction set and run in the widest
-/// version this CPU has ([`vector_isa`]), for the small elementwise steps (RMSNorm, RoPE, SwiGLU,
+/// Defines a kernel whose body is compiled once per instruction set and run in the version of
+/// the chosen kernel family ([`vector_isa`]), for the small elementwise steps (RMSNorm, RoPE, SwiGLU,
 /// the residual add) whose plain loops the compiler vectorizes. Decode runs these steps on the
 /// calling thread while the other threads wait for it, so their time counts twice, and at the
 /// target's baseline (SSE2) it showed (measured: docs/performance.md, "Smaller steps").
@@ -74,14 +75,15 @@ pub use matmul::{matmul, matmuls};
 pub use rmsnorm::rmsnorm;
 pub use rope::{rope, RopeTable};
 
-/// The widest vectors the plain-Rust kernels written in lanes use (attention's body, the
-/// sampler's passes, the elementwise steps of `vectorized!`). Each such kernel has one wrapper per
-/// variant, compiled with that instruction set enabled, and picks the wrapper from this.
+/// The vectors the plain-Rust kernels written in lanes use (attention's body, the sampler's
+/// passes, the elementwise steps of `vectorized!`). Each such kernel has one wrapper per variant,
+/// compiled with that instruction set enabled, and picks the wrapper from this.
 ///
 /// There is one detection of what the CPU has: the dot kernels' ([`dot::dots`], which also obeys
-/// `QWEN3_KERNELS`). This follows the family chosen there, so forcing a family forces every
-/// kernel, and a variant's instructions are always a subset of what that family was checked for
-/// (AVX-512 F of `avx512-vnni`'s F/BW/VL/VNNI, AVX2 of `avx2`'s and `avx-vnni`'s AVX2/FMA/F16C).
+/// `QWEN3_KERNELS`). Each dot family says which variant goes with it ([`dot::Dots::lanes`]), set
+/// beside its detection, so forcing a family forces every kernel, and a variant's instructions are
+/// always among those its family was checked for. A CPU with AVX-512 F but no VNNI gets the
+/// `avx2` family, and so AVX2 lanes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum VectorIsa {
     #[cfg(target_arch = "x86_64")]
@@ -93,21 +95,6 @@ pub(crate) enum VectorIsa {
 }
 
 impl VectorIsa {
-    /// The variant for a dot-kernel family ([`dot::Dots::isa`]).
-    fn of_family(isa: &str) -> VectorIsa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if isa.starts_with("avx512") {
-                return VectorIsa::Avx512;
-            }
-            if isa.starts_with("avx") {
-                return VectorIsa::Avx2;
-            }
-        }
-        let _ = isa;
-        VectorIsa::Baseline
-    }
-
     /// Every variant, widest first (for tests that run each).
     #[cfg(test)]
     const ALL: &[VectorIsa] = &[
@@ -121,9 +108,7 @@ impl VectorIsa {
     /// Whether this CPU has a dot-kernel family of this variant (for a test's forced choice).
     #[cfg(test)]
     fn supported(self) -> bool {
-        dot::available()
-            .iter()
-            .any(|d| VectorIsa::of_family(d.isa) == self)
+        dot::available().iter().any(|d| d.lanes == self)
     }
 }
 
@@ -135,8 +120,7 @@ pub(crate) fn vector_isa() -> VectorIsa {
         assert!(isa.supported(), "{isa:?} is not supported here");
         return isa;
     }
-    static ISA: std::sync::OnceLock<VectorIsa> = std::sync::OnceLock::new();
-    *ISA.get_or_init(|| VectorIsa::of_family(dot::dots().isa))
+    dot::dots().lanes
 }
 
 /// Threads the kernels split work over (rayon's pool; set `RAYON_NUM_THREADS` to change it).

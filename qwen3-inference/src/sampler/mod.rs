@@ -177,8 +177,8 @@ impl Sampler {
 /// [`Sampler::sample`]'s signature, for [`sample_fn`].
 type SampleFn = fn(&mut Sampler, &[f32], &[u32], &[u32]) -> u32;
 
-/// [`Sampler::sample_body`] compiled for the best instruction set of this CPU ([`vector_isa`], as
-/// attention's kernel is). Its passes over the vocabulary (the maximum,
+/// [`Sampler::sample_body`] compiled for the instruction set of the chosen kernel family
+/// ([`vector_isa`], as attention's kernel is). Its passes over the vocabulary (the maximum,
 /// the exponentials, top-p's thresholds, the draw's block sums) are plain loops that the compiler turns into
 /// vector instructions of the enabled width: SSE2 or NEON by default, AVX2 or AVX-512 in the
 /// wrappers below. The draws are identical in every version: the sums go in fixed lanes, and

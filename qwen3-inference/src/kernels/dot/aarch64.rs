@@ -45,6 +45,7 @@ pub const NEON: Dots = Dots {
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_neon(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_neon(x, gs, q, s) },
     isa: "neon",
+    lanes: crate::kernels::VectorIsa::Baseline,
 };
 
 /// [`NEON`] with the integer product on `sdot`; the float kernels are the same.

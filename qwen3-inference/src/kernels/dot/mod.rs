@@ -181,6 +181,10 @@ pub struct Dots {
     pub quantize_q8: QuantizeQ8,
     /// Which instruction set was picked, for `--verbose` and the bench report.
     pub isa: &'static str,
+    /// The vectors the lane kernels (attention, sampler, elementwise) use with this family: set
+    /// beside the family's detection, so it never names instructions the family was not checked
+    /// for ([`crate::kernels::VectorIsa`]).
+    pub(crate) lanes: crate::kernels::VectorIsa,
 }
 
 /// The scalar reference versions.
@@ -195,6 +199,7 @@ pub const SCALAR: Dots = Dots {
     q8_f32: dot_q8_f32_scalar,
     quantize_q8: crate::quant::quantize_q8,
     isa: "scalar",
+    lanes: crate::kernels::VectorIsa::Baseline,
 };
 
 /// The fastest versions this CPU supports, detected once; or the family `QWEN3_KERNELS` names

@@ -49,6 +49,8 @@ pub const AVX2: Dots = Dots {
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx2(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx2(x, gs, q, s) },
     isa: "avx2",
+    // `has_avx2()` checked AVX2 (with FMA and F16C): the lane kernels' AVX2 wrappers need AVX2.
+    lanes: crate::kernels::VectorIsa::Avx2,
 };
 
 /// The AVX2 kernels with AVX-VNNI's `vpdpbusd` for the integer products.
@@ -78,6 +80,8 @@ pub const AVX512: Dots = Dots {
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
     isa: "avx512-vnni",
+    // `has_avx512()` checked AVX-512 F (with BW, VL, VNNI): the lane wrappers need F.
+    lanes: crate::kernels::VectorIsa::Avx512,
 };
 
 /// How far ahead of the weight byte it reads the decode kernel asks for the weights, twice:
