@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod chat;
+pub mod constraint;
 pub mod engine;
 pub mod format;
 pub mod generate;
