@@ -128,47 +128,7 @@ fn unique() -> u64 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
-/// An HTTP response.
-#[derive(Debug)]
-pub struct Resp {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: String,
-}
-
-impl Resp {
-    pub fn json(&self) -> Value {
-        serde_json::from_str(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", self.status, self.body))
-    }
-
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The `data:` payloads of a server-sent event stream, in order.
-    pub fn events(&self) -> Vec<String> {
-        self.body
-            .lines()
-            .filter_map(|l| l.strip_prefix("data: "))
-            .map(str::to_string)
-            .collect()
-    }
-
-    /// An OpenAI error object's `error`, checking its shape.
-    pub fn error(&self) -> Value {
-        let v = self.json();
-        let e = v["error"].clone();
-        for f in ["message", "type", "param", "code"] {
-            assert!(e.get(f).is_some(), "error object without {f}: {v}");
-        }
-        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()));
-        e
-    }
-}
+pub use qwen3_test_support::Resp;
 
 /// One request on a fresh connection, read to the end.
 pub fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
