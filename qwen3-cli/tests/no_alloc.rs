@@ -97,6 +97,7 @@ fn decode_and_count() {
                     sampler: cfg.clone(),
                     stop_ids: vec![],
                     logprobs: None,
+                    constraint: None,
                 };
                 let (mut seen, mut at_start) = (0, 0);
                 generate(&mut engine, request, |_| {

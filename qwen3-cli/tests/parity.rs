@@ -372,6 +372,7 @@ fn our_greedy(model: &Model, case: &Case, kv: KvType) -> Vec<u32> {
         sampler: SamplerConfig::greedy(),
         stop_ids: vec![],
         logprobs: None,
+        constraint: None,
     };
     let mut out = vec![];
     generate(&mut e, request, |t| {

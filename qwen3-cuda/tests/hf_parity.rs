@@ -78,6 +78,7 @@ fn check_fixture(name: &str) {
             sampler: SamplerConfig::greedy(),
             stop_ids: vec![],
             logprobs: None,
+            constraint: None,
         };
         generate(&mut g, request, |id| {
             ids.push(id);

@@ -9,16 +9,28 @@
 //!
 //! One [`Vocabulary`] is built per tokenizer (the trie: every token's bytes, special tokens
 //! marked so no grammar can produce them by accident); one [`Constraint`] per sequence. Each step:
-//! [`Constraint::mask`] sets the logits of the tokens the grammar does not allow to -inf (the
-//! sampler's temperature and top-p then work within the allowed set), and
-//! [`Constraint::advance`] moves the grammar past the sampled token.
+//!
+//! 1. [`Constraint::prepare`] computes the set of tokens the grammar allows next (a bit per id);
+//!    it only depends on what was written before, so the engine runs it beside the forward pass;
+//! 2. [`Constraint::mask`] sets the logits of the other tokens to -inf (the sampler's temperature
+//!    and top-p then work within the allowed set); the end-of-sequence ids are allowed exactly
+//!    when the grammar may end;
+//! 3. [`Constraint::advance`] moves the grammar past the sampled token, and
+//!    [`Constraint::forced`] hands back the tokens that the grammar now allows one way only (the
+//!    `{"name": "` of a schema with one required key), so the engine feeds them without a
+//!    forward pass each.
+//!
+//! A constraint need not start at the first token ([`Start`]): a thinking model's reasoning
+//! stays free until `</think>`, and a tool call is free text until the model opens
+//! `<tool_call>` (a lazy grammar, as llama.cpp calls it).
 
 use crate::tokenizer::Tokenizer;
 use anyhow::{anyhow, bail, Context, Result};
 use llguidance::api::TopLevelGrammar;
-use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
+use std::ops::Deref;
 use std::sync::Arc;
 
 /// What the output must match.
@@ -37,15 +49,20 @@ pub enum Grammar {
 /// The tokenizer as the grammar engine sees it: each id's bytes in a trie, built once.
 pub struct Vocabulary {
     factory: ParserFactory,
+    /// The id the grammar engine calls end-of-sequence (a sequence's own stop ids take its place
+    /// in [`Constraint::mask`]).
+    eos: u32,
+    env: TokEnv,
 }
 
-/// The token trie and our tokenizer, for llguidance's forced-token and lexer steps.
-struct Env {
+/// The token trie and our tokenizer (any shared handle on one: an `Arc`, a `&'static`), for
+/// llguidance's forced-token and lexer steps.
+struct Env<T> {
     trie: TokTrie,
-    tokenizer: Arc<Tokenizer>,
+    tokenizer: T,
 }
 
-impl TokenizerEnv for Env {
+impl<T: Deref<Target = Tokenizer> + Send + Sync> TokenizerEnv for Env<T> {
     fn tok_trie(&self) -> &TokTrie {
         &self.trie
     }
@@ -63,7 +80,10 @@ impl Vocabulary {
     /// The vocabulary of `tokenizer`, padded to `n_logits` entries (the model's vocab_size, which
     /// may exceed the tokenizer's ids: the padding ids have no bytes and are never allowed), with
     /// `eos` as the id that ends a constrained answer.
-    pub fn new(tokenizer: Arc<Tokenizer>, n_logits: usize, eos: u32) -> Result<Vocabulary> {
+    pub fn new<T>(tokenizer: T, n_logits: usize, eos: u32) -> Result<Vocabulary>
+    where
+        T: Deref<Target = Tokenizer> + Send + Sync + 'static,
+    {
         let n = u32::try_from(n_logits).context("vocabulary too large")?;
         if (eos as usize) >= n_logits {
             bail!("end-of-sequence id {eos} is outside the {n_logits} logits");
@@ -87,12 +107,39 @@ impl Vocabulary {
         let mut factory = ParserFactory::new_simple(&env)?;
         // Errors come back as values; nothing on stderr.
         factory.set_stderr_log_level(0);
-        Ok(Vocabulary { factory })
+        Ok(Vocabulary { factory, eos, env })
+    }
+
+    /// The id of `text` if the tokenizer has it as one token (`</think>`, `<tool_call>`).
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        match self.env.tokenize_bytes(text.as_bytes()).as_slice() {
+            [id] => Some(*id),
+            _ => None,
+        }
+    }
+
+    /// Where the answer to a chat prompt (`prompt`, rendered by the template) starts, for its
+    /// grammar: after `</think>` if the prompt opened the reasoning; after it too if the model
+    /// opens it first (`<think>` as its first token); at once if the template closed it already
+    /// (thinking off), or the template has no thinking switch (`thinking_template` false).
+    pub fn answer_start(&self, prompt: &str, thinking_template: bool) -> Start {
+        let (Some(open), Some(close)) = (self.token_id("<think>"), self.token_id("</think>"))
+        else {
+            return Start::Now;
+        };
+        let t = prompt.trim_end();
+        if !thinking_template || t.ends_with("</think>") {
+            Start::Now
+        } else if t.ends_with("<think>") {
+            Start::FreeUntil(close)
+        } else {
+            Start::MayReason { open, close }
+        }
     }
 
     /// A fresh constraint for one sequence. A grammar that does not compile (an invalid schema,
     /// a feature llguidance cannot enforce) is an error that says why.
-    pub fn constraint(&self, grammar: &Grammar) -> Result<Constraint> {
+    pub fn constraint(&self, grammar: &Grammar, start: Start) -> Result<Constraint> {
         let top = match grammar {
             Grammar::JsonObject => {
                 TopLevelGrammar::from_json_schema(bounded_whitespace(json!({"type": "object"})))
@@ -108,8 +155,24 @@ impl Vocabulary {
         if let Some(e) = matcher.get_error() {
             bail!("{e}");
         }
-        Ok(Constraint { matcher })
+        let phase = match start {
+            Start::Now => Phase::Grammar,
+            Start::MayReason { open, close } => Phase::MayOpen { open, close },
+            Start::FreeUntil(close) => Phase::Free { close },
+        };
+        Ok(Constraint {
+            matcher,
+            phase,
+            eos: self.eos,
+            allowed: None,
+        })
     }
+}
+
+/// A JSON Schema as a piece of a Lark grammar (`%json {...}`), its whitespace bounded as
+/// [`Grammar::JsonSchema`]'s is: for grammars that embed JSON, such as a tool call's.
+pub fn json_in_lark(schema: &Value) -> String {
+    format!("%json {}", bounded_whitespace(schema.clone()))
 }
 
 /// JSON in the layout Python's `json.dumps` writes (`", "` between items, `": "` after keys) and
@@ -125,36 +188,176 @@ fn bounded_whitespace(mut schema: Value) -> Value {
     schema
 }
 
+/// Where the grammar starts to apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// At the first token.
+    Now,
+    /// At the first token, unless that token is `open` (`<think>`): then the text is free until
+    /// `close` (`</think>`), and the grammar applies after it. A thinking model's reasoning stays
+    /// its own; the answer is constrained.
+    MayReason { open: u32, close: u32 },
+    /// After the model writes this token (`</think>` when the prompt already opened the
+    /// reasoning; `<tool_call>` for a lazy tool-call grammar); free text before.
+    FreeUntil(u32),
+}
+
+/// Where a sequence is with respect to its grammar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    MayOpen { open: u32, close: u32 },
+    Free { close: u32 },
+    Grammar,
+}
+
 /// One sequence's grammar state.
 pub struct Constraint {
     matcher: Matcher,
+    phase: Phase,
+    eos: u32,
+    /// The next token's allowed set, once [`Constraint::prepare`] computed it.
+    allowed: Option<Result<SimpleVob, String>>,
+}
+
+impl Clone for Constraint {
+    /// An independent copy (each of a request's `n` choices gets one).
+    fn clone(&self) -> Self {
+        Constraint {
+            matcher: self.matcher.deep_clone(),
+            phase: self.phase,
+            eos: self.eos,
+            allowed: self.allowed.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint")
+            .field("phase", &self.phase)
+            .field("stopped", &self.matcher.is_stopped())
+            .finish()
+    }
 }
 
 impl Constraint {
-    /// Sets to -inf every logit whose token the grammar does not allow next. Once the grammar
-    /// is complete, only the end-of-sequence id is allowed.
-    pub fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
-        let allowed = self
-            .matcher
-            .compute_mask_or_eos()
-            .map_err(|e| anyhow!("grammar: {e}"))?;
-        for (id, l) in logits.iter_mut().enumerate() {
-            if !allowed.is_allowed(id as TokenId) {
-                *l = f32::NEG_INFINITY;
+    /// Whether the next token is masked at all (not in a free stretch).
+    pub fn is_active(&self) -> bool {
+        !matches!(self.phase, Phase::Free { .. })
+    }
+
+    /// Computes the next token's allowed set, if the next token is masked and it is not computed
+    /// yet. Only reads what was written before, so it can run while the forward pass computes
+    /// the logits it will mask.
+    pub fn prepare(&mut self) {
+        if self.is_active() && self.allowed.is_none() {
+            let mut allowed = self
+                .matcher
+                .compute_mask_or_eos()
+                .map_err(|e| format!("grammar: {e}"));
+            if let (Ok(a), Phase::MayOpen { open, .. }) = (&mut allowed, self.phase) {
+                a.allow_token(open);
+            }
+            self.allowed = Some(allowed);
+        }
+    }
+
+    /// Sets to -inf every logit whose token the grammar does not allow next. The grammar
+    /// engine's end-of-sequence id stands for all of `stop_ids` (a chat's end of turn, the
+    /// model's end of text): they are allowed exactly when the grammar may end here. In a free
+    /// stretch nothing is masked.
+    pub fn mask(&mut self, logits: &mut [f32], stop_ids: &[u32]) -> Result<()> {
+        if !self.is_active() {
+            return Ok(());
+        }
+        self.prepare();
+        let allowed = match self.allowed.as_ref().expect("prepared") {
+            Ok(a) => a,
+            Err(e) => bail!("{e}"),
+        };
+        let may_end = allowed.is_allowed(self.eos);
+        // A word of the bit set covers 32 ids: most words of a JSON grammar's mask are all zero
+        // (or all one, inside a string), so whole runs of logits go at once.
+        let words = allowed.as_slice();
+        for (w, chunk) in logits.chunks_mut(32).enumerate() {
+            let bits = words.get(w).copied().unwrap_or(0);
+            if bits == u32::MAX {
+                continue;
+            }
+            for (j, l) in chunk.iter_mut().enumerate() {
+                if bits & (1 << j) == 0 {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        for &id in stop_ids {
+            if let Some(l) = logits.get_mut(id as usize) {
+                if !may_end {
+                    *l = f32::NEG_INFINITY;
+                }
             }
         }
         Ok(())
     }
 
-    /// Moves the grammar past `token`, which [`Constraint::mask`] allowed.
+    /// Whether `token` is one [`Constraint::mask`] let through (a stop id counts as the grammar
+    /// engine's end of sequence). The sampler draws masked tokens with weight `e^-87`, not zero
+    /// (kernels/exp.rs): the engine checks, and takes the best allowed token in that case.
+    pub fn allows(&self, token: u32, stop_ids: &[u32]) -> bool {
+        match (&self.allowed, self.is_active()) {
+            (_, false) => true,
+            (Some(Ok(a)), true) => {
+                let id = if stop_ids.contains(&token) {
+                    self.eos
+                } else {
+                    token
+                };
+                a.is_allowed(id)
+            }
+            _ => false,
+        }
+    }
+
+    /// Moves past `token`, which [`Constraint::mask`] allowed (not a stop id).
     pub fn advance(&mut self, token: u32) -> Result<()> {
-        self.matcher
-            .consume_token(token)
-            .map_err(|e| anyhow!("grammar: {e}"))
+        self.allowed = None;
+        match self.phase {
+            Phase::MayOpen { open, close } if token == open => {
+                self.phase = Phase::Free { close };
+                Ok(())
+            }
+            Phase::Free { close } => {
+                if token == close {
+                    self.phase = Phase::Grammar;
+                }
+                Ok(())
+            }
+            Phase::MayOpen { .. } | Phase::Grammar => {
+                self.phase = Phase::Grammar;
+                self.matcher
+                    .consume_token(token)
+                    .map_err(|e| anyhow!("grammar: {e}"))
+            }
+        }
+    }
+
+    /// The tokens the grammar allows one way only from here, at most `max`, consumed: the caller
+    /// appends them to the sequence as if sampled. None in a free stretch.
+    pub fn forced(&mut self, max: usize) -> Vec<u32> {
+        if self.phase != Phase::Grammar || max == 0 {
+            return Vec::new();
+        }
+        let mut ff = self.matcher.compute_ff_tokens();
+        ff.truncate(max);
+        if ff.is_empty() || self.matcher.consume_tokens(&ff).is_err() {
+            return Vec::new();
+        }
+        self.allowed = None;
+        ff
     }
 
     /// Whether the grammar has ended (only the end-of-sequence id can follow).
     pub fn is_done(&self) -> bool {
-        self.matcher.is_stopped()
+        self.phase == Phase::Grammar && self.matcher.is_stopped()
     }
 }

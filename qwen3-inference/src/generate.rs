@@ -109,6 +109,7 @@ mod tests {
             sampler: SamplerConfig::greedy(),
             stop_ids: stop_ids.to_vec(),
             logprobs: None,
+            constraint: None,
         }
     }
 

@@ -3,7 +3,7 @@
 //! the whitespace between tokens is bounded so that they do end.
 
 use qwen3_export::hf::tokenizer_json::export_tokenizer;
-use qwen3_inference::constraint::{Grammar, Vocabulary};
+use qwen3_inference::constraint::{Grammar, Start, Vocabulary};
 use qwen3_inference::testing::lcg;
 use qwen3_inference::tokenizer::Tokenizer;
 use serde_json::{json, Value};
@@ -37,13 +37,13 @@ fn sample(
     seed: u64,
     limit: usize,
 ) -> (String, bool) {
-    let mut c = vocab.constraint(grammar).unwrap();
+    let mut c = vocab.constraint(grammar, Start::Now).unwrap();
     let mut s = seed;
     let mut ids = Vec::new();
     let mut logits = vec![0f32; VOCAB];
     for _ in 0..limit {
         logits.iter_mut().for_each(|l| *l = 4.0 * lcg(&mut s));
-        c.mask(&mut logits).unwrap();
+        c.mask(&mut logits, &[IM_END]).unwrap();
         let (best, _) = logits
             .iter()
             .enumerate()
@@ -133,6 +133,73 @@ fn a_schema_that_does_not_compile_is_an_error() {
     let (_, vocab) = vocabulary("bad");
     let bad =
         Grammar::JsonSchema(json!({"type": "object", "properties": {"x": {"type": "nonsense"}}}));
-    let err = vocab.constraint(&bad).err().expect("an invalid schema");
+    let err = vocab
+        .constraint(&bad, Start::Now)
+        .expect_err("an invalid schema");
     assert!(!format!("{err:#}").is_empty());
+}
+
+#[test]
+fn forced_tokens_are_the_grammar_s_only_way_on() {
+    let (tok, vocab) = vocabulary("forced");
+    let schema = json!({"type": "object", "properties": {"name": {"type": "string"}},
+                        "required": ["name"], "additionalProperties": false});
+    let mut c = vocab
+        .constraint(&Grammar::JsonSchema(schema), Start::Now)
+        .unwrap();
+    // The key is forced; llguidance stops where the next token could merge with what the model
+    // writes (` "` may be part of a longer token).
+    let ff = c.forced(100);
+    assert_eq!(tok.decode(&ff, false).unwrap(), "{\"name\":");
+    // At most `max`, and the grammar is past exactly those.
+    let mut c = vocab
+        .constraint(&Grammar::Regex("abc".into()), Start::Now)
+        .unwrap();
+    let one = c.forced(1);
+    assert_eq!(one.len(), 1);
+    let rest = c.forced(100);
+    assert_eq!(tok.decode(&[one, rest].concat(), false).unwrap(), "abc");
+    assert!(c.is_done());
+}
+
+#[test]
+fn reasoning_and_a_lazy_start_stay_free_until_their_token() {
+    let (tok, vocab) = vocabulary("start");
+    let id = |t: &str| vocab.token_id(t).unwrap();
+    let (open, close) = (id("<think>"), id("</think>"));
+    let grammar = Grammar::Regex("[0-9]+".into());
+    let count_allowed = |c: &mut qwen3_inference::constraint::Constraint| {
+        let mut l = vec![0f32; VOCAB];
+        c.mask(&mut l, &[IM_END]).unwrap();
+        l.iter().filter(|x| x.is_finite()).count()
+    };
+    // May reason: the first token is a digit or `<think>`.
+    let mut c = vocab
+        .constraint(&grammar, Start::MayReason { open, close })
+        .unwrap();
+    let mut l = vec![0f32; VOCAB];
+    c.mask(&mut l, &[IM_END]).unwrap();
+    assert!(l[open as usize].is_finite());
+    assert!(!l[tok.encode("hello")[0] as usize].is_finite());
+    c.advance(open).unwrap();
+    // Inside the reasoning: nothing masked, anything goes, until `</think>`.
+    assert_eq!(count_allowed(&mut c), VOCAB);
+    for t in tok.encode("some free thought") {
+        c.advance(t).unwrap();
+    }
+    c.advance(close).unwrap();
+    let n = count_allowed(&mut c);
+    assert!(n > 1 && n < 1000, "{n} tokens allowed after </think>");
+    // Without `<think>` first, the grammar applies from the first token.
+    let mut c = vocab
+        .constraint(&grammar, Start::MayReason { open, close })
+        .unwrap();
+    c.advance(tok.encode("7")[0]).unwrap();
+    assert!(c.advance(open).is_err(), "<think> after the answer began");
+    // A lazy start: free until the trigger.
+    let call = id("<tool_call>");
+    let mut c = vocab.constraint(&grammar, Start::FreeUntil(call)).unwrap();
+    assert_eq!(count_allowed(&mut c), VOCAB);
+    c.advance(call).unwrap();
+    assert!(count_allowed(&mut c) < 1000);
 }

@@ -43,6 +43,7 @@ fn state() -> Arc<AppState> {
         commands,
         metrics: Arc::new(Metrics::default()),
         ui: false,
+        grammars: crate::state::Grammars::new(151_936),
     })
 }
 
@@ -60,6 +61,7 @@ fn answer(s: &Arc<AppState>, text: &str) -> (Value, Vec<Value>) {
         stop_ids: vec![],
         logprobs: None,
         tool_calls: Some(String::new()),
+        constraint: None,
         start: Instant::now(),
     };
     let meta = Meta {

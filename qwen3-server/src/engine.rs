@@ -48,6 +48,7 @@ pub(crate) async fn run(s: Arc<AppState>, job: Job, p: Params) -> Result<Respons
                     job.stop_ids.clone()
                 },
                 logprobs: job.logprobs,
+                constraint: job.constraint.clone(),
             }
         })
         .collect();

@@ -6,6 +6,7 @@
 //! These types sit below the modules that use them, so that the request types build a job, the
 //! engine handle runs it and the answer shapes it without any of them importing another upward.
 
+use qwen3_inference::constraint::Constraint;
 use qwen3_inference::sampler::SamplerConfig;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -53,6 +54,8 @@ pub(crate) struct Job {
     /// Cut `<tool_call>` blocks out of the answer (a chat with tools): `Some(the beginning of
     /// the call the prompt already holds)`, empty unless `tool_choice` forces a call.
     pub(crate) tool_calls: Option<String>,
+    /// The grammar the answer must match (`response_format`, a tool call), if any.
+    pub(crate) constraint: Option<Constraint>,
     /// When the request arrived (its time to first token counts from here).
     pub(crate) start: Instant,
 }

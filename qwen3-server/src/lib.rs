@@ -12,6 +12,7 @@
 //!   request type, makes a job and hands it on;
 //! - [`request`]: one validated type per endpoint ([`request::CompletionRequest`],
 //!   [`request::ChatRequest`]), every field checked in one place;
+//! - [`structured`]: `response_format` and tool calls as the grammar the answer must match;
 //! - [`engine`]: the handle on the engine: a job's token budget, queued on the worker, its
 //!   updates gathered or streamed;
 //! - [`answer`]: the updates shaped into OpenAI's answer, whole or as server-sent events;
@@ -33,6 +34,8 @@
 pub mod routes;
 
 pub mod request;
+
+pub mod structured;
 
 pub mod engine;
 

@@ -5,7 +5,9 @@
 //! turns the request into a `Job` for the engine handle.
 //!
 //! Unknown fields are ignored, as OpenAI's own server and vLLM ignore them; fields this server
-//! cannot honour yet (`response_format`, `echo`, ...) are refused rather than silently dropped.
+//! cannot honour yet (`echo`, `logit_bias`, ...) are refused rather than silently dropped.
+//! `response_format` and the tools' grammars are compiled here (structured.rs), so that a schema
+//! the engine cannot enforce is a 400 before anything runs.
 //! The fields are read in a fixed order (shared fields, then the endpoint's own), so a body
 //! with several faults always gets the same error.
 //!
@@ -16,7 +18,9 @@
 use crate::error::ApiError;
 use crate::job::{Job, Kind, Params};
 use crate::state::AppState;
+use crate::structured;
 use axum::http::StatusCode;
+use qwen3_inference::constraint::Constraint;
 use qwen3_inference::format::GenerationDefaults;
 use qwen3_inference::sampler::SamplerConfig;
 use qwen3_inference::tokenizer::Tokenizer;
@@ -33,6 +37,8 @@ pub struct CompletionRequest {
     pub prompt: Vec<u32>,
     /// `logprobs: K`: alternatives to report with each token, or `None` for none.
     pub logprobs: Option<usize>,
+    /// `response_format`, compiled.
+    pub constraint: Option<Constraint>,
 }
 
 impl CompletionRequest {
@@ -41,10 +47,13 @@ impl CompletionRequest {
         let (v, params) = common(body, s)?;
         let prompt = completion_prompt(&v, s.tokenizer)?;
         let logprobs = logprobs(&v, false)?;
+        let format = response_format(&v, &params)?;
+        let constraint = structured::completion(s, format.as_ref())?;
         Ok(CompletionRequest {
             params,
             prompt,
             logprobs,
+            constraint,
         })
     }
 
@@ -57,6 +66,7 @@ impl CompletionRequest {
             stop_ids: s.eos_ids.clone(),
             logprobs: self.logprobs,
             tool_calls: None,
+            constraint: self.constraint,
             start,
         };
         (job, self.params)
@@ -79,6 +89,8 @@ pub struct ChatRequest {
     /// beginning of a call when `tool_choice` forces one). Rendered while the request is read,
     /// because a template that refuses the conversation is a fault of `messages`.
     pub text: String,
+    /// `response_format` and the tool calls' grammar, compiled (structured.rs).
+    pub constraint: Option<Constraint>,
 }
 
 impl ChatRequest {
@@ -99,6 +111,8 @@ impl ChatRequest {
             .map_err(|e| ApiError::invalid("messages".to_string(), format!("{e:#}")))?;
         text.push_str(&tool_choice.forced_start());
         let logprobs = logprobs(&v, true)?;
+        let format = response_format(&v, &params)?;
+        let constraint = structured::chat(s, format.as_ref(), &tools, &tool_choice, &text)?;
         Ok(ChatRequest {
             params,
             messages,
@@ -107,6 +121,7 @@ impl ChatRequest {
             tool_choice,
             logprobs,
             text,
+            constraint,
         })
     }
 
@@ -128,6 +143,7 @@ impl ChatRequest {
             stop_ids: s.chat_stop_ids.clone(),
             logprobs: self.logprobs,
             tool_calls,
+            constraint: self.constraint,
             start,
         };
         (job, self.params)
@@ -145,6 +161,22 @@ fn common(body: &[u8], s: &AppState) -> Result<(Value, Params), ApiError> {
     let params = params(&v, &s.defaults, default_seed())?;
     check_model(s, params.model.as_deref())?;
     Ok((v, params))
+}
+
+/// `response_format`, read (structured.rs); with `ignore_eos` it is refused: a grammar ends
+/// the answer by allowing only the end-of-sequence id, which `ignore_eos` takes away.
+fn response_format(
+    v: &Value,
+    params: &Params,
+) -> Result<Option<qwen3_inference::constraint::Grammar>, ApiError> {
+    let format = structured::response_format(v)?;
+    if format.is_some() && params.ignore_eos {
+        return Err(ApiError::invalid(
+            "ignore_eos".to_string(),
+            "ignore_eos cannot be combined with a response_format that constrains the answer",
+        ));
+    }
+    Ok(format)
 }
 
 /// A model name other than the one this server runs is a 404 (`model_not_found`), as OpenAI
@@ -231,14 +263,7 @@ struct Common {
 
 /// Fields of OpenAI's API that this server does not implement: given with a value that asks for
 /// them, they are refused (a client that needs them should know).
-const UNSUPPORTED: [&str; 6] = [
-    "echo",
-    "suffix",
-    "best_of",
-    "logit_bias",
-    "functions",
-    "response_format",
-];
+const UNSUPPORTED: [&str; 5] = ["echo", "suffix", "best_of", "logit_bias", "functions"];
 
 /// Most choices (`n`) one request may ask for.
 pub const MAX_N: usize = 16;
@@ -679,8 +704,8 @@ mod tests {
         assert_eq!(p(json!({"n": 0})).unwrap_err().param.as_deref(), Some("n"));
         let e = p(json!({"max_tokens": 0})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
-        let e = p(json!({"response_format": {"type": "json_object"}})).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("response_format"));
+        let e = p(json!({"logit_bias": {"1": 5}})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logit_bias"));
         let e = p(json!({"stop": [1]})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("stop"));
         let ok = p(

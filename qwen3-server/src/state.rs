@@ -8,10 +8,11 @@
 use crate::metrics::Metrics;
 use crate::worker::Command;
 use qwen3_inference::chat::ChatTemplate;
+use qwen3_inference::constraint::Vocabulary;
 use qwen3_inference::format::GenerationDefaults;
 use qwen3_inference::tokenizer::Tokenizer;
 use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// What the handlers share.
 pub struct AppState {
@@ -41,6 +42,36 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Whether `/` answers with the chat page (`--no-ui` turns it off).
     pub ui: bool,
+    /// The vocabulary as the grammar engine sees it (structured output), built at first use.
+    pub grammars: Grammars,
+}
+
+/// The grammar engine's vocabulary, built by the first request with a grammar (a server that
+/// never gets one never pays for it): the token trie of all `n_logits` ids.
+pub struct Grammars {
+    n_logits: usize,
+    built: OnceLock<Result<Vocabulary, String>>,
+}
+
+impl Grammars {
+    /// For a model with `n_logits` logits (its `vocab_size`).
+    pub fn new(n_logits: usize) -> Grammars {
+        Grammars {
+            n_logits,
+            built: OnceLock::new(),
+        }
+    }
+
+    /// The vocabulary of `tokenizer`, with `eos` (a special token) as the grammar engine's
+    /// end of sequence.
+    pub fn get(&self, tokenizer: &'static Tokenizer, eos: u32) -> Result<&Vocabulary, String> {
+        self.built
+            .get_or_init(|| {
+                Vocabulary::new(tokenizer, self.n_logits, eos).map_err(|e| format!("{e:#}"))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
 }
 
 /// Where to listen.

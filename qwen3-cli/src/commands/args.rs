@@ -2,12 +2,13 @@
 //! the mode set), and what they imply: the context length and the sampler's settings. Shared by
 //! both modes (`generate.rs`, `chat.rs`) and by `bench` and `serve` for the flags they share.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use qwen3_inference::backend::KvType;
+use qwen3_inference::constraint::Grammar;
 use qwen3_inference::format::ModelConfig;
 use qwen3_inference::sampler::SamplerConfig;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Context length used when `-c` is not given: the model's maximum, capped, because the KV cache
 /// may grow to the whole context (Qwen3-0.6B at 4096 positions: 896 MiB of f32 keys and values;
@@ -130,6 +131,19 @@ pub struct InferenceArgs {
     /// Print the prompt before the completion.
     #[arg(long)]
     pub echo: bool,
+    /// Generate mode: the answer is JSON that matches this JSON Schema (a file, or the schema
+    /// itself). See docs/structured.md.
+    #[arg(long, value_name = "FILE|JSON")]
+    pub json_schema: Option<String>,
+    /// Generate mode: the answer is a JSON object.
+    #[arg(long)]
+    pub json_object: bool,
+    /// Generate mode: the answer matches this grammar, in llguidance's Lark syntax (a file).
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<PathBuf>,
+    /// Generate mode: the answer matches this regular expression (all of it).
+    #[arg(long, value_name = "REGEX")]
+    pub regex: Option<String>,
     /// Print model details, KV cache size and sampler settings to stderr.
     #[arg(long)]
     pub verbose: bool,
@@ -207,11 +221,53 @@ impl InferenceArgs {
 }
 
 impl InferenceArgs {
+    /// How many of the structured-output options were given.
+    fn grammars(&self) -> usize {
+        [
+            self.json_schema.is_some(),
+            self.json_object,
+            self.grammar.is_some(),
+            self.regex.is_some(),
+        ]
+        .iter()
+        .filter(|&&g| g)
+        .count()
+    }
+
+    /// The grammar the answer must match, if one of the structured-output options was given: a
+    /// schema that is neither a readable file nor JSON, or an unreadable grammar file, is an
+    /// error that says so.
+    pub fn grammar(&self) -> Result<Option<Grammar>> {
+        if let Some(s) = &self.json_schema {
+            let text = if Path::new(s).is_file() {
+                std::fs::read_to_string(s).with_context(|| format!("--json-schema {s}"))?
+            } else {
+                s.clone()
+            };
+            let schema = serde_json::from_str(&text).with_context(|| {
+                format!("--json-schema: {s:?} is neither a file nor a JSON Schema")
+            })?;
+            return Ok(Some(Grammar::JsonSchema(schema)));
+        }
+        if self.json_object {
+            return Ok(Some(Grammar::JsonObject));
+        }
+        if let Some(path) = &self.grammar {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--grammar {}", path.display()))?;
+            return Ok(Some(Grammar::Lark(text)));
+        }
+        Ok(self.regex.clone().map(Grammar::Regex))
+    }
+
     /// Refuses flags that belong to the other mode, and combinations that mean nothing.
     pub fn check_mode_flags(&self) -> Result<()> {
         if self.mode() == Mode::Chat {
             if !self.stops.is_empty() || self.json || self.logprobs.is_some() {
                 bail!("--stop, --json and --logprobs are for -m generate");
+            }
+            if self.grammars() > 0 {
+                bail!("--json-schema, --json-object, --grammar and --regex are for -m generate");
             }
             if self.input.is_some() || self.file.is_some() || self.prompt_ids.is_some() || self.chat
             {
@@ -232,6 +288,12 @@ impl InferenceArgs {
                     "--logprobs: at most {} alternatives",
                     qwen3_inference::logprobs::MAX_TOP
                 );
+            }
+            if self.grammars() > 1 {
+                bail!("give one of --json-schema, --json-object, --grammar and --regex");
+            }
+            if self.grammars() > 0 && self.prompt_ids.is_some() {
+                bail!("--json-schema, --json-object, --grammar and --regex need a text prompt (-i or -f): with --prompt-ids the output is ids");
             }
             if !self.chat && (self.system.is_some() || self.thinking.is_some()) {
                 bail!("-y/--system and --thinking need --chat (or -m chat)");

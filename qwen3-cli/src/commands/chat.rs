@@ -495,6 +495,7 @@ impl<B: Backend> Chat<'_, '_, B> {
             sampler,
             stop_ids: self.stop_ids.clone(),
             logprobs: None,
+            constraint: None,
         };
         // Ctrl-C is checked after each step of the engine: each token, and each chunk of a long
         // prompt's prefill.

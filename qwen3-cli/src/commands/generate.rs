@@ -8,6 +8,7 @@ use super::args::{sampler_from_args, InferenceArgs, OnOff};
 use anyhow::{bail, Context, Result};
 use qwen3_inference::backend::Backend;
 use qwen3_inference::chat::{ChatTemplate, Conversation};
+use qwen3_inference::constraint::{Constraint, Start, Vocabulary};
 use qwen3_inference::engine::{Engine, Request};
 use qwen3_inference::format::{companion_paths, ModelFile};
 use qwen3_inference::generate::{generate_until, GenerationStats, StopReason};
@@ -17,15 +18,18 @@ use qwen3_inference::tokenizer::Tokenizer;
 use qwen3_server::text::ChoiceText;
 use serde_json::json;
 use std::io::Write;
+use std::sync::Arc;
 
 /// `-m generate`: the prompt's ids, and what to do with the output.
 pub struct PromptJob {
     /// Text in, text out (with the model's tokenizer file); ids in (no tokenizer), ids out.
-    tokenizer: Option<Tokenizer>,
+    tokenizer: Option<Arc<Tokenizer>>,
     /// The prompt as text (`-i` or `-f`), for `--echo`.
     text: Option<String>,
     prompt: Vec<u32>,
     eos_ids: Vec<u32>,
+    /// `--json-schema`, `--json-object`, `--grammar` or `--regex`, compiled.
+    constraint: Option<Constraint>,
 }
 
 impl PromptJob {
@@ -33,10 +37,14 @@ impl PromptJob {
         let c = file.config();
         let text = args.prompt_text()?;
         let tokenizer = match &text {
-            Some(_) => Some(Tokenizer::open(&companion_paths(&args.model).tokenizer)?),
+            Some(_) => Some(Arc::new(Tokenizer::open(
+                &companion_paths(&args.model).tokenizer,
+            )?)),
             None => None,
         };
         let mut eos_ids = c.eos_token_ids.clone();
+        // The chat prompt's text, for where a constrained answer starts (after the reasoning).
+        let mut chat_prompt = None;
         let prompt: Vec<u32> = match (&text, &args.prompt_ids, &tokenizer) {
             (_, Some(_), _) if args.chat => {
                 bail!("--chat needs a text prompt (-i), not --prompt-ids")
@@ -52,7 +60,10 @@ impl PromptJob {
                 conv.set_thinking(args.thinking.map(|t| t == OnOff::On));
                 conv.push_user(text.as_str());
                 eos_ids = super::chat::stop_ids(&c.eos_token_ids, &template, tok);
-                tok.encode(&conv.prompt(&template)?)
+                let rendered = conv.prompt(&template)?;
+                let ids = tok.encode(&rendered);
+                chat_prompt = Some((rendered, template.default_thinking().is_some()));
+                ids
             }
             (Some(text), None, Some(tok)) => tok.encode_with_special_tokens(text),
             _ => bail!("no prompt: give -i TEXT, -f FILE (- for stdin) or --prompt-ids '[..]'"),
@@ -64,11 +75,26 @@ impl PromptJob {
                 prompt.len()
             );
         }
+        let constraint = match (args.grammar()?, &tokenizer) {
+            (Some(grammar), Some(tok)) => {
+                let eos = *eos_ids
+                    .first()
+                    .context("the model has no end-of-sequence id")?;
+                let vocab = Vocabulary::new(tok.clone(), c.vocab_size as usize, eos)?;
+                let start = match &chat_prompt {
+                    Some((text, thinking)) => vocab.answer_start(text, *thinking),
+                    None => Start::Now,
+                };
+                Some(vocab.constraint(&grammar, start).context("the grammar")?)
+            }
+            _ => None,
+        };
         Ok(PromptJob {
             tokenizer,
             text,
             prompt,
             eos_ids,
+            constraint,
         })
     }
 }
@@ -85,12 +111,13 @@ pub fn generate_text<B: Backend>(
         text,
         prompt,
         eos_ids,
+        constraint,
     } = job;
     let sampler = sampler_from_args(args, engine.forward().model().config)?;
     if args.verbose {
         print_setup(args, &engine, &eos_ids, &sampler, device);
     }
-    let mut printer = Printer::new(args, tokenizer.as_ref());
+    let mut printer = Printer::new(args, tokenizer.as_deref());
     if args.echo {
         printer.echo(text.as_deref(), &prompt)?;
     }
@@ -100,6 +127,7 @@ pub fn generate_text<B: Backend>(
         sampler,
         stop_ids: eos_ids,
         logprobs: args.logprobs,
+        constraint,
     };
     let stats = generate_until(
         &mut engine,

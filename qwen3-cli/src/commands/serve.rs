@@ -14,6 +14,7 @@ use qwen3_inference::format::{companion_paths, ModelFile};
 use qwen3_inference::model::{Forward, Model, MAX_BATCH};
 use qwen3_inference::tokenizer::Tokenizer;
 use qwen3_server::metrics::Metrics;
+use qwen3_server::state::Grammars;
 use qwen3_server::worker::{self, Command};
 use qwen3_server::{AppState, ServeOptions};
 use std::path::PathBuf;
@@ -174,6 +175,7 @@ pub fn prepare(
         commands: tx,
         metrics: metrics.clone(),
         ui: false,
+        grammars: Grammars::new(c.vocab_size as usize),
     };
     let cfg = EngineConfig {
         slots: args.parallel,

@@ -14,6 +14,11 @@
 //!    sampler and seed, and reports it as an [`Event`]; a sequence that stops leaves its slot
 //!    (and its cache, for the prefix cache) to the next request.
 //!
+//! A request with a [`Constraint`] (structured output) has its logits masked before sampling
+//! (the masks are computed on a second thread while step 3 runs: they depend only on the tokens
+//! already written), and the tokens its grammar forces are appended as if sampled and fed to
+//! the next step together, like a prompt chunk.
+//!
 //! A request joins at the next step and leaves as soon as it ends; nobody waits for a batch to
 //! drain. Because the forward pass computes each row the same way whatever its neighbours, and
 //! a prompt gives the same keys and values however it is chunked (model/forward.rs), a request's
@@ -24,6 +29,7 @@
 
 use crate::backend::{Backend, KvType};
 use crate::chat::{common_prefix_len, reuse_len};
+use crate::constraint::Constraint;
 use crate::logprobs::{token_logprobs, TokenLogprobs, MAX_TOP};
 use crate::model::{Forward, Model, Segment, MAX_BATCH};
 use crate::sampler::{Sampler, SamplerConfig};
@@ -54,6 +60,8 @@ pub struct Request {
     /// Report each token's log-probability and this many alternatives (at most
     /// `logprobs::MAX_TOP`) with it; `None`: no log-probabilities (nothing computed).
     pub logprobs: Option<usize>,
+    /// The grammar the answer must match (structured output), or `None`.
+    pub constraint: Option<Constraint>,
 }
 
 /// What happened to a request in a step.
@@ -129,6 +137,7 @@ struct Job {
     sampler: Sampler,
     stop_ids: Vec<u32>,
     logprobs: Option<usize>,
+    constraint: Option<Constraint>,
     /// Prompt tokens found in the slot's cache when it started.
     cached: usize,
     /// When it took its slot.
@@ -167,6 +176,8 @@ pub struct Engine<'m, B: Backend> {
     /// allocates nothing.
     rows: Vec<u32>,
     plan: Vec<Segment>,
+    /// A constrained row's logits, masked (the pass's own logits are read-only).
+    masked: Vec<f32>,
 }
 
 impl<'m, B: Backend> Engine<'m, B> {
@@ -203,6 +214,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             steps: 0,
             rows: Vec::with_capacity(MAX_BATCH),
             plan: Vec::with_capacity(cfg.slots),
+            masked: Vec::new(),
         })
     }
 
@@ -353,7 +365,19 @@ impl<'m, B: Backend> Engine<'m, B> {
         if self.plan.is_empty() {
             return;
         }
-        let result = self.fwd.step_only(&self.rows, &self.plan, &mut self.caches);
+        let result = if self.needs_masks() {
+            // The masks of this step's constrained rows, on a second thread while the pass
+            // runs: a mask depends only on the tokens written so far, not on these logits.
+            let (fwd, rows, plan) = (&mut self.fwd, &self.rows, &self.plan);
+            let caches = &mut self.caches;
+            let slots = &mut self.slots;
+            std::thread::scope(|s| {
+                s.spawn(|| prepare_masks(slots, plan));
+                fwd.step_only(rows, plan, caches)
+            })
+        } else {
+            self.fwd.step_only(&self.rows, &self.plan, &mut self.caches)
+        };
         match result {
             Ok(k) => self.sample(k, events),
             Err(e) => self.fail_step(&e.to_string(), events),
@@ -405,6 +429,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 sampler,
                 stop_ids: req.stop_ids,
                 logprobs: req.logprobs,
+                constraint: req.constraint,
                 cached: reuse,
                 start: Instant::now(),
                 prefill: None,
@@ -487,9 +512,34 @@ impl<'m, B: Backend> Engine<'m, B> {
             } else {
                 // The penalties' scopes: everything seen, and the answer so far.
                 let t = Instant::now();
-                let next = job
-                    .sampler
-                    .sample(l, &job.tokens, &job.tokens[job.prompt_len..]);
+                let next = match &mut job.constraint {
+                    None => job
+                        .sampler
+                        .sample(l, &job.tokens, &job.tokens[job.prompt_len..]),
+                    Some(c) => {
+                        let masked = &mut self.masked;
+                        masked.clear();
+                        masked.extend_from_slice(l);
+                        if let Err(e) = c.mask(masked, &job.stop_ids) {
+                            let job = slot.job.take().expect("a job");
+                            events.push(Event::Failed {
+                                id: job.id,
+                                error: e.to_string(),
+                            });
+                            continue;
+                        }
+                        let next =
+                            job.sampler
+                                .sample(masked, &job.tokens, &job.tokens[job.prompt_len..]);
+                        if c.allows(next, &job.stop_ids) {
+                            next
+                        } else {
+                            // Drawn with the vanishing weight the sampler gives -inf (see
+                            // `Constraint::allows`): the most likely allowed token instead.
+                            argmax(masked)
+                        }
+                    }
+                };
                 job.sampling += t.elapsed();
                 job.kept_candidates += job.sampler.last_kept();
                 job.first_token.get_or_insert_with(|| job.start.elapsed());
@@ -506,6 +556,34 @@ impl<'m, B: Backend> Engine<'m, B> {
                         token: next,
                         logprobs,
                     });
+                    let mut generated = generated;
+                    if let Some(c) = &mut job.constraint {
+                        if let Err(e) = c.advance(next) {
+                            let job = slot.job.take().expect("a job");
+                            events.push(Event::Failed {
+                                id: job.id,
+                                error: e.to_string(),
+                            });
+                            continue;
+                        }
+                        // Tokens the grammar forces: appended as if sampled, within the answer's
+                        // and the context's room (each must be run before the next sample), and
+                        // not when log-probabilities are asked for (a forced token has no
+                        // logits of its own).
+                        if job.logprobs.is_none() {
+                            let room =
+                                (job.max_tokens - generated - 1).min(ctx - slot.cached.len() - 1);
+                            for token in c.forced(room) {
+                                job.tokens.push(token);
+                                generated += 1;
+                                events.push(Event::Token {
+                                    id: job.id,
+                                    token,
+                                    logprobs: None,
+                                });
+                            }
+                        }
+                    }
                     if generated + 1 == job.max_tokens {
                         Some(StopReason::MaxTokens)
                     } else if slot.cached.len() == ctx {
@@ -525,6 +603,18 @@ impl<'m, B: Backend> Engine<'m, B> {
         }
     }
 
+    /// Whether a row of this step with logits belongs to a constrained request.
+    fn needs_masks(&self) -> bool {
+        self.plan.iter().any(|seg| {
+            seg.logits
+                && self.slots[seg.seq]
+                    .job
+                    .as_ref()
+                    .and_then(|j| j.constraint.as_ref())
+                    .is_some_and(Constraint::is_active)
+        })
+    }
+
     /// A failed step: its requests end, and their slots forget what they cached (the step may
     /// have written part of it).
     fn fail_step(&mut self, error: &str, events: &mut Vec<Event>) {
@@ -539,6 +629,30 @@ impl<'m, B: Backend> Engine<'m, B> {
             }
         }
     }
+}
+
+/// The next-token masks of the constrained requests whose rows end in logits this step.
+fn prepare_masks(slots: &mut [Slot], plan: &[Segment]) {
+    for seg in plan.iter().filter(|seg| seg.logits) {
+        if let Some(c) = slots[seg.seq]
+            .job
+            .as_mut()
+            .and_then(|j| j.constraint.as_mut())
+        {
+            c.prepare();
+        }
+    }
+}
+
+/// The first index of the largest value.
+fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
 }
 
 impl Job {

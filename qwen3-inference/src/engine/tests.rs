@@ -58,6 +58,7 @@ fn request(prompt: &[u32], sampler: SamplerConfig) -> Request {
         sampler,
         stop_ids: vec![],
         logprobs: None,
+        constraint: None,
     }
 }
 
