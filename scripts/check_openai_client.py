@@ -5,9 +5,10 @@
     python3 scripts/check_openai_client.py --qwen3 target/release/qwen3 --model models/tiny.bin
 
 Starts the server on a free loopback port (with an API key), then checks with the client:
-listing models, a completion, a chat answer, both streamed with usage, `n`, stop strings, and
-that bad requests raise the client's own error classes (BadRequestError, NotFoundError,
-AuthenticationError). Prints one line per check and exits non-zero on the first failure. Without
+listing models, a completion, a chat answer, both streamed with usage, `n`, stop strings,
+structured output (`chat.completions.parse` with a Pydantic model, JSON mode, a forced strict tool
+call), and that bad requests raise the client's own error classes (BadRequestError,
+NotFoundError, AuthenticationError). Prints one line per check and exits non-zero on the first failure. Without
 the `openai` package it says so and exits 0 (CI may not have it).
 """
 
@@ -124,6 +125,8 @@ def run(client, url):
         check("stop string cuts the answer", cut.choices[0].text == full[:full.find(stop)]
               and cut.choices[0].finish_reason == "stop")
 
+    structured(client)
+
     def raises(name, cls, f):
         try:
             f()
@@ -141,8 +144,63 @@ def run(client, url):
     raises("an unknown role", openai.BadRequestError,
            lambda: client.chat.completions.create(model="tiny",
                                                   messages=[{"role": "wizard", "content": "hi"}]))
+    raises("a schema that does not compile", openai.BadRequestError,
+           lambda: client.chat.completions.create(
+               model="tiny", messages=msgs, response_format={
+                   "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}))
     bad = openai.OpenAI(base_url=url + "/v1", api_key="wrong")
     raises("a wrong API key", openai.AuthenticationError, lambda: bad.models.list())
+
+
+def structured(client):
+    """Structured output as applications use it. The fixture's random weights never write JSON on
+    their own, so a parsed answer is the grammar's doing; the fields are bounded so answers end."""
+    import json
+    from typing import Literal, Optional
+
+    from pydantic import BaseModel, Field
+
+    class Person(BaseModel):
+        name: str = Field(max_length=8)
+        age: int = Field(ge=0, le=120)
+        tags: list[Literal["red", "green"]] = Field(max_length=3)
+        nickname: Optional[str] = Field(max_length=5)
+
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    msgs = [{"role": "user", "content": "Describe a person."}]
+    parsed = []
+    for seed in range(4):
+        p = client.chat.completions.parse(model="tiny", messages=msgs, response_format=Person,
+                                          temperature=1.0, seed=seed, max_tokens=600,
+                                          extra_body=off)
+        if p.choices[0].finish_reason == "stop":
+            parsed.append(p.choices[0].message.parsed)
+    check("chat.completions.parse with a Pydantic model gives instances",
+          len(parsed) >= 3 and all(isinstance(x, Person) for x in parsed))
+
+    j = client.chat.completions.create(model="tiny", messages=msgs, temperature=1.0, seed=1,
+                                       max_tokens=40, response_format={"type": "json_object"},
+                                       extra_body=off)
+    text = j.choices[0].message.content
+    check("json_object mode starts an object (and is one if it stopped)", text.startswith("{") and (
+        j.choices[0].finish_reason != "stop" or isinstance(json.loads(text), dict)))
+
+    tool = {"type": "function", "function": {
+        "name": "get_weather", "strict": True, "parameters": {
+            "type": "object", "additionalProperties": False, "required": ["city", "unit"],
+            "properties": {"city": {"type": "string", "maxLength": 10},
+                           "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}}
+    calls = []
+    for seed in range(4):
+        t = client.chat.completions.create(model="tiny", messages=msgs, tools=[tool],
+                                           tool_choice="required", temperature=1.0, seed=seed,
+                                           max_tokens=200, extra_body=off)
+        if t.choices[0].finish_reason == "tool_calls":
+            calls += t.choices[0].message.tool_calls
+    check("tool_choice required gives calls whose arguments follow the schema",
+          len(calls) >= 3 and all(c.function.name == "get_weather"
+                                  and json.loads(c.function.arguments)["unit"] in ("celsius", "fahrenheit")
+                                  for c in calls))
 
 
 if __name__ == "__main__":
