@@ -15,6 +15,10 @@ Each concurrency level runs C client threads; each client sends --rounds streame
 - TTFT: time from sending a request to its first token (median and p99);
 - ITL: gaps between consecutive streamed chunks of a request (median and p99), all requests.
 
+With --schema FILE every request also carries that JSON Schema as `response_format` (and as
+`json_schema`, llama-server's own field) and no `ignore_eos`: give a schema that cannot end within
+--max-tokens (a `minItems` larger than fits), so every request still generates --max-tokens tokens.
+
 A chunk is one token for both servers, except that `qwen3 serve` holds back the bytes of an
 incomplete UTF-8 character, so a multi-token character arrives as one chunk (gaps are then larger,
 never smaller).
@@ -38,12 +42,22 @@ def prompt(i: int, words: int) -> str:
     return f"Story {i}: " + " ".join(rng.choice(WORDS) for _ in range(words))
 
 
+SCHEMA = None
+EXTRA = {}
+
+
 def one_request(url, model, text, max_tokens):
     """Sends one streamed completion; returns (send time, [arrival time of each chunk], tokens)."""
     u = urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     body = {"prompt": text, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
+    if SCHEMA is not None:
+        del body["ignore_eos"]
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "bench", "schema": SCHEMA}}
+        body["json_schema"] = SCHEMA
+    body.update(EXTRA)
     if model:
         body["model"] = model
     t0 = time.perf_counter()
@@ -139,7 +153,15 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt-words", type=int, default=100)
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--schema", help="a JSON Schema file every answer must follow (see above)")
+    ap.add_argument("--extra", help="more fields for every request's body, as a JSON object")
     args = ap.parse_args()
+    if args.extra:
+        EXTRA.update(json.loads(args.extra))
+    if args.schema:
+        global SCHEMA
+        with open(args.schema) as f:
+            SCHEMA = json.load(f)
 
     wait_healthy(args.url)
     one_request(args.url, args.model, prompt(10**6, args.prompt_words), 8)  # warm-up

@@ -70,14 +70,22 @@ fn generate_follows_a_schema_inline_or_from_a_file() {
         }
     }
     // With --chat and thinking off, the same.
-    let r = generate(5, 600, &["--chat", "--thinking", "off", "--json-schema", &inline]);
+    let r = generate(
+        5,
+        600,
+        &["--chat", "--thinking", "off", "--json-schema", &inline],
+    );
     assert_valid(&schema, r["text"].as_str().unwrap());
 }
 
 #[test]
 fn generate_follows_a_lark_grammar_a_regex_and_json_mode() {
     let lark = binary_dir().join("answer.lark");
-    std::fs::write(&lark, "start: (\"yes\" | \"no\") \", \" NUM\nNUM: /[0-9]{1,3}/\n").unwrap();
+    std::fs::write(
+        &lark,
+        "start: (\"yes\" | \"no\") \", \" NUM\nNUM: /[0-9]{1,3}/\n",
+    )
+    .unwrap();
     for seed in 1..=4 {
         let r = generate(seed, 600, &["--grammar", lark.to_str().unwrap()]);
         let text = r["text"].as_str().unwrap().to_string();
@@ -111,7 +119,14 @@ fn bad_grammars_and_combinations_are_one_line_errors() {
     let m = fullvocab_model();
     for (args, says) in [
         (
-            vec!["generate", m, "-i", "x", "--json-schema", "{\"type\": \"nonsense\"}"],
+            vec![
+                "generate",
+                m,
+                "-i",
+                "x",
+                "--json-schema",
+                "{\"type\": \"nonsense\"}",
+            ],
             "nonsense",
         ),
         (

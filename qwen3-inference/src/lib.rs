@@ -3,7 +3,8 @@
 //! Data flows one way, and the modules follow it:
 //! files on disk -> [`format`] (the model file) -> [`model`] (weights, forward pass, run by a
 //! [`backend`]) -> logits -> [`sampler`] -> token ids -> [`tokenizer`] -> text. [`chat`] turns a
-//! conversation into the token ids the model sees; [`generate`] drives prefill and decode.
+//! conversation into the token ids the model sees; [`generate`] drives prefill and decode;
+//! [`constraint`] masks the logits so that an answer matches a grammar (structured output).
 //! [`pages`] asks for the 2 MiB pages that the weights and the KV cache stream fastest from.
 
 pub mod backend;
