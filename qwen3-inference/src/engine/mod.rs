@@ -510,34 +510,13 @@ impl<'m, B: Backend> Engine<'m, B> {
             let stop = if generated >= job.max_tokens {
                 Some(StopReason::MaxTokens)
             } else {
-                // The penalties' scopes: everything seen, and the answer so far.
                 let t = Instant::now();
-                let next = match &mut job.constraint {
-                    None => job
-                        .sampler
-                        .sample(l, &job.tokens, &job.tokens[job.prompt_len..]),
-                    Some(c) => {
-                        let masked = &mut self.masked;
-                        masked.clear();
-                        masked.extend_from_slice(l);
-                        if let Err(e) = c.mask(masked, &job.stop_ids) {
-                            let job = slot.job.take().expect("a job");
-                            events.push(Event::Failed {
-                                id: job.id,
-                                error: e.to_string(),
-                            });
-                            continue;
-                        }
-                        let next =
-                            job.sampler
-                                .sample(masked, &job.tokens, &job.tokens[job.prompt_len..]);
-                        if c.allows(next, &job.stop_ids) {
-                            next
-                        } else {
-                            // Drawn with the vanishing weight the sampler gives -inf (see
-                            // `Constraint::allows`): the most likely allowed token instead.
-                            argmax(masked)
-                        }
+                let next = match job.draw(l, &mut self.masked) {
+                    Ok(next) => next,
+                    Err(error) => {
+                        let id = slot.job.take().expect("a job").id;
+                        events.push(Event::Failed { id, error });
+                        continue;
                     }
                 };
                 job.sampling += t.elapsed();
@@ -556,34 +535,17 @@ impl<'m, B: Backend> Engine<'m, B> {
                         token: next,
                         logprobs,
                     });
-                    let mut generated = generated;
-                    if let Some(c) = &mut job.constraint {
-                        if let Err(e) = c.advance(next) {
-                            let job = slot.job.take().expect("a job");
-                            events.push(Event::Failed {
-                                id: job.id,
-                                error: e.to_string(),
-                            });
+                    // Tokens the grammar forces after `next`, appended as if sampled.
+                    let room = (job.max_tokens - generated - 1)
+                        .min(ctx.saturating_sub(slot.cached.len() + 1));
+                    let generated = match job.force(room, events) {
+                        Ok(forced) => generated + forced,
+                        Err(error) => {
+                            let id = slot.job.take().expect("a job").id;
+                            events.push(Event::Failed { id, error });
                             continue;
                         }
-                        // Tokens the grammar forces: appended as if sampled, within the answer's
-                        // and the context's room (each must be run before the next sample), and
-                        // not when log-probabilities are asked for (a forced token has no
-                        // logits of its own).
-                        if job.logprobs.is_none() {
-                            let room =
-                                (job.max_tokens - generated - 1).min(ctx - slot.cached.len() - 1);
-                            for token in c.forced(room) {
-                                job.tokens.push(token);
-                                generated += 1;
-                                events.push(Event::Token {
-                                    id: job.id,
-                                    token,
-                                    logprobs: None,
-                                });
-                            }
-                        }
-                    }
+                    };
                     if generated + 1 == job.max_tokens {
                         Some(StopReason::MaxTokens)
                     } else if slot.cached.len() == ctx {
@@ -656,6 +618,53 @@ fn argmax(x: &[f32]) -> u32 {
 }
 
 impl Job {
+    /// The next token from `logits`: sampled, or for a constrained request sampled from the
+    /// logits masked by its grammar (copied into `masked`; the pass's logits are read-only).
+    fn draw(&mut self, logits: &[f32], masked: &mut Vec<f32>) -> Result<u32, String> {
+        // The penalties' scopes: everything seen, and the answer so far.
+        let (seen, answer) = (&self.tokens, &self.tokens[self.prompt_len..]);
+        let Some(c) = &mut self.constraint else {
+            return Ok(self.sampler.sample(logits, seen, answer));
+        };
+        masked.clear();
+        masked.extend_from_slice(logits);
+        c.mask(masked, &self.stop_ids).map_err(|e| e.to_string())?;
+        let next = self.sampler.sample(masked, seen, answer);
+        if c.allows(next, &self.stop_ids) {
+            Ok(next)
+        } else {
+            // Drawn with the vanishing weight the sampler gives -inf (see `Constraint::allows`):
+            // the most likely allowed token instead.
+            Ok(argmax(masked))
+        }
+    }
+
+    /// Moves a constrained request's grammar past its last token (just sampled, not a stop id),
+    /// then appends the tokens the grammar forces, at most `room` (the answer's and the
+    /// context's room: each must run before the next sample), reporting each as a token. Not
+    /// when log-probabilities are asked for: a forced token has no logits of its own. Returns
+    /// how many were appended.
+    fn force(&mut self, room: usize, events: &mut Vec<Event>) -> Result<usize, String> {
+        let Some(c) = &mut self.constraint else {
+            return Ok(0);
+        };
+        let last = *self.tokens.last().expect("just sampled");
+        c.advance(last).map_err(|e| e.to_string())?;
+        if self.logprobs.is_some() {
+            return Ok(0);
+        }
+        let forced = c.forced(room);
+        for &token in &forced {
+            self.tokens.push(token);
+            events.push(Event::Token {
+                id: self.id,
+                token,
+                logprobs: None,
+            });
+        }
+        Ok(forced.len())
+    }
+
     /// The finished request's counts and times.
     fn stats(&self, stop: StopReason) -> GenerationStats {
         let total = self.start.elapsed();
