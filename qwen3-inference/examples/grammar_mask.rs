@@ -33,7 +33,7 @@ fn main() -> Result<()> {
     let vocabulary = Vocabulary::new(tokenizer.clone(), n_logits, eos)?;
     println!("vocabulary (trie of {n_logits} ids): {:.1} ms", ms(t));
     let t = Instant::now();
-    vocabulary.constraint(&grammar, Start::Now)?;
+    vocabulary.constraint(&grammar, Start::NOW)?;
     println!("grammar compile: {:.2} ms", ms(t));
 
     let (mut times, mut applied) = (Vec::new(), Vec::new());
@@ -41,7 +41,7 @@ fn main() -> Result<()> {
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     let mut logits = vec![0f32; n_logits];
     for _ in 0..answers {
-        let mut c = vocabulary.constraint(&grammar, Start::Now)?;
+        let mut c = vocabulary.constraint(&grammar, Start::NOW)?;
         for _ in 0..limit {
             let t = Instant::now();
             c.prepare();

@@ -125,15 +125,19 @@ impl Vocabulary {
     pub fn answer_start(&self, prompt: &str, thinking_template: bool) -> Start {
         let (Some(open), Some(close)) = (self.token_id("<think>"), self.token_id("</think>"))
         else {
-            return Start::Now;
+            return Start::NOW;
         };
         let t = prompt.trim_end();
-        if !thinking_template || t.ends_with("</think>") {
-            Start::Now
+        let reasoning = if !thinking_template || t.ends_with("</think>") {
+            Reasoning::None
         } else if t.ends_with("<think>") {
-            Start::FreeUntil(close)
+            Reasoning::Inside { close }
         } else {
-            Start::MayReason { open, close }
+            Reasoning::MayOpen { open, close }
+        };
+        Start {
+            reasoning,
+            trigger: None,
         }
     }
 
@@ -155,14 +159,10 @@ impl Vocabulary {
         if let Some(e) = matcher.get_error() {
             bail!("{e}");
         }
-        let phase = match start {
-            Start::Now => Phase::Grammar,
-            Start::MayReason { open, close } => Phase::MayOpen { open, close },
-            Start::FreeUntil(close) => Phase::Free { close },
-        };
         Ok(Constraint {
             matcher,
-            phase,
+            reasoning: start.reasoning,
+            trigger: start.trigger,
             eos: self.eos,
             allowed: None,
         })
@@ -180,6 +180,10 @@ pub fn json_in_lark(schema: &Value) -> String {
 /// options). With whitespace left free, a model can write spaces forever without breaking the
 /// grammar: the endless-whitespace answer is the best-known failure of JSON modes.
 fn bounded_whitespace(mut schema: Value) -> Value {
+    // `true` is the schema that accepts anything: as an object, it can carry the options.
+    if schema == Value::Bool(true) {
+        schema = json!({});
+    }
     if let Some(obj) = schema.as_object_mut() {
         obj.entry("x-guidance").or_insert_with(
             || json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
@@ -188,32 +192,42 @@ fn bounded_whitespace(mut schema: Value) -> Value {
     schema
 }
 
-/// Where the grammar starts to apply.
+/// Where the grammar starts to apply: after the reasoning, and for a lazy grammar after its
+/// trigger.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Start {
-    /// At the first token.
-    Now,
-    /// At the first token, unless that token is `open` (`<think>`): then the text is free until
-    /// `close` (`</think>`), and the grammar applies after it. A thinking model's reasoning stays
-    /// its own; the answer is constrained.
-    MayReason { open: u32, close: u32 },
-    /// After the model writes this token (`</think>` when the prompt already opened the
-    /// reasoning; `<tool_call>` for a lazy tool-call grammar); free text before.
-    FreeUntil(u32),
+pub struct Start {
+    pub reasoning: Reasoning,
+    /// A lazy grammar: the text is free (and may end) until the model writes this token
+    /// (`<tool_call>`), after the reasoning; the grammar applies from the next token.
+    pub trigger: Option<u32>,
 }
 
-/// Where a sequence is with respect to its grammar.
+impl Start {
+    /// At the first token.
+    pub const NOW: Start = Start {
+        reasoning: Reasoning::None,
+        trigger: None,
+    };
+}
+
+/// A thinking model's reasoning block before the answer: its text is free, and it must be
+/// closed before the answer may end (a reasoning is not an answer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
+pub enum Reasoning {
+    /// None (any more): the answer starts here.
+    None,
+    /// The first token may be `open` (`<think>`), which starts a reasoning closed by `close`.
     MayOpen { open: u32, close: u32 },
-    Free { close: u32 },
-    Grammar,
+    /// Inside one (the prompt opened it, or the model did), until `close` (`</think>`).
+    Inside { close: u32 },
 }
 
 /// One sequence's grammar state.
 pub struct Constraint {
     matcher: Matcher,
-    phase: Phase,
+    reasoning: Reasoning,
+    /// The lazy grammar's trigger, until the model writes it.
+    trigger: Option<u32>,
     eos: u32,
     /// The next token's allowed set, once [`Constraint::prepare`] computed it.
     allowed: Option<Result<SimpleVob, String>>,
@@ -224,7 +238,8 @@ impl Clone for Constraint {
     fn clone(&self) -> Self {
         Constraint {
             matcher: self.matcher.deep_clone(),
-            phase: self.phase,
+            reasoning: self.reasoning,
+            trigger: self.trigger,
             eos: self.eos,
             allowed: self.allowed.clone(),
         }
@@ -234,19 +249,21 @@ impl Clone for Constraint {
 impl std::fmt::Debug for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Constraint")
-            .field("phase", &self.phase)
+            .field("reasoning", &self.reasoning)
+            .field("trigger", &self.trigger)
             .field("stopped", &self.matcher.is_stopped())
             .finish()
     }
 }
 
 impl Constraint {
-    /// Whether the next token is masked at all (not in a free stretch).
+    /// Whether the grammar decides the next token (not inside a reasoning, not before a lazy
+    /// grammar's trigger).
     pub fn is_active(&self) -> bool {
-        !matches!(self.phase, Phase::Free { .. })
+        !matches!(self.reasoning, Reasoning::Inside { .. }) && self.trigger.is_none()
     }
 
-    /// Computes the next token's allowed set, if the next token is masked and it is not computed
+    /// Computes the next token's allowed set, if the grammar decides it and it is not computed
     /// yet. Only reads what was written before, so it can run while the forward pass computes
     /// the logits it will mask.
     pub fn prepare(&mut self) {
@@ -255,19 +272,28 @@ impl Constraint {
                 .matcher
                 .compute_mask_or_eos()
                 .map_err(|e| format!("grammar: {e}"));
-            if let (Ok(a), Phase::MayOpen { open, .. }) = (&mut allowed, self.phase) {
+            if let (Ok(a), Reasoning::MayOpen { open, .. }) = (&mut allowed, self.reasoning) {
                 a.allow_token(open);
             }
             self.allowed = Some(allowed);
         }
     }
 
-    /// Sets to -inf every logit whose token the grammar does not allow next. The grammar
-    /// engine's end-of-sequence id stands for all of `stop_ids` (a chat's end of turn, the
-    /// model's end of text): they are allowed exactly when the grammar may end here. In a free
-    /// stretch nothing is masked.
+    /// Sets to -inf every logit whose token may not come next. Where the grammar decides: the
+    /// tokens it does not allow; the request's `stop_ids` (a chat's end of turn, the model's end
+    /// of text) stand for the grammar engine's end of sequence, allowed exactly when the grammar
+    /// may end. Inside a reasoning: only the stop ids (the reasoning must be closed). Before a
+    /// lazy grammar's trigger: nothing.
     pub fn mask(&mut self, logits: &mut [f32], stop_ids: &[u32]) -> Result<()> {
-        if !self.is_active() {
+        if matches!(self.reasoning, Reasoning::Inside { .. }) {
+            for &id in stop_ids {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+            return Ok(());
+        }
+        if self.trigger.is_some() {
             return Ok(());
         }
         self.prepare();
@@ -276,6 +302,15 @@ impl Constraint {
             Err(e) => bail!("{e}"),
         };
         let may_end = allowed.is_allowed(self.eos);
+        if may_end && stop_ids.is_empty() {
+            bail!("the grammar is complete but the request has no end-of-sequence id to end it");
+        }
+        // The stop ids are special tokens, which the grammar never allows as such: their
+        // logits are kept aside and put back if the grammar may end.
+        let stops: Vec<(usize, f32)> = stop_ids
+            .iter()
+            .filter_map(|&id| Some((id as usize, *logits.get(id as usize)?)))
+            .collect();
         // A word of the bit set covers 32 ids: most words of a JSON grammar's mask are all zero
         // (or all one, inside a string), so whole runs of logits go at once.
         let words = allowed.as_slice();
@@ -290,30 +325,30 @@ impl Constraint {
                 }
             }
         }
-        for &id in stop_ids {
-            if let Some(l) = logits.get_mut(id as usize) {
-                if !may_end {
-                    *l = f32::NEG_INFINITY;
-                }
-            }
+        // The grammar engine's own end id is not a stop id of this request (unless it is one).
+        if let Some(l) = logits.get_mut(self.eos as usize) {
+            *l = f32::NEG_INFINITY;
+        }
+        for (id, raw) in stops {
+            logits[id] = if may_end { raw } else { f32::NEG_INFINITY };
         }
         Ok(())
     }
 
-    /// Whether `token` is one [`Constraint::mask`] let through (a stop id counts as the grammar
-    /// engine's end of sequence). The sampler draws masked tokens with weight `e^-87`, not zero
-    /// (kernels/exp.rs): the engine checks, and takes the best allowed token in that case.
+    /// Whether `token` is one [`Constraint::mask`] let through. The sampler draws masked tokens
+    /// with weight `e^-87`, not zero (kernels/exp.rs): the engine checks, and takes the best
+    /// allowed token in that case.
     pub fn allows(&self, token: u32, stop_ids: &[u32]) -> bool {
-        match (&self.allowed, self.is_active()) {
-            (_, false) => true,
-            (Some(Ok(a)), true) => {
-                let id = if stop_ids.contains(&token) {
-                    self.eos
-                } else {
-                    token
-                };
-                a.is_allowed(id)
-            }
+        let stop = stop_ids.contains(&token);
+        if matches!(self.reasoning, Reasoning::Inside { .. }) {
+            return !stop;
+        }
+        if self.trigger.is_some() {
+            return true;
+        }
+        match &self.allowed {
+            Some(Ok(a)) if stop => a.is_allowed(self.eos),
+            Some(Ok(a)) => token != self.eos && a.is_allowed(token),
             _ => false,
         }
     }
@@ -321,34 +356,45 @@ impl Constraint {
     /// Moves past `token`, which [`Constraint::mask`] allowed (not a stop id).
     pub fn advance(&mut self, token: u32) -> Result<()> {
         self.allowed = None;
-        match self.phase {
-            Phase::MayOpen { open, close } if token == open => {
-                self.phase = Phase::Free { close };
-                Ok(())
-            }
-            Phase::Free { close } => {
-                if token == close {
-                    self.phase = Phase::Grammar;
+        match self.reasoning {
+            Reasoning::MayOpen { open, close } => {
+                self.reasoning = Reasoning::None;
+                if token == open {
+                    self.reasoning = Reasoning::Inside { close };
+                    return Ok(());
                 }
-                Ok(())
             }
-            Phase::MayOpen { .. } | Phase::Grammar => {
-                self.phase = Phase::Grammar;
-                self.matcher
-                    .consume_token(token)
-                    .map_err(|e| anyhow!("grammar: {e}"))
+            Reasoning::Inside { close } => {
+                if token == close {
+                    self.reasoning = Reasoning::None;
+                }
+                return Ok(());
             }
+            Reasoning::None => {}
         }
+        if let Some(trigger) = self.trigger {
+            if token == trigger {
+                self.trigger = None;
+            }
+            return Ok(());
+        }
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| anyhow!("grammar: {e}"))
     }
 
     /// The tokens the grammar allows one way only from here, at most `max`, consumed: the caller
-    /// appends them to the sequence as if sampled. None in a free stretch.
+    /// appends them to the sequence as if sampled. None where the grammar does not decide.
     pub fn forced(&mut self, max: usize) -> Vec<u32> {
-        if self.phase != Phase::Grammar || max == 0 {
+        if !self.is_active() || max == 0 {
             return Vec::new();
         }
         let mut ff = self.matcher.compute_ff_tokens();
         ff.truncate(max);
+        // Only as many as the grammar accepts as they are (a canonical tokenization that the
+        // trie does not follow, such as a special token's text, stops the run).
+        let valid = self.matcher.validate_tokens(&ff).unwrap_or(0);
+        ff.truncate(valid);
         if ff.is_empty() || self.matcher.consume_tokens(&ff).is_err() {
             return Vec::new();
         }
@@ -358,6 +404,6 @@ impl Constraint {
 
     /// Whether the grammar has ended (only the end-of-sequence id can follow).
     pub fn is_done(&self) -> bool {
-        self.phase == Phase::Grammar && self.matcher.is_stopped()
+        self.is_active() && self.matcher.is_stopped()
     }
 }

@@ -3,7 +3,7 @@
 //! the whitespace between tokens is bounded so that they do end.
 
 use qwen3_export::hf::tokenizer_json::export_tokenizer;
-use qwen3_inference::constraint::{Grammar, Start, Vocabulary};
+use qwen3_inference::constraint::{Constraint, Grammar, Reasoning, Start, Vocabulary};
 use qwen3_inference::testing::lcg;
 use qwen3_inference::tokenizer::Tokenizer;
 use serde_json::{json, Value};
@@ -37,7 +37,7 @@ fn sample(
     seed: u64,
     limit: usize,
 ) -> (String, bool) {
-    let mut c = vocab.constraint(grammar, Start::Now).unwrap();
+    let mut c = vocab.constraint(grammar, Start::NOW).unwrap();
     let mut s = seed;
     let mut ids = Vec::new();
     let mut logits = vec![0f32; VOCAB];
@@ -134,7 +134,7 @@ fn a_schema_that_does_not_compile_is_an_error() {
     let bad =
         Grammar::JsonSchema(json!({"type": "object", "properties": {"x": {"type": "nonsense"}}}));
     let err = vocab
-        .constraint(&bad, Start::Now)
+        .constraint(&bad, Start::NOW)
         .expect_err("an invalid schema");
     assert!(!format!("{err:#}").is_empty());
 }
@@ -145,7 +145,7 @@ fn forced_tokens_are_the_grammar_s_only_way_on() {
     let schema = json!({"type": "object", "properties": {"name": {"type": "string"}},
                         "required": ["name"], "additionalProperties": false});
     let mut c = vocab
-        .constraint(&Grammar::JsonSchema(schema), Start::Now)
+        .constraint(&Grammar::JsonSchema(schema), Start::NOW)
         .unwrap();
     // The key is forced; llguidance stops where the next token could merge with what the model
     // writes (` "` may be part of a longer token).
@@ -153,7 +153,7 @@ fn forced_tokens_are_the_grammar_s_only_way_on() {
     assert_eq!(tok.decode(&ff, false).unwrap(), "{\"name\":");
     // At most `max`, and the grammar is past exactly those.
     let mut c = vocab
-        .constraint(&Grammar::Regex("abc".into()), Start::Now)
+        .constraint(&Grammar::Regex("abc".into()), Start::NOW)
         .unwrap();
     let one = c.forced(1);
     assert_eq!(one.len(), 1);
@@ -166,40 +166,85 @@ fn forced_tokens_are_the_grammar_s_only_way_on() {
 fn reasoning_and_a_lazy_start_stay_free_until_their_token() {
     let (tok, vocab) = vocabulary("start");
     let id = |t: &str| vocab.token_id(t).unwrap();
-    let (open, close) = (id("<think>"), id("</think>"));
+    let (open, close, call) = (id("<think>"), id("</think>"), id("<tool_call>"));
     let grammar = Grammar::Regex("[0-9]+".into());
-    let count_allowed = |c: &mut qwen3_inference::constraint::Constraint| {
+    let may_reason = Start {
+        reasoning: Reasoning::MayOpen { open, close },
+        trigger: None,
+    };
+    // The finite logits after masking (the stop id counts).
+    let allowed = |c: &mut Constraint| {
         let mut l = vec![0f32; VOCAB];
         c.mask(&mut l, &[IM_END]).unwrap();
         l.iter().filter(|x| x.is_finite()).count()
     };
     // May reason: the first token is a digit or `<think>`.
-    let mut c = vocab
-        .constraint(&grammar, Start::MayReason { open, close })
-        .unwrap();
+    let mut c = vocab.constraint(&grammar, may_reason).unwrap();
     let mut l = vec![0f32; VOCAB];
     c.mask(&mut l, &[IM_END]).unwrap();
     assert!(l[open as usize].is_finite());
     assert!(!l[tok.encode("hello")[0] as usize].is_finite());
+    assert!(!l[IM_END as usize].is_finite(), "an empty answer");
     c.advance(open).unwrap();
-    // Inside the reasoning: nothing masked, anything goes, until `</think>`.
-    assert_eq!(count_allowed(&mut c), VOCAB);
-    for t in tok.encode("some free thought") {
+    // Inside the reasoning: anything but the end (a reasoning is not an answer), until
+    // `</think>`; a `<tool_call>` in it opens nothing.
+    assert_eq!(allowed(&mut c), VOCAB - 1);
+    assert!(!c.allows(IM_END, &[IM_END]));
+    for t in tok.encode("some free thought <tool_call>") {
         c.advance(t).unwrap();
     }
     c.advance(close).unwrap();
-    let n = count_allowed(&mut c);
+    let n = allowed(&mut c);
     assert!(n > 1 && n < 1000, "{n} tokens allowed after </think>");
     // Without `<think>` first, the grammar applies from the first token.
-    let mut c = vocab
-        .constraint(&grammar, Start::MayReason { open, close })
-        .unwrap();
+    let mut c = vocab.constraint(&grammar, may_reason).unwrap();
     c.advance(tok.encode("7")[0]).unwrap();
     assert!(c.advance(open).is_err(), "<think> after the answer began");
-    // A lazy start: free until the trigger.
-    let call = id("<tool_call>");
-    let mut c = vocab.constraint(&grammar, Start::FreeUntil(call)).unwrap();
-    assert_eq!(count_allowed(&mut c), VOCAB);
+    // A lazy start: free (and free to end) until the trigger, after the reasoning.
+    let lazy = Start {
+        trigger: Some(call),
+        ..may_reason
+    };
+    let mut c = vocab.constraint(&grammar, lazy).unwrap();
+    assert_eq!(allowed(&mut c), VOCAB);
+    c.advance(open).unwrap();
     c.advance(call).unwrap();
-    assert!(count_allowed(&mut c) < 1000);
+    assert_eq!(allowed(&mut c), VOCAB - 1, "still reasoning");
+    c.advance(close).unwrap();
+    assert_eq!(allowed(&mut c), VOCAB);
+    c.advance(call).unwrap();
+    assert!(allowed(&mut c) < 1000);
+}
+
+/// Every stop id of the request ends the answer exactly when the grammar may end; the grammar
+/// engine's own end id only if it is one of them.
+#[test]
+fn the_stop_ids_end_a_complete_answer_only() {
+    let (tok, vocab) = vocabulary("stops");
+    const END_OF_TEXT: u32 = 151_643;
+    let stops = [END_OF_TEXT, IM_END];
+    let mut c = vocab
+        .constraint(&Grammar::Regex("ab?".into()), Start::NOW)
+        .unwrap();
+    let finite = |c: &mut Constraint, stop_ids: &[u32]| {
+        let mut l = vec![1f32; VOCAB];
+        c.mask(&mut l, stop_ids).unwrap();
+        (
+            l[END_OF_TEXT as usize].is_finite(),
+            l[IM_END as usize].is_finite(),
+        )
+    };
+    assert_eq!(finite(&mut c, &stops), (false, false));
+    c.advance(tok.encode("a")[0]).unwrap();
+    // "a" may end or go on with "b".
+    assert_eq!(finite(&mut c, &stops), (true, true));
+    assert!(c.allows(END_OF_TEXT, &stops) && c.allows(IM_END, &stops));
+    // A completion whose only stop id is <|endoftext|>: <|im_end|> (the engine's end id here)
+    // is not an end for it.
+    assert_eq!(finite(&mut c, &[END_OF_TEXT]), (true, false));
+    assert!(!c.allows(IM_END, &[END_OF_TEXT]));
+    // With no stop id at all, a complete answer cannot end: an error, not an endless answer.
+    c.advance(tok.encode("b")[0]).unwrap();
+    let mut l = vec![1f32; VOCAB];
+    assert!(c.mask(&mut l, &[]).is_err());
 }

@@ -47,8 +47,9 @@ impl CompletionRequest {
         let (v, params) = common(body, s)?;
         let prompt = completion_prompt(&v, s.tokenizer)?;
         let logprobs = logprobs(&v, false)?;
-        let format = response_format(&v, &params)?;
+        let format = structured::response_format(&v)?;
         let constraint = structured::completion(s, format.as_ref())?;
+        no_ignore_eos(&constraint, &params)?;
         Ok(CompletionRequest {
             params,
             prompt,
@@ -111,8 +112,9 @@ impl ChatRequest {
             .map_err(|e| ApiError::invalid("messages".to_string(), format!("{e:#}")))?;
         text.push_str(&tool_choice.forced_start());
         let logprobs = logprobs(&v, true)?;
-        let format = response_format(&v, &params)?;
+        let format = structured::response_format(&v)?;
         let constraint = structured::chat(s, format.as_ref(), &tools, &tool_choice, &text)?;
+        no_ignore_eos(&constraint, &params)?;
         Ok(ChatRequest {
             params,
             messages,
@@ -163,20 +165,16 @@ fn common(body: &[u8], s: &AppState) -> Result<(Value, Params), ApiError> {
     Ok((v, params))
 }
 
-/// `response_format`, read (structured.rs); with `ignore_eos` it is refused: a grammar ends
-/// the answer by allowing only the end-of-sequence id, which `ignore_eos` takes away.
-fn response_format(
-    v: &Value,
-    params: &Params,
-) -> Result<Option<qwen3_inference::constraint::Grammar>, ApiError> {
-    let format = structured::response_format(v)?;
-    if format.is_some() && params.ignore_eos {
+/// A constraint (`response_format`, a tool call's grammar) with `ignore_eos` is refused: a
+/// grammar ends an answer by allowing only the end-of-sequence ids, which `ignore_eos` takes away.
+fn no_ignore_eos(constraint: &Option<Constraint>, params: &Params) -> Result<(), ApiError> {
+    if constraint.is_some() && params.ignore_eos {
         return Err(ApiError::invalid(
             "ignore_eos".to_string(),
-            "ignore_eos cannot be combined with a response_format that constrains the answer",
+            "ignore_eos cannot be combined with response_format or tool calls, which end the answer when it is complete",
         ));
     }
-    Ok(format)
+    Ok(())
 }
 
 /// A model name other than the one this server runs is a 404 (`model_not_found`), as OpenAI

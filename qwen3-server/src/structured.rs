@@ -104,7 +104,7 @@ pub(crate) fn completion(
 ) -> Result<Option<Constraint>, ApiError> {
     let Some(g) = format else { return Ok(None) };
     let vocab = vocabulary(s)?;
-    compile(vocab, g, Start::Now, "response_format").map(Some)
+    compile(vocab, g, Start::NOW, "response_format").map(Some)
 }
 
 /// The constraint of a chat answer (see the module's table); `text` is the rendered prompt.
@@ -121,59 +121,59 @@ pub(crate) fn chat(
     }
     let vocab = vocabulary(s)?;
     let forced = matches!(choice, ToolChoice::Required | ToolChoice::Named(_));
-    // Each tool's arguments, checked alone so that a bad schema is named.
+    // The tools a call may name, with their arguments' schemas, each compiled alone so that a
+    // bad schema is named (only the named one, when `tool_choice` names one).
     let mut args = Vec::new();
     if calls {
         for (i, t) in tools.iter().enumerate() {
             let f = &t["function"];
+            let name = f["name"].as_str().unwrap_or_default();
+            if matches!(choice, ToolChoice::Named(n) if n != name) {
+                continue;
+            }
             let strict = f["strict"].as_bool().unwrap_or(false);
             let schema = match (&f["parameters"], strict || forced) {
                 (Value::Null, _) | (_, false) => json!({"type": "object"}),
                 (p, true) => p.clone(),
             };
             let param = format!("tools[{i}].function.parameters");
-            compile(
-                vocab,
-                &Grammar::JsonSchema(schema.clone()),
-                Start::Now,
-                &param,
-            )?;
-            args.push((f["name"].as_str().unwrap_or_default().to_string(), schema));
+            let g = Grammar::JsonSchema(schema.clone());
+            compile(vocab, &g, Start::NOW, &param)?;
+            args.push((name.to_string(), schema));
         }
     }
-    // One call's JSON, Qwen's `{"name": ..., "arguments": {...}}`, for any of the tools.
-    let call = || {
-        let one: Vec<Value> = args
-            .iter()
-            .map(|(name, schema)| {
-                json!({"type": "object",
-                       "properties": {"name": {"const": name}, "arguments": schema},
-                       "required": ["name", "arguments"], "additionalProperties": false})
-            })
-            .collect();
-        json_in_lark(&json!({"anyOf": one}))
-    };
+    // One call, Qwen's `{"name": "f", "arguments": {...}}`: a rule per tool, its arguments'
+    // schema at the root of its own `%json` (where its `$ref`s resolve). The fixed text is a
+    // Lark string, which is a JSON string literal.
+    let lit = |text: String| Value::String(text).to_string();
+    let mut rules = String::new();
+    let mut alternatives = Vec::new();
+    for (i, (name, schema)) in args.iter().enumerate() {
+        let head = lit(format!(
+            "{{\"name\": {}, \"arguments\": ",
+            Value::from(name.as_str())
+        ));
+        rules.push_str(&format!(
+            "call_{i}: {head} args_{i} \"}}\"\nargs_{i}: {}\n",
+            json_in_lark(schema)
+        ));
+        alternatives.push(format!("call_{i}"));
+    }
+    rules.push_str(&format!("call: {}\n", alternatives.join(" | ")));
     // Blocks after the first: more calls, each in its own block.
-    let blocks = "(\"\\n<tool_call>\\n\" call \"\\n</tool_call>\")*";
-    let answer_start = || vocab.answer_start(text, s.thinking_template);
-    let (grammar, start, param) = match (choice, format) {
-        (ToolChoice::Named(name), _) => {
+    let blocks = r#"("\n<tool_call>\n" call "\n</tool_call>")*"#;
+    let answer_start = vocab.answer_start(text, s.thinking_template);
+    let (lark, start, param) = match (choice, format) {
+        (ToolChoice::Named(_), _) => {
             // The prompt ends with `{"name": "f", "arguments": `: the arguments, then the
             // block's end.
-            let schema = &args.iter().find(|(n, _)| n == name).expect("checked").1;
-            let lark = format!(
-                "start: args \"}}\\n</tool_call>\"\nargs: {}\n",
-                json_in_lark(schema)
-            );
-            (Grammar::Lark(lark), Start::Now, "tools")
+            let lark = "start: args_0 \"}\\n</tool_call>\"\n".to_string() + &rules;
+            (lark, Start::NOW, "tools")
         }
         (ToolChoice::Required, _) => {
             // The prompt ends with `<tool_call>\n`.
-            let lark = format!(
-                "start: call \"\\n</tool_call>\" {blocks}\ncall: {}\n",
-                call()
-            );
-            (Grammar::Lark(lark), Start::Now, "tools")
+            let lark = format!("start: call \"\\n</tool_call>\" {blocks}\n{rules}");
+            (lark, Start::NOW, "tools")
         }
         (_, Some(f)) if calls => {
             let answer = match f {
@@ -181,23 +181,25 @@ pub(crate) fn chat(
                 _ => json_in_lark(&json!({"type": "object"})),
             };
             let lark = format!(
-                "start: answer | \"<tool_call>\\n\" call \"\\n</tool_call>\" {blocks}\nanswer: {answer}\ncall: {}\n",
-                call()
+                "start: answer | \"<tool_call>\\n\" call \"\\n</tool_call>\" {blocks}\nanswer: {answer}\n{rules}"
             );
-            (Grammar::Lark(lark), answer_start(), "response_format")
+            (lark, answer_start, "response_format")
         }
-        (_, Some(f)) => (f.clone(), answer_start(), "response_format"),
+        (_, Some(f)) => {
+            return compile(vocab, f, answer_start, "response_format").map(Some);
+        }
         (_, None) => {
-            // Free text until the model opens a block (a lazy grammar); then the call.
+            // Free text (after the reasoning) until the model opens a block: a lazy grammar.
             let Some(open) = vocab.token_id("<tool_call>") else {
                 return Ok(None);
             };
-            let lark = format!(
-                "start: \"\\n\" call \"\\n</tool_call>\" {blocks}\ncall: {}\n",
-                call()
-            );
-            (Grammar::Lark(lark), Start::FreeUntil(open), "tools")
+            let lark = format!("start: \"\\n\" call \"\\n</tool_call>\" {blocks}\n{rules}");
+            let start = Start {
+                trigger: Some(open),
+                ..answer_start
+            };
+            (lark, start, "tools")
         }
     };
-    compile(vocab, &grammar, start, param).map(Some)
+    compile(vocab, &Grammar::Lark(lark), start, param).map(Some)
 }

@@ -257,11 +257,21 @@ fn the_answer_after_the_reasoning_is_constrained() {
     body["chat_template_kwargs"]["enable_thinking"] = true.into();
     body["max_tokens"] = 100.into();
     let r = s.post("/v1/chat/completions", &body).json();
+    let (mut stopped, mut reasoned) = (0, 0);
     for c in r["choices"].as_array().unwrap() {
+        let m = &c["message"];
+        if m["reasoning_content"].is_string() {
+            // A random model that opened a reasoning rarely closes it: cut by max_tokens, it
+            // may not end inside it.
+            reasoned += 1;
+        }
         if c["finish_reason"] == "stop" {
-            valid(schema, c["message"]["content"].as_str().unwrap()).unwrap();
+            stopped += 1;
+            valid(schema, m["content"].as_str().unwrap()).unwrap();
         }
     }
+    eprintln!("{stopped} of 8 stopped, {reasoned} reasoned");
+    assert!(stopped >= 2, "{r}");
 }
 
 /// `tool_choice: "required"` and a named function: every stopped answer is a call of a known
@@ -274,8 +284,11 @@ fn forced_tool_calls_parse_as_calls() {
         "city": {"type": "string", "maxLength": 10},
         "unit": {"enum": ["celsius", "fahrenheit"]}},
         "required": ["city", "unit"], "additionalProperties": false});
-    let time = json!({"type": "object", "properties": {"zone": {"type": "string", "maxLength": 6}},
-                      "required": ["zone"], "additionalProperties": false});
+    // With `$defs` and a `$ref`, as Pydantic writes nested models: it must resolve inside the
+    // call, where the schema is not the root of the answer.
+    let time = json!({"type": "object", "properties": {"zone": {"$ref": "#/$defs/Zone"}},
+                      "required": ["zone"], "additionalProperties": false,
+                      "$defs": {"Zone": {"type": "string", "maxLength": 6}}});
     let tools = json!([
         {"type": "function", "function": {"name": "get_weather", "parameters": weather}},
         {"type": "function", "function": {"name": "get_time", "parameters": time}},
@@ -342,6 +355,16 @@ fn bad_formats_are_400s() {
         (chat(json!("json"), 1, 1), "response_format"),
         (
             json!({"prompt": "x", "response_format": {"type": "json_object"}, "ignore_eos": true}),
+            "ignore_eos",
+        ),
+        (
+            {
+                let mut b = chat(Value::Null, 1, 1);
+                b["tools"] = strict_tool(json!({"type": "object"}));
+                b["tool_choice"] = "required".into();
+                b["ignore_eos"] = true.into();
+                b
+            },
             "ignore_eos",
         ),
         (

@@ -83,7 +83,7 @@ impl PromptJob {
                 let vocab = Vocabulary::new(tok.clone(), c.vocab_size as usize, eos)?;
                 let start = match &chat_prompt {
                     Some((text, thinking)) => vocab.answer_start(text, *thinking),
-                    None => Start::Now,
+                    None => Start::NOW,
                 };
                 Some(vocab.constraint(&grammar, start).context("the grammar")?)
             }

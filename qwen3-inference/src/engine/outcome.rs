@@ -33,13 +33,14 @@ pub struct GenerationStats {
     pub prompt_tokens: usize,
     /// Prompt tokens whose keys and values were already cached (not run again).
     pub cached_tokens: usize,
-    /// Tokens sampled, an end-of-sequence token included.
+    /// Tokens sampled, an end-of-sequence token included, and those a grammar forced.
     pub generated_tokens: usize,
     /// From taking a slot to the end of the pass that ran the prompt's last token.
     pub prefill: Duration,
     /// From the start to the first sampled token (prefill plus one sampling step).
     pub time_to_first_token: Duration,
-    /// From the first sampled token to the last: `generated_tokens - 1` decode steps.
+    /// From the first sampled token to the last: `generated_tokens - 1` decode steps (fewer
+    /// when a grammar forced tokens).
     pub decode: Duration,
     /// Time spent in the sampler, all tokens together (included in the times above).
     pub sampling: Duration,
@@ -54,7 +55,8 @@ impl GenerationStats {
         (self.prompt_tokens - self.cached_tokens) as f64 / self.prefill.as_secs_f64()
     }
 
-    /// Tokens per second after the first one (each is one forward pass with t = 1 and a sample).
+    /// Tokens per second after the first one (each one forward pass with t = 1 and a sample, but
+    /// for the tokens a grammar forces, which run several to a pass: docs/structured.md).
     pub fn decode_tok_s(&self) -> f64 {
         self.generated_tokens.saturating_sub(1) as f64 / self.decode.as_secs_f64()
     }
