@@ -270,6 +270,12 @@ fn eof_and_quit_exit_zero() {
     let err = text(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(!err.contains("prompt ids:"), "{err}");
+    // Ollama's `/bye` too; piped, a line `exit` is a message like any other.
+    let o = chat(&["-t", "0", "-n", "2", "--verbose-prompt"], "/bye\nHello\n");
+    assert!(o.status.success());
+    assert!(!text(&o.stderr).contains("prompt ids:"));
+    let o = chat(&["-t", "0", "-n", "2", "--verbose-prompt"], "exit\n");
+    assert!(text(&o.stderr).contains("prompt ids:"));
 
     let o = chat(&["-t", "0", "-n", "2"], "/help\n/nope\n/think maybe\n");
     let err = text(&o.stderr);

@@ -119,6 +119,30 @@ fn the_documented_sampling_line_works_and_equals_the_long_flags() {
         })
         .collect();
     assert!(other.iter().any(|o| o != &other[0]), "{other:?}");
+    // `-s -1`: a random seed (llama.cpp's convention), shown by --verbose; not clap's tip.
+    let seed = |o: &Output| {
+        let err = text(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        let line = err.lines().find(|l| l.starts_with("sampler:")).unwrap();
+        line.rsplit("seed ").next().unwrap().to_string()
+    };
+    let run = || {
+        qwen3(&[
+            "inference",
+            m,
+            "-s",
+            "-1",
+            "-i",
+            PROMPT,
+            "-n",
+            "1",
+            "--verbose",
+        ])
+    };
+    let (a, b) = (seed(&run()), seed(&run()));
+    assert_ne!(a, b, "-s -1 gave the same seed twice");
+    let err = fails(qwen3(&["inference", m, "-s", "-2", "-i", PROMPT]));
+    assert!(err.contains("-1 for random"), "{err}");
 }
 
 #[test]

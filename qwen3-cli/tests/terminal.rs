@@ -209,6 +209,28 @@ fn typing_during_an_answer_stays_out_of_it_and_ctrl_c_stops_it() {
     assert!(saved.contains("Tell me a long story"), "{saved}");
 }
 
+/// `exit` alone at the terminal leaves the chat (as in a shell), without sending it.
+#[test]
+fn exit_at_the_terminal_leaves() {
+    let home = binary_dir().join("home-exit");
+    std::fs::create_dir_all(&home).unwrap();
+    let args = [
+        "chat",
+        fullvocab_model(),
+        "-t",
+        "0",
+        "-n",
+        "2",
+        "--no-history",
+    ];
+    let mut t = Pty::spawn(&args, &home);
+    t.wait_for(">>> ", 0);
+    t.keys("exit\r");
+    let (status, out) = t.wait_exit();
+    assert!(status.success(), "{out}");
+    assert!(!out.contains("tok/s"), "exit was sent as a message: {out}");
+}
+
 #[test]
 fn history_is_recalled_in_the_next_run_unless_turned_off() {
     let home = binary_dir().join("home-history");

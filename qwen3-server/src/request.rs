@@ -238,29 +238,61 @@ struct StreamOptions {
     include_usage: Option<bool>,
 }
 
+/// An integer field: a JSON integer, or a number with no fraction (`4.0`), as JavaScript
+/// clients and spec-driven fuzzers write them. Wide enough for any u64 seed and any i64.
+#[derive(Clone, Copy)]
+struct Int(i128);
+
+impl Int {
+    /// The value, saturated to i64 (counts and limits are checked against far smaller bounds).
+    fn get(self) -> i64 {
+        self.0.clamp(i64::MIN as i128, i64::MAX as i128) as i64
+    }
+}
+
+impl<'de> Deserialize<'de> for Int {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = serde_json::Number::deserialize(d)?;
+        if let Some(i) = n.as_i64() {
+            return Ok(Int(i.into()));
+        }
+        if let Some(u) = n.as_u64() {
+            return Ok(Int(u.into()));
+        }
+        match n.as_f64() {
+            Some(f) if f.fract() == 0.0 && f.abs() < 1e30 => Ok(Int(f as i128)),
+            _ => Err(serde::de::Error::custom(format!(
+                "expected an integer, got {n}"
+            ))),
+        }
+    }
+}
+
 /// The fields both endpoints share.
 #[derive(Deserialize)]
 struct Common {
     model: Option<String>,
-    max_tokens: Option<i64>,
-    max_completion_tokens: Option<i64>,
+    max_tokens: Option<Int>,
+    max_completion_tokens: Option<Int>,
     temperature: Option<f32>,
     top_p: Option<f32>,
-    top_k: Option<i64>,
+    top_k: Option<Int>,
     min_p: Option<f32>,
     presence_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
     repetition_penalty: Option<f32>,
-    seed: Option<i64>,
+    seed: Option<Int>,
     stop: Option<Stop>,
-    n: Option<i64>,
+    n: Option<Int>,
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
     ignore_eos: Option<bool>,
 }
 
 /// Fields of OpenAI's API that this server does not implement: given with a value that asks for
-/// them, they are refused (a client that needs them should know).
+/// them, they are refused (a client that needs them should know). Their defaults and no-op
+/// values (`false`, `null`, `[]`, `{}`, `""`, `best_of: 1`) are what clients send when they do
+/// not ask, and are accepted.
 const UNSUPPORTED: [&str; 5] = ["echo", "suffix", "best_of", "logit_bias", "functions"];
 
 /// Most choices (`n`) one request may ask for.
@@ -279,6 +311,9 @@ pub(crate) fn params(
         match v.get(name) {
             None | Some(Value::Null) | Some(Value::Bool(false)) => {}
             Some(Value::Array(a)) if a.is_empty() => {}
+            Some(Value::Object(o)) if o.is_empty() => {}
+            Some(Value::String(t)) if t.is_empty() => {}
+            Some(Value::Number(n)) if name == "best_of" && n.as_f64() == Some(1.0) => {}
             Some(_) => {
                 return Err(ApiError::invalid(
                     name.to_string(),
@@ -304,9 +339,15 @@ pub(crate) fn params(
     )? {
         s.temperature = t;
     }
-    if let Some(p) = range("top_p", c.top_p, &|p| p > 0.0 && p <= 1.0, "in (0, 1]")? {
-        s.top_p = p;
-    }
+    // top_p 0 keeps only the most likely token: greedy (top-k 1), as vLLM reads it.
+    let top_p_zero = match range("top_p", c.top_p, &|p| (0.0..=1.0).contains(&p), "in [0, 1]")? {
+        Some(0.0) => true,
+        Some(p) => {
+            s.top_p = p;
+            false
+        }
+        None => false,
+    };
     if let Some(p) = range("min_p", c.min_p, &|p| (0.0..=1.0).contains(&p), "in [0, 1]")? {
         s.min_p = p;
     }
@@ -326,7 +367,7 @@ pub(crate) fn params(
     )? {
         s.repetition_penalty = p;
     }
-    match c.top_k {
+    match c.top_k.map(Int::get) {
         // vLLM's convention: -1 (or 0) keeps every token.
         Some(-1) | Some(0) => s.top_k = 0,
         Some(k) if k > 0 => s.top_k = k.min(u32::MAX as i64) as usize,
@@ -338,11 +379,18 @@ pub(crate) fn params(
         }
         None => {}
     }
+    if top_p_zero {
+        s.top_k = 1;
+        s.top_p = 1.0;
+    }
     if let Some(seed) = c.seed {
         // Any integer: negative ones keep their bits.
-        s.seed = seed as u64;
+        s.seed = seed.0 as u64;
     }
-    let max_tokens = match (c.max_completion_tokens, c.max_tokens) {
+    let max_tokens = match (
+        c.max_completion_tokens.map(Int::get),
+        c.max_tokens.map(Int::get),
+    ) {
         (Some(m), _) => Some(("max_completion_tokens", m)),
         (None, Some(m)) => Some(("max_tokens", m)),
         _ => None,
@@ -368,7 +416,7 @@ pub(crate) fn params(
             format!("stop must be at most {MAX_STOPS} non-empty strings"),
         ));
     }
-    let n = c.n.unwrap_or(1);
+    let n = c.n.map_or(1, Int::get);
     if !(1..=MAX_N as i64).contains(&n) {
         return Err(ApiError::invalid(
             "n".to_string(),
@@ -401,10 +449,10 @@ fn logprobs(v: &Value, chat: bool) -> Result<Option<usize>, ApiError> {
         #[derive(Deserialize)]
         struct Body {
             logprobs: Option<bool>,
-            top_logprobs: Option<i64>,
+            top_logprobs: Option<Int>,
         }
         let b: Body = typed(v)?;
-        match (b.logprobs.unwrap_or(false), b.top_logprobs) {
+        match (b.logprobs.unwrap_or(false), b.top_logprobs.map(Int::get)) {
             (_, Some(k)) if !(0..=max).contains(&k) => bad(
                 "top_logprobs",
                 format!("top_logprobs must be in 0 ..= {max}, got {k}"),
@@ -416,9 +464,9 @@ fn logprobs(v: &Value, chat: bool) -> Result<Option<usize>, ApiError> {
     } else {
         #[derive(Deserialize)]
         struct Body {
-            logprobs: Option<i64>,
+            logprobs: Option<Int>,
         }
-        match typed::<Body>(v)?.logprobs {
+        match typed::<Body>(v)?.logprobs.map(Int::get) {
             None => Ok(None),
             Some(k) if (0..=max).contains(&k) => Ok(Some(k as usize)),
             Some(k) => bad(
@@ -704,6 +752,26 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
         let e = p(json!({"logit_bias": {"1": 5}})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("logit_bias"));
+        // What clients send when they do not ask for these: accepted.
+        p(json!({"logit_bias": {}, "suffix": "", "best_of": 1, "echo": false})).unwrap();
+        let e = p(json!({"best_of": 2})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("best_of"));
+        // Integers written as numbers with no fraction.
+        let ok = p(json!({"max_tokens": 4.0, "n": 2.0, "seed": 3.0, "top_k": 5.0})).unwrap();
+        assert_eq!((ok.max_tokens, ok.n, ok.sampler.seed), (Some(4), 2, 3));
+        assert_eq!(ok.sampler.top_k, 5);
+        let e = p(json!({"max_tokens": 4.5})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"), "{}", e.message);
+        assert_eq!(
+            p(json!({"seed": 18446744073709551615u64}))
+                .unwrap()
+                .sampler
+                .seed,
+            u64::MAX
+        );
+        // top_p 0: greedy, as top-k 1.
+        let g = p(json!({"top_p": 0})).unwrap();
+        assert_eq!((g.sampler.top_k, g.sampler.top_p), (1, 1.0));
         let e = p(json!({"stop": [1]})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("stop"));
         let ok = p(

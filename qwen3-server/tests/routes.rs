@@ -147,7 +147,7 @@ fn bad_input_gets_4xx_error_objects() {
     check(
         400,
         c,
-        br#"{"prompt": "hi", "top_p": 0}"#,
+        br#"{"prompt": "hi", "top_p": 1.5}"#,
         Some("top_p"),
         None,
     );

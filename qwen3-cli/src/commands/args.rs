@@ -105,8 +105,9 @@ pub struct InferenceArgs {
     /// Subtract this from the logits of tokens already generated (0 is off).
     #[arg(long, allow_negative_numbers = true)]
     pub presence_penalty: Option<f32>,
-    /// Seed of the sampler; any u64. Default: from the clock (printed with --verbose).
-    #[arg(short = 's', long)]
+    /// Seed of the sampler; any u64, or -1 for a random one (llama.cpp's convention). Default:
+    /// from the clock (printed with --verbose).
+    #[arg(short = 's', long, allow_negative_numbers = true, value_parser = parse_seed)]
     pub seed: Option<u64>,
     /// Context length (prompt + generated tokens); sizes the KV cache.
     /// Default: the model's maximum, capped at 4096.
@@ -337,6 +338,16 @@ pub fn sampler_from_args(args: &InferenceArgs, c: &ModelConfig) -> Result<Sample
     }
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// `-s`: a u64, or -1 for a seed from the clock.
+fn parse_seed(s: &str) -> std::result::Result<u64, String> {
+    match s.trim() {
+        "-1" => Ok(clock_seed()),
+        t => t
+            .parse::<u64>()
+            .map_err(|_| format!("{s:?} is not a seed (a number 0 ..= 2^64-1, or -1 for random)")),
+    }
 }
 
 /// A seed from the clock, for runs without `--seed`.

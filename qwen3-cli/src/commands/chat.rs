@@ -38,7 +38,7 @@ const HELP: &str = "\
 /system TEXT   set the system prompt and start a new conversation (no TEXT: none)
 /think on|off  let the model reason first, or not (/think default: the template decides)
 /stats         context use, tokens fed and reused, sampler settings
-/quit          leave (also Ctrl-D, or Ctrl-C twice at the prompt)";
+/quit          leave (also /exit, /bye, a line `exit` or `quit` at the terminal, Ctrl-D, or Ctrl-C twice at the prompt)";
 
 /// The ids that end an answer: every end-of-sequence id of the model file, plus the template's
 /// end-of-turn token (its `eos_token`, `<|im_end|>` for Qwen3) if the tokenizer has it.
@@ -177,6 +177,11 @@ pub fn run<B: Backend>(
             }
             continue;
         }
+        // At a terminal, `exit` and `quit` alone leave, as in a shell or Python's REPL (piped
+        // lines are messages, whatever they say).
+        if interactive && matches!(line, "exit" | "quit") {
+            break;
+        }
         chat.turn(line)?;
     }
     if chat.failed > 0 && !interactive {
@@ -295,7 +300,8 @@ impl<B: Backend> Chat<'_, '_, B> {
         let rest = rest.trim();
         match name {
             "help" => eprintln!("{HELP}"),
-            "quit" | "exit" => return false,
+            // `/bye` is Ollama's.
+            "quit" | "exit" | "bye" => return false,
             "reset" => {
                 // A new conversation from scratch: its statistics and its KV cache too.
                 self.conv.reset();

@@ -81,6 +81,11 @@ impl Header {
         let magic = r
             .bytes(8, "magic")
             .context("not a pico-qwen model file (shorter than its magic)")?;
+        if magic.starts_with(b"GGUF") {
+            bail!(
+                "this is a GGUF file (llama.cpp's format), not a pico-qwen model file: export the HuggingFace checkpoint it was made from with `qwen3 export ORG/NAME model.bin` (or a checkpoint directory)"
+            );
+        }
         if magic != MAGIC {
             bail!("not a pico-qwen model file (wrong magic {magic:02x?})");
         }
@@ -621,6 +626,9 @@ mod tests {
         let mut b = good.clone();
         b[0] = b'X';
         check(&b, "wrong magic");
+        let mut b = good.clone();
+        b[..4].copy_from_slice(b"GGUF");
+        check(&b, "this is a GGUF file");
         let mut b = good.clone();
         b[8] = FORMAT_VERSION as u8 + 1;
         check(&b, "newer");
