@@ -44,6 +44,7 @@ fn state() -> Arc<AppState> {
         metrics: Arc::new(Metrics::default()),
         ui: false,
         grammars: crate::state::Grammars::new(151_936),
+        cors: vec![],
     })
 }
 

@@ -61,13 +61,14 @@ pub mod batch;
 
 use anyhow::{bail, Context, Result};
 use axum::extract::DefaultBodyLimit;
+use axum::http::HeaderValue;
 use axum::routing::{get, post};
 use axum::Router;
 use std::io::Write;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Duration;
-use tower_http::cors::CorsLayer;
+use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 use worker::Command;
 
 /// The state and options the caller builds, where it has always named them.
@@ -95,6 +96,7 @@ pub fn router_with(state: Arc<AppState>, log: bool) -> Router {
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::wrong_method)
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn(routes::json_only))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             routes::auth,
@@ -107,7 +109,33 @@ pub fn router_with(state: Arc<AppState>, log: bool) -> Router {
     } else {
         app
     };
-    app.layer(CorsLayer::permissive()).with_state(state)
+    let app = match cors(&state.cors) {
+        Some(layer) => app.layer(layer),
+        None => app,
+    };
+    app.with_state(state)
+}
+
+/// CORS for `--cors` origins: none by default, so that a web page the user visits cannot use a
+/// server on their machine (a browser sends a page's cross-origin requests only if the server
+/// allows them; a JSON POST needs a preflight, which then fails).
+fn cors(origins: &[String]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    if origins.iter().any(|o| o == "*") {
+        return Some(CorsLayer::permissive());
+    }
+    let list: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o).ok())
+        .collect();
+    Some(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(list))
+            .allow_methods(Any)
+            .allow_headers(Any),
+    )
 }
 
 /// Starts `worker` on its own thread with the command channel's receiving end. The receiver

@@ -98,6 +98,33 @@ pub async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> R
     next.run(req).await
 }
 
+/// Middleware: a request with a body must say it is JSON (`Content-Type: application/json`),
+/// else 415. A form or `text/plain` POST is one a web page can send to any server without the
+/// browser asking the server first (no CORS preflight): refusing it keeps other sites' pages
+/// from driving a server on the user's machine.
+pub async fn json_only(req: Request, next: Next) -> Response {
+    if req.method() == axum::http::Method::POST {
+        let ct = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let media = ct.split(';').next().unwrap_or("").trim();
+        if !media.eq_ignore_ascii_case("application/json") {
+            let got = if ct.is_empty() { "none" } else { ct };
+            return ApiError::invalid(
+                None,
+                format!(
+                    "the body must be JSON sent with Content-Type: application/json (got {got})"
+                ),
+            )
+            .with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE)
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
 /// Compares the bearer token with `key` in time that depends only on their lengths, so that
 /// timing does not reveal how much of a guess was right.
 fn bearer_matches(headers: &HeaderMap, key: &str) -> bool {

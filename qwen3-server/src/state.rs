@@ -42,6 +42,9 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Whether `/` answers with the chat page (`--no-ui` turns it off).
     pub ui: bool,
+    /// Origins whose web pages may call the API (`--cors`; `*`: any). Empty: none but the
+    /// server's own page, which needs no CORS.
+    pub cors: Vec<String>,
     /// The vocabulary as the grammar engine sees it (structured output), built at first use.
     pub grammars: Grammars,
 }

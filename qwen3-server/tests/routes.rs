@@ -282,3 +282,50 @@ fn routes_and_api_key() {
     let r = s.http("POST", "/v1/completions", &auth, body.as_bytes());
     assert_eq!(r.status, 200);
 }
+
+/// A POST body must be declared JSON (415 otherwise: a form or `text/plain` POST is one any web
+/// page can send without a CORS preflight); CORS allows no page by default, and the `--cors`
+/// origins only.
+#[test]
+fn json_bodies_only_and_cors_by_origin() {
+    let m = Model::new("cors");
+    let body = br#"{"prompt": "hi", "max_tokens": 1}"#;
+    let s = Server::start(&m.path, &[]);
+    for ct in ["text/plain", "application/x-www-form-urlencoded", ""] {
+        let r = s.http("POST", "/v1/completions", &[("Content-Type", ct)], body);
+        assert_eq!(r.status, 415, "{ct}: {}", r.body);
+        assert_eq!(r.error()["type"], "invalid_request_error", "{ct}");
+    }
+    let ok = [("Content-Type", "application/json; charset=utf-8")];
+    assert_eq!(s.http("POST", "/v1/completions", &ok, body).status, 200);
+    // A page from elsewhere: no CORS header, so the browser keeps the answer from it.
+    let page = [("Origin", "https://evil.example")];
+    let r = s.http("GET", "/v1/models", &page, b"");
+    assert_eq!(r.header("access-control-allow-origin"), None);
+    drop(s);
+
+    let s = Server::start(&m.path, &["--cors", "https://app.example"]);
+    let r = s.http(
+        "GET",
+        "/v1/models",
+        &[("Origin", "https://app.example")],
+        b"",
+    );
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://app.example")
+    );
+    let preflight = s.http(
+        "OPTIONS",
+        "/v1/chat/completions",
+        &[
+            ("Origin", "https://app.example"),
+            ("Access-Control-Request-Method", "POST"),
+            ("Access-Control-Request-Headers", "content-type"),
+        ],
+        b"",
+    );
+    assert_eq!(preflight.status, 200, "{}", preflight.body);
+    let r = s.http("GET", "/v1/models", &page, b"");
+    assert_eq!(r.header("access-control-allow-origin"), None);
+}

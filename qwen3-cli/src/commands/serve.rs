@@ -39,6 +39,12 @@ pub struct ServeArgs {
     /// Do not answer `/` with the chat page.
     #[arg(long)]
     pub no_ui: bool,
+    /// Let web pages from ORIGIN (`https://app.example`) call the API from a browser; repeat
+    /// for more, or `*` for any page on the web. Default: none (the chat page at `/` is the
+    /// server's own and needs none). A page that may call a server without --api-key may use
+    /// the model.
+    #[arg(long, value_name = "ORIGIN")]
+    pub cors: Vec<String>,
 }
 
 /// The model and how the engine runs it: `qwen3 serve`'s and `qwen3 batch`'s.
@@ -90,6 +96,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .filter(|k| !k.is_empty());
     let (mut state, commands, worker) = prepare(args.engine, api_key)?;
     state.ui = !args.no_ui;
+    state.cors = args.cors;
     let opts = ServeOptions {
         host: args.host,
         port: args.port,
@@ -176,6 +183,7 @@ pub fn prepare(
         metrics: metrics.clone(),
         ui: false,
         grammars: Grammars::new(c.vocab_size as usize),
+        cors: vec![],
     };
     let cfg = EngineConfig {
         slots: args.parallel,

@@ -53,7 +53,7 @@ impl Server {
     /// [`Server::start`] with environment variables as `qwen3 serve` reads them
     /// (`QWEN3_API_KEY`).
     pub fn start_env(model: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
-        let (mut context, mut slots, mut model_name) = (None, 4, None);
+        let (mut context, mut slots, mut model_name, mut cors) = (None, 4, None, vec![]);
         let mut api_key = env
             .iter()
             .find(|(k, _)| *k == "QWEN3_API_KEY")
@@ -66,6 +66,7 @@ impl Server {
                 "--parallel" => slots = value.parse().unwrap(),
                 "--model-name" => model_name = Some(value.to_string()),
                 "--api-key" => api_key = Some(value.to_string()),
+                "--cors" => cors.push(value.to_string()),
                 other => panic!("{other}: not a flag the in-process server knows"),
             }
         }
@@ -112,6 +113,7 @@ impl Server {
             metrics: metrics.clone(),
             ui: true,
             grammars: Grammars::new(c.vocab_size as usize),
+            cors,
         };
         let cfg = EngineConfig {
             slots,
@@ -147,10 +149,14 @@ impl Server {
 
     /// One request, its response read to the end.
     pub fn http(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
-        let mut req = axum::http::Request::builder()
-            .method(method)
-            .uri(path)
-            .header("content-type", "application/json");
+        let mut req = axum::http::Request::builder().method(method).uri(path);
+        // JSON unless the test says otherwise.
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        {
+            req = req.header("content-type", "application/json");
+        }
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
