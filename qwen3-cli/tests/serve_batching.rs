@@ -223,6 +223,22 @@ fn vanished_clients_free_their_slots() {
         );
     }
     assert_eq!(s.get("/health").status, 200);
+    // Each abandoned request has its log line (status 499, nginx's "client closed request",
+    // with the tokens so far) and its count in /metrics.
+    assert!(
+        wait_until(Duration::from_secs(10), || s
+            .log()
+            .matches("POST /v1/completions 499 prompt=4 completion=")
+            .count()
+            == 2),
+        "{}",
+        s.log()
+    );
+    let metrics = s.get("/metrics").body;
+    assert!(
+        metrics.contains(r#"qwen3_requests_total{route="/v1/completions",status="499"} 2"#),
+        "{metrics}"
+    );
     drop(s);
 
     // A client that leaves while its request waits in the queue frees its place there too.

@@ -4,7 +4,7 @@
 //! it reads only the job (job.rs), the shared state, and the text pipeline below it.
 
 use crate::error::ApiError;
-use crate::job::{log_line, unix_now, Job, Kind, LogLater, LogTokens, Params};
+use crate::job::{log_line, route, unix_now, Job, Kind, LeftEarly, LogLater, LogTokens, Params};
 use crate::logprobs;
 use crate::state::AppState;
 use crate::text::{ChoiceText, Delta};
@@ -350,6 +350,16 @@ pub(crate) fn stream(
     tokio::spawn(async move {
         let send = |v: Value| Event::default().data(v.to_string());
         let mut failed = None;
+        let path = route(meta.kind);
+        // Logs the request as 499 if the client leaves (a `return` below) before the end.
+        let mut left = LeftEarly {
+            state: s.clone(),
+            path,
+            prompt: n_prompt,
+            completion: 0,
+            start: started,
+            armed: true,
+        };
         while !choices.all_done() {
             // A client that leaves while its request waits for a slot (no tokens to send yet)
             // ends it here, before it runs.
@@ -365,6 +375,7 @@ pub(crate) fn stream(
                 failed = Some(e);
                 break;
             }
+            left.completion = choices.completion_tokens();
             for (i, d, finish) in std::mem::take(&mut choices.out) {
                 let ch = choices.streamed(&meta, i, &d, finish, s.tokenizer);
                 if tx
@@ -384,11 +395,7 @@ pub(crate) fn stream(
             let _ = tx.send(Ok(send(last))).await;
         }
         let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
-        let path = if meta.kind == Kind::Chat {
-            "/v1/chat/completions"
-        } else {
-            "/v1/completions"
-        };
+        left.armed = false;
         let completion = choices.completion_tokens();
         let tokens = LogTokens {
             prompt: n_prompt,

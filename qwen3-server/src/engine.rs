@@ -10,7 +10,7 @@
 
 use crate::answer::{stream, Choices, Meta};
 use crate::error::ApiError;
-use crate::job::{unix_now, Job, Kind, LogTokens, Params};
+use crate::job::{route, unix_now, Job, Kind, LeftEarly, LogTokens, Params};
 use crate::state::AppState;
 use crate::worker::{Command, Update};
 use axum::response::{IntoResponse, Response};
@@ -90,14 +90,27 @@ pub(crate) async fn run(s: Arc<AppState>, job: Job, p: Params) -> Result<Respons
         Ok(stream(s, meta, choices, rx, p.include_usage, n_prompt))
     } else {
         let mut choices = choices;
+        // Logs the request as 499 if the client hangs up (this future is then dropped).
+        let mut left = LeftEarly {
+            state: s.clone(),
+            path: route(job.kind),
+            prompt: n_prompt,
+            completion: 0,
+            start: job.start,
+            armed: true,
+        };
         while !choices.all_done() {
             let Some(u) = rx.recv().await else {
+                left.armed = false;
                 return Err(ApiError::internal("the model worker has stopped"));
             };
             if let Err(e) = choices.apply(u, &s) {
+                left.armed = false;
                 return Err(ApiError::internal(e));
             }
+            left.completion = choices.completion_tokens();
         }
+        left.armed = false;
         let usage = choices.usage(n_prompt);
         let mut r = Json(meta.whole(&choices, &usage, s.tokenizer)).into_response();
         r.extensions_mut().insert(LogTokens {

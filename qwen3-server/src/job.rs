@@ -71,6 +71,43 @@ pub struct LogTokens {
 #[derive(Clone, Copy)]
 pub struct LogLater;
 
+/// Logs and counts a generation request the client left before its answer was complete, when
+/// dropped armed: status 499 (nginx's "client closed request"), with the tokens generated so
+/// far. The handler (or a stream's task) holds it while it waits; a client that hangs up drops
+/// that future, and with it the guard.
+pub(crate) struct LeftEarly {
+    pub(crate) state: std::sync::Arc<crate::state::AppState>,
+    pub(crate) path: &'static str,
+    pub(crate) prompt: usize,
+    /// Tokens generated so far (kept up to date by the holder).
+    pub(crate) completion: usize,
+    pub(crate) start: Instant,
+    /// Cleared when the answer is complete (it is then logged as such).
+    pub(crate) armed: bool,
+}
+
+impl Drop for LeftEarly {
+    fn drop(&mut self) {
+        if self.armed {
+            let tokens = LogTokens {
+                prompt: self.prompt,
+                completion: self.completion,
+            };
+            log_line("POST", self.path, 499, Some(tokens), self.start.elapsed());
+            self.state.metrics.request(self.path, 499);
+            self.state.metrics.tokens(self.prompt, self.completion);
+        }
+    }
+}
+
+/// The route of a job's kind, for the log.
+pub(crate) fn route(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Chat => "/v1/chat/completions",
+        Kind::Completion => "/v1/completions",
+    }
+}
+
 /// One request log line on stderr: method, path, status, tokens, milliseconds.
 pub fn log_line(method: &str, path: &str, status: u16, tokens: Option<LogTokens>, took: Duration) {
     let tokens = tokens.map_or(String::new(), |t| {
