@@ -87,11 +87,13 @@ fn a_batch_file_answers_as_the_server_and_resumes() {
     let output = binary_dir().join("out.jsonl");
     let o = run_batch(&input, &output);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    // On a pipe: nothing but the results, in the file.
+    // On a pipe: the results in the file, and one summary line.
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
-        o.stderr.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
+        err.starts_with("qwen3 batch: 11 written to ")
+            && err.contains("(3 of them invalid lines), 0 already there, 0 failed"),
+        "{err}"
     );
     assert!(o.stdout.is_empty());
     let all = results(&output);
@@ -180,6 +182,27 @@ fn a_batch_file_answers_as_the_server_and_resumes() {
     a.sort();
     b.sort();
     assert_eq!(a, b);
+    // Result ids stay unique across the runs that wrote the file.
+    let ids: std::collections::HashSet<&str> =
+        again.iter().map(|v| v["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), again.len(), "{again:#?}");
+
+    // A line fixed after its error line: the rerun answers it, and says which error line the
+    // answer supersedes.
+    let error_line = again.iter().find(|v| v["custom_id"] == "u1").unwrap()["id"].clone();
+    let mut fixed = input_lines();
+    fixed[8] = json!({"custom_id": "u1", "method": "POST", "url": "/v1/completions",
+                      "body": {"prompt": "x", "max_tokens": 2}})
+    .to_string();
+    std::fs::write(&input, fixed.join("\n") + "\n").unwrap();
+    let o = run_batch(&input, &output);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("qwen3 batch: 1 written"), "{err}");
+    let last = results(&output).pop().unwrap();
+    assert_eq!(last["custom_id"], "u1");
+    assert_eq!(last["response"]["status_code"], 200);
+    assert_eq!(last["supersedes"], error_line);
 }
 
 #[test]

@@ -19,7 +19,7 @@ use crate::{router_with, start_worker};
 use anyhow::{Context, Result};
 use axum::body::Body;
 use serde_json::{json, Value};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, Read, Seek, Write};
 use std::path::Path;
 use std::sync::mpsc::Receiver;
@@ -80,17 +80,23 @@ fn parse_line(no: usize, text: &str) -> Line {
         return invalid(None, "custom_id must be a string".into());
     };
     let id = Some(custom_id.clone());
+    // What a field held, for a message: its JSON, or that it is missing.
+    let got = |f: &str| v.get(f).map_or("nothing".to_string(), Value::to_string);
     match v.get("method").and_then(Value::as_str) {
         Some("POST") => {}
-        other => return invalid(id, format!("method must be \"POST\", got {other:?}")),
+        _ => {
+            let m = format!("method must be \"POST\", got {}", got("method"));
+            return invalid(id, m);
+        }
     }
     let url = match v.get("url").and_then(Value::as_str) {
         Some(u @ ("/v1/chat/completions" | "/v1/completions")) => u.to_string(),
-        other => {
+        _ => {
             return invalid(
                 id,
                 format!(
-                    "url must be \"/v1/chat/completions\" or \"/v1/completions\", got {other:?}"
+                    "url must be \"/v1/chat/completions\" or \"/v1/completions\", got {}",
+                    got("url")
                 ),
             )
         }
@@ -109,18 +115,29 @@ fn parse_line(no: usize, text: &str) -> Line {
     }
 }
 
-/// The `custom_id`s of the answers in an existing output file, and for its error lines (an input
-/// line that was not a valid request), `#` and their message, which names the input line. A last
-/// line without its newline (the run was cut while writing it) is removed from the file, so it
-/// is run again.
-fn done_ids(output: &Path) -> Result<HashSet<String>> {
-    let mut ids = HashSet::new();
+/// What an existing output file holds already.
+#[derive(Debug, Default)]
+struct Done {
+    /// The `custom_id`s of its answers, and for its error lines (an input line that was not a
+    /// valid request), `#` and their message, which names the input line.
+    ids: HashSet<String>,
+    /// Its lines: this run's result ids continue from there (`batch_req_{lines + 1}`, ...).
+    lines: u64,
+    /// The id of the error line of each `custom_id` that has one: an answer to a fixed line
+    /// says which error line it supersedes.
+    errors: HashMap<String, String>,
+}
+
+/// Reads an existing output file (see [`Done`]). A last line without its newline (the run was
+/// cut while writing it) is removed from the file, so it is run again.
+fn done_ids(output: &Path) -> Result<Done> {
+    let mut done = Done::default();
     let Ok(mut f) = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(output)
     else {
-        return Ok(ids); // no output yet
+        return Ok(done); // no output yet
     };
     let mut text = Vec::new();
     f.read_to_end(&mut text)
@@ -143,13 +160,20 @@ fn done_ids(output: &Path) -> Result<HashSet<String>> {
                 i + 1
             )
         })?;
+        done.lines += 1;
         // An answer (2xx or 4xx) stands for its request; an error line for its input line.
         match v.get("custom_id").and_then(Value::as_str) {
-            Some(id) if !v["response"].is_null() => ids.insert(id.to_string()),
-            _ => ids.insert(format!("#{}", v["error"]["message"].as_str().unwrap_or(""))),
+            Some(id) if !v["response"].is_null() => done.ids.insert(id.to_string()),
+            custom_id => {
+                if let (Some(c), Some(line_id)) = (custom_id, v["id"].as_str()) {
+                    done.errors.insert(c.to_string(), line_id.to_string());
+                }
+                let message = v["error"]["message"].as_str().unwrap_or("");
+                done.ids.insert(format!("#{message}"))
+            }
         };
     }
-    Ok(ids)
+    Ok(done)
 }
 
 /// Runs the requests of `input` (a JSONL file) on the worker and appends their results to
@@ -185,14 +209,14 @@ where
             line => line,
         };
         match line {
-            Line::Request { custom_id, .. } if done.contains(&custom_id) => skipped += 1,
+            Line::Request { custom_id, .. } if done.ids.contains(&custom_id) => skipped += 1,
             Line::Request {
                 custom_id,
                 url,
                 body,
             } => todo.push((custom_id, url, body)),
             Line::Invalid { custom_id, message } => {
-                if done.contains(&format!("#{message}")) {
+                if done.ids.contains(&format!("#{message}")) {
                     skipped += 1;
                 } else {
                     invalid.push((custom_id, message));
@@ -214,7 +238,8 @@ where
         to_run: (todo.len() + invalid.len()) as u64,
         already_done: skipped,
     });
-    let mut next_id = 0u64;
+    // Result ids go on from those of earlier runs, so that they stay unique in the file.
+    let mut next_id = done.lines;
     let mut write = |v: Value| -> Result<()> {
         // One write per line: an interruption cuts at most the line being written.
         let mut line = v.to_string();
@@ -282,12 +307,12 @@ where
             });
             // Write what has finished meanwhile.
             while let Ok(r) = rx.try_recv() {
-                emit(&mut write, &mut next_id, &mut summary, &progress, r)?;
+                emit(&mut write, &mut next_id, &mut summary, &progress, &done, r)?;
             }
         }
         drop(tx);
         while let Some(r) = rx.recv().await {
-            emit(&mut write, &mut next_id, &mut summary, &progress, r)?;
+            emit(&mut write, &mut next_id, &mut summary, &progress, &done, r)?;
         }
         anyhow::Ok(())
     });
@@ -298,12 +323,14 @@ where
     Ok(summary)
 }
 
-/// Writes one answer as a result line.
+/// Writes one answer as a result line; an answer to a line whose earlier run wrote an error line
+/// (the line was fixed since) says so: `"supersedes": "batch_req_N"`.
 fn emit(
     write: &mut impl FnMut(Value) -> Result<()>,
     next_id: &mut u64,
     summary: &mut Summary,
     progress: &impl Fn(Progress),
+    done: &Done,
     (custom_id, status, body): (String, u16, Value),
 ) -> Result<()> {
     if status >= 500 {
@@ -319,12 +346,16 @@ fn emit(
     }
     *next_id += 1;
     let tokens = body["usage"]["completion_tokens"].as_u64().unwrap_or(0);
-    write(json!({
+    let mut line = json!({
         "id": format!("batch_req_{next_id}"),
         "custom_id": custom_id,
         "response": {"status_code": status, "request_id": body.get("id").cloned().unwrap_or(Value::Null), "body": body},
         "error": null,
-    }))?;
+    });
+    if let Some(earlier) = done.errors.get(&custom_id) {
+        line["supersedes"] = earlier.as_str().into();
+    }
+    write(line)?;
     summary.written += 1;
     progress(Progress::Done {
         completion_tokens: tokens,
@@ -347,7 +378,7 @@ mod tests {
         assert!(bad(
             r#"{"custom_id": "a", "method": "GET", "url": "/v1/completions", "body": {}}"#
         )
-        .contains("method must be \"POST\""));
+        .contains("method must be \"POST\", got \"GET\""));
         assert!(bad(
             r#"{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {}}"#
         )
@@ -375,13 +406,14 @@ mod tests {
         let a = r#"{"custom_id": "a", "response": {"status_code": 200}}"#;
         let b = r#"{"custom_id": "b", "response": null, "error": {"message": "line 2: x"}}"#;
         std::fs::write(&p, format!("{a}\n{b}\n{{\"custom_id\": \"c\", \"resp")).unwrap();
-        let ids = done_ids(&p).unwrap();
+        let done = done_ids(&p).unwrap();
         assert_eq!(
-            ids,
+            done.ids,
             HashSet::from(["a".to_string(), "#line 2: x".to_string()])
         );
+        assert_eq!(done.lines, 2);
         assert_eq!(std::fs::read_to_string(&p).unwrap(), format!("{a}\n{b}\n"));
-        assert!(done_ids(&d.join("none.jsonl")).unwrap().is_empty());
+        assert!(done_ids(&d.join("none.jsonl")).unwrap().ids.is_empty());
         std::fs::write(&p, "not json\n").unwrap();
         assert!(done_ids(&p)
             .unwrap_err()

@@ -74,6 +74,15 @@ pub fn run(args: BatchArgs) -> Result<()> {
     if let Some(b) = bar {
         b.finish();
     }
+    // One line, on a terminal or not: what this run did.
+    eprintln!(
+        "qwen3 batch: {} written to {} ({} of them invalid lines), {} already there, {} failed",
+        summary.written,
+        args.output.display(),
+        summary.invalid,
+        summary.skipped,
+        summary.failed
+    );
     if summary.failed > 0 {
         bail!(
             "{} failed in the model and were not written (rerun to retry them); the first: {}",
