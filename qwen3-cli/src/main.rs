@@ -5,8 +5,8 @@ mod hub;
 
 use clap::{Parser, Subcommand};
 use commands::{
-    args, batch, bench, chat_template, detokenize, export, inference, info, perplexity, serve,
-    tokenize,
+    args, batch, bench, chat_template, detokenize, export, inference, info, models, perplexity,
+    serve, tokenize,
 };
 
 /// Run HuggingFace Qwen3 models from a compact INT8 file, on the CPU.
@@ -45,6 +45,17 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Run a file of OpenAI Batch API requests through the same engine, results to a file.
     Batch(batch::BatchArgs),
+    /// List the models exported by name (`qwen3 chat Qwen/Qwen3-0.6B`) in the models directory.
+    List(models::ListArgs),
+    /// Remove models exported by name, with their tokenizer and template files.
+    Rm(models::RmArgs),
+}
+
+/// A model given by its repository id (`Qwen/Qwen3-0.6B`) as the model file it was, or now is,
+/// exported to in the models directory (`$QWEN3_MODELS_DIR`), as `chat` and `serve` take it.
+fn by_name(model: &mut std::path::PathBuf) -> anyhow::Result<()> {
+    *model = hub::models::resolve(model, None, false)?;
+    Ok(())
 }
 
 /// Restores the default action for SIGPIPE (terminate quietly), which Rust's runtime sets to
@@ -94,19 +105,23 @@ fn main() {
     }
     let result = match cli.command {
         Command::Export(a) => export::run(a),
-        Command::Info(a) => info::run(a),
+        Command::Info(mut a) => by_name(&mut a.model).and_then(|()| info::run(a)),
         Command::Inference(a) => on_worker_thread(a.threads, || inference::run(a)),
         Command::Chat(a) => args::with_mode(a, args::Mode::Chat, "chat")
             .and_then(|a| on_worker_thread(a.threads, || inference::run(a))),
         Command::Generate(a) => args::with_mode(a, args::Mode::Generate, "generate")
             .and_then(|a| on_worker_thread(a.threads, || inference::run(a))),
-        Command::Tokenize(a) => tokenize::run(a),
-        Command::Detokenize(a) => detokenize::run(a),
-        Command::ChatTemplate(a) => chat_template::run(a),
-        Command::Bench(a) => bench::run(a),
-        Command::Perplexity(a) => on_worker_thread(a.threads, || perplexity::run(a)),
+        Command::Tokenize(mut a) => by_name(&mut a.model).and_then(|()| tokenize::run(a)),
+        Command::Detokenize(mut a) => by_name(&mut a.model).and_then(|()| detokenize::run(a)),
+        Command::ChatTemplate(mut a) => by_name(&mut a.model).and_then(|()| chat_template::run(a)),
+        Command::Bench(mut a) => by_name(&mut a.model).and_then(|()| bench::run(a)),
+        Command::Perplexity(mut a) => {
+            by_name(&mut a.model).and_then(|()| on_worker_thread(a.threads, || perplexity::run(a)))
+        }
         Command::Serve(a) => serve::run(a),
         Command::Batch(a) => batch::run(a),
+        Command::List(a) => models::list(a),
+        Command::Rm(a) => models::rm(a),
     };
     if let Err(e) = result {
         // One line: the chain of contexts, outermost first ("file: problem: cause").

@@ -563,6 +563,46 @@ fn a_name_runs_from_its_export_made_once() {
     assert!(!err(&second).contains("exporting"), "{}", err(&second));
     assert_eq!(first.stdout, second.stdout, "the same greedy tokens");
     assert_eq!(mirror.seen().len(), requests, "no request the second time");
+
+    // The other commands take the name too (the models directory from QWEN3_MODELS_DIR).
+    let env = [("QWEN3_MODELS_DIR", models.to_str().unwrap())];
+    for args in [
+        &["info", "test-org/tiny"][..],
+        &["tokenize", "test-org/tiny", "Hello"],
+        &["detokenize", "test-org/tiny", "[42]"],
+    ] {
+        let o = qwen3(&cache, &mirror.url(), args, &env);
+        ok(&o);
+    }
+    assert_eq!(mirror.seen().len(), requests, "no request for these");
+    // `qwen3 list` shows it by name; `qwen3 rm` removes it and its companions.
+    let list = qwen3(&cache, &mirror.url(), &["list"], &env);
+    ok(&list);
+    let shown = String::from_utf8_lossy(&list.stdout).to_string();
+    assert!(
+        shown.lines().any(|l| l.starts_with("test-org/tiny ")),
+        "{shown}"
+    );
+    let models_flag = ["--models-dir", models.to_str().unwrap()];
+    let rm = qwen3(
+        &cache,
+        &mirror.url(),
+        &[&["rm", "test-org/tiny"][..], &models_flag].concat(),
+        &[],
+    );
+    ok(&rm);
+    assert!(!file.exists() && !models.join("test-org--tiny.tokenizer.bin").exists());
+    let again = qwen3(
+        &cache,
+        &mirror.url(),
+        &[&["rm", "test-org/tiny"][..], &models_flag].concat(),
+        &[],
+    );
+    assert!(
+        err(&again).contains("test-org/tiny: no such model"),
+        "{}",
+        err(&again)
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -13,6 +13,7 @@ pub mod generate;
 pub mod inference;
 pub mod info;
 pub mod input;
+pub mod models;
 pub mod perplexity;
 pub mod serve;
 pub mod terminal;
