@@ -262,6 +262,64 @@ fn the_page_streams_an_answer_and_stop_frees_the_slot() {
         b.script("return document.getElementById('send').disabled"),
         false
     );
+    // A reload keeps the conversation (localStorage), listed in the sidebar.
+    b.call("POST", "/refresh", json!({}));
+    let users = "return Array.from(document.querySelectorAll('.msg.user')).map(e => e.textContent).join('|')";
+    assert!(
+        wait_until(Duration::from_secs(20), || b
+            .script(users)
+            .as_str()
+            .unwrap()
+            .starts_with("Hi there!")),
+        "the conversation is gone after a reload: {}",
+        b.script("return document.body.innerText")
+    );
+    assert!(
+        b.script("return document.querySelectorAll('#convs li').length")
+            .as_u64()
+            .unwrap()
+            >= 1
+    );
+
+    // At phone width (400 px): the settings fold away behind a button; the message box, Send
+    // and Stop stay on screen, and a message still gets its answer.
+    b.call("POST", "/window/rect", json!({"width": 400, "height": 800}));
+    let on_screen = |css: &str| {
+        b.script(&format!(
+            "const r = document.querySelector('{css}').getBoundingClientRect(); \
+             return r.width > 0 && r.left >= 0 && r.right <= innerWidth && r.bottom <= innerHeight"
+        ))
+    };
+    let aside = "return getComputedStyle(document.querySelector('aside')).display";
+    assert_eq!(
+        b.script("return innerWidth <= 700"),
+        true,
+        "the window did not shrink"
+    );
+    assert_eq!(b.script(aside), "none");
+    for css in ["#input", "#send", "#stop", "#menu"] {
+        assert_eq!(on_screen(css), true, "{css} is off screen at 400 px");
+    }
+    b.click("#menu");
+    assert_eq!(b.script(aside), "block");
+    b.click("#menu");
+    assert_eq!(b.script(aside), "none");
+    // (A short answer: max tokens was cleared above, and the settings are folded away now.)
+    b.script("document.getElementById('max_tokens').value = '8'; return 0");
+    b.type_into("#input", "And on a phone?");
+    b.click("#send");
+    let last_meta = "const a = document.querySelectorAll('.assistant .meta'); return a.length ? a[a.length - 1].textContent : ''";
+    assert!(
+        wait_until(Duration::from_secs(60), || b
+            .script(last_meta)
+            .as_str()
+            .unwrap()
+            .contains("tok/s")),
+        "no answer at 400 px: {}",
+        b.script("return document.body.innerText")
+    );
+    assert!(!server.log().contains("404"), "{}", server.log());
+
     // For the docs: QWEN3_PAGE_SCREENSHOT=path saves what the page looks like now.
     if let Ok(path) = std::env::var("QWEN3_PAGE_SCREENSHOT") {
         let png = b.call("GET", "/screenshot", Value::Null);
@@ -289,6 +347,10 @@ fn no_ui_turns_the_page_off_and_the_page_needs_no_key() {
     assert_eq!(r.status, 200);
     assert!(r.header("content-type").unwrap().starts_with("text/html"));
     assert!(r.body.contains("<title>pico-qwen</title>"));
+    // Its icon, so a browser's request for one is not a 404 on every load.
+    let icon = s.get("/favicon.svg");
+    assert_eq!(icon.status, 200);
+    assert_eq!(icon.header("content-type"), Some("image/svg+xml"));
     // No external resources: the page works offline.
     assert!(!r.body.contains("http://") && !r.body.contains("https://"));
     assert_eq!(s.get("/v1/models").status, 401);

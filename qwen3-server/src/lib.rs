@@ -87,6 +87,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 pub fn router_with(state: Arc<AppState>, log: bool) -> Router {
     let app = Router::new()
         .route("/", get(routes::page))
+        .route("/favicon.svg", get(routes::favicon))
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))
         .route("/v1/models", get(routes::models))

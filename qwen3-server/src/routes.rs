@@ -90,7 +90,7 @@ pub async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> R
     if let Some(key) = &s.api_key {
         // The health check and the chat page (a static file, which asks for the key itself)
         // need none.
-        let open = matches!(req.uri().path(), "/health" | "/");
+        let open = matches!(req.uri().path(), "/health" | "/" | "/favicon.svg");
         if !open && !bearer_matches(req.headers(), key) {
             return ApiError::unauthorized().into_response();
         }
@@ -156,6 +156,17 @@ pub async fn log(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Re
         }
     }
     r
+}
+
+/// `GET /favicon.svg`: the page's icon (a browser asks for one on every load), no key needed.
+pub async fn favicon() -> Response {
+    const SVG: &str = concat!(
+        r##"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32">"##,
+        r##"<rect width="32" height="32" rx="7" fill="#2f6fde"/>"##,
+        r##"<text x="16" y="22" font-family="sans-serif" font-size="15" font-weight="bold" "##,
+        r##"fill="#fff" text-anchor="middle">qw</text></svg>"##
+    );
+    ([(header::CONTENT_TYPE, "image/svg+xml")], SVG).into_response()
 }
 
 /// `GET /`: the chat page (chat.html, one file built into the binary), unless `--no-ui`.
