@@ -523,6 +523,24 @@ fn unknown_gated_offline_and_unsupported_are_one_line_each() {
         &[],
     );
     refused(&o, &out, "cannot reach http://127.0.0.1:9");
+    // A host that accepts the connection and never answers: given up on, naming it.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let host = silent.local_addr().unwrap().to_string();
+    let hold = std::thread::spawn(move || {
+        let (conn, _) = silent.accept().unwrap();
+        std::thread::sleep(std::time::Duration::from_secs(8));
+        drop(conn);
+    });
+    let t = std::time::Instant::now();
+    let o = qwen3(
+        &cache,
+        &format!("http://{host}"),
+        &["export", "test-org/x", o_str],
+        &[("QWEN3_HUB_TIMEOUT", "2")],
+    );
+    refused(&o, &out, &format!("{host} did not answer for 2 s"));
+    assert!(t.elapsed().as_secs() < 7, "{:?}", t.elapsed());
+    hold.join().unwrap();
     // The token opens the gated repository.
     ok(&run("test-org/gated", &[("HF_TOKEN", "good-token")], &[]));
     assert!(out.exists());

@@ -7,11 +7,15 @@
 use super::cache::{is_needed, repo_dir};
 use super::RepoRef;
 use anyhow::{anyhow, bail, Context, Result};
-use hf_hub::api::sync::{Api, ApiBuilder, ApiError, ApiRepo};
+use hf_hub::api::sync::{Api, ApiBuilder, ApiError};
 use hf_hub::api::Progress;
 use hf_hub::{Cache, Repo, RepoType};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The hub, or the mirror `HF_ENDPOINT` names.
 fn endpoint() -> String {
@@ -38,13 +42,15 @@ pub fn snapshot(root: &Path, repo: &RepoRef) -> Result<PathBuf> {
         .with_retries(3)
         .build()
         .map_err(|e| explain(e, repo, &ep, root))?;
-    let r = api.repo(Repo::with_revision(
-        repo.id.clone(),
-        RepoType::Model,
-        repo.revision.clone(),
-    ));
+    let hub_repo = Repo::with_revision(repo.id.clone(), RepoType::Model, repo.revision.clone());
     eprintln!("{repo}: not in the HuggingFace cache; downloading from {ep}");
-    let info = r.info().map_err(|e| explain(e, repo, &ep, root))?;
+    let (a, rr) = (api.clone(), hub_repo.clone());
+    let info = watched(&ep, "the file list", move |_| a.repo(rr).info())?
+        .map_err(|e| explain(e, repo, &ep, root))?;
+    let r = Fetcher {
+        api,
+        repo: hub_repo,
+    };
     let mut files: Vec<String> = info
         .siblings
         .into_iter()
@@ -77,15 +83,116 @@ pub fn snapshot(root: &Path, repo: &RepoRef) -> Result<PathBuf> {
         .to_path_buf())
 }
 
+/// What a download thread needs to make its own handle on the repository.
+struct Fetcher {
+    api: Api,
+    repo: Repo,
+}
+
 /// One file into the cache, unless it is there already; a progress bar on a terminal.
-fn fetch(r: &ApiRepo, file: &str, repo: &RepoRef, ep: &str, root: &Path) -> Result<PathBuf> {
-    let result = if std::io::stderr().is_terminal() {
-        r.download_with_progress(file, Bar::default())
-    } else {
+fn fetch(r: &Fetcher, file: &str, repo: &RepoRef, ep: &str, root: &Path) -> Result<PathBuf> {
+    if !std::io::stderr().is_terminal() {
         eprintln!("{repo}: {file}");
-        r.download(file)
-    };
+    }
+    let (api, hub_repo, name) = (r.api.clone(), r.repo.clone(), file.to_string());
+    let result = watched(ep, file, move |beat| {
+        let bar = std::io::stderr().is_terminal().then(Bar::default);
+        api.repo(hub_repo)
+            .download_with_progress(&name, Watched { beat, bar })
+    })?;
     result.map_err(|e| explain(e, repo, ep, root).context(format!("downloading {file}")))
+}
+
+/// How long the hub may send nothing (no answer, no bytes) before a request is given up:
+/// `QWEN3_HUB_TIMEOUT` seconds, 60 by default.
+fn silence_limit() -> Duration {
+    let s = std::env::var("QWEN3_HUB_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&s| s > 0)
+        .unwrap_or(60);
+    Duration::from_secs(s)
+}
+
+/// The last sign of life of a request: milliseconds after `start`.
+struct Beat {
+    start: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Beat {
+    fn alive(&self) {
+        let ms = self.start.elapsed().as_millis() as u64;
+        self.last_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    fn silent_for(&self) -> Duration {
+        self.start.elapsed() - Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
+    }
+}
+
+/// Runs `f`, a request to the hub at `ep` about `what`, on a thread of its own, and gives up with
+/// an error naming the host if nothing comes for [`silence_limit`]: a host that never accepts the
+/// connection, or accepts it and never answers (the hub client has no timeouts of its own). `f`
+/// marks progress on the [`Beat`] it gets (a download's bytes); a request without progress has
+/// the limit for all of it. A thread given up on is left to end with the process.
+fn watched<T: Send + 'static>(
+    ep: &str,
+    what: &str,
+    f: impl FnOnce(Arc<Beat>) -> T + Send + 'static,
+) -> Result<T> {
+    let limit = silence_limit();
+    let beat = Arc::new(Beat {
+        start: Instant::now(),
+        last_ms: AtomicU64::new(0),
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let b = beat.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(f(b));
+    });
+    loop {
+        match rx.recv_timeout(Duration::from_millis(250)) {
+            Ok(v) => return Ok(v),
+            Err(RecvTimeoutError::Disconnected) => bail!("the download of {what} failed"),
+            Err(RecvTimeoutError::Timeout) if beat.silent_for() > limit => {
+                let host = ep.split("://").nth(1).unwrap_or(ep);
+                let host = host.split('/').next().unwrap_or(host);
+                bail!(
+                    "{host} did not answer for {} s ({what}): the hub or the network is down or stalled (QWEN3_HUB_TIMEOUT sets the limit; --offline uses the HuggingFace cache only)",
+                    limit.as_secs()
+                );
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+    }
+}
+
+/// A download's progress: the [`Beat`] that [`watched`] reads, and a bar on a terminal.
+struct Watched {
+    beat: Arc<Beat>,
+    bar: Option<Bar>,
+}
+
+impl Progress for Watched {
+    fn init(&mut self, size: usize, filename: &str) {
+        self.beat.alive();
+        if let Some(b) = &mut self.bar {
+            b.init(size, filename);
+        }
+    }
+    fn update(&mut self, size: usize) {
+        self.beat.alive();
+        if let Some(b) = &mut self.bar {
+            b.update(size);
+        }
+    }
+    fn finish(&mut self) {
+        self.beat.alive();
+        if let Some(b) = &mut self.bar {
+            b.finish();
+        }
+    }
 }
 
 /// One line per failure, saying what to do.
