@@ -34,11 +34,11 @@ pub(crate) struct Meta {
 /// One choice's state.
 pub(crate) struct ChoiceState {
     text: ChoiceText<'static>,
-    content: String,
-    reasoning: String,
+    pub(crate) content: String,
+    pub(crate) reasoning: String,
     tokens: usize,
     cached: usize,
-    finish: Option<&'static str>,
+    pub(crate) finish: Option<&'static str>,
     /// Something was sent for this choice (a stream's first chunk carries the role).
     started: bool,
     /// Log-probabilities of the tokens so far (when asked for), and how many of them were sent.
@@ -49,7 +49,7 @@ pub(crate) struct ChoiceState {
     /// When its last token arrived (`/metrics`' latencies).
     last_token: Option<Instant>,
     /// The calls in the answer, with the ids given to them.
-    tool_calls: Vec<(String, ToolCall)>,
+    pub(crate) tool_calls: Vec<(String, ToolCall)>,
 }
 
 /// Every choice of a request, fed by the worker's updates.
@@ -59,9 +59,9 @@ pub(crate) struct Choices {
     start: Instant,
     /// The request asked for log-probabilities.
     logprobs: bool,
-    c: Vec<ChoiceState>,
+    pub(crate) c: Vec<ChoiceState>,
     /// What the last update changed: (choice, text, finish reason), for a stream to send.
-    out: Vec<(usize, Delta, Option<&'static str>)>,
+    pub(crate) out: Vec<(usize, Delta, Option<&'static str>)>,
 }
 
 impl Choices {
@@ -228,7 +228,9 @@ impl Meta {
                         "index": i, "text": c.content, "logprobs": lp, "finish_reason": c.finish,
                     }),
                     Kind::Chat => {
-                        let mut m = json!({"role": "assistant", "content": c.content});
+                        // `refusal`: the spec requires the field; this server never refuses.
+                        let mut m =
+                            json!({"role": "assistant", "content": c.content, "refusal": null});
                         if !c.reasoning.is_empty() {
                             m["reasoning_content"] = c.reasoning.clone().into();
                         }

@@ -45,6 +45,7 @@ fn state() -> Arc<AppState> {
         ui: false,
         grammars: crate::state::Grammars::new(151_936),
         cors: vec![],
+        info: Default::default(),
     })
 }
 

@@ -19,8 +19,60 @@ use qwen3_inference::engine::{Rejected, Request as EngineRequest};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-/// Checks the token budget, queues the choices, and answers.
+/// A job on the worker's queue: its answer's fixed fields, its choices, and the updates that
+/// will fill them.
+pub(crate) struct Queued {
+    pub(crate) meta: Meta,
+    pub(crate) choices: Choices,
+    pub(crate) rx: mpsc::UnboundedReceiver<Update>,
+    pub(crate) n_prompt: usize,
+}
+
+/// Checks the token budget, queues the choices, and answers in OpenAI's shape.
 pub(crate) async fn run(s: Arc<AppState>, job: Job, p: Params) -> Result<Response, ApiError> {
+    let Queued {
+        meta,
+        choices,
+        mut rx,
+        n_prompt,
+    } = queue(&s, &job, &p).await?;
+    if p.stream {
+        Ok(stream(s, meta, choices, rx, p.include_usage, n_prompt))
+    } else {
+        let mut choices = choices;
+        // Logs the request as 499 if the client hangs up (this future is then dropped).
+        let mut left = LeftEarly {
+            state: s.clone(),
+            path: route(job.kind),
+            prompt: n_prompt,
+            completion: 0,
+            start: job.start,
+            armed: true,
+        };
+        while !choices.all_done() {
+            let Some(u) = rx.recv().await else {
+                left.armed = false;
+                return Err(ApiError::internal("the model worker has stopped"));
+            };
+            if let Err(e) = choices.apply(u, &s) {
+                left.armed = false;
+                return Err(ApiError::internal(e));
+            }
+            left.completion = choices.completion_tokens();
+        }
+        left.armed = false;
+        let usage = choices.usage(n_prompt);
+        let mut r = Json(meta.whole(&choices, &usage, s.tokenizer)).into_response();
+        r.extensions_mut().insert(LogTokens {
+            prompt: n_prompt,
+            completion: choices.completion_tokens(),
+        });
+        Ok(r)
+    }
+}
+
+/// Checks the token budget and queues the job's choices on the worker.
+pub(crate) async fn queue(s: &Arc<AppState>, job: &Job, p: &Params) -> Result<Queued, ApiError> {
     let ctx = s.context_len;
     let n_prompt = job.prompt.len();
     if n_prompt >= ctx {
@@ -85,40 +137,13 @@ pub(crate) async fn run(s: Arc<AppState>, job: Job, p: Params) -> Result<Respons
         model: s.model_name.clone(),
         kind: job.kind,
     };
-    let choices = Choices::new(&s, &job, &p, ids);
-    if p.stream {
-        Ok(stream(s, meta, choices, rx, p.include_usage, n_prompt))
-    } else {
-        let mut choices = choices;
-        // Logs the request as 499 if the client hangs up (this future is then dropped).
-        let mut left = LeftEarly {
-            state: s.clone(),
-            path: route(job.kind),
-            prompt: n_prompt,
-            completion: 0,
-            start: job.start,
-            armed: true,
-        };
-        while !choices.all_done() {
-            let Some(u) = rx.recv().await else {
-                left.armed = false;
-                return Err(ApiError::internal("the model worker has stopped"));
-            };
-            if let Err(e) = choices.apply(u, &s) {
-                left.armed = false;
-                return Err(ApiError::internal(e));
-            }
-            left.completion = choices.completion_tokens();
-        }
-        left.armed = false;
-        let usage = choices.usage(n_prompt);
-        let mut r = Json(meta.whole(&choices, &usage, s.tokenizer)).into_response();
-        r.extensions_mut().insert(LogTokens {
-            prompt: n_prompt,
-            completion: choices.completion_tokens(),
-        });
-        Ok(r)
-    }
+    let choices = Choices::new(s, job, p, ids);
+    Ok(Queued {
+        meta,
+        choices,
+        rx,
+        n_prompt,
+    })
 }
 
 /// 400 `context_length_exceeded`, naming the field that holds the prompt.

@@ -13,6 +13,7 @@
 //! - [`request`]: one validated type per endpoint ([`request::CompletionRequest`],
 //!   [`request::ChatRequest`]), every field checked in one place;
 //! - [`structured`]: `response_format` and tool calls as the grammar the answer must match;
+//! - [`ollama`]: Ollama's API, translated to the requests above and its answers back;
 //! - [`engine`]: the handle on the engine: a job's token budget, queued on the worker, its
 //!   updates gathered or streamed;
 //! - [`answer`]: the updates shaped into OpenAI's answer, whole or as server-sent events;
@@ -36,6 +37,8 @@ pub mod routes;
 pub mod request;
 
 pub mod structured;
+
+pub mod ollama;
 
 pub mod engine;
 
@@ -94,6 +97,13 @@ pub fn router_with(state: Arc<AppState>, log: bool) -> Router {
         .route("/v1/models/{id}", get(routes::model))
         .route("/v1/completions", post(routes::completions))
         .route("/v1/chat/completions", post(routes::chat_completions))
+        // Ollama's API (ollama.rs).
+        .route("/api/version", get(ollama::version))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/show", post(ollama::show))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::wrong_method)
         .layer(DefaultBodyLimit::max(MAX_BODY))

@@ -105,9 +105,13 @@ impl Metrics {
     pub fn request(&self, route: &str, status: u16) {
         // Unknown paths are one label, not one per path a scanner tries.
         let route = match route {
-            "/health" | "/metrics" | "/v1/models" | "/v1/completions" | "/v1/chat/completions" => {
-                route
-            }
+            "/health"
+            | "/metrics"
+            | "/v1/models"
+            | "/v1/completions"
+            | "/v1/chat/completions"
+            | "/api/chat"
+            | "/api/generate" => route,
             r if r.starts_with("/v1/models/") => "/v1/models/{id}",
             _ => "other",
         };

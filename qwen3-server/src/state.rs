@@ -9,7 +9,7 @@ use crate::metrics::Metrics;
 use crate::worker::Command;
 use qwen3_inference::chat::ChatTemplate;
 use qwen3_inference::constraint::Vocabulary;
-use qwen3_inference::format::GenerationDefaults;
+use qwen3_inference::format::{GenerationDefaults, ModelFile};
 use qwen3_inference::tokenizer::Tokenizer;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock};
@@ -47,6 +47,58 @@ pub struct AppState {
     pub cors: Vec<String>,
     /// The vocabulary as the grammar engine sees it (structured output), built at first use.
     pub grammars: Grammars,
+    /// What Ollama's `/api/tags` and `/api/show` say of the model.
+    pub info: ModelInfo,
+}
+
+/// The model file, as Ollama's API describes a model.
+#[derive(Clone, Debug, Default)]
+pub struct ModelInfo {
+    /// Ollama's family name: `qwen3`, `qwen2`, `qwen3moe`.
+    pub family: String,
+    pub parameters: u64,
+    /// The weights' type (`q8`, `q4`, `bf16`, `f32`).
+    pub quantization: String,
+    pub file_size: u64,
+    /// The file's modification time, Unix seconds.
+    pub modified: u64,
+    pub embedding_length: u32,
+    pub block_count: u32,
+    pub head_count: u32,
+    pub head_count_kv: u32,
+}
+
+impl ModelInfo {
+    /// What `file` (at `path`) says of itself.
+    pub fn of(file: &ModelFile, path: &std::path::Path) -> ModelInfo {
+        let h = file.header();
+        let c = &h.config;
+        let family = match c.architecture.as_str() {
+            "Qwen2ForCausalLM" => "qwen2",
+            "Qwen3MoeForCausalLM" => "qwen3moe",
+            _ => "qwen3",
+        };
+        let modified = std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
+        ModelInfo {
+            family: family.to_string(),
+            parameters: h
+                .tensors
+                .iter()
+                .map(|t| t.shape.iter().product::<u64>())
+                .sum(),
+            quantization: c.dtype.to_string(),
+            file_size: h.file_len,
+            modified,
+            embedding_length: c.hidden_size,
+            block_count: c.num_hidden_layers,
+            head_count: c.num_attention_heads,
+            head_count_kv: c.num_key_value_heads,
+        }
+    }
 }
 
 /// The grammar engine's vocabulary, built by the first request with a grammar (a server that

@@ -14,7 +14,7 @@ use qwen3_inference::format::{companion_paths, ModelFile};
 use qwen3_inference::model::{Forward, Model, MAX_BATCH};
 use qwen3_inference::tokenizer::Tokenizer;
 use qwen3_server::metrics::Metrics;
-use qwen3_server::state::Grammars;
+use qwen3_server::state::{Grammars, ModelInfo};
 use qwen3_server::worker::{self, Command};
 use qwen3_server::{AppState, ServeOptions};
 use std::path::PathBuf;
@@ -184,6 +184,7 @@ pub fn prepare(
         ui: false,
         grammars: Grammars::new(c.vocab_size as usize),
         cors: vec![],
+        info: ModelInfo::of(&file, &args.model),
     };
     let cfg = EngineConfig {
         slots: args.parallel,

@@ -20,7 +20,7 @@ use qwen3_inference::format::{companion_paths, ModelFile};
 use qwen3_inference::model::{Forward, Model, MAX_BATCH};
 use qwen3_inference::tokenizer::Tokenizer;
 use qwen3_server::metrics::Metrics;
-use qwen3_server::state::{AppState, Grammars};
+use qwen3_server::state::{AppState, Grammars, ModelInfo};
 use qwen3_server::worker::{self, Command};
 use serde_json::Value;
 use std::cell::RefCell;
@@ -114,6 +114,7 @@ impl Server {
             ui: true,
             grammars: Grammars::new(c.vocab_size as usize),
             cors,
+            info: ModelInfo::of(&file, model),
         };
         let cfg = EngineConfig {
             slots,

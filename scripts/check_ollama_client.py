@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""`qwen3 serve` through the official `ollama` Python client: what an Ollama tool sees.
+
+    pip install ollama
+    python3 scripts/check_ollama_client.py --qwen3 target/release/qwen3 --model models/tiny.bin
+
+Starts the server on a free loopback port, then checks with the client: listing, showing and
+`ps`, a chat answer whole and streamed (the same text), a generate, options (num_predict,
+temperature, seed), `think`, `format` with a JSON Schema, and that an unknown model raises the
+client's ResponseError with 404. Prints one line per check and exits non-zero on the first
+failure. Without the `ollama` package it says so and exits 0.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+
+try:
+    import ollama
+except ImportError:
+    print("check_ollama_client: the ollama package is not installed; skipped")
+    sys.exit(0)
+
+PASSED = []
+
+
+def check(name, ok):
+    print(f"{'ok' if ok else 'FAILED'}: {name}")
+    if not ok:
+        print(f"ollama-client: {len(PASSED)} passed, 1 failed")
+        raise SystemExit(1)
+    PASSED.append(name)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--qwen3", default="target/release/qwen3")
+    ap.add_argument("--model", default="models/tiny.bin")
+    args = ap.parse_args()
+    server = subprocess.Popen(
+        [args.qwen3, "serve", args.model, "--port", "0", "--model-name", "tiny"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = server.stdout.readline()
+        url = line.split(" on ")[1].split(" ")[0]
+        print(f"server: {line.strip()}")
+        run(ollama.Client(host=url))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    print(f"ollama-client: {len(PASSED)} passed, 0 failed")
+
+
+def run(client):
+    models = client.list().models
+    check("list names the model", [m.model for m in models] == ["tiny"])
+    show = client.show("tiny")
+    check("show gives capabilities and model_info",
+          "completion" in (show.capabilities or []) and show.modelinfo["general.architecture"] == "qwen3")
+    check("ps lists the loaded model", [m.model for m in client.ps().models] == ["tiny"])
+
+    msgs = [{"role": "user", "content": "Hello!"}]
+    opts = {"temperature": 0, "num_predict": 8}
+    r = client.chat(model="tiny", messages=msgs, options=opts, think=False)
+    check("chat answers with counts", r.done and r.eval_count == 8 and r.message.role == "assistant"
+          and len(r.message.content) > 0 and r.total_duration > 0)
+    streamed = "".join(p.message.content for p in
+                       client.chat(model="tiny", messages=msgs, options=opts, think=False, stream=True))
+    check("a streamed chat is the same text", streamed == r.message.content)
+    g = client.generate(model="tiny", prompt="Hello!", options=opts, think=False)
+    check("generate answers the prompt as a chat turn", g.response == r.message.content)
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    f = client.chat(model="tiny", messages=msgs, format=schema, think=False,
+                    options={"temperature": 1, "seed": 3, "num_predict": 100})
+    check("format with a JSON Schema gives matching JSON",
+          isinstance(json.loads(f.message.content).get("ok"), bool))
+    try:
+        client.chat(model="llama3", messages=msgs)
+        check("an unknown model raises ResponseError", False)
+    except ollama.ResponseError as e:
+        check(f"an unknown model raises ResponseError ({e.status_code})", e.status_code == 404)
+
+
+if __name__ == "__main__":
+    main()
