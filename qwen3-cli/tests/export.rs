@@ -504,10 +504,19 @@ fn info_on_damaged_files() {
         (
             {
                 let mut b = good.clone();
-                b[..8].copy_from_slice(b"GGUF\0\0\0\0");
+                b[..8].copy_from_slice(b"NOTQWEN3");
                 b
             },
             "wrong magic",
+        ),
+        (
+            {
+                // llama.cpp's file: named as such, with the way forward.
+                let mut b = good.clone();
+                b[..8].copy_from_slice(b"GGUF\x03\0\0\0");
+                b
+            },
+            "this is a GGUF file (llama.cpp's format)",
         ),
         (
             {
