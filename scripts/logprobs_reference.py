@@ -4,6 +4,8 @@ For each fixture prompt, transformers (float32, eager attention, as scripts/make
 references) prefills the prompt and decodes greedily; at every step it records
 `torch.log_softmax(logits, -1)` of the chosen token and the 5 most likely tokens. Those are the
 values `logprobs` must report (before temperature and the other sampling settings), to 1e-4.
+It also records the same for every prompt token after the first (`prompt`: the log-probability of
+prompt token i+1 under the logits at position i), which `echo` with `logprobs` reports.
 
 Developer-only (CI never runs it; it reads the committed fixtures and writes a small JSON):
     ../venv-torch/bin/python scripts/logprobs_reference.py
@@ -34,6 +36,18 @@ def main():
         cases = []
         for case in ref["cases"]:
             ids = list(case["prompt_ids"])
+            logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
+            prompt = []
+            for i in range(1, len(ids)):
+                lp = torch.log_softmax(logits[i - 1].double(), -1)
+                top = torch.topk(lp, TOP)
+                prompt.append(
+                    {
+                        "token": ids[i],
+                        "logprob": float(lp[ids[i]]),
+                        "top": [[int(i), float(v)] for v, i in zip(top.values, top.indices)],
+                    }
+                )
             steps = []
             for _ in range(STEPS):
                 logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].float()
@@ -48,7 +62,7 @@ def main():
                     }
                 )
                 ids.append(nxt)
-            cases.append({"prompt_ids": case["prompt_ids"], "steps": steps})
+            cases.append({"prompt_ids": case["prompt_ids"], "prompt": prompt, "steps": steps})
         out = {
             "model": name,
             "transformers": transformers.__version__,

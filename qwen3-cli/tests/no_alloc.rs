@@ -98,6 +98,7 @@ fn decode_and_count() {
                     stop_ids: vec![],
                     logprobs: None,
                     constraint: None,
+                    prompt_logprobs: None,
                 };
                 let (mut seen, mut at_start) = (0, 0);
                 generate(&mut engine, request, |_| {

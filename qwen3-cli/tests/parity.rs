@@ -373,6 +373,7 @@ fn our_greedy(model: &Model, case: &Case, kv: KvType) -> Vec<u32> {
         stop_ids: vec![],
         logprobs: None,
         constraint: None,
+        prompt_logprobs: None,
     };
     let mut out = vec![];
     generate(&mut e, request, |t| {

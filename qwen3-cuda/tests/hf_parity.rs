@@ -79,6 +79,7 @@ fn check_fixture(name: &str) {
             stop_ids: vec![],
             logprobs: None,
             constraint: None,
+            prompt_logprobs: None,
         };
         generate(&mut g, request, |id| {
             ids.push(id);

@@ -110,6 +110,7 @@ mod tests {
             stop_ids: stop_ids.to_vec(),
             logprobs: None,
             constraint: None,
+            prompt_logprobs: None,
         }
     }
 

@@ -50,6 +50,8 @@ pub(crate) struct ChoiceState {
     last_token: Option<Instant>,
     /// The calls in the answer, with the ids given to them.
     pub(crate) tool_calls: Vec<(String, ToolCall)>,
+    /// `echo`: the prompt, until its text is put at the start of the answer.
+    echo: Option<Vec<u32>>,
 }
 
 /// Every choice of a request, fed by the worker's updates.
@@ -66,9 +68,9 @@ pub(crate) struct Choices {
 
 impl Choices {
     pub(crate) fn new(s: &Arc<AppState>, job: &Job, p: &Params, ids: Vec<RequestId>) -> Choices {
-        let c = ids
-            .iter()
-            .map(|_| ChoiceState {
+        // Choice i answers prompt i / n (OpenAI's numbering of several prompts' choices).
+        let c = (0..ids.len())
+            .map(|i| ChoiceState {
                 text: match &job.tool_calls {
                     Some(prefix) => ChoiceText::new(s.tokenizer, p.stops.clone(), job.reasoning)
                         .with_tool_calls(prefix),
@@ -85,6 +87,7 @@ impl Choices {
                 sent_chars: 0,
                 last_token: None,
                 tool_calls: Vec::new(),
+                echo: job.echo.then(|| job.prompts[i / p.n].clone()),
             })
             .collect();
         Choices {
@@ -104,7 +107,16 @@ impl Choices {
     pub(crate) fn apply(&mut self, u: Update, s: &AppState) -> Result<(), String> {
         self.out.clear();
         match u {
-            Update::Started { choice, cached } => self.c[choice].cached = cached,
+            Update::Started { choice, cached } => {
+                self.c[choice].cached = cached;
+                if !self.logprobs {
+                    self.echo(choice, vec![], s.tokenizer)?;
+                }
+            }
+            // Asked for with `echo` and `logprobs` only, and sent before the first token.
+            Update::PromptLogprobs { choice, logprobs } => {
+                self.echo(choice, logprobs, s.tokenizer)?
+            }
             Update::Token {
                 choice,
                 token,
@@ -185,6 +197,36 @@ impl Choices {
             .map(|k| (k, &all[k]))
             .collect();
         meta.choice_delta(i, d, first, finish, lp, &calls)
+    }
+
+    /// `echo`: the prompt's text starts choice `choice`'s text, and the prompt's log-probabilities
+    /// (`lp`, one per token after the first) its log-probabilities. The first prompt token has
+    /// none: NaN, which the legacy lists write as null, as OpenAI does.
+    fn echo(
+        &mut self,
+        choice: usize,
+        lp: Vec<TokenLogprobs>,
+        tok: &Tokenizer,
+    ) -> Result<(), String> {
+        let c = &mut self.c[choice];
+        let Some(prompt) = c.echo.take() else {
+            return Ok(());
+        };
+        let content = tok.decode(&prompt, false).map_err(|e| e.to_string())?;
+        if self.logprobs {
+            c.logprobs.push(TokenLogprobs {
+                token: prompt[0],
+                logprob: f32::NAN,
+                top: vec![],
+            });
+            c.logprobs.extend(lp);
+        }
+        let d = Delta {
+            content,
+            ..Delta::default()
+        };
+        self.record(choice, d);
+        Ok(())
     }
 
     fn record(&mut self, choice: usize, d: Delta) {

@@ -58,7 +58,8 @@ fn params() -> Params {
 fn answer(s: &Arc<AppState>, text: &str) -> (Value, Vec<Value>) {
     let job = Job {
         kind: Kind::Chat,
-        prompt: vec![1],
+        prompts: vec![vec![1]],
+        echo: false,
         reasoning: Some(false),
         stop_ids: vec![],
         logprobs: None,

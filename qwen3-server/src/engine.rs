@@ -74,34 +74,43 @@ pub(crate) async fn run(s: Arc<AppState>, job: Job, p: Params) -> Result<Respons
 /// Checks the token budget and queues the job's choices on the worker.
 pub(crate) async fn queue(s: &Arc<AppState>, job: &Job, p: &Params) -> Result<Queued, ApiError> {
     let ctx = s.context_len;
-    let n_prompt = job.prompt.len();
-    if n_prompt >= ctx {
-        return Err(too_long(job.kind, ctx, n_prompt, p.max_tokens.unwrap_or(1)));
+    // Every prompt gets the same budget, which the longest must fit.
+    let longest = job.prompts.iter().map(Vec::len).max().unwrap_or(0);
+    if longest >= ctx {
+        return Err(too_long(job.kind, ctx, longest, p.max_tokens.unwrap_or(1)));
     }
     let max_tokens = match (p.max_tokens, job.kind) {
-        (Some(m), _) if n_prompt + m > ctx => return Err(too_long(job.kind, ctx, n_prompt, m)),
+        (Some(m), _) if longest + m > ctx => return Err(too_long(job.kind, ctx, longest, m)),
         (Some(m), _) => m,
         // OpenAI's default for the legacy completions endpoint is 16 tokens; a chat answer may
         // use the rest of the context.
-        (None, Kind::Completion) => 16.min(ctx - n_prompt),
-        (None, Kind::Chat) => ctx - n_prompt,
+        (None, Kind::Completion) => 16.min(ctx - longest),
+        (None, Kind::Chat) => ctx - longest,
     };
-    let requests = (0..p.n)
-        .map(|i| {
-            let mut sampler = p.sampler.clone();
-            sampler.seed = sampler.seed.wrapping_add(i as u64);
-            EngineRequest {
-                prompt: job.prompt.clone(),
-                max_tokens,
-                sampler,
-                stop_ids: if p.ignore_eos {
-                    vec![]
-                } else {
-                    job.stop_ids.clone()
-                },
-                logprobs: job.logprobs,
-                constraint: job.constraint.clone(),
-            }
+    // `usage.prompt_tokens`: each prompt once, however many choices answer it.
+    let n_prompt = job.prompts.iter().map(Vec::len).sum();
+    // Prompt i's choice j is request i * n + j, with seed `seed + j`.
+    let per_prompt = (0..p.n).map(|j| {
+        let mut sampler = p.sampler.clone();
+        sampler.seed = sampler.seed.wrapping_add(j as u64);
+        sampler
+    });
+    let requests = job
+        .prompts
+        .iter()
+        .flat_map(|prompt| per_prompt.clone().map(move |sampler| (prompt, sampler)))
+        .map(|(prompt, sampler)| EngineRequest {
+            prompt: prompt.clone(),
+            max_tokens,
+            sampler,
+            stop_ids: if p.ignore_eos {
+                vec![]
+            } else {
+                job.stop_ids.clone()
+            },
+            logprobs: job.logprobs,
+            constraint: job.constraint.clone(),
+            prompt_logprobs: if job.echo { job.logprobs } else { None },
         })
         .collect();
     let (tx, mut rx) = mpsc::unbounded_channel();

@@ -45,7 +45,12 @@ pub struct Params {
 /// A generation request, read: the prompt as token ids and how to read the answer's tokens.
 pub(crate) struct Job {
     pub(crate) kind: Kind,
-    pub(crate) prompt: Vec<u32>,
+    /// The prompts as token ids: one, or (`/v1/completions` with a list) several, each answered
+    /// by `n` choices.
+    pub(crate) prompts: Vec<Vec<u32>>,
+    /// `/v1/completions`' `echo`: each choice's text (and log-probabilities) start with its
+    /// prompt.
+    pub(crate) echo: bool,
     /// Split `<think>` off (`Some(starts inside)`), for a thinking model's chat.
     pub(crate) reasoning: Option<bool>,
     pub(crate) stop_ids: Vec<u32>,

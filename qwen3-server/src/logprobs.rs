@@ -42,7 +42,13 @@ pub fn completion(entries: &[TokenLogprobs], tok: &Tokenizer, mut offset: usize)
         offsets.push(offset);
         offset += t.chars().count();
         tokens.push(t);
-        lps.push(e.logprob);
+        if e.logprob.is_nan() {
+            // An echoed prompt's first token: nothing before it to give it a probability.
+            lps.push(Value::Null);
+            tops.push(Value::Null);
+            continue;
+        }
+        lps.push(json!(e.logprob));
         let top: Map<String, Value> = e
             .top
             .iter()

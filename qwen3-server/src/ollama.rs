@@ -402,7 +402,7 @@ pub async fn generate(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
         // The whole prompt's budget check counts against the context, as a chat's does.
         params.max_tokens = params
             .max_tokens
-            .map(|m| m.min(s.context_len.saturating_sub(job.prompt.len()).max(1)));
+            .map(|m| m.min(s.context_len.saturating_sub(job.prompts[0].len()).max(1)));
     }
     answer(s, job, params, stream_flag(&v), Kind::Generate).await
 }

@@ -33,8 +33,11 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 /// does.
 pub struct CompletionRequest {
     pub params: Params,
-    /// `prompt`, as token ids (text is encoded with its special tokens, as the CLI does).
-    pub prompt: Vec<u32>,
+    /// `prompt`, as token ids (text is encoded with its special tokens, as the CLI does): one
+    /// or more prompts.
+    pub prompts: Vec<Vec<u32>>,
+    /// `echo`: the answer repeats the prompt before the completion.
+    pub echo: bool,
     /// `logprobs: K`: alternatives to report with each token, or `None` for none.
     pub logprobs: Option<usize>,
     /// `response_format`, compiled.
@@ -45,14 +48,34 @@ impl CompletionRequest {
     /// Reads and checks `body` for the model `s` runs.
     pub fn parse(body: &[u8], s: &AppState) -> Result<CompletionRequest, ApiError> {
         let (v, params) = common(body, s)?;
-        let prompt = completion_prompt(&v, s.tokenizer)?;
+        let prompts = completion_prompt(&v, s.tokenizer)?;
+        let echo = typed::<Echo>(&v)?.echo.unwrap_or(false);
+        // Nothing to generate is a request only to score the prompt (evaluation harnesses).
+        if params.max_tokens == Some(0) && !echo {
+            return Err(ApiError::invalid(
+                "max_tokens".to_string(),
+                "max_tokens must be at least 1 (0 is allowed only with echo)",
+            ));
+        }
+        let choices = prompts.len() * params.n;
+        if choices > MAX_CHOICES {
+            return Err(ApiError::invalid(
+                "prompt".to_string(),
+                format!(
+                    "{} prompts x n {} = {choices} choices: at most {MAX_CHOICES} in one request",
+                    prompts.len(),
+                    params.n
+                ),
+            ));
+        }
         let logprobs = logprobs(&v, false)?;
         let format = structured::response_format(&v)?;
         let constraint = structured::completion(s, format.as_ref())?;
         no_ignore_eos(&constraint, &params)?;
         Ok(CompletionRequest {
             params,
-            prompt,
+            prompts,
+            echo,
             logprobs,
             constraint,
         })
@@ -62,7 +85,8 @@ impl CompletionRequest {
     pub(crate) fn into_job(self, s: &AppState, start: Instant) -> (Job, Params) {
         let job = Job {
             kind: Kind::Completion,
-            prompt: self.prompt,
+            prompts: self.prompts,
+            echo: self.echo,
             reasoning: None,
             stop_ids: s.eos_ids.clone(),
             logprobs: self.logprobs,
@@ -98,6 +122,18 @@ impl ChatRequest {
     /// Reads and checks `body` for the model `s` runs, and renders it with the model's template.
     pub fn parse(body: &[u8], s: &AppState) -> Result<ChatRequest, ApiError> {
         let (v, params) = common(body, s)?;
+        if params.max_tokens == Some(0) {
+            return Err(ApiError::invalid(
+                "max_tokens".to_string(),
+                "max_tokens must be at least 1",
+            ));
+        }
+        if typed::<Echo>(&v)?.echo == Some(true) {
+            return Err(ApiError::invalid(
+                "echo".to_string(),
+                "echo is a field of /v1/completions, not of chat",
+            ));
+        }
         let (messages, thinking) = chat_messages(&v)?;
         let Some(template) = &s.template else {
             return Err(ApiError::invalid(
@@ -140,7 +176,8 @@ impl ChatRequest {
             .then(|| self.text.trim_end().ends_with("<think>"));
         let job = Job {
             kind: Kind::Chat,
-            prompt: s.tokenizer.encode(&self.text),
+            prompts: vec![s.tokenizer.encode(&self.text)],
+            echo: false,
             reasoning,
             stop_ids: s.chat_stop_ids.clone(),
             logprobs: self.logprobs,
@@ -293,10 +330,18 @@ struct Common {
 /// them, they are refused (a client that needs them should know). Their defaults and no-op
 /// values (`false`, `null`, `[]`, `{}`, `""`, `best_of: 1`) are what clients send when they do
 /// not ask, and are accepted.
-const UNSUPPORTED: [&str; 5] = ["echo", "suffix", "best_of", "logit_bias", "functions"];
+const UNSUPPORTED: [&str; 4] = ["suffix", "best_of", "logit_bias", "functions"];
+
+/// `echo` (`/v1/completions` only).
+#[derive(Deserialize)]
+struct Echo {
+    echo: Option<bool>,
+}
 
 /// Most choices (`n`) one request may ask for.
 pub const MAX_N: usize = 16;
+/// Most choices of one `/v1/completions` request: prompts x `n`.
+pub const MAX_CHOICES: usize = 128;
 /// Most stop strings.
 pub const MAX_STOPS: usize = 16;
 
@@ -396,10 +441,11 @@ pub(crate) fn params(
         _ => None,
     };
     let max_tokens = match max_tokens {
-        Some((name, m)) if m < 1 => {
+        // 0 is for scoring a prompt (`/v1/completions` with `echo`); the endpoints check it.
+        Some((name, m)) if m < 0 => {
             return Err(ApiError::invalid(
                 name.to_string(),
-                format!("{name} must be at least 1, got {m}"),
+                format!("{name} must not be negative, got {m}"),
             ))
         }
         Some((_, m)) => Some(m.min(u32::MAX as i64) as usize),
@@ -561,8 +607,9 @@ fn tools(v: &Value) -> Result<(Vec<Value>, ToolChoice), ApiError> {
     Ok((tools, choice))
 }
 
-/// `/v1/completions`' `prompt`: a string or a list of token ids (or a list of one of either).
-fn completion_prompt(v: &Value, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+/// `/v1/completions`' `prompt`: a string or a list of token ids, or a list of either (several
+/// prompts, each answered by its own choices).
+fn completion_prompt(v: &Value, tok: &Tokenizer) -> Result<Vec<Vec<u32>>, ApiError> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Prompt {
@@ -582,38 +629,36 @@ fn completion_prompt(v: &Value, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
     let bad = || {
         ApiError::invalid(
             "prompt".to_string(),
-            "prompt must be a string or a list of token ids",
+            "prompt must be a string, a list of token ids, or a list of either",
         )
     };
-    let one = |n: usize| {
-        if n == 1 {
-            Ok(())
-        } else {
-            Err(ApiError::invalid(
-                "prompt".to_string(),
-                format!("{n} prompts in one request: send one request per prompt"),
-            ))
-        }
+    let prompts = match serde_json::from_value::<Prompt>(p).map_err(|_| bad())? {
+        Prompt::Text(t) => vec![tok.encode_with_special_tokens(&t)],
+        Prompt::Ids(ids) => vec![ids],
+        Prompt::Texts(t) => t
+            .iter()
+            .map(|t| tok.encode_with_special_tokens(t))
+            .collect(),
+        Prompt::IdLists(l) => l,
     };
-    let ids = match serde_json::from_value::<Prompt>(p).map_err(|_| bad())? {
-        Prompt::Text(t) => tok.encode_with_special_tokens(&t),
-        Prompt::Ids(ids) => ids,
-        Prompt::Texts(t) => {
-            one(t.len())?;
-            tok.encode_with_special_tokens(&t[0])
-        }
-        Prompt::IdLists(mut l) => {
-            one(l.len())?;
-            l.remove(0)
-        }
-    };
-    if ids.is_empty() {
+    if prompts.is_empty() {
         return Err(ApiError::invalid(
             "prompt".to_string(),
-            "the prompt is empty: give at least one token",
+            "the list of prompts is empty",
         ));
     }
-    Ok(ids)
+    if let Some(i) = prompts.iter().position(Vec::is_empty) {
+        let which = if prompts.len() == 1 {
+            "the prompt".to_string()
+        } else {
+            format!("prompt {i}")
+        };
+        return Err(ApiError::invalid(
+            "prompt".to_string(),
+            format!("{which} is empty: give at least one token"),
+        ));
+    }
+    Ok(prompts)
 }
 
 /// `/v1/chat/completions`' `messages`, as the JSON messages the chat template reads, and
@@ -748,7 +793,7 @@ mod tests {
         let e = p(json!({"temperature": 3})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("temperature"));
         assert_eq!(p(json!({"n": 0})).unwrap_err().param.as_deref(), Some("n"));
-        let e = p(json!({"max_tokens": 0})).unwrap_err();
+        let e = p(json!({"max_tokens": -1})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
         let e = p(json!({"logit_bias": {"1": 5}})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("logit_bias"));

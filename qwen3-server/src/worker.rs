@@ -45,6 +45,11 @@ pub enum Update {
     Rejected(Rejected),
     /// Choice `choice` took a slot with `cached` prompt tokens already computed.
     Started { choice: usize, cached: usize },
+    /// The prompt's log-probabilities (`echo` with `logprobs`), before the first token.
+    PromptLogprobs {
+        choice: usize,
+        logprobs: Vec<TokenLogprobs>,
+    },
     /// The next token, with its log-probabilities if the request asked for them.
     Token {
         choice: usize,
@@ -128,7 +133,9 @@ pub fn run<B: Backend>(mut engine: Engine<B>, commands: Receiver<Command>, metri
                 }
             }
             let (id, last) = match &ev {
-                Event::Started { id, .. } | Event::Token { id, .. } => (*id, false),
+                Event::Started { id, .. }
+                | Event::PromptLogprobs { id, .. }
+                | Event::Token { id, .. } => (*id, false),
                 Event::Finished { id, .. } | Event::Failed { id, .. } => (*id, true),
             };
             let Some((tx, choice)) = routes.get(&id) else {
@@ -137,6 +144,9 @@ pub fn run<B: Backend>(mut engine: Engine<B>, commands: Receiver<Command>, metri
             let choice = *choice;
             let update = match ev {
                 Event::Started { cached, .. } => Update::Started { choice, cached },
+                Event::PromptLogprobs { logprobs, .. } => {
+                    Update::PromptLogprobs { choice, logprobs }
+                }
                 Event::Token {
                     token, logprobs, ..
                 } => Update::Token {

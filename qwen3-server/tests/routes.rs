@@ -169,7 +169,7 @@ fn bad_input_gets_4xx_error_objects() {
     check(
         400,
         c,
-        br#"{"prompt": "hi", "echo": true}"#,
+        br#"{"prompt": "hi", "echo": 1}"#,
         Some("echo"),
         None,
     );

@@ -502,6 +502,7 @@ impl<B: Backend> Chat<'_, '_, B> {
             stop_ids: self.stop_ids.clone(),
             logprobs: None,
             constraint: None,
+            prompt_logprobs: None,
         };
         // Ctrl-C is checked after each step of the engine: each token, and each chunk of a long
         // prompt's prefill.

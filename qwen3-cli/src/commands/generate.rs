@@ -128,6 +128,7 @@ pub fn generate_text<B: Backend>(
         stop_ids: eos_ids,
         logprobs: args.logprobs,
         constraint,
+        prompt_logprobs: None,
     };
     let stats = generate_until(
         &mut engine,

@@ -19,6 +19,12 @@
 //! already written), and the tokens its grammar forces are appended as if sampled and fed to
 //! the next step together, like a prompt chunk.
 //!
+//! A request that asks for its prompt's log-probabilities (OpenAI's `echo` with `logprobs`, what
+//! evaluation harnesses score with) has its prompt scored first, alone: every position's logits
+//! are needed, not only the last, so it runs whole (no prefix cache), a prefill chunk (at most
+//! [`SCORE_ROWS`] positions) a step through [`Forward::step_all_logits`], beside the other
+//! requests' rows.
+//!
 //! A request joins at the next step and leaves as soon as it ends; nobody waits for a batch to
 //! drain. Because the forward pass computes each row the same way whatever its neighbours, and
 //! a prompt gives the same keys and values however it is chunked (model/forward.rs), a request's
@@ -62,6 +68,10 @@ pub struct Request {
     pub logprobs: Option<usize>,
     /// The grammar the answer must match (structured output), or `None`.
     pub constraint: Option<Constraint>,
+    /// Report the log-probability of each prompt token after the first (under the logits of
+    /// the position before it) with this many alternatives, as [`Event::PromptLogprobs`];
+    /// `None`: nothing computed. The prompt then runs whole (see the module's comment).
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// What happened to a request in a step.
@@ -69,6 +79,13 @@ pub struct Request {
 pub enum Event {
     /// The request took a slot; `cached` of its prompt's tokens were already in the slot's cache.
     Started { id: RequestId, cached: usize },
+    /// The prompt's log-probabilities, when the request asked for them: one entry for each
+    /// prompt token after the first (the first has nothing before it). Sent once, before the
+    /// first `Token`.
+    PromptLogprobs {
+        id: RequestId,
+        logprobs: Vec<TokenLogprobs>,
+    },
     /// The next token of the answer, with its log-probabilities if the request asked for them.
     Token {
         id: RequestId,
@@ -138,6 +155,9 @@ struct Job {
     stop_ids: Vec<u32>,
     logprobs: Option<usize>,
     constraint: Option<Constraint>,
+    /// The prompt's log-probabilities while they are being computed: alternatives per token,
+    /// and the entries so far (`None` when not asked for, or once sent).
+    scoring: Option<(usize, Vec<TokenLogprobs>)>,
     /// Prompt tokens found in the slot's cache when it started.
     cached: usize,
     /// When it took its slot.
@@ -178,7 +198,15 @@ pub struct Engine<'m, B: Backend> {
     plan: Vec<Segment>,
     /// A constrained row's logits, masked (the pass's own logits are read-only).
     masked: Vec<f32>,
+    /// Logits of every position of a prompt being scored, `[SCORE_ROWS, vocab]`, allocated by
+    /// the first request that asks, and the host copy where the backend's buffers are not.
+    scores: Option<B::Buf>,
+    scores_host: Vec<f32>,
 }
+
+/// Most prompt positions scored in one step (`Request::prompt_logprobs`; fewer when the prefill
+/// chunk is smaller): their logits take `SCORE_ROWS x vocab` floats (Qwen3's vocabulary: 39 MB).
+pub const SCORE_ROWS: usize = 64;
 
 impl<'m, B: Backend> Engine<'m, B> {
     /// An engine of `cfg.slots` sequences over `fwd`, which must return logits for as many rows
@@ -215,6 +243,8 @@ impl<'m, B: Backend> Engine<'m, B> {
             rows: Vec::with_capacity(MAX_BATCH),
             plan: Vec::with_capacity(cfg.slots),
             masked: Vec::new(),
+            scores: None,
+            scores_host: Vec::new(),
         })
     }
 
@@ -292,7 +322,10 @@ impl<'m, B: Backend> Engine<'m, B> {
         if let Err(e) = req.sampler.validate() {
             return Err(Rejected::Invalid(e.to_string()));
         }
-        if req.logprobs.is_some_and(|k| k > MAX_TOP) {
+        if [req.logprobs, req.prompt_logprobs]
+            .iter()
+            .any(|k| k.is_some_and(|k| k > MAX_TOP))
+        {
             return Err(Rejected::Invalid(format!(
                 "at most {MAX_TOP} alternatives per token can be reported"
             )));
@@ -361,6 +394,7 @@ impl<'m, B: Backend> Engine<'m, B> {
     pub fn step(&mut self, events: &mut Vec<Event>) {
         self.steps += 1;
         self.admit(events);
+        self.score_prompts(events);
         self.plan_rows();
         if self.plan.is_empty() {
             return;
@@ -402,8 +436,12 @@ impl<'m, B: Backend> Engine<'m, B> {
                 })
                 .max();
             let Some((_, _, i)) = best else { break };
-            let reuse = reuse_len(&self.slots[i].cached, prompt);
             let (id, req) = self.waiting.pop_front().expect("not empty");
+            // A prompt to score runs whole: the logits of its cached positions are gone.
+            let reuse = match req.prompt_logprobs {
+                Some(_) => 0,
+                None => reuse_len(&self.slots[i].cached, &req.prompt),
+            };
             let slot = &mut self.slots[i];
             slot.cached.truncate(reuse);
             slot.last_used = self.steps;
@@ -430,6 +468,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 stop_ids: req.stop_ids,
                 logprobs: req.logprobs,
                 constraint: req.constraint,
+                scoring: req.prompt_logprobs.map(|top| (top, Vec::new())),
                 cached: reuse,
                 start: Instant::now(),
                 prefill: None,
@@ -438,6 +477,66 @@ impl<'m, B: Backend> Engine<'m, B> {
                 kept_candidates: 0,
             });
             events.push(Event::Started { id, cached: reuse });
+        }
+    }
+
+    /// Step 1b: the prompts being scored take their next [`SCORE_ROWS`] positions, each alone
+    /// in a pass that returns every position's logits; position `p` gives the log-probability of
+    /// prompt token `p + 1`. The last prompt token is left to step 2, as for any request: its
+    /// logits give the first answer token.
+    fn score_prompts(&mut self, events: &mut Vec<Event>) {
+        let vocab = self.fwd.vocab();
+        // The prefill chunk bounds it too, so that the other streams keep flowing.
+        let rows = SCORE_ROWS
+            .min(self.cfg.prefill_chunk)
+            .min(self.fwd.max_batch());
+        for i in 0..self.slots.len() {
+            let slot = &mut self.slots[i];
+            let Some(job) = slot.job.as_mut() else {
+                continue;
+            };
+            let Some((top, got)) = job.scoring.as_mut() else {
+                continue;
+            };
+            let (done, end) = (slot.cached.len(), job.prompt_len - 1);
+            if done < end {
+                let chunk = &job.tokens[done..end.min(done + rows)];
+                let seg = Segment {
+                    seq: 0,
+                    pos: done,
+                    len: chunk.len(),
+                    logits: false,
+                };
+                let b = self.fwd.backend();
+                let scored = (|| {
+                    let buf = match &mut self.scores {
+                        Some(buf) => buf,
+                        None => self.scores.insert(b.alloc(SCORE_ROWS * vocab)?),
+                    };
+                    self.fwd
+                        .step_all_logits(chunk, seg, &mut self.caches[i], buf)?;
+                    // Row r holds the logits at position done + r: they score token done + r + 1.
+                    let all = b.read(buf, chunk.len() * vocab, &mut self.scores_host)?;
+                    for (r, row) in all.chunks_exact(vocab).enumerate() {
+                        got.push(token_logprobs(row, job.tokens[done + r + 1], *top));
+                    }
+                    anyhow::Ok(())
+                })();
+                if let Err(e) = scored {
+                    // The pass may have written part of the cache.
+                    slot.cached.clear();
+                    let id = slot.job.take().expect("a job").id;
+                    let error = e.to_string();
+                    events.push(Event::Failed { id, error });
+                    continue;
+                }
+                slot.cached.extend_from_slice(chunk);
+            }
+            if slot.cached.len() == end {
+                let (_, logprobs) = job.scoring.take().expect("scoring");
+                let id = job.id;
+                events.push(Event::PromptLogprobs { id, logprobs });
+            }
         }
     }
 
@@ -459,6 +558,9 @@ impl<'m, B: Backend> Engine<'m, B> {
         };
         for (i, slot) in self.slots.iter().enumerate() {
             let Some(job) = &slot.job else { continue };
+            if job.scoring.is_some() {
+                continue; // its prompt is still being scored (step 1b)
+            }
             let todo = &job.tokens[slot.cached.len()..];
             let n = if todo.len() == 1 {
                 1

@@ -59,6 +59,7 @@ fn request(prompt: &[u32], sampler: SamplerConfig) -> Request {
         stop_ids: vec![],
         logprobs: None,
         constraint: None,
+        prompt_logprobs: None,
     }
 }
 
@@ -77,7 +78,7 @@ fn drain<B: crate::backend::Backend>(e: &mut Engine<B>) -> HashMap<RequestId, (V
                 Event::Finished { id, .. } | Event::Failed { id, .. } => {
                     out.entry(id).or_default().1 = ev
                 }
-                Event::Started { .. } => {}
+                Event::Started { .. } | Event::PromptLogprobs { .. } => {}
             }
         }
     }
@@ -537,4 +538,60 @@ fn logprobs_are_the_log_softmax_of_the_logits_in_any_batch() {
     r.logprobs = Some(MAX_TOP + 1);
     assert!(matches!(e.submit(r), Err(Rejected::Invalid(m)) if m.contains("at most 20")));
     std::fs::remove_dir_all(d).unwrap();
+}
+
+/// A request that asks for its prompt's log-probabilities gets, before its first token, one
+/// entry per prompt token after the first: equal to the log-softmax of that position's logits
+/// from a `Session` (the one-sequence path), whether it ran alone or among other requests, in
+/// chunks of 5 positions; its answer is the one it gets without asking; `max_tokens: 0` ends it
+/// after the scores.
+#[test]
+fn prompt_logprobs_equal_the_session_logits() {
+    let (_d, f) = model_file("prompt-logprobs", DType::F32);
+    let model = Model::load(&f).unwrap();
+    let mut e = engine(&model, 3, 5);
+    let mut want = Vec::new();
+    let mut ids = Vec::new();
+    for (i, p) in prompts().iter().enumerate() {
+        let mut s = Session::new(CPU, &model, 64, KvType::F32).unwrap();
+        let logits = s.forward_all_logits(p).unwrap();
+        let v = logits.len() / p.len();
+        let lp: Vec<TokenLogprobs> = (1..p.len())
+            .map(|k| token_logprobs(&logits[(k - 1) * v..k * v], p[k], 3))
+            .collect();
+        want.push(lp);
+        // Every other request runs beside them without asking.
+        let plain = e.submit(request(p, SamplerConfig::greedy())).unwrap();
+        let mut r = request(p, SamplerConfig::greedy());
+        r.prompt_logprobs = Some(3);
+        r.max_tokens = if i == 2 { 0 } else { 12 };
+        ids.push((e.submit(r).unwrap(), plain));
+    }
+    let mut events = Vec::new();
+    let mut got: HashMap<RequestId, (Option<Vec<TokenLogprobs>>, Vec<u32>)> = HashMap::new();
+    while !e.is_idle() {
+        e.step(&mut events);
+        for ev in events.drain(..) {
+            match ev {
+                Event::PromptLogprobs { id, logprobs } => {
+                    let g = got.entry(id).or_default();
+                    assert!(g.0.is_none() && g.1.is_empty(), "scores after a token");
+                    g.0 = Some(logprobs);
+                }
+                Event::Token { id, token, .. } => got.entry(id).or_default().1.push(token),
+                Event::Failed { error, .. } => panic!("{error}"),
+                _ => {}
+            }
+        }
+    }
+    for (i, (scored, plain)) in ids.into_iter().enumerate() {
+        let (lp, tokens) = got.remove(&scored).unwrap();
+        assert_eq!(lp.unwrap(), want[i], "prompt {i}");
+        let answer = got.remove(&plain).map(|g| g.1).unwrap_or_default();
+        if i == 2 {
+            assert!(tokens.is_empty(), "max_tokens 0 generated {tokens:?}");
+        } else {
+            assert_eq!(tokens, answer, "prompt {i}: the answer changed");
+        }
+    }
 }
