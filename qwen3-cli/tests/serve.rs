@@ -290,10 +290,104 @@ fn bad_flags_are_clear_errors() {
     let e = run(&["--device", "cuda"]);
     assert!(e.to_lowercase().contains("cuda"), "{e}");
     assert!(run(&["--host", "256.1.1.1"]).contains("256.1.1.1"));
+    assert!(run(&["--max-connections", "0"]).contains("--max-connections"));
+    assert!(run(&["--header-timeout", "0"]).contains("--header-timeout"));
+    assert!(run(&["--body-timeout", "nan"]).contains("--body-timeout"));
     let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
         .args(["serve", "/nonexistent/model.bin"])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/model.bin"));
+}
+
+/// Sends `bytes` on a fresh connection and reads the answer to the end.
+fn raw(port: u16, bytes: &[u8]) -> common::Resp {
+    use std::io::{Read, Write};
+    let mut s = common::connect(port);
+    s.write_all(bytes).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    common::parse(&out)
+}
+
+/// The errors HTTP itself answers carry OpenAI's error object like every other: a garbage
+/// request line (400), a URI over hyper's 64 KiB (414), headers over its buffer (431); a body
+/// that does not arrive within `--body-timeout` gets a 408, and a request head that does not
+/// arrive within `--header-timeout` has its connection closed.
+#[test]
+fn http_level_errors_and_timeouts() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let m = Model::new("http-errors");
+    let s = Server::start(
+        &m.path,
+        &[
+            "--header-timeout",
+            "1",
+            "--body-timeout",
+            "1",
+            "--context",
+            "64",
+        ],
+    );
+    let long_uri = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000));
+    let big_head = format!(
+        "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(500_000)
+    );
+    for (bytes, status) in [
+        (&b"HELLO THERE\r\n\r\n"[..], 400),
+        (long_uri.as_bytes(), 414),
+        (big_head.as_bytes(), 431),
+    ] {
+        let r = raw(s.port, bytes);
+        assert_eq!(r.status, status, "{}", r.body);
+        let e = r.error();
+        assert_eq!(e["type"], "invalid_request_error", "{e}");
+        assert!(!e["message"].as_str().unwrap().is_empty());
+    }
+    // A body that promises 100 bytes and sends 2.
+    let t = Instant::now();
+    let r = raw(
+        s.port,
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{}",
+    );
+    assert_eq!(r.status, 408, "{}", r.body);
+    assert!(r.error()["message"]
+        .as_str()
+        .unwrap()
+        .contains("--body-timeout"));
+    assert!(t.elapsed() < Duration::from_secs(30));
+    // Half a request head: the connection is closed (read gives end of file, not a timeout).
+    let t = Instant::now();
+    let mut c = common::connect(s.port);
+    c.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let mut out = Vec::new();
+    c.read_to_end(&mut out).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(30));
+    // The server still answers.
+    assert_eq!(s.get("/health").status, 200);
+}
+
+/// `--max-connections 2`: with two connections open, a third gets a 503 with OpenAI's error
+/// object at once; when one closes, new connections are served again.
+#[test]
+fn connections_beyond_the_limit_get_503() {
+    use std::io::Write;
+    let m = Model::new("max-connections");
+    let s = Server::start(&m.path, &["--max-connections", "2", "--context", "64"]);
+    let mut held = vec![common::connect(s.port), common::connect(s.port)];
+    // Each has started a request, so both are surely accepted and held.
+    for c in &mut held {
+        c.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+    }
+    let r = raw(s.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(r.error()["code"], "too_many_connections");
+    held.pop();
+    assert!(common::wait_until(
+        std::time::Duration::from_secs(10),
+        || { s.get("/health").status == 200 }
+    ));
 }

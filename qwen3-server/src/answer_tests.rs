@@ -44,6 +44,7 @@ fn state() -> Arc<AppState> {
         metrics: Arc::new(Metrics::default()),
         ui: false,
         grammars: crate::state::Grammars::new(151_936),
+        body_timeout: std::time::Duration::from_secs(60),
         cors: vec![],
         info: Default::default(),
     })

@@ -24,7 +24,9 @@
 //! - [`error`]: OpenAI's error object;
 //! - [`state`]: what the handlers share (the tokenizer, the template, the worker's channel);
 //! - [`worker`]: the model thread;
-//! - [`metrics`]: `GET /metrics` for Prometheus (counted by the handlers and the worker).
+//! - [`metrics`]: `GET /metrics` for Prometheus (counted by the handlers and the worker);
+//! - [`listen`]: the accept loop under the router: the connection limit, the header timeout,
+//!   and OpenAI's error object on the errors HTTP itself answers.
 //!
 //! Beside them, [`batch`] sends a file of requests through the same router without a network.
 //! This file only wires the modules together: the router, [`serve`] and [`start_worker`].
@@ -61,6 +63,8 @@ pub mod worker;
 pub mod metrics;
 
 pub mod batch;
+
+pub mod listen;
 
 use anyhow::{bail, Context, Result};
 use axum::extract::DefaultBodyLimit;
@@ -107,6 +111,10 @@ pub fn router_with(state: Arc<AppState>, log: bool) -> Router {
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::wrong_method)
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            routes::read_body,
+        ))
         .layer(axum::middleware::from_fn(routes::json_only))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -231,13 +239,13 @@ where
                 why = ended_rx => Some(why.unwrap_or_else(|_| "the model worker vanished".into())),
             }
         };
-        let server = axum::serve(listener, app).with_graceful_shutdown({
+        let server = listen::serve(listener, app, opts.limits, {
             let mut stop_rx = stop_rx.clone();
             async move {
                 let _ = stop_rx.changed().await;
             }
         });
-        let server = tokio::spawn(async move { server.await });
+        let server = tokio::spawn(server);
         let failure = signals.await;
         // End the running requests (their handlers answer and streams close), then give the
         // connections a moment to finish.

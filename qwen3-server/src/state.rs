@@ -45,6 +45,8 @@ pub struct AppState {
     /// Origins whose web pages may call the API (`--cors`; `*`: any). Empty: none but the
     /// server's own page, which needs no CORS.
     pub cors: Vec<String>,
+    /// How long a POST's body may take to arrive (`--body-timeout`; 408 after it).
+    pub body_timeout: std::time::Duration,
     /// The vocabulary as the grammar engine sees it (structured output), built at first use.
     pub grammars: Grammars,
     /// What Ollama's `/api/tags` and `/api/show` say of the model.
@@ -133,4 +135,6 @@ impl Grammars {
 pub struct ServeOptions {
     pub host: String,
     pub port: u16,
+    /// Connections held at once, and how long a request's head may take (listen.rs).
+    pub limits: crate::listen::Limits,
 }

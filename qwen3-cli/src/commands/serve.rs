@@ -13,6 +13,7 @@ use qwen3_inference::engine::{Engine, EngineConfig};
 use qwen3_inference::format::{companion_paths, ModelFile};
 use qwen3_inference::model::{Forward, Model, MAX_BATCH};
 use qwen3_inference::tokenizer::Tokenizer;
+use qwen3_server::listen::Limits;
 use qwen3_server::metrics::Metrics;
 use qwen3_server::state::{Grammars, ModelInfo};
 use qwen3_server::worker::{self, Command};
@@ -20,6 +21,7 @@ use qwen3_server::{AppState, ServeOptions};
 use std::path::PathBuf;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -45,6 +47,16 @@ pub struct ServeArgs {
     /// the model.
     #[arg(long, value_name = "ORIGIN")]
     pub cors: Vec<String>,
+    /// Connections held at once; a new one beyond them gets a 503 and is closed.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+    /// Seconds a request's line and headers may take to arrive (an idle keep-alive connection
+    /// is closed after as long).
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    pub header_timeout: f64,
+    /// Seconds a request's body may take to arrive (408 after them).
+    #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
+    pub body_timeout: f64,
 }
 
 /// The model and how the engine runs it: `qwen3 serve`'s and `qwen3 batch`'s.
@@ -97,9 +109,24 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let (mut state, commands, worker) = prepare(args.engine, api_key)?;
     state.ui = !args.no_ui;
     state.cors = args.cors;
+    let seconds = |name: &str, s: f64| {
+        if s.is_finite() && s > 0.0 && s <= 86_400.0 {
+            Ok(Duration::from_secs_f64(s))
+        } else {
+            bail!("--{name} {s}: must be a number of seconds in (0, 86400]")
+        }
+    };
+    state.body_timeout = seconds("body-timeout", args.body_timeout)?;
+    if args.max_connections == 0 {
+        bail!("--max-connections 0: at least one connection must be allowed");
+    }
     let opts = ServeOptions {
         host: args.host,
         port: args.port,
+        limits: Limits {
+            max_connections: args.max_connections,
+            header_timeout: seconds("header-timeout", args.header_timeout)?,
+        },
     };
     qwen3_server::serve(opts, state, commands, worker)
 }
@@ -184,6 +211,7 @@ pub fn prepare(
         ui: false,
         grammars: Grammars::new(c.vocab_size as usize),
         cors: vec![],
+        body_timeout: Duration::from_secs(60),
         info: ModelInfo::of(&file, &args.model),
     };
     let cfg = EngineConfig {

@@ -159,7 +159,7 @@ pub fn send(s: &mut TcpStream, method: &str, path: &str, headers: &[(&str, &str)
     let _ = s.write_all(body);
 }
 
-fn parse(raw: &[u8]) -> Resp {
+pub fn parse(raw: &[u8]) -> Resp {
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")

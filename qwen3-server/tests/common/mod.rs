@@ -114,6 +114,7 @@ impl Server {
             ui: true,
             grammars: Grammars::new(c.vocab_size as usize),
             cors,
+            body_timeout: std::time::Duration::from_secs(60),
             info: ModelInfo::of(&file, model),
         };
         let cfg = EngineConfig {
