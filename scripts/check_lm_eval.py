@@ -35,7 +35,8 @@ import urllib.request
 
 try:
     import lm_eval
-    import aiohttp, tenacity  # noqa: F401 (lm-eval[api]: what local-completions needs)
+    import aiohttp  # noqa: F401 (lm-eval[api]: what local-completions needs)
+    import tenacity  # noqa: F401
 except ImportError as e:
     print(f"check_lm_eval: {e.name} is not installed (pip install \"lm-eval[api]\"); skipped")
     sys.exit(0)
@@ -141,10 +142,11 @@ def start_server(args, tmp):
     """Starts `qwen3 serve` on a free loopback port; returns (process, base URL, stderr path)."""
     out_path = os.path.join(tmp, "server.stdout")
     err_path = os.path.join(tmp, "server.stderr")
-    server = subprocess.Popen(
-        [args.qwen3, "serve", args.model, "--port", "0", "--host", "127.0.0.1",
-         "--model-name", MODEL_NAME, "--parallel", str(args.parallel)],
-        stdout=open(out_path, "w"), stderr=open(err_path, "w"), text=True)
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        server = subprocess.Popen(
+            [args.qwen3, "serve", args.model, "--port", "0", "--host", "127.0.0.1",
+             "--model-name", MODEL_NAME, "--parallel", str(args.parallel)],
+            stdout=out, stderr=err)
     deadline = time.monotonic() + 120
     url = None
     while time.monotonic() < deadline and server.poll() is None:
@@ -204,8 +206,9 @@ def run_lm_eval(args, url, tmp, tokenized):
            "--output_path", out_dir, "--log_samples"]
     if args.limit:
         cmd += ["--limit", str(args.limit)]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               HF_DATASETS_CACHE=os.path.join(tmp, "datasets-cache"), TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               HF_DATASETS_CACHE=os.path.join(tmp, "datasets-cache"))
     print(f"lm_eval ({mode}): {' '.join(cmd)}", flush=True)
     log_path = os.path.join(tmp, f"lm_eval-{mode}.stderr")
     start = time.monotonic()
@@ -227,7 +230,8 @@ def run_lm_eval(args, url, tmp, tokenized):
     if not ok:
         with open(log_path, errors="replace") as f:
             lines = f.readlines()
-        failed = [l for l in lines if "API request failed" in l or "Exception" in l or "Error" in l]
+        failed = [line for line in lines
+                  if any(w in line for w in ("API request failed", "Exception", "Error"))]
         print("lm_eval stderr (failed requests and errors, else its tail):")
         print("".join((failed or lines)[-30:]).rstrip())
     return ok, wall, read_samples(out_dir)
@@ -287,7 +291,7 @@ def main():
     ap.add_argument("--qwen3", default="target/release/qwen3")
     ap.add_argument("--model", default="models/tiny.bin")
     ap.add_argument("--tokenizer", default="fixtures/models/tiny-qwen3-fullvocab",
-                    help="HuggingFace directory with the model's tokenizer.json (lm-eval's tokenizer)")
+                    help="the HuggingFace directory the model was exported from (its tokenizer)")
     ap.add_argument("--tokenized-requests", choices=["true", "false", "both"], default="both",
                     help="send token-id lists (true), text (false), or run both")
     ap.add_argument("--num-concurrent", type=int, default=4)

@@ -7,21 +7,27 @@
     python3 scripts/check_openai_spec.py --qwen3 target/release/qwen3 --model models/tiny.bin \\
         --spec openai-openapi.yaml
 
-Starts the server on a free loopback port (small context, model name `tiny`), then runs
-`schemathesis run` on the four operations of the spec the server implements (createCompletion,
-createChatCompletion, listModels, retrieveModel), with a fixed seed and a bounded number of
-examples per operation, in every phase (the spec's examples, coverage, fuzzing, stateful).
-Checks: no 5xx, 200 answers match the spec's response schemas and content types, spec-valid
-requests are accepted and invalid ones refused. Request bodies keep their generated `model`
-only where it is not a string: a string is replaced by the served name (through a schemathesis
-hook, this file itself), so generated requests reach the model instead of a 404. The path
-parameter of retrieveModel stays random (404 is the right answer to an unknown id).
+Starts the server on a free loopback port (with an API key, a 256-position context, model name
+`tiny`), then runs `schemathesis run` on the four operations of the spec the server implements
+(createCompletion, createChatCompletion, listModels, retrieveModel) with a fixed seed, at most
+--max-examples cases per operation in each phase (the spec's examples, coverage, fuzzing,
+stateful). Checks: no 5xx; 200 answers match the spec's response schemas and content types;
+spec-valid requests are accepted and invalid ones refused.
 
-Prints requests sent by status class and code, failures by check, every 5xx and response-schema
-failure, and the spec-valid requests the server refused grouped by its error message (some are
-refusals by design: a prompt longer than the context, a feature this server lacks). Exits
-non-zero on any 5xx, a request with no answer, or a server that stopped answering; the other
-checks are reported, not enforced. Without the `schemathesis` package it says so and exits 0.
+This file is also the schemathesis hooks module (SCHEMATHESIS_HOOKS): in generated bodies a
+string `model` becomes the served name (any other gets 404 model_not_found, a fine answer that
+would hide the rest of the request), max_tokens / max_completion_tokens are capped at
+--max-tokens (and set on chat requests without either, which would otherwise fill the context)
+and `n` at 2, so a run takes minutes. Changed cases are revalidated by schemathesis: they are
+still spec-valid, or still invalid. retrieveModel's path parameter stays random (404).
+
+Prints requests by status class and code (positive = spec-valid as generated), failed checks,
+every 5xx and response-schema failure, and the spec-valid requests the server refused, grouped
+by its error message (most are refusals by design: a feature it lacks, n over its limit).
+Exits non-zero on any 5xx, a request with no answer, a panic in the server's stderr, or a server
+that stopped answering; the other checks are reported, not enforced. Without the `schemathesis`
+package it says so and exits 0. Where to get it and the spec: above; --report keeps the NDJSON
+event log and schemathesis' own output (the failures with curl commands to replay them).
 """
 
 import argparse
@@ -50,6 +56,7 @@ CAP_ENV = "CHECK_OPENAI_SPEC_MAX_TOKENS"
 
 LENGTHS = ("max_tokens", "max_completion_tokens")
 
+
 def adjust(case):
     """The hooks' change to a generated request: name the served model, cap lengths."""
     body = case.body
@@ -59,13 +66,12 @@ def adjust(case):
     if isinstance(body.get("model"), str):
         body["model"] = os.environ[PIN_ENV]
     cap = int(os.environ[CAP_ENV])
-    for key in LENGTHS:
-        if type(body.get(key)) is int and body[key] > cap:
-            body[key] = cap
+    for key, most in ((LENGTHS[0], cap), (LENGTHS[1], cap), ("n", 2)):
+        x = body.get(key)   # an integer, which JSON Schema lets be written 19.0
+        if (type(x) is int or type(x) is float and x.is_integer()) and x > most:
+            body[key] = most
     if case.path == "/chat/completions" and not any(k in body for k in LENGTHS):
         body["max_completion_tokens"] = cap   # otherwise the answer fills the context
-    if type(body.get("n")) is int and body["n"] > 2:
-        body["n"] = 2
     case.body = body
     return case
 
@@ -103,12 +109,12 @@ def main():
     if not os.path.exists(args.spec):
         raise SystemExit(f"no spec at {args.spec}: see this script's docstring for where to get it")
 
-    name = "tiny"
+    name, key = "tiny", "test-key"
     with tempfile.TemporaryDirectory(prefix="check_openai_spec.") as tmp:
         err = open(os.path.join(tmp, "server.stderr"), "w+")
         server = subprocess.Popen(
             [args.qwen3, "serve", args.model, "--port", "0", "--model-name", name,
-             "--context", str(args.context)],
+             "--context", str(args.context), "--api-key", key],
             stdout=subprocess.PIPE, stderr=err, text=True)
         try:
             line = server.stdout.readline()
@@ -118,7 +124,7 @@ def main():
             url = line.split(" on ")[1].split(" ")[0]
             print(f"server: {line.strip()}")
             report = args.report or os.path.join(tmp, "events.ndjson")
-            code = run_schemathesis(args, url, name, report, tmp)
+            code = run_schemathesis(args, url, name, key, report, tmp)
             alive = server.poll() is None and health(url)
         finally:
             server.terminate()
@@ -129,6 +135,7 @@ def main():
                 server.wait()
         err.seek(0)
         stderr = err.read()
+        err.close()
         print(f"schemathesis: exited {code}")
         bad = summarize(report, args.show)
     if "panicked" in stderr:
@@ -153,18 +160,20 @@ def health(url):
         return False
 
 
-def run_schemathesis(args, url, name, report, tmp):
+def run_schemathesis(args, url, name, key, report, tmp):
     cmd = [sys.executable, "-m", "schemathesis.cli", "run", os.path.abspath(args.spec),
            "--url", url + "/v1",
            "--checks", ",".join(CHECKS),
            "--max-examples", str(args.max_examples), "--seed", str(args.seed),
            "--workers", args.workers, "--request-timeout", str(args.request_timeout),
-           "--header", "Authorization: Bearer x",
-           "--continue-on-failure", "--generation-database", "none", "--no-color", "--warnings", "off",
+           "--header", f"Authorization: Bearer {key}",
+           "--continue-on-failure", "--generation-database", "none",
+           "--no-color", "--warnings", "off",
            "--report", "ndjson", "--report-ndjson-path", os.path.abspath(report)]
     for op in OPERATIONS:
         cmd += ["--include-operation-id", op]
-    env = dict(os.environ, SCHEMATHESIS_HOOKS=os.path.abspath(__file__), **{PIN_ENV: name, CAP_ENV: str(args.max_tokens)})
+    env = dict(os.environ, SCHEMATHESIS_HOOKS=os.path.abspath(__file__),
+               **{PIN_ENV: name, CAP_ENV: str(args.max_tokens)})
     shown = " ".join(cmd[1:cmd.index("--report")])
     print(f"schemathesis {schemathesis.__version__}: python3 {shown}")
     # Its own output (progress and failures, long) goes to a file; the summary below is ours.
@@ -205,6 +214,7 @@ def short(text, n=160):
 
 def summarize(path, show):
     statuses = collections.Counter()
+    by_mode = collections.defaultdict(collections.Counter)   # positive / negative -> class
     failed_checks = collections.Counter()
     no_answer, server_errors, schema_failures = [], [], []
     refused = collections.defaultdict(list)   # (label, status, message) -> request bodies
@@ -230,6 +240,7 @@ def summarize(path, show):
                 continue
             code = resp["status_code"]
             statuses[code] += 1
+            by_mode[mode][f"{code // 100}xx"] += 1
             text = content_of(resp)
             if code >= 500:
                 server_errors.append(f"{code} {where} -> {short(text)}")
@@ -245,6 +256,9 @@ def summarize(path, show):
     classes = collections.Counter(
         f"{c // 100}xx" if isinstance(c, int) else c for c in statuses.elements())
     print(f"requests: {total} ({', '.join(f'{k} {v}' for k, v in sorted(classes.items()))})")
+    for mode, counts in sorted(by_mode.items(), key=str):
+        parts = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        print(f"  {mode}: {sum(counts.values())} ({parts})")
     print("by status: " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items(), key=str)))
     print("failed checks (requests): " +
           (", ".join(f"{k} {v}" for k, v in sorted(failed_checks.items())) or "none"))

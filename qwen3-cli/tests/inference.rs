@@ -45,6 +45,7 @@ fn write_model(path: &Path) {
         qk_norm: true,
         rope_scaling: qwen3_inference::format::RopeScaling::None,
         moe: None,
+        embedding: None,
     };
     qwen3_inference::testing::model::write_random_config(path, &c);
 }

@@ -135,7 +135,15 @@ fn layer_ops<B: Upload>(
         .unwrap();
     get("add_bias", &xs, n * d);
     let mut logits = b.alloc(n * 100).unwrap();
-    b.matmul(&mut logits, &w.lm_head, &xn, n, 100, d).unwrap();
+    b.matmul(
+        &mut logits,
+        w.lm_head.as_ref().expect("a language model"),
+        &xn,
+        n,
+        100,
+        d,
+    )
+    .unwrap();
     get("matmul lm_head", &logits, n * 100);
     // A mixture of experts' plumbing, on fixed inputs (not on the outputs above, which may
     // differ from the references' by an ulp): rows gathered, weighted rows added back, a

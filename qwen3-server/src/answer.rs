@@ -163,7 +163,7 @@ impl Choices {
                 self.record(choice, d);
             }
             Update::Failed { error, .. } => return Err(error),
-            Update::Queued { .. } | Update::Rejected(_) => {}
+            Update::Queued { .. } | Update::Rejected(_) | Update::Embedding { .. } => {}
         }
         Ok(())
     }

@@ -73,6 +73,15 @@ pub(crate) async fn run(s: Arc<AppState>, job: Job, p: Params) -> Result<Respons
 
 /// Checks the token budget and queues the job's choices on the worker.
 pub(crate) async fn queue(s: &Arc<AppState>, job: &Job, p: &Params) -> Result<Queued, ApiError> {
+    if s.embeds {
+        return Err(ApiError::invalid(
+            None,
+            format!(
+                "{} is an embedding model: it generates no text (use /v1/embeddings)",
+                s.model_name
+            ),
+        ));
+    }
     let ctx = s.context_len;
     // Every prompt gets the same budget, which the longest must fit.
     let longest = job.prompts.iter().map(Vec::len).max().unwrap_or(0);

@@ -14,6 +14,7 @@
 //!   [`request::ChatRequest`]), every field checked in one place;
 //! - [`structured`]: `response_format` and tool calls as the grammar the answer must match;
 //! - [`ollama`]: Ollama's API, translated to the requests above and its answers back;
+//! - [`embeddings`]: `/v1/embeddings`, an embedding model's vectors;
 //! - [`engine`]: the handle on the engine: a job's token budget, queued on the worker, its
 //!   updates gathered or streamed;
 //! - [`answer`]: the updates shaped into OpenAI's answer, whole or as server-sent events;
@@ -66,6 +67,8 @@ pub mod batch;
 
 pub mod listen;
 
+pub mod embeddings;
+
 use anyhow::{bail, Context, Result};
 use axum::extract::DefaultBodyLimit;
 use axum::http::HeaderValue;
@@ -101,6 +104,7 @@ pub fn router_with(state: Arc<AppState>, log: bool) -> Router {
         .route("/v1/models/{id}", get(routes::model))
         .route("/v1/completions", post(routes::completions))
         .route("/v1/chat/completions", post(routes::chat_completions))
+        .route("/v1/embeddings", post(routes::embeddings))
         // Ollama's API (ollama.rs).
         .route("/api/version", get(ollama::version))
         .route("/api/tags", get(ollama::tags))

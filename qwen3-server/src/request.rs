@@ -244,7 +244,7 @@ fn default_seed() -> u64 {
 // error is made.
 
 /// The body as JSON: malformed JSON, or anything but an object, is a 400.
-fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
+pub(crate) fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
     let v: Value = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::invalid(None, format!("the body is not valid JSON: {e}")))?;
     if !v.is_object() {
@@ -254,7 +254,7 @@ fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
 }
 
 /// Deserializes `v` as `T`; a field of the wrong type is a 400 whose `param` names it.
-fn typed<T: for<'de> Deserialize<'de>>(v: &Value) -> Result<T, ApiError> {
+pub(crate) fn typed<T: for<'de> Deserialize<'de>>(v: &Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(v).map_err(|e| {
         let path = e.path().to_string();
         ApiError::invalid(path.clone(), format!("{path}: {}", e.inner()))
@@ -278,11 +278,11 @@ struct StreamOptions {
 /// An integer field: a JSON integer, or a number with no fraction (`4.0`), as JavaScript
 /// clients and spec-driven fuzzers write them. Wide enough for any u64 seed and any i64.
 #[derive(Clone, Copy)]
-struct Int(i128);
+pub(crate) struct Int(i128);
 
 impl Int {
     /// The value, saturated to i64 (counts and limits are checked against far smaller bounds).
-    fn get(self) -> i64 {
+    pub(crate) fn get(self) -> i64 {
         self.0.clamp(i64::MIN as i128, i64::MAX as i128) as i64
     }
 }

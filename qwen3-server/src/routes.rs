@@ -85,6 +85,14 @@ pub async fn chat_completions(
     engine::run(s, job, params).await
 }
 
+/// `POST /v1/embeddings`: an embedding model's vectors of the inputs.
+pub async fn embeddings(
+    State(s): State<Arc<AppState>>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    crate::embeddings::embeddings(s, &body(b)?).await
+}
+
 /// Middleware: a POST's whole body is read here, within `--body-timeout` (else 408) and up to
 /// [`crate::MAX_BODY`] bytes (else 413), so that no handler waits on a client that promised more
 /// than it sends; the handlers then get it at once.

@@ -45,6 +45,8 @@ pub struct AppState {
     /// Origins whose web pages may call the API (`--cors`; `*`: any). Empty: none but the
     /// server's own page, which needs no CORS.
     pub cors: Vec<String>,
+    /// The model is an embedding model (`/v1/embeddings`; it generates no text).
+    pub embeds: bool,
     /// How long a POST's body may take to arrive (`--body-timeout`; 408 after it).
     pub body_timeout: std::time::Duration,
     /// The vocabulary as the grammar engine sees it (structured output), built at first use.

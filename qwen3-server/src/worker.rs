@@ -50,6 +50,8 @@ pub enum Update {
         choice: usize,
         logprobs: Vec<TokenLogprobs>,
     },
+    /// An embedding model's vector of the input (`/v1/embeddings`).
+    Embedding { choice: usize, vector: Vec<f32> },
     /// The next token, with its log-probabilities if the request asked for them.
     Token {
         choice: usize,
@@ -135,6 +137,7 @@ pub fn run<B: Backend>(mut engine: Engine<B>, commands: Receiver<Command>, metri
             let (id, last) = match &ev {
                 Event::Started { id, .. }
                 | Event::PromptLogprobs { id, .. }
+                | Event::Embedding { id, .. }
                 | Event::Token { id, .. } => (*id, false),
                 Event::Finished { id, .. } | Event::Failed { id, .. } => (*id, true),
             };
@@ -147,6 +150,7 @@ pub fn run<B: Backend>(mut engine: Engine<B>, commands: Receiver<Command>, metri
                 Event::PromptLogprobs { logprobs, .. } => {
                     Update::PromptLogprobs { choice, logprobs }
                 }
+                Event::Embedding { vector, .. } => Update::Embedding { choice, vector },
                 Event::Token {
                     token, logprobs, ..
                 } => Update::Token {

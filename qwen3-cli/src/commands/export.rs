@@ -108,9 +108,14 @@ pub fn run(args: ExportArgs) -> Result<()> {
         other => other.to_string(),
     };
     println!(
-        "{}: {} ({} layers, hidden {}), {} from {} weights, {} in {:.1} s",
+        "{}: {}{} ({} layers, hidden {}), {} from {} weights, {} in {:.1} s",
         s.model_path.display(),
         c.architecture,
+        if c.embedding.is_some() {
+            ", an embedding model"
+        } else {
+            ""
+        },
         c.num_hidden_layers,
         c.hidden_size,
         storage,

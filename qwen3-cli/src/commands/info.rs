@@ -40,6 +40,14 @@ pub fn run(args: InfoArgs) -> Result<()> {
         (false, false) => "no biases, no q/k norms",
     };
     println!("attention                {attention}");
+    match c.embedding {
+        Some(e) => println!(
+            "task                     embeddings: {} values per text, the last token's{} (no text generation)",
+            c.hidden_size,
+            if e.normalize { ", unit length" } else { "" }
+        ),
+        None => println!("task                     text generation"),
+    }
     println!("hidden_size              {}", c.hidden_size);
     println!("intermediate_size        {}", c.intermediate_size);
     println!("num_hidden_layers        {}", c.num_hidden_layers);

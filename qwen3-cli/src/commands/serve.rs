@@ -212,6 +212,7 @@ pub fn prepare(
         grammars: Grammars::new(c.vocab_size as usize),
         cors: vec![],
         body_timeout: Duration::from_secs(60),
+        embeds: c.embedding.is_some(),
         info: ModelInfo::of(&file, &args.model),
     };
     let cfg = EngineConfig {

@@ -37,6 +37,7 @@ pub fn tiny_config(dtype: DType, tied: bool) -> ModelConfig {
         qk_norm: true,
         rope_scaling: qwen3_inference::format::RopeScaling::None,
         moe: None,
+        embedding: None,
     }
 }
 

@@ -115,7 +115,28 @@ pub fn to_bf16_bits(dtype: SourceDType, bytes: &[u8], out: &mut Vec<u16>) {
 /// All shards of a checkpoint and which shard holds each tensor.
 pub struct Checkpoint {
     shards: Vec<Shard>,
+    /// By the name `Qwen3ForCausalLM` gives the tensor (`model.layers.0...`).
     location: HashMap<String, usize>,
+    /// The files name tensors as a bare `Qwen3Model` does, without the `model.` prefix
+    /// (Qwen3-Embedding, saved by sentence-transformers): `location` adds it.
+    bare: bool,
+}
+
+/// Whether the tensor names are a bare `Qwen3Model`'s: its embedding table without `model.`.
+fn is_bare(names: &HashMap<String, usize>) -> bool {
+    names.contains_key("embed_tokens.weight") && !names.contains_key("model.embed_tokens.weight")
+}
+
+/// `location` keyed by `Qwen3ForCausalLM`'s names, and whether the files use a bare model's.
+fn canonical(location: HashMap<String, usize>) -> (HashMap<String, usize>, bool) {
+    if !is_bare(&location) {
+        return (location, false);
+    }
+    let renamed = location
+        .into_iter()
+        .map(|(name, i)| (format!("model.{name}"), i))
+        .collect();
+    (renamed, true)
 }
 
 impl Checkpoint {
@@ -140,9 +161,11 @@ impl Checkpoint {
             .into_keys()
             .map(|name| (name, 0))
             .collect();
+        let (location, bare) = canonical(location);
         Ok(Checkpoint {
             shards: vec![shard],
             location,
+            bare,
         })
     }
 
@@ -191,7 +214,12 @@ impl Checkpoint {
             }
             location.insert(tensor.clone(), i);
         }
-        Ok(Checkpoint { shards, location })
+        let (location, bare) = canonical(location);
+        Ok(Checkpoint {
+            shards,
+            location,
+            bare,
+        })
     }
 
     /// Names of every tensor in the checkpoint.
@@ -218,9 +246,14 @@ impl Checkpoint {
             bail!("tensor {name} is missing from the checkpoint");
         };
         let shard = &self.shards[i];
+        // The name in the files.
+        let stored = match self.bare {
+            true => name.strip_prefix("model.").unwrap_or(name),
+            false => name,
+        };
         let info = shard
             .metadata
-            .info(name)
+            .info(stored)
             .with_context(|| format!("{}: tensor {name} vanished", shard.path.display()))?;
         let dtype = match info.dtype {
             Dtype::F32 => SourceDType::F32,

@@ -35,6 +35,7 @@ pub fn load_config(hf_dir: &Path) -> Result<ModelConfig> {
     let path = hf_dir.join("config.json");
     let json = read_json(&path)?;
     let mut config = parse_config(&json).with_context(|| format!("{}", path.display()))?;
+    config.embedding = super::sentence_transformers::embedding_config(hf_dir)?;
     let gen_path = hf_dir.join("generation_config.json");
     if gen_path.exists() {
         let g = read_json(&gen_path)?;
@@ -247,6 +248,7 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         qk_norm,
         rope_scaling,
         moe,
+        embedding: None,
     })
 }
 

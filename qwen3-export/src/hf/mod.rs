@@ -3,4 +3,5 @@
 pub mod chat_template;
 pub mod checkpoint;
 pub mod config;
+pub mod sentence_transformers;
 pub mod tokenizer_json;

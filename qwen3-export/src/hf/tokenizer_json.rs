@@ -595,6 +595,14 @@ mod tests {
             export_tokenizer(&dir, &out, vocab).unwrap();
             let tok = Tokenizer::open(&out).unwrap();
             for c in reference["cases"].as_array().unwrap() {
+                // An embedding model's reference: texts and HF's ids of them (the appended
+                // <|endoftext|> included).
+                if let Some(text) = c["text"].as_str() {
+                    let want = ids_of(&c["ids"]);
+                    assert_eq!(tok.encode_with_special_tokens(text), want, "{text:?}");
+                    checked += 1;
+                    continue;
+                }
                 let ids = ids_of(&c["greedy_ids"]);
                 let want = c["greedy_text"].as_str().unwrap();
                 assert_eq!(tok.decode(&ids, false).unwrap(), want, "{}", dir.display());

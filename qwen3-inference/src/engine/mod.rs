@@ -86,6 +86,8 @@ pub enum Event {
         id: RequestId,
         logprobs: Vec<TokenLogprobs>,
     },
+    /// An embedding model's vector of the prompt (see [`Engine::embeds`]), before `Finished`.
+    Embedding { id: RequestId, vector: Vec<f32> },
     /// The next token of the answer, with its log-probabilities if the request asked for them.
     Token {
         id: RequestId,
@@ -319,6 +321,12 @@ impl<'m, B: Backend> Engine<'m, B> {
                 "token id {bad} is outside the vocabulary (size {vocab})"
             )));
         }
+        if self.embeds() && req.max_tokens > 0 {
+            return Err(Rejected::Invalid(
+                "this is an embedding model: it gives a prompt's vector and generates no text"
+                    .into(),
+            ));
+        }
         if let Err(e) = req.sampler.validate() {
             return Err(Rejected::Invalid(e.to_string()));
         }
@@ -339,6 +347,13 @@ impl<'m, B: Backend> Engine<'m, B> {
         self.next_id += 1;
         self.waiting.push_back((id, req));
         Ok(id)
+    }
+
+    /// Whether the model is an embedding model: each request's prompt runs and its vector comes
+    /// back as [`Event::Embedding`] (the final norm's output at the last prompt token, unit
+    /// length if the model says so); nothing is generated (`max_tokens` must be 0).
+    pub fn embeds(&self) -> bool {
+        self.fwd.model().config.embedding.is_some()
     }
 
     /// Sequences that ran in the last step (its batch size; 0 when it had nothing to do).
@@ -584,7 +599,8 @@ impl<'m, B: Backend> Engine<'m, B> {
     /// Step 4, after a successful pass: the fed tokens are cached; each row of logits gives its
     /// sequence's next token.
     fn sample(&mut self, k: usize, events: &mut Vec<Event>) {
-        let vocab = self.fwd.vocab();
+        let vocab = self.fwd.out_width();
+        let embedding = self.fwd.model().config.embedding;
         let ctx = self.fwd.context_len();
         let logits = match self.fwd.logits(k) {
             Ok(l) => l,
@@ -608,6 +624,11 @@ impl<'m, B: Backend> Engine<'m, B> {
             let l = &logits[row * vocab..(row + 1) * vocab];
             row += 1;
             job.prefill.get_or_insert_with(|| job.start.elapsed());
+            if let Some(e) = embedding {
+                // Last-token pooling: this row is the last prompt token's.
+                let vector = pooled(l, e.normalize);
+                events.push(Event::Embedding { id: job.id, vector });
+            }
             let generated = job.tokens.len() - job.prompt_len;
             let stop = if generated >= job.max_tokens {
                 Some(StopReason::MaxTokens)
@@ -706,6 +727,17 @@ fn prepare_masks(slots: &mut [Slot], plan: &[Segment]) {
             c.prepare();
         }
     }
+}
+
+/// An embedding model's vector from its last token's output row: as it is, or divided by its
+/// length (sentence-transformers' `Normalize`: `x / max(|x|, 1e-12)`, as torch's `F.normalize`).
+fn pooled(row: &[f32], normalize: bool) -> Vec<f32> {
+    if !normalize {
+        return row.to_vec();
+    }
+    let norm = row.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+    let scale = 1.0 / norm.max(1e-12);
+    row.iter().map(|&x| (x as f64 * scale) as f32).collect()
 }
 
 /// The first index of the largest value.

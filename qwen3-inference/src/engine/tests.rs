@@ -78,7 +78,7 @@ fn drain<B: crate::backend::Backend>(e: &mut Engine<B>) -> HashMap<RequestId, (V
                 Event::Finished { id, .. } | Event::Failed { id, .. } => {
                     out.entry(id).or_default().1 = ev
                 }
-                Event::Started { .. } | Event::PromptLogprobs { .. } => {}
+                Event::Started { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => {}
             }
         }
     }

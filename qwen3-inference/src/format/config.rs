@@ -55,6 +55,19 @@ pub struct ModelConfig {
     /// Qwen3-MoE: which layers route each token to a few of many experts, and how. `None` for
     /// dense models. Since format version 5.
     pub moe: Option<MoeConfig>,
+    /// An embedding model (Qwen3-Embedding): no classifier; a text's vector is the final norm's
+    /// output at its last token. `None` for a language model. Since format version 6.
+    pub embedding: Option<EmbeddingConfig>,
+}
+
+/// How an embedding model pools and scales its vector, as sentence-transformers' files say
+/// (modules.json, 1_Pooling/config.json). Qwen3-Embedding pools the last token (the
+/// `<|endoftext|>` its tokenizer appends), the only pooling this runtime implements; the
+/// exporter refuses the others by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbeddingConfig {
+    /// sentence-transformers' `Normalize` module follows the pooling: vectors have length 1.
+    pub normalize: bool,
 }
 
 /// RoPE's frequency scaling: config.json's `rope_scaling` (hub) or `rope_parameters`
@@ -123,10 +136,12 @@ pub const ARCHITECTURES: [&str; 3] = [
 const NONE_U32: u32 = u32::MAX;
 
 impl ModelConfig {
-    /// The oldest format version whose config block holds this config: 5 for RoPE scaling or
-    /// experts, else [`super::OLDEST_WRITTEN_VERSION`].
+    /// The oldest format version whose config block holds this config: 6 for an embedding
+    /// model, 5 for RoPE scaling or experts, else [`super::OLDEST_WRITTEN_VERSION`].
     pub fn since_version(&self) -> u32 {
-        if self.rope_scaling != RopeScaling::None || self.moe.is_some() {
+        if self.embedding.is_some() {
+            6
+        } else if self.rope_scaling != RopeScaling::None || self.moe.is_some() {
             5
         } else {
             super::OLDEST_WRITTEN_VERSION
@@ -389,6 +404,17 @@ impl ModelConfig {
                 }
             }
         }
+        if version < 6 {
+            return;
+        }
+        // Since format version 6: the embedding head (a presence flag, then `normalize`).
+        match &self.embedding {
+            None => w.u8(0),
+            Some(e) => {
+                w.u8(1);
+                w.u8(e.normalize as u8);
+            }
+        }
     }
 
     /// Reads a config block written by [`ModelConfig::encode`] in format `version` and validates
@@ -485,6 +511,12 @@ impl ModelConfig {
                 });
             }
         }
+        let mut embedding = None;
+        if version >= 6 && flag(r, "embedding")? {
+            embedding = Some(EmbeddingConfig {
+                normalize: flag(r, "embedding normalize")?,
+            });
+        }
         let c = ModelConfig {
             architecture,
             hidden_size,
@@ -507,6 +539,7 @@ impl ModelConfig {
             qk_norm,
             rope_scaling,
             moe,
+            embedding,
         };
         c.validate()?;
         Ok(c)
@@ -550,6 +583,7 @@ pub(crate) mod tests {
             qk_norm: true,
             rope_scaling: RopeScaling::None,
             moe: None,
+            embedding: None,
         }
     }
 

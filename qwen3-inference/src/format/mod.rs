@@ -24,7 +24,9 @@ pub mod mapped;
 pub mod reader;
 pub mod writer;
 
-pub use config::{GenerationDefaults, ModelConfig, MoeConfig, RopeScaling, ARCHITECTURES};
+pub use config::{
+    EmbeddingConfig, GenerationDefaults, ModelConfig, MoeConfig, RopeScaling, ARCHITECTURES,
+};
 pub use reader::{ModelFile, TensorView};
 pub use writer::ModelWriter;
 
@@ -38,11 +40,12 @@ pub const MAGIC: [u8; 8] = *b"QW3PICO\0";
 /// Version 2 added two flags to the config block (`attention_bias`, `qk_norm`) for the Qwen2
 /// family; a version 1 file is a Qwen3 model (no biases, q/k norms), and loads as one. Version 3
 /// added the q4 dtype (code 3), version 4 the q6 dtype (code 4) for the tensors a q4 file keeps
-/// finer. Version 5 added two blocks to the config: RoPE scaling (YaRN) and experts (Qwen3-MoE).
+/// finer. Version 5 added two blocks to the config: RoPE scaling (YaRN) and experts (Qwen3-MoE);
+/// version 6 one more, the embedding head (Qwen3-Embedding: no classifier).
 /// A file is written with the oldest version that holds its tensors ([`version_for`]) and its
 /// config ([`ModelConfig::since_version`]), so a build from before q4 still reads a q8 file
 /// exported today.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 /// The version every file is written with at least: the config block has held its flags since
 /// version 2.
 pub const OLDEST_WRITTEN_VERSION: u32 = 2;
@@ -280,7 +283,8 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
         }
     }
     t.push(n("model.norm.weight".into(), d));
-    if !c.tie_word_embeddings {
+    // An embedding model has no classifier, tied or not.
+    if !c.tie_word_embeddings && c.embedding.is_none() {
         t.push(m("lm_head.weight".into(), vec![v, d]));
     }
     t

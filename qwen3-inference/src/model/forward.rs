@@ -42,6 +42,8 @@ pub(super) struct Dims {
     pub nkv: usize,
     pub head_dim: usize,
     pub vocab: usize,
+    /// The width of an output row: `vocab` logits, or an embedding model's `d` values.
+    pub out: usize,
     pub eps: f32,
     /// Qwen3-MoE: num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob
     /// (zeros and false for dense models).
@@ -162,6 +164,10 @@ impl<'m, B: Backend> Forward<'m, B> {
             nkv: c.num_key_value_heads as usize,
             head_dim: c.head_dim as usize,
             vocab: c.vocab_size as usize,
+            out: match c.embedding {
+                Some(_) => c.hidden_size as usize,
+                None => c.vocab_size as usize,
+            },
             eps: c.rms_norm_eps as f32,
             experts: c.moe.as_ref().map_or(0, |m| m.num_experts as usize),
             top_k: c.moe.as_ref().map_or(0, |m| m.num_experts_per_tok as usize),
@@ -177,7 +183,7 @@ impl<'m, B: Backend> Forward<'m, B> {
             nh,
             nkv,
             head_dim: hd,
-            vocab,
+            out,
             experts,
             moe_ff,
             ..
@@ -233,7 +239,7 @@ impl<'m, B: Backend> Forward<'m, B> {
                 expert_out: b.alloc(if experts > 0 { n * d } else { 1 })?,
                 moe_out: b.alloc(if experts > 0 { n * d } else { 1 })?,
                 last: b.alloc(max_logits * d)?,
-                logits: b.alloc(max_logits * vocab)?,
+                logits: b.alloc(max_logits * out)?,
             },
             logits_host: Vec::new(),
             router_host: Vec::new(),
@@ -295,9 +301,15 @@ impl<'m, B: Backend> Forward<'m, B> {
         log
     }
 
-    /// Vocabulary size: the width of a row of logits.
+    /// Vocabulary size: token ids are below it.
     pub fn vocab(&self) -> usize {
         self.dims.vocab
+    }
+
+    /// The width of a row of the step's output: the vocabulary's logits, or for an embedding
+    /// model the final norm's output (`hidden_size`).
+    pub fn out_width(&self) -> usize {
+        self.dims.out
     }
 
     /// Runs one step: `tokens` are the rows, `segments` say whose they are, in order (their
@@ -336,7 +348,7 @@ impl<'m, B: Backend> Forward<'m, B> {
 
     /// The first `k` rows of logits of the last step, `[k, vocab]`, on the host.
     pub fn logits(&mut self, k: usize) -> Result<&[f32]> {
-        let n = k.min(self.max_logits) * self.dims.vocab;
+        let n = k.min(self.max_logits) * self.dims.out;
         self.backend.read(&self.s.logits, n, &mut self.logits_host)
     }
 
@@ -402,7 +414,7 @@ impl<'m, B: Backend> Forward<'m, B> {
         all_logits: Option<&mut B::Buf>,
     ) -> Result<()> {
         let (b, model) = (self.backend, self.model);
-        let Dims { d, vocab, eps, .. } = self.dims;
+        let Dims { d, out, eps, .. } = self.dims;
         let t = tokens.len();
 
         // 1. Token embedding: row `token` of embed_tokens for each token.   x: [t, hidden]
@@ -416,11 +428,15 @@ impl<'m, B: Backend> Forward<'m, B> {
         // 3. Final RMSNorm and the classifier: logits = norm(x) @ lm_head^T.   [k, vocab]
         //    The classifier is the largest matrix of a small model (Qwen3-0.6B: 151936 x 1024),
         //    so it runs only for the rows whose next token is sampled: each segment's last row.
+        //    An embedding model has no classifier: its output is norm(x) itself.   [k, hidden]
         let s = &mut self.s;
         match all_logits {
             Some(all) => {
                 b.rmsnorm(&mut s.xb, &s.x, &model.norm, t, d, eps)?;
-                b.matmul(all, &model.lm_head, &s.xb, t, vocab, d)?;
+                match &model.lm_head {
+                    Some(head) => b.matmul(all, head, &s.xb, t, out, d)?,
+                    None => b.copy(all, 0, &s.xb, 0, t * d)?,
+                }
             }
             None => {
                 let (mut end, mut k) = (0, 0);
@@ -433,7 +449,10 @@ impl<'m, B: Backend> Forward<'m, B> {
                 }
                 if k > 0 {
                     b.rmsnorm(&mut s.xb, &s.last, &model.norm, k, d, eps)?;
-                    b.matmul(&mut s.logits, &model.lm_head, &s.xb, k, vocab, d)?;
+                    match &model.lm_head {
+                        Some(head) => b.matmul(&mut s.logits, head, &s.xb, k, out, d)?,
+                        None => b.copy(&mut s.logits, 0, &s.xb, 0, k * d)?,
+                    }
                 }
             }
         }

@@ -34,8 +34,9 @@ pub struct Model<'a, T = TensorView<'a>> {
     /// `model.norm.weight`: `[hidden]`, the final RMSNorm.
     pub norm: T,
     /// `lm_head.weight`: `[vocab, hidden]`. With `tie_word_embeddings` (Qwen3-0.6B) this is the
-    /// embedding table itself, read a second time as the classifier.
-    pub lm_head: T,
+    /// embedding table itself, read a second time as the classifier. `None` for an embedding
+    /// model (Qwen3-Embedding is a bare `Qwen3Model`: its output is the final norm's).
+    pub lm_head: Option<T>,
 }
 
 /// `Qwen3DecoderLayer`: pre-norm attention and pre-norm MLP, each with a residual connection.
@@ -195,17 +196,17 @@ impl<'a, T> Model<'a, T> {
         }
         // Tied: the classifier is the embedding table, looked up a second time (a view or a
         // device range, not a copy).
-        let lm_head = if config.tie_word_embeddings {
-            "model.embed_tokens.weight"
-        } else {
-            "lm_head.weight"
+        let lm_head = match (&config.embedding, config.tie_word_embeddings) {
+            (Some(_), _) => None,
+            (None, true) => Some(get("model.embed_tokens.weight")?),
+            (None, false) => Some(get("lm_head.weight")?),
         };
         Ok(Model {
             config,
             embed_tokens: get("model.embed_tokens.weight")?,
             layers,
             norm: get("model.norm.weight")?,
-            lm_head: get(lm_head)?,
+            lm_head,
         })
     }
 

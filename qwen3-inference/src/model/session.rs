@@ -128,7 +128,7 @@ impl<'m, B: Backend> Session<'m, B> {
     /// (allocated per call: for tests and evaluation, not the generation loop).
     pub fn forward_all_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         self.check(tokens)?;
-        let vocab = self.fwd.vocab();
+        let vocab = self.fwd.out_width();
         let b = self.fwd.backend();
         let mut chunk_logits = b.alloc(self.batch * vocab)?;
         let mut staging = Vec::new();

@@ -35,6 +35,7 @@ pub fn config(dtype: DType) -> ModelConfig {
         qk_norm: true,
         rope_scaling: crate::format::RopeScaling::None,
         moe: None,
+        embedding: None,
     }
 }
 

@@ -115,6 +115,7 @@ impl Server {
             grammars: Grammars::new(c.vocab_size as usize),
             cors,
             body_timeout: std::time::Duration::from_secs(60),
+            embeds: c.embedding.is_some(),
             info: ModelInfo::of(&file, model),
         };
         let cfg = EngineConfig {
