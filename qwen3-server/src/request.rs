@@ -358,7 +358,10 @@ pub(crate) fn params(
             Some(Value::Array(a)) if a.is_empty() => {}
             Some(Value::Object(o)) if o.is_empty() => {}
             Some(Value::String(t)) if t.is_empty() => {}
-            Some(Value::Number(n)) if name == "best_of" && n.as_f64() == Some(1.0) => {}
+            // best_of = n: the n samples are the best n of n.
+            Some(Value::Number(b))
+                if name == "best_of"
+                    && b.as_f64() == Some(v.get("n").and_then(Value::as_f64).unwrap_or(1.0)) => {}
             Some(_) => {
                 return Err(ApiError::invalid(
                     name.to_string(),
@@ -618,21 +621,24 @@ fn completion_prompt(v: &Value, tok: &Tokenizer) -> Result<Vec<Vec<u32>>, ApiErr
         Texts(Vec<String>),
         IdLists(Vec<Vec<u32>>),
     }
-    #[derive(Deserialize)]
-    struct Body {
-        prompt: Option<Value>,
-    }
-    let body: Body = typed(v)?;
-    let p = body
-        .prompt
-        .ok_or_else(|| ApiError::invalid("prompt".to_string(), "prompt is required"))?;
+    let p = match v.get("prompt") {
+        None => {
+            return Err(ApiError::invalid(
+                "prompt".to_string(),
+                "prompt is required",
+            ))
+        }
+        // The spec's default: generate as from the start of a new document.
+        Some(Value::Null) => Value::String(String::new()),
+        Some(p) => p.clone(),
+    };
     let bad = || {
         ApiError::invalid(
             "prompt".to_string(),
-            "prompt must be a string, a list of token ids, or a list of either",
+            "prompt must be a string, a list of token ids (integers from 0), or a list of either",
         )
     };
-    let prompts = match serde_json::from_value::<Prompt>(p).map_err(|_| bad())? {
+    let mut prompts = match serde_json::from_value::<Prompt>(p).map_err(|_| bad())? {
         Prompt::Text(t) => vec![tok.encode_with_special_tokens(&t)],
         Prompt::Ids(ids) => vec![ids],
         Prompt::Texts(t) => t
@@ -647,16 +653,24 @@ fn completion_prompt(v: &Value, tok: &Tokenizer) -> Result<Vec<Vec<u32>>, ApiErr
             "the list of prompts is empty",
         ));
     }
-    if let Some(i) = prompts.iter().position(Vec::is_empty) {
-        let which = if prompts.len() == 1 {
-            "the prompt".to_string()
-        } else {
-            format!("prompt {i}")
-        };
-        return Err(ApiError::invalid(
-            "prompt".to_string(),
-            format!("{which} is empty: give at least one token"),
-        ));
+    // An empty prompt is OpenAI's `<|endoftext|>` (its default prompt, the document separator
+    // of GPT's and Qwen's tokenizers): the model starts a new document.
+    for (i, ids) in prompts.iter_mut().enumerate() {
+        if ids.is_empty() {
+            let Some(start) = tok.token_id("<|endoftext|>") else {
+                let which = match i {
+                    0 => "the prompt".to_string(),
+                    i => format!("prompt {i}"),
+                };
+                return Err(ApiError::invalid(
+                    "prompt".to_string(),
+                    format!(
+                        "{which} is empty and this tokenizer has no <|endoftext|> to start from"
+                    ),
+                ));
+            };
+            ids.push(start);
+        }
     }
     Ok(prompts)
 }
@@ -801,6 +815,7 @@ mod tests {
         p(json!({"logit_bias": {}, "suffix": "", "best_of": 1, "echo": false})).unwrap();
         let e = p(json!({"best_of": 2})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("best_of"));
+        p(json!({"best_of": 2, "n": 2})).unwrap();
         // Integers written as numbers with no fraction.
         let ok = p(json!({"max_tokens": 4.0, "n": 2.0, "seed": 3.0, "top_k": 5.0})).unwrap();
         assert_eq!((ok.max_tokens, ok.n, ok.sampler.seed), (Some(4), 2, 3));

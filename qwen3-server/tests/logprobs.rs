@@ -307,10 +307,9 @@ fn a_list_of_prompts_gets_n_choices_each() {
     let r = server.post("/v1/completions", &json!({"prompt": ids, "max_tokens": 2}));
     assert_eq!(r.json()["choices"].as_array().unwrap().len(), 2);
     for (body, what) in [
-        (json!({"prompt": [], "max_tokens": 2}), "empty"),
         (
-            json!({"prompt": [[1], []], "max_tokens": 2}),
-            "prompt 1 is empty",
+            json!({"prompt": [[-1]], "max_tokens": 2}),
+            "integers from 0",
         ),
         (json!({"prompt": vec!["a"; 65], "n": 2}), "at most 128"),
         (json!({"prompt": "a", "max_tokens": 0}), "only with echo"),
@@ -323,6 +322,15 @@ fn a_list_of_prompts_gets_n_choices_each() {
             "{}",
             r.body
         );
+    }
+    // An empty or null prompt starts a new document (`<|endoftext|>`, the spec's default).
+    for p in [json!(null), json!(""), json!([]), json!([[1], []])] {
+        let body = json!({"prompt": p, "max_tokens": 1, "echo": true, "logprobs": 0});
+        let r = server.post("/v1/completions", &body);
+        assert_eq!(r.status, 200, "{p}: {}", r.body);
+        let v = r.json();
+        let last = v["choices"].as_array().unwrap().last().unwrap();
+        assert_eq!(last["logprobs"]["tokens"][0], "<|endoftext|>", "{p}");
     }
     let r = server.post(
         "/v1/chat/completions",

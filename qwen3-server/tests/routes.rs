@@ -174,7 +174,7 @@ fn bad_input_gets_4xx_error_objects() {
         None,
     );
     check(400, c, br#"{"max_tokens": 4}"#, Some("prompt"), None);
-    check(400, c, br#"{"prompt": ""}"#, Some("prompt"), None);
+    check(400, c, br#"{"prompt": [[-1]]}"#, Some("prompt"), None);
     check(
         400,
         c,
