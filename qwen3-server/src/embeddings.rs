@@ -120,8 +120,15 @@ fn parse(body: &[u8], s: &AppState) -> Result<EmbeddingRequest, ApiError> {
     })
 }
 
-/// `POST /v1/embeddings`.
-pub async fn embeddings(s: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
+/// A request's vectors (truncated to its `dimensions`), its token count, and its format.
+pub(crate) struct Embedded {
+    pub(crate) vectors: Vec<Vec<f32>>,
+    pub(crate) prompt_tokens: usize,
+    base64: bool,
+}
+
+/// Checks an OpenAI-shaped `body` and embeds its inputs (Ollama's `/api/embed` comes here too).
+pub(crate) async fn compute(s: &Arc<AppState>, body: &[u8]) -> Result<Embedded, ApiError> {
     let start = Instant::now();
     if !s.embeds {
         return Err(ApiError::invalid(
@@ -132,17 +139,29 @@ pub async fn embeddings(s: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
             ),
         ));
     }
-    let req = parse(body, &s)?;
-    let n_prompt: usize = req.inputs.iter().map(Vec::len).sum();
-    let mut vectors = embed(&s, req.inputs, start).await?;
-    let data: Vec<Value> = vectors
-        .iter_mut()
+    let req = parse(body, s)?;
+    let prompt_tokens: usize = req.inputs.iter().map(Vec::len).sum();
+    let mut vectors = embed(s, req.inputs, start).await?;
+    if let Some(n) = req.dimensions {
+        vectors.iter_mut().for_each(|v| truncate(v, n));
+    }
+    Ok(Embedded {
+        vectors,
+        prompt_tokens,
+        base64: req.base64,
+    })
+}
+
+/// `POST /v1/embeddings`.
+pub async fn embeddings(s: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
+    let e = compute(&s, body).await?;
+    let n_prompt = e.prompt_tokens;
+    let data: Vec<Value> = e
+        .vectors
+        .iter()
         .enumerate()
         .map(|(i, v)| {
-            if let Some(n) = req.dimensions {
-                truncate(v, n);
-            }
-            let embedding = match req.base64 {
+            let embedding = match e.base64 {
                 true => Value::String(to_base64(v)),
                 false => json!(v),
             };

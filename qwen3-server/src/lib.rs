@@ -112,6 +112,7 @@ pub fn router_with(state: Arc<AppState>, log: bool) -> Router {
         .route("/api/show", post(ollama::show))
         .route("/api/chat", post(ollama::chat))
         .route("/api/generate", post(ollama::generate))
+        .route("/api/embed", post(ollama::embed))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::wrong_method)
         .layer(DefaultBodyLimit::max(MAX_BODY))

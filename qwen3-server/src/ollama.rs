@@ -174,14 +174,16 @@ pub async fn show(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
     }
     let i = &s.info;
     let a = &i.family;
-    let mut capabilities = vec!["completion"];
-    if s.template
-        .as_ref()
-        .is_some_and(|t| t.file().chat_template.contains("tools"))
+    // An embedding model embeds and does nothing else.
+    let mut capabilities = vec![if s.embeds { "embedding" } else { "completion" }];
+    if !s.embeds
+        && s.template
+            .as_ref()
+            .is_some_and(|t| t.file().chat_template.contains("tools"))
     {
         capabilities.push("tools");
     }
-    if s.thinking_template {
+    if !s.embeds && s.thinking_template {
         capabilities.push("thinking");
     }
     Json(json!({
@@ -351,6 +353,42 @@ pub async fn chat(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
     };
     let (job, params) = req.into_job(&s, Instant::now());
     answer(s, job, params, stream_flag(&v), Kind::Chat).await
+}
+
+/// `POST /api/embed`: `input` (a string or a list of them) embedded, as `/v1/embeddings` does
+/// (`dimensions` too); Ollama's answer: `embeddings` (one list per input), `prompt_eval_count`,
+/// durations in nanoseconds. `truncate` is not honoured: an input longer than the context is
+/// refused, as `truncate: false` refuses it.
+pub async fn embed(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+    let start = std::time::Instant::now();
+    let v = match body_json(&body) {
+        Ok(v) => v,
+        Err(r) => return r.into_response(),
+    };
+    if let Err(r) = check_model(&s, &v) {
+        return r.into_response();
+    }
+    let mut openai = json!({"input": v.get("input").cloned().unwrap_or(Value::Null)});
+    if let Some(d) = v.get("dimensions") {
+        openai["dimensions"] = d.clone();
+    }
+    let e = match crate::embeddings::compute(&s, openai.to_string().as_bytes()).await {
+        Ok(e) => e,
+        Err(e) => return e.ollama(),
+    };
+    let mut r = Json(json!({
+        "model": s.model_name,
+        "embeddings": e.vectors,
+        "total_duration": start.elapsed().as_nanos() as u64,
+        "load_duration": 0,
+        "prompt_eval_count": e.prompt_tokens,
+    }))
+    .into_response();
+    r.extensions_mut().insert(LogTokens {
+        prompt: e.prompt_tokens,
+        completion: 0,
+    });
+    r
 }
 
 /// `POST /api/generate`: a prompt completed through the chat template (with `system`), or as

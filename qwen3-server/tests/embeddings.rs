@@ -2,7 +2,8 @@
 //! tests/common), on an f32 export of `fixtures/models/tiny-qwen3-embedding`: a tiny random
 //! Qwen3-Embedding in the hub's layout (a bare `Qwen3Model`, a tokenizer that appends
 //! `<|endoftext|>`, sentence-transformers' pooling files), whose reference.json holds
-//! `SentenceTransformer(...).encode` of its texts (scripts/make_embedding_fixture.py).
+//! `SentenceTransformer(...).encode` of its texts (scripts/make_embedding_fixture.py). Ollama's
+//! `/api/embed` gives the same vectors.
 
 mod common;
 
@@ -96,6 +97,21 @@ fn embeddings_equal_sentence_transformers() {
         .map(|c| c["ids"].as_array().unwrap().len())
         .sum();
     assert_eq!(r["usage"]["prompt_tokens"], total);
+    // Ollama's /api/embed: the same vectors; /api/show says what the model can do.
+    let name = m.file_stem().unwrap().to_str().unwrap();
+    let o = s.post("/api/embed", &json!({"model": name, "input": texts}));
+    assert_eq!(o.status, 200, "{}", o.body);
+    let o = o.json();
+    let got: Vec<Vec<f64>> = o["embeddings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(floats)
+        .collect();
+    assert_eq!(got, together);
+    assert_eq!(o["prompt_eval_count"], total);
+    let show = s.post("/api/show", &json!({"model": name})).json();
+    assert_eq!(show["capabilities"], json!(["embedding"]));
     let ids: Vec<&Value> = cases.iter().map(|c| &c["ids"]).collect();
     assert_eq!(
         vectors(&s.post("/v1/embeddings", &json!({"input": ids})).json()),
