@@ -5,8 +5,8 @@ mod hub;
 
 use clap::{Parser, Subcommand};
 use commands::{
-    args, batch, bench, chat_template, detokenize, export, inference, info, models, perplexity,
-    serve, tokenize,
+    args, batch, bench, chat_template, detokenize, embed, export, inference, info, models,
+    perplexity, serve, tokenize,
 };
 
 /// Run HuggingFace Qwen3 models from a compact INT8 file, on the CPU.
@@ -39,6 +39,8 @@ enum Command {
     ChatTemplate(chat_template::ChatTemplateArgs),
     /// Measure prefill and decode speed against this machine's memory bandwidth.
     Bench(bench::BenchArgs),
+    /// An embedding model's vectors of texts, one JSON line each.
+    Embed(embed::EmbedArgs),
     /// Score a text: perplexity, and with --base the KL divergence from a higher-precision file.
     Perplexity(perplexity::PerplexityArgs),
     /// Serve the model over an OpenAI-compatible HTTP API, batching concurrent requests.
@@ -117,6 +119,9 @@ fn main() {
         Command::Bench(mut a) => by_name(&mut a.model).and_then(|()| bench::run(a)),
         Command::Perplexity(mut a) => {
             by_name(&mut a.model).and_then(|()| on_worker_thread(a.threads, || perplexity::run(a)))
+        }
+        Command::Embed(mut a) => {
+            by_name(&mut a.model).and_then(|()| on_worker_thread(a.threads, || embed::run(a)))
         }
         Command::Serve(a) => serve::run(a),
         Command::Batch(a) => batch::run(a),

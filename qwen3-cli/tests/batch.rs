@@ -45,7 +45,7 @@ fn input_lines() -> Vec<String> {
     );
     lines.push("{not json".to_string());
     lines.push(
-        json!({"custom_id": "u1", "method": "POST", "url": "/v1/embeddings", "body": {}})
+        json!({"custom_id": "u1", "method": "POST", "url": "/v1/images/generations", "body": {}})
             .to_string(),
     );
     lines.push(lines[0].clone()); // c0 again
@@ -227,4 +227,59 @@ fn bad_arguments_are_one_line_errors() {
     ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/in.jsonl: cannot read"));
+}
+
+/// `/v1/embeddings` lines on an embedding model (the Qwen3-Embedding-shaped fixture): each
+/// result holds sentence-transformers' vector of its text (1e-4).
+#[test]
+fn a_batch_of_embeddings() {
+    use qwen3_inference::format::DType;
+    let dir = qwen3_test_support::tempdir("pq-batch", "embed");
+    let model = qwen3_test_support::export_fixture("tiny-qwen3-embedding", &dir, DType::F32, 0);
+    let refr: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            qwen3_test_support::fixture("tiny-qwen3-embedding").join("reference.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let cases = refr["cases"].as_array().unwrap();
+    let lines: Vec<String> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            json!({"custom_id": format!("e{i}"), "method": "POST", "url": "/v1/embeddings",
+                   "body": {"input": c["text"]}})
+            .to_string()
+        })
+        .collect();
+    let input = dir.join("in.jsonl");
+    let output = dir.join("out.jsonl");
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let o = qwen3(&[
+        "batch",
+        model.to_str().unwrap(),
+        input.to_str().unwrap(),
+        "-o",
+        output.to_str().unwrap(),
+        "--threads",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = results(&output);
+    assert_eq!(out.len(), cases.len());
+    for r in out {
+        let i: usize = r["custom_id"].as_str().unwrap()[1..].parse().unwrap();
+        let body = &r["response"]["body"];
+        assert_eq!(r["response"]["status_code"], 200, "{body}");
+        let got = body["data"][0]["embedding"].as_array().unwrap();
+        let want = cases[i]["embedding"].as_array().unwrap();
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                (g.as_f64().unwrap() - w.as_f64().unwrap()).abs() < 1e-4,
+                "e{i}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

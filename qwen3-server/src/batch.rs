@@ -2,7 +2,8 @@
 //! `qwen3 serve`, without a network (for evaluations and data generation).
 //!
 //! Input and output follow OpenAI's Batch API. Each input line is
-//! `{"custom_id": ..., "method": "POST", "url": "/v1/chat/completions" | "/v1/completions",
+//! `{"custom_id": ..., "method": "POST", "url": "/v1/chat/completions" | "/v1/completions" |
+//! "/v1/embeddings",
 //! "body": {...}}`; each output line is
 //! `{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error": null}`, or
 //! `"response": null, "error": {"code", "message"}` for a line that is not a valid request.
@@ -90,12 +91,12 @@ fn parse_line(no: usize, text: &str) -> Line {
         }
     }
     let url = match v.get("url").and_then(Value::as_str) {
-        Some(u @ ("/v1/chat/completions" | "/v1/completions")) => u.to_string(),
+        Some(u @ ("/v1/chat/completions" | "/v1/completions" | "/v1/embeddings")) => u.to_string(),
         _ => {
             return invalid(
                 id,
                 format!(
-                    "url must be \"/v1/chat/completions\" or \"/v1/completions\", got {}",
+                    "url must be \"/v1/chat/completions\", \"/v1/completions\" or \"/v1/embeddings\", got {}",
                     got("url")
                 ),
             )
@@ -380,7 +381,7 @@ mod tests {
         )
         .contains("method must be \"POST\", got \"GET\""));
         assert!(bad(
-            r#"{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {}}"#
+            r#"{"custom_id": "a", "method": "POST", "url": "/v1/images/generations", "body": {}}"#
         )
         .contains("url must be"));
         assert!(bad(

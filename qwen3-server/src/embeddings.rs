@@ -255,7 +255,7 @@ pub async fn embed(
 }
 
 /// OpenAI's `dimensions`: the first `n` values, scaled back to length 1.
-fn truncate(v: &mut Vec<f32>, n: usize) {
+pub fn truncate(v: &mut Vec<f32>, n: usize) {
     v.truncate(n);
     let norm = v.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
     let scale = 1.0 / norm.max(1e-12);

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod chat;
 pub mod chat_template;
 pub mod detokenize;
+pub mod embed;
 pub mod export;
 pub mod generate;
 pub mod inference;

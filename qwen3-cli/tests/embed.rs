@@ -1,0 +1,97 @@
+//! `qwen3 embed` through the binary on the Qwen3-Embedding-shaped fixture: sentence-transformers'
+//! vectors (1e-4) for texts given with `-i` or as lines on stdin, `--dimensions`, and clear
+//! errors for a generation model or a dimension out of range.
+
+use qwen3_inference::format::DType;
+use qwen3_test_support::{export_fixture, fixture, tempdir};
+use serde_json::Value;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+fn reference() -> Value {
+    let p = fixture("tiny-qwen3-embedding").join("reference.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn lines(out: &[u8]) -> Vec<Vec<f64>> {
+    String::from_utf8_lossy(out)
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            assert_eq!(v["index"], i);
+            v["embedding"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn embed_gives_sentence_transformers_vectors() {
+    let dir = tempdir("pq-embed-cli", "st");
+    let m = export_fixture("tiny-qwen3-embedding", &dir, DType::F32, 0);
+    let refr = reference();
+    let cases = refr["cases"].as_array().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_qwen3"));
+    cmd.args(["embed", m.to_str().unwrap(), "--threads", "1"]);
+    for c in cases {
+        cmd.args(["-i", c["text"].as_str().unwrap()]);
+    }
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got = lines(&o.stdout);
+    assert_eq!(got.len(), cases.len());
+    for (g, c) in got.iter().zip(cases) {
+        let want = c["embedding"].as_array().unwrap();
+        for (x, w) in g.iter().zip(want) {
+            assert!((x - w.as_f64().unwrap()).abs() < 1e-4, "{}", c["text"]);
+        }
+    }
+    // The same texts as lines on stdin, cut to 8 dimensions.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args(["embed", m.to_str().unwrap(), "--dimensions", "8"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let text: Vec<&str> = cases.iter().map(|c| c["text"].as_str().unwrap()).collect();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all((text.join("\n") + "\n").as_bytes())
+        .unwrap();
+    drop(stdin);
+    let o = child.wait_with_output().unwrap();
+    let cut = lines(&o.stdout);
+    for (c, full) in cut.iter().zip(&got) {
+        let norm = full[..8].iter().map(|x| x * x).sum::<f64>().sqrt();
+        for (x, f) in c.iter().zip(&full[..8]) {
+            assert!((x - f / norm).abs() < 1e-6);
+        }
+    }
+    // Clear errors.
+    let run = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let e = run(&[
+        "embed",
+        m.to_str().unwrap(),
+        "-i",
+        "x",
+        "--dimensions",
+        "65",
+    ]);
+    assert!(e.contains("--dimensions must be in 1 ..= 64"), "{e}");
+    let g = export_fixture("tiny-f32-tied-gqa2", &dir, DType::F32, 0);
+    let e = run(&["embed", g.to_str().unwrap(), "-i", "x"]);
+    assert!(e.contains("not an embedding model"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
