@@ -7,14 +7,18 @@
 Starts the server on a free loopback port, then checks with the client: listing, showing and
 `ps`, a chat answer whole and streamed (the same text), a generate, options (num_predict,
 temperature, seed), `think`, `format` with a JSON Schema, and that an unknown model raises the
-client's ResponseError with 404. Prints one line per check and exits non-zero on the first
-failure. Without the `ollama` package it says so and exits 0.
+client's ResponseError with 404. With --embedding-model (an export of
+fixtures/models/tiny-qwen3-embedding) a second server checks `embed`: the vectors of
+sentence-transformers (its reference.json, 1e-4) and the one capability `embedding`. Prints one
+line per check and exits non-zero on the first failure. Without the `ollama` package it says so
+and exits 0.
 """
 
 import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 try:
     import ollama
@@ -37,19 +41,38 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--qwen3", default="target/release/qwen3")
     ap.add_argument("--model", default="models/tiny.bin")
+    ap.add_argument("--embedding-model", help="an export of fixtures/models/tiny-qwen3-embedding")
     args = ap.parse_args()
+    with_server(args.qwen3, args.model, run)
+    if args.embedding_model:
+        with_server(args.qwen3, args.embedding_model, run_embed)
+    print(f"ollama-client: {len(PASSED)} passed, 0 failed")
+
+
+def with_server(qwen3, model, checks):
     server = subprocess.Popen(
-        [args.qwen3, "serve", args.model, "--port", "0", "--model-name", "tiny"],
+        [qwen3, "serve", model, "--port", "0", "--model-name", "tiny"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = server.stdout.readline()
         url = line.split(" on ")[1].split(" ")[0]
         print(f"server: {line.strip()}")
-        run(ollama.Client(host=url))
+        checks(ollama.Client(host=url))
     finally:
         server.terminate()
         server.wait(timeout=30)
-    print(f"ollama-client: {len(PASSED)} passed, 0 failed")
+
+
+def run_embed(client):
+    ref_path = Path(__file__).resolve().parent.parent / "fixtures/models/tiny-qwen3-embedding/reference.json"
+    cases = json.loads(ref_path.read_text())["cases"]
+    r = client.embed(model="tiny", input=[c["text"] for c in cases])
+    close = all(len(got) == len(c["embedding"]) and max(abs(a - b) for a, b in zip(got, c["embedding"])) < 1e-4
+                for got, c in zip(r.embeddings, cases))
+    check("embed gives sentence-transformers' vectors", len(r.embeddings) == len(cases) and close)
+    check("embed counts the prompt tokens",
+          r.prompt_eval_count == sum(len(c["ids"]) for c in cases))
+    check("show says an embedding model embeds", client.show("tiny").capabilities == ["embedding"])
 
 
 def run(client):
