@@ -6,7 +6,7 @@ mod hub;
 use clap::{Parser, Subcommand};
 use commands::{
     args, batch, bench, chat_template, detokenize, embed, export, inference, info, models,
-    perplexity, serve, tokenize,
+    perplexity, rerank, serve, tokenize,
 };
 
 /// Run HuggingFace Qwen3 models from a compact INT8 file, on the CPU.
@@ -41,6 +41,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// An embedding model's vectors of texts, one JSON line each.
     Embed(embed::EmbedArgs),
+    /// Documents scored against a query by a Qwen3-Reranker, most relevant first.
+    Rerank(rerank::RerankArgs),
     /// Score a text: perplexity, and with --base the KL divergence from a higher-precision file.
     Perplexity(perplexity::PerplexityArgs),
     /// Serve the model over an OpenAI-compatible HTTP API, batching concurrent requests.
@@ -122,6 +124,9 @@ fn main() {
         }
         Command::Embed(mut a) => {
             by_name(&mut a.model).and_then(|()| on_worker_thread(a.threads, || embed::run(a)))
+        }
+        Command::Rerank(mut a) => {
+            by_name(&mut a.model).and_then(|()| on_worker_thread(a.threads, || rerank::run(a)))
         }
         Command::Serve(a) => serve::run(a),
         Command::Batch(a) => batch::run(a),

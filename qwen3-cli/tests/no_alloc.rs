@@ -99,6 +99,7 @@ fn decode_and_count() {
                     logprobs: None,
                     constraint: None,
                     prompt_logprobs: None,
+                    last_logits: false,
                 };
                 let (mut seen, mut at_start) = (0, 0);
                 generate(&mut engine, request, |_| {

@@ -374,6 +374,7 @@ fn our_greedy(model: &Model, case: &Case, kv: KvType) -> Vec<u32> {
         logprobs: None,
         constraint: None,
         prompt_logprobs: None,
+        last_logits: false,
     };
     let mut out = vec![];
     generate(&mut e, request, |t| {

@@ -80,6 +80,7 @@ fn check_fixture(name: &str) {
             logprobs: None,
             constraint: None,
             prompt_logprobs: None,
+            last_logits: false,
         };
         generate(&mut g, request, |id| {
             ids.push(id);

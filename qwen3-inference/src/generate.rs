@@ -111,6 +111,7 @@ mod tests {
             logprobs: None,
             constraint: None,
             prompt_logprobs: None,
+            last_logits: false,
         }
     }
 

@@ -163,7 +163,10 @@ impl Choices {
                 self.record(choice, d);
             }
             Update::Failed { error, .. } => return Err(error),
-            Update::Queued { .. } | Update::Rejected(_) | Update::Embedding { .. } => {}
+            Update::Queued { .. }
+            | Update::Rejected(_)
+            | Update::Embedding { .. }
+            | Update::Logits { .. } => {}
         }
         Ok(())
     }

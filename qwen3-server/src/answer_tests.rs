@@ -45,6 +45,7 @@ fn state() -> Arc<AppState> {
         ui: false,
         grammars: crate::state::Grammars::new(151_936),
         body_timeout: std::time::Duration::from_secs(60),
+        reranker: None,
         embeds: false,
         cors: vec![],
         info: Default::default(),

@@ -141,7 +141,7 @@ pub(crate) async fn compute(s: &Arc<AppState>, body: &[u8]) -> Result<Embedded, 
     }
     let req = parse(body, s)?;
     let prompt_tokens: usize = req.inputs.iter().map(Vec::len).sum();
-    let mut vectors = embed(s, req.inputs, start).await?;
+    let mut vectors = last_rows(s, req.inputs, false, "/v1/embeddings", start).await?;
     if let Some(n) = req.dimensions {
         vectors.iter_mut().for_each(|v| truncate(v, n));
     }
@@ -182,10 +182,14 @@ pub async fn embeddings(s: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
     Ok(r)
 }
 
-/// Runs `inputs` through the engine, one request each; their vectors in input order.
-pub async fn embed(
+/// Runs `inputs` through the engine, one request each with nothing to generate, and returns
+/// each one's last row in input order: an embedding model's vector, or with `logits` a language
+/// model's logits at the last position (a reranker's, rerank.rs). `path`: the route, for the log.
+pub(crate) async fn last_rows(
     s: &Arc<AppState>,
     inputs: Vec<Vec<u32>>,
+    logits: bool,
+    path: &'static str,
     start: Instant,
 ) -> Result<Vec<Vec<f32>>, ApiError> {
     let n = inputs.len();
@@ -200,6 +204,7 @@ pub async fn embed(
             logprobs: None,
             constraint: None,
             prompt_logprobs: None,
+            last_logits: logits,
         })
         .collect();
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -215,7 +220,7 @@ pub async fn embed(
     // Logs the request as 499 if the client hangs up while it runs.
     let mut left = LeftEarly {
         state: s.clone(),
-        path: "/v1/embeddings",
+        path,
         prompt: n_prompt,
         completion: 0,
         start,
@@ -234,7 +239,16 @@ pub async fn embed(
                 left.armed = false;
                 return Err(ApiError::invalid("input".to_string(), why));
             }
-            Some(Update::Embedding { choice, vector }) => vectors[choice] = Some(vector),
+            Some(
+                Update::Embedding {
+                    choice,
+                    vector: row,
+                }
+                | Update::Logits {
+                    choice,
+                    logits: row,
+                },
+            ) => vectors[choice] = Some(row),
             Some(Update::Finished { .. }) => done += 1,
             Some(Update::Failed { error, .. }) => {
                 left.armed = false;
@@ -250,7 +264,7 @@ pub async fn embed(
     left.armed = false;
     vectors
         .into_iter()
-        .map(|v| v.ok_or_else(|| ApiError::internal("an input ended without its vector")))
+        .map(|v| v.ok_or_else(|| ApiError::internal("an input ended without its last row")))
         .collect()
 }
 

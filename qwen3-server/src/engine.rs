@@ -120,6 +120,7 @@ pub(crate) async fn queue(s: &Arc<AppState>, job: &Job, p: &Params) -> Result<Qu
             logprobs: job.logprobs,
             constraint: job.constraint.clone(),
             prompt_logprobs: if job.echo { job.logprobs } else { None },
+            last_logits: false,
         })
         .collect();
     let (tx, mut rx) = mpsc::unbounded_channel();

@@ -15,6 +15,7 @@
 //! - [`structured`]: `response_format` and tool calls as the grammar the answer must match;
 //! - [`ollama`]: Ollama's API, translated to the requests above and its answers back;
 //! - [`embeddings`]: `/v1/embeddings`, an embedding model's vectors;
+//! - [`rerank`]: `/v1/rerank`, documents scored against a query by Qwen3-Reranker's recipe;
 //! - [`engine`]: the handle on the engine: a job's token budget, queued on the worker, its
 //!   updates gathered or streamed;
 //! - [`answer`]: the updates shaped into OpenAI's answer, whole or as server-sent events;
@@ -69,6 +70,8 @@ pub mod listen;
 
 pub mod embeddings;
 
+pub mod rerank;
+
 use anyhow::{bail, Context, Result};
 use axum::extract::DefaultBodyLimit;
 use axum::http::HeaderValue;
@@ -105,6 +108,8 @@ pub fn router_with(state: Arc<AppState>, log: bool) -> Router {
         .route("/v1/completions", post(routes::completions))
         .route("/v1/chat/completions", post(routes::chat_completions))
         .route("/v1/embeddings", post(routes::embeddings))
+        .route("/v1/rerank", post(routes::rerank))
+        .route("/rerank", post(routes::rerank))
         // Ollama's API (ollama.rs).
         .route("/api/version", get(ollama::version))
         .route("/api/tags", get(ollama::tags))

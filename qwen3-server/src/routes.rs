@@ -93,6 +93,14 @@ pub async fn embeddings(
     crate::embeddings::embeddings(s, &body(b)?).await
 }
 
+/// `POST /v1/rerank` and `/rerank`: documents scored against a query (`--rerank`).
+pub async fn rerank(
+    State(s): State<Arc<AppState>>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    crate::rerank::rerank(s, &body(b)?).await
+}
+
 /// Middleware: a POST's whole body is read here, within `--body-timeout` (else 408) and up to
 /// [`crate::MAX_BODY`] bytes (else 413), so that no handler waits on a client that promised more
 /// than it sends; the handlers then get it at once.

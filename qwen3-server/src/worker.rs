@@ -50,6 +50,8 @@ pub enum Update {
         choice: usize,
         logprobs: Vec<TokenLogprobs>,
     },
+    /// The logits at the prompt's last position (`/v1/rerank`).
+    Logits { choice: usize, logits: Vec<f32> },
     /// An embedding model's vector of the input (`/v1/embeddings`).
     Embedding { choice: usize, vector: Vec<f32> },
     /// The next token, with its log-probabilities if the request asked for them.
@@ -138,6 +140,7 @@ pub fn run<B: Backend>(mut engine: Engine<B>, commands: Receiver<Command>, metri
                 Event::Started { id, .. }
                 | Event::PromptLogprobs { id, .. }
                 | Event::Embedding { id, .. }
+                | Event::Logits { id, .. }
                 | Event::Token { id, .. } => (*id, false),
                 Event::Finished { id, .. } | Event::Failed { id, .. } => (*id, true),
             };
@@ -151,6 +154,7 @@ pub fn run<B: Backend>(mut engine: Engine<B>, commands: Receiver<Command>, metri
                     Update::PromptLogprobs { choice, logprobs }
                 }
                 Event::Embedding { vector, .. } => Update::Embedding { choice, vector },
+                Event::Logits { logits, .. } => Update::Logits { choice, logits },
                 Event::Token {
                     token, logprobs, ..
                 } => Update::Token {

@@ -503,6 +503,7 @@ impl<B: Backend> Chat<'_, '_, B> {
             logprobs: None,
             constraint: None,
             prompt_logprobs: None,
+            last_logits: false,
         };
         // Ctrl-C is checked after each step of the engine: each token, and each chunk of a long
         // prompt's prefill.

@@ -98,6 +98,7 @@ pub fn run(args: EmbedArgs) -> Result<()> {
             logprobs: None,
             constraint: None,
             prompt_logprobs: None,
+            last_logits: false,
         };
         ids.push(
             engine

@@ -129,6 +129,7 @@ pub fn generate_text<B: Backend>(
         logprobs: args.logprobs,
         constraint,
         prompt_logprobs: None,
+        last_logits: false,
     };
     let stats = generate_until(
         &mut engine,

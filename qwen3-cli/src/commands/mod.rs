@@ -16,6 +16,7 @@ pub mod info;
 pub mod input;
 pub mod models;
 pub mod perplexity;
+pub mod rerank;
 pub mod serve;
 pub mod terminal;
 pub mod tokenize;

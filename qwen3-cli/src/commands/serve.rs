@@ -47,6 +47,10 @@ pub struct ServeArgs {
     /// the model.
     #[arg(long, value_name = "ORIGIN")]
     pub cors: Vec<String>,
+    /// Serve `/v1/rerank` with Qwen3-Reranker's recipe (the model must be a Qwen3-Reranker, or
+    /// a Qwen3 model asked the same yes-or-no question).
+    #[arg(long)]
+    pub rerank: bool,
     /// Connections held at once; a new one beyond them gets a 503 and is closed.
     #[arg(long, default_value_t = 512)]
     pub max_connections: usize,
@@ -109,6 +113,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let (mut state, commands, worker) = prepare(args.engine, api_key)?;
     state.ui = !args.no_ui;
     state.cors = args.cors;
+    if args.rerank {
+        if state.embeds {
+            bail!("--rerank needs a language model (Qwen3-Reranker), not an embedding model");
+        }
+        state.reranker = Some(qwen3_server::rerank::Reranker::new(state.tokenizer)?);
+    }
     let seconds = |name: &str, s: f64| {
         if s.is_finite() && s > 0.0 && s <= 86_400.0 {
             Ok(Duration::from_secs_f64(s))
@@ -212,6 +222,7 @@ pub fn prepare(
         grammars: Grammars::new(c.vocab_size as usize),
         cors: vec![],
         body_timeout: Duration::from_secs(60),
+        reranker: None,
         embeds: c.embedding.is_some(),
         info: ModelInfo::of(&file, &args.model),
     };

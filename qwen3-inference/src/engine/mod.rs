@@ -72,6 +72,9 @@ pub struct Request {
     /// the position before it) with this many alternatives, as [`Event::PromptLogprobs`];
     /// `None`: nothing computed. The prompt then runs whole (see the module's comment).
     pub prompt_logprobs: Option<usize>,
+    /// Report the raw logits of the last prompt position as [`Event::Logits`] (a reranker reads
+    /// two of them); with `max_tokens: 0` that is all the request does.
+    pub last_logits: bool,
 }
 
 /// What happened to a request in a step.
@@ -86,6 +89,9 @@ pub enum Event {
         id: RequestId,
         logprobs: Vec<TokenLogprobs>,
     },
+    /// The logits at the last prompt position, when the request asked for them
+    /// (`Request::last_logits`), before its first token.
+    Logits { id: RequestId, logits: Vec<f32> },
     /// An embedding model's vector of the prompt (see [`Engine::embeds`]), before `Finished`.
     Embedding { id: RequestId, vector: Vec<f32> },
     /// The next token of the answer, with its log-probabilities if the request asked for them.
@@ -157,6 +163,8 @@ struct Job {
     stop_ids: Vec<u32>,
     logprobs: Option<usize>,
     constraint: Option<Constraint>,
+    /// `Request::last_logits`.
+    last_logits: bool,
     /// The prompt's log-probabilities while they are being computed: alternatives per token,
     /// and the entries so far (`None` when not asked for, or once sent).
     scoring: Option<(usize, Vec<TokenLogprobs>)>,
@@ -484,6 +492,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 logprobs: req.logprobs,
                 constraint: req.constraint,
                 scoring: req.prompt_logprobs.map(|top| (top, Vec::new())),
+                last_logits: req.last_logits,
                 cached: reuse,
                 start: Instant::now(),
                 prefill: None,
@@ -628,6 +637,9 @@ impl<'m, B: Backend> Engine<'m, B> {
                 // Last-token pooling: this row is the last prompt token's.
                 let vector = pooled(l, e.normalize);
                 events.push(Event::Embedding { id: job.id, vector });
+            } else if job.last_logits && job.tokens.len() == job.prompt_len {
+                let logits = l.to_vec();
+                events.push(Event::Logits { id: job.id, logits });
             }
             let generated = job.tokens.len() - job.prompt_len;
             let stop = if generated >= job.max_tokens {

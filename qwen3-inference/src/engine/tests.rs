@@ -60,6 +60,7 @@ fn request(prompt: &[u32], sampler: SamplerConfig) -> Request {
         logprobs: None,
         constraint: None,
         prompt_logprobs: None,
+        last_logits: false,
     }
 }
 
@@ -78,7 +79,10 @@ fn drain<B: crate::backend::Backend>(e: &mut Engine<B>) -> HashMap<RequestId, (V
                 Event::Finished { id, .. } | Event::Failed { id, .. } => {
                     out.entry(id).or_default().1 = ev
                 }
-                Event::Started { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => {}
+                Event::Started { .. }
+                | Event::PromptLogprobs { .. }
+                | Event::Embedding { .. }
+                | Event::Logits { .. } => {}
             }
         }
     }

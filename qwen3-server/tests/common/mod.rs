@@ -45,7 +45,8 @@ pub struct Server {
 
 impl Server {
     /// The server `qwen3 serve <model> <args>` would run. `args`: the few flags these tests give
-    /// (`--context`, `--parallel`, `--model-name`, `--api-key`), as the CLI reads them.
+    /// (`--context`, `--parallel`, `--model-name`, `--api-key`, `--cors`, `--rerank`), as the CLI
+    /// reads them.
     pub fn start(model: &Path, args: &[&str]) -> Server {
         Server::start_env(model, args, &[])
     }
@@ -58,8 +59,13 @@ impl Server {
             .iter()
             .find(|(k, _)| *k == "QWEN3_API_KEY")
             .map(|(_, v)| v.to_string());
+        let mut rerank = false;
         let mut flags = args.iter();
         while let Some(flag) = flags.next() {
+            if *flag == "--rerank" {
+                rerank = true;
+                continue;
+            }
             let value = flags.next().expect("every flag here takes a value");
             match *flag {
                 "--context" => context = Some(value.parse().unwrap()),
@@ -91,6 +97,7 @@ impl Server {
                 chat_stop_ids.push(id);
             }
         }
+        let reranker = rerank.then(|| qwen3_server::rerank::Reranker::new(&tokenizer).unwrap());
         let (commands, rx) = std::sync::mpsc::channel();
         let metrics = Arc::new(Metrics::default());
         let state = AppState {
@@ -115,6 +122,7 @@ impl Server {
             grammars: Grammars::new(c.vocab_size as usize),
             cors,
             body_timeout: std::time::Duration::from_secs(60),
+            reranker,
             embeds: c.embedding.is_some(),
             info: ModelInfo::of(&file, model),
         };

@@ -1,6 +1,8 @@
-//! `qwen3 embed` through the binary on the Qwen3-Embedding-shaped fixture: sentence-transformers'
-//! vectors (1e-4) for texts given with `-i` or as lines on stdin, `--dimensions`, and clear
-//! errors for a generation model or a dimension out of range.
+//! Retrieval from the terminal, through the binary: `qwen3 embed` on the Qwen3-Embedding-shaped
+//! fixture (sentence-transformers' vectors, 1e-4, for texts given with `-i` or as lines on stdin;
+//! `--dimensions`; clear errors for a generation model or a dimension out of range), and
+//! `qwen3 rerank` on the full-vocabulary fixture (transformers' scores of Qwen3-Reranker's
+//! recipe, 1e-4, most relevant first).
 
 use qwen3_inference::format::DType;
 use qwen3_test_support::{export_fixture, fixture, tempdir};
@@ -93,5 +95,42 @@ fn embed_gives_sentence_transformers_vectors() {
     let g = export_fixture("tiny-f32-tied-gqa2", &dir, DType::F32, 0);
     let e = run(&["embed", g.to_str().unwrap(), "-i", "x"]);
     assert!(e.contains("not an embedding model"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn rerank_gives_transformers_scores() {
+    let dir = tempdir("pq-rerank-cli", "scores");
+    let m = export_fixture("tiny-qwen3-fullvocab", &dir, DType::F32, 0);
+    let p = fixture("tiny-qwen3-fullvocab").join("rerank.json");
+    let refr: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    for case in refr["cases"].as_array().unwrap() {
+        let want = case["results"].as_array().unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_qwen3"));
+        cmd.args(["rerank", m.to_str().unwrap(), "--threads", "1"]);
+        cmd.args(["-q", case["query"].as_str().unwrap()]);
+        if let Some(i) = case["instruction"].as_str() {
+            cmd.args(["--instruction", i]);
+        }
+        for w in want {
+            cmd.arg(w["document"].as_str().unwrap());
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let mut last = f64::INFINITY;
+        let out = String::from_utf8(o.stdout).unwrap();
+        for line in out.lines() {
+            let v: Value = serde_json::from_str(line).unwrap();
+            let i = v["index"].as_u64().unwrap() as usize;
+            let score = v["relevance_score"].as_f64().unwrap();
+            assert!(
+                (score - want[i]["score"].as_f64().unwrap()).abs() < 1e-4,
+                "{line}"
+            );
+            assert!(score <= last);
+            last = score;
+        }
+        assert_eq!(out.lines().count(), want.len());
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,0 +1,119 @@
+//! `qwen3 rerank`: documents scored against a query by Qwen3-Reranker's recipe, as
+//! `/v1/rerank` scores them (`qwen3_server::rerank`: the recipe's prompt around each pair, the
+//! probability of "yes" against "no"), most relevant first, one JSON line each.
+
+use super::args::DEFAULT_CONTEXT_CAP;
+use super::tokenize::open_tokenizer;
+use anyhow::{bail, Result};
+use clap::Args;
+use qwen3_inference::backend::{KvType, CPU};
+use qwen3_inference::engine::{Engine, EngineConfig, Event, Request};
+use qwen3_inference::format::ModelFile;
+use qwen3_inference::model::{Forward, Model, MAX_BATCH};
+use qwen3_inference::sampler::SamplerConfig;
+use qwen3_server::rerank::{Reranker, DEFAULT_INSTRUCTION};
+use serde_json::json;
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct RerankArgs {
+    /// Reranker model file written by `qwen3 export` (a Qwen3-Reranker checkpoint), or its
+    /// repository id.
+    pub model: PathBuf,
+    /// The query.
+    #[arg(short = 'q', long)]
+    pub query: String,
+    /// The documents to score.
+    #[arg(required = true)]
+    pub documents: Vec<String>,
+    /// The task, in the recipe's `<Instruct>` (default: the model card's web-search one).
+    #[arg(long)]
+    pub instruction: Option<String>,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// Pairs scored at once (each a sequence of the engine).
+const SLOTS: usize = 8;
+
+pub fn run(args: RerankArgs) -> Result<()> {
+    let file = ModelFile::open(&args.model)?;
+    let c = file.config();
+    if c.embedding.is_some() {
+        bail!(
+            "{}: an embedding model; reranking needs a Qwen3-Reranker (a language model)",
+            args.model.display()
+        );
+    }
+    let tok = open_tokenizer(&args.model)?;
+    let reranker = Reranker::new(&tok)?;
+    let instruction = args.instruction.as_deref().unwrap_or(DEFAULT_INSTRUCTION);
+    let context = (c.max_context() as usize).min(DEFAULT_CONTEXT_CAP);
+    let model = Model::load(&file)?;
+    let fwd = Forward::new(CPU, &model, context, MAX_BATCH, SLOTS, KvType::F32)?;
+    let cfg = EngineConfig {
+        slots: SLOTS,
+        max_queue: args.documents.len(),
+        prefill_chunk: MAX_BATCH,
+    };
+    let mut engine = Engine::new(fwd, cfg)?;
+    let mut ids = Vec::new();
+    for (i, doc) in args.documents.iter().enumerate() {
+        let prompt = reranker.pair(&tok, instruction, &args.query, doc);
+        if prompt.len() > context {
+            bail!(
+                "document {i} with the query is {} tokens; the context holds {context}",
+                prompt.len()
+            );
+        }
+        let req = Request {
+            prompt,
+            max_tokens: 0,
+            sampler: SamplerConfig::greedy(),
+            stop_ids: vec![],
+            logprobs: None,
+            constraint: None,
+            prompt_logprobs: None,
+            last_logits: true,
+        };
+        ids.push(
+            engine
+                .submit(req)
+                .map_err(|e| anyhow::anyhow!("document {i}: {e}"))?,
+        );
+    }
+    let mut scores = vec![None; ids.len()];
+    let mut events = Vec::new();
+    while !engine.is_idle() {
+        engine.step(&mut events);
+        for ev in events.drain(..) {
+            match ev {
+                Event::Logits { id, logits } => {
+                    let i = ids
+                        .iter()
+                        .position(|&x| x == id)
+                        .expect("a request of ours");
+                    scores[i] = Some(reranker.score(&logits));
+                }
+                Event::Failed { error, .. } => bail!("{error}"),
+                _ => {}
+            }
+        }
+    }
+    let mut ranked = Vec::with_capacity(scores.len());
+    for (i, s) in scores.into_iter().enumerate() {
+        let Some(s) = s else {
+            bail!("document {i} ended without its score");
+        };
+        ranked.push((i, s));
+    }
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut out = std::io::stdout().lock();
+    for (i, s) in ranked {
+        let line = json!({"index": i, "relevance_score": s, "document": args.documents[i]});
+        writeln!(out, "{line}")?;
+    }
+    Ok(())
+}
