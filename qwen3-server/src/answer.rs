@@ -399,14 +399,7 @@ pub(crate) fn stream(
         let mut failed = None;
         let path = route(meta.kind);
         // Logs the request as 499 if the client leaves (a `return` below) before the end.
-        let mut left = LeftEarly {
-            state: s.clone(),
-            path,
-            prompt: n_prompt,
-            completion: 0,
-            start: started,
-            armed: true,
-        };
+        let mut left = LeftEarly::new(&s, path, n_prompt, started);
         while !choices.all_done() {
             // A client that leaves while its request waits for a slot (no tokens to send yet)
             // ends it here, before it runs.

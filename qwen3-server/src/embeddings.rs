@@ -218,14 +218,7 @@ pub(crate) async fn last_rows(
         return Err(ApiError::internal("the model worker has stopped"));
     }
     // Logs the request as 499 if the client hangs up while it runs.
-    let mut left = LeftEarly {
-        state: s.clone(),
-        path,
-        prompt: n_prompt,
-        completion: 0,
-        start,
-        armed: true,
-    };
+    let mut left = LeftEarly::new(s, path, n_prompt, start);
     let mut vectors: Vec<Option<Vec<f32>>> = vec![None; n];
     let mut done = 0;
     while done < n {

@@ -41,14 +41,7 @@ pub(crate) async fn run(s: Arc<AppState>, job: Job, p: Params) -> Result<Respons
     } else {
         let mut choices = choices;
         // Logs the request as 499 if the client hangs up (this future is then dropped).
-        let mut left = LeftEarly {
-            state: s.clone(),
-            path: route(job.kind),
-            prompt: n_prompt,
-            completion: 0,
-            start: job.start,
-            armed: true,
-        };
+        let mut left = LeftEarly::new(&s, route(job.kind), n_prompt, job.start);
         while !choices.all_done() {
             let Some(u) = rx.recv().await else {
                 left.armed = false;

@@ -91,6 +91,25 @@ pub(crate) struct LeftEarly {
     pub(crate) armed: bool,
 }
 
+impl LeftEarly {
+    /// Armed, for a request to `path` with `prompt` tokens that arrived at `start`.
+    pub(crate) fn new(
+        state: &std::sync::Arc<crate::state::AppState>,
+        path: &'static str,
+        prompt: usize,
+        start: Instant,
+    ) -> LeftEarly {
+        LeftEarly {
+            state: state.clone(),
+            path,
+            prompt,
+            completion: 0,
+            start,
+            armed: true,
+        }
+    }
+}
+
 impl Drop for LeftEarly {
     fn drop(&mut self) {
         if self.armed {

@@ -566,14 +566,7 @@ async fn answer(
         prompt: n_prompt,
         completion: 0,
     };
-    let mut left = LeftEarly {
-        state: s.clone(),
-        path,
-        prompt: n_prompt,
-        completion: 0,
-        start: job.start,
-        armed: true,
-    };
+    let mut left = LeftEarly::new(&s, path, n_prompt, job.start);
     if !stream {
         while !choices.all_done() {
             let Some(u) = rx.recv().await else {

@@ -208,6 +208,10 @@ pub struct Engine<'m, B: Backend> {
     plan: Vec<Segment>,
     /// A constrained row's logits, masked (the pass's own logits are read-only).
     masked: Vec<f32>,
+    /// Step 2's scratch: the slots with a request, oldest request first, and the rows each
+    /// takes this step.
+    order: Vec<usize>,
+    take: Vec<usize>,
     /// Logits of every position of a prompt being scored, `[SCORE_ROWS, vocab]`, allocated by
     /// the first request that asks, and the host copy where the backend's buffers are not.
     scores: Option<B::Buf>,
@@ -253,6 +257,8 @@ impl<'m, B: Backend> Engine<'m, B> {
             rows: Vec::with_capacity(MAX_BATCH),
             plan: Vec::with_capacity(cfg.slots),
             masked: Vec::new(),
+            order: Vec::with_capacity(cfg.slots),
+            take: Vec::with_capacity(cfg.slots),
             scores: None,
             scores_host: Vec::new(),
         })
@@ -564,8 +570,9 @@ impl<'m, B: Backend> Engine<'m, B> {
         }
     }
 
-    /// Step 2, the step's rows: one for each decoding sequence, then prompt chunks in slot
-    /// order, up to the budget. `plan` gets a segment per slot that runs, in slot order.
+    /// Step 2, the step's rows: one for each decoding sequence, then prompt chunks, the oldest
+    /// request's first, up to the budget. `plan` gets a segment per slot that runs, in slot
+    /// order.
     fn plan_rows(&mut self) {
         self.rows.clear();
         self.plan.clear();
@@ -580,19 +587,38 @@ impl<'m, B: Backend> Engine<'m, B> {
         } else {
             self.fwd.max_batch()
         };
-        for (i, slot) in self.slots.iter().enumerate() {
-            let Some(job) = &slot.job else { continue };
-            if job.scoring.is_some() {
-                continue; // its prompt is still being scored (step 1b)
-            }
-            let todo = &job.tokens[slot.cached.len()..];
-            let n = if todo.len() == 1 {
+        // The budget goes to the prompts in the order their requests came (ids grow), not in
+        // slot order: a request admitted into a low slot that just freed must not overtake one
+        // that has been reading its prompt longer, which could otherwise wait forever under a
+        // steady stream of new requests.
+        self.take.clear();
+        self.take.resize(self.slots.len(), 0);
+        self.order.clear();
+        self.order.extend((0..self.slots.len()).filter(|&i| {
+            self.slots[i]
+                .job
+                .as_ref()
+                .is_some_and(|j| j.scoring.is_none()) // a prompt being scored waits (step 1b)
+        }));
+        let slots = &self.slots;
+        self.order
+            .sort_unstable_by_key(|&i| slots[i].job.as_ref().map_or(0, |j| j.id));
+        for &i in &self.order {
+            let todo = pending(&self.slots[i]);
+            self.take[i] = if todo == 1 {
                 1
             } else {
-                let n = todo.len().min(budget);
+                let n = todo.min(budget);
                 budget -= n;
                 n
             };
+        }
+        // The segments in slot order.
+        for (i, slot) in self.slots.iter().enumerate() {
+            let (Some(job), n) = (&slot.job, self.take[i]) else {
+                continue;
+            };
+            let todo = &job.tokens[slot.cached.len()..];
             if n > 0 {
                 self.rows.extend_from_slice(&todo[..n]);
                 self.plan.push(Segment {

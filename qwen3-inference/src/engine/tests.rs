@@ -599,3 +599,44 @@ fn prompt_logprobs_equal_the_session_logits() {
         }
     }
 }
+
+/// Prompt rows go to the oldest request first, not to the lowest slot: a request admitted into
+/// a slot that just freed does not overtake one still reading its prompt (which a steady stream
+/// of new requests could otherwise delay forever).
+#[test]
+fn prompts_are_read_oldest_first() {
+    let (_d, f) = model_file("fifo", DType::F32);
+    let model = Model::load(&f).unwrap();
+    let mut e = engine(&model, 2, 64);
+    let budget = e.forward().max_batch();
+    let long = |seed: u32| -> Vec<u32> {
+        (0..budget as u32 - 4)
+            .map(|j| 1 + (j * 7 + seed) % 39)
+            .collect()
+    };
+    // How many of `prompt`'s tokens its slot holds.
+    let read = |e: &Engine<CpuBackend>, prompt: &[u32]| -> usize {
+        (0..2)
+            .map(|i| e.slot_tokens(i))
+            .find(|t| !t.is_empty() && prompt.starts_with(t))
+            .map_or(0, |t| t.len())
+    };
+    let (a, b, c) = (long(1), long(2), long(3));
+    // A fills the first step's budget but for 4 rows, which B takes.
+    let mut ra = request(&a, SamplerConfig::greedy());
+    ra.max_tokens = 1;
+    e.submit(ra).unwrap();
+    e.submit(request(&b, SamplerConfig::greedy())).unwrap();
+    let mut events = Vec::new();
+    e.step(&mut events);
+    assert_eq!((read(&e, &a), read(&e, &b)), (budget - 4, 4));
+    // A's answer is its one token: its slot frees, and C takes it.
+    while e.running() == 2 {
+        e.step(&mut events);
+    }
+    e.submit(request(&c, SamplerConfig::greedy())).unwrap();
+    e.step(&mut events);
+    // B, older, read the rest of its prompt in this step; C got what was left.
+    assert_eq!(read(&e, &b), budget - 4, "B waited behind C");
+    assert_eq!(read(&e, &c), 8);
+}
