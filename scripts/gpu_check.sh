@@ -53,6 +53,8 @@ for f in fixtures/models/*/; do
     mkdir -p "$dir/fixtures/models/$f"
     # logprobs.json is the CLI's logprobs test's, not read here
     find "fixtures/models/$f" -maxdepth 1 -type f ! -name logprobs.json -exec cp {} "$dir/fixtures/models/$f/" \;
+    # sentence-transformers' pooling config, in a folder of its own (the embedding fixture)
+    if [ -d "fixtures/models/$f/1_Pooling" ]; then cp -r "fixtures/models/$f/1_Pooling" "$dir/fixtures/models/$f/"; fi
 done
 cp fixtures/README.md "$dir/fixtures/"  # the fixtures' provenance and the tokenizer's licence
 cp scripts/make_bench_model.py scripts/gpu_check/greedy.py scripts/gpu_check/run.sh "$dir/"

@@ -5,7 +5,8 @@ Part of the GPU check kit (scripts/gpu_check.sh): run by run.sh on the GPU machi
 
     python3 greedy.py QWEN3_BINARY FIXTURES_DIR WORK_DIR [--device cuda]
 
-Each fixture checkpoint with a reference.json is exported as f32 with the carried qwen3; each of
+Each language-model fixture with a reference.json of greedy tokens (not the embedding model's,
+whose reference is vectors) is exported as f32 with the carried qwen3; each of
 its prompts (the reference's token ids) is completed greedily with `qwen3 generate --prompt-ids
 ... -t 0 --json`, once on the CPU and once on the GPU, for as many tokens as transformers decoded.
 The GPU's tokens must equal the CPU's, all of them (both stop at the same EOS, if either does);
@@ -48,6 +49,9 @@ def main() -> int:
         return 1
     for name in names:
         ref = json.loads((fixtures / name / "reference.json").read_text())
+        if not all("greedy_ids" in c for c in ref["cases"]):
+            print(f"SKIP {name}: an embedding model (its reference is vectors, not greedy tokens)")
+            continue
         model = work / f"{name}-f32.bin"
         exp = subprocess.run([qwen3, "export", str(fixtures / name), str(model), "--dtype", "f32"],
                              capture_output=True, text=True, timeout=300)
