@@ -22,7 +22,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine as _;
 use qwen3_inference::engine::{Rejected, Request};
-use qwen3_inference::sampler::SamplerConfig;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -196,16 +195,7 @@ pub(crate) async fn last_rows(
     let n_prompt = inputs.iter().map(Vec::len).sum();
     let requests = inputs
         .into_iter()
-        .map(|prompt| Request {
-            prompt,
-            max_tokens: 0,
-            sampler: SamplerConfig::greedy(),
-            stop_ids: vec![],
-            logprobs: None,
-            constraint: None,
-            prompt_logprobs: None,
-            last_logits: logits,
-        })
+        .map(|prompt| Request::prefill_only(prompt, logits))
         .collect();
     let (tx, mut rx) = mpsc::unbounded_channel();
     if s.commands

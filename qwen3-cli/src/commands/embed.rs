@@ -13,11 +13,10 @@ use super::input::read_text;
 use super::tokenize::open_tokenizer;
 use anyhow::{bail, Result};
 use clap::Args;
-use qwen3_inference::backend::{KvType, CPU};
+use qwen3_inference::backend::{Backend, KvType, CPU};
 use qwen3_inference::engine::{Engine, EngineConfig, Event, Request};
 use qwen3_inference::format::ModelFile;
 use qwen3_inference::model::{Forward, Model, MAX_BATCH};
-use qwen3_inference::sampler::SamplerConfig;
 use serde_json::json;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -81,7 +80,7 @@ pub fn run(args: EmbedArgs) -> Result<()> {
         prefill_chunk: MAX_BATCH,
     };
     let mut engine = Engine::new(fwd, cfg)?;
-    let mut ids = Vec::with_capacity(texts.len());
+    let mut prompts = Vec::with_capacity(texts.len());
     for (i, t) in texts.iter().enumerate() {
         let prompt = tok.encode_with_special_tokens(t);
         if prompt.len() > context {
@@ -90,49 +89,54 @@ pub fn run(args: EmbedArgs) -> Result<()> {
                 prompt.len()
             );
         }
-        let req = Request {
-            prompt,
-            max_tokens: 0,
-            sampler: SamplerConfig::greedy(),
-            stop_ids: vec![],
-            logprobs: None,
-            constraint: None,
-            prompt_logprobs: None,
-            last_logits: false,
-        };
-        ids.push(
-            engine
-                .submit(req)
-                .map_err(|e| anyhow::anyhow!("text {i}: {e}"))?,
-        );
+        prompts.push(prompt);
     }
-    let mut vectors = vec![None; texts.len()];
-    let mut events = Vec::new();
-    while !engine.is_idle() {
-        engine.step(&mut events);
-        for ev in events.drain(..) {
-            match ev {
-                Event::Embedding { id, vector } => {
-                    let i = ids
-                        .iter()
-                        .position(|&x| x == id)
-                        .expect("a request of ours");
-                    vectors[i] = Some(vector);
-                }
-                Event::Failed { error, .. } => bail!("{error}"),
-                _ => {}
-            }
-        }
-    }
+    let vectors = last_rows(&mut engine, prompts, false, "text")?;
     let mut out = std::io::stdout().lock();
-    for (i, v) in vectors.into_iter().enumerate() {
-        let Some(mut v) = v else {
-            bail!("text {i} ended without its vector");
-        };
+    for (i, mut v) in vectors.into_iter().enumerate() {
         if let Some(n) = args.dimensions {
             qwen3_server::embeddings::truncate(&mut v, n);
         }
         writeln!(out, "{}", json!({"index": i, "embedding": v}))?;
     }
     Ok(())
+}
+
+/// Runs each prompt through `engine` as a request with nothing to generate
+/// ([`Request::prefill_only`]) and returns their last rows in order: an embedding model's
+/// vectors, or with `logits` the logits at each prompt's last position (`qwen3 rerank`). `what`
+/// names a prompt in errors ("text 3").
+pub(super) fn last_rows<B: Backend>(
+    engine: &mut Engine<B>,
+    prompts: Vec<Vec<u32>>,
+    logits: bool,
+    what: &str,
+) -> Result<Vec<Vec<f32>>> {
+    let mut ids = Vec::with_capacity(prompts.len());
+    for (i, p) in prompts.into_iter().enumerate() {
+        let id = engine.submit(Request::prefill_only(p, logits));
+        ids.push(id.map_err(|e| anyhow::anyhow!("{what} {i}: {e}"))?);
+    }
+    let mut rows = vec![None; ids.len()];
+    let mut events = Vec::new();
+    while !engine.is_idle() {
+        engine.step(&mut events);
+        for ev in events.drain(..) {
+            let (id, row) = match ev {
+                Event::Embedding { id, vector } => (id, vector),
+                Event::Logits { id, logits } => (id, logits),
+                Event::Failed { error, .. } => bail!("{error}"),
+                _ => continue,
+            };
+            let i = ids
+                .iter()
+                .position(|&x| x == id)
+                .expect("a request of ours");
+            rows[i] = Some(row);
+        }
+    }
+    rows.into_iter()
+        .enumerate()
+        .map(|(i, r)| r.ok_or_else(|| anyhow::anyhow!("{what} {i} ended without its last row")))
+        .collect()
 }

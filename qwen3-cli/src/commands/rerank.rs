@@ -3,14 +3,14 @@
 //! probability of "yes" against "no"), most relevant first, one JSON line each.
 
 use super::args::DEFAULT_CONTEXT_CAP;
+use super::embed::last_rows;
 use super::tokenize::open_tokenizer;
 use anyhow::{bail, Result};
 use clap::Args;
 use qwen3_inference::backend::{KvType, CPU};
-use qwen3_inference::engine::{Engine, EngineConfig, Event, Request};
+use qwen3_inference::engine::{Engine, EngineConfig};
 use qwen3_inference::format::ModelFile;
 use qwen3_inference::model::{Forward, Model, MAX_BATCH};
-use qwen3_inference::sampler::SamplerConfig;
 use qwen3_server::rerank::{Reranker, DEFAULT_INSTRUCTION};
 use serde_json::json;
 use std::io::Write;
@@ -59,7 +59,7 @@ pub fn run(args: RerankArgs) -> Result<()> {
         prefill_chunk: MAX_BATCH,
     };
     let mut engine = Engine::new(fwd, cfg)?;
-    let mut ids = Vec::new();
+    let mut prompts = Vec::with_capacity(args.documents.len());
     for (i, doc) in args.documents.iter().enumerate() {
         let prompt = reranker.pair(&tok, instruction, &args.query, doc);
         if prompt.len() > context {
@@ -68,47 +68,11 @@ pub fn run(args: RerankArgs) -> Result<()> {
                 prompt.len()
             );
         }
-        let req = Request {
-            prompt,
-            max_tokens: 0,
-            sampler: SamplerConfig::greedy(),
-            stop_ids: vec![],
-            logprobs: None,
-            constraint: None,
-            prompt_logprobs: None,
-            last_logits: true,
-        };
-        ids.push(
-            engine
-                .submit(req)
-                .map_err(|e| anyhow::anyhow!("document {i}: {e}"))?,
-        );
+        prompts.push(prompt);
     }
-    let mut scores = vec![None; ids.len()];
-    let mut events = Vec::new();
-    while !engine.is_idle() {
-        engine.step(&mut events);
-        for ev in events.drain(..) {
-            match ev {
-                Event::Logits { id, logits } => {
-                    let i = ids
-                        .iter()
-                        .position(|&x| x == id)
-                        .expect("a request of ours");
-                    scores[i] = Some(reranker.score(&logits));
-                }
-                Event::Failed { error, .. } => bail!("{error}"),
-                _ => {}
-            }
-        }
-    }
-    let mut ranked = Vec::with_capacity(scores.len());
-    for (i, s) in scores.into_iter().enumerate() {
-        let Some(s) = s else {
-            bail!("document {i} ended without its score");
-        };
-        ranked.push((i, s));
-    }
+    let rows = last_rows(&mut engine, prompts, true, "document")?;
+    let mut ranked: Vec<(usize, f64)> =
+        rows.iter().map(|l| reranker.score(l)).enumerate().collect();
     ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     let mut out = std::io::stdout().lock();
     for (i, s) in ranked {

@@ -77,6 +77,23 @@ pub struct Request {
     pub last_logits: bool,
 }
 
+impl Request {
+    /// A request with nothing to generate, for its last row alone: an embedding model's vector,
+    /// or with `last_logits` a language model's logits at the last prompt position (a reranker).
+    pub fn prefill_only(prompt: Vec<u32>, last_logits: bool) -> Request {
+        Request {
+            prompt,
+            max_tokens: 0,
+            sampler: SamplerConfig::greedy(),
+            stop_ids: vec![],
+            logprobs: None,
+            constraint: None,
+            prompt_logprobs: None,
+            last_logits,
+        }
+    }
+}
+
 /// What happened to a request in a step.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
