@@ -7,12 +7,14 @@
 
 mod common;
 
-use common::{http, text, Server};
+use common::{connect, http, send, text, wait_until, Server};
 use qwen3_inference::format::DType;
 use qwen3_test_support::{export_fixture, fixture, tempdir};
 use serde_json::{json, Value};
+use std::io::Read;
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 const FIXTURE: &str = "tiny-qwen3-fullvocab";
 
@@ -217,36 +219,111 @@ fn chat_matches_the_cli() {
     }
 }
 
-/// SIGTERM: the server stops accepting, ends what runs, and exits 0.
-#[test]
-fn sigterm_exits_cleanly() {
-    let m = Model::new("term");
-    let mut s = Server::start(&m.path, &[]);
-    // A long answer in flight.
-    let port = s.port;
-    let client = std::thread::spawn(move || {
-        http(
-            port,
-            "POST",
-            "/v1/completions",
-            &[],
-            json!({"prompt": "hi", "max_tokens": 3000, "stream": true, "ignore_eos": true})
-                .to_string()
-                .as_bytes(),
-        )
-    });
-    std::thread::sleep(std::time::Duration::from_millis(300));
+/// `kill -TERM` the server.
+fn terminate(s: &Server) {
     let kill = Command::new("kill")
         .args(["-TERM", &s.child.id().to_string()])
         .status()
         .unwrap();
     assert!(kill.success());
+}
+
+/// Reads a response from `stream` until `needle` has come (or the response ends); returns what
+/// was read.
+fn read_until(stream: &mut std::net::TcpStream, needle: &[u8]) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(needle.len()).any(|w| w == needle) {
+        let n = stream.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
+/// A rolling update's stop: on SIGTERM `/health` turns 503 and a new request gets a 503 that
+/// names the shutdown (a load balancer sends both elsewhere), while the requests the server
+/// holds, one running and one queued behind it, are answered in full; then it exits 0.
+#[test]
+fn sigterm_answers_what_it_holds_then_exits() {
+    let m = Model::new("drain");
+    let mut s = Server::start(&m.path, &["--parallel", "1", "--shutdown-timeout", "300"]);
+    let body = json!({"prompt": "hi", "max_tokens": 300, "ignore_eos": true, "stream": true,
+                      "stream_options": {"include_usage": true}})
+    .to_string();
+    let mut running = connect(s.port);
+    send(
+        &mut running,
+        "POST",
+        "/v1/completions",
+        &[],
+        body.as_bytes(),
+    );
+    let mut first = read_until(&mut running, b"data: ");
+    let mut queued = connect(s.port);
+    send(&mut queued, "POST", "/v1/completions", &[], body.as_bytes());
+    assert!(wait_until(Duration::from_secs(60), || s
+        .get("/metrics")
+        .body
+        .contains("\nqwen3_queued_requests 1\n")));
+
+    terminate(&s);
+    assert!(wait_until(Duration::from_secs(10), || s
+        .get("/health")
+        .status
+        == 503));
+    let refused = s.post("/v1/completions", &json!({"prompt": "x", "max_tokens": 1}));
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert_eq!(refused.json()["error"]["code"], "shutting_down");
+    assert_eq!(refused.header("retry-after"), Some("1"));
+
+    for (stream, mut raw) in [
+        (&mut running, std::mem::take(&mut first)),
+        (&mut queued, vec![]),
+    ] {
+        stream.read_to_end(&mut raw).unwrap();
+        let events = common::parse(&raw).events();
+        assert_eq!(events.last().unwrap(), "[DONE]");
+        let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+        assert_eq!(usage["usage"]["completion_tokens"], 300, "{events:?}");
+    }
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "{status:?}: {}", s.log());
+    assert!(s.log().contains("every request answered"), "{}", s.log());
+}
+
+/// Past `--shutdown-timeout` what still runs is ended: the stream gets an error event and
+/// `[DONE]`, and the server exits 0.
+#[test]
+fn sigterm_ends_what_outlasts_the_shutdown_timeout() {
+    let m = Model::new("term");
+    let mut s = Server::start(&m.path, &["--shutdown-timeout", "0.5"]);
+    // A long answer in flight.
+    let mut stream = connect(s.port);
+    let body = json!({"prompt": "hi", "max_tokens": 3000, "stream": true, "ignore_eos": true});
+    send(
+        &mut stream,
+        "POST",
+        "/v1/completions",
+        &[],
+        body.to_string().as_bytes(),
+    );
+    let mut raw = read_until(&mut stream, b"data: ");
+    terminate(&s);
     let status = s.child.wait().unwrap();
     assert!(status.success(), "{status:?}: {}", s.log());
     // The client got an answer that ends (an error event for the cut-off stream, then [DONE]).
-    let r = client.join().unwrap();
+    stream.read_to_end(&mut raw).unwrap();
+    let r = common::parse(&raw);
     assert_eq!(r.status, 200);
-    assert_eq!(r.events().last().map(String::as_str), Some("[DONE]"));
+    let events = r.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    assert!(
+        events.iter().any(|e| e.contains("shutting down")),
+        "{events:?}"
+    );
 }
 
 /// The key can come from the environment instead of `--api-key` (read by the command, so only

@@ -49,6 +49,8 @@ fn state() -> Arc<AppState> {
         embeds: false,
         cors: vec![],
         info: Default::default(),
+        draining: Default::default(),
+        public_metrics: false,
     })
 }
 

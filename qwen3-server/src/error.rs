@@ -67,6 +67,18 @@ impl ApiError {
         }
     }
 
+    /// 503: the server is stopping (SIGTERM): it answers the requests it holds, no new ones.
+    pub fn stopping() -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "the server is shutting down: send the request to another replica".into(),
+            kind: "server_error",
+            param: None,
+            code: Some("shutting_down"),
+            retry_after: Some(1),
+        }
+    }
+
     /// 503: every slot is busy and the queue is full.
     pub fn overloaded(queue: usize) -> ApiError {
         ApiError {

@@ -128,6 +128,10 @@ pub fn router_with(state: Arc<AppState>, log: bool) -> Router {
         .layer(axum::middleware::from_fn(routes::json_only))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            routes::refuse_when_stopping,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             routes::auth,
         ));
     let app = if log {
@@ -203,9 +207,14 @@ where
 }
 
 /// Serves until Ctrl-C or SIGTERM: starts `worker` on its own thread with the command channel's
-/// receiving end, listens, prints one line with the URL, and answers. On a signal it stops
-/// accepting, ends the running requests, and returns `Ok`. If the worker ends on its own (it
-/// failed), the server stops with its error.
+/// receiving end, listens, prints one line with the URL, and answers.
+///
+/// On a signal it stops as a rolling update needs: `/health` turns 503 first (a readiness probe
+/// takes the replica out), new requests get a 503 (a load balancer retries them elsewhere), the
+/// listener closes, and the requests already held, running or queued, are answered. When they
+/// are all answered, or after `shutdown_timeout` (or at a second signal), what is left is ended
+/// and it returns `Ok`. If the worker ends on its own (it failed), the server stops at once with
+/// its error.
 pub fn serve<W>(
     opts: ServeOptions,
     state: AppState,
@@ -234,6 +243,7 @@ where
             local.to_string()
         };
         let state = Arc::new(state);
+        let shared = state.clone();
         println!(
             "qwen3 serve: {} on http://{shown} ({} slots of {} positions)",
             state.model_name, state.slots, state.context_len
@@ -255,15 +265,19 @@ where
                 let _ = stop_rx.changed().await;
             }
         });
-        let server = tokio::spawn(server);
+        let mut server = tokio::spawn(server);
         let failure = signals.await;
-        // End the running requests (their handlers answer and streams close), then give the
+        if failure.is_none() {
+            drain(&shared, opts.shutdown_timeout, &stop_tx, &mut server).await;
+        }
+        // End what still runs (their handlers answer and streams close), then give the
         // connections a moment to finish.
         let _ = shutdown_commands.send(Command::Shutdown);
         let _ = stop_tx.send(failure.clone());
-        if tokio::time::timeout(Duration::from_secs(10), server)
-            .await
-            .is_err()
+        if !server.is_finished()
+            && tokio::time::timeout(Duration::from_secs(10), server)
+                .await
+                .is_err()
         {
             eprintln!("qwen3 serve: connections still open after 10 s; exiting anyway");
         }
@@ -279,6 +293,51 @@ where
     drop(thread);
     rt.shutdown_timeout(Duration::from_secs(1));
     result
+}
+
+/// A rolling update's stop, in three phases within `timeout` (a second signal cuts it short):
+///
+/// 1. still listening: `/health` says 503 and new requests get a 503, while the engine answers
+///    what it holds, until it holds nothing (the worker's gauges say so);
+/// 2. the listener closes and idle keep-alive connections with it; connections still writing an
+///    answer finish it (and a request that slipped in before phase 1 is still answered: the
+///    worker runs until the caller stops it);
+/// 3. (the caller) ends whatever is left.
+async fn drain(
+    state: &AppState,
+    timeout: Duration,
+    stop: &tokio::sync::watch::Sender<Option<String>>,
+    server: &mut tokio::task::JoinHandle<()>,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let deadline = tokio::time::Instant::now() + timeout;
+    state.draining.store(true, Relaxed);
+    let held = || state.metrics.queued.load(Relaxed) + state.metrics.running.load(Relaxed);
+    eprintln!(
+        "qwen3 serve: stopping: /health and new requests answer 503; answering the {} requests held (at most {} s, --shutdown-timeout)",
+        held(),
+        timeout.as_secs_f64()
+    );
+    let answered = async {
+        while held() > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = stop.send(None);
+        server.await
+    };
+    let done = tokio::select! {
+        done = tokio::time::timeout_at(deadline, answered) => done.is_ok(),
+        _ = signal() => false,
+    };
+    let _ = stop.send(None);
+    if done {
+        eprintln!("qwen3 serve: every request answered");
+    } else {
+        eprintln!(
+            "qwen3 serve: ending the {} requests still held (timeout or a second signal)",
+            held()
+        );
+    }
 }
 
 /// Ctrl-C, or SIGTERM on Unix.

@@ -77,6 +77,8 @@ pub struct Metrics {
     pub queued: AtomicU64,
     pub running: AtomicU64,
     pub kv_cache_bytes: AtomicU64,
+    /// [`qwen3_inference::engine::Engine::kv_usage`], 0 to 1, as an `f64`'s bits.
+    pub kv_cache_usage: AtomicU64,
     /// Requests that found part of their prompt in a slot's cache, and the tokens they found.
     pub prefix_cache_hits: AtomicU64,
     pub prefix_cache_tokens: AtomicU64,
@@ -94,6 +96,7 @@ impl Default for Metrics {
             queued: AtomicU64::new(0),
             running: AtomicU64::new(0),
             kv_cache_bytes: AtomicU64::new(0),
+            kv_cache_usage: AtomicU64::new(0),
             prefix_cache_hits: AtomicU64::new(0),
             prefix_cache_tokens: AtomicU64::new(0),
         }
@@ -110,8 +113,12 @@ impl Metrics {
             | "/v1/models"
             | "/v1/completions"
             | "/v1/chat/completions"
+            | "/v1/embeddings"
+            | "/v1/rerank"
+            | "/rerank"
             | "/api/chat"
-            | "/api/generate" => route,
+            | "/api/generate"
+            | "/api/embed" => route,
             r if r.starts_with("/v1/models/") => "/v1/models/{id}",
             _ => "other",
         };
@@ -144,7 +151,7 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
             );
         };
-        let gauge = |out: &mut String, name: &str, help: &str, v: u64| {
+        let gauge = |out: &mut String, name: &str, help: &str, v: &dyn std::fmt::Display| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };
         let _ = writeln!(
@@ -194,19 +201,25 @@ impl Metrics {
             &mut out,
             "qwen3_queued_requests",
             "Requests waiting for a free sequence.",
-            self.queued.load(Relaxed),
+            &self.queued.load(Relaxed),
         );
         gauge(
             &mut out,
             "qwen3_running_sequences",
             "Sequences generating now.",
-            self.running.load(Relaxed),
+            &self.running.load(Relaxed),
         );
         gauge(
             &mut out,
             "qwen3_kv_cache_bytes",
             "Bytes of keys and values the slots hold (their prefix caches included).",
-            self.kv_cache_bytes.load(Relaxed),
+            &self.kv_cache_bytes.load(Relaxed),
+        );
+        gauge(
+            &mut out,
+            "qwen3_kv_cache_usage_ratio",
+            "Share of the KV cache's positions (slots x context) that running requests hold, 0 to 1.",
+            &f64::from_bits(self.kv_cache_usage.load(Relaxed)),
         );
         counter(
             &mut out,

@@ -25,9 +25,19 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// `GET /health`: answers as soon as the server listens (no key needed), as llama-server does.
-pub async fn health() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// `GET /health`: answers as soon as the server listens (no key needed), as llama-server does;
+/// 503 once it is stopping, so that a readiness probe or a load balancer's health check stops
+/// sending it requests while it answers those it holds.
+pub async fn health(State(s): State<Arc<AppState>>) -> Response {
+    if s.draining.load(std::sync::atomic::Ordering::Relaxed) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "shutting down"})),
+        )
+            .into_response()
+    } else {
+        Json(json!({"status": "ok"})).into_response()
+    }
 }
 
 fn model_object(s: &AppState) -> Value {
@@ -149,15 +159,33 @@ pub async fn read_body(State(s): State<Arc<AppState>>, req: Request, next: Next)
         .await
 }
 
-/// Middleware: with an API key set, every route but `/health` needs `Authorization: Bearer KEY`.
+/// Middleware: with an API key set, every route but `/health` needs `Authorization: Bearer KEY`
+/// (and `/metrics` too unless `--public-metrics`).
 pub async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.api_key {
         // The health check and the chat page (a static file, which asks for the key itself)
         // need none.
-        let open = matches!(req.uri().path(), "/health" | "/" | "/favicon.svg");
+        let open = matches!(req.uri().path(), "/health" | "/" | "/favicon.svg")
+            || (s.public_metrics && req.uri().path() == "/metrics");
         if !open && !bearer_matches(req.headers(), key) {
             return ApiError::unauthorized().into_response();
         }
+    }
+    next.run(req).await
+}
+
+/// Middleware: once the server is stopping, a new request for the model (every POST) is a 503
+/// that names why; a load balancer that retries on 503 sends it to another replica. The
+/// requests already running are not touched: they are answered.
+pub async fn refuse_when_stopping(
+    State(s): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if req.method() == axum::http::Method::POST
+        && s.draining.load(std::sync::atomic::Ordering::Relaxed)
+    {
+        return ApiError::stopping().into_response();
     }
     next.run(req).await
 }

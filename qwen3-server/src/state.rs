@@ -55,6 +55,13 @@ pub struct AppState {
     pub grammars: Grammars,
     /// What Ollama's `/api/tags` and `/api/show` say of the model.
     pub info: ModelInfo,
+    /// Set when the server was told to stop ([`crate::serve`]): `/health` answers 503, new
+    /// requests get a 503 (a load balancer sends them to another replica), and the requests
+    /// already held are answered.
+    pub draining: std::sync::atomic::AtomicBool,
+    /// `GET /metrics` needs no key even with one set (`--public-metrics`): for scrapers that
+    /// send none, such as the Gateway API's endpoint picker.
+    pub public_metrics: bool,
 }
 
 /// The model file, as Ollama's API describes a model.
@@ -141,4 +148,7 @@ pub struct ServeOptions {
     pub port: u16,
     /// Connections held at once, and how long a request's head may take (listen.rs).
     pub limits: crate::listen::Limits,
+    /// On SIGTERM or Ctrl-C, how long the requests already held may take to finish before
+    /// they are ended (`--shutdown-timeout`).
+    pub shutdown_timeout: std::time::Duration,
 }

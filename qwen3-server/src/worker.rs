@@ -186,6 +186,9 @@ fn set_gauges<B: Backend>(engine: &Engine<B>, metrics: &Metrics) {
     metrics.queued.store(engine.queued() as u64, Relaxed);
     metrics.running.store(engine.running() as u64, Relaxed);
     metrics.kv_cache_bytes.store(engine.kv_bytes(), Relaxed);
+    metrics
+        .kv_cache_usage
+        .store(engine.kv_usage().to_bits(), Relaxed);
 }
 
 /// Queues an HTTP request's choices, all or none.

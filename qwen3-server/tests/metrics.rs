@@ -106,6 +106,8 @@ fn metrics_count_the_traffic() {
     assert!(get("qwen3_prefix_cache_tokens_total") > 0.0);
     assert_eq!(get("qwen3_queued_requests"), 0.0);
     assert_eq!(get("qwen3_running_sequences"), 0.0);
+    // Nothing runs: no position is in use, though the slots keep their prefix caches.
+    assert_eq!(get("qwen3_kv_cache_usage_ratio"), 0.0);
     // The two slots keep their last sequences (the prefix cache): f32 keys and values of the
     // fixture, 2 layers x 2 kv heads x 16 dims x 2 x 4 bytes = 512 bytes a position.
     let kv = get("qwen3_kv_cache_bytes");
@@ -127,5 +129,10 @@ fn the_api_key_guards_metrics() {
     );
     assert_eq!(r.status, 200);
     assert!(r.body.contains("# TYPE qwen3_requests_total counter"));
+
+    // With --public-metrics a scraper that sends no key reads them; the API still wants it.
+    let s = Server::start(&m, &["--api-key", "sekrit", "--public-metrics"]);
+    assert_eq!(s.get("/metrics").status, 200);
+    assert_eq!(s.get("/v1/models").status, 401);
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -61,6 +61,15 @@ pub struct ServeArgs {
     /// Seconds a request's body may take to arrive (408 after them).
     #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
     pub body_timeout: f64,
+    /// `GET /metrics` needs no key even with `--api-key` (for scrapers that send none, such as
+    /// the Kubernetes Gateway API's endpoint picker).
+    #[arg(long)]
+    pub public_metrics: bool,
+    /// On SIGTERM or Ctrl-C: seconds the requests already held may take to finish (new ones get
+    /// a 503 and /health turns 503 meanwhile); what still runs after them is ended. 0 ends
+    /// them at once.
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    pub shutdown_timeout: f64,
 }
 
 /// The model and how the engine runs it: `qwen3 serve`'s and `qwen3 batch`'s.
@@ -113,6 +122,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let (mut state, commands, worker) = prepare(args.engine, api_key)?;
     state.ui = !args.no_ui;
     state.cors = args.cors;
+    state.public_metrics = args.public_metrics;
     if args.rerank {
         if state.embeds {
             bail!("--rerank needs a language model (Qwen3-Reranker), not an embedding model");
@@ -136,6 +146,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         limits: Limits {
             max_connections: args.max_connections,
             header_timeout: seconds("header-timeout", args.header_timeout)?,
+        },
+        shutdown_timeout: if args.shutdown_timeout == 0.0 {
+            Duration::ZERO
+        } else {
+            seconds("shutdown-timeout", args.shutdown_timeout)?
         },
     };
     qwen3_server::serve(opts, state, commands, worker)
@@ -225,6 +240,8 @@ pub fn prepare(
         reranker: None,
         embeds: c.embedding.is_some(),
         info: ModelInfo::of(&file, &args.model),
+        draining: Default::default(),
+        public_metrics: false,
     };
     let cfg = EngineConfig {
         slots: args.parallel,

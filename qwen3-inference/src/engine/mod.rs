@@ -401,6 +401,25 @@ impl<'m, B: Backend> Engine<'m, B> {
             .kv_cache_bytes(positions, self.fwd.kv_type())
     }
 
+    /// The share of the KV cache's capacity (every slot's `context_len` positions) that running
+    /// requests hold, 0 to 1. The finished requests' prefix caches are left out: a new request
+    /// may overwrite them. A load balancer reads it as how full this replica is (vLLM's
+    /// `kv_cache_usage_perc`, also a fraction despite its name).
+    pub fn kv_usage(&self) -> f64 {
+        let held: usize = self
+            .slots
+            .iter()
+            .filter(|s| s.job.is_some())
+            .map(|s| s.cached.len())
+            .sum();
+        let capacity = self.slots.len() * self.context_len();
+        if capacity == 0 {
+            0.0
+        } else {
+            held as f64 / capacity as f64
+        }
+    }
+
     /// Forgets what slot `i`'s KV cache holds (its prefix cache), unless a request runs there:
     /// the next request in it runs its whole prompt. (A chat's `/reset`.)
     pub fn forget(&mut self, i: usize) {

@@ -178,6 +178,9 @@ fn prefix_cache_reuses_and_matches() {
     let mut e = engine(&model, 2, 8);
     let first = e.submit(request(p, SamplerConfig::greedy())).unwrap();
     let answer = drain(&mut e).remove(&first).unwrap().0;
+    // A finished request's prefix cache is held but not in use (a new request may take it).
+    assert!(e.kv_bytes() > 0);
+    assert_eq!(e.kv_usage(), 0.0);
 
     // The conversation resent: prompt, answer, and a new turn.
     let mut next = p.clone();
@@ -189,6 +192,10 @@ fn prefix_cache_reuses_and_matches() {
     // The last answer token was sampled, never fed: everything before it is cached.
     let cached = p.len() + answer.len() - 1;
     assert_eq!(events[0], Event::Started { id, cached });
+    // Running now, in the one slot that holds tokens: its positions of 2 slots x 64.
+    let held: usize = (0..2).map(|i| e.slot_tokens(i).len()).sum();
+    assert!(held > cached);
+    assert_eq!(e.kv_usage(), held as f64 / 128.0);
     let mut rest = drain(&mut e);
     let mut tokens: Vec<u32> = events
         .iter()

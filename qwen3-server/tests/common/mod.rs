@@ -45,8 +45,8 @@ pub struct Server {
 
 impl Server {
     /// The server `qwen3 serve <model> <args>` would run. `args`: the few flags these tests give
-    /// (`--context`, `--parallel`, `--model-name`, `--api-key`, `--cors`, `--rerank`), as the CLI
-    /// reads them.
+    /// (`--context`, `--parallel`, `--model-name`, `--api-key`, `--cors`, `--rerank`,
+    /// `--public-metrics`), as the CLI reads them.
     pub fn start(model: &Path, args: &[&str]) -> Server {
         Server::start_env(model, args, &[])
     }
@@ -59,11 +59,15 @@ impl Server {
             .iter()
             .find(|(k, _)| *k == "QWEN3_API_KEY")
             .map(|(_, v)| v.to_string());
-        let mut rerank = false;
+        let (mut rerank, mut public_metrics) = (false, false);
         let mut flags = args.iter();
         while let Some(flag) = flags.next() {
             if *flag == "--rerank" {
                 rerank = true;
+                continue;
+            }
+            if *flag == "--public-metrics" {
+                public_metrics = true;
                 continue;
             }
             let value = flags.next().expect("every flag here takes a value");
@@ -125,6 +129,8 @@ impl Server {
             reranker,
             embeds: c.embedding.is_some(),
             info: ModelInfo::of(&file, model),
+            draining: Default::default(),
+            public_metrics,
         };
         let cfg = EngineConfig {
             slots,
