@@ -477,6 +477,9 @@ fn info_prints_config_and_tensors() {
         "q8 (group size 32)",
         "(missing)",
         "tensors                  14 (--tensors lists them)",
+        // 2 (key, value) x 1 layer x 2 KV heads x 32 dims x 4 bytes.
+        "keys and values 512 B a position in f32, 256 B in bf16",
+        "4 slots x 256 positions",
     ] {
         assert!(s.contains(want), "expected {want:?} in\n{s}");
     }

@@ -1,9 +1,12 @@
 //! `qwen3 info <model.bin> [--tensors]`: what a model file holds: its config, storage and
 //! companion files, and with `--tensors` every tensor.
 
+use super::args::DEFAULT_CONTEXT_CAP;
+use super::serve::SERVE_SLOTS;
 use super::units::bytes;
 use anyhow::Result;
 use clap::Args;
+use qwen3_inference::backend::KvType;
 use qwen3_inference::format::{companion_paths, DType, ModelFile, RopeScaling};
 use std::path::PathBuf;
 
@@ -145,6 +148,32 @@ pub fn run(args: InfoArgs) -> Result<()> {
             bytes(a.bytes)
         );
     }
+    // What a process running the model holds: the weights (mapped from the file, shared by
+    // every process that maps it) and, per position a sequence holds, one key and one value
+    // vector per layer and KV head (`Model::kv_cache_bytes`). `qwen3 serve` can hold
+    // `--parallel` sequences of `--context` positions; what a container needs is about the
+    // two together.
+    let position = |kv: KvType| {
+        2 * c.num_hidden_layers as u64
+            * c.num_key_value_heads as u64
+            * c.head_dim as u64
+            * kv.bytes() as u64
+    };
+    println!(
+        "memory                   weights {}; keys and values {} a position in f32, {} in bf16",
+        bytes(h.file_len),
+        bytes(position(KvType::F32)),
+        bytes(position(KvType::Bf16))
+    );
+    let (slots, context) = (
+        SERVE_SLOTS as u64,
+        (c.max_context() as u64).min(DEFAULT_CONTEXT_CAP as u64),
+    );
+    println!(
+        "serve at most            {} in f32 ({} with --kv-cache bf16): {slots} slots x {context} positions (--parallel, --context)",
+        bytes(h.file_len + slots * context * position(KvType::F32)),
+        bytes(h.file_len + slots * context * position(KvType::Bf16)),
+    );
     let comp = companion_paths(&args.model);
     for (what, path) in [
         ("tokenizer", &comp.tokenizer),

@@ -23,6 +23,9 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// `--parallel`'s default.
+pub const SERVE_SLOTS: usize = 4;
+
 #[derive(Args)]
 pub struct ServeArgs {
     #[command(flatten)]
@@ -86,7 +89,7 @@ pub struct EngineArgs {
     #[arg(long)]
     pub offline: bool,
     /// Sequences generated at once, each with its own KV cache; more requests wait.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = SERVE_SLOTS)]
     pub parallel: usize,
     /// Requests that may wait for a free sequence; beyond them the server answers 503.
     #[arg(long, default_value_t = 64)]
