@@ -314,7 +314,7 @@ async fn drain(
     state.draining.store(true, Relaxed);
     let held = || state.metrics.queued.load(Relaxed) + state.metrics.running.load(Relaxed);
     eprintln!(
-        "qwen3 serve: stopping: /health and new requests answer 503; answering the {} requests held (at most {} s, --shutdown-timeout)",
+        "qwen3 serve: stopping: /health and new requests answer 503; requests held: {}, answered within {} s (--shutdown-timeout)",
         held(),
         timeout.as_secs_f64()
     );
@@ -334,7 +334,7 @@ async fn drain(
         eprintln!("qwen3 serve: every request answered");
     } else {
         eprintln!(
-            "qwen3 serve: ending the {} requests still held (timeout or a second signal)",
+            "qwen3 serve: ending the requests still held ({}): the timeout passed or a second signal came",
             held()
         );
     }
