@@ -187,7 +187,7 @@ def main():
         a = Replica(args.qwen3, args.model, d, "a")
         b = Replica(args.qwen3, args.model, d, "b")
         ngx, port = start_nginx(args.nginx, d, args.conf, [a.port, b.port])
-        print(f"replicas on {a.port} and {b.port}; nginx on {port} ({d})")
+        print(f"replicas on {a.port} and {b.port}; nginx on {port}")
         run(port, a, b, d / "access.log")
         print(f"replicas: {len(PASSED)} passed, 0 failed")
         ok = True
