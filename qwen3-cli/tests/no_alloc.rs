@@ -100,6 +100,7 @@ fn decode_and_count() {
                     constraint: None,
                     prompt_logprobs: None,
                     last_logits: false,
+                    draft: qwen3_inference::engine::Draft::None,
                 };
                 let (mut seen, mut at_start) = (0, 0);
                 generate(&mut engine, request, |_| {

@@ -375,6 +375,7 @@ fn our_greedy(model: &Model, case: &Case, kv: KvType) -> Vec<u32> {
         constraint: None,
         prompt_logprobs: None,
         last_logits: false,
+        draft: qwen3_inference::engine::Draft::None,
     };
     let mut out = vec![];
     generate(&mut e, request, |t| {

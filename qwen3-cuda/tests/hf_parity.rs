@@ -81,6 +81,7 @@ fn check_fixture(name: &str) {
             constraint: None,
             prompt_logprobs: None,
             last_logits: false,
+            draft: qwen3_inference::engine::Draft::None,
         };
         generate(&mut g, request, |id| {
             ids.push(id);

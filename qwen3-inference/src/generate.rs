@@ -112,6 +112,7 @@ mod tests {
             constraint: None,
             prompt_logprobs: None,
             last_logits: false,
+            draft: crate::engine::Draft::None,
         }
     }
 

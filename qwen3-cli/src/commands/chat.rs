@@ -504,6 +504,7 @@ impl<B: Backend> Chat<'_, '_, B> {
             constraint: None,
             prompt_logprobs: None,
             last_logits: false,
+            draft: qwen3_inference::engine::Draft::None,
         };
         // Ctrl-C is checked after each step of the engine: each token, and each chunk of a long
         // prompt's prefill.

@@ -130,6 +130,7 @@ pub fn generate_text<B: Backend>(
         constraint,
         prompt_logprobs: None,
         last_logits: false,
+        draft: qwen3_inference::engine::Draft::None,
     };
     let stats = generate_until(
         &mut engine,

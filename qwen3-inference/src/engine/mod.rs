@@ -46,6 +46,10 @@ use std::time::{Duration, Instant};
 mod outcome;
 pub use outcome::{GenerationStats, StopReason};
 
+mod draft;
+use draft::Drafter;
+pub use draft::{Draft, NGRAM_MAX, NGRAM_MIN, SPECULATE_ROWS};
+
 #[cfg(test)]
 mod tests;
 
@@ -75,6 +79,10 @@ pub struct Request {
     /// Report the raw logits of the last prompt position as [`Event::Logits`] (a reranker reads
     /// two of them); with `max_tokens: 0` that is all the request does.
     pub last_logits: bool,
+    /// Speculative decoding: how the answer's next tokens are guessed, several checked a step
+    /// (draft.rs). The tokens are the same as without; not for a request with a `constraint`
+    /// or `prompt_logprobs`, which decode one token a step.
+    pub draft: Draft,
 }
 
 impl Request {
@@ -90,6 +98,7 @@ impl Request {
             constraint: None,
             prompt_logprobs: None,
             last_logits,
+            draft: Draft::None,
         }
     }
 }
@@ -195,6 +204,8 @@ struct Job {
     first_token: Option<Duration>,
     sampling: Duration,
     kept_candidates: usize,
+    /// Its drafts (speculative decoding), if it has any.
+    drafter: Option<Drafter>,
 }
 
 /// One sequence's place: the tokens its KV cache holds (the cache is `Engine::caches[i]` for
@@ -522,6 +533,12 @@ impl<'m, B: Backend> Engine<'m, B> {
                 }
             };
             let prompt_len = req.prompt.len();
+            // Drafts need the rows' own tokens, one logits row each: not with a grammar (its
+            // masks and forced tokens advance one token at a time) or a prompt to score.
+            let drafter = match (&req.constraint, req.prompt_logprobs, req.max_tokens) {
+                (None, None, 1..) => Drafter::new(req.draft),
+                _ => None,
+            };
             let mut tokens = req.prompt;
             tokens.reserve(req.max_tokens.min(self.fwd.context_len()) + 1);
             slot.job = Some(Job {
@@ -541,6 +558,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 first_token: None,
                 sampling: Duration::ZERO,
                 kept_candidates: 0,
+                drafter,
             });
             events.push(Event::Started { id, cached: reuse });
         }
@@ -571,7 +589,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                     seq: 0,
                     pos: done,
                     len: chunk.len(),
-                    logits: false,
+                    logits: 0,
                 };
                 let b = self.fwd.backend();
                 let scored = (|| {
@@ -649,7 +667,37 @@ impl<'m, B: Backend> Engine<'m, B> {
                 n
             };
         }
-        // The segments in slot order.
+        // Drafts (speculative decoding, draft.rs): the decoding sequences that draft, oldest
+        // first, add rows up to SPECULATE_ROWS in all, within the rows of logits a step returns
+        // (one for each segment that ends its prompt or decodes, one for each drafted token).
+        let mut rows: usize = self.take.iter().sum();
+        let mut logit_rows = (0..self.slots.len())
+            .filter(|&i| self.take[i] > 0 && self.take[i] == pending(&self.slots[i]))
+            .count();
+        let (ctx, max_logits) = (self.fwd.context_len(), self.fwd.max_logits());
+        for &i in &self.order {
+            let slot = &mut self.slots[i];
+            let Some(job) = slot.job.as_mut() else {
+                continue;
+            };
+            let Some(drafter) = job.drafter.as_mut() else {
+                continue;
+            };
+            if job.tokens.len() - slot.cached.len() != 1 {
+                continue;
+            }
+            // The pending token runs at position `cached`; all k drafts accepted make k + 1
+            // more tokens of the answer, at positions up to `cached + k` of the context.
+            let generated = job.tokens.len() - job.prompt_len;
+            let room = (job.max_tokens.saturating_sub(generated + 1))
+                .min(ctx - slot.cached.len() - 1)
+                .min(SPECULATE_ROWS.saturating_sub(rows))
+                .min(max_logits - logit_rows);
+            let k = drafter.propose(&job.tokens, job.prompt_len, room);
+            rows += k;
+            logit_rows += k;
+        }
+        // The segments in slot order: the tokens to run, then the drafted ones.
         for (i, slot) in self.slots.iter().enumerate() {
             let (Some(job), n) = (&slot.job, self.take[i]) else {
                 continue;
@@ -657,18 +705,26 @@ impl<'m, B: Backend> Engine<'m, B> {
             let todo = &job.tokens[slot.cached.len()..];
             if n > 0 {
                 self.rows.extend_from_slice(&todo[..n]);
+                let drafted = job.drafter.as_ref().map_or(&[][..], |d| &d.proposed);
+                self.rows.extend_from_slice(drafted);
                 self.plan.push(Segment {
                     seq: i,
                     pos: slot.cached.len(),
-                    len: n,
-                    logits: n == todo.len(),
+                    len: n + drafted.len(),
+                    logits: if n == todo.len() {
+                        1 + drafted.len()
+                    } else {
+                        0
+                    },
                 });
             }
         }
     }
 
     /// Step 4, after a successful pass: the fed tokens are cached; each row of logits gives its
-    /// sequence's next token.
+    /// sequence's next token. A segment with drafts has a row for each: its rows are read in
+    /// order while the token drawn from one is the draft the next row ran (draft.rs), and the
+    /// rows after the first disagreement are forgotten.
     fn sample(&mut self, k: usize, events: &mut Vec<Event>) {
         let vocab = self.fwd.out_width();
         let embedding = self.fwd.model().config.embedding;
@@ -682,82 +738,63 @@ impl<'m, B: Backend> Engine<'m, B> {
         };
         let mut row = 0;
         for seg in &self.plan {
+            let rows = row..row + seg.logits;
+            row += seg.logits;
             let slot = &mut self.slots[seg.seq];
             let Some(job) = slot.job.as_mut() else {
                 continue;
             };
+            // The segment's tokens from the answer so far are cached now; its drafted ones only
+            // once accepted.
             let start = slot.cached.len();
+            let fed = seg.len.min(job.tokens.len() - start);
             slot.cached
-                .extend_from_slice(&job.tokens[start..start + seg.len]);
-            if !seg.logits {
+                .extend_from_slice(&job.tokens[start..start + fed]);
+            if seg.logits == 0 {
                 continue;
             }
-            let l = &logits[row * vocab..(row + 1) * vocab];
-            row += 1;
+            let first = &logits[rows.start * vocab..(rows.start + 1) * vocab];
             job.prefill.get_or_insert_with(|| job.start.elapsed());
             if let Some(e) = embedding {
                 // Last-token pooling: this row is the last prompt token's.
-                let vector = pooled(l, e.normalize);
+                let vector = pooled(first, e.normalize);
                 events.push(Event::Embedding { id: job.id, vector });
             } else if job.last_logits && job.tokens.len() == job.prompt_len {
-                let logits = l.to_vec();
+                let logits = first.to_vec();
                 events.push(Event::Logits { id: job.id, logits });
             }
-            let generated = job.tokens.len() - job.prompt_len;
-            let stop = if generated >= job.max_tokens {
-                Some(StopReason::MaxTokens)
-            } else {
-                let t = Instant::now();
-                let next = match job.draw(l, &mut self.masked) {
-                    Ok(next) => next,
-                    Err(error) => {
-                        let id = slot.job.take().expect("a job").id;
-                        events.push(Event::Failed { id, error });
-                        continue;
+            let mut outcome = Row::Next(0);
+            let mut accepted = 0;
+            for (i, r) in rows.enumerate() {
+                let l = &logits[r * vocab..(r + 1) * vocab];
+                outcome = next_token(job, l, &mut self.masked, slot.cached.len(), ctx, events);
+                let Row::Next(token) = outcome else { break };
+                // The token drawn is the one the next row ran: that row's keys and values, and
+                // its logits, are the answer's.
+                match &job.drafter {
+                    Some(d) if i < d.proposed.len() && d.proposed[i] == token => {
+                        slot.cached.push(token);
+                        accepted += 1;
                     }
-                };
-                job.sampling += t.elapsed();
-                job.kept_candidates += job.sampler.last_kept();
-                job.first_token.get_or_insert_with(|| job.start.elapsed());
-                job.tokens.push(next);
-                if job.stop_ids.contains(&next) {
-                    Some(StopReason::Eos(next))
-                } else {
-                    // Of the raw logits, which the sampler read but did not change.
-                    let logprobs = job
-                        .logprobs
-                        .map(|top| Box::new(token_logprobs(l, next, top)));
-                    events.push(Event::Token {
-                        id: job.id,
-                        token: next,
-                        logprobs,
-                    });
-                    // Tokens the grammar forces after `next`, appended as if sampled.
-                    let room = (job.max_tokens - generated - 1)
-                        .min(ctx.saturating_sub(slot.cached.len() + 1));
-                    let generated = match job.force(room, events) {
-                        Ok(forced) => generated + forced,
-                        Err(error) => {
-                            let id = slot.job.take().expect("a job").id;
-                            events.push(Event::Failed { id, error });
-                            continue;
-                        }
-                    };
-                    if generated + 1 == job.max_tokens {
-                        Some(StopReason::MaxTokens)
-                    } else if slot.cached.len() == ctx {
-                        Some(StopReason::ContextFull)
-                    } else {
-                        None
-                    }
+                    _ => break,
                 }
-            };
-            if let Some(stop) = stop {
-                let job = slot.job.take().expect("a job");
-                events.push(Event::Finished {
-                    id: job.id,
-                    stats: job.stats(stop),
-                });
+            }
+            if let Some(d) = job.drafter.as_mut().filter(|d| !d.proposed.is_empty()) {
+                d.verified(accepted);
+            }
+            match outcome {
+                Row::Next(_) => {}
+                Row::Stop(stop) => {
+                    let job = slot.job.take().expect("a job");
+                    events.push(Event::Finished {
+                        id: job.id,
+                        stats: job.stats(stop),
+                    });
+                }
+                Row::Failed(error) => {
+                    let id = slot.job.take().expect("a job").id;
+                    events.push(Event::Failed { id, error });
+                }
             }
         }
     }
@@ -765,7 +802,7 @@ impl<'m, B: Backend> Engine<'m, B> {
     /// Whether a row of this step with logits belongs to a constrained request.
     fn needs_masks(&self) -> bool {
         self.plan.iter().any(|seg| {
-            seg.logits
+            seg.logits > 0
                 && self.slots[seg.seq]
                     .job
                     .as_ref()
@@ -792,7 +829,7 @@ impl<'m, B: Backend> Engine<'m, B> {
 
 /// The next-token masks of the constrained requests whose rows end in logits this step.
 fn prepare_masks(slots: &mut [Slot], plan: &[Segment]) {
-    for seg in plan.iter().filter(|seg| seg.logits) {
+    for seg in plan.iter().filter(|seg| seg.logits > 0) {
         if let Some(c) = slots[seg.seq]
             .job
             .as_mut()
@@ -823,6 +860,67 @@ fn argmax(x: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// What a row of logits did to its request ([`next_token`]).
+enum Row {
+    /// A token was drawn and the answer goes on.
+    Next(u32),
+    /// The answer ended.
+    Stop(StopReason),
+    /// The request failed (its grammar could not go on).
+    Failed(String),
+}
+
+/// Step 4 for one row of a request's logits, `l`: the next token is drawn, reported and
+/// appended, or the answer ends (the token limit, an end-of-sequence id, the context full with
+/// `cached` positions in use).
+fn next_token(
+    job: &mut Job,
+    l: &[f32],
+    masked: &mut Vec<f32>,
+    cached: usize,
+    ctx: usize,
+    events: &mut Vec<Event>,
+) -> Row {
+    let generated = job.tokens.len() - job.prompt_len;
+    if generated >= job.max_tokens {
+        return Row::Stop(StopReason::MaxTokens);
+    }
+    let t = Instant::now();
+    let next = match job.draw(l, masked) {
+        Ok(next) => next,
+        Err(error) => return Row::Failed(error),
+    };
+    job.sampling += t.elapsed();
+    job.kept_candidates += job.sampler.last_kept();
+    job.first_token.get_or_insert_with(|| job.start.elapsed());
+    job.tokens.push(next);
+    if job.stop_ids.contains(&next) {
+        return Row::Stop(StopReason::Eos(next));
+    }
+    // Of the raw logits, which the sampler read but did not change.
+    let logprobs = job
+        .logprobs
+        .map(|top| Box::new(token_logprobs(l, next, top)));
+    events.push(Event::Token {
+        id: job.id,
+        token: next,
+        logprobs,
+    });
+    // Tokens the grammar forces after `next`, appended as if sampled.
+    let room = (job.max_tokens - generated - 1).min(ctx.saturating_sub(cached + 1));
+    let generated = match job.force(room, events) {
+        Ok(forced) => generated + forced,
+        Err(error) => return Row::Failed(error),
+    };
+    if generated + 1 == job.max_tokens {
+        Row::Stop(StopReason::MaxTokens)
+    } else if cached == ctx {
+        Row::Stop(StopReason::ContextFull)
+    } else {
+        Row::Next(next)
+    }
 }
 
 impl Job {
@@ -886,6 +984,8 @@ impl Job {
             decode: total - first,
             sampling: self.sampling,
             kept_candidates: self.kept_candidates,
+            drafted_tokens: self.drafter.as_ref().map_or(0, |d| d.drafted),
+            accepted_tokens: self.drafter.as_ref().map_or(0, |d| d.accepted),
             stop,
         }
     }

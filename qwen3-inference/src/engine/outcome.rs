@@ -46,6 +46,10 @@ pub struct GenerationStats {
     pub sampling: Duration,
     /// Candidates the sampler's filters kept, summed over the sampled tokens.
     pub kept_candidates: usize,
+    /// Speculative decoding: tokens drafted, and those of them the model agreed with (each an
+    /// answer token that took no step of its own).
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
     pub stop: StopReason,
 }
 

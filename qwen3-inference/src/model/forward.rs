@@ -63,9 +63,11 @@ pub struct Segment {
     pub pos: usize,
     /// How many of the step's tokens are this sequence's.
     pub len: usize,
-    /// Whether the step returns the logits of the segment's last token (a prompt's last chunk,
-    /// or a decoded token; not a prompt's earlier chunks).
-    pub logits: bool,
+    /// How many of the segment's last rows the step returns logits for: 0 for a prompt's earlier
+    /// chunks, 1 for a prompt's last chunk or a decoded token (its next token is sampled), more
+    /// when a draft is verified (each drafted token's row tells whether the model agrees with the
+    /// next; engine/draft.rs). At most `len`.
+    pub logits: usize,
 }
 
 /// Activations of one step of up to `max_batch` rows, reused by every step.
@@ -335,7 +337,7 @@ impl<'m, B: Backend> Forward<'m, B> {
         caches: &mut [B::KvCache],
     ) -> Result<usize> {
         self.check(tokens, segments, caches.len())?;
-        let k = segments.iter().filter(|s| s.logits).count();
+        let k: usize = segments.iter().map(|s| s.logits).sum();
         if k > self.max_logits {
             bail!(
                 "{k} rows of logits in one step: at most {}",
@@ -382,7 +384,7 @@ impl<'m, B: Backend> Forward<'m, B> {
             bail!("token id {bad} is outside the vocabulary (size {vocab})");
         }
         let rows: usize = segments.iter().map(|s| s.len).sum();
-        if rows != tokens.len() || segments.iter().any(|s| s.len == 0) {
+        if rows != tokens.len() || segments.iter().any(|s| s.len == 0 || s.logits > s.len) {
             bail!(
                 "the segments cover {rows} rows, the step has {}",
                 tokens.len()
@@ -442,9 +444,11 @@ impl<'m, B: Backend> Forward<'m, B> {
                 let (mut end, mut k) = (0, 0);
                 for seg in segments.iter() {
                     end += seg.len;
-                    if seg.logits {
-                        b.copy(&mut s.last, k * d, &s.x, (end - 1) * d, d)?; // last: [k, hidden]
-                        k += 1;
+                    // The segment's last `logits` rows, next to each other.   last: [k, hidden]
+                    let n = seg.logits;
+                    if n > 0 {
+                        b.copy(&mut s.last, k * d, &s.x, (end - n) * d, n * d)?;
+                        k += n;
                     }
                 }
                 if k > 0 {

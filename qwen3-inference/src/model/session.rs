@@ -114,7 +114,7 @@ impl<'m, B: Backend> Session<'m, B> {
                 seq: 0,
                 pos: self.pos,
                 len: chunk.len(),
-                logits: i + 1 == n_chunks,
+                logits: usize::from(i + 1 == n_chunks),
             };
             let caches = std::slice::from_mut(&mut self.cache);
             self.fwd.step_only(chunk, &[seg], caches)?;
@@ -138,7 +138,7 @@ impl<'m, B: Backend> Session<'m, B> {
                 seq: 0,
                 pos: self.pos,
                 len: chunk.len(),
-                logits: false,
+                logits: 0,
             };
             self.fwd
                 .step_all_logits(chunk, seg, &mut self.cache, &mut chunk_logits)?;
