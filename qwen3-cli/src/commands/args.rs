@@ -6,6 +6,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use qwen3_inference::backend::KvType;
 use qwen3_inference::constraint::Grammar;
+use qwen3_inference::engine::Draft;
 use qwen3_inference::format::ModelConfig;
 use qwen3_inference::sampler::SamplerConfig;
 use std::path::{Path, PathBuf};
@@ -40,6 +41,45 @@ impl From<KvCacheArg> for KvType {
         match k {
             KvCacheArg::F32 => KvType::F32,
             KvCacheArg::Bf16 => KvType::Bf16,
+        }
+    }
+}
+
+/// `--draft`: where speculative decoding's drafts come from.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DraftKind {
+    /// No drafts: one token a step.
+    None,
+    /// Prompt lookup: the tokens that followed the last few tokens earlier in the prompt or the
+    /// answer (pays when the answer copies its input: edits, summaries, answers from documents).
+    Ngram,
+}
+
+/// Speculative decoding (qwen3-inference's engine/draft.rs), for generate, chat, serve and batch.
+#[derive(Args, Clone)]
+pub struct DraftArgs {
+    /// Speculative decoding: guess the next tokens and check them all in one step. The answer
+    /// is the same token for token (greedy or seeded); it comes sooner when guesses agree.
+    #[arg(long, value_enum, default_value = "none")]
+    pub draft: DraftKind,
+    /// Most tokens drafted a step (default 8; the length adapts below it).
+    #[arg(long, value_name = "N")]
+    pub draft_max: Option<usize>,
+}
+
+impl DraftArgs {
+    /// The drafts the flags ask for.
+    pub fn draft(&self) -> Result<Draft> {
+        let max = self.draft_max.unwrap_or(8);
+        if max == 0 {
+            bail!("--draft-max 0: a draft is at least one token (for none, leave out --draft)");
+        }
+        match self.draft {
+            DraftKind::None if self.draft_max.is_some() => {
+                bail!("--draft-max is the length of --draft's drafts: give --draft ngram too")
+            }
+            DraftKind::None => Ok(Draft::None),
+            DraftKind::Ngram => Ok(Draft::Ngram { max }),
         }
     }
 }
@@ -145,6 +185,8 @@ pub struct InferenceArgs {
     /// Generate mode: the answer matches this regular expression (all of it).
     #[arg(long, value_name = "REGEX")]
     pub regex: Option<String>,
+    #[command(flatten)]
+    pub draft: DraftArgs,
     /// Print model details, KV cache size and sampler settings to stderr.
     #[arg(long)]
     pub verbose: bool,
@@ -263,6 +305,7 @@ impl InferenceArgs {
 
     /// Refuses flags that belong to the other mode, and combinations that mean nothing.
     pub fn check_mode_flags(&self) -> Result<()> {
+        self.draft.draft()?;
         if self.mode() == Mode::Chat {
             if !self.stops.is_empty() || self.json || self.logprobs.is_some() {
                 bail!("--stop, --json and --logprobs are for -m generate");

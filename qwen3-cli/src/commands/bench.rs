@@ -60,10 +60,15 @@ pub struct BenchArgs {
     /// (--threads then does not apply).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Instead of the table above: speculative decoding's ceiling, decode with each of these
+    /// draft lengths (comma-separated) against plain decode, the draft being the plain greedy
+    /// answer replayed, every draft accepted (bench_draft.rs).
+    #[arg(long, value_delimiter = ',', value_name = "LENGTHS")]
+    pub draft_replay: Vec<usize>,
 }
 
 /// Median and (max - min) of a sample.
-fn median_spread(v: &mut [f64]) -> (f64, f64) {
+pub(super) fn median_spread(v: &mut [f64]) -> (f64, f64) {
     v.sort_by(|a, b| a.total_cmp(b));
     let m = if v.len() % 2 == 1 {
         v[v.len() / 2]
@@ -157,6 +162,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
     let model = Model::load(&file)?;
+    if !args.draft_replay.is_empty() {
+        return super::bench_draft::run(&args, &model, &prompt, &thread_counts(&args));
+    }
     // 2^28 f32s: 1 GiB.
     let mut buf = HugePageF32s::zeroed(1 << 28).context("cannot map the bandwidth buffer")?;
     buf.fill(1.0);

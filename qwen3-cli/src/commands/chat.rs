@@ -100,6 +100,7 @@ pub fn run<B: Backend>(
         sampler,
         conv,
         max_tokens: args.max_tokens,
+        draft: args.draft.draft()?,
         hide_thinking: args.hide_thinking,
         verbose_prompt: args.verbose_prompt,
         colour,
@@ -282,6 +283,8 @@ struct Chat<'a, 'm, B: Backend> {
     /// The ids of `<think>` and `</think>`, if the tokenizer has such tokens.
     think: (Option<u32>, Option<u32>),
     max_tokens: usize,
+    /// Speculative decoding's drafts for every answer (`--draft`).
+    draft: qwen3_inference::engine::Draft,
     hide_thinking: bool,
     verbose_prompt: bool,
     colour: bool,
@@ -504,7 +507,7 @@ impl<B: Backend> Chat<'_, '_, B> {
             constraint: None,
             prompt_logprobs: None,
             last_logits: false,
-            draft: qwen3_inference::engine::Draft::None,
+            draft: self.draft.clone(),
         };
         // Ctrl-C is checked after each step of the engine: each token, and each chunk of a long
         // prompt's prefill.

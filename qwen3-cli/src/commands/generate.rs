@@ -130,7 +130,7 @@ pub fn generate_text<B: Backend>(
         constraint,
         prompt_logprobs: None,
         last_logits: false,
-        draft: qwen3_inference::engine::Draft::None,
+        draft: args.draft.draft()?,
     };
     let stats = generate_until(
         &mut engine,
@@ -293,6 +293,10 @@ impl<'a> Printer<'a> {
                 "stop": stop,
                 "prompt_tokens": stats.prompt_tokens,
                 "generated_tokens": stats.generated_tokens,
+                "draft": {
+                    "drafted_tokens": stats.drafted_tokens,
+                    "accepted_tokens": stats.accepted_tokens,
+                },
                 "timings": {
                     "time_to_first_token_s": stats.time_to_first_token.as_secs_f64(),
                     "decode_s": stats.decode.as_secs_f64(),
@@ -337,6 +341,14 @@ fn print_summary(
         stats.decode_tok_s(),
         stats.time_to_first_token.as_secs_f64()
     );
+    if stats.drafted_tokens > 0 {
+        eprintln!(
+            "drafts: {} tokens drafted, {} accepted ({:.0}%)",
+            stats.drafted_tokens,
+            stats.accepted_tokens,
+            100.0 * stats.accepted_tokens as f64 / stats.drafted_tokens as f64
+        );
+    }
     if args.verbose && stats.generated_tokens > 0 {
         let per_token = stats.sampling.as_secs_f64() / stats.generated_tokens as f64;
         let decode_step =

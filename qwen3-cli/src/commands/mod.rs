@@ -5,6 +5,7 @@
 pub mod args;
 pub mod batch;
 pub mod bench;
+pub mod bench_draft;
 pub mod chat;
 pub mod chat_template;
 pub mod detokenize;

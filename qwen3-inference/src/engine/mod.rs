@@ -293,14 +293,15 @@ impl<'m, B: Backend> Engine<'m, B> {
     }
 
     /// An engine of one sequence, as the CLI's generate and chat run: the prompt in chunks of
-    /// [`MAX_BATCH`], then one token a step.
+    /// [`MAX_BATCH`], then one token a step, or with drafts up to [`SPECULATE_ROWS`] (a step
+    /// returns as many rows of logits).
     pub fn one_sequence(
         backend: &'m B,
         model: &'m Model<'m, B::Tensor>,
         context_len: usize,
         kv: KvType,
     ) -> Result<Self> {
-        let fwd = Forward::new(backend, model, context_len, MAX_BATCH, 1, kv)?;
+        let fwd = Forward::new(backend, model, context_len, MAX_BATCH, SPECULATE_ROWS, kv)?;
         let cfg = EngineConfig {
             slots: 1,
             max_queue: 1,
