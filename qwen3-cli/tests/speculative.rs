@@ -1,13 +1,17 @@
 //! Speculative decoding through the CLI (`generate --draft ngram`): the answer is plain
 //! decoding's, token for token, greedy and seeded sampling, on f32 and q8 exports of the
 //! full-vocabulary fixture, with a prompt that repeats itself (so that prompt lookup drafts);
-//! the drafts are counted in `--json`; bad flags are refused by name. The engine's own tests
+//! the drafts are counted in `--json`; bad flags are refused by name. `qwen3 serve --draft ngram`
+//! answers eight concurrent clients as it answers each alone without drafts. The engine's own tests
 //! (qwen3-inference engine/tests.rs) check the same against replayed answers, rejected drafts
 //! and the KV cache's rollback.
 
+mod common;
+
+use common::{text, Server};
 use qwen3_inference::format::DType;
 use qwen3_test_support::{export_fixture, tempdir};
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Command;
 
@@ -80,4 +84,42 @@ fn bad_draft_flags_are_refused() {
             "{args:?}: {err}"
         );
     }
+}
+
+/// Eight clients at once on four slots, greedy and seeded, each with drafts (the server's
+/// `--draft ngram`): each answer equals the one the same request gets alone with
+/// `"speculative": false`, and `/metrics` counts the drafts.
+#[test]
+fn served_beside_others_the_answers_are_plain() {
+    let s = Server::start(
+        Path::new(common::fullvocab_model()),
+        &["--parallel", "4", "--draft", "ngram"],
+    );
+    let body = |i: usize| {
+        let t = if i.is_multiple_of(2) { 0.0 } else { 0.8 };
+        json!({"prompt": format!("{PROMPT} {i}"), "max_tokens": 32, "temperature": t, "seed": i})
+    };
+    let port = s.port;
+    let clients: Vec<_> = (0..8)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let b = body(i).to_string();
+                common::http(port, "POST", "/v1/completions", &[], b.as_bytes())
+            })
+        })
+        .collect();
+    for (i, c) in clients.into_iter().enumerate() {
+        let r = c.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        let mut alone = body(i);
+        alone["speculative"] = json!(false);
+        let plain = s.post("/v1/completions", &alone);
+        assert_eq!(text(&r.json()), text(&plain.json()), "client {i}");
+    }
+    let m = s.get("/metrics").body;
+    let drafted = m
+        .lines()
+        .find_map(|l| l.strip_prefix("qwen3_draft_tokens_total "))
+        .unwrap();
+    assert!(drafted.parse::<u64>().unwrap() > 0, "{m}");
 }

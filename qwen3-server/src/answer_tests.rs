@@ -51,6 +51,7 @@ fn state() -> Arc<AppState> {
         info: Default::default(),
         draining: Default::default(),
         public_metrics: false,
+        draft: Default::default(),
     })
 }
 

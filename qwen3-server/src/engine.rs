@@ -114,7 +114,10 @@ pub(crate) async fn queue(s: &Arc<AppState>, job: &Job, p: &Params) -> Result<Qu
             constraint: job.constraint.clone(),
             prompt_logprobs: if job.echo { job.logprobs } else { None },
             last_logits: false,
-            draft: qwen3_inference::engine::Draft::None,
+            draft: match p.speculative {
+                true => s.draft.clone(),
+                false => qwen3_inference::engine::Draft::None,
+            },
         })
         .collect();
     let (tx, mut rx) = mpsc::unbounded_channel();

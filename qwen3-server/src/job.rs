@@ -40,6 +40,9 @@ pub struct Params {
     /// vLLM's and llama-server's `ignore_eos`: generate `max_tokens` whatever the model says
     /// (for benchmarks).
     pub ignore_eos: bool,
+    /// `speculative: false` opts out of the server's drafts (`--draft`): the answer is the same
+    /// either way, only the steps differ.
+    pub speculative: bool,
 }
 
 /// A generation request, read: the prompt as token ids and how to read the answer's tokens.

@@ -82,6 +82,10 @@ pub struct Metrics {
     /// Requests that found part of their prompt in a slot's cache, and the tokens they found.
     pub prefix_cache_hits: AtomicU64,
     pub prefix_cache_tokens: AtomicU64,
+    /// Speculative decoding (`--draft`): tokens drafted, and those the model accepted, of the
+    /// finished requests.
+    pub draft_tokens: AtomicU64,
+    pub draft_accepted_tokens: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -99,6 +103,8 @@ impl Default for Metrics {
             kv_cache_usage: AtomicU64::new(0),
             prefix_cache_hits: AtomicU64::new(0),
             prefix_cache_tokens: AtomicU64::new(0),
+            draft_tokens: AtomicU64::new(0),
+            draft_accepted_tokens: AtomicU64::new(0),
         }
     }
 }
@@ -232,6 +238,18 @@ impl Metrics {
             "qwen3_prefix_cache_tokens_total",
             "Prompt tokens taken from the slots' caches instead of being run.",
             self.prefix_cache_tokens.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "qwen3_draft_tokens_total",
+            "Tokens drafted for speculative decoding (--draft), of the finished requests.",
+            self.draft_tokens.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "qwen3_draft_accepted_tokens_total",
+            "Drafted tokens the model agreed with (each an answer token that took no step of its own).",
+            self.draft_accepted_tokens.load(Relaxed),
         );
         out
     }

@@ -324,6 +324,7 @@ struct Common {
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
     ignore_eos: Option<bool>,
+    speculative: Option<bool>,
 }
 
 /// Fields of OpenAI's API that this server does not implement: given with a value that asks for
@@ -485,6 +486,7 @@ pub(crate) fn params(
                 .and_then(|o| o.include_usage)
                 .unwrap_or(false),
         ignore_eos: c.ignore_eos.unwrap_or(false),
+        speculative: c.speculative.unwrap_or(true),
     })
 }
 

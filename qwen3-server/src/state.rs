@@ -62,6 +62,8 @@ pub struct AppState {
     /// `GET /metrics` needs no key even with one set (`--public-metrics`): for scrapers that
     /// send none, such as the Gateway API's endpoint picker.
     pub public_metrics: bool,
+    /// Speculative decoding's drafts for the requests that do not opt out (`--draft`).
+    pub draft: qwen3_inference::engine::Draft,
 }
 
 /// The model file, as Ollama's API describes a model.

@@ -128,13 +128,19 @@ pub fn run<B: Backend>(mut engine: Engine<B>, commands: Receiver<Command>, metri
                 .observe(engine.step_sequences() as f64);
         }
         for ev in events.drain(..) {
-            if let Event::Started { cached, .. } = ev {
-                if cached > 0 {
+            match &ev {
+                Event::Started { cached, .. } if *cached > 0 => {
                     metrics.prefix_cache_hits.fetch_add(1, Relaxed);
                     metrics
                         .prefix_cache_tokens
-                        .fetch_add(cached as u64, Relaxed);
+                        .fetch_add(*cached as u64, Relaxed);
                 }
+                Event::Finished { stats, .. } => {
+                    let (d, a) = (stats.drafted_tokens as u64, stats.accepted_tokens as u64);
+                    metrics.draft_tokens.fetch_add(d, Relaxed);
+                    metrics.draft_accepted_tokens.fetch_add(a, Relaxed);
+                }
+                _ => {}
             }
             let (id, last) = match &ev {
                 Event::Started { id, .. }

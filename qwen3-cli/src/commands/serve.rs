@@ -2,14 +2,14 @@
 //! the continuous-batching engine. This file reads the model's files and starts the worker; see
 //! docs/serve.md for what the server does.
 
-use super::args::{KvCacheArg, DEFAULT_CONTEXT_CAP};
+use super::args::{DraftArgs, KvCacheArg, DEFAULT_CONTEXT_CAP};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use qwen3_cuda::device::check_available;
 use qwen3_cuda::Device;
 use qwen3_inference::backend::{PlainBackend, CPU};
 use qwen3_inference::chat::ChatTemplate;
-use qwen3_inference::engine::{Engine, EngineConfig};
+use qwen3_inference::engine::{logit_rows, Engine, EngineConfig};
 use qwen3_inference::format::{companion_paths, ModelFile};
 use qwen3_inference::model::{Forward, Model, MAX_BATCH};
 use qwen3_inference::tokenizer::Tokenizer;
@@ -91,6 +91,9 @@ pub struct EngineArgs {
     /// Sequences generated at once, each with its own KV cache; more requests wait.
     #[arg(long, default_value_t = SERVE_SLOTS)]
     pub parallel: usize,
+    /// Speculative decoding for every request that does not send `"speculative": false`.
+    #[command(flatten)]
+    pub draft: DraftArgs,
     /// Requests that may wait for a free sequence; beyond them the server answers 503.
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
@@ -245,6 +248,7 @@ pub fn prepare(
         info: ModelInfo::of(&file, &args.model),
         draining: Default::default(),
         public_metrics: false,
+        draft: args.draft.draft()?,
     };
     let cfg = EngineConfig {
         slots: args.parallel,
@@ -262,20 +266,41 @@ pub fn prepare(
         .map_err(|e| anyhow!("cannot start the thread pool: {e}"))?;
     if device == Device::Cpu {
         let model = Model::load(&file)?;
-        let fwd = Forward::new(CPU, &model, context_len, MAX_BATCH, args.parallel, kv)?;
+        let fwd = Forward::new(
+            CPU,
+            &model,
+            context_len,
+            MAX_BATCH,
+            logit_rows(args.parallel),
+            kv,
+        )?;
         Engine::new(fwd, cfg)?;
     }
     let worker: Worker = Box::new(move |commands| {
         pool.install(|| match device {
             Device::Cpu => {
                 let model = Model::load(&file)?;
-                let fwd = Forward::new(CPU, &model, context_len, MAX_BATCH, cfg.slots, kv)?;
+                let fwd = Forward::new(
+                    CPU,
+                    &model,
+                    context_len,
+                    MAX_BATCH,
+                    logit_rows(cfg.slots),
+                    kv,
+                )?;
                 worker::run(Engine::new(fwd, cfg)?, commands, metrics);
                 Ok(())
             }
             Device::Plain => {
                 let model = Model::load(&file)?;
-                let fwd = Forward::new(&PLAIN, &model, context_len, MAX_BATCH, cfg.slots, kv)?;
+                let fwd = Forward::new(
+                    &PLAIN,
+                    &model,
+                    context_len,
+                    MAX_BATCH,
+                    logit_rows(cfg.slots),
+                    kv,
+                )?;
                 worker::run(Engine::new(fwd, cfg)?, commands, metrics);
                 Ok(())
             }
@@ -305,7 +330,14 @@ mod cuda {
     ) -> Result<()> {
         let gpu = CudaBackend::load(ordinal, file)?;
         let model = Model::load_with(file, |name| gpu.weights.tensor(name))?;
-        let fwd = Forward::new(&gpu, &model, context_len, MAX_BATCH, cfg.slots, KvType::F32)?;
+        let fwd = Forward::new(
+            &gpu,
+            &model,
+            context_len,
+            MAX_BATCH,
+            logit_rows(cfg.slots),
+            KvType::F32,
+        )?;
         worker::run(Engine::new(fwd, cfg)?, commands, metrics);
         Ok(())
     }

@@ -246,6 +246,13 @@ pub struct Engine<'m, B: Backend> {
     scores_host: Vec<f32>,
 }
 
+/// The rows of logits a step of an engine of `slots` sequences may return, for
+/// [`Forward::new`]'s `max_logits`: one a sequence, and up to [`SPECULATE_ROWS`] for drafts
+/// (fewer would only limit how many drafts a step verifies).
+pub fn logit_rows(slots: usize) -> usize {
+    (slots + SPECULATE_ROWS).min(MAX_BATCH)
+}
+
 /// Most prompt positions scored in one step (`Request::prompt_logprobs`; fewer when the prefill
 /// chunk is smaller): their logits take `SCORE_ROWS x vocab` floats (Qwen3's vocabulary: 39 MB).
 pub const SCORE_ROWS: usize = 64;

@@ -46,7 +46,7 @@ pub struct Server {
 impl Server {
     /// The server `qwen3 serve <model> <args>` would run. `args`: the few flags these tests give
     /// (`--context`, `--parallel`, `--model-name`, `--api-key`, `--cors`, `--rerank`,
-    /// `--public-metrics`), as the CLI reads them.
+    /// `--public-metrics`, `--draft ngram`), as the CLI reads them.
     pub fn start(model: &Path, args: &[&str]) -> Server {
         Server::start_env(model, args, &[])
     }
@@ -60,6 +60,7 @@ impl Server {
             .find(|(k, _)| *k == "QWEN3_API_KEY")
             .map(|(_, v)| v.to_string());
         let (mut rerank, mut public_metrics) = (false, false);
+        let mut draft = qwen3_inference::engine::Draft::None;
         let mut flags = args.iter();
         while let Some(flag) = flags.next() {
             if *flag == "--rerank" {
@@ -77,6 +78,13 @@ impl Server {
                 "--model-name" => model_name = Some(value.to_string()),
                 "--api-key" => api_key = Some(value.to_string()),
                 "--cors" => cors.push(value.to_string()),
+                "--draft" => {
+                    assert_eq!(
+                        value, &"ngram",
+                        "the in-process server drafts by prompt lookup"
+                    );
+                    draft = qwen3_inference::engine::Draft::Ngram { max: 8 };
+                }
                 other => panic!("{other}: not a flag the in-process server knows"),
             }
         }
@@ -131,6 +139,7 @@ impl Server {
             info: ModelInfo::of(&file, model),
             draining: Default::default(),
             public_metrics,
+            draft,
         };
         let cfg = EngineConfig {
             slots,
@@ -138,7 +147,8 @@ impl Server {
         };
         let run = move |commands| {
             let model = Model::load(&file)?;
-            let fwd = Forward::new(CPU, &model, context_len, MAX_BATCH, slots, KvType::F32)?;
+            let rows = qwen3_inference::engine::logit_rows(slots);
+            let fwd = Forward::new(CPU, &model, context_len, MAX_BATCH, rows, KvType::F32)?;
             worker::run(Engine::new(fwd, cfg)?, commands, metrics);
             Ok(())
         };
