@@ -30,8 +30,13 @@
 //! a prompt gives the same keys and values however it is chunked (model/forward.rs), a request's
 //! tokens do not depend on what else runs: with temperature 0 they equal `qwen3 inference -t 0`.
 //!
+//! A request can also come with drafts (speculative decoding, draft.rs): guesses of its next
+//! tokens, run as extra rows of its segment in step 3 and kept in step 4 while the tokens drawn
+//! agree with them; its answer is the same as without.
+//!
 //! The engine is synchronous and single-threaded (the kernels use the threads); the server puts it
-//! on one worker thread and talks to it through channels.
+//! on one worker thread and talks to it through channels. Beside this file: job.rs (a request in a
+//! slot, and step 4 for one row of its logits), draft.rs, outcome.rs (how a request ended).
 
 use crate::backend::{Backend, KvType};
 use crate::chat::{common_prefix_len, reuse_len};
@@ -48,7 +53,10 @@ pub use outcome::{GenerationStats, StopReason};
 
 mod draft;
 use draft::Drafter;
+
+mod job;
 pub use draft::{Draft, NGRAM_MAX, NGRAM_MIN, SPECULATE_ROWS};
+use job::{next_token, Job, Row};
 
 #[cfg(test)]
 mod tests;
@@ -176,36 +184,6 @@ impl Default for EngineConfig {
             prefill_chunk: 32,
         }
     }
-}
-
-/// A request in a slot.
-struct Job {
-    id: RequestId,
-    /// The prompt, then each sampled token: what the model has seen or will see next.
-    tokens: Vec<u32>,
-    prompt_len: usize,
-    max_tokens: usize,
-    sampler: Sampler,
-    stop_ids: Vec<u32>,
-    logprobs: Option<usize>,
-    constraint: Option<Constraint>,
-    /// `Request::last_logits`.
-    last_logits: bool,
-    /// The prompt's log-probabilities while they are being computed: alternatives per token,
-    /// and the entries so far (`None` when not asked for, or once sent).
-    scoring: Option<(usize, Vec<TokenLogprobs>)>,
-    /// Prompt tokens found in the slot's cache when it started.
-    cached: usize,
-    /// When it took its slot.
-    start: Instant,
-    /// The time of the pass that gave its first logits (the prompt's).
-    prefill: Option<Duration>,
-    /// From `start` to its first sampled token.
-    first_token: Option<Duration>,
-    sampling: Duration,
-    kept_candidates: usize,
-    /// Its drafts (speculative decoding), if it has any.
-    drafter: Option<Drafter>,
 }
 
 /// One sequence's place: the tokens its KV cache holds (the cache is `Engine::caches[i]` for
@@ -857,144 +835,4 @@ fn pooled(row: &[f32], normalize: bool) -> Vec<f32> {
     let norm = row.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
     let scale = 1.0 / norm.max(1e-12);
     row.iter().map(|&x| (x as f64 * scale) as f32).collect()
-}
-
-/// The first index of the largest value.
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-/// What a row of logits did to its request ([`next_token`]).
-enum Row {
-    /// A token was drawn and the answer goes on.
-    Next(u32),
-    /// The answer ended.
-    Stop(StopReason),
-    /// The request failed (its grammar could not go on).
-    Failed(String),
-}
-
-/// Step 4 for one row of a request's logits, `l`: the next token is drawn, reported and
-/// appended, or the answer ends (the token limit, an end-of-sequence id, the context full with
-/// `cached` positions in use).
-fn next_token(
-    job: &mut Job,
-    l: &[f32],
-    masked: &mut Vec<f32>,
-    cached: usize,
-    ctx: usize,
-    events: &mut Vec<Event>,
-) -> Row {
-    let generated = job.tokens.len() - job.prompt_len;
-    if generated >= job.max_tokens {
-        return Row::Stop(StopReason::MaxTokens);
-    }
-    let t = Instant::now();
-    let next = match job.draw(l, masked) {
-        Ok(next) => next,
-        Err(error) => return Row::Failed(error),
-    };
-    job.sampling += t.elapsed();
-    job.kept_candidates += job.sampler.last_kept();
-    job.first_token.get_or_insert_with(|| job.start.elapsed());
-    job.tokens.push(next);
-    if job.stop_ids.contains(&next) {
-        return Row::Stop(StopReason::Eos(next));
-    }
-    // Of the raw logits, which the sampler read but did not change.
-    let logprobs = job
-        .logprobs
-        .map(|top| Box::new(token_logprobs(l, next, top)));
-    events.push(Event::Token {
-        id: job.id,
-        token: next,
-        logprobs,
-    });
-    // Tokens the grammar forces after `next`, appended as if sampled.
-    let room = (job.max_tokens - generated - 1).min(ctx.saturating_sub(cached + 1));
-    let generated = match job.force(room, events) {
-        Ok(forced) => generated + forced,
-        Err(error) => return Row::Failed(error),
-    };
-    if generated + 1 == job.max_tokens {
-        Row::Stop(StopReason::MaxTokens)
-    } else if cached == ctx {
-        Row::Stop(StopReason::ContextFull)
-    } else {
-        Row::Next(next)
-    }
-}
-
-impl Job {
-    /// The next token from `logits`: sampled, or for a constrained request sampled from the
-    /// logits masked by its grammar (copied into `masked`; the pass's logits are read-only).
-    fn draw(&mut self, logits: &[f32], masked: &mut Vec<f32>) -> Result<u32, String> {
-        // The penalties' scopes: everything seen, and the answer so far.
-        let (seen, answer) = (&self.tokens, &self.tokens[self.prompt_len..]);
-        let Some(c) = &mut self.constraint else {
-            return Ok(self.sampler.sample(logits, seen, answer));
-        };
-        masked.clear();
-        masked.extend_from_slice(logits);
-        c.mask(masked, &self.stop_ids).map_err(|e| e.to_string())?;
-        let next = self.sampler.sample(masked, seen, answer);
-        if c.allows(next, &self.stop_ids) {
-            Ok(next)
-        } else {
-            // Drawn with the vanishing weight the sampler gives -inf (see `Constraint::allows`):
-            // the most likely allowed token instead.
-            Ok(argmax(masked))
-        }
-    }
-
-    /// Moves a constrained request's grammar past its last token (just sampled, not a stop id),
-    /// then appends the tokens the grammar forces, at most `room` (the answer's and the
-    /// context's room: each must run before the next sample), reporting each as a token. Not
-    /// when log-probabilities are asked for: a forced token has no logits of its own. Returns
-    /// how many were appended.
-    fn force(&mut self, room: usize, events: &mut Vec<Event>) -> Result<usize, String> {
-        let Some(c) = &mut self.constraint else {
-            return Ok(0);
-        };
-        let last = *self.tokens.last().expect("just sampled");
-        c.advance(last).map_err(|e| e.to_string())?;
-        if self.logprobs.is_some() {
-            return Ok(0);
-        }
-        let forced = c.forced(room);
-        for &token in &forced {
-            self.tokens.push(token);
-            events.push(Event::Token {
-                id: self.id,
-                token,
-                logprobs: None,
-            });
-        }
-        Ok(forced.len())
-    }
-
-    /// The finished request's counts and times.
-    fn stats(&self, stop: StopReason) -> GenerationStats {
-        let total = self.start.elapsed();
-        let first = self.first_token.unwrap_or(total);
-        GenerationStats {
-            prompt_tokens: self.prompt_len,
-            cached_tokens: self.cached,
-            generated_tokens: self.tokens.len() - self.prompt_len,
-            prefill: self.prefill.unwrap_or(total),
-            time_to_first_token: first,
-            decode: total - first,
-            sampling: self.sampling,
-            kept_candidates: self.kept_candidates,
-            drafted_tokens: self.drafter.as_ref().map_or(0, |d| d.drafted),
-            accepted_tokens: self.drafter.as_ref().map_or(0, |d| d.accepted),
-            stop,
-        }
-    }
 }
