@@ -6,7 +6,7 @@ use super::draft::Drafter;
 use super::{Event, GenerationStats, RequestId, StopReason};
 use crate::constraint::Constraint;
 use crate::logprobs::{token_logprobs, TokenLogprobs};
-use crate::sampler::Sampler;
+use crate::sampler::{argmax, Sampler};
 use std::time::{Duration, Instant};
 
 /// A request in a slot.
@@ -37,17 +37,6 @@ pub(super) struct Job {
     pub(super) kept_candidates: usize,
     /// Its drafts (speculative decoding), if it has any.
     pub(super) drafter: Option<Drafter>,
-}
-
-/// The first index of the largest value.
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// What a row of logits did to its request ([`next_token`]).
@@ -129,7 +118,7 @@ impl Job {
         } else {
             // Drawn with the vanishing weight the sampler gives -inf (see `Constraint::allows`):
             // the most likely allowed token instead.
-            Ok(argmax(masked))
+            Ok(argmax(masked) as u32)
         }
     }
 
