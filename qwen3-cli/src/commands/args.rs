@@ -7,8 +7,9 @@ use clap::{Args, ValueEnum};
 use qwen3_inference::backend::KvType;
 use qwen3_inference::constraint::Grammar;
 use qwen3_inference::engine::Draft;
-use qwen3_inference::format::ModelConfig;
+use qwen3_inference::format::{companion_paths, ModelConfig, ModelFile};
 use qwen3_inference::sampler::SamplerConfig;
+use qwen3_inference::tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
 
 /// Context length used when `-c` is not given: the model's maximum, capped, because the KV cache
@@ -62,6 +63,11 @@ pub struct DraftArgs {
     /// is the same token for token (greedy or seeded); it comes sooner when guesses agree.
     #[arg(long, value_enum, default_value = "none")]
     pub draft: DraftKind,
+    /// Speculative decoding with a draft model: a small model with the same tokens (a file
+    /// written by `qwen3 export`, or a repository id), such as Qwen3-0.6B beside Qwen3-8B,
+    /// guesses the next tokens.
+    #[arg(long, value_name = "MODEL")]
+    pub draft_model: Option<PathBuf>,
     /// Most tokens drafted a step (default 8; the length adapts below it).
     #[arg(long, value_name = "N")]
     pub draft_max: Option<usize>,
@@ -74,13 +80,48 @@ impl DraftArgs {
         if max == 0 {
             bail!("--draft-max 0: a draft is at least one token (for none, leave out --draft)");
         }
-        match self.draft {
-            DraftKind::None if self.draft_max.is_some() => {
-                bail!("--draft-max is the length of --draft's drafts: give --draft ngram too")
+        match (self.draft, &self.draft_model) {
+            (DraftKind::Ngram, Some(_)) => {
+                bail!("--draft ngram and --draft-model are two sources of drafts: give one")
             }
-            DraftKind::None => Ok(Draft::None),
-            DraftKind::Ngram => Ok(Draft::Ngram { max }),
+            (DraftKind::None, None) if self.draft_max.is_some() => {
+                bail!("--draft-max is the length of the drafts: give --draft ngram or --draft-model too")
+            }
+            (DraftKind::None, None) => Ok(Draft::None),
+            (DraftKind::Ngram, None) => Ok(Draft::Ngram { max }),
+            (DraftKind::None, Some(_)) => Ok(Draft::Model { max }),
         }
+    }
+
+    /// `--draft-model`'s file (exported first, if given as a repository id), checked against
+    /// the model it drafts for, `target`: the draft model reads the target's token ids, so both
+    /// tokenizers must have the same tokens under the same ids. `None` without the flag.
+    pub fn open_model(
+        &self,
+        target: &Path,
+        models_dir: Option<&Path>,
+        offline: bool,
+    ) -> Result<Option<ModelFile>> {
+        let Some(path) = &self.draft_model else {
+            return Ok(None);
+        };
+        let path = crate::hub::models::resolve(path, models_dir, offline)?;
+        let name = path.display();
+        let file = ModelFile::open(&path).with_context(|| format!("--draft-model {name}"))?;
+        if file.config().embedding.is_some() {
+            bail!("--draft-model {name}: an embedding model, which guesses no tokens");
+        }
+        let open = |p: &Path| Tokenizer::open(&companion_paths(p).tokenizer);
+        let theirs = open(&path).with_context(|| format!("--draft-model {name}"))?;
+        let ours = open(target)?;
+        ours.same_tokens(&theirs).with_context(|| {
+            format!(
+                "--draft-model {name} has another vocabulary than {}: a draft model must have \
+                 the same tokenizer",
+                target.display()
+            )
+        })?;
+        Ok(Some(file))
     }
 }
 

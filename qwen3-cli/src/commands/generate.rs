@@ -18,6 +18,7 @@ use qwen3_inference::tokenizer::Tokenizer;
 use qwen3_server::text::ChoiceText;
 use serde_json::json;
 use std::io::Write;
+use std::path::Path;
 use std::sync::Arc;
 
 /// `-m generate`: the prompt's ids, and what to do with the output.
@@ -177,6 +178,21 @@ fn print_setup<B: Backend>(
         kv.name()
     );
     eprintln!("eos ids: {eos_ids:?}");
+    if let Some(dm) = engine.draft_model() {
+        let d = dm.forward().model().config;
+        eprintln!(
+            "draft model: {} ({}), {} layers, hidden {}; at most {} tokens a draft",
+            args.draft
+                .draft_model
+                .as_deref()
+                .unwrap_or(Path::new(""))
+                .display(),
+            d.dtype,
+            d.num_hidden_layers,
+            d.hidden_size,
+            args.draft.draft().map_or(0, |d| d.max())
+        );
+    }
     let s = sampler;
     eprintln!(
         "sampler: temperature {}, top_k {}, top_p {}, min_p {}, repetition_penalty {}, presence_penalty {}, seed {}",

@@ -31,6 +31,9 @@ pub fn run(mut args: InferenceArgs) -> Result<()> {
     args.check_mode_flags()?;
     let file = ModelFile::open(&args.model)?;
     let context_len = context_len(&args, file.config())?;
+    let draft = args
+        .draft
+        .open_model(&args.model, args.models_dir.as_deref(), args.offline)?;
     // Everything that only needs the files (tokenizer, template, the prompt's ids) is read
     // before the weights go to a device, so that bad input fails fast.
     let job = match args.mode() {
@@ -40,8 +43,10 @@ pub fn run(mut args: InferenceArgs) -> Result<()> {
     match device {
         Device::Cpu => {
             let model = Model::load(&file)?;
+            let draft = draft.as_ref().map(Model::load).transpose()?;
             let cpu = CpuBackend::new();
             let engine = Engine::one_sequence(&cpu, &model, context_len, args.kv_cache.into())?;
+            let engine = with_draft_model(engine, draft.as_ref())?;
             let (threads, decode) = (kernels::threads(), kernels::decode_threads());
             let threads = if decode == threads {
                 format!("{threads}")
@@ -56,14 +61,32 @@ pub fn run(mut args: InferenceArgs) -> Result<()> {
         }
         Device::Plain => {
             let model = Model::load(&file)?;
+            let draft = draft.as_ref().map(Model::load).transpose()?;
             let plain = PlainBackend::new();
             let engine = Engine::one_sequence(&plain, &model, context_len, args.kv_cache.into())?;
+            let engine = with_draft_model(engine, draft.as_ref())?;
             run_job(&args, engine, job, "plain: the textbook loops, one thread")
         }
+        Device::Cuda(_) if draft.is_some() => bail!("{CUDA_DRAFT}"),
         Device::Cuda(_) if args.kv_cache != KvCacheArg::F32 => {
             bail!("--kv-cache bf16 is for --device cpu: the CUDA backend keeps its KV cache in f32")
         }
         Device::Cuda(ordinal) => cuda::run(&args, &file, ordinal, context_len, job),
+    }
+}
+
+/// `--draft-model` on a GPU: not yet.
+pub const CUDA_DRAFT: &str = "--draft-model runs on --device cpu or plain: the CUDA backend \
+     holds one model's weights";
+
+/// `engine` with `draft` as its draft model, if there is one (`--draft-model`).
+pub fn with_draft_model<'m, B: Backend>(
+    engine: Engine<'m, B>,
+    draft: Option<&'m Model<'m, B::Tensor>>,
+) -> Result<Engine<'m, B>> {
+    match draft {
+        Some(model) => engine.with_draft_model(model),
+        None => Ok(engine),
     }
 }
 

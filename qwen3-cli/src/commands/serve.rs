@@ -3,6 +3,7 @@
 //! docs/serve.md for what the server does.
 
 use super::args::{DraftArgs, KvCacheArg, DEFAULT_CONTEXT_CAP};
+use super::inference::with_draft_model;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use qwen3_cuda::device::check_available;
@@ -194,6 +195,12 @@ pub fn prepare(
     }
     let file = ModelFile::open(&args.model)?;
     let c = file.config().clone();
+    let draft_file =
+        args.draft
+            .open_model(&args.model, args.models_dir.as_deref(), args.offline)?;
+    if matches!(device, Device::Cuda(_)) && draft_file.is_some() {
+        bail!("{}", super::inference::CUDA_DRAFT);
+    }
     let max_ctx = c.max_context() as usize;
     let context_len = args.context.unwrap_or(max_ctx.min(DEFAULT_CONTEXT_CAP));
     if context_len == 0 || context_len > max_ctx {
@@ -266,6 +273,7 @@ pub fn prepare(
         .map_err(|e| anyhow!("cannot start the thread pool: {e}"))?;
     if device == Device::Cpu {
         let model = Model::load(&file)?;
+        let draft = draft_file.as_ref().map(Model::load).transpose()?;
         let fwd = Forward::new(
             CPU,
             &model,
@@ -274,12 +282,13 @@ pub fn prepare(
             logit_rows(args.parallel),
             kv,
         )?;
-        Engine::new(fwd, cfg)?;
+        with_draft_model(Engine::new(fwd, cfg)?, draft.as_ref())?;
     }
     let worker: Worker = Box::new(move |commands| {
         pool.install(|| match device {
             Device::Cpu => {
                 let model = Model::load(&file)?;
+                let draft = draft_file.as_ref().map(Model::load).transpose()?;
                 let fwd = Forward::new(
                     CPU,
                     &model,
@@ -288,11 +297,13 @@ pub fn prepare(
                     logit_rows(cfg.slots),
                     kv,
                 )?;
-                worker::run(Engine::new(fwd, cfg)?, commands, metrics);
+                let engine = with_draft_model(Engine::new(fwd, cfg)?, draft.as_ref())?;
+                worker::run(engine, commands, metrics);
                 Ok(())
             }
             Device::Plain => {
                 let model = Model::load(&file)?;
+                let draft = draft_file.as_ref().map(Model::load).transpose()?;
                 let fwd = Forward::new(
                     &PLAIN,
                     &model,
@@ -301,7 +312,8 @@ pub fn prepare(
                     logit_rows(cfg.slots),
                     kv,
                 )?;
-                worker::run(Engine::new(fwd, cfg)?, commands, metrics);
+                let engine = with_draft_model(Engine::new(fwd, cfg)?, draft.as_ref())?;
+                worker::run(engine, commands, metrics);
                 Ok(())
             }
             Device::Cuda(ordinal) => {

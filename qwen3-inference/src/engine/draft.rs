@@ -21,7 +21,8 @@
 //! only, and the next step writes over them).
 //!
 //! Where drafts come from ([`Draft`]): the sequence itself (prompt lookup: a summary, an edit or
-//! a RAG answer copies runs of its input), or, for benchmarks, a given answer.
+//! a RAG answer copies runs of its input), a small model of the same vocabulary (draft_model.rs),
+//! or, for benchmarks, a given answer.
 
 /// How a request's next tokens are guessed.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -33,6 +34,9 @@ pub enum Draft {
     /// [`NGRAM_MIN`]) earlier in the prompt or the answer, and propose the tokens that followed
     /// their latest occurrence, at most `max`.
     Ngram { max: usize },
+    /// A draft model's greedy guesses (the engine's [`DraftModel`](super::DraftModel), a small
+    /// model of the same vocabulary, such as Qwen3-0.6B for Qwen3-8B), at most `max`.
+    Model { max: usize },
     /// The answer given, in order: a benchmark's ceiling (a previous greedy run's answer, whose
     /// every draft the model accepts), at most `max` a step.
     Replay { answer: Vec<u32>, max: usize },
@@ -43,7 +47,7 @@ impl Draft {
     pub fn max(&self) -> usize {
         match self {
             Draft::None => 0,
-            Draft::Ngram { max } | Draft::Replay { max, .. } => *max,
+            Draft::Ngram { max } | Draft::Model { max } | Draft::Replay { max, .. } => *max,
         }
     }
 }
@@ -94,9 +98,15 @@ impl Drafter {
         })
     }
 
-    /// Proposes at most `room` tokens to follow `tokens` (the prompt, then the answer so far; the
-    /// last one sampled and not yet run) into `proposed`; returns how many.
-    pub fn propose(&mut self, tokens: &[u32], prompt_len: usize, room: usize) -> usize {
+    /// Whether the drafts come from the engine's draft model, which fills `proposed` itself
+    /// (for every drafting sequence at once) after [`Drafter::want`].
+    pub fn uses_model(&self) -> bool {
+        matches!(self.draft, Draft::Model { .. })
+    }
+
+    /// How many tokens to propose this step, at most `room`: the adapted length, or none while
+    /// drafting pauses. Clears `proposed`.
+    pub fn want(&mut self, room: usize) -> usize {
         self.proposed.clear();
         let want = self.len.min(room);
         if want == 0 {
@@ -106,8 +116,19 @@ impl Drafter {
             self.pause -= 1;
             return 0;
         }
+        want
+    }
+
+    /// Proposes at most `room` tokens to follow `tokens` (the prompt, then the answer so far; the
+    /// last one sampled and not yet run) into `proposed`; returns how many. (A draft model's
+    /// drafts are the engine's to make: none here.)
+    pub fn propose(&mut self, tokens: &[u32], prompt_len: usize, room: usize) -> usize {
+        let want = self.want(room);
+        if want == 0 {
+            return 0;
+        }
         match &self.draft {
-            Draft::None => {}
+            Draft::None | Draft::Model { .. } => {}
             Draft::Ngram { .. } => lookup(tokens, want, &mut self.proposed),
             Draft::Replay { answer, .. } => {
                 let done = tokens.len() - prompt_len;
@@ -210,6 +231,51 @@ mod tests {
         }
         assert!(d.propose(&tokens, 0, 100) > 0);
         assert!(Drafter::new(Draft::Ngram { max: 0 }).is_none());
+    }
+
+    /// The acceptance rule on a known distribution: with `p = [0.5, 0.3, 0.15, 0.05]` and the
+    /// draft `d = 1`, drawing `x ~ p` and keeping the draft when `x == d` accepts it with
+    /// probability `p(d) = 0.3`; a rejection's token follows `p` without `d`, renormalized
+    /// (`[5/7, 0, 1.5/7, 0.5/7]`); and the tokens emitted follow `p` itself. Frequencies of
+    /// 40000 draws, each within 4.5 standard deviations.
+    #[test]
+    fn verifying_by_drawing_keeps_the_distribution() {
+        use crate::sampler::{Sampler, SamplerConfig};
+        let p = [0.5f64, 0.3, 0.15, 0.05];
+        let logits: Vec<f32> = p.iter().map(|x| x.ln() as f32).collect();
+        let mut sampler = Sampler::new(SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 42,
+            ..SamplerConfig::greedy()
+        })
+        .unwrap();
+        let (n, d) = (40_000, 1);
+        let (mut emitted, mut rejected_as) = ([0usize; 4], [0usize; 4]);
+        for _ in 0..n {
+            let x = sampler.sample(&logits, &[], &[]) as usize;
+            emitted[x] += 1;
+            if x != d {
+                rejected_as[x] += 1;
+            }
+        }
+        let close = |count: usize, of: usize, q: f64| {
+            let sd = (q * (1.0 - q) / of as f64).sqrt();
+            let f = count as f64 / of as f64;
+            assert!(
+                (f - q).abs() <= 4.5 * sd + 1e-12,
+                "{f} against {q} (of {of})"
+            );
+        };
+        // Accepted: the draws equal to the draft.
+        close(emitted[d], n, p[d]);
+        let rejections = n - emitted[d];
+        for t in 0..4 {
+            close(emitted[t], n, p[t]);
+            let without_d = if t == d { 0.0 } else { p[t] / (1.0 - p[d]) };
+            close(rejected_as[t], rejections, without_d);
+        }
     }
 
     #[test]

@@ -31,12 +31,14 @@
 //! tokens do not depend on what else runs: with temperature 0 they equal `qwen3 inference -t 0`.
 //!
 //! A request can also come with drafts (speculative decoding, draft.rs): guesses of its next
-//! tokens, run as extra rows of its segment in step 3 and kept in step 4 while the tokens drawn
-//! agree with them; its answer is the same as without.
+//! tokens, made in step 2 (from its own tokens, or by a small draft model, draft_model.rs), run
+//! as extra rows of its segment in step 3 and kept in step 4 while the tokens drawn agree with
+//! them; its answer is the same as without.
 //!
 //! The engine is synchronous and single-threaded (the kernels use the threads); the server puts it
 //! on one worker thread and talks to it through channels. Beside this file: job.rs (a request in a
-//! slot, and step 4 for one row of its logits), draft.rs, outcome.rs (how a request ended).
+//! slot, and step 4 for one row of its logits), draft.rs, draft_model.rs, outcome.rs (how a
+//! request ended).
 
 use crate::backend::{Backend, KvType};
 use crate::chat::{common_prefix_len, reuse_len};
@@ -53,6 +55,9 @@ pub use outcome::{GenerationStats, StopReason};
 
 mod draft;
 use draft::Drafter;
+
+mod draft_model;
+pub use draft_model::DraftModel;
 
 mod job;
 pub use draft::{Draft, NGRAM_MAX, NGRAM_MIN, SPECULATE_ROWS};
@@ -222,6 +227,10 @@ pub struct Engine<'m, B: Backend> {
     /// the first request that asks, and the host copy where the backend's buffers are not.
     scores: Option<B::Buf>,
     scores_host: Vec<f32>,
+    /// The draft model, for requests with `Draft::Model` ([`Engine::with_draft_model`]), and
+    /// step 2's list of the slots that ask it for guesses, with how many.
+    draft_model: Option<DraftModel<'m, B>>,
+    asks: Vec<(usize, usize)>,
 }
 
 /// The rows of logits a step of an engine of `slots` sequences may return, for
@@ -274,7 +283,28 @@ impl<'m, B: Backend> Engine<'m, B> {
             take: Vec::with_capacity(cfg.slots),
             scores: None,
             scores_host: Vec::new(),
+            draft_model: None,
+            asks: Vec::with_capacity(cfg.slots),
         })
+    }
+
+    /// The engine with `model` as its draft model (speculative decoding, draft_model.rs), for
+    /// the requests that ask for `Draft::Model`: on the same backend, with as many KV caches as
+    /// slots and the same context (or the draft model's own, if shorter). The caller checks
+    /// that both models have the same tokens (`Tokenizer::same_tokens`): the draft model reads
+    /// the target's token ids.
+    pub fn with_draft_model(mut self, model: &'m Model<'m, B::Tensor>) -> Result<Self> {
+        let ctx = self.context_len().min(model.config.max_context() as usize);
+        let slots = self.cfg.slots;
+        let (backend, kv) = (self.fwd.backend(), self.fwd.kv_type());
+        let fwd = Forward::new(backend, model, ctx, MAX_BATCH, slots, kv)?;
+        self.draft_model = Some(DraftModel::new(fwd, slots, self.fwd.vocab())?);
+        Ok(self)
+    }
+
+    /// The draft model, if the engine has one.
+    pub fn draft_model(&self) -> Option<&DraftModel<'m, B>> {
+        self.draft_model.as_ref()
     }
 
     /// An engine of one sequence, as the CLI's generate and chat run: the prompt in chunks of
@@ -357,6 +387,11 @@ impl<'m, B: Backend> Engine<'m, B> {
         }
         if let Err(e) = req.sampler.validate() {
             return Err(Rejected::Invalid(e.to_string()));
+        }
+        if matches!(req.draft, Draft::Model { .. }) && self.draft_model.is_none() {
+            return Err(Rejected::Invalid(
+                "drafts from a draft model, but none is loaded (--draft-model)".into(),
+            ));
         }
         if [req.logprobs, req.prompt_logprobs]
             .iter()
@@ -661,6 +696,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             .filter(|&i| self.take[i] > 0 && self.take[i] == pending(&self.slots[i]))
             .count();
         let (ctx, max_logits) = (self.fwd.context_len(), self.fwd.max_logits());
+        self.asks.clear();
         for &i in &self.order {
             let slot = &mut self.slots[i];
             let Some(job) = slot.job.as_mut() else {
@@ -679,9 +715,20 @@ impl<'m, B: Backend> Engine<'m, B> {
                 .min(ctx - slot.cached.len() - 1)
                 .min(SPECULATE_ROWS.saturating_sub(rows))
                 .min(max_logits - logit_rows);
-            let k = drafter.propose(&job.tokens, job.prompt_len, room);
+            let k = if drafter.uses_model() {
+                let want = drafter.want(room);
+                if want > 0 {
+                    self.asks.push((i, want));
+                }
+                want
+            } else {
+                drafter.propose(&job.tokens, job.prompt_len, room)
+            };
             rows += k;
             logit_rows += k;
+        }
+        if !self.asks.is_empty() {
+            self.guess_with_draft_model();
         }
         // The segments in slot order: the tokens to run, then the drafted ones.
         for (i, slot) in self.slots.iter().enumerate() {
@@ -703,6 +750,24 @@ impl<'m, B: Backend> Engine<'m, B> {
                         0
                     },
                 });
+            }
+        }
+    }
+
+    /// Step 2's drafts from the draft model, for the slots in `asks`: all of them at once, a
+    /// pass a guess (draft_model.rs). Drafts only speed things up: if the draft model fails,
+    /// this step has none.
+    fn guess_with_draft_model(&mut self) {
+        let Some(dm) = self.draft_model.as_mut() else {
+            return;
+        };
+        let slots = &self.slots;
+        let tokens = |i: usize| slots[i].job.as_ref().map_or(&[][..], |j| &j.tokens[..]);
+        let ok = dm.propose(&self.asks, tokens).is_ok();
+        for &(i, _) in &self.asks {
+            let d = self.slots[i].job.as_mut().and_then(|j| j.drafter.as_mut());
+            if let (true, Some(d)) = (ok, d) {
+                d.proposed.extend_from_slice(dm.guesses(i));
             }
         }
     }

@@ -11,7 +11,7 @@ use crate::testing::model::{config, moe_config, write_random, write_random_confi
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-fn model_file(name: &str, dt: DType) -> (PathBuf, ModelFile) {
+pub(super) fn model_file(name: &str, dt: DType) -> (PathBuf, ModelFile) {
     let d = std::env::temp_dir().join(format!("pq-engine-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     let p = d.join("m.bin");
@@ -21,7 +21,7 @@ fn model_file(name: &str, dt: DType) -> (PathBuf, ModelFile) {
 }
 
 /// A random model file of config `c`.
-fn model_file_of(name: &str, c: &ModelConfig) -> (PathBuf, ModelFile) {
+pub(super) fn model_file_of(name: &str, c: &ModelConfig) -> (PathBuf, ModelFile) {
     let d = std::env::temp_dir().join(format!("pq-engine-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     let p = d.join("m.bin");
@@ -41,7 +41,7 @@ fn engine<'m>(model: &'m Model<'m>, slots: usize, chunk: usize) -> Engine<'m, Cp
 }
 
 /// Test prompts of different lengths (the test model's vocabulary is 40 tokens; 0 is its EOS).
-fn prompts() -> Vec<Vec<u32>> {
+pub(super) fn prompts() -> Vec<Vec<u32>> {
     (0..6)
         .map(|i| {
             (0..3 + 5 * i)
@@ -51,7 +51,7 @@ fn prompts() -> Vec<Vec<u32>> {
         .collect()
 }
 
-fn request(prompt: &[u32], sampler: SamplerConfig) -> Request {
+pub(super) fn request(prompt: &[u32], sampler: SamplerConfig) -> Request {
     Request {
         prompt: prompt.to_vec(),
         max_tokens: 12,
@@ -96,7 +96,7 @@ impl Default for Event {
     }
 }
 
-fn sampled(seed: u64) -> SamplerConfig {
+pub(super) fn sampled(seed: u64) -> SamplerConfig {
     SamplerConfig {
         temperature: 0.9,
         top_k: 20,
@@ -651,7 +651,7 @@ fn prompts_are_read_oldest_first() {
 
 /// Runs the engine until idle; returns each request's token events (log-probabilities
 /// included, ids 0) and its stats, and how many steps it took.
-fn run_tokens<B: crate::backend::Backend>(
+pub(super) fn run_tokens<B: crate::backend::Backend>(
     e: &mut Engine<B>,
 ) -> (HashMap<RequestId, (Vec<Event>, GenerationStats)>, usize) {
     let mut out: HashMap<RequestId, (Vec<Event>, Option<GenerationStats>)> = HashMap::new();
