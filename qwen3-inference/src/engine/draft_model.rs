@@ -18,7 +18,7 @@
 //! the request's own sampler draws it from the target's logits (draft.rs), so the draft model's
 //! distribution never enters the answer.
 
-use super::{common_prefix_len, Forward, Segment, SPECULATE_ROWS};
+use super::{common_prefix_len, Engine, Forward, Segment, SPECULATE_ROWS};
 use crate::backend::Backend;
 use crate::sampler::argmax;
 use anyhow::{bail, Result};
@@ -197,6 +197,27 @@ impl<'m, B: Backend> DraftModel<'m, B> {
             }
         }
         Ok(())
+    }
+}
+
+/// Step 2's part that needs the draft model (mod.rs).
+impl<'m, B: Backend> Engine<'m, B> {
+    /// Step 2's drafts from the draft model, for the slots in `asks`: all of them at once, a
+    /// pass a guess (draft_model.rs). Drafts only speed things up: if the draft model fails,
+    /// this step has none.
+    pub(super) fn guess_with_draft_model(&mut self) {
+        let Some(dm) = self.draft_model.as_mut() else {
+            return;
+        };
+        let slots = &self.slots;
+        let tokens = |i: usize| slots[i].job.as_ref().map_or(&[][..], |j| &j.tokens[..]);
+        let ok = dm.propose(&self.asks, tokens).is_ok();
+        for &(i, _) in &self.asks {
+            let d = self.slots[i].job.as_mut().and_then(|j| j.drafter.as_mut());
+            if let (true, Some(d)) = (ok, d) {
+                d.proposed.extend_from_slice(dm.guesses(i));
+            }
+        }
     }
 }
 

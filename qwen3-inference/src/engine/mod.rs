@@ -37,13 +37,13 @@
 //!
 //! The engine is synchronous and single-threaded (the kernels use the threads); the server puts it
 //! on one worker thread and talks to it through channels. Beside this file: job.rs (a request in a
-//! slot, and step 4 for one row of its logits), draft.rs, draft_model.rs, outcome.rs (how a
-//! request ended).
+//! slot, and step 4 for one row of its logits), scoring.rs (step 1b), draft.rs, draft_model.rs
+//! (with step 2's drafts from a draft model), outcome.rs (how a request ended).
 
 use crate::backend::{Backend, KvType};
 use crate::chat::{common_prefix_len, reuse_len};
 use crate::constraint::Constraint;
-use crate::logprobs::{token_logprobs, TokenLogprobs, MAX_TOP};
+use crate::logprobs::{TokenLogprobs, MAX_TOP};
 use crate::model::{Forward, Model, Segment, MAX_BATCH};
 use crate::sampler::{Sampler, SamplerConfig};
 use anyhow::{bail, Result};
@@ -58,6 +58,9 @@ use draft::Drafter;
 
 mod draft_model;
 pub use draft_model::DraftModel;
+
+mod scoring;
+pub use scoring::SCORE_ROWS;
 
 mod job;
 pub use draft::{Draft, NGRAM_MAX, NGRAM_MIN, SPECULATE_ROWS};
@@ -239,10 +242,6 @@ pub struct Engine<'m, B: Backend> {
 pub fn logit_rows(slots: usize) -> usize {
     (slots + SPECULATE_ROWS).min(MAX_BATCH)
 }
-
-/// Most prompt positions scored in one step (`Request::prompt_logprobs`; fewer when the prefill
-/// chunk is smaller): their logits take `SCORE_ROWS x vocab` floats (Qwen3's vocabulary: 39 MB).
-pub const SCORE_ROWS: usize = 64;
 
 impl<'m, B: Backend> Engine<'m, B> {
     /// An engine of `cfg.slots` sequences over `fwd`, which must return logits for as many rows
@@ -585,66 +584,6 @@ impl<'m, B: Backend> Engine<'m, B> {
         }
     }
 
-    /// Step 1b: the prompts being scored take their next [`SCORE_ROWS`] positions, each alone
-    /// in a pass that returns every position's logits; position `p` gives the log-probability of
-    /// prompt token `p + 1`. The last prompt token is left to step 2, as for any request: its
-    /// logits give the first answer token.
-    fn score_prompts(&mut self, events: &mut Vec<Event>) {
-        let vocab = self.fwd.vocab();
-        // The prefill chunk bounds it too, so that the other streams keep flowing.
-        let rows = SCORE_ROWS
-            .min(self.cfg.prefill_chunk)
-            .min(self.fwd.max_batch());
-        for i in 0..self.slots.len() {
-            let slot = &mut self.slots[i];
-            let Some(job) = slot.job.as_mut() else {
-                continue;
-            };
-            let Some((top, got)) = job.scoring.as_mut() else {
-                continue;
-            };
-            let (done, end) = (slot.cached.len(), job.prompt_len - 1);
-            if done < end {
-                let chunk = &job.tokens[done..end.min(done + rows)];
-                let seg = Segment {
-                    seq: 0,
-                    pos: done,
-                    len: chunk.len(),
-                    logits: 0,
-                };
-                let b = self.fwd.backend();
-                let scored = (|| {
-                    let buf = match &mut self.scores {
-                        Some(buf) => buf,
-                        None => self.scores.insert(b.alloc(SCORE_ROWS * vocab)?),
-                    };
-                    self.fwd
-                        .step_all_logits(chunk, seg, &mut self.caches[i], buf)?;
-                    // Row r holds the logits at position done + r: they score token done + r + 1.
-                    let all = b.read(buf, chunk.len() * vocab, &mut self.scores_host)?;
-                    for (r, row) in all.chunks_exact(vocab).enumerate() {
-                        got.push(token_logprobs(row, job.tokens[done + r + 1], *top));
-                    }
-                    anyhow::Ok(())
-                })();
-                if let Err(e) = scored {
-                    // The pass may have written part of the cache.
-                    slot.cached.clear();
-                    let id = slot.job.take().expect("a job").id;
-                    let error = e.to_string();
-                    events.push(Event::Failed { id, error });
-                    continue;
-                }
-                slot.cached.extend_from_slice(chunk);
-            }
-            if slot.cached.len() == end {
-                let (_, logprobs) = job.scoring.take().expect("scoring");
-                let id = job.id;
-                events.push(Event::PromptLogprobs { id, logprobs });
-            }
-        }
-    }
-
     /// Step 2, the step's rows: one for each decoding sequence, then prompt chunks, the oldest
     /// request's first, up to the budget. `plan` gets a segment per slot that runs, in slot
     /// order.
@@ -750,24 +689,6 @@ impl<'m, B: Backend> Engine<'m, B> {
                         0
                     },
                 });
-            }
-        }
-    }
-
-    /// Step 2's drafts from the draft model, for the slots in `asks`: all of them at once, a
-    /// pass a guess (draft_model.rs). Drafts only speed things up: if the draft model fails,
-    /// this step has none.
-    fn guess_with_draft_model(&mut self) {
-        let Some(dm) = self.draft_model.as_mut() else {
-            return;
-        };
-        let slots = &self.slots;
-        let tokens = |i: usize| slots[i].job.as_ref().map_or(&[][..], |j| &j.tokens[..]);
-        let ok = dm.propose(&self.asks, tokens).is_ok();
-        for &(i, _) in &self.asks {
-            let d = self.slots[i].job.as_mut().and_then(|j| j.drafter.as_mut());
-            if let (true, Some(d)) = (ok, d) {
-                d.proposed.extend_from_slice(dm.guesses(i));
             }
         }
     }

@@ -5,6 +5,7 @@ use super::*;
 use crate::backend::{CpuBackend, KvType, CPU};
 use crate::format::ModelConfig;
 use crate::format::{DType, ModelFile};
+use crate::logprobs::token_logprobs;
 use crate::model::{Model, Session};
 use crate::sampler::argmax;
 use crate::testing::model::{config, moe_config, write_random, write_random_config};
