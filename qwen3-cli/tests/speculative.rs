@@ -96,15 +96,10 @@ fn bad_draft_flags_are_refused() {
     }
 }
 
-/// Eight clients at once on four slots, greedy and seeded, each with drafts (the server's
-/// `--draft ngram`): each answer equals the one the same request gets alone with
-/// `"speculative": false`, and `/metrics` counts the drafts.
-#[test]
-fn served_beside_others_the_answers_are_plain() {
-    let s = Server::start(
-        Path::new(common::fullvocab_model()),
-        &["--parallel", "4", "--draft", "ngram"],
-    );
+/// Eight clients at once on `s`'s four slots, greedy and seeded, each with the server's drafts:
+/// each answer equals the one the same request gets alone with `"speculative": false`, and
+/// `/metrics` counts the drafts.
+fn eight_clients_get_plain_answers(s: &Server) {
     let body = |i: usize| {
         let t = if i.is_multiple_of(2) { 0.0 } else { 0.8 };
         json!({"prompt": format!("{PROMPT} {i}"), "max_tokens": 32, "temperature": t, "seed": i})
@@ -134,9 +129,19 @@ fn served_beside_others_the_answers_are_plain() {
     assert!(drafted.parse::<u64>().unwrap() > 0, "{m}");
 }
 
+/// `qwen3 serve --draft ngram`: [`eight_clients_get_plain_answers`].
+#[test]
+fn served_beside_others_the_answers_are_plain() {
+    let s = Server::start(
+        Path::new(common::fullvocab_model()),
+        &["--parallel", "4", "--draft", "ngram"],
+    );
+    eight_clients_get_plain_answers(&s);
+}
+
 /// Greedy and seeded answers with `--draft-model`, the model itself (every greedy guess right)
 /// or a smaller one with the same tokens (few right, so guesses are rolled back), equal plain
-/// decoding's, f32 and q8; `--verbose` counts the drafts.
+/// decoding's, f32 and q8; `--json` counts the drafts.
 #[test]
 fn a_draft_model_gives_the_plain_answer() {
     let dir = tempdir("speculative", "draft-model");
@@ -199,8 +204,7 @@ fn a_draft_model_of_other_tokens_is_refused() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// `qwen3 serve --draft-model`: eight clients at once on four slots, greedy and seeded, each
-/// answer equal to the same request's alone with `"speculative": false`.
+/// `qwen3 serve --draft-model`: [`eight_clients_get_plain_answers`].
 #[test]
 fn served_with_a_draft_model_the_answers_are_plain() {
     let dir = tempdir("speculative", "serve-draft-model");
@@ -210,33 +214,7 @@ fn served_with_a_draft_model_the_answers_are_plain() {
         &model,
         &["--parallel", "4", "--draft-model", small.to_str().unwrap()],
     );
-    let body = |i: usize| {
-        let t = if i.is_multiple_of(2) { 0.0 } else { 0.8 };
-        json!({"prompt": format!("{PROMPT} {i}"), "max_tokens": 32, "temperature": t, "seed": i})
-    };
-    let port = s.port;
-    let clients: Vec<_> = (0..8)
-        .map(|i| {
-            std::thread::spawn(move || {
-                let b = body(i).to_string();
-                common::http(port, "POST", "/v1/completions", &[], b.as_bytes())
-            })
-        })
-        .collect();
-    for (i, c) in clients.into_iter().enumerate() {
-        let r = c.join().unwrap();
-        assert_eq!(r.status, 200, "{}", r.body);
-        let mut alone = body(i);
-        alone["speculative"] = json!(false);
-        let plain = s.post("/v1/completions", &alone);
-        assert_eq!(text(&r.json()), text(&plain.json()), "client {i}");
-    }
-    let m = s.get("/metrics").body;
-    let drafted = m
-        .lines()
-        .find_map(|l| l.strip_prefix("qwen3_draft_tokens_total "))
-        .unwrap();
-    assert!(drafted.parse::<u64>().unwrap() > 0, "{m}");
+    eight_clients_get_plain_answers(&s);
     drop(s);
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -288,33 +288,28 @@ mod tests {
 
     #[test]
     fn a_draft_model_that_never_agrees_is_dropped() {
+        // Over 1000 steps whose drafts are all rejected: the steps that drafted.
+        let rejected_for_1000_steps = |d: &mut Drafter| {
+            (0..1000)
+                .filter(|_| {
+                    let drafted = d.want(100) > 0;
+                    if drafted {
+                        d.proposed.push(1);
+                        d.verified(0);
+                    }
+                    drafted
+                })
+                .count()
+        };
         let mut d = Drafter::new(Draft::Model { max: 8 }).unwrap();
-        let mut steps_with_drafts = 0;
-        for _ in 0..1000 {
-            if d.want(100) > 0 {
-                steps_with_drafts += 1;
-                d.proposed.push(1);
-                d.verified(0);
-            }
-        }
-        assert_eq!(steps_with_drafts, MODEL_TRIES);
+        assert_eq!(rejected_for_1000_steps(&mut d), MODEL_TRIES as usize);
         // One that agreed once keeps being asked, pausing after misses.
         let mut d = Drafter::new(Draft::Model { max: 8 }).unwrap();
         d.want(100);
         d.proposed.extend([1, 2]);
         d.verified(1);
-        let mut steps_with_drafts = 0;
-        for _ in 0..1000 {
-            if d.want(100) > 0 {
-                steps_with_drafts += 1;
-                d.proposed.push(1);
-                d.verified(0);
-            }
-        }
-        assert!(
-            steps_with_drafts > MODEL_TRIES as usize,
-            "{steps_with_drafts}"
-        );
+        let steps = rejected_for_1000_steps(&mut d);
+        assert!(steps > MODEL_TRIES as usize, "{steps}");
     }
 
     #[test]

@@ -108,26 +108,26 @@ impl<'m, B: Backend> DraftModel<'m, B> {
         tokens: impl Fn(usize) -> &'a [u32],
     ) -> Result<()> {
         let (ctx, vocab) = (self.fwd.context_len(), self.fwd.vocab());
-        // How many guesses each sequence gets: guess j + 1 comes from a pass over guess j at
-        // position `tokens.len() + j - 1`, so k guesses need `tokens.len() + k - 1` positions;
-        // a token the draft model does not have ends the draft before it starts.
-        for &(i, want) in asks {
-            let t = tokens(i);
-            let fits = (ctx + 1).saturating_sub(t.len());
-            let known = !t.is_empty() && t.iter().all(|&t| (t as usize) < vocab);
-            self.want[i] = if known { want.min(fits) } else { 0 };
-            self.guesses[i].clear();
-        }
         // 1. Catch up: forget what no longer agrees with the sequence (the rolled-back guesses
         //    of the last draft), keeping at least the last token to run again for its logits;
         //    then run what is missing, in chunks of the pass's rows. The last chunk's logits
-        //    give the first guess.
-        for &(i, _) in asks {
-            if self.want[i] > 0 {
-                let t = tokens(i);
-                let keep = common_prefix_len(&self.cached[i], t).min(t.len() - 1);
-                self.cached[i].truncate(keep);
+        //    give the first guess. How many guesses each sequence gets: guess j + 1 comes from
+        //    a pass over guess j at position `tokens.len() + j - 1`, so k guesses need
+        //    `tokens.len() + k - 1` positions; a token the draft model does not have (among
+        //    those it has not run) ends the draft before it starts.
+        for &(i, want) in asks {
+            let t = tokens(i);
+            self.guesses[i].clear();
+            self.want[i] = 0;
+            let Some(last) = t.len().checked_sub(1) else {
+                continue;
+            };
+            let keep = common_prefix_len(&self.cached[i], t).min(last);
+            if t[keep..].iter().any(|&t| t as usize >= vocab) {
+                continue;
             }
+            self.cached[i].truncate(keep);
+            self.want[i] = want.min((ctx + 1).saturating_sub(t.len()));
         }
         loop {
             self.rows.clear();
