@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The CPU check kit: every kernel family a machine has, tested and timed on that machine, side by
+# side with llama.cpp, for a machine with no Rust toolchain and no network (a lent GPU's host, whose
+# CPU has AVX-512 and AVX-VNNI where our own machines may have only AVX2). Built here, into one
+# folder:
+#
+#   scripts/cpu_check.sh prepare DIR [--llama-cpp BUILD SRC]
+#   DIR/run.sh                          there; see scripts/cpu_check/run.sh
+#
+# DIR holds: bin/qwen3 (release), tests/qwen3_inference (the library's unit tests, release: every
+# kernel against its scalar reference, the forward pass against the plain backend),
+# bin/kernels-bench (qwen3-inference/benches/kernels.rs: each kernel alone, per family),
+# tokenizer/ (the real Qwen3 tokenizer, for the benchmark checkpoints), make_bench_model.py,
+# run.sh, summary.py and KIT (what was built, from which commit). With --llama-cpp, also
+# llama.cpp/: llama-bench and llama-quantize from BUILD (a CMake build of llama.cpp made with
+# -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON, so that it picks its kernels
+# for the CPU it runs on), their shared libraries, and convert_hf_to_gguf.py with the Python
+# packages it imports from SRC (llama.cpp's source tree), with llama.cpp's licence. None of
+# llama.cpp is committed here; the kit is built outside the repository's history (DIR under
+# target/, say) and is not committed either. docs/performance.md ("Every kernel family on one
+# machine") describes it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+usage() { echo "usage: scripts/cpu_check.sh prepare DIR [--llama-cpp BUILD SRC]" >&2; exit 2; }
+[ "${1:-}" = prepare ] && [ -n "${2:-}" ] || usage
+dir=$2
+shift 2
+llama_build="" llama_src=""
+if [ $# -gt 0 ]; then
+    [ "$1" = --llama-cpp ] && [ $# -eq 3 ] || usage
+    llama_build=$2 llama_src=$3
+    for f in "$llama_build/bin/llama-bench" "$llama_build/bin/llama-quantize" "$llama_src/convert_hf_to_gguf.py" "$llama_src/gguf-py/gguf"; do
+        [ -e "$f" ] || { echo "--llama-cpp: $f not found" >&2; exit 1; }
+    done
+    # A native build runs only on CPUs like the one it was built on, and would fault elsewhere.
+    if ! ls "$llama_build"/bin/libggml-cpu-*.so > /dev/null 2>&1; then
+        echo "--llama-cpp: $llama_build has no libggml-cpu-<variant>.so: build it with -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON" >&2
+        exit 1
+    fi
+fi
+limit_mib=60
+
+echo "== building qwen3 (release)"
+cargo build --release -p qwen3-cli
+
+echo "== building the library's unit tests (release)"
+json=$(mktemp)
+trap 'rm -f "$json"' EXIT
+cargo test --release -p qwen3-inference --lib --no-run --message-format=json-render-diagnostics > "$json"
+unit=$(python3 - "$json" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["executable"])
+PY
+)
+[ -n "$unit" ] || { echo "the unit tests were not built" >&2; exit 1; }
+
+echo "== building the kernels' benchmark (qwen3-inference/benches/kernels.rs)"
+cargo bench -p qwen3-inference --bench kernels --no-run --message-format=json-render-diagnostics > "$json"
+kbench=$(python3 - "$json" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "kernels":
+        print(m["executable"])
+PY
+)
+[ -n "$kbench" ] || { echo "the kernels' benchmark was not built" >&2; exit 1; }
+
+echo "== laying out $dir"
+rm -rf "$dir"
+mkdir -p "$dir/bin" "$dir/tests" "$dir/tokenizer"
+strip -o "$dir/bin/qwen3" target/release/qwen3
+strip -o "$dir/tests/qwen3_inference" "$unit"
+strip -o "$dir/bin/kernels-bench" "$kbench"
+# The real Qwen3 tokenizer (Apache-2.0; fixtures/README.md says where it comes from).
+cp fixtures/models/tiny-qwen3-fullvocab/tokenizer.json fixtures/models/tiny-qwen3-fullvocab/tokenizer_config.json "$dir/tokenizer/"
+cp fixtures/README.md "$dir/tokenizer/"
+cp scripts/make_bench_model.py scripts/cpu_check/run.sh scripts/cpu_check/summary.py "$dir/"
+chmod +x "$dir/run.sh"
+if [ -n "$llama_build" ]; then
+    l="$dir/llama.cpp"
+    mkdir -p "$l/bin" "$l/gguf-py"
+    cp -L "$llama_build/bin/llama-bench" "$llama_build/bin/llama-quantize" "$l/bin/"
+    # The shared libraries, each once, under the name the loader asks for (its SONAME; the
+    # build's symlinks are not copied), and every CPU variant: ggml loads the best one for the
+    # CPU at run time.
+    for so in "$llama_build"/bin/*.so*; do
+        [ -L "$so" ] && continue
+        soname=$(objdump -p "$so" | awk '$1 == "SONAME" { print $2 }')
+        cp "$so" "$l/bin/${soname:-$(basename "$so")}"
+    done
+    strip "$l"/bin/* 2> /dev/null || true
+    cp "$llama_src/convert_hf_to_gguf.py" "$llama_src/LICENSE" "$l/"
+    [ -d "$llama_src/conversion" ] && cp -r "$llama_src/conversion" "$l/"
+    cp -r "$llama_src/gguf-py/gguf" "$l/gguf-py/"
+    find "$l" -name __pycache__ -type d -prune -exec rm -rf {} +
+fi
+{
+    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(rustc --version)"
+    if [ -n "$llama_build" ]; then
+        # (llama-bench reports its build's commit in each run's JSON; summary.py prints it.)
+        echo "llama.cpp: llama-bench, llama-quantize and the converter; CPU variants $(cd "$llama_build/bin" && ls libggml-cpu-*.so | sed 's/libggml-cpu-//; s/\.so//' | tr '\n' ' ')"
+    else
+        echo "llama.cpp: not in this kit"
+    fi
+} > "$dir/KIT"
+
+size_kib=$(du -sk "$dir" | cut -f1)
+cat "$dir/KIT"
+echo "kit: $dir, $((size_kib / 1024)) MiB"
+if [ "$size_kib" -ge $((limit_mib * 1024)) ]; then
+    echo "the kit is $((size_kib / 1024)) MiB, over its $limit_mib MiB limit" >&2
+    exit 1
+fi
