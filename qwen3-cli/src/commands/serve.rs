@@ -8,10 +8,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use qwen3_cuda::device::check_available;
 use qwen3_cuda::Device;
-use qwen3_inference::backend::{PlainBackend, CPU};
+use qwen3_inference::backend::{Backend, KvType, PlainBackend, CPU};
 use qwen3_inference::chat::ChatTemplate;
 use qwen3_inference::engine::{logit_rows, Engine, EngineConfig};
-use qwen3_inference::format::{companion_paths, ModelFile};
+use qwen3_inference::format::{companion_paths, ModelFile, TensorView};
 use qwen3_inference::model::{Forward, Model, MAX_BATCH};
 use qwen3_inference::tokenizer::Tokenizer;
 use qwen3_server::listen::Limits;
@@ -271,49 +271,29 @@ pub fn prepare(
         .num_threads(args.threads.unwrap_or(0))
         .build()
         .map_err(|e| anyhow!("cannot start the thread pool: {e}"))?;
+    let host = HostEngine {
+        context_len,
+        cfg,
+        kv,
+    };
     if device == Device::Cpu {
-        let model = Model::load(&file)?;
-        let draft = draft_file.as_ref().map(Model::load).transpose()?;
-        let fwd = Forward::new(
-            CPU,
-            &model,
-            context_len,
-            MAX_BATCH,
-            logit_rows(args.parallel),
-            kv,
-        )?;
-        with_draft_model(Engine::new(fwd, cfg)?, draft.as_ref())?;
+        let (model, draft) = (Model::load(&file)?, load_draft(&draft_file)?);
+        host.build(CPU, &model, draft.as_ref())?;
     }
     let worker: Worker = Box::new(move |commands| {
         pool.install(|| match device {
             Device::Cpu => {
-                let model = Model::load(&file)?;
-                let draft = draft_file.as_ref().map(Model::load).transpose()?;
-                let fwd = Forward::new(
-                    CPU,
-                    &model,
-                    context_len,
-                    MAX_BATCH,
-                    logit_rows(cfg.slots),
-                    kv,
-                )?;
-                let engine = with_draft_model(Engine::new(fwd, cfg)?, draft.as_ref())?;
-                worker::run(engine, commands, metrics);
+                let (model, draft) = (Model::load(&file)?, load_draft(&draft_file)?);
+                worker::run(host.build(CPU, &model, draft.as_ref())?, commands, metrics);
                 Ok(())
             }
             Device::Plain => {
-                let model = Model::load(&file)?;
-                let draft = draft_file.as_ref().map(Model::load).transpose()?;
-                let fwd = Forward::new(
-                    &PLAIN,
-                    &model,
-                    context_len,
-                    MAX_BATCH,
-                    logit_rows(cfg.slots),
-                    kv,
-                )?;
-                let engine = with_draft_model(Engine::new(fwd, cfg)?, draft.as_ref())?;
-                worker::run(engine, commands, metrics);
+                let (model, draft) = (Model::load(&file)?, load_draft(&draft_file)?);
+                worker::run(
+                    host.build(&PLAIN, &model, draft.as_ref())?,
+                    commands,
+                    metrics,
+                );
                 Ok(())
             }
             Device::Cuda(ordinal) => {
@@ -324,13 +304,46 @@ pub fn prepare(
     Ok((state, rx, worker))
 }
 
+/// The engine's settings on the backends that read the weights from the mapped file (the CPU's
+/// and the plain one): one place builds it, for the check before the server listens and for the
+/// worker.
+struct HostEngine {
+    context_len: usize,
+    cfg: EngineConfig,
+    kv: KvType,
+}
+
+impl HostEngine {
+    /// The engine over `backend` for `model`, with `draft` as its draft model if there is one.
+    fn build<'m, B: Backend<Tensor = TensorView<'m>>>(
+        &self,
+        backend: &'m B,
+        model: &'m Model<'m>,
+        draft: Option<&'m Model<'m>>,
+    ) -> Result<Engine<'m, B>> {
+        let fwd = Forward::new(
+            backend,
+            model,
+            self.context_len,
+            MAX_BATCH,
+            logit_rows(self.cfg.slots),
+            self.kv,
+        )?;
+        with_draft_model(Engine::new(fwd, self.cfg)?, draft)
+    }
+}
+
+/// The draft model's weights (`--draft-model`), if there is one.
+fn load_draft(file: &Option<ModelFile>) -> Result<Option<Model<'_>>> {
+    file.as_ref().map(Model::load).transpose()
+}
+
 /// `--device cuda:N`: the same engine over the CUDA backend, built on the worker thread (the
 /// thread that then launches every kernel). Not run here: no GPU on our machines.
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::*;
     use qwen3_cuda::cuda::CudaBackend;
-    use qwen3_inference::backend::KvType;
 
     pub fn work(
         file: &ModelFile,
