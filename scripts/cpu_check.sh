@@ -20,16 +20,16 @@
 # target/, say) and is not committed either. docs/performance.md ("Every kernel family on one
 # machine") describes it.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 
 usage() { echo "usage: scripts/cpu_check.sh prepare DIR [--llama-cpp BUILD SRC]" >&2; exit 2; }
 [ "${1:-}" = prepare ] && [ -n "${2:-}" ] || usage
-dir=$2
+# The paths as the caller meant them, before the cd below.
+dir=$(realpath -m "$2")
 shift 2
 llama_build="" llama_src=""
 if [ $# -gt 0 ]; then
     [ "$1" = --llama-cpp ] && [ $# -eq 3 ] || usage
-    llama_build=$2 llama_src=$3
+    llama_build=$(realpath -m "$2") llama_src=$(realpath -m "$3")
     for f in "$llama_build/bin/llama-bench" "$llama_build/bin/llama-quantize" "$llama_src/convert_hf_to_gguf.py" "$llama_src/gguf-py/gguf"; do
         [ -e "$f" ] || { echo "--llama-cpp: $f not found" >&2; exit 1; }
     done
@@ -40,6 +40,12 @@ if [ $# -gt 0 ]; then
     fi
 fi
 limit_mib=60
+cd "$(dirname "$0")/.."
+# DIR is made anew: refuse to empty a folder that is not an earlier kit.
+if [ -e "$dir" ] && [ -n "$(ls -A "$dir" 2> /dev/null)" ] && [ ! -e "$dir/KIT" ]; then
+    echo "$dir exists and is not a kit (no KIT file): give a new folder" >&2
+    exit 1
+fi
 
 echo "== building qwen3 (release)"
 cargo build --release -p qwen3-cli
@@ -87,12 +93,20 @@ if [ -n "$llama_build" ]; then
     cp -L "$llama_build/bin/llama-bench" "$llama_build/bin/llama-quantize" "$l/bin/"
     # The shared libraries, each once, under the name the loader asks for (its SONAME; the
     # build's symlinks are not copied), and every CPU variant: ggml loads the best one for the
-    # CPU at run time.
+    # CPU at run time. No GPU backend (libggml-cuda and the like): llama.cpp is timed on the CPU,
+    # beside ours.
     for so in "$llama_build"/bin/*.so*; do
         [ -L "$so" ] && continue
+        case $(basename "$so") in
+            libggml-base.so* | libggml.so* | libggml-cpu-*.so | libllama*.so* | libmtmd.so*) ;;
+            *) continue ;;
+        esac
         soname=$(objdump -p "$so" | awk '$1 == "SONAME" { print $2 }')
         cp "$so" "$l/bin/${soname:-$(basename "$so")}"
     done
+    # ggml's CPU backend uses OpenMP: GCC's runtime goes along, for a host without it.
+    gomp=$(ldd "$l"/bin/libggml-cpu-x64.so 2> /dev/null | awk '/libgomp/ { print $3 }')
+    if [ -n "$gomp" ]; then cp "$gomp" "$l/bin/"; fi
     strip "$l"/bin/* 2> /dev/null || true
     cp "$llama_src/convert_hf_to_gguf.py" "$llama_src/LICENSE" "$l/"
     [ -d "$llama_src/conversion" ] && cp -r "$llama_src/conversion" "$l/"

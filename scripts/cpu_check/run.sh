@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The CPU check kit's run step (scripts/cpu_check.sh prepare DIR copies this to DIR/run.sh): on
-# any x86-64 or aarch64 Linux machine with python3 and torch (for the random checkpoints; with
-# transformers too for llama.cpp's converter); no Rust toolchain, no network. In order:
+# a Linux machine of the architecture the kit was built on (x86-64 or aarch64), with python3 and
+# torch (for the random checkpoints; with transformers too for llama.cpp's converter); no Rust
+# toolchain, no network. In order:
 #   1. the machine: the CPU's model and the instruction sets the kernels use, and which kernel
 #      families (QWEN3_KERNELS) this CPU has;
-#   2. the library's unit tests once per family (QWEN3_KERNELS=F): every kernel of every family
-#      against its scalar reference, and the forward pass, the batching and the sampler on F;
+#   2. the library's unit tests once per family but scalar (QWEN3_KERNELS=F): every kernel of
+#      every family against its scalar reference, and the forward pass, the batching and the
+#      sampler on F;
 #      then the kernels alone, from the caches and from memory (benches/kernels.rs);
 #   3. a random checkpoint of each shape in $SHAPES (default 0.6b; or the HF checkpoint folders in
 #      $CHECKPOINTS, comma-separated, made by nothing), exported as q8, q4 (the default mix) and
@@ -17,19 +19,26 @@
 #   5. summary.py's tables: each cell's median over the rounds, the share of the ceiling, and the
 #      q4 file against our q8 and llama.cpp's Q4_K_M.
 # Everything goes to stdout, and with $OUT set also to $OUT/cpu_check.log, with the tables in
-# $OUT/summary.md and every run's JSON (and the kernels' report) in $OUT/runs/. Exit status 0 when every test passed and
-# every run ran. $PYTHON names the Python (default python3); $QWEN3_CPU_CHECK_WORK the work folder
-# (default $TMPDIR/qwen3-cpu-check, made anew).
+# $OUT/summary.md and every run's JSON (and the kernels' report) in $OUT/runs/. Exit status 0
+# when every test passed and every run ran. $PYTHON names the Python (default python3);
+# $QWEN3_CPU_CHECK_WORK the work folder (default $TMPDIR/qwen3-cpu-check, made anew).
+# QWEN3_KERNELS from the caller's environment is ignored: each step sets its own.
 set -uo pipefail
 kit=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
 shapes=${SHAPES:-0.6b}
 rounds=${ROUNDS:-3}
 threads=${THREADS:-1,2}
+unset QWEN3_KERNELS
 
 out=${OUT:-}
 work=${QWEN3_CPU_CHECK_WORK:-${TMPDIR:-/tmp}/qwen3-cpu-check}
-rm -rf "$work" && mkdir -p "$work/runs"
+# The work folder is made anew: refuse to empty one that is not an earlier work folder.
+if [ -e "$work" ] && [ -n "$(ls -A "$work" 2> /dev/null)" ] && [ ! -e "$work/.qwen3-cpu-check" ]; then
+    echo "$work exists and is not this kit's work folder: set QWEN3_CPU_CHECK_WORK to a new one" >&2
+    exit 1
+fi
+rm -rf "$work" && mkdir -p "$work/runs" && touch "$work/.qwen3-cpu-check"
 if [ -n "$out" ]; then
     mkdir -p "$out"
     exec > >(tee "$out/cpu_check.log") 2>&1
@@ -37,7 +46,7 @@ if [ -n "$out" ]; then
 fi
 # The log's tee must have written everything before the script ends.
 finish() {
-    if [ -n "$out" ]; then cp -r "$work/runs" "$out/"; fi
+    if [ -n "$out" ]; then rm -rf "$out/runs" && cp -r "$work/runs" "$out/"; fi
     if [ -n "${tee_pid:-}" ]; then exec >&- 2>&-; wait "$tee_pid"; fi
     exit "$1"
 }
@@ -51,21 +60,35 @@ cat "$kit/KIT"
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 [ -n "$cpu" ] || cpu=$(uname -m)
 # The flags the kernel families are chosen by (kernels/dot/x86/mod.rs, aarch64.rs), and AMX.
-flags=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo | tr ' ' '\n' | grep -x -E 'avx2|fma|f16c|avx_vnni|avx512f|avx512bw|avx512vl|avx512_vnni|avx512_vbmi|avx512_bf16|amx_tile|asimd|asimddp' | tr '\n' ' ')
+flags=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo | tr ' ' '\n' | grep -x -E 'avx2|fma|f16c|avx_vnni|avx512f|avx512bw|avx512vl|avx512_vnni|avx512_vbmi|avx512_bf16|amx_tile|asimd|asimddp' | paste -sd ' ')
 echo "cpu: $cpu; $(nproc) CPUs; kernel $(uname -r)"
 echo "instruction sets: ${flags:-none of those the kernels use}"
+# qwen3 must run here at all (the kit's architecture, its C library) before anything is asked.
+if ! ver=$("$qwen3" --version 2>&1); then
+    echo "$ver"
+    fail "$qwen3 does not run on this machine (built for $(sed -n 's/.* on \([^,]*\),.*/\1/p' "$kit/KIT"), this is $(uname -m))"
+    finish 1
+fi
 # A family this CPU lacks is refused by name before any work; any other family gets as far as
 # the missing file.
 families=()
 for f in scalar avx2 avx-vnni avx512 neon neon-dotprod; do
     msg=$(QWEN3_KERNELS=$f "$qwen3" info "$work/no-such-file" 2>&1)
-    grep -q "QWEN3_KERNELS=$f:" <<< "$msg" || families+=("$f")
+    if grep -q "QWEN3_KERNELS=$f:" <<< "$msg"; then
+        continue
+    elif grep -q "no-such-file" <<< "$msg"; then
+        families+=("$f")
+    else
+        echo "$msg"
+        fail "qwen3 with QWEN3_KERNELS=$f said neither that the CPU lacks it nor that the file is missing"
+    fi
 done
 echo "kernel families: ${families[*]}"
 echo "cpu: $cpu; $(nproc) CPUs; instruction sets: $flags; kernel families: ${families[*]}" > "$work/runs/machine.txt"
 # Timed: every family but the scalar reference, which exists to be exact, not fast.
 timed=()
 for f in "${families[@]}"; do [ "$f" = scalar ] || timed+=("$f"); done
+[ "${#timed[@]}" -gt 0 ] || fail "no SIMD kernel family on this CPU: nothing of ours to time"
 
 step "2. the library's unit tests, once per kernel family"
 # Two tests read fixture files by the path compiled in from the source tree, which only the
@@ -154,7 +177,9 @@ for k in "${!shape_list[@]}"; do
     fi
     # A checkpoint made here is not read again: its disk goes back.
     [ "${#given[@]}" -gt 0 ] || rm -rf "$ckpt"
-    ls -l "$work"/"$s"-*.bin "$work"/"$s"-*.gguf 2> /dev/null | awk '{printf "   %s %.1f MiB\n", $NF, $5 / 1048576}'
+    for f in "$work/$s"-{q8,q4,q4-plain}.bin "$work/$s"-{Q4_K_M,Q4_0}.gguf; do
+        [ -e "$f" ] && echo "   $f $(du -m "$f" | cut -f1) MiB"
+    done
 done
 
 step "4. $rounds rounds of alternating single runs (threads $threads)"
@@ -165,12 +190,12 @@ for r in $(seq 1 "$rounds"); do
             [ -e "$model" ] || continue
             for f in "${timed[@]}"; do
                 json="$work/runs/ours-$s-$name-$f-$r.json"
-                if QWEN3_KERNELS=$f "$qwen3" bench "$model" --prompt-tokens 128 -n 64 --threads "$threads" -r 1 --json > "$json" 2> "$work/bench.err"; then
+                if QWEN3_KERNELS=$f timeout 600 "$qwen3" bench "$model" --prompt-tokens 128 -n 64 --threads "$threads" -r 1 --json > "$json" 2> "$work/bench.err"; then
                     "$py" -c '
 import json, sys
 b = json.load(open(sys.argv[1]))
 print("   round %s %s %-8s %-12s" % (sys.argv[2], sys.argv[3], sys.argv[4], b["isa"]), "  ".join(
-    "%dt: decode %.1f (%.0f%%) prefill %.1f" % (x["threads"], x["decode_tok_s"], 100 * x["fraction_of_ceiling"], x["prefill_tok_s"])
+    "%dt: decode %.1f (%s) prefill %.1f" % (x["threads"], x["decode_tok_s"], "-" if x["fraction_of_ceiling"] is None else "%.0f%%" % (100 * x["fraction_of_ceiling"]), x["prefill_tok_s"])
     for x in b["runs"]))' "$json" "$r" "$s" "$name"
                 else
                     cat "$work/bench.err"
@@ -184,7 +209,7 @@ print("   round %s %s %-8s %-12s" % (sys.argv[2], sys.argv[3], sys.argv[4], b["i
                 gguf="$work/$s-$q.gguf"
                 [ -e "$gguf" ] || continue
                 json="$work/runs/llama-$s-$q-$r.json"
-                if "$llama/bin/llama-bench" -m "$gguf" -p 128 -n 64 -t "$threads" -r 1 -o json > "$json" 2> "$work/llama.err"; then
+                if timeout 600 "$llama/bin/llama-bench" -m "$gguf" -p 128 -n 64 -t "$threads" -ngl 0 -r 1 -o json > "$json" 2> "$work/llama.err"; then
                     "$py" -c '
 import json, sys
 rows = json.load(open(sys.argv[1]))

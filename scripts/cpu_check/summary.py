@@ -43,7 +43,8 @@ def main(runs: Path) -> None:
             threads.add(t)
             cells[shape][row][("decode", t)].append(x["decode_tok_s"])
             cells[shape][row][("prefill", t)].append(x["prefill_tok_s"])
-            cells[shape][row][("share", t)].append(x["fraction_of_ceiling"])
+            if x["fraction_of_ceiling"] is not None:  # null when not finite
+                cells[shape][row][("share", t)].append(x["fraction_of_ceiling"])
     llama_build = set()
     for p in sorted(runs.glob("llama-*.json")):
         m = re.fullmatch(r"llama-(.+)-(Q\w+?)-(\d+)\.json", p.name)
