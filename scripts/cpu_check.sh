@@ -41,6 +41,7 @@ if [ $# -gt 0 ]; then
 fi
 limit_mib=60
 cd "$(dirname "$0")/.."
+. scripts/kit_lib.sh
 # DIR is made anew: refuse to empty a folder that is not an earlier kit.
 if [ -e "$dir" ] && [ -n "$(ls -A "$dir" 2> /dev/null)" ] && [ ! -e "$dir/KIT" ]; then
     echo "$dir exists and is not a kit (no KIT file): give a new folder" >&2
@@ -51,29 +52,11 @@ echo "== building qwen3 (release)"
 cargo build --release -p qwen3-cli
 
 echo "== building the library's unit tests (release)"
-json=$(mktemp)
-trap 'rm -f "$json"' EXIT
-cargo test --release -p qwen3-inference --lib --no-run --message-format=json-render-diagnostics > "$json"
-unit=$(python3 - "$json" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        print(m["executable"])
-PY
-)
+unit=$(kit_executables test --release -p qwen3-inference --lib | cut -f2)
 [ -n "$unit" ] || { echo "the unit tests were not built" >&2; exit 1; }
 
 echo "== building the kernels' benchmark (qwen3-inference/benches/kernels.rs)"
-cargo bench -p qwen3-inference --bench kernels --no-run --message-format=json-render-diagnostics > "$json"
-kbench=$(python3 - "$json" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "kernels":
-        print(m["executable"])
-PY
-)
+kbench=$(kit_executables bench -p qwen3-inference --bench kernels | awk -F'\t' '$1 == "kernels" { print $2 }')
 [ -n "$kbench" ] || { echo "the kernels' benchmark was not built" >&2; exit 1; }
 
 echo "== laying out $dir"
@@ -114,8 +97,7 @@ if [ -n "$llama_build" ]; then
     find "$l" -name __pycache__ -type d -prune -exec rm -rf {} +
 fi
 {
-    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
-    echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(rustc --version)"
+    kit_stamp
     if [ -n "$llama_build" ]; then
         # (llama-bench reports its build's commit in each run's JSON; summary.py prints it.)
         echo "llama.cpp: llama-bench, llama-quantize and the converter; CPU variants $(cd "$llama_build/bin" && ls libggml-cpu-*.so | sed 's/libggml-cpu-//; s/\.so//' | tr '\n' ' ')"
@@ -124,10 +106,4 @@ fi
     fi
 } > "$dir/KIT"
 
-size_kib=$(du -sk "$dir" | cut -f1)
-cat "$dir/KIT"
-echo "kit: $dir, $((size_kib / 1024)) MiB"
-if [ "$size_kib" -ge $((limit_mib * 1024)) ]; then
-    echo "the kit is $((size_kib / 1024)) MiB, over its $limit_mib MiB limit" >&2
-    exit 1
-fi
+kit_done "$dir" "$limit_mib"

@@ -12,6 +12,7 @@
 # time (cudarc's dynamic loading), so nothing CUDA is needed here. docs/cuda.md describes the kit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/kit_lib.sh
 
 usage() { echo "usage: scripts/gpu_check.sh prepare DIR" >&2; exit 2; }
 [ "${1:-}" = prepare ] && [ -n "${2:-}" ] || usage
@@ -22,19 +23,8 @@ echo "== building qwen3 (release, --features cuda)"
 cargo build --release -p qwen3-cli --features cuda
 
 echo "== building qwen3-cuda's test executables (--features cuda)"
-# cargo prints one JSON line per artifact; the executables are the test targets' "executable".
-json=$(mktemp)
-trap 'rm -f "$json"' EXIT
-cargo test -p qwen3-cuda --features cuda --no-run --message-format=json-render-diagnostics > "$json"
-mapfile -t tests < <(python3 - "$json" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        # the lib's unit tests are target "qwen3_cuda"; the integration tests are named by file
-        print(m["target"]["name"] + "\t" + m["executable"])
-PY
-)
+# The lib's unit tests are target "qwen3_cuda"; the integration tests are named by file.
+mapfile -t tests < <(kit_executables test -p qwen3-cuda --features cuda)
 [ "${#tests[@]}" -gt 0 ] || { echo "no test executables were built" >&2; exit 1; }
 
 echo "== laying out $dir"
@@ -60,17 +50,10 @@ cp fixtures/README.md "$dir/fixtures/"  # the fixtures' provenance and the token
 cp scripts/make_bench_model.py scripts/gpu_check/greedy.py scripts/gpu_check/run.sh "$dir/"
 chmod +x "$dir/run.sh"
 {
-    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
-    echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(rustc --version)"
+    kit_stamp
     echo "cudarc: $(sed -n 's/^cudarc = .*version = "\([^"]*\)".*"\(cuda-[0-9]*\)".*/\1, bindings \2/p' qwen3-cuda/Cargo.toml)"
     echo "tests: $(ls "$dir/tests" | tr '\n' ' ')"
     echo "fixtures: $(ls "$dir/fixtures/models" | tr '\n' ' ')"
 } > "$dir/KIT"
 
-size_kib=$(du -sk "$dir" | cut -f1)
-cat "$dir/KIT"
-echo "kit: $dir, $((size_kib / 1024)) MiB"
-if [ "$size_kib" -ge $((limit_mib * 1024)) ]; then
-    echo "the kit is $((size_kib / 1024)) MiB, over its $limit_mib MiB limit" >&2
-    exit 1
-fi
+kit_done "$dir" "$limit_mib"
