@@ -201,41 +201,63 @@ fn bench_q4(d: &Dots, six: bool, rows: usize, cols: usize, t: usize, reps: usize
 }
 
 fn main() {
-    println!("q4 and q6 products (group 32), one thread (median)");
-    for d in available() {
-        for six in [false, true] {
-            // 32 KB of q4 (48 KB of q6): in the nearest caches, the kernel's arithmetic alone
-            bench_q4(&d, six, 64, 1024, 1, 2001);
-            // 256 KB of q4 (384 KB of q6): cache-resident, the kernel's own speed
-            bench_q4(&d, six, 512, 1024, 1, 41);
-            bench_q4(&d, six, 128, 4096, 1, 41);
-            for t in [1, 4] {
-                bench_q4(&d, six, 65536, 1024, t, 5); // 32 (48) MB: memory-bound
+    // `KERNELS_BENCH=q4` (or q8, dot, prefill, step, attention): only the sections whose names
+    // contain it, for a quick look at one family of kernels.
+    let only = std::env::var("KERNELS_BENCH").unwrap_or_default();
+    let run = |section: &str| only.is_empty() || section.contains(only.as_str());
+    // `KERNELS_ISA=avx512` (a prefix of `Dots::isa`): only that family.
+    let isa = std::env::var("KERNELS_ISA").unwrap_or_default();
+    let available = || -> Vec<Dots> {
+        let all = available();
+        all.into_iter()
+            .filter(|d| d.isa.starts_with(isa.as_str()))
+            .collect()
+    };
+    if run("q4 q6") {
+        println!("q4 and q6 products (group 32), one thread (median)");
+        for d in available() {
+            for six in [false, true] {
+                // 32 KB of q4 (48 KB of q6): in the nearest caches, the kernel's arithmetic alone
+                bench_q4(&d, six, 64, 1024, 1, 2001);
+                // 256 KB of q4 (384 KB of q6): cache-resident, the kernel's own speed
+                bench_q4(&d, six, 512, 1024, 1, 41);
+                bench_q4(&d, six, 128, 4096, 1, 41);
+                for t in [1, 4] {
+                    bench_q4(&d, six, 65536, 1024, t, 5); // 32 (48) MB: memory-bound
+                }
+                bench_q4(&d, six, 1024, 1024, 128, 5); // prefill's block product
             }
-            bench_q4(&d, six, 1024, 1024, 128, 5); // prefill's block product
         }
     }
-    println!("dot-product kernels, one thread, weights streamed per second (median)");
-    for d in available() {
-        // Groups of 64 (q8 files) and 32 (the q8 matrices of a q4 file, `format::Q4Mix`).
-        for gs in [64, 32] {
-            bench(&d, 256, 1024, gs, 41); // 256 KB of q8: cache-resident
-            bench(&d, 65536, 1024, gs, 5); // 64 MB of q8, 256 MB of f32: memory-bound
+    if run("q8 dot") {
+        println!("dot-product kernels, one thread, weights streamed per second (median)");
+        for d in available() {
+            // Groups of 64 (q8 files) and 32 (the q8 matrices of a q4 file, `format::Q4Mix`).
+            for gs in [64, 32] {
+                bench(&d, 256, 1024, gs, 41); // 256 KB of q8: cache-resident
+                bench(&d, 65536, 1024, gs, 5); // 64 MB of q8, 256 MB of f32: memory-bound
+            }
         }
     }
-    println!("prefill's q8 block product, one thread (median)");
-    for d in available() {
-        for gs in [64, 32] {
-            bench_prefill(&d, 1024, 1024, 128, gs, 5);
+    if run("q8 prefill") {
+        println!("prefill's q8 block product, one thread (median)");
+        for d in available() {
+            for gs in [64, 32] {
+                bench_prefill(&d, 1024, 1024, 128, gs, 5);
+            }
         }
     }
-    println!("a serving step's q8 product (one token per sequence), one thread (median)");
-    for d in available() {
-        for t in [1, 2, 4, 8, 16] {
-            bench_few_tokens(&d, 65536, 1024, t, 5);
+    if run("q8 step") {
+        println!("a serving step's q8 product (one token per sequence), one thread (median)");
+        for d in available() {
+            for t in [1, 2, 4, 8, 16] {
+                bench_few_tokens(&d, 65536, 1024, t, 5);
+            }
         }
     }
-    bench_attention();
+    if run("attention") {
+        bench_attention();
+    }
 }
 
 /// Attention with Qwen3-0.6B's heads (16 query, 8 kv, head_dim 128), one thread, with the cache

@@ -141,16 +141,9 @@ unsafe fn tile_avx512<const R: usize, const N: usize, const SIX: bool>(
     // Adds chunk c (the k-th of its window, whose weight scales are `d16`) into `acc`.
     let mut step = |c: usize, k: usize, d16: &[__m512; R]| {
         let off = chunk_bytes * c;
-        for at in w_at {
-            for dist in [PREFETCH_NEAR, PREFETCH_FAR] {
-                if at + off + dist < reach {
-                    // A prefetch never faults and has no effect on the program's meaning;
-                    // `wrapping_add` may point past `w` (into the `ahead` bytes) without UB.
-                    let p = w.as_ptr().wrapping_add(at + off + dist);
-                    _mm_prefetch::<_MM_HINT_T2>(p as *const i8);
-                }
-            }
-        }
+        // The tile's rows are consecutive in memory: its weights are one stream, of which
+        // this step reads its share.
+        prefetch_lines(w, w_at[0] + R * off, R * chunk_bytes, reach);
         let wv: [__m512i; R] =
             std::array::from_fn(|a| _mm512_loadu_si512(w_row[a].add(off) as *const __m512i));
         let mut lo = wv.map(|v| _mm512_and_si512(v, nibble));
@@ -216,6 +209,29 @@ unsafe fn tile_avx512<const R: usize, const N: usize, const SIX: bool>(
             let tail =
                 q6::tail_either::<SIX>(w_r, ws_r, x.q_row(i + j), x.scales_row(i + j), chunks);
             *out.get_unchecked_mut((r + a) * t + i + j) = sum + tail;
+        }
+    }
+}
+
+/// Asks for the weights [`PREFETCH_NEAR`] and [`PREFETCH_FAR`] bytes past `w[from .. from +
+/// len]`, every 64-byte line of that range once per distance and none at or past `reach`.
+///
+/// A step asks for the lines of the bytes it reads, not for its first byte: a q6 chunk is 96
+/// bytes, and a prefetch per chunk left every third line of a q6 matrix to the hardware, which
+/// on one Zen 4 thread streamed q6 at half q4's rate (measured: docs/quantization.md, "AVX-512
+/// on Zen 4").
+#[inline(always)]
+fn prefetch_lines(w: &[u8], from: usize, len: usize, reach: usize) {
+    for dist in [PREFETCH_NEAR, PREFETCH_FAR] {
+        let (first, last) = ((from + dist) / 64, (from + len - 1 + dist) / 64);
+        for line in first..=last {
+            if 64 * line < reach {
+                // A prefetch never faults and has no effect on the program's meaning;
+                // `wrapping_add` may point past `w` (into the `ahead` bytes) without UB.
+                let p = w.as_ptr().wrapping_add(64 * line);
+                // SAFETY: `_mm_prefetch` needs SSE, which every x86-64 CPU has.
+                unsafe { _mm_prefetch::<_MM_HINT_T2>(p as *const i8) };
+            }
         }
     }
 }
@@ -295,13 +311,7 @@ unsafe fn tile_avx2<const N: usize, const P: u8, const SIX: bool>(
     let mut acc = [_mm256_setzero_ps(); N];
     for c in 0..chunks {
         let off = chunk_bytes * c;
-        for dist in [PREFETCH_NEAR, PREFETCH_FAR] {
-            if w_at + off + dist < reach {
-                // As in tile_avx512: a hint, and `wrapping_add` may point past `w`.
-                let p = w.as_ptr().wrapping_add(w_at + off + dist);
-                _mm_prefetch::<_MM_HINT_T2>(p as *const i8);
-            }
-        }
+        prefetch_lines(w, w_at + off, chunk_bytes, reach);
         // The chunk's four weight scales, widened from f16 (8 bytes from 4c: within `per`) and
         // spread to the lanes of their groups.
         let d4 = _mm_cvtph_ps(_mm_loadl_epi64(ws_row.as_ptr().add(4 * c) as *const __m128i));
