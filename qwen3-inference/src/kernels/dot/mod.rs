@@ -540,6 +540,12 @@ mod tests {
                     (2, 12, 5),
                     (2, 14, 4),
                     (1, 15, 9),
+                    // The AVX-512 prompt product (32 tokens or more): blocks of 16 rows, the
+                    // rows after them, tiles of 8 tokens and fewer, chunks with a tail.
+                    (37, 33, 17),
+                    (16, 32, 8),
+                    (19, 41, 7),
+                    (3, 32, 9),
                 ] {
                     let cols = gs * groups;
                     let w = rand_vec(rows * cols, &mut seed, 1.0);
@@ -568,8 +574,13 @@ mod tests {
     /// set. The sums are exact integers, `q * cols` with `q` the weight's level.
     #[test]
     fn q4_and_q6_rows_at_the_extremes() {
-        let (gs, cols, rows, t) = (32, 32 * 12, 3, 2);
-        for d in available() {
+        let (gs, cols) = (32, 32 * 12);
+        // A few rows and tokens (the step kernels), and a prompt's block (AVX-512's prompt
+        // product).
+        for (d, (rows, t)) in available()
+            .into_iter()
+            .flat_map(|d| [(d, (3, 2)), (d, (17, 33))])
+        {
             for six in [false, true] {
                 for byte in [0xffu8, 0x00] {
                     for sign in [1.0f32, -1.0] {
@@ -615,7 +626,7 @@ mod tests {
                 continue; // their q4 and q6 products are the references
             }
             let other = match d.q4_layout {
-                q4::Q4Layout::Halves => q4::Q4Layout::Pairs,
+                q4::Q4Layout::Halves | q4::Q4Layout::PairsWide => q4::Q4Layout::Pairs,
                 q4::Q4Layout::Pairs => q4::Q4Layout::Halves,
             };
             for six in [false, true] {

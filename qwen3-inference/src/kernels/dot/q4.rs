@@ -28,7 +28,7 @@
 //! starts each lane's sum from it. A lane's integer sum is then exact; it is converted to f32
 //! and multiplied by the activations' scale (also held per lane) and the weights' scale.
 //!
-//! That is [`Q4Layout::Halves`], which the AVX-512 and NEON kernels read. The AVX2 kernel reads
+//! That is [`Q4Layout::Halves`], which the NEON kernels read. The AVX2 kernel reads
 //! [`Q4Layout::Pairs`]: a 256-bit vector holds half a chunk, and with `Halves` each half's 8 lanes
 //! hold two groups (the first half groups 0 and 1, the second 2 and 3), so each half needs its own
 //! conversion to f32 and its own multiplies by the scales. It regroups a chunk's weight bytes
@@ -38,6 +38,16 @@
 //! activations are laid out in that order: the two vectors' integer sums then add, and one
 //! conversion and one scaling serve a whole chunk. A lane there sums 16 weights, so a chunk has
 //! 8 lanes where `Halves` has 16.
+//!
+//! The AVX-512 kernel reads [`Q4Layout::PairsWide`]: `Pairs` two chunks at a time, a 512-bit
+//! vector holding `A` (or `B`) of both, so that its 16 lanes sum 16 weights each, as the AVX2
+//! kernel's 8 do. With `Halves` its lanes summed 8 weights, and every 128 weights of a row and a
+//! token took a conversion, a multiply and a multiply-add on 16 lanes; `PairsWide` takes them
+//! once per 256 (measured: docs/quantization.md, "AVX-512 on Zen 4"). Its activations are
+//! `Pairs`' with each pair of chunks' runs of 32 interleaved (A-low of both, B-low of both,
+//! A-high of both, B-high of both); a row's last chunk, when it has an odd number, stays as in
+//! `Pairs`. The corrections and scales are `Pairs`' unchanged: a pair's 16 lanes are the first
+//! chunk's 8, then the second's.
 //!
 //! Other group sizes, and the columns after a row's last full chunk, take the reference.
 
@@ -59,6 +69,10 @@ pub enum Q4Layout {
     /// For the AVX2 kernel: the activations of the two regrouped vectors `A`, `B` of a chunk's
     /// weight bytes, in each lane's order; 8 lanes of 16 weights a chunk.
     Pairs,
+    /// For the AVX-512 kernel: [`Q4Layout::Pairs`] with two chunks interleaved, so that a
+    /// 512-bit vector holds the same part of both (below); 8 lanes of 16 weights a chunk, as
+    /// in `Pairs`.
+    PairsWide,
 }
 
 /// Weight byte `k` of a chunk's 64 that vector `A` (`k < 32`) or `B` (`k >= 32`) of
@@ -75,7 +89,7 @@ impl Q4Layout {
     pub const fn lanes(self) -> usize {
         match self {
             Q4Layout::Halves => LANES,
-            Q4Layout::Pairs => LANES / 2,
+            Q4Layout::Pairs | Q4Layout::PairsWide => LANES / 2,
         }
     }
 
@@ -84,7 +98,7 @@ impl Q4Layout {
     pub const fn byte(self, k: usize) -> usize {
         match self {
             Q4Layout::Halves => k,
-            Q4Layout::Pairs => pairs_byte(k),
+            Q4Layout::Pairs | Q4Layout::PairsWide => pairs_byte(k),
         }
     }
 
@@ -101,7 +115,7 @@ impl Q4Layout {
     pub const fn vectors(self) -> &'static [usize] {
         match self {
             Q4Layout::Halves => &[0],
-            Q4Layout::Pairs => &[0, 32],
+            Q4Layout::Pairs | Q4Layout::PairsWide => &[0, 32],
         }
     }
 }
@@ -121,11 +135,15 @@ pub struct ActsQ4<'a> {
     pub corr: &'a [i32],
     /// `[t, chunks * layout.lanes()]`: the activations' scale of each lane's group.
     pub scales: &'a [f32],
+    /// `[t, chunks * 4]`: the sum of each group's 32 activations (in any layout: the AVX-512
+    /// kernel, which reads the plain rows, takes its correction from it).
+    pub group_sums: &'a [i32],
 }
 
 /// The buffers behind an [`ActsQ4`], reused from one product to the next.
 #[derive(Default)]
 pub struct ActsQ4Buf {
+    group_sums: Vec<i32>,
     x: Vec<i8>,
     corr: Vec<i32>,
     scales: Vec<f32>,
@@ -151,6 +169,7 @@ impl ActsQ4Buf {
         self.x.clear();
         self.corr.clear();
         self.scales.clear();
+        self.group_sums.clear();
         for i in 0..t {
             let (row, s_row) = (
                 &q[i * cols..(i + 1) * cols],
@@ -158,6 +177,10 @@ impl ActsQ4Buf {
             );
             for c in 0..chunks {
                 let chunk = &row[c * CHUNK..(c + 1) * CHUNK];
+                for group in chunk.chunks_exact(gs) {
+                    self.group_sums
+                        .push(group.iter().map(|&v| v as i32).sum::<i32>());
+                }
                 let start = self.x.len();
                 // Weight byte b (group b / 16, its values b % 16 and b % 16 + 16) meets the
                 // activations `lo(b)` (low nibble) and `lo(b) + 16` (high). Both layouts move
@@ -186,6 +209,18 @@ impl ActsQ4Buf {
                     self.scales.push(s_row[c * (CHUNK / gs) + group]);
                 }
             }
+            if layout == Q4Layout::PairsWide {
+                // Each pair of chunks (2p, 2p + 1): their four runs of 32 (A-low, B-low,
+                // A-high, B-high) interleaved, run k of the first chunk then run k of the second.
+                let start = self.x.len() - chunks * CHUNK;
+                for pair in self.x[start..].chunks_exact_mut(2 * CHUNK) {
+                    let was: [i8; 2 * CHUNK] = std::array::from_fn(|k| pair[k]);
+                    for (k, run) in pair.chunks_exact_mut(32).enumerate() {
+                        let from = (k % 2) * CHUNK + (k / 2) * 32;
+                        run.copy_from_slice(&was[from..from + 32]);
+                    }
+                }
+            }
             self.x.extend_from_slice(&row[chunks * CHUNK..]);
         }
         ActsQ4 {
@@ -194,8 +229,14 @@ impl ActsQ4Buf {
             x: &self.x,
             corr: &self.corr,
             scales: &self.scales,
+            group_sums: &self.group_sums,
         }
     }
+}
+
+/// Groups in `chunks` full chunks.
+pub(crate) const fn chunks_groups(chunks: usize) -> usize {
+    chunks * (CHUNK / SIMD_GROUP)
 }
 
 /// `sum_g ws[g] * xs[g] * sum_{j in g} q_w[j] * q_x[j]` over one row: `w` its packed bytes
@@ -243,7 +284,8 @@ pub(crate) fn check_packed(
                 && x.q4.chunks == cols / CHUNK
                 && x.q4.x.len() == t * cols
                 && x.q4.corr.len() == t * lanes
-                && x.q4.scales.len() == t * lanes),
+                && x.q4.scales.len() == t * lanes
+                && x.q4.group_sums.len() == t * chunks_groups(x.q4.chunks)),
         "q4/q6: activations not laid out for [{t}, {cols}]"
     );
     rows

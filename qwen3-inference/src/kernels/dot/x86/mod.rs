@@ -10,6 +10,7 @@
 mod avx2;
 mod avx512;
 mod q4;
+mod q4_rows;
 
 use super::Dots;
 use avx2::*;
@@ -76,7 +77,7 @@ pub const AVX512: Dots = Dots {
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx512(w, ws, x, out, ahead) },
     q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx512::<false>(w, ws, x, out, ahead) },
     q6_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx512::<true>(w, ws, x, out, ahead) },
-    q4_layout: super::q4::Q4Layout::Halves,
+    q4_layout: super::q4::Q4Layout::PairsWide,
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
     isa: "avx512-vnni",
