@@ -26,9 +26,9 @@
 //! order of the f32 additions is not. That is why this product is taken only when asked for
 //! ([`rows_requested`]): by default a prompt run in one pass leaves the same KV cache as the same
 //! tokens decoded one by one, and a request's tokens do not depend on what else a server step
-//! runs (engine/mod.rs); with `QWEN3_Q4_PROMPT=rows` a prompt is read about twice as fast on
-//! AVX-512 (docs/quantization.md, "AVX-512 on Zen 4") and those equalities hold only up to the
-//! last bits of the f32 sums.
+//! runs (engine/mod.rs); with `QWEN3_Q4_PROMPT=rows` a prompt's products run about twice as
+//! fast on AVX-512 (docs/quantization.md, "AVX-512 on Zen 4") and those equalities hold only up
+//! to the last bits of the f32 sums.
 
 use super::super::q4::{chunks_groups, CHUNK, SIMD_GROUP};
 use super::super::q6;
