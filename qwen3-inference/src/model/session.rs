@@ -238,6 +238,41 @@ mod tests {
         }
     }
 
+    /// A q4 model whose rows are wide enough for the SIMD kernels (an odd number of whole
+    /// chunks of 128 and a tail of groups; the embedding and sensitive layers q6): a 20-token
+    /// prompt in one pass gives every position the very bits that decoding the tokens one by
+    /// one and a prompt cut in pieces of 6 give. On AVX-512 the whole prompt takes the rows
+    /// product and decode the step kernel (`kernels/dot/x86/q4_rows.rs`).
+    #[test]
+    fn q4_prompt_in_one_pass_gives_decodes_bits() {
+        let mut c = crate::testing::model::config(DType::Q4);
+        (c.group_size, c.hidden_size, c.intermediate_size) = (32, 416, 640);
+        (c.num_attention_heads, c.num_key_value_heads, c.head_dim) = (4, 2, 32);
+        let p = tmp("q4-wide");
+        crate::testing::model::write_random_config(&p, &c);
+        let file = ModelFile::open(&p).unwrap();
+        let model = Model::load(&file).unwrap();
+        let vocab = c.vocab_size as usize;
+        let tokens: Vec<u32> = (0..20).map(|i| (i * 7 + 3) % vocab as u32).collect();
+        let mut a = Session::new(CPU, &model, 32, KvType::F32).unwrap();
+        let all = a.forward_all_logits(&tokens).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let mut b = Session::new(CPU, &model, 32, KvType::F32).unwrap();
+        for (i, &tok) in tokens.iter().enumerate() {
+            let logits = b.forward(&[tok]).unwrap();
+            assert_eq!(
+                bits(logits),
+                bits(&all[i * vocab..(i + 1) * vocab]),
+                "pos {i}"
+            );
+        }
+        let mut d = Session::new(CPU, &model, 32, KvType::F32).unwrap();
+        d.set_max_batch(6).unwrap();
+        let last = d.forward(&tokens).unwrap();
+        assert_eq!(bits(last), bits(&all[19 * vocab..]), "in pieces of 6");
+        std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
+    }
+
     #[test]
     fn bad_input_is_an_error_not_a_panic() {
         let p = tmp("bad");

@@ -46,8 +46,12 @@
 //! once per 256 (measured: docs/quantization.md, "AVX-512 on Zen 4"). Its activations are
 //! `Pairs`' with each pair of chunks' runs of 32 interleaved (A-low of both, B-low of both,
 //! A-high of both, B-high of both); a row's last chunk, when it has an odd number, stays as in
-//! `Pairs`. The corrections and scales are `Pairs`' unchanged: a pair's 16 lanes are the first
-//! chunk's 8, then the second's.
+//! `Pairs`. The corrections are `Pairs`' unchanged: a pair's 16 lanes are the first chunk's 8,
+//! then the second's. The two lanes of a group are neighbours (`lane_group`: 0 0 2 2 1 1 3 3),
+//! and the kernel adds each odd lane's integer sum into the even one before converting, so that
+//! an even lane carries a whole group's sum: the scales of the odd lanes are 0. A whole group
+//! to a lane is what lets the prompts' product (`x86/q4_rows.rs`) give decode's bits at the
+//! price of one conversion and two scalings per group.
 //!
 //! Other group sizes, and the columns after a row's last full chunk, take the reference.
 
@@ -135,15 +139,11 @@ pub struct ActsQ4<'a> {
     pub corr: &'a [i32],
     /// `[t, chunks * layout.lanes()]`: the activations' scale of each lane's group.
     pub scales: &'a [f32],
-    /// `[t, chunks * 4]`: the sum of each group's 32 activations (in any layout: the AVX-512
-    /// kernel, which reads the plain rows, takes its correction from it).
-    pub group_sums: &'a [i32],
 }
 
 /// The buffers behind an [`ActsQ4`], reused from one product to the next.
 #[derive(Default)]
 pub struct ActsQ4Buf {
-    group_sums: Vec<i32>,
     x: Vec<i8>,
     corr: Vec<i32>,
     scales: Vec<f32>,
@@ -169,7 +169,6 @@ impl ActsQ4Buf {
         self.x.clear();
         self.corr.clear();
         self.scales.clear();
-        self.group_sums.clear();
         for i in 0..t {
             let (row, s_row) = (
                 &q[i * cols..(i + 1) * cols],
@@ -177,10 +176,6 @@ impl ActsQ4Buf {
             );
             for c in 0..chunks {
                 let chunk = &row[c * CHUNK..(c + 1) * CHUNK];
-                for group in chunk.chunks_exact(gs) {
-                    self.group_sums
-                        .push(group.iter().map(|&v| v as i32).sum::<i32>());
-                }
                 let start = self.x.len();
                 // Weight byte b (group b / 16, its values b % 16 and b % 16 + 16) meets the
                 // activations `lo(b)` (low nibble) and `lo(b) + 16` (high). Both layouts move
@@ -206,7 +201,13 @@ impl ActsQ4Buf {
                     self.corr.push(-8 * sum);
                     let group = layout.lane_group(l);
                     debug_assert!(bytes().all(|k| order[k] / 16 == group));
-                    self.scales.push(s_row[c * (CHUNK / gs) + group]);
+                    // PairsWide: a group's two lanes are added as integers into the first
+                    // (the module's text), and the second's scale is 0.
+                    let scale = match layout == Q4Layout::PairsWide && l % 2 == 1 {
+                        true => 0.0,
+                        false => s_row[c * (CHUNK / gs) + group],
+                    };
+                    self.scales.push(scale);
                 }
             }
             if layout == Q4Layout::PairsWide {
@@ -229,7 +230,6 @@ impl ActsQ4Buf {
             x: &self.x,
             corr: &self.corr,
             scales: &self.scales,
-            group_sums: &self.group_sums,
         }
     }
 }
@@ -284,8 +284,7 @@ pub(crate) fn check_packed(
                 && x.q4.chunks == cols / CHUNK
                 && x.q4.x.len() == t * cols
                 && x.q4.corr.len() == t * lanes
-                && x.q4.scales.len() == t * lanes
-                && x.q4.group_sums.len() == t * chunks_groups(x.q4.chunks)),
+                && x.q4.scales.len() == t * lanes),
         "q4/q6: activations not laid out for [{t}, {cols}]"
     );
     rows

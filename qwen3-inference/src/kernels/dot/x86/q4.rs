@@ -21,14 +21,17 @@
 //!
 //! The AVX-512 kernel takes two chunks a step: one two-source permute (`vpermt2q`) of their 128
 //! bytes gives `[A(c) | A(c+1)]`, another `[B(c) | B(c+1)]`, and four `vpdpbusd` give 16 lanes of
-//! 16 weights each, so one conversion and one scaling serve 256 weights of a row and a token
-//! (`Q4Layout::PairsWide` lays the activations out to match).
+//! 16 weights each; neighbouring lanes (halves of one group) are added as integers, so one
+//! conversion and one scaling serve 256 weights of a row and a token, each even lane a whole
+//! group's (`Q4Layout::PairsWide` lays the activations out to match). A prompt's products take
+//! the rows product (`q4_rows.rs`), which repeats this arithmetic with 16 rows in the lanes.
 //!
 //! The weights' f16 scales are widened (`vcvtph2ps`: 16 at a time on AVX-512, a chunk's 4 on
 //! AVX2) and spread to the lanes of their group by one permute (`Q4Layout::lane_group`). Each
 //! (row, token) pair of a tile has its own accumulator, so a tile's multiply-adds do not wait on
 //! each other. Every tile shape runs the same steps in the same order for each pair, so decode
-//! (tiles of one token) and prefill give a prompt's tokens the same bits.
+//! (tiles of one token), a serving step's few tokens and (on AVX-512) the rows product of a
+//! prompt give a prompt's tokens the same bits.
 //!
 //! The same kernels take q6 weights (`SIX`): a chunk is then 96 bytes, the nibbles as above and
 //! 32 high bytes whose bits are ORed in above the nibbles, and the correction is taken four
@@ -38,7 +41,7 @@ use super::super::q4::{self, Q4Layout, CHUNK};
 use super::super::q6;
 use super::super::{for_each_tile, ActsQ8};
 use super::avx2::{dot_pairs, hsum256};
-use super::q4_rows::{mat_q4_rows_avx512, rows_requested, ROWS_FROM};
+use super::q4_rows::{mat_q4_rows_avx512, step_requested, ROWS_FROM};
 use super::{PREFETCH_FAR, PREFETCH_NEAR};
 use std::arch::x86_64::*;
 
@@ -65,7 +68,8 @@ pub(super) unsafe fn mat_q4_avx512<const SIX: bool>(
         Q4Layout::PairsWide,
         "the AVX-512 q4 kernel reads Q4Layout::PairsWide"
     );
-    if x.t >= ROWS_FROM && rows_requested() {
+    if x.t >= ROWS_FROM && !step_requested() {
+        // A prompt: the rows product, which gives every (row, token) the bits this kernel would.
         // SAFETY: `check_either` passed, and the CPU has what this function's caller vouched for.
         return mat_q4_rows_avx512::<SIX>(w, ws, x, out, ahead);
     }
@@ -111,7 +115,8 @@ pub(super) unsafe fn mat_q4_avx512<const SIX: bool>(
 ///
 /// ```text
 /// isum = corr + dot4(A lo, x0) + dot4(B lo, x1) + dot4(A hi, x2) + dot4(B hi, x3)   16 lanes, exact
-/// acc += float(isum) * x_scale * w_scale                                            once per 256 weights
+/// isum += isum, neighbouring lanes swapped         even lanes: whole groups' sums
+/// acc += float(isum) * x_scale * w_scale           once per 256 weights (odd lanes: x_scale 0)
 /// ```
 ///
 /// Caller guarantees the rows and tokens exist, that `q6::check_either::<SIX>` passed, that
@@ -194,12 +199,38 @@ unsafe fn tile_avx512<const R: usize, const N: usize, const SIX: bool>(
             &ws[(r + a) * per..(r + a + 1) * per],
         );
         for (j, &acc_aj) in acc_a.iter().enumerate() {
-            let sum = _mm512_reduce_add_ps(acc_aj);
+            let sum = sum16(acc_aj);
             let tail =
                 q6::tail_either::<SIX>(w_r, ws_r, x.q_row(i + j), x.scales_row(i + j), chunks);
             *out.get_unchecked_mut((r + a) * t + i + j) = sum + tail;
         }
     }
+}
+
+/// The sum of a (row, token) pair's 16 lanes of partial sums, in a fixed order: lanes `l` and
+/// `l + 8`, then `l` and `l + 4`, then `l` and `l + 2`, then the last two. The rows product
+/// (`q4_rows.rs`, [`sum16_across`]) adds its 16 vectors of partial sums in this order too, which
+/// is part of why the two give the same bits.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn sum16(v: __m512) -> f32 {
+    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let v8 = _mm256_add_ps(_mm512_castps512_ps256(v), high);
+    let v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps::<1>(v8));
+    // movehl: lanes 2, 3 moved down.
+    let v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+    _mm_cvtss_f32(v2) + _mm_cvtss_f32(_mm_shuffle_ps::<1>(v2, v2))
+}
+
+/// [`sum16`] lane by lane across 16 vectors: lane `a` of the result is the sum of lane `a` of
+/// `p[0..16]`, added in [`sum16`]'s order.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn sum16_across(p: &[__m512; 16]) -> __m512 {
+    let s8: [__m512; 8] = std::array::from_fn(|k| _mm512_add_ps(p[k], p[k + 8]));
+    let s4: [__m512; 4] = std::array::from_fn(|k| _mm512_add_ps(s8[k], s8[k + 4]));
+    let s2: [__m512; 2] = std::array::from_fn(|k| _mm512_add_ps(s4[k], s4[k + 2]));
+    _mm512_add_ps(s2[0], s2[1])
 }
 
 /// What the steps of one [`tile_avx512`] read: its rows' weights, its tokens' activations.
@@ -273,6 +304,9 @@ impl<const R: usize, const N: usize> Tile<'_, R, N> {
                 for k in 0..4 {
                     isum = _mm512_dpbusd_epi32(isum, wv[k], xv[k]);
                 }
+                // Lanes 2k and 2k + 1 hold halves of one group: the even lane takes the whole
+                // group's sum (the odd lane's scale is 0, `Q4Layout::PairsWide`).
+                let isum = _mm512_add_epi32(isum, _mm512_shuffle_epi32::<0xb1>(isum));
                 let v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), *xs);
                 *acc = _mm512_fmadd_ps(v, d, *acc);
             };

@@ -1,38 +1,46 @@
-//! The AVX-512 q4 and q6 product: sixteen weight rows in the lanes of a vector.
+//! The AVX-512 q4 and q6 product for prompts: sixteen weight rows in the lanes of a vector.
 //!
-//! The AVX2 kernel (`q4.rs`) puts a row's weights along a vector's lanes, so every row and token
-//! ends in a sum across lanes, and every 128 weights of a row and a token take a conversion and
-//! two scalings. Here the lanes are the rows: a chunk (128 weights, four groups) of 16 rows is
-//! loaded, one 64-byte vector a row, and transposed as a 16 x 16 matrix of 32-bit words, so that
-//! vector `d` holds word `d` of every row: four nibble bytes, weights `4s ..` (low nibbles) and
-//! `16 + 4s ..` (high nibbles) of group `d / 4`, `s = d % 4`. Then for a group `g` and a token `j`
+//! The step kernel (`q4.rs`) puts a row's weights along a vector's lanes, so every row and token
+//! ends in a sum across lanes, and each step's weights are unpacked again for every few tokens.
+//! Here the lanes are the rows: a chunk (128 weights, four groups) of 16 rows is loaded, one
+//! 64-byte vector a row, and transposed as a 16 x 16 matrix of 32-bit words, so that vector `d`
+//! holds word `d` of every row: four nibble bytes, weights `4s ..` (low nibbles) and `16 + 4s ..`
+//! (high nibbles) of group `d / 4`, `s = d % 4`. A block of 16 rows is unpacked and transposed
+//! once into a buffer (`Block`) and read from the nearer caches for every tile of [`TILE`]
+//! tokens, so a prompt unpacks each weight once.
+//!
+//! ## The step kernel's bits
+//!
+//! The engine promises that a prompt run in one pass leaves the KV cache that the same tokens
+//! decoded one by one would, and that a request's tokens do not depend on what else a server
+//! step runs (`engine/mod.rs`). Decode takes the step kernel, so this product computes every
+//! (row, token) with the step kernel's f32 operations, on the same values, in the same order.
+//! The step kernel keeps 16 lanes of partial sums for a row and a token; in its step at chunks
+//! `c`, `c + 1`, even lane `q` takes a whole group of chunk `c + q / 8` (group
+//! `Q4Layout::PairsWide.lane_group(q % 8)`: the odd lane's integer sum added in, `dot/q4.rs`)
+//! and odd lanes stay 0:
 //!
 //! ```text
-//! isum = -8 * sum(x_j over g)                          q4's nibbles are q + 8 (q6: -32, q + 32)
-//! isum += dot4(w[.., 4s .. 4s + 4], x_j[4s .. 4s + 4])   s = 0..8: 8 vpdpbusd, x broadcast
-//! acc  += float(isum) * x_scale[j, g] * w_scale[.., g]  once per 32 weights of 16 rows
+//! isum  = corr + dot(w, x) over the group's 32 weights    exact; corr = -8 * sum(x) (q6: -32)
+//! acc[q] = fma(float(isum) * x_scale, w_scale, acc[q])
 //! ```
 //!
-//! and lane `a` of `acc` is row `a`'s product with token `j`: no sum across lanes at the end.
+//! and at the end it adds the 16 lanes in a fixed tree (`q4.rs`, `sum16`). Here partial sum `q`
+//! of token `j` is a vector whose lane `a` is row `a`'s: the same groups in the same order
+//! (chunks `q / 8`, `q / 8 + 2`, ...), each term from the same exact integer and the same
+//! scales by the same two roundings, and the 16 vectors added in the same tree
+//! (`sum16_across`). The same IEEE operations on the same values give the same bits, so the
+//! test `gives_the_step_kernels_bits` compares them bit for bit. A group of 16 rows and a token
+//! takes 8 `vpdpbusd` (the activations broadcast four at a time), one conversion and two
+//! scalings, with no sum across lanes and no unpacking.
 //!
-//! A block of 16 rows is unpacked and transposed once into a buffer (`Block`) and read from the
-//! nearer caches for every tile of [`TILE`] tokens, so a prompt unpacks each weight once.
-//!
-//! Every tile runs that arithmetic in that order for each (row, token): f32 sums group by group,
-//! from the first group to the last, each with the group's exact integer sum. So a prompt's
-//! token gets the same bits however the prompt is cut, as long as every piece takes this product.
-//! They are not the step kernel's bits (`q4.rs`: 16 lanes of partial sums, added across at the
-//! end), which decode and a serving step's few tokens take: the integer sums are the same, the
-//! order of the f32 additions is not. That is why this product is taken only when asked for
-//! ([`rows_requested`]): by default a prompt run in one pass leaves the same KV cache as the same
-//! tokens decoded one by one, and a request's tokens do not depend on what else a server step
-//! runs (engine/mod.rs); with `QWEN3_Q4_PROMPT=rows` a prompt's products run about twice as
-//! fast on AVX-512 (docs/quantization.md, "AVX-512 on Zen 4") and those equalities hold only up
-//! to the last bits of the f32 sums.
+//! `QWEN3_Q4_PROMPT=step` keeps prompts on the step kernel (the same bits, slower: for
+//! measuring).
 
-use super::super::q4::{chunks_groups, CHUNK, SIMD_GROUP};
+use super::super::q4::{chunks_groups, Q4Layout, CHUNK, SIMD_GROUP};
 use super::super::q6;
 use super::super::ActsQ8;
+use super::q4::sum16_across;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
@@ -42,15 +50,14 @@ const ROWS: usize = 16;
 /// Tokens a tile: each has a vector of integer sums and one of f32 sums.
 const TILE: usize = 8;
 
-/// Tokens from which the AVX-512 q4 kernel hands a product to this one when asked to: a prompt's
-/// products (`matmul.rs` runs 16 tokens or fewer, a serving step's, as decode's).
+/// Tokens from which the AVX-512 q4 kernel hands a product to this one: a prompt's products
+/// (`matmul.rs` runs 16 tokens or fewer, a serving step's, as decode's).
 pub(super) const ROWS_FROM: usize = 17;
 
-/// Whether the environment asks for this product for prompts: `QWEN3_Q4_PROMPT=rows` (read once).
-/// Anything else, or unset, keeps the step kernel.
-pub(super) fn rows_requested() -> bool {
-    static ROWS_ASKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ROWS_ASKED.get_or_init(|| std::env::var("QWEN3_Q4_PROMPT").is_ok_and(|v| v == "rows"))
+/// Whether the environment keeps prompts on the step kernel: `QWEN3_Q4_PROMPT=step` (read once).
+pub(super) fn step_requested() -> bool {
+    static STEP_ASKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *STEP_ASKED.get_or_init(|| std::env::var("QWEN3_Q4_PROMPT").is_ok_and(|v| v == "step"))
 }
 
 /// A block's unpacked weights and scales, reused from one block to the next.
@@ -68,8 +75,9 @@ thread_local! {
 }
 
 /// [`super::super::MatQ4`] on AVX-512 VNNI, for q4 weights or (`SIX`) q6 ones (`dot/q6.rs`).
-/// Reads the plain activation rows and `x.q4.group_sums`, in whatever layout `x.q4` is. Does
-/// not prefetch: a prompt's product is bound by arithmetic, and a block's rows are read once.
+/// Reads the plain activation rows and the corrections and scales of `x.q4` (laid out in
+/// `Q4Layout::Pairs` or `PairsWide`: the same 8 lanes a chunk). Does not prefetch: a prompt's
+/// product is bound by arithmetic, and a block's rows are read once.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn mat_q4_rows_avx512<const SIX: bool>(
     w: &[u8],
@@ -82,6 +90,10 @@ pub(super) unsafe fn mat_q4_rows_avx512<const SIX: bool>(
     if x.q4.chunks == 0 {
         return q6::reference_either::<SIX>(w, ws, x, out, ahead);
     }
+    assert!(
+        matches!(x.q4.layout, Q4Layout::Pairs | Q4Layout::PairsWide),
+        "the AVX-512 q4 rows product reads Q4Layout::Pairs' lanes"
+    );
     let (t, cols, chunks) = (x.t, x.cols, x.q4.chunks);
     let (row_bytes, per) = (q6::row_bytes::<SIX>(cols), cols / SIMD_GROUP);
     let geo = Geometry {
@@ -94,7 +106,8 @@ pub(super) unsafe fn mat_q4_rows_avx512<const SIX: bool>(
     for r0 in (0..rows).step_by(ROWS) {
         let m = (rows - r0).min(ROWS);
         // SAFETY: rows r0 .. r0 + m exist, `check_either` proved every slice has the length of
-        // its shape (and `x.q4` the group sums of `chunks` chunks).
+        // its shape (and `x.q4` the corrections and scales of `chunks` chunks, 8 lanes each:
+        // asserted above).
         buffered::<SIX>(&geo, x, out, r0, m);
         if chunks_groups(chunks) < per {
             // The columns after the last full chunk: the reference's product.
@@ -154,98 +167,85 @@ unsafe fn buffered<const SIX: bool>(
         let mut i = 0;
         while i < x.t {
             let n = (x.t - i).min(TILE);
-            // SAFETY: tokens i .. i + n exist, and the block holds `groups` groups.
+            // SAFETY: tokens i .. i + n exist, the block holds `groups` groups, and the layout
+            // has 8 lanes a chunk (asserted by the caller).
             match n {
-                8 => from_block::<8, SIX>(&block, groups, x, out, r0, m, i),
-                7 => from_block::<7, SIX>(&block, groups, x, out, r0, m, i),
-                6 => from_block::<6, SIX>(&block, groups, x, out, r0, m, i),
-                5 => from_block::<5, SIX>(&block, groups, x, out, r0, m, i),
-                4 => from_block::<4, SIX>(&block, groups, x, out, r0, m, i),
-                3 => from_block::<3, SIX>(&block, groups, x, out, r0, m, i),
-                2 => from_block::<2, SIX>(&block, groups, x, out, r0, m, i),
-                _ => from_block::<1, SIX>(&block, groups, x, out, r0, m, i),
+                8 => from_block::<8, SIX>(&block, x, out, r0, m, i),
+                7 => from_block::<7, SIX>(&block, x, out, r0, m, i),
+                6 => from_block::<6, SIX>(&block, x, out, r0, m, i),
+                5 => from_block::<5, SIX>(&block, x, out, r0, m, i),
+                4 => from_block::<4, SIX>(&block, x, out, r0, m, i),
+                3 => from_block::<3, SIX>(&block, x, out, r0, m, i),
+                2 => from_block::<2, SIX>(&block, x, out, r0, m, i),
+                _ => from_block::<1, SIX>(&block, x, out, r0, m, i),
             }
             i += n;
         }
     })
 }
 
-/// Tokens `i .. i + N` against the unpacked block. Caller guarantees those tokens exist and the
-/// block holds `groups` groups.
+/// Tokens `i .. i + N` against the unpacked block, the step kernel's arithmetic (the module's
+/// text). Caller guarantees those tokens exist, the block holds `chunks_groups(x.q4.chunks)`
+/// groups, and `x.q4` is laid out in `Q4Layout::PairsWide` (8 lanes of corrections and scales
+/// a chunk).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn from_block<const N: usize, const SIX: bool>(
     block: &Block,
-    groups: usize,
     x: &ActsQ8,
     out: &mut [f32],
     r0: usize,
     m: usize,
     i: usize,
 ) {
-    let mut acc = [_mm512_setzero_ps(); N];
-    for g in 0..groups {
-        // SAFETY: group g's 8 vectors of 64 bytes and 16 scales lie within the block, which
-        // holds `groups` groups (the caller's word).
-        let at = block.w.as_ptr().add(g * 8 * 64);
-        let kw: [__m512i; 8] =
-            std::array::from_fn(|s| _mm512_loadu_si512(at.add(s * 64) as *const __m512i));
-        let scales = _mm512_loadu_ps(block.scales.as_ptr().add(g * ROWS));
-        group::<N, SIX>(&mut acc, &kw, scales, x, i, g);
-    }
-    store::<N>(&acc, out, x.t, r0, m, i);
-}
-
-/// Adds group `g` of tokens `i .. i + N` into `acc` (see the module's text): `kw` the group's 8
-/// vectors of weights (16 rows by 4), `scales` its 16 rows' scales. Caller guarantees the tokens
-/// and the group exist (`g < chunks * 4`).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn group<const N: usize, const SIX: bool>(
-    acc: &mut [__m512; N],
-    kw: &[__m512i; 8],
-    scales: __m512,
-    x: &ActsQ8,
-    i: usize,
-    g: usize,
-) {
-    let (cols, per) = (x.cols, x.cols / SIMD_GROUP);
-    let groups = chunks_groups(x.q4.chunks);
-    // The nibbles hold q + 8 (q6: q + 32): the sum starts from that offset times the
-    // activations' sum, taken away.
-    let offset = if SIX { 32 } else { 8 };
-    for (j, acc_j) in acc.iter_mut().enumerate() {
-        let row = x.q.as_ptr().add((i + j) * cols + g * SIMD_GROUP);
-        let corr = -offset * *x.q4.group_sums.get_unchecked((i + j) * groups + g);
-        let mut isum = _mm512_set1_epi32(corr);
-        for (s, &v) in kw.iter().enumerate() {
-            // Activations 4s .. 4s + 4 of the group, in every lane. SAFETY: token i + j exists
-            // and group g is a full chunk's, so values g * 32 + 4s .. + 4 lie within its row.
-            let four = (row.add(4 * s) as *const i32).read_unaligned();
-            isum = _mm512_dpbusd_epi32(isum, v, _mm512_set1_epi32(four));
+    const L: usize = Q4Layout::PairsWide.lanes();
+    let (cols, chunks) = (x.cols, x.q4.chunks);
+    let lanes = chunks * L;
+    // parts[q][j]: the step kernel's lane q for token i + j, of the 16 rows. Its odd lanes
+    // stay 0 (`Q4Layout::PairsWide`), and so do these.
+    let mut parts = [[_mm512_setzero_ps(); N]; 2 * L];
+    for (q, part) in parts.iter_mut().enumerate().step_by(2) {
+        let l = q % L;
+        let gc = Q4Layout::PairsWide.lane_group(l);
+        let mut acc = [_mm512_setzero_ps(); N];
+        let mut c = q / L;
+        while c < chunks {
+            let g = 4 * c + gc;
+            // SAFETY: group g < chunks * 4 lies within the block (the caller's word).
+            let at = block.w.as_ptr().add(g * 8 * 64);
+            let kw: [__m512i; 8] =
+                std::array::from_fn(|s| _mm512_loadu_si512(at.add(s * 64) as *const __m512i));
+            let scales = _mm512_loadu_ps(block.scales.as_ptr().add(g * ROWS));
+            let lane = (i * lanes) + L * c + l;
+            for (j, acc_j) in acc.iter_mut().enumerate() {
+                // SAFETY: token i + j exists; lanes `lane`, `lane + 1` < chunks * 8 (l is even)
+                // and group g's 32 values lie within its rows (`check_either` proved the
+                // lengths).
+                let at = lane + j * lanes;
+                let corr = x.q4.corr.get_unchecked(at) + x.q4.corr.get_unchecked(at + 1);
+                // q6 weights are q + 32, four times q4's offset of 8.
+                let corr = if SIX { corr << 2 } else { corr };
+                let row = x.q.as_ptr().add((i + j) * cols + g * SIMD_GROUP);
+                let mut isum = _mm512_set1_epi32(corr);
+                for (s, &v) in kw.iter().enumerate() {
+                    // Activations 4s .. 4s + 4 of the group, in every lane.
+                    let four = (row.add(4 * s) as *const i32).read_unaligned();
+                    isum = _mm512_dpbusd_epi32(isum, v, _mm512_set1_epi32(four));
+                }
+                let xs = _mm512_set1_ps(*x.q4.scales.get_unchecked(at));
+                let v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), xs);
+                *acc_j = _mm512_fmadd_ps(v, scales, *acc_j);
+            }
+            c += 2;
         }
-        let xs = _mm512_set1_ps(*x.scales.get_unchecked((i + j) * per + g));
-        let v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), xs);
-        *acc_j = _mm512_fmadd_ps(v, scales, *acc_j);
+        *part = acc;
     }
-}
-
-/// `out[(r0 + a) * t + i + j]` = lane `a` of `acc[j]`, for the block's `m` rows.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn store<const N: usize>(
-    acc: &[__m512; N],
-    out: &mut [f32],
-    t: usize,
-    r0: usize,
-    m: usize,
-    i: usize,
-) {
-    for (j, acc_j) in acc.iter().enumerate() {
+    for j in 0..N {
+        let sum = sum16_across(&std::array::from_fn(|q| parts[q][j]));
         let mut lanes = [0f32; ROWS];
-        _mm512_storeu_ps(lanes.as_mut_ptr(), *acc_j);
+        _mm512_storeu_ps(lanes.as_mut_ptr(), sum);
         for (a, &v) in lanes.iter().enumerate().take(m) {
-            out[(r0 + a) * t + i + j] = v;
+            out[(r0 + a) * x.t + i + j] = v;
         }
     }
 }
@@ -369,8 +369,9 @@ unsafe fn transpose16(r: &mut [__m512i; ROWS]) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::q4::{mat_q4_scalar, Q4Layout};
+    use super::super::super::q4::mat_q4_scalar;
     use super::super::super::q6::mat_q6_scalar;
+    use super::super::q4::mat_q4_avx512;
     use super::*;
     use crate::kernels::dot::ActsQ8Buf;
     use crate::testing::next_values;
@@ -438,41 +439,72 @@ mod tests {
         }
     }
 
-    /// A prompt's tokens get the same bits however it is cut: 40 tokens at once, and the same
-    /// tokens as 17 then 23.
+    /// Every (row, token) gets the step kernel's bits: a prompt's product here against each
+    /// token decoded alone and against the step kernel's tiles of a serving step (2 to 16
+    /// tokens), for blocks of 16 rows and rows after them, an odd number of chunks (a lone last
+    /// one), a tail after the chunks, and the sign of the scales both ways. So a prompt's tokens
+    /// also get the same bits however the prompt is cut.
     #[test]
-    fn tokens_get_the_same_bits_however_the_prompt_is_cut() {
+    fn gives_the_step_kernels_bits() {
         if !super::super::has_avx512() {
             eprintln!("no AVX-512 VNNI: skipping the AVX-512 prompt product");
             return;
         }
         let mut seed = 29;
         for six in [false, true] {
-            let (rows, t, cols) = (35, 40, 32 * 9);
-            let w = next_values(rows * cols, &mut seed);
-            let x = next_values(t * cols, &mut seed);
-            let (p, ws) = pack(six, &w, cols);
-            let mut buf = ActsQ8Buf::default();
-            let mut all = vec![f32::NAN; rows * t];
-            let acts = buf.quantize_for_q4_as(&x, t, cols, 32, Q4Layout::PairsWide);
-            product(six, &p, &ws, &acts, &mut all);
-            for (from, to) in [(0, 17), (17, 40)] {
-                let n = to - from;
-                let mut part = vec![f32::NAN; rows * n];
-                let x_part = &x[from * cols..to * cols];
-                let acts = buf.quantize_for_q4_as(x_part, n, cols, 32, Q4Layout::PairsWide);
-                product(six, &p, &ws, &acts, &mut part);
-                for r in 0..rows {
-                    for i in 0..n {
-                        assert_eq!(
-                            part[r * n + i].to_bits(),
-                            all[r * t + from + i].to_bits(),
-                            "six={six} row {r} token {}",
-                            from + i
-                        );
+            for (rows, t, groups) in [(35, 40, 9), (16, 17, 8), (21, 19, 28), (3, 33, 13)] {
+                let cols = 32 * groups;
+                let w = next_values(rows * cols, &mut seed);
+                let x = next_values(t * cols, &mut seed);
+                let (p, ws) = pack(six, &w, cols);
+                let mut buf = ActsQ8Buf::default();
+                let mut all = vec![f32::NAN; rows * t];
+                let acts = buf.quantize_for_q4_as(&x, t, cols, 32, Q4Layout::PairsWide);
+                product(six, &p, &ws, &acts, &mut all);
+                // Decode (one token), and the step kernel's tiles of a serving step.
+                for n in [1, 5, 16] {
+                    for from in (0..t).step_by(n) {
+                        let n = n.min(t - from);
+                        let x_part = &x[from * cols..(from + n) * cols];
+                        let acts = buf.quantize_for_q4_as(x_part, n, cols, 32, Q4Layout::PairsWide);
+                        let mut part = vec![f32::NAN; rows * n];
+                        // SAFETY: the CPU has AVX-512 VNNI (checked above), all it uses; fewer
+                        // than ROWS_FROM tokens take the step kernel.
+                        unsafe {
+                            match six {
+                                true => mat_q4_avx512::<true>(&p, &ws, &acts, &mut part, 0),
+                                false => mat_q4_avx512::<false>(&p, &ws, &acts, &mut part, 0),
+                            }
+                        }
+                        for r in 0..rows {
+                            for i in 0..n {
+                                assert_eq!(
+                                    part[r * n + i].to_bits(),
+                                    all[r * t + from + i].to_bits(),
+                                    "six={six} {rows}x{cols} row {r} token {} of {n}: {} vs {}",
+                                    from + i,
+                                    part[r * n + i],
+                                    all[r * t + from + i]
+                                );
+                            }
+                        }
                     }
                 }
             }
+        }
+    }
+
+    /// What the step kernel's arithmetic here rests on: in `Q4Layout::Pairs` lanes `2k` and
+    /// `2k + 1` sum halves of one group, and the even lanes take each group once.
+    #[test]
+    fn neighbouring_lanes_share_a_group() {
+        let layout = Q4Layout::PairsWide;
+        let mut seen = [false; 4];
+        for l in (0..8).step_by(2) {
+            let g = layout.lane_group(l);
+            assert_eq!(g, layout.lane_group(l + 1), "lanes {l}, {}", l + 1);
+            assert!(!seen[g], "group {g} twice");
+            seen[g] = true;
         }
     }
 
