@@ -49,7 +49,8 @@
 //! `Pairs`. The corrections are `Pairs`' unchanged: a pair's 16 lanes are the first chunk's 8,
 //! then the second's. The two lanes of a group are neighbours (`lane_group`: 0 0 2 2 1 1 3 3),
 //! and the kernel adds each odd lane's integer sum into the even one before converting, so that
-//! an even lane carries a whole group's sum: the scales of the odd lanes are 0. A whole group
+//! an even lane carries a whole group's sum: the scales of the odd lanes are 0, and their
+//! corrections are the even lanes' (which hold the whole group's). A whole group
 //! to a lane is what lets the prompts' product (`x86/q4_rows.rs`) give decode's bits at the
 //! price of one conversion and two scalings per group.
 //!
@@ -208,6 +209,15 @@ impl ActsQ4Buf {
                         false => s_row[c * (CHUNK / gs) + group],
                     };
                     self.scales.push(scale);
+                }
+                if layout == Q4Layout::PairsWide {
+                    // The odd lane's correction moves into the even one: after the kernel's
+                    // integer add the even lane holds the same sum, and the rows product reads
+                    // one correction a group.
+                    let lanes = self.corr.len() - layout.lanes()..self.corr.len();
+                    for pair in self.corr[lanes].chunks_exact_mut(2) {
+                        (pair[0], pair[1]) = (pair[0] + pair[1], 0);
+                    }
                 }
             }
             if layout == Q4Layout::PairsWide {

@@ -76,7 +76,7 @@ thread_local! {
 
 /// [`super::super::MatQ4`] on AVX-512 VNNI, for q4 weights or (`SIX`) q6 ones (`dot/q6.rs`).
 /// Reads the plain activation rows and the corrections and scales of `x.q4` (laid out in
-/// `Q4Layout::Pairs` or `PairsWide`: the same 8 lanes a chunk). Does not prefetch: a prompt's
+/// `Q4Layout::PairsWide`: 8 lanes a chunk, an even lane's correction the whole group's). Does not prefetch: a prompt's
 /// product is bound by arithmetic, and a block's rows are read once.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn mat_q4_rows_avx512<const SIX: bool>(
@@ -90,9 +90,10 @@ pub(super) unsafe fn mat_q4_rows_avx512<const SIX: bool>(
     if x.q4.chunks == 0 {
         return q6::reference_either::<SIX>(w, ws, x, out, ahead);
     }
-    assert!(
-        matches!(x.q4.layout, Q4Layout::Pairs | Q4Layout::PairsWide),
-        "the AVX-512 q4 rows product reads Q4Layout::Pairs' lanes"
+    assert_eq!(
+        x.q4.layout,
+        Q4Layout::PairsWide,
+        "the AVX-512 q4 rows product reads Q4Layout::PairsWide"
     );
     let (t, cols, chunks) = (x.t, x.cols, x.q4.chunks);
     let (row_bytes, per) = (q6::row_bytes::<SIX>(cols), cols / SIMD_GROUP);
@@ -107,7 +108,7 @@ pub(super) unsafe fn mat_q4_rows_avx512<const SIX: bool>(
         let m = (rows - r0).min(ROWS);
         // SAFETY: rows r0 .. r0 + m exist, `check_either` proved every slice has the length of
         // its shape (and `x.q4` the corrections and scales of `chunks` chunks, 8 lanes each:
-        // asserted above).
+        // the layout asserted above).
         buffered::<SIX>(&geo, x, out, r0, m);
         if chunks_groups(chunks) < per {
             // The columns after the last full chunk: the reference's product.
@@ -168,7 +169,7 @@ unsafe fn buffered<const SIX: bool>(
         while i < x.t {
             let n = (x.t - i).min(TILE);
             // SAFETY: tokens i .. i + n exist, the block holds `groups` groups, and the layout
-            // has 8 lanes a chunk (asserted by the caller).
+            // is PairsWide (asserted by the caller).
             match n {
                 8 => from_block::<8, SIX>(&block, x, out, r0, m, i),
                 7 => from_block::<7, SIX>(&block, x, out, r0, m, i),
@@ -216,14 +217,14 @@ unsafe fn from_block<const N: usize, const SIX: bool>(
             let kw: [__m512i; 8] =
                 std::array::from_fn(|s| _mm512_loadu_si512(at.add(s * 64) as *const __m512i));
             let scales = _mm512_loadu_ps(block.scales.as_ptr().add(g * ROWS));
-            let lane = (i * lanes) + L * c + l;
+            let lane = i * lanes + L * c + l;
             for (j, acc_j) in acc.iter_mut().enumerate() {
-                // SAFETY: token i + j exists; lanes `lane`, `lane + 1` < chunks * 8 (l is even)
-                // and group g's 32 values lie within its rows (`check_either` proved the
-                // lengths).
+                // SAFETY: token i + j exists, lane `L * c + l` < chunks * 8 and group g's 32
+                // values lie within its row (`check_either` proved the lengths).
                 let at = lane + j * lanes;
-                let corr = x.q4.corr.get_unchecked(at) + x.q4.corr.get_unchecked(at + 1);
-                // q6 weights are q + 32, four times q4's offset of 8.
+                // The even lane's correction is the whole group's (`Q4Layout::PairsWide`); q6
+                // weights are q + 32, four times q4's offset of 8.
+                let corr = *x.q4.corr.get_unchecked(at);
                 let corr = if SIX { corr << 2 } else { corr };
                 let row = x.q.as_ptr().add((i + j) * cols + g * SIMD_GROUP);
                 let mut isum = _mm512_set1_epi32(corr);
