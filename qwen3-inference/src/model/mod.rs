@@ -12,6 +12,7 @@
 //! [`Session`] is one sequence with its KV cache. See docs/transformer.md.
 
 mod forward;
+pub mod gated_delta_net;
 mod moe;
 mod session;
 

@@ -1,0 +1,444 @@
+//! Qwen3.5's Gated DeltaNet layer in textbook loops: the linear attention that three of every
+//! four Qwen3.5 and Qwen3.6 layers (and Qwen3-Next's) run instead of softmax attention.
+//!
+//! This is `Qwen3_5GatedDeltaNet` of transformers' `models/qwen3_5/modeling_qwen3_5.py`, one
+//! sequence, one token at a time, f32 weights: the oracle that the backends' versions are to be
+//! tested against, as [`crate::backend::PlainBackend`] is for the rest of the forward pass. Its
+//! own test compares it with transformers' outputs (`fixtures/gated_delta_net/`).
+//!
+//! ## What the layer computes
+//!
+//! Where attention keeps every past key and value (a cache that grows with the context), a
+//! DeltaNet layer keeps, per value head, one `[dk, dv]` matrix `S`: an associative memory that
+//! maps keys to values, updated by each token and read by its query. For token `t` with input
+//! `x: [hidden]` (shapes for one token; `kh` key heads, `vh` value heads, `vh / kh` value heads
+//! share a key head, as GQA shares a KV head):
+//!
+//! ```text
+//! 1. qkv = in_proj_qkv x                  [2 kh dk + vh dv]    q, k, v side by side
+//!    z   = in_proj_z x                    [vh dv]              the output gate
+//!    b   = in_proj_b x,  a = in_proj_a x  [vh]                 the write strength and the decay
+//! 2. qkv = silu(causal_conv1d(qkv))       each channel against its own last K inputs
+//! 3. q, k = l2norm(q), l2norm(k) per head;  q /= sqrt(dk)
+//! 4. beta = sigmoid(b)                    in (0, 1): how much of the new value to write
+//!    g    = -exp(A_log) * softplus(a + dt_bias)    < 0: log of the state's decay
+//! 5. per value head (its key head's q and k):
+//!    S     = exp(g) S                     forget a little of everything
+//!    delta = beta (v - S^T k)             what the memory gets wrong about k's value
+//!    S     = S + k delta^T                write the correction (the delta rule)
+//!    o     = S^T q                        [dv]: read the memory with the query
+//! 6. o = rmsnorm(o) * norm.weight * silu(z)    per value head (`Qwen3_5RMSNormGated`)
+//! 7. out = out_proj o                     [hidden]
+//! ```
+//!
+//! The state a sequence carries is `S` for every value head and the convolution's last `K - 1`
+//! inputs ([`DeltaNetState`]): a fixed size, whatever the context. transformers runs a prompt with
+//! the chunked form of step 5 (`torch_chunk_gated_delta_rule`: the same recurrence rewritten as
+//! products over chunks of 64 tokens), which equals this token-by-token form up to f32 rounding.
+
+use anyhow::{bail, Result};
+
+/// The sizes of a Gated DeltaNet layer, from the config's `linear_*` keys.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GatedDeltaNetConfig {
+    /// `hidden_size`.
+    pub hidden_size: usize,
+    /// `linear_num_key_heads`: query and key heads.
+    pub num_k_heads: usize,
+    /// `linear_num_value_heads`: value heads, a multiple of the key heads.
+    pub num_v_heads: usize,
+    /// `linear_key_head_dim`.
+    pub head_k_dim: usize,
+    /// `linear_value_head_dim`.
+    pub head_v_dim: usize,
+    /// `linear_conv_kernel_dim`: the causal convolution's width `K`.
+    pub conv_kernel: usize,
+    /// `rms_norm_eps`, which the gated norm takes.
+    pub eps: f32,
+}
+
+impl GatedDeltaNetConfig {
+    /// `key_dim`: all key heads' sizes together (the queries' too).
+    pub fn key_dim(&self) -> usize {
+        self.num_k_heads * self.head_k_dim
+    }
+
+    /// `value_dim`: all value heads' sizes together.
+    pub fn value_dim(&self) -> usize {
+        self.num_v_heads * self.head_v_dim
+    }
+
+    /// `conv_dim`: the channels of the convolution, q, k and v side by side.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// Refuses sizes the layer cannot run: value heads that do not share key heads evenly, a
+    /// convolution narrower than one input, an empty head.
+    pub fn check(&self) -> Result<()> {
+        if self.num_k_heads == 0 || !self.num_v_heads.is_multiple_of(self.num_k_heads) {
+            bail!(
+                "linear_num_value_heads ({}) must be a multiple of linear_num_key_heads ({})",
+                self.num_v_heads,
+                self.num_k_heads
+            );
+        }
+        if self.conv_kernel == 0 || self.head_k_dim == 0 || self.head_v_dim == 0 {
+            bail!(
+                "linear_conv_kernel_dim, linear_key_head_dim and linear_value_head_dim must be > 0"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The weights of one layer (`linear_attn.*` in a checkpoint), row-major f32.
+pub struct GatedDeltaNet<'a> {
+    pub config: GatedDeltaNetConfig,
+    /// `in_proj_qkv.weight`: `[conv_dim, hidden]`.
+    pub in_proj_qkv: &'a [f32],
+    /// `in_proj_z.weight`: `[value_dim, hidden]`.
+    pub in_proj_z: &'a [f32],
+    /// `in_proj_b.weight`: `[num_v_heads, hidden]`.
+    pub in_proj_b: &'a [f32],
+    /// `in_proj_a.weight`: `[num_v_heads, hidden]`.
+    pub in_proj_a: &'a [f32],
+    /// `conv1d.weight`: `[conv_dim, 1, K]` stored, read as `[conv_dim, K]` (one filter a channel;
+    /// no bias).
+    pub conv1d: &'a [f32],
+    /// `dt_bias`: `[num_v_heads]`.
+    pub dt_bias: &'a [f32],
+    /// `A_log`: `[num_v_heads]`, the log of each head's decay rate.
+    pub a_log: &'a [f32],
+    /// `norm.weight`: `[head_v_dim]`, the gated RMSNorm's gain (one for every head).
+    pub norm: &'a [f32],
+    /// `out_proj.weight`: `[hidden, value_dim]`.
+    pub out_proj: &'a [f32],
+}
+
+/// What one sequence carries from token to token through one layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeltaNetState {
+    /// `[conv_dim, K - 1]`: each channel's last `K - 1` convolution inputs, oldest first (zeros
+    /// before the first token).
+    pub conv: Vec<f32>,
+    /// `[num_v_heads, head_k_dim, head_v_dim]`: each value head's memory `S`.
+    pub recurrent: Vec<f32>,
+}
+
+impl DeltaNetState {
+    /// The state before a sequence's first token: all zeros.
+    pub fn new(c: &GatedDeltaNetConfig) -> Self {
+        DeltaNetState {
+            conv: vec![0.0; c.conv_dim() * (c.conv_kernel - 1)],
+            recurrent: vec![0.0; c.num_v_heads * c.head_k_dim * c.head_v_dim],
+        }
+    }
+}
+
+impl GatedDeltaNet<'_> {
+    /// Checks that every weight has its shape's length.
+    pub fn check(&self) -> Result<()> {
+        let c = &self.config;
+        c.check()?;
+        let h = c.hidden_size;
+        for (name, len, want) in [
+            ("in_proj_qkv", self.in_proj_qkv.len(), c.conv_dim() * h),
+            ("in_proj_z", self.in_proj_z.len(), c.value_dim() * h),
+            ("in_proj_b", self.in_proj_b.len(), c.num_v_heads * h),
+            ("in_proj_a", self.in_proj_a.len(), c.num_v_heads * h),
+            ("conv1d", self.conv1d.len(), c.conv_dim() * c.conv_kernel),
+            ("dt_bias", self.dt_bias.len(), c.num_v_heads),
+            ("A_log", self.a_log.len(), c.num_v_heads),
+            ("norm", self.norm.len(), c.head_v_dim),
+            ("out_proj", self.out_proj.len(), h * c.value_dim()),
+        ] {
+            if len != want {
+                bail!("linear_attn.{name}: {len} values, expected {want}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the tokens `x: [t, hidden]` in order through the layer, from and into `state`;
+    /// `out: [t, hidden]`.
+    pub fn forward(&self, state: &mut DeltaNetState, x: &[f32], out: &mut [f32]) -> Result<()> {
+        self.check()?;
+        let c = &self.config;
+        let h = c.hidden_size;
+        if !x.len().is_multiple_of(h) || out.len() != x.len() {
+            bail!(
+                "gated delta net: input of {} and output of {} values for hidden size {h}",
+                x.len(),
+                out.len()
+            );
+        }
+        if state.conv.len() != c.conv_dim() * (c.conv_kernel - 1)
+            || state.recurrent.len() != c.num_v_heads * c.head_k_dim * c.head_v_dim
+        {
+            bail!("gated delta net: a state of another layer's shape");
+        }
+        for (x_t, out_t) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+            self.token(state, x_t, out_t);
+        }
+        Ok(())
+    }
+
+    /// One token: steps 1-7 of the module's text.
+    fn token(&self, state: &mut DeltaNetState, x: &[f32], out: &mut [f32]) {
+        let c = &self.config;
+        let (dk, dv, k_len) = (c.head_k_dim, c.head_v_dim, c.conv_kernel);
+
+        // 1. The projections.
+        let mut qkv = matvec(self.in_proj_qkv, x);
+        let z = matvec(self.in_proj_z, x);
+        let b = matvec(self.in_proj_b, x);
+        let a = matvec(self.in_proj_a, x);
+
+        // 2. The causal convolution, each channel over its last K inputs (the K - 1 kept and
+        //    this one), then SiLU; the kept inputs shift by one.
+        for (ch, v) in qkv.iter_mut().enumerate() {
+            let w = &self.conv1d[ch * k_len..(ch + 1) * k_len];
+            let kept = &mut state.conv[ch * (k_len - 1)..(ch + 1) * (k_len - 1)];
+            let mut y = w[k_len - 1] * *v;
+            for (j, &p) in kept.iter().enumerate() {
+                y += w[j] * p;
+            }
+            if k_len > 1 {
+                kept.rotate_left(1);
+                kept[k_len - 2] = *v;
+            }
+            *v = silu(y);
+        }
+        let (q, rest) = qkv.split_at_mut(c.key_dim());
+        let (k, v) = rest.split_at_mut(c.key_dim());
+
+        // 3. Unit-length queries and keys per head (FLA's l2norm, eps inside the root), queries
+        //    scaled by 1 / sqrt(dk) as attention's are.
+        let scale = 1.0 / (dk as f32).sqrt();
+        for (qh, kh) in q.chunks_exact_mut(dk).zip(k.chunks_exact_mut(dk)) {
+            l2norm(qh);
+            l2norm(kh);
+            qh.iter_mut().for_each(|x| *x *= scale);
+        }
+
+        // 5. Each value head's memory: decay, delta-rule write, read.
+        let group = c.num_v_heads / c.num_k_heads;
+        let mut o = vec![0.0f32; c.value_dim()];
+        for hv in 0..c.num_v_heads {
+            // 4. The head's write strength and decay.
+            let beta = sigmoid(b[hv]);
+            let g = -self.a_log[hv].exp() * softplus(a[hv] + self.dt_bias[hv]);
+            let (qh, kh) = (
+                &q[hv / group * dk..(hv / group + 1) * dk],
+                &k[hv / group * dk..(hv / group + 1) * dk],
+            );
+            let vh = &v[hv * dv..(hv + 1) * dv];
+            // s: [dk, dv], row i is what key component i maps to.
+            let s = &mut state.recurrent[hv * dk * dv..(hv + 1) * dk * dv];
+            let decay = g.exp();
+            s.iter_mut().for_each(|x| *x *= decay);
+            // delta = beta * (v - S^T k)
+            let mut delta = vh.to_vec();
+            for (i, &ki) in kh.iter().enumerate() {
+                for (d, &sij) in delta.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
+                    *d -= sij * ki;
+                }
+            }
+            delta.iter_mut().for_each(|d| *d *= beta);
+            // S += k delta^T, then o = S^T q.
+            let oh = &mut o[hv * dv..(hv + 1) * dv];
+            for (i, (&ki, &qi)) in kh.iter().zip(qh).enumerate() {
+                let row = &mut s[i * dv..(i + 1) * dv];
+                for ((sij, &d), o) in row.iter_mut().zip(&delta).zip(oh.iter_mut()) {
+                    *sij += ki * d;
+                    *o += *sij * qi;
+                }
+            }
+        }
+
+        // 6. The gated RMSNorm, per value head: normalise, scale by the gain, gate by silu(z).
+        for (oh, zh) in o.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
+            let ms = oh.iter().map(|x| x * x).sum::<f32>() / dv as f32;
+            let inv = 1.0 / (ms + c.eps).sqrt();
+            for ((x, &w), &zi) in oh.iter_mut().zip(self.norm).zip(zh) {
+                *x = w * (*x * inv) * silu(zi);
+            }
+        }
+
+        // 7. Back to the residual stream.
+        out.copy_from_slice(&matvec(self.out_proj, &o));
+    }
+}
+
+/// `w x` for `w: [rows, x.len()]`.
+fn matvec(w: &[f32], x: &[f32]) -> Vec<f32> {
+    w.chunks_exact(x.len())
+        .map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum())
+        .collect()
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn silu(x: f32) -> f32 {
+    x * sigmoid(x)
+}
+
+/// `log(1 + e^x)`, as torch's `F.softplus` computes it (the input itself above 20, where the
+/// two agree to f32's precision).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// `x / sqrt(sum(x^2) + 1e-6)` (transformers' `l2norm`, FLA's convention).
+fn l2norm(x: &mut [f32]) {
+    let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    /// transformers' layer and what it computed (scripts/make_gated_delta_net_fixture.py).
+    fn reference() -> Value {
+        let p = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fixtures/gated_delta_net/reference.json"
+        );
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    }
+
+    fn floats(v: &Value) -> Vec<f32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect()
+    }
+
+    fn config(r: &Value) -> GatedDeltaNetConfig {
+        let c = &r["config"];
+        let n = |k: &str| c[k].as_u64().unwrap() as usize;
+        GatedDeltaNetConfig {
+            hidden_size: n("hidden_size"),
+            num_k_heads: n("linear_num_key_heads"),
+            num_v_heads: n("linear_num_value_heads"),
+            head_k_dim: n("linear_key_head_dim"),
+            head_v_dim: n("linear_value_head_dim"),
+            conv_kernel: n("linear_conv_kernel_dim"),
+            eps: c["rms_norm_eps"].as_f64().unwrap() as f32,
+        }
+    }
+
+    /// The largest difference, relative to the largest value of `want`.
+    fn rel_diff(got: &[f32], want: &[f32]) -> f32 {
+        assert_eq!(got.len(), want.len());
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        got.iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max)
+            / scale
+    }
+
+    /// transformers' conv state keeps the last K inputs, this one the last K - 1.
+    fn last_inputs(hf: &[f32], c: &GatedDeltaNetConfig) -> Vec<f32> {
+        let k = c.conv_kernel;
+        hf.chunks_exact(k).flat_map(|ch| ch[1..].to_vec()).collect()
+    }
+
+    /// The prompt and the decoded tokens, token by token, give transformers' outputs (its
+    /// chunked rule for the prompt, its recurrent rule after), and the states it keeps after the
+    /// prompt and at the end.
+    #[test]
+    fn matches_transformers() {
+        let r = reference();
+        let c = config(&r);
+        let w = |name: &str| floats(&r["weights"][name]["values"]);
+        let weights = [
+            "in_proj_qkv.weight",
+            "in_proj_z.weight",
+            "in_proj_b.weight",
+            "in_proj_a.weight",
+            "conv1d.weight",
+            "dt_bias",
+            "A_log",
+            "norm.weight",
+            "out_proj.weight",
+        ]
+        .map(w);
+        let layer = GatedDeltaNet {
+            config: c,
+            in_proj_qkv: &weights[0],
+            in_proj_z: &weights[1],
+            in_proj_b: &weights[2],
+            in_proj_a: &weights[3],
+            conv1d: &weights[4],
+            dt_bias: &weights[5],
+            a_log: &weights[6],
+            norm: &weights[7],
+            out_proj: &weights[8],
+        };
+        let (x, want) = (floats(&r["input"]), floats(&r["output"]));
+        let prompt = r["prompt_tokens"].as_u64().unwrap() as usize;
+        let h = c.hidden_size;
+        let mut state = DeltaNetState::new(&c);
+        let mut out = vec![f32::NAN; x.len()];
+        layer
+            .forward(&mut state, &x[..prompt * h], &mut out[..prompt * h])
+            .unwrap();
+        let d = rel_diff(
+            &state.recurrent,
+            &floats(&r["recurrent_state_after_prompt"]),
+        );
+        assert!(d < 1e-5, "recurrent state after the prompt: {d}");
+        let hf_conv = last_inputs(&floats(&r["conv_state_after_prompt"]), &c);
+        let d = rel_diff(&state.conv, &hf_conv);
+        assert!(d < 1e-5, "conv state after the prompt: {d}");
+        for t in prompt..x.len() / h {
+            let (x_t, out_t) = (&x[t * h..(t + 1) * h], &mut out[t * h..(t + 1) * h]);
+            layer.forward(&mut state, x_t, out_t).unwrap();
+        }
+        let d = rel_diff(&out, &want);
+        assert!(d < 1e-5, "outputs: {d}");
+        let d = rel_diff(&state.recurrent, &floats(&r["recurrent_state"]));
+        assert!(d < 1e-5, "recurrent state: {d}");
+        let d = rel_diff(&state.conv, &last_inputs(&floats(&r["conv_state"]), &c));
+        assert!(d < 1e-5, "conv state: {d}");
+
+        // The test can fail: without the decay (g = 0) the outputs move.
+        let no_decay = vec![f32::NEG_INFINITY; c.num_v_heads];
+        let forgetless = GatedDeltaNet {
+            a_log: &no_decay,
+            ..layer
+        };
+        let mut state = DeltaNetState::new(&c);
+        let mut other = vec![0.0; x.len()];
+        forgetless.forward(&mut state, &x, &mut other).unwrap();
+        assert!(rel_diff(&other, &want) > 1e-2);
+    }
+
+    /// Shapes that do not fit are errors that name them.
+    #[test]
+    fn bad_shapes_are_errors() {
+        let c = GatedDeltaNetConfig {
+            hidden_size: 4,
+            num_k_heads: 2,
+            num_v_heads: 3,
+            head_k_dim: 2,
+            head_v_dim: 2,
+            conv_kernel: 4,
+            eps: 1e-6,
+        };
+        let e = c.check().unwrap_err().to_string();
+        assert!(e.contains("multiple of linear_num_key_heads"), "{e}");
+    }
+}
