@@ -27,7 +27,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 
-PROMPT, DECODE = 7, 3
+PROMPT, DECODE = 70, 3
 SEED = 5
 OUT = Path(__file__).resolve().parent.parent / "fixtures" / "gated_delta_net" / "reference.json"
 
@@ -35,7 +35,7 @@ OUT = Path(__file__).resolve().parent.parent / "fixtures" / "gated_delta_net" / 
 def main():
     torch.manual_seed(SEED)
     config = Qwen3_5TextConfig(
-        hidden_size=48,
+        hidden_size=32,
         linear_num_key_heads=2,
         linear_num_value_heads=4,
         linear_key_head_dim=16,

@@ -32,10 +32,11 @@
 //! ```
 //!
 //! The state a sequence carries is `S` for every value head and the convolution's last `K - 1`
-//! inputs ([`DeltaNetState`]): a fixed size, whatever the context. transformers runs a prompt with
-//! the chunked form of step 5 (`torch_chunk_gated_delta_rule`: the same recurrence rewritten as
-//! products over chunks of 64 tokens), which equals this token-by-token form up to f32 rounding.
+//! inputs ([`DeltaNetState`]): a fixed size, whatever the context. Step 5 runs one token by the
+//! recurrence and a prompt in chunks of 64 tokens as products of matrices, as transformers does
+//! (`delta_rule.rs`: the two agree to rounding).
 
+use super::delta_rule::{self, HeadInputs};
 use anyhow::{bail, Result};
 
 /// The sizes of a Gated DeltaNet layer, from the config's `linear_*` keys.
@@ -178,96 +179,111 @@ impl GatedDeltaNet<'_> {
         {
             bail!("gated delta net: a state of another layer's shape");
         }
-        for (x_t, out_t) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
-            self.token(state, x_t, out_t);
+        let t = x.len() / h;
+        let (dk, dv, k_len) = (c.head_k_dim, c.head_v_dim, c.conv_kernel);
+        let (kd, vd, vh) = (c.key_dim(), c.value_dim(), c.num_v_heads);
+
+        // Steps 1-4 for every token: q, k: [t, key_dim], v, z: [t, value_dim], beta, g: [t, vh].
+        let (mut q, mut k, mut v) = (vec![0.0; t * kd], vec![0.0; t * kd], vec![0.0; t * vd]);
+        let (mut z, mut beta, mut g) = (vec![0.0; t * vd], vec![0.0; t * vh], vec![0.0; t * vh]);
+        for (i, x) in x.chunks_exact(h).enumerate() {
+            // 1. The projections.
+            let mut qkv = matvec(self.in_proj_qkv, x);
+            z[i * vd..(i + 1) * vd].copy_from_slice(&matvec(self.in_proj_z, x));
+            let b = matvec(self.in_proj_b, x);
+            let a = matvec(self.in_proj_a, x);
+
+            // 2. The causal convolution, each channel over its last K inputs (the K - 1 kept
+            //    and this one), then SiLU; the kept inputs shift by one.
+            for (ch, v) in qkv.iter_mut().enumerate() {
+                let w = &self.conv1d[ch * k_len..(ch + 1) * k_len];
+                let kept = &mut state.conv[ch * (k_len - 1)..(ch + 1) * (k_len - 1)];
+                let mut y = w[k_len - 1] * *v;
+                for (j, &p) in kept.iter().enumerate() {
+                    y += w[j] * p;
+                }
+                if k_len > 1 {
+                    kept.rotate_left(1);
+                    kept[k_len - 2] = *v;
+                }
+                *v = silu(y);
+            }
+            let (qi, rest) = qkv.split_at_mut(kd);
+            let (ki, vi) = rest.split_at_mut(kd);
+
+            // 3. Unit-length queries and keys per head (FLA's l2norm, eps inside the root),
+            //    queries scaled by 1 / sqrt(dk) as attention's are.
+            let scale = 1.0 / (dk as f32).sqrt();
+            for (qh, kh) in qi.chunks_exact_mut(dk).zip(ki.chunks_exact_mut(dk)) {
+                l2norm(qh);
+                l2norm(kh);
+                qh.iter_mut().for_each(|x| *x *= scale);
+            }
+            q[i * kd..(i + 1) * kd].copy_from_slice(qi);
+            k[i * kd..(i + 1) * kd].copy_from_slice(ki);
+            v[i * vd..(i + 1) * vd].copy_from_slice(vi);
+
+            // 4. Each value head's write strength and decay.
+            for hv in 0..vh {
+                beta[i * vh + hv] = sigmoid(b[hv]);
+                g[i * vh + hv] = -self.a_log[hv].exp() * softplus(a[hv] + self.dt_bias[hv]);
+            }
+        }
+
+        // 5. Each value head's memory over the tokens (its key head's q and k): one token by the
+        //    recurrence, more in chunks, as transformers chooses (`delta_rule.rs`).
+        let group = vh / c.num_k_heads;
+        let mut o = vec![0.0f32; t * vd];
+        for hv in 0..vh {
+            let kh = hv / group;
+            let column = |m: &[f32], width: usize, at: usize, n: usize| -> Vec<f32> {
+                (0..t)
+                    .flat_map(|i| m[i * width + at * n..i * width + (at + 1) * n].to_vec())
+                    .collect()
+            };
+            let (qh, kh, vh_) = (
+                column(&q, kd, kh, dk),
+                column(&k, kd, kh, dk),
+                column(&v, vd, hv, dv),
+            );
+            let (gh, bh) = (column(&g, vh, hv, 1), column(&beta, vh, hv, 1));
+            let head = HeadInputs {
+                q: &qh,
+                k: &kh,
+                v: &vh_,
+                g: &gh,
+                beta: &bh,
+            };
+            let s = &mut state.recurrent[hv * dk * dv..(hv + 1) * dk * dv];
+            let mut oh = vec![0.0f32; t * dv];
+            match t {
+                1 => delta_rule::recurrent(&head, s, &mut oh),
+                _ => delta_rule::chunked(&head, s, &mut oh, delta_rule::CHUNK),
+            }
+            for i in 0..t {
+                o[i * vd + hv * dv..i * vd + (hv + 1) * dv]
+                    .copy_from_slice(&oh[i * dv..(i + 1) * dv]);
+            }
+        }
+
+        for ((o, z), out) in o
+            .chunks_exact_mut(vd)
+            .zip(z.chunks_exact(vd))
+            .zip(out.chunks_exact_mut(h))
+        {
+            // 6. The gated RMSNorm, per value head: normalise, scale by the gain, gate by
+            //    silu(z).
+            for (oh, zh) in o.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
+                let ms = oh.iter().map(|x| x * x).sum::<f32>() / dv as f32;
+                let inv = 1.0 / (ms + c.eps).sqrt();
+                for ((x, &w), &zi) in oh.iter_mut().zip(self.norm).zip(zh) {
+                    *x = w * (*x * inv) * silu(zi);
+                }
+            }
+            // 7. Back to the residual stream.
+            out.copy_from_slice(&matvec(self.out_proj, o));
         }
         Ok(())
-    }
-
-    /// One token: steps 1-7 of the module's text.
-    fn token(&self, state: &mut DeltaNetState, x: &[f32], out: &mut [f32]) {
-        let c = &self.config;
-        let (dk, dv, k_len) = (c.head_k_dim, c.head_v_dim, c.conv_kernel);
-
-        // 1. The projections.
-        let mut qkv = matvec(self.in_proj_qkv, x);
-        let z = matvec(self.in_proj_z, x);
-        let b = matvec(self.in_proj_b, x);
-        let a = matvec(self.in_proj_a, x);
-
-        // 2. The causal convolution, each channel over its last K inputs (the K - 1 kept and
-        //    this one), then SiLU; the kept inputs shift by one.
-        for (ch, v) in qkv.iter_mut().enumerate() {
-            let w = &self.conv1d[ch * k_len..(ch + 1) * k_len];
-            let kept = &mut state.conv[ch * (k_len - 1)..(ch + 1) * (k_len - 1)];
-            let mut y = w[k_len - 1] * *v;
-            for (j, &p) in kept.iter().enumerate() {
-                y += w[j] * p;
-            }
-            if k_len > 1 {
-                kept.rotate_left(1);
-                kept[k_len - 2] = *v;
-            }
-            *v = silu(y);
-        }
-        let (q, rest) = qkv.split_at_mut(c.key_dim());
-        let (k, v) = rest.split_at_mut(c.key_dim());
-
-        // 3. Unit-length queries and keys per head (FLA's l2norm, eps inside the root), queries
-        //    scaled by 1 / sqrt(dk) as attention's are.
-        let scale = 1.0 / (dk as f32).sqrt();
-        for (qh, kh) in q.chunks_exact_mut(dk).zip(k.chunks_exact_mut(dk)) {
-            l2norm(qh);
-            l2norm(kh);
-            qh.iter_mut().for_each(|x| *x *= scale);
-        }
-
-        // 5. Each value head's memory: decay, delta-rule write, read.
-        let group = c.num_v_heads / c.num_k_heads;
-        let mut o = vec![0.0f32; c.value_dim()];
-        for hv in 0..c.num_v_heads {
-            // 4. The head's write strength and decay.
-            let beta = sigmoid(b[hv]);
-            let g = -self.a_log[hv].exp() * softplus(a[hv] + self.dt_bias[hv]);
-            let (qh, kh) = (
-                &q[hv / group * dk..(hv / group + 1) * dk],
-                &k[hv / group * dk..(hv / group + 1) * dk],
-            );
-            let vh = &v[hv * dv..(hv + 1) * dv];
-            // s: [dk, dv], row i is what key component i maps to.
-            let s = &mut state.recurrent[hv * dk * dv..(hv + 1) * dk * dv];
-            let decay = g.exp();
-            s.iter_mut().for_each(|x| *x *= decay);
-            // delta = beta * (v - S^T k)
-            let mut delta = vh.to_vec();
-            for (i, &ki) in kh.iter().enumerate() {
-                for (d, &sij) in delta.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
-                    *d -= sij * ki;
-                }
-            }
-            delta.iter_mut().for_each(|d| *d *= beta);
-            // S += k delta^T, then o = S^T q.
-            let oh = &mut o[hv * dv..(hv + 1) * dv];
-            for (i, (&ki, &qi)) in kh.iter().zip(qh).enumerate() {
-                let row = &mut s[i * dv..(i + 1) * dv];
-                for ((sij, &d), o) in row.iter_mut().zip(&delta).zip(oh.iter_mut()) {
-                    *sij += ki * d;
-                    *o += *sij * qi;
-                }
-            }
-        }
-
-        // 6. The gated RMSNorm, per value head: normalise, scale by the gain, gate by silu(z).
-        for (oh, zh) in o.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
-            let ms = oh.iter().map(|x| x * x).sum::<f32>() / dv as f32;
-            let inv = 1.0 / (ms + c.eps).sqrt();
-            for ((x, &w), &zi) in oh.iter_mut().zip(self.norm).zip(zh) {
-                *x = w * (*x * inv) * silu(zi);
-            }
-        }
-
-        // 7. Back to the residual stream.
-        out.copy_from_slice(&matvec(self.out_proj, &o));
     }
 }
 
@@ -355,9 +371,9 @@ mod tests {
         hf.chunks_exact(k).flat_map(|ch| ch[1..].to_vec()).collect()
     }
 
-    /// The prompt and the decoded tokens, token by token, give transformers' outputs (its
-    /// chunked rule for the prompt, its recurrent rule after), and the states it keeps after the
-    /// prompt and at the end.
+    /// The 70-token prompt in one call (the chunked rule: a chunk of 64 and one of 6) and the
+    /// decoded tokens one call each (the recurrence) give transformers' outputs (computed the
+    /// same two ways), and the states it keeps after the prompt and at the end.
     #[test]
     fn matches_transformers() {
         let r = reference();

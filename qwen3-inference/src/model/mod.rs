@@ -11,6 +11,7 @@
 //! itself lives in [`Forward`], written once for a step of one or many sequences; a
 //! [`Session`] is one sequence with its KV cache. See docs/transformer.md.
 
+pub mod delta_rule;
 mod forward;
 pub mod gated_delta_net;
 mod moe;
