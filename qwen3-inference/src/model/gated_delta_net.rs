@@ -4,7 +4,7 @@
 //! This is `Qwen3_5GatedDeltaNet` of transformers' `models/qwen3_5/modeling_qwen3_5.py`, one
 //! sequence, one token at a time, f32 weights: the oracle that the backends' versions are to be
 //! tested against, as [`crate::backend::PlainBackend`] is for the rest of the forward pass. Its
-//! own test compares it with transformers' outputs (`fixtures/gated_delta_net/`).
+//! own test compares it with transformers' outputs (`fixtures/qwen3_5_layers/gated_delta_net.json`).
 //!
 //! ## What the layer computes
 //!
@@ -321,24 +321,8 @@ fn l2norm(x: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::reference_json::{floats, max_rel_diff, read};
     use serde_json::Value;
-
-    /// transformers' layer and what it computed (scripts/make_gated_delta_net_fixture.py).
-    fn reference() -> Value {
-        let p = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../fixtures/gated_delta_net/reference.json"
-        );
-        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-    }
-
-    fn floats(v: &Value) -> Vec<f32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap() as f32)
-            .collect()
-    }
 
     fn config(r: &Value) -> GatedDeltaNetConfig {
         let c = &r["config"];
@@ -354,17 +338,6 @@ mod tests {
         }
     }
 
-    /// The largest difference, relative to the largest value of `want`.
-    fn rel_diff(got: &[f32], want: &[f32]) -> f32 {
-        assert_eq!(got.len(), want.len());
-        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-        got.iter()
-            .zip(want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max)
-            / scale
-    }
-
     /// transformers' conv state keeps the last K inputs, this one the last K - 1.
     fn last_inputs(hf: &[f32], c: &GatedDeltaNetConfig) -> Vec<f32> {
         let k = c.conv_kernel;
@@ -376,7 +349,7 @@ mod tests {
     /// same two ways), and the states it keeps after the prompt and at the end.
     #[test]
     fn matches_transformers() {
-        let r = reference();
+        let r = read("qwen3_5_layers/gated_delta_net.json");
         let c = config(&r);
         let w = |name: &str| floats(&r["weights"][name]["values"]);
         let weights = [
@@ -411,23 +384,23 @@ mod tests {
         layer
             .forward(&mut state, &x[..prompt * h], &mut out[..prompt * h])
             .unwrap();
-        let d = rel_diff(
+        let d = max_rel_diff(
             &state.recurrent,
             &floats(&r["recurrent_state_after_prompt"]),
         );
         assert!(d < 1e-5, "recurrent state after the prompt: {d}");
         let hf_conv = last_inputs(&floats(&r["conv_state_after_prompt"]), &c);
-        let d = rel_diff(&state.conv, &hf_conv);
+        let d = max_rel_diff(&state.conv, &hf_conv);
         assert!(d < 1e-5, "conv state after the prompt: {d}");
         for t in prompt..x.len() / h {
             let (x_t, out_t) = (&x[t * h..(t + 1) * h], &mut out[t * h..(t + 1) * h]);
             layer.forward(&mut state, x_t, out_t).unwrap();
         }
-        let d = rel_diff(&out, &want);
+        let d = max_rel_diff(&out, &want);
         assert!(d < 1e-5, "outputs: {d}");
-        let d = rel_diff(&state.recurrent, &floats(&r["recurrent_state"]));
+        let d = max_rel_diff(&state.recurrent, &floats(&r["recurrent_state"]));
         assert!(d < 1e-5, "recurrent state: {d}");
-        let d = rel_diff(&state.conv, &last_inputs(&floats(&r["conv_state"]), &c));
+        let d = max_rel_diff(&state.conv, &last_inputs(&floats(&r["conv_state"]), &c));
         assert!(d < 1e-5, "conv state: {d}");
 
         // The test can fail: without the decay (g = 0) the outputs move.
@@ -439,7 +412,7 @@ mod tests {
         let mut state = DeltaNetState::new(&c);
         let mut other = vec![0.0; x.len()];
         forgetless.forward(&mut state, &x, &mut other).unwrap();
-        assert!(rel_diff(&other, &want) > 1e-2);
+        assert!(max_rel_diff(&other, &want) > 1e-2);
     }
 
     /// Shapes that do not fit are errors that name them.

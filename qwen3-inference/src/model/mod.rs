@@ -13,6 +13,7 @@
 
 pub mod delta_rule;
 mod forward;
+pub mod gated_attention;
 pub mod gated_delta_net;
 mod moe;
 mod session;

@@ -9,6 +9,7 @@
 //! low bits are as good as its high ones.
 
 pub mod model;
+pub mod reference_json;
 
 /// One step of the generator: advances `seed`, returns a value in [-1, 1).
 pub fn lcg(seed: &mut u64) -> f32 {
