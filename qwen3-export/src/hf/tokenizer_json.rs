@@ -12,8 +12,9 @@ use qwen3_inference::format::atomic::write_atomic;
 use qwen3_inference::tokenizer::bpe::MergeTable;
 use qwen3_inference::tokenizer::byte_level;
 use qwen3_inference::tokenizer::file::{
-    AddedToken, Normalizer, TokenizerData, NO_ID, QWEN2_SPLIT_PATTERN,
+    AddedToken, Normalizer, TokenizerData, NO_ID, QWEN2_SPLIT_PATTERN, QWEN35_SPLIT_PATTERN,
 };
+use qwen3_inference::tokenizer::SplitPattern;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::Path;
@@ -68,7 +69,8 @@ pub fn convert(hf_dir: &Path) -> Result<TokenizerData> {
     } else {
         None
     };
-    let mut data = from_json(&json).with_context(|| format!("{}", path.display()))?;
+    let own = config.as_ref().and_then(class_pipeline);
+    let mut data = from_json(&json, own).with_context(|| format!("{}", path.display()))?;
     if let Some(config) = &config {
         let (bos, eos) =
             special_ids(config, &data).with_context(|| format!("{}", config_path.display()))?;
@@ -76,6 +78,17 @@ pub fn convert(hf_dir: &Path) -> Result<TokenizerData> {
         data.eos_id = eos;
     }
     Ok(data)
+}
+
+/// The normalizer and split pattern that tokenizer_config.json's `tokenizer_class` builds itself,
+/// ignoring tokenizer.json's: `Qwen3_5Tokenizer` (transformers 5's `tokenization_qwen3_5.py`:
+/// NFC, then its `PRETOKENIZE_REGEX`, which is `QWEN35_SPLIT_PATTERN`). `None` for the classes
+/// that take tokenizer.json's pipeline as it is (Qwen2's).
+fn class_pipeline(config: &Value) -> Option<(Normalizer, SplitPattern)> {
+    match config.get("tokenizer_class").and_then(Value::as_str) {
+        Some("Qwen3_5Tokenizer") => Some((Normalizer::Nfc, SplitPattern::Qwen35)),
+        _ => None,
+    }
 }
 
 /// `x` as a JSON string, or an error naming `what`.
@@ -93,7 +106,12 @@ fn must_be_off(obj: &Value, key: &str, part: &str) -> Result<()> {
     }
 }
 
-fn from_json(json: &Value) -> Result<TokenizerData> {
+/// The tokenizer of tokenizer.json `json`; `own_pipeline` is the normalizer and split pattern of
+/// a tokenizer class that builds its own ([`class_pipeline`]).
+fn from_json(
+    json: &Value,
+    own_pipeline: Option<(Normalizer, SplitPattern)>,
+) -> Result<TokenizerData> {
     // The model: byte-level BPE.
     let model = json.get("model").context("no \"model\"")?;
     let kind = model.get("type").and_then(Value::as_str).unwrap_or("");
@@ -111,12 +129,23 @@ fn from_json(json: &Value) -> Result<TokenizerData> {
         must_be_off(model, key, "the BPE model")?;
     }
 
-    let normalizer = match json.get("normalizer") {
-        None | Some(Value::Null) => Normalizer::None,
-        Some(n) if n.get("type").and_then(Value::as_str) == Some("NFC") => Normalizer::Nfc,
-        Some(n) => bail!("normalizer {n} is not supported (pico-qwen implements NFC or none)"),
+    // The normalizer and pre-tokenizer: tokenizer.json's, unless the tokenizer class builds its
+    // own (transformers 5's `Qwen3_5Tokenizer` sets NFC and Qwen3.5's split regex whatever the
+    // file says, and keeps only its vocabulary and merges).
+    let (normalizer, split_pattern) = match own_pipeline {
+        Some(pipeline) => pipeline,
+        None => {
+            let normalizer = match json.get("normalizer") {
+                None | Some(Value::Null) => Normalizer::None,
+                Some(n) if n.get("type").and_then(Value::as_str) == Some("NFC") => Normalizer::Nfc,
+                Some(n) => {
+                    bail!("normalizer {n} is not supported (pico-qwen implements NFC or none)")
+                }
+            };
+            let split = check_pre_tokenizer(json.get("pre_tokenizer").unwrap_or(&Value::Null))?;
+            (normalizer, split)
+        }
     };
-    check_pre_tokenizer(json.get("pre_tokenizer").unwrap_or(&Value::Null))?;
     check_byte_level(
         json.get("decoder").unwrap_or(&Value::Null),
         "decoder",
@@ -245,7 +274,7 @@ fn from_json(json: &Value) -> Result<TokenizerData> {
     let (prefix, suffix) = post_processor_ids(post_processor, tokens.len())?;
     Ok(TokenizerData {
         normalizer,
-        split_pattern: QWEN2_SPLIT_PATTERN.to_owned(),
+        split_pattern,
         bos_id: None,
         eos_id: None,
         model_vocab: u32::try_from(tokens.len())?,
@@ -318,9 +347,10 @@ fn post_processor_ids(p: &Value, n_tokens: usize) -> Result<(Vec<u32>, Vec<u32>)
     Ok((prefix, suffix))
 }
 
-/// The pre-tokenizer must be Qwen2's: Sequence[Split(QWEN2_SPLIT_PATTERN, Isolated), ByteLevel
-/// without prefix space or its own regex].
-fn check_pre_tokenizer(p: &Value) -> Result<()> {
+/// The pre-tokenizer must be Qwen2's or Qwen3.5's: Sequence[Split(QWEN2_SPLIT_PATTERN or
+/// QWEN35_SPLIT_PATTERN, Isolated), ByteLevel without prefix space or its own regex]. Returns
+/// which.
+fn check_pre_tokenizer(p: &Value) -> Result<SplitPattern> {
     let refuse = || {
         format!(
             "pre_tokenizer {p} is not supported: pico-qwen implements Sequence[Split(the Qwen2 \
@@ -347,18 +377,18 @@ fn check_pre_tokenizer(p: &Value) -> Result<()> {
     {
         bail!(refuse());
     }
-    if pattern != Some(QWEN2_SPLIT_PATTERN) {
+    let Some(found) = pattern.and_then(SplitPattern::from_regex) else {
         bail!(
-            "pre_tokenizer split pattern {} is not the Qwen2 pattern pico-qwen implements \
-             ({QWEN2_SPLIT_PATTERN:?})",
+            "pre_tokenizer split pattern {} is not one pico-qwen implements (Qwen2's \
+             {QWEN2_SPLIT_PATTERN:?} or Qwen3.5's {QWEN35_SPLIT_PATTERN:?})",
             pattern.map_or("(missing)".into(), |s| format!("{s:?}"))
         );
-    }
+    };
     check_byte_level(bl, "pre_tokenizer ByteLevel step", false)?;
     if bl.get("use_regex").and_then(Value::as_bool) != Some(false) {
         bail!(refuse());
     }
-    Ok(())
+    Ok(found)
 }
 
 /// `v` must be a ByteLevel step without `add_prefix_space` (or null, when `null_ok`).
@@ -531,6 +561,43 @@ mod tests {
         }
         assert!(failures.is_empty(), "{}", failures.join("\n"));
         n
+    }
+
+    /// With `tokenizer_class: Qwen3_5Tokenizer` the export takes transformers 5's pipeline for
+    /// that class (NFC and Qwen3.5's split regex, whatever tokenizer.json says), and encoding
+    /// gives the ids `Qwen3_5Tokenizer` gives over the same vocabulary and merges
+    /// (scripts/qwen3_5_tokenizer_cases.py): texts with combining marks, decomposed accents,
+    /// scripts with vowel signs, variation selectors.
+    #[test]
+    fn qwen3_5_tokenizer_class_encodes_as_transformers() {
+        let dir = temp_dir("qwen35");
+        std::fs::copy(
+            fixtures().join("tokenizer.json"),
+            dir.join("tokenizer.json"),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            r#"{"tokenizer_class": "Qwen3_5Tokenizer"}"#,
+        )
+        .unwrap();
+        let out = dir.join("m.tokenizer.bin");
+        export_tokenizer(&dir, &out, 151936).unwrap();
+        let tok = Tokenizer::open(&out).unwrap();
+        let cases = load_cases("qwen3_5-cases.json");
+        let (mut n, mut differ) = (0, 0);
+        for c in cases["cases"].as_array().unwrap() {
+            let (text, want) = (c["text"].as_str().unwrap(), ids_of(&c["ids"]));
+            assert_eq!(tok.encode(text), want, "{text:?}");
+            // The test can fail: the Qwen3 tokenizer (Qwen2's pattern) cuts marks off.
+            differ += usize::from(qwen3().encode(text) != want);
+            n += 1;
+        }
+        assert!(
+            n > 300 && differ > 10,
+            "{n} cases, {differ} differ from Qwen3's ids"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

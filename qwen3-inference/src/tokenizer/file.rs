@@ -10,7 +10,7 @@
 //! magic           8 bytes  "PQWTOKEN"
 //! version         u32      FORMAT_VERSION; bumped on any layout change
 //! normalizer      string   "none" or "NFC"
-//! split_pattern   string   the pre-tokenizer regex; must equal QWEN2_SPLIT_PATTERN
+//! split_pattern   string   the pre-tokenizer regex: QWEN2_SPLIT_PATTERN or QWEN35_SPLIT_PATTERN
 //! bos_id, eos_id  u32 each NO_ID when absent
 //! model_vocab     u32      the model's vocab_size (>= n): rows n.. of its embedding have no token
 //! token_count     u32      n; ids are 0..n
@@ -37,6 +37,7 @@
 //! never a panic or an allocation larger than the file.
 
 use super::bpe::MergeTable;
+use super::pretokenize::SplitPattern;
 use crate::format::bytes::{ByteReader, ByteWriter};
 use anyhow::{bail, Result};
 
@@ -48,6 +49,10 @@ pub use super::bpe::NO_ID;
 /// The Qwen2/Qwen3 pre-tokenizer pattern, as tokenizer.json writes it. The splitter in
 /// `pretokenize.rs` implements exactly this regex; any other pattern is refused.
 pub const QWEN2_SPLIT_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Qwen3.5's split regex (`PRETOKENIZE_REGEX` of transformers' `tokenization_qwen3_5.py`):
+/// Qwen2's with combining marks joined to letters (`pretokenize.rs`).
+pub const QWEN35_SPLIT_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 pub const FLAG_SPECIAL: u8 = 1;
 pub const FLAG_SINGLE_WORD: u8 = 2;
@@ -87,7 +92,7 @@ pub struct AddedToken {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenizerData {
     pub normalizer: Normalizer,
-    pub split_pattern: String,
+    pub split_pattern: SplitPattern,
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
     /// The model's `vocab_size` (config.json); ids in `len()..model_vocab` are padding rows of
@@ -147,7 +152,7 @@ impl TokenizerData {
         w.bytes(MAGIC);
         w.u32(FORMAT_VERSION);
         w.string(self.normalizer.name());
-        w.string(&self.split_pattern);
+        w.string(self.split_pattern.regex());
         w.u32(self.bos_id.unwrap_or(NO_ID));
         w.u32(self.eos_id.unwrap_or(NO_ID));
         w.u32(self.model_vocab);
@@ -209,10 +214,10 @@ impl TokenizerData {
             "NFC" => Normalizer::Nfc,
             other => bail!("unknown normalizer {other:?}"),
         };
-        let split_pattern = r.string("split pattern")?;
-        if split_pattern != QWEN2_SPLIT_PATTERN {
-            bail!("unsupported pre-tokenizer pattern {split_pattern:?}");
-        }
+        let regex = r.string("split pattern")?;
+        let Some(split_pattern) = SplitPattern::from_regex(&regex) else {
+            bail!("unsupported pre-tokenizer pattern {regex:?}");
+        };
         let opt = |v: u32| (v != NO_ID).then_some(v);
         let bos_id = opt(r.u32("bos id")?);
         let eos_id = opt(r.u32("eos id")?);

@@ -26,6 +26,7 @@ mod unicode_tables;
 
 pub use decode::StreamDecoder;
 pub use file::{AddedToken, Normalizer, TokenizerData};
+pub use pretokenize::SplitPattern;
 
 use added::{Matcher, Segment};
 use anyhow::{bail, Context, Result};
@@ -198,7 +199,7 @@ impl Tokenizer {
 
     /// Steps 3-5 on normalized text free of added tokens.
     fn encode_normalized(&self, text: &str, cache: &mut PieceCache, out: &mut Vec<u32>) {
-        for piece in pretokenize::split(text) {
+        for piece in pretokenize::split(text, self.data.split_pattern) {
             let bytes = piece.as_bytes();
             if bytes.len() == 1 {
                 // A one-byte piece is its byte's token (no merge can apply).
@@ -390,7 +391,7 @@ mod tests {
         let (token_ends, blob) = TokenizerData::token_table(&tokens);
         TokenizerData {
             normalizer: Normalizer::Nfc,
-            split_pattern: file::QWEN2_SPLIT_PATTERN.into(),
+            split_pattern: SplitPattern::Qwen2,
             bos_id: None,
             eos_id: Some(tokens.len() as u32 - 2),
             model_vocab: tokens.len() as u32 + 3,

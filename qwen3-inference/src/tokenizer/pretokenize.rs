@@ -1,5 +1,5 @@
 //! Pre-tokenization: cutting normalized text into the pieces BPE runs on, exactly as the
-//! Qwen2/Qwen3 split regex of tokenizer.json does.
+//! Qwen2/Qwen3 split regex of tokenizer.json does, or Qwen3.5's ([`SplitPattern`]).
 //!
 //! The pattern ([`super::file::QWEN2_SPLIT_PATTERN`]) is a list of alternatives tried in order at
 //! each position (leftmost-first, as Oniguruma in HuggingFace `tokenizers` runs it):
@@ -15,12 +15,50 @@
 //! 7  \s+                               any other whitespace
 //! ```
 //!
+//! Qwen3.5's pattern (transformers' `Qwen3_5Tokenizer`, [`super::file::QWEN35_SPLIT_PATTERN`])
+//! differs in two alternatives: a word is `[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+`, letters with
+//! their combining marks (so "e" + U+0301 stays one piece where Qwen2 cuts the accent off into a
+//! punctuation piece), and a punctuation run is ` ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*`. The
+//! functions below take the difference as `marks`: whether `\p{M}` counts with the letters.
+//!
 //! Every character is matched by one of 2, 3, 4 or 5-7, so matches tile the text. The Rust
 //! `regex` crate has no look-ahead for alternative 6, so the splitter is written by hand: one
 //! function per alternative, each returning the end of its match. Its agreement with the regex is
 //! tested on the HF reference cases and on a randomized differential run (docs/tokenizer.md).
 
-use super::unicode_tables::{LETTER, NUMBER, WHITESPACE};
+use super::unicode_tables::{LETTER, MARK, NUMBER, WHITESPACE};
+
+/// The split regexes this pre-tokenizer implements: the one a tokenizer file names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SplitPattern {
+    /// Qwen2's, Qwen2.5's and Qwen3's ([`super::file::QWEN2_SPLIT_PATTERN`]).
+    #[default]
+    Qwen2,
+    /// Qwen3.5's ([`super::file::QWEN35_SPLIT_PATTERN`]): combining marks join letters.
+    Qwen35,
+}
+
+impl SplitPattern {
+    /// The regex, as tokenizer.json and the tokenizer file write it.
+    pub const fn regex(self) -> &'static str {
+        match self {
+            SplitPattern::Qwen2 => super::file::QWEN2_SPLIT_PATTERN,
+            SplitPattern::Qwen35 => super::file::QWEN35_SPLIT_PATTERN,
+        }
+    }
+
+    /// The pattern whose regex is `s`, if it is one of ours.
+    pub fn from_regex(s: &str) -> Option<Self> {
+        [SplitPattern::Qwen2, SplitPattern::Qwen35]
+            .into_iter()
+            .find(|p| p.regex() == s)
+    }
+
+    /// Whether `\p{M}` counts with the letters (Qwen3.5).
+    const fn marks(self) -> bool {
+        matches!(self, SplitPattern::Qwen35)
+    }
+}
 
 /// Whether `c` is in one of the generated inclusive ranges.
 pub(super) fn in_table(table: &[(u32, u32)], c: char) -> bool {
@@ -69,9 +107,20 @@ fn is_newline(c: char) -> bool {
     c == '\r' || c == '\n'
 }
 
-/// `[^\s\p{L}\p{N}]`: punctuation, symbols, marks, controls, emoji.
-fn is_other(c: char) -> bool {
-    !is_space(c) && !is_letter(c) && !is_number(c)
+/// `\p{M}`.
+fn is_mark(c: char) -> bool {
+    !c.is_ascii() && in_table(MARK, c)
+}
+
+/// `\p{L}`, or with `marks` `[\p{L}\p{M}]`: what a word's body is made of.
+fn is_word_char(c: char, marks: bool) -> bool {
+    is_letter(c) || (marks && is_mark(c))
+}
+
+/// `[^\s\p{L}\p{N}]` (with `marks`, `[^\s\p{L}\p{M}\p{N}]`): punctuation, symbols, controls,
+/// emoji, and without `marks` the marks.
+fn is_other(c: char, marks: bool) -> bool {
+    !is_space(c) && !is_word_char(c, marks) && !is_number(c)
 }
 
 /// The character starting at byte `i` of `s` (`i` must be a char boundary).
@@ -102,25 +151,29 @@ fn contraction(s: &str, i: usize) -> Option<usize> {
     }
 }
 
-/// Alternative 2, `[^\r\n\p{L}\p{N}]?\p{L}+`.
-fn word(s: &str, i: usize, c0: char) -> Option<usize> {
-    if is_letter(c0) {
-        return Some(run_end(s, i, is_letter));
+/// Alternative 2, `[^\r\n\p{L}\p{N}]?\p{L}+` (with `marks`, `[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+`). When
+/// `c0` is a mark it may be the optional first character or the body's: either way the match
+/// ends where the run of word characters from `c0` does.
+fn word(s: &str, i: usize, c0: char, marks: bool) -> Option<usize> {
+    let body = |c: char| is_word_char(c, marks);
+    if body(c0) {
+        return Some(run_end(s, i, body));
     }
     if is_newline(c0) || is_number(c0) {
         return None;
     }
     let j = i + c0.len_utf8();
-    is_letter(char_at(s, j)?).then(|| run_end(s, j, is_letter))
+    body(char_at(s, j)?).then(|| run_end(s, j, body))
 }
 
-/// Alternative 4, ` ?[^\s\p{L}\p{N}]+[\r\n]*`.
-fn punctuation(s: &str, i: usize, c0: char) -> Option<usize> {
+/// Alternative 4, ` ?[^\s\p{L}\p{N}]+[\r\n]*` (with `marks`, `\p{M}` excluded too).
+fn punctuation(s: &str, i: usize, c0: char, marks: bool) -> Option<usize> {
+    let other = |c: char| is_other(c, marks);
     let j = if c0 == ' ' { i + 1 } else { i };
-    if !is_other(char_at(s, j)?) {
+    if !other(char_at(s, j)?) {
         return None;
     }
-    let end = run_end(s, j, is_other);
+    let end = run_end(s, j, other);
     Some(run_end(s, end, is_newline))
 }
 
@@ -145,34 +198,40 @@ fn whitespace(s: &str, i: usize) -> usize {
 }
 
 /// The end of the regex match that starts at byte `i` (`i < s.len()`, a char boundary).
-fn match_end(s: &str, i: usize) -> usize {
+fn match_end(s: &str, i: usize, marks: bool) -> usize {
     let c0 = char_at(s, i).expect("i is inside s");
     if let Some(end) = contraction(s, i) {
         return end;
     }
-    if let Some(end) = word(s, i, c0) {
+    if let Some(end) = word(s, i, c0, marks) {
         return end;
     }
     if is_number(c0) {
         return i + c0.len_utf8();
     }
-    if let Some(end) = punctuation(s, i, c0) {
+    if let Some(end) = punctuation(s, i, c0, marks) {
         return end;
     }
-    // Every non-whitespace character matched above (a letter by 2, a number by 3, anything else
-    // by 4), so c0 is whitespace here.
+    // Every non-whitespace character matched above (a letter, or with `marks` a mark, by 2, a
+    // number by 3, anything else by 4), so c0 is whitespace here.
     whitespace(s, i)
 }
 
-/// Splits `text` into the pieces the regex matches, in order; their concatenation is `text`.
-pub fn split(text: &str) -> Split<'_> {
-    Split { text, pos: 0 }
+/// Splits `text` into the pieces `pattern`'s regex matches, in order; their concatenation is
+/// `text`.
+pub fn split(text: &str, pattern: SplitPattern) -> Split<'_> {
+    Split {
+        text,
+        pos: 0,
+        marks: pattern.marks(),
+    }
 }
 
 /// Iterator returned by [`split`].
 pub struct Split<'a> {
     text: &'a str,
     pos: usize,
+    marks: bool,
 }
 
 impl<'a> Iterator for Split<'a> {
@@ -183,7 +242,7 @@ impl<'a> Iterator for Split<'a> {
             return None;
         }
         let start = self.pos;
-        self.pos = match_end(self.text, start);
+        self.pos = match_end(self.text, start, self.marks);
         Some(&self.text[start..self.pos])
     }
 }
@@ -216,11 +275,41 @@ mod tests {
                 .iter()
                 .map(|p| p.as_str().unwrap())
                 .collect();
-            let got: Vec<&str> = split(text).collect();
+            let got: Vec<&str> = split(text, SplitPattern::Qwen2).collect();
             assert_eq!(got, want, "{text:?}");
             n += 1;
         }
         assert!(n > 250, "{n}");
+    }
+
+    /// Qwen3.5's pattern against HF `tokenizers`' Split step with transformers' Qwen3.5 regex
+    /// (scripts/qwen3_5_tokenizer_cases.py), on texts full of combining marks; and the cases
+    /// tell the two patterns apart.
+    #[test]
+    fn qwen35_pieces_match_hf() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fixtures/tokenizer/qwen3_5-cases.json"
+        );
+        let json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let (mut n, mut differ) = (0, 0);
+        for c in json["cases"].as_array().unwrap() {
+            let text = c["text"].as_str().unwrap();
+            let want: Vec<&str> = c["pretokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p.as_str().unwrap())
+                .collect();
+            let got: Vec<&str> = split(text, SplitPattern::Qwen35).collect();
+            assert_eq!(got, want, "{text:?}");
+            differ += usize::from(split(text, SplitPattern::Qwen2).collect::<Vec<_>>() != want);
+            n += 1;
+        }
+        assert!(
+            n > 300 && differ > 100,
+            "{n} cases, {differ} differ under Qwen2's pattern"
+        );
     }
 
     #[test]
@@ -232,9 +321,11 @@ mod tests {
             "e\u{301}\r\n",
             "x\u{1F642} x\t\ty\n",
         ] {
-            let pieces: Vec<&str> = split(s).collect();
-            assert_eq!(pieces.concat(), s);
-            assert!(pieces.iter().all(|p| !p.is_empty()));
+            for pattern in [SplitPattern::Qwen2, SplitPattern::Qwen35] {
+                let pieces: Vec<&str> = split(s, pattern).collect();
+                assert_eq!(pieces.concat(), s);
+                assert!(pieces.iter().all(|p| !p.is_empty()));
+            }
         }
     }
 }

@@ -244,11 +244,6 @@ impl ActsQ4Buf {
     }
 }
 
-/// Groups in `chunks` full chunks.
-pub(crate) const fn chunks_groups(chunks: usize) -> usize {
-    chunks * (CHUNK / SIMD_GROUP)
-}
-
 /// `sum_g ws[g] * xs[g] * sum_{j in g} q_w[j] * q_x[j]` over one row: `w` its packed bytes
 /// (`cols / 2`), `ws` its f16 scales, `x`/`xs` one activation row quantized per group of `gs`.
 pub fn dot_q4_scalar(w: &[u8], ws: &[u16], x: &[i8], xs: &[f32], gs: usize) -> f32 {

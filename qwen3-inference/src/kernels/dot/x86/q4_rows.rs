@@ -37,7 +37,7 @@
 //! `QWEN3_Q4_PROMPT=step` keeps prompts on the step kernel (the same bits, slower: for
 //! measuring).
 
-use super::super::q4::{chunks_groups, Q4Layout, CHUNK, SIMD_GROUP};
+use super::super::q4::{Q4Layout, CHUNK, SIMD_GROUP};
 use super::super::q6;
 use super::super::ActsQ8;
 use super::q4::sum16_across;
@@ -58,6 +58,11 @@ pub(super) const ROWS_FROM: usize = 17;
 pub(super) fn step_requested() -> bool {
     static STEP_ASKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *STEP_ASKED.get_or_init(|| std::env::var("QWEN3_Q4_PROMPT").is_ok_and(|v| v == "step"))
+}
+
+/// Groups in `chunks` full chunks.
+const fn chunks_groups(chunks: usize) -> usize {
+    chunks * (CHUNK / SIMD_GROUP)
 }
 
 /// A block's unpacked weights and scales, reused from one block to the next.
