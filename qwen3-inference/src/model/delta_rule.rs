@@ -42,6 +42,8 @@
 //! Every step is exact algebra; only the order of the f32 additions differs from the recurrence,
 //! so the two agree to rounding (the tests: 1e-5 of the largest output over 150 tokens).
 
+use super::textbook::dot;
+
 /// Tokens a chunk of [`chunked`] (transformers' and flash-linear-attention's `chunk_size`).
 pub const CHUNK: usize = 64;
 
@@ -101,7 +103,6 @@ pub fn recurrent(h: &HeadInputs, s: &mut [f32], o: &mut [f32]) {
 pub fn chunked(h: &HeadInputs, s: &mut [f32], o: &mut [f32], chunk: usize) {
     let t = h.tokens();
     let (dk, dv) = (h.q.len() / t, h.v.len() / t);
-    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
     for c0 in (0..t).step_by(chunk) {
         let n = chunk.min(t - c0);
         let q = |i: usize| &h.q[(c0 + i) * dk..(c0 + i + 1) * dk];

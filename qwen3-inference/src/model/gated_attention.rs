@@ -30,6 +30,7 @@
 //! 7. out = o_proj [o_1 .. o_h]
 //! ```
 
+use super::textbook::{dot, inv_rms, matvec, sigmoid};
 use anyhow::{bail, Result};
 
 /// The sizes and constants of a gated attention layer, from the config's keys.
@@ -180,7 +181,7 @@ impl GatedAttention<'_> {
                     }
                 }
                 for (o, &g) in oh.iter_mut().zip(&gate[i * d..(i + 1) * d]) {
-                    *o *= 1.0 / (1.0 + (-g).exp());
+                    *o *= sigmoid(g);
                 }
             }
 
@@ -193,8 +194,7 @@ impl GatedAttention<'_> {
 
 /// `Qwen3_5RMSNorm`: `x / sqrt(mean(x^2) + eps) * (1 + w)`.
 fn rmsnorm_1p(x: &mut [f32], w: &[f32], eps: f32) {
-    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let inv = 1.0 / (ms + eps).sqrt();
+    let inv = inv_rms(x, eps);
     for (v, &w) in x.iter_mut().zip(w) {
         *v = *v * inv * (1.0 + w);
     }
@@ -213,15 +213,6 @@ fn rope(x: &mut [f32], p: usize, c: &GatedAttentionConfig) {
         x[j] = a * cos - b * sin;
         x[j + half] = b * cos + a * sin;
     }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-/// `w x` for `w: [rows, x.len()]`.
-fn matvec(w: &[f32], x: &[f32]) -> Vec<f32> {
-    w.chunks_exact(x.len()).map(|row| dot(row, x)).collect()
 }
 
 #[cfg(test)]

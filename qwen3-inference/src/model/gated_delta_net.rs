@@ -37,6 +37,7 @@
 //! (`delta_rule.rs`: the two agree to rounding).
 
 use super::delta_rule::{self, HeadInputs};
+use super::textbook::{inv_rms, matvec, sigmoid, silu};
 use anyhow::{bail, Result};
 
 /// The sizes of a Gated DeltaNet layer, from the config's `linear_*` keys.
@@ -274,8 +275,7 @@ impl GatedDeltaNet<'_> {
             // 6. The gated RMSNorm, per value head: normalise, scale by the gain, gate by
             //    silu(z).
             for (oh, zh) in o.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
-                let ms = oh.iter().map(|x| x * x).sum::<f32>() / dv as f32;
-                let inv = 1.0 / (ms + c.eps).sqrt();
+                let inv = inv_rms(oh, c.eps);
                 for ((x, &w), &zi) in oh.iter_mut().zip(self.norm).zip(zh) {
                     *x = w * (*x * inv) * silu(zi);
                 }
@@ -285,21 +285,6 @@ impl GatedDeltaNet<'_> {
         }
         Ok(())
     }
-}
-
-/// `w x` for `w: [rows, x.len()]`.
-fn matvec(w: &[f32], x: &[f32]) -> Vec<f32> {
-    w.chunks_exact(x.len())
-        .map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum())
-        .collect()
-}
-
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-fn silu(x: f32) -> f32 {
-    x * sigmoid(x)
 }
 
 /// `log(1 + e^x)`, as torch's `F.softplus` computes it (the input itself above 20, where the

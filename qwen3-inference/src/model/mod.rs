@@ -17,6 +17,7 @@ pub mod gated_attention;
 pub mod gated_delta_net;
 mod moe;
 mod session;
+mod textbook;
 
 pub use forward::{Forward, Segment, MAX_BATCH};
 pub use moe::Routes;

@@ -252,6 +252,16 @@ mod tests {
     use super::*;
     use serde_json::Value;
 
+    /// A case's `pretokens`: the pieces HF's pre-tokenizer cut its text into.
+    fn pretokens(c: &Value) -> Vec<&str> {
+        c["pretokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_str().unwrap())
+            .collect()
+    }
+
     /// Every text of the reference fixtures, split by us and by HF `tokenizers`'
     /// `pre_tokenizer.pre_tokenize_str` (recorded by scripts/tokenizer_cases.py).
     #[test]
@@ -269,12 +279,7 @@ mod tests {
             .chain(json["dev_pretokens"].as_array().unwrap())
         {
             let text = c["text"].as_str().unwrap();
-            let want: Vec<&str> = c["pretokens"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| p.as_str().unwrap())
-                .collect();
+            let want = pretokens(c);
             let got: Vec<&str> = split(text, SplitPattern::Qwen2).collect();
             assert_eq!(got, want, "{text:?}");
             n += 1;
@@ -295,12 +300,7 @@ mod tests {
         let (mut n, mut differ) = (0, 0);
         for c in json["cases"].as_array().unwrap() {
             let text = c["text"].as_str().unwrap();
-            let want: Vec<&str> = c["pretokens"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| p.as_str().unwrap())
-                .collect();
+            let want = pretokens(c);
             let got: Vec<&str> = split(text, SplitPattern::Qwen35).collect();
             assert_eq!(got, want, "{text:?}");
             differ += usize::from(split(text, SplitPattern::Qwen2).collect::<Vec<_>>() != want);

@@ -41,7 +41,7 @@ use super::super::q4::{self, Q4Layout, CHUNK};
 use super::super::q6;
 use super::super::{for_each_tile, ActsQ8};
 use super::avx2::{dot_pairs, hsum256};
-use super::q4_rows::{mat_q4_rows_avx512, step_requested, ROWS_FROM};
+use super::q4_rows::{rows_product, step_requested, ROWS_FROM};
 use super::{PREFETCH_FAR, PREFETCH_NEAR};
 use std::arch::x86_64::*;
 
@@ -70,8 +70,9 @@ pub(super) unsafe fn mat_q4_avx512<const SIX: bool>(
     );
     if x.t >= ROWS_FROM && !step_requested() {
         // A prompt: the rows product, which gives every (row, token) the bits this kernel would.
-        // SAFETY: `check_either` passed, and the CPU has what this function's caller vouched for.
-        return mat_q4_rows_avx512::<SIX>(w, ws, x, out, ahead);
+        // SAFETY: `check_either` passed, chunks > 0 and the layout is PairsWide (checked
+        // above), and the CPU has what this function's caller vouched for.
+        return rows_product::<SIX>(w, ws, x, out);
     }
     // Bytes this thread may prefetch, counted from the start of `w`. (A prompt's product, bound
     // by arithmetic, measured slower without the prefetches too.)

@@ -79,19 +79,19 @@ thread_local! {
     static BLOCK: RefCell<Block> = RefCell::new(Block::default());
 }
 
-/// [`super::super::MatQ4`] on AVX-512 VNNI, for q4 weights or (`SIX`) q6 ones (`dot/q6.rs`).
-/// Reads the plain activation rows and the corrections and scales of `x.q4` (laid out in
-/// `Q4Layout::PairsWide`: 8 lanes a chunk, an even lane's correction the whole group's). Does not prefetch: a prompt's
-/// product is bound by arithmetic, and a block's rows are read once.
+/// [`super::super::MatQ4`] on AVX-512 VNNI, for q4 weights or (`SIX`) q6 ones (`dot/q6.rs`),
+/// with its checks: [`rows_product`] for callers that have not made them (the tests; the step
+/// kernel, which has, calls `rows_product` itself).
+#[cfg(test)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn mat_q4_rows_avx512<const SIX: bool>(
+unsafe fn mat_q4_rows_avx512<const SIX: bool>(
     w: &[u8],
     ws: &[u16],
     x: &ActsQ8,
     out: &mut [f32],
     ahead: usize,
 ) {
-    let rows = q6::check_either::<SIX>(w, ws, x, out);
+    q6::check_either::<SIX>(w, ws, x, out);
     if x.q4.chunks == 0 {
         return q6::reference_either::<SIX>(w, ws, x, out, ahead);
     }
@@ -100,6 +100,24 @@ pub(super) unsafe fn mat_q4_rows_avx512<const SIX: bool>(
         Q4Layout::PairsWide,
         "the AVX-512 q4 rows product reads Q4Layout::PairsWide"
     );
+    rows_product::<SIX>(w, ws, x, out);
+}
+
+/// The product of `rows = out.len() / x.t` weight rows with the prompt's tokens. Reads the plain
+/// activation rows and the corrections and scales of `x.q4`. Does not prefetch: a prompt's
+/// product is bound by arithmetic, and a block's rows are read once.
+///
+/// Caller guarantees that `q6::check_either::<SIX>` passed, that `x.q4.chunks > 0`, and that the
+/// layout is `Q4Layout::PairsWide` (8 lanes a chunk, an even lane's correction the whole
+/// group's), as `mat_q4_avx512` checks before it calls this.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn rows_product<const SIX: bool>(
+    w: &[u8],
+    ws: &[u16],
+    x: &ActsQ8,
+    out: &mut [f32],
+) {
+    let rows = out.len() / x.t;
     let (t, cols, chunks) = (x.t, x.cols, x.q4.chunks);
     let (row_bytes, per) = (q6::row_bytes::<SIX>(cols), cols / SIMD_GROUP);
     let geo = Geometry {
@@ -113,7 +131,7 @@ pub(super) unsafe fn mat_q4_rows_avx512<const SIX: bool>(
         let m = (rows - r0).min(ROWS);
         // SAFETY: rows r0 .. r0 + m exist, `check_either` proved every slice has the length of
         // its shape (and `x.q4` the corrections and scales of `chunks` chunks, 8 lanes each:
-        // the layout asserted above).
+        // the layout is PairsWide), the caller's word.
         buffered::<SIX>(&geo, x, out, r0, m);
         if chunks_groups(chunks) < per {
             // The columns after the last full chunk: the reference's product.
@@ -141,7 +159,7 @@ struct Geometry<'a> {
 }
 
 /// Rows `r0 .. r0 + m` against all tokens, the block unpacked once into a buffer and then read
-/// for each tile of up to [`TILE`] tokens. Caller guarantees what [`mat_q4_rows_avx512`]'s callers do, that the rows exist and `m <=
+/// for each tile of up to [`TILE`] tokens. Caller guarantees what [`rows_product`]'s callers do, that the rows exist and `m <=
 /// ROWS`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn buffered<const SIX: bool>(
