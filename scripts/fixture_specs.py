@@ -402,4 +402,35 @@ SPECS = [
         min_distinct_greedy=MIN_DISTINCT_GREEDY,
         max_seed_tries=3000,
     ),
+    # Qwen3.5 (Qwen3_5ForConditionalGeneration, the hub's layout; scripts/fixture_qwen3_5.py):
+    # three Gated DeltaNet layers to every gated attention layer, RoPE on a quarter of each head,
+    # (1 + w) norms, a tiny vision tower and MTP tensors the text model leaves out. Prompts of 70
+    # and 210 tokens: more than one 64-token chunk of the delta rule, and more than 200.
+    dict(
+        name="tiny-qwen3_5-bf16",
+        arch="qwen3_5",
+        config_style="hub",
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        head_dim=32,
+        write_head_dim=True,
+        layers=8,
+        layer_types=["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"],
+        linear=dict(key_heads=2, value_heads=4, key_head_dim=16, value_head_dim=16, conv_kernel=4),
+        partial_rotary_factor=0.25,
+        # Sums to the rotated dimensions' half (32 * 0.25 / 2): text uses none of its split.
+        mrope_section=[2, 1, 1],
+        intermediate=128,
+        vocab=512,
+        tied=False,
+        rope_theta=10000000,
+        eps=1e-6,
+        max_pos=512,
+        dtype="bfloat16",
+        shards=1,
+        eos_in_config="single",
+        base_seed=9000,
+        random_prompt_lens=[1, 70, 210],
+    ),
 ]

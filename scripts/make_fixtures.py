@@ -54,6 +54,7 @@ from fixture_configs import (  # noqa: E402 - config.json in the hub's and trans
     transformers5_config,
     write_json,
 )
+import fixture_qwen3_5  # noqa: E402 - Qwen3.5's checkpoint layout and weights
 from fixture_specs import (  # noqa: E402 - the checkpoint specifications and their constants
     OUT_ROOT,
     DEFAULT_QWEN3_TOKENIZER,
@@ -313,6 +314,8 @@ def reference_load_kwargs(spec: dict) -> dict:
 
 
 def load_reference_model(ckpt: Path, spec: dict):
+    if spec.get("arch") == "qwen3_5":
+        return fixture_qwen3_5.load_reference_model(ckpt, torch.float32)
     model, info = transformers.AutoModelForCausalLM.from_pretrained(
         str(ckpt), dtype=torch.float32, output_loading_info=True, **reference_load_kwargs(spec)
     )
@@ -394,7 +397,9 @@ class RouterCapture:
         self.handles = []
 
     def __enter__(self):
-        for l, layer in enumerate(self.model.model.layers):
+        # Qwen3_5ForConditionalGeneration's decoder is model.model.language_model.
+        decoder = getattr(self.model.model, "language_model", self.model.model)
+        for l, layer in enumerate(decoder.layers):
             gate = getattr(layer.mlp, "gate", None)
             if gate is not None:
                 self.handles.append(gate.register_forward_hook(self.hook(l)))
@@ -530,7 +535,9 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
     n_tok = tokenizer.get_vocab_size(with_added_tokens=True)
 
     qwen2 = spec.get("arch") == "qwen2"
-    if spec["config_style"] == "hub":
+    if spec.get("arch") == "qwen3_5":
+        config = fixture_qwen3_5.hub_config(spec, bos, eos_cfg)
+    elif spec["config_style"] == "hub":
         moe_arch = spec.get("arch") == "qwen3_moe"
         config = (qwen2_hub_config if qwen2 else qwen3moe_hub_config if moe_arch else hub_config)(spec, bos, eos_cfg)
     else:
@@ -551,7 +558,10 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
         else:
             (ckpt / "tokenizer.json").write_text(tok_json_text, encoding="utf-8")
             write_json(ckpt / "tokenizer_config.json", tok_cfg)
-        weights = make_weights(spec, seed)
+        if spec.get("arch") == "qwen3_5":
+            weights = fixture_qwen3_5.checkpoint_weights(spec, config, seed)
+        else:
+            weights = make_weights(spec, seed)
         if spec.get("experts") == "fused":
             weights = fuse_experts(weights, spec)
         save_weights(ckpt, weights, TORCH_DTYPES[spec["dtype"]], spec["shards"])
@@ -598,9 +608,12 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
     else:
         sys.exit(f"{name}: no seed in {max_tries} tries met the gap/EOS conditions")
 
-    model64 = transformers.AutoModelForCausalLM.from_pretrained(
-        str(ckpt), dtype=torch.float64, **reference_load_kwargs(spec)
-    ).eval()
+    if spec.get("arch") == "qwen3_5":
+        model64 = fixture_qwen3_5.load_reference_model(ckpt, torch.float64)
+    else:
+        model64 = transformers.AutoModelForCausalLM.from_pretrained(
+            str(ckpt), dtype=torch.float64, **reference_load_kwargs(spec)
+        ).eval()
     ref_cases, stats = [], {"greedy_gaps": [], "prompt_gaps": [], "max_prob": [], "diff": [], "distinct": [], "f64": []}
     moe_stats = {"gaps": [], "experts": {}, "sets": {}, "top1_prob": [], "topk_mass": []}
     for text, pids, pl, gids, gl, diff, routers, rgap in cases:

@@ -111,6 +111,20 @@ fn renders_deepseek_r1_0528_qwen3_cases_exactly() {
     );
 }
 
+/// Qwen3.5's template (llama.cpp's copy, made for its 4B and shared by the family): thinking on
+/// by default, an empty think block with `enable_thinking: false`, content as text parts, tools
+/// before the system prompt, and XML tool calls whose arguments are typed (objects and arrays as
+/// JSON, the rest as text); made by fixtures/chat/make_qwen35_cases.py.
+#[test]
+fn renders_qwen3_5_cases_exactly() {
+    check_rendered(
+        "qwen35",
+        "qwen3.5-tokenizer_config.json",
+        "qwen3.5-cases.json",
+        7,
+    );
+}
+
 /// `--ids` prints the ids HuggingFace's tokenizer gives for the rendered text (the `ids` of each
 /// reference case: tokenizers 0.23.3 `encode(rendered, add_special_tokens=False)`).
 #[test]

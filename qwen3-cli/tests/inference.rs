@@ -46,6 +46,9 @@ fn write_model(path: &Path) {
         rope_scaling: qwen3_inference::format::RopeScaling::None,
         moe: None,
         embedding: None,
+        partial_rotary_factor: 1.0,
+        attn_output_gate: false,
+        linear_attention: None,
     };
     qwen3_inference::testing::model::write_random_config(path, &c);
 }

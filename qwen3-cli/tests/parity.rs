@@ -312,13 +312,30 @@ fn rounded_exports_compute_their_own_weights_exactly(
 /// The stated max-abs logit error bound of an export: exact exports get [`F32_TOL`], rounded
 /// ones [`F32_TOL`] plus [`SIGMAS`] times the largest noise sigma of any position.
 fn export_bound(sigmas: Option<&[Vec<f32>]>) -> f32 {
+    export_bound_over(F32_TOL, sigmas)
+}
+
+/// [`export_bound`] over an f32 tolerance of `tol`.
+fn export_bound_over(tol: f32, sigmas: Option<&[Vec<f32>]>) -> f32 {
     match sigmas {
-        None => F32_TOL,
+        None => tol,
         Some(s) => {
             let max = s.iter().flatten().fold(0f32, |m, &v| m.max(v));
-            F32_TOL + SIGMAS as f32 * max
+            tol + SIGMAS as f32 * max
         }
     }
+}
+
+/// The f32 tolerance for one case: [`F32_TOL`], or five times the reference's own f32 rounding
+/// (its distance to a float64 evaluation of the same weights, recorded per case) where that is
+/// more: the factor [`F32_TOL`] leaves over the other fixtures' rounding (5e-6 to 2e-5). A
+/// hybrid model's rounding is larger (tiny-qwen3_5-bf16: 8.3e-5 on a 70-token prompt): a Gated
+/// DeltaNet's output is RMS-normalised per head, so while its memory holds few tokens (a
+/// sequence's first), `q . k` cancelling in it scales its rounding up. (Measured on that case's
+/// first positions against float64: transformers' f32 within 2e-5 to 8.3e-5, ours within 5e-5
+/// to 3.3e-4.)
+fn f32_tol(case: &Case) -> f32 {
+    F32_TOL.max(5.0 * case.f32_vs_f64_max_abs)
 }
 
 /// Our logits for one case, both ways: `[P + 23, vocab]` from one forward over
@@ -447,7 +464,7 @@ fn check_full_logits(
         for (row, hf) in hf_rows.iter().enumerate() {
             let ours = &full[row * vocab..(row + 1) * vocab];
             let ours_step = &stepwise[row * vocab..(row + 1) * vocab];
-            let bound = export_bound(sigmas);
+            let bound = export_bound_over(f32_tol(case), sigmas);
             let err = max_abs(ours, hf).max(max_abs(ours_step, hf));
             f.max_err = f.max_err.max(err);
             f.max_err_over_bound = f.max_err_over_bound.max(err / bound);
@@ -488,8 +505,16 @@ fn check_full_logits(
             );
         }
     }
-    // Both orders agree with each other at least as well as each agrees with HF.
-    assert!(f.full_vs_stepwise <= F32_TOL, "{name} {dtype}: {f:?}");
+    // Both orders agree with each other at least as well as each agrees with HF. (A hybrid
+    // model's two orders run the delta rule in two forms, chunked and token by token, which agree
+    // to rounding: in a rounded export, a rounding of the activations can then land on the other
+    // side, so they agree within the export's bound.)
+    let hybrid = model.config.linear_attention.is_some();
+    let agree = match (hybrid, sigmas) {
+        (true, Some(_)) => export_bound(sigmas),
+        _ => F32_TOL,
+    };
+    assert!(f.full_vs_stepwise <= agree, "{name} {dtype}: {f:?}");
     f
 }
 
@@ -596,6 +621,11 @@ fn kv_cache_in_bf16() {
     for name in FULL_LOGIT_CHECKPOINTS {
         check_kv_bf16(name);
     }
+}
+
+#[test]
+fn tiny_qwen3_5_bf16() {
+    check_fixture("tiny-qwen3_5-bf16");
 }
 
 #[test]

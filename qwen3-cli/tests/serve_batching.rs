@@ -4,7 +4,7 @@
 //!   bit-identical to the same request run alone (batch invariance: its tokens do not depend on
 //!   its neighbours in a step nor on how its prompt was chunked), and the greedy ones equal
 //!   `qwen3 inference -t 0`; for a dense model and for a Qwen3-MoE, whose experts each run once
-//!   a step on every row that chose them.
+//!   a step on every row that chose them; and for a Qwen3.5, whose sequences carry a state.
 //! - Clients that vanish mid-answer (streaming or not) free their slot at once; a full queue is a
 //!   503 with Retry-After.
 
@@ -74,6 +74,14 @@ fn burst_answers_equal_solo_answers() {
 #[test]
 fn burst_answers_equal_solo_answers_with_experts() {
     burst("tiny-qwen3moe-bf16-tied", 40);
+}
+
+/// The same with Qwen3.5's hybrid layers: each sequence's Gated DeltaNet state beside its KV
+/// cache, prompts of up to 120 words (over 64 tokens: the server cuts them where a chunk of the
+/// delta rule starts, whatever `--prefill-chunk` says).
+#[test]
+fn burst_answers_equal_solo_answers_with_gated_delta_nets() {
+    burst("tiny-qwen3_5-bf16", 120);
 }
 
 fn burst(fixture: &str, max_words: usize) {

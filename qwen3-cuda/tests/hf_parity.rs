@@ -134,8 +134,15 @@ fn bf16_exports_match_the_cpu_backend() {
             let file = ModelFile::open(&path).unwrap();
             // One model, two backends: the CPU's SIMD kernels and the GPU kernels' references.
             let model = Model::load(&file).unwrap();
-            let mut cpu = Session::new(CPU, &model, 32, KvType::F32).unwrap();
             let backend = ReferenceBackend::new();
+            if model.config.linear_attention.is_some() {
+                // Qwen3.5's layers have no GPU kernels: the backend refuses them by name.
+                let e = Session::new(&backend, &model, 32, KvType::F32).err();
+                let e = e.map(|e| e.to_string()).unwrap_or_default();
+                assert!(e.contains("Gated DeltaNet"), "{name}: {e:?}");
+                continue;
+            }
+            let mut cpu = Session::new(CPU, &model, 32, KvType::F32).unwrap();
             let mut ours = Session::new(&backend, &model, 32, KvType::F32).unwrap();
             ours.set_max_batch(8).unwrap();
             let mut worst = max_abs(

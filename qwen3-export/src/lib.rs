@@ -19,7 +19,7 @@
 pub mod hf;
 
 use anyhow::{bail, Context, Result};
-use hf::checkpoint::{to_bf16_bits, to_f32, Checkpoint};
+use hf::checkpoint::{to_bf16_bits, to_f32, Checkpoint, TensorMeta};
 use qwen3_inference::format::writer::ModelWriter;
 use qwen3_inference::format::{
     companion_paths, expected_tensors, tensor_specs_with, DType, ModelConfig, Q4Mix, TensorKind,
@@ -87,6 +87,19 @@ pub struct ExportSummary {
     pub template_note: String,
     /// Source dtypes seen, for the log (e.g. "bf16").
     pub source_dtypes: Vec<&'static str>,
+    /// Tensors of the checkpoint's other parts that the model file leaves out (Qwen3.5's
+    /// vision tower and multi-token-prediction layer), said for the log; `None` if there were
+    /// none.
+    pub left_out_note: Option<String>,
+}
+
+/// Tensor `name` of the model file, found in the checkpoint: under its own name, or where the
+/// family's layout keeps it (`hf/qwen3_5.rs`).
+fn source_tensor(ckpt: &Checkpoint, config: &ModelConfig, name: &str) -> Result<TensorMeta> {
+    match hf::qwen3_5::source(ckpt, config, name)? {
+        Some(t) => Ok(t),
+        None => ckpt.tensor(name),
+    }
 }
 
 /// Tensors a checkpoint may carry that the forward pass recomputes or does not need.
@@ -184,8 +197,7 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
     let expected = expected_tensors(&config);
     let mut source_dtypes: Vec<&'static str> = Vec::new();
     for e in &expected {
-        let t = ckpt
-            .tensor(&e.name)
+        let t = source_tensor(&ckpt, &config, &e.name)
             .with_context(|| format!("{}", hf_dir.display()))?;
         if t.shape != e.shape {
             bail!(
@@ -200,10 +212,16 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
             source_dtypes.push(t.dtype.name());
         }
     }
+    let hybrid = config.linear_attention.is_some();
+    let mut left_out = [0usize; 2];
     for name in ckpt.names() {
         let tied_head = name == "lm_head.weight" && config.tie_word_embeddings;
         // transformers 5's fused experts, read above through their per-expert names.
         let fused = config.moe.is_some() && hf::checkpoint::is_fused_expert_tensor(name);
+        if hybrid && hf::qwen3_5::is_other_part(name) {
+            left_out[name.starts_with("mtp.") as usize] += 1;
+            continue;
+        }
         if !tied_head && !fused && !is_ignorable(name) && !expected.iter().any(|e| e.name == name) {
             bail!(
                 "{}: unexpected tensor {name} (an option this runtime does not implement?)",
@@ -211,6 +229,14 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
             );
         }
     }
+
+    let left_out_note = (left_out != [0, 0]).then(|| {
+        format!(
+            "left out {} tensors of the vision tower (model.visual.) and {} of the \
+             multi-token-prediction layer (mtp.): the text model does not use them",
+            left_out[0], left_out[1]
+        )
+    });
 
     // 3. Companion files, under temporary names until the model file is complete.
     let companions = companion_paths(out);
@@ -255,6 +281,7 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
         template_path: companions.template,
         template_note,
         source_dtypes,
+        left_out_note,
     })
 }
 
@@ -302,8 +329,10 @@ fn write_model(
     let (mut bf16, mut q, mut scales) = (Vec::new(), Vec::new(), Vec::new());
     let (mut packed, mut scales16) = (Vec::new(), Vec::new());
     for (i, spec) in specs.iter().enumerate() {
-        let t = ckpt.tensor(&spec.name)?;
+        let t = source_tensor(ckpt, config, &spec.name)?;
         let rows = t.numel() / t.row_len();
+        // Qwen3.5's RMSNorms multiply by 1 + w: the file stores 1 + w (hf/qwen3_5.rs).
+        let one_plus = hf::qwen3_5::stores_one_plus(config, &spec.name);
         // About 4 MB of source bytes at a time, whole rows (so q8 groups never straddle chunks).
         let chunk_rows = ((4 << 20) / (t.row_len() * t.bytes_per_value())).max(1);
         w.begin(&spec.name, spec.dtype)?;
@@ -319,6 +348,9 @@ fn write_model(
                 DType::F32 => {
                     values.clear();
                     to_f32(t.dtype, &raw, &mut values);
+                    if one_plus {
+                        values.iter_mut().for_each(|v| *v += 1.0);
+                    }
                     w.data(bytemuck::cast_slice(&values))?;
                 }
                 DType::Bf16 => {

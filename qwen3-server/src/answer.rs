@@ -72,8 +72,8 @@ impl Choices {
         let c = (0..ids.len())
             .map(|i| ChoiceState {
                 text: match &job.tool_calls {
-                    Some(prefix) => ChoiceText::new(s.tokenizer, p.stops.clone(), job.reasoning)
-                        .with_tool_calls(prefix),
+                    Some(calls) => ChoiceText::new(s.tokenizer, p.stops.clone(), job.reasoning)
+                        .with_tool_calls(calls),
                     None => ChoiceText::new(s.tokenizer, p.stops.clone(), job.reasoning),
                 },
                 content: String::new(),

@@ -168,7 +168,10 @@ impl ChatRequest {
         // With tools shown, `<tool_call>` blocks are cut out of the answer; the answer of a
         // forced call starts inside one.
         let tool_calls =
-            shown_tools(&self.tools, &self.tool_choice).map(|_| self.tool_choice.forced_start());
+            shown_tools(&self.tools, &self.tool_choice).map(|tools| crate::tool_calls::ToolCalls {
+                prefix: self.tool_choice.forced_start(),
+                tools: tools.to_vec(),
+            });
         // A template that opens the reasoning block in the prompt (DeepSeek-R1's) starts the
         // answer inside it.
         let reasoning = s

@@ -7,7 +7,7 @@
 //! the text while it could still be the start of a stop string, and a tag (`<think>`,
 //! `</think>`) while it is not complete.
 
-use crate::tool_calls::{ToolCall, ToolCallSplit};
+use crate::tool_calls::{ToolCall, ToolCallSplit, ToolCalls};
 use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
 
 /// Text to send: the answer's part and the reasoning's part, and the tool calls completed.
@@ -55,10 +55,10 @@ impl<'t> ChoiceText<'t> {
         }
     }
 
-    /// Turns `<tool_call>` blocks of the content into tool calls (tool_calls.rs); `prefix`: the
-    /// beginning of the answer that the prompt already holds (a forced call), if any.
-    pub fn with_tool_calls(mut self, prefix: &str) -> Self {
-        self.tools = Some(ToolCallSplit::with_prefix(prefix));
+    /// Turns `<tool_call>` blocks of the content into tool calls (tool_calls.rs); `calls.prefix`:
+    /// the beginning of the answer that the prompt already holds (a forced call), if any.
+    pub fn with_tool_calls(mut self, calls: &ToolCalls) -> Self {
+        self.tools = Some(ToolCallSplit::new(calls));
         self
     }
 

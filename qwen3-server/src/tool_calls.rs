@@ -3,16 +3,38 @@
 //! out of the answer's text as it streams and turns each into a call (OpenAI's
 //! `message.tool_calls`), as vLLM's `hermes` parser does for these models.
 //!
-//! A block whose JSON is not `{"name": string, "arguments": ...}`, or that never closes, stays in
-//! the text as the model wrote it: nothing the model said is lost. `arguments` is kept as the
-//! exact JSON text the model wrote (OpenAI sends it as a string), so a client that sends the
-//! call back in the history renders the same tokens the model produced.
+//! Qwen3.5's template asks for XML in the block instead:
+//!
+//! ```text
+//! <tool_call>
+//! <function=get_weather>
+//! <parameter=city>
+//! Zürich
+//! </parameter>
+//! <parameter=days>
+//! 3
+//! </parameter>
+//! </function>
+//! </tool_call>
+//! ```
+//!
+//! Each value is text; the call's arguments are typed by the tool's JSON schema, as vLLM's
+//! `qwen3_coder` parser types them: a parameter the schema makes an integer, a number or a
+//! boolean is parsed as one, an object or an array as JSON, and everything else (strings, a
+//! parameter the schema does not list, a value that does not parse) stays a string; `null` is
+//! null. They are written as JSON in the order the model wrote them.
+//!
+//! A block that is neither form, or that never closes, stays in the text as the model wrote it:
+//! nothing the model said is lost. A JSON call's `arguments` is kept as the exact JSON text the
+//! model wrote (OpenAI sends it as a string), so a client that sends the call back in the history
+//! renders the same tokens the model produced.
 //!
 //! Text is held back, never taken back: a possible beginning of `<tool_call>`, a block until
 //! its `</tool_call>`, and whitespace after a call (sent only if more text follows).
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use serde_json::Value;
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
@@ -24,9 +46,20 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
+/// What a chat's tool calls are read with: the beginning of the answer that the prompt already
+/// holds (a forced call; empty otherwise), and the tools as the request gave them (their
+/// `parameters` type an XML call's arguments).
+#[derive(Debug, Clone, Default)]
+pub struct ToolCalls {
+    pub prefix: String,
+    pub tools: Vec<Value>,
+}
+
 /// See the module's comment.
 #[derive(Debug, Default)]
 pub struct ToolCallSplit {
+    /// The tools, for an XML call's argument types.
+    tools: Vec<Value>,
     /// Inside a block: the whitespace before its tag (dropped if it is a call, kept if not),
     /// and its text so far (after `<tool_call>`).
     block: Option<(String, String)>,
@@ -37,11 +70,14 @@ pub struct ToolCallSplit {
 }
 
 impl ToolCallSplit {
-    /// A splitter whose answer starts with `prefix` already (a forced call: the prompt ends with
-    /// the beginning of a block, see `tool_choice`).
-    pub fn with_prefix(prefix: &str) -> ToolCallSplit {
-        let mut s = ToolCallSplit::default();
-        let (text, calls) = s.push(prefix);
+    /// A splitter whose answer starts with `calls.prefix` already (a forced call: the prompt
+    /// ends with the beginning of a block, see `tool_choice`).
+    pub fn new(calls: &ToolCalls) -> ToolCallSplit {
+        let mut s = ToolCallSplit {
+            tools: calls.tools.clone(),
+            ..Default::default()
+        };
+        let (text, calls) = s.push(&calls.prefix);
         debug_assert!(text.is_empty() && calls.is_empty());
         s
     }
@@ -61,7 +97,7 @@ impl ToolCallSplit {
                     let inner = block[..at].to_string();
                     let gap = std::mem::take(gap);
                     self.block = None;
-                    match parse(&inner) {
+                    match parse(&inner).or_else(|| parse_xml(&inner, &self.tools)) {
                         Some(call) => {
                             calls.push(call);
                             self.calls += 1;
@@ -137,6 +173,77 @@ fn parse(inner: &str) -> Option<ToolCall> {
     })
 }
 
+/// `<function=f>\n<parameter=p>\nvalue\n</parameter>\n...</function>` -> the call, its
+/// arguments typed by the tool's schema in `tools` (the module's comment).
+fn parse_xml(inner: &str, tools: &[Value]) -> Option<ToolCall> {
+    let rest = inner.trim().strip_prefix("<function=")?;
+    let (name, rest) = rest.split_once('>')?;
+    let mut body = rest.strip_suffix("</function>")?;
+    if name.is_empty() || name.contains(['<', '\n']) {
+        return None;
+    }
+    let properties = tools
+        .iter()
+        .map(|t| &t["function"])
+        .find(|f| f["name"] == name)
+        .map(|f| &f["parameters"]["properties"]);
+    let mut args = Vec::new();
+    loop {
+        body = body.trim_start();
+        if body.is_empty() {
+            break;
+        }
+        let rest = body.strip_prefix("<parameter=")?;
+        let (param, rest) = rest.split_once('>')?;
+        let (value, rest) = rest.split_once("</parameter>")?;
+        // The template writes "\n" before and after the value.
+        let value = value.strip_prefix('\n').unwrap_or(value);
+        let value = value.strip_suffix('\n').unwrap_or(value);
+        let kind = properties.and_then(|p| p[param]["type"].as_str());
+        args.push((param.to_string(), typed(value, kind)));
+        body = rest;
+    }
+    // `{"k": v, ...}`, in the model's order (the values compact JSON).
+    let fields: Vec<String> = args
+        .iter()
+        .map(|(k, v)| format!("{}: {v}", Value::from(k.as_str())))
+        .collect();
+    Some(ToolCall {
+        name: name.to_string(),
+        arguments: format!("{{{}}}", fields.join(", ")),
+    })
+}
+
+/// An XML parameter's text as the JSON value its schema `kind` says (the module's comment).
+fn typed(value: &str, kind: Option<&str>) -> Value {
+    let text = || Value::from(value);
+    if value.trim().eq_ignore_ascii_case("null") {
+        return Value::Null;
+    }
+    let v = value.trim();
+    match kind {
+        Some("integer") => v.parse::<i64>().map_or_else(|_| text(), Value::from),
+        Some("number") => match v.parse::<i64>() {
+            Ok(i) => Value::from(i),
+            Err(_) => v
+                .parse::<f64>()
+                .ok()
+                .and_then(serde_json::Number::from_f64)
+                .map_or_else(text, Value::Number),
+        },
+        Some("boolean") => match v.to_ascii_lowercase().as_str() {
+            "true" => Value::Bool(true),
+            "false" => Value::Bool(false),
+            _ => text(),
+        },
+        Some("object") | Some("array") => serde_json::from_str::<Value>(v)
+            .ok()
+            .filter(|j| j.is_object() || j.is_array())
+            .unwrap_or_else(text),
+        _ => text(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,9 +316,56 @@ mod tests {
         assert_eq!(calls, [call("f", "{}")]);
     }
 
+    /// Qwen3.5's XML calls, whatever the pieces: arguments typed by the tool's schema (the
+    /// template's own rendering of a call, fixtures/chat/qwen3.5-cases.json, read back).
+    #[test]
+    fn xml_calls_are_typed_by_the_schema() {
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string"}, "days": {"type": "integer"},
+                "ratio": {"type": "number"}, "metric": {"type": "boolean"},
+                "units": {"type": "object"}, "fields": {"type": "array"}}}}}]);
+        let calls = ToolCalls {
+            prefix: String::new(),
+            tools: tools.as_array().unwrap().clone(),
+        };
+        let text = "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=ratio>\n0.5\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n<parameter=units>\n{\"temp\": \"C\"}\n</parameter>\n<parameter=fields>\n[\"wind\", \"rain\"]\n</parameter>\n<parameter=note>\n42\nlines\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=now>\n</function>\n</tool_call>";
+        for n in [1, 3, 1000] {
+            let mut s = ToolCallSplit::new(&calls);
+            let (mut out, mut got) = (String::new(), Vec::new());
+            let chars: Vec<char> = text.chars().collect();
+            for piece in chars.chunks(n) {
+                let (t, c) = s.push(&piece.iter().collect::<String>());
+                out.push_str(&t);
+                got.extend(c);
+            }
+            out.push_str(&s.finish());
+            assert_eq!(out, "Let me check.", "pieces of {n}");
+            assert_eq!(
+                got,
+                [
+                    call(
+                        "get_weather",
+                        r#"{"city": "Zürich", "days": 3, "ratio": 0.5, "metric": true, "units": {"temp":"C"}, "fields": ["wind","rain"], "note": "42\nlines"}"#
+                    ),
+                    call("now", "{}")
+                ],
+                "pieces of {n}"
+            );
+        }
+        // Values that do not parse as their type stay strings; a block of neither form is text.
+        assert_eq!(typed("three", Some("integer")), Value::from("three"));
+        assert_eq!(typed("null", Some("string")), Value::Null);
+        let bad = "<tool_call>\n<function=f>\n<param=x>\n1\n</param>\n</function>\n</tool_call>";
+        assert_eq!(run(bad, 4), (bad.to_string(), vec![]));
+    }
+
     #[test]
     fn a_forced_prefix_is_inside_the_block() {
-        let mut s = ToolCallSplit::with_prefix("<tool_call>\n{\"name\": \"f\", \"arguments\": ");
+        let mut s = ToolCallSplit::new(&ToolCalls {
+            prefix: "<tool_call>\n{\"name\": \"f\", \"arguments\": ".into(),
+            tools: vec![],
+        });
         let (t, c) = s.push("{\"x\": 1}}\n</tool_call>");
         assert_eq!((t.as_str(), c), ("", vec![call("f", r#"{"x": 1}"#)]));
         assert_eq!(s.finish(), "");

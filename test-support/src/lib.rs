@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 /// Qwen3-MoE: bf16 tied with the hub's per-expert tensors (8 experts, top 2, renormalised), f32 in
 /// two shards with transformers 5's fused experts, a dense layer between two sparse ones, top 3
 /// not renormalised, and YaRN in `rope_parameters`. The CPU and GPU parity tests loop over these.
-pub const FULL_LOGIT_CHECKPOINTS: [&str; 9] = [
+pub const FULL_LOGIT_CHECKPOINTS: [&str; 10] = [
     "tiny-f32-tied-gqa2",
     "tiny-bf16-untied-mha",
     "tiny-f16-sharded-gqa4",
@@ -32,6 +32,7 @@ pub const FULL_LOGIT_CHECKPOINTS: [&str; 9] = [
     "tiny-qwen3moe-bf16-tied",
     "tiny-qwen3moe-f32-sharded-dense-yarn",
     "tiny-qwen2-yarn",
+    "tiny-qwen3_5-bf16",
 ];
 
 /// A fixture's `reference.json` (the fields the tests read; the file has more, e.g. the versions
@@ -64,6 +65,10 @@ pub struct Case {
     /// `[P + G][5]`: the five largest logits `(id, logit)` of the prompt rows, then of the greedy
     /// rows (row `P` repeats row `P - 1`).
     pub top5: Vec<Vec<(u32, f32)>>,
+    /// The largest distance of the reference's f32 logits from a float64 evaluation of the same
+    /// weights: the reference's own rounding.
+    #[serde(default)]
+    pub f32_vs_f64_max_abs: f32,
 }
 
 impl Case {

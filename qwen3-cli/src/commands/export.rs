@@ -126,6 +126,9 @@ pub fn run(args: ExportArgs) -> Result<()> {
     if dtype == DType::Q4 {
         eprintln!("note: q4 costs accuracy that q8 does not; measure it on your model with `qwen3 perplexity --base` (docs/quantization.md)");
     }
+    if let Some(note) = &s.left_out_note {
+        println!("{}: {note}", s.model_path.display());
+    }
     println!("{}: {}", s.tokenizer_path.display(), s.tokenizer_note);
     println!("{}: {}", s.template_path.display(), s.template_note);
     Ok(())

@@ -177,6 +177,12 @@ fn print_setup<B: Backend>(
         fwd.model().kv_cache_bytes(context_len, kv) as f64 / (1u64 << 20) as f64,
         kv.name()
     );
+    if c.linear_attention.is_some() {
+        eprintln!(
+            "Gated DeltaNet state: {:.1} MiB (f32), whatever the context",
+            c.linear_state_bytes() as f64 / (1u64 << 20) as f64
+        );
+    }
     eprintln!("eos ids: {eos_ids:?}");
     if let Some(dm) = engine.draft_model() {
         let d = dm.forward().model().config;

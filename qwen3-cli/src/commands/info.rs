@@ -43,6 +43,21 @@ pub fn run(args: InfoArgs) -> Result<()> {
         (false, false) => "no biases, no q/k norms",
     };
     println!("attention                {attention}");
+    if let Some(la) = &c.linear_attention {
+        // Qwen3.5: which layers mix tokens how (docs/transformer.md, the hybrid chapter).
+        let linear = c.num_hidden_layers - c.attention_layers();
+        println!(
+            "layers                   {linear} Gated DeltaNet ({} key and {} value heads of {} and {}, conv {}), {} gated attention (RoPE on {} of {} dims)",
+            la.linear_num_key_heads,
+            la.linear_num_value_heads,
+            la.linear_key_head_dim,
+            la.linear_value_head_dim,
+            la.linear_conv_kernel_dim,
+            c.attention_layers(),
+            c.rotary_dim(),
+            c.head_dim
+        );
+    }
     match c.embedding {
         Some(e) => println!(
             "task                     embeddings: {} values per text, the last token's{} (no text generation)",
@@ -150,11 +165,12 @@ pub fn run(args: InfoArgs) -> Result<()> {
     }
     // What a process running the model holds: the weights (mapped from the file, shared by
     // every process that maps it) and, per position a sequence holds, one key and one value
-    // vector per layer and KV head (`Model::kv_cache_bytes`). `qwen3 serve` can hold
+    // vector per attention layer and KV head (`Model::kv_cache_bytes`), plus, in a hybrid
+    // model, each sequence's fixed state in its Gated DeltaNet layers. `qwen3 serve` can hold
     // `--parallel` sequences of `--context` positions; what a container needs is about the
     // two together.
     let position = |kv: KvType| {
-        2 * c.num_hidden_layers as u64
+        2 * c.attention_layers() as u64
             * c.num_key_value_heads as u64
             * c.head_dim as u64
             * kv.bytes() as u64
@@ -165,14 +181,23 @@ pub fn run(args: InfoArgs) -> Result<()> {
         bytes(position(KvType::F32)),
         bytes(position(KvType::Bf16))
     );
+    // A hybrid model's sequence holds its Gated DeltaNets' states whatever its length, and
+    // `serve` keeps a second copy a slot (the prefix cache's snapshot, `Engine::reusable`).
+    let state = c.linear_state_bytes();
+    if state > 0 {
+        println!(
+            "                         Gated DeltaNet state {} a sequence (f32), whatever its length; twice that a serving slot",
+            bytes(state)
+        );
+    }
     let (slots, context) = (
         SERVE_SLOTS as u64,
         (c.max_context() as u64).min(DEFAULT_CONTEXT_CAP as u64),
     );
     println!(
         "serve at most            {} in f32 ({} with --kv-cache bf16): {slots} slots x {context} positions (--parallel, --context)",
-        bytes(h.file_len + slots * context * position(KvType::F32)),
-        bytes(h.file_len + slots * context * position(KvType::Bf16)),
+        bytes(h.file_len + slots * (context * position(KvType::F32) + 2 * state)),
+        bytes(h.file_len + slots * (context * position(KvType::Bf16) + 2 * state)),
     );
     let comp = companion_paths(&args.model);
     for (what, path) in [

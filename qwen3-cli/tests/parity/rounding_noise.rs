@@ -2,7 +2,9 @@
 //! noise of the same size, to measure how far such rounding can move the logits.
 
 use anyhow::Result;
-use qwen3_inference::backend::{AttentionShape, Backend, CpuBackend, KvType, RopeTable};
+use qwen3_inference::backend::{
+    AttentionShape, Backend, CpuBackend, DeltaNetShape, KvType, RopeTable,
+};
 use qwen3_inference::format::reader::TensorView;
 use qwen3_inference::kernels::attention::{Bf16, KvElem};
 use qwen3_inference::quant::quantize_q8;
@@ -227,5 +229,50 @@ impl<'a> Backend for RoundingNoise<'a> {
         n: usize,
     ) -> Result<()> {
         self.inner.scatter_add_rows(out, y, rows, weights, n)
+    }
+
+    // Qwen3.5's steps, unperturbed (their inputs come from the perturbed products).
+    fn check_layers(&self, c: &qwen3_inference::format::ModelConfig) -> Result<()> {
+        self.inner.check_layers(c)
+    }
+    fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>, n: usize) -> Result<()> {
+        self.inner.sigmoid_mul(x, gate, n)
+    }
+    fn causal_conv_silu(
+        &self,
+        x: &mut Vec<f32>,
+        window: &mut Vec<f32>,
+        w: &TensorView<'a>,
+        rows: std::ops::Range<usize>,
+        shape: DeltaNetShape,
+    ) -> Result<()> {
+        self.inner.causal_conv_silu(x, window, w, rows, shape)
+    }
+    fn gated_delta_rule(
+        &self,
+        o: &mut Vec<f32>,
+        qkv: &Vec<f32>,
+        a: &Vec<f32>,
+        b: &Vec<f32>,
+        a_log: &TensorView<'a>,
+        dt_bias: &TensorView<'a>,
+        state: &mut Vec<f32>,
+        rows: std::ops::Range<usize>,
+        pos0: usize,
+        shape: DeltaNetShape,
+    ) -> Result<()> {
+        self.inner
+            .gated_delta_rule(o, qkv, a, b, a_log, dt_bias, state, rows, pos0, shape)
+    }
+    fn gated_rmsnorm(
+        &self,
+        o: &mut Vec<f32>,
+        z: &Vec<f32>,
+        w: &TensorView<'a>,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.inner.gated_rmsnorm(o, z, w, rows, n, eps)
     }
 }

@@ -38,6 +38,9 @@ pub fn tiny_config(dtype: DType, tied: bool) -> ModelConfig {
         rope_scaling: qwen3_inference::format::RopeScaling::None,
         moe: None,
         embedding: None,
+        partial_rotary_factor: 1.0,
+        attn_output_gate: false,
+        linear_attention: None,
     }
 }
 

@@ -53,6 +53,16 @@ pub struct TensorMeta {
     /// Absolute byte offset of its first value in that shard.
     offset: u64,
     shard: usize,
+    /// Its rows are runs of `run` rows, one every `stride` rows of the stored tensor (the query
+    /// or gate half of each head of Qwen3.5's `q_proj`); `None`: consecutive rows.
+    runs: Option<RowRuns>,
+}
+
+/// Rows taken in runs from a stored tensor: `run` rows, then `stride - run` skipped, and so on.
+#[derive(Debug, Clone, Copy)]
+struct RowRuns {
+    run: u64,
+    stride: u64,
 }
 
 impl TensorMeta {
@@ -117,26 +127,44 @@ pub struct Checkpoint {
     shards: Vec<Shard>,
     /// By the name `Qwen3ForCausalLM` gives the tensor (`model.layers.0...`).
     location: HashMap<String, usize>,
-    /// The files name tensors as a bare `Qwen3Model` does, without the `model.` prefix
-    /// (Qwen3-Embedding, saved by sentence-transformers): `location` adds it.
-    bare: bool,
+    /// What the files call the text model that `location` calls `model.`: `model.` itself;
+    /// nothing, for a bare `Qwen3Model` (Qwen3-Embedding, saved by sentence-transformers); or
+    /// `model.language_model.`, for a multimodal checkpoint (Qwen3.5's
+    /// `Qwen3_5ForConditionalGeneration`, whose vision tower is `model.visual.`).
+    stored_prefix: &'static str,
 }
+
+/// The prefix of a multimodal checkpoint's text model.
+pub const LANGUAGE_MODEL: &str = "model.language_model.";
 
 /// Whether the tensor names are a bare `Qwen3Model`'s: its embedding table without `model.`.
 fn is_bare(names: &HashMap<String, usize>) -> bool {
     names.contains_key("embed_tokens.weight") && !names.contains_key("model.embed_tokens.weight")
 }
 
-/// `location` keyed by `Qwen3ForCausalLM`'s names, and whether the files use a bare model's.
-fn canonical(location: HashMap<String, usize>) -> (HashMap<String, usize>, bool) {
-    if !is_bare(&location) {
-        return (location, false);
-    }
+/// `location` keyed by `Qwen3ForCausalLM`'s names, and the prefix the files use for `model.`.
+fn canonical(location: HashMap<String, usize>) -> (HashMap<String, usize>, &'static str) {
+    let multimodal = location.contains_key(&format!("{LANGUAGE_MODEL}embed_tokens.weight"));
+    let stored_prefix = match (is_bare(&location), multimodal) {
+        (true, _) => "",
+        (false, true) => LANGUAGE_MODEL,
+        (false, false) => return (location, "model."),
+    };
     let renamed = location
         .into_iter()
-        .map(|(name, i)| (format!("model.{name}"), i))
+        .map(|(name, i)| {
+            let name = match name.strip_prefix(stored_prefix) {
+                // The text model's tensors; another part's (`model.visual.`, `mtp.`) or the
+                // classifier keep their names.
+                Some(rest) if multimodal || !name.starts_with("lm_head.") => {
+                    format!("model.{rest}")
+                }
+                _ => name,
+            };
+            (name, i)
+        })
         .collect();
-    (renamed, true)
+    (renamed, stored_prefix)
 }
 
 impl Checkpoint {
@@ -161,11 +189,11 @@ impl Checkpoint {
             .into_keys()
             .map(|name| (name, 0))
             .collect();
-        let (location, bare) = canonical(location);
+        let (location, stored_prefix) = canonical(location);
         Ok(Checkpoint {
             shards: vec![shard],
             location,
-            bare,
+            stored_prefix,
         })
     }
 
@@ -214,12 +242,17 @@ impl Checkpoint {
             }
             location.insert(tensor.clone(), i);
         }
-        let (location, bare) = canonical(location);
+        let (location, stored_prefix) = canonical(location);
         Ok(Checkpoint {
             shards,
             location,
-            bare,
+            stored_prefix,
         })
+    }
+
+    /// Whether `name` is stored as it is named (a multimodal checkpoint's `model.visual.`).
+    fn location_is_kept(&self, name: &str) -> bool {
+        self.stored_prefix == LANGUAGE_MODEL && name.starts_with("model.visual.")
     }
 
     /// Names of every tensor in the checkpoint.
@@ -247,10 +280,11 @@ impl Checkpoint {
         };
         let shard = &self.shards[i];
         // The name in the files.
-        let stored = match self.bare {
-            true => name.strip_prefix("model.").unwrap_or(name),
-            false => name,
+        let stored = match name.strip_prefix("model.") {
+            Some(rest) if !self.location_is_kept(name) => format!("{}{rest}", self.stored_prefix),
+            _ => name.to_string(),
         };
+        let stored = stored.as_str();
         let info = shard
             .metadata
             .info(stored)
@@ -270,6 +304,33 @@ impl Checkpoint {
             file: shard.path.clone(),
             offset: shard.data_start + info.data_offsets.0 as u64,
             shard: i,
+            runs: None,
+        })
+    }
+
+    /// The rows of `t` (a matrix `[rows, cols]`) that are runs of `run` rows from `first`, one
+    /// every `stride` rows: `[rows / stride * run, cols]` (Qwen3.5's `q_proj` holds each head's
+    /// query rows and then its gate rows: `run` = head_dim, `stride` = 2 head_dim, `first` 0 or
+    /// head_dim).
+    pub fn row_runs(t: &TensorMeta, first: u64, run: u64, stride: u64) -> Result<TensorMeta> {
+        let [rows, cols] = t.shape[..] else {
+            bail!(
+                "{}: a matrix was expected, got shape {:?}",
+                t.file.display(),
+                t.shape
+            );
+        };
+        if t.runs.is_some() || stride == 0 || first + run > stride || rows % stride != 0 {
+            bail!(
+                "{}: {rows} rows are not runs of {run} every {stride}",
+                t.file.display()
+            );
+        }
+        Ok(TensorMeta {
+            shape: vec![rows / stride * run, cols],
+            offset: t.offset + first * cols * t.bytes_per_value(),
+            runs: Some(RowRuns { run, stride }),
+            ..t.clone()
         })
     }
 
@@ -319,9 +380,26 @@ impl Checkpoint {
             .file
             .lock()
             .map_err(|_| anyhow::anyhow!("shard lock poisoned"))?;
-        f.seek(SeekFrom::Start(t.offset + first * row_bytes))
-            .and_then(|_| f.read_exact(buf))
-            .with_context(|| format!("{}: read failed", shard.path.display()))
+        let RowRuns { run, stride } = t.runs.unwrap_or(RowRuns {
+            run: u64::MAX,
+            stride: u64::MAX,
+        });
+        // Logical row r is stored row (r / run) * stride + r % run; read run by run.
+        let mut done = 0;
+        while done < n {
+            let r = first + done;
+            let take = (run - r % run).min(n - done);
+            let stored = match t.runs {
+                Some(_) => (r / run) * stride + r % run,
+                None => r,
+            };
+            let to = &mut buf[(done * row_bytes) as usize..((done + take) * row_bytes) as usize];
+            f.seek(SeekFrom::Start(t.offset + stored * row_bytes))
+                .and_then(|_| f.read_exact(to))
+                .with_context(|| format!("{}: read failed", shard.path.display()))?;
+            done += take;
+        }
+        Ok(())
     }
 }
 

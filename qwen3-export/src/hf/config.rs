@@ -12,6 +12,7 @@
 //! biases only if `attention_bias` says so. Qwen2's head_dim defaults to hidden / heads, Qwen3's
 //! to 128.
 
+use super::qwen3_5;
 use anyhow::{bail, Context, Result};
 use qwen3_inference::format::{
     DType, GenerationDefaults, ModelConfig, MoeConfig, RopeScaling, ARCHITECTURES,
@@ -48,7 +49,7 @@ pub fn load_config(hf_dir: &Path) -> Result<ModelConfig> {
     Ok(config)
 }
 
-fn get_u32(obj: &Map<String, Value>, key: &str) -> Result<Option<u32>> {
+pub(crate) fn get_u32(obj: &Map<String, Value>, key: &str) -> Result<Option<u32>> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_u64() {
@@ -100,9 +101,10 @@ fn get_ids(obj: &Map<String, Value>, key: &str) -> Result<Vec<u32>> {
 
 /// Parses a config.json object (either dialect).
 pub fn parse_config(json: &Value) -> Result<ModelConfig> {
-    let Some(obj) = json.as_object() else {
+    let Some(top) = json.as_object() else {
         bail!("not a JSON object");
     };
+    let mut obj = top;
 
     // 1. Architecture: Qwen3ForCausalLM, Qwen2ForCausalLM or Qwen3MoeForCausalLM: one model, its
     //    differences data in the config.
@@ -110,21 +112,42 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_str()).collect(),
         _ => vec![],
     };
-    let architecture = match archs.first() {
+    let mut architecture = match archs.first() {
         Some(a) => a.to_string(),
         None => match obj.get("model_type").and_then(|v| v.as_str()) {
             Some("qwen3") => "Qwen3ForCausalLM".to_string(),
             Some("qwen2") => "Qwen2ForCausalLM".to_string(),
             Some("qwen3_moe") => "Qwen3MoeForCausalLM".to_string(),
+            Some("qwen3_5" | "qwen3_5_text") => qwen3_5::ARCHITECTURE.to_string(),
             _ => bail!(
                 "no `architectures` and no `model_type` qwen3 or qwen2; not a Qwen checkpoint"
             ),
         },
     };
+    if qwen3_5::NOT_YET.contains(&architecture.as_str()) {
+        bail!(
+            "architecture {architecture} is not supported yet (of the hybrid models, the dense \
+             Qwen3.5 runs: {})",
+            qwen3_5::CHECKPOINTS.join(", ")
+        );
+    }
+    // Qwen3.5: the text model of a vision-language checkpoint, its keys under `text_config`.
+    let hybrid = qwen3_5::CHECKPOINTS.contains(&architecture.as_str());
+    if hybrid {
+        architecture = qwen3_5::ARCHITECTURE.to_string();
+        obj = qwen3_5::text_config(top)?;
+    }
     if !ARCHITECTURES.contains(&architecture.as_str()) {
+        // What a checkpoint may say: the file's architectures, but Qwen3.5 as the hub names it.
+        let accepted: Vec<&str> = ARCHITECTURES
+            .iter()
+            .filter(|a| **a != qwen3_5::ARCHITECTURE)
+            .chain(&qwen3_5::CHECKPOINTS)
+            .copied()
+            .collect();
         bail!(
             "architecture {architecture} is not supported (supported: {})",
-            ARCHITECTURES.join(", ")
+            accepted.join(", ")
         );
     }
     let qwen2 = architecture == "Qwen2ForCausalLM";
@@ -150,6 +173,7 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
             }
             hidden_size / num_attention_heads
         }
+        None if hybrid => qwen3_5::DEFAULT_HEAD_DIM,
         None => QWEN3_DEFAULT_HEAD_DIM,
     };
     let num_key_value_heads = get_u32(obj, "num_key_value_heads")?.unwrap_or(num_attention_heads);
@@ -160,6 +184,7 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
     let max_position_embeddings = get_u32(obj, "max_position_embeddings")?.unwrap_or(32768);
     let mut rope_theta = get_f64(obj, "rope_theta")?;
     let mut rope_scaling = RopeScaling::None;
+    let mut partial_rotary_factor = get_f64(obj, "partial_rotary_factor")?;
     for key in ["rope_parameters", "rope_scaling"] {
         match obj.get(key) {
             None | Some(Value::Null) => {}
@@ -180,14 +205,22 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
                 if let Some(t) = get_f64(p, "rope_theta")? {
                     rope_theta = Some(t);
                 }
-                if get_f64(p, "partial_rotary_factor")?.is_some_and(|f| f != 1.0) {
-                    bail!("{key}: partial_rotary_factor is not supported (every head dimension is rotated)");
+                if let Some(f) = get_f64(p, "partial_rotary_factor")? {
+                    partial_rotary_factor = Some(f);
                 }
             }
             Some(v) => bail!("{key} must be an object or null, got {v}"),
         }
     }
     let rope_theta = rope_theta.unwrap_or(10_000.0);
+    let partial_rotary_factor = match (partial_rotary_factor, hybrid) {
+        (Some(f), true) => f,
+        (None, true) => qwen3_5::DEFAULT_PARTIAL_ROTARY_FACTOR,
+        (Some(f), false) if f != 1.0 => bail!(
+            "partial_rotary_factor {f} in a {architecture}: only Qwen3.5 rotates part of each head"
+        ),
+        _ => 1.0,
+    };
 
     // 4. The attention's variant: Qwen2Attention always has q/k/v biases (`bias=True`) and no
     //    q/k norms; Qwen3Attention has the norms, and biases when `attention_bias` is true.
@@ -201,10 +234,20 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
     if get_bool(obj, "use_sliding_window")?.unwrap_or(false) {
         bail!("use_sliding_window: true is not supported (sliding-window attention is not implemented; every released Qwen2/Qwen3 checkpoint has it off)");
     }
-    if let Some(Value::Array(types)) = obj.get("layer_types") {
-        if let Some(t) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
-            bail!("layer_types contains {t}; only full_attention layers are supported");
+    let num_hidden_layers = require_u32(obj, "num_hidden_layers")?;
+    let linear_attention = match hybrid {
+        true => Some(qwen3_5::linear_attention(obj, num_hidden_layers)?),
+        false => {
+            if let Some(Value::Array(types)) = obj.get("layer_types") {
+                if let Some(t) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
+                    bail!("layer_types contains {t}; only full_attention layers are supported in a {architecture}");
+                }
+            }
+            None
         }
+    };
+    if hybrid && attention_bias {
+        bail!("attention_bias: true in a Qwen3.5 model is not supported (its gated q_proj has no bias in any release)");
     }
     if let Some(act) = obj.get("hidden_act").and_then(|v| v.as_str()) {
         if act != "silu" {
@@ -229,7 +272,7 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         architecture,
         hidden_size,
         intermediate_size: require_u32(obj, "intermediate_size")?,
-        num_hidden_layers: require_u32(obj, "num_hidden_layers")?,
+        num_hidden_layers,
         num_attention_heads,
         num_key_value_heads,
         head_dim,
@@ -237,8 +280,12 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         max_position_embeddings,
         rope_theta,
         rms_norm_eps: get_f64(obj, "rms_norm_eps")?.unwrap_or(1e-6),
-        // Qwen3Config's and Qwen2Config's default is False; real checkpoints state it.
-        tie_word_embeddings: get_bool(obj, "tie_word_embeddings")?.unwrap_or(false),
+        // Qwen3Config's and Qwen2Config's default is False; real checkpoints state it (Qwen3.5's
+        // at the top and in text_config).
+        tie_word_embeddings: match get_bool(obj, "tie_word_embeddings")? {
+            Some(t) => t,
+            None => get_bool(top, "tie_word_embeddings")?.unwrap_or(false),
+        },
         bos_token_id,
         eos_token_ids,
         generation: GenerationDefaults::default(),
@@ -249,6 +296,9 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         rope_scaling,
         moe,
         embedding: None,
+        partial_rotary_factor,
+        attn_output_gate: hybrid,
+        linear_attention,
     })
 }
 

@@ -3,5 +3,6 @@
 pub mod chat_template;
 pub mod checkpoint;
 pub mod config;
+pub mod qwen3_5;
 pub mod sentence_transformers;
 pub mod tokenizer_json;

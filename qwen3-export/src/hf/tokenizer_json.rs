@@ -657,7 +657,9 @@ mod tests {
             let config: Value =
                 serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
                     .unwrap();
-            let vocab = config["vocab_size"].as_u64().unwrap() as u32;
+            // A vision-language checkpoint (Qwen3.5) keeps it in its text config.
+            let text = config.get("text_config").unwrap_or(&config);
+            let vocab = text["vocab_size"].as_u64().unwrap() as u32;
             let out = temp_dir("tiny").join("t.tokenizer.bin");
             export_tokenizer(&dir, &out, vocab).unwrap();
             let tok = Tokenizer::open(&out).unwrap();

@@ -4,7 +4,7 @@
 //! Each op is a thin call into its kernel; the kernels assert their slice lengths, so a wrong
 //! count is a panic (a bug in the forward pass), never an out-of-bounds read.
 
-use super::{AttentionShape, Backend, RopeTable};
+use super::{AttentionShape, Backend, DeltaNetShape, RopeTable};
 use crate::format::reader::{TensorData, TensorView};
 use crate::kernels;
 use crate::kernels::attention::{chunk_len, store_kv, Bf16, KvElem, KvType, KV_CHUNK};
@@ -286,7 +286,7 @@ impl<'a> Backend for CpuBackend<'a> {
     ) -> Result<()> {
         let width = n_heads * head_dim;
         for (i, token) in x[..n_tok * width].chunks_exact_mut(width).enumerate() {
-            kernels::rope(token, table, pos0 + i);
+            kernels::rope(token, table, pos0 + i, head_dim);
         }
         Ok(())
     }
@@ -351,6 +351,61 @@ impl<'a> Backend for CpuBackend<'a> {
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> Result<()> {
         kernels::add(&mut x[..n], &y[..n]);
         Ok(())
+    }
+
+    fn check_layers(&self, _config: &crate::format::ModelConfig) -> Result<()> {
+        // Every layer kind: Qwen3.5's through `kernels/delta_net.rs`.
+        Ok(())
+    }
+
+    fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>, n: usize) -> Result<()> {
+        super::host::sigmoid_mul(x, gate, n)
+    }
+
+    fn causal_conv_silu(
+        &self,
+        x: &mut Vec<f32>,
+        window: &mut Vec<f32>,
+        w: &TensorView<'a>,
+        rows: std::ops::Range<usize>,
+        shape: DeltaNetShape,
+    ) -> Result<()> {
+        super::host::causal_conv_silu(x, window, norm_weight(w)?, rows, shape)
+    }
+
+    fn gated_delta_rule(
+        &self,
+        o: &mut Vec<f32>,
+        qkv: &Vec<f32>,
+        a: &Vec<f32>,
+        b: &Vec<f32>,
+        a_log: &TensorView<'a>,
+        dt_bias: &TensorView<'a>,
+        state: &mut Vec<f32>,
+        rows: std::ops::Range<usize>,
+        pos0: usize,
+        shape: DeltaNetShape,
+    ) -> Result<()> {
+        let (a_log, dt_bias) = (norm_weight(a_log)?, norm_weight(dt_bias)?);
+        super::host::gated_delta_rule(o, qkv, a, b, a_log, dt_bias, state, rows, pos0, shape)
+    }
+
+    fn gated_rmsnorm(
+        &self,
+        o: &mut Vec<f32>,
+        z: &Vec<f32>,
+        w: &TensorView<'a>,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let w = norm_weight(w)?;
+        anyhow::ensure!(
+            w.len() == n,
+            "gated_rmsnorm: a gain of {} for rows of {n}",
+            w.len()
+        );
+        super::host::gated_rmsnorm(o, z, w, rows, eps)
     }
 }
 

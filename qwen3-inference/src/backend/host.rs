@@ -3,7 +3,9 @@
 //! only its arithmetic. Every operation checks its ranges and answers a bad one with an error,
 //! not a panic, as a device backend does.
 
+use crate::kernels::delta_net::{self, DeltaNetShape};
 use anyhow::{bail, ensure, Result};
+use std::ops::Range;
 
 /// [`super::Backend::alloc`]: `len` zeros.
 pub fn alloc(len: usize) -> Result<Vec<f32>> {
@@ -73,5 +75,92 @@ pub fn scatter_add_rows(
             *o += w * v;
         }
     }
+    Ok(())
+}
+
+/// `x[..n]` and `y[..n]`, or an error naming `op` when either is shorter.
+fn first<'x>(op: &str, x: &'x [f32], n: usize) -> Result<&'x [f32]> {
+    x.get(..n)
+        .ok_or_else(|| anyhow::anyhow!("{op}: {n} values of {}", x.len()))
+}
+
+/// [`super::Backend::sigmoid_mul`]: `x[i] *= sigmoid(gate[i])`.
+pub fn sigmoid_mul(x: &mut [f32], gate: &[f32], n: usize) -> Result<()> {
+    let gate = first("sigmoid_mul", gate, n)?;
+    ensure!(n <= x.len(), "sigmoid_mul: {n} values of {}", x.len());
+    for (x, &g) in x[..n].iter_mut().zip(gate) {
+        *x *= crate::kernels::textbook::sigmoid(g);
+    }
+    Ok(())
+}
+
+/// [`super::Backend::causal_conv_silu`] on host memory, its ranges checked.
+pub fn causal_conv_silu(
+    x: &mut [f32],
+    window: &mut [f32],
+    w: &[f32],
+    rows: Range<usize>,
+    s: DeltaNetShape,
+) -> Result<()> {
+    let cd = s.conv_dim();
+    ensure!(
+        rows.end * cd <= x.len()
+            && window.len() == s.conv_state_len()
+            && w.len() == cd * s.conv_kernel,
+        "causal_conv_silu: rows {rows:?} of {} values, a window of {}, filters of {}",
+        x.len(),
+        window.len(),
+        w.len()
+    );
+    delta_net::causal_conv_silu(&mut x[rows.start * cd..rows.end * cd], window, w, s);
+    Ok(())
+}
+
+/// [`super::Backend::gated_delta_rule`] on host memory, its ranges checked.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_rule(
+    o: &mut [f32],
+    qkv: &[f32],
+    a: &[f32],
+    b: &[f32],
+    a_log: &[f32],
+    dt_bias: &[f32],
+    state: &mut [f32],
+    rows: Range<usize>,
+    pos0: usize,
+    s: DeltaNetShape,
+) -> Result<()> {
+    let (cd, vd, vh) = (s.conv_dim(), s.value_dim(), s.num_v_heads);
+    ensure!(
+        rows.end * cd <= qkv.len()
+            && rows.end * vd <= o.len()
+            && rows.end * vh <= a.len().min(b.len())
+            && a_log.len() == vh
+            && dt_bias.len() == vh
+            && state.len() == s.recurrent_state_len(),
+        "gated_delta_rule: rows {rows:?} do not fit its buffers, or a state or parameter of \
+         another shape"
+    );
+    let (r0, r1) = (rows.start, rows.end);
+    delta_net::gated_delta_rule(
+        &mut o[r0 * vd..r1 * vd],
+        &qkv[r0 * cd..r1 * cd],
+        &a[r0 * vh..r1 * vh],
+        &b[r0 * vh..r1 * vh],
+        a_log,
+        dt_bias,
+        state,
+        pos0,
+        s,
+    );
+    Ok(())
+}
+
+/// [`super::Backend::gated_rmsnorm`] on host memory, its ranges checked.
+pub fn gated_rmsnorm(o: &mut [f32], z: &[f32], w: &[f32], rows: usize, eps: f32) -> Result<()> {
+    let len = rows * w.len();
+    let z = first("gated_rmsnorm", z, len)?;
+    ensure!(len <= o.len(), "gated_rmsnorm: {len} values of {}", o.len());
+    delta_net::gated_rmsnorm(&mut o[..len], z, w, eps);
     Ok(())
 }

@@ -25,11 +25,14 @@ mod cpu;
 pub mod host;
 mod plain;
 
+pub use crate::kernels::delta_net::DeltaNetShape;
 pub use crate::kernels::{AttentionShape, KvType, RopeTable};
 pub use cpu::{CpuBackend, CPU};
 pub use plain::{PlainBackend, PlainKvCache};
 
-use anyhow::Result;
+use crate::format::ModelConfig;
+use anyhow::{bail, Result};
+use std::ops::Range;
 
 /// The operations of a Qwen3 (and Qwen2, Qwen3-MoE) forward pass. Shapes in the comments are row-major; `n_tok` is the
 /// number of tokens in the batch, `pos0` the position of the first one.
@@ -44,6 +47,22 @@ pub trait Backend {
     /// Keys and values of every layer (in the backend's own layout), plus whatever scratch its
     /// attention needs.
     type KvCache;
+
+    /// Whether this backend runs every layer `config` asks for; an error naming the first it
+    /// does not. By default, the layers of Qwen2, Qwen3 and Qwen3-MoE: a backend that runs
+    /// Qwen3.5's (the ops at the end of this trait) says so.
+    fn check_layers(&self, config: &ModelConfig) -> Result<()> {
+        if config.linear_attention.is_some() {
+            bail!("this backend does not run Gated DeltaNet layers (Qwen3.5's linear_attention)");
+        }
+        if config.attn_output_gate || config.partial_rotary_factor != 1.0 {
+            bail!(
+                "this backend does not run gated attention with a partial rotation (Qwen3.5's \
+                 full_attention layers)"
+            );
+        }
+        Ok(())
+    }
 
     // ---- Memory: allocated once per session. ----
 
@@ -207,4 +226,59 @@ pub trait Backend {
     fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, n: usize) -> Result<()>;
     /// The residual connection, in place: `x[i] += y[i]` for `i < n`.
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf, n: usize) -> Result<()>;
+
+    // ---- Qwen3.5: the gated attention's gate and the Gated DeltaNet's steps. A backend that
+    // runs them says so in `check_layers`; the defaults refuse. ----
+
+    /// Attention's output gate, in place: `x[i] *= sigmoid(gate[i])` for `i < n`.
+    fn sigmoid_mul(&self, _x: &mut Self::Buf, _gate: &Self::Buf, _n: usize) -> Result<()> {
+        bail!("this backend does not run gated attention")
+    }
+    /// The causal depthwise convolution and SiLU of one sequence's rows `rows` of `x` (`[_,
+    /// conv_dim]`), in place; `window` (`[conv_dim, K - 1]`, the sequence's last inputs) moves
+    /// along. w: `[conv_dim, K]`, f32. (`kernels/delta_net.rs`, `causal_conv_silu`.)
+    fn causal_conv_silu(
+        &self,
+        _x: &mut Self::Buf,
+        _window: &mut Self::Buf,
+        _w: &Self::Tensor,
+        _rows: Range<usize>,
+        _shape: DeltaNetShape,
+    ) -> Result<()> {
+        bail!("this backend does not run Gated DeltaNet layers")
+    }
+    /// The gated delta rule over one sequence's rows `rows`, the first at position `pos0`: from
+    /// the convolved `qkv` (`[_, conv_dim]`) and the raw `a`, `b` (`[_, num_v_heads]`), with
+    /// `A_log` and `dt_bias`, the sequence's memory `state` (`[vh, dk, dv]`) is updated and read
+    /// into `o` (`[_, value_dim]`). Whole chunks of 64 positions run the chunked form, other
+    /// tokens the recurrence (`kernels/delta_net.rs`, `gated_delta_rule`).
+    #[allow(clippy::too_many_arguments)]
+    fn gated_delta_rule(
+        &self,
+        _o: &mut Self::Buf,
+        _qkv: &Self::Buf,
+        _a: &Self::Buf,
+        _b: &Self::Buf,
+        _a_log: &Self::Tensor,
+        _dt_bias: &Self::Tensor,
+        _state: &mut Self::Buf,
+        _rows: Range<usize>,
+        _pos0: usize,
+        _shape: DeltaNetShape,
+    ) -> Result<()> {
+        bail!("this backend does not run Gated DeltaNet layers")
+    }
+    /// `Qwen3_5RMSNormGated` of each of `rows` rows of `n` values, in place:
+    /// `o = w * (o / rms(o)) * silu(z)`. o, z: `[rows, n]`; w: `[n]`, f32.
+    fn gated_rmsnorm(
+        &self,
+        _o: &mut Self::Buf,
+        _z: &Self::Buf,
+        _w: &Self::Tensor,
+        _rows: usize,
+        _n: usize,
+        _eps: f32,
+    ) -> Result<()> {
+        bail!("this backend does not run Gated DeltaNet layers")
+    }
 }

@@ -10,7 +10,7 @@
 //! Shapes are row-major, as in the trait's comments. The KV cache is the plainest layout:
 //! `keys[layer][pos][kv_head][head_dim]`, and the same for values.
 
-use super::{AttentionShape, Backend, KvType, RopeTable};
+use super::{AttentionShape, Backend, DeltaNetShape, KvType, RopeTable};
 use crate::format::reader::{TensorData, TensorView};
 use anyhow::{bail, Result};
 use std::marker::PhantomData;
@@ -31,6 +31,14 @@ pub struct PlainKvCache {
     shape: AttentionShape,
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
+}
+
+/// An f32 tensor's values (norm weights and the DeltaNets' parameters are f32 in every file).
+fn f32_weights<'t>(t: &TensorView<'t>) -> Result<&'t [f32]> {
+    match t.data {
+        TensorData::F32(v) => Ok(v),
+        _ => bail!("{} is not stored as f32", t.name),
+    }
 }
 
 /// Weight `i` (row-major index) of a tensor, as f32: bf16 widened, q8, q4 and q6 times their
@@ -196,7 +204,8 @@ impl<'a> Backend for PlainBackend<'a> {
         head_dim: usize,
         pos0: usize,
     ) -> Result<()> {
-        let half = head_dim / 2;
+        // The first `rotary_dim` values of each head rotate (all of them but in Qwen3.5).
+        let half = table.rotary_dim() / 2;
         for t in 0..n_tok {
             let pos = pos0 + t;
             let cos = &table.cos()[pos * half..(pos + 1) * half];
@@ -317,6 +326,61 @@ impl<'a> Backend for PlainBackend<'a> {
         }
         Ok(())
     }
+
+    fn check_layers(&self, _config: &crate::format::ModelConfig) -> Result<()> {
+        // Every layer kind: Qwen3.5's through `kernels/delta_net.rs`.
+        Ok(())
+    }
+
+    fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>, n: usize) -> Result<()> {
+        super::host::sigmoid_mul(x, gate, n)
+    }
+
+    fn causal_conv_silu(
+        &self,
+        x: &mut Vec<f32>,
+        window: &mut Vec<f32>,
+        w: &TensorView<'a>,
+        rows: std::ops::Range<usize>,
+        shape: DeltaNetShape,
+    ) -> Result<()> {
+        super::host::causal_conv_silu(x, window, f32_weights(w)?, rows, shape)
+    }
+
+    fn gated_delta_rule(
+        &self,
+        o: &mut Vec<f32>,
+        qkv: &Vec<f32>,
+        a: &Vec<f32>,
+        b: &Vec<f32>,
+        a_log: &TensorView<'a>,
+        dt_bias: &TensorView<'a>,
+        state: &mut Vec<f32>,
+        rows: std::ops::Range<usize>,
+        pos0: usize,
+        shape: DeltaNetShape,
+    ) -> Result<()> {
+        let (a_log, dt_bias) = (f32_weights(a_log)?, f32_weights(dt_bias)?);
+        super::host::gated_delta_rule(o, qkv, a, b, a_log, dt_bias, state, rows, pos0, shape)
+    }
+
+    fn gated_rmsnorm(
+        &self,
+        o: &mut Vec<f32>,
+        z: &Vec<f32>,
+        w: &TensorView<'a>,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let w = f32_weights(w)?;
+        anyhow::ensure!(
+            w.len() == n,
+            "gated_rmsnorm: a gain of {} for rows of {n}",
+            w.len()
+        );
+        super::host::gated_rmsnorm(o, z, w, rows, eps)
+    }
 }
 
 #[cfg(test)]
@@ -350,6 +414,29 @@ mod tests {
             eprintln!(
                 "{dt:?}: largest logit difference {worst:.2e} (relative to the largest logit)"
             );
+            assert!(worst < tol, "{dt:?}: logits differ by {worst} (relative)");
+            std::fs::remove_dir_all(d).unwrap();
+        }
+    }
+
+    /// The same for a Qwen3.5 (three Gated DeltaNets, then gated attention over a quarter of
+    /// each head): a 70-token prompt (a whole chunk of the delta rule, then six tokens by the
+    /// recurrence), then decode.
+    #[test]
+    fn the_cpu_backend_computes_the_plain_math_of_hybrid_layers() {
+        for (dt, tol) in [(DType::F32, 1e-5), (DType::Bf16, 1e-5), (DType::Q8, 0.15)] {
+            let d =
+                std::env::temp_dir().join(format!("pq-plain-hybrid-{}-{dt:?}", std::process::id()));
+            std::fs::create_dir_all(&d).unwrap();
+            let p = d.join("m.bin");
+            let c = crate::format::ModelConfig {
+                max_position_embeddings: 128,
+                ..crate::testing::model::qwen3_5_config(dt)
+            };
+            write_random_config(&p, &c);
+            let prompt = (0..70).map(|i| (i * 7 + 3) % 40).collect();
+            let worst = plain_against_cpu(&p, 96, prompt, dt != DType::Q8);
+            eprintln!("{dt:?} hybrid: largest logit difference {worst:.2e} (relative)");
             assert!(worst < tol, "{dt:?}: logits differ by {worst} (relative)");
             std::fs::remove_dir_all(d).unwrap();
         }

@@ -204,6 +204,20 @@ impl ChatTemplate {
         }
     }
 
+    /// Whether the template writes an assistant's tool call as XML (Qwen3.5's `<tool_call>\n
+    /// <function=NAME>\n<parameter=P>\nvalue\n</parameter>\n</function>\n</tool_call>`) rather
+    /// than as JSON in the block (Qwen3's and Qwen2.5's `{"name": .., "arguments": ..}`): found,
+    /// as [`ChatTemplate::default_thinking`] is, by rendering one call.
+    pub fn xml_tool_calls(&self) -> bool {
+        let call = serde_json::json!({"type": "function", "function": {"name": "f", "arguments": {"x": 1}}});
+        let probe = [
+            serde_json::json!({"role": "user", "content": "Hi"}),
+            serde_json::json!({"role": "assistant", "content": "", "tool_calls": [call]}),
+        ];
+        self.render_json(&probe, None, false, Some(false))
+            .is_ok_and(|t| t.contains("<function=f>"))
+    }
+
     fn render_prepared(&self, args: &RenderArgs, messages: &[Value]) -> Result<String> {
         // The keyword arguments of `compiled_template.render(...)` in transformers.
         let mut ctx = Map::new();

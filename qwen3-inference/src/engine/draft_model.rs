@@ -20,6 +20,7 @@
 
 use super::{common_prefix_len, Engine, Forward, Segment, SPECULATE_ROWS};
 use crate::backend::Backend;
+use crate::model::Cache;
 use crate::sampler::argmax;
 use anyhow::{bail, Result};
 
@@ -27,7 +28,7 @@ use anyhow::{bail, Result};
 pub struct DraftModel<'m, B: Backend> {
     pub(super) fwd: Forward<'m, B>,
     /// `caches[i]`: slot `i`'s keys and values in the draft model, of the tokens `cached[i]`.
-    caches: Vec<B::KvCache>,
+    caches: Vec<Cache<B>>,
     cached: Vec<Vec<u32>>,
     /// The ids a guess is chosen from: the ones both models have (Qwen2.5-0.5B's embedding has
     /// 151936 rows and Qwen2.5-7B's 152064, over the same 151665 tokens).

@@ -43,8 +43,9 @@
 use crate::backend::{Backend, KvType};
 use crate::chat::{common_prefix_len, reuse_len};
 use crate::constraint::Constraint;
+use crate::kernels::delta_rule;
 use crate::logprobs::{TokenLogprobs, MAX_TOP};
-use crate::model::{Forward, Model, Segment, MAX_BATCH};
+use crate::model::{Cache, Forward, Model, Segment, StateSnapshot, MAX_BATCH};
 use crate::sampler::{Sampler, SamplerConfig};
 use anyhow::{bail, Result};
 use std::collections::VecDeque;
@@ -204,6 +205,18 @@ struct Slot {
     /// The step at which the slot was last given a request (the least recently used free slot
     /// is taken when no cached prefix helps).
     last_used: u64,
+    /// A hybrid model's: the position whose Gated DeltaNet states `Engine::snapshots[i]` holds,
+    /// the last multiple of the delta rule's chunk in the prompt (the prefix cache resumes
+    /// there: the states at the end of the cached tokens are past it).
+    snapshot: Option<usize>,
+}
+
+impl Slot {
+    /// The slot's cache forgotten (its prefix cache and snapshot).
+    fn forget(&mut self) {
+        self.cached.clear();
+        self.snapshot = None;
+    }
 }
 
 /// Continuous batching: see the module's comment.
@@ -212,7 +225,9 @@ pub struct Engine<'m, B: Backend> {
     cfg: EngineConfig,
     slots: Vec<Slot>,
     /// `caches[i]`: the keys and values of slot `i`'s tokens.
-    caches: Vec<B::KvCache>,
+    caches: Vec<Cache<B>>,
+    /// A hybrid model's: slot `i`'s states at `slots[i].snapshot` (empty for other models).
+    snapshots: Vec<StateSnapshot<B>>,
     waiting: VecDeque<(RequestId, Request)>,
     next_id: RequestId,
     steps: u64,
@@ -265,13 +280,18 @@ impl<'m, B: Backend> Engine<'m, B> {
                 cached: Vec::with_capacity(fwd.context_len()),
                 job: None,
                 last_used: 0,
+                snapshot: None,
             })
             .collect();
+        let snapshots = (0..cfg.slots)
+            .filter_map(|_| fwd.new_snapshot().transpose())
+            .collect::<Result<_>>()?;
         Ok(Engine {
             fwd,
             cfg,
             slots,
             caches,
+            snapshots,
             waiting: VecDeque::new(),
             next_id: 1,
             steps: 0,
@@ -322,6 +342,60 @@ impl<'m, B: Backend> Engine<'m, B> {
             prefill_chunk: MAX_BATCH,
         };
         Engine::new(fwd, cfg)
+    }
+
+    /// How many of `prompt`'s first tokens `slot`'s cache can give it. A hybrid model's
+    /// sequence can go back only to its snapshot (the states of its Gated DeltaNets at the end of
+    /// the cached tokens are past the shared prefix), so that position, if the prompt shares it.
+    fn reusable(&self, slot: &Slot, prompt: &[u32]) -> usize {
+        let reuse = reuse_len(&slot.cached, prompt);
+        match self.has_linear_state() {
+            false => reuse,
+            true => slot.snapshot.filter(|&s| s <= reuse).unwrap_or(0),
+        }
+    }
+
+    /// Prompt tokens a step takes while others decode: the configured chunk, or for a hybrid
+    /// model that rounded up to a whole chunk of the delta rule ([`Engine::prompt_piece`]).
+    pub(super) fn prefill_chunk(&self) -> usize {
+        match self.has_linear_state() {
+            true => self.cfg.prefill_chunk.next_multiple_of(delta_rule::CHUNK),
+            false => self.cfg.prefill_chunk,
+        }
+    }
+
+    /// How many of the `todo` prompt tokens from position `at` a step takes when `n` fit. A
+    /// hybrid model's prompt is cut where a chunk of the delta rule starts (or where it ends): a
+    /// token's form (chunked or recurrent) follows from its position and the step's first and
+    /// last (`kernels/delta_net.rs`), so cut there, each token is computed the same way alone or
+    /// beside others; a prompt that gets less than a chunk waits for the next step. (Only when
+    /// a step has fewer than a chunk's rows beside its `decoding` sequences, over 64 of them,
+    /// does a piece end elsewhere: no step would take a whole chunk.) A piece also ends at the
+    /// prompt's last multiple of the chunk, `snapshot_at`, where the step takes a snapshot of the
+    /// states for the prefix cache.
+    fn prompt_piece(&self, at: usize, n: usize, todo: usize, decoding: usize) -> usize {
+        if !self.has_linear_state() {
+            return n;
+        }
+        let c = delta_rule::CHUNK;
+        let snapshot_at = (at + todo) / c * c;
+        if at < snapshot_at && snapshot_at < at + n {
+            return snapshot_at - at;
+        }
+        if n == todo {
+            return n;
+        }
+        let aligned = ((at + n) / c * c).saturating_sub(at);
+        match aligned == 0 && self.fwd.max_batch() - decoding < c {
+            true => n,
+            false => aligned,
+        }
+    }
+
+    /// Whether the model's sequences carry a state besides keys and values (Qwen3.5's Gated
+    /// DeltaNet layers), which the prefix cache takes back by snapshots and drafts cannot yet.
+    fn has_linear_state(&self) -> bool {
+        self.fwd.model().config.linear_attention.is_some()
     }
 
     /// Positions each sequence holds, prompt and answer together.
@@ -386,6 +460,15 @@ impl<'m, B: Backend> Engine<'m, B> {
         }
         if let Err(e) = req.sampler.validate() {
             return Err(Rejected::Invalid(e.to_string()));
+        }
+        if !matches!(req.draft, Draft::None) && self.has_linear_state() {
+            // A rejected draft must take the state back to the last accepted token; snapshots
+            // of the Gated DeltaNets' states are not implemented yet.
+            return Err(Rejected::Invalid(
+                "speculative decoding is not implemented for models with Gated DeltaNet layers \
+                 (Qwen3.5): their state cannot be rolled back to the last accepted draft yet"
+                    .into(),
+            ));
         }
         if matches!(req.draft, Draft::Model { .. }) && self.draft_model.is_none() {
             return Err(Rejected::Invalid(
@@ -456,7 +539,7 @@ impl<'m, B: Backend> Engine<'m, B> {
     pub fn forget(&mut self, i: usize) {
         if let Some(slot) = self.slots.get_mut(i) {
             if slot.job.is_none() {
-                slot.cached.clear();
+                slot.forget();
             }
         }
     }
@@ -509,7 +592,10 @@ impl<'m, B: Backend> Engine<'m, B> {
             self.fwd.step_only(&self.rows, &self.plan, &mut self.caches)
         };
         match result {
-            Ok(k) => self.sample(k, events),
+            Ok(k) => {
+                self.take_snapshots();
+                self.sample(k, events)
+            }
             Err(e) => self.fail_step(&e.to_string(), events),
         }
     }
@@ -526,19 +612,32 @@ impl<'m, B: Backend> Engine<'m, B> {
                 .iter()
                 .enumerate()
                 .filter(|(_, s)| s.job.is_none())
-                .map(|(i, s)| {
-                    let common = common_prefix_len(&s.cached, prompt);
-                    (common, std::cmp::Reverse(s.last_used), i)
-                })
+                .map(|(i, s)| (self.reusable(s, prompt), std::cmp::Reverse(s.last_used), i))
                 .max();
             let Some((_, _, i)) = best else { break };
             let (id, req) = self.waiting.pop_front().expect("not empty");
             // A prompt to score runs whole: the logits of its cached positions are gone.
             let reuse = match req.prompt_logprobs {
                 Some(_) => 0,
-                None => reuse_len(&self.slots[i].cached, &req.prompt),
+                None => self.reusable(&self.slots[i], &req.prompt),
             };
             let slot = &mut self.slots[i];
+            if slot.snapshot.is_some_and(|s| s == reuse) {
+                // A hybrid model's prefix: its states taken back to the snapshot's position.
+                let restored = self
+                    .fwd
+                    .restore_state(&self.snapshots[i], &mut self.caches[i]);
+                if let Err(e) = restored {
+                    slot.forget();
+                    events.push(Event::Failed {
+                        id,
+                        error: e.to_string(),
+                    });
+                    continue;
+                }
+            } else {
+                slot.snapshot = None;
+            }
             slot.cached.truncate(reuse);
             slot.last_used = self.steps;
             let sampler = match Sampler::new(req.sampler) {
@@ -597,7 +696,7 @@ impl<'m, B: Backend> Engine<'m, B> {
         };
         let decoding = self.slots.iter().filter(|s| pending(s) == 1).count();
         let mut budget = if decoding > 0 {
-            self.cfg.prefill_chunk.min(self.fwd.max_batch() - decoding)
+            self.prefill_chunk().min(self.fwd.max_batch() - decoding)
         } else {
             self.fwd.max_batch()
         };
@@ -622,7 +721,8 @@ impl<'m, B: Backend> Engine<'m, B> {
             self.take[i] = if todo == 1 {
                 1
             } else {
-                let n = todo.min(budget);
+                let at = self.slots[i].cached.len();
+                let n = self.prompt_piece(at, todo.min(budget), todo, decoding);
                 budget -= n;
                 n
             };
@@ -693,6 +793,26 @@ impl<'m, B: Backend> Engine<'m, B> {
         }
     }
 
+    /// Step 3b, after a successful pass of a hybrid model: a prompt that reached a multiple of
+    /// the delta rule's chunk leaves a snapshot of its states there, for the prefix cache (one
+    /// a slot, the latest; `Engine::prompt_piece` makes the prompt's last multiple a step's end).
+    fn take_snapshots(&mut self) {
+        if self.snapshots.is_empty() {
+            return;
+        }
+        for seg in &self.plan {
+            let slot = &mut self.slots[seg.seq];
+            let Some(job) = &slot.job else { continue };
+            let end = slot.cached.len() + seg.len.min(job.tokens.len() - slot.cached.len());
+            if end.is_multiple_of(delta_rule::CHUNK) && end <= job.prompt_len {
+                let saved = self
+                    .fwd
+                    .save_state(&self.caches[seg.seq], &mut self.snapshots[seg.seq]);
+                slot.snapshot = saved.is_ok().then_some(end);
+            }
+        }
+    }
+
     /// Step 4, after a successful pass: the fed tokens are cached; each row of logits gives its
     /// sequence's next token. A segment with drafts has a row for each: its rows are read in
     /// order while the token drawn from one is the draft the next row ran (draft.rs), and the
@@ -722,6 +842,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             let fed = seg.len.min(job.tokens.len() - start);
             slot.cached
                 .extend_from_slice(&job.tokens[start..start + fed]);
+
             if seg.logits == 0 {
                 continue;
             }
@@ -788,7 +909,7 @@ impl<'m, B: Backend> Engine<'m, B> {
     fn fail_step(&mut self, error: &str, events: &mut Vec<Event>) {
         for seg in &self.plan {
             let slot = &mut self.slots[seg.seq];
-            slot.cached.clear();
+            slot.forget();
             if let Some(job) = slot.job.take() {
                 events.push(Event::Failed {
                     id: job.id,

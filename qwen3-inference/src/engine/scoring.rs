@@ -20,7 +20,7 @@ impl<'m, B: Backend> Engine<'m, B> {
         let vocab = self.fwd.vocab();
         // The prefill chunk bounds it too, so that the other streams keep flowing.
         let rows = SCORE_ROWS
-            .min(self.cfg.prefill_chunk)
+            .min(self.prefill_chunk())
             .min(self.fwd.max_batch());
         for i in 0..self.slots.len() {
             let slot = &mut self.slots[i];
@@ -56,7 +56,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 })();
                 if let Err(e) = scored {
                     // The pass may have written part of the cache.
-                    slot.cached.clear();
+                    slot.forget();
                     let id = slot.job.take().expect("a job").id;
                     let error = e.to_string();
                     events.push(Event::Failed { id, error });

@@ -58,6 +58,84 @@ pub struct ModelConfig {
     /// An embedding model (Qwen3-Embedding): no classifier; a text's vector is the final norm's
     /// output at its last token. `None` for a language model. Since format version 6.
     pub embedding: Option<EmbeddingConfig>,
+    /// The share of each head's dimensions that RoPE rotates (the first `rotary_dim()` of
+    /// `head_dim`; the rest pass unrotated): 1 for Qwen2 and Qwen3, 0.25 for Qwen3.5 (its
+    /// `rope_parameters.partial_rotary_factor`). Since format version 7.
+    pub partial_rotary_factor: f64,
+    /// Attention's output is gated per value: `o_proj(attn * sigmoid(gate))`, the gate a second
+    /// projection of the layer's input (Qwen3.5's `Qwen3_5Attention`, Qwen3-Next's
+    /// `attn_output_gate`). The file stores the gate's rows of HF's `q_proj` as their own matrix,
+    /// `self_attn.output_gate.weight`. Since format version 7.
+    pub attn_output_gate: bool,
+    /// Qwen3.5: which layers run a Gated DeltaNet instead of attention, and its sizes. `None`
+    /// when every layer is attention. Since format version 7.
+    pub linear_attention: Option<LinearAttentionConfig>,
+}
+
+/// A layer's token mixer, as `layer_types` in Qwen3.5's config.json names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerType {
+    /// `full_attention`: softmax attention over a KV cache (gated in Qwen3.5).
+    FullAttention,
+    /// `linear_attention`: a Gated DeltaNet, a fixed-size state per sequence
+    /// (`model/gated_delta_net.rs` has the math).
+    LinearAttention,
+}
+
+impl LayerType {
+    /// The name config.json gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerType::FullAttention => "full_attention",
+            LayerType::LinearAttention => "linear_attention",
+        }
+    }
+
+    /// The layer type config.json calls `name`, if this runtime runs it.
+    pub fn parse(name: &str) -> Option<LayerType> {
+        [LayerType::FullAttention, LayerType::LinearAttention]
+            .into_iter()
+            .find(|t| t.name() == name)
+    }
+}
+
+/// The Gated DeltaNet layers of a hybrid model (`Qwen3_5TextConfig`'s `linear_*` keys), and
+/// where they are.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinearAttentionConfig {
+    /// One per layer: `layer_types` (or, in older configs, every `full_attention_interval`-th
+    /// layer attention and the others linear).
+    pub layer_types: Vec<LayerType>,
+    /// Query and key heads.
+    pub linear_num_key_heads: u32,
+    /// Value heads: a multiple of the key heads, which they share as GQA shares KV heads.
+    pub linear_num_value_heads: u32,
+    pub linear_key_head_dim: u32,
+    pub linear_value_head_dim: u32,
+    /// The causal convolution's width over the q, k, v channels.
+    pub linear_conv_kernel_dim: u32,
+}
+
+impl LinearAttentionConfig {
+    /// `key_dim` of `Qwen3_5GatedDeltaNet`: all key heads together (the queries' too).
+    pub fn key_dim(&self) -> u32 {
+        self.linear_num_key_heads * self.linear_key_head_dim
+    }
+
+    /// `value_dim`: all value heads together.
+    pub fn value_dim(&self) -> u32 {
+        self.linear_num_value_heads * self.linear_value_head_dim
+    }
+
+    /// `conv_dim`: the convolution's channels, q, k and v side by side.
+    pub fn conv_dim(&self) -> u32 {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// Whether layer `l` is a Gated DeltaNet.
+    pub fn is_linear(&self, layer: u32) -> bool {
+        self.layer_types.get(layer as usize) == Some(&LayerType::LinearAttention)
+    }
 }
 
 /// How an embedding model pools and scales its vector, as sentence-transformers' files say
@@ -126,26 +204,72 @@ impl MoeConfig {
 /// The architectures whose forward pass this crate runs (`config.json`'s `architectures`). They
 /// differ only in data: Qwen2 has q/k/v biases and no q/k norms (see [`ModelConfig::qk_norm`]);
 /// Qwen3-MoE is Qwen3 with mixture-of-experts MLPs (see [`ModelConfig::moe`]).
-pub const ARCHITECTURES: [&str; 3] = [
+/// Qwen3.5 is Qwen3 with Gated DeltaNet layers among gated attention ones (see
+/// [`ModelConfig::linear_attention`]); the exporter reads its multimodal checkpoints'
+/// text model under this name.
+pub const ARCHITECTURES: [&str; 4] = [
     "Qwen3ForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3MoeForCausalLM",
+    "Qwen3_5ForCausalLM",
 ];
 
 /// Sentinel for "absent" in the optional u32 fields.
 const NONE_U32: u32 = u32::MAX;
 
 impl ModelConfig {
-    /// The oldest format version whose config block holds this config: 6 for an embedding
-    /// model, 5 for RoPE scaling or experts, else [`super::OLDEST_WRITTEN_VERSION`].
+    /// The oldest format version whose config block holds this config: 7 for a partial
+    /// rotation, an attention output gate or linear attention, 6 for an embedding model, 5 for
+    /// RoPE scaling or experts, else [`super::OLDEST_WRITTEN_VERSION`].
     pub fn since_version(&self) -> u32 {
-        if self.embedding.is_some() {
+        if self.partial_rotary_factor != 1.0
+            || self.attn_output_gate
+            || self.linear_attention.is_some()
+        {
+            7
+        } else if self.embedding.is_some() {
             6
         } else if self.rope_scaling != RopeScaling::None || self.moe.is_some() {
             5
         } else {
             super::OLDEST_WRITTEN_VERSION
         }
+    }
+
+    /// The dimensions of each head that RoPE rotates: `int(head_dim * partial_rotary_factor)`,
+    /// as transformers' `compute_default_rope_parameters` takes them.
+    pub fn rotary_dim(&self) -> u32 {
+        (self.head_dim as f64 * self.partial_rotary_factor) as u32
+    }
+
+    /// Whether layer `l` runs attention (every layer but a hybrid model's linear ones).
+    pub fn is_attention(&self, layer: u32) -> bool {
+        !self
+            .linear_attention
+            .as_ref()
+            .is_some_and(|la| la.is_linear(layer))
+    }
+
+    /// The layers that run attention, and so hold keys and values.
+    pub fn attention_layers(&self) -> u32 {
+        (0..self.num_hidden_layers)
+            .filter(|&l| self.is_attention(l))
+            .count() as u32
+    }
+
+    /// Bytes of state a sequence holds in the Gated DeltaNet layers, whatever its length: each
+    /// linear layer's convolution window `[conv_dim, K - 1]` and memory `[num_v_heads, dk, dv]`,
+    /// f32 (0 without them).
+    pub fn linear_state_bytes(&self) -> u64 {
+        let Some(la) = &self.linear_attention else {
+            return 0;
+        };
+        let layers = (self.num_hidden_layers - self.attention_layers()) as u64;
+        let per = la.conv_dim() as u64 * (la.linear_conv_kernel_dim as u64 - 1)
+            + la.linear_num_value_heads as u64
+                * la.linear_key_head_dim as u64
+                * la.linear_value_head_dim as u64;
+        4 * layers * per
     }
 
     /// The most positions a sequence may hold: `max_position_embeddings`, or with YaRN
@@ -249,6 +373,58 @@ impl ModelConfig {
                     "without"
                 }
             );
+        }
+        if !(self.partial_rotary_factor > 0.0 && self.partial_rotary_factor <= 1.0) {
+            bail!(
+                "config: partial_rotary_factor {} is not in (0, 1]",
+                self.partial_rotary_factor
+            );
+        }
+        let rot = self.rotary_dim();
+        if rot == 0 || !rot.is_multiple_of(2) {
+            bail!("config: RoPE would rotate {rot} dimensions of each head; it rotates pairs");
+        }
+        if (self.architecture == "Qwen3_5ForCausalLM") != self.linear_attention.is_some() {
+            bail!(
+                "config: {} {} linear attention layers",
+                self.architecture,
+                if self.linear_attention.is_some() {
+                    "with"
+                } else {
+                    "without"
+                }
+            );
+        }
+        if let Some(la) = &self.linear_attention {
+            if la.layer_types.len() != self.num_hidden_layers as usize {
+                bail!(
+                    "config: {} layer_types for {} layers",
+                    la.layer_types.len(),
+                    self.num_hidden_layers
+                );
+            }
+            let sizes = [
+                ("linear_num_key_heads", la.linear_num_key_heads),
+                ("linear_num_value_heads", la.linear_num_value_heads),
+                ("linear_key_head_dim", la.linear_key_head_dim),
+                ("linear_value_head_dim", la.linear_value_head_dim),
+                ("linear_conv_kernel_dim", la.linear_conv_kernel_dim),
+            ];
+            for (name, v) in sizes {
+                if v == 0 || v > 1 << 12 {
+                    bail!("config: {name} {v} is 0 or implausibly large");
+                }
+            }
+            if !la
+                .linear_num_value_heads
+                .is_multiple_of(la.linear_num_key_heads)
+            {
+                bail!(
+                    "config: linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
+                    la.linear_num_value_heads,
+                    la.linear_num_key_heads
+                );
+            }
         }
         if let Some(m) = &self.moe {
             if m.num_experts == 0 || m.num_experts > 4096 {
@@ -415,6 +591,32 @@ impl ModelConfig {
                 w.u8(e.normalize as u8);
             }
         }
+        if version < 7 {
+            return;
+        }
+        // Since format version 7: the partial rotation, the output gate, then the linear
+        // attention layers (a presence flag, their sizes, one layer type code a layer).
+        w.f64(self.partial_rotary_factor);
+        w.u8(self.attn_output_gate as u8);
+        match &self.linear_attention {
+            None => w.u8(0),
+            Some(la) => {
+                w.u8(1);
+                for v in [
+                    la.linear_num_key_heads,
+                    la.linear_num_value_heads,
+                    la.linear_key_head_dim,
+                    la.linear_value_head_dim,
+                    la.linear_conv_kernel_dim,
+                ] {
+                    w.u32(v);
+                }
+                w.u32(la.layer_types.len() as u32);
+                for t in &la.layer_types {
+                    w.u8(*t as u8);
+                }
+            }
+        }
     }
 
     /// Reads a config block written by [`ModelConfig::encode`] in format `version` and validates
@@ -517,6 +719,36 @@ impl ModelConfig {
                 normalize: flag(r, "embedding normalize")?,
             });
         }
+        let (mut partial_rotary_factor, mut attn_output_gate, mut linear_attention) =
+            (1.0, false, None);
+        if version >= 7 {
+            partial_rotary_factor = r.f64("partial_rotary_factor")?;
+            attn_output_gate = flag(r, "attn_output_gate")?;
+            if flag(r, "linear attention")? {
+                let linear_num_key_heads = r.u32("linear_num_key_heads")?;
+                let linear_num_value_heads = r.u32("linear_num_value_heads")?;
+                let linear_key_head_dim = r.u32("linear_key_head_dim")?;
+                let linear_value_head_dim = r.u32("linear_value_head_dim")?;
+                let linear_conv_kernel_dim = r.u32("linear_conv_kernel_dim")?;
+                let n = r.count(1, "layer_types count")?;
+                let mut layer_types = Vec::with_capacity(n);
+                for _ in 0..n {
+                    layer_types.push(match r.u8("layer type")? {
+                        0 => LayerType::FullAttention,
+                        1 => LayerType::LinearAttention,
+                        v => bail!("corrupt header: layer type code {v}"),
+                    });
+                }
+                linear_attention = Some(LinearAttentionConfig {
+                    layer_types,
+                    linear_num_key_heads,
+                    linear_num_value_heads,
+                    linear_key_head_dim,
+                    linear_value_head_dim,
+                    linear_conv_kernel_dim,
+                });
+            }
+        }
         let c = ModelConfig {
             architecture,
             hidden_size,
@@ -540,6 +772,9 @@ impl ModelConfig {
             rope_scaling,
             moe,
             embedding,
+            partial_rotary_factor,
+            attn_output_gate,
+            linear_attention,
         };
         c.validate()?;
         Ok(c)
@@ -584,7 +819,58 @@ pub(crate) mod tests {
             rope_scaling: RopeScaling::None,
             moe: None,
             embedding: None,
+            partial_rotary_factor: 1.0,
+            attn_output_gate: false,
+            linear_attention: None,
         }
+    }
+
+    /// Qwen3.5's layers on the tiny config: three Gated DeltaNets, then gated attention over a
+    /// quarter of each head.
+    pub fn tiny_qwen3_5_config(dtype: DType) -> ModelConfig {
+        use LayerType::{FullAttention as F, LinearAttention as L};
+        ModelConfig {
+            architecture: "Qwen3_5ForCausalLM".into(),
+            num_hidden_layers: 4,
+            partial_rotary_factor: 0.25,
+            attn_output_gate: true,
+            linear_attention: Some(LinearAttentionConfig {
+                layer_types: vec![L, L, L, F],
+                linear_num_key_heads: 2,
+                linear_num_value_heads: 4,
+                linear_key_head_dim: 16,
+                linear_value_head_dim: 8,
+                linear_conv_kernel_dim: 4,
+            }),
+            ..tiny_config(dtype)
+        }
+    }
+
+    /// Version 7's block round-trips, and a version 7 reader reads what older writers wrote.
+    #[test]
+    fn linear_attention_round_trips_in_version_7() {
+        let c = tiny_qwen3_5_config(DType::Q8);
+        assert_eq!(c.since_version(), 7);
+        assert_eq!(c.rotary_dim(), 8);
+        assert_eq!(c.attention_layers(), 1);
+        assert!(!c.is_attention(0) && c.is_attention(3));
+        // Three layers of a window [96, 3] and a memory [4, 16, 8], f32.
+        assert_eq!(c.linear_state_bytes(), 4 * 3 * (96 * 3 + 4 * 16 * 8));
+        let mut w = ByteWriter::default();
+        c.encode(&mut w, 7);
+        let mut r = ByteReader::new(&w.buf);
+        assert_eq!(ModelConfig::decode(&mut r, 7).unwrap(), c);
+        assert_eq!(r.remaining(), 0);
+        // Refused: a layer type per layer is missing; linear layers on another architecture.
+        let mut bad = c.clone();
+        bad.linear_attention.as_mut().unwrap().layer_types.pop();
+        assert!(bad.validate().is_err());
+        let mut bad = c.clone();
+        bad.architecture = "Qwen3ForCausalLM".into();
+        assert!(bad.validate().is_err());
+        let mut bad = c;
+        bad.partial_rotary_factor = 0.01;
+        assert!(bad.validate().is_err());
     }
 
     /// Qwen3-30B-A3B's experts and Qwen3's documented YaRN, on the tiny config.

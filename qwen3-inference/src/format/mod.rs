@@ -25,7 +25,8 @@ pub mod reader;
 pub mod writer;
 
 pub use config::{
-    EmbeddingConfig, GenerationDefaults, ModelConfig, MoeConfig, RopeScaling, ARCHITECTURES,
+    EmbeddingConfig, GenerationDefaults, LayerType, LinearAttentionConfig, ModelConfig, MoeConfig,
+    RopeScaling, ARCHITECTURES,
 };
 pub use reader::{ModelFile, TensorView};
 pub use writer::ModelWriter;
@@ -41,11 +42,12 @@ pub const MAGIC: [u8; 8] = *b"QW3PICO\0";
 /// family; a version 1 file is a Qwen3 model (no biases, q/k norms), and loads as one. Version 3
 /// added the q4 dtype (code 3), version 4 the q6 dtype (code 4) for the tensors a q4 file keeps
 /// finer. Version 5 added two blocks to the config: RoPE scaling (YaRN) and experts (Qwen3-MoE);
-/// version 6 one more, the embedding head (Qwen3-Embedding: no classifier).
+/// version 6 one more, the embedding head (Qwen3-Embedding: no classifier); version 7 the hybrid
+/// models (Qwen3.5: partial rotation, the attention output gate, Gated DeltaNet layers).
 /// A file is written with the oldest version that holds its tensors ([`version_for`]) and its
 /// config ([`ModelConfig::since_version`]), so a build from before q4 still reads a q8 file
 /// exported today.
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 /// The version every file is written with at least: the config block has held its flags since
 /// version 2.
 pub const OLDEST_WRITTEN_VERSION: u32 = 2;
@@ -192,6 +194,11 @@ pub enum TensorKind {
     Norm,
     Bias,
     Router,
+    /// A Gated DeltaNet's own parameters: its convolution's filters `[conv_dim, K]`, its decay's
+    /// `A_log` and `dt_bias` `[num_v_heads]`. Small, and the state's arithmetic (an exponential
+    /// of the decay, compounded over the whole context) is sensitive to them: f32 always, as
+    /// llama.cpp keeps them.
+    Param,
     Matrix,
 }
 
@@ -216,12 +223,7 @@ pub struct ExpectedTensor {
 /// Names are HuggingFace's (`modeling_qwen3.py`), so a reader can match them with the checkpoint.
 /// The exporter writes exactly these; the reader checks that exactly these are present.
 pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
-    let (d, ff, hd, v) = (
-        c.hidden_size as u64,
-        c.intermediate_size as u64,
-        c.head_dim as u64,
-        c.vocab_size as u64,
-    );
+    let (d, hd, v) = (c.hidden_size as u64, c.head_dim as u64, c.vocab_size as u64);
     let (nq, nkv) = (c.num_attention_heads as u64, c.num_key_value_heads as u64);
     let m = |name: String, shape: Vec<u64>| ExpectedTensor {
         name,
@@ -238,11 +240,49 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
         shape: vec![len],
         kind: TensorKind::Bias,
     };
+    let param = |name: String, shape: Vec<u64>| ExpectedTensor {
+        name,
+        shape,
+        kind: TensorKind::Param,
+    };
     let mut t = vec![m("model.embed_tokens.weight".into(), vec![v, d])];
     for l in 0..c.num_hidden_layers {
         let p = format!("model.layers.{l}");
         t.push(n(format!("{p}.input_layernorm.weight"), d));
+        if let Some(la) = c.linear_attention.as_ref().filter(|la| la.is_linear(l)) {
+            // Qwen3.5's Gated DeltaNet (`Qwen3_5GatedDeltaNet`), in its module's order.
+            let q = format!("{p}.linear_attn");
+            let (cd, vd, vh) = (
+                la.conv_dim() as u64,
+                la.value_dim() as u64,
+                la.linear_num_value_heads as u64,
+            );
+            let k = la.linear_conv_kernel_dim as u64;
+            t.push(m(format!("{q}.in_proj_qkv.weight"), vec![cd, d]));
+            t.push(m(format!("{q}.in_proj_z.weight"), vec![vd, d]));
+            t.push(m(format!("{q}.in_proj_b.weight"), vec![vh, d]));
+            t.push(m(format!("{q}.in_proj_a.weight"), vec![vh, d]));
+            // HF's `[conv_dim, 1, K]` (one filter a channel), stored without its middle axis.
+            t.push(param(format!("{q}.conv1d.weight"), vec![cd, k]));
+            t.push(param(format!("{q}.dt_bias"), vec![vh]));
+            t.push(param(format!("{q}.A_log"), vec![vh]));
+            t.push(n(
+                format!("{q}.norm.weight"),
+                la.linear_value_head_dim as u64,
+            ));
+            t.push(m(format!("{q}.out_proj.weight"), vec![d, vd]));
+            t.push(n(format!("{p}.post_attention_layernorm.weight"), d));
+            t.extend(mlp_tensors(c, l, &p));
+            continue;
+        }
         t.push(m(format!("{p}.self_attn.q_proj.weight"), vec![nq * hd, d]));
+        if c.attn_output_gate {
+            // The gate's rows of HF's q_proj, stored apart (see ModelConfig::attn_output_gate).
+            t.push(m(
+                format!("{p}.self_attn.output_gate.weight"),
+                vec![nq * hd, d],
+            ));
+        }
         t.push(m(format!("{p}.self_attn.k_proj.weight"), vec![nkv * hd, d]));
         t.push(m(format!("{p}.self_attn.v_proj.weight"), vec![nkv * hd, d]));
         if c.attention_bias {
@@ -258,34 +298,47 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
         }
         t.push(m(format!("{p}.self_attn.o_proj.weight"), vec![d, nq * hd]));
         t.push(n(format!("{p}.post_attention_layernorm.weight"), d));
-        match &c.moe {
-            // Qwen3-MoE's sparse layers: the router, then each expert's SwiGLU, under the hub's
-            // per-expert names (the exporter splits transformers 5's fused tensors into these).
-            Some(moe) if moe.is_sparse(l) => {
-                let (e, mff) = (moe.num_experts as u64, moe.moe_intermediate_size as u64);
-                t.push(ExpectedTensor {
-                    name: format!("{p}.mlp.gate.weight"),
-                    shape: vec![e, d],
-                    kind: TensorKind::Router,
-                });
-                for x in 0..e {
-                    let q = format!("{p}.mlp.experts.{x}");
-                    t.push(m(format!("{q}.gate_proj.weight"), vec![mff, d]));
-                    t.push(m(format!("{q}.up_proj.weight"), vec![mff, d]));
-                    t.push(m(format!("{q}.down_proj.weight"), vec![d, mff]));
-                }
-            }
-            _ => {
-                t.push(m(format!("{p}.mlp.gate_proj.weight"), vec![ff, d]));
-                t.push(m(format!("{p}.mlp.up_proj.weight"), vec![ff, d]));
-                t.push(m(format!("{p}.mlp.down_proj.weight"), vec![d, ff]));
-            }
-        }
+        t.extend(mlp_tensors(c, l, &p));
     }
     t.push(n("model.norm.weight".into(), d));
     // An embedding model has no classifier, tied or not.
     if !c.tie_word_embeddings && c.embedding.is_none() {
         t.push(m("lm_head.weight".into(), vec![v, d]));
+    }
+    t
+}
+
+/// Layer `l`'s MLP tensors, under its prefix `p`: a SwiGLU, or a router and experts.
+fn mlp_tensors(c: &ModelConfig, l: u32, p: &str) -> Vec<ExpectedTensor> {
+    let (d, ff) = (c.hidden_size as u64, c.intermediate_size as u64);
+    let m = |name: String, shape: Vec<u64>| ExpectedTensor {
+        name,
+        shape,
+        kind: TensorKind::Matrix,
+    };
+    let mut t = Vec::new();
+    match &c.moe {
+        // Qwen3-MoE's sparse layers: the router, then each expert's SwiGLU, under the hub's
+        // per-expert names (the exporter splits transformers 5's fused tensors into these).
+        Some(moe) if moe.is_sparse(l) => {
+            let (e, mff) = (moe.num_experts as u64, moe.moe_intermediate_size as u64);
+            t.push(ExpectedTensor {
+                name: format!("{p}.mlp.gate.weight"),
+                shape: vec![e, d],
+                kind: TensorKind::Router,
+            });
+            for x in 0..e {
+                let q = format!("{p}.mlp.experts.{x}");
+                t.push(m(format!("{q}.gate_proj.weight"), vec![mff, d]));
+                t.push(m(format!("{q}.up_proj.weight"), vec![mff, d]));
+                t.push(m(format!("{q}.down_proj.weight"), vec![d, mff]));
+            }
+        }
+        _ => {
+            t.push(m(format!("{p}.mlp.gate_proj.weight"), vec![ff, d]));
+            t.push(m(format!("{p}.mlp.up_proj.weight"), vec![ff, d]));
+            t.push(m(format!("{p}.mlp.down_proj.weight"), vec![d, ff]));
+        }
     }
     t
 }
@@ -396,7 +449,9 @@ pub fn tensor_specs_with(c: &ModelConfig, mix: Q4Mix) -> Vec<writer::TensorSpec>
                         || expert_down)
             });
             let (dtype, group_size) = match e.kind {
-                TensorKind::Norm | TensorKind::Bias | TensorKind::Router => (DType::F32, 0),
+                TensorKind::Norm | TensorKind::Bias | TensorKind::Router | TensorKind::Param => {
+                    (DType::F32, 0)
+                }
                 TensorKind::Matrix if c.dtype != DType::Q4 => (c.dtype, c.group_size),
                 // q8's own groups of 64 where the width allows: the q8 kernels' fast path wants
                 // a multiple of 64.

@@ -201,7 +201,7 @@ impl Header {
             // Norms and biases are f32; a matrix is in the file's dtype, or in a q4 file perhaps
             // q6 or q8 (whichever mix the export chose, `Q4Mix`).
             let ok = match e.kind {
-                TensorKind::Norm | TensorKind::Bias | TensorKind::Router => {
+                TensorKind::Norm | TensorKind::Bias | TensorKind::Router | TensorKind::Param => {
                     t.dtype == DType::F32 && t.group_size == 0
                 }
                 TensorKind::Matrix => {

@@ -58,6 +58,8 @@ macro_rules! vectorized {
 }
 pub mod attention;
 pub mod bandwidth;
+pub mod delta_net;
+pub mod delta_rule;
 pub mod dot;
 mod elementwise;
 mod embedding;
@@ -67,6 +69,7 @@ mod matmul;
 mod rmsnorm;
 mod rope;
 pub(crate) mod team;
+pub mod textbook;
 
 pub use attention::{attention, AttentionShape, KvType};
 pub use elementwise::{add, silu_mul};
@@ -166,7 +169,7 @@ mod tests {
             let mut norm = vec![0.0; 600];
             rmsnorm(&mut norm, &x[..600], &w, 1e-6);
             let mut rot = x[..600].to_vec();
-            rope(&mut rot, &table, 5);
+            rope(&mut rot, &table, 5, 200);
             FORCED_ISA.set(None);
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
             [bits(&gate), bits(&sum), bits(&norm), bits(&rot)]

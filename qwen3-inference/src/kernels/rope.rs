@@ -13,10 +13,16 @@
 //! `factor`, keeps the fast ones, blends those between, and multiplies cos and sin by an
 //! attention factor (so every q.k score by its square). Only the tables change; the rotation is
 //! the same.
+//!
+//! Qwen3.5 rotates only the first quarter of each head (`partial_rotary_factor`): the table is
+//! then built for that many dimensions, which it calls its rotary dimension, and [`rope`] leaves
+//! the rest of each head as it is (transformers' `apply_rotary_pos_emb` concatenates them back
+//! unrotated).
 
 use crate::format::RopeScaling;
 
-/// Precomputed `cos` and `sin` of every angle for positions `0..max_pos`: `[max_pos, head_dim/2]`.
+/// Precomputed `cos` and `sin` of every angle for positions `0..max_pos`: `[max_pos, dim/2]`,
+/// `dim` the rotary dimension (`head_dim`, or the part of it that rotates).
 pub struct RopeTable {
     half: usize,
     cos: Vec<f32>,
@@ -117,6 +123,11 @@ impl RopeTable {
         &self.sin
     }
 
+    /// The dimensions of a head it rotates (the first of each head).
+    pub fn rotary_dim(&self) -> usize {
+        2 * self.half
+    }
+
     /// Bytes held by the two tables.
     pub fn nbytes(&self) -> usize {
         (self.cos.len() + self.sin.len()) * 4
@@ -124,14 +135,14 @@ impl RopeTable {
 }
 
 vectorized! {
-    /// Rotates every `head_dim`-long head in `x` (`[n, head_dim]`, all at position `pos`) in
-    /// place.
-    pub fn rope(x: &mut [f32], table: &RopeTable, pos: usize) {
+    /// Rotates the first [`RopeTable::rotary_dim`] values of every `head_dim`-long head in `x`
+    /// (`[n, head_dim]`, all at position `pos`) in place.
+    pub fn rope(x: &mut [f32], table: &RopeTable, pos: usize, head_dim: usize) {
         let half = table.half;
         let cos = &table.cos[pos * half..(pos + 1) * half];
         let sin = &table.sin[pos * half..(pos + 1) * half];
-        for head in x.chunks_exact_mut(2 * half) {
-            let (lo, hi) = head.split_at_mut(half);
+        for head in x.chunks_exact_mut(head_dim) {
+            let (lo, hi) = head[..2 * half].split_at_mut(half);
             for i in 0..half {
                 let (a, b) = (lo[i], hi[i]);
                 lo[i] = a * cos[i] - b * sin[i];
@@ -177,7 +188,7 @@ mod tests {
         let x: Vec<f32> = (0..2 * head_dim).map(|i| (i as f32 * 0.37).sin()).collect();
         for pos in [0, 1, 7, 63] {
             let mut got = x.clone();
-            rope(&mut got, &table, pos);
+            rope(&mut got, &table, pos, head_dim);
             for h in 0..2 {
                 let want = rotate_half_reference(&x[h * head_dim..(h + 1) * head_dim], pos, theta);
                 for (a, b) in got[h * head_dim..(h + 1) * head_dim].iter().zip(&want) {
@@ -187,7 +198,7 @@ mod tests {
         }
         // Position 0 is the identity.
         let mut same = x.clone();
-        rope(&mut same, &table, 0);
+        rope(&mut same, &table, 0, head_dim);
         assert_eq!(same, x);
     }
 }

@@ -21,8 +21,11 @@
 //! cut into chunks: the engine's answers are batch-invariant (tested in `engine`).
 
 use super::moe::Routes;
-use super::{Mlp, Model, Qwen3Attention, Qwen3DecoderLayer, Qwen3MLP, Qwen3MoeSparseMoeBlock};
-use crate::backend::{AttentionShape, Backend, KvType, RopeTable};
+use super::{
+    LinearAttention, Mixer, Mlp, Model, Qwen3Attention, Qwen3DecoderLayer, Qwen3MLP,
+    Qwen3MoeSparseMoeBlock,
+};
+use crate::backend::{AttentionShape, Backend, DeltaNetShape, KvType, RopeTable};
 use anyhow::{bail, Result};
 
 /// Most tokens run through the layers in one step. Longer prompts go in chunks of this many,
@@ -51,10 +54,24 @@ pub(super) struct Dims {
     pub top_k: usize,
     pub moe_ff: usize,
     pub norm_topk: bool,
+    /// Qwen3.5's Gated DeltaNet layers' sizes (`None` without them).
+    pub linear: Option<DeltaNetShape>,
+}
+
+/// What one sequence carries from step to step: the keys and values of its attention layers,
+/// and, in a hybrid model (Qwen3.5), each Gated DeltaNet layer's state: its convolution's
+/// window `[conv_dim, K - 1]` and its memory `[num_v_heads, dk, dv]`, whose size does not grow
+/// with the context. [`Forward::new_cache`] makes one.
+pub struct Cache<B: Backend> {
+    /// Keys and values, one layer of the backend's cache per attention layer.
+    pub kv: B::KvCache,
+    /// `[window, memory]` of each linear layer, in layer order.
+    linear: Vec<[B::Buf; 2]>,
 }
 
 /// One sequence's rows in a step: `len` consecutive rows of the step's tokens, at positions
-/// `pos .. pos + len` of the sequence whose keys and values are `caches[seq]`.
+/// `pos .. pos + len` of the sequence whose keys and values (and states) are `caches[seq]`. A
+/// segment at position 0 starts its sequence: its linear layers' states start from zeros.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segment {
     /// Which of the step's caches is this sequence's.
@@ -68,6 +85,14 @@ pub struct Segment {
     /// when a draft is verified (each drafted token's row tells whether the model agrees with the
     /// next; engine/draft.rs). At most `len`.
     pub logits: usize,
+}
+
+/// A copy of a sequence's Gated DeltaNet states at one position (Qwen3.5), to take the sequence
+/// back there later: keys and values need no copy (positions past it are overwritten), the
+/// states do. [`Forward::new_snapshot`] makes one; [`Forward::save_state`] and
+/// [`Forward::restore_state`] fill and use it.
+pub struct StateSnapshot<B: Backend> {
+    linear: Vec<[B::Buf; 2]>,
 }
 
 /// Activations of one step of up to `max_batch` rows, reused by every step.
@@ -107,6 +132,15 @@ struct Scratch<Buf> {
     last: Buf,
     /// `[rows, vocab]`: their logits.
     logits: Buf,
+    /// Gated attention: the output gate, `[t, n_heads, head_dim]` (one value without it).
+    att_gate: Buf,
+    /// Gated DeltaNet: `qkv` `[t, conv_dim]`, `z` and the output `o` `[t, value_dim]`, the raw
+    /// write strengths `beta` and decays `decay` `[t, num_v_heads]` (one value each without it).
+    qkv: Buf,
+    z: Buf,
+    o: Buf,
+    beta: Buf,
+    decay: Buf,
 }
 
 /// The forward pass's state that does not belong to one sequence: the model, the RoPE tables,
@@ -133,6 +167,9 @@ pub struct Forward<'m, B: Backend> {
     /// When recording ([`Forward::record_routes`]): every sparse layer's choices, appended as
     /// they are made, for each row its `num_experts_per_tok` expert ids in ascending order.
     route_log: Option<Vec<u32>>,
+    /// Layer `l`'s place among the attention layers (its layer of the KV cache), or among the
+    /// linear ones (its state in [`Cache`]).
+    slot: Vec<usize>,
 }
 
 impl<'m, B: Backend> Forward<'m, B> {
@@ -159,6 +196,7 @@ impl<'m, B: Backend> Forward<'m, B> {
         if max_batch == 0 || max_batch > MAX_BATCH || max_logits == 0 || max_logits > max_batch {
             bail!("a step of {max_batch} rows with {max_logits} logits: must be 1 ..= {MAX_BATCH}, logits at most rows");
         }
+        backend.check_layers(c)?;
         let dims = Dims {
             d: c.hidden_size as usize,
             ff: c.intermediate_size as usize,
@@ -178,6 +216,13 @@ impl<'m, B: Backend> Forward<'m, B> {
                 .as_ref()
                 .map_or(0, |m| m.moe_intermediate_size as usize),
             norm_topk: c.moe.as_ref().is_some_and(|m| m.norm_topk_prob),
+            linear: c.linear_attention.as_ref().map(|la| DeltaNetShape {
+                num_k_heads: la.linear_num_key_heads as usize,
+                num_v_heads: la.linear_num_value_heads as usize,
+                head_k_dim: la.linear_key_head_dim as usize,
+                head_v_dim: la.linear_value_head_dim as usize,
+                conv_kernel: la.linear_conv_kernel_dim as usize,
+            }),
         };
         let Dims {
             d,
@@ -194,7 +239,7 @@ impl<'m, B: Backend> Forward<'m, B> {
         // their product for a hostile file could still be absurd: refuse it instead of aborting
         // in the allocator.
         (nkv * context_len * hd)
-            .checked_mul(model.layers.len())
+            .checked_mul(c.attention_layers() as usize)
             .filter(|n| {
                 n.checked_mul(2 * kv.bytes())
                     .is_some_and(|b| b <= isize::MAX as usize)
@@ -210,6 +255,22 @@ impl<'m, B: Backend> Forward<'m, B> {
             b.alloc(n * nkv * hd)?,
             b.alloc(n * nh * hd)?,
         ];
+        // Each layer's place among its kind's layers.
+        let slot = (0..c.num_hidden_layers)
+            .map(|l| {
+                (0..l)
+                    .filter(|&k| c.is_attention(k) == c.is_attention(l))
+                    .count()
+            })
+            .collect();
+        let gate = match c.attn_output_gate {
+            true => n * nh * hd,
+            false => 1,
+        };
+        let [cd, vd, vh] = match dims.linear {
+            Some(s) => [s.conv_dim(), s.value_dim(), s.num_v_heads].map(|x| n * x),
+            None => [1; 3],
+        };
         Ok(Forward {
             backend,
             model,
@@ -218,7 +279,7 @@ impl<'m, B: Backend> Forward<'m, B> {
             max_batch: n,
             max_logits,
             rope: b.rope_table(RopeTable::with_scaling(
-                hd,
+                c.rotary_dim() as usize,
                 c.rope_theta,
                 c.rope_scaling,
                 context_len,
@@ -242,16 +303,24 @@ impl<'m, B: Backend> Forward<'m, B> {
                 moe_out: b.alloc(if experts > 0 { n * d } else { 1 })?,
                 last: b.alloc(max_logits * d)?,
                 logits: b.alloc(max_logits * out)?,
+                att_gate: b.alloc(gate)?,
+                qkv: b.alloc(cd)?,
+                z: b.alloc(vd)?,
+                o: b.alloc(vd)?,
+                beta: b.alloc(vh)?,
+                decay: b.alloc(vh)?,
             },
             logits_host: Vec::new(),
             router_host: Vec::new(),
             routes: Routes::default(),
             route_log: None,
+            slot,
         })
     }
 
-    /// An empty KV cache for one sequence of up to `context_len` positions.
-    pub fn new_cache(&self) -> Result<B::KvCache> {
+    /// An empty cache for one sequence of up to `context_len` positions: keys and values for
+    /// the attention layers, a state for each linear layer.
+    pub fn new_cache(&self) -> Result<Cache<B>> {
         let Dims {
             nh, nkv, head_dim, ..
         } = self.dims;
@@ -261,8 +330,65 @@ impl<'m, B: Backend> Forward<'m, B> {
             head_dim,
             context_len: self.context_len,
         };
-        self.backend
-            .kv_cache(self.model.layers.len(), shape, self.max_batch, self.kv)
+        let c = self.model.config;
+        let attention = c.attention_layers() as usize;
+        let kv = self
+            .backend
+            .kv_cache(attention, shape, self.max_batch, self.kv)?;
+        let linear = match self.dims.linear {
+            Some(s) => (attention..c.num_hidden_layers as usize)
+                .map(|_| {
+                    let b = self.backend;
+                    Ok([
+                        b.alloc(s.conv_state_len())?,
+                        b.alloc(s.recurrent_state_len())?,
+                    ])
+                })
+                .collect::<Result<_>>()?,
+            None => Vec::new(),
+        };
+        Ok(Cache { kv, linear })
+    }
+
+    /// Room for a copy of a sequence's linear states; `None` for a model without them.
+    pub fn new_snapshot(&self) -> Result<Option<StateSnapshot<B>>> {
+        let Some(s) = self.dims.linear else {
+            return Ok(None);
+        };
+        let b = self.backend;
+        let layers = self.model.layers.len() - self.model.config.attention_layers() as usize;
+        let linear = (0..layers)
+            .map(|_| {
+                Ok([
+                    b.alloc(s.conv_state_len())?,
+                    b.alloc(s.recurrent_state_len())?,
+                ])
+            })
+            .collect::<Result<_>>()?;
+        Ok(Some(StateSnapshot { linear }))
+    }
+
+    /// `snapshot` = `cache`'s linear states.
+    pub fn save_state(&self, cache: &Cache<B>, snapshot: &mut StateSnapshot<B>) -> Result<()> {
+        self.copy_states(&mut snapshot.linear, &cache.linear)
+    }
+
+    /// `cache`'s linear states = `snapshot`.
+    pub fn restore_state(&self, snapshot: &StateSnapshot<B>, cache: &mut Cache<B>) -> Result<()> {
+        self.copy_states(&mut cache.linear, &snapshot.linear)
+    }
+
+    fn copy_states(&self, to: &mut [[B::Buf; 2]], from: &[[B::Buf; 2]]) -> Result<()> {
+        let Some(s) = self.dims.linear else {
+            return Ok(());
+        };
+        let lens = [s.conv_state_len(), s.recurrent_state_len()];
+        for (t, f) in to.iter_mut().zip(from) {
+            for k in 0..2 {
+                self.backend.copy(&mut t[k], 0, &f[k], 0, lens[k])?;
+            }
+        }
+        Ok(())
     }
 
     pub fn model(&self) -> &'m Model<'m, B::Tensor> {
@@ -322,7 +448,7 @@ impl<'m, B: Backend> Forward<'m, B> {
         &mut self,
         tokens: &[u32],
         segments: &[Segment],
-        caches: &mut [B::KvCache],
+        caches: &mut [Cache<B>],
     ) -> Result<&[f32]> {
         let k = self.step_only(tokens, segments, caches)?;
         self.logits(k)
@@ -334,7 +460,7 @@ impl<'m, B: Backend> Forward<'m, B> {
         &mut self,
         tokens: &[u32],
         segments: &[Segment],
-        caches: &mut [B::KvCache],
+        caches: &mut [Cache<B>],
     ) -> Result<usize> {
         self.check(tokens, segments, caches.len())?;
         let k: usize = segments.iter().map(|s| s.logits).sum();
@@ -360,7 +486,7 @@ impl<'m, B: Backend> Forward<'m, B> {
         &mut self,
         tokens: &[u32],
         segment: Segment,
-        cache: &mut B::KvCache,
+        cache: &mut Cache<B>,
         all: &mut B::Buf,
     ) -> Result<()> {
         let segments = [Segment { seq: 0, ..segment }];
@@ -412,7 +538,7 @@ impl<'m, B: Backend> Forward<'m, B> {
         &mut self,
         tokens: &[u32],
         segments: &[Segment],
-        caches: &mut [B::KvCache],
+        caches: &mut [Cache<B>],
         all_logits: Option<&mut B::Buf>,
     ) -> Result<()> {
         let (b, model) = (self.backend, self.model);
@@ -421,6 +547,15 @@ impl<'m, B: Backend> Forward<'m, B> {
 
         // 1. Token embedding: row `token` of embed_tokens for each token.   x: [t, hidden]
         b.embed(&mut self.s.x, &model.embed_tokens, tokens, d)?;
+        //    A sequence that starts here starts its linear layers' states from zeros.
+        if let Some(shape) = self.dims.linear {
+            for seg in segments.iter().filter(|s| s.pos == 0) {
+                for [window, memory] in caches[seg.seq].linear.iter_mut() {
+                    b.zero(window, shape.conv_state_len())?;
+                    b.zero(memory, shape.recurrent_state_len())?;
+                }
+            }
+        }
 
         // 2. The decoder layers, each adding its attention and MLP outputs to the residual x.
         for (l, layer) in model.layers.iter().enumerate() {
@@ -471,15 +606,18 @@ impl<'m, B: Backend> Forward<'m, B> {
         layer: &Qwen3DecoderLayer<B::Tensor>,
         t: usize,
         segments: &[Segment],
-        caches: &mut [B::KvCache],
+        caches: &mut [Cache<B>],
     ) -> Result<()> {
         let b = self.backend;
         let Dims { d, eps, .. } = self.dims;
 
-        // 2a. Attention block.                                     xb = input_layernorm(x)
+        // 2a. Token mixer block.                                   xb = input_layernorm(x)
         b.rmsnorm(&mut self.s.xb, &self.s.x, &layer.input_layernorm, t, d, eps)?;
-        self.self_attention(l, &layer.self_attn, t, segments, caches)?;
-        // self.s.xb now holds the attention output.                 x = x + attn
+        match &layer.mixer {
+            Mixer::Attention(attn) => self.self_attention(l, attn, t, segments, caches)?,
+            Mixer::GatedDeltaNet(la) => self.linear_attention(l, la, t, segments, caches)?,
+        }
+        // self.s.xb now holds the mixer's output.                   x = x + mixer
         b.add(&mut self.s.x, &self.s.xb, t * d)?;
 
         // 2b. MLP block.                                    xb = post_attention_layernorm(x)
@@ -506,7 +644,7 @@ impl<'m, B: Backend> Forward<'m, B> {
         attn: &Qwen3Attention<B::Tensor>,
         t: usize,
         segments: &[Segment],
-        caches: &mut [B::KvCache],
+        caches: &mut [Cache<B>],
     ) -> Result<()> {
         let b = self.backend;
         let Dims {
@@ -517,23 +655,36 @@ impl<'m, B: Backend> Forward<'m, B> {
             eps,
             ..
         } = self.dims;
+        // This layer's layer of the KV cache (which holds the attention layers only).
+        let kv_layer = self.slot[l];
         let s = &mut self.s;
 
         // i. Projections, the three in one pass over xb.
         //    q: [t, n_heads, head_dim]   k, v: [t, n_kv_heads, head_dim]
         //    With q/k norms (Qwen3), q and k land in q_raw/k_raw, the norms' inputs.
+        //    Qwen3.5: the output gate too, `[t, n_heads, head_dim]`, in the same pass.
         let (q, k) = match attn.qk_norm {
             Some(_) => (&mut s.q_raw, &mut s.k_raw),
             None => (&mut s.q, &mut s.k),
         };
-        b.matmuls(
-            [&mut *q, &mut *k, &mut s.v],
-            [&attn.q_proj, &attn.k_proj, &attn.v_proj],
-            &s.xb,
-            t,
-            [nh * hd, nkv * hd, nkv * hd],
-            d,
-        )?;
+        match &attn.output_gate {
+            None => b.matmuls(
+                [&mut *q, &mut *k, &mut s.v],
+                [&attn.q_proj, &attn.k_proj, &attn.v_proj],
+                &s.xb,
+                t,
+                [nh * hd, nkv * hd, nkv * hd],
+                d,
+            )?,
+            Some(gate) => b.matmuls(
+                [&mut *q, &mut *k, &mut s.v, &mut s.att_gate],
+                [&attn.q_proj, &attn.k_proj, &attn.v_proj, gate],
+                &s.xb,
+                t,
+                [nh * hd, nkv * hd, nkv * hd, nh * hd],
+                d,
+            )?,
+        }
 
         // ii. Qwen2: the projections' biases, one per output row: q += b_q, k += b_k, v += b_v.
         if let Some([bq, bk, bv]) = &attn.qkv_bias {
@@ -553,8 +704,16 @@ impl<'m, B: Backend> Forward<'m, B> {
             // One sequence: its rows are the whole buffers.
             [seg] => {
                 let Scratch { q, k, v, att, .. } = &mut *s;
-                let cache = &mut caches[seg.seq];
-                seq_attention(b, &self.rope, self.dims, l, seg, cache, [q, k, v, att])?
+                let cache = &mut caches[seg.seq].kv;
+                seq_attention(
+                    b,
+                    &self.rope,
+                    self.dims,
+                    kv_layer,
+                    seg,
+                    cache,
+                    [q, k, v, att],
+                )?
             }
             // Several: each segment's rows are copied to the start of `seg`, and its output back.
             _ => {
@@ -566,16 +725,86 @@ impl<'m, B: Backend> Forward<'m, B> {
                     b.copy(sk, 0, &s.k, r0 * nkv * hd, n * nkv * hd)?;
                     b.copy(sv, 0, &s.v, r0 * nkv * hd, n * nkv * hd)?;
                     let bufs = [&mut *sq, &mut *sk, &mut *sv, &mut *satt];
-                    let cache = &mut caches[seg.seq];
-                    seq_attention(b, &self.rope, self.dims, l, seg, cache, bufs)?;
+                    let cache = &mut caches[seg.seq].kv;
+                    seq_attention(b, &self.rope, self.dims, kv_layer, seg, cache, bufs)?;
                     b.copy(&mut s.att, r0 * nh * hd, satt, 0, n * nh * hd)?;
                     r0 += n;
                 }
             }
         }
 
+        //     Qwen3.5: the output gated, value by value.     att = att * sigmoid(gate)
+        if attn.output_gate.is_some() {
+            b.sigmoid_mul(&mut s.att, &s.att_gate, t * nh * hd)?;
+        }
+
         // vi. Output projection back to the residual width.     xb: [t, hidden]
         b.matmul(&mut s.xb, &attn.o_proj, &s.att, t, d, nh * hd)
+    }
+
+    /// `Qwen3_5GatedDeltaNet.forward` on the normalised input in `xb` (`[t, hidden]`); leaves
+    /// the output (after out_proj) in `xb`. The steps are `model/gated_delta_net.rs`'s, which
+    /// explains them; each sequence's rows run through its own state.
+    fn linear_attention(
+        &mut self,
+        l: usize,
+        la: &LinearAttention<B::Tensor>,
+        t: usize,
+        segments: &[Segment],
+        caches: &mut [Cache<B>],
+    ) -> Result<()> {
+        let b = self.backend;
+        let Dims { d, eps, .. } = self.dims;
+        let Some(shape) = self.dims.linear else {
+            bail!("layer {l} is a Gated DeltaNet in a model without them");
+        };
+        let (cd, vd, vh, dv) = (
+            shape.conv_dim(),
+            shape.value_dim(),
+            shape.num_v_heads,
+            shape.head_v_dim,
+        );
+        let s = &mut self.s;
+
+        // i. Projections, the four in one pass over xb.
+        //    qkv: [t, conv_dim]   z: [t, value_dim]   beta, decay (b, a): [t, num_v_heads]
+        b.matmuls(
+            [&mut s.qkv, &mut s.z, &mut s.beta, &mut s.decay],
+            [&la.in_proj_qkv, &la.in_proj_z, &la.in_proj_b, &la.in_proj_a],
+            &s.xb,
+            t,
+            [cd, vd, vh, vh],
+            d,
+        )?;
+
+        // ii-iii. Per sequence, its rows in order through its state: the causal convolution
+        //     and SiLU (the window moves along), then the gated delta rule (the memory is
+        //     updated and read).                                         o: [t, value_dim]
+        let mut r0 = 0;
+        for seg in segments {
+            let rows = r0..r0 + seg.len;
+            let [window, memory] = &mut caches[seg.seq].linear[self.slot[l]];
+            b.causal_conv_silu(&mut s.qkv, window, &la.conv1d, rows.clone(), shape)?;
+            b.gated_delta_rule(
+                &mut s.o,
+                &s.qkv,
+                &s.decay,
+                &s.beta,
+                &la.a_log,
+                &la.dt_bias,
+                memory,
+                rows,
+                seg.pos,
+                shape,
+            )?;
+            r0 += seg.len;
+        }
+
+        // iv. The gated RMSNorm of each value head's output.    o = norm(o) * w * silu(z)
+        b.gated_rmsnorm(&mut s.o, &s.z, &la.norm, t * vh, dv, eps)?;
+
+        // v. Output projection back to the residual width.      xb: [t, hidden]
+        b.matmul(&mut s.xb, &la.out_proj, &s.o, t, d, vd)
     }
 
     /// `Qwen3MLP.forward` on the normalised input in `xb`; leaves `down(silu(gate(x)) * up(x))`

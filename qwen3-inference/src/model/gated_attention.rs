@@ -30,7 +30,7 @@
 //! 7. out = o_proj [o_1 .. o_h]
 //! ```
 
-use super::textbook::{dot, inv_rms, matvec, sigmoid};
+use crate::kernels::textbook::{dot, inv_rms, matvec, sigmoid};
 use anyhow::{bail, Result};
 
 /// The sizes and constants of a gated attention layer, from the config's keys.

@@ -34,10 +34,11 @@
 //! The state a sequence carries is `S` for every value head and the convolution's last `K - 1`
 //! inputs ([`DeltaNetState`]): a fixed size, whatever the context. Step 5 runs one token by the
 //! recurrence and a prompt in chunks of 64 tokens as products of matrices, as transformers does
-//! (`delta_rule.rs`: the two agree to rounding).
+//! (`kernels/delta_rule.rs`: the two agree to rounding). Steps 2 to 6 are
+//! `kernels/delta_net.rs`, which the backends run too.
 
-use super::delta_rule::{self, HeadInputs};
-use super::textbook::{inv_rms, matvec, sigmoid, silu};
+use crate::kernels::delta_net::{self, DeltaNetShape};
+use crate::kernels::textbook::matvec;
 use anyhow::{bail, Result};
 
 /// The sizes of a Gated DeltaNet layer, from the config's `linear_*` keys.
@@ -73,6 +74,17 @@ impl GatedDeltaNetConfig {
     /// `conv_dim`: the channels of the convolution, q, k and v side by side.
     pub fn conv_dim(&self) -> usize {
         2 * self.key_dim() + self.value_dim()
+    }
+
+    /// The sizes the kernels take.
+    pub fn shape(&self) -> DeltaNetShape {
+        DeltaNetShape {
+            num_k_heads: self.num_k_heads,
+            num_v_heads: self.num_v_heads,
+            head_k_dim: self.head_k_dim,
+            head_v_dim: self.head_v_dim,
+            conv_kernel: self.conv_kernel,
+        }
     }
 
     /// Refuses sizes the layer cannot run: value heads that do not share key heads evenly, a
@@ -126,6 +138,8 @@ pub struct DeltaNetState {
     pub conv: Vec<f32>,
     /// `[num_v_heads, head_k_dim, head_v_dim]`: each value head's memory `S`.
     pub recurrent: Vec<f32>,
+    /// Tokens seen: the next token's position (which picks the delta rule's form).
+    pub tokens: usize,
 }
 
 impl DeltaNetState {
@@ -134,6 +148,7 @@ impl DeltaNetState {
         DeltaNetState {
             conv: vec![0.0; c.conv_dim() * (c.conv_kernel - 1)],
             recurrent: vec![0.0; c.num_v_heads * c.head_k_dim * c.head_v_dim],
+            tokens: 0,
         }
     }
 }
@@ -181,126 +196,45 @@ impl GatedDeltaNet<'_> {
             bail!("gated delta net: a state of another layer's shape");
         }
         let t = x.len() / h;
-        let (dk, dv, k_len) = (c.head_k_dim, c.head_v_dim, c.conv_kernel);
-        let (kd, vd, vh) = (c.key_dim(), c.value_dim(), c.num_v_heads);
+        let shape = c.shape();
+        let (cd, vd, vh) = (c.conv_dim(), c.value_dim(), c.num_v_heads);
 
-        // Steps 1-4 for every token: q, k: [t, key_dim], v, z: [t, value_dim], beta, g: [t, vh].
-        let (mut q, mut k, mut v) = (vec![0.0; t * kd], vec![0.0; t * kd], vec![0.0; t * vd]);
-        let (mut z, mut beta, mut g) = (vec![0.0; t * vd], vec![0.0; t * vh], vec![0.0; t * vh]);
-        for (i, x) in x.chunks_exact(h).enumerate() {
-            // 1. The projections.
-            let mut qkv = matvec(self.in_proj_qkv, x);
-            z[i * vd..(i + 1) * vd].copy_from_slice(&matvec(self.in_proj_z, x));
-            let b = matvec(self.in_proj_b, x);
-            let a = matvec(self.in_proj_a, x);
+        // 1. The projections of every token: qkv: [t, conv_dim], z: [t, value_dim],
+        //    b, a: [t, vh].
+        let project =
+            |w: &[f32]| -> Vec<f32> { x.chunks_exact(h).flat_map(|x| matvec(w, x)).collect() };
+        let (mut qkv, z) = (project(self.in_proj_qkv), project(self.in_proj_z));
+        let (b, a) = (project(self.in_proj_b), project(self.in_proj_a));
+        debug_assert_eq!((qkv.len(), b.len()), (t * cd, t * vh));
 
-            // 2. The causal convolution, each channel over its last K inputs (the K - 1 kept
-            //    and this one), then SiLU; the kept inputs shift by one.
-            for (ch, v) in qkv.iter_mut().enumerate() {
-                let w = &self.conv1d[ch * k_len..(ch + 1) * k_len];
-                let kept = &mut state.conv[ch * (k_len - 1)..(ch + 1) * (k_len - 1)];
-                let mut y = w[k_len - 1] * *v;
-                for (j, &p) in kept.iter().enumerate() {
-                    y += w[j] * p;
-                }
-                if k_len > 1 {
-                    kept.rotate_left(1);
-                    kept[k_len - 2] = *v;
-                }
-                *v = silu(y);
-            }
-            let (qi, rest) = qkv.split_at_mut(kd);
-            let (ki, vi) = rest.split_at_mut(kd);
+        // 2. The causal convolution over each channel's last K inputs, then SiLU.
+        delta_net::causal_conv_silu(&mut qkv, &mut state.conv, self.conv1d, shape);
 
-            // 3. Unit-length queries and keys per head (FLA's l2norm, eps inside the root),
-            //    queries scaled by 1 / sqrt(dk) as attention's are.
-            let scale = 1.0 / (dk as f32).sqrt();
-            for (qh, kh) in qi.chunks_exact_mut(dk).zip(ki.chunks_exact_mut(dk)) {
-                l2norm(qh);
-                l2norm(kh);
-                qh.iter_mut().for_each(|x| *x *= scale);
-            }
-            q[i * kd..(i + 1) * kd].copy_from_slice(qi);
-            k[i * kd..(i + 1) * kd].copy_from_slice(ki);
-            v[i * vd..(i + 1) * vd].copy_from_slice(vi);
-
-            // 4. Each value head's write strength and decay.
-            for hv in 0..vh {
-                beta[i * vh + hv] = sigmoid(b[hv]);
-                g[i * vh + hv] = -self.a_log[hv].exp() * softplus(a[hv] + self.dt_bias[hv]);
-            }
-        }
-
-        // 5. Each value head's memory over the tokens (its key head's q and k): one token by the
-        //    recurrence, more in chunks, as transformers chooses (`delta_rule.rs`).
-        let group = vh / c.num_k_heads;
+        // 3-5. Unit q and k, beta and g, then each value head's memory over the tokens: whole
+        //      chunks of 64 positions in the chunked form, other tokens by the recurrence.
         let mut o = vec![0.0f32; t * vd];
-        for hv in 0..vh {
-            let kh = hv / group;
-            let column = |m: &[f32], width: usize, at: usize, n: usize| -> Vec<f32> {
-                (0..t)
-                    .flat_map(|i| m[i * width + at * n..i * width + (at + 1) * n].to_vec())
-                    .collect()
-            };
-            let (qh, kh, vh_) = (
-                column(&q, kd, kh, dk),
-                column(&k, kd, kh, dk),
-                column(&v, vd, hv, dv),
-            );
-            let (gh, bh) = (column(&g, vh, hv, 1), column(&beta, vh, hv, 1));
-            let head = HeadInputs {
-                q: &qh,
-                k: &kh,
-                v: &vh_,
-                g: &gh,
-                beta: &bh,
-            };
-            let s = &mut state.recurrent[hv * dk * dv..(hv + 1) * dk * dv];
-            let mut oh = vec![0.0f32; t * dv];
-            match t {
-                1 => delta_rule::recurrent(&head, s, &mut oh),
-                _ => delta_rule::chunked(&head, s, &mut oh, delta_rule::CHUNK),
-            }
-            for i in 0..t {
-                o[i * vd + hv * dv..i * vd + (hv + 1) * dv]
-                    .copy_from_slice(&oh[i * dv..(i + 1) * dv]);
-            }
-        }
+        delta_net::gated_delta_rule(
+            &mut o,
+            &qkv,
+            &a,
+            &b,
+            self.a_log,
+            self.dt_bias,
+            &mut state.recurrent,
+            state.tokens,
+            shape,
+        );
+        state.tokens += t;
 
-        for ((o, z), out) in o
-            .chunks_exact_mut(vd)
-            .zip(z.chunks_exact(vd))
-            .zip(out.chunks_exact_mut(h))
-        {
-            // 6. The gated RMSNorm, per value head: normalise, scale by the gain, gate by
-            //    silu(z).
-            for (oh, zh) in o.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
-                let inv = inv_rms(oh, c.eps);
-                for ((x, &w), &zi) in oh.iter_mut().zip(self.norm).zip(zh) {
-                    *x = w * (*x * inv) * silu(zi);
-                }
-            }
-            // 7. Back to the residual stream.
+        // 6. The gated RMSNorm, per value head: normalise, scale by the gain, gate by silu(z).
+        delta_net::gated_rmsnorm(&mut o, &z, self.norm, c.eps);
+
+        // 7. Back to the residual stream.
+        for (o, out) in o.chunks_exact(vd).zip(out.chunks_exact_mut(h)) {
             out.copy_from_slice(&matvec(self.out_proj, o));
         }
         Ok(())
     }
-}
-
-/// `log(1 + e^x)`, as torch's `F.softplus` computes it (the input itself above 20, where the
-/// two agree to f32's precision).
-fn softplus(x: f32) -> f32 {
-    if x > 20.0 {
-        x
-    } else {
-        x.exp().ln_1p()
-    }
-}
-
-/// `x / sqrt(sum(x^2) + 1e-6)` (transformers' `l2norm`, FLA's convention).
-fn l2norm(x: &mut [f32]) {
-    let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
-    x.iter_mut().for_each(|v| *v *= inv);
 }
 
 #[cfg(test)]

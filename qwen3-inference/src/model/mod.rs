@@ -11,15 +11,13 @@
 //! itself lives in [`Forward`], written once for a step of one or many sequences; a
 //! [`Session`] is one sequence with its KV cache. See docs/transformer.md.
 
-pub mod delta_rule;
 mod forward;
 pub mod gated_attention;
 pub mod gated_delta_net;
 mod moe;
 mod session;
-mod textbook;
 
-pub use forward::{Forward, Segment, MAX_BATCH};
+pub use forward::{Cache, Forward, Segment, StateSnapshot, MAX_BATCH};
 pub use moe::Routes;
 pub use session::Session;
 
@@ -43,14 +41,57 @@ pub struct Model<'a, T = TensorView<'a>> {
     pub lm_head: Option<T>,
 }
 
-/// `Qwen3DecoderLayer`: pre-norm attention and pre-norm MLP, each with a residual connection.
+/// `Qwen3DecoderLayer`: a pre-norm token mixer (attention, or in Qwen3.5 a Gated DeltaNet) and
+/// a pre-norm MLP, each with a residual connection.
 pub struct Qwen3DecoderLayer<T> {
     /// `input_layernorm.weight`: `[hidden]`.
     pub input_layernorm: T,
-    pub self_attn: Qwen3Attention<T>,
+    pub mixer: Mixer<T>,
     /// `post_attention_layernorm.weight`: `[hidden]`.
     pub post_attention_layernorm: T,
     pub mlp: Mlp<T>,
+}
+
+/// A layer's token mixer, where information moves between positions: attention (HF's
+/// `self_attn`), or Qwen3.5's Gated DeltaNet (`linear_attn`) in the layers its `layer_types`
+/// name `linear_attention`.
+pub enum Mixer<T> {
+    Attention(Qwen3Attention<T>),
+    GatedDeltaNet(LinearAttention<T>),
+}
+
+impl<T> Mixer<T> {
+    /// The attention, if this layer has one.
+    pub fn attention(&self) -> Option<&Qwen3Attention<T>> {
+        match self {
+            Mixer::Attention(a) => Some(a),
+            Mixer::GatedDeltaNet(_) => None,
+        }
+    }
+}
+
+/// `Qwen3_5GatedDeltaNet`: linear attention with a forgetting gate and the delta rule's update,
+/// over a fixed-size state per sequence. `model/gated_delta_net.rs` is its textbook form and
+/// explains each step.
+pub struct LinearAttention<T> {
+    /// `in_proj_qkv.weight`: `[conv_dim, hidden]`, q, k and v side by side.
+    pub in_proj_qkv: T,
+    /// `in_proj_z.weight`: `[value_dim, hidden]`, the output gate.
+    pub in_proj_z: T,
+    /// `in_proj_b.weight`: `[num_v_heads, hidden]`, the write strength before its sigmoid.
+    pub in_proj_b: T,
+    /// `in_proj_a.weight`: `[num_v_heads, hidden]`, the decay's input.
+    pub in_proj_a: T,
+    /// `conv1d.weight`: `[conv_dim, K]`, one causal filter a channel (f32).
+    pub conv1d: T,
+    /// `dt_bias`: `[num_v_heads]` (f32).
+    pub dt_bias: T,
+    /// `A_log`: `[num_v_heads]`, the log of each head's decay rate (f32).
+    pub a_log: T,
+    /// `norm.weight`: `[head_v_dim]`, the gated RMSNorm's gain, shared by the heads.
+    pub norm: T,
+    /// `out_proj.weight`: `[hidden, value_dim]`.
+    pub out_proj: T,
 }
 
 /// A layer's MLP: one SwiGLU (every dense model's layers, and Qwen3-MoE's `mlp_only_layers`), or
@@ -96,7 +137,11 @@ pub struct Qwen3Attention<T> {
     /// `[n_kv_heads * head_dim]` twice.
     pub qkv_bias: Option<[T; 3]>,
     /// Qwen3: `q_norm.weight` and `k_norm.weight`, `[head_dim]` each, shared by every head.
+    /// (Qwen3.5 writes its norms as `x * (1 + w)`; the exporter stores `1 + w`.)
     pub qk_norm: Option<[T; 2]>,
+    /// Qwen3.5: `output_gate.weight`, `[n_heads * head_dim, hidden]`: the gate's rows of HF's
+    /// `q_proj` (each head's second half), stored apart; the output is `attn * sigmoid(gate)`.
+    pub output_gate: Option<T>,
 }
 
 /// `Qwen3MLP`: SwiGLU, `down(silu(gate(x)) * up(x))`.
@@ -115,13 +160,22 @@ impl<'a> Model<'a> {
     /// tensor carries its own), so this only looks names up.
     pub fn load(file: &'a ModelFile) -> Result<Model<'a>> {
         let model = Model::load_with(file, |name| file.tensor(name))?;
-        // Norm weights, biases and routers are f32 in every model file (format::tensor_specs); the
+        // Norm weights, biases, routers and the DeltaNets' parameters are f32 in every model file (format::tensor_specs); the
         // kernels rely on it.
         let layers = model.layers.iter();
         let norms = layers.flat_map(|l| {
-            let attn = &l.self_attn;
-            let qk = attn.qk_norm.iter().flatten();
-            let bias = attn.qkv_bias.iter().flatten();
+            let (qk, bias, linear) = match &l.mixer {
+                Mixer::Attention(attn) => (
+                    attn.qk_norm.iter().flatten().collect(),
+                    attn.qkv_bias.iter().flatten().collect(),
+                    vec![],
+                ),
+                Mixer::GatedDeltaNet(la) => (
+                    vec![],
+                    vec![],
+                    vec![&la.conv1d, &la.dt_bias, &la.a_log, &la.norm],
+                ),
+            };
             let router = match &l.mlp {
                 Mlp::Sparse(moe) => Some(&moe.gate),
                 Mlp::Dense(_) => None,
@@ -130,6 +184,7 @@ impl<'a> Model<'a> {
                 .into_iter()
                 .chain(qk)
                 .chain(bias)
+                .chain(linear)
                 .chain(router)
         });
         for t in norms.chain([&model.norm]) {
@@ -163,23 +218,44 @@ impl<'a, T> Model<'a, T> {
         for l in 0..config.num_hidden_layers {
             let p = format!("model.layers.{l}");
             let mut t = |name: &str| get(&format!("{p}.{name}"));
-            let self_attn = Qwen3Attention {
-                q_proj: t("self_attn.q_proj.weight")?,
-                k_proj: t("self_attn.k_proj.weight")?,
-                v_proj: t("self_attn.v_proj.weight")?,
-                o_proj: t("self_attn.o_proj.weight")?,
-                qkv_bias: match config.attention_bias {
-                    true => Some([
-                        t("self_attn.q_proj.bias")?,
-                        t("self_attn.k_proj.bias")?,
-                        t("self_attn.v_proj.bias")?,
-                    ]),
-                    false => None,
-                },
-                qk_norm: match config.qk_norm {
-                    true => Some([t("self_attn.q_norm.weight")?, t("self_attn.k_norm.weight")?]),
-                    false => None,
-                },
+            let linear = config.linear_attention.as_ref();
+            let mixer = if linear.is_some_and(|la| la.is_linear(l)) {
+                Mixer::GatedDeltaNet(LinearAttention {
+                    in_proj_qkv: t("linear_attn.in_proj_qkv.weight")?,
+                    in_proj_z: t("linear_attn.in_proj_z.weight")?,
+                    in_proj_b: t("linear_attn.in_proj_b.weight")?,
+                    in_proj_a: t("linear_attn.in_proj_a.weight")?,
+                    conv1d: t("linear_attn.conv1d.weight")?,
+                    dt_bias: t("linear_attn.dt_bias")?,
+                    a_log: t("linear_attn.A_log")?,
+                    norm: t("linear_attn.norm.weight")?,
+                    out_proj: t("linear_attn.out_proj.weight")?,
+                })
+            } else {
+                Mixer::Attention(Qwen3Attention {
+                    q_proj: t("self_attn.q_proj.weight")?,
+                    k_proj: t("self_attn.k_proj.weight")?,
+                    v_proj: t("self_attn.v_proj.weight")?,
+                    o_proj: t("self_attn.o_proj.weight")?,
+                    qkv_bias: match config.attention_bias {
+                        true => Some([
+                            t("self_attn.q_proj.bias")?,
+                            t("self_attn.k_proj.bias")?,
+                            t("self_attn.v_proj.bias")?,
+                        ]),
+                        false => None,
+                    },
+                    qk_norm: match config.qk_norm {
+                        true => {
+                            Some([t("self_attn.q_norm.weight")?, t("self_attn.k_norm.weight")?])
+                        }
+                        false => None,
+                    },
+                    output_gate: match config.attn_output_gate {
+                        true => Some(t("self_attn.output_gate.weight")?),
+                        false => None,
+                    },
+                })
             };
             let mlp = match &config.moe {
                 Some(moe) if moe.is_sparse(l) => Mlp::Sparse(Qwen3MoeSparseMoeBlock {
@@ -193,7 +269,7 @@ impl<'a, T> Model<'a, T> {
             let mut w = |name: &str| get(&format!("{p}.{name}.weight"));
             layers.push(Qwen3DecoderLayer {
                 input_layernorm: w("input_layernorm")?,
-                self_attn,
+                mixer,
                 post_attention_layernorm: w("post_attention_layernorm")?,
                 mlp,
             });
@@ -215,10 +291,10 @@ impl<'a, T> Model<'a, T> {
     }
 
     /// Bytes of KV cache a session of `context_len` positions needs: keys and values, as `kv`
-    /// stores them, for every layer and kv head.
+    /// stores them, for every attention layer and kv head.
     pub fn kv_cache_bytes(&self, context_len: usize, kv: KvType) -> u64 {
         let c = self.config;
-        2 * c.num_hidden_layers as u64
+        2 * c.attention_layers() as u64
             * c.num_key_value_heads as u64
             * c.head_dim as u64
             * context_len as u64

@@ -8,7 +8,7 @@
 //! step allocates nothing. Many sequences at once are the serving engine's ([`crate::engine`]),
 //! over the same [`Forward`].
 
-use super::forward::{Forward, Segment, MAX_BATCH};
+use super::forward::{Cache, Forward, Segment, MAX_BATCH};
 use super::Model;
 use crate::backend::{Backend, KvType};
 use anyhow::{bail, Result};
@@ -21,7 +21,7 @@ pub struct Session<'m, B: Backend> {
     batch: usize,
     /// Tokens already in the KV cache; the next token goes to this position.
     pos: usize,
-    cache: B::KvCache,
+    cache: Cache<B>,
 }
 
 impl<'m, B: Backend> Session<'m, B> {

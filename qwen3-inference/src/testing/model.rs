@@ -36,6 +36,35 @@ pub fn config(dtype: DType) -> ModelConfig {
         rope_scaling: crate::format::RopeScaling::None,
         moe: None,
         embedding: None,
+        partial_rotary_factor: 1.0,
+        attn_output_gate: false,
+        linear_attention: None,
+    }
+}
+
+/// [`config`] as a Qwen3.5: three Gated DeltaNet layers, then gated attention rotating a quarter
+/// of each head (4 of 16 dimensions).
+pub fn qwen3_5_config(dtype: DType) -> ModelConfig {
+    use crate::format::{LayerType::*, LinearAttentionConfig};
+    ModelConfig {
+        architecture: "Qwen3_5ForCausalLM".into(),
+        num_hidden_layers: 4,
+        partial_rotary_factor: 0.25,
+        attn_output_gate: true,
+        linear_attention: Some(LinearAttentionConfig {
+            layer_types: vec![
+                LinearAttention,
+                LinearAttention,
+                LinearAttention,
+                FullAttention,
+            ],
+            linear_num_key_heads: 2,
+            linear_num_value_heads: 4,
+            linear_key_head_dim: 8,
+            linear_value_head_dim: 8,
+            linear_conv_kernel_dim: 4,
+        }),
+        ..config(dtype)
     }
 }
 
@@ -103,13 +132,20 @@ fn write_random_specs(path: &Path, c: &ModelConfig, specs: &[TensorSpec]) {
         } else {
             0.3
         };
+        // A Gated DeltaNet's decay: A = exp(A_log) about 0.4 and softplus(a + dt_bias) about
+        // 0.13, so each token keeps about 95% of the memory, which then spans tens of tokens
+        // (with a memory of one token, a head's normalised output is the sign of q . k, which
+        // any rounding flips).
+        let decay = match () {
+            _ if s.name.ends_with(".A_log") => Some(-1.0),
+            _ if s.name.ends_with(".dt_bias") => Some(-2.0),
+            _ => None,
+        };
         let v: Vec<f32> = (0..n)
-            .map(|_| {
-                if norm {
-                    1.0 + 0.5 * rnd()
-                } else {
-                    gain * rnd()
-                }
+            .map(|_| match decay {
+                Some(centre) => centre + 0.3 * rnd(),
+                None if norm => 1.0 + 0.5 * rnd(),
+                None => gain * rnd(),
             })
             .collect();
         match s.dtype {
