@@ -26,8 +26,10 @@ def layer_types(spec: dict) -> list:
 
 
 def hub_config(spec: dict, bos: int, eos) -> dict:
-    """config.json of a Qwen3.5 checkpoint on the hub: its keys, text and vision nested."""
+    """config.json of a Qwen3.5 checkpoint on the hub: its keys, text and vision nested; with
+    `moe` in the spec, a Qwen3.5-MoE's (the experts' keys, no `intermediate_size`)."""
     la = spec["linear"]
+    moe = spec.get("moe")
     text = {
         "attention_bias": False,
         "attention_dropout": 0.0,
@@ -66,10 +68,21 @@ def hub_config(spec: dict, bos: int, eos) -> dict:
         "use_cache": True,
         "vocab_size": spec["vocab"],
     }
+    if moe:
+        del text["intermediate_size"]
+        text.update({
+            "model_type": "qwen3_5_moe_text",
+            "moe_intermediate_size": moe["moe_intermediate"],
+            "num_experts": moe["num_experts"],
+            "num_experts_per_tok": moe["top_k"],
+            "output_router_logits": False,
+            "router_aux_loss_coef": 0.001,
+            "shared_expert_intermediate_size": moe["shared_intermediate"],
+        })
     return {
-        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "architectures": ["Qwen3_5MoeForConditionalGeneration" if moe else "Qwen3_5ForConditionalGeneration"],
         "image_token_id": spec["vocab"] - 3,
-        "model_type": "qwen3_5",
+        "model_type": "qwen3_5_moe" if moe else "qwen3_5",
         "text_config": text,
         "tie_word_embeddings": spec["tied"],
         "transformers_version": transformers.__version__,
@@ -81,7 +94,7 @@ def hub_config(spec: dict, bos: int, eos) -> dict:
             "in_channels": 3,
             "initializer_range": 0.02,
             "intermediate_size": 64,
-            "model_type": "qwen3_5_vision",
+            "model_type": "qwen3_5_moe_vision" if moe else "qwen3_5_vision",
             "num_heads": 2,
             "num_position_embeddings": 16,
             "out_hidden_size": spec["hidden"],
@@ -142,9 +155,24 @@ def text_weights(spec: dict, seed: int) -> dict:
             w[p + "self_attn.q_norm.weight"] = zero_centred(hd)
             w[p + "self_attn.k_norm.weight"] = zero_centred(hd)
         w[p + "post_attention_layernorm.weight"] = zero_centred(h)
-        w[p + "mlp.gate_proj.weight"] = mat(inter, h, gain=1.5)
-        w[p + "mlp.up_proj.weight"] = mat(inter, h, gain=1.5)
-        w[p + "mlp.down_proj.weight"] = mat(h, inter, gain=1.0)
+        moe = spec.get("moe")
+        if moe:
+            # Qwen3_5MoeSparseMoeBlock: the router, the experts fused as transformers 5 holds
+            # them (gate_up_proj [E, 2I, H]: each expert's gate rows, then its up rows), the
+            # shared expert and its gate.
+            e, mi, si = moe["num_experts"], moe["moe_intermediate"], moe["shared_intermediate"]
+            w[p + "mlp.gate.weight"] = mat(e, h, gain=moe["router_gain"])
+            w[p + "mlp.experts.gate_up_proj"] = torch.stack(
+                [torch.cat([mat(mi, h, gain=1.5), mat(mi, h, gain=1.5)]) for _ in range(e)])
+            w[p + "mlp.experts.down_proj"] = torch.stack([mat(h, mi, gain=1.0) for _ in range(e)])
+            w[p + "mlp.shared_expert.gate_proj.weight"] = mat(si, h, gain=1.5)
+            w[p + "mlp.shared_expert.up_proj.weight"] = mat(si, h, gain=1.5)
+            w[p + "mlp.shared_expert.down_proj.weight"] = mat(h, si, gain=1.0)
+            w[p + "mlp.shared_expert_gate.weight"] = mat(1, h, gain=1.0)
+        else:
+            w[p + "mlp.gate_proj.weight"] = mat(inter, h, gain=1.5)
+            w[p + "mlp.up_proj.weight"] = mat(inter, h, gain=1.5)
+            w[p + "mlp.down_proj.weight"] = mat(h, inter, gain=1.0)
     w["model.norm.weight"] = zero_centred(h)
     if not spec["tied"]:
         w["lm_head.weight"] = mat(V, h, gain=2.5)
@@ -160,8 +188,14 @@ def checkpoint_weights(spec: dict, config: dict, seed: int) -> dict:
     for name, t in text.items():
         out[name.replace("model.", "model.language_model.", 1) if name.startswith("model.") else name] = t
     torch.manual_seed(seed)
-    cfg = transformers.Qwen3_5Config(**{k: v for k, v in config.items() if k != "architectures"})
-    vision = transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5VisionModel(cfg.vision_config)
+    kwargs = {k: v for k, v in config.items() if k != "architectures"}
+    if spec.get("moe"):
+        cfg = transformers.Qwen3_5MoeConfig(**kwargs)
+        tower = transformers.models.qwen3_5_moe.modeling_qwen3_5_moe.Qwen3_5MoeVisionModel
+    else:
+        cfg = transformers.Qwen3_5Config(**kwargs)
+        tower = transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5VisionModel
+    vision = tower(cfg.vision_config)
     for name, t in vision.state_dict().items():
         out["model.visual." + name] = t.detach().clone().float()
     g = torch.Generator().manual_seed(seed + 1)
@@ -172,12 +206,20 @@ def checkpoint_weights(spec: dict, config: dict, seed: int) -> dict:
     return out
 
 
-def load_reference_model(ckpt, dtype):
-    """The checkpoint as transformers runs it: `Qwen3_5ForConditionalGeneration`, eager
-    attention, text in (no image), the `mtp.` tensors left unloaded as transformers leaves them."""
-    model, info = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(
-        str(ckpt), dtype=dtype, attn_implementation="eager", output_loading_info=True
-    )
+def load_reference_model(ckpt, dtype, spec):
+    """The checkpoint as transformers runs it: `Qwen3_5ForConditionalGeneration` (or its MoE,
+    whose experts run transformers' own loop: `experts_implementation="eager"`, as
+    make_fixtures.reference_load_kwargs says), eager attention, text in (no image), the `mtp.`
+    tensors left unloaded as transformers leaves them."""
+    kw = {"attn_implementation": "eager", "output_loading_info": True}
+    if spec.get("moe"):
+        cls = transformers.Qwen3_5MoeForConditionalGeneration
+        kw["experts_implementation"] = "eager"
+    else:
+        cls = transformers.Qwen3_5ForConditionalGeneration
+    model, info = cls.from_pretrained(str(ckpt), dtype=dtype, **kw)
+    if spec.get("moe"):
+        assert model.config.text_config._experts_implementation == "eager"
     unexpected = [k for k in info.get("unexpected_keys", []) if not k.startswith("mtp.")]
     bad = {k: v for k, v in info.items() if v and k != "unexpected_keys"}
     assert not bad and not unexpected, f"{ckpt}: loading problems {bad} {unexpected}"

@@ -433,4 +433,38 @@ SPECS = [
         base_seed=9000,
         random_prompt_lens=[1, 70, 210],
     ),
+    # Qwen3.5-MoE (Qwen3_5MoeForConditionalGeneration): every MLP a mixture of experts (fused,
+    # transformers 5's layout) with a shared expert behind its sigmoid gate; f32 in two shards.
+    # Two layers (a Gated DeltaNet, then gated attention) keep the routed token-layers few enough
+    # for a seed whose every routing has a clear top-k (MIN_ROUTER_TOPK_GAP); the 66-token
+    # prompt still spans a whole chunk of the delta rule.
+    dict(
+        name="tiny-qwen3_5moe-f32-sharded",
+        arch="qwen3_5_moe",
+        config_style="hub",
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        head_dim=32,
+        write_head_dim=True,
+        layers=2,
+        layer_types=["linear_attention", "full_attention"],
+        linear=dict(key_heads=2, value_heads=4, key_head_dim=16, value_head_dim=16, conv_kernel=4),
+        partial_rotary_factor=0.25,
+        mrope_section=[2, 1, 1],
+        moe=dict(num_experts=8, top_k=2, moe_intermediate=32, shared_intermediate=48,
+                 norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], router_gain=1.75),
+        intermediate=32,
+        vocab=512,
+        tied=False,
+        rope_theta=10000000,
+        eps=1e-6,
+        max_pos=512,
+        dtype="float32",
+        shards=2,
+        eos_in_config="single",
+        base_seed=11000,
+        random_prompt_lens=[1, 66],
+        max_seed_tries=3000,
+    ),
 ]

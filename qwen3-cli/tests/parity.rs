@@ -629,6 +629,11 @@ fn tiny_qwen3_5_bf16() {
 }
 
 #[test]
+fn tiny_qwen3_5moe_f32_sharded() {
+    check_fixture("tiny-qwen3_5moe-f32-sharded");
+}
+
+#[test]
 fn tiny_f32_tied_gqa2() {
     check_fixture("tiny-f32-tied-gqa2");
 }
@@ -682,6 +687,7 @@ fn moe_fixtures_run_as_q4() {
     for (name, group) in [
         ("tiny-qwen3moe-bf16-tied", 32),
         ("tiny-qwen3moe-f32-sharded-dense-yarn", 8),
+        ("tiny-qwen3_5moe-f32-sharded", 16),
     ] {
         let refr = load_reference(name);
         let dir = tempdir("pq-parity-q4", name);

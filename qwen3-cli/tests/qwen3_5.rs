@@ -161,8 +161,8 @@ fn unsupported_hybrids_are_refused_by_name() {
     type Edit = Box<dyn Fn(&mut Value)>;
     let cases: [(&str, Edit); 3] = [
         (
-            "Qwen3_5MoeForConditionalGeneration is not supported yet",
-            Box::new(|c| c["architectures"][0] = "Qwen3_5MoeForConditionalGeneration".into()),
+            "Qwen3NextForCausalLM is not supported yet",
+            Box::new(|c| c["architectures"][0] = "Qwen3NextForCausalLM".into()),
         ),
         (
             "\"sliding_attention\" is not a layer type this runtime runs",

@@ -22,7 +22,12 @@ use std::path::{Path, PathBuf};
 /// Qwen3-MoE: bf16 tied with the hub's per-expert tensors (8 experts, top 2, renormalised), f32 in
 /// two shards with transformers 5's fused experts, a dense layer between two sparse ones, top 3
 /// not renormalised, and YaRN in `rope_parameters`. The CPU and GPU parity tests loop over these.
-pub const FULL_LOGIT_CHECKPOINTS: [&str; 10] = [
+/// The fixtures of hybrid models (Qwen3.5's Gated DeltaNet layers), which the GPU backend does
+/// not run: qwen3-cuda's tests skip them (and check the refusal on a model of their own), and
+/// the GPU check kit leaves them out.
+pub const HYBRID_CHECKPOINTS: [&str; 2] = ["tiny-qwen3_5-bf16", "tiny-qwen3_5moe-f32-sharded"];
+
+pub const FULL_LOGIT_CHECKPOINTS: [&str; 11] = [
     "tiny-f32-tied-gqa2",
     "tiny-bf16-untied-mha",
     "tiny-f16-sharded-gqa4",
@@ -33,6 +38,7 @@ pub const FULL_LOGIT_CHECKPOINTS: [&str; 10] = [
     "tiny-qwen3moe-f32-sharded-dense-yarn",
     "tiny-qwen2-yarn",
     "tiny-qwen3_5-bf16",
+    "tiny-qwen3_5moe-f32-sharded",
 ];
 
 /// A fixture's `reference.json` (the fields the tests read; the file has more, e.g. the versions

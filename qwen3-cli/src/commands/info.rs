@@ -144,7 +144,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
     if let Some(m) = &c.moe {
         let sparse = (0..c.num_hidden_layers).filter(|&l| m.is_sparse(l)).count();
         println!(
-            "experts                  {} of {} a token (norm_topk_prob {}), width {}, in {sparse} of {} layers{}",
+            "experts                  {} of {} a token (norm_topk_prob {}), width {}, in {sparse} of {} layers{}{}",
             m.num_experts_per_tok,
             m.num_experts,
             m.norm_topk_prob,
@@ -153,6 +153,10 @@ pub fn run(args: InfoArgs) -> Result<()> {
             match m.mlp_only_layers.is_empty() {
                 true => String::new(),
                 false => format!(" (dense: {:?})", m.mlp_only_layers),
+            },
+            match m.shared_expert_intermediate_size {
+                0 => String::new(),
+                w => format!("; a shared expert of width {w} behind a sigmoid gate"),
             }
         );
         let a = h.active_weights();

@@ -119,6 +119,7 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
             Some("qwen2") => "Qwen2ForCausalLM".to_string(),
             Some("qwen3_moe") => "Qwen3MoeForCausalLM".to_string(),
             Some("qwen3_5" | "qwen3_5_text") => qwen3_5::ARCHITECTURE.to_string(),
+            Some("qwen3_5_moe" | "qwen3_5_moe_text") => qwen3_5::MOE_ARCHITECTURE.to_string(),
             _ => bail!(
                 "no `architectures` and no `model_type` qwen3 or qwen2; not a Qwen checkpoint"
             ),
@@ -126,23 +127,30 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
     };
     if qwen3_5::NOT_YET.contains(&architecture.as_str()) {
         bail!(
-            "architecture {architecture} is not supported yet (of the hybrid models, the dense \
-             Qwen3.5 runs: {})",
-            qwen3_5::CHECKPOINTS.join(", ")
+            "architecture {architecture} is not supported yet (of the hybrid models, Qwen3.5 \
+             runs: {}, {})",
+            qwen3_5::CHECKPOINTS.join(", "),
+            qwen3_5::MOE_CHECKPOINTS.join(", ")
         );
     }
     // Qwen3.5: the text model of a vision-language checkpoint, its keys under `text_config`.
-    let hybrid = qwen3_5::CHECKPOINTS.contains(&architecture.as_str());
+    let hybrid_moe = qwen3_5::MOE_CHECKPOINTS.contains(&architecture.as_str());
+    let hybrid = hybrid_moe || qwen3_5::CHECKPOINTS.contains(&architecture.as_str());
     if hybrid {
-        architecture = qwen3_5::ARCHITECTURE.to_string();
+        architecture = match hybrid_moe {
+            true => qwen3_5::MOE_ARCHITECTURE,
+            false => qwen3_5::ARCHITECTURE,
+        }
+        .to_string();
         obj = qwen3_5::text_config(top)?;
     }
     if !ARCHITECTURES.contains(&architecture.as_str()) {
         // What a checkpoint may say: the file's architectures, but Qwen3.5 as the hub names it.
         let accepted: Vec<&str> = ARCHITECTURES
             .iter()
-            .filter(|a| **a != qwen3_5::ARCHITECTURE)
+            .filter(|a| **a != qwen3_5::ARCHITECTURE && **a != qwen3_5::MOE_ARCHITECTURE)
             .chain(&qwen3_5::CHECKPOINTS)
+            .chain(&qwen3_5::MOE_CHECKPOINTS)
             .copied()
             .collect();
         bail!(
@@ -254,8 +262,8 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
             bail!("hidden_act {act:?} is not supported (Qwen2 and Qwen3 use silu)");
         }
     }
-    let moe = if architecture == "Qwen3MoeForCausalLM" {
-        Some(moe_config(obj)?)
+    let moe = if architecture == "Qwen3MoeForCausalLM" || hybrid_moe {
+        Some(moe_config(obj, hybrid_moe)?)
     } else {
         for key in ["num_experts", "num_local_experts"] {
             if get_u32(obj, key)?.unwrap_or(0) > 0 {
@@ -271,7 +279,12 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
     Ok(ModelConfig {
         architecture,
         hidden_size,
-        intermediate_size: require_u32(obj, "intermediate_size")?,
+        // Qwen3.5-MoE has no dense MLP, and no intermediate_size: its experts' width stands in.
+        intermediate_size: match (get_u32(obj, "intermediate_size")?, &moe) {
+            (Some(n), _) => n,
+            (None, Some(m)) if hybrid_moe => m.moe_intermediate_size,
+            (None, _) => require_u32(obj, "intermediate_size")?,
+        },
         num_hidden_layers,
         num_attention_heads,
         num_key_value_heads,
@@ -351,8 +364,13 @@ fn yarn(p: &Map<String, Value>, top: &Map<String, Value>, max_pos: u32) -> Resul
 /// The experts of a `Qwen3MoeForCausalLM` config, with `Qwen3MoeConfig`'s defaults
 /// (configuration_qwen3_moe.py) for absent keys. Options of other mixture-of-experts families
 /// (shared experts, grouped or biased routers) would change the math: refused by name.
-fn moe_config(obj: &Map<String, Value>) -> Result<MoeConfig> {
-    // Qwen2-MoE's shared expert, DeepSeek's shared experts and grouped top-k, sigmoid routers.
+fn moe_config(obj: &Map<String, Value>, hybrid: bool) -> Result<MoeConfig> {
+    // Qwen2-MoE's shared expert (Qwen3.5-MoE's is read below), DeepSeek's shared experts and
+    // grouped top-k, sigmoid routers.
+    let shared = match hybrid {
+        true => get_u32(obj, "shared_expert_intermediate_size")?.unwrap_or(0),
+        false => 0,
+    };
     for key in [
         "shared_expert_intermediate_size",
         "n_shared_experts",
@@ -360,7 +378,7 @@ fn moe_config(obj: &Map<String, Value>) -> Result<MoeConfig> {
         "n_group",
         "topk_group",
     ] {
-        if get_f64(obj, key)?.unwrap_or(0.0) != 0.0 {
+        if get_f64(obj, key)?.unwrap_or(0.0) != 0.0 && !(hybrid && key.starts_with("shared")) {
             bail!("{key} is set: this mixture-of-experts option is not implemented (Qwen3-MoE has none)");
         }
     }
@@ -399,6 +417,19 @@ fn moe_config(obj: &Map<String, Value>) -> Result<MoeConfig> {
             .collect::<Result<_>>()?,
         Some(v) => bail!("mlp_only_layers must be a list, got {v}"),
     };
+    if hybrid {
+        // Qwen3.5-MoE (`Qwen3_5MoeSparseMoeBlock`): every layer sparse, the chosen
+        // probabilities always renormalised (`Qwen3_5MoeTopKRouter`), whatever the config says.
+        return Ok(MoeConfig {
+            num_experts,
+            num_experts_per_tok: get_u32(obj, "num_experts_per_tok")?.unwrap_or(8),
+            moe_intermediate_size: get_u32(obj, "moe_intermediate_size")?.unwrap_or(512),
+            norm_topk_prob: true,
+            decoder_sparse_step: 1,
+            mlp_only_layers: vec![],
+            shared_expert_intermediate_size: shared,
+        });
+    }
     Ok(MoeConfig {
         num_experts,
         num_experts_per_tok: get_u32(obj, "num_experts_per_tok")?.unwrap_or(8),
@@ -406,6 +437,7 @@ fn moe_config(obj: &Map<String, Value>) -> Result<MoeConfig> {
         norm_topk_prob: get_bool(obj, "norm_topk_prob")?.unwrap_or(false),
         decoder_sparse_step: get_u32(obj, "decoder_sparse_step")?.unwrap_or(1),
         mlp_only_layers,
+        shared_expert_intermediate_size: 0,
     })
 }
 
@@ -617,6 +649,7 @@ mod tests {
             norm_topk_prob: true,
             decoder_sparse_step: 1,
             mlp_only_layers: vec![],
+            shared_expert_intermediate_size: 0,
         };
         assert_eq!(c.moe.as_ref(), Some(&want));
         // transformers 5 names the count num_local_experts; dense layers among sparse ones

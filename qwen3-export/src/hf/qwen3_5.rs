@@ -18,6 +18,10 @@
 //!   `q_proj.weight` holds, for each head, `head_dim` rows of the query and then `head_dim` rows
 //!   of the output gate (`Qwen3_5Attention`: `q_proj(x).view(.., -1, head_dim * 2).chunk(2)`); the
 //!   file stores the query rows as `q_proj.weight` and the gate rows as `output_gate.weight`.
+//! - **The experts** (Qwen3.5-MoE): every layer's MLP is a mixture of experts, as Qwen3-MoE's,
+//!   with the chosen probabilities always renormalised, plus a shared expert every token runs
+//!   (`shared_expert.*`, width `shared_expert_intermediate_size`) weighted by
+//!   `sigmoid(shared_expert_gate x)`. The config has no `intermediate_size`.
 //! - **The norms.** `Qwen3_5RMSNorm` multiplies by `1 + weight` (its weights start at zero); the
 //!   file stores `1 + weight`, computed in f32 as transformers computes it
 //!   (`1.0 + self.weight.float()`), so the forward pass's RMSNorm is Qwen3's. The Gated DeltaNet's
@@ -29,18 +33,25 @@ use anyhow::{bail, Context, Result};
 use qwen3_inference::format::{LayerType, LinearAttentionConfig, ModelConfig};
 use serde_json::{Map, Value};
 
-/// The architecture a Qwen3.5 checkpoint exports as.
+/// The architecture a Qwen3.5 checkpoint exports as, and a Qwen3.5-MoE one.
 pub const ARCHITECTURE: &str = "Qwen3_5ForCausalLM";
+pub const MOE_ARCHITECTURE: &str = "Qwen3_5MoeForCausalLM";
 
-/// The checkpoints' `architectures` this family reads.
+/// The checkpoints' `architectures` this family reads: dense, and with experts (Qwen3.5-35B-A3B,
+/// Qwen3.6-35B-A3B: every MLP a mixture of experts with a shared expert).
 pub const CHECKPOINTS: [&str; 2] = ["Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"];
-
-/// Hybrid checkpoints not implemented yet, refused by name.
-pub const NOT_YET: [&str; 3] = [
+pub const MOE_CHECKPOINTS: [&str; 2] = [
     "Qwen3_5MoeForConditionalGeneration",
     "Qwen3_5MoeForCausalLM",
-    "Qwen3NextForCausalLM",
 ];
+
+/// Hybrid checkpoints not implemented yet, refused by name.
+pub const NOT_YET: [&str; 1] = ["Qwen3NextForCausalLM"];
+
+/// Whether a file's architecture is this family's.
+fn family(c: &ModelConfig) -> bool {
+    c.architecture == ARCHITECTURE || c.architecture == MOE_ARCHITECTURE
+}
 
 /// `partial_rotary_factor` when a Qwen3.5 config does not say (`Qwen3_5TextConfig.__post_init__`).
 pub const DEFAULT_PARTIAL_ROTARY_FACTOR: f64 = 0.25;
@@ -105,16 +116,14 @@ pub fn is_other_part(name: &str) -> bool {
 /// Whether the file stores `1 + w` for tensor `name` of a model with config `c` (its
 /// `Qwen3_5RMSNorm`s: every norm but the Gated DeltaNet's own).
 pub fn stores_one_plus(c: &ModelConfig, name: &str) -> bool {
-    c.architecture == ARCHITECTURE
-        && name.ends_with("norm.weight")
-        && !name.ends_with(".linear_attn.norm.weight")
+    family(c) && name.ends_with("norm.weight") && !name.ends_with(".linear_attn.norm.weight")
 }
 
 /// Where the file's tensor `name` comes from in a Qwen3.5 checkpoint, when not from the tensor
 /// of that name: the query or gate rows of `q_proj`, or `conv1d` without its middle axis.
 /// `None` for every other tensor.
 pub fn source(ckpt: &Checkpoint, c: &ModelConfig, name: &str) -> Result<Option<TensorMeta>> {
-    if c.architecture != ARCHITECTURE {
+    if !family(c) {
         return Ok(None);
     }
     let hd = c.head_dim as u64;

@@ -190,6 +190,10 @@ pub struct MoeConfig {
     pub decoder_sparse_step: u32,
     /// ... and `l` is not one of these (dense layers among sparse ones).
     pub mlp_only_layers: Vec<u32>,
+    /// Qwen3.5-MoE: the width of the shared expert, a SwiGLU every token runs beside its routed
+    /// experts, weighted by `sigmoid(shared_expert_gate x)`; 0 for none (Qwen3-MoE). Since format
+    /// version 7.
+    pub shared_expert_intermediate_size: u32,
 }
 
 impl MoeConfig {
@@ -207,12 +211,17 @@ impl MoeConfig {
 /// Qwen3.5 is Qwen3 with Gated DeltaNet layers among gated attention ones (see
 /// [`ModelConfig::linear_attention`]); the exporter reads its multimodal checkpoints'
 /// text model under this name.
-pub const ARCHITECTURES: [&str; 4] = [
+pub const ARCHITECTURES: [&str; 5] = [
     "Qwen3ForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3MoeForCausalLM",
     "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
 ];
+
+/// The architectures with mixture-of-experts MLPs, and those with Gated DeltaNet layers.
+const WITH_EXPERTS: [&str; 2] = ["Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM"];
+const WITH_LINEAR_ATTENTION: [&str; 2] = ["Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"];
 
 /// Sentinel for "absent" in the optional u32 fields.
 const NONE_U32: u32 = u32::MAX;
@@ -222,9 +231,14 @@ impl ModelConfig {
     /// rotation, an attention output gate or linear attention, 6 for an embedding model, 5 for
     /// RoPE scaling or experts, else [`super::OLDEST_WRITTEN_VERSION`].
     pub fn since_version(&self) -> u32 {
+        let shared = self
+            .moe
+            .as_ref()
+            .is_some_and(|m| m.shared_expert_intermediate_size > 0);
         if self.partial_rotary_factor != 1.0
             || self.attn_output_gate
             || self.linear_attention.is_some()
+            || shared
         {
             7
         } else if self.embedding.is_some() {
@@ -363,7 +377,7 @@ impl ModelConfig {
                 );
             }
         }
-        if (self.architecture == "Qwen3MoeForCausalLM") != self.moe.is_some() {
+        if WITH_EXPERTS.contains(&self.architecture.as_str()) != self.moe.is_some() {
             bail!(
                 "config: {} {} experts",
                 self.architecture,
@@ -384,7 +398,9 @@ impl ModelConfig {
         if rot == 0 || !rot.is_multiple_of(2) {
             bail!("config: RoPE would rotate {rot} dimensions of each head; it rotates pairs");
         }
-        if (self.architecture == "Qwen3_5ForCausalLM") != self.linear_attention.is_some() {
+        if WITH_LINEAR_ATTENTION.contains(&self.architecture.as_str())
+            != self.linear_attention.is_some()
+        {
             bail!(
                 "config: {} {} linear attention layers",
                 self.architecture,
@@ -445,6 +461,12 @@ impl ModelConfig {
             }
             if m.decoder_sparse_step == 0 {
                 bail!("config: decoder_sparse_step is 0");
+            }
+            if m.shared_expert_intermediate_size > 1 << 22 {
+                bail!(
+                    "config: shared_expert_intermediate_size {} is implausibly large",
+                    m.shared_expert_intermediate_size
+                );
             }
         }
         if let RopeScaling::Yarn {
@@ -617,6 +639,12 @@ impl ModelConfig {
                 }
             }
         }
+        // The experts' shared expert (0: none, or no experts).
+        w.u32(
+            self.moe
+                .as_ref()
+                .map_or(0, |m| m.shared_expert_intermediate_size),
+        );
     }
 
     /// Reads a config block written by [`ModelConfig::encode`] in format `version` and validates
@@ -710,6 +738,7 @@ impl ModelConfig {
                     norm_topk_prob,
                     decoder_sparse_step,
                     mlp_only_layers,
+                    shared_expert_intermediate_size: 0,
                 });
             }
         }
@@ -747,6 +776,14 @@ impl ModelConfig {
                     linear_value_head_dim,
                     linear_conv_kernel_dim,
                 });
+            }
+            let shared = r.u32("shared_expert_intermediate_size")?;
+            match moe.as_mut() {
+                Some(m) => m.shared_expert_intermediate_size = shared,
+                None if shared > 0 => {
+                    bail!("corrupt header: a shared expert of {shared} without experts")
+                }
+                None => {}
             }
         }
         let c = ModelConfig {
@@ -868,9 +905,24 @@ pub(crate) mod tests {
         let mut bad = c.clone();
         bad.architecture = "Qwen3ForCausalLM".into();
         assert!(bad.validate().is_err());
-        let mut bad = c;
+        let mut bad = c.clone();
         bad.partial_rotary_factor = 0.01;
         assert!(bad.validate().is_err());
+        // Qwen3.5-MoE: experts with a shared expert, in the same block.
+        let moe = ModelConfig {
+            architecture: "Qwen3_5MoeForCausalLM".into(),
+            moe: Some(MoeConfig {
+                shared_expert_intermediate_size: 48,
+                mlp_only_layers: vec![],
+                ..tiny_moe_yarn_config(DType::Q8).moe.unwrap()
+            }),
+            ..c
+        };
+        let mut w = ByteWriter::default();
+        moe.encode(&mut w, 7);
+        let mut r = ByteReader::new(&w.buf);
+        assert_eq!(ModelConfig::decode(&mut r, 7).unwrap(), moe);
+        assert_eq!(r.remaining(), 0);
     }
 
     /// Qwen3-30B-A3B's experts and Qwen3's documented YaRN, on the tiny config.
@@ -892,6 +944,7 @@ pub(crate) mod tests {
                 norm_topk_prob: true,
                 decoder_sparse_step: 1,
                 mlp_only_layers: vec![1],
+                shared_expert_intermediate_size: 0,
             }),
             ..tiny_config(dtype)
         }

@@ -333,6 +333,19 @@ fn mlp_tensors(c: &ModelConfig, l: u32, p: &str) -> Vec<ExpectedTensor> {
                 t.push(m(format!("{q}.up_proj.weight"), vec![mff, d]));
                 t.push(m(format!("{q}.down_proj.weight"), vec![d, mff]));
             }
+            // Qwen3.5-MoE: the shared expert, and its gate (a router-like [1, hidden], f32).
+            let sff = moe.shared_expert_intermediate_size as u64;
+            if sff > 0 {
+                let q = format!("{p}.mlp.shared_expert");
+                t.push(m(format!("{q}.gate_proj.weight"), vec![sff, d]));
+                t.push(m(format!("{q}.up_proj.weight"), vec![sff, d]));
+                t.push(m(format!("{q}.down_proj.weight"), vec![d, sff]));
+                t.push(ExpectedTensor {
+                    name: format!("{p}.mlp.shared_expert_gate.weight"),
+                    shape: vec![1, d],
+                    kind: TensorKind::Router,
+                });
+            }
         }
         _ => {
             t.push(m(format!("{p}.mlp.gate_proj.weight"), vec![ff, d]));

@@ -54,6 +54,8 @@ pub(super) struct Dims {
     pub top_k: usize,
     pub moe_ff: usize,
     pub norm_topk: bool,
+    /// Qwen3.5-MoE: the shared expert's width (0 without one).
+    pub shared_ff: usize,
     /// Qwen3.5's Gated DeltaNet layers' sizes (`None` without them).
     pub linear: Option<DeltaNetShape>,
 }
@@ -116,7 +118,8 @@ struct Scratch<Buf> {
     /// One segment's rows of q, k, v and the attention output, when a step holds several
     /// sequences (RoPE, the cache and attention take their rows from the start of a buffer).
     seg: [Buf; 4],
-    /// `[t, intermediate]` (or an expert's `[t, moe_intermediate]`, whichever is wider)
+    /// `[t, intermediate]` (or an expert's `[t, moe_intermediate]`, or the shared expert's,
+    /// whichever is widest)
     gate: Buf,
     /// `[t, intermediate]` (likewise)
     up: Buf,
@@ -167,6 +170,9 @@ pub struct Forward<'m, B: Backend> {
     /// When recording ([`Forward::record_routes`]): every sparse layer's choices, appended as
     /// they are made, for each row its `num_experts_per_tok` expert ids in ascending order.
     route_log: Option<Vec<u32>>,
+    /// Qwen3.5-MoE: every row, and each row's shared-expert weight, for the step's sum.
+    shared_rows: Vec<u32>,
+    shared_weights: Vec<f32>,
     /// Layer `l`'s place among the attention layers (its layer of the KV cache), or among the
     /// linear ones (its state in [`Cache`]).
     slot: Vec<usize>,
@@ -216,6 +222,10 @@ impl<'m, B: Backend> Forward<'m, B> {
                 .as_ref()
                 .map_or(0, |m| m.moe_intermediate_size as usize),
             norm_topk: c.moe.as_ref().is_some_and(|m| m.norm_topk_prob),
+            shared_ff: c
+                .moe
+                .as_ref()
+                .map_or(0, |m| m.shared_expert_intermediate_size as usize),
             linear: c.linear_attention.as_ref().map(|la| DeltaNetShape {
                 num_k_heads: la.linear_num_key_heads as usize,
                 num_v_heads: la.linear_num_value_heads as usize,
@@ -233,6 +243,7 @@ impl<'m, B: Backend> Forward<'m, B> {
             out,
             experts,
             moe_ff,
+            shared_ff,
             ..
         } = dims;
         // Keys and values of one sequence. The config's sizes are bounded by validation, but
@@ -295,8 +306,8 @@ impl<'m, B: Backend> Forward<'m, B> {
                 v: b.alloc(n * nkv * hd)?,
                 att: b.alloc(n * nh * hd)?,
                 seg,
-                gate: b.alloc(n * ff.max(moe_ff))?,
-                up: b.alloc(n * ff.max(moe_ff))?,
+                gate: b.alloc(n * ff.max(moe_ff).max(shared_ff))?,
+                up: b.alloc(n * ff.max(moe_ff).max(shared_ff))?,
                 router: b.alloc((n * experts).max(1))?,
                 expert_in: b.alloc(if experts > 0 { n * d } else { 1 })?,
                 expert_out: b.alloc(if experts > 0 { n * d } else { 1 })?,
@@ -314,6 +325,8 @@ impl<'m, B: Backend> Forward<'m, B> {
             router_host: Vec::new(),
             routes: Routes::default(),
             route_log: None,
+            shared_rows: Vec::new(),
+            shared_weights: Vec::new(),
             slot,
         })
     }
@@ -886,6 +899,38 @@ impl<'m, B: Backend> Forward<'m, B> {
             b.silu_mul(&mut s.gate, &s.up, n * mff)?; //         gate = silu(gate) * up
             b.matmul(&mut s.expert_out, &expert.down_proj, &s.gate, n, d, mff)?;
             b.scatter_add_rows(&mut s.moe_out, &s.expert_out, rows, weights, d)?;
+        }
+
+        // iv. Qwen3.5-MoE: the shared expert on every row, weighted by its gate and added after
+        //     the routed experts (`Qwen3_5MoeSparseMoeBlock`):
+        //     moe_out += sigmoid(xb . shared_expert_gate) * shared_expert(xb)
+        if let Some((shared, gate)) = &moe.shared_expert {
+            let sff = self.dims.shared_ff;
+            b.matmuls(
+                [&mut s.gate, &mut s.up],
+                [&shared.gate_proj, &shared.up_proj],
+                &s.xb,
+                t,
+                [sff, sff],
+                d,
+            )?;
+            b.silu_mul(&mut s.gate, &s.up, t * sff)?;
+            b.matmul(&mut s.expert_out, &shared.down_proj, &s.gate, t, d, sff)?;
+            //   The gate's logit per row, [t, 1], on the host as the router's are.
+            b.matmul(&mut s.router, gate, &s.xb, t, 1, d)?;
+            let g = b.read(&s.router, t, &mut self.router_host)?;
+            self.shared_weights.clear();
+            self.shared_weights
+                .extend(g.iter().map(|&z| crate::kernels::textbook::sigmoid(z)));
+            self.shared_rows.clear();
+            self.shared_rows.extend(0..t as u32);
+            b.scatter_add_rows(
+                &mut s.moe_out,
+                &s.expert_out,
+                &self.shared_rows,
+                &self.shared_weights,
+                d,
+            )?;
         }
         b.copy(&mut s.xb, 0, &s.moe_out, 0, t * d)
     }

@@ -120,6 +120,10 @@ pub struct Qwen3MoeSparseMoeBlock<T> {
     pub gate: T,
     /// `mlp.experts.{e}`: `num_experts` SwiGLUs of width `moe_intermediate_size`.
     pub experts: Vec<Qwen3MLP<T>>,
+    /// Qwen3.5-MoE: `mlp.shared_expert` (a SwiGLU of width `shared_expert_intermediate_size`
+    /// every token runs) and `mlp.shared_expert_gate.weight` (`[1, hidden]`, f32): the block's
+    /// output gains `sigmoid(gate x) * shared_expert(x)`.
+    pub shared_expert: Option<(Qwen3MLP<T>, T)>,
 }
 
 /// `Qwen3Attention` (and `Qwen2Attention`): projections, and per-head q/k RMSNorms (new in Qwen3)
@@ -177,8 +181,11 @@ impl<'a> Model<'a> {
                 ),
             };
             let router = match &l.mlp {
-                Mlp::Sparse(moe) => Some(&moe.gate),
-                Mlp::Dense(_) => None,
+                Mlp::Sparse(moe) => {
+                    let shared = moe.shared_expert.as_ref().map(|(_, g)| g);
+                    [Some(&moe.gate), shared].into_iter().flatten().collect()
+                }
+                Mlp::Dense(_) => vec![],
             };
             [&l.input_layernorm, &l.post_attention_layernorm]
                 .into_iter()
@@ -263,6 +270,13 @@ impl<'a, T> Model<'a, T> {
                     experts: (0..moe.num_experts)
                         .map(|e| swiglu(&mut get, &format!("{p}.mlp.experts.{e}")))
                         .collect::<Result<_>>()?,
+                    shared_expert: match moe.shared_expert_intermediate_size {
+                        0 => None,
+                        _ => Some((
+                            swiglu(&mut get, &format!("{p}.mlp.shared_expert"))?,
+                            get(&format!("{p}.mlp.shared_expert_gate.weight"))?,
+                        )),
+                    },
                 }),
                 _ => Mlp::Dense(swiglu(&mut get, &format!("{p}.mlp"))?),
             };

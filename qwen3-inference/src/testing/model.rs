@@ -89,6 +89,7 @@ pub fn moe_config(dtype: DType) -> ModelConfig {
             norm_topk_prob: true,
             decoder_sparse_step: 1,
             mlp_only_layers: vec![1],
+            shared_expert_intermediate_size: 0,
         }),
         ..config(dtype)
     }
