@@ -186,11 +186,12 @@ pub fn run(args: InfoArgs) -> Result<()> {
         bytes(position(KvType::Bf16))
     );
     // A hybrid model's sequence holds its Gated DeltaNets' states whatever its length, and
-    // `serve` keeps a second copy a slot (the prefix cache's snapshot, `Engine::reusable`).
+    // `serve` keeps a second copy a slot (the prefix cache's snapshot, `Engine::reusable`), a
+    // third with drafts (the states before a step that verifies them).
     let state = c.linear_state_bytes();
     if state > 0 {
         println!(
-            "                         Gated DeltaNet state {} a sequence (f32), whatever its length; twice that a serving slot",
+            "                         Gated DeltaNet state {} a sequence (f32), whatever its length; twice that a serving slot (three times with drafts)",
             bytes(state)
         );
     }

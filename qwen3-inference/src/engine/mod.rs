@@ -228,6 +228,11 @@ pub struct Engine<'m, B: Backend> {
     caches: Vec<Cache<B>>,
     /// A hybrid model's: slot `i`'s states at `slots[i].snapshot` (empty for other models).
     snapshots: Vec<StateSnapshot<B>>,
+    /// A hybrid model's: slot `i`'s states before a step that verifies its drafts, to go back to
+    /// when one is rejected (made at a slot's first draft).
+    before_drafts: Vec<Option<StateSnapshot<B>>>,
+    /// Step 4's list of the hybrid slots whose drafts were rejected: (slot, position before).
+    rollbacks: Vec<(usize, usize)>,
     waiting: VecDeque<(RequestId, Request)>,
     next_id: RequestId,
     steps: u64,
@@ -289,6 +294,8 @@ impl<'m, B: Backend> Engine<'m, B> {
         Ok(Engine {
             fwd,
             cfg,
+            before_drafts: (0..cfg.slots).map(|_| None).collect(),
+            rollbacks: Vec::new(),
             slots,
             caches,
             snapshots,
@@ -313,6 +320,14 @@ impl<'m, B: Backend> Engine<'m, B> {
     /// that both models have the same tokens (`Tokenizer::same_tokens`): the draft model reads
     /// the target's token ids.
     pub fn with_draft_model(mut self, model: &'m Model<'m, B::Tensor>) -> Result<Self> {
+        if model.config.linear_attention.is_some() {
+            // Its guesses would advance its own states past the rejected ones
+            // (draft_model.rs rolls back keys and values only).
+            bail!(
+                "a draft model with Gated DeltaNet layers (Qwen3.5) is not supported: give a \
+                 Qwen3 or Qwen2 draft model of the same vocabulary, or --draft ngram"
+            );
+        }
         let ctx = self.context_len().min(model.config.max_context() as usize);
         let slots = self.cfg.slots;
         let (backend, kv) = (self.fwd.backend(), self.fwd.kv_type());
@@ -393,7 +408,7 @@ impl<'m, B: Backend> Engine<'m, B> {
     }
 
     /// Whether the model's sequences carry a state besides keys and values (Qwen3.5's Gated
-    /// DeltaNet layers), which the prefix cache takes back by snapshots and drafts cannot yet.
+    /// DeltaNet layers), which the prefix cache and rejected drafts take back by snapshots.
     fn has_linear_state(&self) -> bool {
         self.fwd.model().config.linear_attention.is_some()
     }
@@ -460,15 +475,6 @@ impl<'m, B: Backend> Engine<'m, B> {
         }
         if let Err(e) = req.sampler.validate() {
             return Err(Rejected::Invalid(e.to_string()));
-        }
-        if !matches!(req.draft, Draft::None) && self.has_linear_state() {
-            // A rejected draft must take the state back to the last accepted token; snapshots
-            // of the Gated DeltaNets' states are not implemented yet.
-            return Err(Rejected::Invalid(
-                "speculative decoding is not implemented for models with Gated DeltaNet layers \
-                 (Qwen3.5): their state cannot be rolled back to the last accepted draft yet"
-                    .into(),
-            ));
         }
         if matches!(req.draft, Draft::Model { .. }) && self.draft_model.is_none() {
             return Err(Rejected::Invalid(
@@ -578,6 +584,9 @@ impl<'m, B: Backend> Engine<'m, B> {
         if self.plan.is_empty() {
             return;
         }
+        if let Err(e) = self.save_before_drafts() {
+            return self.fail_step(&e.to_string(), events);
+        }
         let result = if self.needs_masks() {
             // The masks of this step's constrained rows, on a second thread while the pass
             // runs: a mask depends only on the tokens written so far, not on these logits.
@@ -594,7 +603,8 @@ impl<'m, B: Backend> Engine<'m, B> {
         match result {
             Ok(k) => {
                 self.take_snapshots();
-                self.sample(k, events)
+                self.sample(k, events);
+                self.roll_back_rejected_drafts(events);
             }
             Err(e) => self.fail_step(&e.to_string(), events),
         }
@@ -603,18 +613,24 @@ impl<'m, B: Backend> Engine<'m, B> {
     /// Step 1: free slots take waiting requests, first come first served.
     fn admit(&mut self, events: &mut Vec<Event>) {
         while !self.waiting.is_empty() {
-            // The free slot whose cache shares the longest prefix with the prompt; among
-            // equals, the least recently used (so that a busy conversation's cache is not the
-            // first overwritten).
+            // The free slot whose cache gives the prompt the most tokens; among equals, the one
+            // that shares the longest prefix with it (a prompt that repeats a cached one whole,
+            // all but its last token reusable, goes back to that slot rather than over another
+            // conversation), then the least recently used (so that a busy conversation's cache
+            // is not the first overwritten).
             let prompt = &self.waiting[0].1.prompt;
             let best = self
                 .slots
                 .iter()
                 .enumerate()
                 .filter(|(_, s)| s.job.is_none())
-                .map(|(i, s)| (self.reusable(s, prompt), std::cmp::Reverse(s.last_used), i))
+                .map(|(i, s)| {
+                    let common = common_prefix_len(&s.cached, prompt);
+                    let reuse = self.reusable(s, prompt);
+                    (reuse, common, std::cmp::Reverse(s.last_used), i)
+                })
                 .max();
-            let Some((_, _, i)) = best else { break };
+            let Some((_, _, _, i)) = best else { break };
             let (id, req) = self.waiting.pop_front().expect("not empty");
             // A prompt to score runs whole: the logits of its cached positions are gone.
             let reuse = match req.prompt_logprobs {
@@ -813,6 +829,59 @@ impl<'m, B: Backend> Engine<'m, B> {
         }
     }
 
+    /// Before the pass of a hybrid model: each sequence that verifies drafts this step keeps its
+    /// states as they are, at the position of its pending token, in case one is rejected.
+    fn save_before_drafts(&mut self) -> Result<()> {
+        if self.snapshots.is_empty() {
+            return Ok(());
+        }
+        for seg in &self.plan {
+            // A decoding segment with drafts: more rows of logits than one.
+            if seg.logits <= 1 {
+                continue;
+            }
+            let snap = match &mut self.before_drafts[seg.seq] {
+                Some(snap) => snap,
+                slot @ None => match self.fwd.new_snapshot()? {
+                    Some(snap) => slot.insert(snap),
+                    None => continue,
+                },
+            };
+            self.fwd.save_state(&self.caches[seg.seq], snap)?;
+        }
+        Ok(())
+    }
+
+    /// After step 4, a hybrid model's sequences whose drafts were rejected: their keys and
+    /// values past the accepted tokens are simply overwritten later, but their Gated DeltaNets'
+    /// states went through every draft. They go back to the states before the step, and the
+    /// tokens of the step (the pending one, the accepted drafts and the token drawn after them)
+    /// run again at the next step, one by one in the recurrence as plain decoding runs them, so
+    /// the answer's tokens and states are plain decoding's (`drafts_change_nothing_but_the_steps`).
+    fn roll_back_rejected_drafts(&mut self, events: &mut Vec<Event>) {
+        for (i, before) in std::mem::take(&mut self.rollbacks) {
+            let Some(snap) = &self.before_drafts[i] else {
+                continue;
+            };
+            let slot = &mut self.slots[i];
+            if slot.job.is_none() {
+                // The request ended in this step: its cache is not reused past `before`.
+                slot.cached.truncate(before);
+                slot.snapshot = slot.snapshot.filter(|&s| s <= before);
+            }
+            match self.fwd.restore_state(snap, &mut self.caches[i]) {
+                Ok(()) => slot.cached.truncate(before),
+                Err(e) => {
+                    slot.forget();
+                    if let Some(job) = slot.job.take() {
+                        let error = e.to_string();
+                        events.push(Event::Failed { id: job.id, error });
+                    }
+                }
+            }
+        }
+    }
+
     /// Step 4, after a successful pass: the fed tokens are cached; each row of logits gives its
     /// sequence's next token. A segment with drafts has a row for each: its rows are read in
     /// order while the token drawn from one is the draft the next row ran (draft.rs), and the
@@ -873,6 +942,11 @@ impl<'m, B: Backend> Engine<'m, B> {
                 }
             }
             if let Some(d) = job.drafter.as_mut().filter(|d| !d.proposed.is_empty()) {
+                // A hybrid model's state went through every draft: back to `start` if one
+                // was rejected (`roll_back_rejected_drafts`).
+                if accepted < d.proposed.len() && !self.snapshots.is_empty() {
+                    self.rollbacks.push((seg.seq, start));
+                }
                 d.verified(accepted);
             }
             match outcome {
