@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Write a random-weight checkpoint with the exact shapes of Qwen3-0.6B, Qwen3-1.7B or Qwen3-30B-A3B.
+"""Write a random-weight checkpoint with the exact shapes of Qwen3-0.6B, Qwen3-1.7B, Qwen3-30B-A3B or
+Qwen3.5-0.8B.
 
 For benchmarks (speed and memory need the real shapes, not the real weights) on machines without
 the real checkpoint:
 
     ../venv-torch/bin/python scripts/make_bench_model.py --shape 0.6b OUT_DIR [--check]
     ../venv-torch/bin/python scripts/make_bench_model.py --shape 30b-a3b --layers 8 OUT_DIR [--check]
+    ../venv-torch/bin/python scripts/make_bench_model.py --shape qwen3.5-0.8b OUT_DIR [--check]
 
 OUT_DIR gets config.json and generation_config.json (the hub keys and values of that model),
 model.safetensors (bf16, like the hub checkpoints), and the real Qwen3 tokenizer.json and
@@ -16,6 +18,12 @@ tokenizer_config.json copied from --qwen3-tokenizer. Do not commit the output (1
 hub's per-expert tensor names (model.layers.N.mlp.gate.weight is the router,
 model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight the experts). The router weights get a
 larger gain than the other matrices so that different tokens pick clearly different experts.
+qwen3.5-0.8b is the text model of Qwen3.5-0.8B as a `Qwen3_5ForCausalLM` (model_type qwen3_5_text):
+24 layers, every fourth gated attention (8 query heads of 256, 2 KV heads, RoPE on a quarter of each
+head), the others Gated DeltaNets (16 key and 16 value heads of 128, a convolution of width 4), an
+MLP of 3584, tied embeddings of Qwen3.5's 248,320 rows. Its decays and write strengths are drawn in
+a trained layer's range, its (1 + w) norms around zero. The tokenizer is still Qwen3's (the hub is
+out of reach): the rows past it are padding, which changes no layer's work.
 --layers N writes only the first N decoder layers (config num_hidden_layers = N; each layer's work
 is unchanged), so that a model too big for the disk can still be benchmarked per layer.
 --zero-experts leaves every expert weight zero and writes it as a hole in a sparse file: the full
@@ -53,6 +61,11 @@ SHAPES = {
     "30b-a3b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
                     num_key_value_heads=4, head_dim=128, num_experts=128, moe_intermediate_size=768,
                     num_experts_per_tok=8),
+    # Qwen3.5: the text model's shape (hub config's text_config); layer kinds every fourth attention.
+    "qwen3.5-0.8b": dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8,
+                         num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
+                         linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                         vocab_size=248320),
 }
 ROUTER_GAIN = 3.0  # router logits with std about 3: softmax spread, top-8 varies from token to token
 VOCAB = 151936
@@ -64,6 +77,8 @@ def hub_config(shape: dict) -> dict:
     """The hub config.json's keys, in their order (Qwen3-0.6B/1.7B, or Qwen3-30B-A3B for MoE shapes)."""
     if "num_experts" in shape:
         return hub_config_moe(shape)
+    if "linear_num_key_heads" in shape:
+        return hub_config_qwen3_5(shape)
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "attention_bias": False,
@@ -134,6 +149,39 @@ def hub_config_moe(shape: dict) -> dict:
     }
 
 
+def layer_types(shape: dict) -> list:
+    """Qwen3.5's layer kinds: every fourth layer attention (full_attention_interval 4)."""
+    return ["full_attention" if (l + 1) % 4 == 0 else "linear_attention" for l in range(shape["num_hidden_layers"])]
+
+
+def hub_config_qwen3_5(shape: dict) -> dict:
+    """Qwen3.5-0.8B's text_config keys and values, as a text-only Qwen3_5ForCausalLM."""
+    keys = ("head_dim", "hidden_size", "intermediate_size", "linear_conv_kernel_dim", "linear_key_head_dim",
+            "linear_num_key_heads", "linear_num_value_heads", "linear_value_head_dim", "num_attention_heads",
+            "num_hidden_layers", "num_key_value_heads", "vocab_size")
+    return {
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "attn_output_gate": True,
+        "bos_token_id": BOS,
+        "dtype": "bfloat16",
+        "eos_token_id": IM_END,
+        "full_attention_interval": 4,
+        "hidden_act": "silu",
+        "initializer_range": 0.02,
+        "layer_types": layer_types(shape),
+        "max_position_embeddings": 262144,
+        "model_type": "qwen3_5_text",
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "partial_rotary_factor": 0.25,
+                            "rope_theta": 10000000, "rope_type": "default"},
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        **{k: shape[k] for k in keys},
+    }
+
+
 GENERATION_CONFIG = {
     "bos_token_id": BOS,
     "do_sample": True,
@@ -149,6 +197,8 @@ GENERATION_CONFIG = {
 def tensor_specs(shape: dict):
     """(name, shape, kind, gain) for every tensor. Dense shapes tie the embeddings (no lm_head.weight);
     MoE shapes have an lm_head.weight and a router plus per-expert projections instead of a dense MLP."""
+    if "linear_num_key_heads" in shape:
+        return tensor_specs_qwen3_5(shape)
     h, inter = shape["hidden_size"], shape["intermediate_size"]
     hd, nh, nkv = shape["head_dim"], shape["num_attention_heads"], shape["num_key_value_heads"]
     moe = "num_experts" in shape
@@ -187,6 +237,51 @@ def tensor_specs(shape: dict):
     return sorted(specs, key=lambda s: s[0])
 
 
+def tensor_specs_qwen3_5(shape: dict):
+    """Qwen3_5ForCausalLM's tensors: (name, shape, kind, gain). Kinds past the Qwen3 ones: `centred`
+    (a (1 + w) norm's w, U(-0.5, 0.5)), `a_log` (log U(0.05, 0.5)), `dt_bias` (U(-3, -2)): a memory
+    of tens of tokens, as the fixtures draw it (scripts/fixture_qwen3_5.py)."""
+    h, inter, V = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
+    hd, nh, nkv = shape["head_dim"], shape["num_attention_heads"], shape["num_key_value_heads"]
+    kd = shape["linear_num_key_heads"] * shape["linear_key_head_dim"]
+    vh, dv = shape["linear_num_value_heads"], shape["linear_value_head_dim"]
+    cd, kc = 2 * kd + vh * dv, shape["linear_conv_kernel_dim"]
+    specs = [("model.embed_tokens.weight", [V, h], "embed", 0.35), ("model.norm.weight", [h], "centred", 0)]
+    for l, kind in enumerate(layer_types(shape)):
+        p = f"model.layers.{l}."
+        specs += [
+            (p + "input_layernorm.weight", [h], "centred", 0),
+            (p + "post_attention_layernorm.weight", [h], "centred", 0),
+            (p + "mlp.down_proj.weight", [h, inter], "mat", 1.0),
+            (p + "mlp.gate_proj.weight", [inter, h], "mat", 1.5),
+            (p + "mlp.up_proj.weight", [inter, h], "mat", 1.5),
+        ]
+        if kind == "linear_attention":
+            q = p + "linear_attn."
+            specs += [
+                (q + "in_proj_qkv.weight", [cd, h], "mat", 2.0),
+                (q + "in_proj_z.weight", [vh * dv, h], "mat", 1.0),
+                (q + "in_proj_b.weight", [vh, h], "mat", 1.0),
+                (q + "in_proj_a.weight", [vh, h], "mat", 1.0),
+                (q + "conv1d.weight", [cd, 1, kc], "embed", 0.5),
+                (q + "A_log", [vh], "a_log", 0),
+                (q + "dt_bias", [vh], "dt_bias", 0),
+                (q + "norm.weight", [dv], "norm", 0),
+                (q + "out_proj.weight", [h, vh * dv], "mat", 1.0),
+            ]
+        else:
+            q = p + "self_attn."
+            specs += [
+                (q + "q_proj.weight", [2 * nh * hd, h], "mat", 2.0),
+                (q + "k_proj.weight", [nkv * hd, h], "mat", 2.0),
+                (q + "v_proj.weight", [nkv * hd, h], "mat", 1.0),
+                (q + "o_proj.weight", [h, nh * hd], "mat", 1.0),
+                (q + "q_norm.weight", [hd], "centred", 0),
+                (q + "k_norm.weight", [hd], "centred", 0),
+            ]
+    return sorted(specs, key=lambda s: s[0])
+
+
 def header_bytes(specs) -> bytes:
     """safetensors header: u64 LE length, then JSON padded with spaces to a multiple of 8."""
     header = {"__metadata__": {"format": "pt"}}
@@ -205,12 +300,18 @@ def write_tensor(f, gen: torch.Generator, shape, kind: str, gain: float) -> None
         f.seek(math.prod(shape) * 2, os.SEEK_CUR)  # a hole: reads back as zeros, takes no disk
         return
     rows = shape[0]
-    cols = shape[1] if len(shape) > 1 else 1
+    cols = math.prod(shape[1:])
     step = max(1, CHUNK_ELEMS // cols)
     for r0 in range(0, rows, step):
         n = min(step, rows - r0)
         if kind == "norm":
             x = torch.rand(n * cols, generator=gen) + 0.5  # U(0.5, 1.5)
+        elif kind == "centred":
+            x = torch.rand(n * cols, generator=gen) - 0.5  # U(-0.5, 0.5)
+        elif kind == "a_log":
+            x = (torch.rand(n * cols, generator=gen) * 0.45 + 0.05).log()
+        elif kind == "dt_bias":
+            x = -2.0 - torch.rand(n * cols, generator=gen)
         elif kind == "embed":
             x = torch.randn(n * cols, generator=gen) * gain
         else:

@@ -359,7 +359,7 @@ impl<'a> Backend for CpuBackend<'a> {
     }
 
     fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>, n: usize) -> Result<()> {
-        super::host::sigmoid_mul(x, gate, n)
+        super::host::sigmoid_mul(&super::host::FAST, x, gate, n)
     }
 
     fn causal_conv_silu(
@@ -370,7 +370,7 @@ impl<'a> Backend for CpuBackend<'a> {
         rows: std::ops::Range<usize>,
         shape: DeltaNetShape,
     ) -> Result<()> {
-        super::host::causal_conv_silu(x, window, norm_weight(w)?, rows, shape)
+        super::host::causal_conv_silu(&super::host::FAST, x, window, norm_weight(w)?, rows, shape)
     }
 
     fn gated_delta_rule(
@@ -387,7 +387,19 @@ impl<'a> Backend for CpuBackend<'a> {
         shape: DeltaNetShape,
     ) -> Result<()> {
         let (a_log, dt_bias) = (norm_weight(a_log)?, norm_weight(dt_bias)?);
-        super::host::gated_delta_rule(o, qkv, a, b, a_log, dt_bias, state, rows, pos0, shape)
+        super::host::gated_delta_rule(
+            &super::host::FAST,
+            o,
+            qkv,
+            a,
+            b,
+            a_log,
+            dt_bias,
+            state,
+            rows,
+            pos0,
+            shape,
+        )
     }
 
     fn gated_rmsnorm(
@@ -405,7 +417,7 @@ impl<'a> Backend for CpuBackend<'a> {
             "gated_rmsnorm: a gain of {} for rows of {n}",
             w.len()
         );
-        super::host::gated_rmsnorm(o, z, w, rows, eps)
+        super::host::gated_rmsnorm(&super::host::FAST, o, z, w, rows, eps)
     }
 }
 

@@ -4,6 +4,7 @@
 //! not a panic, as a device backend does.
 
 use crate::kernels::delta_net::{self, DeltaNetShape};
+use crate::kernels::delta_net_fast;
 use anyhow::{bail, ensure, Result};
 use std::ops::Range;
 
@@ -84,18 +85,48 @@ fn first<'x>(op: &str, x: &'x [f32], n: usize) -> Result<&'x [f32]> {
         .ok_or_else(|| anyhow::anyhow!("{op}: {n} values of {}", x.len()))
 }
 
+/// The kernels a host backend runs the hybrid layers' steps with: the plain backend the
+/// textbook's, the CPU backend the fast ones (`kernels/delta_net_fast.rs`, tested against them).
+pub struct HybridKernels {
+    pub sigmoid_mul: fn(&mut [f32], &[f32]),
+    pub causal_conv_silu: fn(&mut [f32], &mut [f32], &[f32], DeltaNetShape),
+    #[allow(clippy::type_complexity)]
+    pub gated_delta_rule:
+        fn(&mut [f32], &[f32], &[f32], &[f32], &[f32], &[f32], &mut [f32], usize, DeltaNetShape),
+    pub gated_rmsnorm: fn(&mut [f32], &[f32], &[f32], f32),
+}
+
+/// The textbook steps (`kernels/delta_net.rs`).
+pub const TEXTBOOK: HybridKernels = HybridKernels {
+    sigmoid_mul: |x, gate| {
+        for (x, &g) in x.iter_mut().zip(gate) {
+            *x *= crate::kernels::textbook::sigmoid(g);
+        }
+    },
+    causal_conv_silu: delta_net::causal_conv_silu,
+    gated_delta_rule: delta_net::gated_delta_rule,
+    gated_rmsnorm: delta_net::gated_rmsnorm,
+};
+
+/// The fast steps (`kernels/delta_net_fast.rs`).
+pub const FAST: HybridKernels = HybridKernels {
+    sigmoid_mul: delta_net_fast::sigmoid_mul,
+    causal_conv_silu: delta_net_fast::causal_conv_silu,
+    gated_delta_rule: delta_net_fast::gated_delta_rule,
+    gated_rmsnorm: delta_net_fast::gated_rmsnorm,
+};
+
 /// [`super::Backend::sigmoid_mul`]: `x[i] *= sigmoid(gate[i])`.
-pub fn sigmoid_mul(x: &mut [f32], gate: &[f32], n: usize) -> Result<()> {
+pub fn sigmoid_mul(k: &HybridKernels, x: &mut [f32], gate: &[f32], n: usize) -> Result<()> {
     let gate = first("sigmoid_mul", gate, n)?;
     ensure!(n <= x.len(), "sigmoid_mul: {n} values of {}", x.len());
-    for (x, &g) in x[..n].iter_mut().zip(gate) {
-        *x *= crate::kernels::textbook::sigmoid(g);
-    }
+    (k.sigmoid_mul)(&mut x[..n], gate);
     Ok(())
 }
 
 /// [`super::Backend::causal_conv_silu`] on host memory, its ranges checked.
 pub fn causal_conv_silu(
+    k: &HybridKernels,
     x: &mut [f32],
     window: &mut [f32],
     w: &[f32],
@@ -112,13 +143,14 @@ pub fn causal_conv_silu(
         window.len(),
         w.len()
     );
-    delta_net::causal_conv_silu(&mut x[rows.start * cd..rows.end * cd], window, w, s);
+    (k.causal_conv_silu)(&mut x[rows.start * cd..rows.end * cd], window, w, s);
     Ok(())
 }
 
 /// [`super::Backend::gated_delta_rule`] on host memory, its ranges checked.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta_rule(
+    k: &HybridKernels,
     o: &mut [f32],
     qkv: &[f32],
     a: &[f32],
@@ -142,7 +174,7 @@ pub fn gated_delta_rule(
          another shape"
     );
     let (r0, r1) = (rows.start, rows.end);
-    delta_net::gated_delta_rule(
+    (k.gated_delta_rule)(
         &mut o[r0 * vd..r1 * vd],
         &qkv[r0 * cd..r1 * cd],
         &a[r0 * vh..r1 * vh],
@@ -157,10 +189,17 @@ pub fn gated_delta_rule(
 }
 
 /// [`super::Backend::gated_rmsnorm`] on host memory, its ranges checked.
-pub fn gated_rmsnorm(o: &mut [f32], z: &[f32], w: &[f32], rows: usize, eps: f32) -> Result<()> {
+pub fn gated_rmsnorm(
+    k: &HybridKernels,
+    o: &mut [f32],
+    z: &[f32],
+    w: &[f32],
+    rows: usize,
+    eps: f32,
+) -> Result<()> {
     let len = rows * w.len();
     let z = first("gated_rmsnorm", z, len)?;
     ensure!(len <= o.len(), "gated_rmsnorm: {len} values of {}", o.len());
-    delta_net::gated_rmsnorm(&mut o[..len], z, w, eps);
+    (k.gated_rmsnorm)(&mut o[..len], z, w, eps);
     Ok(())
 }

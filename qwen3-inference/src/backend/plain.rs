@@ -333,7 +333,7 @@ impl<'a> Backend for PlainBackend<'a> {
     }
 
     fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>, n: usize) -> Result<()> {
-        super::host::sigmoid_mul(x, gate, n)
+        super::host::sigmoid_mul(&super::host::TEXTBOOK, x, gate, n)
     }
 
     fn causal_conv_silu(
@@ -344,7 +344,14 @@ impl<'a> Backend for PlainBackend<'a> {
         rows: std::ops::Range<usize>,
         shape: DeltaNetShape,
     ) -> Result<()> {
-        super::host::causal_conv_silu(x, window, f32_weights(w)?, rows, shape)
+        super::host::causal_conv_silu(
+            &super::host::TEXTBOOK,
+            x,
+            window,
+            f32_weights(w)?,
+            rows,
+            shape,
+        )
     }
 
     fn gated_delta_rule(
@@ -361,7 +368,19 @@ impl<'a> Backend for PlainBackend<'a> {
         shape: DeltaNetShape,
     ) -> Result<()> {
         let (a_log, dt_bias) = (f32_weights(a_log)?, f32_weights(dt_bias)?);
-        super::host::gated_delta_rule(o, qkv, a, b, a_log, dt_bias, state, rows, pos0, shape)
+        super::host::gated_delta_rule(
+            &super::host::TEXTBOOK,
+            o,
+            qkv,
+            a,
+            b,
+            a_log,
+            dt_bias,
+            state,
+            rows,
+            pos0,
+            shape,
+        )
     }
 
     fn gated_rmsnorm(
@@ -379,7 +398,7 @@ impl<'a> Backend for PlainBackend<'a> {
             "gated_rmsnorm: a gain of {} for rows of {n}",
             w.len()
         );
-        super::host::gated_rmsnorm(o, z, w, rows, eps)
+        super::host::gated_rmsnorm(&super::host::TEXTBOOK, o, z, w, rows, eps)
     }
 }
 
@@ -421,10 +440,12 @@ mod tests {
 
     /// The same for a Qwen3.5 (three Gated DeltaNets, then gated attention over a quarter of
     /// each head): a 70-token prompt (a whole chunk of the delta rule, then six tokens by the
-    /// recurrence), then decode.
+    /// recurrence), then decode. The CPU backend's Gated DeltaNet steps sum in lanes, in
+    /// products of small matrices, with the polynomial `exp` (`kernels/delta_net_fast.rs`), so
+    /// the two differ by more rounding than in a Qwen3 (1.0e-5 measured in f32).
     #[test]
     fn the_cpu_backend_computes_the_plain_math_of_hybrid_layers() {
-        for (dt, tol) in [(DType::F32, 1e-5), (DType::Bf16, 1e-5), (DType::Q8, 0.15)] {
+        for (dt, tol) in [(DType::F32, 2e-5), (DType::Bf16, 2e-5), (DType::Q8, 0.15)] {
             let d =
                 std::env::temp_dir().join(format!("pq-plain-hybrid-{}-{dt:?}", std::process::id()));
             std::fs::create_dir_all(&d).unwrap();

@@ -123,22 +123,7 @@ pub fn gated_delta_rule(
         }
     }
 
-    // The runs of tokens by form: (first, end, chunked).
-    let c = delta_rule::CHUNK;
-    let mut runs = Vec::new();
-    let mut i = 0;
-    while i < n {
-        let whole = (pos0 + i).is_multiple_of(c) && i + c <= n;
-        let end = match whole {
-            true => i + c,
-            // Up to the next whole chunk's start, or the end.
-            false => (i + 1..n)
-                .find(|&j| (pos0 + j).is_multiple_of(c) && j + c <= n)
-                .unwrap_or(n),
-        };
-        runs.push((i, end, whole));
-        i = end;
-    }
+    let runs = runs_by_form(pos0, n);
 
     // 5. Each value head's memory over the tokens, reading its key head's q and k (value heads
     //    share key heads as GQA's query heads share KV heads).
@@ -148,6 +133,7 @@ pub fn gated_delta_rule(
             .flat_map(|i| m[i * width + at * len..i * width + (at + 1) * len].to_vec())
             .collect()
     };
+    let c = delta_rule::CHUNK;
     for h in 0..vh {
         let kh = h / group;
         let (qh, khs) = (column(&q, kd, kh, dk), column(&k, kd, kh, dk));
@@ -177,6 +163,28 @@ pub fn gated_delta_rule(
     }
 }
 
+/// The tokens `0..n` of a call whose first is at position `pos0`, cut into runs by the form that
+/// computes them: `(first, end, chunked)`, the chunked runs being whole chunks of
+/// [`delta_rule::CHUNK`] that start at a multiple of it ([`gated_delta_rule`] says why).
+pub(crate) fn runs_by_form(pos0: usize, n: usize) -> Vec<(usize, usize, bool)> {
+    let c = delta_rule::CHUNK;
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < n {
+        let whole = (pos0 + i).is_multiple_of(c) && i + c <= n;
+        let end = match whole {
+            true => i + c,
+            // Up to the next whole chunk's start, or the end.
+            false => (i + 1..n)
+                .find(|&j| (pos0 + j).is_multiple_of(c) && j + c <= n)
+                .unwrap_or(n),
+        };
+        runs.push((i, end, whole));
+        i = end;
+    }
+    runs
+}
+
 /// Step 6, `Qwen3_5RMSNormGated`: each row of `dv` values of `o` normalised, scaled by `w`, then
 /// gated by `silu(z)`, in place: `o = (w * (o / rms(o))) * silu(z)`. o, z: `[rows, dv]`.
 pub fn gated_rmsnorm(o: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
@@ -191,7 +199,7 @@ pub fn gated_rmsnorm(o: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
 
 /// `log(1 + e^x)`, as torch's `F.softplus` computes it (the input itself above 20, where the
 /// two agree to f32's precision).
-fn softplus(x: f32) -> f32 {
+pub(crate) fn softplus(x: f32) -> f32 {
     if x > 20.0 {
         x
     } else {
@@ -200,7 +208,7 @@ fn softplus(x: f32) -> f32 {
 }
 
 /// `x / sqrt(sum(x^2) + 1e-6)` (transformers' `l2norm`, FLA's convention).
-fn l2norm(x: &mut [f32]) {
+pub(crate) fn l2norm(x: &mut [f32]) {
     let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
     x.iter_mut().for_each(|v| *v *= inv);
 }

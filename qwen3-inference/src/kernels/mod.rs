@@ -59,6 +59,7 @@ macro_rules! vectorized {
 pub mod attention;
 pub mod bandwidth;
 pub mod delta_net;
+pub mod delta_net_fast;
 pub mod delta_rule;
 pub mod dot;
 mod elementwise;
