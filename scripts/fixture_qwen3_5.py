@@ -1,4 +1,4 @@
-"""The Qwen3.5 parts of scripts/make_fixtures.py: a `Qwen3_5ForConditionalGeneration`
+"""The Qwen3.5 and Qwen3-Next parts of scripts/make_fixtures.py: a `Qwen3_5ForConditionalGeneration`
 checkpoint in the hub's layout (config.json with `text_config` and `vision_config`; the text
 model under `model.language_model.`, a tiny vision tower under `model.visual.`, and `mtp.*`
 tensors as the hub's checkpoints carry them), and how transformers loads it.
@@ -7,12 +7,20 @@ The vision tower's weights are transformers' own initialisation of a tiny tower;
 model's are drawn here as make_fixtures.py draws Qwen3's, with the Gated DeltaNet's own: its
 decays in a range where the memory spans tens of tokens (so a prompt longer than a 64-token
 chunk depends on the chunked form's carry between chunks), write strengths around 0.5.
+
+A `Qwen3NextForCausalLM` (arch `qwen3_next`) is the same text model in Qwen3-Next's layout: its
+config flat, each Gated DeltaNet's projections fused per key head (`in_proj_qkvz`,
+`in_proj_ba`: `next_layout`), its experts under per-expert names as the hub's checkpoints store
+them, and the MTP layer's tensors (no vision tower).
 """
 
 import math
 
 import torch
 import transformers
+
+# The spec `arch`s this module makes checkpoints of.
+ARCHS = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
 # The MTP layer's tensors as Qwen3.5's hub checkpoints name them (one decoder layer and its
 # fusing projection; transformers does not load them: Qwen3_5ForConditionalGeneration ignores
@@ -23,6 +31,94 @@ MTP_TENSORS = ["mtp.fc.weight", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.we
 
 def layer_types(spec: dict) -> list:
     return spec["layer_types"]
+
+
+def next_config(spec: dict, bos: int, eos) -> dict:
+    """config.json of a Qwen3-Next checkpoint on the hub (Qwen3-Next-80B-A3B's keys), flat."""
+    la, moe = spec["linear"], spec["moe"]
+    return {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": bos,
+        "decoder_sparse_step": moe["decoder_sparse_step"],
+        "eos_token_id": eos,
+        "full_attention_interval": 4,
+        "head_dim": spec["head_dim"],
+        "hidden_act": "silu",
+        "hidden_size": spec["hidden"],
+        "initializer_range": 0.02,
+        "intermediate_size": spec["intermediate"],
+        "linear_conv_kernel_dim": la["conv_kernel"],
+        "linear_key_head_dim": la["key_head_dim"],
+        "linear_num_key_heads": la["key_heads"],
+        "linear_num_value_heads": la["value_heads"],
+        "linear_value_head_dim": la["value_head_dim"],
+        "max_position_embeddings": spec["max_pos"],
+        "mlp_only_layers": moe["mlp_only_layers"],
+        "model_type": "qwen3_next",
+        "moe_intermediate_size": moe["moe_intermediate"],
+        "norm_topk_prob": moe["norm_topk_prob"],
+        "num_attention_heads": spec["heads"],
+        "num_experts": moe["num_experts"],
+        "num_experts_per_tok": moe["top_k"],
+        "num_hidden_layers": spec["layers"],
+        "num_key_value_heads": spec["kv_heads"],
+        "output_router_logits": False,
+        "partial_rotary_factor": spec["partial_rotary_factor"],
+        "rms_norm_eps": spec["eps"],
+        "rope_scaling": None,
+        "rope_theta": spec["rope_theta"],
+        "router_aux_loss_coef": 0.001,
+        "shared_expert_intermediate_size": moe["shared_intermediate"],
+        "tie_word_embeddings": spec["tied"],
+        "torch_dtype": spec["dtype"],
+        "transformers_version": transformers.__version__,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": spec["vocab"],
+    }
+
+
+def next_layout(spec: dict, text: dict) -> dict:
+    """Qwen3-Next's names for the text model's weights: per key head, its query, key, value and
+    z rows fused into `in_proj_qkvz`, its b and a rows into `in_proj_ba`
+    (`Qwen3NextGatedDeltaNet.fix_query_key_value_ordering` splits them back); the experts under
+    per-expert names (`mlp.experts.E.gate_proj.weight`, ...), as the hub stores them."""
+    la = spec["linear"]
+    kh, dk, dv = la["key_heads"], la["key_head_dim"], la["value_head_dim"]
+    g = la["value_heads"] // kh
+    kd = kh * dk
+    out = {}
+    for name, t in text.items():
+        if name.endswith("linear_attn.in_proj_qkv.weight"):
+            p = name[: -len("in_proj_qkv.weight")]
+            z = text[p + "in_proj_z.weight"]
+            q, k, v = t[:kd], t[kd:2 * kd], t[2 * kd:]
+            out[p + "in_proj_qkvz.weight"] = torch.cat([
+                torch.cat([q[h * dk:(h + 1) * dk], k[h * dk:(h + 1) * dk],
+                           v[h * g * dv:(h + 1) * g * dv], z[h * g * dv:(h + 1) * g * dv]])
+                for h in range(kh)])
+        elif name.endswith("linear_attn.in_proj_b.weight"):
+            p = name[: -len("in_proj_b.weight")]
+            a = text[p + "in_proj_a.weight"]
+            out[p + "in_proj_ba.weight"] = torch.cat([
+                torch.cat([t[h * g:(h + 1) * g], a[h * g:(h + 1) * g]]) for h in range(kh)])
+        elif name.endswith(("linear_attn.in_proj_z.weight", "linear_attn.in_proj_a.weight")):
+            continue
+        elif name.endswith("mlp.experts.gate_up_proj"):
+            p = name[: -len("gate_up_proj")]
+            mi = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{p}{e}.gate_proj.weight"] = t[e, :mi]
+                out[f"{p}{e}.up_proj.weight"] = t[e, mi:]
+        elif name.endswith("mlp.experts.down_proj"):
+            p = name[: -len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{p}{e}.down_proj.weight"] = t[e]
+        else:
+            out[name] = t
+    return out
 
 
 def hub_config(spec: dict, bos: int, eos) -> dict:
@@ -156,7 +252,7 @@ def text_weights(spec: dict, seed: int) -> dict:
             w[p + "self_attn.k_norm.weight"] = zero_centred(hd)
         w[p + "post_attention_layernorm.weight"] = zero_centred(h)
         moe = spec.get("moe")
-        if moe:
+        if moe and l not in moe["mlp_only_layers"]:
             # Qwen3_5MoeSparseMoeBlock: the router, the experts fused as transformers 5 holds
             # them (gate_up_proj [E, 2I, H]: each expert's gate rows, then its up rows), the
             # shared expert and its gate.
@@ -184,6 +280,12 @@ def checkpoint_weights(spec: dict, config: dict, seed: int) -> dict:
     ([`text_weights`]) under `model.language_model.`, a tiny vision tower as transformers
     initialises it (seeded), and the MTP layer's few tensors."""
     text = text_weights(spec, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    h = spec["hidden"]
+    mtp = {"mtp.fc.weight": torch.randn(h, 2 * h, generator=g) * 0.1}
+    mtp.update({name: torch.zeros(h) for name in MTP_TENSORS[1:]})
+    if spec["arch"] == "qwen3_next":
+        return {**next_layout(spec, text), **mtp}
     out = {}
     for name, t in text.items():
         out[name.replace("model.", "model.language_model.", 1) if name.startswith("model.") else name] = t
@@ -198,12 +300,7 @@ def checkpoint_weights(spec: dict, config: dict, seed: int) -> dict:
     vision = tower(cfg.vision_config)
     for name, t in vision.state_dict().items():
         out["model.visual." + name] = t.detach().clone().float()
-    g = torch.Generator().manual_seed(seed + 1)
-    h = spec["hidden"]
-    out["mtp.fc.weight"] = torch.randn(h, 2 * h, generator=g) * 0.1
-    for name in MTP_TENSORS[1:]:
-        out[name] = torch.zeros(h)
-    return out
+    return {**out, **mtp}
 
 
 def load_reference_model(ckpt, dtype, spec):
@@ -212,14 +309,18 @@ def load_reference_model(ckpt, dtype, spec):
     make_fixtures.reference_load_kwargs says), eager attention, text in (no image), the `mtp.`
     tensors left unloaded as transformers leaves them."""
     kw = {"attn_implementation": "eager", "output_loading_info": True}
-    if spec.get("moe"):
+    if spec["arch"] == "qwen3_next":
+        cls = transformers.Qwen3NextForCausalLM
+        kw["experts_implementation"] = "eager"
+    elif spec.get("moe"):
         cls = transformers.Qwen3_5MoeForConditionalGeneration
         kw["experts_implementation"] = "eager"
     else:
         cls = transformers.Qwen3_5ForConditionalGeneration
     model, info = cls.from_pretrained(str(ckpt), dtype=dtype, **kw)
     if spec.get("moe"):
-        assert model.config.text_config._experts_implementation == "eager"
+        text_config = getattr(model.config, "text_config", model.config)
+        assert text_config._experts_implementation == "eager"
     unexpected = [k for k in info.get("unexpected_keys", []) if not k.startswith("mtp.")]
     bad = {k: v for k, v in info.items() if v and k != "unexpected_keys"}
     assert not bad and not unexpected, f"{ckpt}: loading problems {bad} {unexpected}"

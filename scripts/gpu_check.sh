@@ -40,9 +40,9 @@ done
 # benchmark checkpoint takes the real Qwen3 tokenizer from the full-vocabulary one.
 for f in fixtures/models/*/; do
     f=$(basename "$f")
-    # Hybrid models (Qwen3.5's Gated DeltaNets) have no GPU kernels: the GPU backend refuses them
+    # Hybrid models (Qwen3.5's and Qwen3-Next's Gated DeltaNets) have no GPU kernels: the GPU backend refuses them
     # (qwen3-cuda's tests check it on a model of their own), so they do not travel.
-    if grep -q '"linear_attention"' "fixtures/models/$f/config.json" 2>/dev/null; then continue; fi
+    if grep -q '"linear_conv_kernel_dim"' "fixtures/models/$f/config.json" 2>/dev/null; then continue; fi
     mkdir -p "$dir/fixtures/models/$f"
     # logprobs.json is the CLI's logprobs test's, not read here
     find "fixtures/models/$f" -maxdepth 1 -type f ! -name logprobs.json -exec cp {} "$dir/fixtures/models/$f/" \;

@@ -314,7 +314,7 @@ def reference_load_kwargs(spec: dict) -> dict:
 
 
 def load_reference_model(ckpt: Path, spec: dict):
-    if spec.get("arch") in ("qwen3_5", "qwen3_5_moe"):
+    if spec.get("arch") in fixture_qwen3_5.ARCHS:
         return fixture_qwen3_5.load_reference_model(ckpt, torch.float32, spec)
     model, info = transformers.AutoModelForCausalLM.from_pretrained(
         str(ckpt), dtype=torch.float32, output_loading_info=True, **reference_load_kwargs(spec)
@@ -535,7 +535,9 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
     n_tok = tokenizer.get_vocab_size(with_added_tokens=True)
 
     qwen2 = spec.get("arch") == "qwen2"
-    if spec.get("arch") in ("qwen3_5", "qwen3_5_moe"):
+    if spec.get("arch") == "qwen3_next":
+        config = fixture_qwen3_5.next_config(spec, bos, eos_cfg)
+    elif spec.get("arch") in fixture_qwen3_5.ARCHS:
         config = fixture_qwen3_5.hub_config(spec, bos, eos_cfg)
     elif spec["config_style"] == "hub":
         moe_arch = spec.get("arch") == "qwen3_moe"
@@ -558,7 +560,7 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
         else:
             (ckpt / "tokenizer.json").write_text(tok_json_text, encoding="utf-8")
             write_json(ckpt / "tokenizer_config.json", tok_cfg)
-        if spec.get("arch") in ("qwen3_5", "qwen3_5_moe"):
+        if spec.get("arch") in fixture_qwen3_5.ARCHS:
             weights = fixture_qwen3_5.checkpoint_weights(spec, config, seed)
         else:
             weights = make_weights(spec, seed)
@@ -608,7 +610,7 @@ def build_checkpoint(spec: dict, real_tok_dir: Path, work: Path) -> dict:
     else:
         sys.exit(f"{name}: no seed in {max_tries} tries met the gap/EOS conditions")
 
-    if spec.get("arch") in ("qwen3_5", "qwen3_5_moe"):
+    if spec.get("arch") in fixture_qwen3_5.ARCHS:
         model64 = fixture_qwen3_5.load_reference_model(ckpt, torch.float64, spec)
     else:
         model64 = transformers.AutoModelForCausalLM.from_pretrained(

@@ -634,6 +634,11 @@ fn tiny_qwen3_5moe_f32_sharded() {
 }
 
 #[test]
+fn tiny_qwen3next_bf16() {
+    check_fixture("tiny-qwen3next-bf16");
+}
+
+#[test]
 fn tiny_f32_tied_gqa2() {
     check_fixture("tiny-f32-tied-gqa2");
 }
@@ -688,6 +693,7 @@ fn moe_fixtures_run_as_q4() {
         ("tiny-qwen3moe-bf16-tied", 32),
         ("tiny-qwen3moe-f32-sharded-dense-yarn", 8),
         ("tiny-qwen3_5moe-f32-sharded", 16),
+        ("tiny-qwen3next-bf16", 16),
     ] {
         let refr = load_reference(name);
         let dir = tempdir("pq-parity-q4", name);

@@ -72,7 +72,7 @@ fn export_info_and_generate_in_every_dtype() {
         }
         let out = ok(&args);
         assert!(
-            out.contains("left out 21 tensors of the vision tower (model.visual.) and 4 of the multi-token-prediction layer (mtp.)"),
+            out.contains("left out 21 tensors of the vision tower (model.visual.) and 4 tensors of the multi-token-prediction layer (mtp.)"),
             "{out}"
         );
         let info = ok(&["info", m]);
@@ -165,8 +165,8 @@ fn export_info_and_generate_in_every_dtype() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// Hybrid checkpoints not implemented yet, and layer types this runtime does not run, are
-/// refused by name before anything is written.
+/// Layer types this runtime does not run, and linear attention's sizes that do not fit
+/// together, are refused by name before anything is written.
 #[test]
 fn unsupported_hybrids_are_refused_by_name() {
     let dir = tempdir("pq-qwen3_5", "refused");
@@ -176,8 +176,8 @@ fn unsupported_hybrids_are_refused_by_name() {
     type Edit = Box<dyn Fn(&mut Value)>;
     let cases: [(&str, Edit); 3] = [
         (
-            "Qwen3NextForCausalLM is not supported yet",
-            Box::new(|c| c["architectures"][0] = "Qwen3NextForCausalLM".into()),
+            "linear_num_value_heads 3 is not a multiple of linear_num_key_heads 2",
+            Box::new(|c| c["text_config"]["linear_num_value_heads"] = 3.into()),
         ),
         (
             "\"sliding_attention\" is not a layer type this runtime runs",

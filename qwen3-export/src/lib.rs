@@ -222,7 +222,13 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
             left_out[name.starts_with("mtp.") as usize] += 1;
             continue;
         }
-        if !tied_head && !fused && !is_ignorable(name) && !expected.iter().any(|e| e.name == name) {
+        let gathered = hybrid && hf::qwen3_5::is_read_through(name);
+        if !tied_head
+            && !fused
+            && !gathered
+            && !is_ignorable(name)
+            && !expected.iter().any(|e| e.name == name)
+        {
             bail!(
                 "{}: unexpected tensor {name} (an option this runtime does not implement?)",
                 hf_dir.display()
@@ -230,11 +236,20 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
         }
     }
 
-    let left_out_note = (left_out != [0, 0]).then(|| {
+    let parts = [
+        "of the vision tower (model.visual.)",
+        "of the multi-token-prediction layer (mtp.)",
+    ];
+    let left: Vec<String> = left_out
+        .iter()
+        .zip(parts)
+        .filter(|(&n, _)| n > 0)
+        .map(|(n, part)| format!("{n} tensors {part}"))
+        .collect();
+    let left_out_note = (!left.is_empty()).then(|| {
         format!(
-            "left out {} tensors of the vision tower (model.visual.) and {} of the \
-             multi-token-prediction layer (mtp.): the text model does not use them",
-            left_out[0], left_out[1]
+            "left out {}: the text model does not use them",
+            left.join(" and ")
         )
     });
 

@@ -25,9 +25,13 @@ use std::path::{Path, PathBuf};
 /// The fixtures of hybrid models (Qwen3.5's Gated DeltaNet layers), which the GPU backend does
 /// not run: qwen3-cuda's tests skip them (and check the refusal on a model of their own), and
 /// the GPU check kit leaves them out.
-pub const HYBRID_CHECKPOINTS: [&str; 2] = ["tiny-qwen3_5-bf16", "tiny-qwen3_5moe-f32-sharded"];
+pub const HYBRID_CHECKPOINTS: [&str; 3] = [
+    "tiny-qwen3_5-bf16",
+    "tiny-qwen3_5moe-f32-sharded",
+    "tiny-qwen3next-bf16",
+];
 
-pub const FULL_LOGIT_CHECKPOINTS: [&str; 11] = [
+pub const FULL_LOGIT_CHECKPOINTS: [&str; 12] = [
     "tiny-f32-tied-gqa2",
     "tiny-bf16-untied-mha",
     "tiny-f16-sharded-gqa4",
@@ -39,6 +43,7 @@ pub const FULL_LOGIT_CHECKPOINTS: [&str; 11] = [
     "tiny-qwen2-yarn",
     "tiny-qwen3_5-bf16",
     "tiny-qwen3_5moe-f32-sharded",
+    "tiny-qwen3next-bf16",
 ];
 
 /// A fixture's `reference.json` (the fields the tests read; the file has more, e.g. the versions

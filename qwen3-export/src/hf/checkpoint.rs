@@ -56,6 +56,9 @@ pub struct TensorMeta {
     /// Its rows are runs of `run` rows, one every `stride` rows of the stored tensor (the query
     /// or gate half of each head of Qwen3.5's `q_proj`); `None`: consecutive rows.
     runs: Option<RowRuns>,
+    /// More rows after this tensor's own `own_rows`, from another stored tensor (Qwen3-Next's
+    /// query, key and value rows, each gathered from its fused `in_proj_qkvz`).
+    then: Option<(u64, Box<TensorMeta>)>,
 }
 
 /// Rows taken in runs from a stored tensor: `run` rows, then `stride - run` skipped, and so on.
@@ -305,6 +308,7 @@ impl Checkpoint {
             offset: shard.data_start + info.data_offsets.0 as u64,
             shard: i,
             runs: None,
+            then: None,
         })
     }
 
@@ -320,7 +324,12 @@ impl Checkpoint {
                 t.shape
             );
         };
-        if t.runs.is_some() || stride == 0 || first + run > stride || rows % stride != 0 {
+        if t.runs.is_some()
+            || t.then.is_some()
+            || stride == 0
+            || first + run > stride
+            || rows % stride != 0
+        {
             bail!(
                 "{}: {rows} rows are not runs of {run} every {stride}",
                 t.file.display()
@@ -332,6 +341,38 @@ impl Checkpoint {
             runs: Some(RowRuns { run, stride }),
             ..t.clone()
         })
+    }
+
+    /// The rows of `parts` one after the other, as one matrix (`[sum of rows, cols]`).
+    pub fn concat_rows(parts: Vec<TensorMeta>) -> Result<TensorMeta> {
+        let mut parts = parts.into_iter().rev();
+        let Some(mut whole) = parts.next() else {
+            bail!("no tensors to concatenate");
+        };
+        for mut head in parts {
+            let (([rows, cols], [tail_rows, tail_cols]), true) = (
+                (
+                    <[u64; 2]>::try_from(&head.shape[..]).unwrap_or([0, 0]),
+                    <[u64; 2]>::try_from(&whole.shape[..]).unwrap_or([0, 1]),
+                ),
+                head.then.is_none() && head.dtype == whole.dtype,
+            ) else {
+                bail!(
+                    "{}: tensors of other dtypes cannot be concatenated",
+                    head.file.display()
+                );
+            };
+            if cols != tail_cols || rows == 0 {
+                bail!(
+                    "{}: rows of {cols} values cannot go before rows of {tail_cols}",
+                    head.file.display()
+                );
+            }
+            head.shape = vec![rows + tail_rows, cols];
+            head.then = Some((rows, Box::new(whole)));
+            whole = head;
+        }
+        Ok(whole)
     }
 
     /// Expert `part.expert`'s matrix inside fused tensor `src` (`[E, rows, cols]`): a run of
@@ -372,6 +413,27 @@ impl Checkpoint {
 
     /// Reads rows `first..first + n` of tensor `t` into `buf` (replacing its contents).
     pub fn read_rows(&self, t: &TensorMeta, first: u64, n: u64, buf: &mut Vec<u8>) -> Result<()> {
+        if let Some((own, tail)) = &t.then {
+            // Rows past `own` are the next tensor's: read each side into its part of `buf`.
+            let mine = own.saturating_sub(first).min(n);
+            let mut rest = Vec::new();
+            if mine < n {
+                self.read_rows(
+                    tail,
+                    (first + mine).saturating_sub(*own),
+                    n - mine,
+                    &mut rest,
+                )?;
+            }
+            self.read_own_rows(t, first, mine, buf)?;
+            buf.extend_from_slice(&rest);
+            return Ok(());
+        }
+        self.read_own_rows(t, first, n, buf)
+    }
+
+    /// [`Self::read_rows`] within `t`'s own rows (not those of a concatenated tensor after it).
+    fn read_own_rows(&self, t: &TensorMeta, first: u64, n: u64, buf: &mut Vec<u8>) -> Result<()> {
         let row_bytes = t.row_len() * t.bytes_per_value();
         let len = (n * row_bytes) as usize;
         buf.resize(len, 0);

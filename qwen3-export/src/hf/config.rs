@@ -120,23 +120,18 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
             Some("qwen3_moe") => "Qwen3MoeForCausalLM".to_string(),
             Some("qwen3_5" | "qwen3_5_text") => qwen3_5::ARCHITECTURE.to_string(),
             Some("qwen3_5_moe" | "qwen3_5_moe_text") => qwen3_5::MOE_ARCHITECTURE.to_string(),
+            Some("qwen3_next") => qwen3_5::NEXT_ARCHITECTURE.to_string(),
             _ => bail!(
                 "no `architectures` and no `model_type` qwen3 or qwen2; not a Qwen checkpoint"
             ),
         },
     };
-    if qwen3_5::NOT_YET.contains(&architecture.as_str()) {
-        bail!(
-            "architecture {architecture} is not supported yet (of the hybrid models, Qwen3.5 \
-             runs: {}, {})",
-            qwen3_5::CHECKPOINTS.join(", "),
-            qwen3_5::MOE_CHECKPOINTS.join(", ")
-        );
-    }
     // Qwen3.5: the text model of a vision-language checkpoint, its keys under `text_config`.
-    let hybrid_moe = qwen3_5::MOE_CHECKPOINTS.contains(&architecture.as_str());
+    // Qwen3-Next: the same layers, its keys at the top, kept under its own name.
+    let next = architecture == qwen3_5::NEXT_ARCHITECTURE;
+    let hybrid_moe = next || qwen3_5::MOE_CHECKPOINTS.contains(&architecture.as_str());
     let hybrid = hybrid_moe || qwen3_5::CHECKPOINTS.contains(&architecture.as_str());
-    if hybrid {
+    if hybrid && !next {
         architecture = match hybrid_moe {
             true => qwen3_5::MOE_ARCHITECTURE,
             false => qwen3_5::ARCHITECTURE,
@@ -263,7 +258,7 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         }
     }
     let moe = if architecture == "Qwen3MoeForCausalLM" || hybrid_moe {
-        Some(moe_config(obj, hybrid_moe)?)
+        Some(moe_config(obj, &architecture)?)
     } else {
         for key in ["num_experts", "num_local_experts"] {
             if get_u32(obj, key)?.unwrap_or(0) > 0 {
@@ -364,7 +359,9 @@ fn yarn(p: &Map<String, Value>, top: &Map<String, Value>, max_pos: u32) -> Resul
 /// The experts of a `Qwen3MoeForCausalLM` config, with `Qwen3MoeConfig`'s defaults
 /// (configuration_qwen3_moe.py) for absent keys. Options of other mixture-of-experts families
 /// (shared experts, grouped or biased routers) would change the math: refused by name.
-fn moe_config(obj: &Map<String, Value>, hybrid: bool) -> Result<MoeConfig> {
+fn moe_config(obj: &Map<String, Value>, architecture: &str) -> Result<MoeConfig> {
+    let next = architecture == qwen3_5::NEXT_ARCHITECTURE;
+    let hybrid = next || architecture == qwen3_5::MOE_ARCHITECTURE;
     // Qwen2-MoE's shared expert (Qwen3.5-MoE's is read below), DeepSeek's shared experts and
     // grouped top-k, sigmoid routers.
     let shared = match hybrid {
@@ -404,6 +401,7 @@ fn moe_config(obj: &Map<String, Value>, hybrid: bool) -> Result<MoeConfig> {
             bail!("num_experts {a} and num_local_experts {b} disagree")
         }
         (Some(n), _) | (None, Some(n)) => n,
+        (None, None) if next => 512,
         (None, None) => 128,
     };
     let mlp_only_layers = match obj.get("mlp_only_layers") {
@@ -417,6 +415,19 @@ fn moe_config(obj: &Map<String, Value>, hybrid: bool) -> Result<MoeConfig> {
             .collect::<Result<_>>()?,
         Some(v) => bail!("mlp_only_layers must be a list, got {v}"),
     };
+    if next {
+        // Qwen3-Next (`Qwen3NextSparseMoeBlock`): Qwen3-MoE's options, Qwen3NextConfig's
+        // defaults, the shared expert in every sparse layer.
+        return Ok(MoeConfig {
+            num_experts,
+            num_experts_per_tok: get_u32(obj, "num_experts_per_tok")?.unwrap_or(10),
+            moe_intermediate_size: get_u32(obj, "moe_intermediate_size")?.unwrap_or(512),
+            norm_topk_prob: get_bool(obj, "norm_topk_prob")?.unwrap_or(true),
+            decoder_sparse_step: get_u32(obj, "decoder_sparse_step")?.unwrap_or(1),
+            mlp_only_layers,
+            shared_expert_intermediate_size: shared,
+        });
+    }
     if hybrid {
         // Qwen3.5-MoE (`Qwen3_5MoeSparseMoeBlock`): every layer sparse, the chosen
         // probabilities always renormalised (`Qwen3_5MoeTopKRouter`), whatever the config says.

@@ -26,6 +26,16 @@
 //!   file stores `1 + weight`, computed in f32 as transformers computes it
 //!   (`1.0 + self.weight.float()`), so the forward pass's RMSNorm is Qwen3's. The Gated DeltaNet's
 //!   own norm (`Qwen3_5RMSNormGated`) multiplies by its weight and is stored as it is.
+//! - **Qwen3-Next** (`Qwen3NextForCausalLM`, transformers' `models/qwen3_next`: Qwen3.5-MoE's
+//!   design one release earlier, text only, keys at the top of its config) computes the same
+//!   layers, and is kept under its own name: its router renormalises only with
+//!   `norm_topk_prob`, and `decoder_sparse_step` and `mlp_only_layers` may leave layers dense.
+//!   Its Gated DeltaNets store their projections fused per key head: `in_proj_qkvz` holds, for
+//!   each key head, its query rows, its key rows, and the value rows and then the `z` rows of
+//!   the value heads that share it; `in_proj_ba` each key head's `b` rows, then its `a` rows
+//!   (`Qwen3NextGatedDeltaNet.fix_query_key_value_ordering`). The file stores Qwen3.5's
+//!   `in_proj_qkv` (every query, then every key, then every value row), `in_proj_z`,
+//!   `in_proj_b` and `in_proj_a`, gathered from them.
 
 use super::checkpoint::{Checkpoint, TensorMeta};
 use super::config::get_u32;
@@ -45,12 +55,12 @@ pub const MOE_CHECKPOINTS: [&str; 2] = [
     "Qwen3_5MoeForCausalLM",
 ];
 
-/// Hybrid checkpoints not implemented yet, refused by name.
-pub const NOT_YET: [&str; 1] = ["Qwen3NextForCausalLM"];
+/// Qwen3-Next: the checkpoint's architecture, and the file's.
+pub const NEXT_ARCHITECTURE: &str = "Qwen3NextForCausalLM";
 
 /// Whether a file's architecture is this family's.
 fn family(c: &ModelConfig) -> bool {
-    c.architecture == ARCHITECTURE || c.architecture == MOE_ARCHITECTURE
+    [ARCHITECTURE, MOE_ARCHITECTURE, NEXT_ARCHITECTURE].contains(&c.architecture.as_str())
 }
 
 /// `partial_rotary_factor` when a Qwen3.5 config does not say (`Qwen3_5TextConfig.__post_init__`).
@@ -113,6 +123,13 @@ pub fn is_other_part(name: &str) -> bool {
     name.starts_with("model.visual.") || name.starts_with("mtp.")
 }
 
+/// Checkpoint tensors the file's tensors are gathered from, not stored under their own names
+/// (Qwen3-Next's fused projections).
+pub fn is_read_through(name: &str) -> bool {
+    name.ends_with(".linear_attn.in_proj_qkvz.weight")
+        || name.ends_with(".linear_attn.in_proj_ba.weight")
+}
+
 /// Whether the file stores `1 + w` for tensor `name` of a model with config `c` (its
 /// `Qwen3_5RMSNorm`s: every norm but the Gated DeltaNet's own).
 pub fn stores_one_plus(c: &ModelConfig, name: &str) -> bool {
@@ -136,12 +153,63 @@ pub fn source(ckpt: &Checkpoint, c: &ModelConfig, name: &str) -> Result<Option<T
             return Ok(Some(Checkpoint::row_runs(&q, first, hd, 2 * hd)?));
         }
     }
+    if c.architecture == NEXT_ARCHITECTURE {
+        if let Some(t) = next_projection(ckpt, c, name)? {
+            return Ok(Some(t));
+        }
+    }
     if name.ends_with(".linear_attn.conv1d.weight") {
         let mut t = ckpt.tensor(name)?;
         if let [channels, 1, k] = t.shape[..] {
             t.shape = vec![channels, k];
         }
         return Ok(Some(t));
+    }
+    Ok(None)
+}
+
+/// Qwen3-Next's Gated DeltaNet projections, gathered from its fused `in_proj_qkvz` and
+/// `in_proj_ba` (the module's text); `None` for every other tensor.
+fn next_projection(ckpt: &Checkpoint, c: &ModelConfig, name: &str) -> Result<Option<TensorMeta>> {
+    let Some(la) = &c.linear_attention else {
+        return Ok(None);
+    };
+    let (dk, dv) = (
+        la.linear_key_head_dim as u64,
+        la.linear_value_head_dim as u64,
+    );
+    let (kh, vh) = (
+        la.linear_num_key_heads as u64,
+        la.linear_num_value_heads as u64,
+    );
+    if kh == 0 || vh % kh != 0 {
+        bail!("linear_num_value_heads {vh} is not a multiple of linear_num_key_heads {kh}");
+    }
+    // Per key head: q (dk rows), k (dk), v (g dv), z (g dv); and b (g), a (g).
+    let g = vh / kh;
+    let per_head = 2 * dk + 2 * g * dv;
+    let fused =
+        |layer: &str, which: &str| ckpt.tensor(&format!("{layer}.linear_attn.{which}.weight"));
+    if let Some(layer) = name.strip_suffix(".linear_attn.in_proj_qkv.weight") {
+        let qkvz = fused(layer, "in_proj_qkvz")?;
+        let parts = [(0, dk), (dk, dk), (2 * dk, g * dv)]
+            .into_iter()
+            .map(|(first, run)| Checkpoint::row_runs(&qkvz, first, run, per_head))
+            .collect::<Result<Vec<_>>>()?;
+        return Checkpoint::concat_rows(parts).map(Some);
+    }
+    if let Some(layer) = name.strip_suffix(".linear_attn.in_proj_z.weight") {
+        let qkvz = fused(layer, "in_proj_qkvz")?;
+        return Checkpoint::row_runs(&qkvz, 2 * dk + g * dv, g * dv, per_head).map(Some);
+    }
+    for (suffix, first) in [
+        (".linear_attn.in_proj_b.weight", 0),
+        (".linear_attn.in_proj_a.weight", g),
+    ] {
+        if let Some(layer) = name.strip_suffix(suffix) {
+            let ba = fused(layer, "in_proj_ba")?;
+            return Checkpoint::row_runs(&ba, first, g, 2 * g).map(Some);
+        }
     }
     Ok(None)
 }

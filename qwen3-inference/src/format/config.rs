@@ -210,18 +210,28 @@ impl MoeConfig {
 /// Qwen3-MoE is Qwen3 with mixture-of-experts MLPs (see [`ModelConfig::moe`]).
 /// Qwen3.5 is Qwen3 with Gated DeltaNet layers among gated attention ones (see
 /// [`ModelConfig::linear_attention`]); the exporter reads its multimodal checkpoints'
-/// text model under this name.
-pub const ARCHITECTURES: [&str; 5] = [
+/// text model under this name. Qwen3-Next computes what Qwen3.5-MoE does (its router's
+/// renormalisation and its dense layers as its config says).
+pub const ARCHITECTURES: [&str; 6] = [
     "Qwen3ForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3MoeForCausalLM",
     "Qwen3_5ForCausalLM",
     "Qwen3_5MoeForCausalLM",
+    "Qwen3NextForCausalLM",
 ];
 
 /// The architectures with mixture-of-experts MLPs, and those with Gated DeltaNet layers.
-const WITH_EXPERTS: [&str; 2] = ["Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM"];
-const WITH_LINEAR_ATTENTION: [&str; 2] = ["Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"];
+const WITH_EXPERTS: [&str; 3] = [
+    "Qwen3MoeForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3NextForCausalLM",
+];
+const WITH_LINEAR_ATTENTION: [&str; 3] = [
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3NextForCausalLM",
+];
 
 /// Sentinel for "absent" in the optional u32 fields.
 const NONE_U32: u32 = u32::MAX;
