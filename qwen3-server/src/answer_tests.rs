@@ -32,6 +32,7 @@ fn state() -> Arc<AppState> {
         tokenizer,
         template: None,
         thinking_template: true,
+        xml_tool_calls: false,
         eos_ids: vec![151645],
         chat_stop_ids: vec![151645],
         defaults: GenerationDefaults::default(),

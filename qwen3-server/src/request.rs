@@ -146,7 +146,7 @@ impl ChatRequest {
         let mut text = template
             .render_json(&messages, shown, true, thinking)
             .map_err(|e| ApiError::invalid("messages".to_string(), format!("{e:#}")))?;
-        text.push_str(&tool_choice.forced_start());
+        text.push_str(&tool_choice.forced_start(s.xml_tool_calls));
         let logprobs = logprobs(&v, true)?;
         let format = structured::response_format(&v)?;
         let constraint = structured::chat(s, format.as_ref(), &tools, &tool_choice, &text)?;
@@ -169,7 +169,7 @@ impl ChatRequest {
         // forced call starts inside one.
         let tool_calls =
             shown_tools(&self.tools, &self.tool_choice).map(|tools| crate::tool_calls::ToolCalls {
-                prefix: self.tool_choice.forced_start(),
+                prefix: self.tool_choice.forced_start(s.xml_tool_calls),
                 tools: tools.to_vec(),
             });
         // A template that opens the reasoning block in the prompt (DeepSeek-R1's) starts the
@@ -547,10 +547,12 @@ pub enum ToolChoice {
 impl ToolChoice {
     /// The beginning of the answer the prompt already holds: with "required" and a named
     /// function the answer starts as a call does (Qwen's format, the only way the template has
-    /// to ask), and the model writes the rest. Empty otherwise.
-    fn forced_start(&self) -> String {
+    /// to ask; in XML when the template writes calls so), and the model writes the rest. Empty
+    /// otherwise.
+    fn forced_start(&self, xml: bool) -> String {
         match self {
             ToolChoice::Required => "<tool_call>\n".to_string(),
+            ToolChoice::Named(name) if xml => format!("<tool_call>\n<function={name}>\n"),
             ToolChoice::Named(name) => format!(
                 "<tool_call>\n{{\"name\": {}, \"arguments\": ",
                 Value::from(name.as_str())

@@ -25,6 +25,9 @@ pub struct AppState {
     /// Whether the template has a thinking switch (Qwen3's `enable_thinking`): then a chat
     /// answer's `<think>` block goes to `reasoning_content`.
     pub thinking_template: bool,
+    /// Whether the template writes tool calls as XML (Qwen3.5's; `ChatTemplate::xml_tool_calls`),
+    /// found once at start: the forced start of a call and its grammar follow it.
+    pub xml_tool_calls: bool,
     /// End-of-sequence ids of a completion (the model's).
     pub eos_ids: Vec<u32>,
     /// Of a chat answer: the model's and the template's end of turn.

@@ -15,8 +15,8 @@
 //! when the tool is `strict` or the call is forced, and are any JSON object otherwise (a loose
 //! schema a client never meant to be enforced must not make a request fail).
 //!
-//! A grammar that does not compile is a 400 naming the field; the format of a call is Qwen's
-//! (tool_calls.rs reads it back).
+//! A grammar that does not compile is a 400 naming the field; the format of a call is the one
+//! the chat template asks for, Qwen's JSON or Qwen3.5's XML (tool_calls.rs reads both back).
 
 use crate::error::ApiError;
 use crate::request::ToolChoice;
@@ -119,31 +119,6 @@ pub(crate) fn chat(
     if format.is_none() && !calls {
         return Ok(None);
     }
-    // Qwen3.5's template asks for XML calls (tool_calls.rs), which the grammars below do not
-    // write yet: free calls are read back as the model writes them; what needs a grammar of them
-    // is refused by name.
-    if calls && s.template.as_ref().is_some_and(|t| t.xml_tool_calls()) {
-        let strict = tools
-            .iter()
-            .any(|t| t["function"]["strict"].as_bool().unwrap_or(false));
-        let why = match (choice, format) {
-            (ToolChoice::Required | ToolChoice::Named(_), _) => Some("tool_choice"),
-            (_, Some(_)) => Some("response_format"),
-            _ if strict => Some("tools"),
-            _ => None,
-        };
-        if let Some(param) = why {
-            return Err(ApiError::invalid(
-                param.to_string(),
-                format!(
-                    "{param}: this model's chat template writes tool calls as XML \
-                     (<function=...>), and enforcing them (a forced tool_choice, a strict tool, \
-                     or tools with a response_format) is not implemented for it yet"
-                ),
-            ));
-        }
-        return Ok(None);
-    }
     let vocab = vocabulary(s)?;
     let forced = matches!(choice, ToolChoice::Required | ToolChoice::Named(_));
     // The tools a call may name, with their arguments' schemas, each compiled alone so that a
@@ -167,21 +142,15 @@ pub(crate) fn chat(
             args.push((name.to_string(), schema));
         }
     }
-    // One call, Qwen's `{"name": "f", "arguments": {...}}`: a rule per tool, its arguments'
-    // schema at the root of its own `%json` (where its `$ref`s resolve). The fixed text is a
-    // Lark string, which is a JSON string literal.
-    let lit = |text: String| Value::String(text).to_string();
+    // One call, a rule per tool (`call_i`, its arguments `args_i`), in the template's form.
+    let xml = s.xml_tool_calls;
     let mut rules = String::new();
     let mut alternatives = Vec::new();
     for (i, (name, schema)) in args.iter().enumerate() {
-        let head = lit(format!(
-            "{{\"name\": {}, \"arguments\": ",
-            Value::from(name.as_str())
-        ));
-        rules.push_str(&format!(
-            "call_{i}: {head} args_{i} \"}}\"\nargs_{i}: {}\n",
-            json_in_lark(schema)
-        ));
+        rules.push_str(&match xml {
+            true => xml_call(i, name, schema),
+            false => json_call(i, name, schema),
+        });
         alternatives.push(format!("call_{i}"));
     }
     rules.push_str(&format!("call: {}\n", alternatives.join(" | ")));
@@ -190,9 +159,13 @@ pub(crate) fn chat(
     let answer_start = vocab.answer_start(text, s.thinking_template);
     let (lark, start, param) = match (choice, format) {
         (ToolChoice::Named(_), _) => {
-            // The prompt ends with `{"name": "f", "arguments": `: the arguments, then the
-            // block's end.
-            let lark = "start: args_0 \"}\\n</tool_call>\"\n".to_string() + &rules;
+            // The prompt ends with `{"name": "f", "arguments": ` (XML: `<function=f>\n`): the
+            // arguments, then the call's and the block's ends.
+            let end = match xml {
+                true => "</function>\\n</tool_call>",
+                false => "}\\n</tool_call>",
+            };
+            let lark = format!("start: args_0 \"{end}\"\n{rules}");
             (lark, Start::NOW, "tools")
         }
         (ToolChoice::Required, _) => {
@@ -227,4 +200,120 @@ pub(crate) fn chat(
         }
     };
     compile(vocab, &Grammar::Lark(lark), start, param).map(Some)
+}
+
+/// A Lark string: a JSON string literal.
+fn lit(text: &str) -> String {
+    Value::from(text).to_string()
+}
+
+/// Tool `i`'s call in Qwen's JSON, `{"name": "f", "arguments": {...}}`: its arguments' schema at
+/// the root of its own `%json` (where its `$ref`s resolve).
+fn json_call(i: usize, name: &str, schema: &Value) -> String {
+    let head = lit(&format!(
+        "{{\"name\": {}, \"arguments\": ",
+        Value::from(name)
+    ));
+    format!(
+        "call_{i}: {head} args_{i} \"}}\"\nargs_{i}: {}\n",
+        json_in_lark(schema)
+    )
+}
+
+/// Tool `i`'s call in Qwen3.5's XML (tool_calls.rs): `<function=f>\n`, then a
+/// `<parameter=p>\nvalue\n</parameter>\n` per argument, then `</function>`. The arguments are
+/// the schema's `properties` in their order, each required one present; a schema without
+/// properties takes any parameters. A value is JSON where tool_calls.rs reads JSON back (a
+/// property of type integer, number, boolean, object or array), following the property's
+/// schema; otherwise text, as the template writes a string: one of a string `enum`, or any text
+/// up to the parameter's end within the property's `minLength` and `maxLength` (a `pattern` is
+/// not enforced on XML text).
+fn xml_call(i: usize, name: &str, schema: &Value) -> String {
+    let head = lit(&format!("<function={name}>\n"));
+    let mut rules = format!("call_{i}: {head} args_{i} \"</function>\"\n");
+    let end = lit("\n</parameter>\n");
+    // Text up to the parameter's end: lazily, the first `\n</parameter>\n` ends it.
+    rules.push_str(&format!(
+        "text_{i}[lazy]: /(?s:.*)/ {end}\nany_{i}: \"<parameter=\" /[^>\\n]+/ \">\\n\" text_{i}\n"
+    ));
+    let props = schema["properties"].as_object().filter(|p| !p.is_empty());
+    let Some(props) = props else {
+        rules.push_str(&format!("args_{i}: any_{i}*\n"));
+        return rules;
+    };
+    let required: Vec<&str> = schema["required"]
+        .as_array()
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut seq = Vec::new();
+    for (j, (key, prop)) in props.iter().enumerate() {
+        let prop = resolve(prop, schema);
+        let value = match prop["type"].as_str() {
+            Some("integer" | "number" | "boolean" | "object" | "array") => {
+                format!("{} {end}", json_in_lark(&with_defs(prop, schema)))
+            }
+            _ => match (
+                prop["enum"].as_array(),
+                &prop["minLength"],
+                &prop["maxLength"],
+            ) {
+                (Some(e), _, _) if !e.is_empty() && e.iter().all(Value::is_string) => {
+                    let choices: Vec<String> = e
+                        .iter()
+                        .map(|v| lit(v.as_str().unwrap_or_default()))
+                        .collect();
+                    format!("({}) {end}", choices.join(" | "))
+                }
+                (_, Value::Null, Value::Null) => format!("text_{i}"),
+                (_, min, max) => {
+                    let (min, max) = (min.as_u64().unwrap_or(0), max.as_u64());
+                    let max = max.map_or(String::new(), |m| m.to_string());
+                    rules.push_str(&format!(
+                        "text_{i}_{j}[lazy]: /(?s:.{{{min},{max}}})/ {end}\n"
+                    ));
+                    format!("text_{i}_{j}")
+                }
+            },
+        };
+        let open = lit(&format!("<parameter={key}>\n"));
+        rules.push_str(&format!("param_{i}_{j}: {open} {value}\n"));
+        let optional = if required.contains(&key.as_str()) {
+            ""
+        } else {
+            "?"
+        };
+        seq.push(format!("param_{i}_{j}{optional}"));
+    }
+    rules.push_str(&format!("args_{i}: {}\n", seq.join(" ")));
+    rules
+}
+
+/// A property's schema, through its `$ref` when it is one of the tool's `$defs` or
+/// `definitions` (as Pydantic writes nested models); as it is otherwise.
+fn resolve<'v>(prop: &'v Value, schema: &'v Value) -> &'v Value {
+    let Some(r) = prop["$ref"].as_str() else {
+        return prop;
+    };
+    for key in ["$defs", "definitions"] {
+        if let Some(name) = r.strip_prefix(&format!("#/{key}/")) {
+            if let Some(target) = schema[key].get(name) {
+                return target;
+            }
+        }
+    }
+    prop
+}
+
+/// A property's schema with its tool's `$defs` and `definitions` beside it, so that its `$ref`s
+/// resolve when it is the root of a `%json` of its own.
+fn with_defs(prop: &Value, schema: &Value) -> Value {
+    let mut p = prop.clone();
+    if let Value::Object(m) = &mut p {
+        for key in ["$defs", "definitions"] {
+            if let (Some(defs), false) = (schema.get(key), m.contains_key(key)) {
+                m.insert(key.to_string(), defs.clone());
+            }
+        }
+    }
+    p
 }

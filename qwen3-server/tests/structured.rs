@@ -328,6 +328,61 @@ fn forced_tool_calls_parse_as_calls() {
     }
 }
 
+/// The same with Qwen3.5's chat template, whose calls are XML: every stopped answer is a call of
+/// a known tool, its arguments (read back from the XML and typed by the schema) valid against
+/// its parameters: a string within its bounds, an `enum`, an integer in its range, a `$ref`.
+#[test]
+fn forced_xml_tool_calls_parse_as_calls() {
+    let dir = tempdir("pq-structured", "xml");
+    let m = common::xml_template_model(&dir);
+    let s = Server::start(&m, &[]);
+    let weather = json!({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 10},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "unit"], "additionalProperties": false});
+    let time = json!({"type": "object", "properties": {"zone": {"$ref": "#/$defs/Zone"}},
+                      "required": ["zone"], "additionalProperties": false,
+                      "$defs": {"Zone": {"type": "string", "minLength": 1, "maxLength": 6}}});
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": weather}},
+        {"type": "function", "function": {"name": "get_time", "parameters": time}},
+    ]);
+    for choice in [
+        json!("required"),
+        json!({"type": "function", "function": {"name": "get_weather"}}),
+    ] {
+        let mut body = chat(Value::Null, 8, 11);
+        body["tools"] = tools.clone();
+        body["tool_choice"] = choice.clone();
+        let r = s.post("/v1/chat/completions", &body).json();
+        let mut calls = 0;
+        for c in r["choices"].as_array().unwrap() {
+            if c["finish_reason"] != "tool_calls" {
+                assert_eq!(c["finish_reason"], "length", "{choice}: {c}");
+                continue;
+            }
+            for call in c["message"]["tool_calls"].as_array().unwrap() {
+                let name = call["function"]["name"].as_str().unwrap();
+                if choice != "required" {
+                    assert_eq!(name, "get_weather");
+                }
+                let params = if name == "get_weather" {
+                    &weather
+                } else {
+                    &time
+                };
+                let args = call["function"]["arguments"].as_str().unwrap();
+                valid(params, args).unwrap();
+                calls += 1;
+            }
+        }
+        assert!(calls >= 6, "{choice}: only {calls} calls in 8 answers: {r}");
+    }
+    drop(s);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// Grammars that do not compile, or that the engine cannot enforce, are 400s naming the field;
 /// so is a response_format the server does not know.
 #[test]

@@ -221,6 +221,7 @@ pub fn prepare(
     let thinking_template = template
         .as_ref()
         .is_some_and(|t| t.default_thinking().is_some());
+    let xml_tool_calls = template.as_ref().is_some_and(|t| t.xml_tool_calls());
     let model_name = match args.model_name {
         Some(n) => n,
         None => args
@@ -236,6 +237,7 @@ pub fn prepare(
         tokenizer: Box::leak(Box::new(tokenizer)),
         template,
         thinking_template,
+        xml_tool_calls,
         eos_ids: c.eos_token_ids.clone(),
         chat_stop_ids,
         defaults: c.generation.clone(),

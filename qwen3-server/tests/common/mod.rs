@@ -119,6 +119,7 @@ impl Server {
             thinking_template: template
                 .as_ref()
                 .is_some_and(|t| t.default_thinking().is_some()),
+            xml_tool_calls: template.as_ref().is_some_and(|t| t.xml_tool_calls()),
             template,
             eos_ids: c.eos_token_ids.clone(),
             chat_stop_ids,
@@ -219,6 +220,33 @@ impl Server {
     pub fn log(&self) -> String {
         self.log.borrow().clone()
     }
+}
+
+/// `tiny-qwen3-fullvocab` (the real Qwen3 tokenizer, random weights) with Qwen3.5's chat
+/// template (fixtures/chat), whose tool calls are XML, exported as f32 into `dir`.
+pub fn xml_template_model(dir: &Path) -> std::path::PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    let ck = dir.join("ck");
+    std::fs::create_dir_all(&ck).unwrap();
+    for f in std::fs::read_dir(root.join("models/tiny-qwen3-fullvocab")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, ck.join(f.file_name().unwrap())).unwrap();
+    }
+    let read =
+        |p: &Path| -> Value { serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap() };
+    let q35 = read(&root.join("chat/qwen3.5-tokenizer_config.json"));
+    let cfg_path = ck.join("tokenizer_config.json");
+    let mut cfg = read(&cfg_path);
+    cfg["chat_template"] = q35["chat_template"].clone();
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let m = dir.join("m.bin");
+    let opts = qwen3_export::ExportOptions {
+        dtype: qwen3_inference::format::DType::F32,
+        group_size: 0,
+        ..Default::default()
+    };
+    qwen3_export::export(&ck, &m, &opts).unwrap();
+    m
 }
 
 impl Drop for Server {
