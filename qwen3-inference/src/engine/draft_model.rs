@@ -14,13 +14,20 @@
 //! is the rollback past a rejected draft, and the sequence's newer tokens run as one chunk.
 //! Then each pass feeds every drafting sequence's last guess, one row each, all in one step.
 //!
+//! A hybrid draft model (Qwen3.5-0.8B beside Qwen3.5-9B) also holds each slot's Gated DeltaNet
+//! states, which every guess moves along and no truncation takes back. So before guessing, each
+//! slot's states are copied at the position the catch-up reached (`snapshots`, `snapshot_at`);
+//! the next draft whose sequence left the draft's tokens after that position copies them back
+//! and reruns from there (from the start if the sequence left them earlier, a new conversation
+//! in the slot).
+//!
 //! Greedy guesses are the right ones for sampling too: the engine keeps a drafted token only when
 //! the request's own sampler draws it from the target's logits (draft.rs), so the draft model's
 //! distribution never enters the answer.
 
 use super::{common_prefix_len, Engine, Forward, Segment, SPECULATE_ROWS};
 use crate::backend::Backend;
-use crate::model::Cache;
+use crate::model::{Cache, StateSnapshot};
 use crate::sampler::argmax;
 use anyhow::{bail, Result};
 
@@ -39,6 +46,10 @@ pub struct DraftModel<'m, B: Backend> {
     /// A step's rows and segments, reused: a draft allocates nothing.
     rows: Vec<u32>,
     plan: Vec<Segment>,
+    /// A hybrid draft model's: slot `i`'s Gated DeltaNet states when its last guessing began,
+    /// at position `snapshot_at[i]` (`None`: no states saved). Empty for other models.
+    snapshots: Vec<StateSnapshot<B>>,
+    snapshot_at: Vec<Option<usize>>,
 }
 
 impl<'m, B: Backend> DraftModel<'m, B> {
@@ -55,6 +66,13 @@ impl<'m, B: Backend> DraftModel<'m, B> {
             );
         }
         let caches = (0..slots).map(|_| fwd.new_cache()).collect::<Result<_>>()?;
+        let mut snapshots = Vec::new();
+        for _ in 0..slots {
+            match fwd.new_snapshot()? {
+                Some(s) => snapshots.push(s),
+                None => break,
+            }
+        }
         let vocab = fwd.vocab().min(target_vocab);
         let max = SPECULATE_ROWS;
         Ok(DraftModel {
@@ -67,6 +85,8 @@ impl<'m, B: Backend> DraftModel<'m, B> {
             want: vec![0; slots],
             rows: Vec::with_capacity(fwd.max_batch()),
             plan: Vec::with_capacity(slots),
+            snapshots,
+            snapshot_at: vec![None; slots],
             fwd,
         })
     }
@@ -99,6 +119,7 @@ impl<'m, B: Backend> DraftModel<'m, B> {
         let result = self.run(asks, tokens);
         if result.is_err() {
             self.cached.iter_mut().for_each(Vec::clear);
+            self.snapshot_at.fill(None);
         }
         result
     }
@@ -123,9 +144,24 @@ impl<'m, B: Backend> DraftModel<'m, B> {
             let Some(last) = t.len().checked_sub(1) else {
                 continue;
             };
-            let keep = common_prefix_len(&self.cached[i], t).min(last);
+            let mut keep = common_prefix_len(&self.cached[i], t).min(last);
             if t[keep..].iter().any(|&t| t as usize >= vocab) {
                 continue;
+            }
+            if !self.snapshots.is_empty() && keep < self.cached[i].len() {
+                // A hybrid model's states went past `keep`: back to the snapshot if it is not
+                // beyond it, else to the start (a pass at position 0 zeroes them).
+                keep = match self.snapshot_at[i] {
+                    Some(at) if at <= keep => {
+                        self.fwd
+                            .restore_state(&self.snapshots[i], &mut self.caches[i])?;
+                        at
+                    }
+                    _ => {
+                        self.snapshot_at[i] = None;
+                        0
+                    }
+                };
             }
             self.cached[i].truncate(keep);
             self.want[i] = want.min((ctx + 1).saturating_sub(t.len()));
@@ -156,7 +192,16 @@ impl<'m, B: Backend> DraftModel<'m, B> {
             self.pass()?;
         }
         // 2. Guess: each pass feeds every sequence's last guess, one row each, and gives the
-        //    next.
+        //    next. A hybrid model's states are kept first, to come back to.
+        if !self.snapshots.is_empty() {
+            for &(i, _) in asks {
+                if self.want[i] > 0 && !self.guesses[i].is_empty() {
+                    self.fwd
+                        .save_state(&self.caches[i], &mut self.snapshots[i])?;
+                    self.snapshot_at[i] = Some(self.cached[i].len());
+                }
+            }
+        }
         loop {
             self.rows.clear();
             self.plan.clear();
@@ -229,9 +274,10 @@ mod tests {
     use super::*;
     use crate::backend::{CpuBackend, KvType, CPU};
     use crate::format::DType;
+    use crate::format::LayerType;
     use crate::model::{Model, MAX_BATCH};
     use crate::sampler::SamplerConfig;
-    use crate::testing::model::{config, moe_config};
+    use crate::testing::model::{config, moe_config, qwen3_5_config};
 
     fn engine<'m>(
         model: &'m Model<'m>,
@@ -269,63 +315,95 @@ mod tests {
             let small = Model::load(&small_file).unwrap();
             let (moe_dir, moe_file) = model_file_of(&format!("dm-moe-{dt}"), &moe_config(dt));
             let moe = Model::load(&moe_file).unwrap();
-            let mut reqs = vec![];
-            for (i, p) in prompts().iter().take(4).enumerate() {
-                let mut greedy = request(p, SamplerConfig::greedy());
-                greedy.logprobs = Some(3);
-                for r in [greedy, request(p, sampled(i as u64))] {
-                    reqs.push(Request {
-                        max_tokens: 16,
-                        ..r
-                    });
-                }
-            }
-            let plain: Vec<_> = reqs
-                .iter()
-                .map(|r| {
-                    let mut e = engine(&model, None, 1, 128);
-                    let id = e.submit(r.clone()).unwrap();
-                    run_tokens(&mut e).0.remove(&id).unwrap().0
-                })
-                .collect();
-            for (name, draft) in [("itself", &model), ("smaller", &small), ("moe", &moe)] {
-                let drafted: Vec<Request> = reqs
-                    .iter()
-                    .map(|r| Request {
-                        draft: Draft::Model { max: 4 },
-                        ..r.clone()
-                    })
-                    .collect();
-                let (mut n_drafted, mut n_accepted) = (0, 0);
-                for (i, r) in drafted.iter().enumerate() {
-                    let mut e = engine(&model, Some(draft), 1, 128);
-                    let id = e.submit(r.clone()).unwrap();
-                    let (tokens, stats) = run_tokens(&mut e).0.remove(&id).unwrap();
-                    assert_eq!(tokens, plain[i], "{dt} {name}: request {i} alone");
-                    if r.sampler.temperature == 0.0 && name == "itself" {
-                        assert_eq!(stats.accepted_tokens, stats.drafted_tokens, "request {i}");
-                    }
-                    n_drafted += stats.drafted_tokens;
-                    n_accepted += stats.accepted_tokens;
-                }
-                // Random models seldom agree: the MoE may never (its guesses are all rolled back).
-                assert!(
-                    n_drafted > 0 && (n_accepted > 0 || name == "moe"),
-                    "{dt} {name}: {n_accepted} of {n_drafted}"
-                );
-                let mut e = engine(&model, Some(draft), 4, 5);
-                let ids: Vec<_> = drafted
-                    .iter()
-                    .map(|r| e.submit(r.clone()).unwrap())
-                    .collect();
-                let mut together = run_tokens(&mut e).0;
-                for (i, id) in ids.iter().enumerate() {
-                    let tokens = together.remove(id).unwrap().0;
-                    assert_eq!(tokens, plain[i], "{dt} {name}: request {i} of 4");
-                }
-            }
+            let drafts = [("itself", &model), ("smaller", &small), ("moe", &moe)];
+            drafted_equals_plain(&format!("{dt}"), &model, &drafts);
             for d in [dir, small_dir, moe_dir] {
                 std::fs::remove_dir_all(d).unwrap();
+            }
+        }
+    }
+
+    /// The same for a Qwen3.5 target and hybrid draft models (their Gated DeltaNet states taken
+    /// back to the snapshot before the rejected guesses): itself, and a smaller one (a Gated
+    /// DeltaNet and an attention layer).
+    #[test]
+    fn a_hybrid_draft_model_changes_nothing_but_the_steps() {
+        for dt in [DType::F32, DType::Q8] {
+            let (dir, file) = model_file_of(&format!("dm-hybrid-{dt}"), &qwen3_5_config(dt));
+            let model = Model::load(&file).unwrap();
+            let mut small = qwen3_5_config(dt);
+            small.num_hidden_layers = 2;
+            if let Some(la) = small.linear_attention.as_mut() {
+                la.layer_types = vec![LayerType::LinearAttention, LayerType::FullAttention];
+            }
+            let (small_dir, small_file) = model_file_of(&format!("dm-hybrid-small-{dt}"), &small);
+            let small = Model::load(&small_file).unwrap();
+            let drafts = [("itself", &model), ("smaller", &small)];
+            drafted_equals_plain(&format!("qwen3.5 {dt}"), &model, &drafts);
+            for d in [dir, small_dir] {
+                std::fs::remove_dir_all(d).unwrap();
+            }
+        }
+    }
+
+    /// Requests drafted by each of `drafts` give `model`'s plain tokens (the tests above).
+    fn drafted_equals_plain(dt: &str, model: &Model, drafts: &[(&str, &Model)]) {
+        let mut reqs = vec![];
+        for (i, p) in prompts().iter().take(4).enumerate() {
+            let mut greedy = request(p, SamplerConfig::greedy());
+            greedy.logprobs = Some(3);
+            for r in [greedy, request(p, sampled(i as u64))] {
+                reqs.push(Request {
+                    max_tokens: 16,
+                    ..r
+                });
+            }
+        }
+        let plain: Vec<_> = reqs
+            .iter()
+            .map(|r| {
+                let mut e = engine(model, None, 1, 128);
+                let id = e.submit(r.clone()).unwrap();
+                run_tokens(&mut e).0.remove(&id).unwrap().0
+            })
+            .collect();
+        for &(name, draft) in drafts {
+            let drafted: Vec<Request> = reqs
+                .iter()
+                .map(|r| Request {
+                    draft: Draft::Model { max: 4 },
+                    ..r.clone()
+                })
+                .collect();
+            let (mut n_drafted, mut n_accepted) = (0, 0);
+            for (i, r) in drafted.iter().enumerate() {
+                let mut e = engine(model, Some(draft), 1, 128);
+                let id = e.submit(r.clone()).unwrap();
+                let (tokens, stats) = run_tokens(&mut e).0.remove(&id).unwrap();
+                assert_eq!(tokens, plain[i], "{dt} {name}: request {i} alone");
+                if r.sampler.temperature == 0.0 && name == "itself" {
+                    assert_eq!(stats.accepted_tokens, stats.drafted_tokens, "request {i}");
+                }
+                n_drafted += stats.drafted_tokens;
+                n_accepted += stats.accepted_tokens;
+            }
+            // Random models seldom agree: the MoE may never (its guesses are all rolled back).
+            assert!(
+                n_drafted > 0 && (n_accepted > 0 || name == "moe"),
+                "{dt} {name}: {n_accepted} of {n_drafted}"
+            );
+            if name != "itself" {
+                assert!(n_accepted < n_drafted, "{dt} {name}: no guess was rejected");
+            }
+            let mut e = engine(model, Some(draft), 4, 5);
+            let ids: Vec<_> = drafted
+                .iter()
+                .map(|r| e.submit(r.clone()).unwrap())
+                .collect();
+            let mut together = run_tokens(&mut e).0;
+            for (i, id) in ids.iter().enumerate() {
+                let tokens = together.remove(id).unwrap().0;
+                assert_eq!(tokens, plain[i], "{dt} {name}: request {i} of 4");
             }
         }
     }
@@ -337,7 +415,15 @@ mod tests {
     /// only its first tokens.
     #[test]
     fn rejected_guesses_leave_the_draft_cache_as_plain_decoding() {
-        let (dir, file) = model_file("dm-rollback", DType::F32);
+        for c in [config(DType::F32), qwen3_5_config(DType::F32)] {
+            rollback_as_plain(&c);
+        }
+    }
+
+    /// [`rejected_guesses_leave_the_draft_cache_as_plain_decoding`] for a draft model of config
+    /// `c` (a Qwen3.5's states too: back to the snapshot, or to the start).
+    fn rollback_as_plain(c: &crate::format::ModelConfig) {
+        let (dir, file) = model_file_of(&format!("dm-rollback-{}", c.architecture), c);
         let model = Model::load(&file).unwrap();
         let new = || {
             let fwd = Forward::new(CPU, &model, 64, MAX_BATCH, 2, KvType::F32).unwrap();

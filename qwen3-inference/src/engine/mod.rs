@@ -320,14 +320,6 @@ impl<'m, B: Backend> Engine<'m, B> {
     /// that both models have the same tokens (`Tokenizer::same_tokens`): the draft model reads
     /// the target's token ids.
     pub fn with_draft_model(mut self, model: &'m Model<'m, B::Tensor>) -> Result<Self> {
-        if model.config.linear_attention.is_some() {
-            // Its guesses would advance its own states past the rejected ones
-            // (draft_model.rs rolls back keys and values only).
-            bail!(
-                "a draft model with Gated DeltaNet layers (Qwen3.5) is not supported: give a \
-                 Qwen3 or Qwen2 draft model of the same vocabulary, or --draft ngram"
-            );
-        }
         let ctx = self.context_len().min(model.config.max_context() as usize);
         let slots = self.cfg.slots;
         let (backend, kv) = (self.fwd.backend(), self.fwd.kv_type());
