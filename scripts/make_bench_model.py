@@ -18,6 +18,9 @@ tokenizer_config.json copied from --qwen3-tokenizer. Do not commit the output (1
 hub's per-expert tensor names (model.layers.N.mlp.gate.weight is the router,
 model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight the experts). The router weights get a
 larger gain than the other matrices so that different tokens pick clearly different experts.
+qwen3.5-35b-a3b is Qwen3.5-35B-A3B's text model the same way (`Qwen3_5MoeForCausalLM`, the experts
+fused as the hub stores them: `mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj`), with
+--layers 8 for a disk of tens of GB.
 qwen3.5-0.8b is the text model of Qwen3.5-0.8B as a `Qwen3_5ForCausalLM` (model_type qwen3_5_text):
 24 layers, every fourth gated attention (8 query heads of 256, 2 KV heads, RoPE on a quarter of each
 head), the others Gated DeltaNets (16 key and 16 value heads of 128, a convolution of width 4), an
@@ -66,6 +69,15 @@ SHAPES = {
                          num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
                          linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
                          vocab_size=248320),
+    # Qwen3.5-35B-A3B's text model: 40 layers (every fourth attention), 16 query and 2 KV heads of
+    # 256, Gated DeltaNets of 16 key and 32 value heads of 128; every MLP 256 experts of 512, top
+    # 8, and a shared expert of 512; untied.
+    "qwen3.5-35b-a3b": dict(hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+                            num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+                            linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+                            linear_conv_kernel_dim=4, vocab_size=248320, num_experts=256,
+                            num_experts_per_tok=8, moe_intermediate_size=512,
+                            shared_expert_intermediate_size=512),
 }
 ROUTER_GAIN = 3.0  # router logits with std about 3: softmax spread, top-8 varies from token to token
 VOCAB = 151936
@@ -75,10 +87,10 @@ CHUNK_ELEMS = 1 << 24  # 16M values (64 MB of f32) per generated chunk
 
 def hub_config(shape: dict) -> dict:
     """The hub config.json's keys, in their order (Qwen3-0.6B/1.7B, or Qwen3-30B-A3B for MoE shapes)."""
-    if "num_experts" in shape:
-        return hub_config_moe(shape)
     if "linear_num_key_heads" in shape:
         return hub_config_qwen3_5(shape)
+    if "num_experts" in shape:
+        return hub_config_moe(shape)
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "attention_bias": False,
@@ -158,9 +170,11 @@ def hub_config_qwen3_5(shape: dict) -> dict:
     """Qwen3.5-0.8B's text_config keys and values, as a text-only Qwen3_5ForCausalLM."""
     keys = ("head_dim", "hidden_size", "intermediate_size", "linear_conv_kernel_dim", "linear_key_head_dim",
             "linear_num_key_heads", "linear_num_value_heads", "linear_value_head_dim", "num_attention_heads",
-            "num_hidden_layers", "num_key_value_heads", "vocab_size")
+            "num_hidden_layers", "num_key_value_heads", "vocab_size", "num_experts", "num_experts_per_tok",
+            "moe_intermediate_size", "shared_expert_intermediate_size")
+    moe = "num_experts" in shape
     return {
-        "architectures": ["Qwen3_5ForCausalLM"],
+        "architectures": ["Qwen3_5MoeForCausalLM" if moe else "Qwen3_5ForCausalLM"],
         "attention_bias": False,
         "attention_dropout": 0.0,
         "attn_output_gate": True,
@@ -172,13 +186,13 @@ def hub_config_qwen3_5(shape: dict) -> dict:
         "initializer_range": 0.02,
         "layer_types": layer_types(shape),
         "max_position_embeddings": 262144,
-        "model_type": "qwen3_5_text",
+        "model_type": "qwen3_5_moe_text" if moe else "qwen3_5_text",
         "rms_norm_eps": 1e-06,
         "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "partial_rotary_factor": 0.25,
                             "rope_theta": 10000000, "rope_type": "default"},
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": not moe,
         "use_cache": True,
-        **{k: shape[k] for k in keys},
+        **{k: shape[k] for k in keys if k in shape},
     }
 
 
@@ -241,21 +255,38 @@ def tensor_specs_qwen3_5(shape: dict):
     """Qwen3_5ForCausalLM's tensors: (name, shape, kind, gain). Kinds past the Qwen3 ones: `centred`
     (a (1 + w) norm's w, U(-0.5, 0.5)), `a_log` (log U(0.05, 0.5)), `dt_bias` (U(-3, -2)): a memory
     of tens of tokens, as the fixtures draw it (scripts/fixture_qwen3_5.py)."""
-    h, inter, V = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
+    h, inter, V = shape["hidden_size"], shape.get("intermediate_size"), shape["vocab_size"]
     hd, nh, nkv = shape["head_dim"], shape["num_attention_heads"], shape["num_key_value_heads"]
     kd = shape["linear_num_key_heads"] * shape["linear_key_head_dim"]
     vh, dv = shape["linear_num_value_heads"], shape["linear_value_head_dim"]
     cd, kc = 2 * kd + vh * dv, shape["linear_conv_kernel_dim"]
     specs = [("model.embed_tokens.weight", [V, h], "embed", 0.35), ("model.norm.weight", [h], "centred", 0)]
+    moe = "num_experts" in shape
+    if moe:
+        specs.append(("lm_head.weight", [V, h], "mat", 1.0))
     for l, kind in enumerate(layer_types(shape)):
         p = f"model.layers.{l}."
         specs += [
             (p + "input_layernorm.weight", [h], "centred", 0),
             (p + "post_attention_layernorm.weight", [h], "centred", 0),
-            (p + "mlp.down_proj.weight", [h, inter], "mat", 1.0),
-            (p + "mlp.gate_proj.weight", [inter, h], "mat", 1.5),
-            (p + "mlp.up_proj.weight", [inter, h], "mat", 1.5),
         ]
+        if moe:
+            e, mi, si = shape["num_experts"], shape["moe_intermediate_size"], shape["shared_expert_intermediate_size"]
+            specs += [
+                (p + "mlp.gate.weight", [e, h], "mat", ROUTER_GAIN),
+                (p + "mlp.experts.gate_up_proj", [e, 2 * mi, h], "experts", 1.5),
+                (p + "mlp.experts.down_proj", [e, h, mi], "experts", 1.0),
+                (p + "mlp.shared_expert.down_proj.weight", [h, si], "mat", 1.0),
+                (p + "mlp.shared_expert.gate_proj.weight", [si, h], "mat", 1.5),
+                (p + "mlp.shared_expert.up_proj.weight", [si, h], "mat", 1.5),
+                (p + "mlp.shared_expert_gate.weight", [1, h], "mat", 1.0),
+            ]
+        else:
+            specs += [
+                (p + "mlp.down_proj.weight", [h, inter], "mat", 1.0),
+                (p + "mlp.gate_proj.weight", [inter, h], "mat", 1.5),
+                (p + "mlp.up_proj.weight", [inter, h], "mat", 1.5),
+            ]
         if kind == "linear_attention":
             q = p + "linear_attn."
             specs += [
@@ -314,6 +345,9 @@ def write_tensor(f, gen: torch.Generator, shape, kind: str, gain: float) -> None
             x = -2.0 - torch.rand(n * cols, generator=gen)
         elif kind == "embed":
             x = torch.randn(n * cols, generator=gen) * gain
+        elif kind == "experts":
+            # [E, rows, cols]: each expert's matrix scaled by its own fan-in (the last axis).
+            x = torch.randn(n * cols, generator=gen) * (gain / math.sqrt(shape[-1]))
         else:
             x = torch.randn(n * cols, generator=gen) * (gain / math.sqrt(cols))
         f.write(x.to(torch.bfloat16).view(torch.int16).numpy().tobytes())

@@ -457,9 +457,15 @@ pub fn tensor_specs_with(c: &ModelConfig, mix: Q4Mix) -> Vec<writer::TensorSpec>
                 // `ffn_down` and `ffn_down_exps` alike).
                 let expert_down =
                     rest.starts_with("mlp.experts.") && rest.ends_with(".down_proj.weight");
+                // A Gated DeltaNet's values come out of its in_proj_qkv, which llama.cpp's
+                // Q4_K_M counts with the `attn_v`s (its `attn_qkv`).
                 sensitive_layer(l, c.num_hidden_layers)
-                    && (matches!(rest, "self_attn.v_proj.weight" | "mlp.down_proj.weight")
-                        || expert_down)
+                    && (matches!(
+                        rest,
+                        "self_attn.v_proj.weight"
+                            | "linear_attn.in_proj_qkv.weight"
+                            | "mlp.down_proj.weight"
+                    ) || expert_down)
             });
             let (dtype, group_size) = match e.kind {
                 TensorKind::Norm | TensorKind::Bias | TensorKind::Router | TensorKind::Param => {
@@ -591,6 +597,46 @@ mod tests {
         // q6 needs groups of a multiple of 32: at 16, those tensors are q8.
         c.group_size = 16;
         assert_eq!(names(&c, Q4Mix::default(), DType::Q8), q6);
+    }
+
+    /// A Qwen3.5's Gated DeltaNets carry their values in `in_proj_qkv`: a q4 file keeps it finer
+    /// in the sensitive layers, as llama.cpp's Q4_K_M keeps their `attn_qkv` in Q6_K (read from
+    /// its Q4_K_M of Qwen3.5-0.8B's shape: layers 0, 1, 2, 5, 8, 14, 17, 20, 21 and 22 of the
+    /// linear ones), and the other projections in q4.
+    #[test]
+    fn a_gated_delta_nets_values_are_sensitive_too() {
+        use crate::format::{LayerType, LinearAttentionConfig};
+        let mut c = config::tests::tiny_config(DType::Q4);
+        c.num_hidden_layers = 24;
+        let layer_types = (0..24)
+            .map(|l| match (l + 1) % 4 {
+                0 => LayerType::FullAttention,
+                _ => LayerType::LinearAttention,
+            })
+            .collect();
+        c.linear_attention = Some(LinearAttentionConfig {
+            layer_types,
+            linear_num_key_heads: 2,
+            linear_num_value_heads: 4,
+            linear_key_head_dim: 16,
+            linear_value_head_dim: 16,
+            linear_conv_kernel_dim: 4,
+        });
+        c.architecture = "Qwen3_5ForCausalLM".into();
+        let specs = tensor_specs(&c);
+        let layers = |suffix: &str, dtype: DType| -> Vec<u32> {
+            specs
+                .iter()
+                .filter(|s| s.name.ends_with(suffix) && s.dtype == dtype)
+                .filter_map(|s| layer_of(&s.name).map(|(l, _)| l))
+                .collect()
+        };
+        let q6k = [0, 1, 2, 5, 8, 14, 17, 20, 21, 22];
+        assert_eq!(layers("linear_attn.in_proj_qkv.weight", DType::Q6), q6k);
+        for rest in ["in_proj_z", "in_proj_a", "in_proj_b", "out_proj"] {
+            let suffix = format!("linear_attn.{rest}.weight");
+            assert!(layers(&suffix, DType::Q6).is_empty(), "{rest}");
+        }
     }
 
     #[test]
