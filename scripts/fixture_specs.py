@@ -470,7 +470,8 @@ SPECS = [
     # Qwen3-Next (Qwen3NextForCausalLM): the same layers in Qwen3-Next's layout (flat config,
     # the Gated DeltaNets' projections fused per key head, per-expert tensor names), bf16, with
     # a dense MLP in layer 1 (mlp_only_layers) beside the sparse ones. Four layers: three Gated
-    # DeltaNets, then gated attention.
+    # DeltaNets, then gated attention; key and value heads of different sizes (16 and 8), so
+    # that the fused rows' layout is checked with each size where it belongs.
     dict(
         name="tiny-qwen3next-bf16",
         arch="qwen3_next",
@@ -482,7 +483,7 @@ SPECS = [
         write_head_dim=True,
         layers=4,
         layer_types=["linear_attention"] * 3 + ["full_attention"],
-        linear=dict(key_heads=2, value_heads=4, key_head_dim=16, value_head_dim=16, conv_kernel=4),
+        linear=dict(key_heads=2, value_heads=4, key_head_dim=16, value_head_dim=8, conv_kernel=4),
         partial_rotary_factor=0.25,
         moe=dict(num_experts=8, top_k=2, moe_intermediate=32, shared_intermediate=48,
                  norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1], router_gain=1.75),

@@ -222,7 +222,8 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
             left_out[name.starts_with("mtp.") as usize] += 1;
             continue;
         }
-        let gathered = hybrid && hf::qwen3_5::is_read_through(name);
+        let gathered = config.architecture == hf::qwen3_5::NEXT_ARCHITECTURE
+            && hf::qwen3_5::is_read_through(name);
         if !tied_head
             && !fused
             && !gathered

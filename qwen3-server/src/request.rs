@@ -170,7 +170,7 @@ impl ChatRequest {
         let tool_calls =
             shown_tools(&self.tools, &self.tool_choice).map(|tools| crate::tool_calls::ToolCalls {
                 prefix: self.tool_choice.forced_start(s.xml_tool_calls),
-                tools: tools.to_vec(),
+                tools: tools.into(),
             });
         // A template that opens the reasoning block in the prompt (DeepSeek-R1's) starts the
         // answer inside it.

@@ -232,9 +232,11 @@ fn xml_call(i: usize, name: &str, schema: &Value) -> String {
     let head = lit(&format!("<function={name}>\n"));
     let mut rules = format!("call_{i}: {head} args_{i} \"</function>\"\n");
     let end = lit("\n</parameter>\n");
-    // Text up to the parameter's end: lazily, the first `\n</parameter>\n` ends it.
+    // Text up to the parameter's end: lazily, the first `\n</parameter>\n` ends it, and it
+    // holds no `</parameter>` of its own (the parser ends a value at the first).
+    let no_end = r"~/(?s:.*<\/parameter>.*)/";
     rules.push_str(&format!(
-        "text_{i}[lazy]: /(?s:.*)/ {end}\nany_{i}: \"<parameter=\" /[^>\\n]+/ \">\\n\" text_{i}\n"
+        "text_{i}[lazy]: (/(?s:.*)/ & {no_end}) {end}\nany_{i}: \"<parameter=\" /[^>\\n]+/ \">\\n\" text_{i}\n"
     ));
     let props = schema["properties"].as_object().filter(|p| !p.is_empty());
     let Some(props) = props else {
@@ -246,8 +248,8 @@ fn xml_call(i: usize, name: &str, schema: &Value) -> String {
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
     let mut seq = Vec::new();
-    for (j, (key, prop)) in props.iter().enumerate() {
-        let prop = resolve(prop, schema);
+    for (j, key) in props.keys().enumerate() {
+        let prop = crate::tool_calls::property(schema, key);
         let value = match prop["type"].as_str() {
             Some("integer" | "number" | "boolean" | "object" | "array") => {
                 format!("{} {end}", json_in_lark(&with_defs(prop, schema)))
@@ -269,7 +271,7 @@ fn xml_call(i: usize, name: &str, schema: &Value) -> String {
                     let (min, max) = (min.as_u64().unwrap_or(0), max.as_u64());
                     let max = max.map_or(String::new(), |m| m.to_string());
                     rules.push_str(&format!(
-                        "text_{i}_{j}[lazy]: /(?s:.{{{min},{max}}})/ {end}\n"
+                        "text_{i}_{j}[lazy]: (/(?s:.{{{min},{max}}})/ & {no_end}) {end}\n"
                     ));
                     format!("text_{i}_{j}")
                 }
@@ -286,22 +288,6 @@ fn xml_call(i: usize, name: &str, schema: &Value) -> String {
     }
     rules.push_str(&format!("args_{i}: {}\n", seq.join(" ")));
     rules
-}
-
-/// A property's schema, through its `$ref` when it is one of the tool's `$defs` or
-/// `definitions` (as Pydantic writes nested models); as it is otherwise.
-fn resolve<'v>(prop: &'v Value, schema: &'v Value) -> &'v Value {
-    let Some(r) = prop["$ref"].as_str() else {
-        return prop;
-    };
-    for key in ["$defs", "definitions"] {
-        if let Some(name) = r.strip_prefix(&format!("#/{key}/")) {
-            if let Some(target) = schema[key].get(name) {
-                return target;
-            }
-        }
-    }
-    prop
 }
 
 /// A property's schema with its tool's `$defs` and `definitions` beside it, so that its `$ref`s

@@ -52,14 +52,15 @@ pub struct ToolCall {
 #[derive(Debug, Clone, Default)]
 pub struct ToolCalls {
     pub prefix: String,
-    pub tools: Vec<Value>,
+    /// Shared by every choice's splitter (`n` choices read their calls with the same tools).
+    pub tools: std::sync::Arc<[Value]>,
 }
 
 /// See the module's comment.
 #[derive(Debug, Default)]
 pub struct ToolCallSplit {
     /// The tools, for an XML call's argument types.
-    tools: Vec<Value>,
+    tools: std::sync::Arc<[Value]>,
     /// Inside a block: the whitespace before its tag (dropped if it is a call, kept if not),
     /// and its text so far (after `<tool_call>`).
     block: Option<(String, String)>,
@@ -74,7 +75,7 @@ impl ToolCallSplit {
     /// ends with the beginning of a block, see `tool_choice`).
     pub fn new(calls: &ToolCalls) -> ToolCallSplit {
         let mut s = ToolCallSplit {
-            tools: calls.tools.clone(),
+            tools: std::sync::Arc::clone(&calls.tools),
             ..Default::default()
         };
         let (text, calls) = s.push(&calls.prefix);
@@ -182,11 +183,11 @@ fn parse_xml(inner: &str, tools: &[Value]) -> Option<ToolCall> {
     if name.is_empty() || name.contains(['<', '\n']) {
         return None;
     }
-    let properties = tools
+    let parameters = tools
         .iter()
         .map(|t| &t["function"])
         .find(|f| f["name"] == name)
-        .map(|f| &f["parameters"]["properties"]);
+        .map(|f| &f["parameters"]);
     let mut args = Vec::new();
     loop {
         body = body.trim_start();
@@ -199,7 +200,7 @@ fn parse_xml(inner: &str, tools: &[Value]) -> Option<ToolCall> {
         // The template writes "\n" before and after the value.
         let value = value.strip_prefix('\n').unwrap_or(value);
         let value = value.strip_suffix('\n').unwrap_or(value);
-        let kind = properties.and_then(|p| p[param]["type"].as_str());
+        let kind = parameters.and_then(|p| property(p, param)["type"].as_str());
         args.push((param.to_string(), typed(value, kind)));
         body = rest;
     }
@@ -212,6 +213,25 @@ fn parse_xml(inner: &str, tools: &[Value]) -> Option<ToolCall> {
         name: name.to_string(),
         arguments: format!("{{{}}}", fields.join(", ")),
     })
+}
+
+/// Property `name` of a tool's `parameters` schema, through its `$ref` when it is one of the
+/// schema's `$defs` or `definitions` (as Pydantic writes nested models); `Null` if there is none.
+/// The grammar that writes a call (structured.rs) and this parser read a property alike.
+pub(crate) fn property<'v>(parameters: &'v Value, name: &str) -> &'v Value {
+    let prop = &parameters["properties"][name];
+    let Some(r) = prop["$ref"].as_str() else {
+        return prop;
+    };
+    for key in ["$defs", "definitions"] {
+        if let Some(target) = r
+            .strip_prefix(&format!("#/{key}/"))
+            .and_then(|n| parameters[key].get(n))
+        {
+            return target;
+        }
+    }
+    prop
 }
 
 /// An XML parameter's text as the JSON value its schema `kind` says (the module's comment).
@@ -327,7 +347,7 @@ mod tests {
                 "units": {"type": "object"}, "fields": {"type": "array"}}}}}]);
         let calls = ToolCalls {
             prefix: String::new(),
-            tools: tools.as_array().unwrap().clone(),
+            tools: tools.as_array().unwrap().clone().into(),
         };
         let text = "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=ratio>\n0.5\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n<parameter=units>\n{\"temp\": \"C\"}\n</parameter>\n<parameter=fields>\n[\"wind\", \"rain\"]\n</parameter>\n<parameter=note>\n42\nlines\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=now>\n</function>\n</tool_call>";
         for n in [1, 3, 1000] {
@@ -364,7 +384,7 @@ mod tests {
     fn a_forced_prefix_is_inside_the_block() {
         let mut s = ToolCallSplit::new(&ToolCalls {
             prefix: "<tool_call>\n{\"name\": \"f\", \"arguments\": ".into(),
-            tools: vec![],
+            tools: Default::default(),
         });
         let (t, c) = s.push("{\"x\": 1}}\n</tool_call>");
         assert_eq!((t.as_str(), c), ("", vec![call("f", r#"{"x": 1}"#)]));

@@ -336,11 +336,13 @@ fn forced_xml_tool_calls_parse_as_calls() {
     let dir = tempdir("pq-structured", "xml");
     let m = common::xml_template_model(&dir);
     let s = Server::start(&m, &[]);
+    // `days` through a `$ref`: written as JSON and read back as an integer, both through it.
     let weather = json!({"type": "object", "properties": {
         "city": {"type": "string", "maxLength": 10},
         "unit": {"enum": ["celsius", "fahrenheit"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-        "required": ["city", "unit"], "additionalProperties": false});
+        "days": {"$ref": "#/$defs/Days"}},
+        "required": ["city", "unit"], "additionalProperties": false,
+        "$defs": {"Days": {"type": "integer", "minimum": 1, "maximum": 7}}});
     let time = json!({"type": "object", "properties": {"zone": {"$ref": "#/$defs/Zone"}},
                       "required": ["zone"], "additionalProperties": false,
                       "$defs": {"Zone": {"type": "string", "minLength": 1, "maxLength": 6}}});

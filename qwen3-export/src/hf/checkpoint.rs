@@ -56,8 +56,9 @@ pub struct TensorMeta {
     /// Its rows are runs of `run` rows, one every `stride` rows of the stored tensor (the query
     /// or gate half of each head of Qwen3.5's `q_proj`); `None`: consecutive rows.
     runs: Option<RowRuns>,
-    /// More rows after this tensor's own `own_rows`, from another stored tensor (Qwen3-Next's
-    /// query, key and value rows, each gathered from its fused `in_proj_qkvz`).
+    /// `(own, rest)`: this tensor's first `own` rows are its own, the ones after them are
+    /// `rest`'s (Qwen3-Next's query, key and value rows, each gathered from its fused
+    /// `in_proj_qkvz`: [`Checkpoint::concat_rows`]).
     then: Option<(u64, Box<TensorMeta>)>,
 }
 
@@ -343,29 +344,27 @@ impl Checkpoint {
         })
     }
 
-    /// The rows of `parts` one after the other, as one matrix (`[sum of rows, cols]`).
+    /// The rows of `parts` one after the other, as one matrix (`[sum of rows, cols]`): each part
+    /// a matrix of the same width and dtype.
     pub fn concat_rows(parts: Vec<TensorMeta>) -> Result<TensorMeta> {
         let mut parts = parts.into_iter().rev();
         let Some(mut whole) = parts.next() else {
             bail!("no tensors to concatenate");
         };
         for mut head in parts {
-            let (([rows, cols], [tail_rows, tail_cols]), true) = (
-                (
-                    <[u64; 2]>::try_from(&head.shape[..]).unwrap_or([0, 0]),
-                    <[u64; 2]>::try_from(&whole.shape[..]).unwrap_or([0, 1]),
-                ),
-                head.then.is_none() && head.dtype == whole.dtype,
-            ) else {
-                bail!(
-                    "{}: tensors of other dtypes cannot be concatenated",
-                    head.file.display()
-                );
+            let (&[rows, cols], &[tail_rows, tail_cols]) = (&head.shape[..], &whole.shape[..])
+            else {
+                bail!("{}: only matrices can be concatenated", head.file.display());
             };
-            if cols != tail_cols || rows == 0 {
+            if head.then.is_some() {
+                bail!("{}: a concatenation goes last", head.file.display());
+            }
+            if head.dtype != whole.dtype || cols != tail_cols {
                 bail!(
-                    "{}: rows of {cols} values cannot go before rows of {tail_cols}",
-                    head.file.display()
+                    "{}: rows of {cols} {} values cannot go before rows of {tail_cols} {}",
+                    head.file.display(),
+                    head.dtype.name(),
+                    whole.dtype.name()
                 );
             }
             head.shape = vec![rows + tail_rows, cols];

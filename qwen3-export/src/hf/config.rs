@@ -364,8 +364,11 @@ fn moe_config(obj: &Map<String, Value>, architecture: &str) -> Result<MoeConfig>
     let hybrid = next || architecture == qwen3_5::MOE_ARCHITECTURE;
     // Qwen2-MoE's shared expert (Qwen3.5-MoE's is read below), DeepSeek's shared experts and
     // grouped top-k, sigmoid routers.
+    // Qwen3NextConfig's default is 512; Qwen3.5-MoE's configs always say.
     let shared = match hybrid {
-        true => get_u32(obj, "shared_expert_intermediate_size")?.unwrap_or(0),
+        true => {
+            get_u32(obj, "shared_expert_intermediate_size")?.unwrap_or(if next { 512 } else { 0 })
+        }
         false => 0,
     };
     for key in [

@@ -187,7 +187,10 @@ fn next_projection(ckpt: &Checkpoint, c: &ModelConfig, name: &str) -> Result<Opt
     }
     // Per key head: q (dk rows), k (dk), v (g dv), z (g dv); and b (g), a (g).
     let g = vh / kh;
-    let per_head = 2 * dk + 2 * g * dv;
+    let per_head = (g.checked_mul(dv))
+        .and_then(|v| v.checked_add(dk))
+        .and_then(|v| v.checked_mul(2))
+        .context("linear attention's sizes overflow")?;
     let fused =
         |layer: &str, which: &str| ckpt.tensor(&format!("{layer}.linear_attn.{which}.weight"));
     if let Some(layer) = name.strip_suffix(".linear_attn.in_proj_qkv.weight") {

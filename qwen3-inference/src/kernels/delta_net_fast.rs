@@ -201,7 +201,7 @@ fn transpose(t: &mut [f32], x: &[f32], rows: usize, cols: usize) {
 
 /// Scratch values [`chunk`] needs for `c` tokens.
 fn chunk_work(c: usize, dk: usize, dv: usize) -> usize {
-    c * (3 * dk + 2 * dv + 3 * c + 1)
+    c * (3 * dk + 2 * dv + 3 * c + 2)
 }
 
 vectorized! {
@@ -220,7 +220,8 @@ vectorized! {
         let (bv, rest) = rest.split_at_mut(c * dv);
         let (w, rest) = rest.split_at_mut(c * dk);
         let (bk, rest) = rest.split_at_mut(c * dk);
-        let cum = &mut rest[..c];
+        let (cum, rest) = rest.split_at_mut(c);
+        let f = &mut rest[..c];
         // G_i, the decay's log from the chunk's start.
         let mut acc = 0.0f32;
         for (x, &gi) in cum.iter_mut().zip(g) {
@@ -281,9 +282,11 @@ vectorized! {
         let last = cum[c - 1];
         let e = last.exp();
         s.iter_mut().for_each(|x| *x *= e);
-        let f: Vec<f32> = cum.iter().map(|&gj| (last - gj).exp()).collect();
+        for (fj, &gj) in f.iter_mut().zip(cum.iter()) {
+            *fj = (last - gj).exp();
+        }
         for row in kt.chunks_exact_mut(c) {
-            for (x, &fj) in row.iter_mut().zip(&f) {
+            for (x, &fj) in row.iter_mut().zip(f.iter()) {
                 *x *= fj;
             }
         }
