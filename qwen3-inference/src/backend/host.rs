@@ -189,14 +189,21 @@ pub fn gated_delta_rule(
 }
 
 /// [`super::Backend::gated_rmsnorm`] on host memory, its ranges checked.
+#[allow(clippy::too_many_arguments)]
 pub fn gated_rmsnorm(
     k: &HybridKernels,
     o: &mut [f32],
     z: &[f32],
     w: &[f32],
     rows: usize,
+    n: usize,
     eps: f32,
 ) -> Result<()> {
+    ensure!(
+        w.len() == n,
+        "gated_rmsnorm: a gain of {} for rows of {n}",
+        w.len()
+    );
     let len = rows * w.len();
     let z = first("gated_rmsnorm", z, len)?;
     ensure!(len <= o.len(), "gated_rmsnorm: {len} values of {}", o.len());

@@ -118,8 +118,8 @@ pub fn gated_delta_rule(
             qh.iter_mut().for_each(|x| *x *= scale);
         }
         for h in 0..vh {
-            beta[i * vh + h] = sigmoid(b[i * vh + h]);
-            g[i * vh + h] = -a_log[h].exp() * softplus(a[i * vh + h] + dt_bias[h]);
+            let (gh, bh) = decay_and_strength(a[i * vh + h], b[i * vh + h], a_log[h], dt_bias[h]);
+            (g[i * vh + h], beta[i * vh + h]) = (gh, bh);
         }
     }
 
@@ -195,6 +195,12 @@ pub fn gated_rmsnorm(o: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
             *x = wi * (*x * inv) * silu(zi);
         }
     }
+}
+
+/// Step 4 for one token and value head, from its raw `a` and `b`: the log of its decay, `g =
+/// -exp(A_log) softplus(a + dt_bias)`, and its write strength, `beta = sigmoid(b)`.
+pub(crate) fn decay_and_strength(a: f32, b: f32, a_log: f32, dt_bias: f32) -> (f32, f32) {
+    (-a_log.exp() * softplus(a + dt_bias), sigmoid(b))
 }
 
 /// `log(1 + e^x)`, as torch's `F.softplus` computes it (the input itself above 20, where the

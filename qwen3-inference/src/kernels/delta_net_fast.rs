@@ -14,12 +14,11 @@
 //! order; the chunked form and the elementwise steps round differently (sums in lanes, the
 //! polynomial `exp`), within f32's rounding of the textbook's (the tests below).
 
-use super::delta_net::{l2norm, runs_by_form, softplus, DeltaNetShape};
+use super::delta_net::{decay_and_strength, l2norm, runs_by_form, DeltaNetShape};
 use super::delta_rule::{HeadInputs, CHUNK};
 use super::exp::exp;
 use super::lanes::{sum_of_squares, LANES};
 use super::team::Team;
-use super::textbook::sigmoid;
 use rayon::prelude::*;
 use std::sync::{Mutex, PoisonError};
 
@@ -319,8 +318,8 @@ fn head_token<'x>(
     let scale = 1.0 / (dk as f32).sqrt();
     q.iter_mut().for_each(|x| *x *= scale);
     let v = &row[2 * kd + h * dv..][..dv];
-    let g = -a_log.exp() * softplus(a[t * vh + h] + dt_bias);
-    (v, g, sigmoid(b[t * vh + h]))
+    let (g, beta) = decay_and_strength(a[t * vh + h], b[t * vh + h], a_log, dt_bias);
+    (v, g, beta)
 }
 
 /// Steps 3 to 5 ([`super::delta_net::gated_delta_rule`]'s contract): the value heads in
