@@ -268,3 +268,38 @@ fn info_lists_the_companions() {
     assert!(!s.contains("missing"), "{s}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A group size that divides hidden_size (64) but not the rows of `down_proj` (160 wide): the
+/// export says which matrices stay bf16, and `info` counts them with the reason.
+#[test]
+fn matrices_the_group_size_does_not_divide_are_said() {
+    let dir = tempdir("ungrouped");
+    let out = dir.join("m.bin");
+    let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args(["export", fixture("tiny-f32-tied-gqa2").to_str().unwrap()])
+        .args([out.to_str().unwrap(), "--dtype", "q4", "--group-size", "64"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        said.contains(
+            "2 matrices stay bf16: the group size 64 does not divide their rows (160 wide)"
+        ),
+        "{said}"
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args(["info", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let s = String::from_utf8(o.stdout).unwrap();
+    let weights = s.lines().find(|l| l.starts_with("weights")).unwrap();
+    assert!(weights.contains("q4 (group size 64)"), "{weights}");
+    assert!(
+        weights.contains("2 of ")
+            && weights.contains("in bf16 (")
+            && weights.contains("their rows are not a multiple of the group size)"),
+        "{weights}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -797,3 +797,35 @@ fn tiny_qwen3_fullvocab() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A group size that divides hidden_size but not every row: tiny-f32-tied-gqa2 in q8 groups of
+/// 64, whose `down_proj` rows (160 wide) no group of 64 tiles. Those matrices stay bf16
+/// (`format::stays_bf16`), the others are q8 in groups of 64, and the file computes its own
+/// weights and stays within the rounding's bound of HF's logits, as every rounded export does.
+#[test]
+fn rows_the_group_size_does_not_divide_stay_bf16() {
+    let name = "tiny-f32-tied-gqa2";
+    let refr = load_reference(name);
+    let dir = tempdir("pq-parity-ungrouped", name);
+    let exact = ModelFile::open(&export_as(name, &dir, DType::F32)).unwrap();
+    let path = export_fixture(name, &dir, DType::Q8, 64);
+    let stored = ModelFile::open(&path).unwrap();
+    for t in &stored.header().tensors {
+        let want = match t.shape.len() {
+            2 if t.name.ends_with("mlp.down_proj.weight") => (DType::Bf16, 0),
+            2 => (DType::Q8, 64),
+            _ => (DType::F32, 0),
+        };
+        assert_eq!((t.dtype, t.group_size), want, "{}", t.name);
+    }
+    let sigmas = noise_sigmas(&exact, &stored, &refr, &dir);
+    let bound = export_bound(Some(&sigmas));
+    let kernel_err =
+        rounded_exports_compute_their_own_weights_exactly(&exact, &stored, &refr, &dir, bound);
+    let f = check_full_logits(name, DType::Q8, KvType::F32, Some(&sigmas), &path, &refr);
+    println!(
+        "{name} q8 (group 64, down_proj bf16): vs own weights in f32 {kernel_err:.1e}, {}",
+        f.summary(bound)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

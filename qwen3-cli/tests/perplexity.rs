@@ -1,7 +1,7 @@
-//! `qwen3 perplexity` against HuggingFace: on a tiny f32 fixture, the perplexity of a text and,
-//! for its bf16 export against the f32 one, the mean KL divergence and the top-1 agreement, as
-//! transformers computes them (scripts/perplexity_reference.py wrote
-//! fixtures/text/perplexity-reference.json).
+//! `qwen3 perplexity` against HuggingFace: on tiny f32 fixtures (a Qwen3 and a Qwen3.5 MoE
+//! hybrid), the perplexity of a text and, for each one's bf16 export against its f32 one, the
+//! mean KL divergence and the top-1 agreement, as transformers computes them
+//! (scripts/perplexity_reference.py wrote fixtures/text/perplexity-reference*.json).
 
 use qwen3_inference::format::DType;
 use qwen3_test_support::{export_fixture, tempdir};
@@ -39,8 +39,22 @@ fn number(out: &str, line: &str, key: &str) -> f64 {
 
 #[test]
 fn perplexity_and_kl_divergence_match_huggingface() {
+    matches_huggingface("perplexity-reference.json");
+}
+
+/// A hybrid (Qwen3.5's MoE fixture: Gated DeltaNets beside attention, float32 weights): every
+/// chunk starts from an empty cache and a zero recurrent state, as transformers runs each one
+/// alone, and its bf16 export against the f32 one gives HF's divergence.
+#[test]
+fn a_hybrid_scores_each_chunk_from_a_fresh_state() {
+    matches_huggingface("perplexity-reference-qwen3_5moe.json");
+}
+
+/// The perplexity, and the KL divergence of the bf16 export from the f32 one, against
+/// `fixtures/text/<file>` (scripts/perplexity_reference.py).
+fn matches_huggingface(file: &str) {
     let reference: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("fixtures/text/perplexity-reference.json")).unwrap(),
+        &std::fs::read_to_string(root().join("fixtures/text").join(file)).unwrap(),
     )
     .unwrap();
     let name = reference["model"].as_str().unwrap();

@@ -22,7 +22,8 @@ use anyhow::{bail, Context, Result};
 use hf::checkpoint::{to_bf16_bits, to_f32, Checkpoint, TensorMeta};
 use qwen3_inference::format::writer::ModelWriter;
 use qwen3_inference::format::{
-    companion_paths, expected_tensors, tensor_specs_with, DType, ModelConfig, Q4Mix, TensorKind,
+    companion_paths, expected_tensors, stays_bf16, tensor_specs_with, DType, ExpectedTensor,
+    ModelConfig, Q4Mix, TensorKind,
 };
 use qwen3_inference::quant::{quantize_q4, quantize_q6, quantize_q8};
 use std::path::{Path, PathBuf};
@@ -91,6 +92,9 @@ pub struct ExportSummary {
     /// vision tower and multi-token-prediction layer), said for the log; `None` if there were
     /// none.
     pub left_out_note: Option<String>,
+    /// The matrices that stay bf16 because the group size does not divide their rows
+    /// (`format::stays_bf16`), said for the log; `None` if there are none.
+    pub bf16_note: Option<String>,
 }
 
 /// Tensor `name` of the model file, found in the checkpoint: under its own name, or where the
@@ -109,7 +113,8 @@ fn is_ignorable(name: &str) -> bool {
     name.ends_with(".rotary_emb.inv_freq")
 }
 
-/// Divisors of the row lengths of every quantized matrix: the group sizes a model accepts.
+/// Divisors of the row lengths of every quantized matrix: the group sizes with which no matrix of
+/// the model stays bf16 (`format::stays_bf16`; any divisor of hidden_size is accepted).
 pub fn valid_group_sizes(c: &ModelConfig) -> Vec<u32> {
     fn gcd(a: u64, b: u64) -> u64 {
         if b == 0 {
@@ -172,17 +177,20 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
             opts.group_size
         );
     }
-    if grouped {
-        let valid = valid_group_sizes(&config);
-        if !valid.contains(&opts.group_size) {
-            let list: Vec<String> = valid.iter().map(|v| v.to_string()).collect();
-            bail!(
-                "{}: group size {} does not divide the row length of every matrix of this model; valid group sizes: {}",
-                hf_dir.join("config.json").display(),
-                opts.group_size,
-                list.join(", ")
-            );
-        }
+    // A group size must divide hidden_size, the row length of nearly every matrix; a matrix whose
+    // rows it does not divide stays bf16 (`format::stays_bf16`), said below.
+    if grouped && (opts.group_size == 0 || !config.hidden_size.is_multiple_of(opts.group_size)) {
+        let list: Vec<String> = (1..=config.hidden_size.min(4096))
+            .filter(|d| config.hidden_size.is_multiple_of(*d))
+            .map(|v| v.to_string())
+            .collect();
+        bail!(
+            "{}: group size {} does not divide hidden_size {}; valid group sizes: {} (a matrix whose rows one does not divide stays bf16)",
+            hf_dir.join("config.json").display(),
+            opts.group_size,
+            config.hidden_size,
+            list.join(", ")
+        );
     }
 
     // 2. Weights: check everything before writing anything.
@@ -254,6 +262,26 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
         )
     });
 
+    let ungrouped: Vec<&ExpectedTensor> = expected
+        .iter()
+        .filter(|e| e.kind == TensorKind::Matrix && stays_bf16(&config, &e.shape))
+        .collect();
+    let bf16_note = (!ungrouped.is_empty()).then(|| {
+        let mut widths: Vec<u64> = ungrouped
+            .iter()
+            .filter_map(|e| e.shape.last().copied())
+            .collect();
+        widths.sort_unstable();
+        widths.dedup();
+        let widths: Vec<String> = widths.iter().map(|w| w.to_string()).collect();
+        format!(
+            "{} matrices stay bf16: the group size {} does not divide their rows ({} wide)",
+            ungrouped.len(),
+            config.group_size,
+            widths.join(", ")
+        )
+    });
+
     // 3. Companion files, under temporary names until the model file is complete.
     let companions = companion_paths(out);
     let tmp_tok = temp_sibling(&companions.tokenizer);
@@ -298,6 +326,7 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
         template_note,
         source_dtypes,
         left_out_note,
+        bf16_note,
     })
 }
 

@@ -129,6 +129,9 @@ pub fn run(args: ExportArgs) -> Result<()> {
     if let Some(note) = &s.left_out_note {
         println!("{}: {note}", s.model_path.display());
     }
+    if let Some(note) = &s.bf16_note {
+        println!("{}: {note}", s.model_path.display());
+    }
     println!("{}: {}", s.tokenizer_path.display(), s.tokenizer_note);
     println!("{}: {}", s.template_path.display(), s.template_note);
     Ok(())

@@ -104,19 +104,24 @@ pub fn run(args: InfoArgs) -> Result<()> {
         opt(g.repetition_penalty.map(|v| v.to_string())),
         opt(g.do_sample.map(|v| v.to_string())),
     );
-    // A q4 file keeps some matrices in q6 or q8 (`Q4Mix`): say how many, and their share of
-    // the bytes, as "29 of 197 matrices in q8 (52% of the bytes)".
+    // A q4 file keeps some matrices in q6 or q8 (`Q4Mix`), and a q8 or q4 file keeps in bf16
+    // those whose rows the group size does not divide (`format::stays_bf16`): say how many,
+    // and their share of the bytes, as "29 of 197 matrices in q8 (52% of the bytes)".
     let matrices: Vec<_> = h.tensors.iter().filter(|t| t.shape.len() == 2).collect();
     let all_bytes = matrices.iter().map(|t| t.nbytes).sum::<u64>() as f64;
-    let mix: String = [DType::Q6, DType::Q8]
+    let mix: String = [DType::Q6, DType::Q8, DType::Bf16]
         .into_iter()
         .filter(|&d| d != c.dtype)
         .filter_map(|d| {
             let these: Vec<_> = matrices.iter().filter(|t| t.dtype == d).collect();
             let bytes = these.iter().map(|t| t.nbytes).sum::<u64>() as f64;
+            let why = match d {
+                DType::Bf16 => "; their rows are not a multiple of the group size",
+                _ => "",
+            };
             (!these.is_empty()).then(|| {
                 format!(
-                    ", {} of {} matrices in {d} ({:.0}% of the bytes)",
+                    ", {} of {} matrices in {d} ({:.0}% of the bytes{why})",
                     these.len(),
                     matrices.len(),
                     100.0 * bytes / all_bytes

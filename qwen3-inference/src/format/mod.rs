@@ -471,6 +471,8 @@ pub fn tensor_specs_with(c: &ModelConfig, mix: Q4Mix) -> Vec<writer::TensorSpec>
                 TensorKind::Norm | TensorKind::Bias | TensorKind::Router | TensorKind::Param => {
                     (DType::F32, 0)
                 }
+                // Rows the group size does not divide cannot be grouped: bf16, as it came.
+                TensorKind::Matrix if stays_bf16(c, &e.shape) => (DType::Bf16, 0),
                 TensorKind::Matrix if c.dtype != DType::Q4 => (c.dtype, c.group_size),
                 // q8's own groups of 64 where the width allows: the q8 kernels' fast path wants
                 // a multiple of 64.
@@ -495,12 +497,34 @@ pub fn tensor_specs_with(c: &ModelConfig, mix: Q4Mix) -> Vec<writer::TensorSpec>
         .collect()
 }
 
-/// Whether a model file may store a matrix of a file of dtype `file` as `dtype` in groups of
-/// `group_size`: as the file's dtype and group size, or, in a q4 file, also as q6 or q8 at the
-/// file's group size (any matrix: the kernels take each tensor as it is stored, and the products
-/// that share one quantized input need one group size), and the embedding table and classifier
-/// as q8 in groups of [`Q4_TABLE_GROUP`].
-pub fn matrix_storage_ok(c: &ModelConfig, name: &str, dtype: DType, group_size: u32) -> bool {
+/// Whether a matrix of `shape` stays bf16 in a file of `c`'s dtype: in a q8 or q4 file, when the
+/// group size does not divide its rows (a group never spans two rows). Qwen3.5-35B-A3B's vision
+/// tower has a 4304-wide MLP, which no group size of 32 or more divides, and a group size a user
+/// picks may not divide an expert's rows (Qwen3-30B-A3B's are 768 wide). The products that share
+/// one input all read rows of its width, so they are all grouped or all bf16, never a mix.
+pub fn stays_bf16(c: &ModelConfig, shape: &[u64]) -> bool {
+    let cols = shape.last().copied().unwrap_or(0);
+    matches!(c.dtype, DType::Q8 | DType::Q4)
+        && c.group_size > 0
+        && !cols.is_multiple_of(c.group_size as u64)
+}
+
+/// Whether a model file may store a matrix `name` of `shape` of a file of dtype `file` as `dtype`
+/// in groups of `group_size`: as the file's dtype and group size, or, in a q4 file, also as q6
+/// or q8 at the file's group size (any matrix: the kernels take each tensor as it is stored, and
+/// the products that share one quantized input need one group size), and the embedding table and
+/// classifier as q8 in groups of [`Q4_TABLE_GROUP`]; and as bf16 when its rows cannot be grouped
+/// ([`stays_bf16`]), and only then.
+pub fn matrix_storage_ok(
+    c: &ModelConfig,
+    name: &str,
+    shape: &[u64],
+    dtype: DType,
+    group_size: u32,
+) -> bool {
+    if stays_bf16(c, shape) {
+        return dtype == DType::Bf16 && group_size == 0;
+    }
     let table = is_table(name);
     (dtype == c.dtype && group_size == c.group_size)
         || (c.dtype == DType::Q4
@@ -544,6 +568,33 @@ mod tests {
         assert_eq!(c.template, Path::new("models/qwen3-0.6b.template.json"));
         let c = companion_paths(Path::new("m.q8"));
         assert_eq!(c.tokenizer, Path::new("m.q8.tokenizer.bin"));
+    }
+
+    /// A matrix stays bf16 exactly when the group size does not divide its rows: the exporter's
+    /// specs say so, the reader accepts it there and nowhere else, and a grouped dtype is refused
+    /// for it.
+    #[test]
+    fn a_matrix_stays_bf16_only_when_its_rows_cannot_be_grouped() {
+        for dtype in [DType::Q8, DType::Q4] {
+            let mut c = config::tests::tiny_config(dtype);
+            (c.intermediate_size, c.group_size) = (160, 64);
+            let down = "model.layers.1.mlp.down_proj.weight";
+            let up = "model.layers.1.mlp.up_proj.weight";
+            for s in tensor_specs(&c) {
+                let ungrouped = s.name.ends_with("down_proj.weight");
+                assert_eq!(s.dtype == DType::Bf16, ungrouped, "{dtype} {}", s.name);
+                if s.shape.len() == 2 {
+                    assert_eq!(stays_bf16(&c, &s.shape), ungrouped, "{dtype} {}", s.name);
+                }
+            }
+            assert!(matrix_storage_ok(&c, down, &[64, 160], DType::Bf16, 0));
+            assert!(!matrix_storage_ok(&c, down, &[64, 160], dtype, 64));
+            assert!(!matrix_storage_ok(&c, up, &[160, 64], DType::Bf16, 0));
+            assert!(matrix_storage_ok(&c, up, &[160, 64], dtype, 64));
+            // Files that are not grouped keep every matrix in their own dtype.
+            let f = config::tests::tiny_config(DType::Bf16);
+            assert!(!stays_bf16(&f, &[64, 160]));
+        }
     }
 
     /// The layers llama.cpp's Q4_K_M stores `attn_v` and `ffn_down` of in Q6_K, read from the

@@ -8,9 +8,9 @@
 use super::bytes::ByteReader;
 use super::mapped::MappedFile;
 use super::{
-    align_up, expected_tensors, matrix_storage_ok, tensor_nbytes, value_bytes, DType, ModelConfig,
-    TensorKind, ALIGN, BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION,
-    PREAMBLE_LEN,
+    align_up, expected_tensors, matrix_storage_ok, stays_bf16, tensor_nbytes, value_bytes, DType,
+    ModelConfig, TensorKind, ALIGN, BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC,
+    OLDEST_READABLE_VERSION, PREAMBLE_LEN,
 };
 use crate::pages::{self, PageShare};
 use anyhow::{bail, Context, Result};
@@ -205,17 +205,19 @@ impl Header {
                     t.dtype == DType::F32 && t.group_size == 0
                 }
                 TensorKind::Matrix => {
-                    matrix_storage_ok(&self.config, &e.name, t.dtype, t.group_size)
+                    matrix_storage_ok(&self.config, &e.name, &e.shape, t.dtype, t.group_size)
                 }
             };
             if !ok {
+                let bf16 = e.kind == TensorKind::Matrix && stays_bf16(&self.config, &e.shape);
                 let expected = match (e.kind, self.config.dtype) {
+                    _ if bf16 => "bf16 (its rows are not a multiple of the group size)",
                     (TensorKind::Matrix, DType::Q4) => "q4, q6 or q8",
                     (TensorKind::Matrix, d) => d.name(),
                     _ => "f32",
                 };
                 let group = match e.kind {
-                    TensorKind::Matrix => self.config.group_size,
+                    TensorKind::Matrix if !bf16 => self.config.group_size,
                     _ => 0,
                 };
                 bail!(
