@@ -1,7 +1,8 @@
 //! The decode loop allocates nothing per token (docs/performance.md, "Smaller steps"). This test counts every heap
 //! allocation of the process (a counting global allocator) while `generate` decodes (the
 //! engine's step loop, as the CLI and the server run it), on the
-//! full-vocabulary fixture (151936 tokens, so the sampler works on a real vocabulary's size),
+//! full-vocabulary fixture (151936 tokens, so the sampler works on a real vocabulary's size) and
+//! on a hybrid (Qwen3.5's fixture, whose Gated DeltaNets update their state in place), each
 //! exported as q8 and as f32, with the KV cache in f32 and in bf16, at the sampler settings that
 //! take different paths: greedy, the model's defaults (top-k), top-p alone at a high temperature,
 //! and no filter at all.
@@ -75,15 +76,22 @@ fn decoding_allocates_nothing_per_token() {
 }
 
 fn decode_and_count() {
-    let name = "tiny-qwen3-fullvocab";
-    let dir = tempdir("pq-no-alloc", name);
+    let dir = tempdir("pq-no-alloc", "decode");
     let settings = [
         ("greedy", SamplerConfig::greedy()),
         ("defaults", sampler(0.6, 20, 0.95)),
         ("top-p alone", sampler(1.5, 0, 0.9)),
         ("no filter", sampler(1.0, 0, 1.0)),
     ];
-    for (dtype, group) in [(DType::Q8, 32), (DType::F32, 0)] {
+    // The full-vocabulary Qwen3, and a hybrid (Qwen3.5: Gated DeltaNets, whose state the
+    // decode step updates in place, beside gated attention) on its small vocabulary.
+    let models = [
+        ("tiny-qwen3-fullvocab", DType::Q8, 32, [9707, 11, 1879, 0]),
+        ("tiny-qwen3-fullvocab", DType::F32, 0, [9707, 11, 1879, 0]),
+        ("tiny-qwen3_5-bf16", DType::Q8, 32, [9, 11, 400, 7]),
+        ("tiny-qwen3_5-bf16", DType::F32, 0, [9, 11, 400, 7]),
+    ];
+    for (name, dtype, group, prompt) in models {
         let path = export_fixture(name, &dir, dtype, group);
         let file = ModelFile::open(&path).unwrap();
         let model = Model::load(&file).unwrap();
@@ -92,7 +100,7 @@ fn decode_and_count() {
                 let cpu = CpuBackend::new();
                 let mut engine = Engine::one_sequence(&cpu, &model, 128, kv).unwrap();
                 let request = Request {
-                    prompt: vec![9707, 11, 1879, 0],
+                    prompt: prompt.to_vec(),
                     max_tokens: WARM_UP + COUNTED,
                     sampler: cfg.clone(),
                     stop_ids: vec![],
@@ -115,7 +123,7 @@ fn decode_and_count() {
                 assert_eq!(seen, WARM_UP + COUNTED);
                 assert_eq!(
                     during, 0,
-                    "{dtype} weights, {kv:?} cache, {label}: {during} allocations in {COUNTED} decoded tokens"
+                    "{name}, {dtype} weights, {kv:?} cache, {label}: {during} allocations in {COUNTED} decoded tokens"
                 );
             }
         }

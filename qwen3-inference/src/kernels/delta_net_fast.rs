@@ -6,7 +6,8 @@
 //! - sums are kept in lanes (`lanes.rs`), SiLU and the sigmoid take the vectorizable `exp`;
 //! - the value heads run in parallel: on rayon's threads for a prompt, as parts of a job of the
 //!   decode team for one token (`team.rs`);
-//! - the buffers are made once per call and head, not per token or per chunk.
+//! - a prompt's buffers are made once per call and head, not per token or per chunk; a decode
+//!   step makes none (each thread of the decode team keeps its scratch).
 //!
 //! The tokens take the same form as in the textbook version (whole aligned chunks chunked, the
 //! rest recurrent: [`runs_by_form`]), so what the engine promises of them (batch invariance,
@@ -34,6 +35,12 @@ fn silu(v: f32) -> f32 {
 fn sigmoid_fast(v: f32) -> f32 {
     let e = exp(-v.abs());
     (if v >= 0.0 { 1.0 } else { e }) / (1.0 + e)
+}
+
+thread_local! {
+    /// A decode step's scratch for one part of the value heads: `q`, `k` (`dk` each), `u` and
+    /// the head's output (`dv` each), kept by each thread of the decode team between tokens.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `y += a x`.
@@ -67,10 +74,36 @@ vectorized! {
     }
 }
 
+/// [`causal_conv_silu`] for one token, channel by channel in the window's own layout
+/// (`[conv_dim, K - 1]`, filters `[conv_dim, K]`): the same operations in the same order as
+/// [`conv_rows`], with nothing to lay out (a token is `K * conv_dim` multiply-adds), so a
+/// decode step allocates nothing.
+fn conv_one(x: &mut [f32], window: &mut [f32], w: &[f32], k: usize) {
+    for ((y, win), taps) in x
+        .iter_mut()
+        .zip(window.chunks_exact_mut(k - 1))
+        .zip(w.chunks_exact(k))
+    {
+        let input = *y;
+        let mut acc = taps[k - 1] * input;
+        for (&p, &wj) in win.iter().zip(taps) {
+            acc += wj * p;
+        }
+        // The window moves along one input.
+        win.copy_within(1.., 0);
+        win[k - 2] = input;
+        *y = silu(acc);
+    }
+}
+
 /// Step 2: [`super::delta_net::causal_conv_silu`], channels side by side.
 pub fn causal_conv_silu(x: &mut [f32], window: &mut [f32], w: &[f32], s: DeltaNetShape) {
     let (cd, k) = (s.conv_dim(), s.conv_kernel);
     let n = x.len() / cd;
+    // (A kernel of 1 has no window: the general form below.)
+    if n == 1 && k > 1 {
+        return conv_one(x, window, w, k);
+    }
     // The window is per channel ([conv_dim, K - 1]) and the filters too ([conv_dim, K]): turned
     // into rows by position and by tap, each step reads whole rows.
     let mut hist = vec![0f32; (k - 1 + n) * cd];
@@ -341,26 +374,33 @@ pub fn gated_delta_rule(
     let params = |h: usize| (a_log[h], dt_bias[h]);
     if n == 1 {
         // Decode: the heads are parts of a job of the decode team (team.rs), as attention's
-        // are. Each part locks the memories of its heads (uncontended: parts are disjoint).
-        let memories: Vec<Mutex<&mut [f32]>> =
-            state.chunks_exact_mut(dk * dv).map(Mutex::new).collect();
-        Team::current().split([o], dv, |_, start, part, _| {
-            let mut work = vec![0f32; 2 * dk + dv];
-            let (q, rest) = work.split_at_mut(dk);
-            let (k, u) = rest.split_at_mut(dk);
-            for (j, oh) in part.chunks_exact_mut(dv).enumerate() {
-                let h = start / dv + j;
-                let mut sh = memories[h].lock().unwrap_or_else(PoisonError::into_inner);
-                let (v, g, beta) = head_token(q, k, qkv, a, b, params(h), 0, h, s);
-                let one = HeadInputs {
-                    q,
-                    k,
-                    v,
-                    g: &[g],
-                    beta: &[beta],
-                };
-                step(&mut sh, oh, u, &one);
-            }
+        // are, cut along the memories (whole heads), which each part owns. A part writes each
+        // head's output through one lock on `o` (a copy of `dv` values a head; the math is
+        // outside it). Its scratch is its thread's, kept from token to token: a decode step
+        // allocates nothing.
+        let out = Mutex::new(o);
+        Team::current().split([state], dk * dv, |_, start, part, _| {
+            SCRATCH.with(|cell| {
+                let mut work = cell.borrow_mut();
+                work.resize(2 * dk + 2 * dv, 0.0);
+                let (q, rest) = work.split_at_mut(dk);
+                let (k, rest) = rest.split_at_mut(dk);
+                let (u, oh) = rest.split_at_mut(dv);
+                for (j, sh) in part.chunks_exact_mut(dk * dv).enumerate() {
+                    let h = start / (dk * dv) + j;
+                    let (v, g, beta) = head_token(q, k, qkv, a, b, params(h), 0, h, s);
+                    let one = HeadInputs {
+                        q,
+                        k,
+                        v,
+                        g: &[g],
+                        beta: &[beta],
+                    };
+                    step(sh, oh, u, &one);
+                    let mut o = out.lock().unwrap_or_else(PoisonError::into_inner);
+                    o[h * dv..][..dv].copy_from_slice(oh);
+                }
+            })
         });
         return;
     }
