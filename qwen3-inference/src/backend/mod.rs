@@ -37,8 +37,8 @@ use std::ops::Range;
 /// The operations of a Qwen3 (and Qwen2, Qwen3-MoE) forward pass. Shapes in the comments are row-major; `n_tok` is the
 /// number of tokens in the batch, `pos0` the position of the first one.
 pub trait Backend {
-    /// One weight tensor as the model file stores it: a matrix `[rows, cols]` in f32, bf16 or q8,
-    /// or a norm weight `[n]`, always f32.
+    /// One weight tensor as the model file stores it: a matrix `[rows, cols]` in f32, bf16, q8,
+    /// q4 or q6, or a norm weight `[n]`, always f32.
     type Tensor;
     /// f32 activations.
     type Buf;

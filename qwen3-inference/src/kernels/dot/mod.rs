@@ -38,128 +38,6 @@ pub type MatQ8 = fn(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead: us
 /// [`ActsQ8Buf::quantize_for_q4_as`] for another); a SIMD kernel panics on another layout.
 pub type MatQ4 = fn(w: &[u8], ws: &[u16], x: &ActsQ8, out: &mut [f32], ahead: usize);
 
-/// `t` activation rows of `cols` values, quantized per group of `group_size` for the q8 kernels
-/// (the same rule as the weights, `quant.rs`).
-pub struct ActsQ8<'a> {
-    pub t: usize,
-    pub cols: usize,
-    pub group_size: usize,
-    /// `[t, cols]`: the int8 values.
-    pub q: &'a [i8],
-    /// `[t, cols]`: the same values plus 128, as unsigned bytes (`q as u8 ^ 0x80`). `vpdpbusd`
-    /// multiplies unsigned by signed bytes; this form lets the AVX-512 prefill kernel use it
-    /// without per-token sign fix-ups (see `mat_q8_avx512`).
-    pub biased: &'a [u8],
-    /// `[t, cols / group_size]`
-    pub scales: &'a [f32],
-    /// The same values laid out for the q4 kernels (`q4.rs`); empty unless made by
-    /// [`ActsQ8Buf::quantize_for_q4`] (or `quantize_for_q4_as`) with groups of 32.
-    pub q4: q4::ActsQ4<'a>,
-}
-
-/// The buffers behind an [`ActsQ8`], reused from one product to the next.
-#[derive(Default)]
-pub struct ActsQ8Buf {
-    q: Vec<i8>,
-    biased: Vec<u8>,
-    scales: Vec<f32>,
-    q4: q4::ActsQ4Buf,
-}
-
-impl ActsQ8Buf {
-    /// Quantizes `x: [t, cols]` per group of `gs` and derives the other forms, for q8 weights
-    /// (no q4 layout: `q4` is empty). The buffers grow to the largest size seen and are then
-    /// reused: no allocation per token.
-    pub fn quantize(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {
-        self.quantize_with(x, t, cols, gs, None)
-    }
-
-    /// [`ActsQ8Buf::quantize`] plus the layout the q4 kernels of this CPU ([`dots`]) read
-    /// ([`q4::ActsQ4`]).
-    pub fn quantize_for_q4(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {
-        self.quantize_with(x, t, cols, gs, Some(dots().q4_layout))
-    }
-
-    /// [`ActsQ8Buf::quantize_for_q4`] in a given layout: for a kernel other than this CPU's
-    /// choice (`d.q4_layout` of one of [`available`]).
-    pub fn quantize_for_q4_as(
-        &mut self,
-        x: &[f32],
-        t: usize,
-        cols: usize,
-        gs: usize,
-        layout: q4::Q4Layout,
-    ) -> ActsQ8<'_> {
-        self.quantize_with(x, t, cols, gs, Some(layout))
-    }
-
-    fn quantize_with(
-        &mut self,
-        x: &[f32],
-        t: usize,
-        cols: usize,
-        gs: usize,
-        for_q4: Option<q4::Q4Layout>,
-    ) -> ActsQ8<'_> {
-        assert!(gs > 0 && cols.is_multiple_of(gs) && x.len() == t * cols);
-        let per = cols / gs;
-        self.q.resize(t * cols, 0);
-        self.biased.resize(t * cols, 0);
-        self.scales.resize(t * per, 0.0);
-        let quantize = dots().quantize_q8;
-        for i in 0..t {
-            let (q, s) = (i * cols..(i + 1) * cols, i * per..(i + 1) * per);
-            quantize(&x[q.clone()], gs, &mut self.q[q], &mut self.scales[s]);
-        }
-        for (b, &v) in self.biased.iter_mut().zip(&self.q) {
-            *b = v as u8 ^ 0x80;
-        }
-        let q4 = match for_q4 {
-            Some(layout) => self.q4.lay_out(&self.q, &self.scales, t, cols, gs, layout),
-            None => q4::ActsQ4::default(),
-        };
-        ActsQ8 {
-            t,
-            cols,
-            group_size: gs,
-            q: &self.q,
-            biased: &self.biased,
-            scales: &self.scales,
-            q4,
-        }
-    }
-}
-
-impl ActsQ8<'_> {
-    fn per(&self) -> usize {
-        self.cols / self.group_size
-    }
-    pub(crate) fn q_row(&self, i: usize) -> &[i8] {
-        &self.q[i * self.cols..(i + 1) * self.cols]
-    }
-    pub(crate) fn scales_row(&self, i: usize) -> &[f32] {
-        &self.scales[i * self.per()..(i + 1) * self.per()]
-    }
-    /// Panics unless every slice has the length the sizes say (a caller's bug, not bad input).
-    fn check(&self, w: &[i8], ws: &[f32], out: &[f32]) -> usize {
-        let (t, cols, gs) = (self.t, self.cols, self.group_size);
-        assert!(
-            gs > 0 && cols > 0 && cols.is_multiple_of(gs),
-            "q8: bad group size"
-        );
-        let rows = w.len() / cols;
-        assert!(
-            w.len() == rows * cols
-                && ws.len() == rows * (cols / gs)
-                && out.len() == rows * t
-                && self.q.len() == t * cols
-                && self.biased.len() == t * cols
-                && self.scales.len() == t * (cols / gs),
-            "q8: slice lengths do not match [{rows}, {cols}] x [{t}, {cols}]"
-        );
-        rows
-    }
-}
 /// Quantizes `x` per group into `q` and `scales` (same rule as [`crate::quant::quantize_q8`]).
 pub type QuantizeQ8 = fn(x: &[f32], group_size: usize, q: &mut [i8], scales: &mut [f32]);
 
@@ -400,6 +278,8 @@ pub fn scalar_only(dtype: crate::format::DType, gs: usize) -> Option<String> {
     }
 }
 
+mod acts;
+pub use acts::{ActsQ8, ActsQ8Buf};
 pub mod q4;
 pub mod q6;
 #[cfg(target_arch = "x86_64")]
