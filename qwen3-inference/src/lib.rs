@@ -6,6 +6,7 @@
 //! conversation into the token ids the model sees; [`generate`] drives prefill and decode;
 //! [`constraint`] masks the logits so that an answer matches a grammar (structured output).
 //! [`pages`] asks for the 2 MiB pages that the weights and the KV cache stream fastest from.
+//! [`gguf`] reads llama.cpp's GGUF files (their metadata and tensors; running them comes next).
 
 pub mod backend;
 pub mod chat;
@@ -13,6 +14,7 @@ pub mod constraint;
 pub mod engine;
 pub mod format;
 pub mod generate;
+pub mod gguf;
 pub mod kernels;
 pub mod logprobs;
 pub mod model;

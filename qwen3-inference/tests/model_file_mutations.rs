@@ -1,4 +1,5 @@
-//! The model-file reader on corrupted files: a bounded, deterministic fuzz run on stable Rust.
+//! The model-file reader (and the GGUF reader, last test) on corrupted files: a bounded,
+//! deterministic fuzz run on stable Rust.
 //! (The coverage-guided target is fuzz/fuzz_targets/model_file.rs, for `cargo +nightly fuzz`.)
 //!
 //! Valid tiny files (dense f32, q4 with its finer tensors, every matrix in q6, Qwen3-MoE with
@@ -137,5 +138,44 @@ fn corrupted_model_files_give_errors_not_panics() {
     assert!(
         refused > ITERATIONS,
         "the mutations should mostly break the files"
+    );
+}
+
+/// The GGUF reader on the same mutations of a GGUF file that gguf-py wrote
+/// (fixtures/gguf/tiny-header.gguf): an error or a header, never a panic; a mutated file that
+/// still parses is opened from disk and every tensor's bytes read.
+#[test]
+fn corrupted_gguf_files_give_errors_not_panics() {
+    use qwen3_inference::gguf::{parse, GgufFile};
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf/tiny-header.gguf");
+    let bytes = std::fs::read(fixture).unwrap();
+    let header_len = parse(&bytes).expect("the fixture parses").data_start as usize;
+    let mut seed = 2027u64;
+    let (mut refused, mut parsed) = (0, 0);
+    // Its own file, outside the folder the other test removes when it ends.
+    let path = std::env::temp_dir().join(format!("pq-gguf-mutated-{}.gguf", std::process::id()));
+    for _ in 0..ITERATIONS {
+        let m = mutate(&bytes, header_len, &mut seed);
+        match parse(&m) {
+            Err(e) => {
+                refused += 1;
+                assert!(!format!("{e:#}").is_empty(), "an empty error");
+            }
+            Ok(_) => {
+                parsed += 1;
+                std::fs::write(&path, &m).unwrap();
+                let f = GgufFile::open(&path).unwrap();
+                for t in &f.header().tensors {
+                    assert_eq!(f.data(t).len() as u64, t.nbytes);
+                }
+            }
+        }
+    }
+    std::fs::remove_file(&path).ok();
+    println!("GGUF: {refused} refused, {parsed} parsed of {ITERATIONS} mutated files");
+    assert!(
+        refused > ITERATIONS / 2,
+        "the mutations should mostly break the file"
     );
 }

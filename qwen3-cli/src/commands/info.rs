@@ -8,11 +8,12 @@ use anyhow::Result;
 use clap::Args;
 use qwen3_inference::backend::KvType;
 use qwen3_inference::format::{companion_paths, DType, ModelFile, RopeScaling};
+use qwen3_inference::gguf;
 use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct InfoArgs {
-    /// Model file written by `qwen3 export`.
+    /// Model file written by `qwen3 export`, or a GGUF file (its metadata and tensors).
     pub model: PathBuf,
     /// Also list every tensor: name, shape, dtype, group size, bytes.
     #[arg(long)]
@@ -24,6 +25,9 @@ fn size_of(path: &std::path::Path) -> Option<u64> {
 }
 
 pub fn run(args: InfoArgs) -> Result<()> {
+    if starts_with_gguf(&args.model) {
+        return gguf_info(&args);
+    }
     let file = ModelFile::open(&args.model)?;
     let h = file.header();
     let c = &h.config;
@@ -253,6 +257,115 @@ pub fn run(args: InfoArgs) -> Result<()> {
             group,
             t.nbytes
         );
+    }
+    Ok(())
+}
+
+/// Whether the file at `path` begins with GGUF's magic (a file that cannot be read is left to
+/// the model file's reader, whose error names the problem).
+fn starts_with_gguf(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|_| gguf::is_gguf(&magic))
+}
+
+/// A metadata value on one line: scalars as they are, a string as it is (up to 60 characters),
+/// an array as its length.
+fn show(v: &gguf::Value) -> String {
+    use gguf::Value as V;
+    match v {
+        V::Str(s) if s.chars().count() > 60 => format!("{} chars", s.chars().count()),
+        V::Str(s) => s.clone(),
+        V::Array(a) => format!("[{} items]", a.len()),
+        V::Bool(b) => b.to_string(),
+        V::F32(x) => x.to_string(),
+        V::F64(x) => x.to_string(),
+        v => v
+            .as_u64()
+            .map_or_else(|| format!("{v:?}"), |n| n.to_string()),
+    }
+}
+
+/// `qwen3 info FILE.gguf`: what a GGUF file holds, read from its header: the architecture and
+/// its hyperparameters, the tokenizer and template, the tensors by type.
+fn gguf_info(args: &InfoArgs) -> Result<()> {
+    let file = gguf::GgufFile::open(&args.model)?;
+    let h = file.header();
+    let len = size_of(&args.model).unwrap_or(0);
+    println!(
+        "file                     {} ({}, GGUF version {})",
+        args.model.display(),
+        bytes(len),
+        h.version
+    );
+    let arch = h.architecture().unwrap_or("-");
+    println!("architecture             {arch}");
+    if let Some(name) = h.get("general.name") {
+        println!("name                     {}", show(name));
+    }
+    // The architecture's own keys: its hyperparameters, in file order.
+    let prefix = format!("{arch}.");
+    for (k, v) in &h.metadata {
+        if let Some(key) = k.strip_prefix(&prefix) {
+            println!("{key:<24} {}", show(v));
+        }
+    }
+    let count = |key: &str| match h.get(key) {
+        Some(gguf::Value::Array(a)) => a.len().to_string(),
+        _ => "-".into(),
+    };
+    let text = |key: &str| h.get(key).map_or_else(|| "-".into(), show);
+    println!(
+        "tokenizer                {} (pre-tokenizer {}), {} tokens, {} merges",
+        text("tokenizer.ggml.model"),
+        text("tokenizer.ggml.pre"),
+        count("tokenizer.ggml.tokens"),
+        count("tokenizer.ggml.merges")
+    );
+    println!(
+        "chat template            {}",
+        text("tokenizer.chat_template")
+    );
+    // Tensors by type, most bytes first.
+    let mut by_type: Vec<(&str, usize, u64)> = Vec::new();
+    for t in &h.tensors {
+        match by_type.iter_mut().find(|(n, _, _)| *n == t.ggml_type.name) {
+            Some(e) => (e.1, e.2) = (e.1 + 1, e.2 + t.nbytes),
+            None => by_type.push((t.ggml_type.name, 1, t.nbytes)),
+        }
+    }
+    by_type.sort_by_key(|&(_, _, b)| std::cmp::Reverse(b));
+    let types: Vec<String> = by_type
+        .iter()
+        .map(|(n, k, b)| format!("{k} {n} ({})", bytes(*b)))
+        .collect();
+    let params: u64 = h
+        .tensors
+        .iter()
+        .map(|t| t.dims.iter().product::<u64>())
+        .sum();
+    println!(
+        "tensors                  {}: {}",
+        h.tensors.len(),
+        types.join(", ")
+    );
+    println!(
+        "parameters               {params} ({:.3} B)",
+        params as f64 / 1e9
+    );
+    println!("run                      not yet: running GGUF files is not implemented; `qwen3 export` the HuggingFace checkpoint of this model to run it");
+    if args.tensors {
+        for t in &h.tensors {
+            println!(
+                "  {:<40} {:>20} {:<8} {:>12}",
+                t.name,
+                format!("{:?}", t.dims),
+                t.ggml_type.name,
+                t.nbytes
+            );
+        }
     }
     Ok(())
 }

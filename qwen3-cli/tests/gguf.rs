@@ -1,0 +1,88 @@
+//! GGUF files through the binary: `qwen3 info` reads one that llama.cpp's own writer made
+//! (fixtures/gguf/tiny-header.gguf, scripts/make_gguf_fixtures.py), a damaged one is refused in
+//! one line, and the commands that run a model say that GGUF files do not run yet.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn qwen3(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf/tiny-header.gguf")
+}
+
+/// stderr of a failed run, checked to be one line with no panic.
+fn one_line_error(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(!o.status.success(), "succeeded: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    err
+}
+
+#[test]
+fn info_reads_a_gguf_header() {
+    let o = qwen3(&["info", fixture().to_str().unwrap(), "--tensors"]);
+    let s = String::from_utf8(o.stdout).unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for want in [
+        "GGUF version 3)",
+        "architecture             qwen3",
+        "name                     tiny header",
+        "block_count              2",
+        "feed_forward_length      160",
+        "rope.freq_base           1000000",
+        "tokenizer                gpt2 (pre-tokenizer qwen2), 3 tokens, 1 merges",
+        "chat template            {{ messages[0]['content'] }}",
+        "tensors                  2: 1 F32 (256 B), 1 Q8_0 (136 B)",
+        "run                      not yet",
+    ] {
+        assert!(s.contains(want), "expected {want:?} in\n{s}");
+    }
+    let embd = s.lines().find(|l| l.contains("token_embd.weight")).unwrap();
+    assert!(
+        embd.contains("[64, 2]") && embd.contains("Q8_0") && embd.ends_with("136"),
+        "{embd}"
+    );
+}
+
+#[test]
+fn a_damaged_gguf_is_refused_in_one_line() {
+    let dir = std::env::temp_dir().join(format!("pq-gguf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bytes = std::fs::read(fixture()).unwrap();
+    // Cut inside the Q8_0 tensor's bytes, and inside the metadata.
+    for (cut, want) in [
+        // (gguf-py pads the last tensor to the alignment: 24 bytes after its 136.)
+        (
+            bytes.len() - 30,
+            "truncated: token_embd.weight (Q8_0 [64, 2], 136 bytes",
+        ),
+        (100, "truncated"),
+    ] {
+        let path = dir.join(format!("cut-{cut}.gguf"));
+        std::fs::write(&path, &bytes[..cut]).unwrap();
+        let err = one_line_error(&qwen3(&["info", path.to_str().unwrap()]));
+        assert!(err.contains(want) && err.contains("cut-"), "{cut}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn running_a_gguf_says_it_is_not_supported_yet() {
+    let o = qwen3(&[
+        "inference",
+        fixture().to_str().unwrap(),
+        "-m",
+        "generate",
+        "-i",
+        "hi",
+    ]);
+    let err = one_line_error(&o);
+    assert!(err.contains("GGUF file"), "{err}");
+}
