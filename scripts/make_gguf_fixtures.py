@@ -1,4 +1,6 @@
-"""A tiny GGUF file for the GGUF reader's end-to-end test: fixtures/gguf/tiny-header.gguf.
+"""A tiny GGUF file for the GGUF reader's end-to-end test, fixtures/gguf/tiny-header.gguf, and
+gguf-py's dequantization of each block type the hub's Qwen GGUFs use,
+fixtures/gguf/dequant-reference.json.
 
 Written with gguf-py's GGUFWriter (llama.cpp's own Python writer, `pip install gguf`), so that
 the reader is checked against a file the reference writer made, not only against files the tests
@@ -6,10 +8,16 @@ build byte by byte. It holds a Qwen3 header's keys (architecture, hyperparameter
 tokenizer, a chat template) and two tensors: an F32 norm weight and a [2, 64] matrix quantized to
 Q8_0 by gguf-py's reference quantizer. Its values mean nothing; the file is 2 KiB.
 
+The dequantization goldens: for F16, BF16, Q8_0, Q4_0 and Q5_0, a random [2, 256] matrix quantized
+by gguf-py's reference quantizer; for Q4_K, Q5_K and Q6_K (which gguf-py dequantizes but does not
+quantize), two blocks of random bytes with their f16 scales set to random finite values. Each
+case records the blocks' bytes (hex) and the f32 bits gguf-py's `quants.dequantize` gives.
+
 Developer-only (CI never runs it):
     ../venv-torch/bin/python scripts/make_gguf_fixtures.py
 """
 
+import json
 from pathlib import Path
 
 import gguf
@@ -47,5 +55,48 @@ def main():
     print(out, out.stat().st_size, "bytes")
 
 
+def f16_bytes(rng, n):
+    """n random finite f16 values of moderate size, as bytes."""
+    return (rng.standard_normal(n) * 0.05).astype(np.float16).tobytes()
+
+
+def k_blocks(t, rng, n_blocks):
+    """Random blocks of a K-quant with finite f16 scales where the layout keeps them."""
+    T = gguf.GGMLQuantizationType
+    out = b""
+    for _ in range(n_blocks):
+        if t == T.Q4_K:  # d, dmin, scales[12], qs[128]
+            out += f16_bytes(rng, 2) + rng.bytes(12 + 128)
+        elif t == T.Q5_K:  # d, dmin, scales[12], qh[32], qs[128]
+            out += f16_bytes(rng, 2) + rng.bytes(12 + 32 + 128)
+        elif t == T.Q6_K:  # ql[128], qh[64], scales[16] (int8), d
+            out += rng.bytes(128 + 64 + 16) + f16_bytes(rng, 1)
+    return out
+
+
+def dequant_reference():
+    T = gguf.GGMLQuantizationType
+    rng = np.random.default_rng(11)
+    cases = []
+    for t in [T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K]:
+        if t in (T.Q4_K, T.Q5_K, T.Q6_K):
+            raw = np.frombuffer(k_blocks(t, rng, 2), dtype=np.uint8).reshape(1, -1)
+        else:
+            m = rng.standard_normal((2, 256)).astype(np.float32)
+            raw = gguf.quants.quantize(m, t).view(np.uint8).reshape(1, -1)
+        values = gguf.quants.dequantize(raw, t).astype(np.float32).reshape(-1)
+        cases.append(
+            {
+                "type": t.name,
+                "bytes": raw.tobytes().hex(),
+                "f32_bits": [int(b) for b in values.view(np.uint32)],
+            }
+        )
+    out = ROOT / "fixtures" / "gguf" / "dequant-reference.json"
+    out.write_text(json.dumps({"gguf_py": "llama.cpp 0c1e570", "cases": cases}) + "\n")
+    print(out, out.stat().st_size, "bytes")
+
+
 if __name__ == "__main__":
     main()
+    dequant_reference()

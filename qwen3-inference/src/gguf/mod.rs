@@ -17,6 +17,8 @@
 //! a damaged file is refused in one line that names what is wrong, never a panic or a huge
 //! allocation.
 
+pub mod blocks;
+
 use crate::format::mapped::MappedFile;
 use anyhow::{bail, ensure, Context, Result};
 use std::fs::File;

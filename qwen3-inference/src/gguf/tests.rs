@@ -217,3 +217,48 @@ fn block_sizes_are_ggmls() {
     ids.dedup();
     assert_eq!(ids.len(), GGML_TYPES.len(), "ids in order, each once");
 }
+
+/// Each block type the hub's Qwen GGUFs use, dequantized here and by gguf-py
+/// (fixtures/gguf/dequant-reference.json, scripts/make_gguf_fixtures.py): the same f32 bits.
+#[test]
+fn dequantization_gives_gguf_pys_bits() {
+    let reference: serde_json::Value = serde_json::from_str(include_str!(
+        "../../../fixtures/gguf/dequant-reference.json"
+    ))
+    .unwrap();
+    let cases = reference["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 8);
+    for case in cases {
+        let name = case["type"].as_str().unwrap();
+        let ty = *GGML_TYPES.iter().find(|t| t.name == name).unwrap();
+        let hex = case["bytes"].as_str().unwrap();
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let want: Vec<u32> = case["f32_bits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let mut got = vec![f32::NAN; want.len()];
+        blocks::dequantize(ty, &bytes, &mut got).unwrap();
+        for (i, (g, &w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w,
+                "{name} value {i}: {g} vs {}",
+                f32::from_bits(w)
+            );
+        }
+    }
+    // A type not read yet is named, with the list of those that are.
+    let iq = *GGML_TYPES.iter().find(|t| t.name == "IQ4_XS").unwrap();
+    let err = blocks::dequantize(iq, &[0; 136], &mut [0.0; 256]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("IQ4_XS is not read yet; these are: F32, F16, BF16, Q8_0"),
+        "{err}"
+    );
+}
