@@ -13,6 +13,19 @@ by gguf-py's reference quantizer; for Q4_K, Q5_K and Q6_K (which gguf-py dequant
 quantize), two blocks of random bytes with their f16 scales set to random finite values. Each
 case records the blocks' bytes (hex) and the f32 bits gguf-py's `quants.dequantize` gives.
 
+fixtures/gguf/tiny-f32-tied-gqa2-f32.gguf is llama.cpp's own converter's output for the f32
+fixture, made once by hand (llama.cpp 0c1e570; the converter knows the fixture's small BPE
+vocabulary by no hash, so its pre-tokenizer check was told "qwen2": the fixture's tokenizer.json
+splits with Qwen2's regex):
+
+    import sys; sys.path[:0] = [LLAMA_CPP, LLAMA_CPP + "/gguf-py"]
+    import conversion.base as base
+    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+    import convert_hf_to_gguf
+    sys.argv = ["convert_hf_to_gguf.py", "fixtures/models/tiny-f32-tied-gqa2", "--outtype", "f32",
+                "--outfile", "fixtures/gguf/tiny-f32-tied-gqa2-f32.gguf"]
+    convert_hf_to_gguf.main()
+
 Developer-only (CI never runs it):
     ../venv-torch/bin/python scripts/make_gguf_fixtures.py
 """

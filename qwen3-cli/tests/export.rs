@@ -514,12 +514,13 @@ fn info_on_damaged_files() {
         ),
         (
             {
-                // llama.cpp's file: named as such, with the way forward.
+                // GGUF's magic on our bytes: read as a GGUF file (gguf/mod.rs), which they
+                // are not, and refused as one.
                 let mut b = good.clone();
                 b[..8].copy_from_slice(b"GGUF\x03\0\0\0");
                 b
             },
-            "this is a GGUF file (llama.cpp's format)",
+            "bad.bin (GGUF): the tensor count",
         ),
         (
             {

@@ -51,6 +51,23 @@ fn info_reads_a_gguf_header() {
     );
 }
 
+/// llama.cpp's converter's GGUF of a tiny checkpoint: read as the model its config.json
+/// describes, every tensor found.
+#[test]
+fn info_reads_a_converted_checkpoint_as_its_model() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf/tiny-f32-tied-gqa2-f32.gguf");
+    let o = qwen3(&["info", path.to_str().unwrap()]);
+    let s = String::from_utf8(o.stdout).unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want = "model                    Qwen3ForCausalLM: 2 layers, hidden 64, 4 / 2 heads of 32, every tensor found";
+    assert!(s.contains(want), "expected {want:?} in\n{s}");
+    // The header-only fixture has no layers' tensors: said, not run.
+    let o = qwen3(&["info", fixture().to_str().unwrap()]);
+    let s = String::from_utf8(o.stdout).unwrap();
+    assert!(s.contains("model                    not read: "), "{s}");
+}
+
 #[test]
 fn a_damaged_gguf_is_refused_in_one_line() {
     let dir = std::env::temp_dir().join(format!("pq-gguf-{}", std::process::id()));

@@ -355,6 +355,23 @@ fn gguf_info(args: &InfoArgs) -> Result<()> {
         "parameters               {params} ({:.3} B)",
         params as f64 / 1e9
     );
+    // The model the file holds, as this runtime reads it (gguf/model.rs), or why not.
+    let model = gguf::model::model_config(h).and_then(|c| {
+        gguf::model::check_tensors(h, &c)?;
+        Ok(c)
+    });
+    match model {
+        Ok(c) => println!(
+            "model                    {}: {} layers, hidden {}, {} / {} heads of {}, every tensor found",
+            c.architecture,
+            c.num_hidden_layers,
+            c.hidden_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim
+        ),
+        Err(e) => println!("model                    not read: {e:#}"),
+    }
     println!("run                      not yet: running GGUF files is not implemented; `qwen3 export` the HuggingFace checkpoint of this model to run it");
     if args.tensors {
         for t in &h.tensors {

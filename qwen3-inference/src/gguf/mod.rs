@@ -18,6 +18,7 @@
 //! allocation.
 
 pub mod blocks;
+pub mod model;
 
 use crate::format::mapped::MappedFile;
 use anyhow::{bail, ensure, Context, Result};
@@ -187,7 +188,7 @@ impl GgufFile {
             let header = parse(&map)?;
             Ok(GgufFile { map, header })
         };
-        inner().with_context(|| format!("{}", path.display()))
+        inner().with_context(|| format!("{} (GGUF)", path.display()))
     }
 
     pub fn header(&self) -> &GgufHeader {

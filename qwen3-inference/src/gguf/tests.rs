@@ -262,3 +262,112 @@ fn dequantization_gives_gguf_pys_bits() {
         "{err}"
     );
 }
+
+/// llama.cpp's converter's GGUF of tiny-f32-tied-gqa2 (fixtures/gguf/, f32) read as a model:
+/// the config config.json gives, and every tensor of the model file under its own name and
+/// shape, each once.
+#[test]
+fn a_converted_checkpoint_reads_as_its_config_says() {
+    use crate::format::{expected_tensors, DType};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    let file = GgufFile::open(&root.join("gguf/tiny-f32-tied-gqa2-f32.gguf")).unwrap();
+    let hf: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("models/tiny-f32-tied-gqa2/config.json")).unwrap(),
+    )
+    .unwrap();
+    let c = model::model_config(file.header()).unwrap();
+    let n = |k: &str| hf[k].as_u64().unwrap() as u32;
+    assert_eq!(c.architecture, hf["architectures"][0].as_str().unwrap());
+    assert_eq!(
+        (c.hidden_size, c.intermediate_size, c.num_hidden_layers),
+        (
+            n("hidden_size"),
+            n("intermediate_size"),
+            n("num_hidden_layers")
+        )
+    );
+    assert_eq!(
+        (c.num_attention_heads, c.num_key_value_heads, c.head_dim),
+        (
+            n("num_attention_heads"),
+            n("num_key_value_heads"),
+            n("head_dim")
+        )
+    );
+    assert_eq!(
+        (c.vocab_size, c.max_position_embeddings),
+        (n("vocab_size"), n("max_position_embeddings"))
+    );
+    // The file holds both as f32: equal once rounded to f32, as the forward pass uses them.
+    assert_eq!(
+        c.rope_theta as f32,
+        hf["rope_theta"].as_f64().unwrap() as f32
+    );
+    assert_eq!(
+        c.rms_norm_eps as f32,
+        hf["rms_norm_eps"].as_f64().unwrap() as f32
+    );
+    assert_eq!(
+        c.tie_word_embeddings,
+        hf["tie_word_embeddings"].as_bool().unwrap()
+    );
+    assert_eq!(c.eos_token_ids, vec![n("eos_token_id")]);
+    assert!(c.qk_norm && !c.attention_bias);
+    // Every tensor the model file would hold, found once, with its shape.
+    model::check_tensors(file.header(), &c).unwrap();
+    let tensors = &file.header().tensors;
+    for e in expected_tensors(&c) {
+        let found: Vec<_> = tensors
+            .iter()
+            .filter(|t| model::hf_name(&t.name).as_deref() == Some(e.name.as_str()))
+            .collect();
+        assert_eq!(found.len(), 1, "{}", e.name);
+        assert_eq!(model::hf_shape(found[0]), e.shape, "{}", e.name);
+        assert_eq!(found[0].ggml_type.name, "F32", "{}", e.name);
+    }
+    assert_eq!(tensors.len(), expected_tensors(&c).len());
+    assert_eq!(c.dtype, DType::F32);
+}
+
+/// Names and refusals of the mapping.
+#[test]
+fn names_map_as_llama_cpp_writes_them() {
+    for (gguf, hf) in [
+        ("token_embd.weight", "model.embed_tokens.weight"),
+        ("output.weight", "lm_head.weight"),
+        ("blk.3.attn_q.bias", "model.layers.3.self_attn.q_proj.bias"),
+        (
+            "blk.27.ffn_down.weight",
+            "model.layers.27.mlp.down_proj.weight",
+        ),
+        (
+            "blk.0.attn_k_norm.weight",
+            "model.layers.0.self_attn.k_norm.weight",
+        ),
+    ] {
+        assert_eq!(model::hf_name(gguf).as_deref(), Some(hf), "{gguf}");
+    }
+    for other in [
+        "blk.x.attn_q.weight",
+        "blk.0.ssm_a",
+        "blk.0.attn_q.scale",
+        "rope_freqs.weight",
+    ] {
+        assert_eq!(model::hf_name(other), None, "{other}");
+    }
+    let header = |arch: &str| {
+        let b = Builder::default().kv_str("general.architecture", arch);
+        parse(&b.bytes(3)).unwrap()
+    };
+    let err = model::model_config(&header("llama"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("GGUF architecture llama"), "{err}");
+    let err = model::model_config(&header("qwen3"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("token_embd.weight") || err.contains("is missing"),
+        "{err}"
+    );
+}

@@ -1,0 +1,192 @@
+//! A GGUF file as the model it holds: the config from its metadata (llama.cpp's keys, named
+//! `{arch}.{key}`) and each tensor under the model file's names (HuggingFace's), for the dense
+//! families llama.cpp calls `qwen3` and `qwen2`. What llama.cpp's `convert_hf_to_gguf.py`
+//! writes, read back:
+//!
+//! ```text
+//! config.json (Qwen3Config)      GGUF metadata
+//! hidden_size                    qwen3.embedding_length
+//! intermediate_size              qwen3.feed_forward_length
+//! num_hidden_layers              qwen3.block_count
+//! num_attention_heads            qwen3.attention.head_count
+//! num_key_value_heads            qwen3.attention.head_count_kv
+//! head_dim                       qwen3.attention.key_length
+//! max_position_embeddings        qwen3.context_length
+//! rope_theta                     qwen3.rope.freq_base             (an f32 in the file)
+//! rms_norm_eps                   qwen3.attention.layer_norm_rms_epsilon   (an f32 too)
+//! vocab_size                     the rows of token_embd
+//! tie_word_embeddings            no `output` tensor
+//! ```
+//!
+//! A tensor's shape in the file lists its row length first (`dims[0]`, ggml's `ne0`), so the
+//! model's `[rows, cols]` is `dims` reversed.
+
+use super::{GgufHeader, GgufTensor, Value};
+use crate::format::{DType, ModelConfig, RopeScaling};
+use anyhow::{bail, Context, Result};
+
+/// The model file's name of GGUF tensor `name` (llama.cpp's `tensor_mapping.py`, for the dense
+/// Qwen families), or `None` for a name it does not use.
+pub fn hf_name(name: &str) -> Option<String> {
+    let whole = match name {
+        "token_embd.weight" => Some("model.embed_tokens.weight"),
+        "output_norm.weight" => Some("model.norm.weight"),
+        "output.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(n) = whole {
+        return Some(n.into());
+    }
+    let rest = name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: u32 = layer.parse().ok()?;
+    let (part, kind) = rest.rsplit_once('.')?;
+    let module = match part {
+        "attn_norm" => "input_layernorm",
+        "ffn_norm" => "post_attention_layernorm",
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        _ => return None,
+    };
+    matches!(kind, "weight" | "bias").then(|| format!("model.layers.{layer}.{module}.{kind}"))
+}
+
+/// The model's `[rows, cols]` (or `[n]`) shape of a GGUF tensor: its dims reversed.
+pub fn hf_shape(t: &GgufTensor) -> Vec<u64> {
+    t.dims.iter().rev().copied().collect()
+}
+
+/// The model's config from a GGUF file's metadata. The matrices keep the GGUF's own storage,
+/// tensor by tensor (`GgufTensor::ggml_type`); `dtype` says f32, what they dequantize to
+/// (`blocks.rs`), and the sampling defaults are absent (a GGUF carries none).
+pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
+    let arch = h
+        .architecture()
+        .context("no general.architecture: not a model file llama.cpp wrote")?;
+    let (architecture, attention_bias, qk_norm) = match arch {
+        "qwen3" => ("Qwen3ForCausalLM", false, true),
+        "qwen2" => ("Qwen2ForCausalLM", true, false),
+        a => bail!("GGUF architecture {a}: the families read are qwen3 and qwen2"),
+    };
+    let key = |k: &str| format!("{arch}.{k}");
+    let int = |k: &str| -> Result<Option<u32>> {
+        match h.get(&key(k)) {
+            None => Ok(None),
+            Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+                Some(n) => Ok(Some(n)),
+                None => bail!("{}: {v:?} is not a 32-bit count", key(k)),
+            },
+        }
+    };
+    let need = |k: &str| int(k)?.with_context(|| format!("{} is missing", key(k)));
+    let float = |k: &str| -> Result<f64> {
+        match h.get(&key(k)) {
+            Some(Value::F32(v)) => Ok(*v as f64),
+            Some(Value::F64(v)) => Ok(*v),
+            Some(v) => bail!("{}: {v:?} is not a float", key(k)),
+            None => bail!("{} is missing", key(k)),
+        }
+    };
+    // Long-context RoPE (YaRN) is written as rope.scaling.*: not read yet, so refused rather
+    // than run without it.
+    if let Some(v) = h.get(&key("rope.scaling.type")) {
+        if v.as_str() != Some("none") {
+            bail!(
+                "{}: {v:?}: RoPE scaling in a GGUF is not read yet",
+                key("rope.scaling.type")
+            );
+        }
+    }
+    let hidden_size = need("embedding_length")?;
+    let num_attention_heads = need("attention.head_count")?;
+    let embd = h
+        .tensors
+        .iter()
+        .find(|t| t.name == "token_embd.weight")
+        .context("no token_embd.weight tensor")?;
+    let vocab = *hf_shape(embd).first().unwrap_or(&0);
+    let head_dim = match int("attention.key_length")? {
+        Some(d) => d,
+        None => hidden_size / num_attention_heads.max(1),
+    };
+    let token = |k: &str| {
+        h.get(k)
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+    };
+    let config = ModelConfig {
+        architecture: architecture.into(),
+        hidden_size,
+        intermediate_size: need("feed_forward_length")?,
+        num_hidden_layers: need("block_count")?,
+        num_attention_heads,
+        num_key_value_heads: int("attention.head_count_kv")?.unwrap_or(num_attention_heads),
+        head_dim,
+        vocab_size: u32::try_from(vocab).context("token_embd.weight: too many rows")?,
+        max_position_embeddings: need("context_length")?,
+        rope_theta: float("rope.freq_base")?,
+        rms_norm_eps: float("attention.layer_norm_rms_epsilon")?,
+        tie_word_embeddings: !h.tensors.iter().any(|t| t.name == "output.weight"),
+        bos_token_id: token("tokenizer.ggml.bos_token_id"),
+        eos_token_ids: token("tokenizer.ggml.eos_token_id").into_iter().collect(),
+        generation: Default::default(),
+        dtype: DType::F32,
+        group_size: 0,
+        attention_bias,
+        qk_norm,
+        rope_scaling: RopeScaling::None,
+        moe: None,
+        embedding: None,
+        partial_rotary_factor: 1.0,
+        attn_output_gate: false,
+        linear_attention: None,
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+/// Checks that the file holds every tensor the model file would (`format::expected_tensors`),
+/// each once, under a name [`hf_name`] maps and with its shape, and nothing else.
+pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<()> {
+    let expected = crate::format::expected_tensors(c);
+    for t in &h.tensors {
+        let name = hf_name(&t.name).with_context(|| {
+            format!(
+                "tensor {}: not a name of the {} family",
+                t.name, c.architecture
+            )
+        })?;
+        let e = expected.iter().find(|e| e.name == name).with_context(|| {
+            format!(
+                "tensor {} ({name}): not part of this config's model",
+                t.name
+            )
+        })?;
+        if hf_shape(t) != e.shape {
+            bail!(
+                "tensor {}: shape {:?}, the config implies {:?}",
+                t.name,
+                hf_shape(t),
+                e.shape
+            );
+        }
+    }
+    for e in &expected {
+        let n = h
+            .tensors
+            .iter()
+            .filter(|t| hf_name(&t.name).as_deref() == Some(e.name.as_str()))
+            .count();
+        if n != 1 {
+            bail!("{}: found {n} times, expected once", e.name);
+        }
+    }
+    Ok(())
+}
