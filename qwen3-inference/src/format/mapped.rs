@@ -44,6 +44,30 @@ impl MappedFile {
     pub fn advise_huge_pages(&self) {
         crate::pages::advise_huge_pages(&self.map);
     }
+
+    /// Tells the kernel that this process will rarely read the whole pages within `range` again
+    /// (Linux `MADV_DONTNEED`): they leave the process's resident memory (the page cache keeps
+    /// them until it needs the room), and a later read maps them back. For bytes a copy has
+    /// replaced (the AVX-512 kernels' order of the weights, `ModelFile::derived`), so that the
+    /// copy does not count twice. A hint: an error changes nothing and is ignored.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        const PAGE: usize = 4096;
+        let (start, end) = (range.start.next_multiple_of(PAGE), range.end / PAGE * PAGE);
+        if start >= end || end > self.map.len() {
+            return;
+        }
+        #[cfg(target_os = "linux")]
+        // SAFETY: the mapping is a read-only shared mapping of a file (`Mmap::map`). For such a
+        // mapping `MADV_DONTNEED` only drops the page-table entries: the next read of a page
+        // faults it in again from the page cache or the file, with the same bytes, since the
+        // file does not change while mapped (the module's "Soundness"). So the bytes behind
+        // every `&[u8]` borrowed from it stay what they were; only their residency changes.
+        // The range lies within the mapping (checked above).
+        let _ = unsafe {
+            self.map
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+        };
+    }
 }
 
 impl Deref for MappedFile {

@@ -12,11 +12,13 @@ use super::{
     ModelConfig, TensorKind, ALIGN, BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC,
     OLDEST_READABLE_VERSION, PREAMBLE_LEN,
 };
-use crate::pages::{self, PageShare};
-use anyhow::{bail, Context, Result};
+use crate::pages::{self, HugePages, PageShare};
+use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// One row of the tensor directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -267,6 +269,67 @@ pub struct TensorView<'a> {
     pub name: &'a str,
     pub shape: &'a [u64],
     pub data: TensorData<'a>,
+    /// For a q4 or q6 matrix on a CPU whose kernels read their own order of its values (AVX-512:
+    /// `kernels/dot/interleaved.rs`), the same tensor with its values in that order and its
+    /// scales as they are, derived at load ([`ModelFile::derived`]); `None` otherwise. `data`
+    /// stays the file's order, which everything else (an embedding row, the plain backend, a
+    /// GPU's upload) reads.
+    pub interleaved: Option<TensorData<'a>>,
+}
+
+/// Bytes that a layer above derives once from the file's tensors and that live as long as the
+/// file: the AVX-512 kernels' order of the q4 and q6 matrices (`kernels/dot/interleaved.rs`),
+/// made when the model is loaded. Views into them borrow from the [`ModelFile`], as the mapped
+/// tensors do, so none outlives it.
+pub struct Derived {
+    bytes: HugePages<u8>,
+    at: HashMap<String, Range<usize>>,
+}
+
+impl Derived {
+    /// `bytes`, of which tensor `name` holds `at[name]`. Panics if a range is outside `bytes`
+    /// (a caller's bug).
+    pub fn new(bytes: HugePages<u8>, at: HashMap<String, Range<usize>>) -> Derived {
+        assert!(
+            at.values()
+                .all(|r| r.start <= r.end && r.end <= bytes.len()),
+            "derived bytes: a range outside the buffer"
+        );
+        Derived { bytes, at }
+    }
+
+    /// Tensor `name`'s derived bytes, if it has any.
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.at.get(name).map(|r| &self.bytes[r.clone()])
+    }
+
+    /// Tensor `name`'s derived bytes as a tensor of its dtype and shape (derived bytes are laid
+    /// out as the file lays the tensor out), if it has any.
+    pub fn view<'a>(&'a self, file: &ModelFile, name: &str) -> Result<Option<TensorData<'a>>> {
+        let (Some(bytes), Some(&i)) = (self.get(name), file.index.get(name)) else {
+            return Ok(None);
+        };
+        let info = &file.header.tensors[i];
+        if bytes.len() as u64 != info.nbytes {
+            bail!(
+                "{name}: {} derived bytes for a tensor of {}",
+                bytes.len(),
+                info.nbytes
+            );
+        }
+        Ok(Some(
+            view_bytes(bytes, info).with_context(|| format!("{name} (derived)"))?,
+        ))
+    }
+
+    /// Bytes held, for `--verbose`.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
 }
 
 /// An open model file: one read-only mapping plus its validated header.
@@ -275,6 +338,8 @@ pub struct ModelFile {
     mmap: MappedFile,
     header: Header,
     index: HashMap<String, usize>,
+    /// See [`ModelFile::derived`].
+    derived: OnceLock<std::result::Result<Derived, String>>,
 }
 
 impl ModelFile {
@@ -315,7 +380,33 @@ impl ModelFile {
             mmap,
             header,
             index,
+            derived: OnceLock::new(),
         })
+    }
+
+    /// The bytes `build` derives from this file, built at the first call and kept as long as the
+    /// file (the first call's `build` is the one that runs: a file has one kind of derived
+    /// bytes, the CPU kernels' order of its matrices). An error from `build` is kept and
+    /// returned again to later calls.
+    ///
+    /// The mapped pages of the tensors the derived bytes replace are then released from this
+    /// process's resident memory ([`MappedFile::release`]): they are read again only where
+    /// something reads a tensor in the file's order (an embedding row).
+    pub fn derived(&self, build: impl FnOnce(&ModelFile) -> Result<Derived>) -> Result<&Derived> {
+        self.derived
+            .get_or_init(|| {
+                let derived = build(self).map_err(|e| format!("{e:#}"))?;
+                for name in derived.at.keys() {
+                    if let Some(&i) = self.index.get(name) {
+                        let t = &self.header.tensors[i];
+                        self.mmap
+                            .release(t.offset as usize..(t.offset + t.nbytes) as usize);
+                    }
+                }
+                Ok(derived)
+            })
+            .as_ref()
+            .map_err(|e| anyhow!("{}: {e}", self.path.display()))
     }
 
     pub fn path(&self) -> &Path {
@@ -352,6 +443,7 @@ impl ModelFile {
             name: &info.name,
             shape: &info.shape,
             data,
+            interleaved: None,
         })
     }
 }
@@ -362,7 +454,11 @@ impl ModelFile {
 fn view_data<'a>(file: &'a [u8], t: &TensorInfo) -> Result<TensorData<'a>> {
     let start = usize::try_from(t.offset)?;
     let end = usize::try_from(t.offset + t.nbytes)?;
-    let bytes = file.get(start..end).context("out of bounds")?;
+    view_bytes(file.get(start..end).context("out of bounds")?, t)
+}
+
+/// [`view_data`] of the tensor's own bytes (`t.nbytes` of them, 64-byte aligned).
+fn view_bytes<'a>(bytes: &'a [u8], t: &TensorInfo) -> Result<TensorData<'a>> {
     let cast_err = |e: bytemuck::PodCastError| anyhow::anyhow!("misaligned data: {e:?}");
     Ok(match t.dtype {
         DType::F32 => TensorData::F32(bytemuck::try_cast_slice(bytes).map_err(cast_err)?),

@@ -59,6 +59,7 @@ mod tests {
             name: "e",
             shape: &shape,
             data: TensorData::F32(&f),
+            interleaved: None,
         };
         embedding(&mut out, &t, 2);
         assert_eq!(out, [8.0, 9.0, 10.0, 11.0]);
@@ -67,6 +68,7 @@ mod tests {
             name: "e",
             shape: &shape,
             data: TensorData::Bf16(&b),
+            interleaved: None,
         };
         embedding(&mut out, &t, 1);
         assert_eq!(out, [4.0, 5.0, 6.0, 7.0]);
@@ -80,6 +82,7 @@ mod tests {
                 scales: &s,
                 group_size: 2,
             },
+            interleaved: None,
         };
         embedding(&mut out, &t, 2);
         assert_eq!(out, [8.0 * 3.0, 9.0 * 3.0, -10.0, -11.0]);

@@ -5,7 +5,7 @@
 //! matrix-matrix product, with `t = 1` (decode) a matrix-vector product. Threads split the output
 //! rows, so each thread streams its own contiguous slice of the weights.
 
-use super::dot::{dots, ActsQ8, ActsQ8Buf};
+use super::dot::{dots, interleaved, ActsQ8, ActsQ8Buf};
 use super::team::Team;
 use crate::format::reader::{TensorData, TensorView};
 use rayon::prelude::*;
@@ -227,6 +227,7 @@ fn fill_block(
             Some(acts),
         ) => {
             let per = cols / gs;
+            let (packed, scales) = in_kernel_order(w, (packed, scales), gs);
             (dots.q4_rows)(
                 &packed[r0 * cols / 2..(r0 + n) * cols / 2],
                 &scales[r0 * per..(r0 + n) * per],
@@ -245,6 +246,7 @@ fn fill_block(
             Some(acts),
         ) => {
             let (per, row_bytes) = (cols / gs, cols / 4 * 3);
+            let (packed, scales) = in_kernel_order(w, (packed, scales), gs);
             (dots.q6_rows)(
                 &packed[r0 * row_bytes..(r0 + n) * row_bytes],
                 &scales[r0 * per..(r0 + n) * per],
@@ -256,6 +258,31 @@ fn fill_block(
         (TensorData::Q8 { .. } | TensorData::Q4 { .. } | TensorData::Q6 { .. }, None) => {
             unreachable!("q8, q4 or q6 weights without quantized activations")
         }
+    }
+}
+
+/// A q4 or q6 matrix's values and scales in the order this CPU's kernels read: the file's, or on
+/// AVX-512 for groups of 32 the interleaved copy made at load (`dot/interleaved.rs`,
+/// `Model::load`). Panics when the kernels read the interleaved order and the view has no such
+/// copy (a view that did not come from `Model::load`: a caller's bug, which would otherwise read
+/// the weights wrong).
+fn in_kernel_order<'a>(
+    w: &TensorView<'a>,
+    file: (&'a [u8], &'a [u16]),
+    gs: usize,
+) -> (&'a [u8], &'a [u16]) {
+    if !(dots().q4_layout.interleaves() && interleaved::interleaves(gs)) {
+        return file;
+    }
+    match w.interleaved {
+        Some(TensorData::Q4 { packed, scales, .. } | TensorData::Q6 { packed, scales, .. }) => {
+            (packed, scales)
+        }
+        _ => panic!(
+            "matmul {}: the AVX-512 kernels read q4 and q6 weights interleaved, and this view has \
+             no interleaved copy (load the model with Model::load)",
+            w.name
+        ),
     }
 }
 
@@ -394,6 +421,7 @@ mod tests {
             name: "w",
             shape: &shape,
             data: TensorData::F32(&w),
+            interleaved: None,
         };
         let mut out = vec![0f32; t * rows];
         matmul(&mut out, &x, &view, t);
@@ -409,6 +437,7 @@ mod tests {
             name: "w",
             shape: &shape,
             data: TensorData::Bf16(&bits),
+            interleaved: None,
         };
         matmul(&mut out, &x, &view, t);
         close(&out, &reference(&x, &w_bf, t, rows, cols), "bf16");
@@ -433,6 +462,7 @@ mod tests {
                     scales: &s,
                     group_size: gs,
                 },
+                interleaved: None,
             };
             let mut x_q = vec![0f32; x.len()];
             for (row, out_row) in x.chunks(cols).zip(x_q.chunks_mut(cols)) {
@@ -490,6 +520,7 @@ mod tests {
                     scales: sc,
                     group_size: gs,
                 },
+                interleaved: None,
             })
             .collect();
         for t in [1, 3] {

@@ -23,6 +23,7 @@ pub use session::Session;
 
 use crate::format::reader::{TensorData, TensorView};
 use crate::format::{ModelConfig, ModelFile};
+use crate::kernels::dot::{dots, interleaved};
 use crate::kernels::KvType;
 use anyhow::{bail, Result};
 
@@ -163,7 +164,19 @@ impl<'a> Model<'a> {
     /// (every tensor present, with the shape the config implies and a dtype it allows; each
     /// tensor carries its own), so this only looks names up.
     pub fn load(file: &'a ModelFile) -> Result<Model<'a>> {
-        let model = Model::load_with(file, |name| file.tensor(name))?;
+        // On AVX-512 the q4 and q6 matrices are read in the kernels' own order, made here once
+        // (kernels/dot/interleaved.rs); each view carries both orders.
+        let interleaved = match dots().q4_layout.interleaves() {
+            true => Some(file.derived(interleaved::interleave_file)?),
+            false => None,
+        };
+        let model = Model::load_with(file, |name| {
+            let mut t = file.tensor(name)?;
+            if let Some(d) = interleaved {
+                t.interleaved = d.view(file, name)?;
+            }
+            Ok(t)
+        })?;
         // Norm weights, biases, routers and the DeltaNets' parameters are f32 in every model file (format::tensor_specs); the
         // kernels rely on it.
         let layers = model.layers.iter();

@@ -239,10 +239,9 @@ mod tests {
     }
 
     /// A q4 model whose rows are wide enough for the SIMD kernels (an odd number of whole
-    /// chunks of 128 and a tail of groups; the embedding and sensitive layers q6): a 20-token
-    /// prompt in one pass gives every position the very bits that decoding the tokens one by
-    /// one and a prompt cut in pieces of 6 give. On AVX-512 the whole prompt takes the rows
-    /// product and decode the step kernel (`kernels/dot/x86/q4_rows.rs`).
+    /// chunks of 128 and a tail of groups; on AVX-512 a whole block of 16 groups and a short one;
+    /// the embedding and sensitive layers q6): a 20-token prompt in one pass gives every position
+    /// the very bits that decoding the tokens one by one and a prompt cut in pieces of 6 give.
     #[test]
     fn q4_prompt_in_one_pass_gives_decodes_bits() {
         let mut c = crate::testing::model::config(DType::Q4);

@@ -280,6 +280,7 @@ pub fn scalar_only(dtype: crate::format::DType, gs: usize) -> Option<String> {
 
 mod acts;
 pub use acts::{ActsQ8, ActsQ8Buf};
+pub mod interleaved;
 pub mod q4;
 pub mod q6;
 #[cfg(target_arch = "x86_64")]
@@ -374,6 +375,23 @@ mod tests {
         gs: usize,
         d: &Dots,
     ) -> (Vec<u8>, Vec<u16>, MatQ4, MatQ4) {
+        let (p, ws, kernel, reference) = file_order(six, w, cols, gs, d);
+        (
+            interleaved::in_kernel_order(d.q4_layout, six, &p, cols, gs),
+            ws,
+            kernel,
+            reference,
+        )
+    }
+
+    /// [`packed`] in the file's order, whatever the kernel reads.
+    fn file_order(
+        six: bool,
+        w: &[f32],
+        cols: usize,
+        gs: usize,
+        d: &Dots,
+    ) -> (Vec<u8>, Vec<u16>, MatQ4, MatQ4) {
         let mut ws = vec![0u16; w.len() / gs];
         match six {
             true => {
@@ -420,21 +438,30 @@ mod tests {
                     (2, 12, 5),
                     (2, 14, 4),
                     (1, 15, 9),
-                    // The AVX-512 prompt product (32 tokens or more): blocks of 16 rows, the
-                    // rows after them, tiles of 8 tokens and fewer, chunks with a tail.
+                    // AVX-512's prompt tiles of two rows by four tokens and the smaller ones
+                    // after, over blocks of 16 rows, rows of whole blocks of 16 groups and with a
+                    // short block.
                     (37, 33, 17),
                     (16, 32, 8),
                     (19, 41, 7),
                     (3, 32, 9),
+                    (5, 9, 32),
+                    (3, 6, 48),
                 ] {
                     let cols = gs * groups;
                     let w = rand_vec(rows * cols, &mut seed, 1.0);
                     let x = rand_vec(t * cols, &mut seed, 3.0);
-                    let (p, ws, kernel, reference) = packed(six, &w, cols, gs, &d);
+                    let (p, ws, kernel, reference) = file_order(six, &w, cols, gs, &d);
                     let mut buf = ActsQ8Buf::default();
                     let acts = buf.quantize_for_q4_as(&x, t, cols, gs, d.q4_layout);
                     let (mut got, mut want) = (vec![f32::NAN; rows * t], vec![0f32; rows * t]);
-                    kernel(&p, &ws, &acts, &mut got, 0);
+                    kernel(
+                        &interleaved::in_kernel_order(d.q4_layout, six, &p, cols, gs),
+                        &ws,
+                        &acts,
+                        &mut got,
+                        0,
+                    );
                     reference(&p, &ws, &acts, &mut want, 0);
                     for (k, (&r, &s)) in got.iter().zip(&want).enumerate() {
                         assert!(
@@ -506,7 +533,7 @@ mod tests {
                 continue; // their q4 and q6 products are the references
             }
             let other = match d.q4_layout {
-                q4::Q4Layout::Halves | q4::Q4Layout::PairsWide => q4::Q4Layout::Pairs,
+                q4::Q4Layout::Halves | q4::Q4Layout::Interleaved => q4::Q4Layout::Pairs,
                 q4::Q4Layout::Pairs => q4::Q4Layout::Halves,
             };
             for six in [false, true] {

@@ -39,20 +39,10 @@
 //! conversion and one scaling serve a whole chunk. A lane there sums 16 weights, so a chunk has
 //! 8 lanes where `Halves` has 16.
 //!
-//! The AVX-512 kernel reads [`Q4Layout::PairsWide`]: `Pairs` two chunks at a time, a 512-bit
-//! vector holding `A` (or `B`) of both, so that its 16 lanes sum 16 weights each, as the AVX2
-//! kernel's 8 do. With `Halves` its lanes summed 8 weights, and every 128 weights of a row and a
-//! token took a conversion, a multiply and a multiply-add on 16 lanes; `PairsWide` takes them
-//! once per 256 (measured: docs/quantization.md, "AVX-512 on Zen 4"). Its activations are
-//! `Pairs`' with each pair of chunks' runs of 32 interleaved (A-low of both, B-low of both,
-//! A-high of both, B-high of both); a row's last chunk, when it has an odd number, stays as in
-//! `Pairs`. The corrections are `Pairs`' unchanged: a pair's 16 lanes are the first chunk's 8,
-//! then the second's. The two lanes of a group are neighbours (`lane_group`: 0 0 2 2 1 1 3 3),
-//! and the kernel adds each odd lane's integer sum into the even one before converting, so that
-//! an even lane carries a whole group's sum: the scales of the odd lanes are 0, and their
-//! corrections are the even lanes' (which hold the whole group's). A whole group
-//! to a lane is what lets the prompts' product (`x86/q4_rows.rs`) give decode's bits at the
-//! price of one conversion and two scalings per group.
+//! The AVX-512 kernels read [`Q4Layout::Interleaved`]: their weights are reordered when the model
+//! is loaded so that a 512-bit vector's lane `l` holds group `l` of sixteen (`interleaved.rs`
+//! describes that order and lays the activations out to match, one correction and one scale a
+//! group).
 //!
 //! Other group sizes, and the columns after a row's last full chunk, take the reference.
 
@@ -74,10 +64,9 @@ pub enum Q4Layout {
     /// For the AVX2 kernel: the activations of the two regrouped vectors `A`, `B` of a chunk's
     /// weight bytes, in each lane's order; 8 lanes of 16 weights a chunk.
     Pairs,
-    /// For the AVX-512 kernel: [`Q4Layout::Pairs`] with two chunks interleaved, so that a
-    /// 512-bit vector holds the same part of both (below); 8 lanes of 16 weights a chunk, as
-    /// in `Pairs`.
-    PairsWide,
+    /// For the AVX-512 kernels, whose weights are interleaved at load (`interleaved.rs`): each
+    /// block of 16 groups in that order, one lane (correction, scale) per group.
+    Interleaved,
 }
 
 /// Weight byte `k` of a chunk's 64 that vector `A` (`k < 32`) or `B` (`k >= 32`) of
@@ -90,11 +79,18 @@ pub const fn pairs_byte(k: usize) -> usize {
 }
 
 impl Q4Layout {
+    /// Whether the kernels that read this layout read the weights interleaved
+    /// (`interleaved.rs`), for groups of 32, rather than in the file's order.
+    pub const fn interleaves(self) -> bool {
+        matches!(self, Q4Layout::Interleaved)
+    }
+
     /// 32-bit lanes (entries of `corr` and `scales`) per chunk.
     pub const fn lanes(self) -> usize {
         match self {
             Q4Layout::Halves => LANES,
-            Q4Layout::Pairs | Q4Layout::PairsWide => LANES / 2,
+            Q4Layout::Pairs => LANES / 2,
+            Q4Layout::Interleaved => CHUNK / SIMD_GROUP,
         }
     }
 
@@ -102,8 +98,8 @@ impl Q4Layout {
     /// Halves the bytes as they are, for Pairs vector A's, then B's ([`pairs_byte`]).
     pub const fn byte(self, k: usize) -> usize {
         match self {
-            Q4Layout::Halves => k,
-            Q4Layout::Pairs | Q4Layout::PairsWide => pairs_byte(k),
+            Q4Layout::Halves | Q4Layout::Interleaved => k,
+            Q4Layout::Pairs => pairs_byte(k),
         }
     }
 
@@ -119,8 +115,8 @@ impl Q4Layout {
     /// lies in, 16 lanes; Pairs: of both A and B, 8 lanes).
     pub const fn vectors(self) -> &'static [usize] {
         match self {
-            Q4Layout::Halves => &[0],
-            Q4Layout::Pairs | Q4Layout::PairsWide => &[0, 32],
+            Q4Layout::Halves | Q4Layout::Interleaved => &[0],
+            Q4Layout::Pairs => &[0, 32],
         }
     }
 }
@@ -165,11 +161,30 @@ impl ActsQ4Buf {
             return ActsQ4::default();
         }
         let (chunks, per) = (cols / CHUNK, cols / gs);
-        let half = gs / 2;
-        let order: [usize; CHUNK / 2] = std::array::from_fn(|k| layout.byte(k));
         self.x.clear();
         self.corr.clear();
         self.scales.clear();
+        if layout == Q4Layout::Interleaved {
+            self.x.resize(t * cols, 0);
+            self.corr.resize(t * per, 0);
+            for ((q, x), corr) in q
+                .chunks_exact(cols)
+                .zip(self.x.chunks_exact_mut(cols))
+                .zip(self.corr.chunks_exact_mut(per))
+            {
+                super::interleaved::lay_out(q, x, corr);
+            }
+            self.scales.extend_from_slice(&scales[..t * per]);
+            return ActsQ4 {
+                chunks,
+                layout,
+                x: &self.x,
+                corr: &self.corr,
+                scales: &self.scales,
+            };
+        }
+        let half = gs / 2;
+        let order: [usize; CHUNK / 2] = std::array::from_fn(|k| layout.byte(k));
         for i in 0..t {
             let (row, s_row) = (
                 &q[i * cols..(i + 1) * cols],
@@ -202,34 +217,7 @@ impl ActsQ4Buf {
                     self.corr.push(-8 * sum);
                     let group = layout.lane_group(l);
                     debug_assert!(bytes().all(|k| order[k] / 16 == group));
-                    // PairsWide: a group's two lanes are added as integers into the first
-                    // (the module's text), and the second's scale is 0.
-                    let scale = match layout == Q4Layout::PairsWide && l % 2 == 1 {
-                        true => 0.0,
-                        false => s_row[c * (CHUNK / gs) + group],
-                    };
-                    self.scales.push(scale);
-                }
-                if layout == Q4Layout::PairsWide {
-                    // The odd lane's correction moves into the even one: after the kernel's
-                    // integer add the even lane holds the same sum, and the rows product reads
-                    // one correction a group.
-                    let lanes = self.corr.len() - layout.lanes()..self.corr.len();
-                    for pair in self.corr[lanes].chunks_exact_mut(2) {
-                        (pair[0], pair[1]) = (pair[0] + pair[1], 0);
-                    }
-                }
-            }
-            if layout == Q4Layout::PairsWide {
-                // Each pair of chunks (2p, 2p + 1): their four runs of 32 (A-low, B-low,
-                // A-high, B-high) interleaved, run k of the first chunk then run k of the second.
-                let start = self.x.len() - chunks * CHUNK;
-                for pair in self.x[start..].chunks_exact_mut(2 * CHUNK) {
-                    let was: [i8; 2 * CHUNK] = std::array::from_fn(|k| pair[k]);
-                    for (k, run) in pair.chunks_exact_mut(32).enumerate() {
-                        let from = (k % 2) * CHUNK + (k / 2) * 32;
-                        run.copy_from_slice(&was[from..from + 32]);
-                    }
+                    self.scales.push(s_row[c * (CHUNK / gs) + group]);
                 }
             }
             self.x.extend_from_slice(&row[chunks * CHUNK..]);
@@ -282,6 +270,18 @@ pub(crate) fn check_packed(
         out.len() == rows * t && w.len() == rows * row_bytes && ws.len() * gs == rows * cols,
         "q4/q6: slice lengths do not match [{rows}, {cols}] x [{t}, {cols}]"
     );
+    if x.q4.layout == Q4Layout::Interleaved {
+        let per = cols / gs;
+        assert!(
+            x.q4.x.is_empty()
+                || (gs == SIMD_GROUP
+                    && x.q4.x.len() == t * cols
+                    && x.q4.corr.len() == t * per
+                    && x.q4.scales.len() == t * per),
+            "q4/q6: activations not laid out for [{t}, {cols}]"
+        );
+        return rows;
+    }
     let lanes = x.q4.chunks * x.q4.layout.lanes();
     assert!(
         x.q4.chunks == 0

@@ -5,16 +5,19 @@
 //!
 //! One file per instruction set: `avx2.rs` (AVX2 and FMA, with AVX-VNNI's `vpdpbusd` as an
 //! option) and `avx512.rs` (AVX-512 F, BW, VL and VNNI), each tested against the scalar
-//! kernels of `dot/mod.rs`; and `q4.rs`, the q4 kernels of both, tested against `dot/q4.rs`.
+//! kernels of `dot/mod.rs`; `q4.rs`, AVX2's q4 and q6 kernels, and `interleaved.rs`, AVX-512's
+//! (on the weights in the order `dot/interleaved.rs` describes), tested against `dot/q4.rs` and
+//! `dot/q6.rs`.
 
 mod avx2;
 mod avx512;
+mod interleaved;
 mod q4;
-mod q4_rows;
 
 use super::Dots;
 use avx2::*;
 use avx512::*;
+use interleaved::*;
 use q4::*;
 
 /// AVX2 and FMA, and F16C for the q4 kernels' f16 scales (every CPU with AVX2 has it).
@@ -75,9 +78,11 @@ pub const AVX512: Dots = Dots {
     bf16: |w, x| unsafe { dot_bf16_avx512(w, x) },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx512::<0>(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx512(w, ws, x, out, ahead) },
-    q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx512::<false>(w, ws, x, out, ahead) },
-    q6_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx512::<true>(w, ws, x, out, ahead) },
-    q4_layout: super::q4::Q4Layout::PairsWide,
+    q4_rows: |w, ws, x, out, ahead| unsafe {
+        mat_interleaved_avx512::<false>(w, ws, x, out, ahead)
+    },
+    q6_rows: |w, ws, x, out, ahead| unsafe { mat_interleaved_avx512::<true>(w, ws, x, out, ahead) },
+    q4_layout: super::q4::Q4Layout::Interleaved,
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
     isa: "avx512-vnni",

@@ -1,0 +1,335 @@
+//! The interleaved order of q4 and q6 weights that the AVX-512 kernels read: sixteen groups side
+//! by side, so that lane `l` of a 512-bit vector holds group `l` and a whole group's integer sum
+//! comes out of the byte dot products in one lane, with no permute.
+//!
+//! ## Why another order
+//!
+//! In the file a group of 32 q4 weights is 16 consecutive bytes (`quant::quantize_q4`: byte `j`
+//! holds value `j` in its low nibble and `j + 16` in its high one). A 512-bit load takes four
+//! groups, and `vpdpbusd` adds four neighbouring byte products into each 32-bit lane, so a group's
+//! sum lands in four lanes: the file order needs permutes and lane additions before its sums can
+//! be scaled, about as many instructions as the dot products themselves. Decoding a token on one
+//! Zen 4 core was bound by them, not by memory (measured: docs/quantization.md, "The interleaved
+//! order"). Reordering the bytes once, when the model is loaded, removes them:
+//!
+//! ```text
+//! file, one row:   [g0: w0 w1 w2 w3 | w4 .. w7 | w8 .. w11 | w12 .. w15] [g1: ..] .. [g15: ..]
+//!                  (w_j: byte j of the group, values j and j + 16)
+//! interleaved:     word 0 of g0, word 0 of g1, .. word 0 of g15     <- vector 0 (64 bytes)
+//!                  word 1 of g0, .. word 1 of g15                   <- vector 1
+//!                  word 2 .., word 3 ..                             <- vectors 2, 3
+//! ```
+//!
+//! A *word* is 4 bytes (8 weights). Sixteen groups, 512 weights, are a *block*: 256 bytes of q4.
+//! Vector `k` of a block holds word `k` of every group, lane `l` group `l`; its low nibbles meet
+//! activations `4k .. 4k + 4` of each group and its high nibbles `16 + 4k ..`. The activations
+//! are laid out to match ([`lay_out`]), so that each of the eight `vpdpbusd` of a block (four
+//! vectors, low and high nibbles) adds into lane `l` products of group `l` only: after them the
+//! lane holds the group's whole integer sum, which is scaled by the two scales (the weights'
+//! scales are already 16 consecutive f16 values in the file) and added into a 16-lane
+//! accumulator. The row's sum is the accumulator's lanes added at the end.
+//!
+//! A row whose groups are not a multiple of 16 ends in a shorter block of `n` groups, laid out
+//! the same way with `n` words a vector (`4n` bytes); the kernels read it with masked loads.
+//!
+//! q6 weights (`quant::quantize_q6`: each value `q + 32`, 0..=63) are interleaved the same way:
+//! a block is the four vectors of their low nibbles, as q4's, followed by two vectors of their
+//! high bits, 384 bytes. Byte `b` of word `k` of a group has two 2-bit pieces in high vector `k /
+//! 2`, at bits `4 (k % 2)` (the low value's) and `4 (k % 2) + 2` (the high value's), so that one
+//! shift and one bitwise select put each in bits 4-5 of its nibble.
+//!
+//! Only groups of 32 are interleaved ([`interleaves`]); the kernels take other group sizes from
+//! the file, on the reference. A row keeps its number of bytes, so rows are sliced as in the
+//! file.
+
+use super::q4::{Q4Layout, SIMD_GROUP};
+use crate::format::reader::{Derived, TensorData};
+use crate::format::ModelFile;
+use crate::pages::HugePages;
+use crate::quant::{q6_unpack_block, Q6_BLOCK};
+use anyhow::{Context, Result};
+use rayon::prelude::*;
+use std::collections::HashMap;
+
+/// Groups a block holds side by side: one per 32-bit lane of a 512-bit vector.
+pub const GROUPS: usize = 16;
+
+/// Whether q4 and q6 matrices in groups of `group_size` are interleaved: groups of 32 only.
+pub const fn interleaves(group_size: usize) -> bool {
+    group_size == SIMD_GROUP
+}
+
+/// The blocks of a row of `groups` groups: `(first group, groups in it)`, 16 each but the last.
+pub fn blocks(groups: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..groups.div_ceil(GROUPS)).map(move |b| (b * GROUPS, GROUPS.min(groups - b * GROUPS)))
+}
+
+/// `packed` (q4 rows of `cols` weights in groups of 32, as the file holds them) in the
+/// interleaved order, into `out` (as long as `packed`).
+pub fn interleave_q4(packed: &[u8], cols: usize, out: &mut [u8]) {
+    let row_bytes = cols / 2;
+    assert!(cols.is_multiple_of(SIMD_GROUP) && packed.len() == out.len());
+    assert!(packed.len().is_multiple_of(row_bytes.max(1)));
+    for (src, dst) in packed
+        .chunks_exact(row_bytes)
+        .zip(out.chunks_exact_mut(row_bytes))
+    {
+        for (g0, n) in blocks(cols / SIMD_GROUP) {
+            // The block's bytes start where its first group's did.
+            let at = g0 * 16;
+            for l in 0..n {
+                for k in 0..4 {
+                    let from = at + 16 * l + 4 * k;
+                    let to = at + k * 4 * n + 4 * l;
+                    dst[to..to + 4].copy_from_slice(&src[from..from + 4]);
+                }
+            }
+        }
+    }
+}
+
+/// `packed` (q6 rows of `cols` weights in groups of 32, blocks of 128 values as
+/// `quant::quantize_q6` writes them) in the interleaved order, into `out` (as long as `packed`).
+pub fn interleave_q6(packed: &[u8], cols: usize, out: &mut [u8]) {
+    let row_bytes = cols / 4 * 3;
+    assert!(cols.is_multiple_of(SIMD_GROUP) && packed.len() == out.len());
+    assert!(packed.len().is_multiple_of(row_bytes.max(1)));
+    let mut v = vec![0i8; cols];
+    for (src, dst) in packed
+        .chunks_exact(row_bytes)
+        .zip(out.chunks_exact_mut(row_bytes))
+    {
+        // The row's values, `q` in -32..=31; stored here as `q + 32`.
+        for (b, values) in v.chunks_mut(Q6_BLOCK).enumerate() {
+            let n = values.len();
+            let at = b * (Q6_BLOCK / 4 * 3);
+            q6_unpack_block(&src[at..at + n / 4 * 3], values);
+        }
+        let value = |g: usize, j: usize| (v[g * SIMD_GROUP + j] as i32 + 32) as u8;
+        dst.fill(0);
+        for (g0, n) in blocks(cols / SIMD_GROUP) {
+            let at = g0 * 24;
+            for l in 0..n {
+                for k in 0..4 {
+                    for b in 0..4 {
+                        let j = 4 * k + b;
+                        let (lo, hi) = (value(g0 + l, j), value(g0 + l, 16 + j));
+                        dst[at + k * 4 * n + 4 * l + b] = (lo & 15) | (hi & 15) << 4;
+                        let shift = 4 * (k % 2);
+                        let high = at + 16 * n + (k / 2) * 4 * n + 4 * l + b;
+                        dst[high] |= (lo >> 4) << shift | (hi >> 4) << (shift + 2);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Every q4 and q6 matrix of `file` in groups of 32, interleaved, in one buffer of huge pages
+/// (each at a multiple of 64 bytes, laid out as in the file: its values, then its scales), for
+/// [`ModelFile::derived`]. The rows are reordered in parallel; the file's bytes are read once.
+pub fn interleave_file(file: &ModelFile) -> Result<Derived> {
+    let mut jobs = Vec::new();
+    let (mut at, mut len) = (HashMap::new(), 0usize);
+    for info in &file.header().tensors {
+        let t = file.tensor(&info.name)?;
+        let (packed, six) = match t.data {
+            TensorData::Q4 {
+                packed, group_size, ..
+            } if interleaves(group_size) => (packed, false),
+            TensorData::Q6 {
+                packed, group_size, ..
+            } if interleaves(group_size) => (packed, true),
+            _ => continue,
+        };
+        let cols = *t.shape.last().context("a matrix without a shape")? as usize;
+        // The tensor as the file lays it out (values, then its scales), the values reordered.
+        let start = len.next_multiple_of(64);
+        len = start + info.nbytes as usize;
+        at.insert(info.name.clone(), start..len);
+        let whole = &file.bytes()[info.offset as usize..(info.offset + info.nbytes) as usize];
+        jobs.push((packed, whole, cols, six, start));
+    }
+    let mut bytes = HugePages::<u8>::zeroed(len).with_context(|| {
+        format!(
+            "cannot allocate {:.1} MiB for the q4 and q6 weights in the AVX-512 kernels' order",
+            len as f64 / 1048576.0
+        )
+    })?;
+    // Each matrix's own part of the buffer, then the parts filled in parallel, a few rows a task.
+    let mut rest: &mut [u8] = &mut bytes;
+    let mut done = 0;
+    let mut parts = Vec::with_capacity(jobs.len());
+    for (packed, whole, cols, six, start) in jobs {
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - done);
+        let (dst, tail) = tail.split_at_mut(whole.len());
+        (rest, done) = (tail, start + whole.len());
+        // The scales (and the padding before them) as they are.
+        let (dst, scales) = dst.split_at_mut(packed.len());
+        scales.copy_from_slice(&whole[packed.len()..]);
+        parts.push((packed, cols, six, dst));
+    }
+    parts.into_par_iter().for_each(|(packed, cols, six, dst)| {
+        let row_bytes = if six { cols / 4 * 3 } else { cols / 2 };
+        let piece = row_bytes * (65536 / row_bytes).max(1);
+        dst.par_chunks_mut(piece)
+            .zip(packed.par_chunks(piece))
+            .for_each(|(d, s)| match six {
+                true => interleave_q6(s, cols, d),
+                false => interleave_q4(s, cols, d),
+            });
+    });
+    Ok(Derived::new(bytes, at))
+}
+
+/// `packed` (q4 rows of `cols` weights, or q6 ones with `six`, in groups of `gs`, in the file's
+/// order) in the order the kernels that read `layout` take: interleaved for groups of 32 when
+/// `layout` says so, as it is otherwise. For tests and benchmarks, which make their weights in
+/// the file's order.
+pub fn in_kernel_order(
+    layout: Q4Layout,
+    six: bool,
+    packed: &[u8],
+    cols: usize,
+    gs: usize,
+) -> Vec<u8> {
+    if !(layout.interleaves() && interleaves(gs)) {
+        return packed.to_vec();
+    }
+    let mut out = vec![0u8; packed.len()];
+    match six {
+        true => interleave_q6(packed, cols, &mut out),
+        false => interleave_q4(packed, cols, &mut out),
+    }
+    out
+}
+
+/// One token's quantized activations `q` (a row of `cols`, groups of 32) in the order the
+/// interleaved kernels read, into `x` (as long), and each group's correction `-8 * sum(q)` into
+/// `corr` (one per group): the weights are stored as `q + 8` (q6: `q + 32`, the correction taken
+/// four times), so each lane's byte products are `8 * sum(q)` too large.
+///
+/// Block by block, as the weights: for `h` 0 (the activations the low nibbles meet) and 1 (the
+/// high ones), for word `k`, for group `l`, the four values `16h + 4k ..` of group `l`.
+pub fn lay_out(q: &[i8], x: &mut [i8], corr: &mut [i32]) {
+    let groups = q.len() / SIMD_GROUP;
+    assert!(x.len() == q.len() && corr.len() == groups);
+    for (g0, n) in blocks(groups) {
+        let at = g0 * SIMD_GROUP;
+        for l in 0..n {
+            let group = &q[at + SIMD_GROUP * l..at + SIMD_GROUP * (l + 1)];
+            for h in 0..2 {
+                for k in 0..4 {
+                    let to = at + (4 * h + k) * 4 * n + 4 * l;
+                    let from = 16 * h + 4 * k;
+                    x[to..to + 4].copy_from_slice(&group[from..from + 4]);
+                }
+            }
+            corr[g0 + l] = -8 * group.iter().map(|&v| v as i32).sum::<i32>();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{dequantize_q4, dequantize_q6_row, quantize_q4, quantize_q6};
+    use crate::testing::next_values;
+
+    /// The value of weight `c` of a row in the interleaved q4 order, read back by the rule of the
+    /// module's text.
+    fn q4_value(row: &[u8], c: usize) -> i32 {
+        let (g, j) = (c / 32, c % 32);
+        let (g0, n) = blocks(row.len() / 16).find(|&(g0, n)| g < g0 + n).unwrap();
+        let (l, k, b) = (g - g0, (j % 16) / 4, j % 4);
+        let byte = row[g0 * 16 + k * 4 * n + 4 * l + b];
+        (if j < 16 { byte & 15 } else { byte >> 4 }) as i32 - 8
+    }
+
+    fn q6_value(row: &[u8], c: usize) -> i32 {
+        let (g, j) = (c / 32, c % 32);
+        let groups = row.len() / 24;
+        let (g0, n) = blocks(groups).find(|&(g0, n)| g < g0 + n).unwrap();
+        let (l, k, b) = (g - g0, (j % 16) / 4, j % 4);
+        let at = g0 * 24;
+        let nibbles = row[at + k * 4 * n + 4 * l + b];
+        let high = row[at + 16 * n + (k / 2) * 4 * n + 4 * l + b];
+        let (nib, two) = match j < 16 {
+            true => (nibbles & 15, (high >> (4 * (k % 2))) & 3),
+            false => (nibbles >> 4, (high >> (4 * (k % 2) + 2)) & 3),
+        };
+        (nib | two << 4) as i32 - 32
+    }
+
+    /// Every weight of rows with whole blocks and a short one is where the module's text says,
+    /// with the value the file's order holds.
+    #[test]
+    fn every_weight_is_where_the_order_says() {
+        let mut seed = 3;
+        for groups in [1, 4, 16, 20, 35] {
+            let (rows, cols) = (3, 32 * groups);
+            let w = next_values(rows * cols, &mut seed);
+            let mut scales = vec![0u16; rows * groups];
+            // q4
+            let mut p = vec![0u8; rows * cols / 2];
+            quantize_q4(&w, 32, &mut p, &mut scales);
+            let mut want = vec![0f32; rows * cols];
+            dequantize_q4(&p, &scales, 32, &mut want);
+            let mut out = vec![0u8; p.len()];
+            interleave_q4(&p, cols, &mut out);
+            for (r, row) in out.chunks_exact(cols / 2).enumerate() {
+                for c in 0..cols {
+                    let s = half::f16::from_bits(scales[r * groups + c / 32]).to_f32();
+                    let got = q4_value(row, c) as f32 * s;
+                    assert_eq!(got, want[r * cols + c], "q4 {groups} groups ({r}, {c})");
+                }
+            }
+            // q6
+            if !cols.is_multiple_of(4) {
+                continue;
+            }
+            let mut p = vec![0u8; rows * cols / 4 * 3];
+            quantize_q6(&w, cols, 32, &mut p, &mut scales);
+            let mut out = vec![0u8; p.len()];
+            interleave_q6(&p, cols, &mut out);
+            let mut want = vec![0f32; cols];
+            for (r, row) in out.chunks_exact(cols / 4 * 3).enumerate() {
+                dequantize_q6_row(&p, &scales, cols, 32, r, &mut want);
+                for (c, &want) in want.iter().enumerate() {
+                    let s = half::f16::from_bits(scales[r * groups + c / 32]).to_f32();
+                    let got = q6_value(row, c) as f32 * s;
+                    assert_eq!(got, want, "q6 {groups} groups ({r}, {c})");
+                }
+            }
+        }
+    }
+
+    /// The activations meet the weights of the same column: position `p` of the laid-out row
+    /// holds the activation that weight byte `p % (4n)` of its vector multiplies.
+    #[test]
+    fn activations_meet_their_weights() {
+        for groups in [1, 16, 21] {
+            let cols = 32 * groups;
+            let q: Vec<i8> = (0..cols).map(|c| (c % 251) as i8).collect();
+            let (mut x, mut corr) = (vec![0i8; cols], vec![0i32; groups]);
+            lay_out(&q, &mut x, &mut corr);
+            for (g0, n) in blocks(groups) {
+                for h in 0..2 {
+                    for k in 0..4 {
+                        for l in 0..n {
+                            for b in 0..4 {
+                                let at = g0 * 32 + (4 * h + k) * 4 * n + 4 * l + b;
+                                let col = (g0 + l) * 32 + 16 * h + 4 * k + b;
+                                assert_eq!(x[at], q[col], "{groups} groups, position {at}");
+                            }
+                        }
+                    }
+                }
+            }
+            for (g, &c) in corr.iter().enumerate() {
+                let sum: i32 = q[g * 32..(g + 1) * 32].iter().map(|&v| v as i32).sum();
+                assert_eq!(c, -8 * sum);
+            }
+        }
+    }
+}
