@@ -156,6 +156,10 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
 /// each once, under a name [`hf_name`] maps and with its shape, and nothing else.
 pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<()> {
     let expected = crate::format::expected_tensors(c);
+    // Each expected tensor by name, and how many times the file holds it: one lookup a tensor
+    // (a mixture of experts has tens of thousands).
+    let mut found: std::collections::HashMap<&str, (&_, usize)> =
+        expected.iter().map(|e| (e.name.as_str(), (e, 0))).collect();
     for t in &h.tensors {
         let name = hf_name(&t.name).with_context(|| {
             format!(
@@ -163,12 +167,12 @@ pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<()> {
                 t.name, c.architecture
             )
         })?;
-        let e = expected.iter().find(|e| e.name == name).with_context(|| {
-            format!(
+        let Some((e, count)) = found.get_mut(name.as_str()) else {
+            bail!(
                 "tensor {} ({name}): not part of this config's model",
                 t.name
-            )
-        })?;
+            );
+        };
         if hf_shape(t) != e.shape {
             bail!(
                 "tensor {}: shape {:?}, the config implies {:?}",
@@ -177,13 +181,10 @@ pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<()> {
                 e.shape
             );
         }
+        *count += 1;
     }
     for e in &expected {
-        let n = h
-            .tensors
-            .iter()
-            .filter(|t| hf_name(&t.name).as_deref() == Some(e.name.as_str()))
-            .count();
+        let n = found[e.name.as_str()].1;
         if n != 1 {
             bail!("{}: found {n} times, expected once", e.name);
         }
