@@ -13,9 +13,10 @@
 //!
 //! Decode (one token) takes four rows a tile, the token's activations held in registers while
 //! each row is unpacked and used; it asks for the weights ahead as the q8 kernel does
-//! ([`PREFETCH_NEAR`]). A prompt's products take one row against eight tokens a tile, the row's
-//! block unpacked once for all eight. Every (row, token) pair runs the same operations in the same
-//! order in both, so a prompt's tokens get decode's bits.
+//! ([`PREFETCH_NEAR`]). A prompt's products (and a serving step's) take tiles of two rows by four
+//! tokens: each row's block unpacked once for the four tokens, each vector of a token's
+//! activations loaded once for both rows. Every (row, token) pair runs the same operations in the
+//! same order in both, so a prompt's tokens get decode's bits.
 
 use super::super::interleaved::GROUPS;
 use super::super::q4::{Q4Layout, SIMD_GROUP};
