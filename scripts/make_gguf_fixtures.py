@@ -110,6 +110,38 @@ def dequant_reference():
     print(out, out.stat().st_size, "bytes")
 
 
+def tokenizer_cases():
+    """fixtures/gguf/tiny-tokenizer-cases.json: the ids HuggingFace's tokenizer gives the texts
+    of fixtures/tokenizer/tokenizer-cases-dev.json (every category: combining marks, special
+    tokens, digits, whitespace, emoji) with the vocabulary of the fixture that
+    tiny-f32-tied-gqa2-f32.gguf was converted from, for the test that reads that GGUF's
+    tokenizer (gguf/tests.rs)."""
+    from tokenizers import Tokenizer
+
+    source = ROOT / "fixtures/models/tiny-f32-tied-gqa2/tokenizer.json"
+    tok = Tokenizer.from_file(str(source))
+    texts = json.loads((ROOT / "fixtures/tokenizer/tokenizer-cases-dev.json").read_text())
+    cases = [
+        {"text": c["text"], "ids": tok.encode(c["text"], add_special_tokens=True).ids}
+        for c in texts["cases"]
+    ]
+    import tokenizers
+
+    out = {
+        "meta": {
+            "tokenizer_json": "fixtures/models/tiny-f32-tied-gqa2/tokenizer.json",
+            "texts": "fixtures/tokenizer/tokenizer-cases-dev.json",
+            "encode": "tokenizers.Tokenizer.encode(text, add_special_tokens=True).ids",
+            "tokenizers": tokenizers.__version__,
+        },
+        "cases": cases,
+    }
+    path = ROOT / "fixtures/gguf/tiny-tokenizer-cases.json"
+    path.write_text(json.dumps(out, ensure_ascii=False, indent=None) + "\n")
+    print(f"{path}: {len(cases)} cases")
+
+
 if __name__ == "__main__":
     main()
     dequant_reference()
+    tokenizer_cases()

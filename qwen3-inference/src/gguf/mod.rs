@@ -19,6 +19,7 @@
 
 pub mod blocks;
 pub mod model;
+pub mod tokenizer;
 
 use crate::format::mapped::MappedFile;
 use anyhow::{bail, ensure, Context, Result};

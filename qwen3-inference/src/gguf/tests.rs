@@ -371,3 +371,109 @@ fn names_map_as_llama_cpp_writes_them() {
         "{err}"
     );
 }
+
+/// The tokenizer of llama.cpp's GGUF of tiny-f32-tied-gqa2 encodes every text of the tokenizer
+/// corpus (combining marks, special and added tokens, digits, whitespace, emoji) to the ids
+/// HuggingFace's tokenizer gives with the tokenizer.json it was converted from
+/// (fixtures/gguf/tiny-tokenizer-cases.json), and decodes them back as the tokenizer.json's
+/// own export does.
+#[test]
+fn a_converted_tokenizer_gives_huggingfaces_ids() {
+    use crate::tokenizer::Tokenizer;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    let file = GgufFile::open(&root.join("gguf/tiny-f32-tied-gqa2-f32.gguf")).unwrap();
+    let c = model::model_config(file.header()).unwrap();
+    let data = tokenizer::tokenizer_data(file.header(), c.vocab_size).unwrap();
+    // Qwen's: no bos framing a text, NFC, Qwen2's regex, the eos the config names.
+    assert_eq!(
+        (data.bos_id, data.prefix.len(), data.suffix.len()),
+        (None, 0, 0)
+    );
+    assert_eq!(data.normalizer, crate::tokenizer::Normalizer::Nfc);
+    assert_eq!(data.split_pattern, crate::tokenizer::SplitPattern::Qwen2);
+    assert_eq!(data.eos_id, c.eos_token_ids.first().copied());
+    let added: Vec<_> = data
+        .added
+        .iter()
+        .map(|t| (t.content.as_str(), t.special))
+        .collect();
+    assert_eq!(
+        added,
+        [
+            ("<|endoftext|>", true),
+            ("<|im_start|>", true),
+            ("<|im_end|>", true),
+            ("<think>", false),
+            ("</think>", false)
+        ]
+    );
+    let tok = Tokenizer::from_data(data);
+    let cases: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("gguf/tiny-tokenizer-cases.json")).unwrap(),
+    )
+    .unwrap();
+    let cases = cases["cases"].as_array().unwrap();
+    assert!(cases.len() > 100);
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(tok.encode(text), want, "{text:?}");
+    }
+    assert!(
+        tokenizer::chat_template(file.header()).is_some_and(|t| t.contains("<|im_start|>")),
+        "the chat template"
+    );
+}
+
+/// A GGUF tokenizer this reader cannot run is refused by name: another kind of tokenizer,
+/// another pre-tokenizer, a merge of tokens the vocabulary lacks, a token after the padding.
+#[test]
+fn a_foreign_tokenizer_is_refused_by_name() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    let file = GgufFile::open(&root.join("gguf/tiny-f32-tied-gqa2-f32.gguf")).unwrap();
+    let good = file.header().clone();
+    let err_with = |change: &dyn Fn(&mut GgufHeader)| {
+        let mut h = good.clone();
+        change(&mut h);
+        format!("{:#}", tokenizer::tokenizer_data(&h, 512).unwrap_err())
+    };
+    let set = |h: &mut GgufHeader, k: &str, v: Value| {
+        h.metadata.iter_mut().find(|(key, _)| key == k).unwrap().1 = v;
+    };
+    let err = err_with(&|h| set(h, "tokenizer.ggml.model", Value::Str("llama".into())));
+    assert!(err.contains("tokenizer.ggml.model \"llama\""), "{err}");
+    let err = err_with(&|h| set(h, "tokenizer.ggml.pre", Value::Str("llama-bpe".into())));
+    assert!(err.contains("tokenizer.ggml.pre \"llama-bpe\""), "{err}");
+    let err = err_with(&|h| {
+        let Some((_, Value::Array(m))) = h
+            .metadata
+            .iter_mut()
+            .find(|(k, _)| k == "tokenizer.ggml.merges")
+        else {
+            panic!()
+        };
+        m[0] = Value::Str("xyzzy plugh".into());
+    });
+    assert!(err.contains("merge 0 \"xyzzy plugh\""), "{err}");
+    let err = err_with(&|h| {
+        let Some((_, Value::Array(t))) = h
+            .metadata
+            .iter_mut()
+            .find(|(k, _)| k == "tokenizer.ggml.token_type")
+        else {
+            panic!()
+        };
+        t[10] = Value::I32(5);
+    });
+    assert!(err.contains("token 11 follows an unused"), "{err}");
+    let err = err_with(&|h| h.metadata.retain(|(k, _)| k != "tokenizer.ggml.tokens"));
+    assert!(err.contains("tokenizer.ggml.tokens is missing"), "{err}");
+    // More tokens than the embedding has rows.
+    let err = format!("{:#}", tokenizer::tokenizer_data(&good, 100).unwrap_err());
+    assert!(err.contains("embedding has 100 rows"), "{err}");
+}
