@@ -125,6 +125,25 @@ fn renders_qwen3_5_cases_exactly() {
     );
 }
 
+/// A GGUF file's own template (`tokenizer.chat_template`: llama.cpp's converter copied the
+/// fixture's tokenizer_config.json, Qwen3's official template): every HF case rendered exactly.
+#[test]
+fn a_ggufs_own_template_renders_every_hf_case() {
+    let dir = tempdir("gguf");
+    let model = fixtures().join("../gguf/tiny-f32-tied-gqa2-f32.gguf");
+    for case in load_cases("chat-template-cases.json") {
+        let o = run_case(&dir, &model, &case, &[]);
+        assert!(o.status.success(), "{}: {}", case["name"], stderr(&o));
+        assert_eq!(
+            String::from_utf8(o.stdout).unwrap(),
+            case["rendered"].as_str().unwrap(),
+            "case {}",
+            case["name"]
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `--ids` prints the ids HuggingFace's tokenizer gives for the rendered text (the `ids` of each
 /// reference case: tokenizers 0.23.3 `encode(rendered, add_special_tokens=False)`).
 #[test]

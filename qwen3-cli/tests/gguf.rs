@@ -1,6 +1,7 @@
 //! GGUF files through the binary: `qwen3 info` reads one that llama.cpp's own writer made
 //! (fixtures/gguf/tiny-header.gguf, scripts/make_gguf_fixtures.py), a damaged one is refused in
-//! one line, and the commands that run a model say that GGUF files do not run yet.
+//! one line, and the GGUF files of F32 and BF16 tensors that llama.cpp's converter made run as
+//! they are, as transformers runs their checkpoints.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -90,8 +91,10 @@ fn a_damaged_gguf_is_refused_in_one_line() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A GGUF file that holds no model (the header-only fixture) is refused in one line that says
+/// it is a GGUF file, where a model file was expected.
 #[test]
-fn running_a_gguf_says_it_is_not_supported_yet() {
+fn a_gguf_without_a_model_is_refused_in_one_line() {
     let o = qwen3(&[
         "inference",
         fixture().to_str().unwrap(),
@@ -102,4 +105,56 @@ fn running_a_gguf_says_it_is_not_supported_yet() {
     ]);
     let err = one_line_error(&o);
     assert!(err.contains("GGUF file"), "{err}");
+}
+
+/// llama.cpp's converter's GGUFs of three fixtures (Qwen3 f32 and bf16, Qwen2 with its biases)
+/// run as they are: text in, text out, transformers' greedy continuation exactly, through the
+/// file's own tokenizer; and `qwen3 info` says they run.
+#[test]
+fn a_gguf_generates_huggingfaces_text() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    for (name, dtype) in [
+        ("tiny-f32-tied-gqa2", "f32"),
+        ("tiny-bf16-untied-mha", "bf16"),
+        ("tiny-qwen2-f32-tied-gqa2", "f32"),
+    ] {
+        let path = root.join(format!("gguf/{name}-{dtype}.gguf"));
+        let reference: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(root.join(format!("models/{name}/reference.json"))).unwrap(),
+        )
+        .unwrap();
+        let mut checked = 0;
+        for case in reference["cases"].as_array().unwrap() {
+            let Some(prompt) = case["prompt_text"].as_str() else {
+                continue;
+            };
+            let want = case["greedy_text"].as_str().unwrap();
+            let o = qwen3(&[
+                "inference",
+                path.to_str().unwrap(),
+                "-i",
+                prompt,
+                "-n",
+                "24",
+                "-t",
+                "0",
+            ]);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(o.status.success(), "{name}: {err}");
+            assert_eq!(
+                String::from_utf8_lossy(&o.stdout),
+                format!("{want}\n"),
+                "{name}"
+            );
+            assert!(err.contains("[stopped: reached -n 24]"), "{name}: {err}");
+            checked += 1;
+        }
+        assert!(checked > 0, "{name}: no case with a text prompt");
+        let o = qwen3(&["info", path.to_str().unwrap()]);
+        let s = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            s.contains(&format!("run                      yes, {dtype}")),
+            "{s}"
+        );
+    }
 }

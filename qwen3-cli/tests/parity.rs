@@ -643,6 +643,33 @@ fn tiny_f32_tied_gqa2() {
     check_fixture("tiny-f32-tied-gqa2");
 }
 
+/// llama.cpp's converter's GGUF of fixture `name` in `dtype` (fixtures/gguf/, lossless: the
+/// checkpoint's own dtype or f32), run in place as the model file it maps to: HF's logits at
+/// every position, within the f32 bound, and HF's greedy tokens.
+fn check_gguf(name: &str, dtype: DType) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/gguf")
+        .join(format!("{name}-{dtype}.gguf"));
+    let f = check_full_logits(name, dtype, KvType::F32, None, &path, &load_reference(name));
+    println!("{name} GGUF {dtype}: {}", f.summary(export_bound(None)));
+}
+
+#[test]
+fn tiny_f32_tied_gqa2_as_llama_cpps_gguf() {
+    check_gguf("tiny-f32-tied-gqa2", DType::F32);
+}
+
+#[test]
+fn tiny_bf16_untied_mha_as_llama_cpps_gguf() {
+    check_gguf("tiny-bf16-untied-mha", DType::Bf16);
+}
+
+/// Qwen2: the q, k and v biases, llama.cpp's `qwen2` architecture.
+#[test]
+fn tiny_qwen2_f32_tied_gqa2_as_llama_cpps_gguf() {
+    check_gguf("tiny-qwen2-f32-tied-gqa2", DType::F32);
+}
+
 #[test]
 fn tiny_bf16_untied_mha() {
     check_fixture("tiny-bf16-untied-mha");

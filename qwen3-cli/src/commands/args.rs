@@ -7,9 +7,8 @@ use clap::{Args, ValueEnum};
 use qwen3_inference::backend::KvType;
 use qwen3_inference::constraint::Grammar;
 use qwen3_inference::engine::Draft;
-use qwen3_inference::format::{companion_paths, ModelConfig, ModelFile};
+use qwen3_inference::format::{ModelConfig, ModelFile};
 use qwen3_inference::sampler::SamplerConfig;
-use qwen3_inference::tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
 
 /// Context length used when `-c` is not given: the model's maximum, capped, because the KV cache
@@ -123,7 +122,7 @@ pub fn open_draft_model(
     if file.config().embedding.is_some() {
         bail!("--draft-model {name}: an embedding model, which guesses no tokens");
     }
-    let open = |p: &Path| Tokenizer::open(&companion_paths(p).tokenizer);
+    let open = super::model_text::tokenizer;
     let theirs = open(&path).with_context(|| format!("--draft-model {name}"))?;
     let ours = open(target)?;
     ours.same_tokens(&theirs).with_context(|| {

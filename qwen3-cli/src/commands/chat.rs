@@ -17,7 +17,6 @@ use anyhow::{bail, Context, Result};
 use qwen3_inference::backend::Backend;
 use qwen3_inference::chat::{ChatTemplate, Conversation};
 use qwen3_inference::engine::{Engine, Request};
-use qwen3_inference::format::companion_paths;
 use qwen3_inference::generate::{generate_until, StopReason};
 use qwen3_inference::sampler::SamplerConfig;
 use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
@@ -63,10 +62,9 @@ pub struct ChatFiles {
 
 impl ChatFiles {
     pub fn open(args: &InferenceArgs) -> Result<ChatFiles> {
-        let paths = companion_paths(&args.model);
         Ok(ChatFiles {
-            tok: Tokenizer::open(&paths.tokenizer)?,
-            template: ChatTemplate::open(&paths.template)?,
+            tok: super::model_text::tokenizer(&args.model)?,
+            template: super::model_text::needed_template(&args.model)?,
         })
     }
 }

@@ -9,9 +9,6 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use qwen3_inference::chat::ChatTemplate;
-use qwen3_inference::format::companion_paths;
-use qwen3_inference::tokenizer::Tokenizer;
 use serde_json::Value;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -35,8 +32,7 @@ pub struct ChatTemplateArgs {
 }
 
 pub fn run(args: ChatTemplateArgs) -> Result<()> {
-    let companions = companion_paths(&args.model);
-    let template = ChatTemplate::open(&existing(&companions.template, "template")?)?;
+    let template = super::model_text::needed_template(&args.model)?;
     let (messages, tools) = read_messages(&args.messages)?;
     let thinking = args.thinking.as_deref().map(|t| t == "on");
     let text = template
@@ -51,7 +47,7 @@ pub fn run(args: ChatTemplateArgs) -> Result<()> {
     if args.ids {
         // apply_chat_template(tokenize=True) encodes the rendered text with
         // add_special_tokens=False: the template already wrote every special token.
-        let tokenizer = Tokenizer::open(&existing(&companions.tokenizer, "tokenizer")?)?;
+        let tokenizer = super::model_text::tokenizer(&args.model)?;
         let ids = tokenizer.encode(&text);
         writeln!(out, "{}", serde_json::to_string(&ids)?)?;
     } else {
@@ -60,17 +56,6 @@ pub fn run(args: ChatTemplateArgs) -> Result<()> {
     }
     out.flush()?;
     Ok(())
-}
-
-/// `path` if it exists, else an error saying which companion file is missing and how to make it.
-fn existing(path: &Path, what: &str) -> Result<PathBuf> {
-    if !path.exists() {
-        anyhow::bail!(
-            "{}: {what} file not found (`qwen3 export` writes it beside the model file)",
-            path.display()
-        );
-    }
-    Ok(path.to_path_buf())
 }
 
 /// The messages (and tools, if given) of a conversation file.

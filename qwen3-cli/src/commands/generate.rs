@@ -7,10 +7,10 @@
 use super::args::{sampler_from_args, InferenceArgs, OnOff};
 use anyhow::{bail, Context, Result};
 use qwen3_inference::backend::Backend;
-use qwen3_inference::chat::{ChatTemplate, Conversation};
+use qwen3_inference::chat::Conversation;
 use qwen3_inference::constraint::{Constraint, Start, Vocabulary};
 use qwen3_inference::engine::{Engine, Request};
-use qwen3_inference::format::{companion_paths, ModelFile};
+use qwen3_inference::format::ModelFile;
 use qwen3_inference::generate::{generate_until, GenerationStats, StopReason};
 use qwen3_inference::logprobs::TokenLogprobs;
 use qwen3_inference::sampler::SamplerConfig;
@@ -38,9 +38,7 @@ impl PromptJob {
         let c = file.config();
         let text = args.prompt_text()?;
         let tokenizer = match &text {
-            Some(_) => Some(Arc::new(Tokenizer::open(
-                &companion_paths(&args.model).tokenizer,
-            )?)),
+            Some(_) => Some(Arc::new(super::model_text::tokenizer(&args.model)?)),
             None => None,
         };
         let mut eos_ids = c.eos_token_ids.clone();
@@ -56,7 +54,7 @@ impl PromptJob {
             (_, Some(ids), _) => parse_ids(ids)?,
             (Some(text), None, Some(tok)) if args.chat => {
                 // One user turn, rendered as HF apply_chat_template(add_generation_prompt=True).
-                let template = ChatTemplate::open(&companion_paths(&args.model).template)?;
+                let template = super::model_text::needed_template(&args.model)?;
                 let mut conv = Conversation::new(args.system.clone());
                 conv.set_thinking(args.thinking.map(|t| t == OnOff::On));
                 conv.push_user(text.as_str());

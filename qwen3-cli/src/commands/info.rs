@@ -372,7 +372,14 @@ fn gguf_info(args: &InfoArgs) -> Result<()> {
         ),
         Err(e) => println!("model                    not read: {e:#}"),
     }
-    println!("run                      not yet: running GGUF files is not implemented; `qwen3 export` the HuggingFace checkpoint of this model to run it");
+    // Whether every command runs it: read in place as a model file (gguf::model::model_header).
+    match gguf::model::model_header(h, len) {
+        Ok(m) => println!(
+            "run                      yes, {}: every command takes this file as it is",
+            m.config.dtype
+        ),
+        Err(e) => println!("run                      not yet: {e:#}"),
+    }
     if args.tensors {
         for t in &h.tensors {
             println!(

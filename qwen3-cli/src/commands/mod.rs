@@ -15,6 +15,7 @@ pub mod generate;
 pub mod inference;
 pub mod info;
 pub mod input;
+pub mod model_text;
 pub mod models;
 pub mod perplexity;
 pub mod rerank;

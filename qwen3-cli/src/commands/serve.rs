@@ -9,11 +9,9 @@ use clap::Args;
 use qwen3_cuda::device::check_available;
 use qwen3_cuda::Device;
 use qwen3_inference::backend::{Backend, KvType, PlainBackend, CPU};
-use qwen3_inference::chat::ChatTemplate;
 use qwen3_inference::engine::{logit_rows, Engine, EngineConfig};
-use qwen3_inference::format::{companion_paths, ModelFile, TensorView};
+use qwen3_inference::format::{ModelFile, TensorView};
 use qwen3_inference::model::{Forward, Model, MAX_BATCH};
-use qwen3_inference::tokenizer::Tokenizer;
 use qwen3_server::listen::Limits;
 use qwen3_server::metrics::Metrics;
 use qwen3_server::state::{Grammars, ModelInfo};
@@ -206,14 +204,9 @@ pub fn prepare(
     if context_len == 0 || context_len > max_ctx {
         bail!("--context must be in 1 ..= {max_ctx} (the model's maximum), got {context_len}");
     }
-    let paths = companion_paths(&args.model);
-    let tokenizer = Tokenizer::open(&paths.tokenizer)?;
+    let tokenizer = super::model_text::tokenizer(&args.model)?;
     // A model exported without a chat template still serves /v1/completions.
-    let template = if paths.template.exists() {
-        Some(ChatTemplate::open(&paths.template)?)
-    } else {
-        None
-    };
+    let template = super::model_text::template(&args.model)?;
     let chat_stop_ids = match &template {
         Some(t) => super::chat::stop_ids(&c.eos_token_ids, t, &tokenizer),
         None => c.eos_token_ids.clone(),

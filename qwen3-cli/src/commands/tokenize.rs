@@ -4,7 +4,6 @@
 use super::input::read_text;
 use anyhow::{bail, Result};
 use clap::Args;
-use qwen3_inference::format::companion_paths;
 use qwen3_inference::tokenizer::Tokenizer;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -62,16 +61,9 @@ pub fn run(args: TokenizeArgs) -> Result<()> {
     Ok(())
 }
 
-/// The tokenizer file beside `model` (`<model>.tokenizer.bin`); a missing one says who writes it.
+/// The tokenizer of `model` (model_text.rs: its tokenizer file, or a GGUF's own).
 pub fn open_tokenizer(model: &std::path::Path) -> Result<Tokenizer> {
-    let path = companion_paths(model).tokenizer;
-    if !path.exists() {
-        bail!(
-            "{}: tokenizer file not found (written by `qwen3 export` next to the model file)",
-            path.display()
-        );
-    }
-    Tokenizer::open(&path)
+    super::model_text::tokenizer(model)
 }
 
 /// A token's bytes as a quoted string a terminal can show: escapes for quotes, backslashes and

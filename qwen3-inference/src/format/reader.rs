@@ -177,7 +177,7 @@ impl Header {
     }
 
     /// The directory must hold exactly the tensors a Qwen3 model of this config needs.
-    fn check_tensor_set(&self) -> Result<()> {
+    pub(crate) fn check_tensor_set(&self) -> Result<()> {
         let expected = expected_tensors(&self.config);
         if expected.len() != self.tensors.len() {
             bail!(
@@ -368,7 +368,13 @@ impl ModelFile {
         let mmap = MappedFile::map(&file)?;
         // Decode streams every weight once a token; 2 MiB pages stream faster (crate::pages).
         mmap.advise_huge_pages();
-        let header = Header::parse(&mmap)?;
+        // A GGUF file (llama.cpp's) is read through its own header, in place (gguf/model.rs).
+        let header = match crate::gguf::is_gguf(&mmap) {
+            true => crate::gguf::parse(&mmap)
+                .and_then(|h| crate::gguf::model::model_header(&h, mmap.len() as u64))
+                .context("a GGUF file")?,
+            false => Header::parse(&mmap)?,
+        };
         let index = header
             .tensors
             .iter()

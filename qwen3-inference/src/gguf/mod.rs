@@ -1,5 +1,7 @@
 //! GGUF, llama.cpp's model file: read and checked, mapped, never copied. This module reads the
-//! container (its metadata and where each tensor lies); running the tensors is the next step.
+//! container (its metadata and where each tensor lies); `model.rs` reads it as a model (a file
+//! of F32 and BF16 tensors opens as a model file, in place: `ModelFile::open`), `tokenizer.rs`
+//! its tokenizer and chat template, `blocks.rs` the quantized blocks.
 //!
 //! A GGUF file is, little-endian throughout (gguf-py's `GGUFReader`, ggml's `gguf.cpp`):
 //!

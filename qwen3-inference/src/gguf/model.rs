@@ -22,6 +22,7 @@
 //! model's `[rows, cols]` is `dims` reversed.
 
 use super::{GgufHeader, GgufTensor, Value};
+use crate::format::reader::{Header, TensorInfo};
 use crate::format::{DType, ModelConfig, RopeScaling};
 use anyhow::{bail, Context, Result};
 
@@ -190,4 +191,55 @@ pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The model file's header for GGUF header `h` of a file of `file_len` bytes: its config (with
+/// `dtype` the matrices' storage) and its tensors under the model file's names and shapes, each
+/// where the GGUF holds it. The tensors stay in the GGUF's bytes: a GGUF's F32 and BF16 tensors
+/// are stored as the model file stores them (little-endian, rows one after another), so the
+/// mapped file is read in place, as a model file is. Other ggml types are refused by name.
+pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
+    let mut config = model_config(h)?;
+    check_tensors(h, &config)?;
+    let storage = |t: &GgufTensor| match t.ggml_type.name {
+        "F32" => Ok(DType::F32),
+        "BF16" => Ok(DType::Bf16),
+        other => bail!(
+            "tensor {} is {other}: GGUF files of F32 and BF16 tensors run so far; for this one, \
+             `qwen3 export` the HuggingFace checkpoint it was made from",
+            t.name
+        ),
+    };
+    // The matrices' storage is the token embedding's; `Header::check_tensor_set` below holds
+    // every other matrix to it and every norm and bias to f32.
+    let embd = h
+        .tensors
+        .iter()
+        .find(|t| t.name == "token_embd.weight")
+        .context("no token_embd.weight tensor")?;
+    config.dtype = storage(embd)?;
+    let tensors = h
+        .tensors
+        .iter()
+        .map(|t| {
+            Ok(TensorInfo {
+                // check_tensors mapped every name.
+                name: hf_name(&t.name).context("a tensor's name")?,
+                dtype: storage(t)?,
+                shape: hf_shape(t),
+                group_size: 0,
+                offset: t.start,
+                nbytes: t.nbytes,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let header = Header {
+        version: crate::format::FORMAT_VERSION,
+        header_len: h.data_start,
+        file_len,
+        config,
+        tensors,
+    };
+    header.check_tensor_set()?;
+    Ok(header)
 }

@@ -477,3 +477,42 @@ fn a_foreign_tokenizer_is_refused_by_name() {
     let err = format!("{:#}", tokenizer::tokenizer_data(&good, 100).unwrap_err());
     assert!(err.contains("embedding has 100 rows"), "{err}");
 }
+
+/// A converted checkpoint maps to the model file's header, its tensors where the GGUF holds
+/// them; a ggml type that does not run yet is refused by name, with the types that do.
+#[test]
+fn a_converted_checkpoint_maps_to_a_model_files_header() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    let path = root.join("gguf/tiny-f32-tied-gqa2-f32.gguf");
+    let file = GgufFile::open(&path).unwrap();
+    let len = std::fs::metadata(&path).unwrap().len();
+    let h = model::model_header(file.header(), len).unwrap();
+    assert_eq!(h.tensors.len(), file.header().tensors.len());
+    let q = h
+        .tensors
+        .iter()
+        .find(|t| t.name == "model.layers.1.self_attn.q_proj.weight")
+        .unwrap();
+    let g = file
+        .header()
+        .tensors
+        .iter()
+        .find(|t| t.name == "blk.1.attn_q.weight")
+        .unwrap();
+    assert_eq!((q.offset, q.nbytes), (g.start, g.nbytes));
+    assert_eq!(q.shape, [g.dims[1], g.dims[0]]);
+    let mut q8 = file.header().clone();
+    let t = q8
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.0.ffn_up.weight")
+        .unwrap();
+    t.ggml_type = GgmlType::from_id(8).unwrap();
+    let err = format!("{:#}", model::model_header(&q8, len).unwrap_err());
+    assert!(
+        err.contains(
+            "tensor blk.0.ffn_up.weight is Q8_0: GGUF files of F32 and BF16 tensors run so far"
+        ),
+        "{err}"
+    );
+}

@@ -200,6 +200,33 @@ pub fn chat_template(h: &GgufHeader) -> Option<&str> {
     h.get("tokenizer.chat_template").and_then(Value::as_str)
 }
 
+/// The special tokens a chat template may name, as tokenizer_config.json sets them, from the
+/// ids the GGUF carries: `eos_token` and `pad_token` (`<|im_end|>` and `<|endoftext|>` for an
+/// instruct Qwen), and `bos_token` only where a text starts with it (tokenizer_config.json's
+/// `bos_token` is null for Qwen).
+pub fn special_tokens(h: &GgufHeader) -> Vec<(&'static str, String)> {
+    let Some(Value::Array(tokens)) = h.get("tokenizer.ggml.tokens") else {
+        return Vec::new();
+    };
+    let text = |k: &str| {
+        let id = h.get(k)?.as_u64()?;
+        tokens.get(usize::try_from(id).ok()?)?.as_str()
+    };
+    let add_bos = matches!(
+        h.get("tokenizer.ggml.add_bos_token"),
+        Some(Value::Bool(true))
+    );
+    [
+        ("bos_token", "tokenizer.ggml.bos_token_id", add_bos),
+        ("eos_token", "tokenizer.ggml.eos_token_id", true),
+        ("pad_token", "tokenizer.ggml.padding_token_id", true),
+    ]
+    .into_iter()
+    .filter(|&(_, _, wanted)| wanted)
+    .filter_map(|(name, key, _)| Some((name, text(key)?.to_owned())))
+    .collect()
+}
+
 /// Metadata key `k`, which must be a string.
 fn str_key<'h>(h: &'h GgufHeader, k: &str) -> Result<&'h str> {
     match h.get(k) {
