@@ -26,9 +26,9 @@ splits with Qwen2's regex):
                 "--outfile", "fixtures/gguf/tiny-f32-tied-gqa2-f32.gguf"]
     convert_hf_to_gguf.main()
 
-and so, with `--outtype bf16`, tiny-bf16-untied-mha-bf16.gguf, and with `--outtype f32`,
+and so, with `--outtype bf16`, tiny-bf16-untied-mha-bf16.gguf; with `--outtype f32`,
 tiny-qwen2-f32-tied-gqa2-f32.gguf (the Qwen2 fixture; its tokenizer.json splits with the same
-regex).
+regex); and with `--outtype q8_0` on tiny-f32-tied-gqa2, tiny-f32-tied-gqa2-q8_0.gguf.
 
 Developer-only (CI never runs it):
     ../venv-torch/bin/python scripts/make_gguf_fixtures.py

@@ -1,7 +1,7 @@
 //! GGUF files through the binary: `qwen3 info` reads one that llama.cpp's own writer made
 //! (fixtures/gguf/tiny-header.gguf, scripts/make_gguf_fixtures.py), a damaged one is refused in
-//! one line, and the GGUF files of F32 and BF16 tensors that llama.cpp's converter made run as
-//! they are, as transformers runs their checkpoints.
+//! one line, and the GGUF files of F32, BF16 and Q8_0 tensors that llama.cpp's converter made
+//! run as they are, as transformers runs their checkpoints.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -157,4 +157,29 @@ fn a_gguf_generates_huggingfaces_text() {
             "{s}"
         );
     }
+}
+
+/// A Q8_0 GGUF (llama.cpp's converter's, `--outtype q8_0`) runs as it is: `info` says so, and
+/// `inference` generates from a text prompt through the file's own tokenizer. (Its logits
+/// against transformers: tests/parity.rs.)
+#[test]
+fn a_q8_0_gguf_runs() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf/tiny-f32-tied-gqa2-q8_0.gguf");
+    let o = qwen3(&["info", path.to_str().unwrap()]);
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("run                      yes, q8"), "{s}");
+    let o = qwen3(&[
+        "inference",
+        path.to_str().unwrap(),
+        "-i",
+        "The capital of France is",
+        "-n",
+        "8",
+        "-t",
+        "0",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("prompt tokens 8, generated tokens 8"), "{err}");
 }

@@ -664,6 +664,31 @@ fn tiny_bf16_untied_mha_as_llama_cpps_gguf() {
     check_gguf("tiny-bf16-untied-mha", DType::Bf16);
 }
 
+/// llama.cpp's converter's Q8_0 GGUF of tiny-f32-tied-gqa2 (`--outtype q8_0`: every matrix
+/// Q8_0), its blocks taken apart at open into q8 in groups of 32: bounded as our own q8 export
+/// is, by the noise of its own rounding (the logits within the f32 tolerance plus [`SIGMAS`]
+/// sigmas of that noise), and exact on its own weights.
+#[test]
+fn tiny_f32_tied_gqa2_as_llama_cpps_q8_0_gguf() {
+    let name = "tiny-f32-tied-gqa2";
+    let refr = load_reference(name);
+    let dir = tempdir("pq-parity-gguf", name);
+    let exact = ModelFile::open(&export_as(name, &dir, DType::F32)).unwrap();
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/gguf/{name}-q8_0.gguf"));
+    let stored = ModelFile::open(&path).unwrap();
+    let sigmas = noise_sigmas(&exact, &stored, &refr, &dir);
+    let bound = export_bound(Some(&sigmas));
+    let kernel_err =
+        rounded_exports_compute_their_own_weights_exactly(&exact, &stored, &refr, &dir, bound);
+    let f = check_full_logits(name, DType::Q8, KvType::F32, Some(&sigmas), &path, &refr);
+    println!(
+        "{name} GGUF Q8_0: vs own weights in f32 {kernel_err:.1e}, {}",
+        f.summary(bound)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Qwen2: the q, k and v biases, llama.cpp's `qwen2` architecture.
 #[test]
 fn tiny_qwen2_f32_tied_gqa2_as_llama_cpps_gguf() {

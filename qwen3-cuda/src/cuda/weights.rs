@@ -45,6 +45,12 @@ impl DeviceWeights {
     /// byte ranges. Shapes the kernels cannot take are refused here, before any launch.
     pub fn upload(stream: &Arc<CudaStream>, file: &ModelFile) -> Result<DeviceWeights> {
         let name = file.path().display().to_string();
+        // The upload is the mapped file: a GGUF's Q8_0 tensors, repacked at open, are not in it.
+        if !file.in_place() {
+            bail!(
+                "{name}: a GGUF file with Q8_0 tensors, which the CUDA backend does not read yet: use --device cpu"
+            );
+        }
         let mut tensors = HashMap::new();
         for t in &file.header().tensors {
             let start = usize::try_from(t.offset)?;

@@ -277,10 +277,11 @@ pub struct TensorView<'a> {
     pub interleaved: Option<TensorData<'a>>,
 }
 
-/// Bytes that a layer above derives once from the file's tensors and that live as long as the
-/// file: the AVX-512 kernels' order of the q4 and q6 matrices (`kernels/dot/interleaved.rs`),
-/// made when the model is loaded. Views into them borrow from the [`ModelFile`], as the mapped
-/// tensors do, so none outlives it.
+/// Bytes derived once from the file's tensors that live as long as the file: the AVX-512
+/// kernels' order of the q4 and q6 matrices (`kernels/dot/interleaved.rs`), made when the model
+/// is loaded ([`ModelFile::derived`]), or a GGUF file's Q8_0 tensors in this format's q8 layout
+/// (`gguf/repack.rs`), made when it is opened. Views into them borrow from the [`ModelFile`], as
+/// the mapped tensors do, so none outlives it.
 pub struct Derived {
     bytes: HugePages<u8>,
     at: HashMap<String, Range<usize>>,
@@ -340,6 +341,10 @@ pub struct ModelFile {
     index: HashMap<String, usize>,
     /// See [`ModelFile::derived`].
     derived: OnceLock<std::result::Result<Derived, String>>,
+    /// A GGUF file's tensors stored in another order of their bytes (Q8_0: `gguf/repack.rs`),
+    /// laid out as this format lays them out, made at open; their [`TensorInfo`]s locate them
+    /// here, not in the mapping.
+    repacked: Option<Derived>,
 }
 
 impl ModelFile {
@@ -369,11 +374,19 @@ impl ModelFile {
         // Decode streams every weight once a token; 2 MiB pages stream faster (crate::pages).
         mmap.advise_huge_pages();
         // A GGUF file (llama.cpp's) is read through its own header, in place (gguf/model.rs).
-        let header = match crate::gguf::is_gguf(&mmap) {
-            true => crate::gguf::parse(&mmap)
-                .and_then(|h| crate::gguf::model::model_header(&h, mmap.len() as u64))
-                .context("a GGUF file")?,
-            false => Header::parse(&mmap)?,
+        let (header, repacked) = match crate::gguf::is_gguf(&mmap) {
+            true => {
+                let gguf = || -> Result<(Header, Option<Derived>)> {
+                    let g = crate::gguf::parse(&mmap)?;
+                    let header = crate::gguf::model::model_header(&g, mmap.len() as u64)?;
+                    // The file's pages of the repacked tensors are read no more.
+                    let release = |r: Range<usize>| mmap.release(r);
+                    let repacked = crate::gguf::repack::q8_0(&g, &header, &mmap, &release)?;
+                    Ok((header, repacked))
+                };
+                gguf().context("a GGUF file")?
+            }
+            false => (Header::parse(&mmap)?, None),
         };
         let index = header
             .tensors
@@ -387,6 +400,7 @@ impl ModelFile {
             header,
             index,
             derived: OnceLock::new(),
+            repacked,
         })
     }
 
@@ -419,6 +433,13 @@ impl ModelFile {
         &self.path
     }
 
+    /// Whether every tensor lies in the mapped file, at its offset, in this format's layout
+    /// ([`ModelFile::bytes`] then holds them all): false for a GGUF file whose Q8_0 tensors
+    /// were repacked at open.
+    pub fn in_place(&self) -> bool {
+        self.repacked.is_none()
+    }
+
     pub fn header(&self) -> &Header {
         &self.header
     }
@@ -443,8 +464,11 @@ impl ModelFile {
             bail!("{}: tensor {name} not in the file", self.path.display());
         };
         let info = &self.header.tensors[i];
-        let data = view_data(&self.mmap, info)
-            .with_context(|| format!("{}: tensor {name}", self.path.display()))?;
+        let data = match self.repacked.as_ref().and_then(|r| r.get(name)) {
+            Some(bytes) => view_bytes(bytes, info),
+            None => view_data(&self.mmap, info),
+        }
+        .with_context(|| format!("{}: tensor {name}", self.path.display()))?;
         Ok(TensorView {
             name: &info.name,
             shape: &info.shape,

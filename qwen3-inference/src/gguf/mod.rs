@@ -1,7 +1,8 @@
 //! GGUF, llama.cpp's model file: read and checked, mapped, never copied. This module reads the
 //! container (its metadata and where each tensor lies); `model.rs` reads it as a model (a file
-//! of F32 and BF16 tensors opens as a model file, in place: `ModelFile::open`), `tokenizer.rs`
-//! its tokenizer and chat template, `blocks.rs` the quantized blocks.
+//! of F32, BF16 and Q8_0 tensors opens as a model file: `ModelFile::open`), `repack.rs` lays
+//! Q8_0 out as the model file's q8, `tokenizer.rs` reads its tokenizer and chat template,
+//! `blocks.rs` dequantizes the quantized blocks.
 //!
 //! A GGUF file is, little-endian throughout (gguf-py's `GGUFReader`, ggml's `gguf.cpp`):
 //!
@@ -21,6 +22,7 @@
 
 pub mod blocks;
 pub mod model;
+pub mod repack;
 pub mod tokenizer;
 
 use crate::format::mapped::MappedFile;

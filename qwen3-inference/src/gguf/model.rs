@@ -23,7 +23,10 @@
 
 use super::{GgufHeader, GgufTensor, Value};
 use crate::format::reader::{Header, TensorInfo};
-use crate::format::{DType, ModelConfig, RopeScaling};
+use crate::format::{align_up, tensor_nbytes, DType, ModelConfig, RopeScaling};
+
+/// Values a Q8_0 block holds: a Q8_0 tensor is q8 in groups of this many (`repack.rs`).
+pub const Q8_0_GROUP: u32 = 32;
 use anyhow::{bail, Context, Result};
 
 /// The model file's name of GGUF tensor `name` (llama.cpp's `tensor_mapping.py`, for the dense
@@ -194,19 +197,23 @@ pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<()> {
 }
 
 /// The model file's header for GGUF header `h` of a file of `file_len` bytes: its config (with
-/// `dtype` the matrices' storage) and its tensors under the model file's names and shapes, each
-/// where the GGUF holds it. The tensors stay in the GGUF's bytes: a GGUF's F32 and BF16 tensors
-/// are stored as the model file stores them (little-endian, rows one after another), so the
-/// mapped file is read in place, as a model file is. Other ggml types are refused by name.
+/// `dtype` the matrices' storage) and its tensors under the model file's names and shapes.
+///
+/// A GGUF's F32 and BF16 tensors are stored as the model file stores them (little-endian, rows
+/// one after another): each stays where the GGUF holds it, read in place. A Q8_0 tensor is the
+/// model file's q8 with groups of 32 in another order of its bytes (`repack.rs`): its offset
+/// and size here are those of its q8 layout in the bytes `repack::q8_0` makes at open. Other
+/// ggml types are refused by name.
 pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
     let mut config = model_config(h)?;
     check_tensors(h, &config)?;
     let storage = |t: &GgufTensor| match t.ggml_type.name {
-        "F32" => Ok(DType::F32),
-        "BF16" => Ok(DType::Bf16),
+        "F32" => Ok((DType::F32, 0)),
+        "BF16" => Ok((DType::Bf16, 0)),
+        "Q8_0" => Ok((DType::Q8, Q8_0_GROUP)),
         other => bail!(
-            "tensor {} is {other}: GGUF files of F32 and BF16 tensors run so far; for this one, \
-             `qwen3 export` the HuggingFace checkpoint it was made from",
+            "tensor {} is {other}: GGUF files of F32, BF16 and Q8_0 tensors run so far; for \
+             this one, `qwen3 export` the HuggingFace checkpoint it was made from",
             t.name
         ),
     };
@@ -217,19 +224,35 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
         .iter()
         .find(|t| t.name == "token_embd.weight")
         .context("no token_embd.weight tensor")?;
-    config.dtype = storage(embd)?;
+    (config.dtype, config.group_size) = storage(embd)?;
+    // The repacked bytes' length so far: each Q8_0 tensor's q8 layout at the next multiple of
+    // 64 (format::ALIGN), as a model file places its tensors.
+    let mut repacked = 0u64;
     let tensors = h
         .tensors
         .iter()
         .map(|t| {
+            let (dtype, group_size) = storage(t)?;
+            let shape = hf_shape(t);
+            let (offset, nbytes) = match dtype {
+                DType::Q8 => {
+                    let offset = align_up(repacked).context("overflow")?;
+                    let nbytes = tensor_nbytes(dtype, &shape, group_size).with_context(|| {
+                        format!("tensor {}: {shape:?} in groups of {group_size}", t.name)
+                    })?;
+                    repacked = offset + nbytes;
+                    (offset, nbytes)
+                }
+                _ => (t.start, t.nbytes),
+            };
             Ok(TensorInfo {
                 // check_tensors mapped every name.
                 name: hf_name(&t.name).context("a tensor's name")?,
-                dtype: storage(t)?,
-                shape: hf_shape(t),
-                group_size: 0,
-                offset: t.start,
-                nbytes: t.nbytes,
+                dtype,
+                shape,
+                group_size,
+                offset,
+                nbytes,
             })
         })
         .collect::<Result<Vec<_>>>()?;

@@ -501,18 +501,63 @@ fn a_converted_checkpoint_maps_to_a_model_files_header() {
         .unwrap();
     assert_eq!((q.offset, q.nbytes), (g.start, g.nbytes));
     assert_eq!(q.shape, [g.dims[1], g.dims[0]]);
-    let mut q8 = file.header().clone();
-    let t = q8
+    let mut k = file.header().clone();
+    let t = k
         .tensors
         .iter_mut()
         .find(|t| t.name == "blk.0.ffn_up.weight")
         .unwrap();
-    t.ggml_type = GgmlType::from_id(8).unwrap();
-    let err = format!("{:#}", model::model_header(&q8, len).unwrap_err());
+    t.ggml_type = GgmlType::from_id(12).unwrap();
+    let err = format!("{:#}", model::model_header(&k, len).unwrap_err());
     assert!(
         err.contains(
-            "tensor blk.0.ffn_up.weight is Q8_0: GGUF files of F32 and BF16 tensors run so far"
+            "tensor blk.0.ffn_up.weight is Q4_K: GGUF files of F32, BF16 and Q8_0 tensors run so far"
         ),
         "{err}"
     );
+}
+
+/// llama.cpp's converter's Q8_0 GGUF of tiny-f32-tied-gqa2, opened as a model file: every Q8_0
+/// matrix becomes q8 in groups of 32 whose values are, bit for bit, what ggml's dequantization
+/// gives (`blocks::dequantize`, itself checked against gguf-py), and the norms stay f32 in place.
+#[test]
+fn q8_0_tensors_open_as_q8_with_the_files_values() {
+    use crate::format::reader::TensorData;
+    use crate::format::{DType, ModelFile};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    let path = root.join("gguf/tiny-f32-tied-gqa2-q8_0.gguf");
+    let gguf = GgufFile::open(&path).unwrap();
+    let file = ModelFile::open(&path).unwrap();
+    assert!(!file.in_place());
+    assert_eq!(
+        (file.config().dtype, file.config().group_size),
+        (DType::Q8, 32)
+    );
+    let mut q8_0 = 0;
+    for t in &gguf.header().tensors {
+        let name = model::hf_name(&t.name).unwrap();
+        let view = file.tensor(&name).unwrap();
+        let numel = t.dims.iter().product::<u64>() as usize;
+        let mut want = vec![0f32; numel];
+        blocks::dequantize(t.ggml_type, gguf.data(t), &mut want).unwrap();
+        let got: Vec<f32> = match view.data {
+            TensorData::Q8 {
+                q,
+                scales,
+                group_size,
+            } => {
+                assert_eq!(group_size, 32, "{name}");
+                q8_0 += 1;
+                q.iter()
+                    .enumerate()
+                    .map(|(i, &v)| v as f32 * scales[i / group_size])
+                    .collect()
+            }
+            TensorData::F32(v) => v.to_vec(),
+            other => panic!("{name}: {other:?}"),
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "{name}");
+    }
+    assert_eq!(q8_0, 15);
 }

@@ -65,7 +65,8 @@ pub(super) unsafe fn dot_bf16_avx512(w: &[u16], x: &[f32]) -> f32 {
     _mm512_reduce_add_ps(acc) + dot_bf16_scalar(&w[i..n], &x[i..n])
 }
 
-/// Groups of a multiple of 64 values use VNNI; multiples of 32 the AVX2 kernel; others scalar.
+/// Groups of a multiple of 64 values use VNNI, as do groups of 32 (two a vector: `q8_pairs.rs`);
+/// other multiples of 32 the AVX2 kernel; others scalar.
 /// Prefetches the weights up to `REACH` bytes past the one it reads (see [`PREFETCH_NEAR`]): 0,
 /// [`PREFETCH_NEAR`] or [`PREFETCH_FAR`].
 #[inline]
@@ -77,6 +78,9 @@ pub(super) unsafe fn dot_q8_avx512<const REACH: usize>(
     xs: &[f32],
     gs: usize,
 ) -> f32 {
+    if gs == 32 {
+        return super::q8_pairs::dot_q8_pairs_avx512::<REACH>(w, ws, x, xs);
+    }
     if !gs.is_multiple_of(64) {
         return dot_q8_avx2::<0, EVEX_VNNI>(w, ws, x, xs, gs);
     }
@@ -136,7 +140,7 @@ pub(super) unsafe fn mat_q8_avx512(
 ) {
     let rows = x.check(w, ws, out);
     let (t, cols, gs, per) = (x.t, x.cols, x.group_size, x.per());
-    if !gs.is_multiple_of(64) {
+    if !gs.is_multiple_of(64) && gs != 32 {
         // This CPU has AVX-512F, hence AVX2 and FMA (see `AVX512`).
         return mat_q8_avx2::<EVEX_VNNI>(w, ws, x, out, ahead);
     }
@@ -194,9 +198,12 @@ pub(super) unsafe fn tile_q8<const R: usize, const N: usize>(
     r: usize,
     i: usize,
 ) {
-    // The default group size is compiled on its own, so that a group's loop unrolls.
+    // The default group size is compiled on its own, so that a group's loop unrolls; groups of
+    // 32 go two a vector.
     if x.group_size == 64 {
         tile_q8_gs::<R, N, 64>(w, ws, x, out, r, i)
+    } else if x.group_size == 32 {
+        super::q8_pairs::tile_q8_pairs::<R, N>(w, ws, x, out, r, i)
     } else {
         tile_q8_gs::<R, N, 0>(w, ws, x, out, r, i)
     }

@@ -7,12 +7,13 @@
 //! option) and `avx512.rs` (AVX-512 F, BW, VL and VNNI), each tested against the scalar
 //! kernels of `dot/mod.rs`; `q4.rs`, AVX2's q4 and q6 kernels, and `interleaved.rs`, AVX-512's
 //! (on the weights in the order `dot/interleaved.rs` describes), tested against `dot/q4.rs` and
-//! `dot/q6.rs`.
+//! `dot/q6.rs`; `q8_pairs.rs`, AVX-512's q8 products for groups of 32 (two groups a vector).
 
 mod avx2;
 mod avx512;
 mod interleaved;
 mod q4;
+mod q8_pairs;
 
 use super::Dots;
 use avx2::*;
