@@ -183,3 +183,63 @@ fn a_q8_0_gguf_runs() {
     assert!(o.status.success(), "{err}");
     assert!(err.contains("prompt tokens 8, generated tokens 8"), "{err}");
 }
+
+/// A model ollama has pulled, by its name (`tiny:q8`): found through ollama's manifest under
+/// `OLLAMA_MODELS` and run from its blob as it is; a manifest whose blob is gone is a one-line
+/// error that names both.
+#[test]
+fn a_model_by_its_ollama_name() {
+    let root = std::env::temp_dir().join(format!("pq-ollama-{}", std::process::id()));
+    let manifests = root.join("manifests/registry.ollama.ai/library/tiny");
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::create_dir_all(root.join("blobs")).unwrap();
+    let hex = "5f".repeat(32);
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                   "digest": format!("sha256:{}", "0".repeat(64)), "size": 2},
+        "layers": [
+            {"mediaType": "application/vnd.ollama.image.template",
+             "digest": format!("sha256:{}", "1".repeat(64)), "size": 10},
+            {"mediaType": "application/vnd.ollama.image.model",
+             "digest": format!("sha256:{hex}"), "size": 171648}
+        ]
+    });
+    std::fs::write(manifests.join("q8"), manifest.to_string()).unwrap();
+    let blob = root.join(format!("blobs/sha256-{hex}"));
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf/tiny-f32-tied-gqa2-q8_0.gguf"),
+        &blob,
+    )
+    .unwrap();
+    let run = || {
+        Command::new(env!("CARGO_BIN_EXE_qwen3"))
+            .args([
+                "inference",
+                "tiny:q8",
+                "-i",
+                "The capital of France is",
+                "-n",
+                "4",
+            ])
+            .env("OLLAMA_MODELS", &root)
+            .output()
+            .unwrap()
+    };
+    let o = run();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("tiny:q8: ollama's ") && err.contains(&hex),
+        "{err}"
+    );
+    assert!(err.contains("generated tokens 4"), "{err}");
+    std::fs::remove_file(&blob).unwrap();
+    let err = one_line_error(&run());
+    assert!(
+        err.contains("tiny:q8: ollama's manifest names") && err.contains("which is missing"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&root).unwrap();
+}

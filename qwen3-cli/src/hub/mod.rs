@@ -7,6 +7,8 @@
 //! `HF_ENDPOINT` names (`download.rs`, HuggingFace's `hf-hub` crate): only the files `export`
 //! reads. `--offline` or `HF_HUB_OFFLINE=1` never touches the network.
 //!
+//! A name ollama has pulled (`qwen3:0.6b-q8_0`) is its GGUF file, run as it is (`ollama.rs`).
+//!
 //! `qwen3 export NAME out.bin` exports that directory; `qwen3 inference NAME` (and `chat`,
 //! `generate`, `serve`, `batch`) export it once into a models directory (`models.rs`) and reuse
 //! the file on later runs.
@@ -15,6 +17,7 @@ pub mod cache;
 #[cfg(feature = "hub")]
 mod download;
 pub mod models;
+pub mod ollama;
 
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};

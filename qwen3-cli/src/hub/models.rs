@@ -42,6 +42,13 @@ pub fn resolve(model: &Path, dir_flag: Option<&Path>, offline: bool) -> Result<P
     if model.exists() {
         return Ok(model.to_path_buf());
     }
+    // A name ollama has pulled: its GGUF file.
+    if let Some(name) = model.to_str() {
+        if let Some(file) = super::ollama::find(name)? {
+            eprintln!("{name}: ollama's {}", file.display());
+            return Ok(file);
+        }
+    }
     // `models/qwen3.bin` that does not exist is a missing model file (opening it says so), not
     // a repository named `qwen3.bin`.
     let is_file_name = model.extension().is_some_and(|e| e == "bin");
