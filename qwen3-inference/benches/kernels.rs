@@ -5,7 +5,7 @@
 //! prefill runs, in multiply-adds per second; then attention with the KV cache in f32 and bf16.
 
 use qwen3_inference::kernels::attention::{chunk_len, Bf16, KvElem, KV_CHUNK};
-use qwen3_inference::kernels::dot::interleaved::in_kernel_order;
+use qwen3_inference::kernels::dot::interleaved::packed_for_kernels;
 use qwen3_inference::kernels::dot::{available, ActsQ8Buf, Dots};
 use qwen3_inference::kernels::{attention, AttentionShape};
 use qwen3_inference::pages::huge_page_buffer;
@@ -182,7 +182,7 @@ fn bench_q4(d: &Dots, six: bool, rows: usize, cols: usize, t: usize, reps: usize
         }
     };
     // AVX-512 reads the weights interleaved, as `Model::load` makes them.
-    let wp = in_kernel_order(d.q4_layout, six, &wp, cols, gs);
+    let wp = packed_for_kernels(d.q4_layout, six, &wp, cols, gs);
     let (wp, ws) = (in_huge_pages(&wp), in_huge_pages(&ws));
     let (wp, ws): (&[u8], &[u16]) = (bytemuck::cast_slice(&wp), bytemuck::cast_slice(&ws));
     let mut buf = ActsQ8Buf::default();

@@ -322,15 +322,6 @@ impl Derived {
             view_bytes(bytes, info).with_context(|| format!("{name} (derived)"))?,
         ))
     }
-
-    /// Bytes held, for `--verbose`.
-    pub fn len(&self) -> usize {
-        self.bytes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
-    }
 }
 
 /// An open model file: one read-only mapping plus its validated header.

@@ -186,7 +186,7 @@ pub fn interleave_file(file: &ModelFile) -> Result<Derived> {
 /// order) in the order the kernels that read `layout` take: interleaved for groups of 32 when
 /// `layout` says so, as it is otherwise. For tests and benchmarks, which make their weights in
 /// the file's order.
-pub fn in_kernel_order(
+pub fn packed_for_kernels(
     layout: Q4Layout,
     six: bool,
     packed: &[u8],

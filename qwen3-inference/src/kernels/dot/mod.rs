@@ -377,7 +377,7 @@ mod tests {
     ) -> (Vec<u8>, Vec<u16>, MatQ4, MatQ4) {
         let (p, ws, kernel, reference) = file_order(six, w, cols, gs, d);
         (
-            interleaved::in_kernel_order(d.q4_layout, six, &p, cols, gs),
+            interleaved::packed_for_kernels(d.q4_layout, six, &p, cols, gs),
             ws,
             kernel,
             reference,
@@ -456,7 +456,7 @@ mod tests {
                     let acts = buf.quantize_for_q4_as(&x, t, cols, gs, d.q4_layout);
                     let (mut got, mut want) = (vec![f32::NAN; rows * t], vec![0f32; rows * t]);
                     kernel(
-                        &interleaved::in_kernel_order(d.q4_layout, six, &p, cols, gs),
+                        &interleaved::packed_for_kernels(d.q4_layout, six, &p, cols, gs),
                         &ws,
                         &acts,
                         &mut got,
