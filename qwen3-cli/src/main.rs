@@ -49,7 +49,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Run a file of OpenAI Batch API requests through the same engine, results to a file.
     Batch(batch::BatchArgs),
-    /// List the models exported by name (`qwen3 chat Qwen/Qwen3-0.6B`) in the models directory.
+    /// List the models exported by name (`qwen3 chat Qwen/Qwen3-0.6B`) in the models directory,
+    /// and ollama's (`qwen3 chat qwen3:0.6b-q8_0`).
     List(models::ListArgs),
     /// Remove models exported by name, with their tokenizer and template files.
     Rm(models::RmArgs),

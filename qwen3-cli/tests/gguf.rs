@@ -235,6 +235,19 @@ fn a_model_by_its_ollama_name() {
         "{err}"
     );
     assert!(err.contains("generated tokens 4"), "{err}");
+    // `qwen3 list` shows it under its ollama name.
+    let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args(["list", "--models-dir"])
+        .arg(root.join("no-exports"))
+        .env("OLLAMA_MODELS", &root)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("tiny:q8 ") && l.contains("167.6 KiB") && l.ends_with("ollama")),
+        "{out}"
+    );
     std::fs::remove_file(&blob).unwrap();
     let err = one_line_error(&run());
     assert!(

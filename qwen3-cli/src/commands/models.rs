@@ -52,21 +52,31 @@ pub fn list(args: ListArgs) -> Result<()> {
                 .filter_map(|f| std::fs::metadata(f).ok())
                 .map(|m| m.len())
                 .sum();
-            rows.push((name, size));
+            rows.push((name, size, "qwen3 export"));
         }
+    }
+    // The GGUF files ollama pulled, which run by their ollama name as they are.
+    for (name, file) in crate::hub::ollama::list() {
+        let size = std::fs::metadata(&file).map_or(0, |m| m.len());
+        rows.push((name, size, "ollama"));
     }
     if rows.is_empty() {
         eprintln!(
-            "no models in {} (a model named by its repository, as in `qwen3 chat Qwen/Qwen3-0.6B`, is exported there)",
+            "no models in {} (a model named by its repository, as in `qwen3 chat Qwen/Qwen3-0.6B`, is exported there), nor in ollama's store",
             dir.display()
         );
         return Ok(());
     }
     rows.sort();
-    let width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0).max(4);
-    println!("{:width$}  {:>10}", "NAME", "SIZE");
-    for (name, size) in rows {
-        println!("{name:width$}  {:>10}", bytes(size));
+    let width = rows
+        .iter()
+        .map(|(n, _, _)| n.len())
+        .max()
+        .unwrap_or(0)
+        .max(4);
+    println!("{:width$}  {:>10}  FROM", "NAME", "SIZE");
+    for (name, size, from) in rows {
+        println!("{name:width$}  {:>10}  {from}", bytes(size));
     }
     Ok(())
 }

@@ -101,6 +101,42 @@ pub fn find(name: &str) -> Result<Option<PathBuf>> {
     Ok(Some(blob))
 }
 
+/// Every model ollama holds: its name as ollama shows it (`qwen3:0.6b`, `me/tiny:q8`,
+/// `hf.co/Qwen/Qwen3-0.6B-GGUF:Q8_0`) and its GGUF file. Manifests that do not lead to a file
+/// are left out (running one by name says why).
+pub fn list() -> Vec<(String, PathBuf)> {
+    let Some(root) = models_root() else {
+        return Vec::new();
+    };
+    let dirs = |p: &Path| -> Vec<(String, PathBuf)> {
+        std::fs::read_dir(p)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| Some((e.file_name().to_str()?.to_owned(), e.path())))
+            .collect()
+    };
+    let mut out = Vec::new();
+    for (host, host_dir) in dirs(&root.join("manifests")) {
+        for (namespace, ns_dir) in dirs(&host_dir) {
+            for (model, model_dir) in dirs(&ns_dir) {
+                for (tag, _) in dirs(&model_dir) {
+                    // The shortest name that leads back here.
+                    let name = match (host.as_str(), namespace.as_str()) {
+                        ("registry.ollama.ai", "library") => format!("{model}:{tag}"),
+                        ("registry.ollama.ai", ns) => format!("{ns}/{model}:{tag}"),
+                        (h, ns) => format!("{h}/{ns}/{model}:{tag}"),
+                    };
+                    if let Ok(Some(file)) = find(&name) {
+                        out.push((name, file));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
