@@ -194,12 +194,7 @@ fn fill_block(
             }
         }
         (TensorData::Bf16(v), _) => {
-            for (j, outs) in block.chunks_exact_mut(t).enumerate() {
-                let w_r = &v[(r0 + j) * cols..(r0 + j + 1) * cols];
-                for (i, o) in outs.iter_mut().enumerate() {
-                    *o = (dots.bf16)(w_r, &x[i * cols..(i + 1) * cols]);
-                }
-            }
+            (dots.bf16_rows)(&v[r0 * cols..(r0 + n) * cols], &x[..t * cols], t, block);
         }
         (
             TensorData::Q8 {

@@ -37,6 +37,9 @@ pub const NEON: Dots = Dots {
     // SAFETY (all): only handed out after `has_neon()` returned true.
     f32: |a, b| unsafe { dot_f32_neon(a, b) },
     bf16: |w, x| unsafe { dot_bf16_neon(w, x) },
+    bf16_rows: |w, x, t, out| {
+        super::bf16_rows_by_dot(|w, x| unsafe { dot_bf16_neon(w, x) }, w, x, t, out)
+    },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_neon(w, ws, x, xs, gs) },
     q8_rows: mat_q8_neon,
     q4_rows: super::q4::mat_q4_scalar,

@@ -18,6 +18,10 @@ use std::sync::OnceLock;
 pub type DotF32 = fn(a: &[f32], b: &[f32]) -> f32;
 /// `sum(bf16(w[i]) * x[i])`, `w` as raw bf16 bit patterns.
 pub type DotBf16 = fn(w: &[u16], x: &[f32]) -> f32;
+/// bf16 weight rows against `t` f32 activation rows: `out[r * t + i]` is [`DotBf16`] of weight
+/// row `r` (`w: [rows, cols]`) with token `i` of `x` (`[t, cols]`), bit for bit, so that a
+/// prompt gets decode's bits. A family that tiles it reads each weight once for several tokens.
+pub type MatBf16 = fn(w: &[u16], x: &[f32], t: usize, out: &mut [f32]);
 /// `sum_g ws[g] * xs[g] * sum_{i in g} w[i] * x[i]` over groups of `group_size`.
 pub type DotQ8 = fn(w: &[i8], ws: &[f32], x: &[i8], xs: &[f32], group_size: usize) -> f32;
 /// `sum_g ws[g] * sum_{i in g} w[i] * x[i]`: int8 weights with per-group scales against f32
@@ -46,6 +50,7 @@ pub type QuantizeQ8 = fn(x: &[f32], group_size: usize, q: &mut [i8], scales: &mu
 pub struct Dots {
     pub f32: DotF32,
     pub bf16: DotBf16,
+    pub bf16_rows: MatBf16,
     pub q8: DotQ8,
     pub q8_rows: MatQ8,
     /// q4 weights against q8 activations (W4A8): `q4.rs` has the scalar reference and the
@@ -69,6 +74,7 @@ pub struct Dots {
 pub const SCALAR: Dots = Dots {
     f32: dot_f32_scalar,
     bf16: dot_bf16_scalar,
+    bf16_rows: |w, x, t, out| bf16_rows_by_dot(dot_bf16_scalar, w, x, t, out),
     q8: dot_q8_scalar,
     q8_rows: mat_q8_scalar,
     q4_rows: q4::mat_q4_scalar,
@@ -227,6 +233,16 @@ const TILE_BLOCK_ROWS: usize = 16;
 /// sequences was slower than a prefill of 8 tokens, which computes only one classifier row
 /// (measured: docs/performance.md, "A few rows: a serving step"). Each tile makes the same bits
 /// whatever the order, so results do not change.
+/// [`MatBf16`] as one [`DotBf16`] per (row, token), for the families without a tiled kernel.
+pub fn bf16_rows_by_dot(dot: DotBf16, w: &[u16], x: &[f32], t: usize, out: &mut [f32]) {
+    let cols = x.len() / t.max(1);
+    for (r, w_r) in w.chunks_exact(cols.max(1)).enumerate() {
+        for (i, x_i) in x.chunks_exact(cols.max(1)).enumerate() {
+            out[r * t + i] = dot(w_r, x_i);
+        }
+    }
+}
+
 fn for_each_tile(
     rows: usize,
     t: usize,
@@ -342,6 +358,37 @@ mod tests {
                         "{} q8 gs={gs}: {r} vs {s}",
                         d.isa
                     );
+                }
+            }
+        }
+    }
+
+    /// The bf16 rows product (a prompt's) gives every (row, token) the bits of that pair's dot
+    /// product (decode's), over shapes that take each tile of the AVX-512 kernel and rows whose
+    /// length 16 does not divide.
+    #[test]
+    fn bf16_rows_equal_their_dots() {
+        let mut seed = 17;
+        for d in available() {
+            for (rows, t, cols) in [(1, 1, 16), (9, 7, 64), (4, 4, 1024), (6, 5, 48), (3, 3, 20)] {
+                let w: Vec<u16> = rand_vec(rows * cols, &mut seed, 1.0)
+                    .iter()
+                    .map(|v| (v.to_bits() >> 16) as u16)
+                    .collect();
+                let x = rand_vec(t * cols, &mut seed, 3.0);
+                let mut out = vec![f32::NAN; rows * t];
+                (d.bf16_rows)(&w, &x, t, &mut out);
+                for r in 0..rows {
+                    for i in 0..t {
+                        let dot =
+                            (d.bf16)(&w[r * cols..(r + 1) * cols], &x[i * cols..(i + 1) * cols]);
+                        assert_eq!(
+                            out[r * t + i].to_bits(),
+                            dot.to_bits(),
+                            "{} [{rows}x{cols}]x[{t}] ({r},{i})",
+                            d.isa
+                        );
+                    }
                 }
             }
         }

@@ -50,6 +50,76 @@ pub(super) unsafe fn dot_f32_avx512(a: &[f32], b: &[f32]) -> f32 {
     _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + dot_f32_scalar(&a[i..n], &b[i..n])
 }
 
+/// [`MatBf16`] on AVX-512: tiles of 4 weight rows by 4 tokens, each weight vector widened once
+/// for four tokens and each activation vector loaded once for four rows, every (row, token)
+/// summed in [`dot_bf16_avx512`]'s order (one accumulator over 16 columns a step, then its lanes
+/// and the scalar tail), so a prompt gets decode's bits. Decode (one token), bound by memory,
+/// streams one row at a time, as do rows whose length 16 does not divide.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn mat_bf16_avx512(w: &[u16], x: &[f32], t: usize, out: &mut [f32]) {
+    let cols = x.len() / t.max(1);
+    if t == 1 || cols == 0 || !cols.is_multiple_of(16) {
+        return bf16_rows_by_dot(|w, x| unsafe { dot_bf16_avx512(w, x) }, w, x, t, out);
+    }
+    let rows = w.len() / cols;
+    assert!(w.len() == rows * cols && x.len() == t * cols && out.len() == rows * t);
+    for_each_tile(rows, t, 4, 4, |m, n, r, i| {
+        // SAFETY: rows r..r+m and tokens i..i+n are in range (for_each_tile keeps them so) and
+        // the lengths were asserted above.
+        match (m, n) {
+            (4, 4) => tile_bf16::<4, 4>(w, x, cols, t, out, r, i),
+            (4, 3) => tile_bf16::<4, 3>(w, x, cols, t, out, r, i),
+            (4, 2) => tile_bf16::<4, 2>(w, x, cols, t, out, r, i),
+            (4, _) => tile_bf16::<4, 1>(w, x, cols, t, out, r, i),
+            (_, 4) => tile_bf16::<1, 4>(w, x, cols, t, out, r, i),
+            (_, 3) => tile_bf16::<1, 3>(w, x, cols, t, out, r, i),
+            (_, 2) => tile_bf16::<1, 2>(w, x, cols, t, out, r, i),
+            _ => tile_bf16::<1, 1>(w, x, cols, t, out, r, i),
+        }
+    });
+}
+
+/// `out[(r + a) * t + i + j]` for the `R` weight rows from `r` and the `N` tokens from `i`.
+/// Caller guarantees they exist and that 16 divides `cols`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+unsafe fn tile_bf16<const R: usize, const N: usize>(
+    w: &[u16],
+    x: &[f32],
+    cols: usize,
+    t: usize,
+    out: &mut [f32],
+    r: usize,
+    i: usize,
+) {
+    let w_row: [*const u16; R] = std::array::from_fn(|a| w.as_ptr().add((r + a) * cols));
+    let x_row: [*const f32; N] = std::array::from_fn(|j| x.as_ptr().add((i + j) * cols));
+    let mut acc = [[_mm512_setzero_ps(); N]; R];
+    let mut k = 0;
+    while k < cols {
+        // bf16 is the upper half of an f32: widened by a 16-bit shift.
+        let wf: [__m512; R] = std::array::from_fn(|a| {
+            let b = _mm256_loadu_si256(w_row[a].add(k) as *const __m256i);
+            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16))
+        });
+        for j in 0..N {
+            let xv = _mm512_loadu_ps(x_row[j].add(k));
+            for a in 0..R {
+                acc[a][j] = _mm512_fmadd_ps(wf[a], xv, acc[a][j]);
+            }
+        }
+        k += 16;
+    }
+    for a in 0..R {
+        for j in 0..N {
+            // As dot_bf16_avx512 ends: its lanes, plus its (here empty) scalar tail.
+            *out.get_unchecked_mut((r + a) * t + i + j) =
+                _mm512_reduce_add_ps(acc[a][j]) + dot_bf16_scalar(&[], &[]);
+        }
+    }
+}
+
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn dot_bf16_avx512(w: &[u16], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());

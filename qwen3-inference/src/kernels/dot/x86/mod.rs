@@ -46,6 +46,9 @@ pub const AVX2: Dots = Dots {
     // SAFETY (all): only handed out after `has_avx2()` returned true.
     f32: |a, b| unsafe { dot_f32_avx2(a, b) },
     bf16: |w, x| unsafe { dot_bf16_avx2(w, x) },
+    bf16_rows: |w, x, t, out| {
+        super::bf16_rows_by_dot(|w, x| unsafe { dot_bf16_avx2(w, x) }, w, x, t, out)
+    },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2::<0, MADDUBS>(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx2::<MADDUBS>(w, ws, x, out, ahead) },
     q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS, false>(w, ws, x, out, ahead) },
@@ -77,6 +80,7 @@ pub const AVX512: Dots = Dots {
     // (their EVEX `vpdpbusd` needs AVX512-VNNI and AVX512-VL, which `has_avx512()` checks).
     f32: |a, b| unsafe { dot_f32_avx512(a, b) },
     bf16: |w, x| unsafe { dot_bf16_avx512(w, x) },
+    bf16_rows: |w, x, t, out| unsafe { mat_bf16_avx512(w, x, t, out) },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx512::<0>(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx512(w, ws, x, out, ahead) },
     q4_rows: |w, ws, x, out, ahead| unsafe {
