@@ -63,7 +63,12 @@ pub fn find(name: &str) -> Result<Option<PathBuf>> {
     let Some(root) = models_root() else {
         return Ok(None);
     };
-    let Some(manifest) = manifest_path(&root, name).filter(|p| p.is_file()) else {
+    // As given, or lowercased: ollama matches names without regard to case.
+    let Some(manifest) = [name.to_owned(), name.to_lowercase()]
+        .iter()
+        .filter_map(|n| manifest_path(&root, n))
+        .find(|p| p.is_file())
+    else {
         return Ok(None);
     };
     let text = std::fs::read_to_string(&manifest)

@@ -58,7 +58,10 @@ impl DeviceWeights {
             let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
             let cols = *shape.last().context("empty shape")?;
             if start % 64 != 0 {
-                bail!("{name}: tensor {} is not 64-byte aligned", t.name);
+                bail!(
+                    "{name}: tensor {} is not 64-byte aligned (a GGUF file aligns its tensors to 32 bytes), which the CUDA backend reads in place: use --device cpu",
+                    t.name
+                );
             }
             // No CUDA kernel reads a q4 embedding row (q4 files keep the table finer unless
             // exported with --tables q4).

@@ -27,7 +27,9 @@ pub struct TensorInfo {
     pub dtype: DType,
     pub shape: Vec<u64>,
     pub group_size: u32,
-    /// Byte offset of the tensor's first byte from the start of the file.
+    /// Byte offset of the tensor's first byte from the start of the file; for a GGUF file's
+    /// tensor repacked at open (`gguf/repack.rs`), from the start of the repacked bytes instead
+    /// ([`ModelFile::tensor_bytes`] knows which).
     pub offset: u64,
     pub nbytes: u64,
 }
@@ -407,7 +409,13 @@ impl ModelFile {
         self.derived
             .get_or_init(|| {
                 let derived = build(self).map_err(|e| format!("{e:#}"))?;
-                for name in derived.at.keys() {
+                // (A repacked tensor's offset is not in the mapping: nothing to release there.)
+                let repacked = |name: &str| {
+                    self.repacked
+                        .as_ref()
+                        .is_some_and(|r| r.get(name).is_some())
+                };
+                for name in derived.at.keys().filter(|n| !repacked(n)) {
                     if let Some(&i) = self.index.get(name) {
                         let t = &self.header.tensors[i];
                         self.mmap
@@ -447,6 +455,21 @@ impl ModelFile {
     /// The whole mapped file (for a GPU backend that uploads it in one copy).
     pub fn bytes(&self) -> &[u8] {
         &self.mmap
+    }
+
+    /// The bytes of the tensor called `name`, laid out as this format lays it out (its values,
+    /// then for a quantized one its scales): from the mapping, or from a GGUF's repacked bytes.
+    pub fn tensor_bytes(&self, name: &str) -> Result<&[u8]> {
+        let Some(&i) = self.index.get(name) else {
+            bail!("{}: tensor {name} not in the file", self.path.display());
+        };
+        if let Some(bytes) = self.repacked.as_ref().and_then(|r| r.get(name)) {
+            return Ok(bytes);
+        }
+        let t = &self.header.tensors[i];
+        self.mmap
+            .get(t.offset as usize..(t.offset + t.nbytes) as usize)
+            .with_context(|| format!("{}: tensor {name} out of bounds", self.path.display()))
     }
 
     /// A borrowed view of the tensor called `name`.

@@ -16,6 +16,10 @@
 //! rms_norm_eps                   qwen3.attention.layer_norm_rms_epsilon   (an f32 too)
 //! vocab_size                     the rows of token_embd
 //! tie_word_embeddings            no `output` tensor
+//! generation_config.json         GGUF metadata
+//! eos_token_id                   tokenizer.ggml.eos_token_id, and <|endoftext|> (not recorded)
+//! temperature, top_p, top_k      general.sampling.temp, .top_p, .top_k (and .min_p,
+//!                                .penalty_repeat), where the converter wrote them
 //! ```
 //!
 //! A tensor's shape in the file lists its row length first (`dims[0]`, ggml's `ne0`), so the
@@ -23,11 +27,11 @@
 
 use super::{GgufHeader, GgufTensor, Value};
 use crate::format::reader::{Header, TensorInfo};
-use crate::format::{align_up, tensor_nbytes, DType, ModelConfig, RopeScaling};
+use crate::format::{align_up, tensor_nbytes, DType, GenerationDefaults, ModelConfig, RopeScaling};
+use anyhow::{bail, Context, Result};
 
 /// Values a Q8_0 block holds: a Q8_0 tensor is q8 in groups of this many (`repack.rs`).
 pub const Q8_0_GROUP: u32 = 32;
-use anyhow::{bail, Context, Result};
 
 /// The model file's name of GGUF tensor `name` (llama.cpp's `tensor_mapping.py`, for the dense
 /// Qwen families), or `None` for a name it does not use.
@@ -139,8 +143,8 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
         rms_norm_eps: float("attention.layer_norm_rms_epsilon")?,
         tie_word_embeddings: !h.tensors.iter().any(|t| t.name == "output.weight"),
         bos_token_id: token("tokenizer.ggml.bos_token_id"),
-        eos_token_ids: token("tokenizer.ggml.eos_token_id").into_iter().collect(),
-        generation: Default::default(),
+        eos_token_ids: eos_ids(h, token("tokenizer.ggml.eos_token_id")),
+        generation: sampling(h),
         dtype: DType::F32,
         group_size: 0,
         attention_bias,
@@ -154,6 +158,43 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
     };
     config.validate()?;
     Ok(config)
+}
+
+/// The ids that end a generation: the file's eos (tokenizer_config.json's `eos_token`,
+/// `<|im_end|>` for an instruct Qwen) and `<|endoftext|>`, which Qwen's generation_config.json
+/// lists beside it (`eos_token_id: [151645, 151643]`) and which a GGUF does not record.
+fn eos_ids(h: &GgufHeader, eos: Option<u32>) -> Vec<u32> {
+    let endoftext = match h.get("tokenizer.ggml.tokens") {
+        Some(Value::Array(t)) => t
+            .iter()
+            .position(|v| v.as_str() == Some("<|endoftext|>"))
+            .and_then(|i| u32::try_from(i).ok()),
+        _ => None,
+    };
+    let mut ids: Vec<u32> = eos.into_iter().collect();
+    ids.extend(endoftext.filter(|e| Some(*e) != eos));
+    ids
+}
+
+/// The sampling defaults generation_config.json gave, as llama.cpp's converter writes them
+/// (`general.sampling.*`); absent keys stay unset, as they do for a model file.
+fn sampling(h: &GgufHeader) -> GenerationDefaults {
+    let float = |k: &str| match h.get(k) {
+        Some(Value::F32(v)) => Some(*v),
+        Some(Value::F64(v)) => Some(*v as f32),
+        _ => None,
+    };
+    GenerationDefaults {
+        temperature: float("general.sampling.temp"),
+        top_p: float("general.sampling.top_p"),
+        top_k: h
+            .get("general.sampling.top_k")
+            .and_then(Value::as_u64)
+            .and_then(|k| u32::try_from(k).ok()),
+        min_p: float("general.sampling.min_p"),
+        repetition_penalty: float("general.sampling.penalty_repeat"),
+        ..Default::default()
+    }
 }
 
 /// Checks that the file holds every tensor the model file would (`format::expected_tensors`),

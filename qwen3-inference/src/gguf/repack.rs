@@ -48,7 +48,9 @@ pub fn q8_0(
     let mut jobs = Vec::new();
     for t in g.tensors.iter().filter(|t| t.ggml_type.name == "Q8_0") {
         let name = hf_name(&t.name).context("a tensor's name")?;
-        let info = by_name[name.as_str()];
+        let info = by_name
+            .get(name.as_str())
+            .with_context(|| format!("{name}: not in the model file's header"))?;
         let at = info.offset as usize..(info.offset + info.nbytes) as usize;
         jobs.push((name, t.start as usize..(t.start + t.nbytes) as usize, at));
     }

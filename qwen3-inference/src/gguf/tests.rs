@@ -311,7 +311,32 @@ fn a_converted_checkpoint_reads_as_its_config_says() {
         c.tie_word_embeddings,
         hf["tie_word_embeddings"].as_bool().unwrap()
     );
-    assert_eq!(c.eos_token_ids, vec![n("eos_token_id")]);
+    // generation_config.json's eos ids (the GGUF's eos and <|endoftext|>) and sampling defaults.
+    let gen: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("models/tiny-f32-tied-gqa2/generation_config.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let eos: Vec<u32> = gen["eos_token_id"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(c.eos_token_ids, eos);
+    assert_eq!(c.eos_token_ids[0], n("eos_token_id"));
+    assert_eq!(
+        (
+            c.generation.temperature,
+            c.generation.top_p,
+            c.generation.top_k
+        ),
+        (
+            Some(gen["temperature"].as_f64().unwrap() as f32),
+            Some(gen["top_p"].as_f64().unwrap() as f32),
+            Some(gen["top_k"].as_u64().unwrap() as u32)
+        )
+    );
     assert!(c.qk_norm && !c.attention_bias);
     // Every tensor the model file would hold, found once, with its shape.
     model::check_tensors(file.header(), &c).unwrap();
@@ -428,6 +453,36 @@ fn a_converted_tokenizer_gives_huggingfaces_ids() {
         tokenizer::chat_template(file.header()).is_some_and(|t| t.contains("<|im_start|>")),
         "the chat template"
     );
+}
+
+/// Qwen's fill-in-the-middle and repository tokens look special (`<|...|>`), so llama.cpp's
+/// converter types them CONTROL; HF's tokenizer.json marks them not special (Qwen3's:
+/// fixtures/tokenizer/tokenizer.json), and so does the reader.
+#[test]
+fn tokens_that_only_look_special_are_not() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    let file = GgufFile::open(&root.join("gguf/tiny-f32-tied-gqa2-f32.gguf")).unwrap();
+    let mut h = file.header().clone();
+    // Token 505 (<think>, user-defined) becomes <|fim_prefix|>, typed as the converter types it.
+    for (key, value) in h.metadata.iter_mut() {
+        match (key.as_str(), value) {
+            ("tokenizer.ggml.tokens", Value::Array(t)) => {
+                t[505] = Value::Str("<|fim_prefix|>".into())
+            }
+            ("tokenizer.ggml.token_type", Value::Array(t)) => t[505] = Value::I32(3),
+            _ => {}
+        }
+    }
+    let data = tokenizer::tokenizer_data(&h, 512).unwrap();
+    let special = |content: &str| {
+        data.added
+            .iter()
+            .find(|t| t.content == content)
+            .unwrap()
+            .special
+    };
+    assert!(!special("<|fim_prefix|>"));
+    assert!(special("<|im_end|>"));
 }
 
 /// A GGUF tokenizer this reader cannot run is refused by name: another kind of tokenizer,

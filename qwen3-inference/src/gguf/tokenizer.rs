@@ -9,8 +9,9 @@
 //! tokenizer.ggml.model           "gpt2": byte-level BPE, the only kind read here
 //! tokenizer.ggml.pre             "qwen2" or "qwen35": the split regex (and NFC, below)
 //! tokenizer.ggml.tokens[id]      NORMAL (1): the vocab's byte-level string, bytes undone
-//!   with token_type[id]          CONTROL (3): an added token HF marks special ("<|im_end|>")
-//!                                USER_DEFINED (4): an added token it does not ("<think>")
+//!   with token_type[id]          CONTROL (3): an added token HF marks special ("<|im_end|>"),
+//!                                or one that looks it ("<|fim_prefix|>": QWEN_NOT_SPECIAL)
+//!                                USER_DEFINED (4): an added token HF does not ("<think>")
 //!                                UNUSED (5): "[PAD{id}]", an embedding row with no token
 //! tokenizer.ggml.merges[rank]    "left right", byte-level strings, in rank order
 //! tokenizer.ggml.eos_token_id    the eos id (tokenizer_config.json's eos_token)
@@ -29,6 +30,18 @@ use crate::tokenizer::file::{AddedToken, Normalizer, TokenizerData};
 use crate::tokenizer::SplitPattern;
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
+
+/// Qwen's added tokens that HF marks not special although they look it: llama.cpp's converter
+/// makes every `<|...|>` token CONTROL (`does_token_look_special`), so the type cannot tell.
+/// Qwen2.5's and Qwen3's tokenizer.json: the fill-in-the-middle and repository tokens.
+const QWEN_NOT_SPECIAL: [&str; 6] = [
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+];
 
 /// gguf-py's `TokenType` values this reader meets in a byte-level BPE vocabulary.
 const NORMAL: u64 = 1;
@@ -88,7 +101,7 @@ pub fn tokenizer_data(h: &GgufHeader, model_vocab: u32) -> Result<TokenizerData>
                 added.push(AddedToken {
                     id: id32,
                     content: text.to_owned(),
-                    special: kind == CONTROL,
+                    special: kind == CONTROL && !QWEN_NOT_SPECIAL.contains(&text),
                     single_word: false,
                     lstrip: false,
                     rstrip: false,

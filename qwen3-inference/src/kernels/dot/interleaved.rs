@@ -147,7 +147,7 @@ pub fn interleave_file(file: &ModelFile) -> Result<Derived> {
         let start = len.next_multiple_of(64);
         len = start + info.nbytes as usize;
         at.insert(info.name.clone(), start..len);
-        let whole = &file.bytes()[info.offset as usize..(info.offset + info.nbytes) as usize];
+        let whole = file.tensor_bytes(&info.name)?;
         jobs.push((packed, whole, cols, six, start));
     }
     let mut bytes = HugePages::<u8>::zeroed(len).with_context(|| {

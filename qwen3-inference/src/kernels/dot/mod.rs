@@ -221,6 +221,16 @@ fn mat_q8_with(dot: DotQ8, w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32]) {
 /// from the cache for the other tokens. (Prefill's tasks are 16 rows already, matmul.rs.)
 const TILE_BLOCK_ROWS: usize = 16;
 
+/// [`MatBf16`] as one [`DotBf16`] per (row, token), for the families without a tiled kernel.
+pub fn bf16_rows_by_dot(dot: DotBf16, w: &[u16], x: &[f32], t: usize, out: &mut [f32]) {
+    let cols = x.len() / t.max(1);
+    for (r, w_r) in w.chunks_exact(cols.max(1)).enumerate() {
+        for (i, x_i) in x.chunks_exact(cols.max(1)).enumerate() {
+            out[r * t + i] = dot(w_r, x_i);
+        }
+    }
+}
+
 /// The order in which a tiled [`MatQ8`] with `t > 1` visits its tiles: `f(m, n, r, i)` computes
 /// rows `r .. r + m` against tokens `i .. i + n`, where `m` is `tile_r` or 1 (the last row of an
 /// odd block) and `n` is `tile_n` or what is left of the tokens (a step of 2, 3, 6 sequences
@@ -233,16 +243,6 @@ const TILE_BLOCK_ROWS: usize = 16;
 /// sequences was slower than a prefill of 8 tokens, which computes only one classifier row
 /// (measured: docs/performance.md, "A few rows: a serving step"). Each tile makes the same bits
 /// whatever the order, so results do not change.
-/// [`MatBf16`] as one [`DotBf16`] per (row, token), for the families without a tiled kernel.
-pub fn bf16_rows_by_dot(dot: DotBf16, w: &[u16], x: &[f32], t: usize, out: &mut [f32]) {
-    let cols = x.len() / t.max(1);
-    for (r, w_r) in w.chunks_exact(cols.max(1)).enumerate() {
-        for (i, x_i) in x.chunks_exact(cols.max(1)).enumerate() {
-            out[r * t + i] = dot(w_r, x_i);
-        }
-    }
-}
-
 fn for_each_tile(
     rows: usize,
     t: usize,
@@ -278,8 +278,9 @@ pub fn dot_q8_f32_scalar(w: &[i8], ws: &[f32], x: &[f32], gs: usize) -> f32 {
 /// Why matrices of `dtype` in groups of `gs` would run on the scalar reference kernels, many
 /// times slower than the SIMD ones, or `None` when the SIMD kernels take them. q4 (and the q6 in
 /// its files) in groups of [`q4::SIMD_GROUP`] only: their layout is built around groups of 32
-/// (`q4.rs`). q8 in groups of a multiple of 32 on x86 (AVX2's step; AVX-512's VNNI path wants
-/// 64 and hands multiples of 32 to AVX2's), of 16 on NEON. f32 and bf16 have no groups.
+/// (`q4.rs`). q8 in groups of a multiple of 32 on x86 (AVX2's step; AVX-512's VNNI path takes
+/// multiples of 64, and 32 two groups a vector, `x86/q8_pairs.rs`, and hands other multiples of
+/// 32 to AVX2's), of 16 on NEON. f32 and bf16 have no groups.
 pub fn scalar_only(dtype: crate::format::DType, gs: usize) -> Option<String> {
     use crate::format::DType;
     match dtype {

@@ -59,6 +59,7 @@ pub(super) unsafe fn dot_f32_avx512(a: &[f32], b: &[f32]) -> f32 {
 pub(super) unsafe fn mat_bf16_avx512(w: &[u16], x: &[f32], t: usize, out: &mut [f32]) {
     let cols = x.len() / t.max(1);
     if t == 1 || cols == 0 || !cols.is_multiple_of(16) {
+        // SAFETY: this function runs only where AVX-512F is present (its caller's promise).
         return bf16_rows_by_dot(|w, x| unsafe { dot_bf16_avx512(w, x) }, w, x, t, out);
     }
     let rows = w.len() / cols;

@@ -33,6 +33,8 @@ static PAIR_LANES: [[i32; 16]; 8] = {
 };
 
 /// The products `ws[g] xs[g]` of the (up to 16) groups from `g0`, zero past the `m`-th.
+/// Caller guarantees `min(m, 16)` floats are readable at `ws` and at `xs` (the masked loads
+/// read no others and cannot fault past their mask).
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn block_scales(ws: *const f32, xs: *const f32, m: usize) -> __m512 {
@@ -51,7 +53,8 @@ unsafe fn pair_scales(block: __m512, p: usize) -> __m512 {
     _mm512_permutexvar_ps(idx, block)
 }
 
-/// The 64 bytes at `p` (`FULL`), or the 32 there and zeros.
+/// The 64 bytes at `p` (`FULL`), or the 32 there and zeros. Caller guarantees those 64 (or 32)
+/// bytes are readable; the masked load reads no others and cannot fault past its mask.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn load<const FULL: bool>(p: *const u8) -> __m512i {
@@ -62,7 +65,8 @@ unsafe fn load<const FULL: bool>(p: *const u8) -> __m512i {
 }
 
 /// The integer sums of `w` and `x` (64 bytes at `k`, or 32 unless `FULL`), as f32 (exact: at
-/// most 64 * 128 * 127 in a lane), prefetching the weights up to `REACH` bytes on.
+/// most 4 * 128 * 127 in a lane), prefetching the weights up to `REACH` bytes on. Caller
+/// guarantees what [`load`] needs at `w + k` and `x + k`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn sums<const REACH: usize, const FULL: bool>(
@@ -191,7 +195,8 @@ pub(super) unsafe fn tile_q8_pairs<const R: usize, const N: usize>(
 }
 
 /// Adds pair `p` of its block (bytes `k..k + 64` of each row, or the last group alone unless
-/// `FULL`) into the even or odd accumulators of every row and token of a tile.
+/// `FULL`) into the even or odd accumulators of every row and token of a tile. Caller
+/// guarantees what [`load`] needs at byte `k` of every row and token, and that `p` is below 8.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
 #[allow(clippy::needless_range_loop)]
