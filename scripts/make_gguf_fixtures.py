@@ -29,6 +29,10 @@ splits with Qwen2's regex):
 and so, with `--outtype bf16`, tiny-bf16-untied-mha-bf16.gguf; with `--outtype f32`,
 tiny-qwen2-f32-tied-gqa2-f32.gguf (the Qwen2 fixture; its tokenizer.json splits with the same
 regex); and with `--outtype q8_0` on tiny-f32-tied-gqa2, tiny-f32-tied-gqa2-q8_0.gguf.
+fixtures/gguf/tiny-bf16-tied-k256-q4_k_m.gguf is llama-quantize's Q4_K_M of the converter's
+`--outtype bf16` GGUF of tiny-bf16-tied-k256 (a checkpoint whose rows are whole blocks of 256):
+
+    llama-quantize tiny-bf16-tied-k256-bf16.gguf fixtures/gguf/tiny-bf16-tied-k256-q4_k_m.gguf Q4_K_M
 
 Developer-only (CI never runs it):
     ../venv-torch/bin/python scripts/make_gguf_fixtures.py

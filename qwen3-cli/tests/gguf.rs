@@ -159,29 +159,48 @@ fn a_gguf_generates_huggingfaces_text() {
     }
 }
 
-/// A Q8_0 GGUF (llama.cpp's converter's, `--outtype q8_0`) runs as it is: `info` says so, and
-/// `inference` generates from a text prompt through the file's own tokenizer. (Its logits
-/// against transformers: tests/parity.rs.)
+/// A Q8_0 GGUF (llama.cpp's converter's, `--outtype q8_0`) and a Q4_K_M one (llama-quantize's)
+/// run as they are: `info` says so, and `inference` generates from a text prompt through the
+/// file's own tokenizer. (Their logits against transformers: tests/parity.rs.)
 #[test]
-fn a_q8_0_gguf_runs() {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf/tiny-f32-tied-gqa2-q8_0.gguf");
-    let o = qwen3(&["info", path.to_str().unwrap()]);
-    let s = String::from_utf8_lossy(&o.stdout);
-    assert!(s.contains("run                      yes, q8"), "{s}");
-    let o = qwen3(&[
-        "inference",
-        path.to_str().unwrap(),
-        "-i",
-        "The capital of France is",
-        "-n",
-        "8",
-        "-t",
-        "0",
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
-    assert!(err.contains("prompt tokens 8, generated tokens 8"), "{err}");
+fn quantized_ggufs_run() {
+    for (name, run) in [
+        (
+            "tiny-f32-tied-gqa2-q8_0",
+            "yes, q8: every command takes this file as it is",
+        ),
+        // Q4_K_M: the embedding's type, Q6_K, names the mix (`info` adds, where no vectorized
+        // kernel reads them, that its types run on the scalar reference).
+        (
+            "tiny-bf16-tied-k256-q4_k_m",
+            "yes, Q6_K: every command takes this file as it is",
+        ),
+    ] {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/gguf/{name}.gguf"));
+        let o = qwen3(&["info", path.to_str().unwrap()]);
+        let s = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            s.contains(&format!("run                      {run}")),
+            "{s}"
+        );
+        let o = qwen3(&[
+            "inference",
+            path.to_str().unwrap(),
+            "-i",
+            "The capital of France is",
+            "-n",
+            "8",
+            "-t",
+            "0",
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{name}: {err}");
+        assert!(
+            err.contains("prompt tokens 8, generated tokens 8"),
+            "{name}: {err}"
+        );
+    }
 }
 
 /// A model ollama has pulled, by its name (`tiny:q8`): found through ollama's manifest under

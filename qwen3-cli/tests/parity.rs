@@ -26,7 +26,7 @@
 //!
 //! The measured figures are printed (`cargo test --test parity -- --nocapture`).
 
-use qwen3_inference::backend::{Backend, CpuBackend, KvType};
+use qwen3_inference::backend::{Backend, CpuBackend, KvType, PlainBackend};
 use qwen3_inference::engine::{Engine, Request};
 use qwen3_inference::format::reader::TensorData;
 use qwen3_inference::format::reader::TensorView;
@@ -119,7 +119,18 @@ fn values(data: TensorData) -> Vec<f32> {
             }
             out
         }
+        TensorData::Q4K(blocks) => k_quant_values("Q4_K", blocks),
+        TensorData::Q6K(blocks) => k_quant_values("Q6_K", blocks),
     }
+}
+
+/// A GGUF K-quant tensor's values, as ggml dequantizes them (`gguf/blocks.rs`).
+fn k_quant_values(name: &str, blocks: &[u8]) -> Vec<f32> {
+    use qwen3_inference::gguf::{blocks::dequantize, GGML_TYPES};
+    let ty = *GGML_TYPES.iter().find(|t| t.name == name).unwrap();
+    let mut out = vec![0.0; blocks.len() / ty.block_bytes as usize * ty.block_values as usize];
+    dequantize(ty, blocks, &mut out).unwrap();
+    out
 }
 
 /// Whether any matrix of `stored` differs from the exact source weights (the f32 export).
@@ -209,9 +220,13 @@ fn noise_sigmas(
     dir: &Path,
 ) -> Vec<Vec<f32>> {
     let exact_model = Model::load(exact).unwrap();
-    // q8 files also round the activations before every product (W8A8).
-    let w8a8_group =
-        (stored.config().dtype == DType::Q8).then_some(stored.config().group_size as usize);
+    // q8 files also round the activations before every product (W8A8), and so do a GGUF's
+    // K-quants, in groups of 32.
+    let w8a8_group = match stored.config().dtype {
+        DType::Q8 => Some(stored.config().group_size as usize),
+        d if d.is_k_quant() => Some(qwen3_inference::kernels::dot::k_quants::GROUP),
+        _ => None,
+    };
     let files: Vec<PathBuf> = (0..DRAWS)
         .map(|seed| {
             let path = dir.join(format!("perturbed-{seed}.bin"));
@@ -294,7 +309,7 @@ fn rounded_exports_compute_their_own_weights_exactly(
         let d = max_abs(&our_logits(&model, case).0, &our_logits(&deq, case).0);
         worst = worst.max(d);
     }
-    let limit = if stored.config().dtype == DType::Q8 {
+    let limit = if stored.config().dtype == DType::Q8 || stored.config().dtype.is_k_quant() {
         bound
     } else {
         F32_TOL
@@ -684,6 +699,52 @@ fn tiny_f32_tied_gqa2_as_llama_cpps_q8_0_gguf() {
     let f = check_full_logits(name, DType::Q8, KvType::F32, Some(&sigmas), &path, &refr);
     println!(
         "{name} GGUF Q8_0: vs own weights in f32 {kernel_err:.1e}, {}",
+        f.summary(bound)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// llama-quantize's Q4_K_M of tiny-bf16-tied-k256 (every row whole blocks of 256, so it keeps
+/// Q4_K, with Q6_K for the embedding table and layer 1's `v` and `down`), read where its blocks
+/// lie: bounded by the noise of its own rounding as the Q8_0 file is, exact on its own weights
+/// within the activations' rounding, and the plain backend (f32 activations) on it equal to an
+/// f32 file of its dequantized weights within the f32 tolerance.
+#[test]
+fn tiny_bf16_tied_k256_as_llama_quantizes_q4_k_m_gguf() {
+    let name = "tiny-bf16-tied-k256";
+    let refr = load_reference(name);
+    let dir = tempdir("pq-parity-gguf", name);
+    let exact = ModelFile::open(&export_as(name, &dir, DType::F32)).unwrap();
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/gguf/{name}-q4_k_m.gguf"));
+    let stored = ModelFile::open(&path).unwrap();
+    let has = |d: DType| stored.header().tensors.iter().any(|t| t.dtype == d);
+    assert!(has(DType::Q4K) && has(DType::Q6K));
+    let sigmas = noise_sigmas(&exact, &stored, &refr, &dir);
+    let bound = export_bound(Some(&sigmas));
+    let kernel_err =
+        rounded_exports_compute_their_own_weights_exactly(&exact, &stored, &refr, &dir, bound);
+    // The plain backend multiplies f32 activations by each weight as its block says: the
+    // f32 path on the same values, up to summation order.
+    let deq = dir.join("dequantized.bin");
+    let deq_file = ModelFile::open(&deq).unwrap();
+    let (deq_model, model) = (
+        Model::load(&deq_file).unwrap(),
+        Model::load(&stored).unwrap(),
+    );
+    let mut plain_err = 0f32;
+    for case in &refr.cases {
+        let plain = our_logits_on(&PlainBackend::new(), &model, case).0;
+        plain_err = plain_err.max(max_abs(&plain, &our_logits(&deq_model, case).0));
+    }
+    assert!(
+        plain_err <= F32_TOL,
+        "plain backend: {plain_err:e} > {F32_TOL:e}"
+    );
+    let f = check_full_logits(name, DType::Q4K, KvType::F32, Some(&sigmas), &path, &refr);
+    println!(
+        "{name} GGUF Q4_K_M: vs own weights in f32 {kernel_err:.1e} (plain backend \
+         {plain_err:.1e}), {}",
         f.summary(bound)
     );
     std::fs::remove_dir_all(&dir).unwrap();

@@ -374,10 +374,29 @@ fn gguf_info(args: &InfoArgs) -> Result<()> {
     }
     // Whether every command runs it: read in place as a model file (gguf::model::model_header).
     match gguf::model::model_header(h, len) {
-        Ok(m) => println!(
-            "run                      yes, {}: every command takes this file as it is",
-            m.config.dtype
-        ),
+        Ok(m) => {
+            // Types no vectorized kernel reads yet run, slowly, on the scalar reference.
+            let slow: std::collections::BTreeSet<String> = m
+                .tensors
+                .iter()
+                .filter(|t| {
+                    qwen3_inference::kernels::dot::scalar_only(t.dtype, t.group_size as usize)
+                        .is_some()
+                })
+                .map(|t| t.dtype.to_string())
+                .collect();
+            let slow = match slow.is_empty() {
+                true => String::new(),
+                false => format!(
+                    " ({} on the scalar reference kernels so far: many times slower than Q8_0)",
+                    slow.into_iter().collect::<Vec<_>>().join(" and ")
+                ),
+            };
+            println!(
+                "run                      yes, {}: every command takes this file as it is{slow}",
+                m.config.dtype
+            )
+        }
         Err(e) => println!("run                      not yet: {e:#}"),
     }
     if args.tensors {

@@ -63,6 +63,13 @@ impl DeviceWeights {
                     t.name
                 );
             }
+            if t.dtype.is_k_quant() {
+                bail!(
+                    "{name}: tensor {} is GGUF's {}, which the CUDA backend has no kernels for: use --device cpu",
+                    t.name,
+                    t.dtype
+                );
+            }
             // No CUDA kernel reads a q4 embedding row (q4 files keep the table finer unless
             // exported with --tables q4).
             if t.dtype == DType::Q4 && t.name == "model.embed_tokens.weight" {
@@ -79,6 +86,7 @@ impl DeviceWeights {
                     let at = start + align_up(n_values as u64).context("overflow")? as usize;
                     at..start + usize::try_from(t.nbytes)?
                 }
+                DType::Q4K | DType::Q6K => unreachable!("refused above"),
             };
             if shape.len() == 2 {
                 check_matmul_shape(cols, quant_of(t.dtype, t.group_size as usize))

@@ -42,7 +42,7 @@ fn f32_weights<'t>(t: &TensorView<'t>) -> Result<&'t [f32]> {
 }
 
 /// Weight `i` (row-major index) of a tensor, as f32: bf16 widened, q8, q4 and q6 times their
-/// group's scale.
+/// group's scale, a K-quant's as its block says (`gguf/blocks.rs`).
 fn weight(t: &TensorView, i: usize) -> f32 {
     match t.data {
         TensorData::F32(v) => v[i],
@@ -63,6 +63,12 @@ fn weight(t: &TensorView, i: usize) -> f32 {
             group_size,
             cols,
         } => crate::quant::q6_value(packed, scales, cols, group_size, i),
+        TensorData::Q4K(blocks) => {
+            crate::gguf::blocks::q4_k_value(&blocks[i / 256 * 144..], i % 256)
+        }
+        TensorData::Q6K(blocks) => {
+            crate::gguf::blocks::q6_k_value(&blocks[i / 256 * 210..], i % 256)
+        }
     }
 }
 

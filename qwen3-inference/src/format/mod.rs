@@ -92,6 +92,13 @@ pub enum DType {
     /// Group-wise symmetric 6-bit: three bytes for four values plus one f16 scale per
     /// `group_size` values (`quant::quantize_q6`). Only inside q4 files, not a file's dtype.
     Q6,
+    /// GGUF's Q4_K, its blocks as llama.cpp writes them (`gguf/blocks.rs` draws one): 256
+    /// weights in 144 bytes, `w = (d * sc) * q - dmin * m` per sub-block of 32. Only in a GGUF
+    /// file, read where it lies; `group_size` is the block's 256.
+    Q4K,
+    /// GGUF's Q6_K: 256 weights in 210 bytes, `w = (d * sc) * (q - 32)` per sub-block of 16.
+    /// Only in a GGUF file, read where it lies; `group_size` is the block's 256.
+    Q6K,
 }
 
 impl DType {
@@ -102,6 +109,8 @@ impl DType {
             DType::Q8 => 2,
             DType::Q4 => 3,
             DType::Q6 => 4,
+            DType::Q4K => 5,
+            DType::Q6K => 6,
         }
     }
 
@@ -112,6 +121,8 @@ impl DType {
             DType::F32 | DType::Bf16 | DType::Q8 => 1,
             DType::Q4 => 3,
             DType::Q6 => 4,
+            // Not written into a model file yet: a GGUF's blocks, read where they lie.
+            DType::Q4K | DType::Q6K => FORMAT_VERSION + 1,
         }
     }
 
@@ -122,6 +133,8 @@ impl DType {
             2 => Some(DType::Q8),
             3 => Some(DType::Q4),
             4 => Some(DType::Q6),
+            5 => Some(DType::Q4K),
+            6 => Some(DType::Q6K),
             _ => None,
         }
     }
@@ -133,9 +146,18 @@ impl DType {
             DType::Q8 => "q8",
             DType::Q4 => "q4",
             DType::Q6 => "q6",
+            DType::Q4K => "Q4_K",
+            DType::Q6K => "Q6_K",
         }
     }
 
+    /// GGUF's K-quants, whose blocks of 256 weights hold their own scales ([`DType::Q4K`],
+    /// [`DType::Q6K`]).
+    pub fn is_k_quant(self) -> bool {
+        matches!(self, DType::Q4K | DType::Q6K)
+    }
+
+    /// The file dtypes a user names (`--dtype`): the K-quants come only from GGUF files.
     pub fn parse(s: &str) -> Option<DType> {
         match s {
             "f32" => Some(DType::F32),
@@ -163,8 +185,14 @@ pub fn value_bytes(dtype: DType, numel: u64) -> Option<u64> {
         DType::Q8 => Some(numel),
         DType::Q4 => Some(numel / 2),
         DType::Q6 => Some(numel / 4 * 3),
+        // Whole blocks, scales and all.
+        DType::Q4K => Some(numel / K_BLOCK * 144),
+        DType::Q6K => Some(numel / K_BLOCK * 210),
     }
 }
+
+/// Weights in a block of GGUF's K-quants ([`DType::Q4K`], [`DType::Q6K`]); their `group_size`.
+pub const K_BLOCK: u64 = 256;
 
 /// Bytes a tensor of `dtype` and `shape` occupies in the data section (q8, q4, q6: values, padding
 /// to [`ALIGN`], scales). `None` when the shape overflows or the group size does not fit it.
@@ -174,6 +202,11 @@ pub fn tensor_nbytes(dtype: DType, shape: &[u64], group_size: u32) -> Option<u64
     // a scale (q8's are f32, q4's and q6's f16).
     let (multiple, scale_bytes) = match dtype {
         DType::F32 | DType::Bf16 => return value_bytes(dtype, numel),
+        DType::Q4K | DType::Q6K => {
+            let cols = *shape.last()?;
+            return (group_size as u64 == K_BLOCK && cols.is_multiple_of(K_BLOCK))
+                .then(|| value_bytes(dtype, numel))?;
+        }
         DType::Q8 => (1, 4),
         DType::Q4 => (2, 2),
         DType::Q6 => (32, 2),
@@ -526,6 +559,16 @@ pub fn matrix_storage_ok(
         return dtype == DType::Bf16 && group_size == 0;
     }
     let table = is_table(name);
+    if c.dtype.is_k_quant() || dtype.is_k_quant() {
+        // A GGUF's mix (llama-quantize's Q4_K_M: Q4_K, with Q6_K for the embedding table and
+        // some `v` and `down` matrices; Q8_0 where a row is not whole blocks of 256): every
+        // matrix in one of the types its products read with activations in groups of 32.
+        return match dtype {
+            DType::Q4K | DType::Q6K => group_size as u64 == K_BLOCK,
+            DType::Q8 => group_size == 32,
+            _ => false,
+        };
+    }
     (dtype == c.dtype && group_size == c.group_size)
         || (c.dtype == DType::Q4
             && matches!(dtype, DType::Q6 | DType::Q8)

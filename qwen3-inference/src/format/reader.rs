@@ -263,6 +263,11 @@ pub enum TensorData<'a> {
         group_size: usize,
         cols: usize,
     },
+    /// GGUF Q4_K blocks (144 bytes for 256 weights, each row whole blocks), as the GGUF holds
+    /// them: `gguf/blocks.rs` draws one.
+    Q4K(&'a [u8]),
+    /// GGUF Q6_K blocks (210 bytes for 256 weights), as the GGUF holds them.
+    Q6K(&'a [u8]),
 }
 
 /// A tensor: its shape and borrowed values.
@@ -518,6 +523,9 @@ fn view_bytes<'a>(bytes: &'a [u8], t: &TensorInfo) -> Result<TensorData<'a>> {
                 group_size: t.group_size as usize,
             }
         }
+        // Blocks of bytes, read as they lie (no alignment needed).
+        DType::Q4K => TensorData::Q4K(bytes),
+        DType::Q6K => TensorData::Q6K(bytes),
         DType::Q4 | DType::Q6 => {
             let numel = t.shape.iter().product::<u64>();
             let values = value_bytes(t.dtype, numel).context("overflow")? as usize;
@@ -587,6 +595,7 @@ mod tests {
                     let sc: Vec<u16> = (0..n / s.group_size as usize).map(|i| i as u16).collect();
                     w.write_q6(&s.name, &p, &sc).unwrap()
                 }
+                DType::Q4K | DType::Q6K => unreachable!("not a model file's dtype"),
             }
         }
         w.finish().unwrap();

@@ -95,18 +95,39 @@ fn q5_0(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// Sub-block `j`'s (0..8) 6-bit scale and minimum from a K-quant's 12 scale bytes (ggml's
-/// `get_scale_min_k4`): the first four whole in bytes 0..8, the last four split between the
-/// low nibbles of bytes 8..12 and the top two bits of bytes 0..8.
-fn scale_min(s: &[u8], j: usize) -> (f32, f32) {
-    let (sc, m) = match j < 4 {
-        true => (s[j] & 63, s[j + 4] & 63),
-        false => (
-            (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4),
-            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-        ),
-    };
-    (sc as f32, m as f32)
+/// The eight 6-bit scales and eight minimums of a K-quant's 12 scale bytes (ggml's
+/// `get_scale_min_k4`), as the bytes of two words: sub-blocks 0..4 whole in the low 6 bits of
+/// bytes 0..4 (scales) and 4..8 (minimums); sub-blocks 4..8 split between the nibbles of bytes
+/// 8..12 (scale low, minimum high) and the top two bits of bytes 0..4 (scales) and 4..8
+/// (minimums). Byte `j` of the first word is sub-block `j`'s scale, of the second its minimum.
+#[inline(always)]
+pub(crate) fn scales_mins(s: &[u8]) -> (u64, u64) {
+    let word = |i: usize| u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
+    let (s0, s1, s2) = (word(0), word(4), word(8));
+    let (six, four, two) = (0x3f3f_3f3f, 0x0f0f_0f0f, 0x0303_0303);
+    let sc_high = (s2 & four) | (((s0 >> 6) & two) << 4);
+    let m_high = ((s2 >> 4) & four) | (((s1 >> 6) & two) << 4);
+    (
+        (s0 & six) as u64 | (sc_high as u64) << 32,
+        (s1 & six) as u64 | (m_high as u64) << 32,
+    )
+}
+
+/// Sub-block `j`'s (0..8) scale and minimum ([`scales_mins`]).
+pub(crate) fn scale_min(s: &[u8], j: usize) -> (u8, u8) {
+    let (sc, m) = scales_mins(s);
+    ((sc >> (8 * j)) as u8, (m >> (8 * j)) as u8)
+}
+
+/// A Q4_K block's (144 bytes) `d`, `dmin`, 12 scale bytes and 128 nibble bytes.
+pub(crate) fn q4_k_parts(b: &[u8]) -> (f32, f32, &[u8], &[u8]) {
+    (f16_at(b, 0), f16_at(b, 2), &b[4..16], &b[16..144])
+}
+
+/// Value `l` (0..32) of sub-block `i` (0..8) of a Q4_K block's nibbles: pairs of sub-blocks
+/// share 32 bytes, the first in the low nibbles, the second in the high ones.
+pub(crate) fn q4_k_nibble(qs: &[u8], i: usize, l: usize) -> u8 {
+    (qs[(i / 2) * 32 + l] >> (4 * (i % 2))) & 15
 }
 
 /// Q4_K and (`FIVE`) Q5_K: sub-blocks of 32, pairs of them sharing 32 bytes of nibbles (low
@@ -120,10 +141,9 @@ fn k_quant<const FIVE: bool>(b: &[u8], y: &mut [f32]) {
     };
     for (i, y) in y.chunks_exact_mut(32).enumerate() {
         let (sc, m) = scale_min(scales, i);
-        let (d1, m1) = (d * sc, dmin * m);
-        let nibbles = &qs[(i / 2) * 32..][..32];
+        let (d1, m1) = (d * sc as f32, dmin * m as f32);
         for (l, y) in y.iter_mut().enumerate() {
-            let mut q = (nibbles[l] >> (4 * (i % 2))) & 15;
+            let mut q = q4_k_nibble(qs, i, l);
             if FIVE {
                 q |= ((qh[l] >> i) & 1) << 4;
             }
@@ -140,19 +160,42 @@ fn q5_k(b: &[u8], y: &mut [f32]) {
     k_quant::<true>(b, y)
 }
 
-/// Q6_K: two halves of 128 values; in half `n`, value `v` (0..128) takes its low 4 bits from
-/// byte `v % 64` of the half's 64 `ql` bytes (low nibble for `v < 64`) and its high 2 bits
-/// from byte `v % 32` of the half's 32 `qh` bytes (bits `2 * (v / 32)`); sub-blocks of 16.
+/// Weight `v` (0..256) of Q4_K block `b`, as [`dequantize`] gives it.
+pub(crate) fn q4_k_value(b: &[u8], v: usize) -> f32 {
+    let (d, dmin, scales, qs) = q4_k_parts(b);
+    let (i, l) = (v / 32, v % 32);
+    let (sc, m) = scale_min(scales, i);
+    let (d1, m1) = (d * sc as f32, dmin * m as f32);
+    d1 * q4_k_nibble(qs, i, l) as f32 - m1
+}
+
+/// A Q6_K block's (210 bytes) low bits, high bits, 16 scales and `d`.
+pub(crate) fn q6_k_parts(b: &[u8]) -> (&[u8], &[u8], &[u8], f32) {
+    (&b[0..128], &b[128..192], &b[192..208], f16_at(b, 208))
+}
+
+/// Weight `v` (0..256) of a Q6_K block as its integer `q - 32` (-32..=31): two halves of 128
+/// values; in half `n`, value `v` takes its low 4 bits from byte `v % 64` of the half's 64 `ql`
+/// bytes (low nibble for `v < 64`) and its high 2 bits from byte `v % 32` of the half's 32 `qh`
+/// bytes (bits `2 * (v / 32)`).
+pub(crate) fn q6_k_int(ql: &[u8], qh: &[u8], v: usize) -> i32 {
+    let (n, v) = (v / 128, v % 128);
+    let (ql, qh) = (&ql[64 * n..][..64], &qh[32 * n..][..32]);
+    let low = (ql[v % 64] >> (4 * (v / 64))) & 15;
+    let high = (qh[v % 32] >> (2 * (v / 32))) & 3;
+    (low | (high << 4)) as i32 - 32
+}
+
+/// Weight `v` (0..256) of Q6_K block `b`, as [`dequantize`] gives it: sub-blocks of 16, each
+/// with its int8 scale.
+pub(crate) fn q6_k_value(b: &[u8], v: usize) -> f32 {
+    let (ql, qh, scales, d) = q6_k_parts(b);
+    let sc = scales[v / 16] as i8 as f32;
+    (d * sc) * q6_k_int(ql, qh, v) as f32
+}
+
 fn q6_k(b: &[u8], y: &mut [f32]) {
-    let (ql, qh, scales, d) = (&b[0..128], &b[128..192], &b[192..208], f16_at(b, 208));
-    for (n, y) in y.chunks_exact_mut(128).enumerate() {
-        let (ql, qh) = (&ql[64 * n..][..64], &qh[32 * n..][..32]);
-        for (v, y) in y.iter_mut().enumerate() {
-            let low = (ql[v % 64] >> (4 * (v / 64))) & 15;
-            let high = (qh[v % 32] >> (2 * (v / 32))) & 3;
-            let q = (low | (high << 4)) as i32 - 32;
-            let sc = scales[(128 * n + v) / 16] as i8 as f32;
-            *y = (d * sc) * q as f32;
-        }
+    for (v, y) in y.iter_mut().enumerate() {
+        *y = q6_k_value(b, v);
     }
 }

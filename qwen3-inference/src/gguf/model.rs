@@ -27,8 +27,10 @@
 
 use super::{GgufHeader, GgufTensor, Value};
 use crate::format::reader::{Header, TensorInfo};
-use crate::format::{align_up, tensor_nbytes, DType, GenerationDefaults, ModelConfig, RopeScaling};
-use anyhow::{bail, Context, Result};
+use crate::format::{
+    align_up, tensor_nbytes, DType, GenerationDefaults, ModelConfig, RopeScaling, K_BLOCK,
+};
+use anyhow::{bail, ensure, Context, Result};
 
 /// Values a Q8_0 block holds: a Q8_0 tensor is q8 in groups of this many (`repack.rs`).
 pub const Q8_0_GROUP: u32 = 32;
@@ -243,8 +245,9 @@ pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<()> {
 /// A GGUF's F32 and BF16 tensors are stored as the model file stores them (little-endian, rows
 /// one after another): each stays where the GGUF holds it, read in place. A Q8_0 tensor is the
 /// model file's q8 with groups of 32 in another order of its bytes (`repack.rs`): its offset
-/// and size here are those of its q8 layout in the bytes `repack::q8_0` makes at open. Other
-/// ggml types are refused by name.
+/// and size here are those of its q8 layout in the bytes `repack::q8_0` makes at open. Q4_K and
+/// Q6_K blocks are read where they lie ([`DType::Q4K`], [`DType::Q6K`]). Other ggml types are
+/// refused by name.
 pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
     let mut config = model_config(h)?;
     check_tensors(h, &config)?;
@@ -252,9 +255,11 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
         "F32" => Ok((DType::F32, 0)),
         "BF16" => Ok((DType::Bf16, 0)),
         "Q8_0" => Ok((DType::Q8, Q8_0_GROUP)),
+        "Q4_K" => Ok((DType::Q4K, K_BLOCK as u32)),
+        "Q6_K" => Ok((DType::Q6K, K_BLOCK as u32)),
         other => bail!(
-            "tensor {} is {other}: GGUF files of F32, BF16 and Q8_0 tensors run so far; for \
-             this one, `qwen3 export` the HuggingFace checkpoint it was made from",
+            "tensor {} is {other}: GGUF files of F32, BF16, Q8_0, Q4_K and Q6_K tensors run so \
+             far; for this one, `qwen3 export` the HuggingFace checkpoint it was made from",
             t.name
         ),
     };
@@ -283,6 +288,18 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
                     })?;
                     repacked = offset + nbytes;
                     (offset, nbytes)
+                }
+                // Read where they lie: their bytes must be what the shape in whole blocks takes.
+                DType::Q4K | DType::Q6K => {
+                    let want = tensor_nbytes(dtype, &shape, group_size);
+                    ensure!(
+                        want == Some(t.nbytes),
+                        "tensor {}: {} bytes of {dtype} for a {shape:?} matrix (its rows must be \
+                         whole blocks of 256)",
+                        t.name,
+                        t.nbytes
+                    );
+                    (t.start, t.nbytes)
                 }
                 _ => (t.start, t.nbytes),
             };

@@ -562,12 +562,35 @@ fn a_converted_checkpoint_maps_to_a_model_files_header() {
         .iter_mut()
         .find(|t| t.name == "blk.0.ffn_up.weight")
         .unwrap();
-    t.ggml_type = GgmlType::from_id(12).unwrap();
+    t.ggml_type = GgmlType::from_id(13).unwrap();
     let err = format!("{:#}", model::model_header(&k, len).unwrap_err());
     assert!(
         err.contains(
-            "tensor blk.0.ffn_up.weight is Q4_K: GGUF files of F32, BF16 and Q8_0 tensors run so far"
+            "tensor blk.0.ffn_up.weight is Q5_K: GGUF files of F32, BF16, Q8_0, Q4_K and Q6_K \
+             tensors run so far"
         ),
+        "{err}"
+    );
+}
+
+/// A Q4_K matrix whose rows are not whole blocks of 256 (a header the reader would refuse,
+/// here edited after it was read) is refused by name, not read past its bytes.
+#[test]
+fn a_k_quant_matrix_of_partial_blocks_is_refused() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/gguf/tiny-f32-tied-gqa2-f32.gguf");
+    let file = GgufFile::open(&path).unwrap();
+    let len = std::fs::metadata(&path).unwrap().len();
+    let mut k = file.header().clone();
+    let t = k
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.0.ffn_up.weight")
+        .unwrap();
+    t.ggml_type = GgmlType::from_id(12).unwrap();
+    let err = format!("{:#}", model::model_header(&k, len).unwrap_err());
+    assert!(
+        err.contains("tensor blk.0.ffn_up.weight: 40960 bytes of Q4_K for a [160, 64] matrix"),
         "{err}"
     );
 }

@@ -1,11 +1,11 @@
-//! `out = x @ w^T` for a batch of `t` activation rows and a weight matrix stored as f32, bf16 or
-//! q8 (the layout PyTorch's `nn.Linear` uses: `w` is `[out_features, in_features]`, row-major).
+//! `out = x @ w^T` for a batch of `t` activation rows and a weight matrix stored as f32, bf16,
+//! q8, q4, q6 or one of GGUF's K-quants (the layout PyTorch's `nn.Linear` uses: `w` is `[out_features, in_features]`, row-major).
 //!
 //! Each weight row is read once for all `t` tokens: with `t > 1` (prefill) this is a
 //! matrix-matrix product, with `t = 1` (decode) a matrix-vector product. Threads split the output
 //! rows, so each thread streams its own contiguous slice of the weights.
 
-use super::dot::{dots, interleaved, ActsQ8, ActsQ8Buf};
+use super::dot::{dots, interleaved, k_quants, ActsQ8, ActsQ8Buf};
 use super::team::Team;
 use crate::format::reader::{TensorData, TensorView};
 use rayon::prelude::*;
@@ -250,8 +250,26 @@ fn fill_block(
                 rows_ahead * row_bytes,
             );
         }
-        (TensorData::Q8 { .. } | TensorData::Q4 { .. } | TensorData::Q6 { .. }, None) => {
-            unreachable!("q8, q4 or q6 weights without quantized activations")
+        // GGUF's K-quants, their blocks where the file holds them (`dot/k_quants.rs`).
+        (TensorData::Q4K(blocks), Some(acts)) => {
+            let row = k_quants::row_bytes::<false>(cols);
+            let w = &blocks[r0 * row..(r0 + n) * row];
+            (dots.q4_k_rows)(w, acts, block, rows_ahead * row);
+        }
+        (TensorData::Q6K(blocks), Some(acts)) => {
+            let row = k_quants::row_bytes::<true>(cols);
+            let w = &blocks[r0 * row..(r0 + n) * row];
+            (dots.q6_k_rows)(w, acts, block, rows_ahead * row);
+        }
+        (
+            TensorData::Q8 { .. }
+            | TensorData::Q4 { .. }
+            | TensorData::Q6 { .. }
+            | TensorData::Q4K(_)
+            | TensorData::Q6K(_),
+            None,
+        ) => {
+            unreachable!("quantized weights without quantized activations")
         }
     }
 }
@@ -281,8 +299,8 @@ fn in_kernel_order<'a>(
     }
 }
 
-/// Runs `f` with the activations quantized for q8, q4 or q6 weights (`None` for f32 and bf16
-/// weights).
+/// Runs `f` with the activations quantized for q8, q4, q6 or K-quant weights (`None` for f32
+/// and bf16 weights).
 ///
 /// W8A8: each activation row is quantized once, per group of `gs` like the weights (quant.rs),
 /// so every group's product is an integer dot product times two scales:
@@ -300,6 +318,7 @@ fn with_activations<R>(
         TensorData::Q8 { group_size, .. }
         | TensorData::Q4 { group_size, .. }
         | TensorData::Q6 { group_size, .. } => Some(group_size),
+        TensorData::Q4K(_) | TensorData::Q6K(_) => Some(k_quants::GROUP),
         _ => None,
     };
     let Some(gs) = group(ws[0]) else {
@@ -308,7 +327,7 @@ fn with_activations<R>(
     for w in ws {
         assert!(
             group(w) == Some(gs),
-            "matmuls: {} is not q8, q4 or q6 with group size {gs}",
+            "matmuls: {} is not quantized with activations in groups of {gs}",
             w.name
         );
     }
@@ -318,9 +337,13 @@ fn with_activations<R>(
         .any(|w| matches!(w.data, TensorData::Q4 { .. } | TensorData::Q6 { .. }));
     ACTIVATIONS.with(|cell| {
         let mut buf = cell.borrow_mut();
-        let acts = match q4 {
-            true => buf.quantize_for_q4(x, t, cols, gs),
-            false => buf.quantize(x, t, cols, gs),
+        let k = ws
+            .iter()
+            .any(|w| matches!(w.data, TensorData::Q4K(_) | TensorData::Q6K(_)));
+        let acts = match (q4, k) {
+            (true, _) => buf.quantize_for_q4(x, t, cols, gs),
+            (false, true) => buf.quantize_for_k(x, t, cols, gs),
+            (false, false) => buf.quantize(x, t, cols, gs),
         };
         f(Some(&acts))
     })

@@ -176,6 +176,7 @@ fn write_random_specs(path: &Path, c: &ModelConfig, specs: &[TensorSpec]) {
                 quantize_q6(&v, cols, gs, &mut p, &mut sc);
                 w.write_q6(&s.name, &p, &sc).unwrap()
             }
+            DType::Q4K | DType::Q6K => panic!("{}: K-quants come only from GGUF files", s.dtype),
         }
     }
     w.finish().unwrap();

@@ -516,6 +516,16 @@ impl ModelConfig {
                 }
             }
             DType::Q6 => bail!("config: q6 is not a file's dtype (q4 files keep tensors in it)"),
+            DType::Q4K | DType::Q6K => {
+                if self.group_size as u64 != super::K_BLOCK {
+                    bail!(
+                        "config: {} has blocks of {}, not a group size of {}",
+                        self.dtype,
+                        super::K_BLOCK,
+                        self.group_size
+                    );
+                }
+            }
             _ => {
                 if self.group_size != 0 {
                     bail!(

@@ -45,6 +45,8 @@ pub const NEON: Dots = Dots {
     q4_rows: super::q4::mat_q4_scalar,
     q6_rows: super::q6::mat_q6_scalar,
     q4_layout: super::q4::Q4Layout::Halves,
+    q4_k_rows: super::k_quants::mat_k_scalar::<false>,
+    q6_k_rows: super::k_quants::mat_k_scalar::<true>,
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_neon(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_neon(x, gs, q, s) },
     isa: "neon",
@@ -59,6 +61,8 @@ pub const NEON_DOTPROD: Dots = Dots {
     q4_rows: |w, ws, x, out, _| unsafe { mat_q4_dotprod::<false>(w, ws, x, out) },
     q6_rows: |w, ws, x, out, _| unsafe { mat_q4_dotprod::<true>(w, ws, x, out) },
     q4_layout: super::q4::Q4Layout::Halves,
+    q4_k_rows: super::k_quants::mat_k_scalar::<false>,
+    q6_k_rows: super::k_quants::mat_k_scalar::<true>,
     isa: "neon-dotprod",
     ..NEON
 };

@@ -23,6 +23,9 @@ pub struct ActsQ8<'a> {
     /// The same values laid out for the q4 kernels (`q4.rs`); empty unless made by
     /// [`ActsQ8Buf::quantize_for_q4`] (or `quantize_for_q4_as`) with groups of 32.
     pub q4: q4::ActsQ4<'a>,
+    /// `[t, cols / 16]`: the sums of each 16 int8 values, which GGUF's K-quants take times their
+    /// minimums or offsets (`k_quants.rs`); empty unless made by [`ActsQ8Buf::quantize_for_k`].
+    pub sums16: &'a [i16],
 }
 
 /// The buffers behind an [`ActsQ8`], reused from one product to the next.
@@ -32,6 +35,7 @@ pub struct ActsQ8Buf {
     biased: Vec<u8>,
     scales: Vec<f32>,
     q4: q4::ActsQ4Buf,
+    sums16: Vec<i16>,
 }
 
 impl ActsQ8Buf {
@@ -39,13 +43,19 @@ impl ActsQ8Buf {
     /// (no q4 layout: `q4` is empty). The buffers grow to the largest size seen and are then
     /// reused: no allocation per token.
     pub fn quantize(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {
-        self.quantize_with(x, t, cols, gs, None)
+        self.quantize_with(x, t, cols, gs, None, false)
+    }
+
+    /// [`ActsQ8Buf::quantize`] plus the sums of each 16 values ([`ActsQ8::sums16`]), for
+    /// GGUF's K-quants.
+    pub fn quantize_for_k(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {
+        self.quantize_with(x, t, cols, gs, None, true)
     }
 
     /// [`ActsQ8Buf::quantize`] plus the layout the q4 kernels of this CPU ([`dots`]) read
     /// ([`q4::ActsQ4`]).
     pub fn quantize_for_q4(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {
-        self.quantize_with(x, t, cols, gs, Some(dots().q4_layout))
+        self.quantize_with(x, t, cols, gs, Some(dots().q4_layout), false)
     }
 
     /// [`ActsQ8Buf::quantize_for_q4`] in a given layout: for a kernel other than this CPU's
@@ -58,7 +68,7 @@ impl ActsQ8Buf {
         gs: usize,
         layout: q4::Q4Layout,
     ) -> ActsQ8<'_> {
-        self.quantize_with(x, t, cols, gs, Some(layout))
+        self.quantize_with(x, t, cols, gs, Some(layout), false)
     }
 
     fn quantize_with(
@@ -68,6 +78,7 @@ impl ActsQ8Buf {
         cols: usize,
         gs: usize,
         for_q4: Option<q4::Q4Layout>,
+        sums: bool,
     ) -> ActsQ8<'_> {
         assert!(gs > 0 && cols.is_multiple_of(gs) && x.len() == t * cols);
         let per = cols / gs;
@@ -82,6 +93,13 @@ impl ActsQ8Buf {
         for (b, &v) in self.biased.iter_mut().zip(&self.q) {
             *b = v as u8 ^ 0x80;
         }
+        self.sums16.clear();
+        if sums {
+            assert!(cols.is_multiple_of(16), "sums of 16 for {cols} columns");
+            // At most 16 * 127 in magnitude: an i16.
+            let sum = |c: &[i8]| c.iter().fold(0i16, |s, &v| s + v as i16);
+            self.sums16.extend(self.q.chunks_exact(16).map(sum));
+        }
         let q4 = match for_q4 {
             Some(layout) => self.q4.lay_out(&self.q, &self.scales, t, cols, gs, layout),
             None => q4::ActsQ4::default(),
@@ -94,6 +112,7 @@ impl ActsQ8Buf {
             biased: &self.biased,
             scales: &self.scales,
             q4,
+            sums16: &self.sums16,
         }
     }
 }

@@ -7,11 +7,14 @@
 //! option) and `avx512.rs` (AVX-512 F, BW, VL and VNNI), each tested against the scalar
 //! kernels of `dot/mod.rs`; `q4.rs`, AVX2's q4 and q6 kernels, and `interleaved.rs`, AVX-512's
 //! (on the weights in the order `dot/interleaved.rs` describes), tested against `dot/q4.rs` and
-//! `dot/q6.rs`; `q8_pairs.rs`, AVX-512's q8 products for groups of 32 (two groups a vector).
+//! `dot/q6.rs`; `q8_pairs.rs`, AVX-512's q8 products for groups of 32 (two groups a vector);
+//! `k_quants.rs`, every family's product of GGUF's Q4_K and Q6_K blocks, tested against
+//! `dot/k_quants.rs`.
 
 mod avx2;
 mod avx512;
 mod interleaved;
+mod k_quants;
 mod q4;
 mod q8_pairs;
 
@@ -19,6 +22,7 @@ use super::Dots;
 use avx2::*;
 use avx512::*;
 use interleaved::*;
+use k_quants::*;
 use q4::*;
 
 /// AVX2 and FMA, and F16C for the q4 kernels' f16 scales (every CPU with AVX2 has it).
@@ -54,6 +58,8 @@ pub const AVX2: Dots = Dots {
     q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS, false>(w, ws, x, out, ahead) },
     q6_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS, true>(w, ws, x, out, ahead) },
     q4_layout: super::q4::Q4Layout::Pairs,
+    q4_k_rows: |w, x, out, ahead| unsafe { mat_k_avx2::<false>(w, x, out, ahead) },
+    q6_k_rows: |w, x, out, ahead| unsafe { mat_k_avx2::<true>(w, x, out, ahead) },
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx2(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx2(x, gs, q, s) },
     isa: "avx2",
@@ -88,6 +94,8 @@ pub const AVX512: Dots = Dots {
     },
     q6_rows: |w, ws, x, out, ahead| unsafe { mat_interleaved_avx512::<true>(w, ws, x, out, ahead) },
     q4_layout: super::q4::Q4Layout::Interleaved,
+    q4_k_rows: |w, x, out, ahead| unsafe { mat_k_avx512::<false>(w, x, out, ahead) },
+    q6_k_rows: |w, x, out, ahead| unsafe { mat_k_avx512::<true>(w, x, out, ahead) },
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
     isa: "avx512-vnni",

@@ -1,0 +1,243 @@
+//! GGUF's K-quants (Q4_K, Q6_K) against q8 activations: the scalar reference, reading the blocks
+//! where the GGUF holds them (`gguf/blocks.rs` draws both). A block is 256 weights whose
+//! sub-blocks each have a small integer scale that the block's f16 `d` multiplies:
+//!
+//! ```text
+//! Q4_K  sub-blocks of 32:  w = (d * sc) * q - dmin * m       q in 0..=15, sc and m in 0..=63
+//! Q6_K  sub-blocks of 16:  w = (d * sc) * q                  q in -32..=31, sc an int8
+//! ```
+//!
+//! The activations are quantized per group of 32 (`quant.rs`), so a Q4_K sub-block meets one
+//! activation group `x = xs * qx`, and its product is two integer sums times float scales:
+//!
+//! ```text
+//! sum_l w_l x_l = xs * ((d * sc) * sum_l q_l qx_l  -  (dmin * m) * sum_l qx_l)
+//! ```
+//!
+//! and a Q6_K group of 32 is two sub-blocks, each `xs * (d * sc) * sum_l q_l qx_l`. The integer
+//! sums are exact; each sub-block adds one rounded term to the row's f32 sum, as q4's groups do
+//! (`q4.rs`). llama.cpp quantizes the activations per block of 256 instead (its Q8_K), so its
+//! results differ from these by that rounding, not by the weights: the weights are the GGUF's,
+//! bit for bit (`blocks.rs` is checked against gguf-py).
+
+use super::ActsQ8;
+use crate::gguf::blocks::{q4_k_nibble, q4_k_parts, q6_k_int, q6_k_parts, scale_min};
+
+/// Weights a block holds.
+pub const BLOCK: usize = 256;
+/// Bytes of a Q4_K block and of a Q6_K block.
+pub const Q4_K_BYTES: usize = 144;
+pub const Q6_K_BYTES: usize = 210;
+/// The activations' group size the kernels read: one Q4_K sub-block, two of Q6_K.
+pub const GROUP: usize = 32;
+
+/// Row `w` (whole Q4_K blocks) against one activation row (`x` its int8 values, `xs` its
+/// scales per group of 32).
+pub fn dot_q4_k_scalar(w: &[u8], x: &[i8], xs: &[f32]) -> f32 {
+    let mut sum = 0.0f32;
+    for (b, block) in w.chunks_exact(Q4_K_BYTES).enumerate() {
+        let (d, dmin, scales, qs) = q4_k_parts(block);
+        for i in 0..BLOCK / GROUP {
+            let g = b * (BLOCK / GROUP) + i;
+            let xg = &x[g * GROUP..(g + 1) * GROUP];
+            let (mut dot, mut xsum) = (0i32, 0i32);
+            for (l, &xv) in xg.iter().enumerate() {
+                dot += q4_k_nibble(qs, i, l) as i32 * xv as i32;
+                xsum += xv as i32;
+            }
+            let (sc, m) = scale_min(scales, i);
+            sum += xs[g] * ((d * sc as f32) * dot as f32 - (dmin * m as f32) * xsum as f32);
+        }
+    }
+    sum
+}
+
+/// Row `w` (whole Q6_K blocks) against one activation row, as [`dot_q4_k_scalar`].
+pub fn dot_q6_k_scalar(w: &[u8], x: &[i8], xs: &[f32]) -> f32 {
+    let mut sum = 0.0f32;
+    for (b, block) in w.chunks_exact(Q6_K_BYTES).enumerate() {
+        let (ql, qh, scales, d) = q6_k_parts(block);
+        for (s, &sc) in scales.iter().enumerate() {
+            let (v0, g) = (16 * s, b * (BLOCK / GROUP) + s / 2);
+            let dot: i32 = (v0..v0 + 16)
+                .map(|v| q6_k_int(ql, qh, v) * x[b * BLOCK + v] as i32)
+                .sum();
+            sum += xs[g] * ((d * sc as i8 as f32) * dot as f32);
+        }
+    }
+    sum
+}
+
+/// Bytes of a row of `cols` weights of Q4_K or (`SIX`) Q6_K.
+pub const fn row_bytes<const SIX: bool>(cols: usize) -> usize {
+    cols / BLOCK
+        * match SIX {
+            true => Q6_K_BYTES,
+            false => Q4_K_BYTES,
+        }
+}
+
+/// Checks a product's slices (`w: [rows]` of whole blocks, `out: [rows, t]`, activations in
+/// groups of [`GROUP`]) and returns `rows`. Panics on a mismatch: a caller's bug (the model
+/// file's shapes were checked when it was opened).
+pub(crate) fn check<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &[f32]) -> usize {
+    let (cols, t) = (x.cols, x.t);
+    let rows = out.len() / t.max(1);
+    assert!(
+        x.group_size == GROUP && cols.is_multiple_of(BLOCK),
+        "K-quants: activations in groups of {} for {cols} columns",
+        x.group_size
+    );
+    assert!(
+        out.len() == rows * t
+            && w.len() == rows * row_bytes::<SIX>(cols)
+            && x.sums16.len() == t * cols / 16,
+        "K-quants: slice lengths do not match [{rows}, {cols}] x [{t}, {cols}]"
+    );
+    rows
+}
+
+/// `out[r, i]` (`[rows, t]`) = Q4_K (or, `SIX`, Q6_K) weight row `r` against activation row
+/// `i`, one scalar dot per pair. `_ahead` is the prefetch hint the SIMD kernels take.
+pub fn mat_k_scalar<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32], _ahead: usize) {
+    let rows = check::<SIX>(w, x, out);
+    let (t, row) = (x.t, row_bytes::<SIX>(x.cols));
+    for r in 0..rows {
+        let w_r = &w[r * row..(r + 1) * row];
+        for i in 0..t {
+            out[r * t + i] = match SIX {
+                true => dot_q6_k_scalar(w_r, x.q_row(i), x.scales_row(i)),
+                false => dot_q4_k_scalar(w_r, x.q_row(i), x.scales_row(i)),
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::blocks::{q4_k_value, q6_k_value};
+    use crate::kernels::dot::ActsQ8Buf;
+    use crate::testing::next_values;
+
+    /// Random blocks whose f16 scales are finite (any other byte is a valid block).
+    fn blocks<const SIX: bool>(n: usize, seed: &mut u64) -> Vec<u8> {
+        let bytes = row_bytes::<SIX>(BLOCK);
+        let mut out: Vec<u8> = next_values(n * bytes, seed)
+            .iter()
+            .map(|v| (v * 1e4) as i64 as u8)
+            .collect();
+        for block in out.chunks_exact_mut(bytes) {
+            let mut put = |at: usize, v: f32| {
+                block[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes())
+            };
+            match SIX {
+                true => put(208, 0.01),
+                false => {
+                    put(0, 0.02);
+                    put(2, 0.005)
+                }
+            }
+        }
+        out
+    }
+
+    /// Every family this CPU has (`QWEN3_KERNELS` forces each in a run of its own) gives the
+    /// scalar reference's products within f32 rounding, and a prompt's products give each
+    /// token's decode bits.
+    #[test]
+    fn every_family_matches_the_reference() {
+        let mut seed = 8;
+        for (rows, cols, t) in [(5, BLOCK, 1), (4, 4 * BLOCK, 3), (3, 2 * BLOCK, 10)] {
+            let x = next_values(t * cols, &mut seed);
+            let mut buf = ActsQ8Buf::default();
+            let acts = buf.quantize_for_k(&x, t, cols, GROUP);
+            for six in [false, true] {
+                let w = match six {
+                    true => blocks::<true>(rows * cols / BLOCK, &mut seed),
+                    false => blocks::<false>(rows * cols / BLOCK, &mut seed),
+                };
+                let pick = |d: &crate::kernels::dot::Dots| match six {
+                    true => d.q6_k_rows,
+                    false => d.q4_k_rows,
+                };
+                let mut want = vec![0f32; rows * t];
+                mat_k_scalar_either(six, &w, &acts, &mut want);
+                for d in crate::kernels::dot::available() {
+                    let mut got = vec![0f32; rows * t];
+                    pick(&d)(&w, &acts, &mut got, 0);
+                    for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (a - b).abs() <= 1e-4 * b.abs().max(1.0),
+                            "{} six {six} [{rows}, {cols}] x {t}, {k}: {a} vs {b}",
+                            d.isa
+                        );
+                    }
+                    // Token by token, as decode runs them: the same bits.
+                    let mut one = ActsQ8Buf::default();
+                    for i in 0..t {
+                        let xi = one.quantize_for_k(&x[i * cols..(i + 1) * cols], 1, cols, GROUP);
+                        let mut alone = vec![0f32; rows];
+                        pick(&d)(&w, &xi, &mut alone, 0);
+                        for r in 0..rows {
+                            assert_eq!(alone[r].to_bits(), got[r * t + i].to_bits(), "{}", d.isa);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn mat_k_scalar_either(six: bool, w: &[u8], x: &ActsQ8, out: &mut [f32]) {
+        match six {
+            true => mat_k_scalar::<true>(w, x, out, 0),
+            false => mat_k_scalar::<false>(w, x, out, 0),
+        }
+    }
+
+    /// Weight `v` of a block, as `gguf/blocks.rs` dequantizes it.
+    type Value = fn(&[u8], usize) -> f32;
+
+    /// Each kernel's product equals the f64 product of the dequantized weights (`blocks.rs`,
+    /// gguf-py's values) and the dequantized activations.
+    #[test]
+    fn match_the_dequantized_product() {
+        let mut seed = 7;
+        let (rows, cols, t) = (3, 2 * BLOCK, 2);
+        let x = next_values(t * cols, &mut seed);
+        let mut buf = ActsQ8Buf::default();
+        let acts = buf.quantize_for_k(&x, t, cols, GROUP);
+        for six in [false, true] {
+            let w = match six {
+                true => blocks::<true>(rows * cols / BLOCK, &mut seed),
+                false => blocks::<false>(rows * cols / BLOCK, &mut seed),
+            };
+            let (value, bytes): (Value, usize) = match six {
+                true => (q6_k_value, Q6_K_BYTES),
+                false => (q4_k_value, Q4_K_BYTES),
+            };
+            let mut out = vec![0f32; rows * t];
+            match six {
+                true => mat_k_scalar::<true>(&w, &acts, &mut out, 0),
+                false => mat_k_scalar::<false>(&w, &acts, &mut out, 0),
+            }
+            for r in 0..rows {
+                for i in 0..t {
+                    let want: f64 = (0..cols)
+                        .map(|c| {
+                            let k = r * cols + c;
+                            let wv = value(&w[k / BLOCK * bytes..][..bytes], k % BLOCK) as f64;
+                            let xq = acts.q_row(i)[c] as f64 * acts.scales_row(i)[c / GROUP] as f64;
+                            wv * xq
+                        })
+                        .sum();
+                    let got = out[r * t + i] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                        "six {six}, row {r}, token {i}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}

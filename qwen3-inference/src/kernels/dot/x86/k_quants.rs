@@ -1,0 +1,493 @@
+//! GGUF's Q4_K and Q6_K blocks against q8 activations on AVX2, read where the GGUF holds them
+//! (`dot/k_quants.rs` has the scalar reference and the math). Every family with AVX2 (AVX-VNNI
+//! and AVX-512 too) takes these.
+//!
+//! Each 32 weights of a block meet one activation group of 32 (`x = xs * qx`): one 256-bit
+//! vector of weights as unsigned bytes against one of activations, `vpmaddubsw` (pairs of
+//! products, 16 bits, exact: at most 2 * 63 * 127) then `vpmaddwd` with the sub-block's scale
+//! (32 bits, exact), converted and added into the row's f32 lanes times `d * xs`:
+//!
+//! ```text
+//! Q4_K  32 nibbles of sub-block i:   lanes += float(sc_i * (q . qx)) * (d * xs)
+//!                                    minus (dmin * m_i) * xs * sum(qx), once a sub-block
+//! Q6_K  32 values of two sub-blocks: lanes += float(sc_s * (q+32 . qx) | sc_s+1 * ...) * (d * xs)
+//!                                    minus 32 d xs (sc_s sum(qx_s) + sc_s+1 sum(qx_s+1))
+//! ```
+//!
+//! The activations' sums per 16 values are made once, when they are quantized
+//! ([`ActsQ8::sums16`]). A prompt's tokens run the same operations as decode's one token, so a
+//! prompt gets decode's bits.
+
+use super::super::k_quants::{row_bytes, BLOCK, GROUP, Q4_K_BYTES, Q6_K_BYTES};
+use super::super::ActsQ8;
+use super::q4::prefetch_lines;
+use crate::gguf::blocks::scales_mins;
+use std::arch::x86_64::*;
+
+/// [`super::super::MatK`] on AVX2 for Q4_K or (`SIX`) Q6_K rows.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn mat_k_avx2<const SIX: bool>(
+    w: &[u8],
+    x: &ActsQ8,
+    out: &mut [f32],
+    ahead: usize,
+) {
+    // SAFETY: the caller's AVX2, FMA and F16C are what these tiles need.
+    match SIX {
+        true => mat_k::<SIX>(w, x, out, ahead, |w, t, o| unsafe {
+            tiles_avx2::<true>(w, t, o)
+        }),
+        false => mat_k::<SIX>(w, x, out, ahead, |w, t, o| unsafe {
+            tiles_avx2::<false>(w, t, o)
+        }),
+    }
+}
+
+/// [`super::super::MatK`] on AVX-512 (F, BW, VL, VNNI) for Q4_K or (`SIX`) Q6_K rows.
+///
+/// # Safety
+/// The CPU must have AVX-512 F, BW, VL and VNNI, and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn mat_k_avx512<const SIX: bool>(
+    w: &[u8],
+    x: &ActsQ8,
+    out: &mut [f32],
+    ahead: usize,
+) {
+    // SAFETY: the caller's AVX-512 and F16C are what these tiles need.
+    match SIX {
+        true => mat_k::<SIX>(w, x, out, ahead, |w, t, o| unsafe {
+            tiles_avx512::<true>(w, t, o)
+        }),
+        false => mat_k::<SIX>(w, x, out, ahead, |w, t, o| unsafe {
+            tiles_avx512::<false>(w, t, o)
+        }),
+    }
+}
+
+/// One weight row against 1 to [`TOKENS`] tokens: `out[j]` is its product with `tokens[j]`.
+type Tile = fn(w: &[u8], tokens: &[Token], out: &mut [f32]);
+
+/// The products of `w` (whole blocks of `x.cols`) with the tokens of `x`: each row against
+/// tiles of up to [`TOKENS`] tokens, its blocks unpacked once a tile (`tile`); the row's bytes
+/// asked for ahead as the q8 kernels ask ([`prefetch_lines`]), within `w` and the `ahead` bytes
+/// after it.
+fn mat_k<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32], ahead: usize, tile: Tile) {
+    let rows = super::super::k_quants::check::<SIX>(w, x, out);
+    let (t, cols, row) = (x.t, x.cols, row_bytes::<SIX>(x.cols));
+    let reach = w.len() + ahead;
+    let per = cols / 16;
+    let token = |k: usize| Token {
+        x: x.q_row(k),
+        xs: x.scales_row(k),
+        sums: &x.sums16[k * per..(k + 1) * per],
+    };
+    for r in 0..rows {
+        prefetch_lines(w, r * row, row, reach);
+        let w_r = &w[r * row..(r + 1) * row];
+        for i in (0..t).step_by(TOKENS) {
+            let n = (t - i).min(TOKENS);
+            let tokens: [Token; TOKENS] = std::array::from_fn(|j| token(i + j.min(n - 1)));
+            tile(w_r, &tokens[..n], &mut out[r * t + i..r * t + i + n]);
+        }
+    }
+}
+
+/// [`Tile`] on AVX2. Caller guarantees AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tiles_avx2<const SIX: bool>(w: &[u8], tokens: &[Token], out: &mut [f32]) {
+    // SAFETY: the caller's features; `mat_k`'s `check` gave every length (whole blocks of
+    // `cols`, activations in groups of 32: 8 scales and 16 sums a block).
+    let t = |j: usize| tokens[j];
+    match (SIX, tokens.len()) {
+        (false, 1) => out.copy_from_slice(&dot_q4_k::<1>(w, [t(0)])),
+        (false, 2) => out.copy_from_slice(&dot_q4_k::<2>(w, [t(0), t(1)])),
+        (false, 3) => out.copy_from_slice(&dot_q4_k::<3>(w, [t(0), t(1), t(2)])),
+        (false, _) => out.copy_from_slice(&dot_q4_k::<4>(w, [t(0), t(1), t(2), t(3)])),
+        (true, 1) => out.copy_from_slice(&dot_q6_k::<1>(w, [t(0)])),
+        (true, 2) => out.copy_from_slice(&dot_q6_k::<2>(w, [t(0), t(1)])),
+        (true, 3) => out.copy_from_slice(&dot_q6_k::<3>(w, [t(0), t(1), t(2)])),
+        (true, _) => out.copy_from_slice(&dot_q6_k::<4>(w, [t(0), t(1), t(2), t(3)])),
+    }
+}
+
+/// [`Tile`] on AVX-512. Caller guarantees AVX-512 F, BW, VL, VNNI and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn tiles_avx512<const SIX: bool>(w: &[u8], tokens: &[Token], out: &mut [f32]) {
+    // SAFETY: as `tiles_avx2`.
+    let t = |j: usize| tokens[j];
+    match (SIX, tokens.len()) {
+        (false, 1) => out.copy_from_slice(&dot_q4_k_512::<1>(w, [t(0)])),
+        (false, 2) => out.copy_from_slice(&dot_q4_k_512::<2>(w, [t(0), t(1)])),
+        (false, 3) => out.copy_from_slice(&dot_q4_k_512::<3>(w, [t(0), t(1), t(2)])),
+        (false, _) => out.copy_from_slice(&dot_q4_k_512::<4>(w, [t(0), t(1), t(2), t(3)])),
+        (true, 1) => out.copy_from_slice(&dot_q6_k_512::<1>(w, [t(0)])),
+        (true, 2) => out.copy_from_slice(&dot_q6_k_512::<2>(w, [t(0), t(1)])),
+        (true, 3) => out.copy_from_slice(&dot_q6_k_512::<3>(w, [t(0), t(1), t(2)])),
+        (true, _) => out.copy_from_slice(&dot_q6_k_512::<4>(w, [t(0), t(1), t(2), t(3)])),
+    }
+}
+
+/// Tokens a tile takes: each block of a weight row unpacked once for all of them.
+const TOKENS: usize = 4;
+
+/// One token's activations: its `cols` int8 values, their scales per 32, their sums per 16.
+#[derive(Clone, Copy)]
+struct Token<'a> {
+    x: &'a [i8],
+    xs: &'a [f32],
+    sums: &'a [i16],
+}
+
+/// Multiply-add chains a (row, token) pair's sub-blocks alternate between, so that one does not
+/// wait on the one before it; the same for every tile size, so a prompt's tokens get decode's
+/// bits.
+const CHAINS: usize = 2;
+
+/// One Q4_K row against `N` tokens. Caller guarantees AVX2, FMA and F16C, and that `w` is
+/// whole blocks of each token's `x.len()` weights.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
+    let nibble = _mm256_set1_epi8(15);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); CHAINS]; N];
+    let mut mins = [_mm256_setzero_ps(); N];
+    for (b, block) in w.chunks_exact(Q4_K_BYTES).enumerate() {
+        let (scales, qs) = (&block[4..16], &block[16..Q4_K_BYTES]);
+        // d and dmin, the block's two f16s, widened (lanes 0 and 1).
+        let d2 = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+            block[0], block[1], block[2], block[3],
+        ])));
+        let (d, dmin) = (_mm_cvtss_f32(d2), _mm_cvtss_f32(_mm_movehdup_ps(d2)));
+        // The block's eight (sc, m), and per token its eight activation groups' scales and
+        // sums, as vectors of 8 lanes (lane j: sub-block j).
+        let (sc, m) = scales_mins(scales);
+        let lanes = |v: u64| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
+        let (dsc, dm) = (
+            _mm256_mul_ps(lanes(sc), _mm256_set1_ps(d)),
+            _mm256_mul_ps(lanes(m), _mm256_set1_ps(dmin)),
+        );
+        let mut dsx = [_mm256_setzero_ps(); N];
+        for (k, tk) in tokens.iter().enumerate() {
+            // SAFETY: 8 groups from 8b, 16 sums from 16b: whole blocks (the caller's lengths).
+            let xsv = _mm256_loadu_ps(tk.xs.as_ptr().add(8 * b));
+            let sums16 = _mm256_loadu_si256(tk.sums.as_ptr().add(16 * b) as *const __m256i);
+            let xsum = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums16, ones));
+            // d sc_j xs_j, and the minimum's part: dmin m_j xs_j sum(qx_j).
+            dsx[k] = _mm256_mul_ps(dsc, xsv);
+            mins[k] = _mm256_fmadd_ps(_mm256_mul_ps(dm, xsv), xsum, mins[k]);
+        }
+        // Pairs of sub-blocks share 32 bytes: the first in the low nibbles, the second high.
+        for p in 0..BLOCK / 64 {
+            // SAFETY: qs is 128 bytes (a whole block's), so bytes 32p..32p + 32 are in it.
+            let v = _mm256_loadu_si256(qs.as_ptr().add(32 * p) as *const __m256i);
+            let halves = [
+                _mm256_and_si256(v, nibble),
+                _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble),
+            ];
+            for (h, q) in halves.into_iter().enumerate() {
+                let j = 2 * p + h;
+                let lane = _mm256_set1_epi32(j as i32);
+                for (k, tk) in tokens.iter().enumerate() {
+                    // SAFETY: group 8b + j of the row is values 32 (8b + j).. of `x`.
+                    let at = tk.x.as_ptr().add(GROUP * (8 * b + j));
+                    let xv = _mm256_loadu_si256(at as *const __m256i);
+                    let isum = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
+                    let scale = _mm256_permutevar8x32_ps(dsx[k], lane);
+                    let a = &mut acc[k][j % CHAINS];
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, *a);
+                }
+            }
+        }
+    }
+    std::array::from_fn(|k| {
+        let all = _mm256_add_ps(acc[k][0], acc[k][1]);
+        sum8(_mm256_sub_ps(all, mins[k]))
+    })
+}
+
+/// One Q6_K row against `N` tokens, as [`dot_q4_k`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
+    let (nibble, two) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3));
+    // Bytes 0, 1 of each 32-bit lane in the low half, 2, 3 in the high (`vpshufb` works within
+    // halves): a pair of 16-bit scales, (a, b), spread as 8 a's then 8 b's.
+    let spread = _mm256_setr_epi8(
+        0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+        2, 3,
+    );
+    let mut acc = [[_mm256_setzero_ps(); CHAINS]; N];
+    let mut offsets = [_mm256_setzero_ps(); N];
+    for (b, block) in w.chunks_exact(Q6_K_BYTES).enumerate() {
+        let (ql, qh, scales) = (&block[0..128], &block[128..192], &block[192..208]);
+        let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([
+            block[208], block[209],
+        ]) as i32)));
+        // SAFETY: 16 scale bytes.
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scales.as_ptr() as *const __m128i));
+        let mut dx = [_mm256_setzero_ps(); N];
+        for (k, tk) in tokens.iter().enumerate() {
+            // SAFETY: 8 groups from 8b, 16 sums from 16b (the caller's lengths).
+            dx[k] = _mm256_mul_ps(
+                _mm256_loadu_ps(tk.xs.as_ptr().add(8 * b)),
+                _mm256_set1_ps(d),
+            );
+            let sums16 = _mm256_loadu_si256(tk.sums.as_ptr().add(16 * b) as *const __m256i);
+            // The weights are q + 32: each group's excess, 32 (sc_s sum(qx_s) + sc_s+1
+            // sum(qx_s+1)), is one `vpmaddwd` of the scales and the sums (lane g: sub-blocks
+            // 2g, 2g + 1).
+            let excess = _mm256_cvtepi32_ps(_mm256_madd_epi16(sc16, sums16));
+            let scaled = _mm256_mul_ps(excess, _mm256_set1_ps(32.0));
+            offsets[k] = _mm256_fmadd_ps(scaled, dx[k], offsets[k]);
+        }
+        // Two halves of 128 values: value v of a half has its low 4 bits in byte v % 64 of the
+        // half's 64 `ql` bytes (low nibble for v < 64) and its high 2 bits in byte v % 32 of its
+        // 32 `qh` bytes (bits 2 (v / 32)).
+        for n in 0..2 {
+            // SAFETY: ql is 128 bytes, qh 64: these are bytes 64n..64n + 64 and 32n..32n + 32.
+            let low = [
+                _mm256_loadu_si256(ql.as_ptr().add(64 * n) as *const __m256i),
+                _mm256_loadu_si256(ql.as_ptr().add(64 * n + 32) as *const __m256i),
+            ];
+            let high = _mm256_loadu_si256(qh.as_ptr().add(32 * n) as *const __m256i);
+            let high = [
+                high,
+                _mm256_srli_epi16(high, 2),
+                _mm256_srli_epi16(high, 4),
+                _mm256_srli_epi16(high, 6),
+            ];
+            for c in 0..4 {
+                // Values 32c..32c + 32 of the half: q + 32, 0..=63.
+                let lo = match c {
+                    0 | 1 => _mm256_and_si256(low[c], nibble),
+                    _ => _mm256_and_si256(_mm256_srli_epi16(low[c - 2], 4), nibble),
+                };
+                let hi = _mm256_and_si256(high[c], two);
+                // Each byte's high bits are at most 3: shifted by 4 they stay in their byte.
+                let q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+                let j = 4 * n + c;
+                let lane = _mm256_set1_epi32(j as i32);
+                // The group's two sub-blocks of 16, 8 + 8 of the 16-bit lanes, each its scale:
+                // 32-bit lane j of `sc16` holds both, spread over the halves.
+                let sc = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, lane), spread);
+                for (k, tk) in tokens.iter().enumerate() {
+                    // SAFETY: group 8b + j of the row is values 32 (8b + j).. of `x`.
+                    let at = tk.x.as_ptr().add(GROUP * (8 * b + j));
+                    let xv = _mm256_loadu_si256(at as *const __m256i);
+                    let isum = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), sc);
+                    let scale = _mm256_permutevar8x32_ps(dx[k], lane);
+                    let a = &mut acc[k][j % CHAINS];
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, *a);
+                }
+            }
+        }
+    }
+    std::array::from_fn(|k| {
+        let all = _mm256_add_ps(acc[k][0], acc[k][1]);
+        sum8(_mm256_sub_ps(all, offsets[k]))
+    })
+}
+
+/// One Q4_K row against `N` tokens on AVX-512: [`dot_q4_k`] two sub-blocks a vector (their
+/// 64 activations are contiguous), `vpdpbusd` for the byte products. Caller guarantees AVX-512
+/// F, BW, VL, VNNI and F16C, and that `w` is whole blocks of each token's `x.len()` weights.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_q4_k_512<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
+    let nibble = _mm512_set1_epi8(15);
+    let ones = _mm256_set1_epi16(1);
+    // The 32 bytes of a pair of sub-blocks in both halves of a vector: the low half keeps the
+    // low nibbles (the first sub-block), the high half shifts the high ones down.
+    let halves = per_half(0, 4);
+    let mut acc = [[_mm512_setzero_ps(); CHAINS_512]; N];
+    let mut mins = [_mm256_setzero_ps(); N];
+    for (b, block) in w.chunks_exact(Q4_K_BYTES).enumerate() {
+        let (scales, qs) = (&block[4..16], &block[16..Q4_K_BYTES]);
+        let d2 = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+            block[0], block[1], block[2], block[3],
+        ])));
+        let (d, dmin) = (_mm_cvtss_f32(d2), _mm_cvtss_f32(_mm_movehdup_ps(d2)));
+        let (sc, m) = scales_mins(scales);
+        let lanes = |v: u64| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
+        let (dsc, dm) = (
+            _mm256_mul_ps(lanes(sc), _mm256_set1_ps(d)),
+            _mm256_mul_ps(lanes(m), _mm256_set1_ps(dmin)),
+        );
+        let mut dsx = [_mm512_setzero_ps(); N];
+        for (k, tk) in tokens.iter().enumerate() {
+            // SAFETY: 8 groups from 8b, 16 sums from 16b: whole blocks (the caller's lengths).
+            let xsv = _mm256_loadu_ps(tk.xs.as_ptr().add(8 * b));
+            let sums16 = _mm256_loadu_si256(tk.sums.as_ptr().add(16 * b) as *const __m256i);
+            let xsum = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums16, ones));
+            dsx[k] = _mm512_zextps256_ps512(_mm256_mul_ps(dsc, xsv));
+            mins[k] = _mm256_fmadd_ps(_mm256_mul_ps(dm, xsv), xsum, mins[k]);
+        }
+        for p in 0..BLOCK / 64 {
+            // SAFETY: qs is 128 bytes (a whole block's), so bytes 32p..32p + 32 are in it.
+            let v = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                qs.as_ptr().add(32 * p) as *const __m256i
+            ));
+            let q = _mm512_and_si512(_mm512_srlv_epi16(v, halves), nibble);
+            // Lanes 0..8 take sub-block 2p's scale, 8..16 sub-block 2p + 1's.
+            let pick = _mm512_set_epi32(
+                2 * p as i32 + 1,
+                2 * p as i32 + 1,
+                2 * p as i32 + 1,
+                2 * p as i32 + 1,
+                2 * p as i32 + 1,
+                2 * p as i32 + 1,
+                2 * p as i32 + 1,
+                2 * p as i32 + 1,
+                2 * p as i32,
+                2 * p as i32,
+                2 * p as i32,
+                2 * p as i32,
+                2 * p as i32,
+                2 * p as i32,
+                2 * p as i32,
+                2 * p as i32,
+            );
+            for (k, tk) in tokens.iter().enumerate() {
+                // SAFETY: groups 8b + 2p, 8b + 2p + 1 are values 32 (8b + 2p).. + 64 of `x`.
+                let at = tk.x.as_ptr().add(GROUP * (8 * b + 2 * p));
+                let xv = _mm512_loadu_si512(at as *const __m512i);
+                let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xv);
+                let scale = _mm512_permutexvar_ps(pick, dsx[k]);
+                let a = &mut acc[k][p % CHAINS_512];
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, *a);
+            }
+        }
+    }
+    std::array::from_fn(|k| {
+        let all = _mm512_add_ps(acc[k][0], acc[k][1]);
+        sum8(_mm256_sub_ps(halves_added(all), mins[k]))
+    })
+}
+
+/// One Q6_K row against `N` tokens on AVX-512: [`dot_q6_k`] two groups a vector (64 values of a
+/// half, four sub-blocks of 16), `vpdpbusd` for the byte products, each sub-block's `d sc` and
+/// its group's `xs` folded into one float scale per lane. Caller guarantees what
+/// [`dot_q4_k_512`]'s does.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_q6_k_512<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
+    let nibble = _mm512_set1_epi8(15);
+    let bits_4_5 = _mm512_set1_epi8(0x30);
+    // A group's high bits (two a value, at bits 2c of its `qh` byte for chunk c) moved to bits
+    // 4-5: chunks 0 and 1 shifted left by 4 and 2, chunks 2 and 3 right by 0 and 2.
+    let (left, right) = (per_half(4, 2), per_half(0, 2));
+    // Lane k of the 16 sub-blocks' scales: the group of sub-block k (k / 2).
+    let group_of = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    let mut acc = [[_mm512_setzero_ps(); CHAINS_512]; N];
+    let mut offsets = [_mm512_setzero_ps(); N];
+    for (b, block) in w.chunks_exact(Q6_K_BYTES).enumerate() {
+        let (ql, qh, scales) = (&block[0..128], &block[128..192], &block[192..208]);
+        let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([
+            block[208], block[209],
+        ]) as i32)));
+        // SAFETY: 16 scale bytes. Lane k: d sc_k.
+        let dsc = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                scales.as_ptr() as *const __m128i
+            ))),
+            _mm512_set1_ps(d),
+        );
+        // Per token, lane k: d sc_k xs_(k / 2), the scale of sub-block k's products; and the
+        // offsets of the weights' + 32, 32 d sc_k xs sum(qx_k).
+        let mut fsx = [_mm512_setzero_ps(); N];
+        for (k, tk) in tokens.iter().enumerate() {
+            // SAFETY: 8 groups from 8b, 16 sums from 16b (the caller's lengths).
+            let xsv = _mm512_zextps256_ps512(_mm256_loadu_ps(tk.xs.as_ptr().add(8 * b)));
+            fsx[k] = _mm512_mul_ps(dsc, _mm512_permutexvar_ps(group_of, xsv));
+            let sums16 = _mm256_loadu_si256(tk.sums.as_ptr().add(16 * b) as *const __m256i);
+            let sums = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(sums16));
+            offsets[k] = _mm512_fmadd_ps(fsx[k], sums, offsets[k]);
+        }
+        for n in 0..2 {
+            // SAFETY: ql is 128 bytes, qh 64: bytes 64n..64n + 64 and 32n..32n + 32.
+            let low = _mm512_loadu_si512(ql.as_ptr().add(64 * n) as *const __m512i);
+            let high = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                qh.as_ptr().add(32 * n) as *const __m256i
+            ));
+            for pair in 0..2 {
+                // Chunks 2 pair, 2 pair + 1 of the half (values 64 pair.. + 64): q + 32.
+                let (lo, hi) = match pair {
+                    0 => (_mm512_and_si512(low, nibble), _mm512_sllv_epi16(high, left)),
+                    _ => (
+                        _mm512_and_si512(_mm512_srli_epi16(low, 4), nibble),
+                        _mm512_srlv_epi16(high, right),
+                    ),
+                };
+                // lo | hi & 0x30 (vpternlogd 0xf8: A | B & C).
+                let q = _mm512_ternarylogic_epi32::<0xf8>(lo, hi, bits_4_5);
+                // The four sub-blocks of 16: lanes 4s..4s + 4 are sub-block s0 + s's.
+                let s0 = (8 * n + 4 * pair) as i32;
+                let pick = _mm512_setr_epi32(
+                    s0,
+                    s0,
+                    s0,
+                    s0,
+                    s0 + 1,
+                    s0 + 1,
+                    s0 + 1,
+                    s0 + 1,
+                    s0 + 2,
+                    s0 + 2,
+                    s0 + 2,
+                    s0 + 2,
+                    s0 + 3,
+                    s0 + 3,
+                    s0 + 3,
+                    s0 + 3,
+                );
+                let g = 8 * b + 4 * n + 2 * pair;
+                for (k, tk) in tokens.iter().enumerate() {
+                    // SAFETY: groups g, g + 1 are values 32g.. + 64 of `x`.
+                    let xv = _mm512_loadu_si512(tk.x.as_ptr().add(GROUP * g) as *const __m512i);
+                    let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xv);
+                    let scale = _mm512_permutexvar_ps(pick, fsx[k]);
+                    let a = &mut acc[k][pair % CHAINS_512];
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, *a);
+                }
+            }
+        }
+    }
+    std::array::from_fn(|k| {
+        let all = _mm512_add_ps(acc[k][0], acc[k][1]);
+        let all = _mm512_fnmadd_ps(offsets[k], _mm512_set1_ps(32.0), all);
+        sum8(halves_added(all))
+    })
+}
+
+/// Multiply-add chains of the AVX-512 kernels (as [`CHAINS`]).
+const CHAINS_512: usize = 2;
+
+/// 16-bit lanes of `lo` in the low 256 bits, of `hi` in the high: the shift counts of a vector
+/// holding two 32-byte pieces.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn per_half(lo: i16, hi: i16) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_set1_epi16(lo), _mm256_set1_epi16(hi))
+}
+
+/// The low 8 lanes of `v` plus its high 8.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn halves_added(v: __m512) -> __m256 {
+    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    _mm256_add_ps(_mm512_castps512_ps256(v), high)
+}
+
+/// The sum of 8 lanes, in a fixed order.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn sum8(v: __m256) -> f32 {
+    let v4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+    _mm_cvtss_f32(v2) + _mm_cvtss_f32(_mm_shuffle_ps::<1>(v2, v2))
+}
