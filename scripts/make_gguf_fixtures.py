@@ -34,6 +34,8 @@ fixtures/gguf/tiny-bf16-tied-k256-q4_k_m.gguf is llama-quantize's Q4_K_M of the 
 
     llama-quantize tiny-bf16-tied-k256-bf16.gguf fixtures/gguf/tiny-bf16-tied-k256-q4_k_m.gguf Q4_K_M
 
+and so, with `Q4_0`, tiny-bf16-tied-k256-q4_0.gguf.
+
 Developer-only (CI never runs it):
     ../venv-torch/bin/python scripts/make_gguf_fixtures.py
 """

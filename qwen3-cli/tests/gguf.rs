@@ -159,8 +159,8 @@ fn a_gguf_generates_huggingfaces_text() {
     }
 }
 
-/// A Q8_0 GGUF (llama.cpp's converter's, `--outtype q8_0`) and a Q4_K_M one (llama-quantize's)
-/// run as they are: `info` says so, and `inference` generates from a text prompt through the
+/// A Q8_0 GGUF (llama.cpp's converter's, `--outtype q8_0`), a Q4_K_M one and a Q4_0 one
+/// (llama-quantize's) run as they are: `info` says so, and `inference` generates from a text prompt through the
 /// file's own tokenizer. (Their logits against transformers: tests/parity.rs.)
 #[test]
 fn quantized_ggufs_run() {
@@ -173,6 +173,10 @@ fn quantized_ggufs_run() {
         // kernel reads them, that its types run on the scalar reference).
         (
             "tiny-bf16-tied-k256-q4_k_m",
+            "yes, Q6_K: every command takes this file as it is",
+        ),
+        (
+            "tiny-bf16-tied-k256-q4_0",
             "yes, Q6_K: every command takes this file as it is",
         ),
     ] {

@@ -711,15 +711,32 @@ fn tiny_f32_tied_gqa2_as_llama_cpps_q8_0_gguf() {
 /// f32 file of its dequantized weights within the f32 tolerance.
 #[test]
 fn tiny_bf16_tied_k256_as_llama_quantizes_q4_k_m_gguf() {
+    check_quantized_gguf("q4_k_m", &[DType::Q4K, DType::Q6K]);
+}
+
+/// Its Q4_0 (Q4_0 matrices, taken apart at open into q4 in groups of 32, and a Q6_K table), held
+/// to the same.
+#[test]
+fn tiny_bf16_tied_k256_as_llama_quantizes_q4_0_gguf() {
+    check_quantized_gguf("q4_0", &[DType::Q4, DType::Q6K]);
+}
+
+/// fixtures/gguf/tiny-bf16-tied-k256-`kind`.gguf, whose matrices open as `dtypes`, against HF
+/// (see `tiny_bf16_tied_k256_as_llama_quantizes_q4_k_m_gguf`).
+fn check_quantized_gguf(kind: &str, dtypes: &[DType]) {
     let name = "tiny-bf16-tied-k256";
     let refr = load_reference(name);
-    let dir = tempdir("pq-parity-gguf", name);
+    let dir = tempdir("pq-parity-gguf", &format!("{name}-{kind}"));
     let exact = ModelFile::open(&export_as(name, &dir, DType::F32)).unwrap();
     let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/gguf/{name}-q4_k_m.gguf"));
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/gguf/{name}-{kind}.gguf"));
     let stored = ModelFile::open(&path).unwrap();
-    let has = |d: DType| stored.header().tensors.iter().any(|t| t.dtype == d);
-    assert!(has(DType::Q4K) && has(DType::Q6K));
+    for &d in dtypes {
+        assert!(
+            stored.header().tensors.iter().any(|t| t.dtype == d),
+            "{kind}: no {d}"
+        );
+    }
     let sigmas = noise_sigmas(&exact, &stored, &refr, &dir);
     let bound = export_bound(Some(&sigmas));
     let kernel_err =
@@ -739,11 +756,11 @@ fn tiny_bf16_tied_k256_as_llama_quantizes_q4_k_m_gguf() {
     }
     assert!(
         plain_err <= F32_TOL,
-        "plain backend: {plain_err:e} > {F32_TOL:e}"
+        "{kind}: plain backend: {plain_err:e} > {F32_TOL:e}"
     );
-    let f = check_full_logits(name, DType::Q4K, KvType::F32, Some(&sigmas), &path, &refr);
+    let f = check_full_logits(name, dtypes[0], KvType::F32, Some(&sigmas), &path, &refr);
     println!(
-        "{name} GGUF Q4_K_M: vs own weights in f32 {kernel_err:.1e} (plain backend \
+        "{name} GGUF {kind}: vs own weights in f32 {kernel_err:.1e} (plain backend \
          {plain_err:.1e}), {}",
         f.summary(bound)
     );

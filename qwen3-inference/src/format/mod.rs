@@ -561,11 +561,12 @@ pub fn matrix_storage_ok(
     let table = is_table(name);
     if c.dtype.is_k_quant() || dtype.is_k_quant() {
         // A GGUF's mix (llama-quantize's Q4_K_M: Q4_K, with Q6_K for the embedding table and
-        // some `v` and `down` matrices; Q8_0 where a row is not whole blocks of 256): every
-        // matrix in one of the types its products read with activations in groups of 32.
+        // some `v` and `down` matrices, Q8_0 where a row is not whole blocks of 256; its Q4_0:
+        // Q4_0 with a Q6_K table): every matrix in one of the types its products read with
+        // activations in groups of 32.
         return match dtype {
             DType::Q4K | DType::Q6K => group_size as u64 == K_BLOCK,
-            DType::Q8 => group_size == 32,
+            DType::Q8 | DType::Q4 => group_size == 32,
             _ => false,
         };
     }

@@ -379,7 +379,7 @@ impl ModelFile {
                     let header = crate::gguf::model::model_header(&g, mmap.len() as u64)?;
                     // The file's pages of the repacked tensors are read no more.
                     let release = |r: Range<usize>| mmap.release(r);
-                    let repacked = crate::gguf::repack::q8_0(&g, &header, &mmap, &release)?;
+                    let repacked = crate::gguf::repack::repack(&g, &header, &mmap, &release)?;
                     Ok((header, repacked))
                 };
                 gguf().context("a GGUF file")?

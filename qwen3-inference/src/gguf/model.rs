@@ -32,7 +32,8 @@ use crate::format::{
 };
 use anyhow::{bail, ensure, Context, Result};
 
-/// Values a Q8_0 block holds: a Q8_0 tensor is q8 in groups of this many (`repack.rs`).
+/// Values a Q8_0 or Q4_0 block holds: such a tensor is q8 or q4 in groups of this many
+/// (`repack.rs`).
 pub const Q8_0_GROUP: u32 = 32;
 
 /// The model file's name of GGUF tensor `name` (llama.cpp's `tensor_mapping.py`, for the dense
@@ -245,7 +246,8 @@ pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<()> {
 /// A GGUF's F32 and BF16 tensors are stored as the model file stores them (little-endian, rows
 /// one after another): each stays where the GGUF holds it, read in place. A Q8_0 tensor is the
 /// model file's q8 with groups of 32 in another order of its bytes (`repack.rs`): its offset
-/// and size here are those of its q8 layout in the bytes `repack::q8_0` makes at open. Q4_K and
+/// and size here are those of its q8 layout in the bytes `repack::repack` makes at open, and a
+/// Q4_0 tensor's of its q4 layout (the model file's q4 with groups of 32). Q4_K and
 /// Q6_K blocks are read where they lie ([`DType::Q4K`], [`DType::Q6K`]). Other ggml types are
 /// refused by name.
 pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
@@ -255,11 +257,12 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
         "F32" => Ok((DType::F32, 0)),
         "BF16" => Ok((DType::Bf16, 0)),
         "Q8_0" => Ok((DType::Q8, Q8_0_GROUP)),
+        "Q4_0" => Ok((DType::Q4, Q8_0_GROUP)),
         "Q4_K" => Ok((DType::Q4K, K_BLOCK as u32)),
         "Q6_K" => Ok((DType::Q6K, K_BLOCK as u32)),
         other => bail!(
-            "tensor {} is {other}: GGUF files of F32, BF16, Q8_0, Q4_K and Q6_K tensors run so \
-             far; for this one, `qwen3 export` the HuggingFace checkpoint it was made from",
+            "tensor {} is {other}: GGUF files of F32, BF16, Q8_0, Q4_0, Q4_K and Q6_K tensors \
+             run so far; for this one, `qwen3 export` the HuggingFace checkpoint it was made from",
             t.name
         ),
     };
@@ -271,8 +274,8 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
         .find(|t| t.name == "token_embd.weight")
         .context("no token_embd.weight tensor")?;
     (config.dtype, config.group_size) = storage(embd)?;
-    // The repacked bytes' length so far: each Q8_0 tensor's q8 layout at the next multiple of
-    // 64 (format::ALIGN), as a model file places its tensors.
+    // The repacked bytes' length so far: each Q8_0 (Q4_0) tensor's q8 (q4) layout at the next
+    // multiple of 64 (format::ALIGN), as a model file places its tensors.
     let mut repacked = 0u64;
     let tensors = h
         .tensors
@@ -281,7 +284,7 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
             let (dtype, group_size) = storage(t)?;
             let shape = hf_shape(t);
             let (offset, nbytes) = match dtype {
-                DType::Q8 => {
+                DType::Q8 | DType::Q4 => {
                     let offset = align_up(repacked).context("overflow")?;
                     let nbytes = tensor_nbytes(dtype, &shape, group_size).with_context(|| {
                         format!("tensor {}: {shape:?} in groups of {group_size}", t.name)

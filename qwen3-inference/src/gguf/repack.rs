@@ -1,16 +1,22 @@
-//! A GGUF's Q8_0 matrices in the model file's q8 layout, made once when the file is opened.
+//! A GGUF's Q8_0 and Q4_0 matrices in the model file's q8 and q4 layouts, made once when the
+//! file is opened.
 //!
-//! Q8_0 and our q8 with groups of 32 hold the same numbers: 32 int8 values and one scale, `w = d
-//! * q`. They differ in where the bytes lie. Q8_0 interleaves them, block after block:
+//! Q8_0 and our q8 with groups of 32 hold the same numbers: 32 int8 values and one scale,
+//! `w = d q`; Q4_0 and our q4 with groups of 32 too: 16 bytes whose low nibbles are values 0..16
+//! and high nibbles values 16..32, each `q + 8`, and one f16 scale, `w = d (nibble - 8)`. They
+//! differ in where the bytes lie. The GGUF interleaves them, block after block:
 //!
 //! ```text
 //! Q8_0 row:   [d f16][q i8 x 32] [d f16][q i8 x 32] ...       34 bytes a block
 //! q8 tensor:  [q i8, every row's values in order] [pad to 64] [d f32, every group's]
+//! Q4_0 row:   [d f16][16 bytes of nibbles] ...                 18 bytes a block
+//! q4 tensor:  [nibble bytes, every row's in order] [pad to 64] [d f16, every group's]
 //! ```
 //!
-//! The q8 kernels read values as one contiguous run (whole AVX-512 vectors of them) and scales
-//! as another, so the blocks are taken apart once, at open, into that layout: the values copied
-//! as they are, each f16 scale widened to the f32 it stands for (exact: every f16 is an f32).
+//! The kernels read values as one contiguous run (whole AVX-512 vectors of them) and scales as
+//! another, so the blocks are taken apart once, at open, into that layout: the values copied as
+//! they are, each scale as it is (q8's widened to the f32 it stands for: exact, every f16 is an
+//! f32).
 //! Nothing is rounded again, so the model computes with the very weights the GGUF holds
 //! (`gguf/tests.rs` checks every value against gguf-py's dequantization). The copy takes the
 //! file's bytes of those tensors once more; the file's pages of them are released after it
@@ -25,16 +31,18 @@ use rayon::prelude::*;
 use std::collections::HashMap;
 use std::ops::Range;
 
-/// Values a Q8_0 block holds, and its bytes (a f16 scale, then the values).
+/// Values a Q8_0 or Q4_0 block holds.
 const BLOCK: usize = 32;
-const BLOCK_BYTES: usize = 34;
 
-/// The q8 layout of every Q8_0 tensor of GGUF header `g` (whose bytes are `file`), at the
-/// offsets and sizes `header` (its model file header, `model::model_header`) gives them in the
-/// repacked bytes; `None` where the file has no Q8_0 tensor. `release` is told each tensor's
-/// range of `file` once it is copied, so that the file's pages can go while the next are read
-/// (`MappedFile::release`), and the process never holds a tensor twice for long.
-pub fn q8_0(
+/// The ggml types taken apart at open, and each one's bytes a block.
+pub const REPACKED: [(&str, usize); 2] = [("Q8_0", 34), ("Q4_0", 18)];
+
+/// The model file's layout of every Q8_0 and Q4_0 tensor of GGUF header `g` (whose bytes are
+/// `file`), at the offsets and sizes `header` (its model file header, `model::model_header`)
+/// gives them in the repacked bytes; `None` where the file has no such tensor. `release` is told
+/// each tensor's range of `file` once it is copied, so that the file's pages can go while the
+/// next are read (`MappedFile::release`), and the process never holds a tensor twice for long.
+pub fn repack(
     g: &GgufHeader,
     header: &Header,
     file: &[u8],
@@ -46,58 +54,72 @@ pub fn q8_0(
         .map(|t| (t.name.as_str(), t))
         .collect();
     let mut jobs = Vec::new();
-    for t in g.tensors.iter().filter(|t| t.ggml_type.name == "Q8_0") {
+    for t in g.tensors.iter() {
+        let Some(&(_, block_bytes)) = REPACKED.iter().find(|(n, _)| *n == t.ggml_type.name) else {
+            continue;
+        };
         let name = hf_name(&t.name).context("a tensor's name")?;
         let info = by_name
             .get(name.as_str())
             .with_context(|| format!("{name}: not in the model file's header"))?;
         let at = info.offset as usize..(info.offset + info.nbytes) as usize;
-        jobs.push((name, t.start as usize..(t.start + t.nbytes) as usize, at));
+        let source = t.start as usize..(t.start + t.nbytes) as usize;
+        jobs.push((name, source, at, block_bytes));
     }
-    let Some(len) = jobs.iter().map(|(_, _, at)| at.end).max() else {
+    let Some(len) = jobs.iter().map(|(_, _, at, _)| at.end).max() else {
         return Ok(None);
     };
     let mut bytes = HugePages::<u8>::zeroed(len)
-        .with_context(|| format!("cannot allocate {len} bytes for the Q8_0 tensors"))?;
+        .with_context(|| format!("cannot allocate {len} bytes for the Q8_0 and Q4_0 tensors"))?;
     // Each tensor's range of the buffer, handed to its own task.
-    let mut parts: Vec<(Range<usize>, &mut [u8])> = Vec::with_capacity(jobs.len());
+    let mut parts: Vec<(Range<usize>, usize, &mut [u8])> = Vec::with_capacity(jobs.len());
     let mut rest: &mut [u8] = &mut bytes;
     let mut taken = 0;
-    let mut order: Vec<&(String, Range<usize>, Range<usize>)> = jobs.iter().collect();
-    order.sort_by_key(|(_, _, at)| at.start);
-    for (_, source, at) in order {
+    let mut order: Vec<&(String, Range<usize>, Range<usize>, usize)> = jobs.iter().collect();
+    order.sort_by_key(|(_, _, at, _)| at.start);
+    for (_, source, at, block_bytes) in order {
         let (_, tail) = std::mem::take(&mut rest).split_at_mut(at.start - taken);
         let (mine, tail) = tail.split_at_mut(at.len());
-        parts.push((source.clone(), mine));
+        parts.push((source.clone(), *block_bytes, mine));
         rest = tail;
         taken = at.end;
     }
-    parts.into_par_iter().try_for_each(|(source, out)| {
-        take_apart(&file[source.clone()], out)?;
-        release(source);
-        Ok::<_, anyhow::Error>(())
-    })?;
-    let at = jobs.into_iter().map(|(name, _, at)| (name, at)).collect();
+    parts
+        .into_par_iter()
+        .try_for_each(|(source, block_bytes, out)| {
+            take_apart(&file[source.clone()], block_bytes, out)?;
+            release(source);
+            Ok::<_, anyhow::Error>(())
+        })?;
+    let at = jobs
+        .into_iter()
+        .map(|(name, _, at, _)| (name, at))
+        .collect();
     Ok(Some(Derived::new(bytes, at)))
 }
 
-/// One tensor's Q8_0 blocks (`source`) into its q8 bytes (`out`): the values, then at the next
-/// multiple of 64 the scales as f32.
-fn take_apart(source: &[u8], out: &mut [u8]) -> Result<()> {
-    ensure!(
-        source.len().is_multiple_of(BLOCK_BYTES),
-        "Q8_0: a partial block"
-    );
-    let blocks = source.len() / BLOCK_BYTES;
-    let values = blocks * BLOCK;
-    let scales_at = values.next_multiple_of(64);
-    ensure!(out.len() == scales_at + 4 * blocks, "Q8_0: the q8 size");
-    let (q, rest) = out.split_at_mut(values);
-    let scales = &mut rest[scales_at - values..];
-    for (b, block) in source.chunks_exact(BLOCK_BYTES).enumerate() {
-        let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
-        scales[4 * b..4 * b + 4].copy_from_slice(&d.to_le_bytes());
-        q[b * BLOCK..(b + 1) * BLOCK].copy_from_slice(&block[2..]);
+/// One tensor's blocks of `block_bytes` (`source`: Q8_0's 34, Q4_0's 18) into its model file
+/// bytes (`out`): the values, then at the next multiple of 64 the scales (q8: f32, q4: f16).
+fn take_apart(source: &[u8], block_bytes: usize, out: &mut [u8]) -> Result<()> {
+    ensure!(source.len().is_multiple_of(block_bytes), "a partial block");
+    let blocks = source.len() / block_bytes;
+    // Bytes of a block's values, and of its scale.
+    let (values, scale) = (block_bytes - 2, if block_bytes == 18 { 2 } else { 4 });
+    let scales_at = (blocks * values).next_multiple_of(64);
+    ensure!(out.len() == scales_at + scale * blocks, "the repacked size");
+    let (q, rest) = out.split_at_mut(blocks * values);
+    let scales = &mut rest[scales_at - blocks * values..];
+    for (b, block) in source.chunks_exact(block_bytes).enumerate() {
+        match scale {
+            // Q4_0: the f16 as it is.
+            2 => scales[2 * b..2 * b + 2].copy_from_slice(&block[..2]),
+            _ => {
+                let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+                scales[4 * b..4 * b + 4].copy_from_slice(&d.to_le_bytes());
+            }
+        }
+        q[b * values..(b + 1) * values].copy_from_slice(&block[2..]);
     }
+    debug_assert_eq!(values * 8 / BLOCK, if scale == 2 { 4 } else { 8 });
     Ok(())
 }

@@ -566,8 +566,8 @@ fn a_converted_checkpoint_maps_to_a_model_files_header() {
     let err = format!("{:#}", model::model_header(&k, len).unwrap_err());
     assert!(
         err.contains(
-            "tensor blk.0.ffn_up.weight is Q5_K: GGUF files of F32, BF16, Q8_0, Q4_K and Q6_K \
-             tensors run so far"
+            "tensor blk.0.ffn_up.weight is Q5_K: GGUF files of F32, BF16, Q8_0, Q4_0, Q4_K and \
+             Q6_K tensors run so far"
         ),
         "{err}"
     );
@@ -600,18 +600,40 @@ fn a_k_quant_matrix_of_partial_blocks_is_refused() {
 /// gives (`blocks::dequantize`, itself checked against gguf-py), and the norms stay f32 in place.
 #[test]
 fn q8_0_tensors_open_as_q8_with_the_files_values() {
+    let counts = quantized_tensors_have_the_files_values("tiny-f32-tied-gqa2-q8_0");
+    assert_eq!(
+        counts,
+        [("F32", 9), ("Q8_0", 15)]
+            .map(|(k, v)| (k.to_string(), v))
+            .into()
+    );
+}
+
+/// llama-quantize's Q4_0 of tiny-bf16-tied-k256 (Q4_0, with its embedding table in Q6_K): every
+/// Q4_0 matrix becomes q4 in groups of 32, the Q6_K table stays where it lies, each value bit
+/// for bit ggml's.
+#[test]
+fn q4_0_tensors_open_as_q4_with_the_files_values() {
+    let counts = quantized_tensors_have_the_files_values("tiny-bf16-tied-k256-q4_0");
+    let want = [("F32", 9), ("Q4_0", 14), ("Q6_K", 1)];
+    assert_eq!(counts, want.map(|(k, v)| (k.to_string(), v)).into());
+}
+
+/// Opens fixtures/gguf/`name`.gguf as a model file and checks that every tensor's values, as the
+/// model file's view of it holds them, are bit for bit what ggml's dequantization gives
+/// (`blocks::dequantize`, itself checked against gguf-py); returns how many tensors of each
+/// ggml type it checked.
+fn quantized_tensors_have_the_files_values(
+    name: &str,
+) -> std::collections::BTreeMap<String, usize> {
     use crate::format::reader::TensorData;
-    use crate::format::{DType, ModelFile};
+    use crate::format::ModelFile;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
-    let path = root.join("gguf/tiny-f32-tied-gqa2-q8_0.gguf");
+    let path = root.join(format!("gguf/{name}.gguf"));
     let gguf = GgufFile::open(&path).unwrap();
     let file = ModelFile::open(&path).unwrap();
-    assert!(!file.in_place());
-    assert_eq!(
-        (file.config().dtype, file.config().group_size),
-        (DType::Q8, 32)
-    );
-    let mut q8_0 = 0;
+    assert!(!file.in_place(), "{name}: nothing repacked");
+    let mut counts = std::collections::BTreeMap::new();
     for t in &gguf.header().tensors {
         let name = model::hf_name(&t.name).unwrap();
         let view = file.tensor(&name).unwrap();
@@ -625,17 +647,32 @@ fn q8_0_tensors_open_as_q8_with_the_files_values() {
                 group_size,
             } => {
                 assert_eq!(group_size, 32, "{name}");
-                q8_0 += 1;
                 q.iter()
                     .enumerate()
                     .map(|(i, &v)| v as f32 * scales[i / group_size])
                     .collect()
             }
+            TensorData::Q4 {
+                packed,
+                scales,
+                group_size,
+            } => {
+                assert_eq!(group_size, 32, "{name}");
+                let mut out = vec![0f32; numel];
+                crate::quant::dequantize_q4(packed, scales, group_size, &mut out);
+                out
+            }
             TensorData::F32(v) => v.to_vec(),
+            TensorData::Q6K(b) => {
+                let mut out = vec![0f32; numel];
+                blocks::dequantize(t.ggml_type, b, &mut out).unwrap();
+                out
+            }
             other => panic!("{name}: {other:?}"),
         };
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&got), bits(&want), "{name}");
+        *counts.entry(t.ggml_type.name.to_string()).or_insert(0) += 1;
     }
-    assert_eq!(q8_0, 15);
+    counts
 }

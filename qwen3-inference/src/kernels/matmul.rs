@@ -340,11 +340,7 @@ fn with_activations<R>(
         let k = ws
             .iter()
             .any(|w| matches!(w.data, TensorData::Q4K(_) | TensorData::Q6K(_)));
-        let acts = match (q4, k) {
-            (true, _) => buf.quantize_for_q4(x, t, cols, gs),
-            (false, true) => buf.quantize_for_k(x, t, cols, gs),
-            (false, false) => buf.quantize(x, t, cols, gs),
-        };
+        let acts = buf.quantize_for_weights(x, t, cols, gs, q4, k);
         f(Some(&acts))
     })
 }

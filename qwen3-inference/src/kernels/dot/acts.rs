@@ -52,6 +52,22 @@ impl ActsQ8Buf {
         self.quantize_with(x, t, cols, gs, None, true)
     }
 
+    /// [`ActsQ8Buf::quantize`] with the forms the weights of one product need: the q4 layout
+    /// of this CPU's kernels for q4 or q6 weights (`q4`), the sums for K-quants (`k`). A GGUF
+    /// may mix them in one layer's products.
+    pub fn quantize_for_weights(
+        &mut self,
+        x: &[f32],
+        t: usize,
+        cols: usize,
+        gs: usize,
+        q4: bool,
+        k: bool,
+    ) -> ActsQ8<'_> {
+        let layout = q4.then(|| dots().q4_layout);
+        self.quantize_with(x, t, cols, gs, layout, k)
+    }
+
     /// [`ActsQ8Buf::quantize`] plus the layout the q4 kernels of this CPU ([`dots`]) read
     /// ([`q4::ActsQ4`]).
     pub fn quantize_for_q4(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {

@@ -20,7 +20,6 @@
 
 use super::super::k_quants::{row_bytes, BLOCK, GROUP, Q4_K_BYTES, Q6_K_BYTES};
 use super::super::ActsQ8;
-use super::q4::prefetch_lines;
 use crate::gguf::blocks::scales_mins;
 use std::arch::x86_64::*;
 
@@ -33,16 +32,12 @@ pub(super) unsafe fn mat_k_avx2<const SIX: bool>(
     w: &[u8],
     x: &ActsQ8,
     out: &mut [f32],
-    ahead: usize,
+    _ahead: usize,
 ) {
     // SAFETY: the caller's AVX2, FMA and F16C are what these tiles need.
     match SIX {
-        true => mat_k::<SIX>(w, x, out, ahead, |w, t, o| unsafe {
-            tiles_avx2::<true>(w, t, o)
-        }),
-        false => mat_k::<SIX>(w, x, out, ahead, |w, t, o| unsafe {
-            tiles_avx2::<false>(w, t, o)
-        }),
+        true => mat_k::<SIX>(w, x, out, |w, t, o| unsafe { tiles_avx2::<true>(w, t, o) }),
+        false => mat_k::<SIX>(w, x, out, |w, t, o| unsafe { tiles_avx2::<false>(w, t, o) }),
     }
 }
 
@@ -55,14 +50,14 @@ pub(super) unsafe fn mat_k_avx512<const SIX: bool>(
     w: &[u8],
     x: &ActsQ8,
     out: &mut [f32],
-    ahead: usize,
+    _ahead: usize,
 ) {
     // SAFETY: the caller's AVX-512 and F16C are what these tiles need.
     match SIX {
-        true => mat_k::<SIX>(w, x, out, ahead, |w, t, o| unsafe {
+        true => mat_k::<SIX>(w, x, out, |w, t, o| unsafe {
             tiles_avx512::<true>(w, t, o)
         }),
-        false => mat_k::<SIX>(w, x, out, ahead, |w, t, o| unsafe {
+        false => mat_k::<SIX>(w, x, out, |w, t, o| unsafe {
             tiles_avx512::<false>(w, t, o)
         }),
     }
@@ -72,13 +67,15 @@ pub(super) unsafe fn mat_k_avx512<const SIX: bool>(
 type Tile = fn(w: &[u8], tokens: &[Token], out: &mut [f32]);
 
 /// The products of `w` (whole blocks of `x.cols`) with the tokens of `x`: each row against
-/// tiles of up to [`TOKENS`] tokens, its blocks unpacked once a tile (`tile`); the row's bytes
-/// asked for ahead as the q8 kernels ask ([`prefetch_lines`]), within `w` and the `ahead` bytes
-/// after it.
-fn mat_k<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32], ahead: usize, tile: Tile) {
+/// tiles of up to [`TOKENS`] tokens, its blocks unpacked once a tile (`tile`).
+///
+/// No software prefetch (the q4 and q8 kernels ask for their weights ahead, `PREFETCH_NEAR`):
+/// these kernels do more work a byte, and asking for each row's bytes 8 and 32 KiB ahead made a
+/// one-thread decode of Qwen3-0.6B's Q4_K_M slower, 31-32 tok/s against 33-37 without, three
+/// alternated rounds on a Zen 4 VM.
+fn mat_k<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32], tile: Tile) {
     let rows = super::super::k_quants::check::<SIX>(w, x, out);
     let (t, cols, row) = (x.t, x.cols, row_bytes::<SIX>(x.cols));
-    let reach = w.len() + ahead;
     let per = cols / 16;
     let token = |k: usize| Token {
         x: x.q_row(k),
@@ -86,7 +83,6 @@ fn mat_k<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32], ahead: usize, t
         sums: &x.sums16[k * per..(k + 1) * per],
     };
     for r in 0..rows {
-        prefetch_lines(w, r * row, row, reach);
         let w_r = &w[r * row..(r + 1) * row];
         for i in (0..t).step_by(TOKENS) {
             let n = (t - i).min(TOKENS);
