@@ -153,7 +153,10 @@ fn a_gguf_generates_huggingfaces_text() {
         let o = qwen3(&["info", path.to_str().unwrap()]);
         let s = String::from_utf8_lossy(&o.stdout);
         assert!(
-            s.contains(&format!("run                      yes, {dtype}")),
+            s.contains(&format!(
+                "run                      yes, {}:",
+                dtype.to_uppercase()
+            )),
             "{s}"
         );
     }
@@ -167,17 +170,17 @@ fn quantized_ggufs_run() {
     for (name, run) in [
         (
             "tiny-f32-tied-gqa2-q8_0",
-            "yes, q8: every command takes this file as it is",
+            "yes, Q8_0: every command takes this file as it is",
         ),
-        // Q4_K_M: the embedding's type, Q6_K, names the mix (`info` adds, where no vectorized
-        // kernel reads them, that its types run on the scalar reference).
+        // The matrices' types, the most common first (`info` adds, where no vectorized kernel
+        // reads them, that they run on the scalar reference).
         (
             "tiny-bf16-tied-k256-q4_k_m",
-            "yes, Q6_K: every command takes this file as it is",
+            "yes, Q4_K + Q6_K: every command takes this file as it is",
         ),
         (
             "tiny-bf16-tied-k256-q4_0",
-            "yes, Q6_K: every command takes this file as it is",
+            "yes, Q4_0 + Q6_K: every command takes this file as it is",
         ),
     ] {
         let path =

@@ -221,9 +221,9 @@ fn noise_sigmas(
 ) -> Vec<Vec<f32>> {
     let exact_model = Model::load(exact).unwrap();
     // q8 files also round the activations before every product (W8A8), and so do a GGUF's
-    // K-quants, in groups of 32.
+    // Q4_0 (q4 in groups of 32) and K-quants, in groups of 32.
     let w8a8_group = match stored.config().dtype {
-        DType::Q8 => Some(stored.config().group_size as usize),
+        DType::Q8 | DType::Q4 => Some(stored.config().group_size as usize),
         d if d.is_k_quant() => Some(qwen3_inference::kernels::dot::k_quants::GROUP),
         _ => None,
     };
@@ -309,7 +309,8 @@ fn rounded_exports_compute_their_own_weights_exactly(
         let d = max_abs(&our_logits(&model, case).0, &our_logits(&deq, case).0);
         worst = worst.max(d);
     }
-    let limit = if stored.config().dtype == DType::Q8 || stored.config().dtype.is_k_quant() {
+    // Quantized weights meet quantized activations (W8A8, W4A8, a GGUF's K-quants).
+    let limit = if !matches!(stored.config().dtype, DType::F32 | DType::Bf16) {
         bound
     } else {
         F32_TOL
@@ -742,8 +743,9 @@ fn check_quantized_gguf(kind: &str, dtypes: &[DType]) {
     let kernel_err =
         rounded_exports_compute_their_own_weights_exactly(&exact, &stored, &refr, &dir, bound);
     // The plain backend multiplies f32 activations by each weight as its block says: the
-    // f32 path on the same values, up to summation order.
-    let deq = dir.join("dequantized.bin");
+    // f32 path on the same values (an f32 file of the GGUF's), up to summation order.
+    let deq = dir.join("plain-reference.bin");
+    write_sign_flipped(&exact, &stored, None, &deq);
     let deq_file = ModelFile::open(&deq).unwrap();
     let (deq_model, model) = (
         Model::load(&deq_file).unwrap(),

@@ -431,12 +431,11 @@ fn print_json(
         })
         .collect();
     // Per dtype, how many matrices are stored so (a q4 file keeps some in q6 or q8: `Q4Mix`).
-    let matrices: serde_json::Map<String, serde_json::Value> =
-        [DType::F32, DType::Bf16, DType::Q8, DType::Q6, DType::Q4]
-            .into_iter()
-            .filter(|&d| matrices_of(file, d) > 0)
-            .map(|d| (d.name().to_string(), matrices_of(file, d).into()))
-            .collect();
+    let matrices: serde_json::Map<String, serde_json::Value> = DType::ALL
+        .into_iter()
+        .filter(|&d| matrices_of(file, d) > 0)
+        .map(|d| (d.name().to_string(), matrices_of(file, d).into()))
+        .collect();
     let out = serde_json::json!({
         "model": args.model.display().to_string(),
         "dtype": c.dtype.name(),
@@ -468,7 +467,7 @@ fn print_table(
     kernels: &str,
 ) {
     // "197 q8 matrices", or for a q4 file with some kept finer (`Q4Mix`) "168 q4 + 29 q8".
-    let matrices: Vec<String> = [DType::F32, DType::Bf16, DType::Q8, DType::Q6, DType::Q4]
+    let matrices: Vec<String> = DType::ALL
         .into_iter()
         .map(|d| (d, matrices_of(file, d)))
         .filter(|&(_, n)| n > 0)

@@ -392,9 +392,19 @@ fn gguf_info(args: &InfoArgs) -> Result<()> {
                     slow.into_iter().collect::<Vec<_>>().join(" and ")
                 ),
             };
+            // The matrices' types, the most common first: "Q4_K + Q6_K".
+            let mut types: Vec<(&str, usize)> = Vec::new();
+            for t in h.tensors.iter().filter(|t| t.dims.len() == 2) {
+                match types.iter_mut().find(|(n, _)| *n == t.ggml_type.name) {
+                    Some((_, k)) => *k += 1,
+                    None => types.push((t.ggml_type.name, 1)),
+                }
+            }
+            types.sort_by_key(|&(_, k)| std::cmp::Reverse(k));
+            let types: Vec<&str> = types.into_iter().map(|(n, _)| n).collect();
             println!(
                 "run                      yes, {}: every command takes this file as it is{slow}",
-                m.config.dtype
+                types.join(" + ")
             )
         }
         Err(e) => println!("run                      not yet: {e:#}"),

@@ -45,10 +45,18 @@ impl DeviceWeights {
     /// byte ranges. Shapes the kernels cannot take are refused here, before any launch.
     pub fn upload(stream: &Arc<CudaStream>, file: &ModelFile) -> Result<DeviceWeights> {
         let name = file.path().display().to_string();
-        // The upload is the mapped file: a GGUF's Q8_0 tensors, repacked at open, are not in it.
+        // The upload is the mapped file: a GGUF's Q8_0 and Q4_0 tensors, repacked at open, are
+        // not in it.
         if !file.in_place() {
             bail!(
-                "{name}: a GGUF file with Q8_0 tensors, which the CUDA backend does not read yet: use --device cpu"
+                "{name}: a GGUF file with Q8_0 or Q4_0 tensors, which the CUDA backend does not read yet: use --device cpu"
+            );
+        }
+        if let Some(t) = file.header().tensors.iter().find(|t| t.dtype.is_k_quant()) {
+            bail!(
+                "{name}: tensor {} is GGUF's {}, which the CUDA backend has no kernels for: use --device cpu",
+                t.name,
+                t.dtype
             );
         }
         let mut tensors = HashMap::new();
@@ -61,13 +69,6 @@ impl DeviceWeights {
                 bail!(
                     "{name}: tensor {} is not 64-byte aligned (a GGUF file aligns its tensors to 32 bytes), which the CUDA backend reads in place: use --device cpu",
                     t.name
-                );
-            }
-            if t.dtype.is_k_quant() {
-                bail!(
-                    "{name}: tensor {} is GGUF's {}, which the CUDA backend has no kernels for: use --device cpu",
-                    t.name,
-                    t.dtype
                 );
             }
             // No CUDA kernel reads a q4 embedding row (q4 files keep the table finer unless

@@ -12,6 +12,7 @@
 
 use super::{AttentionShape, Backend, DeltaNetShape, KvType, RopeTable};
 use crate::format::reader::{TensorData, TensorView};
+use crate::kernels::dot::k_quants;
 use anyhow::{bail, Result};
 use std::marker::PhantomData;
 
@@ -64,10 +65,12 @@ fn weight(t: &TensorView, i: usize) -> f32 {
             cols,
         } => crate::quant::q6_value(packed, scales, cols, group_size, i),
         TensorData::Q4K(blocks) => {
-            crate::gguf::blocks::q4_k_value(&blocks[i / 256 * 144..], i % 256)
+            let at = i / k_quants::BLOCK * k_quants::Q4_K_BYTES;
+            crate::gguf::blocks::q4_k_value(&blocks[at..], i % k_quants::BLOCK)
         }
         TensorData::Q6K(blocks) => {
-            crate::gguf::blocks::q6_k_value(&blocks[i / 256 * 210..], i % 256)
+            let at = i / k_quants::BLOCK * k_quants::Q6_K_BYTES;
+            crate::gguf::blocks::q6_k_value(&blocks[at..], i % k_quants::BLOCK)
         }
     }
 }

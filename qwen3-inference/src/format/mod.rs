@@ -102,6 +102,17 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every dtype, the finest first.
+    pub const ALL: [DType; 7] = [
+        DType::F32,
+        DType::Bf16,
+        DType::Q8,
+        DType::Q6K,
+        DType::Q6,
+        DType::Q4K,
+        DType::Q4,
+    ];
+
     pub fn code(self) -> u8 {
         match self {
             DType::F32 => 0,
@@ -186,16 +197,21 @@ pub fn value_bytes(dtype: DType, numel: u64) -> Option<u64> {
         DType::Q4 => Some(numel / 2),
         DType::Q6 => Some(numel / 4 * 3),
         // Whole blocks, scales and all.
-        DType::Q4K => Some(numel / K_BLOCK * 144),
-        DType::Q6K => Some(numel / K_BLOCK * 210),
+        DType::Q4K => Some(numel / K_BLOCK * Q4_K_BLOCK_BYTES),
+        DType::Q6K => Some(numel / K_BLOCK * Q6_K_BLOCK_BYTES),
     }
 }
 
 /// Weights in a block of GGUF's K-quants ([`DType::Q4K`], [`DType::Q6K`]); their `group_size`.
 pub const K_BLOCK: u64 = 256;
+/// Bytes of a Q4_K block (`d`, `dmin`, 12 scale bytes, 128 of nibbles) and of a Q6_K block (128
+/// bytes of low bits, 64 of high bits, 16 scales, `d`): `gguf/blocks.rs` draws both.
+pub const Q4_K_BLOCK_BYTES: u64 = 144;
+pub const Q6_K_BLOCK_BYTES: u64 = 210;
 
 /// Bytes a tensor of `dtype` and `shape` occupies in the data section (q8, q4, q6: values, padding
-/// to [`ALIGN`], scales). `None` when the shape overflows or the group size does not fit it.
+/// to [`ALIGN`], scales; a K-quant: its blocks, `group_size` [`K_BLOCK`] and rows of whole
+/// blocks). `None` when the shape overflows or the group size does not fit it.
 pub fn tensor_nbytes(dtype: DType, shape: &[u64], group_size: u32) -> Option<u64> {
     let numel = shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))?;
     // What a group size must be a multiple of (q4 packs pairs, q6 runs of 32), and the bytes of
@@ -561,9 +577,9 @@ pub fn matrix_storage_ok(
     let table = is_table(name);
     if c.dtype.is_k_quant() || dtype.is_k_quant() {
         // A GGUF's mix (llama-quantize's Q4_K_M: Q4_K, with Q6_K for the embedding table and
-        // some `v` and `down` matrices, Q8_0 where a row is not whole blocks of 256; its Q4_0:
-        // Q4_0 with a Q6_K table): every matrix in one of the types its products read with
-        // activations in groups of 32.
+        // some `v` and `down` matrices; its Q4_0: Q4_0 with a Q6_K table): every matrix in one
+        // of the types whose products read activations in groups of 32. (Where a row is not
+        // whole blocks of 256, llama-quantize falls back to Q5_0 or Q8_0: Q5_0 does not run.)
         return match dtype {
             DType::Q4K | DType::Q6K => group_size as u64 == K_BLOCK,
             DType::Q8 | DType::Q4 => group_size == 32,

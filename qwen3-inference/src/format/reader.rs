@@ -214,18 +214,22 @@ impl Header {
             };
             if !ok {
                 let bf16 = e.kind == TensorKind::Matrix && stays_bf16(&self.config, &e.shape);
+                let k_mix = self.config.dtype.is_k_quant() || t.dtype.is_k_quant();
                 let expected = match (e.kind, self.config.dtype) {
                     _ if bf16 => "bf16 (its rows are not a multiple of the group size)",
+                    (TensorKind::Matrix, _) if k_mix => "Q4_K or Q6_K (256), or q8 or q4 (32)",
                     (TensorKind::Matrix, DType::Q4) => "q4, q6 or q8",
                     (TensorKind::Matrix, d) => d.name(),
                     _ => "f32",
                 };
                 let group = match e.kind {
-                    TensorKind::Matrix if !bf16 => self.config.group_size,
-                    _ => 0,
+                    // A GGUF's mix names each type's group above.
+                    TensorKind::Matrix if k_mix => String::new(),
+                    TensorKind::Matrix if !bf16 => format!(" (group {})", self.config.group_size),
+                    _ => " (group 0)".to_string(),
                 };
                 bail!(
-                    "tensor {}: stored as {} (group {}), expected {expected} (group {group})",
+                    "tensor {}: stored as {} (group {}), expected {expected}{group}",
                     e.name,
                     t.dtype,
                     t.group_size,

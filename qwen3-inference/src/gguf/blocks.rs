@@ -1,5 +1,6 @@
 //! The block types of the hub's Qwen GGUF files, dequantized: the scalar reference that the
-//! kernels which run these types will be tested against. Each follows ggml's
+//! kernels which run these types are tested against (`kernels/dot/k_quants.rs`), and the values
+//! an embedding row and the plain backend read. Each follows ggml's
 //! `dequantize_row_*` (ggml-quants.c) and gguf-py's `quants.py`, with their operations in their
 //! order, so that the values are theirs bit for bit (`tests.rs` compares against gguf-py's).
 //!
@@ -154,6 +155,20 @@ fn k_quant<const FIVE: bool>(b: &[u8], y: &mut [f32]) {
 
 fn q4_k(b: &[u8], y: &mut [f32]) {
     k_quant::<false>(b, y)
+}
+
+/// Whole Q4_K blocks (`bytes`) into their values (`out`, 256 a block).
+pub(crate) fn q4_k_blocks(bytes: &[u8], out: &mut [f32]) {
+    for (b, y) in bytes.chunks_exact(144).zip(out.chunks_exact_mut(256)) {
+        q4_k(b, y)
+    }
+}
+
+/// Whole Q6_K blocks (`bytes`) into their values (`out`, 256 a block).
+pub(crate) fn q6_k_blocks(bytes: &[u8], out: &mut [f32]) {
+    for (b, y) in bytes.chunks_exact(210).zip(out.chunks_exact_mut(256)) {
+        q6_k(b, y)
+    }
 }
 
 fn q5_k(b: &[u8], y: &mut [f32]) {

@@ -32,9 +32,9 @@ use crate::format::{
 };
 use anyhow::{bail, ensure, Context, Result};
 
-/// Values a Q8_0 or Q4_0 block holds: such a tensor is q8 or q4 in groups of this many
-/// (`repack.rs`).
-pub const Q8_0_GROUP: u32 = 32;
+/// Values a block of ggml's legacy types (Q8_0, Q4_0) holds: such a tensor is q8 or q4 in
+/// groups of this many (`repack.rs`).
+pub const LEGACY_GROUP: u32 = 32;
 
 /// The model file's name of GGUF tensor `name` (llama.cpp's `tensor_mapping.py`, for the dense
 /// Qwen families), or `None` for a name it does not use.
@@ -256,8 +256,8 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
     let storage = |t: &GgufTensor| match t.ggml_type.name {
         "F32" => Ok((DType::F32, 0)),
         "BF16" => Ok((DType::Bf16, 0)),
-        "Q8_0" => Ok((DType::Q8, Q8_0_GROUP)),
-        "Q4_0" => Ok((DType::Q4, Q8_0_GROUP)),
+        "Q8_0" => Ok((DType::Q8, LEGACY_GROUP)),
+        "Q4_0" => Ok((DType::Q4, LEGACY_GROUP)),
         "Q4_K" => Ok((DType::Q4K, K_BLOCK as u32)),
         "Q6_K" => Ok((DType::Q6K, K_BLOCK as u32)),
         other => bail!(
@@ -266,14 +266,26 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
             t.name
         ),
     };
-    // The matrices' storage is the token embedding's; `Header::check_tensor_set` below holds
-    // every other matrix to it and every norm and bias to f32.
+    // The matrices' storage is the type most of them are in (a Q4_K_M file's Q4_K, its Q4_0's
+    // Q4_0, whose tables are Q6_K), the embedding's on a tie; `Header::check_tensor_set` below
+    // holds every other matrix to it, or to the types a GGUF mixes with it, and every norm and
+    // bias to f32.
     let embd = h
         .tensors
         .iter()
         .find(|t| t.name == "token_embd.weight")
         .context("no token_embd.weight tensor")?;
-    (config.dtype, config.group_size) = storage(embd)?;
+    let mut counts: Vec<((DType, u32), usize)> = vec![(storage(embd)?, 0)];
+    for t in h.tensors.iter().filter(|t| t.dims.len() == 2) {
+        let s = storage(t)?;
+        match counts.iter_mut().find(|(k, _)| *k == s) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((s, 1)),
+        }
+    }
+    // The first of the most common: the embedding's when it ties.
+    let most = counts.iter().map(|&(_, n)| n).max().unwrap_or(0);
+    (config.dtype, config.group_size) = counts.iter().find(|&&(_, n)| n == most).unwrap().0;
     // The repacked bytes' length so far: each Q8_0 (Q4_0) tensor's q8 (q4) layout at the next
     // multiple of 64 (format::ALIGN), as a model file places its tensors.
     let mut repacked = 0u64;

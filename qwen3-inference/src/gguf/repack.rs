@@ -31,11 +31,8 @@ use rayon::prelude::*;
 use std::collections::HashMap;
 use std::ops::Range;
 
-/// Values a Q8_0 or Q4_0 block holds.
-const BLOCK: usize = 32;
-
-/// The ggml types taken apart at open, and each one's bytes a block.
-pub const REPACKED: [(&str, usize); 2] = [("Q8_0", 34), ("Q4_0", 18)];
+/// The ggml types taken apart at open.
+pub const REPACKED: [&str; 2] = ["Q8_0", "Q4_0"];
 
 /// The model file's layout of every Q8_0 and Q4_0 tensor of GGUF header `g` (whose bytes are
 /// `file`), at the offsets and sizes `header` (its model file header, `model::model_header`)
@@ -55,16 +52,16 @@ pub fn repack(
         .collect();
     let mut jobs = Vec::new();
     for t in g.tensors.iter() {
-        let Some(&(_, block_bytes)) = REPACKED.iter().find(|(n, _)| *n == t.ggml_type.name) else {
+        if !REPACKED.contains(&t.ggml_type.name) {
             continue;
-        };
+        }
         let name = hf_name(&t.name).context("a tensor's name")?;
         let info = by_name
             .get(name.as_str())
             .with_context(|| format!("{name}: not in the model file's header"))?;
         let at = info.offset as usize..(info.offset + info.nbytes) as usize;
         let source = t.start as usize..(t.start + t.nbytes) as usize;
-        jobs.push((name, source, at, block_bytes));
+        jobs.push((name, source, at, t.ggml_type.name == "Q4_0"));
     }
     let Some(len) = jobs.iter().map(|(_, _, at, _)| at.end).max() else {
         return Ok(None);
@@ -72,25 +69,23 @@ pub fn repack(
     let mut bytes = HugePages::<u8>::zeroed(len)
         .with_context(|| format!("cannot allocate {len} bytes for the Q8_0 and Q4_0 tensors"))?;
     // Each tensor's range of the buffer, handed to its own task.
-    let mut parts: Vec<(Range<usize>, usize, &mut [u8])> = Vec::with_capacity(jobs.len());
+    let mut parts: Vec<(Range<usize>, bool, &mut [u8])> = Vec::with_capacity(jobs.len());
     let mut rest: &mut [u8] = &mut bytes;
     let mut taken = 0;
-    let mut order: Vec<&(String, Range<usize>, Range<usize>, usize)> = jobs.iter().collect();
+    let mut order: Vec<&(String, Range<usize>, Range<usize>, bool)> = jobs.iter().collect();
     order.sort_by_key(|(_, _, at, _)| at.start);
-    for (_, source, at, block_bytes) in order {
+    for (_, source, at, four) in order {
         let (_, tail) = std::mem::take(&mut rest).split_at_mut(at.start - taken);
         let (mine, tail) = tail.split_at_mut(at.len());
-        parts.push((source.clone(), *block_bytes, mine));
+        parts.push((source.clone(), *four, mine));
         rest = tail;
         taken = at.end;
     }
-    parts
-        .into_par_iter()
-        .try_for_each(|(source, block_bytes, out)| {
-            take_apart(&file[source.clone()], block_bytes, out)?;
-            release(source);
-            Ok::<_, anyhow::Error>(())
-        })?;
+    parts.into_par_iter().try_for_each(|(source, four, out)| {
+        take_apart(&file[source.clone()], four, out)?;
+        release(source);
+        Ok::<_, anyhow::Error>(())
+    })?;
     let at = jobs
         .into_iter()
         .map(|(name, _, at, _)| (name, at))
@@ -98,28 +93,29 @@ pub fn repack(
     Ok(Some(Derived::new(bytes, at)))
 }
 
-/// One tensor's blocks of `block_bytes` (`source`: Q8_0's 34, Q4_0's 18) into its model file
-/// bytes (`out`): the values, then at the next multiple of 64 the scales (q8: f32, q4: f16).
-fn take_apart(source: &[u8], block_bytes: usize, out: &mut [u8]) -> Result<()> {
-    ensure!(source.len().is_multiple_of(block_bytes), "a partial block");
-    let blocks = source.len() / block_bytes;
-    // Bytes of a block's values, and of its scale.
-    let (values, scale) = (block_bytes - 2, if block_bytes == 18 { 2 } else { 4 });
+/// One tensor's Q8_0 (or, `four`, Q4_0) blocks (`source`) into its model file bytes (`out`):
+/// the values, then at the next multiple of 64 the scales (q8: f32, q4: f16 as they are).
+fn take_apart(source: &[u8], four: bool, out: &mut [u8]) -> Result<()> {
+    // A block's bytes of values (after its f16 scale), and a scale's bytes in the model file.
+    let (values, scale) = match four {
+        true => (16, 2),
+        false => (32, 4),
+    };
+    ensure!(source.len().is_multiple_of(2 + values), "a partial block");
+    let blocks = source.len() / (2 + values);
     let scales_at = (blocks * values).next_multiple_of(64);
     ensure!(out.len() == scales_at + scale * blocks, "the repacked size");
     let (q, rest) = out.split_at_mut(blocks * values);
     let scales = &mut rest[scales_at - blocks * values..];
-    for (b, block) in source.chunks_exact(block_bytes).enumerate() {
-        match scale {
-            // Q4_0: the f16 as it is.
-            2 => scales[2 * b..2 * b + 2].copy_from_slice(&block[..2]),
-            _ => {
+    for (b, block) in source.chunks_exact(2 + values).enumerate() {
+        match four {
+            true => scales[2 * b..2 * b + 2].copy_from_slice(&block[..2]),
+            false => {
                 let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
                 scales[4 * b..4 * b + 4].copy_from_slice(&d.to_le_bytes());
             }
         }
         q[b * values..(b + 1) * values].copy_from_slice(&block[2..]);
     }
-    debug_assert_eq!(values * 8 / BLOCK, if scale == 2 { 4 } else { 8 });
     Ok(())
 }

@@ -663,6 +663,8 @@ fn quantized_tensors_have_the_files_values(
                 out
             }
             TensorData::F32(v) => v.to_vec(),
+            // Read where it lies: this checks that the view holds the GGUF's bytes of it (the
+            // same dequantization on both sides).
             TensorData::Q6K(b) => {
                 let mut out = vec![0f32; numel];
                 blocks::dequantize(t.ggml_type, b, &mut out).unwrap();

@@ -2,8 +2,9 @@
 //! Only the rows of the tokens being run are ever converted: the table stays as stored in the
 //! mmap (for Qwen3-0.6B at q8 that is 156 MB instead of a 622 MB f32 copy).
 
+use super::dot::k_quants;
 use crate::format::reader::{TensorData, TensorView};
-use crate::gguf::blocks::{q4_k_value, q6_k_value};
+use crate::gguf::blocks::{q4_k_blocks, q6_k_blocks};
 use crate::quant::{dequantize_q4, dequantize_q6_row, dequantize_q8};
 
 /// Writes row `token` of `table` (`[vocab, hidden]`) into `out` (`[hidden]`).
@@ -44,26 +45,13 @@ pub fn embedding(out: &mut [f32], table: &TensorView, token: usize) {
             group_size,
             cols,
         } => dequantize_q6_row(packed, scales, cols, group_size, token, out),
-        TensorData::Q4K(blocks) => k_quant_row(blocks, hidden, token, 144, q4_k_value, out),
-        TensorData::Q6K(blocks) => k_quant_row(blocks, hidden, token, 210, q6_k_value, out),
-    }
-}
-
-/// Row `token` of a table of K-quant blocks (`bytes` a block, `hidden / 256` blocks a row),
-/// each weight as `value` (`gguf/blocks.rs`) gives it.
-fn k_quant_row(
-    blocks: &[u8],
-    hidden: usize,
-    token: usize,
-    bytes: usize,
-    value: fn(&[u8], usize) -> f32,
-    out: &mut [f32],
-) {
-    let per_row = hidden / 256;
-    let row = &blocks[token * per_row * bytes..(token + 1) * per_row * bytes];
-    for (block, y) in row.chunks_exact(bytes).zip(out.chunks_exact_mut(256)) {
-        for (v, y) in y.iter_mut().enumerate() {
-            *y = value(block, v);
+        TensorData::Q4K(blocks) => {
+            let row = k_quants::row_bytes::<false>(hidden);
+            q4_k_blocks(&blocks[token * row..(token + 1) * row], out)
+        }
+        TensorData::Q6K(blocks) => {
+            let row = k_quants::row_bytes::<true>(hidden);
+            q6_k_blocks(&blocks[token * row..(token + 1) * row], out)
         }
     }
 }

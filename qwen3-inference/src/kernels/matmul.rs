@@ -1,5 +1,6 @@
 //! `out = x @ w^T` for a batch of `t` activation rows and a weight matrix stored as f32, bf16,
-//! q8, q4, q6 or one of GGUF's K-quants (the layout PyTorch's `nn.Linear` uses: `w` is `[out_features, in_features]`, row-major).
+//! q8, q4, q6 or a GGUF K-quant (the layout PyTorch's `nn.Linear` uses: `w` is
+//! `[out_features, in_features]`, row-major).
 //!
 //! Each weight row is read once for all `t` tokens: with `t > 1` (prefill) this is a
 //! matrix-matrix product, with `t = 1` (decode) a matrix-vector product. Threads split the output
@@ -254,12 +255,12 @@ fn fill_block(
         (TensorData::Q4K(blocks), Some(acts)) => {
             let row = k_quants::row_bytes::<false>(cols);
             let w = &blocks[r0 * row..(r0 + n) * row];
-            (dots.q4_k_rows)(w, acts, block, rows_ahead * row);
+            (dots.q4_k_rows)(w, acts, block);
         }
         (TensorData::Q6K(blocks), Some(acts)) => {
             let row = k_quants::row_bytes::<true>(cols);
             let w = &blocks[r0 * row..(r0 + n) * row];
-            (dots.q6_k_rows)(w, acts, block, rows_ahead * row);
+            (dots.q6_k_rows)(w, acts, block);
         }
         (
             TensorData::Q8 { .. }
@@ -331,15 +332,16 @@ fn with_activations<R>(
             w.name
         );
     }
-    // q4 and q6 kernels read the activations rearranged (dot/q4.rs).
+    // q4 and q6 kernels read the activations rearranged (dot/q4.rs), the K-quants' their sums
+    // of 16 (dot/k_quants.rs); a GGUF may mix them in one layer's products.
     let q4 = ws
         .iter()
         .any(|w| matches!(w.data, TensorData::Q4 { .. } | TensorData::Q6 { .. }));
+    let k = ws
+        .iter()
+        .any(|w| matches!(w.data, TensorData::Q4K(_) | TensorData::Q6K(_)));
     ACTIVATIONS.with(|cell| {
         let mut buf = cell.borrow_mut();
-        let k = ws
-            .iter()
-            .any(|w| matches!(w.data, TensorData::Q4K(_) | TensorData::Q6K(_)));
         let acts = buf.quantize_for_weights(x, t, cols, gs, q4, k);
         f(Some(&acts))
     })
@@ -504,6 +506,83 @@ mod tests {
             (37, 53, 64),
         ] {
             check(t, rows, cols);
+        }
+    }
+
+    /// A GGUF mixes types in one layer's products (a Q4_0 file's q/k/v in q4 beside a Q6_K
+    /// matrix; a Q4_K_M's Q4_K beside Q8_0 fallbacks): one pass over such a mix, whose
+    /// activations carry both q4's layout and the K-quants' sums, gives exactly what separate
+    /// calls give, for decode and for prompts.
+    #[test]
+    fn mixed_products_equal_separate_products() {
+        use crate::kernels::dot::{dots, interleaved::packed_for_kernels};
+        use crate::quant::quantize_q4;
+        let (cols, rows) = (256usize, 24usize);
+        let mut seed = 12;
+        let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut seed)).collect();
+        // q4 in groups of 32, in the order this CPU's kernels read (interleaved on AVX-512).
+        let (mut p, mut sc) = (vec![0u8; w.len() / 2], vec![0u16; w.len() / 32]);
+        quantize_q4(&w, 32, &mut p, &mut sc);
+        let p_kernel = packed_for_kernels(dots().q4_layout, false, &p, cols, 32);
+        // q8 in groups of 32.
+        let (mut q, mut s) = (vec![0i8; w.len()], vec![0f32; w.len() / 32]);
+        quantize_q8(&w, 32, &mut q, &mut s);
+        // Q4_K and Q6_K blocks: random bytes, each block's f16 scales set finite.
+        let mut k_blocks = |bytes: usize, scales: &[usize]| -> Vec<u8> {
+            let mut b: Vec<u8> = (0..rows * bytes)
+                .map(|_| (lcg(&mut seed) * 1e4) as i64 as u8)
+                .collect();
+            for block in b.chunks_exact_mut(bytes) {
+                for &at in scales {
+                    let v = half::f16::from_f32(0.01 * lcg(&mut seed));
+                    block[at..at + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            b
+        };
+        let (q4k, q6k) = (k_blocks(144, &[0, 2]), k_blocks(210, &[208]));
+        let shape = [rows as u64, cols as u64];
+        let view = |data| TensorView {
+            name: "w",
+            shape: &shape,
+            data,
+            interleaved: None,
+        };
+        let q4_view = TensorView {
+            interleaved: Some(TensorData::Q4 {
+                packed: &p_kernel,
+                scales: &sc,
+                group_size: 32,
+            }),
+            ..view(TensorData::Q4 {
+                packed: &p,
+                scales: &sc,
+                group_size: 32,
+            })
+        };
+        let q8_view = view(TensorData::Q8 {
+            q: &q,
+            scales: &s,
+            group_size: 32,
+        });
+        let (q4k_view, q6k_view) = (view(TensorData::Q4K(&q4k)), view(TensorData::Q6K(&q6k)));
+        for t in [1, 3] {
+            let x: Vec<f32> = (0..t * cols).map(|_| lcg(&mut seed)).collect();
+            for mix in [
+                [&q4_view, &q6k_view, &q4k_view],
+                [&q8_view, &q4k_view, &q6k_view],
+            ] {
+                let mut sep = vec![vec![0f32; t * rows]; 3];
+                for (out, w) in sep.iter_mut().zip(mix) {
+                    matmul(out, &x, w, t);
+                }
+                let mut fused = vec![vec![f32::NAN; t * rows]; 3];
+                let [a, b, c] = &mut fused[..] else {
+                    unreachable!()
+                };
+                matmuls([a, b, c], &x, mix, t);
+                assert_eq!(fused, sep, "t = {t}");
+            }
         }
     }
 

@@ -61,8 +61,6 @@ pub const NEON_DOTPROD: Dots = Dots {
     q4_rows: |w, ws, x, out, _| unsafe { mat_q4_dotprod::<false>(w, ws, x, out) },
     q6_rows: |w, ws, x, out, _| unsafe { mat_q4_dotprod::<true>(w, ws, x, out) },
     q4_layout: super::q4::Q4Layout::Halves,
-    q4_k_rows: super::k_quants::mat_k_scalar::<false>,
-    q6_k_rows: super::k_quants::mat_k_scalar::<true>,
     isa: "neon-dotprod",
     ..NEON
 };

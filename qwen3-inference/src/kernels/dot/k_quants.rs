@@ -24,10 +24,10 @@ use super::ActsQ8;
 use crate::gguf::blocks::{q4_k_nibble, q4_k_parts, q6_k_int, q6_k_parts, scale_min};
 
 /// Weights a block holds.
-pub const BLOCK: usize = 256;
+pub const BLOCK: usize = crate::format::K_BLOCK as usize;
 /// Bytes of a Q4_K block and of a Q6_K block.
-pub const Q4_K_BYTES: usize = 144;
-pub const Q6_K_BYTES: usize = 210;
+pub const Q4_K_BYTES: usize = crate::format::Q4_K_BLOCK_BYTES as usize;
+pub const Q6_K_BYTES: usize = crate::format::Q6_K_BLOCK_BYTES as usize;
 /// The activations' group size the kernels read: one Q4_K sub-block, two of Q6_K.
 pub const GROUP: usize = 32;
 
@@ -98,8 +98,8 @@ pub(crate) fn check<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &[f32]) -> usize
 }
 
 /// `out[r, i]` (`[rows, t]`) = Q4_K (or, `SIX`, Q6_K) weight row `r` against activation row
-/// `i`, one scalar dot per pair. `_ahead` is the prefetch hint the SIMD kernels take.
-pub fn mat_k_scalar<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32], _ahead: usize) {
+/// `i`, one scalar dot per pair.
+pub fn mat_k_scalar<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32]) {
     let rows = check::<SIX>(w, x, out);
     let (t, row) = (x.t, row_bytes::<SIX>(x.cols));
     for r in 0..rows {
@@ -120,22 +120,29 @@ mod tests {
     use crate::kernels::dot::ActsQ8Buf;
     use crate::testing::next_values;
 
-    /// Random blocks whose f16 scales are finite (any other byte is a valid block).
+    /// Random blocks whose f16 scales are finite (any other byte is a valid block): each its
+    /// own `d` and `dmin`, of either sign, every fifth `d` zero.
     fn blocks<const SIX: bool>(n: usize, seed: &mut u64) -> Vec<u8> {
         let bytes = row_bytes::<SIX>(BLOCK);
         let mut out: Vec<u8> = next_values(n * bytes, seed)
             .iter()
             .map(|v| (v * 1e4) as i64 as u8)
             .collect();
-        for block in out.chunks_exact_mut(bytes) {
+        let scales = next_values(2 * n, seed);
+        for (i, block) in out.chunks_exact_mut(bytes).enumerate() {
             let mut put = |at: usize, v: f32| {
                 block[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes())
             };
+            let d = if i % 5 == 3 {
+                0.0
+            } else {
+                0.03 * scales[2 * i]
+            };
             match SIX {
-                true => put(208, 0.01),
+                true => put(208, d),
                 false => {
-                    put(0, 0.02);
-                    put(2, 0.005)
+                    put(0, d);
+                    put(2, 0.01 * scales[2 * i + 1])
                 }
             }
         }
@@ -165,7 +172,7 @@ mod tests {
                 mat_k_scalar_either(six, &w, &acts, &mut want);
                 for d in crate::kernels::dot::available() {
                     let mut got = vec![0f32; rows * t];
-                    pick(&d)(&w, &acts, &mut got, 0);
+                    pick(&d)(&w, &acts, &mut got);
                     for (k, (a, b)) in got.iter().zip(&want).enumerate() {
                         assert!(
                             (a - b).abs() <= 1e-4 * b.abs().max(1.0),
@@ -178,7 +185,7 @@ mod tests {
                     for i in 0..t {
                         let xi = one.quantize_for_k(&x[i * cols..(i + 1) * cols], 1, cols, GROUP);
                         let mut alone = vec![0f32; rows];
-                        pick(&d)(&w, &xi, &mut alone, 0);
+                        pick(&d)(&w, &xi, &mut alone);
                         for r in 0..rows {
                             assert_eq!(alone[r].to_bits(), got[r * t + i].to_bits(), "{}", d.isa);
                         }
@@ -190,8 +197,8 @@ mod tests {
 
     fn mat_k_scalar_either(six: bool, w: &[u8], x: &ActsQ8, out: &mut [f32]) {
         match six {
-            true => mat_k_scalar::<true>(w, x, out, 0),
-            false => mat_k_scalar::<false>(w, x, out, 0),
+            true => mat_k_scalar::<true>(w, x, out),
+            false => mat_k_scalar::<false>(w, x, out),
         }
     }
 
@@ -217,10 +224,7 @@ mod tests {
                 false => (q4_k_value, Q4_K_BYTES),
             };
             let mut out = vec![0f32; rows * t];
-            match six {
-                true => mat_k_scalar::<true>(&w, &acts, &mut out, 0),
-                false => mat_k_scalar::<false>(&w, &acts, &mut out, 0),
-            }
+            mat_k_scalar_either(six, &w, &acts, &mut out);
             for r in 0..rows {
                 for i in 0..t {
                     let want: f64 = (0..cols)

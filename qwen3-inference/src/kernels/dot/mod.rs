@@ -43,8 +43,9 @@ pub type MatQ8 = fn(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead: us
 pub type MatQ4 = fn(w: &[u8], ws: &[u16], x: &ActsQ8, out: &mut [f32], ahead: usize);
 
 /// [`MatQ8`] for GGUF's K-quant weights (`k_quants.rs`): `w` the rows' blocks as the GGUF holds
-/// them, the activations quantized per group of [`k_quants::GROUP`].
-pub type MatK = fn(w: &[u8], x: &ActsQ8, out: &mut [f32], ahead: usize);
+/// them, the activations quantized per group of [`k_quants::GROUP`] with their sums of 16
+/// ([`ActsQ8Buf::quantize_for_k`]). No prefetch hint: these kernels do not prefetch.
+pub type MatK = fn(w: &[u8], x: &ActsQ8, out: &mut [f32]);
 
 /// Quantizes `x` per group into `q` and `scales` (same rule as [`crate::quant::quantize_q8`]).
 pub type QuantizeQ8 = fn(x: &[f32], group_size: usize, q: &mut [i8], scales: &mut [f32]);

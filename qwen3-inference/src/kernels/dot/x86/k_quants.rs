@@ -1,21 +1,23 @@
-//! GGUF's Q4_K and Q6_K blocks against q8 activations on AVX2, read where the GGUF holds them
-//! (`dot/k_quants.rs` has the scalar reference and the math). Every family with AVX2 (AVX-VNNI
-//! and AVX-512 too) takes these.
+//! GGUF's Q4_K and Q6_K blocks against q8 activations on AVX2 and on AVX-512, read where the
+//! GGUF holds them (`dot/k_quants.rs` has the scalar reference and the math).
 //!
-//! Each 32 weights of a block meet one activation group of 32 (`x = xs * qx`): one 256-bit
-//! vector of weights as unsigned bytes against one of activations, `vpmaddubsw` (pairs of
-//! products, 16 bits, exact: at most 2 * 63 * 127) then `vpmaddwd` with the sub-block's scale
-//! (32 bits, exact), converted and added into the row's f32 lanes times `d * xs`:
+//! Each 32 weights of a block meet one activation group of 32 (`x = xs qx`); the integer
+//! products are exact, and each group's sum is converted once and multiplied by one float scale
+//! per lane, `d sc xs` (Q6_K: a group is two sub-blocks of 16, each lane in one of them):
 //!
 //! ```text
-//! Q4_K  32 nibbles of sub-block i:   lanes += float(sc_i * (q . qx)) * (d * xs)
-//!                                    minus (dmin * m_i) * xs * sum(qx), once a sub-block
-//! Q6_K  32 values of two sub-blocks: lanes += float(sc_s * (q+32 . qx) | sc_s+1 * ...) * (d * xs)
-//!                                    minus 32 d xs (sc_s sum(qx_s) + sc_s+1 sum(qx_s+1))
+//! AVX2     one group a 256-bit vector: vpmaddubsw (pairs of u8 x i8 products, 16 bits: at most
+//!          2 * 63 * 127), then vpmaddwd with 1 (Q4_K) or the sub-blocks' scales (Q6_K), 32 bits
+//! AVX-512  two groups a 512-bit vector (their 64 activations are contiguous): vpdpbusd
+//!
+//! lanes += float(sum q qx) * (d sc xs)                 once a group (pair of groups)
+//! Q4_K:   - dmin m xs sum(qx)                            once a block, 8 lanes (sub-blocks)
+//! Q6_K:   - 32 d sc xs sum(qx)  (the weights are q + 32) once a block, from the sums of 16
 //! ```
 //!
-//! The activations' sums per 16 values are made once, when they are quantized
-//! ([`ActsQ8::sums16`]). A prompt's tokens run the same operations as decode's one token, so a
+//! The activations' sums of 16 values are made once, when they are quantized
+//! ([`ActsQ8::sums16`]). A row meets up to [`TOKENS`] tokens at once (a prompt's), its blocks
+//! unpacked once for them, and each (row, token) runs decode's operations in decode's order, so a
 //! prompt gets decode's bits.
 
 use super::super::k_quants::{row_bytes, BLOCK, GROUP, Q4_K_BYTES, Q6_K_BYTES};
@@ -28,17 +30,10 @@ use std::arch::x86_64::*;
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn mat_k_avx2<const SIX: bool>(
-    w: &[u8],
-    x: &ActsQ8,
-    out: &mut [f32],
-    _ahead: usize,
-) {
-    // SAFETY: the caller's AVX2, FMA and F16C are what these tiles need.
-    match SIX {
-        true => mat_k::<SIX>(w, x, out, |w, t, o| unsafe { tiles_avx2::<true>(w, t, o) }),
-        false => mat_k::<SIX>(w, x, out, |w, t, o| unsafe { tiles_avx2::<false>(w, t, o) }),
-    }
+pub(super) unsafe fn mat_k_avx2<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32]) {
+    // SAFETY: `mat_k` calls the tile only on what `check` checked (its contract), and the
+    // caller's AVX2, FMA and F16C are the features `tiles_avx2` needs.
+    unsafe { mat_k::<SIX>(w, x, out, tiles_avx2::<SIX>) }
 }
 
 /// [`super::super::MatK`] on AVX-512 (F, BW, VL, VNNI) for Q4_K or (`SIX`) Q6_K rows.
@@ -46,25 +41,18 @@ pub(super) unsafe fn mat_k_avx2<const SIX: bool>(
 /// # Safety
 /// The CPU must have AVX-512 F, BW, VL and VNNI, and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn mat_k_avx512<const SIX: bool>(
-    w: &[u8],
-    x: &ActsQ8,
-    out: &mut [f32],
-    _ahead: usize,
-) {
-    // SAFETY: the caller's AVX-512 and F16C are what these tiles need.
-    match SIX {
-        true => mat_k::<SIX>(w, x, out, |w, t, o| unsafe {
-            tiles_avx512::<true>(w, t, o)
-        }),
-        false => mat_k::<SIX>(w, x, out, |w, t, o| unsafe {
-            tiles_avx512::<false>(w, t, o)
-        }),
-    }
+pub(super) unsafe fn mat_k_avx512<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32]) {
+    // SAFETY: as `mat_k_avx2`, with the AVX-512 features `tiles_avx512` needs.
+    unsafe { mat_k::<SIX>(w, x, out, tiles_avx512::<SIX>) }
 }
 
 /// One weight row against 1 to [`TOKENS`] tokens: `out[j]` is its product with `tokens[j]`.
-type Tile = fn(w: &[u8], tokens: &[Token], out: &mut [f32]);
+///
+/// # Safety
+/// The CPU has the tile's features; `w` is whole blocks of its type of every token's `cols`
+/// weights (`x.len()`), and each token's `xs` holds `cols / 32` scales and `sums` `cols / 16`
+/// sums; `out.len() == tokens.len()`, 1 to [`TOKENS`].
+type Tile = unsafe fn(w: &[u8], tokens: &[Token], out: &mut [f32]);
 
 /// The products of `w` (whole blocks of `x.cols`) with the tokens of `x`: each row against
 /// tiles of up to [`TOKENS`] tokens, its blocks unpacked once a tile (`tile`).
@@ -73,7 +61,12 @@ type Tile = fn(w: &[u8], tokens: &[Token], out: &mut [f32]);
 /// these kernels do more work a byte, and asking for each row's bytes 8 and 32 KiB ahead made a
 /// one-thread decode of Qwen3-0.6B's Q4_K_M slower, 31-32 tok/s against 33-37 without, three
 /// alternated rounds on a Zen 4 VM.
-fn mat_k<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32], tile: Tile) {
+///
+/// # Safety
+/// The CPU has `tile`'s features.
+unsafe fn mat_k<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32], tile: Tile) {
+    // Panics unless the weights are whole blocks of `cols`, the activations in groups of 32 with
+    // their sums of 16, and `out` is `[rows, t]`: then every token below has what `Tile` needs.
     let rows = super::super::k_quants::check::<SIX>(w, x, out);
     let (t, cols, row) = (x.t, x.cols, row_bytes::<SIX>(x.cols));
     let per = cols / 16;
@@ -87,43 +80,46 @@ fn mat_k<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32], tile: Tile) {
         for i in (0..t).step_by(TOKENS) {
             let n = (t - i).min(TOKENS);
             let tokens: [Token; TOKENS] = std::array::from_fn(|j| token(i + j.min(n - 1)));
-            tile(w_r, &tokens[..n], &mut out[r * t + i..r * t + i + n]);
+            // SAFETY: `check` gave the lengths `Tile` asks; the caller, the features.
+            unsafe { tile(w_r, &tokens[..n], &mut out[r * t + i..r * t + i + n]) };
         }
     }
 }
 
-/// [`Tile`] on AVX2. Caller guarantees AVX2, FMA and F16C.
+/// `out = $dot::<n>(w, the n tokens)` for the tile's `n` (1 to [`TOKENS`]).
+macro_rules! by_tokens {
+    ($dot:ident, $w:expr, $tokens:expr, $out:expr) => {{
+        let t = |j: usize| $tokens[j];
+        match $tokens.len() {
+            1 => $out.copy_from_slice(&$dot::<1>($w, [t(0)])),
+            2 => $out.copy_from_slice(&$dot::<2>($w, [t(0), t(1)])),
+            3 => $out.copy_from_slice(&$dot::<3>($w, [t(0), t(1), t(2)])),
+            _ => $out.copy_from_slice(&$dot::<4>($w, [t(0), t(1), t(2), t(3)])),
+        }
+    }};
+}
+
+/// [`Tile`] on AVX2 (its contract: AVX2, FMA, F16C).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tiles_avx2<const SIX: bool>(w: &[u8], tokens: &[Token], out: &mut [f32]) {
-    // SAFETY: the caller's features; `mat_k`'s `check` gave every length (whole blocks of
-    // `cols`, activations in groups of 32: 8 scales and 16 sums a block).
-    let t = |j: usize| tokens[j];
-    match (SIX, tokens.len()) {
-        (false, 1) => out.copy_from_slice(&dot_q4_k::<1>(w, [t(0)])),
-        (false, 2) => out.copy_from_slice(&dot_q4_k::<2>(w, [t(0), t(1)])),
-        (false, 3) => out.copy_from_slice(&dot_q4_k::<3>(w, [t(0), t(1), t(2)])),
-        (false, _) => out.copy_from_slice(&dot_q4_k::<4>(w, [t(0), t(1), t(2), t(3)])),
-        (true, 1) => out.copy_from_slice(&dot_q6_k::<1>(w, [t(0)])),
-        (true, 2) => out.copy_from_slice(&dot_q6_k::<2>(w, [t(0), t(1)])),
-        (true, 3) => out.copy_from_slice(&dot_q6_k::<3>(w, [t(0), t(1), t(2)])),
-        (true, _) => out.copy_from_slice(&dot_q6_k::<4>(w, [t(0), t(1), t(2), t(3)])),
+    // SAFETY: the caller keeps `Tile`'s contract, which is the dot products'.
+    unsafe {
+        match SIX {
+            true => by_tokens!(dot_q6_k, w, tokens, out),
+            false => by_tokens!(dot_q4_k, w, tokens, out),
+        }
     }
 }
 
-/// [`Tile`] on AVX-512. Caller guarantees AVX-512 F, BW, VL, VNNI and F16C.
+/// [`Tile`] on AVX-512 (its contract: AVX-512 F, BW, VL, VNNI, and F16C).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn tiles_avx512<const SIX: bool>(w: &[u8], tokens: &[Token], out: &mut [f32]) {
     // SAFETY: as `tiles_avx2`.
-    let t = |j: usize| tokens[j];
-    match (SIX, tokens.len()) {
-        (false, 1) => out.copy_from_slice(&dot_q4_k_512::<1>(w, [t(0)])),
-        (false, 2) => out.copy_from_slice(&dot_q4_k_512::<2>(w, [t(0), t(1)])),
-        (false, 3) => out.copy_from_slice(&dot_q4_k_512::<3>(w, [t(0), t(1), t(2)])),
-        (false, _) => out.copy_from_slice(&dot_q4_k_512::<4>(w, [t(0), t(1), t(2), t(3)])),
-        (true, 1) => out.copy_from_slice(&dot_q6_k_512::<1>(w, [t(0)])),
-        (true, 2) => out.copy_from_slice(&dot_q6_k_512::<2>(w, [t(0), t(1)])),
-        (true, 3) => out.copy_from_slice(&dot_q6_k_512::<3>(w, [t(0), t(1), t(2)])),
-        (true, _) => out.copy_from_slice(&dot_q6_k_512::<4>(w, [t(0), t(1), t(2), t(3)])),
+    unsafe {
+        match SIX {
+            true => by_tokens!(dot_q6_k_512, w, tokens, out),
+            false => by_tokens!(dot_q4_k_512, w, tokens, out),
+        }
     }
 }
 
@@ -153,29 +149,11 @@ unsafe fn dot_q4_k<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
     let mut acc = [[_mm256_setzero_ps(); CHAINS]; N];
     let mut mins = [_mm256_setzero_ps(); N];
     for (b, block) in w.chunks_exact(Q4_K_BYTES).enumerate() {
-        let (scales, qs) = (&block[4..16], &block[16..Q4_K_BYTES]);
-        // d and dmin, the block's two f16s, widened (lanes 0 and 1).
-        let d2 = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
-            block[0], block[1], block[2], block[3],
-        ])));
-        let (d, dmin) = (_mm_cvtss_f32(d2), _mm_cvtss_f32(_mm_movehdup_ps(d2)));
-        // The block's eight (sc, m), and per token its eight activation groups' scales and
-        // sums, as vectors of 8 lanes (lane j: sub-block j).
-        let (sc, m) = scales_mins(scales);
-        let lanes = |v: u64| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
-        let (dsc, dm) = (
-            _mm256_mul_ps(lanes(sc), _mm256_set1_ps(d)),
-            _mm256_mul_ps(lanes(m), _mm256_set1_ps(dmin)),
-        );
+        let qs = &block[16..Q4_K_BYTES];
+        let (dsc, dm) = q4_k_scales(block);
         let mut dsx = [_mm256_setzero_ps(); N];
         for (k, tk) in tokens.iter().enumerate() {
-            // SAFETY: 8 groups from 8b, 16 sums from 16b: whole blocks (the caller's lengths).
-            let xsv = _mm256_loadu_ps(tk.xs.as_ptr().add(8 * b));
-            let sums16 = _mm256_loadu_si256(tk.sums.as_ptr().add(16 * b) as *const __m256i);
-            let xsum = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums16, ones));
-            // d sc_j xs_j, and the minimum's part: dmin m_j xs_j sum(qx_j).
-            dsx[k] = _mm256_mul_ps(dsc, xsv);
-            mins[k] = _mm256_fmadd_ps(_mm256_mul_ps(dm, xsv), xsum, mins[k]);
+            dsx[k] = q4_k_token(dsc, dm, tk, b, &mut mins[k]);
         }
         // Pairs of sub-blocks share 32 bytes: the first in the low nibbles, the second high.
         for p in 0..BLOCK / 64 {
@@ -221,9 +199,7 @@ unsafe fn dot_q6_k<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
     let mut offsets = [_mm256_setzero_ps(); N];
     for (b, block) in w.chunks_exact(Q6_K_BYTES).enumerate() {
         let (ql, qh, scales) = (&block[0..128], &block[128..192], &block[192..208]);
-        let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([
-            block[208], block[209],
-        ]) as i32)));
+        let d = f16_at(block, 208);
         // SAFETY: 16 scale bytes.
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scales.as_ptr() as *const __m128i));
         let mut dx = [_mm256_setzero_ps(); N];
@@ -296,32 +272,17 @@ unsafe fn dot_q6_k<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn dot_q4_k_512<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
     let nibble = _mm512_set1_epi8(15);
-    let ones = _mm256_set1_epi16(1);
     // The 32 bytes of a pair of sub-blocks in both halves of a vector: the low half keeps the
     // low nibbles (the first sub-block), the high half shifts the high ones down.
     let halves = per_half(0, 4);
     let mut acc = [[_mm512_setzero_ps(); CHAINS_512]; N];
     let mut mins = [_mm256_setzero_ps(); N];
     for (b, block) in w.chunks_exact(Q4_K_BYTES).enumerate() {
-        let (scales, qs) = (&block[4..16], &block[16..Q4_K_BYTES]);
-        let d2 = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
-            block[0], block[1], block[2], block[3],
-        ])));
-        let (d, dmin) = (_mm_cvtss_f32(d2), _mm_cvtss_f32(_mm_movehdup_ps(d2)));
-        let (sc, m) = scales_mins(scales);
-        let lanes = |v: u64| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
-        let (dsc, dm) = (
-            _mm256_mul_ps(lanes(sc), _mm256_set1_ps(d)),
-            _mm256_mul_ps(lanes(m), _mm256_set1_ps(dmin)),
-        );
+        let qs = &block[16..Q4_K_BYTES];
+        let (dsc, dm) = q4_k_scales(block);
         let mut dsx = [_mm512_setzero_ps(); N];
         for (k, tk) in tokens.iter().enumerate() {
-            // SAFETY: 8 groups from 8b, 16 sums from 16b: whole blocks (the caller's lengths).
-            let xsv = _mm256_loadu_ps(tk.xs.as_ptr().add(8 * b));
-            let sums16 = _mm256_loadu_si256(tk.sums.as_ptr().add(16 * b) as *const __m256i);
-            let xsum = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums16, ones));
-            dsx[k] = _mm512_zextps256_ps512(_mm256_mul_ps(dsc, xsv));
-            mins[k] = _mm256_fmadd_ps(_mm256_mul_ps(dm, xsv), xsum, mins[k]);
+            dsx[k] = _mm512_zextps256_ps512(q4_k_token(dsc, dm, tk, b, &mut mins[k]));
         }
         for p in 0..BLOCK / 64 {
             // SAFETY: qs is 128 bytes (a whole block's), so bytes 32p..32p + 32 are in it.
@@ -383,9 +344,7 @@ unsafe fn dot_q6_k_512<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N]
     let mut offsets = [_mm512_setzero_ps(); N];
     for (b, block) in w.chunks_exact(Q6_K_BYTES).enumerate() {
         let (ql, qh, scales) = (&block[0..128], &block[128..192], &block[192..208]);
-        let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([
-            block[208], block[209],
-        ]) as i32)));
+        let d = f16_at(block, 208);
         // SAFETY: 16 scale bytes. Lane k: d sc_k.
         let dsc = _mm512_mul_ps(
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
@@ -477,6 +436,42 @@ unsafe fn per_half(lo: i16, hi: i16) -> __m512i {
 unsafe fn halves_added(v: __m512) -> __m256 {
     let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
     _mm256_add_ps(_mm512_castps512_ps256(v), high)
+}
+
+/// A Q4_K block's `d sc_j` and `dmin m_j`, lane j: sub-block j (its 144 bytes: `d`, `dmin`,
+/// the 12 scale bytes, the nibbles). Caller guarantees AVX2 and F16C, and a whole block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_scales(block: &[u8]) -> (__m256, __m256) {
+    let (sc, m) = scales_mins(&block[4..16]);
+    let lanes = |v: u64| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
+    (
+        _mm256_mul_ps(lanes(sc), _mm256_set1_ps(f16_at(block, 0))),
+        _mm256_mul_ps(lanes(m), _mm256_set1_ps(f16_at(block, 2))),
+    )
+}
+
+/// Token `tk`'s part of Q4_K block `b`: returns `d sc_j xs_j` (lane j: sub-block j, the scale
+/// of its products) and adds the minimum's part, `dmin m_j xs_j sum(qx_j)`, into `mins`.
+/// Caller guarantees AVX2, FMA and F16C, and `tk`'s `Tile` lengths with block `b` in its row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_token(dsc: __m256, dm: __m256, tk: &Token, b: usize, mins: &mut __m256) -> __m256 {
+    // SAFETY: block b's 8 groups are scales 8b..8b + 8 and sums 16b..16b + 16 (the caller's
+    // lengths: cols / 32 and cols / 16 of them, b < cols / 256).
+    let xsv = unsafe { _mm256_loadu_ps(tk.xs.as_ptr().add(8 * b)) };
+    let sums16 = unsafe { _mm256_loadu_si256(tk.sums.as_ptr().add(16 * b) as *const __m256i) };
+    let xsum = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums16, _mm256_set1_epi16(1)));
+    *mins = _mm256_fmadd_ps(_mm256_mul_ps(dm, xsv), xsum, *mins);
+    _mm256_mul_ps(dsc, xsv)
+}
+
+/// The f16 at byte `at` of `b`, widened. Caller guarantees F16C.
+#[inline]
+#[target_feature(enable = "f16c")]
+unsafe fn f16_at(b: &[u8], at: usize) -> f32 {
+    let bits = u16::from_le_bytes([b[at], b[at + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 /// The sum of 8 lanes, in a fixed order.
