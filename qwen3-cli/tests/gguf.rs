@@ -179,8 +179,17 @@ fn quantized_ggufs_run() {
             "yes, Q4_K + Q6_K: every command takes this file as it is",
         ),
         (
+            "tiny-bf16-tied-k256-q5_k_m",
+            "yes, Q5_K + Q6_K: every command takes this file as it is",
+        ),
+        (
             "tiny-bf16-tied-k256-q4_0",
             "yes, Q4_0 + Q6_K: every command takes this file as it is",
+        ),
+        // Rows of 64: llama-quantize's fallbacks, Q5_0 for Q4_K and Q8_0 for Q6_K.
+        (
+            "tiny-f32-tied-gqa2-q4_k_m",
+            "yes, Q5_0 + Q8_0: every command takes this file as it is",
         ),
     ] {
         let path =

@@ -119,8 +119,7 @@ fn values(data: TensorData) -> Vec<f32> {
             }
             out
         }
-        TensorData::Q4K(blocks) => k_quant_values("Q4_K", blocks),
-        TensorData::Q6K(blocks) => k_quant_values("Q6_K", blocks),
+        TensorData::K(kind, blocks) => k_quant_values(kind.name(), blocks),
     }
 }
 
@@ -712,20 +711,33 @@ fn tiny_f32_tied_gqa2_as_llama_cpps_q8_0_gguf() {
 /// f32 file of its dequantized weights within the f32 tolerance.
 #[test]
 fn tiny_bf16_tied_k256_as_llama_quantizes_q4_k_m_gguf() {
-    check_quantized_gguf("q4_k_m", &[DType::Q4K, DType::Q6K]);
+    check_quantized_gguf("tiny-bf16-tied-k256", "q4_k_m", &[DType::Q4K, DType::Q6K]);
+}
+
+/// Its Q5_K_M (Q5_K, with Q6_K where Q4_K_M has it), held to the same.
+#[test]
+fn tiny_bf16_tied_k256_as_llama_quantizes_q5_k_m_gguf() {
+    check_quantized_gguf("tiny-bf16-tied-k256", "q5_k_m", &[DType::Q5K, DType::Q6K]);
 }
 
 /// Its Q4_0 (Q4_0 matrices, taken apart at open into q4 in groups of 32, and a Q6_K table), held
 /// to the same.
 #[test]
 fn tiny_bf16_tied_k256_as_llama_quantizes_q4_0_gguf() {
-    check_quantized_gguf("q4_0", &[DType::Q4, DType::Q6K]);
+    check_quantized_gguf("tiny-bf16-tied-k256", "q4_0", &[DType::Q4, DType::Q6K]);
 }
 
-/// fixtures/gguf/tiny-bf16-tied-k256-`kind`.gguf, whose matrices open as `dtypes`, against HF
-/// (see `tiny_bf16_tied_k256_as_llama_quantizes_q4_k_m_gguf`).
-fn check_quantized_gguf(kind: &str, dtypes: &[DType]) {
-    let name = "tiny-bf16-tied-k256";
+/// llama-quantize's Q4_K_M of a model whose rows are not whole blocks of 256 (tiny-f32-tied-gqa2,
+/// 64 wide, as Qwen2.5-0.5B's are 896): every matrix falls back, Q4_K to Q5_0 and Q6_K to Q8_0,
+/// both taken apart at open into q8 in groups of 32. Held to the same.
+#[test]
+fn tiny_f32_tied_gqa2_as_llama_quantizes_q4_k_m_gguf() {
+    check_quantized_gguf("tiny-f32-tied-gqa2", "q4_k_m", &[DType::Q8]);
+}
+
+/// fixtures/gguf/`name`-`kind`.gguf, whose matrices open as `dtypes`, against HF (see
+/// `tiny_bf16_tied_k256_as_llama_quantizes_q4_k_m_gguf`).
+fn check_quantized_gguf(name: &str, kind: &str, dtypes: &[DType]) {
     let refr = load_reference(name);
     let dir = tempdir("pq-parity-gguf", &format!("{name}-{kind}"));
     let exact = ModelFile::open(&export_as(name, &dir, DType::F32)).unwrap();

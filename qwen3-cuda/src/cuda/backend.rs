@@ -197,7 +197,9 @@ impl Backend for CudaBackend {
             // Unreachable in practice: DeviceWeights::upload refuses a q4 embedding table.
             DType::Q4 => bail!("embed: no CUDA kernel reads a q4 embedding table"),
             // Unreachable in practice: DeviceWeights::upload refuses GGUF's K-quants.
-            DType::Q4K | DType::Q6K => bail!("embed: no CUDA kernel reads {}", table.dtype),
+            DType::Q4K | DType::Q5K | DType::Q6K => {
+                bail!("embed: no CUDA kernel reads {}", table.dtype)
+            }
         };
         b.arg(out).arg(&ids).arg(&values);
         let scales = self.weights.view(&table.scales);
@@ -272,7 +274,9 @@ impl Backend for CudaBackend {
             DType::Bf16 => self.runtime.stream.launch_builder(&f.matmul_bf16),
             DType::F32 => self.runtime.stream.launch_builder(&f.matmul_f32),
             // Unreachable in practice: DeviceWeights::upload refuses GGUF's K-quants.
-            DType::Q4K | DType::Q6K => bail!("matmul: no CUDA kernel reads {}", w.dtype),
+            DType::Q4K | DType::Q5K | DType::Q6K => {
+                bail!("matmul: no CUDA kernel reads {}", w.dtype)
+            }
         };
         b.arg(y).arg(&values);
         if matches!(w.dtype, DType::Q8 | DType::Q4 | DType::Q6) {

@@ -29,7 +29,7 @@ pub fn embed(out: &mut [f32], table: &TensorData<'_>, tokens: &[u32], cols: usiz
                 } => qwen3_inference::quant::q6_value(packed, scales, cols, group_size, i),
                 TensorData::Bf16(b) => f32::from_bits((b[i] as u32) << 16),
                 TensorData::F32(f) => f[i],
-                TensorData::Q4K(_) | TensorData::Q6K(_) => {
+                TensorData::K(..) => {
                     panic!("the CUDA backend has no K-quant kernels (it refuses such files)")
                 }
             };

@@ -58,7 +58,7 @@ fn load4(w: &TensorData<'_>, row: usize, cols: usize, c: usize) -> ([f32; 4], f3
             1.0,
         ),
         TensorData::F32(f) => (std::array::from_fn(|k| f[i + k]), 1.0),
-        TensorData::Q4K(_) | TensorData::Q6K(_) => {
+        TensorData::K(..) => {
             panic!("the CUDA backend has no K-quant kernels (it refuses such files)")
         }
     }

@@ -64,13 +64,9 @@ fn weight(t: &TensorView, i: usize) -> f32 {
             group_size,
             cols,
         } => crate::quant::q6_value(packed, scales, cols, group_size, i),
-        TensorData::Q4K(blocks) => {
-            let at = i / k_quants::BLOCK * k_quants::Q4_K_BYTES;
-            crate::gguf::blocks::q4_k_value(&blocks[at..], i % k_quants::BLOCK)
-        }
-        TensorData::Q6K(blocks) => {
-            let at = i / k_quants::BLOCK * k_quants::Q6_K_BYTES;
-            crate::gguf::blocks::q6_k_value(&blocks[at..], i % k_quants::BLOCK)
+        TensorData::K(kind, blocks) => {
+            let at = i / k_quants::BLOCK * kind.block_bytes();
+            crate::gguf::blocks::k_quant_value(kind, &blocks[at..], i % k_quants::BLOCK)
         }
     }
 }

@@ -99,16 +99,55 @@ pub enum DType {
     /// GGUF's Q6_K: 256 weights in 210 bytes, `w = (d * sc) * (q - 32)` per sub-block of 16.
     /// Only in a GGUF file, read where it lies; `group_size` is the block's 256.
     Q6K,
+    /// GGUF's Q5_K: Q4_K with a fifth bit a weight, 256 weights in 176 bytes. Only in a GGUF
+    /// file, read where it lies; `group_size` is the block's 256.
+    Q5K,
+}
+
+/// GGUF's K-quants: blocks of 256 weights that hold their own scales (`gguf/blocks.rs` draws
+/// each), read where the GGUF holds them (`kernels/dot/k_quants.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KQuant {
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+impl KQuant {
+    /// Bytes of a block: `d`, `dmin`, 12 scale bytes, (Q5_K: 32 bytes of fifth bits,) 128 of
+    /// nibbles; Q6_K: 128 bytes of low bits, 64 of high bits, 16 scales, `d`.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            KQuant::Q4K => 144,
+            KQuant::Q5K => 176,
+            KQuant::Q6K => 210,
+        }
+    }
+
+    /// Bytes of a row of `cols` weights (whole blocks).
+    pub const fn row_bytes(self, cols: usize) -> usize {
+        cols / K_BLOCK as usize * self.block_bytes()
+    }
+
+    /// ggml's name of the type.
+    pub const fn name(self) -> &'static str {
+        match self {
+            KQuant::Q4K => "Q4_K",
+            KQuant::Q5K => "Q5_K",
+            KQuant::Q6K => "Q6_K",
+        }
+    }
 }
 
 impl DType {
     /// Every dtype, the finest first.
-    pub const ALL: [DType; 7] = [
+    pub const ALL: [DType; 8] = [
         DType::F32,
         DType::Bf16,
         DType::Q8,
         DType::Q6K,
         DType::Q6,
+        DType::Q5K,
         DType::Q4K,
         DType::Q4,
     ];
@@ -122,6 +161,7 @@ impl DType {
             DType::Q6 => 4,
             DType::Q4K => 5,
             DType::Q6K => 6,
+            DType::Q5K => 7,
         }
     }
 
@@ -133,7 +173,7 @@ impl DType {
             DType::Q4 => 3,
             DType::Q6 => 4,
             // Not written into a model file yet: a GGUF's blocks, read where they lie.
-            DType::Q4K | DType::Q6K => FORMAT_VERSION + 1,
+            DType::Q4K | DType::Q5K | DType::Q6K => FORMAT_VERSION + 1,
         }
     }
 
@@ -146,6 +186,7 @@ impl DType {
             4 => Some(DType::Q6),
             5 => Some(DType::Q4K),
             6 => Some(DType::Q6K),
+            7 => Some(DType::Q5K),
             _ => None,
         }
     }
@@ -157,15 +198,23 @@ impl DType {
             DType::Q8 => "q8",
             DType::Q4 => "q4",
             DType::Q6 => "q6",
-            DType::Q4K => "Q4_K",
-            DType::Q6K => "Q6_K",
+            DType::Q4K | DType::Q5K | DType::Q6K => self.k_quant().unwrap().name(),
         }
     }
 
-    /// GGUF's K-quants, whose blocks of 256 weights hold their own scales ([`DType::Q4K`],
-    /// [`DType::Q6K`]).
+    /// GGUF's K-quants, whose blocks of 256 weights hold their own scales ([`KQuant`]).
     pub fn is_k_quant(self) -> bool {
-        matches!(self, DType::Q4K | DType::Q6K)
+        self.k_quant().is_some()
+    }
+
+    /// Which K-quant this is, if it is one.
+    pub const fn k_quant(self) -> Option<KQuant> {
+        match self {
+            DType::Q4K => Some(KQuant::Q4K),
+            DType::Q5K => Some(KQuant::Q5K),
+            DType::Q6K => Some(KQuant::Q6K),
+            _ => None,
+        }
     }
 
     /// The file dtypes a user names (`--dtype`): the K-quants come only from GGUF files.
@@ -197,17 +246,15 @@ pub fn value_bytes(dtype: DType, numel: u64) -> Option<u64> {
         DType::Q4 => Some(numel / 2),
         DType::Q6 => Some(numel / 4 * 3),
         // Whole blocks, scales and all.
-        DType::Q4K => Some(numel / K_BLOCK * Q4_K_BLOCK_BYTES),
-        DType::Q6K => Some(numel / K_BLOCK * Q6_K_BLOCK_BYTES),
+        DType::Q4K | DType::Q5K | DType::Q6K => {
+            let k = dtype.k_quant().unwrap();
+            (numel / K_BLOCK).checked_mul(k.block_bytes() as u64)
+        }
     }
 }
 
-/// Weights in a block of GGUF's K-quants ([`DType::Q4K`], [`DType::Q6K`]); their `group_size`.
+/// Weights in a block of GGUF's K-quants ([`KQuant`]); their `group_size`.
 pub const K_BLOCK: u64 = 256;
-/// Bytes of a Q4_K block (`d`, `dmin`, 12 scale bytes, 128 of nibbles) and of a Q6_K block (128
-/// bytes of low bits, 64 of high bits, 16 scales, `d`): `gguf/blocks.rs` draws both.
-pub const Q4_K_BLOCK_BYTES: u64 = 144;
-pub const Q6_K_BLOCK_BYTES: u64 = 210;
 
 /// Bytes a tensor of `dtype` and `shape` occupies in the data section (q8, q4, q6: values, padding
 /// to [`ALIGN`], scales; a K-quant: its blocks, `group_size` [`K_BLOCK`] and rows of whole
@@ -218,7 +265,7 @@ pub fn tensor_nbytes(dtype: DType, shape: &[u64], group_size: u32) -> Option<u64
     // a scale (q8's are f32, q4's and q6's f16).
     let (multiple, scale_bytes) = match dtype {
         DType::F32 | DType::Bf16 => return value_bytes(dtype, numel),
-        DType::Q4K | DType::Q6K => {
+        DType::Q4K | DType::Q5K | DType::Q6K => {
             let cols = *shape.last()?;
             return (group_size as u64 == K_BLOCK && cols.is_multiple_of(K_BLOCK))
                 .then(|| value_bytes(dtype, numel))?;
@@ -578,10 +625,10 @@ pub fn matrix_storage_ok(
     if c.dtype.is_k_quant() || dtype.is_k_quant() {
         // A GGUF's mix (llama-quantize's Q4_K_M: Q4_K, with Q6_K for the embedding table and
         // some `v` and `down` matrices; its Q4_0: Q4_0 with a Q6_K table): every matrix in one
-        // of the types whose products read activations in groups of 32. (Where a row is not
-        // whole blocks of 256, llama-quantize falls back to Q5_0 or Q8_0: Q5_0 does not run.)
+        // of the types whose products read activations in groups of 32 (where a row is not
+        // whole blocks of 256, llama-quantize falls back to Q5_0 and Q8_0: both q8 here).
         return match dtype {
-            DType::Q4K | DType::Q6K => group_size as u64 == K_BLOCK,
+            DType::Q4K | DType::Q5K | DType::Q6K => group_size as u64 == K_BLOCK,
             DType::Q8 | DType::Q4 => group_size == 32,
             _ => false,
         };

@@ -9,7 +9,7 @@ use super::bytes::ByteReader;
 use super::mapped::MappedFile;
 use super::{
     align_up, expected_tensors, matrix_storage_ok, stays_bf16, tensor_nbytes, value_bytes, DType,
-    ModelConfig, TensorKind, ALIGN, BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC,
+    KQuant, ModelConfig, TensorKind, ALIGN, BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC,
     OLDEST_READABLE_VERSION, PREAMBLE_LEN,
 };
 use crate::pages::{self, HugePages, PageShare};
@@ -217,7 +217,9 @@ impl Header {
                 let k_mix = self.config.dtype.is_k_quant() || t.dtype.is_k_quant();
                 let expected = match (e.kind, self.config.dtype) {
                     _ if bf16 => "bf16 (its rows are not a multiple of the group size)",
-                    (TensorKind::Matrix, _) if k_mix => "Q4_K or Q6_K (256), or q8 or q4 (32)",
+                    (TensorKind::Matrix, _) if k_mix => {
+                        "Q4_K, Q5_K or Q6_K (256), or q8 or q4 (32)"
+                    }
                     (TensorKind::Matrix, DType::Q4) => "q4, q6 or q8",
                     (TensorKind::Matrix, d) => d.name(),
                     _ => "f32",
@@ -267,11 +269,9 @@ pub enum TensorData<'a> {
         group_size: usize,
         cols: usize,
     },
-    /// GGUF Q4_K blocks (144 bytes for 256 weights, each row whole blocks), as the GGUF holds
-    /// them: `gguf/blocks.rs` draws one.
-    Q4K(&'a [u8]),
-    /// GGUF Q6_K blocks (210 bytes for 256 weights), as the GGUF holds them.
-    Q6K(&'a [u8]),
+    /// GGUF K-quant blocks (each row whole blocks of 256 weights), as the GGUF holds them:
+    /// `gguf/blocks.rs` draws each kind.
+    K(KQuant, &'a [u8]),
 }
 
 /// A tensor: its shape and borrowed values.
@@ -528,8 +528,7 @@ fn view_bytes<'a>(bytes: &'a [u8], t: &TensorInfo) -> Result<TensorData<'a>> {
             }
         }
         // Blocks of bytes, read as they lie (no alignment needed).
-        DType::Q4K => TensorData::Q4K(bytes),
-        DType::Q6K => TensorData::Q6K(bytes),
+        DType::Q4K | DType::Q5K | DType::Q6K => TensorData::K(t.dtype.k_quant().unwrap(), bytes),
         DType::Q4 | DType::Q6 => {
             let numel = t.shape.iter().product::<u64>();
             let values = value_bytes(t.dtype, numel).context("overflow")? as usize;
@@ -599,7 +598,7 @@ mod tests {
                     let sc: Vec<u16> = (0..n / s.group_size as usize).map(|i| i as u16).collect();
                     w.write_q6(&s.name, &p, &sc).unwrap()
                 }
-                DType::Q4K | DType::Q6K => unreachable!("not a model file's dtype"),
+                DType::Q4K | DType::Q5K | DType::Q6K => unreachable!("not a model file's dtype"),
             }
         }
         w.finish().unwrap();

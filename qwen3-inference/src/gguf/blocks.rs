@@ -21,6 +21,7 @@
 //! ```
 
 use super::GgmlType;
+use crate::format::KQuant;
 use anyhow::{bail, ensure, Result};
 use half::{bf16, f16};
 
@@ -120,11 +121,6 @@ pub(crate) fn scale_min(s: &[u8], j: usize) -> (u8, u8) {
     ((sc >> (8 * j)) as u8, (m >> (8 * j)) as u8)
 }
 
-/// A Q4_K block's (144 bytes) `d`, `dmin`, 12 scale bytes and 128 nibble bytes.
-pub(crate) fn q4_k_parts(b: &[u8]) -> (f32, f32, &[u8], &[u8]) {
-    (f16_at(b, 0), f16_at(b, 2), &b[4..16], &b[16..144])
-}
-
 /// Value `l` (0..32) of sub-block `i` (0..8) of a Q4_K block's nibbles: pairs of sub-blocks
 /// share 32 bytes, the first in the low nibbles, the second in the high ones.
 pub(crate) fn q4_k_nibble(qs: &[u8], i: usize, l: usize) -> u8 {
@@ -157,17 +153,27 @@ fn q4_k(b: &[u8], y: &mut [f32]) {
     k_quant::<false>(b, y)
 }
 
-/// Whole Q4_K blocks (`bytes`) into their values (`out`, 256 a block).
-pub(crate) fn q4_k_blocks(bytes: &[u8], out: &mut [f32]) {
-    for (b, y) in bytes.chunks_exact(144).zip(out.chunks_exact_mut(256)) {
-        q4_k(b, y)
+/// Whole blocks of K-quant `kind` (`bytes`) into their values (`out`, 256 a block).
+pub(crate) fn k_quant_blocks(kind: KQuant, bytes: &[u8], out: &mut [f32]) {
+    let block: fn(&[u8], &mut [f32]) = match kind {
+        KQuant::Q4K => q4_k,
+        KQuant::Q5K => q5_k,
+        KQuant::Q6K => q6_k,
+    };
+    for (b, y) in bytes
+        .chunks_exact(kind.block_bytes())
+        .zip(out.chunks_exact_mut(256))
+    {
+        block(b, y)
     }
 }
 
-/// Whole Q6_K blocks (`bytes`) into their values (`out`, 256 a block).
-pub(crate) fn q6_k_blocks(bytes: &[u8], out: &mut [f32]) {
-    for (b, y) in bytes.chunks_exact(210).zip(out.chunks_exact_mut(256)) {
-        q6_k(b, y)
+/// Weight `v` (0..256) of a block of K-quant `kind`, as [`dequantize`] gives it.
+pub(crate) fn k_quant_value(kind: KQuant, b: &[u8], v: usize) -> f32 {
+    match kind {
+        KQuant::Q4K => q4_k_value(b, v),
+        KQuant::Q5K => q5_k_value(b, v),
+        KQuant::Q6K => q6_k_value(b, v),
     }
 }
 
@@ -177,11 +183,22 @@ fn q5_k(b: &[u8], y: &mut [f32]) {
 
 /// Weight `v` (0..256) of Q4_K block `b`, as [`dequantize`] gives it.
 pub(crate) fn q4_k_value(b: &[u8], v: usize) -> f32 {
-    let (d, dmin, scales, qs) = q4_k_parts(b);
+    let (d, dmin, scales, qs) = (f16_at(b, 0), f16_at(b, 2), &b[4..16], &b[16..144]);
     let (i, l) = (v / 32, v % 32);
     let (sc, m) = scale_min(scales, i);
     let (d1, m1) = (d * sc as f32, dmin * m as f32);
     d1 * q4_k_nibble(qs, i, l) as f32 - m1
+}
+
+/// Weight `v` (0..256) of Q5_K block `b`, as [`dequantize`] gives it: Q4_K's, with bit `i` of
+/// `qh[l]` as the fifth bit of value `l` of sub-block `i`.
+pub(crate) fn q5_k_value(b: &[u8], v: usize) -> f32 {
+    let (d, dmin, scales, qh, qs) = (f16_at(b, 0), f16_at(b, 2), &b[4..16], &b[16..48], &b[48..]);
+    let (i, l) = (v / 32, v % 32);
+    let (sc, m) = scale_min(scales, i);
+    let (d1, m1) = (d * sc as f32, dmin * m as f32);
+    let q = q4_k_nibble(qs, i, l) | (((qh[l] >> i) & 1) << 4);
+    d1 * q as f32 - m1
 }
 
 /// A Q6_K block's (210 bytes) low bits, high bits, 16 scales and `d`.

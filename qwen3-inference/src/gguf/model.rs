@@ -32,7 +32,7 @@ use crate::format::{
 };
 use anyhow::{bail, ensure, Context, Result};
 
-/// Values a block of ggml's legacy types (Q8_0, Q4_0) holds: such a tensor is q8 or q4 in
+/// Values a block of ggml's legacy types (Q8_0, Q4_0, Q5_0) holds: such a tensor is q8 or q4 in
 /// groups of this many (`repack.rs`).
 pub const LEGACY_GROUP: u32 = 32;
 
@@ -246,10 +246,10 @@ pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<()> {
 /// A GGUF's F32 and BF16 tensors are stored as the model file stores them (little-endian, rows
 /// one after another): each stays where the GGUF holds it, read in place. A Q8_0 tensor is the
 /// model file's q8 with groups of 32 in another order of its bytes (`repack.rs`): its offset
-/// and size here are those of its q8 layout in the bytes `repack::repack` makes at open, and a
-/// Q4_0 tensor's of its q4 layout (the model file's q4 with groups of 32). Q4_K and
-/// Q6_K blocks are read where they lie ([`DType::Q4K`], [`DType::Q6K`]). Other ggml types are
-/// refused by name.
+/// and size here are those of its q8 layout in the bytes `repack::repack` makes at open, and so
+/// a Q5_0 tensor's (q8 too) and a Q4_0 tensor's (the model file's q4 with groups of 32). Q4_K,
+/// Q5_K and Q6_K blocks are read where they lie ([`crate::format::KQuant`]). Other ggml types
+/// are refused by name.
 pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
     let mut config = model_config(h)?;
     check_tensors(h, &config)?;
@@ -258,11 +258,14 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
         "BF16" => Ok((DType::Bf16, 0)),
         "Q8_0" => Ok((DType::Q8, LEGACY_GROUP)),
         "Q4_0" => Ok((DType::Q4, LEGACY_GROUP)),
+        "Q5_0" => Ok((DType::Q8, LEGACY_GROUP)),
         "Q4_K" => Ok((DType::Q4K, K_BLOCK as u32)),
+        "Q5_K" => Ok((DType::Q5K, K_BLOCK as u32)),
         "Q6_K" => Ok((DType::Q6K, K_BLOCK as u32)),
         other => bail!(
-            "tensor {} is {other}: GGUF files of F32, BF16, Q8_0, Q4_0, Q4_K and Q6_K tensors \
-             run so far; for this one, `qwen3 export` the HuggingFace checkpoint it was made from",
+            "tensor {} is {other}: GGUF files of F32, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K \
+             tensors run so far; for this one, `qwen3 export` the HuggingFace checkpoint it was \
+             made from",
             t.name
         ),
     };
@@ -305,7 +308,7 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
                     (offset, nbytes)
                 }
                 // Read where they lie: their bytes must be what the shape in whole blocks takes.
-                DType::Q4K | DType::Q6K => {
+                DType::Q4K | DType::Q5K | DType::Q6K => {
                     let want = tensor_nbytes(dtype, &shape, group_size);
                     ensure!(
                         want == Some(t.nbytes),

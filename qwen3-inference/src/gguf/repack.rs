@@ -1,22 +1,24 @@
-//! A GGUF's Q8_0 and Q4_0 matrices in the model file's q8 and q4 layouts, made once when the
-//! file is opened.
+//! A GGUF's matrices of ggml's legacy types (Q8_0, Q4_0, Q5_0) in the model file's q8 and q4
+//! layouts, made once when the file is opened.
 //!
 //! Q8_0 and our q8 with groups of 32 hold the same numbers: 32 int8 values and one scale,
 //! `w = d q`; Q4_0 and our q4 with groups of 32 too: 16 bytes whose low nibbles are values 0..16
-//! and high nibbles values 16..32, each `q + 8`, and one f16 scale, `w = d (nibble - 8)`. They
-//! differ in where the bytes lie. The GGUF interleaves them, block after block:
+//! and high nibbles values 16..32, each `q + 8`, and one f16 scale, `w = d (nibble - 8)`. Q5_0's
+//! `w = d (q - 16)` with 5-bit `q` is q8 whose values are `q - 16` (-16..=15). They differ in
+//! where the bytes lie. The GGUF interleaves them, block after block:
 //!
 //! ```text
 //! Q8_0 row:   [d f16][q i8 x 32] [d f16][q i8 x 32] ...       34 bytes a block
 //! q8 tensor:  [q i8, every row's values in order] [pad to 64] [d f32, every group's]
 //! Q4_0 row:   [d f16][16 bytes of nibbles] ...                 18 bytes a block
 //! q4 tensor:  [nibble bytes, every row's in order] [pad to 64] [d f16, every group's]
+//! Q5_0 row:   [d f16][qh u32: bit 4 of each value][16 bytes of nibbles] ...   22 bytes
 //! ```
 //!
 //! The kernels read values as one contiguous run (whole AVX-512 vectors of them) and scales as
 //! another, so the blocks are taken apart once, at open, into that layout: the values copied as
-//! they are, each scale as it is (q8's widened to the f32 it stands for: exact, every f16 is an
-//! f32).
+//! they are (Q5_0's put together from their nibble and fifth bit), each scale as it is (q8's
+//! widened to the f32 it stands for: exact, every f16 is an f32).
 //! Nothing is rounded again, so the model computes with the very weights the GGUF holds
 //! (`gguf/tests.rs` checks every value against gguf-py's dequantization). The copy takes the
 //! file's bytes of those tensors once more; the file's pages of them are released after it
@@ -31,8 +33,45 @@ use rayon::prelude::*;
 use std::collections::HashMap;
 use std::ops::Range;
 
-/// The ggml types taken apart at open.
-pub const REPACKED: [&str; 2] = ["Q8_0", "Q4_0"];
+/// The ggml types taken apart at open, and what each becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Legacy {
+    /// Q8_0: q8 in groups of 32.
+    Q8_0,
+    /// Q4_0: q4 in groups of 32.
+    Q4_0,
+    /// Q5_0: q8 in groups of 32, values -16..=15.
+    Q5_0,
+}
+
+impl Legacy {
+    /// The kind of ggml type `name`, if it is taken apart at open.
+    pub fn of(name: &str) -> Option<Legacy> {
+        match name {
+            "Q8_0" => Some(Legacy::Q8_0),
+            "Q4_0" => Some(Legacy::Q4_0),
+            "Q5_0" => Some(Legacy::Q5_0),
+            _ => None,
+        }
+    }
+
+    /// Bytes of a block in the GGUF (32 weights).
+    fn block_bytes(self) -> usize {
+        match self {
+            Legacy::Q8_0 => 34,
+            Legacy::Q4_0 => 18,
+            Legacy::Q5_0 => 22,
+        }
+    }
+
+    /// Bytes a block's values and its scale take in the model file's layout.
+    fn out_bytes(self) -> (usize, usize) {
+        match self {
+            Legacy::Q4_0 => (16, 2),
+            Legacy::Q8_0 | Legacy::Q5_0 => (32, 4),
+        }
+    }
+}
 
 /// The model file's layout of every Q8_0 and Q4_0 tensor of GGUF header `g` (whose bytes are
 /// `file`), at the offsets and sizes `header` (its model file header, `model::model_header`)
@@ -52,37 +91,37 @@ pub fn repack(
         .collect();
     let mut jobs = Vec::new();
     for t in g.tensors.iter() {
-        if !REPACKED.contains(&t.ggml_type.name) {
+        let Some(kind) = Legacy::of(t.ggml_type.name) else {
             continue;
-        }
+        };
         let name = hf_name(&t.name).context("a tensor's name")?;
         let info = by_name
             .get(name.as_str())
             .with_context(|| format!("{name}: not in the model file's header"))?;
         let at = info.offset as usize..(info.offset + info.nbytes) as usize;
         let source = t.start as usize..(t.start + t.nbytes) as usize;
-        jobs.push((name, source, at, t.ggml_type.name == "Q4_0"));
+        jobs.push((name, source, at, kind));
     }
     let Some(len) = jobs.iter().map(|(_, _, at, _)| at.end).max() else {
         return Ok(None);
     };
     let mut bytes = HugePages::<u8>::zeroed(len)
-        .with_context(|| format!("cannot allocate {len} bytes for the Q8_0 and Q4_0 tensors"))?;
+        .with_context(|| format!("cannot allocate {len} bytes for the repacked tensors"))?;
     // Each tensor's range of the buffer, handed to its own task.
-    let mut parts: Vec<(Range<usize>, bool, &mut [u8])> = Vec::with_capacity(jobs.len());
+    let mut parts: Vec<(Range<usize>, Legacy, &mut [u8])> = Vec::with_capacity(jobs.len());
     let mut rest: &mut [u8] = &mut bytes;
     let mut taken = 0;
-    let mut order: Vec<&(String, Range<usize>, Range<usize>, bool)> = jobs.iter().collect();
+    let mut order: Vec<&(String, Range<usize>, Range<usize>, Legacy)> = jobs.iter().collect();
     order.sort_by_key(|(_, _, at, _)| at.start);
-    for (_, source, at, four) in order {
+    for (_, source, at, kind) in order {
         let (_, tail) = std::mem::take(&mut rest).split_at_mut(at.start - taken);
         let (mine, tail) = tail.split_at_mut(at.len());
-        parts.push((source.clone(), *four, mine));
+        parts.push((source.clone(), *kind, mine));
         rest = tail;
         taken = at.end;
     }
-    parts.into_par_iter().try_for_each(|(source, four, out)| {
-        take_apart(&file[source.clone()], four, out)?;
+    parts.into_par_iter().try_for_each(|(source, kind, out)| {
+        take_apart(&file[source.clone()], kind, out)?;
         release(source);
         Ok::<_, anyhow::Error>(())
     })?;
@@ -93,29 +132,104 @@ pub fn repack(
     Ok(Some(Derived::new(bytes, at)))
 }
 
-/// One tensor's Q8_0 (or, `four`, Q4_0) blocks (`source`) into its model file bytes (`out`):
-/// the values, then at the next multiple of 64 the scales (q8: f32, q4: f16 as they are).
-fn take_apart(source: &[u8], four: bool, out: &mut [u8]) -> Result<()> {
-    // A block's bytes of values (after its f16 scale), and a scale's bytes in the model file.
-    let (values, scale) = match four {
-        true => (16, 2),
-        false => (32, 4),
-    };
-    ensure!(source.len().is_multiple_of(2 + values), "a partial block");
-    let blocks = source.len() / (2 + values);
+/// One tensor's blocks of `kind` (`source`) into its model file bytes (`out`): the values, then
+/// at the next multiple of 64 the scales (q8: f32, q4: f16 as they are).
+fn take_apart(source: &[u8], kind: Legacy, out: &mut [u8]) -> Result<()> {
+    let block_bytes = kind.block_bytes();
+    // A block's bytes of values, and a scale's bytes, in the model file.
+    let (values, scale) = kind.out_bytes();
+    ensure!(source.len().is_multiple_of(block_bytes), "a partial block");
+    let blocks = source.len() / block_bytes;
     let scales_at = (blocks * values).next_multiple_of(64);
     ensure!(out.len() == scales_at + scale * blocks, "the repacked size");
     let (q, rest) = out.split_at_mut(blocks * values);
     let scales = &mut rest[scales_at - blocks * values..];
-    for (b, block) in source.chunks_exact(2 + values).enumerate() {
-        match four {
-            true => scales[2 * b..2 * b + 2].copy_from_slice(&block[..2]),
-            false => {
-                let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+    for (b, (block, q)) in source
+        .chunks_exact(block_bytes)
+        .zip(q.chunks_exact_mut(values))
+        .enumerate()
+    {
+        let d = [block[0], block[1]];
+        match kind {
+            Legacy::Q4_0 => scales[2 * b..2 * b + 2].copy_from_slice(&d),
+            Legacy::Q8_0 | Legacy::Q5_0 => {
+                let d = f16::from_le_bytes(d).to_f32();
                 scales[4 * b..4 * b + 4].copy_from_slice(&d.to_le_bytes());
             }
         }
-        q[b * values..(b + 1) * values].copy_from_slice(&block[2..]);
+        match kind {
+            Legacy::Q8_0 | Legacy::Q4_0 => q.copy_from_slice(&block[2..]),
+            // Value j's low 4 bits in byte j % 16 of the nibbles (low nibble for j < 16), its
+            // fifth in bit j of qh (`blocks.rs`'s `q5_0`).
+            Legacy::Q5_0 => {
+                let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+                for (j, v) in q.iter_mut().enumerate() {
+                    let nibble = (block[6 + j % 16] >> (4 * (j / 16))) & 15;
+                    let fifth = ((qh >> j) & 1) as u8;
+                    *v = ((nibble | (fifth << 4)) as i8 - 16) as u8;
+                }
+            }
+        }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{dequantize_q4, dequantize_q8};
+
+    /// Blocks gguf-py quantized (fixtures/gguf/dequant-reference.json) taken apart into the
+    /// model file's q8 and q4 layouts dequantize to gguf-py's f32 bits, for each legacy type.
+    #[test]
+    fn taken_apart_blocks_keep_gguf_pys_values() {
+        let reference: serde_json::Value = serde_json::from_str(include_str!(
+            "../../../fixtures/gguf/dequant-reference.json"
+        ))
+        .unwrap();
+        let mut checked = 0;
+        for case in reference["cases"].as_array().unwrap() {
+            let Some(kind) = Legacy::of(case["type"].as_str().unwrap()) else {
+                continue;
+            };
+            let hex = case["bytes"].as_str().unwrap();
+            let bytes: Vec<u8> = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                .collect();
+            let want: Vec<u32> = case["f32_bits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let blocks = bytes.len() / kind.block_bytes();
+            let (values, scale) = kind.out_bytes();
+            let scales_at = (blocks * values).next_multiple_of(64);
+            let mut out = vec![0u8; scales_at + scale * blocks];
+            take_apart(&bytes, kind, &mut out).unwrap();
+            let mut got = vec![0f32; blocks * 32];
+            let (v, s) = (&out[..blocks * values], &out[scales_at..]);
+            match kind {
+                Legacy::Q4_0 => {
+                    let s: Vec<u16> = s
+                        .chunks_exact(2)
+                        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                        .collect();
+                    dequantize_q4(v, &s, 32, &mut got)
+                }
+                _ => {
+                    let s: Vec<f32> = s
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect();
+                    dequantize_q8(bytemuck::cast_slice(v), &s, 32, &mut got)
+                }
+            }
+            let bits: Vec<u32> = got.iter().map(|x| x.to_bits()).collect();
+            assert_eq!(bits, want, "{kind:?}");
+            checked += 1;
+        }
+        assert_eq!(checked, 3);
+    }
 }

@@ -562,12 +562,12 @@ fn a_converted_checkpoint_maps_to_a_model_files_header() {
         .iter_mut()
         .find(|t| t.name == "blk.0.ffn_up.weight")
         .unwrap();
-    t.ggml_type = GgmlType::from_id(13).unwrap();
+    t.ggml_type = GgmlType::from_id(3).unwrap();
     let err = format!("{:#}", model::model_header(&k, len).unwrap_err());
     assert!(
         err.contains(
-            "tensor blk.0.ffn_up.weight is Q5_K: GGUF files of F32, BF16, Q8_0, Q4_0, Q4_K and \
-             Q6_K tensors run so far"
+            "tensor blk.0.ffn_up.weight is Q4_1: GGUF files of F32, BF16, Q8_0, Q4_0, Q5_0, Q4_K, \
+             Q5_K and Q6_K tensors run so far"
         ),
         "{err}"
     );
@@ -609,6 +609,15 @@ fn q8_0_tensors_open_as_q8_with_the_files_values() {
     );
 }
 
+/// llama-quantize's Q5_K_M of tiny-bf16-tied-k256: its Q5_K and Q6_K blocks stay where they lie,
+/// each value bit for bit ggml's as the model file's view reads it.
+#[test]
+fn q5_k_m_tensors_open_in_place_with_the_files_values() {
+    let counts = quantized_tensors_have_the_files_values("tiny-bf16-tied-k256-q5_k_m");
+    let want = [("F32", 9), ("Q5_K", 12), ("Q6_K", 3)];
+    assert_eq!(counts, want.map(|(k, v)| (k.to_string(), v)).into());
+}
+
 /// llama-quantize's Q4_0 of tiny-bf16-tied-k256 (Q4_0, with its embedding table in Q6_K): every
 /// Q4_0 matrix becomes q4 in groups of 32, the Q6_K table stays where it lies, each value bit
 /// for bit ggml's.
@@ -632,7 +641,6 @@ fn quantized_tensors_have_the_files_values(
     let path = root.join(format!("gguf/{name}.gguf"));
     let gguf = GgufFile::open(&path).unwrap();
     let file = ModelFile::open(&path).unwrap();
-    assert!(!file.in_place(), "{name}: nothing repacked");
     let mut counts = std::collections::BTreeMap::new();
     for t in &gguf.header().tensors {
         let name = model::hf_name(&t.name).unwrap();
@@ -663,13 +671,14 @@ fn quantized_tensors_have_the_files_values(
                 out
             }
             TensorData::F32(v) => v.to_vec(),
-            // Read where it lies: this checks that the view holds the GGUF's bytes of it (the
-            // same dequantization on both sides).
-            TensorData::Q6K(b) => {
-                let mut out = vec![0f32; numel];
-                blocks::dequantize(t.ggml_type, b, &mut out).unwrap();
-                out
-            }
+            // Read where it lies: each value as the kernels' reference reads it
+            // (`k_quant_value`, the plain backend's), against the whole-block dequantization.
+            TensorData::K(kind, b) => (0..numel)
+                .map(|i| {
+                    let block = &b[i / 256 * kind.block_bytes()..][..kind.block_bytes()];
+                    blocks::k_quant_value(kind, block, i % 256)
+                })
+                .collect(),
             other => panic!("{name}: {other:?}"),
         };
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();

@@ -2,9 +2,8 @@
 //! Only the rows of the tokens being run are ever converted: the table stays as stored in the
 //! mmap (for Qwen3-0.6B at q8 that is 156 MB instead of a 622 MB f32 copy).
 
-use super::dot::k_quants;
 use crate::format::reader::{TensorData, TensorView};
-use crate::gguf::blocks::{q4_k_blocks, q6_k_blocks};
+use crate::gguf::blocks::k_quant_blocks;
 use crate::quant::{dequantize_q4, dequantize_q6_row, dequantize_q8};
 
 /// Writes row `token` of `table` (`[vocab, hidden]`) into `out` (`[hidden]`).
@@ -45,13 +44,9 @@ pub fn embedding(out: &mut [f32], table: &TensorView, token: usize) {
             group_size,
             cols,
         } => dequantize_q6_row(packed, scales, cols, group_size, token, out),
-        TensorData::Q4K(blocks) => {
-            let row = k_quants::row_bytes::<false>(hidden);
-            q4_k_blocks(&blocks[token * row..(token + 1) * row], out)
-        }
-        TensorData::Q6K(blocks) => {
-            let row = k_quants::row_bytes::<true>(hidden);
-            q6_k_blocks(&blocks[token * row..(token + 1) * row], out)
+        TensorData::K(kind, blocks) => {
+            let row = kind.row_bytes(hidden);
+            k_quant_blocks(kind, &blocks[token * row..(token + 1) * row], out)
         }
     }
 }

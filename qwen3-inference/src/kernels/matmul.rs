@@ -252,22 +252,15 @@ fn fill_block(
             );
         }
         // GGUF's K-quants, their blocks where the file holds them (`dot/k_quants.rs`).
-        (TensorData::Q4K(blocks), Some(acts)) => {
-            let row = k_quants::row_bytes::<false>(cols);
-            let w = &blocks[r0 * row..(r0 + n) * row];
-            (dots.q4_k_rows)(w, acts, block);
-        }
-        (TensorData::Q6K(blocks), Some(acts)) => {
-            let row = k_quants::row_bytes::<true>(cols);
-            let w = &blocks[r0 * row..(r0 + n) * row];
-            (dots.q6_k_rows)(w, acts, block);
+        (TensorData::K(kind, blocks), Some(acts)) => {
+            let row = kind.row_bytes(cols);
+            (dots.k_rows)(kind, &blocks[r0 * row..(r0 + n) * row], acts, block);
         }
         (
             TensorData::Q8 { .. }
             | TensorData::Q4 { .. }
             | TensorData::Q6 { .. }
-            | TensorData::Q4K(_)
-            | TensorData::Q6K(_),
+            | TensorData::K(..),
             None,
         ) => {
             unreachable!("quantized weights without quantized activations")
@@ -319,7 +312,7 @@ fn with_activations<R>(
         TensorData::Q8 { group_size, .. }
         | TensorData::Q4 { group_size, .. }
         | TensorData::Q6 { group_size, .. } => Some(group_size),
-        TensorData::Q4K(_) | TensorData::Q6K(_) => Some(k_quants::GROUP),
+        TensorData::K(..) => Some(k_quants::GROUP),
         _ => None,
     };
     let Some(gs) = group(ws[0]) else {
@@ -337,9 +330,7 @@ fn with_activations<R>(
     let q4 = ws
         .iter()
         .any(|w| matches!(w.data, TensorData::Q4 { .. } | TensorData::Q6 { .. }));
-    let k = ws
-        .iter()
-        .any(|w| matches!(w.data, TensorData::Q4K(_) | TensorData::Q6K(_)));
+    let k = ws.iter().any(|w| matches!(w.data, TensorData::K(..)));
     ACTIVATIONS.with(|cell| {
         let mut buf = cell.borrow_mut();
         let acts = buf.quantize_for_weights(x, t, cols, gs, q4, k);
@@ -515,6 +506,7 @@ mod tests {
     /// calls give, for decode and for prompts.
     #[test]
     fn mixed_products_equal_separate_products() {
+        use crate::format::KQuant;
         use crate::kernels::dot::{dots, interleaved::packed_for_kernels};
         use crate::quant::quantize_q4;
         let (cols, rows) = (256usize, 24usize);
@@ -565,7 +557,10 @@ mod tests {
             scales: &s,
             group_size: 32,
         });
-        let (q4k_view, q6k_view) = (view(TensorData::Q4K(&q4k)), view(TensorData::Q6K(&q6k)));
+        let (q4k_view, q6k_view) = (
+            view(TensorData::K(KQuant::Q4K, &q4k)),
+            view(TensorData::K(KQuant::Q6K, &q6k)),
+        );
         for t in [1, 3] {
             let x: Vec<f32> = (0..t * cols).map(|_| lcg(&mut seed)).collect();
             for mix in [

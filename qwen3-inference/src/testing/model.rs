@@ -176,7 +176,9 @@ fn write_random_specs(path: &Path, c: &ModelConfig, specs: &[TensorSpec]) {
                 quantize_q6(&v, cols, gs, &mut p, &mut sc);
                 w.write_q6(&s.name, &p, &sc).unwrap()
             }
-            DType::Q4K | DType::Q6K => panic!("{}: K-quants come only from GGUF files", s.dtype),
+            DType::Q4K | DType::Q5K | DType::Q6K => {
+                panic!("{}: K-quants come only from GGUF files", s.dtype)
+            }
         }
     }
     w.finish().unwrap();

@@ -1,9 +1,10 @@
-//! GGUF's K-quants (Q4_K, Q6_K) against q8 activations: the scalar reference, reading the blocks
-//! where the GGUF holds them (`gguf/blocks.rs` draws both). A block is 256 weights whose
+//! GGUF's K-quants (Q4_K, Q5_K, Q6_K) against q8 activations: the scalar reference, reading the
+//! blocks where the GGUF holds them (`gguf/blocks.rs` draws each). A block is 256 weights whose
 //! sub-blocks each have a small integer scale that the block's f16 `d` multiplies:
 //!
 //! ```text
 //! Q4_K  sub-blocks of 32:  w = (d * sc) * q - dmin * m       q in 0..=15, sc and m in 0..=63
+//! Q5_K  the same with a fifth bit:                          q in 0..=31
 //! Q6_K  sub-blocks of 16:  w = (d * sc) * q                  q in -32..=31, sc an int8
 //! ```
 //!
@@ -21,28 +22,42 @@
 //! bit for bit (`blocks.rs` is checked against gguf-py).
 
 use super::ActsQ8;
-use crate::gguf::blocks::{q4_k_nibble, q4_k_parts, q6_k_int, q6_k_parts, scale_min};
+use crate::format::KQuant;
+use crate::gguf::blocks::{q4_k_nibble, q6_k_int, q6_k_parts, scale_min};
+use half::f16;
 
 /// Weights a block holds.
 pub const BLOCK: usize = crate::format::K_BLOCK as usize;
-/// Bytes of a Q4_K block and of a Q6_K block.
-pub const Q4_K_BYTES: usize = crate::format::Q4_K_BLOCK_BYTES as usize;
-pub const Q6_K_BYTES: usize = crate::format::Q6_K_BLOCK_BYTES as usize;
 /// The activations' group size the kernels read: one Q4_K sub-block, two of Q6_K.
 pub const GROUP: usize = 32;
 
-/// Row `w` (whole Q4_K blocks) against one activation row (`x` its int8 values, `xs` its
-/// scales per group of 32).
-pub fn dot_q4_k_scalar(w: &[u8], x: &[i8], xs: &[f32]) -> f32 {
+/// Row `w` (whole Q4_K blocks, or with `FIVE` Q5_K ones) against one activation row (`x` its
+/// int8 values, `xs` its scales per group of 32).
+pub fn dot_q4_k_scalar<const FIVE: bool>(w: &[u8], x: &[i8], xs: &[f32]) -> f32 {
+    let bytes = match FIVE {
+        true => KQuant::Q5K.block_bytes(),
+        false => KQuant::Q4K.block_bytes(),
+    };
     let mut sum = 0.0f32;
-    for (b, block) in w.chunks_exact(Q4_K_BYTES).enumerate() {
-        let (d, dmin, scales, qs) = q4_k_parts(block);
+    for (b, block) in w.chunks_exact(bytes).enumerate() {
+        let f16_at = |at: usize| f16::from_le_bytes([block[at], block[at + 1]]).to_f32();
+        let (d, dmin, scales) = (f16_at(0), f16_at(2), &block[4..16]);
+        // Q5_K: 32 bytes of fifth bits (bit i of byte l: value l of sub-block i) before the
+        // nibbles.
+        let (qh, qs) = match FIVE {
+            true => (&block[16..48], &block[48..]),
+            false => (&block[0..0], &block[16..]),
+        };
         for i in 0..BLOCK / GROUP {
             let g = b * (BLOCK / GROUP) + i;
             let xg = &x[g * GROUP..(g + 1) * GROUP];
             let (mut dot, mut xsum) = (0i32, 0i32);
             for (l, &xv) in xg.iter().enumerate() {
-                dot += q4_k_nibble(qs, i, l) as i32 * xv as i32;
+                let mut q = q4_k_nibble(qs, i, l) as i32;
+                if FIVE {
+                    q |= (((qh[l] >> i) & 1) as i32) << 4;
+                }
+                dot += q * xv as i32;
                 xsum += xv as i32;
             }
             let (sc, m) = scale_min(scales, i);
@@ -55,7 +70,7 @@ pub fn dot_q4_k_scalar(w: &[u8], x: &[i8], xs: &[f32]) -> f32 {
 /// Row `w` (whole Q6_K blocks) against one activation row, as [`dot_q4_k_scalar`].
 pub fn dot_q6_k_scalar(w: &[u8], x: &[i8], xs: &[f32]) -> f32 {
     let mut sum = 0.0f32;
-    for (b, block) in w.chunks_exact(Q6_K_BYTES).enumerate() {
+    for (b, block) in w.chunks_exact(KQuant::Q6K.block_bytes()).enumerate() {
         let (ql, qh, scales, d) = q6_k_parts(block);
         for (s, &sc) in scales.iter().enumerate() {
             let (v0, g) = (16 * s, b * (BLOCK / GROUP) + s / 2);
@@ -68,19 +83,10 @@ pub fn dot_q6_k_scalar(w: &[u8], x: &[i8], xs: &[f32]) -> f32 {
     sum
 }
 
-/// Bytes of a row of `cols` weights of Q4_K or (`SIX`) Q6_K.
-pub const fn row_bytes<const SIX: bool>(cols: usize) -> usize {
-    cols / BLOCK
-        * match SIX {
-            true => Q6_K_BYTES,
-            false => Q4_K_BYTES,
-        }
-}
-
-/// Checks a product's slices (`w: [rows]` of whole blocks, `out: [rows, t]`, activations in
-/// groups of [`GROUP`]) and returns `rows`. Panics on a mismatch: a caller's bug (the model
-/// file's shapes were checked when it was opened).
-pub(crate) fn check<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &[f32]) -> usize {
+/// Checks a product's slices (`w: [rows]` of whole blocks of `kind`, `out: [rows, t]`,
+/// activations in groups of [`GROUP`] with their sums of 16) and returns `rows`. Panics on a
+/// mismatch: a caller's bug (the model file's shapes were checked when it was opened).
+pub(crate) fn check(kind: KQuant, w: &[u8], x: &ActsQ8, out: &[f32]) -> usize {
     let (cols, t) = (x.cols, x.t);
     let rows = out.len() / t.max(1);
     assert!(
@@ -90,24 +96,26 @@ pub(crate) fn check<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &[f32]) -> usize
     );
     assert!(
         out.len() == rows * t
-            && w.len() == rows * row_bytes::<SIX>(cols)
+            && w.len() == rows * kind.row_bytes(cols)
             && x.sums16.len() == t * cols / 16,
         "K-quants: slice lengths do not match [{rows}, {cols}] x [{t}, {cols}]"
     );
     rows
 }
 
-/// `out[r, i]` (`[rows, t]`) = Q4_K (or, `SIX`, Q6_K) weight row `r` against activation row
-/// `i`, one scalar dot per pair.
-pub fn mat_k_scalar<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32]) {
-    let rows = check::<SIX>(w, x, out);
-    let (t, row) = (x.t, row_bytes::<SIX>(x.cols));
+/// `out[r, i]` (`[rows, t]`) = weight row `r` (blocks of `kind`) against activation row `i`, one
+/// scalar dot per pair.
+pub fn mat_k_scalar(kind: KQuant, w: &[u8], x: &ActsQ8, out: &mut [f32]) {
+    let rows = check(kind, w, x, out);
+    let (t, row) = (x.t, kind.row_bytes(x.cols));
     for r in 0..rows {
         let w_r = &w[r * row..(r + 1) * row];
         for i in 0..t {
-            out[r * t + i] = match SIX {
-                true => dot_q6_k_scalar(w_r, x.q_row(i), x.scales_row(i)),
-                false => dot_q4_k_scalar(w_r, x.q_row(i), x.scales_row(i)),
+            let (q, xs) = (x.q_row(i), x.scales_row(i));
+            out[r * t + i] = match kind {
+                KQuant::Q4K => dot_q4_k_scalar::<false>(w_r, q, xs),
+                KQuant::Q5K => dot_q4_k_scalar::<true>(w_r, q, xs),
+                KQuant::Q6K => dot_q6_k_scalar(w_r, q, xs),
             };
         }
     }
@@ -116,14 +124,16 @@ pub fn mat_k_scalar<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::blocks::{q4_k_value, q6_k_value};
+    use crate::gguf::blocks::k_quant_value;
     use crate::kernels::dot::ActsQ8Buf;
     use crate::testing::next_values;
 
-    /// Random blocks whose f16 scales are finite (any other byte is a valid block): each its
-    /// own `d` and `dmin`, of either sign, every fifth `d` zero.
-    fn blocks<const SIX: bool>(n: usize, seed: &mut u64) -> Vec<u8> {
-        let bytes = row_bytes::<SIX>(BLOCK);
+    const KINDS: [KQuant; 3] = [KQuant::Q4K, KQuant::Q5K, KQuant::Q6K];
+
+    /// `n` random blocks of `kind` whose f16 scales are finite (any other byte is a valid block):
+    /// each its own `d` and `dmin`, of either sign, every fifth `d` zero.
+    fn blocks(kind: KQuant, n: usize, seed: &mut u64) -> Vec<u8> {
+        let bytes = kind.block_bytes();
         let mut out: Vec<u8> = next_values(n * bytes, seed)
             .iter()
             .map(|v| (v * 1e4) as i64 as u8)
@@ -138,9 +148,9 @@ mod tests {
             } else {
                 0.03 * scales[2 * i]
             };
-            match SIX {
-                true => put(208, d),
-                false => {
+            match kind {
+                KQuant::Q6K => put(208, d),
+                KQuant::Q4K | KQuant::Q5K => {
                     put(0, d);
                     put(2, 0.01 * scales[2 * i + 1])
                 }
@@ -159,24 +169,17 @@ mod tests {
             let x = next_values(t * cols, &mut seed);
             let mut buf = ActsQ8Buf::default();
             let acts = buf.quantize_for_k(&x, t, cols, GROUP);
-            for six in [false, true] {
-                let w = match six {
-                    true => blocks::<true>(rows * cols / BLOCK, &mut seed),
-                    false => blocks::<false>(rows * cols / BLOCK, &mut seed),
-                };
-                let pick = |d: &crate::kernels::dot::Dots| match six {
-                    true => d.q6_k_rows,
-                    false => d.q4_k_rows,
-                };
+            for kind in KINDS {
+                let w = blocks(kind, rows * cols / BLOCK, &mut seed);
                 let mut want = vec![0f32; rows * t];
-                mat_k_scalar_either(six, &w, &acts, &mut want);
+                mat_k_scalar(kind, &w, &acts, &mut want);
                 for d in crate::kernels::dot::available() {
                     let mut got = vec![0f32; rows * t];
-                    pick(&d)(&w, &acts, &mut got);
+                    (d.k_rows)(kind, &w, &acts, &mut got);
                     for (k, (a, b)) in got.iter().zip(&want).enumerate() {
                         assert!(
                             (a - b).abs() <= 1e-4 * b.abs().max(1.0),
-                            "{} six {six} [{rows}, {cols}] x {t}, {k}: {a} vs {b}",
+                            "{} {kind:?} [{rows}, {cols}] x {t}, {k}: {a} vs {b}",
                             d.isa
                         );
                     }
@@ -185,7 +188,7 @@ mod tests {
                     for i in 0..t {
                         let xi = one.quantize_for_k(&x[i * cols..(i + 1) * cols], 1, cols, GROUP);
                         let mut alone = vec![0f32; rows];
-                        pick(&d)(&w, &xi, &mut alone);
+                        (d.k_rows)(kind, &w, &xi, &mut alone);
                         for r in 0..rows {
                             assert_eq!(alone[r].to_bits(), got[r * t + i].to_bits(), "{}", d.isa);
                         }
@@ -194,16 +197,6 @@ mod tests {
             }
         }
     }
-
-    fn mat_k_scalar_either(six: bool, w: &[u8], x: &ActsQ8, out: &mut [f32]) {
-        match six {
-            true => mat_k_scalar::<true>(w, x, out),
-            false => mat_k_scalar::<false>(w, x, out),
-        }
-    }
-
-    /// Weight `v` of a block, as `gguf/blocks.rs` dequantizes it.
-    type Value = fn(&[u8], usize) -> f32;
 
     /// Each kernel's product equals the f64 product of the dequantized weights (`blocks.rs`,
     /// gguf-py's values) and the dequantized activations.
@@ -214,23 +207,18 @@ mod tests {
         let x = next_values(t * cols, &mut seed);
         let mut buf = ActsQ8Buf::default();
         let acts = buf.quantize_for_k(&x, t, cols, GROUP);
-        for six in [false, true] {
-            let w = match six {
-                true => blocks::<true>(rows * cols / BLOCK, &mut seed),
-                false => blocks::<false>(rows * cols / BLOCK, &mut seed),
-            };
-            let (value, bytes): (Value, usize) = match six {
-                true => (q6_k_value, Q6_K_BYTES),
-                false => (q4_k_value, Q4_K_BYTES),
-            };
+        for kind in KINDS {
+            let w = blocks(kind, rows * cols / BLOCK, &mut seed);
+            let bytes = kind.block_bytes();
             let mut out = vec![0f32; rows * t];
-            mat_k_scalar_either(six, &w, &acts, &mut out);
+            mat_k_scalar(kind, &w, &acts, &mut out);
             for r in 0..rows {
                 for i in 0..t {
                     let want: f64 = (0..cols)
                         .map(|c| {
                             let k = r * cols + c;
-                            let wv = value(&w[k / BLOCK * bytes..][..bytes], k % BLOCK) as f64;
+                            let block = &w[k / BLOCK * bytes..][..bytes];
+                            let wv = k_quant_value(kind, block, k % BLOCK) as f64;
                             let xq = acts.q_row(i)[c] as f64 * acts.scales_row(i)[c / GROUP] as f64;
                             wv * xq
                         })
@@ -238,7 +226,7 @@ mod tests {
                     let got = out[r * t + i] as f64;
                     assert!(
                         (got - want).abs() <= 1e-4 * want.abs().max(1.0),
-                        "six {six}, row {r}, token {i}: {got} vs {want}"
+                        "{kind:?}, row {r}, token {i}: {got} vs {want}"
                     );
                 }
             }

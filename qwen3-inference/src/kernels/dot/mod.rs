@@ -45,7 +45,7 @@ pub type MatQ4 = fn(w: &[u8], ws: &[u16], x: &ActsQ8, out: &mut [f32], ahead: us
 /// [`MatQ8`] for GGUF's K-quant weights (`k_quants.rs`): `w` the rows' blocks as the GGUF holds
 /// them, the activations quantized per group of [`k_quants::GROUP`] with their sums of 16
 /// ([`ActsQ8Buf::quantize_for_k`]). No prefetch hint: these kernels do not prefetch.
-pub type MatK = fn(w: &[u8], x: &ActsQ8, out: &mut [f32]);
+pub type MatK = fn(kind: crate::format::KQuant, w: &[u8], x: &ActsQ8, out: &mut [f32]);
 
 /// Quantizes `x` per group into `q` and `scales` (same rule as [`crate::quant::quantize_q8`]).
 pub type QuantizeQ8 = fn(x: &[f32], group_size: usize, q: &mut [i8], scales: &mut [f32]);
@@ -65,9 +65,8 @@ pub struct Dots {
     pub q6_rows: MatQ4,
     /// The order of the activations `q4_rows` and `q6_rows` read (`q4.rs`).
     pub q4_layout: q4::Q4Layout,
-    /// GGUF's Q4_K and Q6_K blocks against q8 activations (`k_quants.rs`).
-    pub q4_k_rows: MatK,
-    pub q6_k_rows: MatK,
+    /// GGUF's K-quant blocks against q8 activations (`k_quants.rs`).
+    pub k_rows: MatK,
     pub q8_f32: DotQ8F32,
     pub quantize_q8: QuantizeQ8,
     /// Which instruction set was picked, for `--verbose` and the bench report.
@@ -88,8 +87,7 @@ pub const SCALAR: Dots = Dots {
     q4_rows: q4::mat_q4_scalar,
     q6_rows: q6::mat_q6_scalar,
     q4_layout: q4::Q4Layout::Halves,
-    q4_k_rows: k_quants::mat_k_scalar::<false>,
-    q6_k_rows: k_quants::mat_k_scalar::<true>,
+    k_rows: k_quants::mat_k_scalar,
     q8_f32: dot_q8_f32_scalar,
     quantize_q8: crate::quant::quantize_q8,
     isa: "scalar",
@@ -299,7 +297,7 @@ pub fn scalar_only(dtype: crate::format::DType, gs: usize) -> Option<String> {
             q4::SIMD_GROUP
         )),
         // Vectorized on x86 (AVX2, `x86/k_quants.rs`) only.
-        DType::Q4K | DType::Q6K if !cfg!(target_arch = "x86_64") => Some(format!(
+        DType::Q4K | DType::Q5K | DType::Q6K if !cfg!(target_arch = "x86_64") => Some(format!(
             "GGUF's {dtype} blocks are vectorized on x86 only: here they run on the scalar reference"
         )),
         DType::Q8 if !gs.is_multiple_of(32) => Some(format!(

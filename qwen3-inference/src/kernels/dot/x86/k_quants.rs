@@ -1,5 +1,6 @@
-//! GGUF's Q4_K and Q6_K blocks against q8 activations on AVX2 and on AVX-512, read where the
-//! GGUF holds them (`dot/k_quants.rs` has the scalar reference and the math).
+//! GGUF's Q4_K, Q5_K and Q6_K blocks against q8 activations on AVX2 and on AVX-512, read where
+//! the GGUF holds them (`dot/k_quants.rs` has the scalar reference and the math). Q5_K is Q4_K
+//! with a fifth bit a weight, ORed in above the nibble.
 //!
 //! Each 32 weights of a block meet one activation group of 32 (`x = xs qx`); the integer
 //! products are exact, and each group's sum is converted once and multiplied by one float scale
@@ -11,7 +12,7 @@
 //! AVX-512  two groups a 512-bit vector (their 64 activations are contiguous): vpdpbusd
 //!
 //! lanes += float(sum q qx) * (d sc xs)                 once a group (pair of groups)
-//! Q4_K:   - dmin m xs sum(qx)                            once a block, 8 lanes (sub-blocks)
+//! Q4_K, Q5_K: - dmin m xs sum(qx)                        once a block, 8 lanes (sub-blocks)
 //! Q6_K:   - 32 d sc xs sum(qx)  (the weights are q + 32) once a block, from the sums of 16
 //! ```
 //!
@@ -20,30 +21,43 @@
 //! unpacked once for them, and each (row, token) runs decode's operations in decode's order, so a
 //! prompt gets decode's bits.
 
-use super::super::k_quants::{row_bytes, BLOCK, GROUP, Q4_K_BYTES, Q6_K_BYTES};
+use super::super::k_quants::{BLOCK, GROUP};
 use super::super::ActsQ8;
+use crate::format::KQuant;
 use crate::gguf::blocks::scales_mins;
 use std::arch::x86_64::*;
 
-/// [`super::super::MatK`] on AVX2 for Q4_K or (`SIX`) Q6_K rows.
+/// [`super::super::MatK`] on AVX2.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn mat_k_avx2<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32]) {
+pub(super) unsafe fn mat_k_avx2(kind: KQuant, w: &[u8], x: &ActsQ8, out: &mut [f32]) {
     // SAFETY: `mat_k` calls the tile only on what `check` checked (its contract), and the
     // caller's AVX2, FMA and F16C are the features `tiles_avx2` needs.
-    unsafe { mat_k::<SIX>(w, x, out, tiles_avx2::<SIX>) }
+    unsafe {
+        match kind {
+            KQuant::Q4K => mat_k(kind, w, x, out, tiles_avx2::<4>),
+            KQuant::Q5K => mat_k(kind, w, x, out, tiles_avx2::<5>),
+            KQuant::Q6K => mat_k(kind, w, x, out, tiles_avx2::<6>),
+        }
+    }
 }
 
-/// [`super::super::MatK`] on AVX-512 (F, BW, VL, VNNI) for Q4_K or (`SIX`) Q6_K rows.
+/// [`super::super::MatK`] on AVX-512 (F, BW, VL, VNNI).
 ///
 /// # Safety
 /// The CPU must have AVX-512 F, BW, VL and VNNI, and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn mat_k_avx512<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32]) {
+pub(super) unsafe fn mat_k_avx512(kind: KQuant, w: &[u8], x: &ActsQ8, out: &mut [f32]) {
     // SAFETY: as `mat_k_avx2`, with the AVX-512 features `tiles_avx512` needs.
-    unsafe { mat_k::<SIX>(w, x, out, tiles_avx512::<SIX>) }
+    unsafe {
+        match kind {
+            KQuant::Q4K => mat_k(kind, w, x, out, tiles_avx512::<4>),
+            KQuant::Q5K => mat_k(kind, w, x, out, tiles_avx512::<5>),
+            KQuant::Q6K => mat_k(kind, w, x, out, tiles_avx512::<6>),
+        }
+    }
 }
 
 /// One weight row against 1 to [`TOKENS`] tokens: `out[j]` is its product with `tokens[j]`.
@@ -64,11 +78,11 @@ type Tile = unsafe fn(w: &[u8], tokens: &[Token], out: &mut [f32]);
 ///
 /// # Safety
 /// The CPU has `tile`'s features.
-unsafe fn mat_k<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32], tile: Tile) {
+unsafe fn mat_k(kind: KQuant, w: &[u8], x: &ActsQ8, out: &mut [f32], tile: Tile) {
     // Panics unless the weights are whole blocks of `cols`, the activations in groups of 32 with
     // their sums of 16, and `out` is `[rows, t]`: then every token below has what `Tile` needs.
-    let rows = super::super::k_quants::check::<SIX>(w, x, out);
-    let (t, cols, row) = (x.t, x.cols, row_bytes::<SIX>(x.cols));
+    let rows = super::super::k_quants::check(kind, w, x, out);
+    let (t, cols, row) = (x.t, x.cols, kind.row_bytes(x.cols));
     let per = cols / 16;
     let token = |k: usize| Token {
         x: x.q_row(k),
@@ -86,39 +100,42 @@ unsafe fn mat_k<const SIX: bool>(w: &[u8], x: &ActsQ8, out: &mut [f32], tile: Ti
     }
 }
 
-/// `out = $dot::<n>(w, the n tokens)` for the tile's `n` (1 to [`TOKENS`]).
+/// `out = $dot::<n, $($c),*>(w, the n tokens)` for the tile's `n` (1 to [`TOKENS`]).
 macro_rules! by_tokens {
-    ($dot:ident, $w:expr, $tokens:expr, $out:expr) => {{
+    ($dot:ident $(, $c:expr)*; $w:expr, $tokens:expr, $out:expr) => {{
         let t = |j: usize| $tokens[j];
         match $tokens.len() {
-            1 => $out.copy_from_slice(&$dot::<1>($w, [t(0)])),
-            2 => $out.copy_from_slice(&$dot::<2>($w, [t(0), t(1)])),
-            3 => $out.copy_from_slice(&$dot::<3>($w, [t(0), t(1), t(2)])),
-            _ => $out.copy_from_slice(&$dot::<4>($w, [t(0), t(1), t(2), t(3)])),
+            1 => $out.copy_from_slice(&$dot::<1 $(, $c)*>($w, [t(0)])),
+            2 => $out.copy_from_slice(&$dot::<2 $(, $c)*>($w, [t(0), t(1)])),
+            3 => $out.copy_from_slice(&$dot::<3 $(, $c)*>($w, [t(0), t(1), t(2)])),
+            _ => $out.copy_from_slice(&$dot::<4 $(, $c)*>($w, [t(0), t(1), t(2), t(3)])),
         }
     }};
 }
 
-/// [`Tile`] on AVX2 (its contract: AVX2, FMA, F16C).
+/// [`Tile`] on AVX2 for blocks of `BITS` bits a weight (4: Q4_K, 5: Q5_K, 6: Q6_K); its
+/// contract: AVX2, FMA, F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tiles_avx2<const SIX: bool>(w: &[u8], tokens: &[Token], out: &mut [f32]) {
+unsafe fn tiles_avx2<const BITS: u8>(w: &[u8], tokens: &[Token], out: &mut [f32]) {
     // SAFETY: the caller keeps `Tile`'s contract, which is the dot products'.
     unsafe {
-        match SIX {
-            true => by_tokens!(dot_q6_k, w, tokens, out),
-            false => by_tokens!(dot_q4_k, w, tokens, out),
+        match BITS {
+            6 => by_tokens!(dot_q6_k; w, tokens, out),
+            5 => by_tokens!(dot_q4_k, true; w, tokens, out),
+            _ => by_tokens!(dot_q4_k, false; w, tokens, out),
         }
     }
 }
 
-/// [`Tile`] on AVX-512 (its contract: AVX-512 F, BW, VL, VNNI, and F16C).
+/// [`Tile`] on AVX-512, as [`tiles_avx2`]; its contract: AVX-512 F, BW, VL, VNNI, and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tiles_avx512<const SIX: bool>(w: &[u8], tokens: &[Token], out: &mut [f32]) {
+unsafe fn tiles_avx512<const BITS: u8>(w: &[u8], tokens: &[Token], out: &mut [f32]) {
     // SAFETY: as `tiles_avx2`.
     unsafe {
-        match SIX {
-            true => by_tokens!(dot_q6_k_512, w, tokens, out),
-            false => by_tokens!(dot_q4_k_512, w, tokens, out),
+        match BITS {
+            6 => by_tokens!(dot_q6_k_512; w, tokens, out),
+            5 => by_tokens!(dot_q4_k_512, true; w, tokens, out),
+            _ => by_tokens!(dot_q4_k_512, false; w, tokens, out),
         }
     }
 }
@@ -139,17 +156,23 @@ struct Token<'a> {
 /// bits.
 const CHAINS: usize = 2;
 
-/// One Q4_K row against `N` tokens. Caller guarantees AVX2, FMA and F16C, and that `w` is
-/// whole blocks of each token's `x.len()` weights.
+/// One Q4_K row (with `FIVE`, Q5_K) against `N` tokens. Caller guarantees AVX2, FMA and F16C,
+/// and `Tile`'s lengths.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_k<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
+unsafe fn dot_q4_k<const N: usize, const FIVE: bool>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
+    let kind = if FIVE { KQuant::Q5K } else { KQuant::Q4K };
     let nibble = _mm256_set1_epi8(15);
-    let ones = _mm256_set1_epi16(1);
+    let (ones, sixteen) = (_mm256_set1_epi16(1), _mm256_set1_epi8(16));
     let mut acc = [[_mm256_setzero_ps(); CHAINS]; N];
     let mut mins = [_mm256_setzero_ps(); N];
-    for (b, block) in w.chunks_exact(Q4_K_BYTES).enumerate() {
-        let qs = &block[16..Q4_K_BYTES];
+    for (b, block) in w.chunks_exact(kind.block_bytes()).enumerate() {
+        // Q5_K: 32 bytes of fifth bits (bit i of byte l: value l of sub-block i) before the
+        // nibbles.
+        let (qh, qs) = match FIVE {
+            true => (&block[16..48], &block[48..]),
+            false => (&block[16..16], &block[16..]),
+        };
         let (dsc, dm) = q4_k_scales(block);
         let mut dsx = [_mm256_setzero_ps(); N];
         for (k, tk) in tokens.iter().enumerate() {
@@ -165,6 +188,17 @@ unsafe fn dot_q4_k<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
             ];
             for (h, q) in halves.into_iter().enumerate() {
                 let j = 2 * p + h;
+                let q = match FIVE {
+                    // q + 16 where bit j of the value's qh byte is set.
+                    true => {
+                        // SAFETY: qh is 32 bytes (Q5_K's).
+                        let bits = _mm256_loadu_si256(qh.as_ptr() as *const __m256i);
+                        let bit = _mm256_set1_epi8((1u8 << j) as i8);
+                        let set = _mm256_cmpeq_epi8(_mm256_and_si256(bits, bit), bit);
+                        _mm256_or_si256(q, _mm256_and_si256(set, sixteen))
+                    }
+                    false => q,
+                };
                 let lane = _mm256_set1_epi32(j as i32);
                 for (k, tk) in tokens.iter().enumerate() {
                     // SAFETY: group 8b + j of the row is values 32 (8b + j).. of `x`.
@@ -197,7 +231,7 @@ unsafe fn dot_q6_k<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
     );
     let mut acc = [[_mm256_setzero_ps(); CHAINS]; N];
     let mut offsets = [_mm256_setzero_ps(); N];
-    for (b, block) in w.chunks_exact(Q6_K_BYTES).enumerate() {
+    for (b, block) in w.chunks_exact(KQuant::Q6K.block_bytes()).enumerate() {
         let (ql, qh, scales) = (&block[0..128], &block[128..192], &block[192..208]);
         let d = f16_at(block, 208);
         // SAFETY: 16 scale bytes.
@@ -265,20 +299,25 @@ unsafe fn dot_q6_k<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
     })
 }
 
-/// One Q4_K row against `N` tokens on AVX-512: [`dot_q4_k`] two sub-blocks a vector (their
-/// 64 activations are contiguous), `vpdpbusd` for the byte products. Caller guarantees AVX-512
-/// F, BW, VL, VNNI and F16C, and that `w` is whole blocks of each token's `x.len()` weights.
+/// One Q4_K row (with `FIVE`, Q5_K) against `N` tokens on AVX-512: [`dot_q4_k`] two sub-blocks
+/// a vector (their 64 activations are contiguous), `vpdpbusd` for the byte products. Caller
+/// guarantees AVX-512 F, BW, VL, VNNI and F16C, and `Tile`'s lengths.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q4_k_512<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
+unsafe fn dot_q4_k_512<const N: usize, const FIVE: bool>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
+    let kind = if FIVE { KQuant::Q5K } else { KQuant::Q4K };
     let nibble = _mm512_set1_epi8(15);
+    let sixteen = _mm512_set1_epi8(16);
     // The 32 bytes of a pair of sub-blocks in both halves of a vector: the low half keeps the
     // low nibbles (the first sub-block), the high half shifts the high ones down.
     let halves = per_half(0, 4);
     let mut acc = [[_mm512_setzero_ps(); CHAINS_512]; N];
     let mut mins = [_mm256_setzero_ps(); N];
-    for (b, block) in w.chunks_exact(Q4_K_BYTES).enumerate() {
-        let qs = &block[16..Q4_K_BYTES];
+    for (b, block) in w.chunks_exact(kind.block_bytes()).enumerate() {
+        let (qh, qs) = match FIVE {
+            true => (&block[16..48], &block[48..]),
+            false => (&block[16..16], &block[16..]),
+        };
         let (dsc, dm) = q4_k_scales(block);
         let mut dsx = [_mm512_setzero_ps(); N];
         for (k, tk) in tokens.iter().enumerate() {
@@ -290,6 +329,21 @@ unsafe fn dot_q4_k_512<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N]
                 qs.as_ptr().add(32 * p) as *const __m256i
             ));
             let q = _mm512_and_si512(_mm512_srlv_epi16(v, halves), nibble);
+            let q = match FIVE {
+                // q + 16 where bit 2p (low half) or 2p + 1 (high half) of the value's qh byte
+                // is set.
+                true => {
+                    // SAFETY: qh is 32 bytes (Q5_K's).
+                    let bits =
+                        _mm512_broadcast_i64x4(_mm256_loadu_si256(qh.as_ptr() as *const __m256i));
+                    let set = _mm512_test_epi8_mask(
+                        bits,
+                        per_half_bytes(1u8 << (2 * p), 1u8 << (2 * p + 1)),
+                    );
+                    _mm512_mask_add_epi8(q, set, q, sixteen)
+                }
+                false => q,
+            };
             // Lanes 0..8 take sub-block 2p's scale, 8..16 sub-block 2p + 1's.
             let pick = _mm512_set_epi32(
                 2 * p as i32 + 1,
@@ -342,7 +396,7 @@ unsafe fn dot_q6_k_512<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N]
     let group_of = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     let mut acc = [[_mm512_setzero_ps(); CHAINS_512]; N];
     let mut offsets = [_mm512_setzero_ps(); N];
-    for (b, block) in w.chunks_exact(Q6_K_BYTES).enumerate() {
+    for (b, block) in w.chunks_exact(KQuant::Q6K.block_bytes()).enumerate() {
         let (ql, qh, scales) = (&block[0..128], &block[128..192], &block[192..208]);
         let d = f16_at(block, 208);
         // SAFETY: 16 scale bytes. Lane k: d sc_k.
@@ -428,6 +482,13 @@ const CHAINS_512: usize = 2;
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn per_half(lo: i16, hi: i16) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_set1_epi16(lo), _mm256_set1_epi16(hi))
+}
+
+/// Bytes of `lo` in the low 256 bits, of `hi` in the high.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn per_half_bytes(lo: u8, hi: u8) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_set1_epi8(lo as i8), _mm256_set1_epi8(hi as i8))
 }
 
 /// The low 8 lanes of `v` plus its high 8.

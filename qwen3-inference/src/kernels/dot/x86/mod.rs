@@ -8,7 +8,7 @@
 //! kernels of `dot/mod.rs`; `q4.rs`, AVX2's q4 and q6 kernels, and `interleaved.rs`, AVX-512's
 //! (on the weights in the order `dot/interleaved.rs` describes), tested against `dot/q4.rs` and
 //! `dot/q6.rs`; `q8_pairs.rs`, AVX-512's q8 products for groups of 32 (two groups a vector);
-//! `k_quants.rs`, every family's product of GGUF's Q4_K and Q6_K blocks, tested against
+//! `k_quants.rs`, every family's product of GGUF's K-quant blocks, tested against
 //! `dot/k_quants.rs`.
 
 mod avx2;
@@ -58,8 +58,7 @@ pub const AVX2: Dots = Dots {
     q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS, false>(w, ws, x, out, ahead) },
     q6_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS, true>(w, ws, x, out, ahead) },
     q4_layout: super::q4::Q4Layout::Pairs,
-    q4_k_rows: |w, x, out| unsafe { mat_k_avx2::<false>(w, x, out) },
-    q6_k_rows: |w, x, out| unsafe { mat_k_avx2::<true>(w, x, out) },
+    k_rows: |kind, w, x, out| unsafe { mat_k_avx2(kind, w, x, out) },
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx2(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx2(x, gs, q, s) },
     isa: "avx2",
@@ -94,8 +93,7 @@ pub const AVX512: Dots = Dots {
     },
     q6_rows: |w, ws, x, out, ahead| unsafe { mat_interleaved_avx512::<true>(w, ws, x, out, ahead) },
     q4_layout: super::q4::Q4Layout::Interleaved,
-    q4_k_rows: |w, x, out| unsafe { mat_k_avx512::<false>(w, x, out) },
-    q6_k_rows: |w, x, out| unsafe { mat_k_avx512::<true>(w, x, out) },
+    k_rows: |kind, w, x, out| unsafe { mat_k_avx512(kind, w, x, out) },
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
     isa: "avx512-vnni",
