@@ -289,8 +289,8 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
     // The first of the most common: the embedding's when it ties.
     let most = counts.iter().map(|&(_, n)| n).max().unwrap_or(0);
     (config.dtype, config.group_size) = counts.iter().find(|&&(_, n)| n == most).unwrap().0;
-    // The repacked bytes' length so far: each Q8_0 (Q4_0) tensor's q8 (q4) layout at the next
-    // multiple of 64 (format::ALIGN), as a model file places its tensors.
+    // The repacked bytes' length so far: each Q8_0 or Q5_0 (Q4_0) tensor's q8 (q4) layout at the
+    // next multiple of 64 (format::ALIGN), as a model file places its tensors.
     let mut repacked = 0u64;
     let tensors = h
         .tensors

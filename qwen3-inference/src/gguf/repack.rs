@@ -73,7 +73,7 @@ impl Legacy {
     }
 }
 
-/// The model file's layout of every Q8_0 and Q4_0 tensor of GGUF header `g` (whose bytes are
+/// The model file's layout of every Q8_0, Q5_0 and Q4_0 tensor of GGUF header `g` (whose bytes are
 /// `file`), at the offsets and sizes `header` (its model file header, `model::model_header`)
 /// gives them in the repacked bytes; `None` where the file has no such tensor. `release` is told
 /// each tensor's range of `file` once it is copied, so that the file's pages can go while the

@@ -609,6 +609,16 @@ fn q8_0_tensors_open_as_q8_with_the_files_values() {
     );
 }
 
+/// llama-quantize's Q4_K_M of tiny-f32-tied-gqa2, whose 64-wide rows take its fallbacks: every
+/// Q5_0 matrix becomes q8 in groups of 32 (values q - 16), as every Q8_0 one, each value bit for
+/// bit ggml's.
+#[test]
+fn q5_0_tensors_open_as_q8_with_the_files_values() {
+    let counts = quantized_tensors_have_the_files_values("tiny-f32-tied-gqa2-q4_k_m");
+    let want = [("F32", 9), ("Q5_0", 12), ("Q8_0", 3)];
+    assert_eq!(counts, want.map(|(k, v)| (k.to_string(), v)).into());
+}
+
 /// llama-quantize's Q5_K_M of tiny-bf16-tied-k256: its Q5_K and Q6_K blocks stay where they lie,
 /// each value bit for bit ggml's as the model file's view reads it.
 #[test]

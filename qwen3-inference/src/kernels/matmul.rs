@@ -519,7 +519,7 @@ mod tests {
         // q8 in groups of 32.
         let (mut q, mut s) = (vec![0i8; w.len()], vec![0f32; w.len() / 32]);
         quantize_q8(&w, 32, &mut q, &mut s);
-        // Q4_K and Q6_K blocks: random bytes, each block's f16 scales set finite.
+        // Q4_K, Q5_K and Q6_K blocks: random bytes, each block's f16 scales set finite.
         let mut k_blocks = |bytes: usize, scales: &[usize]| -> Vec<u8> {
             let mut b: Vec<u8> = (0..rows * bytes)
                 .map(|_| (lcg(&mut seed) * 1e4) as i64 as u8)
@@ -532,7 +532,8 @@ mod tests {
             }
             b
         };
-        let (q4k, q6k) = (k_blocks(144, &[0, 2]), k_blocks(210, &[208]));
+        let (q4k, q5k) = (k_blocks(144, &[0, 2]), k_blocks(176, &[0, 2]));
+        let q6k = k_blocks(210, &[208]);
         let shape = [rows as u64, cols as u64];
         let view = |data| TensorView {
             name: "w",
@@ -557,15 +558,16 @@ mod tests {
             scales: &s,
             group_size: 32,
         });
-        let (q4k_view, q6k_view) = (
+        let (q4k_view, q5k_view, q6k_view) = (
             view(TensorData::K(KQuant::Q4K, &q4k)),
+            view(TensorData::K(KQuant::Q5K, &q5k)),
             view(TensorData::K(KQuant::Q6K, &q6k)),
         );
         for t in [1, 3] {
             let x: Vec<f32> = (0..t * cols).map(|_| lcg(&mut seed)).collect();
             for mix in [
                 [&q4_view, &q6k_view, &q4k_view],
-                [&q8_view, &q4k_view, &q6k_view],
+                [&q8_view, &q5k_view, &q6k_view],
             ] {
                 let mut sep = vec![vec![0f32; t * rows]; 3];
                 for (out, w) in sep.iter_mut().zip(mix) {

@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! AVX2     one group a 256-bit vector: vpmaddubsw (pairs of u8 x i8 products, 16 bits: at most
-//!          2 * 63 * 127), then vpmaddwd with 1 (Q4_K) or the sub-blocks' scales (Q6_K), 32 bits
+//!          2 * 63 * 127), then vpmaddwd with 1 (Q4_K, Q5_K) or the sub-blocks' scales (Q6_K), 32 bits
 //! AVX-512  two groups a 512-bit vector (their 64 activations are contiguous): vpdpbusd
 //!
 //! lanes += float(sum q qx) * (d sc xs)                 once a group (pair of groups)
@@ -499,8 +499,8 @@ unsafe fn halves_added(v: __m512) -> __m256 {
     _mm256_add_ps(_mm512_castps512_ps256(v), high)
 }
 
-/// A Q4_K block's `d sc_j` and `dmin m_j`, lane j: sub-block j (its 144 bytes: `d`, `dmin`,
-/// the 12 scale bytes, the nibbles). Caller guarantees AVX2 and F16C, and a whole block.
+/// A Q4_K or Q5_K block's `d sc_j` and `dmin m_j`, lane j: sub-block j (its first 16 bytes:
+/// `d`, `dmin`, the 12 scale bytes). Caller guarantees AVX2 and F16C, and a whole block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k_scales(block: &[u8]) -> (__m256, __m256) {
@@ -512,7 +512,7 @@ unsafe fn q4_k_scales(block: &[u8]) -> (__m256, __m256) {
     )
 }
 
-/// Token `tk`'s part of Q4_K block `b`: returns `d sc_j xs_j` (lane j: sub-block j, the scale
+/// Token `tk`'s part of Q4_K (or Q5_K) block `b`: returns `d sc_j xs_j` (lane j: sub-block j, the scale
 /// of its products) and adds the minimum's part, `dmin m_j xs_j sum(qx_j)`, into `mins`.
 /// Caller guarantees AVX2, FMA and F16C, and `tk`'s `Tile` lengths with block `b` in its row.
 #[inline]
