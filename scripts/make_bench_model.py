@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Write a random-weight checkpoint with the exact shapes of Qwen3-0.6B, Qwen3-1.7B, Qwen3-30B-A3B or
-Qwen3.5-0.8B.
+"""Write a random-weight checkpoint with the exact shapes of Qwen3-0.6B, Qwen3-1.7B, Qwen3-30B-A3B,
+Qwen3.5-0.8B, Qwen3.5-2B or Qwen3.5-35B-A3B.
 
 For benchmarks (speed and memory need the real shapes, not the real weights) on machines without
 the real checkpoint:
@@ -26,7 +26,8 @@ qwen3.5-0.8b is the text model of Qwen3.5-0.8B as a `Qwen3_5ForCausalLM` (model_
 head), the others Gated DeltaNets (16 key and 16 value heads of 128, a convolution of width 4), an
 MLP of 3584, tied embeddings of Qwen3.5's 248,320 rows. Its decays and write strengths are drawn in
 a trained layer's range, its (1 + w) norms around zero. The tokenizer is still Qwen3's (the hub is
-out of reach): the rows past it are padding, which changes no layer's work.
+out of reach): the rows past it are padding, which changes no layer's work. qwen3.5-2b is the same
+at hidden 2048 with an MLP of 6144.
 --layers N writes only the first N decoder layers (config num_hidden_layers = N; each layer's work
 is unchanged), so that a model too big for the disk can still be benchmarked per layer.
 --zero-experts leaves every expert weight zero and writes it as a hole in a sparse file: the full
@@ -69,6 +70,14 @@ SHAPES = {
                          num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
                          linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
                          vocab_size=248320),
+    # Qwen3.5-2B's text model: Qwen3.5-0.8B's layer kinds at hidden 2048 with an MLP of 6144, tied.
+    # (The hub is out of reach here: these are the text_config values public configs of the model
+    # give, and a tied 2048-wide model of this shape at Q4_K_M is the 1.28 GB that the published
+    # GGUF of Qwen3.5-2B is; untied it would be 1.6 GB.)
+    "qwen3.5-2b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=24, num_attention_heads=8,
+                       num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
+                       linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                       vocab_size=248320),
     # Qwen3.5-35B-A3B's text model: 40 layers (every fourth attention), 16 query and 2 KV heads of
     # 256, Gated DeltaNets of 16 key and 32 value heads of 128; every MLP 256 experts of 512, top
     # 8, and a shared expert of 512; untied.

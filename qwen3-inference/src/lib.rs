@@ -7,6 +7,7 @@
 //! [`constraint`] masks the logits so that an answer matches a grammar (structured output).
 //! [`pages`] asks for the 2 MiB pages that the weights and the KV cache stream fastest from.
 //! [`gguf`] reads llama.cpp's GGUF files (their metadata and tensors; running them comes next).
+//! [`vision`] turns an image file into the vision tower's input (patches), as transformers does.
 
 pub mod backend;
 pub mod chat;
@@ -26,3 +27,4 @@ pub mod sampler;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tokenizer;
+pub mod vision;

@@ -1,4 +1,4 @@
-//! The model-file reader (and the GGUF reader, last test) on corrupted files: a bounded,
+//! The model-file reader (and the GGUF reader and the image decoder, last tests) on corrupted files: a bounded,
 //! deterministic fuzz run on stable Rust.
 //! (The coverage-guided target is fuzz/fuzz_targets/model_file.rs, for `cargo +nightly fuzz`.)
 //!
@@ -177,5 +177,56 @@ fn corrupted_gguf_files_give_errors_not_panics() {
     assert!(
         refused > ITERATIONS / 2,
         "the mutations should mostly break the file"
+    );
+}
+
+/// The image decoder on mutations of the image processor's fixtures (PNG in every colour type,
+/// JPEG, GIF, WebP; fixtures/vision/processor/): an error or an image, never a panic or a huge
+/// allocation (the pixel limit is checked before the pixels are decoded); an image that still
+/// decodes is preprocessed too.
+#[test]
+fn corrupted_images_give_errors_not_panics() {
+    use qwen3_inference::vision::{decode, ImageProcessor};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/vision/processor");
+    let processor = ImageProcessor::from_json(&serde_json::json!({
+        "patch_size": 4, "merge_size": 2, "size": {"shortest_edge": 256, "longest_edge": 4096},
+    }))
+    .unwrap();
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    names.sort();
+    let mut seed = 2028u64;
+    let (mut refused, mut decoded) = (0, 0);
+    let per_file = ITERATIONS / names.len();
+    for path in &names {
+        let bytes = std::fs::read(path).unwrap();
+        for _ in 0..per_file {
+            // Most mutations in the first 64 bytes: the signature, the size, the first chunks.
+            let m = mutate(&bytes, 64, &mut seed);
+            match decode(&m, 1 << 20) {
+                Err(e) => {
+                    refused += 1;
+                    assert!(!format!("{e:#}").is_empty(), "an empty error");
+                }
+                Ok(img) => {
+                    decoded += 1;
+                    assert_eq!(img.data.len(), img.height * img.width * 3);
+                    // Ratios over 200 are refused by name; anything else gives patches.
+                    if let Ok(p) = processor.preprocess(&img) {
+                        assert_eq!(p.values.len() % p.row_len(), 0);
+                    }
+                }
+            }
+        }
+    }
+    println!(
+        "images: {refused} refused, {decoded} decoded of {} mutated files",
+        per_file * names.len()
+    );
+    assert!(
+        refused > 0 && decoded > 0,
+        "the mutations should break some files and spare others"
     );
 }

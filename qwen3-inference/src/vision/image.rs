@@ -1,0 +1,180 @@
+//! From an image file's bytes to RGB bytes, as transformers' processor sees them.
+//!
+//! The file is decoded by the `image` crate (PNG, JPEG, GIF's first frame, WebP), turned the way
+//! its EXIF orientation says (transformers' `load_image` does so with `ImageOps.exif_transpose`),
+//! and made RGB the way transformers' `convert_to_rgb` does with Pillow:
+//! - an image with transparency (an alpha channel, or a palette with a transparent entry) is
+//!   composited over opaque white with Pillow's integer `alpha_composite`;
+//! - gray becomes R = G = B;
+//! - 16 bits a channel keep their high byte (Pillow reads 16-bit RGB PNGs so).
+
+use std::io::Cursor;
+
+use anyhow::{anyhow, bail, Result};
+use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader};
+
+/// An RGB image: `height * width` pixels, row by row, three bytes each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rgb {
+    pub height: usize,
+    pub width: usize,
+    pub data: Vec<u8>,
+}
+
+impl Rgb {
+    /// A black image of the given size.
+    pub fn blank(height: usize, width: usize) -> Rgb {
+        Rgb {
+            height,
+            width,
+            data: vec![0; height * width * 3],
+        }
+    }
+}
+
+/// The formats [`decode`] reads, as named in its errors.
+pub const FORMATS: &str = "PNG, JPEG, GIF or WebP";
+
+/// Decodes an image file into RGB, refusing more than `max_pixels` pixels before decoding them.
+pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<Rgb> {
+    let reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| anyhow!("the image could not be read: {e}"))?;
+    match reader.format() {
+        Some(ImageFormat::Png | ImageFormat::Jpeg | ImageFormat::Gif | ImageFormat::WebP) => {}
+        Some(other) => bail!("{other:?} images are not supported: send {FORMATS}"),
+        None => bail!("not an image file this runtime reads: send {FORMATS}"),
+    }
+    let mut decoder = reader
+        .into_decoder()
+        .map_err(|e| anyhow!("the image could not be decoded: {e}"))?;
+    let (w, h) = decoder.dimensions();
+    if w == 0 || h == 0 {
+        bail!("the image has no pixels ({w}x{h})");
+    }
+    if w as u64 * h as u64 > max_pixels {
+        bail!(
+            "the image has {w}x{h} = {} pixels, over the limit of {max_pixels}",
+            w as u64 * h as u64
+        );
+    }
+    let orientation = decoder
+        .orientation()
+        .map_err(|e| anyhow!("the image's orientation could not be read: {e}"))?;
+    let mut img = DynamicImage::from_decoder(decoder)
+        .map_err(|e| anyhow!("the image could not be decoded: {e}"))?;
+    img.apply_orientation(orientation);
+    Ok(to_rgb(&img))
+}
+
+/// RGB bytes of a decoded image, with any transparency composited over white.
+fn to_rgb(img: &DynamicImage) -> Rgb {
+    let (width, height) = (img.width() as usize, img.height() as usize);
+    let mut out = Rgb::blank(height, width);
+    // (r, g, b, a) of pixel i, each a byte.
+    let pixel: Box<dyn Fn(usize) -> [u8; 4]> = match img {
+        DynamicImage::ImageLuma8(b) => Box::new(|i| {
+            let l = b.as_raw()[i];
+            [l, l, l, 255]
+        }),
+        DynamicImage::ImageLumaA8(b) => Box::new(|i| {
+            let p = &b.as_raw()[i * 2..i * 2 + 2];
+            [p[0], p[0], p[0], p[1]]
+        }),
+        DynamicImage::ImageRgb8(b) => Box::new(|i| {
+            let p = &b.as_raw()[i * 3..i * 3 + 3];
+            [p[0], p[1], p[2], 255]
+        }),
+        DynamicImage::ImageRgba8(b) => Box::new(|i| {
+            let p = &b.as_raw()[i * 4..i * 4 + 4];
+            [p[0], p[1], p[2], p[3]]
+        }),
+        DynamicImage::ImageLuma16(b) => Box::new(|i| {
+            let l = (b.as_raw()[i] >> 8) as u8;
+            [l, l, l, 255]
+        }),
+        DynamicImage::ImageLumaA16(b) => Box::new(|i| {
+            let p = &b.as_raw()[i * 2..i * 2 + 2];
+            let l = (p[0] >> 8) as u8;
+            [l, l, l, (p[1] >> 8) as u8]
+        }),
+        DynamicImage::ImageRgb16(b) => Box::new(|i| {
+            let p = &b.as_raw()[i * 3..i * 3 + 3];
+            [(p[0] >> 8) as u8, (p[1] >> 8) as u8, (p[2] >> 8) as u8, 255]
+        }),
+        DynamicImage::ImageRgba16(b) => Box::new(|i| {
+            let p = &b.as_raw()[i * 4..i * 4 + 4];
+            [
+                (p[0] >> 8) as u8,
+                (p[1] >> 8) as u8,
+                (p[2] >> 8) as u8,
+                (p[3] >> 8) as u8,
+            ]
+        }),
+        // Float images come from none of the formats decode() accepts; convert all the same.
+        other => {
+            let rgba = other.to_rgba8();
+            return to_rgb(&DynamicImage::ImageRgba8(rgba));
+        }
+    };
+    let has_alpha = img.color().has_alpha();
+    for (i, rgb) in out.data.chunks_exact_mut(3).enumerate() {
+        let [r, g, b, a] = pixel(i);
+        if has_alpha {
+            rgb.copy_from_slice(&over_white([r, g, b], a));
+        } else {
+            rgb.copy_from_slice(&[r, g, b]);
+        }
+    }
+    out
+}
+
+/// A pixel of colour `src` and alpha `a` composited over opaque white, as Pillow's
+/// `Image.alpha_composite(white, image)` computes it (libImaging/AlphaComposite.c): fixed point
+/// with 7 fractional bits, divisions by 255 as `((x >> 8) + x) >> 8` with rounding.
+pub fn over_white(src: [u8; 3], a: u8) -> [u8; 3] {
+    if a == 0 {
+        return [255; 3];
+    }
+    const PRECISION_BITS: u32 = 7;
+    let div255 = |x: u32| ((x >> 8) + x) >> 8;
+    let a = a as u32;
+    // The destination is white and opaque: dst.a = 255, so blend = 255 (255 - a).
+    let outa255 = a * 255 + 255 * (255 - a);
+    let coef1 = a * 255 * 255 * (1 << PRECISION_BITS) / outa255;
+    let coef2 = 255 * (1 << PRECISION_BITS) - coef1;
+    src.map(|s| {
+        let t = s as u32 * coef1 + 255 * coef2;
+        (div255(t + (0x80 << PRECISION_BITS)) >> PRECISION_BITS) as u8
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opaque_pixels_keep_their_colour_and_clear_ones_turn_white() {
+        for v in 0..=255u8 {
+            assert_eq!(over_white([v, 0, 255], 255), [v, 0, 255]);
+            assert_eq!(over_white([v, 0, 255], 0), [255; 3]);
+        }
+        // Half transparent black over white is mid gray.
+        assert_eq!(over_white([0, 0, 0], 128), [127; 3]);
+    }
+
+    #[test]
+    fn what_is_not_an_image_is_refused_by_name() {
+        let e = decode(b"not an image at all", 1 << 20)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("PNG, JPEG, GIF or WebP"), "{e}");
+        let e = decode(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", 1 << 20)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("could not be decoded"), "{e}");
+        let bmp = b"BM\x3a\0\0\0\0\0\0\0\x36\0\0\0\x28\0\0\0\x01\0\0\0\x01\0\0\0\x01\0\x18\0";
+        let e = decode(bmp, 1 << 20).unwrap_err().to_string();
+        assert!(e.contains("Bmp images are not supported"), "{e}");
+    }
+}

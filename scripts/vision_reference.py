@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Write the image processor's goldens: small images and what HuggingFace's Qwen2-VL image processor
+(the one Qwen3-VL and Qwen3.5 use) makes of them.
+
+    ../venv-torch/bin/python scripts/vision_reference.py [--out fixtures/vision]
+
+Needs Pillow and transformers (5.x); run once, commit the output (about 150 KB). CI never runs it.
+
+What it writes, under OUT:
+- processor/*.{png,jpg,gif,webp}: images drawn here from a seeded generator (a smooth gradient with
+  noise on it, so that resampling has something to smooth): sizes that need no resize, one that is
+  scaled up and one that is scaled down, RGBA with an alpha ramp, grayscale, grayscale with alpha,
+  palette with a transparent index, 16 bits a channel, a JPEG, the first frame of a two-frame GIF and
+  a lossless WebP.
+- processor-reference.json:
+  - `cases`: per image, the processor's settings, the RGB bytes Pillow decoded (before any resize),
+    the size after `smart_resize`, `image_grid_thw`, and `pixel_values` (f32, little-endian, base64),
+    computed by `Qwen2VLImageProcessorPil` (transformers' PIL backend: Pillow's decoding, RGB
+    conversion with transparency composited on white, bicubic resize, rescale, normalise, patches).
+  - `smart_resize`: (height, width) -> the resized (height, width) at Qwen3-VL's real settings (patch
+    16, merge 2, 65,536 to 16,777,216 pixels) for sizes people send, and the ratios it refuses.
+
+The tiny settings (patch 4, merge 2, temporal patch 2) keep each case's pixel values a few thousand
+floats; the arithmetic per pixel is the same at patch 16.
+"""
+import argparse
+import base64
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
+
+# The processor's settings for the goldens: Qwen3-VL's (mean and std 0.5) at a small patch, and one
+# case with Qwen2-VL's OpenAI-CLIP mean and std, whose divisions round differently.
+TINY = dict(patch_size=4, temporal_patch_size=2, merge_size=2, min_pixels=256, max_pixels=4096,
+            image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+# Qwen3-VL's preprocessor_config.json (the hub's Qwen/Qwen3-VL-2B-Instruct): patch 16, merge 2,
+# size {shortest_edge: 65536, longest_edge: 16777216}.
+REAL = dict(patch_size=16, merge_size=2, min_pixels=65536, max_pixels=16777216)
+
+
+def picture(rng, h, w, channels=3):
+    """A smooth gradient per channel plus noise: uint8 [h, w, channels]."""
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    out = np.empty((h, w, channels))
+    for c in range(channels):
+        a, b, p = rng.uniform(-1, 1), rng.uniform(-1, 1), rng.uniform(0, 2 * math.pi)
+        out[..., c] = 128 + 90 * np.sin(a * x / 5 + b * y / 7 + p)
+    out += rng.normal(0, 20, out.shape)
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
+def images(rng):
+    """(file name, bytes, settings) for every case."""
+    def encode(img, fmt, **kw):
+        buf = io.BytesIO()
+        img.save(buf, format=fmt, **kw)
+        return buf.getvalue()
+
+    cases = []
+    # RGB of a size the factor (patch x merge = 8) divides: no resize.
+    cases.append(("rgb-24x40.png", encode(Image.fromarray(picture(rng, 24, 40)), "PNG"), TINY))
+    # The same with OpenAI-CLIP's mean and std.
+    cases.append(("rgb-24x40-clip.png", encode(Image.fromarray(picture(rng, 24, 40)), "PNG"),
+                  dict(TINY, image_mean=CLIP_MEAN, image_std=CLIP_STD)))
+    # Scaled up to 32x48 (rounded to the factor), and down to 72x48 (over max_pixels).
+    cases.append(("rgb-30x45.png", encode(Image.fromarray(picture(rng, 30, 45)), "PNG"), TINY))
+    cases.append(("rgb-100x75.png", encode(Image.fromarray(picture(rng, 100, 75)), "PNG"), TINY))
+    # Under min_pixels: scaled up to at least 256 pixels.
+    cases.append(("rgb-9x13.png", encode(Image.fromarray(picture(rng, 9, 13)), "PNG"), TINY))
+    # RGBA with every alpha from 0 to 255: composited on white.
+    rgba = np.concatenate([picture(rng, 24, 40), np.zeros((24, 40, 1), np.uint8)], axis=2)
+    rgba[..., 3] = (np.arange(24 * 40).reshape(24, 40) * 255 // (24 * 40 - 1)).astype(np.uint8)
+    cases.append(("rgba-24x40.png", encode(Image.fromarray(rgba, "RGBA"), "PNG"), TINY))
+    # Grayscale, and grayscale with alpha.
+    cases.append(("gray-24x40.png", encode(Image.fromarray(picture(rng, 24, 40, 1)[..., 0], "L"), "PNG"), TINY))
+    la = np.concatenate([picture(rng, 16, 16, 1), rng.integers(0, 256, (16, 16, 1), dtype=np.uint8)], axis=2)
+    cases.append(("gray-alpha-16x16.png", encode(Image.fromarray(la, "LA"), "PNG"), TINY))
+    # A palette of 16 colours, index 3 transparent (tRNS).
+    pal = Image.fromarray(picture(rng, 24, 40)).quantize(colors=16, dither=Image.Dither.NONE)
+    cases.append(("palette-24x40.png", encode(pal, "PNG", transparency=3), TINY))
+    # 16 bits a channel (Pillow keeps the high byte).
+    deep = picture(rng, 24, 40).astype(np.uint16) * 257 + rng.integers(0, 256, (24, 40, 3), dtype=np.uint16)
+    cases.append(("rgb16-24x40.png", png16(deep), TINY))
+    # JPEG (4:2:0, quality 90): decoders may differ by a level here and there.
+    cases.append(("rgb-24x40.jpg", encode(Image.fromarray(picture(rng, 24, 40)), "JPEG", quality=90), TINY))
+    # GIF: the first of two frames.
+    f0 = Image.fromarray(picture(rng, 24, 40)).quantize(colors=32, dither=Image.Dither.NONE)
+    f1 = Image.fromarray(picture(rng, 24, 40)).quantize(colors=32, dither=Image.Dither.NONE)
+    cases.append(("anim-24x40.gif", encode(f0, "GIF", save_all=True, append_images=[f1], duration=100), TINY))
+    # Lossless WebP.
+    cases.append(("rgb-24x40.webp", encode(Image.fromarray(picture(rng, 24, 40)), "WEBP", lossless=True), TINY))
+    return cases
+
+
+def png16(rgb16):
+    """A 16-bit RGB PNG (Pillow cannot write one from an array): the chunks written by hand."""
+    import struct
+    import zlib
+
+    h, w, _ = rgb16.shape
+    raw = b"".join(b"\x00" + rgb16[y].astype(">u2").tobytes() for y in range(h))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def b64(a):
+    return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "fixtures" / "vision")
+    args = ap.parse_args()
+    (args.out / "processor").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(2026)
+
+    cases = []
+    for name, data, s in images(rng):
+        (args.out / "processor" / name).write_bytes(data)
+        img = Image.open(io.BytesIO(data))
+        # What transformers' convert_to_rgb makes of it (alpha composited on white).
+        rgb = np.asarray(Qwen2VLImageProcessorPil().convert_to_rgb(img))
+        proc = Qwen2VLImageProcessorPil(
+            patch_size=s["patch_size"], temporal_patch_size=s["temporal_patch_size"],
+            merge_size=s["merge_size"], size={"shortest_edge": s["min_pixels"], "longest_edge": s["max_pixels"]},
+            image_mean=s["image_mean"], image_std=s["image_std"])
+        out = proc(images=[Image.open(io.BytesIO(data))], return_tensors="np")
+        pv = out["pixel_values"].astype(np.float32)
+        thw = [int(v) for v in out["image_grid_thw"][0]]
+        factor = s["patch_size"] * s["merge_size"]
+        rh, rw = smart_resize(img.height, img.width, factor, s["min_pixels"], s["max_pixels"])
+        assert [rh // s["patch_size"], rw // s["patch_size"]] == thw[1:], (name, rh, rw, thw)
+        assert pv.shape == (thw[1] * thw[2], 3 * s["temporal_patch_size"] * s["patch_size"] ** 2)
+        cases.append(dict(file=f"processor/{name}", mode=img.mode, size=[img.height, img.width],
+                          settings=s, rgb_b64=b64(rgb.astype(np.uint8)), resized=[rh, rw],
+                          grid_thw=thw, pixel_values_b64=b64(pv.astype("<f4"))))
+        print(f"{name}: {img.mode} {img.height}x{img.width} -> {rh}x{rw}, grid {thw}, {pv.size} values")
+
+    sizes = [(224, 224), (256, 256), (480, 640), (720, 1280), (1080, 1920), (3024, 4032), (4000, 6000),
+             (100, 100), (10, 1000), (33, 47), (1, 150), (8192, 8192)]
+    resize_cases = []
+    for h, w in sizes:
+        rh, rw = smart_resize(h, w, REAL["patch_size"] * REAL["merge_size"], REAL["min_pixels"], REAL["max_pixels"])
+        resize_cases.append(dict(size=[h, w], resized=[rh, rw]))
+    refused = []
+    for h, w in [(1, 201), (300, 1)]:
+        try:
+            smart_resize(h, w, 32, REAL["min_pixels"], REAL["max_pixels"])
+        except ValueError as e:
+            refused.append(dict(size=[h, w], error=str(e)))
+    ref = dict(about="scripts/vision_reference.py: transformers' Qwen2VLImageProcessorPil on these images",
+               cases=cases, smart_resize=dict(settings=REAL, cases=resize_cases, refused=refused))
+    (args.out / "processor-reference.json").write_text(json.dumps(ref, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
