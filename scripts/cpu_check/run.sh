@@ -91,9 +91,11 @@ for f in "${families[@]}"; do [ "$f" = scalar ] || timed+=("$f"); done
 [ "${#timed[@]}" -gt 0 ] || fail "no SIMD kernel family on this CPU: nothing of ours to time"
 
 step "2. the library's unit tests, once per kernel family"
-# Two tests read fixture files by the path compiled in from the source tree, which only the
-# machine that built the kit has; they test the tokenizer and the chat cache, not the kernels.
-skip=(--skip chat::conversation::tests --skip tokenizer::pretokenize::tests::pieces_match_hf_pre_tokenizer)
+# Some tests read fixture files by the path compiled in from the source tree, which only the
+# machine that built the kit has; they test the tokenizer, the chat cache, GGUF files and the image
+# processor, not the kernels.
+skip=(--skip chat::conversation::tests --skip tokenizer::pretokenize::tests::pieces_match_hf_pre_tokenizer
+      --skip gguf::tests --skip vision::tests)
 for f in "${families[@]}"; do
     [ "$f" = scalar ] && continue
     log="$work/test-$f.log"
