@@ -1,23 +1,31 @@
-//! Images in: from an image file to the vision tower's input, exactly as transformers' processor
-//! prepares it for Qwen3-VL and Qwen3.5.
+//! Images in: from an image file to the vectors that stand for it in the prompt, exactly as
+//! transformers computes them for Qwen3-VL and Qwen3.5.
 //!
 //! ```text
 //! file bytes --image::decode--> RGB bytes --ImageProcessor::preprocess--> Patches
 //!   (PNG, JPEG, GIF, WebP;        (resize to a multiple of patch x merge,   (grid_thw, one row of
 //!    EXIF orientation; alpha       Pillow's bicubic; rescale, normalise;     3 x T x p x p values
 //!    over white)                   patches in the merger's order)            a patch)
+//!
+//! Patches --VisionTower::forward--> VisionOutput
+//!   (patch embedding, learned positions, ViT blocks with 2-D RoPE, 2x2 merger; Qwen3-VL's
+//!    DeepStack features)          merged [patches / 4, text hidden size]
 //! ```
 //!
-//! Each step is checked against transformers' `Qwen2VLImageProcessorPil` on images made by
-//! `scripts/vision_reference.py` (`fixtures/vision/`): the RGB bytes, the resized size and every
-//! pixel value.
+//! Each step is checked against transformers: the processor against `Qwen2VLImageProcessorPil`
+//! on images made by `scripts/vision_reference.py` (the RGB bytes, the resized size and every
+//! pixel value), the tower against `Qwen3VLVisionModel` and `Qwen3_5VisionModel` on tiny random
+//! towers made by `scripts/vision_tower_reference.py` (`tests/vision_tower.rs`). The tower here is
+//! the textbook one (plain loops, f32 values, f64 sums); a model file does not carry a tower yet.
 
 pub mod image;
 pub mod processor;
 pub mod resize;
+pub mod tower;
 
 #[cfg(test)]
 mod tests;
 
 pub use image::{decode, Rgb};
 pub use processor::{ImageProcessor, Patches};
+pub use tower::{VisionConfig, VisionOutput, VisionTower};

@@ -1,0 +1,693 @@
+//! The vision tower of Qwen3-VL and Qwen3.5, in its textbook form: transformers'
+//! `Qwen3VLVisionModel` (`Qwen3_5VisionModel` is the same without DeepStack), step by step, in
+//! plain loops over f32 values with f64 sums.
+//!
+//! ```text
+//! patches [N, 3*T*p*p]                      (N patches of one or more images, processor.rs)
+//!  1. patch_embed: x = patches W^T + b      [N, D]   (a Conv3d whose stride is its kernel)
+//!  2. x += pos_embed, bilinear from its learned sqrt(P) x sqrt(P) grid to each image's grid
+//!  3. each block:  x += proj(attention(LN1(x)))   bidirectional, within one image's frame,
+//!                                                 2-D RoPE (row, column) on q and k
+//!                  x += fc2(gelu_tanh(fc1(LN2(x))))
+//!                  after the blocks DeepStack lists: a merger's output kept (Qwen3-VL)
+//!  4. merger: LN(x), every 2x2 patches side by side [N/4, 4D], fc2(gelu(fc1(.)))  [N/4, E]
+//! ```
+//! The merged rows (E = the language model's width) replace the prompt's `<|image_pad|>`
+//! tokens; Qwen3-VL adds each DeepStack feature to the hidden states of the first text layers.
+
+use anyhow::{anyhow, bail, ensure, Result};
+use serde_json::Value;
+
+/// The tower's shape, from config.json's `vision_config` (transformers' names).
+#[derive(Clone, Debug, PartialEq)]
+pub struct VisionConfig {
+    /// Blocks (`depth`).
+    pub depth: usize,
+    /// Width of a patch's vector (`hidden_size`, D).
+    pub hidden_size: usize,
+    /// Width of a block's MLP (`intermediate_size`).
+    pub intermediate_size: usize,
+    /// Attention heads (`num_heads`); each `hidden_size / num_heads` wide.
+    pub num_heads: usize,
+    /// Colour channels (`in_channels`: 3).
+    pub in_channels: usize,
+    pub patch_size: usize,
+    pub temporal_patch_size: usize,
+    /// Patches per side merged into one token (`spatial_merge_size`).
+    pub spatial_merge_size: usize,
+    /// Width of a merged token: the language model's hidden size (`out_hidden_size`, E).
+    pub out_hidden_size: usize,
+    /// Rows of the learned position table, a square grid (`num_position_embeddings`).
+    pub num_position_embeddings: usize,
+    /// Blocks after which a DeepStack merger's output is kept (`deepstack_visual_indexes`).
+    pub deepstack_visual_indexes: Vec<usize>,
+    /// Base of the 2-D rotary embedding (`rope_parameters.rope_theta`).
+    pub rope_theta: f64,
+}
+
+impl VisionConfig {
+    /// Reads `vision_config`. `model_type` is the checkpoint's (`qwen3_vl`, `qwen3_vl_moe`,
+    /// `qwen3_5`, `qwen3_5_moe`): Qwen3-VL's towers have DeepStack (transformers' default blocks 8,
+    /// 16, 24 when the key is absent), Qwen3.5's have none.
+    pub fn from_json(model_type: &str, v: &Value) -> Result<VisionConfig> {
+        let int = |key: &str| -> Result<usize> {
+            v.get(key)
+                .and_then(Value::as_u64)
+                .filter(|&n| n > 0)
+                .map(|n| n as usize)
+                .ok_or_else(|| anyhow!("vision_config.{key}: a positive integer is required"))
+        };
+        let act = v
+            .get("hidden_act")
+            .and_then(Value::as_str)
+            .unwrap_or("gelu_pytorch_tanh");
+        if act != "gelu_pytorch_tanh" {
+            bail!("vision_config.hidden_act {act:?} is not supported (Qwen3-VL and Qwen3.5 use gelu_pytorch_tanh)");
+        }
+        let deepstack = match v.get("deepstack_visual_indexes") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|n| n.as_u64().map(|n| n as usize))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    anyhow!("vision_config.deepstack_visual_indexes: integers are required")
+                })?,
+            Some(other) => {
+                bail!("vision_config.deepstack_visual_indexes: a list is required, got {other}")
+            }
+            None if model_type.starts_with("qwen3_vl") => vec![8, 16, 24],
+            None => Vec::new(),
+        };
+        let rope = v.get("rope_parameters");
+        if let Some(kind) = rope
+            .and_then(|r| r.get("rope_type"))
+            .and_then(Value::as_str)
+        {
+            if kind != "axial" {
+                bail!("vision_config.rope_parameters.rope_type {kind:?} is not supported (axial)");
+            }
+        }
+        let c = VisionConfig {
+            depth: int("depth")?,
+            hidden_size: int("hidden_size")?,
+            intermediate_size: int("intermediate_size")?,
+            num_heads: int("num_heads")?,
+            in_channels: v.get("in_channels").and_then(Value::as_u64).unwrap_or(3) as usize,
+            patch_size: int("patch_size")?,
+            temporal_patch_size: int("temporal_patch_size")?,
+            spatial_merge_size: int("spatial_merge_size")?,
+            out_hidden_size: int("out_hidden_size")?,
+            num_position_embeddings: int("num_position_embeddings")?,
+            deepstack_visual_indexes: deepstack,
+            rope_theta: rope
+                .and_then(|r| r.get("rope_theta"))
+                .and_then(Value::as_f64)
+                .unwrap_or(10000.0),
+        };
+        ensure!(
+            c.in_channels == 3,
+            "vision_config.in_channels {} (an RGB tower has 3)",
+            c.in_channels
+        );
+        ensure!(
+            c.hidden_size.is_multiple_of(c.num_heads)
+                && (c.hidden_size / c.num_heads).is_multiple_of(4),
+            "vision_config: hidden_size {} over {} heads is not a whole head a multiple of 4 wide \
+             (the 2-D rotary embedding splits each head in four)",
+            c.hidden_size,
+            c.num_heads
+        );
+        let side = c.position_grid_side();
+        ensure!(
+            side * side == c.num_position_embeddings,
+            "vision_config.num_position_embeddings {} is not a square grid",
+            c.num_position_embeddings
+        );
+        if let Some(&l) = c.deepstack_visual_indexes.iter().find(|&&l| l >= c.depth) {
+            bail!(
+                "vision_config.deepstack_visual_indexes: block {l} of {} blocks",
+                c.depth
+            );
+        }
+        Ok(c)
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_heads
+    }
+
+    /// Side of the learned position grid: sqrt(num_position_embeddings).
+    pub fn position_grid_side(&self) -> usize {
+        (self.num_position_embeddings as f64).sqrt().round() as usize
+    }
+
+    /// Values in one patch: 3 x T x p x p.
+    pub fn patch_len(&self) -> usize {
+        self.in_channels * self.temporal_patch_size * self.patch_size * self.patch_size
+    }
+}
+
+/// `y = x W^T + b`, W stored [out, in] as transformers' `nn.Linear` stores it.
+#[derive(Clone, Debug)]
+struct Linear {
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+    out: usize,
+    inp: usize,
+}
+
+impl Linear {
+    /// `x` [n, in] -> [n, out], each sum in f64.
+    fn forward(&self, x: &[f32]) -> Vec<f32> {
+        let n = x.len() / self.inp;
+        let mut y = vec![0f32; n * self.out];
+        for (xi, yi) in x.chunks_exact(self.inp).zip(y.chunks_exact_mut(self.out)) {
+            for (o, (w, b)) in yi
+                .iter_mut()
+                .zip(self.weight.chunks_exact(self.inp).zip(&self.bias))
+            {
+                let dot: f64 = xi.iter().zip(w).map(|(&a, &w)| a as f64 * w as f64).sum();
+                *o = (dot + *b as f64) as f32;
+            }
+        }
+        y
+    }
+}
+
+/// `nn.LayerNorm(width, eps=1e-6)`: `(x - mean) / sqrt(var + eps) * w + b` over each row.
+#[derive(Clone, Debug)]
+struct LayerNorm {
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+impl LayerNorm {
+    fn forward(&self, x: &[f32]) -> Vec<f32> {
+        let width = self.weight.len();
+        let mut y = vec![0f32; x.len()];
+        for (xi, yi) in x.chunks_exact(width).zip(y.chunks_exact_mut(width)) {
+            let mean = xi.iter().map(|&v| v as f64).sum::<f64>() / width as f64;
+            let var = xi.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / width as f64;
+            let inv = 1.0 / (var + 1e-6).sqrt();
+            for (j, (o, &v)) in yi.iter_mut().zip(xi).enumerate() {
+                *o = ((v as f64 - mean) * inv * self.weight[j] as f64 + self.bias[j] as f64) as f32;
+            }
+        }
+        y
+    }
+}
+
+/// One `Qwen3VLVisionBlock`: pre-norm attention and MLP, each added to the stream.
+#[derive(Clone, Debug)]
+struct VisionBlock {
+    norm1: LayerNorm,
+    norm2: LayerNorm,
+    /// `attn.qkv` [3D, D] and `attn.proj` [D, D].
+    qkv: Linear,
+    proj: Linear,
+    /// `mlp.linear_fc1` [I, D] and `mlp.linear_fc2` [D, I].
+    fc1: Linear,
+    fc2: Linear,
+}
+
+/// `Qwen3VLVisionPatchMerger`: 2x2 neighbouring patches (consecutive rows, processor.rs's order)
+/// side by side, then an MLP to the language model's width. The final merger normalises each
+/// patch before the concatenation (a norm D wide); DeepStack's (`use_postshuffle_norm`) the
+/// concatenation (4D wide). [N, D] read as [N/4, 4D] is the concatenation, so both are the same
+/// code over rows of the norm's width.
+#[derive(Clone, Debug)]
+struct PatchMerger {
+    norm: LayerNorm,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+impl PatchMerger {
+    /// `x` [N, D] -> [N/4, E].
+    fn forward(&self, x: &[f32]) -> Vec<f32> {
+        let h = self.norm.forward(x);
+        let mut h = self.fc1.forward(&h);
+        h.iter_mut().for_each(|v| *v = gelu_erf(*v));
+        self.fc2.forward(&h)
+    }
+}
+
+/// What the tower gives for a batch of images.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VisionOutput {
+    /// [patches / merge^2, out_hidden_size]: the vectors that replace the image's tokens.
+    pub merged: Vec<f32>,
+    /// One [patches / merge^2, out_hidden_size] per DeepStack block (Qwen3-VL; empty for Qwen3.5).
+    pub deepstack: Vec<Vec<f32>>,
+}
+
+/// The tower's weights, f32.
+#[derive(Clone, Debug)]
+pub struct VisionTower {
+    pub config: VisionConfig,
+    /// `patch_embed.proj`: the Conv3d's [D, 3, T, p, p] kernel read as [D, 3*T*p*p].
+    patch_embed: Linear,
+    /// `pos_embed.weight` [P, D].
+    pos_embed: Vec<f32>,
+    blocks: Vec<VisionBlock>,
+    merger: PatchMerger,
+    deepstack: Vec<PatchMerger>,
+}
+
+impl VisionTower {
+    /// Builds the tower from its tensors: `tensor(name, shape)` returns the f32 values of the
+    /// tensor of that name (transformers' names inside the tower: `blocks.0.attn.qkv.weight`; the
+    /// caller adds the checkpoint's prefix) and checks its shape.
+    pub fn load(
+        config: VisionConfig,
+        mut tensor: impl FnMut(&str, &[usize]) -> Result<Vec<f32>>,
+    ) -> Result<VisionTower> {
+        let t: &mut Tensors = &mut tensor;
+        let (d, i, e) = (
+            config.hidden_size,
+            config.intermediate_size,
+            config.out_hidden_size,
+        );
+        let (c, tp, p) = (
+            config.in_channels,
+            config.temporal_patch_size,
+            config.patch_size,
+        );
+        let patch_embed = Linear {
+            weight: t("patch_embed.proj.weight", &[d, c, tp, p, p])?,
+            bias: t("patch_embed.proj.bias", &[d])?,
+            out: d,
+            inp: config.patch_len(),
+        };
+        let pos_embed = t("pos_embed.weight", &[config.num_position_embeddings, d])?;
+        let mut blocks = Vec::with_capacity(config.depth);
+        for l in 0..config.depth {
+            let b = format!("blocks.{l}");
+            blocks.push(VisionBlock {
+                norm1: layer_norm(t, &format!("{b}.norm1"), d)?,
+                norm2: layer_norm(t, &format!("{b}.norm2"), d)?,
+                qkv: linear(t, &format!("{b}.attn.qkv"), 3 * d, d)?,
+                proj: linear(t, &format!("{b}.attn.proj"), d, d)?,
+                fc1: linear(t, &format!("{b}.mlp.linear_fc1"), i, d)?,
+                fc2: linear(t, &format!("{b}.mlp.linear_fc2"), d, i)?,
+            });
+        }
+        let m4 = d * config.spatial_merge_size * config.spatial_merge_size;
+        let mut merger = |name: &str, norm_width: usize| -> Result<PatchMerger> {
+            Ok(PatchMerger {
+                norm: layer_norm(t, &format!("{name}.norm"), norm_width)?,
+                fc1: linear(t, &format!("{name}.linear_fc1"), m4, m4)?,
+                fc2: linear(t, &format!("{name}.linear_fc2"), e, m4)?,
+            })
+        };
+        let deepstack = (0..config.deepstack_visual_indexes.len())
+            .map(|j| merger(&format!("deepstack_merger_list.{j}"), m4))
+            .collect::<Result<Vec<_>>>()?;
+        let merger = merger("merger", d)?;
+        Ok(VisionTower {
+            config,
+            patch_embed,
+            pos_embed,
+            blocks,
+            merger,
+            deepstack,
+        })
+    }
+
+    /// Runs the tower over the patches of `grids.len()` images (each `(t, h, w)` in patches, as
+    /// the processor gives them, their patches one after the other).
+    pub fn forward(&self, patches: &[f32], grids: &[[usize; 3]]) -> Result<VisionOutput> {
+        let cfg = &self.config;
+        let (d, m) = (cfg.hidden_size, cfg.spatial_merge_size);
+        let n: usize = grids.iter().map(|g| g[0] * g[1] * g[2]).sum();
+        ensure!(
+            patches.len() == n * cfg.patch_len(),
+            "{} values are not the {n} patches of {} values the grids {grids:?} need",
+            patches.len(),
+            cfg.patch_len()
+        );
+        if let Some(g) = grids.iter().find(|g| g[1] % m != 0 || g[2] % m != 0) {
+            bail!(
+                "a grid of {}x{} patches is not whole {m}x{m} blocks",
+                g[1],
+                g[2]
+            );
+        }
+        // 1. Patch embedding: the Conv3d's kernel covers the whole patch, so it is one product.
+        let mut x = self.patch_embed.forward(patches);
+        // 2. Learned positions, resampled to each image's grid; and each patch's (row, column)
+        //    for the rotary embedding.
+        let mut rows_cols = Vec::with_capacity(n);
+        for &[t, h, w] in grids {
+            for _frame in 0..t {
+                for i in 0..h * w {
+                    rows_cols.push(patch_row_col(i, w, m));
+                }
+            }
+        }
+        let mut start = 0;
+        for &[t, h, w] in grids {
+            for p in start..start + t * h * w {
+                let (row, col) = rows_cols[p];
+                let pos = self.position_embedding(row, col, h, w);
+                for (v, e) in x[p * d..(p + 1) * d].iter_mut().zip(pos) {
+                    *v += e;
+                }
+            }
+            start += t * h * w;
+        }
+        let (cos, sin) = self.rotary(&rows_cols);
+        // 3. The blocks; attention stays within one frame of one image.
+        let mut frames = Vec::new();
+        let mut first = 0;
+        for &[t, h, w] in grids {
+            for _ in 0..t {
+                frames.push(first..first + h * w);
+                first += h * w;
+            }
+        }
+        let mut deepstack = Vec::new();
+        for (l, block) in self.blocks.iter().enumerate() {
+            self.block(block, &mut x, &frames, &cos, &sin);
+            if let Some(j) = cfg.deepstack_visual_indexes.iter().position(|&b| b == l) {
+                deepstack.push(self.deepstack[j].forward(&x));
+            }
+        }
+        // 4. The merger.
+        Ok(VisionOutput {
+            merged: self.merger.forward(&x),
+            deepstack,
+        })
+    }
+}
+
+/// A tensor source: `(name, shape) -> values` (see [`VisionTower::load`]).
+type Tensors<'a> = dyn FnMut(&str, &[usize]) -> Result<Vec<f32>> + 'a;
+
+/// An `nn.Linear(inp, out)`'s weight [out, inp] and bias [out].
+fn linear(t: &mut Tensors, name: &str, out: usize, inp: usize) -> Result<Linear> {
+    Ok(Linear {
+        weight: t(&format!("{name}.weight"), &[out, inp])?,
+        bias: t(&format!("{name}.bias"), &[out])?,
+        out,
+        inp,
+    })
+}
+
+/// An `nn.LayerNorm(width)`'s weight and bias.
+fn layer_norm(t: &mut Tensors, name: &str, width: usize) -> Result<LayerNorm> {
+    Ok(LayerNorm {
+        weight: t(&format!("{name}.weight"), &[width])?,
+        bias: t(&format!("{name}.bias"), &[width])?,
+    })
+}
+
+/// The (row, column) of patch `i` of a grid `w` patches wide, in the merger's order (each
+/// `m x m` block's patches consecutive; processor.rs draws it).
+fn patch_row_col(i: usize, w: usize, m: usize) -> (usize, usize) {
+    let (block, inner) = (i / (m * m), i % (m * m));
+    let (by, bx) = (block / (w / m), block % (w / m));
+    (by * m + inner / m, bx * m + inner % m)
+}
+
+impl VisionTower {
+    /// The learned position of the patch at (`row`, `col`) of an `h x w` grid: the table's
+    /// S x S grid resampled bilinearly with the corners aligned (`F.interpolate(...,
+    /// mode="bilinear", align_corners=True)`), in f32 as transformers' gather computes it
+    /// (`get_vision_interpolation_indices_and_weights`):
+    /// ```text
+    /// src = index * (S - 1) / max(size - 1, 1);  taps floor(src), floor(src) + 1 (clamped to S - 1)
+    /// weight of a tap = max(0, 1 - |src - tap|);  pos = sum over the 2 x 2 taps of w_row w_col E[tap]
+    /// ```
+    fn position_embedding(&self, row: usize, col: usize, h: usize, w: usize) -> Vec<f32> {
+        let side = self.config.position_grid_side();
+        let axis = |index: usize, size: usize| -> [(usize, f32); 2] {
+            let src = (index as f32 * (side - 1) as f32) / size.saturating_sub(1).max(1) as f32;
+            let floor = src.floor();
+            [0usize, 1].map(|o| {
+                let tap = (floor as usize + o).min(side - 1);
+                (tap, (1.0 - (src - floor - o as f32).abs()).max(0.0))
+            })
+        };
+        let d = self.config.hidden_size;
+        let mut out = vec![0f32; d];
+        for (ht, hw) in axis(row, h) {
+            for (wt, ww) in axis(col, w) {
+                let weight = hw * ww;
+                let e = &self.pos_embed[(ht * side + wt) * d..][..d];
+                out.iter_mut().zip(e).for_each(|(o, &v)| *o += v * weight);
+            }
+        }
+        out
+    }
+
+    /// The 2-D rotary embedding's cos and sin per patch, [N, head_dim] each
+    /// (`Qwen3VLVisionRotaryEmbedding`): a quarter of the head's frequencies turn with the row,
+    /// a quarter with the column, and the halves of the head repeat them, as RoPE's
+    /// rotate-half pairs (j, j + head_dim/2) need:
+    /// ```text
+    /// inv[j] = 1 / theta^(2j / (hd/2)),  j < hd/4
+    /// angles = [row * inv, col * inv, row * inv, col * inv]       (hd values)
+    /// ```
+    fn rotary(&self, rows_cols: &[(usize, usize)]) -> (Vec<f32>, Vec<f32>) {
+        let hd = self.config.head_dim();
+        let spatial = hd / 2;
+        let theta = self.config.rope_theta as f32;
+        let inv: Vec<f32> = (0..spatial / 2)
+            .map(|j| 1.0 / theta.powf((2 * j) as f32 / spatial as f32))
+            .collect();
+        let (mut cos, mut sin) = (
+            Vec::with_capacity(rows_cols.len() * hd),
+            Vec::with_capacity(rows_cols.len() * hd),
+        );
+        for &(row, col) in rows_cols {
+            let angles: Vec<f32> = inv
+                .iter()
+                .map(|&f| row as f32 * f)
+                .chain(inv.iter().map(|&f| col as f32 * f))
+                .collect();
+            for _half in 0..2 {
+                cos.extend(angles.iter().map(|&a| (a as f64).cos() as f32));
+                sin.extend(angles.iter().map(|&a| (a as f64).sin() as f32));
+            }
+        }
+        (cos, sin)
+    }
+
+    /// One block over `x` [N, D], in place. `frames`: the patch ranges attention stays within.
+    fn block(
+        &self,
+        b: &VisionBlock,
+        x: &mut [f32],
+        frames: &[std::ops::Range<usize>],
+        cos: &[f32],
+        sin: &[f32],
+    ) {
+        let (d, heads, hd) = (
+            self.config.hidden_size,
+            self.config.num_heads,
+            self.config.head_dim(),
+        );
+        let n = x.len() / d;
+        // a. q, k, v [N, D] each (head after head), from one product [N, 3D].
+        let qkv = b.qkv.forward(&b.norm1.forward(x));
+        let part = |which: usize| -> Vec<f32> {
+            qkv.chunks_exact(3 * d)
+                .flat_map(|r| r[which * d..(which + 1) * d].iter().copied())
+                .collect()
+        };
+        let (mut q, mut k, v) = (part(0), part(1), part(2));
+        // b. RoPE on q and k: x cos + rotate_half(x) sin, rotate_half(x) = (-x2, x1) per head.
+        for t in [&mut q, &mut k] {
+            for p in 0..n {
+                let (c, s) = (&cos[p * hd..(p + 1) * hd], &sin[p * hd..(p + 1) * hd]);
+                for head in t[p * d..(p + 1) * d].chunks_exact_mut(hd) {
+                    let orig = head.to_vec();
+                    for j in 0..hd {
+                        let rot = if j < hd / 2 {
+                            -orig[j + hd / 2]
+                        } else {
+                            orig[j - hd / 2]
+                        };
+                        head[j] = orig[j] * c[j] + rot * s[j];
+                    }
+                }
+            }
+        }
+        // c. Attention within each frame, every patch seeing every other (not causal):
+        //    softmax(q k^T / sqrt(hd)) v, per head.
+        let scale = (hd as f64).powf(-0.5) as f32;
+        let mut o = vec![0f32; n * d];
+        for frame in frames {
+            for head in 0..heads {
+                let col = head * hd..(head + 1) * hd;
+                for i in frame.clone() {
+                    let qi = &q[i * d..][col.clone()];
+                    let scores: Vec<f32> = frame
+                        .clone()
+                        .map(|j| {
+                            let kj = &k[j * d..][col.clone()];
+                            (qi.iter()
+                                .zip(kj)
+                                .map(|(&a, &b)| a as f64 * b as f64)
+                                .sum::<f64>() as f32)
+                                * scale
+                        })
+                        .collect();
+                    let max = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                    let e: Vec<f64> = scores.iter().map(|&s| ((s - max) as f64).exp()).collect();
+                    let total: f64 = e.iter().sum();
+                    let oi = &mut o[i * d..][col.clone()];
+                    for (c, out) in oi.iter_mut().enumerate() {
+                        let mut acc = 0f64;
+                        for (pj, j) in e.iter().zip(frame.clone()) {
+                            acc += (pj / total) * v[j * d + head * hd + c] as f64;
+                        }
+                        *out = acc as f32;
+                    }
+                }
+            }
+        }
+        // d. x += proj(o); then the MLP: x += fc2(gelu_tanh(fc1(LN2(x)))).
+        for (xv, pv) in x.iter_mut().zip(b.proj.forward(&o)) {
+            *xv += pv;
+        }
+        let mut h = b.fc1.forward(&b.norm2.forward(x));
+        h.iter_mut().for_each(|v| *v = gelu_tanh(*v));
+        for (xv, mv) in x.iter_mut().zip(b.fc2.forward(&h)) {
+            *xv += mv;
+        }
+    }
+}
+
+/// GELU with tanh (`gelu_pytorch_tanh`): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+fn gelu_tanh(x: f32) -> f32 {
+    let x = x as f64;
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    (0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())) as f32
+}
+
+/// GELU as `nn.GELU()` computes it: 0.5 x (1 + erf(x / sqrt(2))).
+fn gelu_erf(x: f32) -> f32 {
+    let x = x as f64;
+    (0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2))) as f32
+}
+
+/// The error function to about 1e-15: its Maclaurin series below |x| = 2.5 (alternating terms
+/// that lose at most 3 of f64's 16 digits there), 1 - erfc(x) above, erfc(x) by its continued
+/// fraction (Abramowitz and Stegun 7.1.14) evaluated from the 60th term back.
+pub fn erf(x: f64) -> f64 {
+    let a = x.abs();
+    let r = if a < 2.5 {
+        // erf(x) = 2/sqrt(pi) * sum_n (-1)^n x^(2n+1) / (n! (2n+1))
+        let (mut term, mut sum, mut n) = (a, a, 0.0);
+        while term.abs() > 1e-17 * sum.abs() {
+            n += 1.0;
+            term *= -a * a / n;
+            sum += term / (2.0 * n + 1.0);
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    } else {
+        // erfc(x) = exp(-x^2)/sqrt(pi) * 1/(x + (1/2)/(x + 1/(x + (3/2)/(x + 2/(x + ...)))))
+        let mut f = a;
+        for k in (1..=60).rev() {
+            f = a + (k as f64 / 2.0) / f;
+        }
+        1.0 - (-a * a).exp() / std::f64::consts::PI.sqrt() / f
+    };
+    r.copysign(x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn erf_matches_known_values() {
+        // Python's math.erf (the C library's, within an ulp), on both sides of the switch at 2.5.
+        for (x, want) in [
+            (0.0, 0.0),
+            (0.1, 0.1124629160182849),
+            (0.5, 0.5204998778130465),
+            (1.0, 0.8427007929497149),
+            (2.0, 0.9953222650189527),
+            (2.4999, 0.9995928300996666),
+            (2.5, 0.999593047982555),
+            (3.0, 0.9999779095030014),
+            (4.0, 0.9999999845827421),
+            (6.0, 1.0),
+            (-1.0, -0.8427007929497149),
+        ] {
+            assert!(
+                (erf(x) - want).abs() < 1e-14,
+                "erf({x}) = {} not {want}",
+                erf(x)
+            );
+        }
+    }
+
+    #[test]
+    fn the_config_takes_transformers_defaults_and_refuses_what_is_not_built() {
+        let base = serde_json::json!({
+            "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
+            "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2,
+            "out_hidden_size": 2048, "num_position_embeddings": 2304,
+        });
+        // Qwen3-VL without the key: DeepStack after blocks 8, 16, 24; Qwen3.5: none.
+        let vl = VisionConfig::from_json("qwen3_vl", &base).unwrap();
+        assert_eq!(
+            (
+                vl.deepstack_visual_indexes.clone(),
+                vl.head_dim(),
+                vl.rope_theta
+            ),
+            (vec![8, 16, 24], 72, 10000.0)
+        );
+        assert!(VisionConfig::from_json("qwen3_5", &base)
+            .unwrap()
+            .deepstack_visual_indexes
+            .is_empty());
+        for (key, value, says) in [
+            ("hidden_act", serde_json::json!("gelu"), "hidden_act"),
+            (
+                "num_position_embeddings",
+                serde_json::json!(2300),
+                "not a square grid",
+            ),
+            ("num_heads", serde_json::json!(5), "multiple of 4"),
+            (
+                "deepstack_visual_indexes",
+                serde_json::json!([3, 30]),
+                "block 30 of 27",
+            ),
+            ("depth", serde_json::json!(0), "vision_config.depth"),
+        ] {
+            let mut bad = base.clone();
+            bad[key] = value;
+            let e = VisionConfig::from_json("qwen3_vl", &bad)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn patches_in_merger_order_land_where_the_processor_put_them() {
+        // A 4 x 6 grid, merge 2: the first four patches are the top-left 2 x 2 block.
+        let order: Vec<_> = (0..8).map(|i| patch_row_col(i, 6, 2)).collect();
+        assert_eq!(
+            order,
+            [
+                (0, 0),
+                (0, 1),
+                (1, 0),
+                (1, 1),
+                (0, 2),
+                (0, 3),
+                (1, 2),
+                (1, 3)
+            ]
+        );
+        assert_eq!(patch_row_col(23, 6, 2), (3, 5));
+    }
+}
