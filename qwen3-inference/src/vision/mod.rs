@@ -10,6 +10,8 @@
 //! Patches --VisionTower::forward--> VisionOutput
 //!   (patch embedding, learned positions, ViT blocks with 2-D RoPE, 2x2 merger; Qwen3-VL's
 //!    DeepStack features)          merged [patches / 4, text hidden size]
+//!
+//! prompt with image tokens --positions::mrope_positions--> (time, height, width) per token
 //! ```
 //!
 //! Each step is checked against transformers: the processor against `Qwen2VLImageProcessorPil`
@@ -19,6 +21,7 @@
 //! the textbook one (plain loops, f32 values, f64 sums); a model file does not carry a tower yet.
 
 pub mod image;
+pub mod positions;
 pub mod processor;
 pub mod resize;
 pub mod tower;

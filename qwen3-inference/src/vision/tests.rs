@@ -217,3 +217,50 @@ fn the_processor_reads_qwen3_vls_config_and_refuses_what_it_does_not_do() {
         assert!(e.contains(what), "{bad}: {e}");
     }
 }
+
+/// M-RoPE's positions against transformers' `get_rope_index` (Qwen3-VL's and Qwen3.5's, the same
+/// code), and the frequencies' components against `recomposition_frequencies`
+/// (fixtures/vision/positions-reference.json, scripts/vision_positions_reference.py).
+#[test]
+fn image_tokens_take_transformers_positions() {
+    use super::positions::{mrope_component, mrope_positions};
+    let text = std::fs::read_to_string(fixtures().join("positions-reference.json")).unwrap();
+    let r: Value = serde_json::from_str(&text).unwrap();
+    for p in r["prompts"].as_array().unwrap() {
+        let is_image: Vec<bool> = p["tokens"]
+            .as_str()
+            .unwrap()
+            .chars()
+            .map(|c| c == 'i')
+            .collect();
+        let grids: Vec<[usize; 3]> = p["grids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| [0, 1, 2].map(|i| g[i].as_u64().unwrap() as usize))
+            .collect();
+        let got =
+            mrope_positions(&is_image, &grids, p["merge"].as_u64().unwrap() as usize).unwrap();
+        let want: Vec<[u32; 3]> = p["positions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| [0, 1, 2].map(|i| t[i].as_u64().unwrap() as u32))
+            .collect();
+        assert_eq!(got.thw, want, "{}", p["name"]);
+        assert_eq!(
+            got.next as u64,
+            p["next"].as_u64().unwrap(),
+            "{}",
+            p["name"]
+        );
+    }
+    for s in r["sections"].as_array().unwrap() {
+        let section = usizes(&s["mrope_section"]);
+        let want = usizes(&s["components"]);
+        let got: Vec<usize> = (0..want.len())
+            .map(|j| mrope_component(j, [section[0], section[1], section[2]]))
+            .collect();
+        assert_eq!(got, want, "{}", s["model"]);
+    }
+}
