@@ -10,8 +10,8 @@ What it writes, under OUT:
 - processor/*.{png,jpg,gif,webp}: images drawn here from a seeded generator (a smooth gradient with
   noise on it, so that resampling has something to smooth): sizes that need no resize, one that is
   scaled up and one that is scaled down, RGBA with an alpha ramp, grayscale, grayscale with alpha,
-  palette with a transparent index, 16 bits a channel, a JPEG, the first frame of a two-frame GIF and
-  a lossless WebP.
+  palette with a transparent index, 16 bits a channel (RGB, gray, gray with alpha), a JPEG, the
+  first frame of a two-frame GIF and a lossless WebP.
 - processor-reference.json:
   - `cases`: per image, the processor's settings, the RGB bytes Pillow decoded (before any resize),
     the size after `smart_resize`, `image_grid_thw`, and `pixel_values` (f32, little-endian, base64),
@@ -86,7 +86,7 @@ def images(rng):
     cases.append(("palette-24x40.png", encode(pal, "PNG", transparency=3), TINY))
     # 16 bits a channel (Pillow keeps the high byte).
     deep = picture(rng, 24, 40).astype(np.uint16) * 257 + rng.integers(0, 256, (24, 40, 3), dtype=np.uint16)
-    cases.append(("rgb16-24x40.png", png16(deep), TINY))
+    cases.append(("rgb16-24x40.png", png16(deep, 2), TINY))
     # JPEG (4:2:0, quality 90): decoders may differ by a level here and there.
     cases.append(("rgb-24x40.jpg", encode(Image.fromarray(picture(rng, 24, 40)), "JPEG", quality=90), TINY))
     # GIF: the first of two frames.
@@ -95,21 +95,29 @@ def images(rng):
     cases.append(("anim-24x40.gif", encode(f0, "GIF", save_all=True, append_images=[f1], duration=100), TINY))
     # Lossless WebP.
     cases.append(("rgb-24x40.webp", encode(Image.fromarray(picture(rng, 24, 40)), "WEBP", lossless=True), TINY))
+    # 16-bit gray (Pillow's I;16, clipped to 255 on the way to RGB: mostly white), with values
+    # under 256 too; and 16-bit gray with alpha (high bytes).
+    gray16 = (picture(rng, 24, 40, 1).astype(np.uint16) * rng.integers(0, 3, (24, 40, 1))).astype(np.uint16)
+    cases.append(("gray16-24x40.png", png16(gray16, 0), TINY))
+    ga16 = np.concatenate([picture(rng, 16, 16, 1).astype(np.uint16) * 257,
+                           rng.integers(0, 65536, (16, 16, 1), dtype=np.uint16)], axis=2)
+    cases.append(("gray-alpha16-16x16.png", png16(ga16, 4), TINY))
     return cases
 
 
-def png16(rgb16):
-    """A 16-bit RGB PNG (Pillow cannot write one from an array): the chunks written by hand."""
+def png16(pixels, color_type):
+    """A 16-bit PNG of colour type 0 (gray), 2 (RGB) or 4 (gray and alpha), [h, w, channels]
+    (Pillow cannot write these from an array): the chunks written by hand."""
     import struct
     import zlib
 
-    h, w, _ = rgb16.shape
-    raw = b"".join(b"\x00" + rgb16[y].astype(">u2").tobytes() for y in range(h))
+    h, w, _ = pixels.shape
+    raw = b"".join(b"\x00" + pixels[y].astype(">u2").tobytes() for y in range(h))
 
     def chunk(kind, data):
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, color_type, 0, 0, 0))
             + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
 
 

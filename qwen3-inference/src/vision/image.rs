@@ -6,7 +6,15 @@
 //! - an image with transparency (an alpha channel, or a palette with a transparent entry) is
 //!   composited over opaque white with Pillow's integer `alpha_composite`;
 //! - gray becomes R = G = B;
-//! - 16 bits a channel keep their high byte (Pillow reads 16-bit RGB PNGs so).
+//! - 16 bits a channel keep their high byte, as Pillow reads 16-bit RGB, RGBA and gray-with-alpha
+//!   PNGs; plain 16-bit gray is clipped to 255, as Pillow's `I;16` converts (a transformers quirk
+//!   kept: the model sees what it would see under transformers).
+//!
+//! One choice differs from any single transformers path: transformers' `load_image` (URLs and
+//! base64 in a chat template) applies the EXIF orientation and then drops alpha (`convert("RGB")`),
+//! while its image processor, handed a picture, composites alpha over white and ignores EXIF.
+//! Here both happen: a phone's photo stands upright, and a transparent logo sits on white
+//! rather than on whatever colour its transparent pixels hold.
 
 use std::io::Cursor;
 
@@ -37,9 +45,14 @@ pub const FORMATS: &str = "PNG, JPEG, GIF or WebP";
 
 /// Decodes an image file into RGB, refusing more than `max_pixels` pixels before decoding them.
 pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<Rgb> {
-    let reader = ImageReader::new(Cursor::new(bytes))
+    let mut reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| anyhow!("the image could not be read: {e}"))?;
+    // The decoders' own allocations (a GIF frame may claim more than its screen) bounded by the
+    // same limit: the pixels as 16-bit RGBA, and a little room.
+    let mut limits = image::Limits::default();
+    limits.max_alloc = Some(max_pixels.saturating_mul(8).saturating_add(1 << 20));
+    reader.limits(limits);
     match reader.format() {
         Some(ImageFormat::Png | ImageFormat::Jpeg | ImageFormat::Gif | ImageFormat::WebP) => {}
         Some(other) => bail!("{other:?} images are not supported: send {FORMATS}"),
@@ -70,61 +83,44 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<Rgb> {
 /// RGB bytes of a decoded image, with any transparency composited over white.
 fn to_rgb(img: &DynamicImage) -> Rgb {
     let (width, height) = (img.width() as usize, img.height() as usize);
-    let mut out = Rgb::blank(height, width);
-    // (r, g, b, a) of pixel i, each a byte.
-    let pixel: Box<dyn Fn(usize) -> [u8; 4]> = match img {
-        DynamicImage::ImageLuma8(b) => Box::new(|i| {
-            let l = b.as_raw()[i];
-            [l, l, l, 255]
-        }),
-        DynamicImage::ImageLumaA8(b) => Box::new(|i| {
-            let p = &b.as_raw()[i * 2..i * 2 + 2];
-            [p[0], p[0], p[0], p[1]]
-        }),
-        DynamicImage::ImageRgb8(b) => Box::new(|i| {
-            let p = &b.as_raw()[i * 3..i * 3 + 3];
-            [p[0], p[1], p[2], 255]
-        }),
-        DynamicImage::ImageRgba8(b) => Box::new(|i| {
-            let p = &b.as_raw()[i * 4..i * 4 + 4];
-            [p[0], p[1], p[2], p[3]]
-        }),
-        DynamicImage::ImageLuma16(b) => Box::new(|i| {
-            let l = (b.as_raw()[i] >> 8) as u8;
-            [l, l, l, 255]
-        }),
-        DynamicImage::ImageLumaA16(b) => Box::new(|i| {
-            let p = &b.as_raw()[i * 2..i * 2 + 2];
-            let l = (p[0] >> 8) as u8;
-            [l, l, l, (p[1] >> 8) as u8]
-        }),
-        DynamicImage::ImageRgb16(b) => Box::new(|i| {
-            let p = &b.as_raw()[i * 3..i * 3 + 3];
-            [(p[0] >> 8) as u8, (p[1] >> 8) as u8, (p[2] >> 8) as u8, 255]
-        }),
-        DynamicImage::ImageRgba16(b) => Box::new(|i| {
-            let p = &b.as_raw()[i * 4..i * 4 + 4];
-            [
-                (p[0] >> 8) as u8,
-                (p[1] >> 8) as u8,
-                (p[2] >> 8) as u8,
-                (p[3] >> 8) as u8,
-            ]
-        }),
-        // Float images come from none of the formats decode() accepts; convert all the same.
-        other => {
-            let rgba = other.to_rgba8();
-            return to_rgb(&DynamicImage::ImageRgba8(rgba));
-        }
+    // RGBA bytes as Pillow reads the file. 8 bits a channel: as they are (gray repeated). 16
+    // bits: Pillow keeps the high byte of RGB, RGBA and gray with alpha; plain 16-bit gray it
+    // opens as `I;16`, whose conversion to RGB clips each value to 255 (so such an image is
+    // mostly white to transformers, and here too).
+    let high = |v: u16| (v >> 8) as u8;
+    let rgba: Vec<u8> = match img {
+        DynamicImage::ImageLuma16(b) => b
+            .as_raw()
+            .iter()
+            .flat_map(|&v| {
+                let l = v.min(255) as u8;
+                [l, l, l, 255]
+            })
+            .collect(),
+        DynamicImage::ImageLumaA16(b) => b
+            .as_raw()
+            .chunks_exact(2)
+            .flat_map(|p| [high(p[0]), high(p[0]), high(p[0]), high(p[1])])
+            .collect(),
+        DynamicImage::ImageRgb16(b) => b
+            .as_raw()
+            .chunks_exact(3)
+            .flat_map(|p| [high(p[0]), high(p[1]), high(p[2]), 255])
+            .collect(),
+        DynamicImage::ImageRgba16(b) => b.as_raw().iter().map(|&v| high(v)).collect(),
+        // 8 bits a channel (and float, which no accepted format decodes to): the crate's own
+        // conversion, exact for 8-bit values.
+        other => other.to_rgba8().into_raw(),
     };
     let has_alpha = img.color().has_alpha();
-    for (i, rgb) in out.data.chunks_exact_mut(3).enumerate() {
-        let [r, g, b, a] = pixel(i);
-        if has_alpha {
-            rgb.copy_from_slice(&over_white([r, g, b], a));
+    let mut out = Rgb::blank(height, width);
+    for (rgb, p) in out.data.chunks_exact_mut(3).zip(rgba.chunks_exact(4)) {
+        let colour = [p[0], p[1], p[2]];
+        rgb.copy_from_slice(&if has_alpha {
+            over_white(colour, p[3])
         } else {
-            rgb.copy_from_slice(&[r, g, b]);
-        }
+            colour
+        });
     }
     out
 }

@@ -1,5 +1,6 @@
-//! Images in: from an image file to the vectors that stand for it in the prompt, exactly as
-//! transformers computes them for Qwen3-VL and Qwen3.5.
+//! Images in: from an image file to the vectors that stand for it in the prompt, as transformers
+//! computes them for Qwen3-VL and Qwen3.5 (bit for bit up to the patches but for a JPEG's
+//! decoding, within f32 rounding through the tower; docs/vision.md measures each).
 //!
 //! ```text
 //! file bytes --image::decode--> RGB bytes --ImageProcessor::preprocess--> Patches

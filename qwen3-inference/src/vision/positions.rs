@@ -12,7 +12,7 @@
 //! Which component turns which rotary frequency is [`mrope_component`]: Qwen3-VL and Qwen3.5
 //! interleave them (`mrope_interleaved`).
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{anyhow, bail, ensure, Result};
 
 /// A prompt's positions, one triple per token.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,7 +40,9 @@ pub fn mrope_positions(is_image: &[bool], grids: &[[usize; 3]], merge: usize) ->
         if !is_image[i] {
             for _ in 0..run {
                 thw.push([pos; 3]);
-                pos += 1;
+                pos = pos
+                    .checked_add(1)
+                    .ok_or_else(|| anyhow!("positions past 2^32"))?;
             }
         } else {
             let Some(&[t, h, w]) = images.next() else {

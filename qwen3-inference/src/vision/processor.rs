@@ -50,15 +50,18 @@ const CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
 pub struct Patches {
     /// `(temporal, height, width)` in patches (`image_grid_thw`): `(1, H, W)` for a still image.
     pub grid_thw: [usize; 3],
-    /// One row per patch, `3 * temporal_patch_size * patch_size^2` values each (`pixel_values`).
+    /// One row per patch, `row_len` values each (`pixel_values`).
     pub values: Vec<f32>,
+    /// Values per patch: `3 * temporal_patch_size * patch_size^2`.
+    pub row_len: usize,
 }
 
-impl Patches {
-    /// Values per patch.
-    pub fn row_len(&self) -> usize {
-        self.values.len() / (self.grid_thw[1] * self.grid_thw[2])
-    }
+/// The (row, column) in patches of patch `i` of a grid `w` patches wide, in the merger's order
+/// (each `m x m` block's patches consecutive, blocks row by row): the diagram at the top.
+pub fn merge_order(i: usize, w: usize, m: usize) -> (usize, usize) {
+    let (block, inner) = (i / (m * m), i % (m * m));
+    let (by, bx) = (block / (w / m), block % (w / m));
+    (by * m + inner / m, bx * m + inner % m)
 }
 
 impl ImageProcessor {
@@ -79,15 +82,19 @@ impl ImageProcessor {
                     }),
             }
         };
+        // The pixel limits: the older top-level `min_pixels` / `max_pixels` win over `size`, as
+        // Qwen2VLImageProcessor's constructor lets them.
         let size = config.get("size");
         let edge = |key: &str, old: &str, default: usize| -> Result<usize> {
-            match size.and_then(|s| s.get(key)) {
-                Some(v) => v.as_u64().map(|n| n as usize).ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "preprocessor_config.json: size.{key} must be an integer, got {v}"
-                    )
-                }),
-                None => usize_key(old, default),
+            match (config.get(old), size.and_then(|s| s.get(key))) {
+                (Some(v), _) | (None, Some(v)) if !v.is_null() => {
+                    v.as_u64().filter(|&n| n > 0).map(|n| n as usize).ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "preprocessor_config.json: {old} (size.{key}) must be a positive integer, got {v}"
+                        )
+                    })
+                }
+                _ => Ok(default),
             }
         };
         let triple = |key: &str, default: [f32; 3]| -> Result<[f32; 3]> {
@@ -119,6 +126,21 @@ impl ImageProcessor {
             if config.get(key) == Some(&Value::Bool(false)) {
                 bail!("preprocessor_config.json: {key} false is not supported (every Qwen checkpoint sets it true)");
             }
+        }
+        // Bounds no real tower comes near, so that the sizes' products cannot overflow.
+        if p.patch_size > 1024 || p.merge_size > 64 || p.temporal_patch_size > 64 {
+            bail!(
+                "preprocessor_config.json: patch {} / merge {} / temporal patch {} out of range",
+                p.patch_size,
+                p.merge_size,
+                p.temporal_patch_size
+            );
+        }
+        if p.max_pixels > 1 << 32 {
+            bail!(
+                "preprocessor_config.json: {} maximum pixels is over 2^32",
+                p.max_pixels
+            );
         }
         if p.min_pixels > p.max_pixels {
             bail!(
@@ -167,10 +189,8 @@ impl ImageProcessor {
         let row_len = 3 * t * p * p;
         let mut values = vec![0f32; gh * gw * row_len];
         for (row, out) in values.chunks_exact_mut(row_len).enumerate() {
-            let (block, inner) = (row / (m * m), row % (m * m));
-            let (by, bx) = (block / (gw / m), block % (gw / m));
-            let (my, mx) = (inner / m, inner % m);
-            let (y0, x0) = ((by * m + my) * p, (bx * m + mx) * p);
+            let (gy, gx) = merge_order(row, gw, m);
+            let (y0, x0) = (gy * p, gx * p);
             for (c, table) in table.iter().enumerate() {
                 for py in 0..p {
                     for px in 0..p {
@@ -185,6 +205,7 @@ impl ImageProcessor {
         Ok(Patches {
             grid_thw: [1, gh, gw],
             values,
+            row_len,
         })
     }
 }

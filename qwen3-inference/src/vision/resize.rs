@@ -81,11 +81,17 @@ fn bicubic(x: f64) -> f64 {
     }
 }
 
-/// One axis's resampling: for each output position, the first source position it reads and its
-/// fixed-point weights (Resample.c's `precompute_coeffs` then `normalize_coeffs_8bpc`).
+/// What one output position reads: source positions `first..first + weights.len()`, with
+/// these fixed-point weights.
+struct Tap {
+    first: usize,
+    weights: Vec<i32>,
+}
+
+/// One axis's resampling, a [`Tap`] per output position (Resample.c's `precompute_coeffs` then
+/// `normalize_coeffs_8bpc`).
 struct Taps {
-    /// `(first source index, weights)` per output index.
-    taps: Vec<(usize, Vec<i32>)>,
+    taps: Vec<Tap>,
 }
 
 impl Taps {
@@ -122,7 +128,10 @@ impl Taps {
                         }
                     })
                     .collect();
-                (xmin, fixed)
+                Tap {
+                    first: xmin,
+                    weights: fixed,
+                }
             })
             .collect();
         Taps { taps }
@@ -131,10 +140,10 @@ impl Taps {
     /// One output value: the weighted sum of `pixel(source index)`, rounded (the sum starts at one
     /// half) and clamped to a byte (Resample.c's `clip8`).
     fn apply(&self, out: usize, pixel: impl Fn(usize) -> u8) -> u8 {
-        let (first, weights) = &self.taps[out];
+        let tap = &self.taps[out];
         let mut ss: i32 = 1 << (PRECISION_BITS - 1);
-        for (i, &w) in weights.iter().enumerate() {
-            ss += pixel(first + i) as i32 * w;
+        for (i, &w) in tap.weights.iter().enumerate() {
+            ss += pixel(tap.first + i) as i32 * w;
         }
         (ss >> PRECISION_BITS).clamp(0, 255) as u8
     }
@@ -145,11 +154,17 @@ impl Taps {
 /// vertical pass will read, then the vertical pass (when the height changes); an image of the
 /// requested size comes back unchanged (Resample.c's `ImagingResampleInner`).
 pub fn resize_bicubic(image: &Rgb, height: usize, width: usize) -> Rgb {
+    if height == 0 || width == 0 || image.height == 0 || image.width == 0 {
+        return Rgb::blank(height, width);
+    }
     let vertical = Taps::new(image.height, height);
     // 1. Rows: only the source rows some output row reads, [first, last), are resampled.
     let (rows, offset) = if width != image.width {
-        let first = vertical.taps[0].0;
-        let last = vertical.taps.last().map_or(first, |(f, w)| f + w.len());
+        let first = vertical.taps[0].first;
+        let last = vertical
+            .taps
+            .last()
+            .map_or(first, |t| t.first + t.weights.len());
         (horizontal_pass(image, first..last, width), first)
     } else {
         (image.clone(), 0)

@@ -125,7 +125,7 @@ fn pixel_values_are_transformers_bit_for_bit() {
             "{file}: {differ} of {} values differ from transformers'",
             want.len()
         );
-        assert_eq!(got.row_len(), 3 * 2 * 4 * 4);
+        assert_eq!(got.row_len, 3 * 2 * 4 * 4);
     }
 }
 

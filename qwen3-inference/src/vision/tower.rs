@@ -18,6 +18,8 @@
 use anyhow::{anyhow, bail, ensure, Result};
 use serde_json::Value;
 
+use super::processor::merge_order;
+
 /// The tower's shape, from config.json's `vision_config` (transformers' names).
 #[derive(Clone, Debug, PartialEq)]
 pub struct VisionConfig {
@@ -319,9 +321,15 @@ impl VisionTower {
     pub fn forward(&self, patches: &[f32], grids: &[[usize; 3]]) -> Result<VisionOutput> {
         let cfg = &self.config;
         let (d, m) = (cfg.hidden_size, cfg.spatial_merge_size);
-        let n: usize = grids.iter().map(|g| g[0] * g[1] * g[2]).sum();
+        // Patches in all: each grid's t * h * w, checked, as they come from a request.
+        let n = grids.iter().try_fold(0usize, |n, g| {
+            g[0].checked_mul(g[1])
+                .and_then(|v| v.checked_mul(g[2]))
+                .and_then(|v| v.checked_add(n))
+        });
+        let n = n.ok_or_else(|| anyhow!("the grids {grids:?} overflow"))?;
         ensure!(
-            patches.len() == n * cfg.patch_len(),
+            n.checked_mul(cfg.patch_len()) == Some(patches.len()),
             "{} values are not the {n} patches of {} values the grids {grids:?} need",
             patches.len(),
             cfg.patch_len()
@@ -335,37 +343,28 @@ impl VisionTower {
         }
         // 1. Patch embedding: the Conv3d's kernel covers the whole patch, so it is one product.
         let mut x = self.patch_embed.forward(patches);
-        // 2. Learned positions, resampled to each image's grid; and each patch's (row, column)
-        //    for the rotary embedding.
-        let mut rows_cols = Vec::with_capacity(n);
+        // 2. Per frame of each image: its patches' (row, column), for the rotary embedding; the
+        //    learned positions resampled to its grid, added; its range of patches, within which
+        //    attention stays.
+        let (mut rows_cols, mut frames) = (Vec::with_capacity(n), Vec::new());
         for &[t, h, w] in grids {
             for _frame in 0..t {
+                let first = rows_cols.len();
                 for i in 0..h * w {
-                    rows_cols.push(patch_row_col(i, w, m));
+                    let (row, col) = merge_order(i, w, m);
+                    let pos = self.position_embedding(row, col, h, w);
+                    let p = first + i;
+                    x[p * d..(p + 1) * d]
+                        .iter_mut()
+                        .zip(pos)
+                        .for_each(|(v, e)| *v += e);
+                    rows_cols.push((row, col));
                 }
+                frames.push(first..rows_cols.len());
             }
-        }
-        let mut start = 0;
-        for &[t, h, w] in grids {
-            for p in start..start + t * h * w {
-                let (row, col) = rows_cols[p];
-                let pos = self.position_embedding(row, col, h, w);
-                for (v, e) in x[p * d..(p + 1) * d].iter_mut().zip(pos) {
-                    *v += e;
-                }
-            }
-            start += t * h * w;
         }
         let (cos, sin) = self.rotary(&rows_cols);
-        // 3. The blocks; attention stays within one frame of one image.
-        let mut frames = Vec::new();
-        let mut first = 0;
-        for &[t, h, w] in grids {
-            for _ in 0..t {
-                frames.push(first..first + h * w);
-                first += h * w;
-            }
-        }
+        // 3. The blocks.
         let mut deepstack = Vec::new();
         for (l, block) in self.blocks.iter().enumerate() {
             self.block(block, &mut x, &frames, &cos, &sin);
@@ -400,14 +399,6 @@ fn layer_norm(t: &mut Tensors, name: &str, width: usize) -> Result<LayerNorm> {
         weight: t(&format!("{name}.weight"), &[width])?,
         bias: t(&format!("{name}.bias"), &[width])?,
     })
-}
-
-/// The (row, column) of patch `i` of a grid `w` patches wide, in the merger's order (each
-/// `m x m` block's patches consecutive; processor.rs draws it).
-fn patch_row_col(i: usize, w: usize, m: usize) -> (usize, usize) {
-    let (block, inner) = (i / (m * m), i % (m * m));
-    let (by, bx) = (block / (w / m), block % (w / m));
-    (by * m + inner / m, bx * m + inner % m)
 }
 
 impl VisionTower {
@@ -674,7 +665,7 @@ mod tests {
     #[test]
     fn patches_in_merger_order_land_where_the_processor_put_them() {
         // A 4 x 6 grid, merge 2: the first four patches are the top-left 2 x 2 block.
-        let order: Vec<_> = (0..8).map(|i| patch_row_col(i, 6, 2)).collect();
+        let order: Vec<_> = (0..8).map(|i| merge_order(i, 6, 2)).collect();
         assert_eq!(
             order,
             [
@@ -688,6 +679,6 @@ mod tests {
                 (1, 3)
             ]
         );
-        assert_eq!(patch_row_col(23, 6, 2), (3, 5));
+        assert_eq!(merge_order(23, 6, 2), (3, 5));
     }
 }
