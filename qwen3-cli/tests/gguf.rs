@@ -186,6 +186,12 @@ fn quantized_ggufs_run() {
             "tiny-bf16-tied-k256-q4_0",
             "yes, Q4_0 + Q6_K: every command takes this file as it is",
         ),
+        // The converter's --outtype f16 (ollama's fp16 tags).
+        (
+            "tiny-f32-tied-gqa2-f16",
+            "yes, F16: every command takes this file as it is (its F16 tensors widened to f32 at \
+             open: twice their bytes in memory)",
+        ),
         // Rows of 64: llama-quantize's fallbacks, Q5_0 for Q4_K and Q8_0 for Q6_K.
         (
             "tiny-f32-tied-gqa2-q4_k_m",

@@ -727,6 +727,14 @@ fn tiny_bf16_tied_k256_as_llama_quantizes_q4_0_gguf() {
     check_quantized_gguf("tiny-bf16-tied-k256", "q4_0", &[DType::Q4, DType::Q6K]);
 }
 
+/// llama.cpp's converter's F16 GGUF of tiny-f32-tied-gqa2 (`--outtype f16`, as ollama's `fp16`
+/// tags are made), widened to f32 at open: bounded by the noise of its own rounding to f16, exact
+/// on its own weights.
+#[test]
+fn tiny_f32_tied_gqa2_as_llama_cpps_f16_gguf() {
+    check_quantized_gguf("tiny-f32-tied-gqa2", "f16", &[DType::F32]);
+}
+
 /// llama-quantize's Q4_K_M of a model whose rows are not whole blocks of 256 (tiny-f32-tied-gqa2,
 /// 64 wide, as Qwen2.5-0.5B's are 896): every matrix falls back, Q4_K to Q5_0 and Q6_K to Q8_0,
 /// both taken apart at open into q8 in groups of 32. Held to the same.

@@ -402,8 +402,13 @@ fn gguf_info(args: &InfoArgs) -> Result<()> {
             }
             types.sort_by_key(|&(_, k)| std::cmp::Reverse(k));
             let types: Vec<&str> = types.into_iter().map(|(n, _)| n).collect();
+            // F16 has no kernels: widened at open (gguf/repack.rs).
+            let widened = match h.tensors.iter().any(|t| t.ggml_type.name == "F16") {
+                true => " (its F16 tensors widened to f32 at open: twice their bytes in memory)",
+                false => "",
+            };
             println!(
-                "run                      yes, {}: every command takes this file as it is{slow}",
+                "run                      yes, {}: every command takes this file as it is{widened}{slow}",
                 types.join(" + ")
             )
         }

@@ -45,11 +45,11 @@ impl DeviceWeights {
     /// byte ranges. Shapes the kernels cannot take are refused here, before any launch.
     pub fn upload(stream: &Arc<CudaStream>, file: &ModelFile) -> Result<DeviceWeights> {
         let name = file.path().display().to_string();
-        // The upload is the mapped file: a GGUF's Q8_0, Q5_0 and Q4_0 tensors, repacked at open,
-        // are not in it.
+        // The upload is the mapped file: a GGUF's Q8_0, Q5_0, Q4_0 and F16 tensors, repacked at
+        // open, are not in it.
         if !file.in_place() {
             bail!(
-                "{name}: a GGUF file with Q8_0, Q5_0 or Q4_0 tensors, which the CUDA backend does not read yet: use --device cpu"
+                "{name}: a GGUF file with Q8_0, Q5_0, Q4_0 or F16 tensors, which the CUDA backend does not read yet: use --device cpu"
             );
         }
         if let Some(t) = file.header().tensors.iter().find(|t| t.dtype.is_k_quant()) {

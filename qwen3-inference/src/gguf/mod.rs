@@ -1,8 +1,8 @@
 //! GGUF, llama.cpp's model file: read and checked, mapped, never copied. This module reads the
 //! container (its metadata and where each tensor lies); `model.rs` reads it as a model (a file
-//! of F32, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K tensors opens as a model file:
+//! of F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K tensors opens as a model file:
 //! `ModelFile::open`), `repack.rs` lays Q8_0, Q5_0 and Q4_0 out as the model file's q8 and
-//! q4, `tokenizer.rs` reads its
+//! q4 and widens F16 to f32, `tokenizer.rs` reads its
 //! tokenizer and chat template, `blocks.rs` dequantizes the quantized blocks (the K-quants'
 //! kernels read theirs in place: `kernels/dot/k_quants.rs`).
 //!

@@ -25,6 +25,7 @@
 //! A tensor's shape in the file lists its row length first (`dims[0]`, ggml's `ne0`), so the
 //! model's `[rows, cols]` is `dims` reversed.
 
+use super::repack::Legacy;
 use super::{GgufHeader, GgufTensor, Value};
 use crate::format::reader::{Header, TensorInfo};
 use crate::format::{
@@ -244,7 +245,8 @@ pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<()> {
 /// `dtype` the matrices' storage) and its tensors under the model file's names and shapes.
 ///
 /// A GGUF's F32 and BF16 tensors are stored as the model file stores them (little-endian, rows
-/// one after another): each stays where the GGUF holds it, read in place. A Q8_0 tensor is the
+/// one after another): each stays where the GGUF holds it, read in place; an F16 tensor is
+/// widened to f32 in the bytes `repack::repack` makes at open. A Q8_0 tensor is the
 /// model file's q8 with groups of 32 in another order of its bytes (`repack.rs`): its offset
 /// and size here are those of its q8 layout in the bytes `repack::repack` makes at open, and so
 /// a Q5_0 tensor's (q8 too) and a Q4_0 tensor's (the model file's q4 with groups of 32). Q4_K,
@@ -253,9 +255,12 @@ pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<()> {
 pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
     let mut config = model_config(h)?;
     check_tensors(h, &config)?;
-    let storage = |t: &GgufTensor| match t.ggml_type.name {
+    let storage = |t: &GgufTensor| {
+        match t.ggml_type.name {
         "F32" => Ok((DType::F32, 0)),
         "BF16" => Ok((DType::Bf16, 0)),
+        // Widened to f32 at open (repack.rs).
+        "F16" => Ok((DType::F32, 0)),
         "Q8_0" => Ok((DType::Q8, LEGACY_GROUP)),
         "Q4_0" => Ok((DType::Q4, LEGACY_GROUP)),
         "Q5_0" => Ok((DType::Q8, LEGACY_GROUP)),
@@ -263,11 +268,12 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
         "Q5_K" => Ok((DType::Q5K, K_BLOCK as u32)),
         "Q6_K" => Ok((DType::Q6K, K_BLOCK as u32)),
         other => bail!(
-            "tensor {} is {other}: GGUF files of F32, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K \
+            "tensor {} is {other}: GGUF files of F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K \
              tensors run so far; for this one, `qwen3 export` the HuggingFace checkpoint it was \
              made from",
             t.name
         ),
+    }
     };
     // The matrices' storage is the type most of them are in (a Q4_K_M file's Q4_K, its Q4_0's
     // Q4_0, whose tables are Q6_K), the embedding's on a tie; `Header::check_tensor_set` below
@@ -289,8 +295,9 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
     // The first of the most common: the embedding's when it ties.
     let most = counts.iter().map(|&(_, n)| n).max().unwrap_or(0);
     (config.dtype, config.group_size) = counts.iter().find(|&&(_, n)| n == most).unwrap().0;
-    // The repacked bytes' length so far: each Q8_0 or Q5_0 (Q4_0) tensor's q8 (q4) layout at the
-    // next multiple of 64 (format::ALIGN), as a model file places its tensors.
+    // The repacked bytes' length so far: each Q8_0 or Q5_0 (Q4_0) tensor's q8 (q4) layout, each
+    // F16 tensor's f32 values, at the next multiple of 64 (format::ALIGN), as a model file places
+    // its tensors.
     let mut repacked = 0u64;
     let tensors = h
         .tensors
@@ -299,7 +306,8 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
             let (dtype, group_size) = storage(t)?;
             let shape = hf_shape(t);
             let (offset, nbytes) = match dtype {
-                DType::Q8 | DType::Q4 => {
+                // Taken apart (widened) into the repacked bytes at open.
+                _ if Legacy::of(t.ggml_type.name).is_some() => {
                     let offset = align_up(repacked).context("overflow")?;
                     let nbytes = tensor_nbytes(dtype, &shape, group_size).with_context(|| {
                         format!("tensor {}: {shape:?} in groups of {group_size}", t.name)

@@ -1,5 +1,5 @@
 //! A GGUF's matrices of ggml's legacy types (Q8_0, Q4_0, Q5_0) in the model file's q8 and q4
-//! layouts, made once when the file is opened.
+//! layouts, and its F16 tensors as f32, made once when the file is opened.
 //!
 //! Q8_0 and our q8 with groups of 32 hold the same numbers: 32 int8 values and one scale,
 //! `w = d q`; Q4_0 and our q4 with groups of 32 too: 16 bytes whose low nibbles are values 0..16
@@ -20,7 +20,11 @@
 //! they are (Q5_0's put together from their nibble and fifth bit), each scale as it is (q8's
 //! widened to the f32 it stands for: exact, every f16 is an f32).
 //! Nothing is rounded again, so the model computes with the very weights the GGUF holds
-//! (`gguf/tests.rs` checks every value against gguf-py's dequantization). The copy takes the
+//! (`gguf/tests.rs` checks every value against gguf-py's dequantization).
+//!
+//! F16 (ollama's `fp16` tags, the converter's `--outtype f16`) has no kernels of its own here: each
+//! value is widened to the f32 it stands for (exact), so an F16 file runs as an f32 model file
+//! does, at twice its bytes in memory. The copy takes the
 //! file's bytes of those tensors once more; the file's pages of them are released after it
 //! (`MappedFile::release`), so the process holds them once.
 
@@ -42,6 +46,8 @@ pub enum Legacy {
     Q4_0,
     /// Q5_0: q8 in groups of 32, values -16..=15.
     Q5_0,
+    /// F16: f32, value by value.
+    F16,
 }
 
 impl Legacy {
@@ -51,16 +57,18 @@ impl Legacy {
             "Q8_0" => Some(Legacy::Q8_0),
             "Q4_0" => Some(Legacy::Q4_0),
             "Q5_0" => Some(Legacy::Q5_0),
+            "F16" => Some(Legacy::F16),
             _ => None,
         }
     }
 
-    /// Bytes of a block in the GGUF (32 weights).
+    /// Bytes of a block in the GGUF (32 weights; F16: one).
     fn block_bytes(self) -> usize {
         match self {
             Legacy::Q8_0 => 34,
             Legacy::Q4_0 => 18,
             Legacy::Q5_0 => 22,
+            Legacy::F16 => 2,
         }
     }
 
@@ -69,11 +77,12 @@ impl Legacy {
         match self {
             Legacy::Q4_0 => (16, 2),
             Legacy::Q8_0 | Legacy::Q5_0 => (32, 4),
+            Legacy::F16 => (4, 0),
         }
     }
 }
 
-/// The model file's layout of every Q8_0, Q5_0 and Q4_0 tensor of GGUF header `g` (whose bytes are
+/// The model file's layout of every Q8_0, Q5_0, Q4_0 and F16 tensor of GGUF header `g` (whose bytes are
 /// `file`), at the offsets and sizes `header` (its model file header, `model::model_header`)
 /// gives them in the repacked bytes; `None` where the file has no such tensor. `release` is told
 /// each tensor's range of `file` once it is copied, so that the file's pages can go while the
@@ -135,6 +144,14 @@ pub fn repack(
 /// One tensor's blocks of `kind` (`source`) into its model file bytes (`out`): the values, then
 /// at the next multiple of 64 the scales (q8: f32, q4: f16 as they are).
 fn take_apart(source: &[u8], kind: Legacy, out: &mut [u8]) -> Result<()> {
+    if kind == Legacy::F16 {
+        // No scales: each f16 widened to its f32 (exact).
+        ensure!(out.len() == 2 * source.len(), "the widened size");
+        for (h, f) in source.chunks_exact(2).zip(out.chunks_exact_mut(4)) {
+            f.copy_from_slice(&f16::from_le_bytes([h[0], h[1]]).to_f32().to_le_bytes());
+        }
+        return Ok(());
+    }
     let block_bytes = kind.block_bytes();
     // A block's bytes of values, and a scale's bytes, in the model file.
     let (values, scale) = kind.out_bytes();
@@ -152,12 +169,14 @@ fn take_apart(source: &[u8], kind: Legacy, out: &mut [u8]) -> Result<()> {
         let d = [block[0], block[1]];
         match kind {
             Legacy::Q4_0 => scales[2 * b..2 * b + 2].copy_from_slice(&d),
+            Legacy::F16 => unreachable!("widened above"),
             Legacy::Q8_0 | Legacy::Q5_0 => {
                 let d = f16::from_le_bytes(d).to_f32();
                 scales[4 * b..4 * b + 4].copy_from_slice(&d.to_le_bytes());
             }
         }
         match kind {
+            Legacy::F16 => unreachable!("widened above"),
             Legacy::Q8_0 | Legacy::Q4_0 => q.copy_from_slice(&block[2..]),
             // Value j's low 4 bits in byte j % 16 of the nibbles (low nibble for j < 16), its
             // fifth in bit j of qh (`blocks.rs`'s `q5_0`).
@@ -180,7 +199,8 @@ mod tests {
     use crate::quant::{dequantize_q4, dequantize_q8};
 
     /// Blocks gguf-py quantized (fixtures/gguf/dequant-reference.json) taken apart into the
-    /// model file's q8 and q4 layouts dequantize to gguf-py's f32 bits, for each legacy type.
+    /// model file's q8 and q4 layouts dequantize to gguf-py's f32 bits, for each legacy type;
+    /// F16 values widen to gguf-py's f32 bits.
     #[test]
     fn taken_apart_blocks_keep_gguf_pys_values() {
         let reference: serde_json::Value = serde_json::from_str(include_str!(
@@ -204,6 +224,18 @@ mod tests {
                 .map(|v| v.as_u64().unwrap() as u32)
                 .collect();
             let blocks = bytes.len() / kind.block_bytes();
+            if kind == Legacy::F16 {
+                // Widened: the f32 values themselves.
+                let mut out = vec![0u8; 2 * bytes.len()];
+                take_apart(&bytes, kind, &mut out).unwrap();
+                let bits: Vec<u32> = out
+                    .chunks_exact(4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                assert_eq!(bits, want, "{kind:?}");
+                checked += 1;
+                continue;
+            }
             let (values, scale) = kind.out_bytes();
             let scales_at = (blocks * values).next_multiple_of(64);
             let mut out = vec![0u8; scales_at + scale * blocks];
@@ -230,6 +262,6 @@ mod tests {
             assert_eq!(bits, want, "{kind:?}");
             checked += 1;
         }
-        assert_eq!(checked, 3);
+        assert_eq!(checked, 4);
     }
 }

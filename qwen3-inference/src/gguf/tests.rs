@@ -566,7 +566,7 @@ fn a_converted_checkpoint_maps_to_a_model_files_header() {
     let err = format!("{:#}", model::model_header(&k, len).unwrap_err());
     assert!(
         err.contains(
-            "tensor blk.0.ffn_up.weight is Q4_1: GGUF files of F32, BF16, Q8_0, Q4_0, Q5_0, Q4_K, \
+            "tensor blk.0.ffn_up.weight is Q4_1: GGUF files of F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, \
              Q5_K and Q6_K tensors run so far"
         ),
         "{err}"
@@ -616,6 +616,15 @@ fn q8_0_tensors_open_as_q8_with_the_files_values() {
 fn q5_0_tensors_open_as_q8_with_the_files_values() {
     let counts = quantized_tensors_have_the_files_values("tiny-f32-tied-gqa2-q4_k_m");
     let want = [("F32", 9), ("Q5_0", 12), ("Q8_0", 3)];
+    assert_eq!(counts, want.map(|(k, v)| (k.to_string(), v)).into());
+}
+
+/// The converter's `--outtype f16` of tiny-f32-tied-gqa2 (ollama's `fp16` tags are such files):
+/// every F16 tensor opens as f32, each value bit for bit ggml's.
+#[test]
+fn f16_tensors_open_as_f32_with_the_files_values() {
+    let counts = quantized_tensors_have_the_files_values("tiny-f32-tied-gqa2-f16");
+    let want = [("F16", 15), ("F32", 9)];
     assert_eq!(counts, want.map(|(k, v)| (k.to_string(), v)).into());
 }
 
