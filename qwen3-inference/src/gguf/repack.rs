@@ -203,26 +203,11 @@ mod tests {
     /// F16 values widen to gguf-py's f32 bits.
     #[test]
     fn taken_apart_blocks_keep_gguf_pys_values() {
-        let reference: serde_json::Value = serde_json::from_str(include_str!(
-            "../../../fixtures/gguf/dequant-reference.json"
-        ))
-        .unwrap();
         let mut checked = 0;
-        for case in reference["cases"].as_array().unwrap() {
-            let Some(kind) = Legacy::of(case["type"].as_str().unwrap()) else {
+        for (name, bytes, want) in crate::gguf::tests::dequant_reference_cases() {
+            let Some(kind) = Legacy::of(&name) else {
                 continue;
             };
-            let hex = case["bytes"].as_str().unwrap();
-            let bytes: Vec<u8> = (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-                .collect();
-            let want: Vec<u32> = case["f32_bits"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
             let blocks = bytes.len() / kind.block_bytes();
             if kind == Legacy::F16 {
                 // Widened: the f32 values themselves.

@@ -218,33 +218,45 @@ fn block_sizes_are_ggmls() {
     assert_eq!(ids.len(), GGML_TYPES.len(), "ids in order, each once");
 }
 
-/// Each block type the hub's Qwen GGUFs use, dequantized here and by gguf-py
-/// (fixtures/gguf/dequant-reference.json, scripts/make_gguf_fixtures.py): the same f32 bits.
-#[test]
-fn dequantization_gives_gguf_pys_bits() {
+/// The dequantization goldens (fixtures/gguf/dequant-reference.json, written by
+/// scripts/make_gguf_fixtures.py with gguf-py): per case, the ggml type's name, the blocks' bytes
+/// and the f32 bits gguf-py dequantizes them to. Also read by `repack.rs`'s tests.
+pub(super) fn dequant_reference_cases() -> Vec<(String, Vec<u8>, Vec<u32>)> {
     let reference: serde_json::Value = serde_json::from_str(include_str!(
         "../../../fixtures/gguf/dequant-reference.json"
     ))
     .unwrap();
     let cases = reference["cases"].as_array().unwrap();
+    cases
+        .iter()
+        .map(|case| {
+            let hex = case["bytes"].as_str().unwrap();
+            let bytes: Vec<u8> = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                .collect();
+            let bits: Vec<u32> = case["f32_bits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            (case["type"].as_str().unwrap().to_string(), bytes, bits)
+        })
+        .collect()
+}
+
+/// Each block type the hub's Qwen GGUFs use, dequantized here and by gguf-py
+/// (fixtures/gguf/dequant-reference.json, scripts/make_gguf_fixtures.py): the same f32 bits.
+#[test]
+fn dequantization_gives_gguf_pys_bits() {
+    let cases = dequant_reference_cases();
     assert_eq!(cases.len(), 8);
-    for case in cases {
-        let name = case["type"].as_str().unwrap();
+    for (name, bytes, want) in &cases {
         let ty = *GGML_TYPES.iter().find(|t| t.name == name).unwrap();
-        let hex = case["bytes"].as_str().unwrap();
-        let bytes: Vec<u8> = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-            .collect();
-        let want: Vec<u32> = case["f32_bits"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
         let mut got = vec![f32::NAN; want.len()];
-        blocks::dequantize(ty, &bytes, &mut got).unwrap();
-        for (i, (g, &w)) in got.iter().zip(&want).enumerate() {
+        blocks::dequantize(ty, bytes, &mut got).unwrap();
+        for (i, (g, &w)) in got.iter().zip(want).enumerate() {
             assert_eq!(
                 g.to_bits(),
                 w,
@@ -556,14 +568,7 @@ fn a_converted_checkpoint_maps_to_a_model_files_header() {
         .unwrap();
     assert_eq!((q.offset, q.nbytes), (g.start, g.nbytes));
     assert_eq!(q.shape, [g.dims[1], g.dims[0]]);
-    let mut k = file.header().clone();
-    let t = k
-        .tensors
-        .iter_mut()
-        .find(|t| t.name == "blk.0.ffn_up.weight")
-        .unwrap();
-    t.ggml_type = GgmlType::from_id(3).unwrap();
-    let err = format!("{:#}", model::model_header(&k, len).unwrap_err());
+    let err = header_with_up_proj_as(3);
     assert!(
         err.contains(
             "tensor blk.0.ffn_up.weight is Q4_1: GGUF files of F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, \
@@ -573,10 +578,9 @@ fn a_converted_checkpoint_maps_to_a_model_files_header() {
     );
 }
 
-/// A Q4_K matrix whose rows are not whole blocks of 256 (a header the reader would refuse,
-/// here edited after it was read) is refused by name, not read past its bytes.
-#[test]
-fn a_k_quant_matrix_of_partial_blocks_is_refused() {
+/// The error `model_header` gives for tiny-f32-tied-gqa2's converted GGUF with layer 0's
+/// `ffn_up` relabelled as ggml type `id` (its header edited after it was read).
+fn header_with_up_proj_as(id: u32) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../fixtures/gguf/tiny-f32-tied-gqa2-f32.gguf");
     let file = GgufFile::open(&path).unwrap();
@@ -587,8 +591,15 @@ fn a_k_quant_matrix_of_partial_blocks_is_refused() {
         .iter_mut()
         .find(|t| t.name == "blk.0.ffn_up.weight")
         .unwrap();
-    t.ggml_type = GgmlType::from_id(12).unwrap();
-    let err = format!("{:#}", model::model_header(&k, len).unwrap_err());
+    t.ggml_type = GgmlType::from_id(id).unwrap();
+    format!("{:#}", model::model_header(&k, len).unwrap_err())
+}
+
+/// A Q4_K matrix whose rows are not whole blocks of 256 (a header the reader would refuse,
+/// here edited after it was read) is refused by name, not read past its bytes.
+#[test]
+fn a_k_quant_matrix_of_partial_blocks_is_refused() {
+    let err = header_with_up_proj_as(12);
     assert!(
         err.contains("tensor blk.0.ffn_up.weight: 40960 bytes of Q4_K for a [160, 64] matrix"),
         "{err}"
