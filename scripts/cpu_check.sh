@@ -17,7 +17,7 @@
 # for the CPU it runs on), their shared libraries, and convert_hf_to_gguf.py with the Python
 # packages it imports from SRC (llama.cpp's source tree), with llama.cpp's licence. None of
 # llama.cpp is committed here; the kit is built outside the repository's history (DIR under
-# target/, say) and is not committed either. docs/performance.md ("Every kernel family on one
+# target/, say) and is not committed either. docs/benchmarks.md ("Every kernel family on one
 # machine") describes it.
 set -euo pipefail
 

@@ -1,5 +1,5 @@
 //! `qwen3 bench` end to end through the binary, on a tiny fixture exported as q8: the JSON report
-//! has every field it documents (docs/performance.md, "Measuring"), its byte count is the model file's tensors plus the KV
+//! has every field it documents (docs/benchmarks.md, "Measuring"), its byte count is the model file's tensors plus the KV
 //! cache the decoded positions read, and bad arguments are one-line errors. (The speeds themselves
 //! are not checked: timings belong in benchmarks, not tests.)
 

@@ -7,7 +7,7 @@ RUNS_DIR holds `ours-SHAPE-FILE-FAMILY-ROUND.json` (`qwen3 bench --json`),
 `llama-SHAPE-QUANT-ROUND.json` (`llama-bench -o json`) and machine.txt. Each cell is the median
 over the rounds; "of ceiling" is the median of each run's decode over its own ceiling (the
 bandwidth probe of that run over the bytes a token reads). Then, per kernel family, the default
-q4 file against the goals it is held to on every instruction set (docs/performance.md, "Every
+q4 file against the goals it is held to on every instruction set (docs/benchmarks.md, "Every
 kernel family on one machine"): decode at >= 80% of the ceiling, >= 1.5x our q8 and >= 1.2x
 llama.cpp's Q4_K_M, prefill >= 1.0x Q4_K_M.
 """

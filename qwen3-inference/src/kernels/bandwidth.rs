@@ -5,7 +5,7 @@
 //! Its loop keeps 64 independent sums, so nothing waits on an addition and each cache line costs
 //! few instructions: a core's out-of-order window then holds many lines' loads at once, which is
 //! what streaming from DRAM needs. A dot product is a worse probe: on one thread, `dot(a, a)`
-//! through the f32 kernel read less than this loop does (measured: docs/performance.md,
+//! through the f32 kernel read less than this loop does (measured: docs/benchmarks.md,
 //! "Measuring").
 
 vectorized! {

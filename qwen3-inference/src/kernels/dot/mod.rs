@@ -107,7 +107,7 @@ pub fn dots() -> &'static Dots {
 }
 
 /// The kernel family forced by the environment variable `QWEN3_KERNELS`, to measure every
-/// instruction set a machine has on that machine (docs/performance.md, "Measuring"): `scalar`,
+/// instruction set a machine has on that machine (docs/benchmarks.md, "Measuring"): `scalar`,
 /// `avx2`, `avx-vnni`, `avx512`, `neon` or `neon-dotprod`, each matching the [`Dots::isa`] of
 /// that name or starting with it (`avx512` is `avx512-vnni`). `Ok(None)` when unset or empty; an error
 /// naming the family and what this CPU has when it has no such kernels.
