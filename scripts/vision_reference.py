@@ -11,7 +11,8 @@ What it writes, under OUT:
   noise on it, so that resampling has something to smooth): sizes that need no resize, one that is
   scaled up and one that is scaled down, RGBA with an alpha ramp, grayscale, grayscale with alpha,
   palette with a transparent index, 16 bits a channel (RGB, gray, gray with alpha), a JPEG, the
-  first frame of a two-frame GIF and a lossless WebP.
+  first frame of a two-frame GIF, a lossless WebP, and a PNG with an EXIF orientation (turned
+  as transformers' `load_image` turns it before the processor).
 - processor-reference.json:
   - `cases`: per image, the processor's settings, the RGB bytes Pillow decoded (before any resize),
     the size after `smart_resize`, `image_grid_thw`, and `pixel_values` (f32, little-endian, base64),
@@ -31,7 +32,7 @@ import math
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
 
 # The processor's settings for the goldens: Qwen3-VL's (mean and std 0.5) at a small patch, and one
@@ -102,6 +103,11 @@ def images(rng):
     ga16 = np.concatenate([picture(rng, 16, 16, 1).astype(np.uint16) * 257,
                            rng.integers(0, 65536, (16, 16, 1), dtype=np.uint16)], axis=2)
     cases.append(("gray-alpha16-16x16.png", png16(ga16, 4), TINY))
+    # EXIF orientation 6 (turn 90 degrees clockwise to view): stored 16 high and 24 wide, seen
+    # 24 high and 16 wide, as transformers' load_image turns it (ImageOps.exif_transpose).
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    cases.append(("exif6-16x24.png", encode(Image.fromarray(picture(rng, 16, 24)), "PNG", exif=exif.tobytes()), TINY))
     return cases
 
 
@@ -136,13 +142,16 @@ def main():
     for name, data, s in images(rng):
         (args.out / "processor" / name).write_bytes(data)
         img = Image.open(io.BytesIO(data))
+        if img.getexif().get(0x0112, 1) != 1:
+            # The orientation applied, as transformers' load_image applies it.
+            img = ImageOps.exif_transpose(img)
         # What transformers' convert_to_rgb makes of it (alpha composited on white).
         rgb = np.asarray(Qwen2VLImageProcessorPil().convert_to_rgb(img))
         proc = Qwen2VLImageProcessorPil(
             patch_size=s["patch_size"], temporal_patch_size=s["temporal_patch_size"],
             merge_size=s["merge_size"], size={"shortest_edge": s["min_pixels"], "longest_edge": s["max_pixels"]},
             image_mean=s["image_mean"], image_std=s["image_std"])
-        out = proc(images=[Image.open(io.BytesIO(data))], return_tensors="np")
+        out = proc(images=[img], return_tensors="np")
         pv = out["pixel_values"].astype(np.float32)
         thw = [int(v) for v in out["image_grid_thw"][0]]
         factor = s["patch_size"] * s["merge_size"]
