@@ -73,7 +73,7 @@ SHAPES = {
     # Qwen3.5-2B's text model: Qwen3.5-0.8B's layer kinds at hidden 2048 with an MLP of 6144, tied.
     # (The hub is out of reach here: these are the text_config values public configs of the model
     # give, and a tied 2048-wide model of this shape at Q4_K_M is the 1.28 GB that the published
-    # GGUF of Qwen3.5-2B is; untied it would be 1.6 GB.)
+    # GGUF of Qwen3.5-2B is; untied, its classifier in Q6_K would add 0.42 GB.)
     "qwen3.5-2b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=24, num_attention_heads=8,
                        num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
                        linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
