@@ -5,6 +5,7 @@
 
 use base64::Engine as _;
 use qwen3_export::hf::checkpoint::{to_f32, Checkpoint};
+use qwen3_inference::testing::reference_json::max_rel_diff;
 use qwen3_inference::vision::{VisionConfig, VisionTower};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -51,17 +52,6 @@ fn tower(name: &str) -> VisionTower {
     .unwrap()
 }
 
-/// Largest |a - b| over the largest |b|.
-fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max)
-        / scale
-}
-
 fn check(name: &str, deepstack_features: usize) {
     let t = tower(name);
     let processed = json(&fixtures().join("processor-reference.json"));
@@ -91,7 +81,7 @@ fn check(name: &str, deepstack_features: usize) {
             .collect();
         let out = t.forward(&patches, &grids).unwrap();
         let merged = floats(case["merged_b64"].as_str().unwrap());
-        let err = rel_diff(&out.merged, &merged);
+        let err = max_rel_diff(&out.merged, &merged);
         eprintln!(
             "{name} {images:?}: merged {} values, largest difference {err:.2e} of the largest",
             merged.len()
@@ -104,7 +94,7 @@ fn check(name: &str, deepstack_features: usize) {
         assert_eq!(out.deepstack.len(), want.len());
         assert_eq!(want.len(), deepstack_features);
         for (j, (got, w)) in out.deepstack.iter().zip(want).enumerate() {
-            let err = rel_diff(got, &floats(w.as_str().unwrap()));
+            let err = max_rel_diff(got, &floats(w.as_str().unwrap()));
             assert!(
                 err < 2e-6,
                 "{name} {images:?}: DeepStack feature {j} {err:.2e} from transformers'"
