@@ -49,6 +49,7 @@ fn write_model(path: &Path) {
         partial_rotary_factor: 1.0,
         attn_output_gate: false,
         linear_attention: None,
+        vision: None,
     };
     qwen3_inference::testing::model::write_random_config(path, &c);
 }

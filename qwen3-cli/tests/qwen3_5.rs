@@ -72,7 +72,7 @@ fn export_info_and_generate_in_every_dtype() {
         }
         let out = ok(&args);
         assert!(
-            out.contains("left out 21 tensors of the vision tower (model.visual.) and 4 tensors of the multi-token-prediction layer (mtp.)"),
+            out.contains("left out 21 tensors of the vision tower (model.visual.; no preprocessor_config.json) and 4 tensors of the multi-token-prediction layer (mtp.)"),
             "{out}"
         );
         let info = ok(&["info", m]);

@@ -100,7 +100,10 @@ pub struct ExportSummary {
 /// Tensor `name` of the model file, found in the checkpoint: under its own name, or where the
 /// family's layout keeps it (`hf/qwen3_5.rs`).
 fn source_tensor(ckpt: &Checkpoint, config: &ModelConfig, name: &str) -> Result<TensorMeta> {
-    match hf::qwen3_5::source(ckpt, config, name)? {
+    if let Some(t) = hf::qwen3_5::source(ckpt, config, name)? {
+        return Ok(t);
+    }
+    match hf::vision::source(ckpt, name)? {
         Some(t) => Ok(t),
         None => ckpt.tensor(name),
     }
@@ -226,7 +229,8 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
         let tied_head = name == "lm_head.weight" && config.tie_word_embeddings;
         // transformers 5's fused experts, read above through their per-expert names.
         let fused = config.moe.is_some() && hf::checkpoint::is_fused_expert_tensor(name);
-        if hybrid && hf::qwen3_5::is_other_part(name) {
+        let tower_kept = config.vision.is_some() && hf::vision::is_tower(name);
+        if hybrid && !tower_kept && hf::qwen3_5::is_other_part(name) {
             left_out[name.starts_with("mtp.") as usize] += 1;
             continue;
         }
@@ -246,7 +250,7 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
     }
 
     let parts = [
-        "of the vision tower (model.visual.)",
+        "of the vision tower (model.visual.; no preprocessor_config.json)",
         "of the multi-token-prediction layer (mtp.)",
     ];
     let left: Vec<String> = left_out

@@ -144,6 +144,17 @@ pub fn export_fixture(name: &str, dir: &Path, dtype: DType, group_size: u32) -> 
     out
 }
 
+/// Little-endian f32 values written as base64 (the vision fixtures' arrays).
+pub fn floats_b64(b64: &str) -> Vec<f32> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .expect("base64")
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
 /// The largest `|a[i] - b[i]|`.
 pub fn max_abs(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());

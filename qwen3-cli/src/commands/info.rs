@@ -70,6 +70,37 @@ pub fn run(args: InfoArgs) -> Result<()> {
         ),
         None => println!("task                     text generation"),
     }
+    if let Some(v) = &c.vision {
+        // Images in (docs/vision.md): the tower's shape, the sizes an image is resized between,
+        // the tokens that stand for it.
+        let t = &v.tower;
+        let deepstack = match t.deepstack_visual_indexes.len() {
+            0 => String::new(),
+            _ => format!(", DeepStack after blocks {:?}", t.deepstack_visual_indexes),
+        };
+        println!(
+            "vision                   a tower of {} blocks of {} ({} heads, MLP {}), patches of {}x{} merged {}x{} into tokens of {}{deepstack}",
+            t.depth,
+            t.hidden_size,
+            t.num_heads,
+            t.intermediate_size,
+            t.patch_size,
+            t.patch_size,
+            t.spatial_merge_size,
+            t.spatial_merge_size,
+            t.out_hidden_size
+        );
+        let per_token = t.patch_size * t.spatial_merge_size;
+        println!(
+            "images                   {} to {} pixels ({} to {} tokens), <|image_pad|> {}, M-RoPE sections {:?}",
+            v.processor.min_pixels,
+            v.processor.max_pixels,
+            v.processor.min_pixels.div_ceil(per_token * per_token),
+            v.processor.max_pixels / (per_token * per_token),
+            v.image_token_id,
+            v.mrope_section
+        );
+    }
     println!("hidden_size              {}", c.hidden_size);
     println!("intermediate_size        {}", c.intermediate_size);
     println!("num_hidden_layers        {}", c.num_hidden_layers);

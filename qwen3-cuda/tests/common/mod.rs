@@ -41,6 +41,7 @@ pub fn tiny_config(dtype: DType, tied: bool) -> ModelConfig {
         partial_rotary_factor: 1.0,
         attn_output_gate: false,
         linear_attention: None,
+        vision: None,
     }
 }
 

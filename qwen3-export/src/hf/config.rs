@@ -37,6 +37,8 @@ pub fn load_config(hf_dir: &Path) -> Result<ModelConfig> {
     let json = read_json(&path)?;
     let mut config = parse_config(&json).with_context(|| format!("{}", path.display()))?;
     config.embedding = super::sentence_transformers::embedding_config(hf_dir)?;
+    config.vision = super::vision::vision_input(hf_dir, &json, &config)
+        .with_context(|| format!("{}", path.display()))?;
     let gen_path = hf_dir.join("generation_config.json");
     if gen_path.exists() {
         let g = read_json(&gen_path)?;
@@ -307,6 +309,7 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         partial_rotary_factor,
         attn_output_gate: hybrid,
         linear_attention,
+        vision: None,
     })
 }
 

@@ -6,3 +6,4 @@ pub mod config;
 pub mod qwen3_5;
 pub mod sentence_transformers;
 pub mod tokenizer_json;
+pub mod vision;

@@ -13,8 +13,9 @@
 //!   `recomposition_frequencies` picks each frequency from one of three equal tables).
 //! - **The tensors.** The text model is `model.language_model.` (the checkpoint reader renames
 //!   it `model.`), the vision tower `model.visual.` and the multi-token-prediction layer `mtp.`:
-//!   the text forward pass does not use these two, and the exporter leaves them out, saying how
-//!   many it left. `conv1d.weight` is `[conv_dim, 1, K]`; the file stores `[conv_dim, K]`.
+//!   the exporter keeps the tower when the checkpoint has its `preprocessor_config.json`
+//!   (`hf/vision.rs`) and leaves the MTP layer out (the forward pass does not use it), saying
+//!   how many tensors it left. `conv1d.weight` is `[conv_dim, 1, K]`; the file stores `[conv_dim, K]`.
 //!   `q_proj.weight` holds, for each head, `head_dim` rows of the query and then `head_dim` rows
 //!   of the output gate (`Qwen3_5Attention`: `q_proj(x).view(.., -1, head_dim * 2).chunk(2)`); the
 //!   file stores the query rows as `q_proj.weight` and the gate rows as `output_gate.weight`.
@@ -118,7 +119,8 @@ pub fn linear_attention(obj: &Map<String, Value>, layers: u32) -> Result<LinearA
 }
 
 /// Parts of a checkpoint the text model does not use: the vision tower and the
-/// multi-token-prediction layer. The export leaves them out.
+/// multi-token-prediction layer. The export leaves them out (the tower only when the file cannot
+/// carry it: `hf/vision.rs`).
 pub fn is_other_part(name: &str) -> bool {
     name.starts_with("model.visual.") || name.starts_with("mtp.")
 }
@@ -133,7 +135,11 @@ pub fn is_read_through(name: &str) -> bool {
 /// Whether the file stores `1 + w` for tensor `name` of a model with config `c` (its
 /// `Qwen3_5RMSNorm`s: every norm but the Gated DeltaNet's own).
 pub fn stores_one_plus(c: &ModelConfig, name: &str) -> bool {
-    family(c) && name.ends_with("norm.weight") && !name.ends_with(".linear_attn.norm.weight")
+    // The tower's are LayerNorms, stored as they are.
+    family(c)
+        && name.ends_with("norm.weight")
+        && !name.ends_with(".linear_attn.norm.weight")
+        && !super::vision::is_tower(name)
 }
 
 /// Where the file's tensor `name` comes from in a Qwen3.5 checkpoint, when not from the tensor

@@ -28,7 +28,7 @@ mod plain;
 pub use crate::kernels::delta_net::DeltaNetShape;
 pub use crate::kernels::{AttentionShape, KvType, RopeTable};
 pub use cpu::{CpuBackend, CPU};
-pub use plain::{PlainBackend, PlainKvCache};
+pub use plain::{weight, PlainBackend, PlainKvCache};
 
 use crate::format::ModelConfig;
 use anyhow::{bail, Result};

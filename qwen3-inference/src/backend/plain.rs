@@ -44,7 +44,7 @@ fn f32_weights<'t>(t: &TensorView<'t>) -> Result<&'t [f32]> {
 
 /// Weight `i` (row-major index) of a tensor, as f32: bf16 widened, q8, q4 and q6 times their
 /// group's scale, a K-quant's as its block says (`gguf/blocks.rs`).
-fn weight(t: &TensorView, i: usize) -> f32 {
+pub fn weight(t: &TensorView, i: usize) -> f32 {
     match t.data {
         TensorData::F32(v) => v[i],
         TensorData::Bf16(v) => f32::from_bits((v[i] as u32) << 16),

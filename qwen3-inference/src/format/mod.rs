@@ -25,8 +25,8 @@ pub mod reader;
 pub mod writer;
 
 pub use config::{
-    EmbeddingConfig, GenerationDefaults, LayerType, LinearAttentionConfig, ModelConfig, MoeConfig,
-    RopeScaling, ARCHITECTURES,
+    EmbeddingConfig, GenerationDefaults, ImageProcessor, LayerType, LinearAttentionConfig,
+    ModelConfig, MoeConfig, RopeScaling, VisionConfig, VisionInput, ARCHITECTURES,
 };
 pub use reader::{ModelFile, TensorView};
 pub use writer::ModelWriter;
@@ -43,11 +43,13 @@ pub const MAGIC: [u8; 8] = *b"QW3PICO\0";
 /// added the q4 dtype (code 3), version 4 the q6 dtype (code 4) for the tensors a q4 file keeps
 /// finer. Version 5 added two blocks to the config: RoPE scaling (YaRN) and experts (Qwen3-MoE);
 /// version 6 one more, the embedding head (Qwen3-Embedding: no classifier); version 7 the hybrid
-/// models (Qwen3.5: partial rotation, the attention output gate, Gated DeltaNet layers).
+/// models (Qwen3.5: partial rotation, the attention output gate, Gated DeltaNet layers); version
+/// 8 the vision tower (its shape, the image processor's settings, the image tokens, M-RoPE's
+/// split; the tower's tensors `model.visual.*`).
 /// A file is written with the oldest version that holds its tensors ([`version_for`]) and its
 /// config ([`ModelConfig::since_version`]), so a build from before q4 still reads a q8 file
 /// exported today.
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 /// The version every file is written with at least: the config block has held its flags since
 /// version 2.
 pub const OLDEST_WRITTEN_VERSION: u32 = 2;
@@ -400,6 +402,10 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
     // An embedding model has no classifier, tied or not.
     if !c.tie_word_embeddings && c.embedding.is_none() {
         t.push(m("lm_head.weight".into(), vec![v, d]));
+    }
+    // A vision-language model's tower (`model.visual.*`), after the text model.
+    if let Some(vision) = &c.vision {
+        t.extend(vision.tower.tensors());
     }
     t
 }

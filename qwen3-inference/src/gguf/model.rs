@@ -159,6 +159,7 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
         partial_rotary_factor: 1.0,
         attn_output_gate: false,
         linear_attention: None,
+        vision: None,
     };
     config.validate()?;
     Ok(config)

@@ -39,6 +39,7 @@ pub fn config(dtype: DType) -> ModelConfig {
         partial_rotary_factor: 1.0,
         attn_output_gate: false,
         linear_attention: None,
+        vision: None,
     }
 }
 

@@ -14,36 +14,13 @@
 //!      column ((c * T + t) * p + py) * p + px               (for every t < T: the same value)
 //! ```
 
-use anyhow::{bail, Result};
-use serde_json::Value;
+use anyhow::Result;
 
 use super::image::Rgb;
 use super::resize::{resize_bicubic, smart_resize};
-
-/// The image processor's settings, from the checkpoint's `preprocessor_config.json`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ImageProcessor {
-    /// Side of a patch in pixels (`patch_size`: 16 for Qwen3-VL and Qwen3.5, 14 for Qwen2-VL).
-    pub patch_size: usize,
-    /// Frames per patch (`temporal_patch_size`: 2); a still image fills each with itself.
-    pub temporal_patch_size: usize,
-    /// Patches per side that the merger fuses into one token (`merge_size`: 2).
-    pub merge_size: usize,
-    /// Fewest and most pixels after resizing (`size.shortest_edge` and `size.longest_edge`, or the
-    /// older `min_pixels` and `max_pixels`).
-    pub min_pixels: usize,
-    pub max_pixels: usize,
-    /// Per channel (R, G, B): `(v * rescale_factor - mean) / std`.
-    pub image_mean: [f32; 3],
-    pub image_std: [f32; 3],
-    pub rescale_factor: f64,
-}
-
-/// OpenAI CLIP's per-channel mean and standard deviation (transformers' `OPENAI_CLIP_MEAN` and
-/// `OPENAI_CLIP_STD`): Qwen2VLImageProcessor's defaults. Python floats, rounded to f32 where used,
-/// as numpy rounds them.
-const CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
-const CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
+/// The processor's settings: data of the model file's header (format/config/vision.rs), read
+/// from `preprocessor_config.json` by `ImageProcessor::from_json`; what is done with them is here.
+pub use crate::format::ImageProcessor;
 
 /// The vision tower's input for one image.
 #[derive(Clone, Debug, PartialEq)]
@@ -65,99 +42,6 @@ pub fn merge_order(i: usize, w: usize, m: usize) -> (usize, usize) {
 }
 
 impl ImageProcessor {
-    /// Reads `preprocessor_config.json`'s keys, with transformers' defaults for the ones it leaves
-    /// out (Qwen2VLImageProcessor's class attributes).
-    pub fn from_json(config: &Value) -> Result<ImageProcessor> {
-        let usize_key = |key: &str, default: usize| -> Result<usize> {
-            match config.get(key) {
-                None | Some(Value::Null) => Ok(default),
-                Some(v) => v
-                    .as_u64()
-                    .filter(|&n| n > 0)
-                    .map(|n| n as usize)
-                    .ok_or_else(|| {
-                        anyhow::anyhow!(
-                            "preprocessor_config.json: {key} must be a positive integer, got {v}"
-                        )
-                    }),
-            }
-        };
-        // The pixel limits: the older top-level `min_pixels` / `max_pixels` win over `size`, as
-        // Qwen2VLImageProcessor's constructor lets them.
-        let size = config.get("size");
-        let edge = |key: &str, old: &str, default: usize| -> Result<usize> {
-            match (config.get(old), size.and_then(|s| s.get(key))) {
-                (Some(v), _) | (None, Some(v)) if !v.is_null() => {
-                    v.as_u64().filter(|&n| n > 0).map(|n| n as usize).ok_or_else(|| {
-                        anyhow::anyhow!(
-                            "preprocessor_config.json: {old} (size.{key}) must be a positive integer, got {v}"
-                        )
-                    })
-                }
-                _ => Ok(default),
-            }
-        };
-        let triple = |key: &str, default: [f32; 3]| -> Result<[f32; 3]> {
-            match config.get(key) {
-                None | Some(Value::Null) => Ok(default),
-                Some(Value::Array(a)) if a.len() == 3 && a.iter().all(Value::is_number) => {
-                    Ok([0, 1, 2].map(|i| a[i].as_f64().unwrap() as f32))
-                }
-                Some(Value::Number(n)) => Ok([n.as_f64().unwrap() as f32; 3]),
-                Some(v) => bail!("preprocessor_config.json: {key} must be three numbers, got {v}"),
-            }
-        };
-        // Qwen2VLImageProcessor's defaults: OpenAI CLIP's mean and std, patch 14, 56*56 to
-        // 28*28*1280 pixels.
-        let p = ImageProcessor {
-            patch_size: usize_key("patch_size", 14)?,
-            temporal_patch_size: usize_key("temporal_patch_size", 2)?,
-            merge_size: usize_key("merge_size", 2)?,
-            min_pixels: edge("shortest_edge", "min_pixels", 56 * 56)?,
-            max_pixels: edge("longest_edge", "max_pixels", 28 * 28 * 1280)?,
-            image_mean: triple("image_mean", CLIP_MEAN.map(|v| v as f32))?,
-            image_std: triple("image_std", CLIP_STD.map(|v| v as f32))?,
-            rescale_factor: config
-                .get("rescale_factor")
-                .and_then(Value::as_f64)
-                .unwrap_or(1.0 / 255.0),
-        };
-        for key in ["do_resize", "do_rescale", "do_normalize", "do_convert_rgb"] {
-            if config.get(key) == Some(&Value::Bool(false)) {
-                bail!("preprocessor_config.json: {key} false is not supported (every Qwen checkpoint sets it true)");
-            }
-        }
-        // Bounds no real tower comes near, so that the sizes' products cannot overflow.
-        if p.patch_size > 1024 || p.merge_size > 64 || p.temporal_patch_size > 64 {
-            bail!(
-                "preprocessor_config.json: patch {} / merge {} / temporal patch {} out of range",
-                p.patch_size,
-                p.merge_size,
-                p.temporal_patch_size
-            );
-        }
-        if p.max_pixels > 1 << 32 {
-            bail!(
-                "preprocessor_config.json: {} maximum pixels is over 2^32",
-                p.max_pixels
-            );
-        }
-        if p.min_pixels > p.max_pixels {
-            bail!(
-                "preprocessor_config.json: {} minimum pixels over {} maximum",
-                p.min_pixels,
-                p.max_pixels
-            );
-        }
-        if p.image_std.iter().any(|&s| s == 0.0 || !s.is_finite()) {
-            bail!(
-                "preprocessor_config.json: image_std {:?} has a zero",
-                p.image_std
-            );
-        }
-        Ok(p)
-    }
-
     /// The size (height, width) in pixels an image of `height x width` is resized to.
     pub fn resized(&self, height: usize, width: usize) -> Result<(usize, usize)> {
         smart_resize(

@@ -16,138 +16,11 @@
 //! tokens; Qwen3-VL adds each DeepStack feature to the hidden states of the first text layers.
 
 use anyhow::{anyhow, bail, ensure, Result};
-use serde_json::Value;
 
 use super::processor::merge_order;
-
-/// The tower's shape, from config.json's `vision_config` (transformers' names).
-#[derive(Clone, Debug, PartialEq)]
-pub struct VisionConfig {
-    /// Blocks (`depth`).
-    pub depth: usize,
-    /// Width of a patch's vector (`hidden_size`, D).
-    pub hidden_size: usize,
-    /// Width of a block's MLP (`intermediate_size`).
-    pub intermediate_size: usize,
-    /// Attention heads (`num_heads`); each `hidden_size / num_heads` wide.
-    pub num_heads: usize,
-    /// Colour channels (`in_channels`: 3).
-    pub in_channels: usize,
-    pub patch_size: usize,
-    pub temporal_patch_size: usize,
-    /// Patches per side merged into one token (`spatial_merge_size`).
-    pub spatial_merge_size: usize,
-    /// Width of a merged token: the language model's hidden size (`out_hidden_size`, E).
-    pub out_hidden_size: usize,
-    /// Rows of the learned position table, a square grid (`num_position_embeddings`).
-    pub num_position_embeddings: usize,
-    /// Blocks after which a DeepStack merger's output is kept (`deepstack_visual_indexes`).
-    pub deepstack_visual_indexes: Vec<usize>,
-    /// Base of the 2-D rotary embedding (`rope_parameters.rope_theta`).
-    pub rope_theta: f64,
-}
-
-impl VisionConfig {
-    /// Reads `vision_config`. `model_type` is the checkpoint's (`qwen3_vl`, `qwen3_vl_moe`,
-    /// `qwen3_5`, `qwen3_5_moe`): Qwen3-VL's towers have DeepStack (transformers' default blocks 8,
-    /// 16, 24 when the key is absent), Qwen3.5's have none.
-    pub fn from_json(model_type: &str, v: &Value) -> Result<VisionConfig> {
-        let int = |key: &str| -> Result<usize> {
-            v.get(key)
-                .and_then(Value::as_u64)
-                .filter(|&n| n > 0)
-                .map(|n| n as usize)
-                .ok_or_else(|| anyhow!("vision_config.{key}: a positive integer is required"))
-        };
-        let act = v
-            .get("hidden_act")
-            .and_then(Value::as_str)
-            .unwrap_or("gelu_pytorch_tanh");
-        if act != "gelu_pytorch_tanh" {
-            bail!("vision_config.hidden_act {act:?} is not supported (Qwen3-VL and Qwen3.5 use gelu_pytorch_tanh)");
-        }
-        let deepstack = match v.get("deepstack_visual_indexes") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|n| n.as_u64().map(|n| n as usize))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| {
-                    anyhow!("vision_config.deepstack_visual_indexes: integers are required")
-                })?,
-            Some(other) => {
-                bail!("vision_config.deepstack_visual_indexes: a list is required, got {other}")
-            }
-            None if model_type.starts_with("qwen3_vl") => vec![8, 16, 24],
-            None => Vec::new(),
-        };
-        let rope = v.get("rope_parameters");
-        if let Some(kind) = rope
-            .and_then(|r| r.get("rope_type"))
-            .and_then(Value::as_str)
-        {
-            if kind != "axial" {
-                bail!("vision_config.rope_parameters.rope_type {kind:?} is not supported (axial)");
-            }
-        }
-        let c = VisionConfig {
-            depth: int("depth")?,
-            hidden_size: int("hidden_size")?,
-            intermediate_size: int("intermediate_size")?,
-            num_heads: int("num_heads")?,
-            in_channels: v.get("in_channels").and_then(Value::as_u64).unwrap_or(3) as usize,
-            patch_size: int("patch_size")?,
-            temporal_patch_size: int("temporal_patch_size")?,
-            spatial_merge_size: int("spatial_merge_size")?,
-            out_hidden_size: int("out_hidden_size")?,
-            num_position_embeddings: int("num_position_embeddings")?,
-            deepstack_visual_indexes: deepstack,
-            rope_theta: rope
-                .and_then(|r| r.get("rope_theta"))
-                .and_then(Value::as_f64)
-                .unwrap_or(10000.0),
-        };
-        ensure!(
-            c.in_channels == 3,
-            "vision_config.in_channels {} (an RGB tower has 3)",
-            c.in_channels
-        );
-        ensure!(
-            c.hidden_size.is_multiple_of(c.num_heads)
-                && (c.hidden_size / c.num_heads).is_multiple_of(4),
-            "vision_config: hidden_size {} over {} heads is not a whole head a multiple of 4 wide \
-             (the 2-D rotary embedding splits each head in four)",
-            c.hidden_size,
-            c.num_heads
-        );
-        let side = c.position_grid_side();
-        ensure!(
-            side * side == c.num_position_embeddings,
-            "vision_config.num_position_embeddings {} is not a square grid",
-            c.num_position_embeddings
-        );
-        if let Some(&l) = c.deepstack_visual_indexes.iter().find(|&&l| l >= c.depth) {
-            bail!(
-                "vision_config.deepstack_visual_indexes: block {l} of {} blocks",
-                c.depth
-            );
-        }
-        Ok(c)
-    }
-
-    pub fn head_dim(&self) -> usize {
-        self.hidden_size / self.num_heads
-    }
-
-    /// Side of the learned position grid: sqrt(num_position_embeddings).
-    pub fn position_grid_side(&self) -> usize {
-        (self.num_position_embeddings as f64).sqrt().round() as usize
-    }
-
-    /// Values in one patch: 3 x T x p x p.
-    pub fn patch_len(&self) -> usize {
-        self.in_channels * self.temporal_patch_size * self.patch_size * self.patch_size
-    }
-}
+use crate::format::ModelFile;
+/// The tower's shape: data of the model file's header (format/config/vision.rs).
+pub use crate::format::VisionConfig;
 
 /// `y = x W^T + b`, W stored [out, in] as transformers' `nn.Linear` stores it.
 #[derive(Clone, Debug)]
@@ -314,6 +187,28 @@ impl VisionTower {
             merger,
             deepstack,
         })
+    }
+
+    /// The tower a model file carries (format version 8: `vision` in its config, the tensors
+    /// `model.visual.*`), its matrices widened to f32 whatever their dtype; `None` for a
+    /// text-only file.
+    pub fn from_file(file: &ModelFile) -> Result<Option<VisionTower>> {
+        let Some(vision) = &file.config().vision else {
+            return Ok(None);
+        };
+        VisionTower::load(vision.tower.clone(), |name, shape| {
+            let t = file.tensor(&format!("model.visual.{name}"))?;
+            // The reader checked each tensor's shape against the config's; the patch
+            // embedding's kernel is stored flat ([D, 3*T*p*p]), so only the counts are compared.
+            let n: usize = shape.iter().product();
+            let have: u64 = t.shape.iter().product();
+            ensure!(
+                have == n as u64,
+                "model.visual.{name}: {have} values, the tower needs {n}"
+            );
+            Ok((0..n).map(|i| crate::backend::weight(&t, i)).collect())
+        })
+        .map(Some)
     }
 
     /// Runs the tower over the patches of `grids.len()` images (each `(t, h, w)` in patches, as

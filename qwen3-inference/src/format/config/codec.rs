@@ -132,6 +132,17 @@ impl ModelConfig {
                 .as_ref()
                 .map_or(0, |m| m.shared_expert_intermediate_size),
         );
+        if version < 8 {
+            return;
+        }
+        // Since format version 8: the vision block (a presence flag, then vision.rs's fields).
+        match &self.vision {
+            None => w.u8(0),
+            Some(v) => {
+                w.u8(1);
+                v.encode(w);
+            }
+        }
     }
 
     /// Reads a config block written by [`ModelConfig::encode`] in format `version` and validates
@@ -273,6 +284,10 @@ impl ModelConfig {
                 None => {}
             }
         }
+        let mut vision = None;
+        if version >= 8 && flag(r, "vision")? {
+            vision = Some(VisionInput::decode(r)?);
+        }
         let c = ModelConfig {
             architecture,
             hidden_size,
@@ -299,6 +314,7 @@ impl ModelConfig {
             partial_rotary_factor,
             attn_output_gate,
             linear_attention,
+            vision,
         };
         c.validate()?;
         Ok(c)

@@ -70,6 +70,10 @@ pub struct ModelConfig {
     /// Qwen3.5: which layers run a Gated DeltaNet instead of attention, and its sizes. `None`
     /// when every layer is attention. Since format version 7.
     pub linear_attention: Option<LinearAttentionConfig>,
+    /// Images in (Qwen3.5's and Qwen3-VL's vision tower): its shape, the image processor's
+    /// settings, the image tokens' ids, M-RoPE's split. `None` for a text-only file. Since
+    /// format version 8.
+    pub vision: Option<VisionInput>,
 }
 
 /// A layer's token mixer, as `layer_types` in Qwen3.5's config.json names it.
@@ -237,7 +241,8 @@ const WITH_LINEAR_ATTENTION: [&str; 3] = [
 const NONE_U32: u32 = u32::MAX;
 
 impl ModelConfig {
-    /// The oldest format version whose config block holds this config: 7 for a partial
+    /// The oldest format version whose config block holds this config: 8 for a vision tower, 7
+    /// for a partial
     /// rotation, an attention output gate or linear attention, 6 for an embedding model, 5 for
     /// RoPE scaling or experts, else [`super::OLDEST_WRITTEN_VERSION`].
     pub fn since_version(&self) -> u32 {
@@ -245,7 +250,9 @@ impl ModelConfig {
             .moe
             .as_ref()
             .is_some_and(|m| m.shared_expert_intermediate_size > 0);
-        if self.partial_rotary_factor != 1.0
+        if self.vision.is_some() {
+            8
+        } else if self.partial_rotary_factor != 1.0
             || self.attn_output_gate
             || self.linear_attention.is_some()
             || shared
@@ -452,6 +459,9 @@ impl ModelConfig {
                 );
             }
         }
+        if let Some(v) = &self.vision {
+            v.validate(self.vocab_size, self.rotary_dim(), self.hidden_size)?;
+        }
         if let Some(m) = &self.moe {
             if m.num_experts == 0 || m.num_experts > 4096 {
                 bail!("config: num_experts {} is not in 1 ..= 4096", m.num_experts);
@@ -541,5 +551,8 @@ impl ModelConfig {
 }
 
 mod codec;
+pub mod vision;
+
+pub use vision::{ImageProcessor, VisionConfig, VisionInput};
 #[cfg(test)]
 pub(crate) mod tests;

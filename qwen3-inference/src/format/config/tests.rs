@@ -40,6 +40,7 @@ pub fn tiny_config(dtype: DType) -> ModelConfig {
         partial_rotary_factor: 1.0,
         attn_output_gate: false,
         linear_attention: None,
+        vision: None,
     }
 }
 
@@ -230,4 +231,90 @@ fn invalid_configs_are_refused() {
         truncate: true,
     };
     assert!(c.validate().is_err());
+}
+
+/// A tiny tower on the tiny Qwen3.5 config: patch 4, merge 2, DeepStack after block 0.
+pub fn tiny_vision_config(dtype: DType) -> ModelConfig {
+    let c = tiny_qwen3_5_config(dtype);
+    ModelConfig {
+        vision: Some(VisionInput {
+            tower: VisionConfig {
+                depth: 2,
+                hidden_size: 32,
+                intermediate_size: 48,
+                num_heads: 2,
+                in_channels: 3,
+                patch_size: 4,
+                temporal_patch_size: 2,
+                spatial_merge_size: 2,
+                out_hidden_size: c.hidden_size as usize,
+                num_position_embeddings: 16,
+                deepstack_visual_indexes: vec![0],
+                rope_theta: 10000.0,
+            },
+            processor: ImageProcessor {
+                patch_size: 4,
+                temporal_patch_size: 2,
+                merge_size: 2,
+                min_pixels: 64,
+                max_pixels: 4096,
+                image_mean: [0.5; 3],
+                image_std: [0.25, 0.5, 0.75],
+                rescale_factor: 1.0 / 255.0,
+            },
+            image_token_id: 97,
+            vision_start_token_id: 95,
+            vision_end_token_id: 96,
+            // The tiny Qwen3.5 rotates 8 of 32 dimensions: 4 frequencies.
+            mrope_section: [2, 1, 1],
+        }),
+        ..c
+    }
+}
+
+/// Version 8's vision block round-trips; what the tower, the processor and the text model must
+/// agree on is refused by name.
+#[test]
+fn vision_round_trips_in_version_8() {
+    let c = tiny_vision_config(DType::Q8);
+    assert_eq!(c.since_version(), 8);
+    let mut w = ByteWriter::default();
+    c.encode(&mut w, 8);
+    let mut r = ByteReader::new(&w.buf);
+    assert_eq!(ModelConfig::decode(&mut r, 8).unwrap(), c);
+    assert_eq!(r.remaining(), 0);
+    // Version 8 without a tower reads back as version 7's config.
+    let text = tiny_qwen3_5_config(DType::Q8);
+    let mut w = ByteWriter::default();
+    text.encode(&mut w, 8);
+    assert_eq!(
+        ModelConfig::decode(&mut ByteReader::new(&w.buf), 8).unwrap(),
+        text
+    );
+    let refused = |edit: fn(&mut VisionInput), want: &str| {
+        let mut bad = c.clone();
+        edit(bad.vision.as_mut().unwrap());
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains(want), "{want}: {e}");
+    };
+    refused(
+        |v| v.processor.patch_size = 8,
+        "differ from the processor's",
+    );
+    refused(
+        |v| v.tower.out_hidden_size = 48,
+        "not the text model's hidden_size",
+    );
+    refused(|v| v.image_token_id = 100, "outside the vocabulary");
+    refused(
+        |v| v.mrope_section = [2, 2, 1],
+        "not the 4 rotary frequencies",
+    );
+    // A decoded block is checked before the text model's checks: a zero-sized tower.
+    let mut bad = c.clone();
+    bad.vision.as_mut().unwrap().tower.num_heads = 0;
+    let mut w = ByteWriter::default();
+    bad.encode(&mut w, 8);
+    let e = ModelConfig::decode(&mut ByteReader::new(&w.buf), 8).unwrap_err();
+    assert!(e.to_string().contains("a size is 0"), "{e}");
 }

@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""Write a tiny Qwen3.5 that sees images (`Qwen3_5ForConditionalGeneration` in the hub's layout,
+f32) and what transformers computes with it on prompts holding images, for the tests of the
+tower in the model file and of the text model's image positions.
+
+    ../venv-torch/bin/python scripts/fixture_qwen3_5_vl.py [--out fixtures/models/tiny-qwen3_5-vl-f32]
+
+Needs torch, transformers (5.x), Pillow, and fixtures/models/tiny-qwen3_5-bf16 (whose text model
+this one reuses, in f32: its weights are drawn for the text parity tests) and
+fixtures/chat/qwen3.5-tokenizer_config.json (the real Qwen3.5 chat template). Run once, commit
+the output (about 4 MB). CI never runs it.
+
+What it writes under OUT/:
+- config.json: tiny-qwen3_5-bf16's, with a tower of 2 blocks at the real patch size (16) and
+  merge (2), `dtype` float32.
+- model.safetensors: transformers' `save_pretrained`: `model.language_model.*` (the text model),
+  `model.visual.*` (the tower: weights drawn as scripts/vision_tower_reference.py draws them, so
+  that no step is near the identity), `lm_head.weight`.
+- preprocessor_config.json: the Qwen3.5 hub's processor settings (mean and std 0.5), with pixel
+  bounds small enough that the test images are a few tokens: at least 4 and at most 24 merged
+  tokens (32 x 32 pixels each).
+- tokenizer.json, tokenizer_config.json: tiny-qwen3_5-bf16's vocabulary with the vision tokens
+  added at the ids config.json names (507 `<|vision_start|>`, 508 `<|vision_end|>`, 509
+  `<|image_pad|>`, 510 `<|video_pad|>`), and the real Qwen3.5 chat template.
+- images/: a 64 x 96 RGB image (no resize: 2 x 3 merged tokens), a 50 x 70 grayscale one
+  (resized to 64 x 64), a 96 x 64 RGBA one.
+- reference.json: per case, the prompt's ids (text ids drawn from the vocabulary, each image's
+  `<|vision_start|>`, one `<|image_pad|>` per merged token, `<|vision_end|>`), the images,
+  `image_grid_thw`, the position ids (3 x L), the tower's merged vectors, every position's f32
+  logits, and 8 greedy tokens from `generate` with the smallest gap between the two best
+  logits along the way (a test of greedy tokens needs that gap above the rounding).
+"""
+import argparse
+import base64
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from PIL import Image
+from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "fixtures" / "models" / "tiny-qwen3_5-bf16"
+VISION_TOKENS = {507: "<|vision_start|>", 508: "<|vision_end|>", 509: "<|image_pad|>", 510: "<|video_pad|>"}
+IMAGE_PAD, VISION_START, VISION_END = 509, 507, 508
+TOWER = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, num_position_embeddings=16,
+             out_hidden_size=64, patch_size=16, spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
+             hidden_act="gelu_pytorch_tanh", initializer_range=0.02, model_type="qwen3_5_vision")
+PROCESSOR = dict(image_processor_type="Qwen2VLImageProcessor", processor_class="Qwen3VLProcessor",
+                 do_convert_rgb=True, do_normalize=True, do_rescale=True, do_resize=True,
+                 rescale_factor=1 / 255, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+                 patch_size=16, temporal_patch_size=2, merge_size=2,
+                 size=dict(shortest_edge=4 * 32 * 32, longest_edge=24 * 32 * 32), resample=3)
+# (file, mode, height, width)
+IMAGES = [("rgb-64x96.png", "RGB", 64, 96), ("gray-50x70.png", "L", 50, 70), ("rgba-96x64.png", "RGBA", 96, 64)]
+# (name, [text-run lengths and image indices]): ints >= 0 are text runs, strings name images.
+CASES = [
+    ("one image", [3, "rgb-64x96.png", 4]),
+    ("two images, text between", [2, "rgb-64x96.png", 3, "gray-50x70.png", 2]),
+    ("an image in a second turn", [4, "rgba-96x64.png", 6, "gray-50x70.png", 3]),
+]
+
+
+def randomise_tower(tower, seed):
+    """scripts/vision_tower_reference.py's draw: gains near 1, spread biases, matrices of gain 1."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in tower.named_parameters():
+            module = name.split(".")[-2] if "." in name else ""
+            if "norm" in module and name.endswith("weight"):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            elif name == "pos_embed.weight":
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / p[0].numel() ** 0.5)
+
+
+def make_images(out):
+    rng = np.random.default_rng(7)
+    for name, mode, h, w in IMAGES:
+        y, x = np.mgrid[0:h, 0:w]
+        base = np.stack([(x * 255 // w), (y * 255 // h), ((x + y) * 255 // (h + w))], -1)
+        rgb = np.clip(base + rng.integers(-40, 40, base.shape), 0, 255).astype(np.uint8)
+        if mode == "RGB":
+            img = Image.fromarray(rgb, "RGB")
+        elif mode == "L":
+            img = Image.fromarray(rgb[..., 0], "L")
+        else:
+            alpha = np.clip(x * 255 // w + rng.integers(0, 60, (h, w)), 0, 255).astype(np.uint8)
+            img = Image.fromarray(np.dstack([rgb, alpha]), "RGBA")
+        img.save(out / "images" / name)
+
+
+def b64(a):
+    return base64.b64encode(np.ascontiguousarray(a, dtype="<f4").tobytes()).decode()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / "fixtures" / "models" / "tiny-qwen3_5-vl-f32")
+    args = ap.parse_args()
+    out = args.out
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+
+    # 1. The model: the source's text model in f32, a new tower.
+    config = json.loads((SOURCE / "config.json").read_text())
+    config["vision_config"] = TOWER
+    config["text_config"]["dtype"] = "float32"
+    config["dtype"] = "float32"
+    cfg = Qwen3_5Config(**config)
+    cfg._attn_implementation = "eager"
+    model = Qwen3_5ForConditionalGeneration(cfg).eval()
+    source = Qwen3_5ForConditionalGeneration.from_pretrained(SOURCE, dtype=torch.float32)
+    text = {k: v for k, v in source.state_dict().items() if not k.startswith("model.visual.")}
+    missing, unexpected = model.load_state_dict(text, strict=False)
+    assert not unexpected and all(k.startswith("model.visual.") for k in missing), (missing, unexpected)
+    randomise_tower(model.model.visual, 2027)
+    model.save_pretrained(out, safe_serialization=True)
+    cfg_json = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(cfg_json, indent=2, sort_keys=True) + "\n")
+    shutil.copy(SOURCE / "generation_config.json", out / "generation_config.json")
+    (out / "preprocessor_config.json").write_text(json.dumps(PROCESSOR, indent=2) + "\n")
+
+    # 2. The tokenizer: the vision tokens added, the real chat template.
+    tok = json.loads((SOURCE / "tokenizer.json").read_text())
+    for i, content in VISION_TOKENS.items():
+        tok["added_tokens"].append(dict(id=i, content=content, single_word=False, lstrip=False, rstrip=False,
+                                        normalized=False, special=True))
+    (out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False) + "\n")
+    tcfg = json.loads((SOURCE / "tokenizer_config.json").read_text())
+    real = json.loads((ROOT / "fixtures" / "chat" / "qwen3.5-tokenizer_config.json").read_text())
+    tcfg["chat_template"] = real["chat_template"]
+    for i, content in VISION_TOKENS.items():
+        tcfg.setdefault("added_tokens_decoder", {})[str(i)] = dict(
+            content=content, lstrip=False, normalized=False, rstrip=False, single_word=False, special=True)
+    (out / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2, ensure_ascii=False) + "\n")
+
+    # 3. Images, and the processor's view of them (the PIL backend, which the Rust processor
+    #    matches bit for bit).
+    make_images(out)
+    proc = Qwen2VLImageProcessorPil(
+        patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+        size=PROCESSOR["size"])
+    processed = {}
+    for name, _, _, _ in IMAGES:
+        r = proc(images=[Image.open(out / "images" / name)], return_tensors="pt")
+        processed[name] = (r["pixel_values"], r["image_grid_thw"][0])
+        print(f"{name}: grid {r['image_grid_thw'][0].tolist()}")
+
+    # 4. The cases.
+    rng = np.random.default_rng(11)
+    cases = []
+    for name, parts in CASES:
+        ids, kinds, images = [], [], []
+        for p in parts:
+            if isinstance(p, int):
+                ids += rng.integers(0, 500, p).tolist()
+                kinds += [0] * p
+            else:
+                grid = processed[p][1]
+                n = int(grid.prod()) // 4
+                ids += [VISION_START] + [IMAGE_PAD] * n + [VISION_END]
+                kinds += [0] + [1] * n + [0]
+                images.append(p)
+        input_ids = torch.tensor([ids])
+        mm = torch.tensor([kinds], dtype=torch.int)
+        pixels = torch.cat([processed[i][0] for i in images])
+        grids = torch.stack([processed[i][1] for i in images])
+        with torch.no_grad():
+            merged = model.model.get_image_features(pixels, grids, return_dict=True).pooler_output
+            merged = torch.cat(list(merged)) if isinstance(merged, (list, tuple)) else merged
+            positions, delta = model.model.get_rope_index(input_ids, mm, image_grid_thw=grids)
+            model.model.rope_deltas = None
+            logits = model(input_ids=input_ids, pixel_values=pixels, image_grid_thw=grids,
+                           mm_token_type_ids=mm).logits[0]
+            model.model.rope_deltas = None
+            gen = model.generate(input_ids=input_ids, pixel_values=pixels, image_grid_thw=grids,
+                                 mm_token_type_ids=mm, max_new_tokens=8, do_sample=False,
+                                 output_scores=True, return_dict_in_generate=True, eos_token_id=None,
+                                 pad_token_id=0)
+        gaps = [float(torch.topk(s[0], 2).values.diff().abs()) for s in gen.scores]
+        greedy = gen.sequences[0, len(ids):].tolist()
+        cases.append(dict(name=name, input_ids=ids, images=images, image_grid_thw=grids.tolist(),
+                          positions=positions[:, 0, :].tolist(), next_position=int(delta[0, 0]) + len(ids),
+                          merged_shape=list(merged.shape), merged_b64=b64(merged.numpy()),
+                          logits_shape=list(logits.shape), logits_b64=b64(logits.numpy()),
+                          greedy=greedy, greedy_min_gap=min(gaps)))
+        print(f"{name}: {len(ids)} tokens, merged {list(merged.shape)}, greedy {greedy}, "
+              f"smallest top-2 gap {min(gaps):.2e}")
+    (out / "reference.json").write_text(json.dumps(dict(
+        about=f"scripts/fixture_qwen3_5_vl.py: transformers {transformers.__version__} "
+              f"Qwen3_5ForConditionalGeneration, f32, eager attention; pixel values by Qwen2VLImageProcessorPil",
+        cases=cases), indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
