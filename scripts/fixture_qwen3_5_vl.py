@@ -28,7 +28,9 @@ What it writes under OUT/:
   `<|vision_start|>`, one `<|image_pad|>` per merged token, `<|vision_end|>`), the images,
   `image_grid_thw`, the position ids (3 x L), the tower's merged vectors, every position's f32
   logits, and 8 greedy tokens from `generate` with the smallest gap between the two best
-  logits along the way (a test of greedy tokens needs that gap above the rounding).
+  logits along the way (a test of greedy tokens needs that gap above the rounding), and how far
+  transformers' f32 logits are from its own float64 ones (`f32_vs_f64_max_abs`: the reference's
+  rounding, which a test's tolerance must leave room for).
 """
 import argparse
 import base64
@@ -185,15 +187,23 @@ def main():
                                  mm_token_type_ids=mm, max_new_tokens=8, do_sample=False,
                                  output_scores=True, return_dict_in_generate=True, eos_token_id=None,
                                  pad_token_id=0)
+            # The reference's own f32 rounding: the same forward in float64.
+            model.model.rope_deltas = None
+            model.double()
+            logits64 = model(input_ids=input_ids, pixel_values=pixels.double(), image_grid_thw=grids,
+                             mm_token_type_ids=mm).logits[0]
+            model.float()
+            model.model.rope_deltas = None
+        rounding = float((logits.double() - logits64).abs().max())
         gaps = [float(torch.topk(s[0], 2).values.diff().abs()) for s in gen.scores]
         greedy = gen.sequences[0, len(ids):].tolist()
         cases.append(dict(name=name, input_ids=ids, images=images, image_grid_thw=grids.tolist(),
                           positions=positions[:, 0, :].tolist(), next_position=int(delta[0, 0]) + len(ids),
                           merged_shape=list(merged.shape), merged_b64=b64(merged.numpy()),
                           logits_shape=list(logits.shape), logits_b64=b64(logits.numpy()),
-                          greedy=greedy, greedy_min_gap=min(gaps)))
+                          greedy=greedy, greedy_min_gap=min(gaps), f32_vs_f64_max_abs=rounding))
         print(f"{name}: {len(ids)} tokens, merged {list(merged.shape)}, greedy {greedy}, "
-              f"smallest top-2 gap {min(gaps):.2e}")
+              f"smallest top-2 gap {min(gaps):.2e}, f32 logits within {rounding:.2e} of f64")
     (out / "reference.json").write_text(json.dumps(dict(
         about=f"scripts/fixture_qwen3_5_vl.py: transformers {transformers.__version__} "
               f"Qwen3_5ForConditionalGeneration, f32, eager attention; pixel values by Qwen2VLImageProcessorPil",

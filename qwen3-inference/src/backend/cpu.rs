@@ -292,6 +292,28 @@ impl<'a> Backend for CpuBackend<'a> {
         Ok(())
     }
 
+    fn rope_mrope(
+        &self,
+        x: &mut Vec<f32>,
+        table: &RopeTable,
+        n_tok: usize,
+        n_heads: usize,
+        head_dim: usize,
+        positions: &[[u32; 3]],
+        components: &[u8],
+    ) -> Result<()> {
+        super::host::check_mrope(table, n_tok, positions, components)?;
+        let width = n_heads * head_dim;
+        for (token, &thw) in x[..n_tok * width].chunks_exact_mut(width).zip(positions) {
+            kernels::rope_mrope(token, table, thw, components, head_dim);
+        }
+        Ok(())
+    }
+
+    fn write(&self, x: &mut Vec<f32>, offset: usize, src: &[f32]) -> Result<()> {
+        super::host::write(x, offset, src)
+    }
+
     fn store_kv(
         &self,
         cache: &mut CpuKvCache,

@@ -35,6 +35,52 @@ pub fn copy(
     Ok(())
 }
 
+/// [`super::Backend::write`]: `x[offset..][..src.len()] = src`.
+pub fn write(x: &mut [f32], offset: usize, src: &[f32]) -> Result<()> {
+    let len = x.len();
+    let to = offset
+        .checked_add(src.len())
+        .and_then(|end| x.get_mut(offset..end));
+    let Some(to) = to else {
+        bail!(
+            "write out of bounds: {} values at {offset} of {len}",
+            src.len()
+        );
+    };
+    to.copy_from_slice(src);
+    Ok(())
+}
+
+/// What [`super::Backend::rope_mrope`] needs of its arguments: a triple per token, a component
+/// (0, 1 or 2) per rotated frequency, every position inside the table.
+pub fn check_mrope(
+    table: &crate::kernels::RopeTable,
+    n_tok: usize,
+    positions: &[[u32; 3]],
+    components: &[u8],
+) -> Result<()> {
+    ensure!(
+        positions.len() >= n_tok,
+        "M-RoPE: {} positions for {n_tok} tokens",
+        positions.len()
+    );
+    ensure!(
+        components.len() == table.rotary_dim() / 2 && components.iter().all(|&c| c < 3),
+        "M-RoPE: {} components for {} rotated frequencies",
+        components.len(),
+        table.rotary_dim() / 2
+    );
+    let max = table.max_pos();
+    if let Some(p) = positions[..n_tok]
+        .iter()
+        .flatten()
+        .find(|&&p| p as usize >= max)
+    {
+        bail!("M-RoPE: position {p} is past the table's {max}");
+    }
+    Ok(())
+}
+
 /// [`super::Backend::read`]: the first `len` values, borrowed (host memory needs no staging).
 pub fn read(x: &[f32], len: usize) -> Result<&[f32]> {
     ensure!(len <= x.len(), "read out of bounds: {len} of {}", x.len());

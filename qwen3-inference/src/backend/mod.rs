@@ -99,6 +99,12 @@ pub trait Backend {
         staging: &'s mut Vec<f32>,
     ) -> Result<&'s [f32]>;
 
+    /// `x[offset..][..src.len()] = src`: values from the host written into a buffer (an image's
+    /// vectors in place of its tokens' embeddings). The default refuses.
+    fn write(&self, _x: &mut Self::Buf, _offset: usize, _src: &[f32]) -> Result<()> {
+        bail!("this backend does not take images")
+    }
+
     // ---- The math. ----
 
     /// `x[i] = table[tokens[i]]`: rows of the embedding table (`[vocab, hidden]`), converted to
@@ -170,6 +176,23 @@ pub trait Backend {
         head_dim: usize,
         pos0: usize,
     ) -> Result<()>;
+    /// M-RoPE (a prompt with images; `kernels::rope_mrope`): rotates every head of token `i`
+    /// as [`Backend::rope`] does, frequency `j` by the angle of position
+    /// `positions[i][components[j]]` (time, height or width). x: `[n_tok, n_heads, head_dim]`;
+    /// `components`: one per rotated frequency. The default refuses.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_mrope(
+        &self,
+        _x: &mut Self::Buf,
+        _table: &Self::Rope,
+        _n_tok: usize,
+        _n_heads: usize,
+        _head_dim: usize,
+        _positions: &[[u32; 3]],
+        _components: &[u8],
+    ) -> Result<()> {
+        bail!("this backend does not take images (M-RoPE)")
+    }
     /// Writes the keys and values of `n_tok` tokens into `layer`'s cache at positions
     /// `pos0 .. pos0 + n_tok`. k, v: `[n_tok, n_kv_heads, head_dim]`.
     #[allow(clippy::too_many_arguments)]

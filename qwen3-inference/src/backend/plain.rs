@@ -198,6 +198,39 @@ impl<'a> Backend for PlainBackend<'a> {
         Ok(())
     }
 
+    /// Each frequency `i` of token `t` turned by the angle of its component's position
+    /// `positions[t][components[i]]`, the halves as in `rope`.
+    fn rope_mrope(
+        &self,
+        x: &mut Vec<f32>,
+        table: &RopeTable,
+        n_tok: usize,
+        n_heads: usize,
+        head_dim: usize,
+        positions: &[[u32; 3]],
+        components: &[u8],
+    ) -> Result<()> {
+        let half = table.rotary_dim() / 2;
+        super::host::check_mrope(table, n_tok, positions, components)?;
+        for t in 0..n_tok {
+            for h in 0..n_heads {
+                let head = &mut x[(t * n_heads + h) * head_dim..][..head_dim];
+                for i in 0..half {
+                    let pos = positions[t][components[i] as usize] as usize;
+                    let (cos, sin) = (table.cos()[pos * half + i], table.sin()[pos * half + i]);
+                    let (lo, hi) = (head[i], head[i + half]);
+                    head[i] = lo * cos - hi * sin;
+                    head[i + half] = hi * cos + lo * sin;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&self, x: &mut Vec<f32>, offset: usize, src: &[f32]) -> Result<()> {
+        super::host::write(x, offset, src)
+    }
+
     /// Each head's halves rotated by the angles of its token's position (HF's `rotate_half`):
     /// `lo' = lo cos - hi sin`, `hi' = hi cos + lo sin`.
     fn rope(

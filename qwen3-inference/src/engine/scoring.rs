@@ -5,6 +5,7 @@
 use super::{Engine, Event};
 use crate::backend::Backend;
 use crate::logprobs::token_logprobs;
+use crate::model::RowInputs;
 use crate::model::Segment;
 
 /// Most prompt positions scored in one step (`Request::prompt_logprobs`; fewer when the prefill
@@ -45,8 +46,13 @@ impl<'m, B: Backend> Engine<'m, B> {
                         Some(buf) => buf,
                         None => self.scores.insert(b.alloc(SCORE_ROWS * vocab)?),
                     };
-                    self.fwd
-                        .step_all_logits(chunk, seg, &mut self.caches[i], buf)?;
+                    self.fwd.step_all_logits(
+                        chunk,
+                        seg,
+                        &mut self.caches[i],
+                        buf,
+                        RowInputs::default(),
+                    )?;
                     // Row r holds the logits at position done + r: they score token done + r + 1.
                     let all = b.read(buf, chunk.len() * vocab, &mut self.scores_host)?;
                     for (r, row) in all.chunks_exact(vocab).enumerate() {

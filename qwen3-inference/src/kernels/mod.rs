@@ -77,7 +77,7 @@ pub use elementwise::{add, silu_mul};
 pub use embedding::embedding;
 pub use matmul::{matmul, matmuls};
 pub use rmsnorm::rmsnorm;
-pub use rope::{rope, RopeTable};
+pub use rope::{mrope_component, rope, rope_mrope, RopeTable};
 
 /// The vectors the plain-Rust kernels written in lanes use (attention's body, the sampler's
 /// passes, the elementwise steps of `vectorized!`). Each such kernel has one wrapper per variant,

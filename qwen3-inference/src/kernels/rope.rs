@@ -152,6 +152,49 @@ vectorized! {
     }
 }
 
+/// Which position component (0 time, 1 height, 2 width) rotary frequency `j` follows in
+/// M-RoPE, for `mrope_section = [s_t, s_h, s_w]` interleaved (`recomposition_frequencies` in
+/// transformers' Qwen3-VL and Qwen3.5 text models): from frequency 1 on, every third is
+/// height's while `j < 3 s_h`, from 2 on every third width's while `j < 3 s_w`, the rest time's:
+/// ```text
+/// [24, 20, 20]:  T H W T H W ... T H W  (j < 60)  T T T T  (60..64)
+/// ```
+pub fn mrope_component(j: usize, section: [usize; 3]) -> usize {
+    if j % 3 == 1 && j < 3 * section[1] {
+        1
+    } else if j % 3 == 2 && j < 3 * section[2] {
+        2
+    } else {
+        0
+    }
+}
+
+/// M-RoPE (a prompt with images, Qwen3-VL and Qwen3.5): rotates the first
+/// [`RopeTable::rotary_dim`] values of every head in `x` (`[n, head_dim]`, one token) as
+/// [`rope`] does, frequency `i` by the angle of position `thw[components[i]]`: each frequency
+/// turns with the token's time, height or width. A text token's three positions are equal, and
+/// this is [`rope`] at that position, bit for bit (the same table entries). `components` has one
+/// entry per frequency, positions are below the table's `max_pos` (the caller checks both).
+pub fn rope_mrope(
+    x: &mut [f32],
+    table: &RopeTable,
+    thw: [u32; 3],
+    components: &[u8],
+    head_dim: usize,
+) {
+    let half = table.half;
+    for head in x.chunks_exact_mut(head_dim) {
+        let (lo, hi) = head[..2 * half].split_at_mut(half);
+        for (i, &c) in components.iter().enumerate().take(half) {
+            let at = thw[c as usize] as usize * half + i;
+            let (cos, sin) = (table.cos[at], table.sin[at]);
+            let (a, b) = (lo[i], hi[i]);
+            lo[i] = a * cos - b * sin;
+            hi[i] = b * cos + a * sin;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,5 +243,36 @@ mod tests {
         let mut same = x.clone();
         rope(&mut same, &table, 0, head_dim);
         assert_eq!(same, x);
+    }
+
+    /// A token whose three positions are equal is rotated exactly as plain RoPE rotates it; an
+    /// image token's frequencies each take their component's angle.
+    #[test]
+    fn mrope_with_equal_positions_is_rope() {
+        let (head_dim, theta) = (16, 1e6);
+        let table = RopeTable::new(head_dim, theta, 64);
+        let x: Vec<f32> = (0..2 * head_dim).map(|i| (i as f32 * 0.37).sin()).collect();
+        let components: Vec<u8> = (0..8)
+            .map(|j| mrope_component(j, [4, 2, 2]) as u8)
+            .collect();
+        assert_eq!(components, [0, 1, 2, 0, 1, 2, 0, 0]);
+        for pos in [0u32, 5, 63] {
+            let (mut a, mut b) = (x.clone(), x.clone());
+            rope(&mut a, &table, pos as usize, head_dim);
+            rope_mrope(&mut b, &table, [pos; 3], &components, head_dim);
+            assert_eq!(a, b, "position {pos}");
+        }
+        // (time 3, height 9, width 20): frequency 1 turns by height's angle, 2 by width's.
+        let mut got = x.clone();
+        rope_mrope(&mut got, &table, [3, 9, 20], &components, head_dim);
+        for (i, pos) in [(0, 3), (1, 9), (2, 20), (6, 3)] {
+            let mut want = x.clone();
+            rope(&mut want, &table, pos, head_dim);
+            assert_eq!(
+                (got[i], got[i + 8]),
+                (want[i], want[i + 8]),
+                "frequency {i}"
+            );
+        }
     }
 }

@@ -89,6 +89,20 @@ pub struct Segment {
     pub logits: usize,
 }
 
+/// What a step's rows carry besides their token ids, in a prompt with images (Qwen3.5's and
+/// Qwen3-VL's; docs/vision.md): each row's three M-RoPE positions, and runs of rows whose input
+/// vectors are given (an image's merged vectors, in place of its `<|image_pad|>` tokens'
+/// embeddings). The default is text: each row at its cache position, every input an embedding.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RowInputs<'a> {
+    /// `[time, height, width]` per row of the step (`vision::positions`); `None`: every row at
+    /// its position in its sequence, as text.
+    pub positions: Option<&'a [[u32; 3]]>,
+    /// `(first row, values)`: the step's rows from `first` on take `values` (`[n, hidden]`)
+    /// as their input vectors.
+    pub embeddings: &'a [(usize, &'a [f32])],
+}
+
 /// A copy of a sequence's Gated DeltaNet states at one position (Qwen3.5), to take the sequence
 /// back there later: keys and values need no copy (positions past it are overwritten), the
 /// states do. [`Forward::new_snapshot`] makes one; [`Forward::save_state`] and
@@ -158,6 +172,9 @@ pub struct Forward<'m, B: Backend> {
     /// Rows whose logits one step can return.
     max_logits: usize,
     rope: B::Rope,
+    /// M-RoPE (a model that takes images): which position component, time, height or width,
+    /// each rotated frequency follows (`kernels::mrope_component`); empty for a text model.
+    mrope: Vec<u8>,
     /// What the caches store keys and values as.
     kv: KvType,
     s: Scratch<B::Buf>,
@@ -295,6 +312,15 @@ impl<'m, B: Backend> Forward<'m, B> {
                 c.rope_scaling,
                 context_len,
             ))?,
+            mrope: match &c.vision {
+                Some(v) => {
+                    let section = v.mrope_section.map(|n| n as usize);
+                    (0..c.rotary_dim() as usize / 2)
+                        .map(|j| crate::kernels::mrope_component(j, section) as u8)
+                        .collect()
+                }
+                None => Vec::new(),
+            },
             kv,
             s: Scratch {
                 x: b.alloc(n * d)?,
@@ -475,7 +501,18 @@ impl<'m, B: Backend> Forward<'m, B> {
         segments: &[Segment],
         caches: &mut [Cache<B>],
     ) -> Result<usize> {
-        self.check(tokens, segments, caches.len())?;
+        self.step_with(tokens, segments, caches, RowInputs::default())
+    }
+
+    /// [`Forward::step_only`] with `inputs` for rows that are not plain text (images).
+    pub fn step_with(
+        &mut self,
+        tokens: &[u32],
+        segments: &[Segment],
+        caches: &mut [Cache<B>],
+        inputs: RowInputs,
+    ) -> Result<usize> {
+        self.check(tokens, segments, caches.len(), inputs)?;
         let k: usize = segments.iter().map(|s| s.logits).sum();
         if k > self.max_logits {
             bail!(
@@ -483,7 +520,7 @@ impl<'m, B: Backend> Forward<'m, B> {
                 self.max_logits
             );
         }
-        self.run(tokens, segments, caches, None)?;
+        self.run(tokens, segments, caches, None, inputs)?;
         Ok(k)
     }
 
@@ -501,13 +538,26 @@ impl<'m, B: Backend> Forward<'m, B> {
         segment: Segment,
         cache: &mut Cache<B>,
         all: &mut B::Buf,
+        inputs: RowInputs,
     ) -> Result<()> {
         let segments = [Segment { seq: 0, ..segment }];
-        self.check(tokens, &segments, 1)?;
-        self.run(tokens, &segments, std::slice::from_mut(cache), Some(all))
+        self.check(tokens, &segments, 1, inputs)?;
+        self.run(
+            tokens,
+            &segments,
+            std::slice::from_mut(cache),
+            Some(all),
+            inputs,
+        )
     }
 
-    fn check(&self, tokens: &[u32], segments: &[Segment], caches: usize) -> Result<()> {
+    fn check(
+        &self,
+        tokens: &[u32],
+        segments: &[Segment],
+        caches: usize,
+        inputs: RowInputs,
+    ) -> Result<()> {
         if tokens.is_empty() {
             bail!("no tokens to run");
         }
@@ -542,6 +592,27 @@ impl<'m, B: Backend> Forward<'m, B> {
                 );
             }
         }
+        // The rows' own inputs: a triple per row for a model with M-RoPE, vectors of the
+        // hidden size within the step.
+        if let Some(p) = inputs.positions {
+            if self.mrope.is_empty() {
+                bail!("M-RoPE positions given to a model without images");
+            }
+            if p.len() != tokens.len() {
+                bail!("{} M-RoPE positions for {} rows", p.len(), tokens.len());
+            }
+        }
+        let d = self.dims.d;
+        for &(first, values) in inputs.embeddings {
+            let n = values.len() / d;
+            if values.len() % d != 0 || first + n > tokens.len() {
+                bail!(
+                    "{} input values from row {first} are not whole rows of {d} within the step's {}",
+                    values.len(),
+                    tokens.len()
+                );
+            }
+        }
         Ok(())
     }
 
@@ -553,6 +624,7 @@ impl<'m, B: Backend> Forward<'m, B> {
         segments: &[Segment],
         caches: &mut [Cache<B>],
         all_logits: Option<&mut B::Buf>,
+        inputs: RowInputs,
     ) -> Result<()> {
         let (b, model) = (self.backend, self.model);
         let Dims { d, out, eps, .. } = self.dims;
@@ -560,6 +632,11 @@ impl<'m, B: Backend> Forward<'m, B> {
 
         // 1. Token embedding: row `token` of embed_tokens for each token.   x: [t, hidden]
         b.embed(&mut self.s.x, &model.embed_tokens, tokens, d)?;
+        //    An image's rows take its merged vectors instead (transformers' `masked_scatter` of
+        //    the image features over the `<|image_pad|>` embeddings).
+        for &(first, values) in inputs.embeddings {
+            b.write(&mut self.s.x, first * d, values)?;
+        }
         //    A sequence that starts here starts its linear layers' states from zeros.
         if let Some(shape) = self.dims.linear {
             for seg in segments.iter().filter(|s| s.pos == 0) {
@@ -572,7 +649,7 @@ impl<'m, B: Backend> Forward<'m, B> {
 
         // 2. The decoder layers, each adding its attention and MLP outputs to the residual x.
         for (l, layer) in model.layers.iter().enumerate() {
-            self.decoder_layer(l, layer, t, segments, caches)?;
+            self.decoder_layer(l, layer, t, segments, caches, inputs.positions)?;
         }
 
         // 3. Final RMSNorm and the classifier: logits = norm(x) @ lm_head^T.   [k, vocab]
@@ -620,6 +697,7 @@ impl<'m, B: Backend> Forward<'m, B> {
         t: usize,
         segments: &[Segment],
         caches: &mut [Cache<B>],
+        positions: Option<&[[u32; 3]]>,
     ) -> Result<()> {
         let b = self.backend;
         let Dims { d, eps, .. } = self.dims;
@@ -627,7 +705,9 @@ impl<'m, B: Backend> Forward<'m, B> {
         // 2a. Token mixer block.                                   xb = input_layernorm(x)
         b.rmsnorm(&mut self.s.xb, &self.s.x, &layer.input_layernorm, t, d, eps)?;
         match &layer.mixer {
-            Mixer::Attention(attn) => self.self_attention(l, attn, t, segments, caches)?,
+            Mixer::Attention(attn) => {
+                self.self_attention(l, attn, t, segments, caches, positions)?
+            }
             Mixer::GatedDeltaNet(la) => self.linear_attention(l, la, t, segments, caches)?,
         }
         // self.s.xb now holds the mixer's output.                   x = x + mixer
@@ -658,6 +738,7 @@ impl<'m, B: Backend> Forward<'m, B> {
         t: usize,
         segments: &[Segment],
         caches: &mut [Cache<B>],
+        positions: Option<&[[u32; 3]]>,
     ) -> Result<()> {
         let b = self.backend;
         let Dims {
@@ -713,6 +794,10 @@ impl<'m, B: Backend> Forward<'m, B> {
         }
 
         // iii-v. Per sequence: RoPE at its positions, its cache, attention over its cache.
+        let rope = Rope {
+            table: &self.rope,
+            mrope: &self.mrope,
+        };
         match segments {
             // One sequence: its rows are the whole buffers.
             [seg] => {
@@ -720,7 +805,7 @@ impl<'m, B: Backend> Forward<'m, B> {
                 let cache = &mut caches[seg.seq].kv;
                 seq_attention(
                     b,
-                    &self.rope,
+                    rope.at(positions),
                     self.dims,
                     kv_layer,
                     seg,
@@ -739,7 +824,8 @@ impl<'m, B: Backend> Forward<'m, B> {
                     b.copy(sv, 0, &s.v, r0 * nkv * hd, n * nkv * hd)?;
                     let bufs = [&mut *sq, &mut *sk, &mut *sv, &mut *satt];
                     let cache = &mut caches[seg.seq].kv;
-                    seq_attention(b, &self.rope, self.dims, kv_layer, seg, cache, bufs)?;
+                    let rows = positions.map(|p| &p[r0..r0 + n]);
+                    seq_attention(b, rope.at(rows), self.dims, kv_layer, seg, cache, bufs)?;
                     b.copy(&mut s.att, r0 * nh * hd, satt, 0, n * nh * hd)?;
                     r0 += n;
                 }
@@ -936,11 +1022,33 @@ impl<'m, B: Backend> Forward<'m, B> {
     }
 }
 
+/// The rotary embedding of a step: the table, and with images the M-RoPE components.
+struct Rope<'a, R> {
+    table: &'a R,
+    mrope: &'a [u8],
+}
+
+/// How one segment's rows rotate: at their cache positions, or at their M-RoPE positions.
+struct SegmentRope<'a, R> {
+    table: &'a R,
+    mrope: Option<(&'a [[u32; 3]], &'a [u8])>,
+}
+
+impl<'a, R> Rope<'a, R> {
+    /// The rotation of rows whose M-RoPE positions are `positions` (`None`: text).
+    fn at(&self, positions: Option<&'a [[u32; 3]]>) -> SegmentRope<'a, R> {
+        SegmentRope {
+            table: self.table,
+            mrope: positions.map(|p| (p, self.mrope)),
+        }
+    }
+}
+
 /// Steps iii to v of attention for one sequence, whose `seg.len` rows start at the beginning of
 /// `q`, `k`, `v` and `att`.
 fn seq_attention<B: Backend>(
     b: &B,
-    rope: &B::Rope,
+    rope: SegmentRope<B::Rope>,
     dims: Dims,
     l: usize,
     seg: &Segment,
@@ -955,9 +1063,18 @@ fn seq_attention<B: Backend>(
     } = dims;
     let (n, pos) = (seg.len, seg.pos);
 
-    // iii. RoPE: rotate each head of token i by the angles of its position pos + i.
-    b.rope(q, rope, n, nh, hd, pos)?;
-    b.rope(k, rope, n, nkv, hd, pos)?;
+    // iii. RoPE: rotate each head of token i by the angles of its position pos + i; with
+    //      images, each frequency by its component's position (time, height or width).
+    match rope.mrope {
+        None => {
+            b.rope(q, rope.table, n, nh, hd, pos)?;
+            b.rope(k, rope.table, n, nkv, hd, pos)?;
+        }
+        Some((positions, components)) => {
+            b.rope_mrope(q, rope.table, n, nh, hd, positions, components)?;
+            b.rope_mrope(k, rope.table, n, nkv, hd, positions, components)?;
+        }
+    }
 
     // iv. Append k and v to this layer's cache at positions pos .. pos + n.
     b.store_kv(cache, l, k, v, n, pos)?;

@@ -17,7 +17,7 @@ pub mod gated_delta_net;
 mod moe;
 mod session;
 
-pub use forward::{Cache, Forward, Segment, StateSnapshot, MAX_BATCH};
+pub use forward::{Cache, Forward, RowInputs, Segment, StateSnapshot, MAX_BATCH};
 pub use moe::Routes;
 pub use session::Session;
 

@@ -8,7 +8,7 @@
 //! step allocates nothing. Many sequences at once are the serving engine's ([`crate::engine`]),
 //! over the same [`Forward`].
 
-use super::forward::{Cache, Forward, Segment, MAX_BATCH};
+use super::forward::{Cache, Forward, RowInputs, Segment, MAX_BATCH};
 use super::Model;
 use crate::backend::{Backend, KvType};
 use anyhow::{bail, Result};
@@ -22,6 +22,12 @@ pub struct Session<'m, B: Backend> {
     /// Tokens already in the KV cache; the next token goes to this position.
     pos: usize,
     cache: Cache<B>,
+    /// After a prompt with images (M-RoPE): the rotary position of the token at cache position
+    /// `p` is `p + rope_offset` (transformers' `rope_deltas`: an image moves the text after it
+    /// by its longer side, not by its token count, so the offset is negative). 0 for text.
+    rope_offset: i64,
+    /// Those positions, a triple per row of a chunk (reused: decode allocates nothing).
+    positions: Vec<[u32; 3]>,
 }
 
 impl<'m, B: Backend> Session<'m, B> {
@@ -39,6 +45,8 @@ impl<'m, B: Backend> Session<'m, B> {
             batch: fwd.max_batch(),
             pos: 0,
             cache: fwd.new_cache()?,
+            rope_offset: 0,
+            positions: Vec::new(),
             fwd,
         })
     }
@@ -100,6 +108,9 @@ impl<'m, B: Backend> Session<'m, B> {
             );
         }
         self.pos = pos;
+        if pos == 0 {
+            self.rope_offset = 0;
+        }
         Ok(())
     }
 
@@ -107,7 +118,15 @@ impl<'m, B: Backend> Session<'m, B> {
     /// (`[vocab]`). Errors (nothing changes) if a token id is outside the vocabulary or the tokens
     /// do not fit in the context.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<&[f32]> {
-        self.check(tokens)?;
+        self.forward_with(tokens, RowInputs::default())
+    }
+
+    /// [`Session::forward`] of a prompt with images: `inputs` gives every token's M-RoPE
+    /// positions and the images' vectors at their rows (rows counted from this call's first
+    /// token; `vision::positions`). The tokens after it go on from the largest of its positions
+    /// plus one, as transformers' `rope_deltas` has them.
+    pub fn forward_with(&mut self, tokens: &[u32], inputs: RowInputs) -> Result<&[f32]> {
+        self.check(tokens, inputs)?;
         let n_chunks = tokens.len().div_ceil(self.batch);
         for (i, chunk) in tokens.chunks(self.batch).enumerate() {
             let seg = Segment {
@@ -116,10 +135,18 @@ impl<'m, B: Backend> Session<'m, B> {
                 len: chunk.len(),
                 logits: usize::from(i + 1 == n_chunks),
             };
+            let start = i * self.batch;
+            self.fill_positions(inputs, start, chunk.len());
+            let runs = chunk_runs(inputs, start, chunk.len(), self.hidden());
+            let rows = RowInputs {
+                positions: (!self.positions.is_empty()).then_some(&self.positions[..]),
+                embeddings: &runs,
+            };
             let caches = std::slice::from_mut(&mut self.cache);
-            self.fwd.step_only(chunk, &[seg], caches)?;
+            self.fwd.step_with(chunk, &[seg], caches, rows)?;
             self.pos += chunk.len();
         }
+        self.after(inputs);
         // The last chunk's logits, read back once.
         self.fwd.logits(1)
     }
@@ -127,31 +154,91 @@ impl<'m, B: Backend> Session<'m, B> {
     /// Like [`Session::forward`] but returns the logits of every token, `[tokens.len(), vocab]`
     /// (allocated per call: for tests and evaluation, not the generation loop).
     pub fn forward_all_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.check(tokens)?;
+        self.forward_all_logits_with(tokens, RowInputs::default())
+    }
+
+    /// [`Session::forward_all_logits`] of a prompt with images (see [`Session::forward_with`]).
+    pub fn forward_all_logits_with(
+        &mut self,
+        tokens: &[u32],
+        inputs: RowInputs,
+    ) -> Result<Vec<f32>> {
+        self.check(tokens, inputs)?;
         let vocab = self.fwd.out_width();
         let b = self.fwd.backend();
         let mut chunk_logits = b.alloc(self.batch * vocab)?;
         let mut staging = Vec::new();
         let mut all = Vec::with_capacity(tokens.len() * vocab);
-        for chunk in tokens.chunks(self.batch) {
+        for (i, chunk) in tokens.chunks(self.batch).enumerate() {
             let seg = Segment {
                 seq: 0,
                 pos: self.pos,
                 len: chunk.len(),
                 logits: 0,
             };
+            let start = i * self.batch;
+            self.fill_positions(inputs, start, chunk.len());
+            let runs = chunk_runs(inputs, start, chunk.len(), self.hidden());
+            let rows = RowInputs {
+                positions: (!self.positions.is_empty()).then_some(&self.positions[..]),
+                embeddings: &runs,
+            };
             self.fwd
-                .step_all_logits(chunk, seg, &mut self.cache, &mut chunk_logits)?;
+                .step_all_logits(chunk, seg, &mut self.cache, &mut chunk_logits, rows)?;
             self.pos += chunk.len();
             all.extend_from_slice(b.read(&chunk_logits, chunk.len() * vocab, &mut staging)?);
         }
+        self.after(inputs);
         Ok(all)
     }
 
+    /// Fills `positions` for the call's rows `start .. start + len`: the call's own M-RoPE
+    /// positions, or after an image each row's cache position plus the offset; nothing for text.
+    fn fill_positions(&mut self, inputs: RowInputs, start: usize, len: usize) {
+        self.positions.clear();
+        match inputs.positions {
+            Some(p) => self.positions.extend_from_slice(&p[start..start + len]),
+            None if self.rope_offset != 0 => {
+                let first = self.pos as i64 + self.rope_offset;
+                self.positions
+                    .extend((0..len as i64).map(|i| [(first + i) as u32; 3]));
+            }
+            None => {}
+        }
+    }
+
+    fn hidden(&self) -> usize {
+        self.model().config.hidden_size as usize
+    }
+
+    /// After a call with M-RoPE positions, the tokens after it go on from the largest plus one
+    /// (`self.pos` is already past the call).
+    fn after(&mut self, inputs: RowInputs) {
+        if let Some(p) = inputs.positions {
+            let next = p.iter().flatten().max().map_or(0, |&m| m as i64 + 1);
+            self.rope_offset = next - self.pos as i64;
+        }
+    }
+
     /// The whole call's checks, before any chunk runs (each chunk is checked again).
-    fn check(&self, tokens: &[u32]) -> Result<()> {
+    fn check(&self, tokens: &[u32], inputs: RowInputs) -> Result<()> {
         if tokens.is_empty() {
             bail!("no tokens to run");
+        }
+        if let Some(p) = inputs.positions {
+            if p.len() != tokens.len() {
+                bail!("{} M-RoPE positions for {} tokens", p.len(), tokens.len());
+            }
+        }
+        let d = self.hidden();
+        for &(first, values) in inputs.embeddings {
+            if values.len() % d != 0 || first + values.len() / d > tokens.len() {
+                bail!(
+                    "{} input values from row {first} are not whole rows of {d} within the {} tokens",
+                    values.len(),
+                    tokens.len()
+                );
+            }
         }
         let vocab = self.model().config.vocab_size;
         if let Some(&bad) = tokens.iter().find(|&&t| t >= vocab) {
@@ -167,6 +254,27 @@ impl<'m, B: Backend> Session<'m, B> {
         }
         Ok(())
     }
+}
+
+/// The parts of `inputs`' runs of image rows that fall in the call's rows `start .. start + len`,
+/// counted from `start`.
+fn chunk_runs<'a>(
+    inputs: RowInputs<'a>,
+    start: usize,
+    len: usize,
+    d: usize,
+) -> Vec<(usize, &'a [f32])> {
+    let mut runs = Vec::new();
+    for &(first, values) in inputs.embeddings {
+        let (lo, hi) = (
+            first.max(start),
+            (first + values.len() / d).min(start + len),
+        );
+        if lo < hi {
+            runs.push((lo - start, &values[(lo - first) * d..(hi - first) * d]));
+        }
+    }
+    runs
 }
 
 #[cfg(test)]

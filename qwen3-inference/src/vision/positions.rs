@@ -79,22 +79,8 @@ pub fn mrope_positions(is_image: &[bool], grids: &[[usize; 3]], merge: usize) ->
     Ok(Positions { thw, next: pos })
 }
 
-/// Which position component (0 time, 1 height, 2 width) rotary frequency `j` follows, for
-/// `mrope_section = [s_t, s_h, s_w]` interleaved (`recomposition_frequencies` in transformers'
-/// Qwen3-VL and Qwen3.5 text models): from frequency 1 on, every third is height's while
-/// `j < 3 s_h`, from 2 on every third width's while `j < 3 s_w`, the rest time's:
-/// ```text
-/// [24, 20, 20]:  T H W T H W ... T H W  (j < 60)  T T T T  (60..64)
-/// ```
-pub fn mrope_component(j: usize, section: [usize; 3]) -> usize {
-    if j % 3 == 1 && j < 3 * section[1] {
-        1
-    } else if j % 3 == 2 && j < 3 * section[2] {
-        2
-    } else {
-        0
-    }
-}
+/// Which component turns which rotary frequency: RoPE's own (`kernels/rope.rs`).
+pub use crate::kernels::mrope_component;
 
 #[cfg(test)]
 mod tests {
