@@ -109,6 +109,7 @@ fn decode_and_count() {
                     prompt_logprobs: None,
                     last_logits: false,
                     draft: qwen3_inference::engine::Draft::None,
+                    images: None,
                 };
                 let (mut seen, mut at_start) = (0, 0);
                 generate(&mut engine, request, |_| {

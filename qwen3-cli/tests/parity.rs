@@ -408,6 +408,7 @@ fn our_greedy(model: &Model, case: &Case, kv: KvType) -> Vec<u32> {
         prompt_logprobs: None,
         last_logits: false,
         draft: qwen3_inference::engine::Draft::None,
+        images: None,
     };
     let mut out = vec![];
     generate(&mut e, request, |t| {

@@ -82,6 +82,7 @@ fn check_fixture(name: &str) {
             prompt_logprobs: None,
             last_logits: false,
             draft: qwen3_inference::engine::Draft::None,
+            images: None,
         };
         generate(&mut g, request, |id| {
             ids.push(id);

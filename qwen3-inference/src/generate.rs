@@ -113,6 +113,7 @@ mod tests {
             prompt_logprobs: None,
             last_logits: false,
             draft: crate::engine::Draft::None,
+            images: None,
         }
     }
 

@@ -118,6 +118,7 @@ pub(crate) async fn queue(s: &Arc<AppState>, job: &Job, p: &Params) -> Result<Qu
                 true => s.draft.clone(),
                 false => qwen3_inference::engine::Draft::None,
             },
+            images: None,
         })
         .collect();
     let (tx, mut rx) = mpsc::unbounded_channel();

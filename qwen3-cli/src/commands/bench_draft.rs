@@ -58,6 +58,7 @@ pub fn run(
                 prompt_logprobs: None,
                 last_logits: false,
                 draft,
+                images: None,
             };
             let mut tokens = vec![];
             let stats = pool.install(|| {

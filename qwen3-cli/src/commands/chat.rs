@@ -506,6 +506,7 @@ impl<B: Backend> Chat<'_, '_, B> {
             prompt_logprobs: None,
             last_logits: false,
             draft: self.draft.clone(),
+            images: None,
         };
         // Ctrl-C is checked after each step of the engine: each token, and each chunk of a long
         // prompt's prefill.

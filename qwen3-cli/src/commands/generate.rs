@@ -130,6 +130,7 @@ pub fn generate_text<B: Backend>(
         prompt_logprobs: None,
         last_logits: false,
         draft: args.draft.draft()?,
+        images: None,
     };
     let stats = generate_until(
         &mut engine,

@@ -37,6 +37,8 @@ pub(super) struct Job {
     pub(super) kept_candidates: usize,
     /// Its drafts (speculative decoding), if it has any.
     pub(super) drafter: Option<Drafter>,
+    /// Its prompt's images and positions (images.rs), if it has any.
+    pub(super) images: Option<super::PromptImages>,
 }
 
 /// What a row of logits did to its request ([`next_token`]).

@@ -45,7 +45,7 @@ use crate::chat::{common_prefix_len, reuse_len};
 use crate::constraint::Constraint;
 use crate::kernels::delta_rule;
 use crate::logprobs::{TokenLogprobs, MAX_TOP};
-use crate::model::{Cache, Forward, Model, Segment, StateSnapshot, MAX_BATCH};
+use crate::model::{Cache, Forward, Model, RowInputs, Segment, StateSnapshot, MAX_BATCH};
 use crate::sampler::{Sampler, SamplerConfig};
 use anyhow::{bail, Result};
 use std::collections::VecDeque;
@@ -62,6 +62,10 @@ pub use draft_model::DraftModel;
 
 mod scoring;
 pub use scoring::SCORE_ROWS;
+
+mod images;
+use images::{image_reuse, StepInputs};
+pub use images::{PromptImage, PromptImages};
 
 mod job;
 pub use draft::{Draft, NGRAM_MAX, NGRAM_MIN, SPECULATE_ROWS};
@@ -98,8 +102,12 @@ pub struct Request {
     pub last_logits: bool,
     /// Speculative decoding: how the answer's next tokens are guessed, several checked a step
     /// (draft.rs). The tokens are the same as without; not for a request with a `constraint`
-    /// or `prompt_logprobs`, which decode one token a step.
+    /// or `prompt_logprobs`, which decode one token a step, and not from a draft model for a
+    /// request with images (the draft model does not see them).
     pub draft: Draft,
+    /// The prompt's images (a model with a vision tower): their vectors at their
+    /// `<|image_pad|>` rows, and the prompt's M-RoPE positions; `None` for text.
+    pub images: Option<PromptImages>,
 }
 
 impl Request {
@@ -116,6 +124,7 @@ impl Request {
             prompt_logprobs: None,
             last_logits,
             draft: Draft::None,
+            images: None,
         }
     }
 }
@@ -209,6 +218,9 @@ struct Slot {
     /// the last multiple of the delta rule's chunk in the prompt (the prefix cache resumes
     /// there: the states at the end of the cached tokens are past it).
     snapshot: Option<usize>,
+    /// The images among `cached` (and the tokens its request has yet to run): (first row,
+    /// rows, key), for the prefix cache (images.rs).
+    images: Vec<(usize, usize, u64)>,
 }
 
 impl Slot {
@@ -216,6 +228,7 @@ impl Slot {
     fn forget(&mut self) {
         self.cached.clear();
         self.snapshot = None;
+        self.images.clear();
     }
 }
 
@@ -254,6 +267,8 @@ pub struct Engine<'m, B: Backend> {
     /// step 2's list of the slots that ask it for guesses, with how many.
     draft_model: Option<DraftModel<'m, B>>,
     asks: Vec<(usize, usize)>,
+    /// The step's rows' positions and image vectors, when a sequence in it holds images.
+    inputs: StepInputs,
 }
 
 /// The rows of logits a step of an engine of `slots` sequences may return, for
@@ -286,6 +301,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 job: None,
                 last_used: 0,
                 snapshot: None,
+                images: Vec::new(),
             })
             .collect();
         let snapshots = (0..cfg.slots)
@@ -311,6 +327,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             scores_host: Vec::new(),
             draft_model: None,
             asks: Vec::with_capacity(cfg.slots),
+            inputs: StepInputs::default(),
         })
     }
 
@@ -354,8 +371,14 @@ impl<'m, B: Backend> Engine<'m, B> {
     /// How many of `prompt`'s first tokens `slot`'s cache can give it. A hybrid model's
     /// sequence can go back only to its snapshot (the states of its Gated DeltaNets at the end of
     /// the cached tokens are past the shared prefix), so that position, if the prompt shares it.
-    fn reusable(&self, slot: &Slot, prompt: &[u32]) -> usize {
-        let reuse = reuse_len(&slot.cached, prompt);
+    fn reusable(&self, slot: &Slot, prompt: &[u32], images: Option<&PromptImages>) -> usize {
+        let hidden = self.fwd.model().config.hidden_size as usize;
+        let reuse = image_reuse(
+            &slot.images,
+            images,
+            hidden,
+            reuse_len(&slot.cached, prompt),
+        );
         match self.has_linear_state() {
             false => reuse,
             true => slot.snapshot.filter(|&s| s <= reuse).unwrap_or(0),
@@ -468,6 +491,23 @@ impl<'m, B: Backend> Engine<'m, B> {
         if let Err(e) = req.sampler.validate() {
             return Err(Rejected::Invalid(e.to_string()));
         }
+        if let Some(images) = &req.images {
+            if self.fwd.model().config.vision.is_none() {
+                return Err(Rejected::Invalid(
+                    "this model does not take images (its file has no vision tower)".into(),
+                ));
+            }
+            if req.prompt_logprobs.is_some() {
+                return Err(Rejected::Invalid(
+                    "the prompt's log-probabilities are not computed for a prompt with images"
+                        .into(),
+                ));
+            }
+            let hidden = self.fwd.model().config.hidden_size as usize;
+            images
+                .check(req.prompt.len(), hidden)
+                .map_err(Rejected::Invalid)?;
+        }
         if matches!(req.draft, Draft::Model { .. }) && self.draft_model.is_none() {
             return Err(Rejected::Invalid(
                 "drafts from a draft model, but none is loaded (--draft-model)".into(),
@@ -579,6 +619,14 @@ impl<'m, B: Backend> Engine<'m, B> {
         if let Err(e) = self.save_before_drafts() {
             return self.fail_step(&e.to_string(), events);
         }
+        // A sequence with images: every row's positions, and the images' rows' vectors.
+        let hidden = self.fwd.model().config.hidden_size as usize;
+        let images = self.inputs.build(&self.slots, &self.plan, hidden);
+        let runs = self.inputs.runs();
+        let inputs = match images {
+            true => self.inputs.row_inputs(&runs),
+            false => RowInputs::default(),
+        };
         let result = if self.needs_masks() {
             // The masks of this step's constrained rows, on a second thread while the pass
             // runs: a mask depends only on the tokens written so far, not on these logits.
@@ -587,10 +635,11 @@ impl<'m, B: Backend> Engine<'m, B> {
             let slots = &mut self.slots;
             std::thread::scope(|s| {
                 s.spawn(|| prepare_masks(slots, plan));
-                fwd.step_only(rows, plan, caches)
+                fwd.step_with(rows, plan, caches, inputs)
             })
         } else {
-            self.fwd.step_only(&self.rows, &self.plan, &mut self.caches)
+            self.fwd
+                .step_with(&self.rows, &self.plan, &mut self.caches, inputs)
         };
         match result {
             Ok(k) => {
@@ -610,7 +659,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             // all but its last token reusable, goes back to that slot rather than over another
             // conversation), then the least recently used (so that a busy conversation's cache
             // is not the first overwritten).
-            let prompt = &self.waiting[0].1.prompt;
+            let (prompt, images) = (&self.waiting[0].1.prompt, self.waiting[0].1.images.as_ref());
             let best = self
                 .slots
                 .iter()
@@ -618,7 +667,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 .filter(|(_, s)| s.job.is_none())
                 .map(|(i, s)| {
                     let common = common_prefix_len(&s.cached, prompt);
-                    let reuse = self.reusable(s, prompt);
+                    let reuse = self.reusable(s, prompt, images);
                     (reuse, common, std::cmp::Reverse(s.last_used), i)
                 })
                 .max();
@@ -627,7 +676,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             // A prompt to score runs whole: the logits of its cached positions are gone.
             let reuse = match req.prompt_logprobs {
                 Some(_) => 0,
-                None => self.reusable(&self.slots[i], &req.prompt),
+                None => self.reusable(&self.slots[i], &req.prompt, req.images.as_ref()),
             };
             let slot = &mut self.slots[i];
             if slot.snapshot.is_some_and(|s| s == reuse) {
@@ -648,6 +697,12 @@ impl<'m, B: Backend> Engine<'m, B> {
             }
             slot.cached.truncate(reuse);
             slot.last_used = self.steps;
+            let hidden = self.fwd.model().config.hidden_size as usize;
+            slot.images.clear();
+            if let Some(p) = &req.images {
+                slot.images
+                    .extend(p.images.iter().map(|im| (im.row, im.rows(hidden), im.key)));
+            }
             let sampler = match Sampler::new(req.sampler) {
                 Ok(s) => s,
                 Err(e) => {
@@ -665,7 +720,8 @@ impl<'m, B: Backend> Engine<'m, B> {
             let drafter = match (&req.constraint, req.prompt_logprobs, req.max_tokens) {
                 (None, None, 1..) => Drafter::new(req.draft),
                 _ => None,
-            };
+            }
+            .filter(|d| !(d.uses_model() && req.images.is_some()));
             let mut tokens = req.prompt;
             tokens.reserve(req.max_tokens.min(self.fwd.context_len()) + 1);
             slot.job = Some(Job {
@@ -686,6 +742,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 sampling: Duration::ZERO,
                 kept_candidates: 0,
                 drafter,
+                images: req.images,
             });
             events.push(Event::Started { id, cached: reuse });
         }

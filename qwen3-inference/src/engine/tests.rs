@@ -65,6 +65,7 @@ pub(super) fn request(prompt: &[u32], sampler: SamplerConfig) -> Request {
         prompt_logprobs: None,
         last_logits: false,
         draft: Draft::None,
+        images: None,
     }
 }
 

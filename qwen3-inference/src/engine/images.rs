@@ -1,0 +1,232 @@
+//! Requests whose prompts hold images (Qwen3.5; docs/vision.md): what such a request brings
+//! ([`PromptImages`]: each image's vectors at its rows, every prompt token's M-RoPE positions),
+//! how a step's rows get their inputs ([`StepInputs`]), and how far the prefix cache may reuse a
+//! slot's tokens ([`image_reuse`]).
+//!
+//! The image's `<|image_pad|>` tokens are the same ids whatever the picture, so the prefix cache
+//! cannot compare tokens alone: each image carries a key (a hash of its vectors), and a cached
+//! prefix is reused only up to the first image whose key differs from the new prompt's.
+
+use super::Slot;
+use crate::model::{RowInputs, Segment};
+
+/// One image of a prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptImage {
+    /// The prompt row of its first `<|image_pad|>` token.
+    pub row: usize,
+    /// Its merged vectors, `[tokens, hidden]` (`VisionTower::forward`), in place of its pads'
+    /// embeddings.
+    pub vectors: Vec<f32>,
+    /// A hash of `vectors`: the prefix cache's key for the image.
+    pub key: u64,
+}
+
+impl PromptImage {
+    /// The image whose pads start at prompt row `row`, its key computed.
+    pub fn new(row: usize, vectors: Vec<f32>) -> PromptImage {
+        // FNV-1a over the values' bits: the same picture encodes to the same bits (the tower
+        // is deterministic), another to others.
+        let key = vectors.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
+            v.to_bits()
+                .to_le_bytes()
+                .iter()
+                .fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+        });
+        PromptImage { row, vectors, key }
+    }
+
+    /// Rows it covers in a model of width `hidden`.
+    pub fn rows(&self, hidden: usize) -> usize {
+        self.vectors.len() / hidden
+    }
+}
+
+/// A prompt's images and positions (`vision::positions::mrope_positions`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptImages {
+    /// In prompt order.
+    pub images: Vec<PromptImage>,
+    /// `[time, height, width]` of every prompt token.
+    pub positions: Vec<[u32; 3]>,
+    /// The position of the first token after the prompt, every component (transformers'
+    /// `rope_deltas` plus the prompt's length).
+    pub next: u32,
+}
+
+impl PromptImages {
+    /// The M-RoPE positions of the sequence's token at cache position `p`: the prompt's own, and
+    /// after it `next` counting up, its three components equal.
+    pub fn position(&self, p: usize) -> [u32; 3] {
+        match self.positions.get(p) {
+            Some(&t) => t,
+            None => [(self.next as usize + p - self.positions.len()) as u32; 3],
+        }
+    }
+
+    /// Why a prompt of `len` tokens in a model of width `hidden` cannot take these, if it cannot.
+    pub fn check(&self, len: usize, hidden: usize) -> Result<(), String> {
+        if self.positions.len() != len {
+            return Err(format!(
+                "{} image positions for a prompt of {len} tokens",
+                self.positions.len()
+            ));
+        }
+        let mut end = 0;
+        for im in &self.images {
+            let n = im.rows(hidden);
+            if im.vectors.len() % hidden != 0 || n == 0 || im.row < end || im.row + n > len {
+                return Err(format!(
+                    "an image of {} values at prompt row {} does not fit the prompt's {len} rows of {hidden}",
+                    im.vectors.len(),
+                    im.row
+                ));
+            }
+            end = im.row + n;
+        }
+        Ok(())
+    }
+}
+
+/// How many of a prompt's first `reuse` tokens a slot may give it, its cached images
+/// `cached` (row, rows, key) against the prompt's `images`: up to the first image either has
+/// that the other does not have at the same rows with the same key.
+pub(super) fn image_reuse(
+    cached: &[(usize, usize, u64)],
+    images: Option<&PromptImages>,
+    hidden: usize,
+    reuse: usize,
+) -> usize {
+    let prompt: Vec<(usize, usize, u64)> = images.map_or(Vec::new(), |p| {
+        p.images
+            .iter()
+            .map(|im| (im.row, im.rows(hidden), im.key))
+            .collect()
+    });
+    let mut limit = reuse;
+    for im in cached.iter().chain(&prompt) {
+        if im.0 < limit && !(cached.contains(im) && prompt.contains(im)) {
+            limit = im.0;
+        }
+    }
+    limit
+}
+
+/// A step's rows' own inputs when some of its sequences hold images: every row's positions and
+/// the images' rows that run in it, copied from the requests (the step's pass borrows them
+/// while the requests' grammars may be at work on another thread).
+#[derive(Default)]
+pub(super) struct StepInputs {
+    positions: Vec<[u32; 3]>,
+    values: Vec<f32>,
+    /// (step row, first value, values).
+    runs: Vec<(usize, usize, usize)>,
+}
+
+impl StepInputs {
+    /// Fills the inputs of the step `plan` over `slots`; false (and nothing filled) when no
+    /// sequence in it holds images.
+    pub(super) fn build(&mut self, slots: &[Slot], plan: &[Segment], hidden: usize) -> bool {
+        self.positions.clear();
+        self.values.clear();
+        self.runs.clear();
+        let images = |seg: &Segment| slots[seg.seq].job.as_ref().and_then(|j| j.images.as_ref());
+        if !plan.iter().any(|seg| images(seg).is_some()) {
+            return false;
+        }
+        let mut row = 0;
+        for seg in plan {
+            let span = seg.pos..seg.pos + seg.len;
+            match images(seg) {
+                None => self.positions.extend(span.clone().map(|p| [p as u32; 3])),
+                Some(im) => {
+                    self.positions.extend(span.clone().map(|p| im.position(p)));
+                    for image in &im.images {
+                        let n = image.rows(hidden);
+                        let (lo, hi) = (image.row.max(span.start), (image.row + n).min(span.end));
+                        if lo < hi {
+                            let v = &image.vectors
+                                [(lo - image.row) * hidden..(hi - image.row) * hidden];
+                            self.runs
+                                .push((row + lo - span.start, self.values.len(), v.len()));
+                            self.values.extend_from_slice(v);
+                        }
+                    }
+                }
+            }
+            row += seg.len;
+        }
+        true
+    }
+
+    /// The runs as the pass takes them, borrowing the values.
+    pub(super) fn runs(&self) -> Vec<(usize, &[f32])> {
+        self.runs
+            .iter()
+            .map(|&(row, at, n)| (row, &self.values[at..at + n]))
+            .collect()
+    }
+
+    /// The pass's [`RowInputs`] over `runs` (from [`StepInputs::runs`]).
+    pub(super) fn row_inputs<'a>(&'a self, runs: &'a [(usize, &'a [f32])]) -> RowInputs<'a> {
+        RowInputs {
+            positions: Some(&self.positions),
+            embeddings: runs,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn images(at: &[(usize, f32)], len: usize) -> PromptImages {
+        PromptImages {
+            images: at
+                .iter()
+                .map(|&(row, v)| PromptImage::new(row, vec![v; 4]))
+                .collect(),
+            positions: vec![[0; 3]; len],
+            next: len as u32,
+        }
+    }
+
+    /// A cached prefix is reused up to the first image that differs, or that one side lacks.
+    #[test]
+    fn the_prefix_cache_stops_at_a_different_image() {
+        let hidden = 2;
+        let cached = |p: &PromptImages| -> Vec<(usize, usize, u64)> {
+            p.images
+                .iter()
+                .map(|im| (im.row, im.rows(hidden), im.key))
+                .collect()
+        };
+        let a = images(&[(2, 1.0), (8, 2.0)], 12);
+        // The same images: as far as the tokens agree.
+        assert_eq!(image_reuse(&cached(&a), Some(&a), hidden, 11), 11);
+        // The second image differs: up to its row.
+        let b = images(&[(2, 1.0), (8, 3.0)], 12);
+        assert_eq!(image_reuse(&cached(&a), Some(&b), hidden, 11), 8);
+        // A text prompt over a cached image: up to the image.
+        assert_eq!(image_reuse(&cached(&a), None, hidden, 11), 2);
+        // An image in the prompt where the cache has text.
+        assert_eq!(image_reuse(&[], Some(&a), hidden, 11), 2);
+        // Images past the tokens in common do not matter.
+        assert_eq!(image_reuse(&cached(&a), Some(&b), hidden, 6), 6);
+        assert_ne!(a.images[1].key, b.images[1].key);
+    }
+
+    #[test]
+    fn positions_go_on_after_the_prompt() {
+        let mut p = images(&[], 3);
+        p.positions = vec![[0; 3], [1, 1, 2], [3; 3]];
+        p.next = 4;
+        assert_eq!(p.position(1), [1, 1, 2]);
+        assert_eq!(p.position(3), [4; 3]);
+        assert_eq!(p.position(5), [6; 3]);
+        assert!(p.check(3, 2).is_ok());
+        assert!(p.check(4, 2).is_err());
+        let bad = images(&[(2, 1.0)], 3); // 2 rows from row 2 of 3
+        assert!(bad.check(3, 2).unwrap_err().contains("does not fit"));
+    }
+}
