@@ -25,7 +25,8 @@ What it writes under OUT/:
 - images/: a 64 x 96 RGB image (no resize: 2 x 3 merged tokens), a 50 x 70 grayscale one
   (resized to 64 x 64), a 96 x 64 RGBA one.
 - reference.json: per case, the prompt's ids (text ids drawn from the vocabulary, each image's
-  `<|vision_start|>`, one `<|image_pad|>` per merged token, `<|vision_end|>`), the images,
+  `<|vision_start|>`, one `<|image_pad|>` per merged token, `<|vision_end|>`; or a chat's
+  messages through the chat template, the pads repeated as the processor does), the images,
   `image_grid_thw`, the position ids (3 x L), the tower's merged vectors, every position's f32
   logits, and 8 greedy tokens from `generate` with the smallest gap between the two best
   logits along the way (a test of greedy tokens needs that gap above the rounding), and how far
@@ -64,6 +65,19 @@ CASES = [
     ("one image", [3, "rgb-64x96.png", 4]),
     ("two images, text between", [2, "rgb-64x96.png", 3, "gray-50x70.png", 2]),
     ("an image in a second turn", [4, "rgba-96x64.png", 6, "gray-50x70.png", 3]),
+]
+# Chat cases: the messages, rendered by the chat template with the generation prompt, each
+# `<|image_pad|>` then repeated for its image's merged tokens in the text before tokenizing (as
+# Qwen3VLProcessor does); the images in the order the messages hold them.
+CHATS = [
+    ("chat: an image, then the question",
+     [dict(role="user", content=[dict(type="image"), dict(type="text", text="What is in the picture?")])],
+     ["rgb-64x96.png"]),
+    ("chat: two turns, an image in each",
+     [dict(role="user", content=[dict(type="image"), dict(type="text", text="Describe it.")]),
+      dict(role="assistant", content="A gradient."),
+      dict(role="user", content=[dict(type="text", text="And this one?"), dict(type="image")])],
+     ["rgba-96x64.png", "gray-50x70.png"]),
 ]
 
 
@@ -156,21 +170,32 @@ def main():
         processed[name] = (r["pixel_values"], r["image_grid_thw"][0])
         print(f"{name}: grid {r['image_grid_thw'][0].tolist()}")
 
-    # 4. The cases.
+    # 4. The cases: random text ids around images, then chats through the template.
     rng = np.random.default_rng(11)
-    cases = []
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    prompts = []
     for name, parts in CASES:
-        ids, kinds, images = [], [], []
+        ids, images = [], []
         for p in parts:
             if isinstance(p, int):
                 ids += rng.integers(0, 500, p).tolist()
-                kinds += [0] * p
             else:
-                grid = processed[p][1]
-                n = int(grid.prod()) // 4
+                n = int(processed[p][1].prod()) // 4
                 ids += [VISION_START] + [IMAGE_PAD] * n + [VISION_END]
-                kinds += [0] + [1] * n + [0]
                 images.append(p)
+        prompts.append((name, ids, images, None))
+    for name, messages, images in CHATS:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        pieces = text.split("<|image_pad|>")
+        assert len(pieces) == len(images) + 1, text
+        expanded = pieces[0]
+        for image, piece in zip(images, pieces[1:]):
+            expanded += "<|image_pad|>" * (int(processed[image][1].prod()) // 4) + piece
+        ids = tokenizer(expanded, add_special_tokens=False)["input_ids"]
+        prompts.append((name, ids, images, messages))
+    cases = []
+    for name, ids, images, messages in prompts:
+        kinds = [1 if t == IMAGE_PAD else 0 for t in ids]
         input_ids = torch.tensor([ids])
         mm = torch.tensor([kinds], dtype=torch.int)
         pixels = torch.cat([processed[i][0] for i in images])
@@ -197,7 +222,7 @@ def main():
         rounding = float((logits.double() - logits64).abs().max())
         gaps = [float(torch.topk(s[0], 2).values.diff().abs()) for s in gen.scores]
         greedy = gen.sequences[0, len(ids):].tolist()
-        cases.append(dict(name=name, input_ids=ids, images=images, image_grid_thw=grids.tolist(),
+        cases.append(dict(name=name, messages=messages, input_ids=ids, images=images, image_grid_thw=grids.tolist(),
                           positions=positions[:, 0, :].tolist(), next_position=int(delta[0, 0]) + len(ids),
                           merged_shape=list(merged.shape), merged_b64=b64(merged.numpy()),
                           logits_shape=list(logits.shape), logits_b64=b64(logits.numpy()),

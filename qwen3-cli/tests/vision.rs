@@ -9,6 +9,7 @@ use qwen3_inference::testing::reference_json::max_rel_diff;
 use qwen3_inference::vision::{self, VisionTower};
 use qwen3_test_support::{export_fixture, fixture, floats_b64, tempdir};
 use serde_json::Value;
+use std::path::Path;
 
 const NAME: &str = "tiny-qwen3_5-vl-f32";
 
@@ -350,7 +351,8 @@ fn the_engine_serves_images_beside_text() {
             assert_eq!(&got[i].0, want, "{} ({draft:?})", cases[i]["name"]);
         }
         assert_eq!(
-            got[3].0, alone[0].0,
+            got[prompts.len()].0,
+            alone[0].0,
             "the text request beside images ({draft:?})"
         );
     }
@@ -442,4 +444,117 @@ fn engine_refusal(
     let cpu = CpuBackend::new();
     let mut e = Engine::one_sequence(&cpu, model, 64, KvType::F32).unwrap();
     e.submit(r).unwrap_err().to_string()
+}
+
+/// `qwen3 inference -m generate --image FILE -i TEXT`: the image before the text in one user
+/// turn of the chat template, as transformers' processor prepares it; transformers' greedy
+/// tokens. A text-only model, a missing file and a file that is no image are refused by name.
+#[test]
+fn generate_with_an_image_answers_as_transformers() {
+    use std::process::Command;
+    let dir = tempdir("qwen3-vision", "cli");
+    let model = dir.join("m.bin");
+    let qwen3 = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_qwen3"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let fx = fixture(NAME);
+    let export = qwen3(&[
+        "export",
+        fx.to_str().unwrap(),
+        model.to_str().unwrap(),
+        "--dtype",
+        "f32",
+    ]);
+    assert!(
+        export.status.success(),
+        "{}",
+        String::from_utf8_lossy(&export.stderr)
+    );
+    let reference = json(&fx.join("reference.json"));
+    let case = &reference["cases"][3];
+    assert_eq!(case["name"], "chat: an image, then the question");
+    let text = case["messages"][0]["content"][1]["text"].as_str().unwrap();
+    let image = fx.join("images").join(case["images"][0].as_str().unwrap());
+    let greedy = case["greedy"].as_array().unwrap();
+    let n = greedy.len().to_string();
+    let m = model.to_str().unwrap();
+    let args = [
+        "inference",
+        m,
+        "-m",
+        "generate",
+        "-i",
+        text,
+        "--image",
+        image.to_str().unwrap(),
+        "-n",
+        &n,
+        "-t",
+        "0",
+        "--json",
+    ];
+    let out = qwen3(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The answer may end early at an end-of-turn id that transformers' run went past.
+    let tokens = v["tokens"].as_array().unwrap();
+    assert!(!tokens.is_empty());
+    assert_eq!(tokens[..], greedy[..tokens.len()], "{v}");
+    eprintln!("generate --image: {v}");
+
+    // Refused by name.
+    let fail = |args: &[&str], want: &str| {
+        let o = qwen3(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want), "{want}: {err}");
+    };
+    let not_an_image = dir.join("notes.png");
+    std::fs::write(&not_an_image, b"not a picture").unwrap();
+    let run = |model: &str, img: &str| -> Vec<String> {
+        [
+            "inference",
+            model,
+            "-m",
+            "generate",
+            "-i",
+            "Hi",
+            "--image",
+            img,
+            "-n",
+            "2",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let strs = |v: &[String]| -> Vec<String> { v.to_vec() };
+    let call = |v: Vec<String>, want: &str| {
+        let r: Vec<&str> = v.iter().map(String::as_str).collect();
+        fail(&r, want)
+    };
+    call(strs(&run(m, not_an_image.to_str().unwrap())), "notes.png");
+    call(
+        strs(&run(m, dir.join("missing.png").to_str().unwrap())),
+        "missing.png: cannot read",
+    );
+    let text_model = dir.join("text.bin");
+    let text_fx =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/tiny-qwen3_5-bf16");
+    let e = qwen3(&[
+        "export",
+        text_fx.to_str().unwrap(),
+        text_model.to_str().unwrap(),
+    ]);
+    assert!(e.status.success());
+    call(
+        run(text_model.to_str().unwrap(), image.to_str().unwrap()),
+        "does not take images",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -252,6 +252,11 @@ pub struct InferenceArgs {
     /// Generate mode: wrap the prompt in the model's chat template as one user turn.
     #[arg(long)]
     pub chat: bool,
+    /// Generate mode: an image file (PNG, JPEG, GIF, WebP) for a model that sees images
+    /// (Qwen3.5 exported with its vision tower), placed before the prompt's text in the user
+    /// turn, as llama.cpp's mtmd-cli places it; repeatable. Implies --chat.
+    #[arg(long = "image", value_name = "FILE")]
+    pub images: Vec<PathBuf>,
     /// System prompt (chat mode, or generate mode with --chat).
     #[arg(short = 'y', long)]
     pub system: Option<String>,

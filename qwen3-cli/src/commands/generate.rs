@@ -9,12 +9,13 @@ use anyhow::{bail, Context, Result};
 use qwen3_inference::backend::Backend;
 use qwen3_inference::chat::Conversation;
 use qwen3_inference::constraint::{Constraint, Start, Vocabulary};
-use qwen3_inference::engine::{Engine, Request};
+use qwen3_inference::engine::{Engine, PromptImages, Request};
 use qwen3_inference::format::ModelFile;
 use qwen3_inference::generate::{generate_until, GenerationStats, StopReason};
 use qwen3_inference::logprobs::TokenLogprobs;
 use qwen3_inference::sampler::SamplerConfig;
 use qwen3_inference::tokenizer::Tokenizer;
+use qwen3_inference::vision::{ImageEncoder, MAX_SOURCE_PIXELS};
 use qwen3_server::text::ChoiceText;
 use serde_json::json;
 use std::io::Write;
@@ -31,6 +32,8 @@ pub struct PromptJob {
     eos_ids: Vec<u32>,
     /// `--json-schema`, `--json-object`, `--grammar` or `--regex`, compiled.
     constraint: Option<Constraint>,
+    /// `--image`s, encoded, at their rows of `prompt`.
+    images: Option<PromptImages>,
 }
 
 impl PromptJob {
@@ -44,23 +47,50 @@ impl PromptJob {
         let mut eos_ids = c.eos_token_ids.clone();
         // The chat prompt's text, for where a constrained answer starts (after the reasoning).
         let mut chat_prompt = None;
+        let chat = args.chat || !args.images.is_empty();
+        let mut images = None;
+        // A model that cannot see is refused before anything is read.
+        let encoder = match args.images.is_empty() {
+            true => None,
+            false => Some(image_encoder(file)?),
+        };
         let prompt: Vec<u32> = match (&text, &args.prompt_ids, &tokenizer) {
-            (_, Some(_), _) if args.chat => {
-                bail!("--chat needs a text prompt (-i), not --prompt-ids")
+            (_, Some(_), _) if chat => {
+                bail!("--chat and --image need a text prompt (-i), not --prompt-ids")
             }
             (_, Some(_), _) if !args.stops.is_empty() => {
                 bail!("--stop needs a text prompt (-i or -f): with --prompt-ids the output is ids")
             }
             (_, Some(ids), _) => parse_ids(ids)?,
-            (Some(text), None, Some(tok)) if args.chat => {
+            (Some(text), None, Some(tok)) if chat => {
                 // One user turn, rendered as HF apply_chat_template(add_generation_prompt=True).
                 let template = super::model_text::needed_template(&args.model)?;
                 let mut conv = Conversation::new(args.system.clone());
                 conv.set_thinking(args.thinking.map(|t| t == OnOff::On));
                 conv.push_user(text.as_str());
                 eos_ids = super::chat::stop_ids(&c.eos_token_ids, &template, tok);
-                let rendered = conv.prompt(&template)?;
-                let ids = tok.encode(&rendered);
+                let rendered = match args.images.is_empty() {
+                    true => conv.prompt(&template)?,
+                    false => {
+                        // The images first, then the text: `content` as a list of parts.
+                        let mut messages: Vec<serde_json::Value> = conv
+                            .messages()
+                            .iter()
+                            .map(serde_json::to_value)
+                            .collect::<std::result::Result<_, _>>()?;
+                        let mut parts = vec![json!({"type": "image"}); args.images.len()];
+                        parts.push(json!({"type": "text", "text": text}));
+                        let last = messages.last_mut().expect("the user turn");
+                        last["content"] = serde_json::Value::Array(parts);
+                        template.render_json(&messages, None, true, conv.thinking())?
+                    }
+                };
+                let mut ids = tok.encode(&rendered);
+                if let Some(encoder) = &encoder {
+                    let (prompt, placed) = encode_images(&args.images, encoder, &ids)?;
+                    ids = prompt;
+                    images = Some(placed);
+                }
                 chat_prompt = Some((rendered, template.default_thinking().is_some()));
                 ids
             }
@@ -94,8 +124,41 @@ impl PromptJob {
             prompt,
             eos_ids,
             constraint,
+            images,
         })
     }
+}
+
+/// The model's image encoder, or why it has none.
+fn image_encoder(file: &ModelFile) -> Result<ImageEncoder> {
+    match ImageEncoder::from_file(file)? {
+        Some(encoder) => Ok(encoder),
+        None => bail!(
+            "{}: this model does not take images (its file has no vision tower; export a \
+             vision-language checkpoint with its preprocessor_config.json)",
+            file.path().display()
+        ),
+    }
+}
+
+/// The `--image` files through the model's tower, and the template's tokens `ids` with each
+/// image's pads (docs/vision.md).
+fn encode_images(
+    paths: &[std::path::PathBuf],
+    encoder: &ImageEncoder,
+    ids: &[u32],
+) -> Result<(Vec<u32>, PromptImages)> {
+    let encoded = paths
+        .iter()
+        .map(|p| {
+            let bytes =
+                std::fs::read(p).with_context(|| format!("{}: cannot read", p.display()))?;
+            encoder
+                .encode(&bytes, MAX_SOURCE_PIXELS)
+                .with_context(|| format!("{}", p.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    encoder.prompt(ids, encoded)
 }
 
 /// `-m generate` on any backend: prefill, then sample and stream tokens to stdout.
@@ -111,6 +174,7 @@ pub fn generate_text<B: Backend>(
         prompt,
         eos_ids,
         constraint,
+        images,
     } = job;
     let sampler = sampler_from_args(args, engine.forward().model().config)?;
     if args.verbose {
@@ -130,7 +194,7 @@ pub fn generate_text<B: Backend>(
         prompt_logprobs: None,
         last_logits: false,
         draft: args.draft.draft()?,
-        images: None,
+        images,
     };
     let stats = generate_until(
         &mut engine,

@@ -13,17 +13,22 @@
 //!    DeepStack features)          merged [patches / 4, text hidden size]
 //!
 //! prompt with image tokens --positions::mrope_positions--> (time, height, width) per token
+//!
+//! template tokens + images --ImageEncoder::prompt--> the engine's prompt and PromptImages
 //! ```
 //!
 //! Each step is checked against transformers: the processor against `Qwen2VLImageProcessorPil`
 //! on images made by `scripts/vision_reference.py` (the RGB bytes, the resized size and every
 //! pixel value), the tower against `Qwen3VLVisionModel` and `Qwen3_5VisionModel` on tiny random
-//! towers made by `scripts/vision_tower_reference.py` (`tests/vision_tower.rs`). The tower here is
-//! the textbook one (plain loops, f32 values, f64 sums); a model file does not carry a tower yet.
+//! towers made by `scripts/vision_tower_reference.py` (`tests/vision_tower.rs`), and the whole path
+//! (a model file's tower, the text model's logits with images) against
+//! `Qwen3_5ForConditionalGeneration` (`qwen3-cli/tests/vision.rs`). The tower here is the
+//! textbook one (plain loops, f32 values, f64 sums).
 
 pub mod image;
 pub mod positions;
 pub mod processor;
+pub mod prompt;
 pub mod resize;
 pub mod tower;
 
@@ -32,4 +37,5 @@ mod tests;
 
 pub use image::{decode, Rgb};
 pub use processor::{ImageProcessor, Patches};
+pub use prompt::{EncodedImage, ImageEncoder, MAX_SOURCE_PIXELS};
 pub use tower::{VisionConfig, VisionOutput, VisionTower};
