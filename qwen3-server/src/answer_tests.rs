@@ -50,6 +50,7 @@ fn state() -> Arc<AppState> {
         embeds: false,
         cors: vec![],
         info: Default::default(),
+        images: None,
         draining: Default::default(),
         public_metrics: false,
         draft: Default::default(),
@@ -73,6 +74,7 @@ fn answer(s: &Arc<AppState>, text: &str) -> (Value, Vec<Value>) {
         tool_calls: Some(crate::tool_calls::ToolCalls::default()),
         constraint: None,
         start: Instant::now(),
+        images: None,
     };
     let meta = Meta {
         id: "chatcmpl-1".into(),

@@ -118,7 +118,7 @@ pub(crate) async fn queue(s: &Arc<AppState>, job: &Job, p: &Params) -> Result<Qu
                 true => s.draft.clone(),
                 false => qwen3_inference::engine::Draft::None,
             },
-            images: None,
+            images: job.images.clone(),
         })
         .collect();
     let (tx, mut rx) = mpsc::unbounded_channel();

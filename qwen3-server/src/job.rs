@@ -66,6 +66,8 @@ pub(crate) struct Job {
     pub(crate) constraint: Option<Constraint>,
     /// When the request arrived (its time to first token counts from here).
     pub(crate) start: Instant,
+    /// A chat's images, encoded, at their rows of its one prompt (images.rs).
+    pub(crate) images: Option<qwen3_inference::engine::PromptImages>,
 }
 
 /// What the request log line says about tokens; put in a response's extensions by the handler.

@@ -42,6 +42,8 @@ pub mod request;
 
 pub mod structured;
 
+pub mod images;
+
 pub mod ollama;
 
 pub mod engine;

@@ -86,6 +86,8 @@ pub struct Metrics {
     /// finished requests.
     pub draft_tokens: AtomicU64,
     pub draft_accepted_tokens: AtomicU64,
+    /// Images encoded (requests with images, each image once).
+    pub images: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -105,6 +107,7 @@ impl Default for Metrics {
             prefix_cache_tokens: AtomicU64::new(0),
             draft_tokens: AtomicU64::new(0),
             draft_accepted_tokens: AtomicU64::new(0),
+            images: AtomicU64::new(0),
         }
     }
 }
@@ -133,6 +136,11 @@ impl Metrics {
             Some((_, n)) => *n += 1,
             None => r.push(((route.to_string(), status), 1)),
         }
+    }
+
+    /// `n` images encoded.
+    pub fn images(&self, n: usize) {
+        self.images.fetch_add(n as u64, Relaxed);
     }
 
     pub fn tokens(&self, prompt: usize, generated: usize) {
@@ -238,6 +246,12 @@ impl Metrics {
             "qwen3_prefix_cache_tokens_total",
             "Prompt tokens taken from the slots' caches instead of being run.",
             self.prefix_cache_tokens.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "qwen3_images_total",
+            "Images encoded by the vision tower (each image of each request once).",
+            self.images.load(Relaxed),
         );
         counter(
             &mut out,

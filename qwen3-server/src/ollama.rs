@@ -186,6 +186,9 @@ pub async fn show(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
     if !s.embeds && s.thinking_template {
         capabilities.push("thinking");
     }
+    if s.images.is_some() {
+        capabilities.push("vision");
+    }
     Json(json!({
         "modelfile": "",
         "parameters": "",
@@ -265,29 +268,51 @@ fn translate_options(v: &Value, out: &mut Map<String, Value>) -> Result<(), Refu
         }
         Some(_) => return Err(refuse(StatusCode::BAD_REQUEST, "think must be a boolean")),
     }
-    if v.get("images").is_some_and(|i| !i.is_null()) {
-        return Err(refuse(
-            StatusCode::BAD_REQUEST,
-            "images are not supported: this server runs text models",
-        ));
-    }
     Ok(())
+}
+
+/// Ollama's `images` (base64, no media type) as OpenAI's image parts before the text `content`,
+/// as `ollama run` places a message's images; `content` alone without images.
+fn with_images(content: Option<&Value>, images: Option<&Value>) -> Result<Value, Refused> {
+    let images = match images {
+        None | Some(Value::Null) => return Ok(content.cloned().unwrap_or(Value::Null)),
+        Some(Value::Array(a)) => a,
+        Some(_) => {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "images must be a list of base64 strings",
+            ))
+        }
+    };
+    let mut parts = Vec::with_capacity(images.len() + 1);
+    for image in images {
+        let Some(b64) = image.as_str() else {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "images must be a list of base64 strings",
+            ));
+        };
+        let url = format!("data:;base64,{b64}");
+        parts.push(json!({"type": "image_url", "image_url": {"url": url}}));
+    }
+    match content {
+        Some(Value::String(t)) if !t.is_empty() => parts.push(json!({"type": "text", "text": t})),
+        None | Some(Value::Null | Value::String(_)) => {}
+        Some(_) => return Err(refuse(StatusCode::BAD_REQUEST, "content must be a string")),
+    }
+    Ok(Value::Array(parts))
 }
 
 /// An Ollama message as the OpenAI message it is (a call's `arguments` stay an object, which
 /// the template takes; `thinking` is `reasoning_content`).
 fn message(m: &Value) -> Result<Value, Refused> {
-    if m.get("images").is_some_and(|i| !i.is_null()) {
-        return Err(refuse(
-            StatusCode::BAD_REQUEST,
-            "images are not supported: this server runs text models",
-        ));
-    }
     let mut out = Map::new();
-    for k in ["role", "content"] {
-        if let Some(x) = m.get(k) {
-            out.insert(k.into(), x.clone());
-        }
+    if let Some(x) = m.get("role") {
+        out.insert("role".into(), x.clone());
+    }
+    let content = with_images(m.get("content"), m.get("images"))?;
+    if !content.is_null() {
+        out.insert("content".into(), content);
     }
     if let Some(t) = m.get("thinking").filter(|t| t.is_string()) {
         out.insert("reasoning_content".into(), t.clone());
@@ -351,7 +376,10 @@ pub async fn chat(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => return e.ollama(),
     };
-    let (job, params) = req.into_job(&s, Instant::now());
+    let (job, params) = match crate::images::into_job(req, &s, Instant::now()).await {
+        Ok(jp) => jp,
+        Err(e) => return e.ollama(),
+    };
     answer(s, job, params, stream_flag(&v), Kind::Chat).await
 }
 
@@ -420,7 +448,11 @@ pub async fn generate(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
         if let Some(sys) = v["system"].as_str().filter(|t| !t.is_empty()) {
             messages.push(json!({"role": "system", "content": sys}));
         }
-        messages.push(json!({"role": "user", "content": prompt}));
+        let content = match with_images(Some(&Value::from(prompt)), v.get("images")) {
+            Ok(c) => c,
+            Err(r) => return r.into_response(),
+        };
+        messages.push(json!({"role": "user", "content": content}));
         o.insert("messages".into(), messages.into());
     }
     if let Err(r) = translate_options(&v, &mut o) {
@@ -428,9 +460,18 @@ pub async fn generate(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
     }
     let openai = Value::Object(o).to_string();
     let parsed = if raw {
+        if v.get("images").is_some_and(|i| !i.is_null()) {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "images need the chat template: drop raw",
+            );
+        }
         CompletionRequest::parse(openai.as_bytes(), &s).map(|r| r.into_job(&s, Instant::now()))
     } else {
-        ChatRequest::parse(openai.as_bytes(), &s).map(|r| r.into_job(&s, Instant::now()))
+        match ChatRequest::parse(openai.as_bytes(), &s) {
+            Ok(r) => crate::images::into_job(r, &s, Instant::now()).await,
+            Err(e) => Err(e),
+        }
     };
     let (job, mut params) = match parsed {
         Ok(jp) => jp,

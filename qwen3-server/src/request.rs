@@ -93,6 +93,7 @@ impl CompletionRequest {
             tool_calls: None,
             constraint: self.constraint,
             start,
+            images: None,
         };
         (job, self.params)
     }
@@ -116,6 +117,8 @@ pub struct ChatRequest {
     pub text: String,
     /// `response_format` and the tool calls' grammar, compiled (structured.rs).
     pub constraint: Option<Constraint>,
+    /// The messages' images, in order (images.rs encodes them into the job).
+    pub images: Vec<crate::images::ImagePart>,
 }
 
 impl ChatRequest {
@@ -134,7 +137,23 @@ impl ChatRequest {
                 "echo is a field of /v1/completions, not of chat",
             ));
         }
-        let (messages, thinking) = chat_messages(&v)?;
+        let (messages, thinking, images) = chat_messages(&v)?;
+        if !images.is_empty() && s.images.is_none() {
+            return Err(ApiError::invalid(
+                images[0].param.clone(),
+                crate::images::NO_TOWER,
+            ));
+        }
+        if images.len() > crate::images::MAX_IMAGES {
+            return Err(ApiError::invalid(
+                "messages".to_string(),
+                format!(
+                    "{} images: at most {} in one request",
+                    images.len(),
+                    crate::images::MAX_IMAGES
+                ),
+            ));
+        }
         let Some(template) = &s.template else {
             return Err(ApiError::invalid(
                 None,
@@ -160,6 +179,7 @@ impl ChatRequest {
             logprobs,
             text,
             constraint,
+            images,
         })
     }
 
@@ -187,6 +207,7 @@ impl ChatRequest {
             tool_calls,
             constraint: self.constraint,
             start,
+            images: None,
         };
         (job, self.params)
     }
@@ -682,9 +703,12 @@ fn completion_prompt(v: &Value, tok: &Tokenizer) -> Result<Vec<Vec<u32>>, ApiErr
     Ok(prompts)
 }
 
-/// `/v1/chat/completions`' `messages`, as the JSON messages the chat template reads, and
-/// `chat_template_kwargs.enable_thinking`.
-fn chat_messages(v: &Value) -> Result<(Vec<Value>, Option<bool>), ApiError> {
+/// The messages' images, in order.
+type Images = Vec<crate::images::ImagePart>;
+
+/// `/v1/chat/completions`' `messages`, as the JSON messages the chat template reads,
+/// `chat_template_kwargs.enable_thinking`, and the messages' images.
+fn chat_messages(v: &Value) -> Result<(Vec<Value>, Option<bool>, Images), ApiError> {
     #[derive(Deserialize)]
     struct Kwargs {
         enable_thinking: Option<bool>,
@@ -704,18 +728,20 @@ fn chat_messages(v: &Value) -> Result<(Vec<Value>, Option<bool>), ApiError> {
             "messages must hold at least one message",
         ));
     }
+    let mut images = Vec::new();
     let out = messages
         .iter()
         .enumerate()
-        .map(|(i, m)| message(i, m))
+        .map(|(i, m)| message(i, m, &mut images))
         .collect::<Result<_, _>>()?;
     let thinking = body.chat_template_kwargs.and_then(|k| k.enable_thinking);
-    Ok((out, thinking))
+    Ok((out, thinking, images))
 }
 
 /// One message, checked: a known role, and content that is text (a string, or a list of text
-/// parts, which are joined).
-fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
+/// parts, which are joined) or, with images, a list of text parts and `{"type": "image"}`
+/// parts in their order, as Qwen3.5's template reads them (the images' bytes go to `images`).
+fn message(i: usize, m: &Value, images: &mut Images) -> Result<Value, ApiError> {
     let at = |f: &str| format!("messages[{i}].{f}");
     let obj = m.as_object().ok_or_else(|| {
         ApiError::invalid(format!("messages[{i}]"), "a message must be an object")
@@ -732,33 +758,52 @@ fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
         }
         None => return Err(ApiError::invalid(at("role"), "role must be a string")),
     };
-    let content =
-        match obj.get("content") {
-            None | Some(Value::Null) if role == "assistant" => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => {
-                let mut text = String::new();
-                for (j, p) in parts.iter().enumerate() {
-                    match (p.get("type").and_then(Value::as_str), p.get("text")) {
-                        (Some("text"), Some(Value::String(t))) => text.push_str(t),
-                        _ => return Err(ApiError::invalid(
-                            format!("messages[{i}].content[{j}]"),
-                            "only text parts ({\"type\": \"text\", \"text\": ...}) are supported",
-                        )),
+    let content: Value = match obj.get("content") {
+        None | Some(Value::Null) if role == "assistant" => String::new().into(),
+        Some(Value::String(s)) => s.clone().into(),
+        Some(Value::Array(parts)) => {
+            let (mut text, mut listed, before) = (String::new(), Vec::new(), images.len());
+            for (j, p) in parts.iter().enumerate() {
+                let param = format!("messages[{i}].content[{j}]");
+                match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                    (Some("text" | "input_text"), Some(Value::String(t))) => {
+                        text.push_str(t);
+                        listed.push(serde_json::json!({"type": "text", "text": t}));
                     }
+                    _ => match crate::images::image_part(p, &param)? {
+                        Some(image) if role == "user" => {
+                            images.push(image);
+                            listed.push(serde_json::json!({"type": "image"}));
+                        }
+                        Some(_) => {
+                            return Err(ApiError::invalid(
+                                param,
+                                "images are taken in user messages only",
+                            ))
+                        }
+                        None => return Err(ApiError::invalid(
+                            param,
+                            "a content part is text ({\"type\": \"text\", \"text\": ...}) or an \
+                             image ({\"type\": \"image_url\", \"image_url\": {\"url\": \"data:...\"}})",
+                        )),
+                    },
                 }
-                text
             }
-            _ => {
-                return Err(ApiError::invalid(
-                    at("content"),
-                    "content must be a string or a list of text parts",
-                ))
+            match images.len() > before {
+                true => Value::Array(listed),
+                false => text.into(),
             }
-        };
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                at("content"),
+                "content must be a string or a list of text and image parts",
+            ))
+        }
+    };
     let mut out = serde_json::Map::new();
     out.insert("role".into(), role.into());
-    out.insert("content".into(), content.into());
+    out.insert("content".into(), content);
     if role == "assistant" {
         // The calls it made, as the template renders them (Qwen3's takes `arguments` as a JSON
         // string, as OpenAI clients send it, or as an object).
@@ -863,7 +908,7 @@ mod tests {
         let e = m(json!([{"role": "user", "content": 5}])).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages[0].content"));
         assert!(m(json!([])).is_err());
-        let (ok, _) = m(json!([{"role": "developer", "content": [
+        let (ok, _, _) = m(json!([{"role": "developer", "content": [
             {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]))
         .unwrap();
         assert_eq!(ok, [json!({"role": "system", "content": "ab"})]);

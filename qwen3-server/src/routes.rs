@@ -91,7 +91,8 @@ pub async fn chat_completions(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let start = Instant::now();
-    let (job, params) = ChatRequest::parse(&body(b)?, &s)?.into_job(&s, start);
+    let req = ChatRequest::parse(&body(b)?, &s)?;
+    let (job, params) = crate::images::into_job(req, &s, start).await?;
     engine::run(s, job, params).await
 }
 

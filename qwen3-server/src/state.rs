@@ -58,6 +58,8 @@ pub struct AppState {
     pub grammars: Grammars,
     /// What Ollama's `/api/tags` and `/api/show` say of the model.
     pub info: ModelInfo,
+    /// The model's vision tower and image settings (a model that sees images), or `None`.
+    pub images: Option<qwen3_inference::vision::ImageEncoder>,
     /// Set when the server was told to stop ([`crate::serve`]): `/health` answers 503, new
     /// requests get a 503 (a load balancer sends them to another replica), and the requests
     /// already held are answered.

@@ -248,6 +248,7 @@ pub fn prepare(
         reranker: None,
         embeds: c.embedding.is_some(),
         info: ModelInfo::of(&file, &args.model),
+        images: qwen3_inference::vision::ImageEncoder::from_file(&file)?,
         draining: Default::default(),
         public_metrics: false,
         draft: args.draft.draft()?,

@@ -138,6 +138,7 @@ impl Server {
             reranker,
             embeds: c.embedding.is_some(),
             info: ModelInfo::of(&file, model),
+            images: qwen3_inference::vision::ImageEncoder::from_file(&file).unwrap(),
             draining: Default::default(),
             public_metrics,
             draft,
