@@ -11,6 +11,8 @@ use qwen3_test_support::{export_fixture, fixture, floats_b64, tempdir};
 use serde_json::Value;
 use std::path::Path;
 
+mod common;
+
 const NAME: &str = "tiny-qwen3_5-vl-f32";
 
 fn json(path: &std::path::Path) -> Value {
@@ -557,4 +559,125 @@ fn generate_with_an_image_answers_as_transformers() {
         "does not take images",
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `qwen3 serve` with images under many clients: the real binary, real HTTP. 24 chat requests
+/// (the fixture's images with one question, text alone, greedy and sampled, some streamed) from
+/// 8 clients at once each answer as they do alone; a client that hangs up while its image
+/// request runs costs nothing but its own answer.
+#[test]
+fn served_concurrently_with_images_equals_alone() {
+    use common::{http, Server};
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    let dir = tempdir("qwen3-vision", "serve");
+    let model = export_fixture(NAME, &dir, DType::Q8, 32);
+    let s = Server::start(
+        &model,
+        &[
+            "--parallel",
+            "4",
+            "--prefill-chunk",
+            "8",
+            "--context",
+            "256",
+        ],
+    );
+    let images: Vec<String> = ["rgb-64x96.png", "gray-50x70.png", "rgba-96x64.png"]
+        .iter()
+        .map(|f| qwen3_test_support::data_url(&fixture(NAME).join("images").join(f)))
+        .collect();
+    let request = move |i: usize| -> Value {
+        let mut content = vec![json_text("What is in the picture?")];
+        if i % 4 != 3 {
+            let url = &images[i % 3];
+            content.insert(
+                0,
+                serde_json::json!({"type": "image_url", "image_url": {"url": url}}),
+            );
+        }
+        serde_json::json!({
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 8,
+            "temperature": if i.is_multiple_of(2) { 0.0 } else { 0.9 },
+            "seed": i,
+            "stream": i % 3 == 1,
+        })
+    };
+    let answer = |r: common::Resp, stream: bool| -> String {
+        assert_eq!(r.status, 200, "{}", r.body);
+        let pick = |v: &Value, k: &str| {
+            ["reasoning_content", "content"]
+                .iter()
+                .map(|f| v["choices"][0][k][f].as_str().unwrap_or("").to_string())
+                .collect::<String>()
+        };
+        match stream {
+            false => pick(&r.json(), "message"),
+            true => r.events()[..r.events().len() - 1]
+                .iter()
+                .map(|e| pick(&serde_json::from_str(e).unwrap(), "delta"))
+                .collect(),
+        }
+    };
+    let n = 24;
+    let solo: Vec<String> = (0..n)
+        .map(|i| {
+            let req = request(i);
+            answer(s.post("/v1/chat/completions", &req), req["stream"] == true)
+        })
+        .collect();
+    let next = Arc::new(Mutex::new(0usize));
+    let got = Arc::new(Mutex::new(vec![None; n]));
+    let request = Arc::new(request);
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let (next, got, request, port) = (next.clone(), got.clone(), request.clone(), s.port);
+            std::thread::spawn(move || loop {
+                let i = {
+                    let mut k = next.lock().unwrap();
+                    if *k == n {
+                        return;
+                    }
+                    *k += 1;
+                    *k - 1
+                };
+                let req = request(i);
+                let body = req.to_string();
+                let r = http(port, "POST", "/v1/chat/completions", &[], body.as_bytes());
+                got.lock().unwrap()[i] = Some(answer(r, req["stream"] == true));
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    let got = got.lock().unwrap();
+    for i in 0..n {
+        assert_eq!(got[i].as_deref(), Some(solo[i].as_str()), "request {i}");
+    }
+    assert_ne!(solo[0], solo[4], "another image, another answer");
+    // A client that sends an image request and hangs up at once.
+    for _ in 0..3 {
+        let mut c = common::connect(s.port);
+        let body = request(0).to_string();
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        c.write_all(head.as_bytes()).unwrap();
+        c.write_all(body.as_bytes()).unwrap();
+        drop(c);
+    }
+    let again = answer(s.post("/v1/chat/completions", &request(0)), false);
+    assert_eq!(again, solo[0]);
+    let metrics = s.get("/metrics").body;
+    assert!(metrics.contains("qwen3_images_total"), "{metrics}");
+    drop(s);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn json_text(t: &str) -> Value {
+    serde_json::json!({"type": "text", "text": t})
 }

@@ -155,6 +155,15 @@ pub fn floats_b64(b64: &str) -> Vec<f32> {
         .collect()
 }
 
+/// An image file as a `data:` URL (`data:image/png;base64,...`), as OpenAI clients send one.
+pub fn data_url(path: &Path) -> String {
+    use base64::Engine as _;
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("png");
+    let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
+    format!("data:image/{ext};base64,{b64}")
+}
+
 /// The largest `|a[i] - b[i]|`.
 pub fn max_abs(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
