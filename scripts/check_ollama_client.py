@@ -9,7 +9,11 @@ Starts the server on a free loopback port, then checks with the client: listing,
 temperature, seed), `think`, `format` with a JSON Schema, and that an unknown model raises the
 client's ResponseError with 404. With --embedding-model (an export of
 fixtures/models/tiny-qwen3-embedding) a second server checks `embed`: the vectors of
-sentence-transformers (its reference.json, 1e-4) and the one capability `embedding`. Prints one
+sentence-transformers (its reference.json, 1e-4) and the one capability `embedding`. With
+--vision-model (an export of fixtures/models/tiny-qwen3_5-vl-f32) a third checks images: a chat
+and a generate with `images` (a file path, which the client sends as base64) counting the image's
+tokens as transformers' processor does, `vision` among the capabilities, and an image that is no
+image raising ResponseError with 400. Prints one
 line per check and exits non-zero on the first failure. Without the `ollama` package it says so
 and exits 0.
 """
@@ -42,10 +46,13 @@ def main():
     ap.add_argument("--qwen3", default="target/release/qwen3")
     ap.add_argument("--model", default="models/tiny.bin")
     ap.add_argument("--embedding-model", help="an export of fixtures/models/tiny-qwen3-embedding")
+    ap.add_argument("--vision-model", help="an export of fixtures/models/tiny-qwen3_5-vl-f32")
     args = ap.parse_args()
     with_server(args.qwen3, args.model, run)
     if args.embedding_model:
         with_server(args.qwen3, args.embedding_model, run_embed)
+    if args.vision_model:
+        with_server(args.qwen3, args.vision_model, run_vision)
     print(f"ollama-client: {len(PASSED)} passed, 0 failed")
 
 
@@ -73,6 +80,27 @@ def run_embed(client):
     check("embed counts the prompt tokens",
           r.prompt_eval_count == sum(len(c["ids"]) for c in cases))
     check("show says an embedding model embeds", client.show("tiny").capabilities == ["embedding"])
+
+
+def run_vision(client):
+    fixture = Path(__file__).resolve().parent.parent / "fixtures/models/tiny-qwen3_5-vl-f32"
+    case = json.loads((fixture / "reference.json").read_text())["cases"][3]
+    text = case["messages"][0]["content"][1]["text"]
+    image = str(fixture / "images" / case["images"][0])
+    opts = {"temperature": 0, "num_predict": 4}
+    r = client.chat(model="tiny", options=opts,
+                    messages=[{"role": "user", "content": text, "images": [image]}])
+    check("chat with an image counts its tokens as transformers does",
+          r.prompt_eval_count == len(case["input_ids"]) and r.eval_count == 4)
+    g = client.generate(model="tiny", prompt=text, images=[image], options=opts)
+    said = lambda m: (m.thinking or "") + (m.content or "")
+    check("generate with an image answers as the chat", (g.thinking or "") + g.response == said(r.message))
+    check("show lists vision", "vision" in (client.show("tiny").capabilities or []))
+    try:
+        client.chat(model="tiny", messages=[{"role": "user", "content": text, "images": [b"not an image"]}])
+        check("an image that is no image raises ResponseError", False)
+    except ollama.ResponseError as e:
+        check(f"an image that is no image raises ResponseError ({e.status_code})", e.status_code == 400)
 
 
 def run(client):

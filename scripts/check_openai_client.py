@@ -8,7 +8,11 @@ Starts the server on a free loopback port (with an API key), then checks with th
 listing models, a completion, a chat answer, both streamed with usage, `n`, stop strings,
 structured output (`chat.completions.parse` with a Pydantic model, JSON mode, a forced strict tool
 call), and that bad requests raise the client's own error classes (BadRequestError,
-NotFoundError, AuthenticationError). Prints one line per check and exits non-zero on the first failure. Without
+NotFoundError, AuthenticationError). With --vision-model (an export of
+fixtures/models/tiny-qwen3_5-vl-f32) a second server checks images: `image_url` parts with data
+URLs (and `detail`), the image's tokens counted as transformers' processor counts them, another
+image another answer, and an image that is no image, an http URL and SVG raising BadRequestError.
+Prints one line per check and exits non-zero on the first failure. Without
 the `openai` package it says so and exits 0 (CI may not have it).
 """
 
@@ -27,25 +31,31 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--qwen3", default="target/release/qwen3")
     ap.add_argument("--model", default="models/tiny.bin")
+    ap.add_argument("--vision-model", help="an export of fixtures/models/tiny-qwen3_5-vl-f32")
     args = ap.parse_args()
+    serve(args.qwen3, args.model, run)
+    if args.vision_model:
+        serve(args.qwen3, args.vision_model, lambda client, url: vision(client))
+    print(f"openai-client: {len(PASSED)} passed, 0 failed")
 
+
+def serve(qwen3, model, checks):
     key = "test-key"
     server = subprocess.Popen(
-        [args.qwen3, "serve", args.model, "--port", "0", "--api-key", key, "--model-name", "tiny"],
+        [qwen3, "serve", model, "--port", "0", "--api-key", key, "--model-name", "tiny"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = server.stdout.readline()
         url = line.split(" on ")[1].split(" ")[0]
         print(f"server: {line.strip()}")
         client = openai.OpenAI(base_url=url + "/v1", api_key=key)
-        run(client, url)
+        checks(client, url)
     finally:
         server.terminate()
         code = server.wait(timeout=30)
     if code != 0:
         raise SystemExit(f"the server exited with {code} on SIGTERM")
     print("server: exited 0 on SIGTERM")
-    print(f"openai-client: {len(PASSED)} passed, 0 failed")
 
 
 PASSED = []
@@ -57,6 +67,41 @@ def check(name, ok):
         print(f"openai-client: {len(PASSED)} passed, 1 failed")
         raise SystemExit(1)
     PASSED.append(name)
+
+
+def vision(client):
+    import base64
+    import json
+    from pathlib import Path
+    fixture = Path(__file__).resolve().parent.parent / "fixtures/models/tiny-qwen3_5-vl-f32"
+    case = json.loads((fixture / "reference.json").read_text())["cases"][3]
+    text = case["messages"][0]["content"][1]["text"]
+
+    def url(name, media="image/png"):
+        return f"data:{media};base64," + base64.b64encode((fixture / "images" / name).read_bytes()).decode()
+
+    def ask(image_url, detail="auto"):
+        content = [{"type": "image_url", "image_url": {"url": image_url, "detail": detail}},
+                   {"type": "text", "text": text}]
+        return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}],
+                                              max_tokens=4, temperature=0)
+
+    r = ask(url(case["images"][0]))
+    check("an image_url data URL counts the image's tokens as transformers does",
+          r.usage.prompt_tokens == len(case["input_ids"]) and r.usage.completion_tokens == 4)
+    said = lambda m: (getattr(m, "reasoning_content", None) or "") + (m.content or "")
+    low = ask(url(case["images"][0]), detail="low")
+    check("detail is accepted and changes nothing", said(low.choices[0].message) == said(r.choices[0].message))
+    other = ask(url("rgba-96x64.png"))
+    check("another image gives another answer", said(other.choices[0].message) != said(r.choices[0].message))
+    for name, bad in [("an image that is no image", "data:image/png;base64," + base64.b64encode(b"nope").decode()),
+                      ("an http URL", "https://example.com/cat.png"),
+                      ("an SVG image", "data:image/svg+xml;base64," + base64.b64encode(b"<svg/>").decode())]:
+        try:
+            ask(bad)
+            check(f"{name} raises BadRequestError", False)
+        except openai.BadRequestError as e:
+            check(f"{name} raises BadRequestError ({e.status_code})", e.status_code == 400)
 
 
 def run(client, url):
