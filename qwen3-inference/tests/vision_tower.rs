@@ -6,7 +6,7 @@
 use base64::Engine as _;
 use qwen3_export::hf::checkpoint::{to_f32, Checkpoint};
 use qwen3_inference::testing::reference_json::max_rel_diff;
-use qwen3_inference::vision::{VisionConfig, VisionTower};
+use qwen3_inference::vision::{Math, VisionConfig, VisionTower};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -79,26 +79,29 @@ fn check(name: &str, deepstack_features: usize) {
             .iter()
             .map(|g| [0, 1, 2].map(|i| g[i].as_u64().unwrap() as usize))
             .collect();
-        let out = t.forward(&patches, &grids).unwrap();
-        let merged = floats(case["merged_b64"].as_str().unwrap());
-        let err = max_rel_diff(&out.merged, &merged);
-        eprintln!(
-            "{name} {images:?}: merged {} values, largest difference {err:.2e} of the largest",
-            merged.len()
-        );
-        assert!(
-            err < 2e-6,
-            "{name} {images:?}: merged vectors {err:.2e} from transformers'"
-        );
-        let want = case["deepstack_b64"].as_array().unwrap();
-        assert_eq!(out.deepstack.len(), want.len());
-        assert_eq!(want.len(), deepstack_features);
-        for (j, (got, w)) in out.deepstack.iter().zip(want).enumerate() {
-            let err = max_rel_diff(got, &floats(w.as_str().unwrap()));
+        // The textbook tower and the fast one (tower/fast.rs), each against transformers.
+        for math in [Math::Plain, Math::Fast] {
+            let out = t.forward_with(&patches, &grids, math).unwrap();
+            let merged = floats(case["merged_b64"].as_str().unwrap());
+            let err = max_rel_diff(&out.merged, &merged);
+            eprintln!(
+                "{name} {images:?} ({math:?}): merged {} values, largest difference {err:.2e} of the largest",
+                merged.len()
+            );
             assert!(
                 err < 2e-6,
-                "{name} {images:?}: DeepStack feature {j} {err:.2e} from transformers'"
+                "{name} {images:?} ({math:?}): merged vectors {err:.2e} from transformers'"
             );
+            let want = case["deepstack_b64"].as_array().unwrap();
+            assert_eq!(out.deepstack.len(), want.len());
+            assert_eq!(want.len(), deepstack_features);
+            for (j, (got, w)) in out.deepstack.iter().zip(want).enumerate() {
+                let err = max_rel_diff(got, &floats(w.as_str().unwrap()));
+                assert!(
+                    err < 2e-6,
+                    "{name} {images:?} ({math:?}): DeepStack feature {j} {err:.2e} from transformers'"
+                );
+            }
         }
     }
 }
@@ -126,4 +129,32 @@ fn a_tower_refuses_patches_that_do_not_fit_the_grid() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("not whole 2x2 blocks"), "{e}");
+}
+
+/// The fast tower against the textbook one on images larger than the fixtures': a 20 x 30 and a
+/// 16 x 18 grid in one call (600 and 288 patches: attention's query rows go in blocks of 256,
+/// the last one partial), made of pseudo-random patch values.
+#[test]
+fn the_fast_tower_computes_what_the_textbook_one_does_on_larger_images() {
+    let t = tower("qwen3-vl");
+    let grids = [[1, 20, 30], [1, 16, 18]];
+    let n: usize = grids.iter().map(|g| g[1] * g[2]).sum();
+    let len = n * t.config.patch_len();
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let patches: Vec<f32> = (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % 2001) as f32 / 1000.0 - 1.0
+        })
+        .collect();
+    let plain = t.forward_with(&patches, &grids, Math::Plain).unwrap();
+    let fast = t.forward_with(&patches, &grids, Math::Fast).unwrap();
+    let err = max_rel_diff(&fast.merged, &plain.merged);
+    eprintln!("fast vs plain, {n} patches: {err:.2e} of the largest");
+    assert!(err < 2e-6, "{err:.2e}");
+    for (f, p) in fast.deepstack.iter().zip(&plain.deepstack) {
+        assert!(max_rel_diff(f, p) < 2e-6);
+    }
 }

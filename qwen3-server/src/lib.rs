@@ -89,8 +89,10 @@ use worker::Command;
 /// The state and options the caller builds, where it has always named them.
 pub use state::{AppState, ServeOptions};
 
-/// The largest request body accepted (413 beyond it): far more than a context of text.
-pub const MAX_BODY: usize = 8 << 20;
+/// The largest request body accepted (413 beyond it): far more than a context of text, and room
+/// for a few photos as base64 data URLs (4 bytes for 3; one image may have 20 MiB:
+/// `images::MAX_IMAGE_BYTES`).
+pub const MAX_BODY: usize = 64 << 20;
 
 /// The routes, with auth, the log, CORS and the body limit.
 pub fn router(state: Arc<AppState>) -> Router {

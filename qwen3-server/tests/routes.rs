@@ -215,8 +215,8 @@ fn bad_input_gets_4xx_error_objects() {
     check(400, chat, r, Some("messages[0].content"), None);
     let r = br#"{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": 3}"#;
     check(400, chat, r, Some("chat_template_kwargs"), None);
-    // Over the body limit (8 MiB): 413.
-    let big = format!(r#"{{"prompt": "{}"}}"#, "a".repeat(9 << 20));
+    // Over the body limit (64 MiB): 413.
+    let big = format!(r#"{{"prompt": "{}"}}"#, "a".repeat(65 << 20));
     check(413, c, big.as_bytes(), None, None);
     // Unknown routes and methods.
     let r = s.get("/v1/nothing");

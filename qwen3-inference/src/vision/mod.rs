@@ -38,4 +38,4 @@ mod tests;
 pub use image::{decode, Rgb};
 pub use processor::{ImageProcessor, Patches};
 pub use prompt::{EncodedImage, ImageEncoder, MAX_SOURCE_PIXELS};
-pub use tower::{VisionConfig, VisionOutput, VisionTower};
+pub use tower::{Math, VisionConfig, VisionOutput, VisionTower};

@@ -14,7 +14,7 @@ use anyhow::{bail, ensure, Result};
 
 use super::image::decode;
 use super::positions::mrope_positions;
-use super::tower::VisionTower;
+use super::tower::{Math, VisionTower};
 use crate::engine::{PromptImage, PromptImages};
 use crate::format::{ModelFile, VisionInput};
 
@@ -64,7 +64,9 @@ impl ImageEncoder {
     pub fn encode(&self, bytes: &[u8], max_source_pixels: u64) -> Result<EncodedImage> {
         let rgb = decode(bytes, max_source_pixels)?;
         let patches = self.input.processor.preprocess(&rgb)?;
-        let out = self.tower.forward(&patches.values, &[patches.grid_thw])?;
+        let out = self
+            .tower
+            .forward_with(&patches.values, &[patches.grid_thw], Math::Fast)?;
         Ok(EncodedImage {
             grid: patches.grid_thw,
             vectors: out.merged,

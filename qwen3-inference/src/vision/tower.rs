@@ -18,6 +18,18 @@
 use anyhow::{anyhow, bail, ensure, Result};
 
 use super::processor::merge_order;
+
+mod fast;
+
+/// How the tower computes. `Plain` is the textbook form in this file: loops over f32 values with
+/// f64 sums, the reference. `Fast` runs the same steps with every product on the matmul kernels
+/// (SIMD, all threads) and attention within an image as two products per head, in f32
+/// (`tower/fast.rs`); it is tested against `Plain` and against transformers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Math {
+    Plain,
+    Fast,
+}
 use crate::format::ModelFile;
 /// The tower's shape: data of the model file's header (format/config/vision.rs).
 pub use crate::format::VisionConfig;
@@ -32,6 +44,14 @@ struct Linear {
 }
 
 impl Linear {
+    /// `x` [n, in] -> [n, out], as `math` says.
+    fn apply(&self, x: &[f32], math: Math) -> Vec<f32> {
+        match math {
+            Math::Plain => self.forward(x),
+            Math::Fast => fast::linear(self, x),
+        }
+    }
+
     /// `x` [n, in] -> [n, out], each sum in f64.
     fn forward(&self, x: &[f32]) -> Vec<f32> {
         let n = x.len() / self.inp;
@@ -99,11 +119,11 @@ struct PatchMerger {
 
 impl PatchMerger {
     /// `x` [N, D] -> [N/4, E].
-    fn forward(&self, x: &[f32]) -> Vec<f32> {
+    fn forward(&self, x: &[f32], math: Math) -> Vec<f32> {
         let h = self.norm.forward(x);
-        let mut h = self.fc1.forward(&h);
+        let mut h = self.fc1.apply(&h, math);
         h.iter_mut().for_each(|v| *v = gelu_erf(*v));
-        self.fc2.forward(&h)
+        self.fc2.apply(&h, math)
     }
 }
 
@@ -214,6 +234,16 @@ impl VisionTower {
     /// Runs the tower over the patches of `grids.len()` images (each `(t, h, w)` in patches, as
     /// the processor gives them, their patches one after the other).
     pub fn forward(&self, patches: &[f32], grids: &[[usize; 3]]) -> Result<VisionOutput> {
+        self.forward_with(patches, grids, Math::Plain)
+    }
+
+    /// [`VisionTower::forward`] computed as `math` says.
+    pub fn forward_with(
+        &self,
+        patches: &[f32],
+        grids: &[[usize; 3]],
+        math: Math,
+    ) -> Result<VisionOutput> {
         let cfg = &self.config;
         let (d, m) = (cfg.hidden_size, cfg.spatial_merge_size);
         // Patches in all: each grid's t * h * w, checked, as they come from a request.
@@ -237,7 +267,7 @@ impl VisionTower {
             );
         }
         // 1. Patch embedding: the Conv3d's kernel covers the whole patch, so it is one product.
-        let mut x = self.patch_embed.forward(patches);
+        let mut x = self.patch_embed.apply(patches, math);
         // 2. Per frame of each image: its patches' (row, column), for the rotary embedding; the
         //    learned positions resampled to its grid, added; its range of patches, within which
         //    attention stays.
@@ -262,14 +292,14 @@ impl VisionTower {
         // 3. The blocks.
         let mut deepstack = Vec::new();
         for (l, block) in self.blocks.iter().enumerate() {
-            self.block(block, &mut x, &frames, &cos, &sin);
+            self.block(block, &mut x, &frames, (&cos, &sin), math);
             if let Some(j) = cfg.deepstack_visual_indexes.iter().position(|&b| b == l) {
-                deepstack.push(self.deepstack[j].forward(&x));
+                deepstack.push(self.deepstack[j].forward(&x, math));
             }
         }
         // 4. The merger.
         Ok(VisionOutput {
-            merged: self.merger.forward(&x),
+            merged: self.merger.forward(&x, math),
             deepstack,
         })
     }
@@ -366,8 +396,8 @@ impl VisionTower {
         b: &VisionBlock,
         x: &mut [f32],
         frames: &[std::ops::Range<usize>],
-        cos: &[f32],
-        sin: &[f32],
+        (cos, sin): (&[f32], &[f32]),
+        math: Math,
     ) {
         let (d, heads, hd) = (
             self.config.hidden_size,
@@ -376,7 +406,7 @@ impl VisionTower {
         );
         let n = x.len() / d;
         // a. q, k, v [N, D] each (head after head), from one product [N, 3D].
-        let qkv = b.qkv.forward(&b.norm1.forward(x));
+        let qkv = b.qkv.apply(&b.norm1.forward(x), math);
         let part = |which: usize| -> Vec<f32> {
             qkv.chunks_exact(3 * d)
                 .flat_map(|r| r[which * d..(which + 1) * d].iter().copied())
@@ -404,7 +434,10 @@ impl VisionTower {
         //    softmax(q k^T / sqrt(hd)) v, per head.
         let scale = (hd as f64).powf(-0.5) as f32;
         let mut o = vec![0f32; n * d];
-        for frame in frames {
+        if math == Math::Fast {
+            fast::attention(&q, &k, &v, &mut o, frames, heads, hd, scale);
+        }
+        for frame in frames.iter().filter(|_| math == Math::Plain) {
             for head in 0..heads {
                 let col = head * hd..(head + 1) * hd;
                 for i in frame.clone() {
@@ -435,12 +468,12 @@ impl VisionTower {
             }
         }
         // d. x += proj(o); then the MLP: x += fc2(gelu_tanh(fc1(LN2(x)))).
-        for (xv, pv) in x.iter_mut().zip(b.proj.forward(&o)) {
+        for (xv, pv) in x.iter_mut().zip(b.proj.apply(&o, math)) {
             *xv += pv;
         }
-        let mut h = b.fc1.forward(&b.norm2.forward(x));
+        let mut h = b.fc1.apply(&b.norm2.forward(x), math);
         h.iter_mut().for_each(|v| *v = gelu_tanh(*v));
-        for (xv, mv) in x.iter_mut().zip(b.fc2.forward(&h)) {
+        for (xv, mv) in x.iter_mut().zip(b.fc2.apply(&h, math)) {
             *xv += mv;
         }
     }
