@@ -558,6 +558,23 @@ fn generate_with_an_image_answers_as_transformers() {
         run(text_model.to_str().unwrap(), image.to_str().unwrap()),
         "does not take images",
     );
+    // An image larger than the context is refused before the tower runs; chat mode takes none.
+    let mut small = run(m, image.to_str().unwrap());
+    small.extend(["-c".into(), "5".into()]);
+    call(small, "makes 6 tokens, more than the 5");
+    call(
+        [
+            "inference",
+            m,
+            "-m",
+            "chat",
+            "--image",
+            image.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec(),
+        "--image are for -m generate",
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

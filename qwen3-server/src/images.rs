@@ -106,6 +106,12 @@ pub(crate) async fn into_job(
     if parts.is_empty() {
         return Ok(req.into_job(s, start));
     }
+    // One request's images at a time: the tower already uses every thread, and a burst of
+    // image requests then waits its turn instead of multiplying its memory.
+    let _turn = ENCODES
+        .acquire()
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
     let state = s.clone();
     tokio::task::spawn_blocking(move || {
         let encoder = state
@@ -116,7 +122,7 @@ pub(crate) async fn into_job(
             .iter()
             .map(|p| {
                 encoder
-                    .encode(&p.bytes, MAX_SOURCE_PIXELS)
+                    .encode(&p.bytes, MAX_SOURCE_PIXELS, state.context_len)
                     .map_err(|e| ApiError::invalid(p.param.clone(), format!("{e:#}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -143,6 +149,9 @@ pub(crate) async fn into_job(
     .await
     .map_err(|e| ApiError::internal(format!("encoding the images failed: {e}")))?
 }
+
+/// Requests whose images are being encoded: one at a time.
+static ENCODES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 
 /// The error of an image sent to a model without a tower.
 pub const NO_TOWER: &str =

@@ -276,6 +276,9 @@ fn translate_options(v: &Value, out: &mut Map<String, Value>) -> Result<(), Refu
 fn with_images(content: Option<&Value>, images: Option<&Value>) -> Result<Value, Refused> {
     let images = match images {
         None | Some(Value::Null) => return Ok(content.cloned().unwrap_or(Value::Null)),
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Ok(content.cloned().unwrap_or(Value::Null))
+        }
         Some(Value::Array(a)) => a,
         Some(_) => {
             return Err(refuse(
@@ -292,7 +295,11 @@ fn with_images(content: Option<&Value>, images: Option<&Value>) -> Result<Value,
                 "images must be a list of base64 strings",
             ));
         };
-        let url = format!("data:;base64,{b64}");
+        // Plain base64, as Ollama's clients send it; a data URL is taken as it is.
+        let url = match b64.starts_with("data:") {
+            true => b64.to_string(),
+            false => format!("data:;base64,{b64}"),
+        };
         parts.push(json!({"type": "image_url", "image_url": {"url": url}}));
     }
     match content {
@@ -460,11 +467,12 @@ pub async fn generate(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
     }
     let openai = Value::Object(o).to_string();
     let parsed = if raw {
-        if v.get("images").is_some_and(|i| !i.is_null()) {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "images need the chat template: drop raw",
-            );
+        if v["images"].as_array().is_some_and(|i| !i.is_empty()) {
+            let why = match s.template {
+                Some(_) => "images need the chat template: drop raw",
+                None => "images need a chat template, and this model has none",
+            };
+            return error(StatusCode::BAD_REQUEST, why);
         }
         CompletionRequest::parse(openai.as_bytes(), &s).map(|r| r.into_job(&s, Instant::now()))
     } else {

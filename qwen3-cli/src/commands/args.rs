@@ -369,9 +369,13 @@ impl InferenceArgs {
             if self.grammars() > 0 {
                 bail!("--json-schema, --json-object, --grammar and --regex are for -m generate");
             }
-            if self.input.is_some() || self.file.is_some() || self.prompt_ids.is_some() || self.chat
+            if self.input.is_some()
+                || self.file.is_some()
+                || self.prompt_ids.is_some()
+                || self.chat
+                || !self.images.is_empty()
             {
-                bail!("-m chat reads the user's messages from stdin; -i, -f, --prompt-ids and --chat are for -m generate");
+                bail!("-m chat reads the user's messages from stdin; -i, -f, --prompt-ids, --chat and --image are for -m generate");
             }
         } else {
             if self.hide_thinking || self.verbose_prompt || self.no_history {
@@ -395,7 +399,9 @@ impl InferenceArgs {
             if self.grammars() > 0 && self.prompt_ids.is_some() {
                 bail!("--json-schema, --json-object, --grammar and --regex need a text prompt (-i or -f): with --prompt-ids the output is ids");
             }
-            if !self.chat && (self.system.is_some() || self.thinking.is_some()) {
+            // --image implies --chat.
+            let chat = self.chat || !self.images.is_empty();
+            if !chat && (self.system.is_some() || self.thinking.is_some()) {
                 bail!("-y/--system and --thinking need --chat (or -m chat)");
             }
         }

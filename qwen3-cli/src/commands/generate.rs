@@ -87,7 +87,7 @@ impl PromptJob {
                 };
                 let mut ids = tok.encode(&rendered);
                 if let Some(encoder) = &encoder {
-                    let (prompt, placed) = encode_images(&args.images, encoder, &ids)?;
+                    let (prompt, placed) = encode_images(&args.images, encoder, &ids, context_len)?;
                     ids = prompt;
                     images = Some(placed);
                 }
@@ -147,6 +147,7 @@ fn encode_images(
     paths: &[std::path::PathBuf],
     encoder: &ImageEncoder,
     ids: &[u32],
+    context_len: usize,
 ) -> Result<(Vec<u32>, PromptImages)> {
     let encoded = paths
         .iter()
@@ -154,7 +155,7 @@ fn encode_images(
             let bytes =
                 std::fs::read(p).with_context(|| format!("{}: cannot read", p.display()))?;
             encoder
-                .encode(&bytes, MAX_SOURCE_PIXELS)
+                .encode(&bytes, MAX_SOURCE_PIXELS, context_len)
                 .with_context(|| format!("{}", p.display()))
         })
         .collect::<Result<Vec<_>>>()?;

@@ -248,7 +248,12 @@ pub fn prepare(
         reranker: None,
         embeds: c.embedding.is_some(),
         info: ModelInfo::of(&file, &args.model),
-        images: qwen3_inference::vision::ImageEncoder::from_file(&file)?,
+        // The CUDA backend does not take images yet (`Backend::takes_images`): its server is
+        // text-only, and says so to an image.
+        images: match device {
+            Device::Cuda(_) => None,
+            _ => qwen3_inference::vision::ImageEncoder::from_file(&file)?,
+        },
         draining: Default::default(),
         public_metrics: false,
         draft: args.draft.draft()?,

@@ -314,6 +314,10 @@ impl<'a> Backend for CpuBackend<'a> {
         super::host::write(x, offset, src)
     }
 
+    fn takes_images(&self) -> bool {
+        true
+    }
+
     fn store_kv(
         &self,
         cache: &mut CpuKvCache,

@@ -99,6 +99,11 @@ pub trait Backend {
         staging: &'s mut Vec<f32>,
     ) -> Result<&'s [f32]>;
 
+    /// Whether this backend runs prompts with images ([`Backend::write`] and
+    /// [`Backend::rope_mrope`]); the engine refuses an image request on one that does not.
+    fn takes_images(&self) -> bool {
+        false
+    }
     /// `x[offset..][..src.len()] = src`: values from the host written into a buffer (an image's
     /// vectors in place of its tokens' embeddings). The default refuses.
     fn write(&self, _x: &mut Self::Buf, _offset: usize, _src: &[f32]) -> Result<()> {

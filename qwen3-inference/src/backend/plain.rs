@@ -231,6 +231,10 @@ impl<'a> Backend for PlainBackend<'a> {
         super::host::write(x, offset, src)
     }
 
+    fn takes_images(&self) -> bool {
+        true
+    }
+
     /// Each head's halves rotated by the angles of its token's position (HF's `rotate_half`):
     /// `lo' = lo cos - hi sin`, `hi' = hi cos + lo sin`.
     fn rope(

@@ -72,6 +72,24 @@ impl PromptImages {
                 self.positions.len()
             ));
         }
+        // transformers' positions never pass a token's index: an image's rows and columns take
+        // fewer positions than its tokens.
+        if let Some(p) = self
+            .positions
+            .iter()
+            .flatten()
+            .find(|&&p| p as usize >= len)
+        {
+            return Err(format!(
+                "an image position {p} is past the prompt's {len} tokens"
+            ));
+        }
+        if self.next as usize > len {
+            return Err(format!(
+                "the position after the prompt, {}, is past its {len} tokens",
+                self.next
+            ));
+        }
         let mut end = 0;
         for im in &self.images {
             let n = im.rows(hidden);
@@ -219,13 +237,17 @@ mod tests {
     #[test]
     fn positions_go_on_after_the_prompt() {
         let mut p = images(&[], 3);
-        p.positions = vec![[0; 3], [1, 1, 2], [3; 3]];
-        p.next = 4;
+        p.positions = vec![[0; 3], [1, 1, 2], [2; 3]];
+        p.next = 3;
         assert_eq!(p.position(1), [1, 1, 2]);
-        assert_eq!(p.position(3), [4; 3]);
-        assert_eq!(p.position(5), [6; 3]);
+        assert_eq!(p.position(3), [3; 3]);
+        assert_eq!(p.position(5), [5; 3]);
         assert!(p.check(3, 2).is_ok());
         assert!(p.check(4, 2).is_err());
+        // Positions past the tokens are not transformers'.
+        let mut far = p.clone();
+        far.positions[2] = [7; 3];
+        assert!(far.check(3, 2).unwrap_err().contains("past"));
         let bad = images(&[(2, 1.0)], 3); // 2 rows from row 2 of 3
         assert!(bad.check(3, 2).unwrap_err().contains("does not fit"));
     }

@@ -497,6 +497,11 @@ impl<'m, B: Backend> Engine<'m, B> {
                     "this model does not take images (its file has no vision tower)".into(),
                 ));
             }
+            if !self.fwd.backend().takes_images() {
+                return Err(Rejected::Invalid(
+                    "this backend does not take images yet: run on the CPU (--device cpu)".into(),
+                ));
+            }
             if req.prompt_logprobs.is_some() {
                 return Err(Rejected::Invalid(
                     "the prompt's log-probabilities are not computed for a prompt with images"

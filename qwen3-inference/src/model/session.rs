@@ -28,6 +28,9 @@ pub struct Session<'m, B: Backend> {
     rope_offset: i64,
     /// Those positions, a triple per row of a chunk (reused: decode allocates nothing).
     positions: Vec<[u32; 3]>,
+    /// The cache positions of the last call with images (`forward_with`), where the offset was
+    /// set: truncating before it forgets the offset, into it is refused.
+    images_at: Option<std::ops::Range<usize>>,
 }
 
 impl<'m, B: Backend> Session<'m, B> {
@@ -47,6 +50,7 @@ impl<'m, B: Backend> Session<'m, B> {
             cache: fwd.new_cache()?,
             rope_offset: 0,
             positions: Vec::new(),
+            images_at: None,
             fwd,
         })
     }
@@ -107,10 +111,19 @@ impl<'m, B: Backend> Session<'m, B> {
                 self.pos
             );
         }
-        self.pos = pos;
-        if pos == 0 {
+        if let Some(at) = self.images_at.clone().filter(|at| pos < at.end) {
+            if pos > at.start {
+                bail!(
+                    "cannot truncate to position {pos}: inside the prompt with images at {} .. {}",
+                    at.start,
+                    at.end
+                );
+            }
+            // Before the images: the text there is at its own positions again.
             self.rope_offset = 0;
+            self.images_at = None;
         }
+        self.pos = pos;
         Ok(())
     }
 
@@ -217,6 +230,7 @@ impl<'m, B: Backend> Session<'m, B> {
         if let Some(p) = inputs.positions {
             let next = p.iter().flatten().max().map_or(0, |&m| m as i64 + 1);
             self.rope_offset = next - self.pos as i64;
+            self.images_at = Some(self.pos - p.len()..self.pos);
         }
     }
 

@@ -60,9 +60,25 @@ impl ImageEncoder {
     }
 
     /// An image file's bytes (PNG, JPEG, GIF, WebP) through the processor and the tower.
-    /// `max_source_pixels` bounds the decoded image (before it is resized).
-    pub fn encode(&self, bytes: &[u8], max_source_pixels: u64) -> Result<EncodedImage> {
+    /// `max_source_pixels` bounds the decoded image (before it is resized), `max_tokens` the
+    /// merged tokens it may make (the context's room): checked before the tower runs, its
+    /// costliest step.
+    pub fn encode(
+        &self,
+        bytes: &[u8],
+        max_source_pixels: u64,
+        max_tokens: usize,
+    ) -> Result<EncodedImage> {
         let rgb = decode(bytes, max_source_pixels)?;
+        let (h, w) = self.input.processor.resized(rgb.height, rgb.width)?;
+        let per_token = self.input.tower.patch_size * self.input.tower.spatial_merge_size;
+        let tokens = (h / per_token) * (w / per_token);
+        ensure!(
+            tokens <= max_tokens,
+            "a {}x{} image makes {tokens} tokens, more than the {max_tokens} the context has room for",
+            rgb.width,
+            rgb.height
+        );
         let patches = self.input.processor.preprocess(&rgb)?;
         let out = self
             .tower

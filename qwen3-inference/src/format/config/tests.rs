@@ -233,7 +233,7 @@ fn invalid_configs_are_refused() {
     assert!(c.validate().is_err());
 }
 
-/// A tiny tower on the tiny Qwen3.5 config: patch 4, merge 2, DeepStack after block 0.
+/// A tiny tower on the tiny Qwen3.5 config: patch 4, merge 2 (no DeepStack, as Qwen3.5's).
 pub fn tiny_vision_config(dtype: DType) -> ModelConfig {
     let c = tiny_qwen3_5_config(dtype);
     ModelConfig {
@@ -249,7 +249,7 @@ pub fn tiny_vision_config(dtype: DType) -> ModelConfig {
                 spatial_merge_size: 2,
                 out_hidden_size: c.hidden_size as usize,
                 num_position_embeddings: 16,
-                deepstack_visual_indexes: vec![0],
+                deepstack_visual_indexes: vec![],
                 rope_theta: 10000.0,
             },
             processor: ImageProcessor {
@@ -306,6 +306,7 @@ fn vision_round_trips_in_version_8() {
         "not the text model's hidden_size",
     );
     refused(|v| v.image_token_id = 100, "outside the vocabulary");
+    refused(|v| v.tower.deepstack_visual_indexes = vec![0], "DeepStack");
     refused(
         |v| v.mrope_section = [2, 2, 1],
         "not the 4 rotary frequencies",

@@ -31,6 +31,13 @@ impl VisionInput {
     /// Checks what the tower, the processor and the text model must agree on.
     pub fn validate(&self, vocab_size: u32, rotary_dim: u32, hidden_size: u32) -> Result<()> {
         let (t, p) = (&self.tower, &self.processor);
+        // Qwen3-VL adds its DeepStack features to the first text layers' hidden states, which the
+        // forward pass does not do yet: refused, rather than answered without them.
+        ensure!(
+            t.deepstack_visual_indexes.is_empty(),
+            "config: a tower with DeepStack (Qwen3-VL) is not run yet: the text model does not \
+             add its features"
+        );
         ensure!(
             (t.patch_size, t.temporal_patch_size, t.spatial_merge_size)
                 == (p.patch_size, p.temporal_patch_size, p.merge_size),
@@ -355,9 +362,10 @@ impl ImageProcessor {
                 self.temporal_patch_size
             );
         }
-        if self.max_pixels > 1 << 32 {
+        // Qwen3-VL's and Qwen3.5's own bound is 2^24 (16 megapixels, 65536 patches).
+        if self.max_pixels > 1 << 26 {
             bail!(
-                "preprocessor_config.json: {} maximum pixels is over 2^32",
+                "preprocessor_config.json: {} maximum pixels is over 2^26",
                 self.max_pixels
             );
         }
