@@ -511,6 +511,37 @@ fn generate_with_an_image_answers_as_transformers() {
     assert_eq!(tokens[..], greedy[..tokens.len()], "{v}");
     eprintln!("generate --image: {v}");
 
+    // `qwen3 batch` lines with images: the same answer as the CLI's; a bad image is that line's
+    // 400, the others are answered.
+    let url = qwen3_test_support::data_url(&image);
+    let chat = |id: &str, url: &str| {
+        serde_json::json!({"custom_id": id, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]}],
+                "max_tokens": greedy.len(), "temperature": 0}})
+        .to_string()
+    };
+    let input = dir.join("in.jsonl");
+    let lines = [chat("img", &url), chat("bad", "data:image/png;base64,AAAA")];
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let output = dir.join("out.jsonl");
+    let b = qwen3(&["batch", m, input.to_str().unwrap(), "-o", output.to_str().unwrap()]);
+    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    let results: Vec<Value> = std::fs::read_to_string(&output)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let by = |id: &str| results.iter().find(|r| r["custom_id"] == id).unwrap().clone();
+    let img = by("img");
+    let body = &img["response"]["body"];
+    let said = ["reasoning_content", "content"]
+        .map(|k| body["choices"][0]["message"][k].as_str().unwrap_or("").to_string())
+        .concat();
+    assert_eq!(said, v["text"].as_str().unwrap(), "{img}");
+    assert_eq!(body["usage"]["prompt_tokens"], v["prompt_tokens"]);
+    assert_eq!(by("bad")["response"]["status_code"], 400);
+
     // Refused by name.
     let fail = |args: &[&str], want: &str| {
         let o = qwen3(args);
