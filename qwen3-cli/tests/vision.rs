@@ -525,18 +525,35 @@ fn generate_with_an_image_answers_as_transformers() {
     let lines = [chat("img", &url), chat("bad", "data:image/png;base64,AAAA")];
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
     let output = dir.join("out.jsonl");
-    let b = qwen3(&["batch", m, input.to_str().unwrap(), "-o", output.to_str().unwrap()]);
+    let b = qwen3(&[
+        "batch",
+        m,
+        input.to_str().unwrap(),
+        "-o",
+        output.to_str().unwrap(),
+    ]);
     assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
     let results: Vec<Value> = std::fs::read_to_string(&output)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let by = |id: &str| results.iter().find(|r| r["custom_id"] == id).unwrap().clone();
+    let by = |id: &str| {
+        results
+            .iter()
+            .find(|r| r["custom_id"] == id)
+            .unwrap()
+            .clone()
+    };
     let img = by("img");
     let body = &img["response"]["body"];
     let said = ["reasoning_content", "content"]
-        .map(|k| body["choices"][0]["message"][k].as_str().unwrap_or("").to_string())
+        .map(|k| {
+            body["choices"][0]["message"][k]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
         .concat();
     assert_eq!(said, v["text"].as_str().unwrap(), "{img}");
     assert_eq!(body["usage"]["prompt_tokens"], v["prompt_tokens"]);
