@@ -84,7 +84,7 @@ def run_embed(client):
 
 def run_vision(client):
     fixture = Path(__file__).resolve().parent.parent / "fixtures/models/tiny-qwen3_5-vl-f32"
-    case = json.loads((fixture / "reference.json").read_text())["cases"][3]
+    case = json.loads((fixture / "images-reference.json").read_text())["cases"][3]
     text = case["messages"][0]["content"][1]["text"]
     image = str(fixture / "images" / case["images"][0])
     opts = {"temperature": 0, "num_predict": 4}

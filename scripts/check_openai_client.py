@@ -74,7 +74,7 @@ def vision(client):
     import json
     from pathlib import Path
     fixture = Path(__file__).resolve().parent.parent / "fixtures/models/tiny-qwen3_5-vl-f32"
-    case = json.loads((fixture / "reference.json").read_text())["cases"][3]
+    case = json.loads((fixture / "images-reference.json").read_text())["cases"][3]
     text = case["messages"][0]["content"][1]["text"]
 
     def url(name, media="image/png"):

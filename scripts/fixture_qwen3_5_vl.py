@@ -24,7 +24,8 @@ What it writes under OUT/:
   `<|image_pad|>`, 510 `<|video_pad|>`), and the real Qwen3.5 chat template.
 - images/: a 64 x 96 RGB image (no resize: 2 x 3 merged tokens), a 50 x 70 grayscale one
   (resized to 64 x 64), a 96 x 64 RGBA one.
-- reference.json: per case, the prompt's ids (text ids drawn from the vocabulary, each image's
+- images-reference.json (not `reference.json`: the text fixtures' schema, which tests read from
+  every checkpoint that has one): per case, the prompt's ids (text ids drawn from the vocabulary, each image's
   `<|vision_start|>`, one `<|image_pad|>` per merged token, `<|vision_end|>`; or a chat's
   messages through the chat template, the pads repeated as the processor does), the images,
   `image_grid_thw`, the position ids (3 x L), the tower's merged vectors, every position's f32
@@ -229,7 +230,7 @@ def main():
                           greedy=greedy, greedy_min_gap=min(gaps), f32_vs_f64_max_abs=rounding))
         print(f"{name}: {len(ids)} tokens, merged {list(merged.shape)}, greedy {greedy}, "
               f"smallest top-2 gap {min(gaps):.2e}, f32 logits within {rounding:.2e} of f64")
-    (out / "reference.json").write_text(json.dumps(dict(
+    (out / "images-reference.json").write_text(json.dumps(dict(
         about=f"scripts/fixture_qwen3_5_vl.py: transformers {transformers.__version__} "
               f"Qwen3_5ForConditionalGeneration, f32, eager attention; pixel values by Qwen2VLImageProcessorPil",
         cases=cases), indent=1) + "\n")

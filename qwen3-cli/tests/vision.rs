@@ -27,7 +27,7 @@ fn check_tower(file: &ModelFile, bound: f32) -> f32 {
         .clone()
         .expect("the file keeps the tower");
     let tower = VisionTower::from_file(file).unwrap().unwrap();
-    let reference = json(&fixture(NAME).join("reference.json"));
+    let reference = json(&fixture(NAME).join("images-reference.json"));
     let mut worst = 0f32;
     for case in reference["cases"].as_array().unwrap() {
         let (mut patches, mut grids) = (Vec::new(), Vec::new());
@@ -176,7 +176,7 @@ fn logits_and_greedy_with_images_are_transformers() {
     let file = ModelFile::open(&export_fixture(NAME, &dir, DType::F32, 0)).unwrap();
     let model = Model::load(&file).unwrap();
     let tower = VisionTower::from_file(&file).unwrap().unwrap();
-    let reference = json(&fixture(NAME).join("reference.json"));
+    let reference = json(&fixture(NAME).join("images-reference.json"));
     let vocab = 512;
 
     fn run<'m, B: Backend<Tensor = TensorView<'m>>>(
@@ -287,7 +287,7 @@ fn the_engine_serves_images_beside_text() {
     let file = ModelFile::open(&export_fixture(NAME, &dir, DType::F32, 0)).unwrap();
     let model = Model::load(&file).unwrap();
     let tower = VisionTower::from_file(&file).unwrap().unwrap();
-    let reference = json(&fixture(NAME).join("reference.json"));
+    let reference = json(&fixture(NAME).join("images-reference.json"));
     let cpu = CpuBackend::new();
     let slots = 4;
     let fwd = Forward::new(&cpu, &model, 256, MAX_BATCH, slots + 4, KvType::F32).unwrap();
@@ -475,7 +475,7 @@ fn generate_with_an_image_answers_as_transformers() {
         "{}",
         String::from_utf8_lossy(&export.stderr)
     );
-    let reference = json(&fx.join("reference.json"));
+    let reference = json(&fx.join("images-reference.json"));
     let case = &reference["cases"][3];
     assert_eq!(case["name"], "chat: an image, then the question");
     let text = case["messages"][0]["content"][1]["text"].as_str().unwrap();
@@ -745,4 +745,88 @@ fn served_concurrently_with_images_equals_alone() {
 
 fn json_text(t: &str) -> Value {
     serde_json::json!({"type": "text", "text": t})
+}
+
+/// `/image FILE` in `-m chat`: the next message's prompt ids are transformers' (the chat case's,
+/// pads expanded as its processor expands them), and the answer is `generate --image`'s; a file
+/// that is no image is said at once and the chat goes on.
+#[test]
+fn chat_takes_an_image_for_the_next_message() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let dir = tempdir("qwen3-vision", "chat");
+    let m = export_fixture(NAME, &dir, DType::F32, 0);
+    let m = m.to_str().unwrap();
+    let reference = json(&fixture(NAME).join("images-reference.json"));
+    let case = &reference["cases"][3];
+    let text = case["messages"][0]["content"][1]["text"].as_str().unwrap();
+    let image = fixture(NAME)
+        .join("images")
+        .join(case["images"][0].as_str().unwrap());
+    let image = image.to_str().unwrap();
+    let mut chat = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args([
+            "inference",
+            m,
+            "-m",
+            "chat",
+            "-t",
+            "0",
+            "-n",
+            "8",
+            "--verbose-prompt",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let notes = dir.join("notes.txt");
+    std::fs::write(&notes, "not a picture").unwrap();
+    let input = format!("/image {}\n/image {image}\n{text}\n", notes.display());
+    chat.stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = chat.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("notes.txt"), "{stderr}");
+    assert!(
+        stderr.contains("6 tokens, for your next message"),
+        "{stderr}"
+    );
+    let ids = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("prompt ids: "))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    let ids: Value = serde_json::from_str(ids).unwrap();
+    assert_eq!(
+        ids, case["input_ids"],
+        "the chat's prompt ids are transformers'"
+    );
+    let generate = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args([
+            "inference",
+            m,
+            "-m",
+            "generate",
+            "--image",
+            image,
+            "-i",
+            text,
+            "-n",
+            "8",
+            "-t",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&generate.stdout);
+    assert_eq!(stdout.lines().next(), said.lines().next(), "{stdout}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

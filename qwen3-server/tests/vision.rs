@@ -21,7 +21,7 @@ fn model(test: &str) -> PathBuf {
 }
 
 fn reference() -> Value {
-    let text = std::fs::read_to_string(fixture(NAME).join("reference.json")).unwrap();
+    let text = std::fs::read_to_string(fixture(NAME).join("images-reference.json")).unwrap();
     serde_json::from_str(&text).unwrap()
 }
 

@@ -16,10 +16,13 @@ use super::args::{sampler_from_args, InferenceArgs};
 use anyhow::{bail, Context, Result};
 use qwen3_inference::backend::Backend;
 use qwen3_inference::chat::{ChatTemplate, Conversation};
-use qwen3_inference::engine::{Engine, Request};
+use qwen3_inference::engine::{Engine, PromptImages, Request};
+use qwen3_inference::format::ModelFile;
 use qwen3_inference::generate::{generate_until, StopReason};
 use qwen3_inference::sampler::SamplerConfig;
 use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
+use qwen3_inference::vision::{EncodedImage, ImageEncoder, MAX_SOURCE_PIXELS};
+use serde_json::{json, Value};
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,6 +39,7 @@ const HELP: &str = "\
 /reset         start a new conversation, its stats and KV cache from zero (keeps the system prompt and thinking setting)
 /system TEXT   set the system prompt and start a new conversation (no TEXT: none)
 /think on|off  let the model reason first, or not (/think default: the template decides)
+/image FILE    an image (PNG, JPEG, GIF, WebP) for your next message, before its text (a model that sees images)
 /stats         context use, tokens fed and reused, sampler settings
 /quit          leave (also /exit, /bye, a line `exit` or `quit` at the terminal, Ctrl-D, or Ctrl-C twice at the prompt)";
 
@@ -54,17 +58,20 @@ pub fn stop_ids(model_eos: &[u32], template: &ChatTemplate, tok: &Tokenizer) -> 
     ids
 }
 
-/// The companion files a chat needs: the tokenizer and the chat template.
+/// The companion files a chat needs: the tokenizer and the chat template; and the model file's
+/// vision tower, if it has one (`/image`).
 pub struct ChatFiles {
     tok: Tokenizer,
     template: ChatTemplate,
+    encoder: Option<ImageEncoder>,
 }
 
 impl ChatFiles {
-    pub fn open(args: &InferenceArgs) -> Result<ChatFiles> {
+    pub fn open(args: &InferenceArgs, file: &ModelFile) -> Result<ChatFiles> {
         Ok(ChatFiles {
             tok: super::model_text::tokenizer(&args.model)?,
             template: super::model_text::needed_template(&args.model)?,
+            encoder: ImageEncoder::from_file(file)?,
         })
     }
 }
@@ -77,7 +84,11 @@ pub fn run<B: Backend>(
     files: ChatFiles,
     device: &str,
 ) -> Result<()> {
-    let ChatFiles { tok, template } = files;
+    let ChatFiles {
+        tok,
+        template,
+        encoder,
+    } = files;
     let c = engine.forward().model().config;
     let ctx = engine.context_len();
     let sampler = sampler_from_args(args, c)?;
@@ -105,6 +116,10 @@ pub fn run<B: Backend>(
         interactive,
         totals: Totals::default(),
         failed: 0,
+        encoder,
+        pending: Vec::new(),
+        images: Vec::new(),
+        prompt_images: None,
     };
     if args.verbose {
         eprintln!(
@@ -292,6 +307,15 @@ struct Chat<'a, 'm, B: Backend> {
     /// Messages that got no answer because of an error (a prompt too long for the context, a
     /// template error): piped input then ends with a non-zero exit.
     failed: usize,
+    /// The model's vision tower (`/image`), if it has one.
+    encoder: Option<ImageEncoder>,
+    /// Images `/image` encoded for the next message.
+    pending: Vec<EncodedImage>,
+    /// Each user message's images, in the conversation's order (kept beside `conv`'s turns:
+    /// pushed, undone and dropped with them).
+    images: Vec<Vec<EncodedImage>>,
+    /// The prompt's images at their rows, from `prompt_ids` for `answer`.
+    prompt_images: Option<PromptImages>,
 }
 
 impl<B: Backend> Chat<'_, '_, B> {
@@ -306,12 +330,15 @@ impl<B: Backend> Chat<'_, '_, B> {
             "reset" => {
                 // A new conversation from scratch: its statistics and its KV cache too.
                 self.conv.reset();
+                self.images.clear();
+                self.pending.clear();
                 self.totals = Totals::default();
                 self.engine.forget(0);
                 eprintln!("[new conversation]");
             }
             "system" => {
                 self.conv.set_system(Some(rest.to_string()));
+                self.images.clear();
                 match self.conv.system() {
                     Some(s) => eprintln!("[system prompt set: {s:?}; new conversation]"),
                     None => eprintln!("[no system prompt; new conversation]"),
@@ -331,9 +358,76 @@ impl<B: Backend> Chat<'_, '_, B> {
                 eprintln!("[thinking {}]", thinking_name(t));
             }
             "stats" => self.print_stats(),
+            "image" => self.attach(rest),
             _ => eprintln!("unknown command /{name}; /help lists the commands"),
         }
         true
+    }
+
+    /// `/image FILE`: the image encoded now (so that a bad file is said at once), for the next
+    /// message.
+    fn attach(&mut self, path: &str) {
+        let Some(encoder) = &self.encoder else {
+            eprintln!("error: this model does not take images (its file has no vision tower)");
+            return;
+        };
+        if path.is_empty() {
+            eprintln!("usage: /image FILE");
+            return;
+        }
+        if !self.engine.forward().backend().takes_images() {
+            eprintln!(
+                "error: this backend does not take images yet: run on the CPU (--device cpu)"
+            );
+            return;
+        }
+        let ctx = self.engine.context_len();
+        let encoded = std::fs::read(path)
+            .with_context(|| format!("{path}: cannot read"))
+            .and_then(|b| {
+                encoder
+                    .encode(&b, MAX_SOURCE_PIXELS, ctx)
+                    .with_context(|| path.to_string())
+            });
+        match encoded {
+            Ok(image) => {
+                let tokens = image.tokens(encoder.input().tower.out_hidden_size);
+                eprintln!("[image {path}: {tokens} tokens, for your next message]");
+                self.pending.push(image);
+            }
+            Err(e) => eprintln!("error: {e:#}"),
+        }
+    }
+
+    /// The conversation rendered with the generation prompt; a user message with images gets its
+    /// content as parts, the images before the text (as `--image` and mtmd-cli place them).
+    fn render(&self) -> Result<String> {
+        if self.images.iter().all(Vec::is_empty) {
+            return self.conv.prompt(self.template);
+        }
+        let mut messages: Vec<Value> = self
+            .conv
+            .messages()
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<std::result::Result<_, _>>()?;
+        let users = messages.iter_mut().filter(|m| m["role"] == "user");
+        for (m, images) in users.zip(&self.images) {
+            if !images.is_empty() {
+                let mut parts = vec![json!({"type": "image"}); images.len()];
+                parts.push(json!({"type": "text", "text": m["content"].clone()}));
+                m["content"] = Value::Array(parts);
+            }
+        }
+        self.template
+            .render_json(&messages, None, true, self.conv.thinking())
+    }
+
+    /// The last user message removed, with its images.
+    fn undo_last_user(&mut self) {
+        if self.conv.undo_last_user() {
+            self.images.pop();
+        }
     }
 
     fn print_stats(&self) {
@@ -376,23 +470,36 @@ impl<B: Backend> Chat<'_, '_, B> {
     /// oldest exchanges while it does not fit. `None` (and the message removed) if it cannot.
     fn prompt_ids(&mut self, text: &str) -> Result<Option<Vec<u32>>> {
         self.conv.push_user(text);
+        self.images.push(std::mem::take(&mut self.pending));
         let ctx = self.engine.context_len();
         loop {
-            let rendered = match self.conv.prompt(self.template) {
-                Ok(r) => r,
+            // The conversation's ids; with images, each `<|image_pad|>` repeated for its image.
+            let prompt = self.render().and_then(|rendered| {
+                let ids = self.tok.encode(&rendered);
+                match (&self.encoder, self.images.iter().any(|i| !i.is_empty())) {
+                    (Some(encoder), true) => {
+                        let all = self.images.iter().flatten().cloned().collect();
+                        encoder.prompt(&ids, all).map(|(ids, im)| (ids, Some(im)))
+                    }
+                    _ => Ok((ids, None)),
+                }
+            });
+            let (ids, images) = match prompt {
+                Ok(p) => p,
                 Err(e) => {
-                    self.conv.undo_last_user();
+                    self.undo_last_user();
                     self.failed += 1;
                     eprintln!("error: {e:#}");
                     return Ok(None);
                 }
             };
-            let ids = self.tok.encode(&rendered);
+            self.prompt_images = images;
             if ids.len() + self.answer_room() <= ctx {
                 return Ok(Some(ids));
             }
             // Only the new message left: no earlier exchange to drop.
             if self.conv.turns().len() > 1 && self.conv.drop_oldest_exchange() {
+                self.images.remove(0);
                 eprintln!(
                     "[context full ({} + {} for the answer > {ctx}): dropped the oldest exchange, {} kept]",
                     ids.len(),
@@ -405,7 +512,7 @@ impl<B: Backend> Chat<'_, '_, B> {
                 // Fits, with less room for the answer than -n asks.
                 return Ok(Some(ids));
             }
-            self.conv.undo_last_user();
+            self.undo_last_user();
             self.failed += 1;
             eprintln!(
                 "error: this message makes a prompt of {} tokens; the context holds {ctx} (raise -c/--context)",
@@ -442,7 +549,7 @@ impl<B: Backend> Chat<'_, '_, B> {
             Stop::Interrupted => {
                 // A half answer is not something the model said: forget the whole exchange.
                 // The next prompt no longer shares these tokens, so the cache rewinds by itself.
-                self.conv.undo_last_user();
+                self.undo_last_user();
                 eprintln!("[interrupted: this question and its partial answer are dropped]");
             }
             Stop::End | Stop::MaxTokens | Stop::ContextFull => {
@@ -506,7 +613,7 @@ impl<B: Backend> Chat<'_, '_, B> {
             prompt_logprobs: None,
             last_logits: false,
             draft: self.draft.clone(),
-            images: None,
+            images: self.prompt_images.take(),
         };
         // Ctrl-C is checked after each step of the engine: each token, and each chunk of a long
         // prompt's prefill.

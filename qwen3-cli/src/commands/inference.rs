@@ -38,7 +38,7 @@ pub fn run(mut args: InferenceArgs) -> Result<()> {
     // before the weights go to a device, so that bad input fails fast.
     let job = match args.mode() {
         Mode::Generate => Job::Generate(Box::new(PromptJob::new(&args, &file, context_len)?)),
-        Mode::Chat => Job::Chat(Box::new(ChatFiles::open(&args)?)),
+        Mode::Chat => Job::Chat(Box::new(ChatFiles::open(&args, &file)?)),
     };
     match device {
         Device::Cpu => {
