@@ -14,7 +14,7 @@ What it writes under OUT/:
 - config.json: tiny-qwen3_5-bf16's, with a tower of 2 blocks at the real patch size (16) and
   merge (2), `dtype` float32.
 - model.safetensors: transformers' `save_pretrained`: `model.language_model.*` (the text model),
-  `model.visual.*` (the tower: weights drawn as scripts/vision_tower_reference.py draws them, so
+  `model.visual.*` (the tower: weights drawn by scripts/vision_tower_reference.py's `randomise`, so
   that no step is near the identity), `lm_head.weight`.
 - preprocessor_config.json: the Qwen3.5 hub's processor settings (mean and std 0.5), with pixel
   bounds small enough that the test images are a few tokens: at least 4 and at most 24 merged
@@ -46,6 +46,10 @@ import transformers
 from PIL import Image
 from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+# The tower's weights drawn as the tower fixtures' are (gains near 1, spread biases, matrices of
+# gain 1), from the script beside this one.
+from vision_tower_reference import randomise
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "fixtures" / "models" / "tiny-qwen3_5-bf16"
@@ -80,22 +84,6 @@ CHATS = [
       dict(role="user", content=[dict(type="text", text="And this one?"), dict(type="image")])],
      ["rgba-96x64.png", "gray-50x70.png"]),
 ]
-
-
-def randomise_tower(tower, seed):
-    """scripts/vision_tower_reference.py's draw: gains near 1, spread biases, matrices of gain 1."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in tower.named_parameters():
-            module = name.split(".")[-2] if "." in name else ""
-            if "norm" in module and name.endswith("weight"):
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.2 * torch.randn(p.shape, generator=g))
-            elif name == "pos_embed.weight":
-                p.copy_(0.5 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / p[0].numel() ** 0.5)
 
 
 def make_images(out):
@@ -138,7 +126,7 @@ def main():
     text = {k: v for k, v in source.state_dict().items() if not k.startswith("model.visual.")}
     missing, unexpected = model.load_state_dict(text, strict=False)
     assert not unexpected and all(k.startswith("model.visual.") for k in missing), (missing, unexpected)
-    randomise_tower(model.model.visual, 2027)
+    randomise(model.model.visual, 2027)
     model.save_pretrained(out, safe_serialization=True)
     cfg_json = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps(cfg_json, indent=2, sort_keys=True) + "\n")
