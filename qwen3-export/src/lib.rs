@@ -223,14 +223,13 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
             source_dtypes.push(t.dtype.name());
         }
     }
-    let hybrid = config.linear_attention.is_some();
     let mut left_out = [0usize; 2];
     for name in ckpt.names() {
         let tied_head = name == "lm_head.weight" && config.tie_word_embeddings;
         // transformers 5's fused experts, read above through their per-expert names.
         let fused = config.moe.is_some() && hf::checkpoint::is_fused_expert_tensor(name);
         let tower_kept = config.vision.is_some() && hf::vision::is_tower(name);
-        if hybrid && !tower_kept && hf::qwen3_5::is_other_part(name) {
+        if !tower_kept && hf::qwen3_5::is_other_part(name) {
             left_out[name.starts_with("mtp.") as usize] += 1;
             continue;
         }

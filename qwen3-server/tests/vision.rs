@@ -1,8 +1,9 @@
 //! Images through the HTTP API, as clients send them: OpenAI's `image_url` content parts with
 //! `data:` URLs on `/v1/chat/completions`, Ollama's `images` on `/api/chat` and
 //! `/api/generate`, against transformers' greedy tokens on the tiny Qwen3.5 that sees images
-//! (fixtures/models/tiny-qwen3_5-vl-f32); `/api/show` lists `vision`, `/metrics` counts images,
-//! and bad images get a 400 that names them.
+//! (fixtures/models/tiny-qwen3_5-vl-f32) and the tiny Qwen3-VL (tiny-qwen3-vl-f32, DeepStack);
+//! `/api/show` lists `vision`, `/metrics` counts images, and bad images get a 400 that names
+//! them.
 
 mod common;
 
@@ -15,17 +16,18 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 
 const NAME: &str = "tiny-qwen3_5-vl-f32";
+const QWEN3_VL: &str = "tiny-qwen3-vl-f32";
 
-fn model(test: &str) -> PathBuf {
-    export_fixture(NAME, &tempdir("pq-vision", test), DType::F32, 0)
+fn model(fixture_name: &str, test: &str) -> PathBuf {
+    export_fixture(fixture_name, &tempdir("pq-vision", test), DType::F32, 0)
 }
 
-fn reference() -> Value {
-    let text = std::fs::read_to_string(fixture(NAME).join("images-reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
+fn reference(fixture_name: &str) -> Value {
+    let path = fixture(fixture_name).join("images-reference.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-/// The fixture's image `name` as base64.
+/// The fixture's image `name` as base64 (both fixtures hold the same images).
 fn b64(name: &str) -> String {
     let bytes = std::fs::read(fixture(NAME).join("images").join(name)).unwrap();
     base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -67,10 +69,16 @@ fn answer_bytes(v: &Value) -> Vec<Vec<u8>> {
 
 #[test]
 fn chat_completions_with_images_answer_as_transformers() {
-    let m = model("openai");
+    for name in [NAME, QWEN3_VL] {
+        chat_completions_answer_as_transformers(name);
+    }
+}
+
+fn chat_completions_answer_as_transformers(name: &str) {
+    let m = model(name, &format!("openai-{name}"));
     let tok = Tokenizer::open(&m.with_extension("tokenizer.bin")).unwrap();
     let s = Server::start(&m, &["--context", "256", "--model-name", "m"]);
-    for case in reference()["cases"].as_array().unwrap() {
+    for case in reference(name)["cases"].as_array().unwrap() {
         if case["messages"].is_null() {
             continue;
         }
@@ -82,14 +90,14 @@ fn chat_completions_with_images_answer_as_transformers() {
         );
         assert_eq!(r.status, 200, "{}", r.body);
         let v = r.json();
-        eprintln!("{}: {v}", case["name"]);
+        eprintln!("{name} {}: {v}", case["name"]);
         let want: Vec<Vec<u8>> = greedy
             .iter()
             .map(|&t| tok.token_bytes(t).unwrap().to_vec())
             .collect();
         let got = answer_bytes(&v);
         assert!(!got.is_empty());
-        assert_eq!(got[..], want[..got.len()], "{}", case["name"]);
+        assert_eq!(got[..], want[..got.len()], "{name} {}", case["name"]);
         let prompt = case["input_ids"].as_array().unwrap().len() as u64;
         assert_eq!(
             v["usage"]["prompt_tokens"], prompt,
@@ -102,9 +110,9 @@ fn chat_completions_with_images_answer_as_transformers() {
 /// the same conversation; `/api/show` lists `vision`; `/metrics` counts the images.
 #[test]
 fn ollama_images_answer_as_openai_does() {
-    let m = model("ollama");
+    let m = model(NAME, "ollama");
     let s = Server::start(&m, &["--context", "256", "--model-name", "m"]);
-    let reference = reference();
+    let reference = reference(NAME);
     let case = &reference["cases"][3];
     let text = case["messages"][0]["content"][1]["text"].as_str().unwrap();
     let image = b64(case["images"][0].as_str().unwrap());
@@ -170,7 +178,7 @@ fn ollama_images_answer_as_openai_does() {
 /// part, never a panic; the server answers the next request.
 #[test]
 fn bad_images_are_refused_by_name() {
-    let m = model("refused");
+    let m = model(NAME, "refused");
     let s = Server::start(&m, &["--context", "256", "--model-name", "m"]);
     let png = std::fs::read(fixture(NAME).join("images/rgb-64x96.png")).unwrap();
     let enc = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);

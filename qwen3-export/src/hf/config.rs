@@ -12,7 +12,7 @@
 //! biases only if `attention_bias` says so. Qwen2's head_dim defaults to hidden / heads, Qwen3's
 //! to 128.
 
-use super::qwen3_5;
+use super::{qwen3_5, vision};
 use anyhow::{bail, Context, Result};
 use qwen3_inference::format::{
     DType, GenerationDefaults, ModelConfig, MoeConfig, RopeScaling, ARCHITECTURES,
@@ -128,6 +128,18 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
             ),
         },
     };
+    // Qwen3-VL: a Qwen3 text model (interleaved M-RoPE, DeepStack) under `text_config`, beside
+    // its vision tower (hf/vision.rs).
+    let qwen3_vl = architecture == vision::QWEN3_VL;
+    if qwen3_vl {
+        architecture = "Qwen3ForCausalLM".to_string();
+        obj = qwen3_5::text_config(top)?;
+    } else if architecture == vision::QWEN3_VL_MOE {
+        bail!(
+            "{architecture} is not exported yet: its experts are stored fused and transposed \
+             (Qwen3-VL's dense models are: Qwen3VLForConditionalGeneration)"
+        );
+    }
     // Qwen3.5: the text model of a vision-language checkpoint, its keys under `text_config`.
     // Qwen3-Next: the same layers, its keys at the top, kept under its own name.
     let next = architecture == qwen3_5::NEXT_ARCHITECTURE;
@@ -148,6 +160,7 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
             .filter(|a| **a != qwen3_5::ARCHITECTURE && **a != qwen3_5::MOE_ARCHITECTURE)
             .chain(&qwen3_5::CHECKPOINTS)
             .chain(&qwen3_5::MOE_CHECKPOINTS)
+            .chain(&[vision::QWEN3_VL])
             .copied()
             .collect();
         bail!(
@@ -217,7 +230,11 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
             Some(v) => bail!("{key} must be an object or null, got {v}"),
         }
     }
-    let rope_theta = rope_theta.unwrap_or(10_000.0);
+    // Qwen3VLTextConfig's `default_theta` is 500000; Qwen3Config's and Qwen2Config's 10000.
+    let rope_theta = rope_theta.unwrap_or(match qwen3_vl {
+        true => 500_000.0,
+        false => 10_000.0,
+    });
     let partial_rotary_factor = match (partial_rotary_factor, hybrid) {
         (Some(f), true) => f,
         (None, true) => qwen3_5::DEFAULT_PARTIAL_ROTARY_FACTOR,
@@ -753,5 +770,40 @@ mod tests {
         assert_eq!(c.generation.top_p, Some(0.95));
         assert_eq!(c.generation.min_p, None);
         assert_eq!(c.generation.do_sample, Some(true));
+    }
+
+    /// A Qwen3-VL checkpoint: its text model is a Qwen3 under `text_config` (rope_theta
+    /// defaulting to Qwen3VLTextConfig's 500000); the one with experts is refused by name.
+    #[test]
+    fn qwen3_vl_exports_its_text_model_as_qwen3() {
+        let mut text = qwen3_06b();
+        let t = text.as_object_mut().unwrap();
+        for k in [
+            "architectures",
+            "rope_theta",
+            "rope_scaling",
+            "tie_word_embeddings",
+        ] {
+            t.remove(k);
+        }
+        t.insert(
+            "rope_parameters".into(),
+            json!({"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": true}),
+        );
+        let vl = json!({
+            "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
+            "text_config": text, "tie_word_embeddings": true, "image_token_id": 151655
+        });
+        let c = parse_config(&vl).unwrap();
+        assert_eq!(c.architecture, "Qwen3ForCausalLM");
+        assert_eq!((c.hidden_size, c.head_dim, c.rope_theta), (1024, 128, 5e5));
+        assert!(c.qk_norm && c.tie_word_embeddings);
+        let mut moe = vl.clone();
+        moe["architectures"] = json!(["Qwen3VLMoeForConditionalGeneration"]);
+        let e = parse_config(&moe).unwrap_err().to_string();
+        assert!(
+            e.contains("Qwen3VLMoeForConditionalGeneration is not exported yet"),
+            "{e}"
+        );
     }
 }

@@ -1,4 +1,5 @@
-//! A vision-language checkpoint's image input (Qwen3.5's `Qwen3_5ForConditionalGeneration`):
+//! A vision-language checkpoint's image input (Qwen3.5's `Qwen3_5ForConditionalGeneration`,
+//! Qwen3-VL's `Qwen3VLForConditionalGeneration`):
 //! config.json's `vision_config` and image token ids, the text config's `mrope_section`, and
 //! `preprocessor_config.json`, read into the file's [`VisionInput`]; and the tower's tensors
 //! as the file stores them.
@@ -14,8 +15,15 @@ use qwen3_inference::format::{ImageProcessor, ModelConfig, VisionConfig, VisionI
 use serde_json::Value;
 use std::path::Path;
 
-/// `mrope_section` when a Qwen3.5 text config does not say (`Qwen3_5TextRotaryEmbedding`).
+/// `mrope_section` when a text config does not say: Qwen3.5's (`Qwen3_5TextRotaryEmbedding`)
+/// and Qwen3-VL's (`Qwen3VLTextRotaryEmbedding`).
 const QWEN3_5_MROPE_SECTION: [u32; 3] = [11, 11, 10];
+const QWEN3_VL_MROPE_SECTION: [u32; 3] = [24, 20, 20];
+
+/// Qwen3-VL's checkpoints: a Qwen3 text model (exported as `Qwen3ForCausalLM` with the tower
+/// beside it), and the one with experts (not exported yet).
+pub const QWEN3_VL: &str = "Qwen3VLForConditionalGeneration";
+pub const QWEN3_VL_MOE: &str = "Qwen3VLMoeForConditionalGeneration";
 
 /// Reads the image input of the checkpoint in `hf_dir`, whose config.json is `json` and whose
 /// text model `text` is already read: `None` for a text model, and for a tower without
@@ -36,9 +44,14 @@ pub fn vision_input(
         .get("model_type")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    if !model_type.starts_with("qwen3_5") {
-        bail!("vision_config of model_type {model_type:?}: only Qwen3.5's towers are exported");
-    }
+    let default_section = match model_type {
+        "qwen3_5" | "qwen3_5_moe" => QWEN3_5_MROPE_SECTION,
+        "qwen3_vl" => QWEN3_VL_MROPE_SECTION,
+        _ => bail!(
+            "vision_config of model_type {model_type:?}: only Qwen3.5's and Qwen3-VL's towers \
+             are exported"
+        ),
+    };
     let tower = VisionConfig::from_json(model_type, vision_config)?;
     let processor = ImageProcessor::from_json(&read_json(&processor_path)?)
         .with_context(|| format!("{}", processor_path.display()))?;
@@ -59,7 +72,7 @@ pub fn vision_input(
         bail!("mrope_interleaved false (Qwen2-VL's sections one after the other) is not supported");
     }
     let mrope_section = match rope.and_then(|r| r.get("mrope_section")) {
-        None | Some(Value::Null) => QWEN3_5_MROPE_SECTION,
+        None | Some(Value::Null) => default_section,
         Some(Value::Array(a)) if a.len() == 3 => {
             let mut s = [0u32; 3];
             for (s, v) in s.iter_mut().zip(a) {
@@ -80,7 +93,12 @@ pub fn vision_input(
         vision_end_token_id: id("vision_end_token_id")?,
         mrope_section,
     };
-    input.validate(text.vocab_size, text.rotary_dim(), text.hidden_size)?;
+    input.validate(
+        text.vocab_size,
+        text.rotary_dim(),
+        text.hidden_size,
+        text.num_hidden_layers,
+    )?;
     Ok(Some(input))
 }
 

@@ -1,5 +1,6 @@
-//! Requests whose prompts hold images (Qwen3.5; docs/vision.md): what such a request brings
-//! ([`PromptImages`]: each image's vectors at its rows, every prompt token's M-RoPE positions),
+//! Requests whose prompts hold images (Qwen3.5, Qwen3-VL; docs/vision.md): what such a request
+//! brings ([`PromptImages`]: each image's vectors and DeepStack features at its rows, every prompt
+//! token's M-RoPE positions),
 //! how a step's rows get their inputs ([`StepInputs`]), and how far the prefix cache may reuse a
 //! slot's tokens ([`image_reuse`]).
 //!
@@ -18,13 +19,16 @@ pub struct PromptImage {
     /// Its merged vectors, `[tokens, hidden]` (`VisionTower::forward`), in place of its pads'
     /// embeddings.
     pub vectors: Vec<f32>,
+    /// Qwen3-VL's DeepStack features, each `[tokens, hidden]`: feature `l` is added to the
+    /// pads' hidden states after text layer `l`. Empty for Qwen3.5.
+    pub deepstack: Vec<Vec<f32>>,
     /// A hash of `vectors`: the prefix cache's key for the image.
     pub key: u64,
 }
 
 impl PromptImage {
     /// The image whose pads start at prompt row `row`, its key computed.
-    pub fn new(row: usize, vectors: Vec<f32>) -> PromptImage {
+    pub fn new(row: usize, vectors: Vec<f32>, deepstack: Vec<Vec<f32>>) -> PromptImage {
         // FNV-1a over the values' bits: the same picture encodes to the same bits (the tower
         // is deterministic), another to others.
         let key = vectors.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
@@ -33,7 +37,12 @@ impl PromptImage {
                 .iter()
                 .fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
         });
-        PromptImage { row, vectors, key }
+        PromptImage {
+            row,
+            vectors,
+            deepstack,
+            key,
+        }
     }
 
     /// Rows it covers in a model of width `hidden`.
@@ -93,6 +102,13 @@ impl PromptImages {
         let mut end = 0;
         for im in &self.images {
             let n = im.rows(hidden);
+            if let Some(f) = im.deepstack.iter().find(|f| f.len() != im.vectors.len()) {
+                return Err(format!(
+                    "a DeepStack feature of {} values beside an image of {}",
+                    f.len(),
+                    im.vectors.len()
+                ));
+            }
             if im.vectors.len() % hidden != 0 || n == 0 || im.row < end || im.row + n > len {
                 return Err(format!(
                     "an image of {} values at prompt row {} does not fit the prompt's {len} rows of {hidden}",
@@ -139,7 +155,13 @@ pub(super) struct StepInputs {
     values: Vec<f32>,
     /// (step row, first value, values).
     runs: Vec<(usize, usize, usize)>,
+    /// (layer, step row, first value, values): DeepStack features, their values in `values`.
+    deepstack: Vec<(usize, usize, usize, usize)>,
 }
+
+/// A step's runs as the pass takes them, borrowing [`StepInputs`]' values: the images' vectors
+/// (`(row, values)`) and their DeepStack features (`(layer, row, values)`).
+pub(super) type StepRuns<'a> = (Vec<(usize, &'a [f32])>, Vec<(usize, usize, &'a [f32])>);
 
 impl StepInputs {
     /// Fills the inputs of the step `plan` over `slots`; false (and nothing filled) when no
@@ -148,6 +170,7 @@ impl StepInputs {
         self.positions.clear();
         self.values.clear();
         self.runs.clear();
+        self.deepstack.clear();
         let images = |seg: &Segment| slots[seg.seq].job.as_ref().and_then(|j| j.images.as_ref());
         if !plan.iter().any(|seg| images(seg).is_some()) {
             return false;
@@ -163,11 +186,16 @@ impl StepInputs {
                         let n = image.rows(hidden);
                         let (lo, hi) = (image.row.max(span.start), (image.row + n).min(span.end));
                         if lo < hi {
-                            let v = &image.vectors
-                                [(lo - image.row) * hidden..(hi - image.row) * hidden];
-                            self.runs
-                                .push((row + lo - span.start, self.values.len(), v.len()));
+                            let at = row + lo - span.start;
+                            let rows = (lo - image.row) * hidden..(hi - image.row) * hidden;
+                            let v = &image.vectors[rows.clone()];
+                            self.runs.push((at, self.values.len(), v.len()));
                             self.values.extend_from_slice(v);
+                            for (l, feature) in image.deepstack.iter().enumerate() {
+                                let v = &feature[rows.clone()];
+                                self.deepstack.push((l, at, self.values.len(), v.len()));
+                                self.values.extend_from_slice(v);
+                            }
                         }
                     }
                 }
@@ -178,18 +206,26 @@ impl StepInputs {
     }
 
     /// The runs as the pass takes them, borrowing the values.
-    pub(super) fn runs(&self) -> Vec<(usize, &[f32])> {
-        self.runs
+    pub(super) fn runs(&self) -> StepRuns<'_> {
+        let runs = self
+            .runs
             .iter()
             .map(|&(row, at, n)| (row, &self.values[at..at + n]))
-            .collect()
+            .collect();
+        let deepstack = self
+            .deepstack
+            .iter()
+            .map(|&(l, row, at, n)| (l, row, &self.values[at..at + n]))
+            .collect();
+        (runs, deepstack)
     }
 
     /// The pass's [`RowInputs`] over `runs` (from [`StepInputs::runs`]).
-    pub(super) fn row_inputs<'a>(&'a self, runs: &'a [(usize, &'a [f32])]) -> RowInputs<'a> {
+    pub(super) fn row_inputs<'a>(&'a self, runs: &'a StepRuns<'a>) -> RowInputs<'a> {
         RowInputs {
             positions: Some(&self.positions),
-            embeddings: runs,
+            embeddings: &runs.0,
+            deepstack: &runs.1,
         }
     }
 }
@@ -202,7 +238,7 @@ mod tests {
         PromptImages {
             images: at
                 .iter()
-                .map(|&(row, v)| PromptImage::new(row, vec![v; 4]))
+                .map(|&(row, v)| PromptImage::new(row, vec![v; 4], vec![]))
                 .collect(),
             positions: vec![[0; 3]; len],
             next: len as u32,

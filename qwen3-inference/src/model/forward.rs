@@ -90,9 +90,10 @@ pub struct Segment {
 }
 
 /// What a step's rows carry besides their token ids, in a prompt with images (Qwen3.5's and
-/// Qwen3-VL's; docs/vision.md): each row's three M-RoPE positions, and runs of rows whose input
+/// Qwen3-VL's; docs/vision.md): each row's three M-RoPE positions, runs of rows whose input
 /// vectors are given (an image's merged vectors, in place of its `<|image_pad|>` tokens'
-/// embeddings). The default is text: each row at its cache position, every input an embedding.
+/// embeddings), and Qwen3-VL's DeepStack features, added to those rows after the first layers.
+/// The default is text: each row at its cache position, every input an embedding.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RowInputs<'a> {
     /// `[time, height, width]` per row of the step (`vision::positions`); `None`: every row at
@@ -101,6 +102,10 @@ pub struct RowInputs<'a> {
     /// `(first row, values)`: the step's rows from `first` on take `values` (`[n, hidden]`)
     /// as their input vectors.
     pub embeddings: &'a [(usize, &'a [f32])],
+    /// `(layer, first row, values)`: after decoder layer `layer`, the step's rows from `first`
+    /// on add `values` (`[n, hidden]`) to their hidden states (`Qwen3VLTextModel`'s
+    /// `_deepstack_process`: the image's DeepStack feature `layer` at its pads' rows).
+    pub deepstack: &'a [(usize, usize, &'a [f32])],
 }
 
 /// A copy of a sequence's Gated DeltaNet states at one position (Qwen3.5), to take the sequence
@@ -603,7 +608,9 @@ impl<'m, B: Backend> Forward<'m, B> {
             }
         }
         let d = self.dims.d;
-        for &(first, values) in inputs.embeddings {
+        let runs = inputs.embeddings.iter().map(|&(first, v)| (first, v));
+        let deepstack = inputs.deepstack.iter().map(|&(_, first, v)| (first, v));
+        for (first, values) in runs.chain(deepstack) {
             let n = values.len() / d;
             if values.len() % d != 0 || first + n > tokens.len() {
                 bail!(
@@ -612,6 +619,10 @@ impl<'m, B: Backend> Forward<'m, B> {
                     tokens.len()
                 );
             }
+        }
+        let layers = self.model.layers.len();
+        if let Some(&(l, _, _)) = inputs.deepstack.iter().find(|(l, _, _)| *l >= layers) {
+            bail!("a DeepStack feature for layer {l} of a model of {layers} layers");
         }
         Ok(())
     }
@@ -650,6 +661,21 @@ impl<'m, B: Backend> Forward<'m, B> {
         // 2. The decoder layers, each adding its attention and MLP outputs to the residual x.
         for (l, layer) in model.layers.iter().enumerate() {
             self.decoder_layer(l, layer, t, segments, caches, inputs.positions)?;
+            //    Qwen3-VL: after layer l < the tower's DeepStack count, the images' rows add the
+            //    tower's feature l (merged from an earlier block's patches).   x[rows] += ds_l
+            //    The feature is laid out in xb (free until the next layer's norm), zero elsewhere.
+            let mut here = inputs
+                .deepstack
+                .iter()
+                .filter(|(dl, _, _)| *dl == l)
+                .peekable();
+            if here.peek().is_some() {
+                b.zero(&mut self.s.xb, t * d)?;
+                for &(_, first, values) in here {
+                    b.write(&mut self.s.xb, first * d, values)?;
+                }
+                b.add(&mut self.s.x, &self.s.xb, t * d)?;
+            }
         }
 
         // 3. Final RMSNorm and the classifier: logits = norm(x) @ lm_head^T.   [k, vocab]

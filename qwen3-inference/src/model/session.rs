@@ -150,11 +150,8 @@ impl<'m, B: Backend> Session<'m, B> {
             };
             let start = i * self.batch;
             self.fill_positions(inputs, start, chunk.len());
-            let runs = chunk_runs(inputs, start, chunk.len(), self.hidden());
-            let rows = RowInputs {
-                positions: (!self.positions.is_empty()).then_some(&self.positions[..]),
-                embeddings: &runs,
-            };
+            let (runs, deepstack) = chunk_runs(inputs, start, chunk.len(), self.hidden());
+            let rows = chunk_inputs(&self.positions, &runs, &deepstack);
             let caches = std::slice::from_mut(&mut self.cache);
             self.fwd.step_with(chunk, &[seg], caches, rows)?;
             self.pos += chunk.len();
@@ -191,11 +188,8 @@ impl<'m, B: Backend> Session<'m, B> {
             };
             let start = i * self.batch;
             self.fill_positions(inputs, start, chunk.len());
-            let runs = chunk_runs(inputs, start, chunk.len(), self.hidden());
-            let rows = RowInputs {
-                positions: (!self.positions.is_empty()).then_some(&self.positions[..]),
-                embeddings: &runs,
-            };
+            let (runs, deepstack) = chunk_runs(inputs, start, chunk.len(), self.hidden());
+            let rows = chunk_inputs(&self.positions, &runs, &deepstack);
             self.fwd
                 .step_all_logits(chunk, seg, &mut self.cache, &mut chunk_logits, rows)?;
             self.pos += chunk.len();
@@ -245,7 +239,9 @@ impl<'m, B: Backend> Session<'m, B> {
             }
         }
         let d = self.hidden();
-        for &(first, values) in inputs.embeddings {
+        let runs = inputs.embeddings.iter().map(|&(first, v)| (first, v));
+        let deepstack = inputs.deepstack.iter().map(|&(_, first, v)| (first, v));
+        for (first, values) in runs.chain(deepstack) {
             if values.len() % d != 0 || first + values.len() / d > tokens.len() {
                 bail!(
                     "{} input values from row {first} are not whole rows of {d} within the {} tokens",
@@ -270,25 +266,48 @@ impl<'m, B: Backend> Session<'m, B> {
     }
 }
 
-/// The parts of `inputs`' runs of image rows that fall in the call's rows `start .. start + len`,
-/// counted from `start`.
+/// A chunk's [`RowInputs`]: the positions [`Session::fill_positions`] left (none: text), and its
+/// runs.
+fn chunk_inputs<'a>(
+    positions: &'a [[u32; 3]],
+    runs: &'a [(usize, &'a [f32])],
+    deepstack: &'a [(usize, usize, &'a [f32])],
+) -> RowInputs<'a> {
+    RowInputs {
+        positions: (!positions.is_empty()).then_some(positions),
+        embeddings: runs,
+        deepstack,
+    }
+}
+
+/// The parts of `inputs`' runs of image rows (and of their DeepStack features) that fall in the
+/// call's rows `start .. start + len`, counted from `start`.
+#[allow(clippy::type_complexity)]
 fn chunk_runs<'a>(
     inputs: RowInputs<'a>,
     start: usize,
     len: usize,
     d: usize,
-) -> Vec<(usize, &'a [f32])> {
-    let mut runs = Vec::new();
-    for &(first, values) in inputs.embeddings {
+) -> (Vec<(usize, &'a [f32])>, Vec<(usize, usize, &'a [f32])>) {
+    // The rows `first ..` of `values` within the chunk: (row in the chunk, its values).
+    let clip = |first: usize, values: &'a [f32]| {
         let (lo, hi) = (
             first.max(start),
             (first + values.len() / d).min(start + len),
         );
-        if lo < hi {
-            runs.push((lo - start, &values[(lo - first) * d..(hi - first) * d]));
-        }
-    }
-    runs
+        (lo < hi).then(|| (lo - start, &values[(lo - first) * d..(hi - first) * d]))
+    };
+    let runs = inputs
+        .embeddings
+        .iter()
+        .filter_map(|&(first, values)| clip(first, values))
+        .collect();
+    let deepstack = inputs
+        .deepstack
+        .iter()
+        .filter_map(|&(l, first, values)| clip(first, values).map(|(row, v)| (l, row, v)))
+        .collect();
+    (runs, deepstack)
 }
 
 #[cfg(test)]

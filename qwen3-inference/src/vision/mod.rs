@@ -22,7 +22,8 @@
 //! pixel value), the tower against `Qwen3VLVisionModel` and `Qwen3_5VisionModel` on tiny random
 //! towers made by `scripts/vision_tower_reference.py` (`tests/vision_tower.rs`), and the whole path
 //! (a model file's tower, the text model's logits with images) against
-//! `Qwen3_5ForConditionalGeneration` (`qwen3-cli/tests/vision.rs`). The tower here is the
+//! `Qwen3_5ForConditionalGeneration` and `Qwen3VLForConditionalGeneration` with DeepStack
+//! (`qwen3-cli/tests/vision.rs`). The tower here is the
 //! textbook one (plain loops, f32 values, f64 sums).
 
 pub mod image;

@@ -29,6 +29,8 @@ pub struct EncodedImage {
     pub grid: [usize; 3],
     /// `[H/merge * W/merge, hidden]`: what the text model reads in place of its pads.
     pub vectors: Vec<f32>,
+    /// Qwen3-VL's DeepStack features, each shaped as `vectors` (empty for Qwen3.5).
+    pub deepstack: Vec<Vec<f32>>,
 }
 
 impl EncodedImage {
@@ -86,6 +88,7 @@ impl ImageEncoder {
         Ok(EncodedImage {
             grid: patches.grid_thw,
             vectors: out.merged,
+            deepstack: out.deepstack,
         })
     }
 
@@ -126,7 +129,7 @@ impl ImageEncoder {
         let positions = mrope_positions(&is_image, &grids, self.input.tower.spatial_merge_size)?;
         let images = placed
             .into_iter()
-            .map(|(row, im)| PromptImage::new(row, im.vectors))
+            .map(|(row, im)| PromptImage::new(row, im.vectors, im.deepstack))
             .collect();
         Ok((
             prompt,

@@ -460,7 +460,12 @@ impl ModelConfig {
             }
         }
         if let Some(v) = &self.vision {
-            v.validate(self.vocab_size, self.rotary_dim(), self.hidden_size)?;
+            v.validate(
+                self.vocab_size,
+                self.rotary_dim(),
+                self.hidden_size,
+                self.num_hidden_layers,
+            )?;
         }
         if let Some(m) = &self.moe {
             if m.num_experts == 0 || m.num_experts > 4096 {

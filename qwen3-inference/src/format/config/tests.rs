@@ -306,7 +306,19 @@ fn vision_round_trips_in_version_8() {
         "not the text model's hidden_size",
     );
     refused(|v| v.image_token_id = 100, "outside the vocabulary");
-    refused(|v| v.tower.deepstack_visual_indexes = vec![0], "DeepStack");
+    // DeepStack (Qwen3-VL): its features go to the first text layers, one each.
+    let mut deepstack = c.clone();
+    deepstack
+        .vision
+        .as_mut()
+        .unwrap()
+        .tower
+        .deepstack_visual_indexes = vec![0, 1];
+    deepstack.validate().unwrap();
+    refused(
+        |v| v.tower.deepstack_visual_indexes = vec![1; 5],
+        "5 DeepStack features for 4 text layers",
+    );
     refused(
         |v| v.mrope_section = [2, 2, 1],
         "not the 4 rotary frequencies",

@@ -29,14 +29,20 @@ pub struct VisionInput {
 
 impl VisionInput {
     /// Checks what the tower, the processor and the text model must agree on.
-    pub fn validate(&self, vocab_size: u32, rotary_dim: u32, hidden_size: u32) -> Result<()> {
+    pub fn validate(
+        &self,
+        vocab_size: u32,
+        rotary_dim: u32,
+        hidden_size: u32,
+        layers: u32,
+    ) -> Result<()> {
         let (t, p) = (&self.tower, &self.processor);
-        // Qwen3-VL adds its DeepStack features to the first text layers' hidden states, which the
-        // forward pass does not do yet: refused, rather than answered without them.
+        // Qwen3-VL adds DeepStack feature j to the output of text layer j
+        // (`Qwen3VLTextModel.forward`): one text layer per feature.
         ensure!(
-            t.deepstack_visual_indexes.is_empty(),
-            "config: a tower with DeepStack (Qwen3-VL) is not run yet: the text model does not \
-             add its features"
+            t.deepstack_visual_indexes.len() <= layers as usize,
+            "config: {} DeepStack features for {layers} text layers",
+            t.deepstack_visual_indexes.len()
         );
         ensure!(
             (t.patch_size, t.temporal_patch_size, t.spatial_merge_size)

@@ -1,25 +1,33 @@
 #!/usr/bin/env python3
-"""Write a tiny Qwen3.5 that sees images (`Qwen3_5ForConditionalGeneration` in the hub's layout,
-f32) and what transformers computes with it on prompts holding images, for the tests of the
-tower in the model file and of the text model's image positions.
+"""Write a tiny vision-language model in the hub's layout (f32) and what transformers computes with
+it on prompts holding images, for the tests of the tower in the model file, of the text model's
+image positions and of Qwen3-VL's DeepStack:
 
-    ../venv-torch/bin/python scripts/fixture_qwen3_5_vl.py [--out fixtures/models/tiny-qwen3_5-vl-f32]
+    ../venv-torch/bin/python scripts/fixture_vision_models.py --family qwen3_5
+    ../venv-torch/bin/python scripts/fixture_vision_models.py --family qwen3_vl
 
-Needs torch, transformers (5.x), Pillow, and fixtures/models/tiny-qwen3_5-bf16 (whose text model
-this one reuses, in f32: its weights are drawn for the text parity tests) and
-fixtures/chat/qwen3.5-tokenizer_config.json (the real Qwen3.5 chat template). Run once, commit
-the output (about 4 MB). CI never runs it.
+- `qwen3_5`: `Qwen3_5ForConditionalGeneration` (fixtures/models/tiny-qwen3_5-vl-f32):
+  fixtures/models/tiny-qwen3_5-bf16's hybrid text model, in f32, and a tower without DeepStack.
+- `qwen3_vl`: `Qwen3VLForConditionalGeneration` (fixtures/models/tiny-qwen3-vl-f32):
+  fixtures/models/tiny-f32-tied-gqa2's Qwen3 text model with interleaved M-RoPE
+  (`mrope_section` [6, 5, 5] of its 16 frequencies), and a tower with DeepStack after both blocks
+  (its features added to the outputs of text layers 0 and 1).
+
+Needs torch, transformers (5.x), Pillow, and fixtures/chat/qwen3.5-tokenizer_config.json (the
+real Qwen3.5 chat template; the Qwen3-VL fixture takes it too: the repo holds no Qwen3-VL
+template, and both render an image part as `<|vision_start|><|image_pad|><|vision_end|>`). Run
+once per family, commit the output (a few MB). CI never runs it.
 
 What it writes under OUT/:
-- config.json: tiny-qwen3_5-bf16's, with a tower of 2 blocks at the real patch size (16) and
-  merge (2), `dtype` float32.
+- config.json: the source's text model under `text_config`, with a tower of 2 blocks at the real
+  patch size (16) and merge (2), `dtype` float32.
 - model.safetensors: transformers' `save_pretrained`: `model.language_model.*` (the text model),
   `model.visual.*` (the tower: weights drawn by scripts/vision_tower_reference.py's `randomise`, so
   that no step is near the identity), `lm_head.weight`.
-- preprocessor_config.json: the Qwen3.5 hub's processor settings (mean and std 0.5), with pixel
+- preprocessor_config.json: the hub's processor settings (mean and std 0.5), with pixel
   bounds small enough that the test images are a few tokens: at least 4 and at most 24 merged
   tokens (32 x 32 pixels each).
-- tokenizer.json, tokenizer_config.json: tiny-qwen3_5-bf16's vocabulary with the vision tokens
+- tokenizer.json, tokenizer_config.json: the source's vocabulary with the vision tokens
   added at the ids config.json names (507 `<|vision_start|>`, 508 `<|vision_end|>`, 509
   `<|image_pad|>`, 510 `<|video_pad|>`), and the real Qwen3.5 chat template.
 - images/: a 64 x 96 RGB image (no resize: 2 x 3 merged tokens), a 50 x 70 grayscale one
@@ -44,7 +52,9 @@ import numpy as np
 import torch
 import transformers
 from PIL import Image
-from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+from safetensors.torch import load_file
+from transformers import (Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3VLConfig,
+                          Qwen3VLForConditionalGeneration)
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 # The tower's weights drawn as the tower fixtures' are (gains near 1, spread biases, matrices of
@@ -52,12 +62,18 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from vision_tower_reference import randomise
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "fixtures" / "models" / "tiny-qwen3_5-bf16"
+FAMILIES = {
+    "qwen3_5": dict(source="tiny-qwen3_5-bf16", out="tiny-qwen3_5-vl-f32", config=Qwen3_5Config,
+                    model=Qwen3_5ForConditionalGeneration, tower=dict(model_type="qwen3_5_vision")),
+    "qwen3_vl": dict(source="tiny-f32-tied-gqa2", out="tiny-qwen3-vl-f32", config=Qwen3VLConfig,
+                     model=Qwen3VLForConditionalGeneration,
+                     tower=dict(model_type="qwen3_vl_vision", deepstack_visual_indexes=[0, 1])),
+}
 VISION_TOKENS = {507: "<|vision_start|>", 508: "<|vision_end|>", 509: "<|image_pad|>", 510: "<|video_pad|>"}
 IMAGE_PAD, VISION_START, VISION_END = 509, 507, 508
 TOWER = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, num_position_embeddings=16,
              out_hidden_size=64, patch_size=16, spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
-             hidden_act="gelu_pytorch_tanh", initializer_range=0.02, model_type="qwen3_5_vision")
+             hidden_act="gelu_pytorch_tanh", initializer_range=0.02)
 PROCESSOR = dict(image_processor_type="Qwen2VLImageProcessor", processor_class="Qwen3VLProcessor",
                  do_convert_rgb=True, do_normalize=True, do_rescale=True, do_resize=True,
                  rescale_factor=1 / 255, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
@@ -106,40 +122,69 @@ def b64(a):
     return base64.b64encode(np.ascontiguousarray(a, dtype="<f4").tobytes()).decode()
 
 
+def text_config(family, source):
+    """The source text model's config.json as the family's `text_config`."""
+    config = json.loads((source / "config.json").read_text())
+    if family == "qwen3_5":
+        config["text_config"]["dtype"] = "float32"
+        return config
+    # Qwen3 -> Qwen3VLTextConfig: the same keys, rope_parameters with M-RoPE's sections
+    # (interleaved, as every Qwen3-VL checkpoint has them).
+    text = {k: v for k, v in config.items() if k not in ("architectures", "rope_scaling", "rope_theta",
+                                                           "torch_dtype", "transformers_version")}
+    text.update(model_type="qwen3_vl_text", dtype="float32",
+                rope_parameters=dict(rope_type="default", rope_theta=config["rope_theta"],
+                                     mrope_section=[6, 5, 5], mrope_interleaved=True))
+    return dict(architectures=["Qwen3VLForConditionalGeneration"], model_type="qwen3_vl", text_config=text,
+                tie_word_embeddings=config["tie_word_embeddings"], image_token_id=IMAGE_PAD,
+                video_token_id=510, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+
+
+def text_weights(family, source):
+    """The source's text weights under the vision-language model's names."""
+    if family == "qwen3_5":
+        model = Qwen3_5ForConditionalGeneration.from_pretrained(source, dtype=torch.float32)
+        return {k: v for k, v in model.state_dict().items() if not k.startswith("model.visual.")}
+    weights = load_file(source / "model.safetensors")
+    out = {k.replace("model.", "model.language_model.", 1): v.float() for k, v in weights.items()}
+    out.setdefault("lm_head.weight", weights["model.embed_tokens.weight"].float())
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=ROOT / "fixtures" / "models" / "tiny-qwen3_5-vl-f32")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="qwen3_5")
+    ap.add_argument("--out", type=Path, help="default: fixtures/models/<the family's name>")
     args = ap.parse_args()
-    out = args.out
+    fam = FAMILIES[args.family]
+    source = ROOT / "fixtures" / "models" / fam["source"]
+    out = args.out or ROOT / "fixtures" / "models" / fam["out"]
     (out / "images").mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
 
     # 1. The model: the source's text model in f32, a new tower.
-    config = json.loads((SOURCE / "config.json").read_text())
-    config["vision_config"] = TOWER
-    config["text_config"]["dtype"] = "float32"
+    config = text_config(args.family, source)
+    config["vision_config"] = dict(TOWER, **fam["tower"])
     config["dtype"] = "float32"
-    cfg = Qwen3_5Config(**config)
+    cfg = fam["config"](**config)
     cfg._attn_implementation = "eager"
-    model = Qwen3_5ForConditionalGeneration(cfg).eval()
-    source = Qwen3_5ForConditionalGeneration.from_pretrained(SOURCE, dtype=torch.float32)
-    text = {k: v for k, v in source.state_dict().items() if not k.startswith("model.visual.")}
-    missing, unexpected = model.load_state_dict(text, strict=False)
+    model = fam["model"](cfg).eval()
+    missing, unexpected = model.load_state_dict(text_weights(args.family, source), strict=False)
     assert not unexpected and all(k.startswith("model.visual.") for k in missing), (missing, unexpected)
     randomise(model.model.visual, 2027)
     model.save_pretrained(out, safe_serialization=True)
     cfg_json = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps(cfg_json, indent=2, sort_keys=True) + "\n")
-    shutil.copy(SOURCE / "generation_config.json", out / "generation_config.json")
+    shutil.copy(source / "generation_config.json", out / "generation_config.json")
     (out / "preprocessor_config.json").write_text(json.dumps(PROCESSOR, indent=2) + "\n")
 
     # 2. The tokenizer: the vision tokens added, the real chat template.
-    tok = json.loads((SOURCE / "tokenizer.json").read_text())
+    tok = json.loads((source / "tokenizer.json").read_text())
     for i, content in VISION_TOKENS.items():
         tok["added_tokens"].append(dict(id=i, content=content, single_word=False, lstrip=False, rstrip=False,
                                         normalized=False, special=True))
     (out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False) + "\n")
-    tcfg = json.loads((SOURCE / "tokenizer_config.json").read_text())
+    tcfg = json.loads((source / "tokenizer_config.json").read_text())
     real = json.loads((ROOT / "fixtures" / "chat" / "qwen3.5-tokenizer_config.json").read_text())
     tcfg["chat_template"] = real["chat_template"]
     for i, content in VISION_TOKENS.items():
@@ -219,8 +264,8 @@ def main():
         print(f"{name}: {len(ids)} tokens, merged {list(merged.shape)}, greedy {greedy}, "
               f"smallest top-2 gap {min(gaps):.2e}, f32 logits within {rounding:.2e} of f64")
     (out / "images-reference.json").write_text(json.dumps(dict(
-        about=f"scripts/fixture_qwen3_5_vl.py: transformers {transformers.__version__} "
-              f"Qwen3_5ForConditionalGeneration, f32, eager attention; pixel values by Qwen2VLImageProcessorPil",
+        about=f"scripts/fixture_vision_models.py: transformers {transformers.__version__} "
+              f"{fam['model'].__name__}, f32, eager attention; pixel values by Qwen2VLImageProcessorPil",
         cases=cases), indent=1) + "\n")
 
 
