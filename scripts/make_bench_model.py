@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Write a random-weight checkpoint with the exact shapes of Qwen3-0.6B, Qwen3-1.7B, Qwen3-30B-A3B,
-Qwen3.5-0.8B, Qwen3.5-2B or Qwen3.5-35B-A3B.
+Qwen3.5-0.8B, Qwen3.5-2B, Qwen3.5-35B-A3B or Qwen3-VL-2B.
 
 For benchmarks (speed and memory need the real shapes, not the real weights) on machines without
 the real checkpoint:
@@ -28,6 +28,12 @@ MLP of 3584, tied embeddings of Qwen3.5's 248,320 rows. Its decays and write str
 a trained layer's range, its (1 + w) norms around zero. The tokenizer is still Qwen3's (the hub is
 out of reach): the rows past it are padding, which changes no layer's work. qwen3.5-2b is the same
 at hidden 2048 with an MLP of 6144.
+qwen3-vl-2b is Qwen3-VL-2B-Instruct as a `Qwen3VLForConditionalGeneration`: Qwen3-1.7B's text model
+(interleaved M-RoPE sections [24, 20, 20], tied) under `model.language_model.`, and the vision tower
+under `model.visual.`: 24 blocks of 1024 (16 heads, MLP 4096, LayerNorms and biases), patches of 16
+merged 2x2 into tokens of 2048, a 48 x 48 position table, DeepStack after blocks 5, 11 and 17. It
+also gets the hub's `preprocessor_config.json` and, in tokenizer_config.json, the Qwen3.5 chat
+template (Qwen3's has no image parts; fixtures/chat/qwen3.5.chat_template.jinja).
 --layers N writes only the first N decoder layers (config num_hidden_layers = N; each layer's work
 is unchanged), so that a model too big for the disk can still be benchmarked per layer.
 --zero-experts leaves every expert weight zero and writes it as a hole in a sparse file: the full
@@ -87,6 +93,14 @@ SHAPES = {
                             linear_conv_kernel_dim=4, vocab_size=248320, num_experts=256,
                             num_experts_per_tok=8, moe_intermediate_size=512,
                             shared_expert_intermediate_size=512),
+    # Qwen3-VL-2B: Qwen3-1.7B's text model and the tower (hub config's vision_config).
+    "qwen3-vl-2b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                        num_key_value_heads=8, head_dim=128,
+                        vision=dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16,
+                                    out_hidden_size=2048, num_position_embeddings=2304, patch_size=16,
+                                    spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
+                                    hidden_act="gelu_pytorch_tanh", deepstack_visual_indexes=[5, 11, 17],
+                                    initializer_range=0.02, model_type="qwen3_vl")),
 }
 ROUTER_GAIN = 3.0  # router logits with std about 3: softmax spread, top-8 varies from token to token
 VOCAB = 151936
@@ -96,6 +110,8 @@ CHUNK_ELEMS = 1 << 24  # 16M values (64 MB of f32) per generated chunk
 
 def hub_config(shape: dict) -> dict:
     """The hub config.json's keys, in their order (Qwen3-0.6B/1.7B, or Qwen3-30B-A3B for MoE shapes)."""
+    if "vision" in shape:
+        return hub_config_vl(shape)
     if "linear_num_key_heads" in shape:
         return hub_config_qwen3_5(shape)
     if "num_experts" in shape:
@@ -170,6 +186,73 @@ def hub_config_moe(shape: dict) -> dict:
     }
 
 
+def hub_config_vl(shape: dict) -> dict:
+    """Qwen3-VL-2B-Instruct's config.json: the Qwen3 text model under text_config, the tower's
+    vision_config, the image token ids of Qwen3's vocabulary."""
+    text = {k: v for k, v in hub_config({k: v for k, v in shape.items() if k != "vision"}).items()
+            if k not in ("architectures", "rope_scaling", "rope_theta", "torch_dtype", "transformers_version",
+                         "sliding_window", "use_sliding_window", "max_window_layers", "tie_word_embeddings")}
+    text.update(model_type="qwen3_vl_text", dtype="bfloat16", max_position_embeddings=262144,
+                rope_parameters={"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default",
+                                 "rope_theta": 5000000})
+    return {
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "image_token_id": 151655,
+        "model_type": "qwen3_vl",
+        "text_config": text,
+        "tie_word_embeddings": True,
+        "transformers_version": "5.24.0",
+        "video_token_id": 151656,
+        "vision_config": shape["vision"],
+        "vision_end_token_id": 151653,
+        "vision_start_token_id": 151652,
+    }
+
+
+# Qwen3-VL's preprocessor_config.json on the hub.
+PREPROCESSOR_VL = {
+    "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+    "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    "processor_class": "Qwen3VLProcessor", "image_processor_type": "Qwen2VLImageProcessorFast",
+}
+
+
+def tensor_specs_vision(v: dict):
+    """The tower's tensors under model.visual.: (name, shape, kind, gain). Biases small, LayerNorm
+    gains around 1, the position table like an embedding."""
+    d, i, e = v["hidden_size"], v["intermediate_size"], v["out_hidden_size"]
+    m4 = d * v["spatial_merge_size"] ** 2
+    p, t = v["patch_size"], v["temporal_patch_size"]
+    specs = []
+
+    def linear(name, out, inp, gain=1.0):
+        specs.extend([(name + ".weight", [out, inp], "mat", gain), (name + ".bias", [out], "bias", 0.02)])
+
+    def norm(name, width):
+        specs.extend([(name + ".weight", [width], "norm", 0), (name + ".bias", [width], "bias", 0.02)])
+
+    specs += [("patch_embed.proj.weight", [d, v["in_channels"], t, p, p], "mat", 1.0),
+              ("patch_embed.proj.bias", [d], "bias", 0.02),
+              ("pos_embed.weight", [v["num_position_embeddings"], d], "embed", 0.5)]
+    for l in range(v["depth"]):
+        b = f"blocks.{l}."
+        norm(b + "norm1", d)
+        norm(b + "norm2", d)
+        linear(b + "attn.qkv", 3 * d, d)
+        linear(b + "attn.proj", d, d)
+        linear(b + "mlp.linear_fc1", i, d)
+        linear(b + "mlp.linear_fc2", d, i)
+    norm("merger.norm", d)
+    linear("merger.linear_fc1", m4, m4)
+    linear("merger.linear_fc2", e, m4)
+    for j in range(len(v["deepstack_visual_indexes"])):
+        norm(f"deepstack_merger_list.{j}.norm", m4)
+        linear(f"deepstack_merger_list.{j}.linear_fc1", m4, m4)
+        linear(f"deepstack_merger_list.{j}.linear_fc2", e, m4)
+    return [("model.visual." + n, s, k, g) for n, s, k, g in specs]
+
+
 def layer_types(shape: dict) -> list:
     """Qwen3.5's layer kinds: every fourth layer attention (full_attention_interval 4)."""
     return ["full_attention" if (l + 1) % 4 == 0 else "linear_attention" for l in range(shape["num_hidden_layers"])]
@@ -222,6 +305,10 @@ def tensor_specs(shape: dict):
     MoE shapes have an lm_head.weight and a router plus per-expert projections instead of a dense MLP."""
     if "linear_num_key_heads" in shape:
         return tensor_specs_qwen3_5(shape)
+    if "vision" in shape:
+        text = tensor_specs({k: v for k, v in shape.items() if k != "vision"})
+        text = [(n.replace("model.", "model.language_model.", 1), s, k, g) for n, s, k, g in text]
+        return sorted(text + tensor_specs_vision(shape["vision"]), key=lambda s: s[0])
     h, inter = shape["hidden_size"], shape["intermediate_size"]
     hd, nh, nkv = shape["head_dim"], shape["num_attention_heads"], shape["num_key_value_heads"]
     moe = "num_experts" in shape
@@ -352,6 +439,8 @@ def write_tensor(f, gen: torch.Generator, shape, kind: str, gain: float) -> None
             x = (torch.rand(n * cols, generator=gen) * 0.45 + 0.05).log()
         elif kind == "dt_bias":
             x = -2.0 - torch.rand(n * cols, generator=gen)
+        elif kind == "bias":
+            x = torch.randn(n * cols, generator=gen) * gain
         elif kind == "embed":
             x = torch.randn(n * cols, generator=gen) * gain
         elif kind == "experts":
@@ -409,6 +498,12 @@ def main():
         (out / fname).write_text(json.dumps(obj, indent=2) + "\n")
     for fname in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(args.qwen3_tokenizer / fname, out / fname)
+    if "vision" in shape:
+        (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_VL, indent=2) + "\n")
+        tcfg = json.loads((out / "tokenizer_config.json").read_text())
+        root = Path(__file__).resolve().parent.parent
+        tcfg["chat_template"] = (root / "fixtures/chat/qwen3.5.chat_template.jinja").read_text()
+        (out / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2, ensure_ascii=False) + "\n")
     print(f"wrote {out}", flush=True)
 
     if args.check:

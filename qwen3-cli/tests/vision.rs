@@ -53,23 +53,27 @@ fn check_tower(name: &str, file: &ModelFile, bound: f32) -> f32 {
             .map(|g| [0, 1, 2].map(|i| g[i].as_u64().unwrap() as usize))
             .collect();
         assert_eq!(grids, want, "{}: grids", case["name"]);
-        let out = tower.forward(&patches, &grids).unwrap();
-        let err = max_rel_diff(
-            &out.merged,
-            &floats_b64(case["merged_b64"].as_str().unwrap()),
-        );
-        eprintln!(
-            "{name} {} {}: merged {} values, largest difference {err:.2e} of the largest",
-            file.config().dtype,
-            case["name"],
-            out.merged.len()
-        );
-        assert!(
-            err < bound,
-            "{}: {err:.2e} from transformers'",
-            case["name"]
-        );
-        worst = worst.max(err);
+        // The textbook tower and the fast one (the file's dtype on the kernels: in a q8 file,
+        // the activations quantized too).
+        for math in [vision::Math::Plain, vision::Math::Fast] {
+            let out = tower.forward_with(&patches, &grids, math).unwrap();
+            let err = max_rel_diff(
+                &out.merged,
+                &floats_b64(case["merged_b64"].as_str().unwrap()),
+            );
+            eprintln!(
+                "{name} {} {math:?} {}: merged {} values, largest difference {err:.2e} of the largest",
+                file.config().dtype,
+                case["name"],
+                out.merged.len()
+            );
+            assert!(
+                err < bound,
+                "{} ({math:?}): {err:.2e} from transformers'",
+                case["name"]
+            );
+            worst = worst.max(err);
+        }
     }
     worst
 }
@@ -132,10 +136,12 @@ fn export_keeps_the_tower_and_it_sees_as_transformers_does() {
             .collect();
         assert_eq!(got, want);
         check_tower(name, &file, 2e-6);
-        // In a q8 file the tower's matrices are q8 too; its vectors stay close.
-        let q8 = ModelFile::open(&export_fixture(name, &dir, DType::Q8, 32)).unwrap();
-        let err = check_tower(name, &q8, 0.05);
-        eprintln!("{name} q8: the tower within {err:.2e} of transformers' f32");
+        // In a bf16 or q8 file the tower's matrices are bf16 or q8 too; its vectors stay close.
+        for (dtype, group) in [(DType::Bf16, 0), (DType::Q8, 32)] {
+            let file = ModelFile::open(&export_fixture(name, &dir, dtype, group)).unwrap();
+            let err = check_tower(name, &file, 0.05);
+            eprintln!("{name} {dtype}: the tower within {err:.2e} of transformers' f32");
+        }
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -6,6 +6,7 @@
 use base64::Engine as _;
 use qwen3_export::hf::checkpoint::{to_f32, Checkpoint};
 use qwen3_inference::testing::reference_json::max_rel_diff;
+use qwen3_inference::vision::tower::Matrix;
 use qwen3_inference::vision::{Math, VisionConfig, VisionTower};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -47,7 +48,7 @@ fn tower(name: &str) -> VisionTower {
         ckpt.read_rows(&t, 0, t.numel() / t.row_len(), &mut bytes)?;
         let mut out = Vec::new();
         to_f32(t.dtype, &bytes, &mut out);
-        Ok(out)
+        Ok(Matrix::F32(out))
     })
     .unwrap()
 }

@@ -34,6 +34,8 @@ pub struct PromptJob {
     constraint: Option<Constraint>,
     /// `--image`s, encoded, at their rows of `prompt`.
     images: Option<PromptImages>,
+    /// Seconds the images took to decode and encode (0 without images).
+    image_encode_s: f64,
 }
 
 impl PromptJob {
@@ -49,6 +51,7 @@ impl PromptJob {
         let mut chat_prompt = None;
         let chat = args.chat || !args.images.is_empty();
         let mut images = None;
+        let mut image_encode_s = 0.0;
         // A model that cannot see is refused before anything is read.
         let encoder = match args.images.is_empty() {
             true => None,
@@ -87,7 +90,9 @@ impl PromptJob {
                 };
                 let mut ids = tok.encode(&rendered);
                 if let Some(encoder) = &encoder {
+                    let started = std::time::Instant::now();
                     let (prompt, placed) = encode_images(&args.images, encoder, &ids, context_len)?;
+                    image_encode_s = started.elapsed().as_secs_f64();
                     ids = prompt;
                     images = Some(placed);
                 }
@@ -125,6 +130,7 @@ impl PromptJob {
             eos_ids,
             constraint,
             images,
+            image_encode_s,
         })
     }
 }
@@ -142,7 +148,8 @@ fn image_encoder(file: &ModelFile) -> Result<ImageEncoder> {
 }
 
 /// The `--image` files through the model's tower, and the template's tokens `ids` with each
-/// image's pads (docs/vision.md).
+/// image's pads (docs/vision.md). Says on stderr what each image became and how long it took
+/// (as llama.cpp's mtmd-cli says "image slice encoded in ...").
 fn encode_images(
     paths: &[std::path::PathBuf],
     encoder: &ImageEncoder,
@@ -154,9 +161,18 @@ fn encode_images(
         .map(|p| {
             let bytes =
                 std::fs::read(p).with_context(|| format!("{}: cannot read", p.display()))?;
-            encoder
+            let started = std::time::Instant::now();
+            let image = encoder
                 .encode(&bytes, MAX_SOURCE_PIXELS, context_len)
-                .with_context(|| format!("{}", p.display()))
+                .with_context(|| format!("{}", p.display()))?;
+            let [_, h, w] = image.grid;
+            eprintln!(
+                "image {}: {h}x{w} patches, {} tokens, encoded in {:.3} s",
+                p.display(),
+                image.tokens(encoder.input().tower.out_hidden_size),
+                started.elapsed().as_secs_f64()
+            );
+            Ok(image)
         })
         .collect::<Result<Vec<_>>>()?;
     encoder.prompt(ids, encoded)
@@ -176,12 +192,14 @@ pub fn generate_text<B: Backend>(
         eos_ids,
         constraint,
         images,
+        image_encode_s,
     } = job;
     let sampler = sampler_from_args(args, engine.forward().model().config)?;
     if args.verbose {
         print_setup(args, &engine, &eos_ids, &sampler, device);
     }
     let mut printer = Printer::new(args, tokenizer.as_deref());
+    printer.image_encode_s = image_encode_s;
     if args.echo {
         printer.echo(text.as_deref(), &prompt)?;
     }
@@ -288,6 +306,8 @@ struct Printer<'a> {
     all_text: String,
     all_ids: Vec<u32>,
     all_lps: Vec<serde_json::Value>,
+    /// For `--json`: the images' decode and encode time, before the prompt ran.
+    image_encode_s: f64,
 }
 
 impl<'a> Printer<'a> {
@@ -303,6 +323,7 @@ impl<'a> Printer<'a> {
             all_text: String::new(),
             all_ids: Vec::new(),
             all_lps: Vec::new(),
+            image_encode_s: 0.0,
         }
     }
 
@@ -384,6 +405,7 @@ impl<'a> Printer<'a> {
                     "accepted_tokens": stats.accepted_tokens,
                 },
                 "timings": {
+                    "image_encode_s": self.image_encode_s,
                     "time_to_first_token_s": stats.time_to_first_token.as_secs_f64(),
                     "decode_s": stats.decode.as_secs_f64(),
                     "prefill_tok_s": stats.prefill_tok_s(),

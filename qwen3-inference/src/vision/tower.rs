@@ -20,6 +20,9 @@ use anyhow::{anyhow, bail, ensure, Result};
 use super::processor::merge_order;
 
 mod fast;
+mod matrix;
+
+pub use matrix::Matrix;
 
 /// How the tower computes. `Plain` is the textbook form in this file: loops over f32 values with
 /// f64 sums, the reference. `Fast` runs the same steps with every product on the matmul kernels
@@ -34,10 +37,11 @@ use crate::format::ModelFile;
 /// The tower's shape: data of the model file's header (format/config/vision.rs).
 pub use crate::format::VisionConfig;
 
-/// `y = x W^T + b`, W stored [out, in] as transformers' `nn.Linear` stores it.
+/// `y = x W^T + b`, W stored [out, in] as transformers' `nn.Linear` stores it, in the file's
+/// dtype.
 #[derive(Clone, Debug)]
 struct Linear {
-    weight: Vec<f32>,
+    weight: Matrix,
     bias: Vec<f32>,
     out: usize,
     inp: usize,
@@ -52,17 +56,21 @@ impl Linear {
         }
     }
 
-    /// `x` [n, in] -> [n, out], each sum in f64.
+    /// `x` [n, in] -> [n, out], each sum in f64 over the weights' values (a quantized weight
+    /// read as the value it stands for).
     fn forward(&self, x: &[f32]) -> Vec<f32> {
         let n = x.len() / self.inp;
+        let shape = [self.out as u64, self.inp as u64];
+        let w = self.weight.view(&shape);
         let mut y = vec![0f32; n * self.out];
         for (xi, yi) in x.chunks_exact(self.inp).zip(y.chunks_exact_mut(self.out)) {
-            for (o, (w, b)) in yi
-                .iter_mut()
-                .zip(self.weight.chunks_exact(self.inp).zip(&self.bias))
-            {
-                let dot: f64 = xi.iter().zip(w).map(|(&a, &w)| a as f64 * w as f64).sum();
-                *o = (dot + *b as f64) as f32;
+            for (o, (yo, b)) in yi.iter_mut().zip(&self.bias).enumerate() {
+                let dot: f64 = xi
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &a)| a as f64 * crate::backend::weight(&w, o * self.inp + k) as f64)
+                    .sum();
+                *yo = (dot + *b as f64) as f32;
             }
         }
         y
@@ -150,12 +158,13 @@ pub struct VisionTower {
 }
 
 impl VisionTower {
-    /// Builds the tower from its tensors: `tensor(name, shape)` returns the f32 values of the
-    /// tensor of that name (transformers' names inside the tower: `blocks.0.attn.qkv.weight`; the
-    /// caller adds the checkpoint's prefix) and checks its shape.
+    /// Builds the tower from its tensors: `tensor(name, shape)` returns the tensor of that name
+    /// (transformers' names inside the tower: `blocks.0.attn.qkv.weight`; the caller adds the
+    /// checkpoint's prefix), its shape checked: the matrices are kept as they come, the vectors
+    /// (biases, norms, the position table) read as f32.
     pub fn load(
         config: VisionConfig,
-        mut tensor: impl FnMut(&str, &[usize]) -> Result<Vec<f32>>,
+        mut tensor: impl FnMut(&str, &[usize]) -> Result<Matrix>,
     ) -> Result<VisionTower> {
         let t: &mut Tensors = &mut tensor;
         let (d, i, e) = (
@@ -170,11 +179,11 @@ impl VisionTower {
         );
         let patch_embed = Linear {
             weight: t("patch_embed.proj.weight", &[d, c, tp, p, p])?,
-            bias: t("patch_embed.proj.bias", &[d])?,
+            bias: vector(t, "patch_embed.proj.bias", &[d])?,
             out: d,
             inp: config.patch_len(),
         };
-        let pos_embed = t("pos_embed.weight", &[config.num_position_embeddings, d])?;
+        let pos_embed = vector(t, "pos_embed.weight", &[config.num_position_embeddings, d])?;
         let mut blocks = Vec::with_capacity(config.depth);
         for l in 0..config.depth {
             let b = format!("blocks.{l}");
@@ -210,8 +219,7 @@ impl VisionTower {
     }
 
     /// The tower a model file carries (format version 8: `vision` in its config, the tensors
-    /// `model.visual.*`), its matrices widened to f32 whatever their dtype; `None` for a
-    /// text-only file.
+    /// `model.visual.*`), its matrices copied in their dtype; `None` for a text-only file.
     pub fn from_file(file: &ModelFile) -> Result<Option<VisionTower>> {
         let Some(vision) = &file.config().vision else {
             return Ok(None);
@@ -226,7 +234,7 @@ impl VisionTower {
                 have == n as u64,
                 "model.visual.{name}: {have} values, the tower needs {n}"
             );
-            Ok((0..n).map(|i| crate::backend::weight(&t, i)).collect())
+            Ok(Matrix::copy_of(&t))
         })
         .map(Some)
     }
@@ -305,14 +313,20 @@ impl VisionTower {
     }
 }
 
-/// A tensor source: `(name, shape) -> values` (see [`VisionTower::load`]).
-type Tensors<'a> = dyn FnMut(&str, &[usize]) -> Result<Vec<f32>> + 'a;
+/// A tensor source: `(name, shape) -> tensor` (see [`VisionTower::load`]).
+type Tensors<'a> = dyn FnMut(&str, &[usize]) -> Result<Matrix> + 'a;
+
+/// A vector's (or the position table's) f32 values.
+fn vector(t: &mut Tensors, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    let n = shape.iter().product();
+    Ok(t(name, shape)?.into_f32(n))
+}
 
 /// An `nn.Linear(inp, out)`'s weight [out, inp] and bias [out].
 fn linear(t: &mut Tensors, name: &str, out: usize, inp: usize) -> Result<Linear> {
     Ok(Linear {
         weight: t(&format!("{name}.weight"), &[out, inp])?,
-        bias: t(&format!("{name}.bias"), &[out])?,
+        bias: vector(t, &format!("{name}.bias"), &[out])?,
         out,
         inp,
     })
@@ -321,8 +335,8 @@ fn linear(t: &mut Tensors, name: &str, out: usize, inp: usize) -> Result<Linear>
 /// An `nn.LayerNorm(width)`'s weight and bias.
 fn layer_norm(t: &mut Tensors, name: &str, width: usize) -> Result<LayerNorm> {
     Ok(LayerNorm {
-        weight: t(&format!("{name}.weight"), &[width])?,
-        bias: t(&format!("{name}.bias"), &[width])?,
+        weight: vector(t, &format!("{name}.weight"), &[width])?,
+        bias: vector(t, &format!("{name}.bias"), &[width])?,
     })
 }
 
@@ -472,7 +486,10 @@ impl VisionTower {
             *xv += pv;
         }
         let mut h = b.fc1.apply(&b.norm2.forward(x), math);
-        h.iter_mut().for_each(|v| *v = gelu_tanh(*v));
+        match math {
+            Math::Plain => h.iter_mut().for_each(|v| *v = gelu_tanh(*v)),
+            Math::Fast => fast::gelu_tanh(&mut h),
+        }
         for (xv, mv) in x.iter_mut().zip(b.fc2.apply(&h, math)) {
             *xv += mv;
         }

@@ -1,33 +1,22 @@
 //! The tower's fast form ([`Math::Fast`](super::Math)): the products of tower.rs on the matmul
-//! kernels, and attention within each image as two products per head. The steps and their order
-//! are tower.rs's; only how the sums are taken differs (f32 on the kernels, f64 there), so the two
-//! agree to f32 rounding (`tests/vision_tower.rs` checks both against transformers).
+//! kernels with the weights in the file's dtype (`matrix.rs`), attention within each image on
+//! `kernels::frame_attention`, GELU on all threads. The steps and their order are tower.rs's; only
+//! how the sums are taken differs (f32 on the kernels, or the file's bf16 or q8 products; f64
+//! there), so the two agree to f32 rounding in an f32 file (`tests/vision_tower.rs` and
+//! qwen3-cli's `tests/vision.rs` check both against transformers).
 
 use super::Linear;
-use crate::format::reader::{TensorData, TensorView};
 use crate::kernels;
+use crate::kernels::exp::exp;
+use rayon::prelude::*;
 use std::ops::Range;
-
-/// Query rows of one head's scores at a time: `[ROWS, n]` scores stay small (a 4096-patch image:
-/// 4 MiB) whatever the image's size.
-const ROWS: usize = 256;
-
-/// An f32 matrix `[rows, cols]` as the kernels take a weight.
-fn view<'a>(data: &'a [f32], shape: &'a [u64; 2]) -> TensorView<'a> {
-    TensorView {
-        name: "vision tower",
-        shape,
-        data: TensorData::F32(data),
-        interleaved: None,
-    }
-}
 
 /// `x W^T + b` on the matmul kernels: `x` [n, in] -> [n, out].
 pub(super) fn linear(l: &Linear, x: &[f32]) -> Vec<f32> {
     let n = x.len() / l.inp;
     let shape = [l.out as u64, l.inp as u64];
     let mut y = vec![0f32; n * l.out];
-    kernels::matmul(&mut y, x, &view(&l.weight, &shape), n);
+    kernels::matmul(&mut y, x, &l.weight.view(&shape), n);
     for row in y.chunks_exact_mut(l.out) {
         row.iter_mut().zip(&l.bias).for_each(|(v, b)| *v += b);
     }
@@ -35,8 +24,8 @@ pub(super) fn linear(l: &Linear, x: &[f32]) -> Vec<f32> {
 }
 
 /// `o = softmax(q k^T * scale) v` within each frame, per head, every patch seeing every patch of
-/// its frame: for each head, its q and k `[n, hd]` and v transposed `[hd, n]` gathered, then
-/// `scores = q k^T` and `o = scores v` as products, ROWS query rows at a time.
+/// its frame (`kernels::frame_attention`: the products as sums of scaled rows, in registers, on
+/// all threads).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attention(
     q: &[f32],
@@ -50,43 +39,32 @@ pub(super) fn attention(
 ) {
     let d = heads * hd;
     for frame in frames {
-        let n = frame.len();
-        for head in 0..heads {
-            let gather = |t: &[f32]| -> Vec<f32> {
-                frame
-                    .clone()
-                    .flat_map(|i| t[i * d + head * hd..][..hd].iter().copied())
-                    .collect()
-            };
-            let (qh, kh) = (gather(q), gather(k));
-            let mut vt = vec![0f32; hd * n];
-            for (j, i) in frame.clone().enumerate() {
-                for c in 0..hd {
-                    vt[c * n + j] = v[i * d + head * hd + c];
-                }
-            }
-            let (k_shape, v_shape) = ([n as u64, hd as u64], [hd as u64, n as u64]);
-            let (kv, vv) = (view(&kh, &k_shape), view(&vt, &v_shape));
-            for r0 in (0..n).step_by(ROWS) {
-                let rows = ROWS.min(n - r0);
-                let mut scores = vec![0f32; rows * n];
-                kernels::matmul(&mut scores, &qh[r0 * hd..(r0 + rows) * hd], &kv, rows);
-                for row in scores.chunks_exact_mut(n) {
-                    let max = row.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s * scale));
-                    let mut total = 0f32;
-                    for s in row.iter_mut() {
-                        *s = (*s * scale - max).exp();
-                        total += *s;
-                    }
-                    row.iter_mut().for_each(|s| *s /= total);
-                }
-                let mut out = vec![0f32; rows * hd];
-                kernels::matmul(&mut out, &scores, &vv, rows);
-                for (j, row) in out.chunks_exact(hd).enumerate() {
-                    let i = frame.start + r0 + j;
-                    o[i * d + head * hd..][..hd].copy_from_slice(row);
-                }
-            }
-        }
+        let rows = frame.start * d..frame.end * d;
+        kernels::frame_attention(
+            &q[rows.clone()],
+            &k[rows.clone()],
+            &v[rows.clone()],
+            &mut o[rows],
+            frame.len(),
+            heads,
+            hd,
+            scale,
+        );
     }
+}
+
+/// GELU, tanh form, over `h` in place on all threads: `0.5 x (1 + tanh(u))`, u = sqrt(2/pi) (x +
+/// 0.044715 x^3), with `tanh(u) = sign(u) (1 - e) / (1 + e)`, e = exp(-2|u|) by the kernels'
+/// exp (whose argument must not be positive). Within f32 rounding of tower.rs's f64 form.
+pub(super) fn gelu_tanh(h: &mut [f32]) {
+    const K: f32 = 0.797_884_6; // sqrt(2 / pi)
+    h.par_chunks_mut(1 << 14).for_each(|chunk| {
+        for v in chunk {
+            let x = *v;
+            let u = K * (x + 0.044715 * x * x * x);
+            let e = exp(-2.0 * u.abs());
+            let tanh = ((1.0 - e) / (1.0 + e)).copysign(u);
+            *v = 0.5 * x * (1.0 + tanh);
+        }
+    });
 }
