@@ -11,19 +11,27 @@
 //! written the other way round, each a sum of rows scaled by a number (`acc += a * row`), four
 //! query rows at a time and `LANES` columns at a time, in plain loops that `vectorized!` compiles
 //! per instruction set: the four rows' partial sums stay in registers while a row of k^T (or of v)
-//! streams past once for all four. The heads and blocks of query rows run on all threads.
+//! streams past once for all four, the keys in chunks that stay in cache while a task's query
+//! rows go over them. The heads and blocks of query rows run on all threads.
 
 use super::exp::exp;
 use super::lanes::sum;
 use rayon::prelude::*;
+use std::ops::Range;
 
-/// Query rows computed together: their accumulators share each load of k^T and v.
+/// Query rows computed together: their accumulators share each load of k^T and v (the blocks'
+/// loops name four accumulators).
 const ROWS: usize = 4;
+const _: () = assert!(ROWS == 4);
 /// Columns of a block of accumulators (one AVX-512 register a row; measured best of 8, 16, 32
 /// and 64 columns by 2, 4, 6 and 8 rows on Zen 4).
 const LANES: usize = 16;
-/// Query rows of one rayon task.
+/// Query rows of one rayon task: they share each pass of k^T and v through the cache.
 const TASK_ROWS: usize = 32;
+/// Keys a pass covers: a chunk of k^T (`[hd, KEYS]`) and of v (`[KEYS, hd]`), 128 KiB each at
+/// hd 64, stays in the core's cache while the task's rows go over it. Without chunks a large
+/// image's k^T and v (3 MiB a head at 3072 patches) came from memory for every four rows.
+const KEYS: usize = 512;
 
 /// One frame's attention, every head: `q`, `k`, `v` and `o` are `[n, heads * hd]` (the heads side
 /// by side in each row, as the tower's projections give them).
@@ -71,11 +79,8 @@ pub fn frame_attention(
                 row.copy_from_slice(&q[(r0 + i) * d + h * hd..][..hd]);
             }
             let mut out = vec![0f32; rows * hd];
-            let mut scores = vec![0f32; ROWS * n];
-            for (qb, ob) in qh.chunks(ROWS * hd).zip(out.chunks_mut(ROWS * hd)) {
-                let r = qb.len() / hd;
-                block(qb, kt, vh, &mut scores[..r * n], ob, n, hd, scale);
-            }
+            let mut scores = vec![0f32; rows * n];
+            task(&qh, kt, vh, &mut scores, &mut out, n, hd, scale);
             out
         })
         .collect();
@@ -86,10 +91,11 @@ pub fn frame_attention(
     }
 }
 
-/// Up to [`ROWS`] query rows `q` ([r, hd]) of one head against its `kt` ([hd, n]) and `v`
-/// ([n, hd]): scores, softmax, output into `o` ([r, hd]).
+/// A task's query rows `q` ([r, hd]) of one head against its `kt` ([hd, n]) and `v` ([n, hd]):
+/// scores key chunk by key chunk, softmax, output into `o` ([r, hd], zeros) chunk by chunk,
+/// [`ROWS`] query rows at a time.
 #[allow(clippy::too_many_arguments)]
-fn block(
+fn task(
     q: &[f32],
     kt: &[f32],
     v: &[f32],
@@ -99,34 +105,57 @@ fn block(
     hd: usize,
     scale: f32,
 ) {
-    scores_rows(q, kt, scores, n, hd, scale);
+    for j0 in (0..n).step_by(KEYS) {
+        let keys = j0..KEYS.min(n - j0) + j0;
+        for (qb, sb) in q.chunks(ROWS * hd).zip(scores.chunks_mut(ROWS * n)) {
+            scores_rows(qb, kt, sb, n, hd, scale, keys.clone());
+        }
+    }
     for row in scores.chunks_exact_mut(n) {
         softmax(row);
     }
-    weighted_rows(scores, v, o, n, hd);
+    for j0 in (0..n).step_by(KEYS) {
+        let keys = j0..KEYS.min(n - j0) + j0;
+        for (pb, ob) in scores.chunks(ROWS * n).zip(o.chunks_mut(ROWS * hd)) {
+            weighted_rows(pb, v, ob, n, hd, keys.clone());
+        }
+    }
 }
 
 vectorized! {
-    /// `scores[i][j] = scale * sum_c q[i][c] kt[c][j]` for the block's rows i: column blocks of
-    /// `LANES`, each row's accumulators in registers while `kt`'s rows stream past.
-    fn scores_rows(q: &[f32], kt: &[f32], scores: &mut [f32], n: usize, hd: usize, scale: f32) {
+    /// `scores[i][j] = scale * sum_c q[i][c] kt[c][j]` for the block's rows i (up to [`ROWS`])
+    /// and `keys`: column blocks of `LANES`, each row's accumulators in registers
+    /// while `kt`'s rows stream past.
+    fn scores_rows(
+        q: &[f32],
+        kt: &[f32],
+        scores: &mut [f32],
+        n: usize,
+        hd: usize,
+        scale: f32,
+        keys: Range<usize>,
+    ) {
         let r = q.len() / hd;
-        let mut j0 = 0;
-        while j0 < n {
-            let w = LANES.min(n - j0);
+        let mut j0 = keys.start;
+        while j0 < keys.end {
+            let w = LANES.min(keys.end - j0);
             let mut acc = [[0f32; LANES]; ROWS];
             if r == ROWS && w == LANES {
-                // The whole block: loops of fixed length, which the compiler unrolls into
-                // registers.
+                // The whole block: four named accumulators of fixed length, which the compiler
+                // keeps in registers (an array of them it kept on the stack, each update a
+                // store and a load: measured 4 times slower).
+                let (mut a0, mut a1, mut a2, mut a3) = ([0f32; LANES], [0f32; LANES], [0f32; LANES], [0f32; LANES]);
                 for c in 0..hd {
                     let krow: &[f32; LANES] = kt[c * n + j0..][..LANES].try_into().unwrap();
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        let qc = q[i * hd + c];
-                        for l in 0..LANES {
-                            a[l] += qc * krow[l];
-                        }
+                    let (q0, q1, q2, q3) = (q[c], q[hd + c], q[2 * hd + c], q[3 * hd + c]);
+                    for l in 0..LANES {
+                        a0[l] += q0 * krow[l];
+                        a1[l] += q1 * krow[l];
+                        a2[l] += q2 * krow[l];
+                        a3[l] += q3 * krow[l];
                     }
                 }
+                acc = [a0, a1, a2, a3];
             } else {
                 for c in 0..hd {
                     let krow = &kt[c * n + j0..][..w];
@@ -171,26 +200,37 @@ vectorized! {
 }
 
 vectorized! {
-    /// `o[i][c] = sum_j p[i][j] v[j][c]` for the block's rows i: column blocks of `LANES` of
-    /// the head, each row's accumulators in registers while `v`'s rows stream past.
-    fn weighted_rows(p: &[f32], v: &[f32], o: &mut [f32], n: usize, hd: usize) {
+    /// `o[i][c] += sum_j p[i][j] v[j][c]` for the block's rows i (up to [`ROWS`]) and keys
+    /// `keys`: column blocks of `LANES` of the head, each row's accumulators in
+    /// registers while `v`'s rows stream past.
+    fn weighted_rows(
+        p: &[f32],
+        v: &[f32],
+        o: &mut [f32],
+        n: usize,
+        hd: usize,
+        keys: Range<usize>,
+    ) {
         let r = p.len() / n;
         let mut c0 = 0;
         while c0 < hd {
             let w = LANES.min(hd - c0);
             let mut acc = [[0f32; LANES]; ROWS];
             if r == ROWS && w == LANES {
-                for j in 0..n {
+                let (mut a0, mut a1, mut a2, mut a3) = ([0f32; LANES], [0f32; LANES], [0f32; LANES], [0f32; LANES]);
+                for j in keys.clone() {
                     let vrow: &[f32; LANES] = v[j * hd + c0..][..LANES].try_into().unwrap();
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        let pj = p[i * n + j];
-                        for l in 0..LANES {
-                            a[l] += pj * vrow[l];
-                        }
+                    let (p0, p1, p2, p3) = (p[j], p[n + j], p[2 * n + j], p[3 * n + j]);
+                    for l in 0..LANES {
+                        a0[l] += p0 * vrow[l];
+                        a1[l] += p1 * vrow[l];
+                        a2[l] += p2 * vrow[l];
+                        a3[l] += p3 * vrow[l];
                     }
                 }
+                acc = [a0, a1, a2, a3];
             } else {
-                for j in 0..n {
+                for j in keys.clone() {
                     let vrow = &v[j * hd + c0..][..w];
                     for (i, a) in acc.iter_mut().enumerate().take(r) {
                         let pj = p[i * n + j];
@@ -201,7 +241,9 @@ vectorized! {
                 }
             }
             for (i, a) in acc.iter().enumerate().take(r) {
-                o[i * hd + c0..][..w].copy_from_slice(&a[..w]);
+                for (x, &y) in o[i * hd + c0..][..w].iter_mut().zip(a) {
+                    *x += y;
+                }
             }
             c0 += w;
         }
@@ -216,7 +258,7 @@ mod tests {
     /// of a task, columns not of `LANES`, a head of 72 as Qwen3.5's tower has).
     #[test]
     fn matches_the_textbook_form() {
-        for (n, heads, hd) in [(1, 1, 8), (37, 2, 72), (70, 3, 64)] {
+        for (n, heads, hd) in [(1, 1, 8), (37, 2, 72), (70, 3, 64), (600, 1, 40)] {
             let d = heads * hd;
             let val = |i: usize, salt: usize| {
                 (((i * 7919 + salt * 104_729) % 997) as f32 / 997.0 - 0.5) * 2.0
@@ -273,8 +315,8 @@ mod tests {
         }
         let run = |isa: VectorIsa| {
             FORCED_ISA.set(Some(isa));
-            let (mut scores, mut o) = (vec![0f32; 3 * n], vec![0f32; 3 * hd]);
-            block(&x[..3 * hd], &kt, &x, &mut scores, &mut o, n, hd, 0.125);
+            let (mut scores, mut o) = (vec![0f32; 7 * n], vec![0f32; 7 * hd]);
+            task(&x[..7 * hd], &kt, &x, &mut scores, &mut o, n, hd, 0.125);
             FORCED_ISA.set(None);
             o.iter().map(|f| f.to_bits()).collect::<Vec<u32>>()
         };

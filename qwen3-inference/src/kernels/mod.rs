@@ -9,6 +9,7 @@
 //! | [`rmsnorm`] | rows of `[n, dim]`, weight `[dim]` |
 //! | [`rope`] | rows of `[n, head_dim]` at given positions |
 //! | [`attention`] | queries `[t, n_heads, head_dim]` over the KV cache |
+//! | [`frame_attention`] | every row of `[n, heads * head_dim]` over every row (the vision tower's) |
 //! | [`silu_mul`], [`add`] | elementwise |
 //!
 //! The innermost loops, the dot products, are in [`dot`]: scalar references plus SIMD versions
