@@ -12,6 +12,7 @@
 pub mod backend;
 pub mod chat;
 pub mod constraint;
+pub mod embedding;
 pub mod engine;
 pub mod format;
 pub mod generate;
@@ -21,6 +22,7 @@ pub mod logprobs;
 pub mod model;
 pub mod pages;
 pub mod quant;
+pub mod rerank;
 pub mod sampler;
 // Deterministic test values: built for this crate's tests and, through the `testing` feature,
 // for other crates' tests and benches only; a release build of `qwen3` does not contain it.

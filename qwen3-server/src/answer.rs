@@ -1,27 +1,22 @@
 //! Answer shaping, the last step of a request: the worker's updates for one job become each
 //! choice's text (through [`ChoiceText`]), its log-probabilities and tool calls, and then the
-//! whole answer's JSON or a stream of server-sent events. The engine handle (engine.rs) feeds it;
-//! it reads only the job (job.rs), the shared state, and the text pipeline below it.
+//! whole answer's JSON or one streamed chunk per piece. The pump (pump.rs) feeds it; it reads
+//! only the job (job.rs), the shared state, and the text pipeline below it.
 
-use crate::error::ApiError;
-use crate::job::{log_line, route, unix_now, Job, Kind, LeftEarly, LogLater, LogTokens, Params};
+use crate::job::{unix_now, Job, Kind, Params};
 use crate::logprobs;
 use crate::state::AppState;
 use crate::text::{ChoiceText, Delta};
 use crate::tool_calls::ToolCall;
 use crate::worker::{Command, Update};
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
 use qwen3_inference::engine::RequestId;
 use qwen3_inference::generate::StopReason;
 use qwen3_inference::logprobs::TokenLogprobs;
 use qwen3_inference::tokenizer::Tokenizer;
 use serde_json::{json, Value};
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::mpsc;
 
 /// The answer's fixed fields.
 pub(crate) struct Meta {
@@ -302,7 +297,7 @@ impl Meta {
     }
 
     /// One streamed chunk with `choices`.
-    fn chunk(&self, choices: Vec<Value>, include_usage: bool) -> Value {
+    pub(crate) fn chunk(&self, choices: Vec<Value>, include_usage: bool) -> Value {
         let mut c = json!({
             "id": self.id,
             "object": if self.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" },
@@ -379,82 +374,6 @@ fn call_json((index, (id, call)): (usize, &(String, ToolCall))) -> Value {
         "index": index, "id": id, "type": "function",
         "function": {"name": call.name, "arguments": call.arguments},
     })
-}
-
-/// The answer as server-sent events: `data: {chunk}` lines, then `data: [DONE]`. A task turns the
-/// worker's updates into events; when the client goes away the response body, and with it the
-/// event channel, is dropped, the task ends, and the worker sees its update channel closed.
-pub(crate) fn stream(
-    s: Arc<AppState>,
-    meta: Meta,
-    mut choices: Choices,
-    mut rx: mpsc::UnboundedReceiver<Update>,
-    include_usage: bool,
-    n_prompt: usize,
-) -> Response {
-    let (tx, events) = mpsc::channel::<Result<Event, Infallible>>(64);
-    let started = Instant::now();
-    tokio::spawn(async move {
-        let send = |v: Value| Event::default().data(v.to_string());
-        let mut failed = None;
-        let path = route(meta.kind);
-        // Logs the request as 499 if the client leaves (a `return` below) before the end.
-        let mut left = LeftEarly::new(&s, path, n_prompt, started);
-        while !choices.all_done() {
-            // A client that leaves while its request waits for a slot (no tokens to send yet)
-            // ends it here, before it runs.
-            let u = tokio::select! {
-                u = rx.recv() => u,
-                _ = tx.closed() => return,
-            };
-            let Some(u) = u else {
-                failed = Some("the model worker has stopped".to_string());
-                break;
-            };
-            if let Err(e) = choices.apply(u, &s) {
-                failed = Some(e);
-                break;
-            }
-            left.completion = choices.completion_tokens();
-            for (i, d, finish) in std::mem::take(&mut choices.out) {
-                let ch = choices.streamed(&meta, i, &d, finish, s.tokenizer);
-                if tx
-                    .send(Ok(send(meta.chunk(vec![ch], include_usage))))
-                    .await
-                    .is_err()
-                {
-                    return; // the client is gone
-                }
-            }
-        }
-        if let Some(e) = failed {
-            let _ = tx.send(Ok(send(ApiError::internal(e).body()))).await;
-        } else if include_usage {
-            let mut last = meta.chunk(vec![], false);
-            last["usage"] = choices.usage(n_prompt);
-            let _ = tx.send(Ok(send(last))).await;
-        }
-        let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
-        left.armed = false;
-        let completion = choices.completion_tokens();
-        let tokens = LogTokens {
-            prompt: n_prompt,
-            completion,
-        };
-        log_line("POST", path, 200, Some(tokens), started.elapsed());
-        s.metrics.request(path, 200);
-        s.metrics.tokens(n_prompt, completion);
-    });
-    let body =
-        futures_util::stream::unfold(
-            events,
-            |mut rx| async move { rx.recv().await.map(|e| (e, rx)) },
-        );
-    let mut r = Sse::new(body)
-        .keep_alive(KeepAlive::default())
-        .into_response();
-    r.extensions_mut().insert(LogLater);
-    r
 }
 
 #[cfg(test)]

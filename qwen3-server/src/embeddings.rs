@@ -21,6 +21,7 @@ use crate::worker::{Command, Update};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine as _;
+use qwen3_inference::embedding::truncate;
 use qwen3_inference::engine::{Rejected, Request};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -251,16 +252,6 @@ pub(crate) async fn last_rows(
         .collect()
 }
 
-/// OpenAI's `dimensions`: the first `n` values, scaled back to length 1.
-pub fn truncate(v: &mut Vec<f32>, n: usize) {
-    v.truncate(n);
-    let norm = v.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
-    let scale = 1.0 / norm.max(1e-12);
-    for x in v.iter_mut() {
-        *x = (*x as f64 * scale) as f32;
-    }
-}
-
 /// The base64 of the values' little-endian f32 bytes (what OpenAI's `encoding_format: "base64"`
 /// sends, and its Python client decodes with `np.frombuffer(..., dtype="float32")`).
 fn to_base64(v: &[f32]) -> String {
@@ -273,10 +264,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn truncation_renormalises_and_base64_is_little_endian_f32() {
-        let mut v = vec![3.0, 4.0, 12.0];
-        truncate(&mut v, 2);
-        assert_eq!(v, vec![0.6, 0.8]);
+    fn base64_is_little_endian_f32() {
         // 1.0f32 = 0x3f800000: bytes 00 00 80 3f.
         assert_eq!(to_base64(&[1.0]), "AACAPw==");
     }

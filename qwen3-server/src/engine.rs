@@ -1,6 +1,7 @@
 //! The handlers' handle on the engine: one `Job` checked against the context, queued on the
-//! model worker as `n` engine requests, and its updates handed to answer shaping (answer.rs),
-//! either gathered into one JSON answer or passed on as a stream.
+//! model worker as `n` engine requests, and its updates handed to answer shaping (answer.rs)
+//! through the pump (pump.rs), either gathered into one JSON answer or passed on as
+//! server-sent events.
 //!
 //! ```text
 //! Job + Params --token budget--> Command::Submit --> worker
@@ -8,14 +9,17 @@
 //!                                 Update::Token ... --> answer::Choices --> JSON or events
 //! ```
 
-use crate::answer::{stream, Choices, Meta};
+use crate::answer::{Choices, Meta};
 use crate::error::ApiError;
-use crate::job::{route, unix_now, Job, Kind, LeftEarly, LogTokens, Params};
+use crate::job::{route, unix_now, Job, Kind, LeftEarly, LogLater, LogTokens, Params};
+use crate::pump::{gather, pump, Shape};
 use crate::state::AppState;
 use crate::worker::{Command, Update};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use qwen3_inference::engine::{Rejected, Request as EngineRequest};
+use serde_json::Value;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
@@ -32,36 +36,78 @@ pub(crate) struct Queued {
 pub(crate) async fn run(s: Arc<AppState>, job: Job, p: Params) -> Result<Response, ApiError> {
     let Queued {
         meta,
-        choices,
+        mut choices,
         mut rx,
         n_prompt,
     } = queue(&s, &job, &p).await?;
+    // Logs the request as 499 if the client hangs up (this future, or the stream, is dropped).
+    let mut left = LeftEarly::new(&s, route(job.kind), n_prompt, job.start);
     if p.stream {
-        Ok(stream(s, meta, choices, rx, p.include_usage, n_prompt))
-    } else {
-        let mut choices = choices;
-        // Logs the request as 499 if the client hangs up (this future is then dropped).
-        let mut left = LeftEarly::new(&s, route(job.kind), n_prompt, job.start);
-        while !choices.all_done() {
-            let Some(u) = rx.recv().await else {
-                left.armed = false;
-                return Err(ApiError::internal("the model worker has stopped"));
-            };
-            if let Err(e) = choices.apply(u, &s) {
-                left.armed = false;
-                return Err(ApiError::internal(e));
-            }
-            left.completion = choices.completion_tokens();
-        }
-        left.armed = false;
-        let usage = choices.usage(n_prompt);
-        let mut r = Json(meta.whole(&choices, &usage, s.tokenizer)).into_response();
-        r.extensions_mut().insert(LogTokens {
-            prompt: n_prompt,
-            completion: choices.completion_tokens(),
-        });
-        Ok(r)
+        let shape = Events {
+            s: s.clone(),
+            meta,
+            include_usage: p.include_usage,
+            n_prompt,
+        };
+        let body = pump(s, choices, rx, left, shape);
+        let mut r = Sse::new(body)
+            .keep_alive(KeepAlive::default())
+            .into_response();
+        r.extensions_mut().insert(LogLater);
+        return Ok(r);
     }
+    gather(&s, &mut choices, &mut rx, &mut left, |_| {})
+        .await
+        .map_err(ApiError::internal)?;
+    let usage = choices.usage(n_prompt);
+    let mut r = Json(meta.whole(&choices, &usage, s.tokenizer)).into_response();
+    r.extensions_mut().insert(LogTokens {
+        prompt: n_prompt,
+        completion: choices.completion_tokens(),
+    });
+    Ok(r)
+}
+
+/// OpenAI's streamed answer: server-sent events, `data: {chunk}` per piece, then (if asked) a
+/// chunk with the usage, then `data: [DONE]`; an answer that stops short ends with an error
+/// object before `[DONE]`.
+struct Events {
+    s: Arc<AppState>,
+    meta: Meta,
+    include_usage: bool,
+    n_prompt: usize,
+}
+
+impl Shape for Events {
+    type Item = Event;
+
+    fn pieces(&mut self, choices: &mut Choices) -> Vec<Event> {
+        std::mem::take(&mut choices.out)
+            .into_iter()
+            .map(|(i, d, finish)| {
+                let ch = choices.streamed(&self.meta, i, &d, finish, self.s.tokenizer);
+                data(self.meta.chunk(vec![ch], self.include_usage))
+            })
+            .collect()
+    }
+
+    fn last(self, choices: &Choices, failed: Option<String>) -> Vec<Event> {
+        let mut out = vec![];
+        if let Some(e) = failed {
+            out.push(data(ApiError::internal(e).body()));
+        } else if self.include_usage {
+            let mut last = self.meta.chunk(vec![], false);
+            last["usage"] = choices.usage(self.n_prompt);
+            out.push(data(last));
+        }
+        out.push(Event::default().data("[DONE]"));
+        out
+    }
+}
+
+/// One server-sent event of JSON.
+fn data(v: Value) -> Event {
+    Event::default().data(v.to_string())
 }
 
 /// Checks the token budget and queues the job's choices on the worker.

@@ -1,21 +1,14 @@
 //! Images in a chat, for a model with a vision tower (docs/vision.md): the content parts that
 //! carry them read into bytes ([`image_part`]: OpenAI's `image_url` with a `data:` URL, the
-//! Responses API's `input_image`), and a request's images encoded by the tower and placed in its
-//! prompt ([`into_job`]), on a blocking thread: decoding and the tower take milliseconds to
-//! seconds, which the async threads must not spend.
+//! Responses API's `input_image`), checked and decoded from base64. The chat request
+//! (request/chat.rs) has them encoded by the tower and placed in its prompt.
 //!
 //! An `http(s)` URL is not fetched (the server reaches nothing outside itself); the error says
 //! to send the image as a data URL.
 
 use crate::error::ApiError;
-use crate::job::{Job, Params};
-use crate::request::ChatRequest;
-use crate::state::AppState;
 use base64::Engine as _;
-use qwen3_inference::vision::MAX_SOURCE_PIXELS;
 use serde_json::Value;
-use std::sync::Arc;
-use std::time::Instant;
 
 /// Bytes of one image file, as sent (20 MiB, OpenAI's limit).
 pub const MAX_IMAGE_BYTES: usize = 20 << 20;
@@ -93,65 +86,6 @@ fn data_url(url: &str) -> Result<Vec<u8>, String> {
         .decode(compact)
         .map_err(|e| format!("the data URL's base64 is not valid ({e})"))
 }
-
-/// The job of a checked chat request: as `ChatRequest::into_job`, with its images (if any)
-/// decoded, encoded by the model's tower and put in place of their pads, on a blocking thread.
-/// An image that cannot be decoded is the request's fault: a 400 naming it.
-pub(crate) async fn into_job(
-    mut req: ChatRequest,
-    s: &Arc<AppState>,
-    start: Instant,
-) -> Result<(Job, Params), ApiError> {
-    let parts = std::mem::take(&mut req.images);
-    if parts.is_empty() {
-        return Ok(req.into_job(s, start));
-    }
-    // One request's images at a time: the tower already uses every thread, and a burst of
-    // image requests then waits its turn instead of multiplying its memory.
-    let _turn = ENCODES
-        .acquire()
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    let state = s.clone();
-    tokio::task::spawn_blocking(move || {
-        let encoder = state
-            .images
-            .as_ref()
-            .ok_or_else(|| ApiError::invalid("messages".to_string(), NO_TOWER))?;
-        let encoded = parts
-            .iter()
-            .map(|p| {
-                encoder
-                    .encode(&p.bytes, MAX_SOURCE_PIXELS, state.context_len)
-                    .map_err(|e| ApiError::invalid(p.param.clone(), format!("{e:#}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let (mut job, params) = req.into_job(&state, start);
-        let (prompt, images) = encoder
-            .prompt(&job.prompts[0], encoded)
-            .map_err(|e| ApiError::invalid("messages".to_string(), format!("{e:#}")))?;
-        if prompt.len() > state.context_len {
-            return Err(ApiError::invalid(
-                "messages".to_string(),
-                format!(
-                    "the prompt has {} tokens with its images but the context holds {}",
-                    prompt.len(),
-                    state.context_len
-                ),
-            )
-            .with_code("context_length_exceeded"));
-        }
-        state.metrics.images(parts.len());
-        job.prompts[0] = prompt;
-        job.images = Some(images);
-        Ok((job, params))
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("encoding the images failed: {e}")))?
-}
-
-/// Requests whose images are being encoded: one at a time.
-static ENCODES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 
 /// The error of an image sent to a model without a tower.
 pub const NO_TOWER: &str =

@@ -24,7 +24,7 @@ pub(crate) enum Kind {
     Chat,
 }
 
-/// What a request asks of the engine, read and checked (request.rs reads it).
+/// What a request asks of the engine, read and checked (request/ reads it).
 #[derive(Debug, Clone)]
 pub struct Params {
     /// The model it names, if any.

@@ -6,47 +6,62 @@
 //! channels. The caller (the CLI) loads the model files and says how to start the worker, so that
 //! the server does not care which backend runs the model.
 //!
-//! A request flows one way, down this list; each module uses only those after it:
+//! A request flows one way, down this list; each module uses only those after it (the test
+//! `tests/layers.rs` holds this order to the code):
 //!
+//! - [`batch`]: a file of requests sent through the router below without a network (`qwen3
+//!   batch`), the one module that uses this file's own functions;
 //! - [`routes`]: the HTTP routes, auth, the request log; each generation route reads its
 //!   request type, makes a job and hands it on;
-//! - [`request`]: one validated type per endpoint ([`request::CompletionRequest`],
-//!   [`request::ChatRequest`]), every field checked in one place;
-//! - [`structured`]: `response_format` and tool calls as the grammar the answer must match;
-//! - [`ollama`]: Ollama's API, translated to the requests above and its answers back;
+//! - [`ollama`]: Ollama's API, translated to the requests below and its answers back;
+//! - [`rerank`]: `/v1/rerank`, documents scored against a query by Qwen3-Reranker's recipe
+//!   ([`qwen3_inference::rerank`]);
 //! - [`embeddings`]: `/v1/embeddings`, an embedding model's vectors;
-//! - [`rerank`]: `/v1/rerank`, documents scored against a query by Qwen3-Reranker's recipe;
+//! - [`request`]: one validated type per endpoint ([`request::CompletionRequest`],
+//!   [`request::ChatRequest`]), every field checked in one place; a chat's images encoded;
+//! - [`images`]: the image parts of a chat's messages, read into bytes;
+//! - [`structured`]: `response_format` and tool calls as the grammar the answer must match;
 //! - [`engine`]: the handle on the engine: a job's token budget, queued on the worker, its
-//!   updates gathered or streamed;
-//! - [`answer`]: the updates shaped into OpenAI's answer, whole or as server-sent events;
+//!   answer whole or as OpenAI's server-sent events;
+//! - [`pump`]: the one loop from the worker's updates to an answer, gathered or streamed, for
+//!   OpenAI's shape and Ollama's;
+//! - [`answer`]: the updates shaped into OpenAI's choices, chunks and whole answer;
 //! - [`job`]: what a checked request asks of the engine, and the request log's line;
 //! - [`text`]: tokens to the text a client sees (stop strings, `<think>` split off);
-//! - [`tool_calls`]: `<tool_call>` blocks of an answer as OpenAI's `tool_calls`;
+//! - [`tool_calls`]: `tool_choice`, and `<tool_call>` blocks of an answer as OpenAI's
+//!   `tool_calls`;
 //! - [`logprobs`]: log-probabilities in OpenAI's shapes;
-//! - [`error`]: OpenAI's error object;
 //! - [`state`]: what the handlers share (the tokenizer, the template, the worker's channel);
 //! - [`worker`]: the model thread;
 //! - [`metrics`]: `GET /metrics` for Prometheus (counted by the handlers and the worker);
-//! - [`listen`]: the accept loop under the router: the connection limit, the header timeout,
-//!   and OpenAI's error object on the errors HTTP itself answers.
+//! - [`listen`]: the accept loop under the router: the connection limit, the header and body
+//!   timeouts, the body's size, and OpenAI's error object on the errors HTTP itself answers;
+//! - [`error`]: OpenAI's error object.
 //!
-//! Beside them, [`batch`] sends a file of requests through the same router without a network.
 //! This file only wires the modules together: the router, [`serve`] and [`start_worker`].
 
 #![forbid(unsafe_code)]
 
 // One module per group: rustfmt would sort a block of them, and the order is the data flow.
+pub mod batch;
+
 pub mod routes;
-
-pub mod request;
-
-pub mod structured;
-
-pub mod images;
 
 pub mod ollama;
 
+pub mod rerank;
+
+pub mod embeddings;
+
+pub mod request;
+
+pub mod images;
+
+pub mod structured;
+
 pub mod engine;
+
+pub mod pump;
 
 pub mod answer;
 
@@ -58,21 +73,15 @@ pub mod tool_calls;
 
 pub mod logprobs;
 
-pub mod error;
-
 pub mod state;
 
 pub mod worker;
 
 pub mod metrics;
 
-pub mod batch;
-
 pub mod listen;
 
-pub mod embeddings;
-
-pub mod rerank;
+pub mod error;
 
 use anyhow::{bail, Context, Result};
 use axum::extract::DefaultBodyLimit;
@@ -88,11 +97,6 @@ use worker::Command;
 
 /// The state and options the caller builds, where it has always named them.
 pub use state::{AppState, ServeOptions};
-
-/// The largest request body accepted (413 beyond it): far more than a context of text, and room
-/// for a few photos as base64 data URLs (4 bytes for 3; one image may have 20 MiB:
-/// `images::MAX_IMAGE_BYTES`).
-pub const MAX_BODY: usize = 64 << 20;
 
 /// The routes, with auth, the log, CORS and the body limit.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -124,10 +128,10 @@ pub fn router_with(state: Arc<AppState>, log: bool) -> Router {
         .route("/api/embed", post(ollama::embed))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::wrong_method)
-        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(DefaultBodyLimit::max(listen::MAX_BODY))
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            routes::read_body,
+            state.body_timeout,
+            listen::read_body,
         ))
         .layer(axum::middleware::from_fn(routes::json_only))
         .layer(axum::middleware::from_fn_with_state(

@@ -10,16 +10,19 @@
 //! - **the request head** (`--header-timeout`): hyper closes a connection whose next request line
 //!   and headers have not all arrived in time, idle keep-alive connections included (a
 //!   "slowloris" client sends a header byte every few seconds to hold a connection forever);
-//! - **the body** (`--body-timeout`): the router's first layer reads the whole body within the
-//!   time or answers 408 (routes.rs `read_body`); a client that promises 100 bytes and sends 2
-//!   does not hold a handler.
+//! - **the body** (`--body-timeout`, and [`MAX_BODY`] bytes): the router's first layer
+//!   ([`read_body`]) reads the whole body within the time or answers 408 (413 past the size); a
+//!   client that promises 100 bytes and sends 2 does not hold a handler.
 //!
 //! Requests hyper cannot parse (a garbage request line, headers or a URI over its limits) are
 //! answered by hyper itself, before any router sees them, with an empty body. [`ErrorBodies`]
 //! gives those answers OpenAI's error object too, so that every error this server sends has one.
 
 use crate::error::ApiError;
-use axum::http::StatusCode;
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -38,6 +41,11 @@ use tokio::sync::Semaphore;
 /// the URI alone, 414, is 64 KiB). Browsers and clients send a few KiB at most; nginx allows
 /// 32 KiB by default.
 const MAX_HEAD: usize = 96 << 10;
+
+/// The largest request body accepted (413 beyond it): far more than a context of text, and room
+/// for a few photos as base64 data URLs (4 bytes for 3; one image may have 20 MiB:
+/// `images::MAX_IMAGE_BYTES`).
+pub const MAX_BODY: usize = 64 << 20;
 
 /// The connection layer's bounds (see the module's comment).
 #[derive(Debug, Clone, Copy)]
@@ -217,6 +225,52 @@ impl AsyncWrite for ErrorBodies {
         ready!(self.poll_pending(cx))?;
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
+}
+
+/// Middleware: a POST's whole body is read here, within `--body-timeout` (`timeout`; else 408) and up to
+/// [`MAX_BODY`] bytes (else 413), so that no handler waits on a client that promised more
+/// than it sends; the handlers then get it at once.
+pub async fn read_body(State(timeout): State<Duration>, req: Request, next: Next) -> Response {
+    if req.method() != axum::http::Method::POST {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let read = axum::body::to_bytes(body, MAX_BODY);
+    let bytes = match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e)) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|c| c.is::<http_body_util::LengthLimitError>());
+            let mut err = if too_large {
+                let mut err =
+                    ApiError::invalid(None, format!("the body is larger than {} bytes", MAX_BODY))
+                        .with_status(StatusCode::PAYLOAD_TOO_LARGE);
+                err.code = Some("request_too_large");
+                err
+            } else {
+                ApiError::invalid(None, format!("cannot read the request body: {e}"))
+            };
+            err.retry_after = None;
+            return err.into_response();
+        }
+        Err(_) => {
+            let secs = timeout.as_secs_f64();
+            let mut r = ApiError::invalid(
+                None,
+                format!("the request body did not arrive within {secs} s (--body-timeout)"),
+            )
+            .with_status(StatusCode::REQUEST_TIMEOUT)
+            .into_response();
+            // The rest of the body may still come: the connection cannot serve another request.
+            r.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
+            return r;
+        }
+    };
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //!
 //! A translation layer, nothing more: a chat or generate request becomes the OpenAI request it
 //! means (`options.num_predict` is `max_tokens`, `format` is `response_format`, `think` is
-//! `enable_thinking`, ...), read and checked by request.rs as any other, run by the same engine
+//! `enable_thinking`, ...), read and checked by request/ as any other, run by the same engine
 //! handle (engine.rs), and its choice is shaped as Ollama shapes an answer: one JSON object, or
 //! by default a stream of them, one per line (`application/x-ndjson`), the last with
 //! `done: true`, why, and the counts and durations in nanoseconds. Errors are Ollama's
@@ -13,9 +13,11 @@
 //!
 //! Reference: Ollama's docs/api.md.
 
+use crate::answer::Choices;
 use crate::engine::{self, Queued};
 use crate::error::ApiError;
-use crate::job::{log_line, unix_now, LeftEarly, LogLater, LogTokens};
+use crate::job::{unix_now, LeftEarly, LogLater, LogTokens};
+use crate::pump::{gather, pump, Shape};
 use crate::request::{ChatRequest, CompletionRequest};
 use crate::state::AppState;
 use axum::body::{Body, Bytes};
@@ -24,10 +26,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::mpsc;
 
 /// The version of Ollama's API this server follows (clients check it before they use newer
 /// fields such as `think`).
@@ -383,7 +383,7 @@ pub async fn chat(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => return e.ollama(),
     };
-    let (job, params) = match crate::images::into_job(req, &s, Instant::now()).await {
+    let (job, params) = match req.into_job(&s, Instant::now()).await {
         Ok(jp) => jp,
         Err(e) => return e.ollama(),
     };
@@ -477,7 +477,7 @@ pub async fn generate(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
         CompletionRequest::parse(openai.as_bytes(), &s).map(|r| r.into_job(&s, Instant::now()))
     } else {
         match ChatRequest::parse(openai.as_bytes(), &s) {
-            Ok(r) => crate::images::into_job(r, &s, Instant::now()).await,
+            Ok(r) => r.into_job(&s, Instant::now()).await,
             Err(e) => Err(e),
         }
     };
@@ -513,6 +513,15 @@ struct Timing {
     first: Option<Instant>,
     prompt: usize,
     completion: usize,
+}
+
+impl Timing {
+    /// Notes when the first token arrived.
+    fn saw(&mut self, choices: &Choices) {
+        if self.first.is_none() && choices.completion_tokens() > 0 {
+            self.first = Some(Instant::now());
+        }
+    }
 }
 
 /// The last object of an answer: `done`, why, and the counts and durations.
@@ -616,106 +625,89 @@ async fn answer(
         completion: 0,
     };
     let mut left = LeftEarly::new(&s, path, n_prompt, job.start);
-    if !stream {
-        while !choices.all_done() {
-            let Some(u) = rx.recv().await else {
-                left.armed = false;
-                return error(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "the model worker has stopped",
-                );
-            };
-            if let Err(e) = choices.apply(u, &s) {
-                left.armed = false;
-                return error(StatusCode::INTERNAL_SERVER_ERROR, e);
-            }
-            if timing.first.is_none() && choices.completion_tokens() > 0 {
-                timing.first = Some(Instant::now());
-            }
-            left.completion = choices.completion_tokens();
-        }
-        left.armed = false;
-        timing.completion = choices.completion_tokens();
-        let c = &choices.c[0];
-        let calls: Vec<_> = c.tool_calls.iter().map(|(_, call)| call.clone()).collect();
-        let whole = piece(&s, kind, &c.content, &c.reasoning, &calls);
-        let mut v = done_object(&s, done_reason(c.finish), kind, Some(&timing));
-        for (k, x) in whole.as_object().expect("an object") {
-            if k != "done" {
-                v[k] = x.clone();
-            }
-        }
-        let mut r = Json(v).into_response();
-        r.extensions_mut().insert(LogTokens {
-            prompt: n_prompt,
-            completion: timing.completion,
-        });
+    if stream {
+        let shape = Lines {
+            s: s.clone(),
+            kind,
+            timing,
+        };
+        let body = pump(s, choices, rx, left, shape);
+        let mut r = Response::new(Body::from_stream(body));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/x-ndjson"),
+        );
+        r.extensions_mut().insert(LogLater);
         return r;
     }
-    // Streamed: a line per piece, then the `done` line.
-    let (tx, lines) = mpsc::channel::<Result<Bytes, Infallible>>(64);
-    tokio::spawn(async move {
-        // The whole guard moves in (its Drop logs a client that leaves), not just its fields.
-        let mut left = left;
-        let line = |v: Value| Ok(Bytes::from(v.to_string() + "\n"));
-        let mut failed = None;
-        while !choices.all_done() {
-            let u = tokio::select! {
-                u = rx.recv() => u,
-                _ = tx.closed() => return,
-            };
-            let Some(u) = u else {
-                failed = Some("the model worker has stopped".to_string());
-                break;
-            };
-            if let Err(e) = choices.apply(u, &s) {
-                failed = Some(e);
-                break;
-            }
-            if timing.first.is_none() && choices.completion_tokens() > 0 {
-                timing.first = Some(Instant::now());
-            }
-            left.completion = choices.completion_tokens();
-            for (_, d, _) in std::mem::take(&mut choices.out) {
-                if d.content.is_empty() && d.reasoning.is_empty() && d.tool_calls.is_empty() {
-                    continue;
-                }
-                let v = piece(&s, kind, &d.content, &d.reasoning, &d.tool_calls);
-                if tx.send(line(v)).await.is_err() {
-                    return; // the client is gone
-                }
-            }
+    let gathered = gather(&s, &mut choices, &mut rx, &mut left, |c| timing.saw(c)).await;
+    if let Err(e) = gathered {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, e);
+    }
+    timing.completion = choices.completion_tokens();
+    let c = &choices.c[0];
+    let calls: Vec<_> = c.tool_calls.iter().map(|(_, call)| call.clone()).collect();
+    let whole = piece(&s, kind, &c.content, &c.reasoning, &calls);
+    let mut v = done_object(&s, done_reason(c.finish), kind, Some(&timing));
+    for (k, x) in whole.as_object().expect("an object") {
+        if k != "done" {
+            v[k] = x.clone();
         }
-        left.armed = false;
-        timing.completion = choices.completion_tokens();
+    }
+    let mut r = Json(v).into_response();
+    r.extensions_mut().insert(LogTokens {
+        prompt: n_prompt,
+        completion: timing.completion,
+    });
+    r
+}
+
+/// Ollama's streamed answer: a line of JSON per piece, then the `done` line (or an error line
+/// when the answer stops short).
+struct Lines {
+    s: Arc<AppState>,
+    kind: Kind,
+    timing: Timing,
+}
+
+impl Shape for Lines {
+    type Item = Bytes;
+
+    fn pieces(&mut self, choices: &mut Choices) -> Vec<Bytes> {
+        self.timing.saw(choices);
+        std::mem::take(&mut choices.out)
+            .into_iter()
+            .filter(|(_, d, _)| {
+                !(d.content.is_empty() && d.reasoning.is_empty() && d.tool_calls.is_empty())
+            })
+            .map(|(_, d, _)| {
+                line(piece(
+                    &self.s,
+                    self.kind,
+                    &d.content,
+                    &d.reasoning,
+                    &d.tool_calls,
+                ))
+            })
+            .collect()
+    }
+
+    fn last(mut self, choices: &Choices, failed: Option<String>) -> Vec<Bytes> {
+        self.timing.completion = choices.completion_tokens();
         let last = match failed {
             Some(e) => json!({"error": e}),
-            None => done_object(&s, done_reason(choices.c[0].finish), kind, Some(&timing)),
+            None => done_object(
+                &self.s,
+                done_reason(choices.c[0].finish),
+                self.kind,
+                Some(&self.timing),
+            ),
         };
-        let _ = tx.send(line(last)).await;
-        log_line(
-            "POST",
-            path,
-            200,
-            Some(LogTokens {
-                prompt: n_prompt,
-                completion: timing.completion,
-            }),
-            timing.start.elapsed(),
-        );
-        s.metrics.request(path, 200);
-        s.metrics.tokens(n_prompt, timing.completion);
-    });
-    let body =
-        futures_util::stream::unfold(
-            lines,
-            |mut rx| async move { rx.recv().await.map(|l| (l, rx)) },
-        );
-    let mut r = Response::new(Body::from_stream(body));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/x-ndjson"),
-    );
-    r.extensions_mut().insert(LogLater);
-    r
+        vec![line(last)]
+    }
+}
+
+/// One line of newline-delimited JSON.
+fn line(v: Value) -> Bytes {
+    Bytes::from(v.to_string() + "\n")
 }

@@ -92,7 +92,7 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let start = Instant::now();
     let req = ChatRequest::parse(&body(b)?, &s)?;
-    let (job, params) = crate::images::into_job(req, &s, start).await?;
+    let (job, params) = req.into_job(&s, start).await?;
     engine::run(s, job, params).await
 }
 
@@ -110,54 +110,6 @@ pub async fn rerank(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     crate::rerank::rerank(s, &body(b)?).await
-}
-
-/// Middleware: a POST's whole body is read here, within `--body-timeout` (else 408) and up to
-/// [`crate::MAX_BODY`] bytes (else 413), so that no handler waits on a client that promised more
-/// than it sends; the handlers then get it at once.
-pub async fn read_body(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if req.method() != axum::http::Method::POST {
-        return next.run(req).await;
-    }
-    let (parts, body) = req.into_parts();
-    let read = axum::body::to_bytes(body, crate::MAX_BODY);
-    let bytes = match tokio::time::timeout(s.body_timeout, read).await {
-        Ok(Ok(bytes)) => bytes,
-        Ok(Err(e)) => {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|c| c.is::<http_body_util::LengthLimitError>());
-            let mut err = if too_large {
-                let mut err = ApiError::invalid(
-                    None,
-                    format!("the body is larger than {} bytes", crate::MAX_BODY),
-                )
-                .with_status(StatusCode::PAYLOAD_TOO_LARGE);
-                err.code = Some("request_too_large");
-                err
-            } else {
-                ApiError::invalid(None, format!("cannot read the request body: {e}"))
-            };
-            err.retry_after = None;
-            return err.into_response();
-        }
-        Err(_) => {
-            let secs = s.body_timeout.as_secs_f64();
-            let mut r = ApiError::invalid(
-                None,
-                format!("the request body did not arrive within {secs} s (--body-timeout)"),
-            )
-            .with_status(StatusCode::REQUEST_TIMEOUT)
-            .into_response();
-            // The rest of the body may still come: the connection cannot serve another request.
-            r.headers_mut().insert(
-                header::CONNECTION,
-                header::HeaderValue::from_static("close"),
-            );
-            return r;
-        }
-    };
-    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
-        .await
 }
 
 /// Middleware: with an API key set, every route but `/health` needs `Authorization: Bearer KEY`

@@ -10,6 +10,7 @@ use crate::worker::Command;
 use qwen3_inference::chat::ChatTemplate;
 use qwen3_inference::constraint::Vocabulary;
 use qwen3_inference::format::{GenerationDefaults, ModelFile};
+use qwen3_inference::rerank::Reranker;
 use qwen3_inference::tokenizer::Tokenizer;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock};
@@ -48,8 +49,8 @@ pub struct AppState {
     /// Origins whose web pages may call the API (`--cors`; `*`: any). Empty: none but the
     /// server's own page, which needs no CORS.
     pub cors: Vec<String>,
-    /// `--rerank`: Qwen3-Reranker's recipe for `/v1/rerank` (rerank.rs), or `None`.
-    pub reranker: Option<crate::rerank::Reranker>,
+    /// `--rerank`: Qwen3-Reranker's recipe for `/v1/rerank`, or `None`.
+    pub reranker: Option<Reranker>,
     /// The model is an embedding model (`/v1/embeddings`; it generates no text).
     pub embeds: bool,
     /// How long a POST's body may take to arrive (`--body-timeout`; 408 after it).

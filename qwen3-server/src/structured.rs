@@ -19,8 +19,8 @@
 //! the chat template asks for, Qwen's JSON or Qwen3.5's XML (tool_calls.rs reads both back).
 
 use crate::error::ApiError;
-use crate::request::ToolChoice;
 use crate::state::AppState;
+use crate::tool_calls::ToolChoice;
 use qwen3_inference::constraint::{json_in_lark, Constraint, Grammar, Start, Vocabulary};
 use serde_json::{json, Value};
 

@@ -29,6 +29,9 @@
 //! model wrote (OpenAI sends it as a string), so a client that sends the call back in the history
 //! renders the same tokens the model produced.
 //!
+//! `tool_choice` ([`ToolChoice`]) says whether the answer calls a tool; a forced call's
+//! beginning is written into the prompt ([`ToolChoice::forced_start`]).
+//!
 //! Text is held back, never taken back: a possible beginning of `<tool_call>`, a block until
 //! its `</tool_call>`, and whitespace after a call (sent only if more text follows).
 
@@ -44,6 +47,37 @@ const CLOSE: &str = "</tool_call>";
 pub struct ToolCall {
     pub name: String,
     pub arguments: String,
+}
+
+/// `tool_choice`: whether and how the answer calls a tool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides (the default with tools).
+    Auto,
+    /// No call: the tools are not shown to the model.
+    None,
+    /// Some call: the answer starts with `<tool_call>`.
+    Required,
+    /// This function: the answer starts with the call's beginning, its name filled in.
+    Named(String),
+}
+
+impl ToolChoice {
+    /// The beginning of the answer the prompt already holds: with "required" and a named
+    /// function the answer starts as a call does (Qwen's format, the only way the template has
+    /// to ask; in XML when the template writes calls so), and the model writes the rest. Empty
+    /// otherwise.
+    pub(crate) fn forced_start(&self, xml: bool) -> String {
+        match self {
+            ToolChoice::Required => "<tool_call>\n".to_string(),
+            ToolChoice::Named(name) if xml => format!("<tool_call>\n<function={name}>\n"),
+            ToolChoice::Named(name) => format!(
+                "<tool_call>\n{{\"name\": {}, \"arguments\": ",
+                Value::from(name.as_str())
+            ),
+            ToolChoice::Auto | ToolChoice::None => String::new(),
+        }
+    }
 }
 
 /// What a chat's tool calls are read with: the beginning of the answer that the prompt already

@@ -95,7 +95,7 @@ pub fn run(args: EmbedArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     for (i, mut v) in vectors.into_iter().enumerate() {
         if let Some(n) = args.dimensions {
-            qwen3_server::embeddings::truncate(&mut v, n);
+            qwen3_inference::embedding::truncate(&mut v, n);
         }
         writeln!(out, "{}", json!({"index": i, "embedding": v}))?;
     }

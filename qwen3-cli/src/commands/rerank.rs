@@ -1,5 +1,5 @@
 //! `qwen3 rerank`: documents scored against a query by Qwen3-Reranker's recipe, as
-//! `/v1/rerank` scores them (`qwen3_server::rerank`: the recipe's prompt around each pair, the
+//! `/v1/rerank` scores them (`qwen3_inference::rerank`: the recipe's prompt around each pair, the
 //! probability of "yes" against "no"), most relevant first, one JSON line each.
 
 use super::args::DEFAULT_CONTEXT_CAP;
@@ -11,7 +11,7 @@ use qwen3_inference::backend::{KvType, CPU};
 use qwen3_inference::engine::{Engine, EngineConfig};
 use qwen3_inference::format::ModelFile;
 use qwen3_inference::model::{Forward, Model, MAX_BATCH};
-use qwen3_server::rerank::{Reranker, DEFAULT_INSTRUCTION};
+use qwen3_inference::rerank::{Reranker, DEFAULT_INSTRUCTION};
 use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;

@@ -12,6 +12,7 @@ use qwen3_inference::backend::{Backend, KvType, PlainBackend, CPU};
 use qwen3_inference::engine::{logit_rows, Engine, EngineConfig};
 use qwen3_inference::format::{ModelFile, TensorView};
 use qwen3_inference::model::{Forward, Model, MAX_BATCH};
+use qwen3_inference::rerank::Reranker;
 use qwen3_server::listen::Limits;
 use qwen3_server::metrics::Metrics;
 use qwen3_server::state::{Grammars, ModelInfo};
@@ -132,7 +133,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         if state.embeds {
             bail!("--rerank needs a language model (Qwen3-Reranker), not an embedding model");
         }
-        state.reranker = Some(qwen3_server::rerank::Reranker::new(state.tokenizer)?);
+        state.reranker = Some(Reranker::new(state.tokenizer).context("--rerank")?);
     }
     let seconds = |name: &str, s: f64| {
         if s.is_finite() && s > 0.0 && s <= 86_400.0 {

@@ -973,7 +973,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             job.prefill.get_or_insert_with(|| job.start.elapsed());
             if let Some(e) = embedding {
                 // Last-token pooling: this row is the last prompt token's.
-                let vector = pooled(first, e.normalize);
+                let vector = crate::embedding::pooled(first, e.normalize);
                 events.push(Event::Embedding { id: job.id, vector });
             } else if job.last_logits && job.tokens.len() == job.prompt_len {
                 let logits = first.to_vec();
@@ -1059,15 +1059,4 @@ fn prepare_masks(slots: &mut [Slot], plan: &[Segment]) {
             c.prepare();
         }
     }
-}
-
-/// An embedding model's vector from its last token's output row: as it is, or divided by its
-/// length (sentence-transformers' `Normalize`: `x / max(|x|, 1e-12)`, as torch's `F.normalize`).
-fn pooled(row: &[f32], normalize: bool) -> Vec<f32> {
-    if !normalize {
-        return row.to_vec();
-    }
-    let norm = row.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
-    let scale = 1.0 / norm.max(1e-12);
-    row.iter().map(|&x| (x as f64 * scale) as f32).collect()
 }

@@ -109,7 +109,7 @@ impl Server {
                 chat_stop_ids.push(id);
             }
         }
-        let reranker = rerank.then(|| qwen3_server::rerank::Reranker::new(&tokenizer).unwrap());
+        let reranker = rerank.then(|| qwen3_inference::rerank::Reranker::new(&tokenizer).unwrap());
         let (commands, rx) = std::sync::mpsc::channel();
         let metrics = Arc::new(Metrics::default());
         let state = AppState {

@@ -1,0 +1,152 @@
+//! The crate's modules use only those after them in lib.rs's list: the order its doc comment
+//! draws (routes -> requests -> engine handle -> answers -> shared state -> worker -> listener).
+//! A `use crate::x` that points back up, a circle between two modules, or a module missing from
+//! the list fails here, with the line that does it.
+//!
+//! Read from the sources: every `crate::name` outside comments and test modules.
+
+use std::path::{Path, PathBuf};
+
+/// The modules in lib.rs's order (`pub mod name;`).
+fn order(src: &Path) -> Vec<String> {
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+    lib.lines()
+        .filter_map(|l| l.strip_prefix("pub mod "))
+        .map(|l| l.trim_end_matches(';').to_string())
+        .collect()
+}
+
+/// The files of module `name`: `name.rs`, or `name/` and everything under it.
+fn files(src: &Path, name: &str) -> Vec<PathBuf> {
+    let file = src.join(format!("{name}.rs"));
+    if file.exists() {
+        return vec![file];
+    }
+    let mut out = vec![];
+    let mut dirs = vec![src.join(name)];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The code of a file without comments and its test module: the lines a build of the library
+/// compiles.
+fn library_lines(text: &str) -> Vec<(usize, &str)> {
+    let mut out = vec![];
+    let mut lines = text.lines().enumerate().peekable();
+    while let Some((i, l)) = lines.next() {
+        let t = l.trim_start();
+        if t == "#[cfg(test)]" && lines.peek().is_some_and(|(_, n)| n.contains("mod tests {")) {
+            break; // an inline test module is the file's end
+        }
+        if !t.starts_with("//") {
+            out.push((i + 1, l));
+        }
+    }
+    out
+}
+
+/// Every `crate::name` on a line.
+fn uses(line: &str) -> Vec<&str> {
+    line.match_indices("crate::")
+        .map(|(i, m)| {
+            let rest = &line[i + m.len()..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            &rest[..end]
+        })
+        .collect()
+}
+
+#[test]
+fn modules_use_only_those_after_them() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let order = order(&src);
+    assert!(order.len() > 10, "lib.rs lists {order:?}");
+    let rank = |name: &str| order.iter().position(|m| m == name);
+    // Every source file belongs to a listed module (or is lib.rs, or a test file).
+    let mut listed: Vec<PathBuf> = order.iter().flat_map(|m| files(&src, m)).collect();
+    listed.push(src.join("lib.rs"));
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        let test_file = name.ends_with("_tests.rs");
+        let not_rust = p.is_file() && p.extension().is_none_or(|x| x != "rs");
+        let module_dir = p.is_dir() && listed.iter().any(|f| f.starts_with(&p));
+        assert!(
+            test_file || not_rust || module_dir || listed.contains(&p),
+            "{name} is not a module lib.rs lists"
+        );
+    }
+    let mut wrong = vec![];
+    for (i, module) in order.iter().enumerate() {
+        for file in files(&src, module) {
+            if file.file_name().is_some_and(|n| n == "tests.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (line, code) in library_lines(&text) {
+                for used in uses(code) {
+                    match rank(used) {
+                        // Its own files, and modules after it.
+                        Some(j) if j >= i => {}
+                        Some(_) => wrong.push(format!(
+                            "{}:{line}: {module} uses {used}, which comes before it: {}",
+                            file.strip_prefix(&src).unwrap().display(),
+                            code.trim()
+                        )),
+                        // lib.rs's own items (router, serve): only what is beside the list may
+                        // use them.
+                        None if module == "batch" => {}
+                        None => wrong.push(format!(
+                            "{}:{line}: {module} uses lib.rs's {used}: {}",
+                            file.strip_prefix(&src).unwrap().display(),
+                            code.trim()
+                        )),
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "uses against the order:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_check_sees_a_use_and_skips_comments_and_tests() {
+    let text = "use crate::job::Job; // crate::routes\n\
+                /// [`crate::serve`]\n\
+                fn f() { crate::error::x() }\n\
+                #[cfg(test)]\n\
+                mod tests;\n\
+                use crate::text;\n\
+                #[cfg(test)]\n\
+                mod tests { use crate::routes; }\n";
+    let seen: Vec<(usize, Vec<&str>)> = library_lines(text)
+        .into_iter()
+        .map(|(n, l)| (n, uses(l)))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (1, vec!["job", "routes"]),
+            (3, vec!["error"]),
+            (4, vec![]),
+            (5, vec![]),
+            (6, vec!["text"])
+        ],
+        "a trailing comment's crate:: still counts: the check errs on the side of failing"
+    );
+}
