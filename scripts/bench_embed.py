@@ -22,14 +22,16 @@ A failed request (a non-200 answer, a wrong vector) fails the level and the run.
 """
 
 import argparse
-import http.client
 import json
 import math
+import os
 import random
 import statistics
-import threading
+import sys
 import time
-from urllib.parse import urlparse
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import serverkit  # noqa: E402 - scripts/lib/serverkit.py: /health, concurrent clients, percentiles
 
 WORDS = ("river stone quantum bread violet engine mouse cloud ladder silver orbit garden paper "
          "thunder candle mirror forest copper lantern harbor meadow falcon pepper signal marble "
@@ -48,14 +50,11 @@ def text(seed: int, i: int, words: int) -> str:
 
 def one_request(url, model, input_text, dim):
     """Sends one embeddings request; returns (latency s, prompt tokens, |norm - 1|)."""
-    u = urlparse(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     body = {"input": [input_text], "encoding_format": "float"}
     if model:
         body["model"] = model
     t0 = time.perf_counter()
-    conn.request("POST", "/v1/embeddings", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
+    conn, resp = serverkit.post(url, "/v1/embeddings", body)
     raw = resp.read()
     latency = time.perf_counter() - t0
     conn.close()
@@ -76,62 +75,17 @@ def one_request(url, model, input_text, dim):
     return latency, tokens, abs(math.sqrt(sum(x * x for x in vec)) - 1.0)
 
 
-def wait_healthy(url, limit_s=300):
-    """Waits until GET /health answers 200 (llama-server answers 503 while it loads)."""
-    u = urlparse(url)
-    deadline = time.time() + limit_s
-    while True:
-        try:
-            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        if time.time() > deadline:
-            raise SystemExit(f"{url}/health did not answer 200 within {limit_s} s")
-        time.sleep(0.5)
-
-
-def pct(values, p):
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
-
-
 def level(args, c, rounds, offset):
-    results, errors = [], []
-    lock = threading.Lock()
-
-    def client(k):
-        for r in range(rounds):
-            i = offset + k * rounds + r
-            try:
-                res = one_request(args.url, args.model, text(args.seed, i, args.prompt_words), args.dim)
-            except Exception as e:  # noqa: BLE001 - reported, and the level fails
-                with lock:
-                    errors.append(str(e))
-                return
-            with lock:
-                results.append(res)
-
-    start = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(c)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
-    if errors:
-        raise RuntimeError(f"concurrency {c}: {len(errors)} failed requests, first: {errors[0]}")
+    results, wall = serverkit.run_level(
+        c, rounds, offset,
+        lambda i: one_request(args.url, args.model, text(args.seed, i, args.prompt_words), args.dim))
     latency = [r[0] for r in results]
     tokens = sum(r[1] for r in results)
     return {
         "concurrency": c, "requests": len(results), "prompt_tokens": tokens, "wall_s": wall,
         "mean_prompt_tokens": tokens / len(results),
         "emb_s": len(results) / wall, "prompt_tok_s": tokens / wall,
-        "lat_med_s": statistics.median(latency), "lat_p99_s": pct(latency, 99),
+        "lat_med_s": statistics.median(latency), "lat_p99_s": serverkit.percentile(latency, 99),
         "max_norm_err": max(r[2] for r in results),
     }
 
@@ -156,7 +110,7 @@ def main():
     if len(rounds) != len(levels):
         raise SystemExit(f"--rounds has {len(rounds)} values for {len(levels)} concurrency levels")
 
-    wait_healthy(args.url)
+    serverkit.wait_healthy(args.url)
     one_request(args.url, args.model, text(-1 - args.seed, 0, args.prompt_words), args.dim)  # warm-up
     rows, offset = [], 0
     print(f"| {args.label} | clients | requests | embeddings/s | prompt tok/s | mean prompt tokens | latency median / p99 s | wall s |")

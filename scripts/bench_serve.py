@@ -25,13 +25,15 @@ never smaller).
 """
 
 import argparse
-import http.client
 import json
+import os
 import random
 import statistics
-import threading
+import sys
 import time
-from urllib.parse import urlparse
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import serverkit  # noqa: E402 - scripts/lib/serverkit.py: /health, concurrent clients, percentiles
 
 WORDS = ("river stone quantum bread violet engine mouse cloud ladder silver orbit garden paper "
          "thunder candle mirror forest copper lantern harbor").split()
@@ -48,8 +50,6 @@ EXTRA = {}
 
 def one_request(url, model, text, max_tokens):
     """Sends one streamed completion; returns (send time, [arrival time of each chunk], tokens)."""
-    u = urlparse(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     body = {"prompt": text, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
     if SCHEMA is not None:
@@ -61,8 +61,7 @@ def one_request(url, model, text, max_tokens):
     if model:
         body["model"] = model
     t0 = time.perf_counter()
-    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
+    conn, resp = serverkit.post(url, "/v1/completions", body)
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
     arrivals, tokens = [], None
@@ -82,55 +81,10 @@ def one_request(url, model, text, max_tokens):
     return t0, arrivals, tokens if tokens is not None else len(arrivals)
 
 
-def wait_healthy(url, limit_s=300):
-    """Waits until GET /health answers 200 (llama-server answers 503 while it loads)."""
-    u = urlparse(url)
-    deadline = time.time() + limit_s
-    while True:
-        try:
-            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        if time.time() > deadline:
-            raise SystemExit(f"{url}/health did not answer 200 within {limit_s} s")
-        time.sleep(0.5)
-
-
-def pct(values, p):
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
-
-
 def level(args, c, offset):
-    results, errors = [], []
-    lock = threading.Lock()
-
-    def client(k):
-        for r in range(args.rounds):
-            i = offset + k * args.rounds + r
-            try:
-                res = one_request(args.url, args.model, prompt(i, args.prompt_words), args.max_tokens)
-            except Exception as e:  # noqa: BLE001 - reported, and the level fails
-                with lock:
-                    errors.append(str(e))
-                return
-            with lock:
-                results.append(res)
-
-    start = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(c)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
-    if errors:
-        raise RuntimeError(f"concurrency {c}: {len(errors)} failed requests, first: {errors[0]}")
+    results, wall = serverkit.run_level(
+        c, args.rounds, offset,
+        lambda i: one_request(args.url, args.model, prompt(i, args.prompt_words), args.max_tokens))
     tokens = sum(r[2] for r in results)
     ttft = [r[1][0] - r[0] for r in results if r[1]]
     itl = [b - a for r in results for a, b in zip(r[1], r[1][1:])]
@@ -138,8 +92,8 @@ def level(args, c, offset):
     return {
         "concurrency": c, "requests": len(results), "tokens": tokens, "wall_s": wall,
         "agg_tok_s": tokens / wall, "stream_tok_s": statistics.median(per_stream),
-        "ttft_med_s": statistics.median(ttft), "ttft_p99_s": pct(ttft, 99),
-        "itl_med_ms": 1000 * statistics.median(itl), "itl_p99_ms": 1000 * pct(itl, 99),
+        "ttft_med_s": statistics.median(ttft), "ttft_p99_s": serverkit.percentile(ttft, 99),
+        "itl_med_ms": 1000 * statistics.median(itl), "itl_p99_ms": 1000 * serverkit.percentile(itl, 99),
     }
 
 
@@ -163,7 +117,7 @@ def main():
         with open(args.schema) as f:
             SCHEMA = json.load(f)
 
-    wait_healthy(args.url)
+    serverkit.wait_healthy(args.url)
     one_request(args.url, args.model, prompt(10**6, args.prompt_words), 8)  # warm-up
     rows, offset = [], 0
     print(f"| {args.label} | streams | requests | aggregate tok/s | per stream tok/s | TTFT median / p99 s | ITL median / p99 ms |")

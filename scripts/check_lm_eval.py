@@ -31,7 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import serverkit  # noqa: E402 - scripts/lib/serverkit.py: the server and the check lines
 
 try:
     import lm_eval
@@ -139,51 +141,10 @@ metadata:
 
 
 def start_server(args, tmp):
-    """Starts `qwen3 serve` on a free loopback port; returns (process, base URL, stderr path)."""
-    out_path = os.path.join(tmp, "server.stdout")
-    err_path = os.path.join(tmp, "server.stderr")
-    with open(out_path, "w") as out, open(err_path, "w") as err:
-        server = subprocess.Popen(
-            [args.qwen3, "serve", args.model, "--port", "0", "--host", "127.0.0.1",
-             "--model-name", MODEL_NAME, "--parallel", str(args.parallel)],
-            stdout=out, stderr=err)
-    deadline = time.monotonic() + 120
-    url = None
-    while time.monotonic() < deadline and server.poll() is None:
-        with open(out_path) as f:
-            line = f.readline()
-        if " on http" in line and line.endswith("\n"):
-            url = line.split(" on ")[1].split(" ")[0]
-            print(f"server: {line.strip()}")
-            break
-        time.sleep(0.1)
-    while url and time.monotonic() < deadline and server.poll() is None:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return server, url, err_path
-        except OSError:
-            pass
-        time.sleep(0.2)
-    stop_server(server)
-    print(tail(err_path, 20))
-    raise SystemExit("check_lm_eval: the server did not come up (its stderr is above)")
-
-
-def stop_server(server):
-    if server.poll() is None:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-    return server.returncode
-
-
-def tail(path, n):
-    with open(path, errors="replace") as f:
-        return "".join(f.readlines()[-n:])
+    """`qwen3 serve` on a free loopback port, its stderr in TMP/server.stderr."""
+    return serverkit.Server(args.qwen3, args.model, "--model-name", MODEL_NAME,
+                            "--parallel", str(args.parallel),
+                            log=os.path.join(tmp, "server.stderr"))
 
 
 def run_lm_eval(args, url, tmp, tokenized):
@@ -262,12 +223,8 @@ def compare_modes(a, b):
           bool(gen_a) and same == len(gen_a) == len(gen_b))
 
 
-PASSED = []
-
-
-def check(name, ok):
-    print(f"{'ok' if ok else 'FAILED'}: {name}")
-    PASSED.append(ok)
+# One line per check; every check runs (the two modes are compared after both ran).
+check = serverkit.Checks("lm-eval", stop_at_failure=False)
 
 
 def task_metrics_missing(out_dir):
@@ -305,24 +262,20 @@ def main():
 
     with tempfile.TemporaryDirectory(prefix="check_lm_eval-") as tmp:
         write_tasks(tmp)
-        server, url, err_path = start_server(args, tmp)
+        server = start_server(args, tmp)
         results = []
         try:
             for tokenized in modes:
-                results.append(run_lm_eval(args, url, tmp, tokenized))
+                results.append(run_lm_eval(args, server.url, tmp, tokenized))
         finally:
-            code = stop_server(server)
-            server_log = tail(err_path, 30).rstrip()
+            code = server.stop()
+            server_log = server.log_tail(30)
         if len(results) == 2 and results[0][0] and results[1][0]:
             compare_modes(results[0][2], results[1][2])
-        if server_log and not all(PASSED):
+        if server_log and not check.all_passed():
             print(f"server stderr (last lines):\n{server_log}")
         check(f"server exited {code} on SIGTERM", code == 0)
-    passed = sum(PASSED)
-    print(f"lm-eval: {passed} passed, {len(PASSED) - passed} failed"
-          f" ({sum(w for _, w, _ in results):.1f} s in lm_eval)")
-    if not all(PASSED):
-        raise SystemExit(1)
+    check.finish(f" ({sum(w for _, w, _ in results):.1f} s in lm_eval)")
 
 
 if __name__ == "__main__":

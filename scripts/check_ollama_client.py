@@ -20,9 +20,12 @@ and exits 0.
 
 import argparse
 import json
-import subprocess
+import os
 import sys
 from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import serverkit  # noqa: E402 - scripts/lib/serverkit.py: the server and the check lines
 
 try:
     import ollama
@@ -30,15 +33,8 @@ except ImportError:
     print("check_ollama_client: the ollama package is not installed; skipped")
     sys.exit(0)
 
-PASSED = []
-
-
-def check(name, ok):
-    print(f"{'ok' if ok else 'FAILED'}: {name}")
-    if not ok:
-        print(f"ollama-client: {len(PASSED)} passed, 1 failed")
-        raise SystemExit(1)
-    PASSED.append(name)
+# One line per check; the first failure ends the run (later checks build on earlier ones).
+check = serverkit.Checks("ollama-client")
 
 
 def main():
@@ -53,21 +49,12 @@ def main():
         with_server(args.qwen3, args.embedding_model, run_embed)
     if args.vision_model:
         with_server(args.qwen3, args.vision_model, run_vision)
-    print(f"ollama-client: {len(PASSED)} passed, 0 failed")
+    check.finish()
 
 
 def with_server(qwen3, model, checks):
-    server = subprocess.Popen(
-        [qwen3, "serve", model, "--port", "0", "--model-name", "tiny"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        line = server.stdout.readline()
-        url = line.split(" on ")[1].split(" ")[0]
-        print(f"server: {line.strip()}")
-        checks(ollama.Client(host=url))
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with serverkit.Server(qwen3, model, "--model-name", "tiny") as server:
+        checks(ollama.Client(host=server.url))
 
 
 def run_embed(client):

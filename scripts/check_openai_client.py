@@ -17,8 +17,11 @@ the `openai` package it says so and exits 0 (CI may not have it).
 """
 
 import argparse
-import subprocess
+import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import serverkit  # noqa: E402 - scripts/lib/serverkit.py: the server and the check lines
 
 try:
     import openai
@@ -36,37 +39,24 @@ def main():
     serve(args.qwen3, args.model, run)
     if args.vision_model:
         serve(args.qwen3, args.vision_model, lambda client, url: vision(client))
-    print(f"openai-client: {len(PASSED)} passed, 0 failed")
+    check.finish()
 
 
 def serve(qwen3, model, checks):
     key = "test-key"
-    server = subprocess.Popen(
-        [qwen3, "serve", model, "--port", "0", "--api-key", key, "--model-name", "tiny"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    server = serverkit.Server(qwen3, model, "--api-key", key, "--model-name", "tiny")
     try:
-        line = server.stdout.readline()
-        url = line.split(" on ")[1].split(" ")[0]
-        print(f"server: {line.strip()}")
-        client = openai.OpenAI(base_url=url + "/v1", api_key=key)
-        checks(client, url)
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=key)
+        checks(client, server.url)
     finally:
-        server.terminate()
-        code = server.wait(timeout=30)
+        code = server.stop()
     if code != 0:
         raise SystemExit(f"the server exited with {code} on SIGTERM")
     print("server: exited 0 on SIGTERM")
 
 
-PASSED = []
-
-
-def check(name, ok):
-    print(f"{'ok' if ok else 'FAILED'}: {name}")
-    if not ok:
-        print(f"openai-client: {len(PASSED)} passed, 1 failed")
-        raise SystemExit(1)
-    PASSED.append(name)
+# One line per check; the first failure ends the run (later checks build on earlier ones).
+check = serverkit.Checks("openai-client")
 
 
 def vision(client):

@@ -38,7 +38,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import serverkit  # noqa: E402 - scripts/lib/serverkit.py: the server
 
 try:
     import schemathesis
@@ -111,31 +113,15 @@ def main():
 
     name, key = "tiny", "test-key"
     with tempfile.TemporaryDirectory(prefix="check_openai_spec.") as tmp:
-        err = open(os.path.join(tmp, "server.stderr"), "w+")
-        server = subprocess.Popen(
-            [args.qwen3, "serve", args.model, "--port", "0", "--model-name", name,
-             "--context", str(args.context), "--api-key", key],
-            stdout=subprocess.PIPE, stderr=err, text=True)
-        try:
-            line = server.stdout.readline()
-            if " on " not in line:
-                err.seek(0)
-                raise SystemExit(f"the server did not start: {line!r} {err.read()[-2000:]}")
-            url = line.split(" on ")[1].split(" ")[0]
-            print(f"server: {line.strip()}")
+        err_path = os.path.join(tmp, "server.stderr")
+        with serverkit.Server(args.qwen3, args.model, "--model-name", name,
+                              "--context", str(args.context), "--api-key", key,
+                              log=err_path) as server:
             report = args.report or os.path.join(tmp, "events.ndjson")
-            code = run_schemathesis(args, url, name, key, report, tmp)
-            alive = server.poll() is None and health(url)
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-        err.seek(0)
-        stderr = err.read()
-        err.close()
+            code = run_schemathesis(args, server.url, name, key, report, tmp)
+            alive = server.proc.poll() is None and serverkit.healthy(server.url)
+        with open(err_path, errors="replace") as f:
+            stderr = f.read()
         print(f"schemathesis: exited {code}")
         bad = summarize(report, args.show)
     if "panicked" in stderr:
@@ -150,14 +136,6 @@ def main():
         print("openai-spec: FAILED")
         raise SystemExit(1)
     print("openai-spec: ok (no 5xx, every request answered, server alive)")
-
-
-def health(url):
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=10) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def run_schemathesis(args, url, name, key, report, tmp):

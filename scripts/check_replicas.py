@@ -36,17 +36,13 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))
+import serverkit  # noqa: E402 - scripts/lib/serverkit.py: the servers and the check lines
+
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "deploy/nginx/qwen3.conf"
-PASSED = []
-
-
-def check(name, ok, detail=""):
-    print(f"{'ok' if ok else 'FAILED'}: {name}{': ' + detail if detail else ''}")
-    if not ok:
-        print(f"replicas: {len(PASSED)} passed, 1 failed")
-        raise SystemExit(1)
-    PASSED.append(name)
+# One line per check; the first failure ends the run (later checks build on earlier ones).
+check = serverkit.Checks("replicas")
 
 
 def request(port, method, path, body=None, headers=None, on_read=None):
@@ -107,24 +103,14 @@ def answered(port):
                and "/v1/" in k)
 
 
-class Replica:
-    def __init__(self, qwen3, model, logdir, name):
-        self.log = open(logdir / f"{name}.log", "w")
-        self.proc = subprocess.Popen(
-            [qwen3, "serve", model, "--port", "0", "--parallel", "2", "--queue", "2",
-             "--threads", "1", "--model-name", "tiny", "--shutdown-timeout", "120"],
-            stdout=subprocess.PIPE, stderr=self.log, text=True)
-        line = self.proc.stdout.readline()
-        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        if not m:
-            raise SystemExit(f"replica {name} did not start: {line!r} (log: {self.log.name})")
-        self.port = int(m.group(1))
-        self.name = name
+class Replica(serverkit.Server):
+    """One replica: two running requests and two queued at most, its stderr in LOGDIR/NAME.log."""
 
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+    def __init__(self, qwen3, model, logdir, name):
+        super().__init__(qwen3, model, "--parallel", "2", "--queue", "2", "--threads", "1",
+                         "--model-name", "tiny", "--shutdown-timeout", "120",
+                         log=logdir / f"{name}.log", quiet=True)
+        self.name = name
 
 
 def free_port():
@@ -189,7 +175,7 @@ def main():
         ngx, port = start_nginx(args.nginx, d, args.conf, [a.port, b.port])
         print(f"replicas on {a.port} and {b.port}; nginx on {port}")
         run(port, a, b, d / "access.log")
-        print(f"replicas: {len(PASSED)} passed, 0 failed")
+        check.finish()
         ok = True
     finally:
         for r in (a, b):

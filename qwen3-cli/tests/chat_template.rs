@@ -114,7 +114,7 @@ fn renders_deepseek_r1_0528_qwen3_cases_exactly() {
 /// Qwen3.5's template (llama.cpp's copy, made for its 4B and shared by the family): thinking on
 /// by default, an empty think block with `enable_thinking: false`, content as text parts, tools
 /// before the system prompt, and XML tool calls whose arguments are typed (objects and arrays as
-/// JSON, the rest as text); made by fixtures/chat/make_qwen35_cases.py.
+/// JSON, the rest as text); made by scripts/make_qwen35_chat_cases.py.
 #[test]
 fn renders_qwen3_5_cases_exactly() {
     check_rendered(
@@ -170,7 +170,7 @@ fn ids_of_every_hf_case() {
 /// Runs `qwen3 chat-template` with `messages` (as JSON text) and returns the failed output.
 /// Qwen2.5-Instruct's template (a default system prompt when none is given, tools in the system
 /// prompt, no thinking): the text and the ids of HuggingFace's `apply_chat_template`, made by
-/// fixtures/chat/make_qwen25_cases.py.
+/// scripts/make_qwen25_chat_cases.py.
 #[test]
 fn renders_qwen25_cases_exactly_with_hf_ids() {
     check_rendered(

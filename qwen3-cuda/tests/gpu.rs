@@ -2,7 +2,7 @@
 //! pass (`qwen3_inference::model::Forward`, through a `Session`) on the GPU against the same forward pass on the references
 //! and on the CPU backend. Each test is `#[ignore]`d with its reason, so `cargo test` reports it
 //! as ignored, not passed, where there is no GPU (every machine this project's CI runs on); the
-//! GPU check kit runs them with `--include-ignored` (scripts/gpu_check.sh), and there a missing
+//! GPU check kit runs them with `--include-ignored` (scripts/gpu_check/prepare.sh), and there a missing
 //! GPU is a failure.
 #![cfg(feature = "cuda")]
 
@@ -25,7 +25,7 @@ fn require_gpu() {
         Ok(_) => "no CUDA device found".to_string(),
         Err(e) => e.to_string(),
     };
-    panic!("needs an NVIDIA GPU (run by the GPU check kit, scripts/gpu_check.sh): {why}");
+    panic!("needs an NVIDIA GPU (run by the GPU check kit, scripts/gpu_check/prepare.sh): {why}");
 }
 
 fn max_abs(a: &[f32], b: &[f32]) -> f32 {
@@ -171,7 +171,7 @@ fn layer_ops<B: Upload>(
 /// Kernels built from +, *, fma, division and sqrt match their references bit for bit; attention
 /// and SiLU (expf, 2 ulp in CUDA), and the steps fed by them, within the bounds derived below.
 #[test]
-#[ignore = "needs an NVIDIA GPU: the GPU check kit runs it (scripts/gpu_check.sh)"]
+#[ignore = "needs an NVIDIA GPU: the GPU check kit runs it (scripts/gpu_check/prepare.sh)"]
 fn kernels_match_references() {
     require_gpu();
     for dtype in [DType::F32, DType::Bf16, DType::Q8, DType::Q4] {
@@ -209,7 +209,7 @@ fn kernels_match_references() {
 /// The forward pass on the GPU gives the logits of the forward pass on the references (prefill,
 /// then decode), for each stored dtype, dense and Qwen3-MoE with YaRN.
 #[test]
-#[ignore = "needs an NVIDIA GPU: the GPU check kit runs it (scripts/gpu_check.sh)"]
+#[ignore = "needs an NVIDIA GPU: the GPU check kit runs it (scripts/gpu_check/prepare.sh)"]
 fn gpu_forward_matches_reference_forward() {
     require_gpu();
     for (dtype, tied) in [
@@ -255,7 +255,7 @@ fn gpu_forward_matches_reference_forward() {
 /// the same comparison with the kernels' CPU references (measured there: <= 9.5e-6). q8 is left
 /// out: the CPU quantizes activations to int8 (W8A8), the GPU does not.
 #[test]
-#[ignore = "needs an NVIDIA GPU: the GPU check kit runs it (scripts/gpu_check.sh)"]
+#[ignore = "needs an NVIDIA GPU: the GPU check kit runs it (scripts/gpu_check/prepare.sh)"]
 fn gpu_forward_matches_cpu_backend_on_fixtures() {
     require_gpu();
     let tokens: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % 500).collect();

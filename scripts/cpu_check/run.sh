@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU check kit's run step (scripts/cpu_check.sh prepare DIR copies this to DIR/run.sh): on
+# The CPU check kit's run step (scripts/cpu_check/prepare.sh DIR copies this to DIR/run.sh): on
 # a Linux machine of the architecture the kit was built on (x86-64 or aarch64), with python3 and
 # torch (for the random checkpoints; with transformers too for llama.cpp's converter); no Rust
 # toolchain, no network. In order:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Greedy tokens on the GPU against the CPU's f32 greedy tokens and transformers', per fixture.
 
-Part of the GPU check kit (scripts/gpu_check.sh): run by run.sh on the GPU machine as
+Part of the GPU check kit (scripts/gpu_check/prepare.sh): run by run.sh on the GPU machine as
 
     python3 greedy.py QWEN3_BINARY FIXTURES_DIR WORK_DIR [--device cuda]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check kit's run step (scripts/gpu_check.sh prepare DIR copies this to DIR/run.sh): on a
+# The GPU check kit's run step (scripts/gpu_check/prepare.sh DIR copies this to DIR/run.sh): on a
 # machine with an NVIDIA GPU, its driver, NVRTC (CUDA toolkit or pip wheel) and python3 with
 # torch and transformers; no Rust toolchain, no network. In order:
 #   1. the device line (nvidia-smi), the driver and CUDA versions, which libnvrtc is used;

@@ -104,7 +104,7 @@ impl Case {
 
 /// The directory of fixture checkpoint `name`: in `$QWEN3_FIXTURES_DIR` when that is set, else in
 /// the repository's `fixtures/models/`. The override is for test executables run away from the
-/// source tree they were built in (scripts/gpu_check.sh carries them, with the fixtures they read,
+/// source tree they were built in (scripts/gpu_check/prepare.sh carries them, with the fixtures they read,
 /// to a GPU machine), where the path compiled in from `CARGO_MANIFEST_DIR` does not exist.
 pub fn fixture(name: &str) -> PathBuf {
     let dir = match std::env::var_os("QWEN3_FIXTURES_DIR") {

@@ -2,7 +2,7 @@
 # The GPU check kit: everything needed to check the CUDA backend on a machine with an NVIDIA GPU
 # but no Rust toolchain and no network, built here (no GPU needed) into one folder.
 #
-#   scripts/gpu_check.sh prepare DIR    build the kit into DIR (made anew; < 62 MiB)
+#   scripts/gpu_check/prepare.sh DIR    build the kit into DIR (made anew; < 62 MiB)
 #   DIR/run.sh                          on the GPU machine; see scripts/gpu_check/run.sh
 #
 # DIR holds: bin/qwen3 (release, --features cuda), tests/* (qwen3-cuda's test executables with
@@ -11,12 +11,13 @@
 # and KIT (what was built, from which commit). The binaries open libcuda and libnvrtc at run
 # time (cudarc's dynamic loading), so nothing CUDA is needed here. docs/cuda.md describes the kit.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-. scripts/kit_lib.sh
 
-usage() { echo "usage: scripts/gpu_check.sh prepare DIR" >&2; exit 2; }
-[ "${1:-}" = prepare ] && [ -n "${2:-}" ] || usage
-dir=$2
+usage() { echo "usage: scripts/gpu_check/prepare.sh DIR" >&2; exit 2; }
+[ $# -eq 1 ] && [ "${1#-}" = "$1" ] || usage
+# The path as the caller meant it, before the cd below.
+dir=$(realpath -m "$1")
+cd "$(dirname "$0")/../.."
+. scripts/lib/kit.sh
 # The device machine takes up to 64 MiB of carried files; 2 MiB of it left to spare. (The
 # binary grew past 60 MiB's kit with the image decoders, which the CLI links since `--image`.)
 limit_mib=62

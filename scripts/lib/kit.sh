@@ -1,5 +1,5 @@
-# Shared by the check kits' prepare steps (scripts/gpu_check.sh, scripts/cpu_check.sh), which
-# source it from the repository root: how a kit learns its executables' paths, stamps what it
+# Shared by the check kits' prepare steps (scripts/gpu_check/prepare.sh,
+# scripts/cpu_check/prepare.sh), which source it from the repository root: how a kit learns its executables' paths, stamps what it
 # was built from, and keeps to its size.
 
 # kit_executables CARGO [ARGS...]: runs `cargo CARGO ARGS... --no-run` and prints one line per

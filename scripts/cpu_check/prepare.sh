@@ -4,7 +4,7 @@
 # CPU has AVX-512 and AVX-VNNI where our own machines may have only AVX2). Built here, into one
 # folder:
 #
-#   scripts/cpu_check.sh prepare DIR [--llama-cpp BUILD SRC]
+#   scripts/cpu_check/prepare.sh DIR [--llama-cpp BUILD SRC]
 #   DIR/run.sh                          there; see scripts/cpu_check/run.sh
 #
 # DIR holds: bin/qwen3 (release), tests/qwen3_inference (the library's unit tests, release: every
@@ -21,11 +21,11 @@
 # machine") describes it.
 set -euo pipefail
 
-usage() { echo "usage: scripts/cpu_check.sh prepare DIR [--llama-cpp BUILD SRC]" >&2; exit 2; }
-[ "${1:-}" = prepare ] && [ -n "${2:-}" ] || usage
+usage() { echo "usage: scripts/cpu_check/prepare.sh DIR [--llama-cpp BUILD SRC]" >&2; exit 2; }
+[ -n "${1:-}" ] && [ "${1#-}" = "$1" ] || usage
 # The paths as the caller meant them, before the cd below.
-dir=$(realpath -m "$2")
-shift 2
+dir=$(realpath -m "$1")
+shift
 llama_build="" llama_src=""
 if [ $# -gt 0 ]; then
     [ "$1" = --llama-cpp ] && [ $# -eq 3 ] || usage
@@ -40,8 +40,8 @@ if [ $# -gt 0 ]; then
     fi
 fi
 limit_mib=60
-cd "$(dirname "$0")/.."
-. scripts/kit_lib.sh
+cd "$(dirname "$0")/../.."
+. scripts/lib/kit.sh
 # DIR is made anew: refuse to empty a folder that is not an earlier kit.
 if [ -e "$dir" ] && [ -n "$(ls -A "$dir" 2> /dev/null)" ] && [ ! -e "$dir/KIT" ]; then
     echo "$dir exists and is not a kit (no KIT file): give a new folder" >&2
