@@ -12,7 +12,7 @@ mod common;
 
 use common::Server;
 use qwen3_inference::format::DType;
-use qwen3_test_support::{export_fixture, tempdir};
+use qwen3_test_support::{export_fixture, fixture_json, tempdir};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -22,11 +22,7 @@ const NAME: &str = "tiny-qwen2-bos-tokenizer";
 const BOS: u64 = 501;
 
 fn reference() -> Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../fixtures/models")
-        .join(NAME)
-        .join("reference.json");
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    fixture_json(NAME, "reference.json")
 }
 
 fn model(test: &str) -> PathBuf {

@@ -5,14 +5,13 @@
 //! recipe, 1e-4, most relevant first).
 
 use qwen3_inference::format::DType;
-use qwen3_test_support::{export_fixture, fixture, tempdir};
+use qwen3_test_support::{export_fixture, fixture, fixture_json, tempdir};
 use serde_json::Value;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
 fn reference() -> Value {
-    let p = fixture("tiny-qwen3-embedding").join("reference.json");
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    fixture_json("tiny-qwen3-embedding", "reference.json")
 }
 
 fn lines(out: &[u8]) -> Vec<Vec<f64>> {

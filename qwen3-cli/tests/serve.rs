@@ -9,46 +9,29 @@ mod common;
 
 use common::{connect, http, send, text, wait_until, Server};
 use qwen3_inference::format::DType;
-use qwen3_test_support::{export_fixture, fixture, tempdir};
+use qwen3_test_support::{fixture_json, Exported};
 use serde_json::{json, Value};
 use std::io::Read;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 const FIXTURE: &str = "tiny-qwen3-fullvocab";
 
 /// The full-vocabulary fixture (random weights, the real Qwen3 tokenizer and chat template),
-/// exported in f32, in a directory removed when the test ends.
-struct Model {
-    dir: PathBuf,
-    path: PathBuf,
-}
-
-impl Model {
-    fn new(test: &str) -> Model {
-        let dir = tempdir("pq-serve", test);
-        let path = export_fixture(FIXTURE, &dir, DType::F32, 0);
-        Model { dir, path }
-    }
-}
-
-impl Drop for Model {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// exported in f32 for one test.
+fn model(test: &str) -> Exported {
+    Exported::new(FIXTURE, "pq-serve", test, DType::F32)
 }
 
 fn reference() -> Value {
-    let p = fixture(FIXTURE).join("reference.json");
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    fixture_json(FIXTURE, "reference.json")
 }
 
 /// The greedy `/v1/completions` text equals HuggingFace's greedy continuation (f32 model,
 /// `reference.json`), streamed or not, and the stream's deltas add up to the same text.
 #[test]
 fn completions_match_huggingface() {
-    let m = Model::new("exact");
+    let m = model("exact");
     let s = Server::start(&m.path, &["--model-name", "tiny"]);
     for case in reference()["cases"].as_array().unwrap() {
         let prompt = case["prompt_text"].as_str().unwrap();
@@ -136,7 +119,7 @@ fn completions_match_huggingface() {
 /// renders a conversation exactly as the CLI does (`qwen3 chat-template --ids` counts its ids).
 #[test]
 fn chat_matches_the_cli() {
-    let m = Model::new("chat");
+    let m = model("chat");
     let s = Server::start(&m.path, &[]);
     let model = m.path.to_str().unwrap();
     let cli = |args: &[&str]| {
@@ -248,7 +231,7 @@ fn read_until(stream: &mut std::net::TcpStream, needle: &[u8]) -> Vec<u8> {
 /// holds, one running and one queued behind it, are answered in full; then it exits 0.
 #[test]
 fn sigterm_answers_what_it_holds_then_exits() {
-    let m = Model::new("drain");
+    let m = model("drain");
     let mut s = Server::start(&m.path, &["--parallel", "1", "--shutdown-timeout", "300"]);
     let body = json!({"prompt": "hi", "max_tokens": 300, "ignore_eos": true, "stream": true,
                       "stream_options": {"include_usage": true}})
@@ -298,7 +281,7 @@ fn sigterm_answers_what_it_holds_then_exits() {
 /// `[DONE]`, and the server exits 0.
 #[test]
 fn sigterm_ends_what_outlasts_the_shutdown_timeout() {
-    let m = Model::new("term");
+    let m = model("term");
     let mut s = Server::start(&m.path, &["--shutdown-timeout", "0.5"]);
     // A long answer in flight.
     let mut stream = connect(s.port);
@@ -330,7 +313,7 @@ fn sigterm_ends_what_outlasts_the_shutdown_timeout() {
 /// the real binary shows it): then the routes under `/v1` want it, and `/health` does not.
 #[test]
 fn the_api_key_comes_from_the_environment() {
-    let m = Model::new("env-key");
+    let m = model("env-key");
     let s = Server::start_env(&m.path, &[], &[("QWEN3_API_KEY", "sekret")]);
     assert_eq!(s.get("/health").status, 200);
     let r = s.get("/v1/models");
@@ -348,7 +331,7 @@ fn the_api_key_comes_from_the_environment() {
 /// Bad flags: a clear one-line error and exit 1, before anything listens.
 #[test]
 fn bad_flags_are_clear_errors() {
-    let m = Model::new("flags");
+    let m = model("flags");
     let model = m.path.to_str().unwrap();
     let run = |args: &[&str]| {
         let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
@@ -396,7 +379,7 @@ fn raw(port: u16, bytes: &[u8]) -> common::Resp {
 fn http_level_errors_and_timeouts() {
     use std::io::{Read, Write};
     use std::time::{Duration, Instant};
-    let m = Model::new("http-errors");
+    let m = model("http-errors");
     let s = Server::start(
         &m.path,
         &[
@@ -452,7 +435,7 @@ fn http_level_errors_and_timeouts() {
 #[test]
 fn connections_beyond_the_limit_get_503() {
     use std::io::Write;
-    let m = Model::new("max-connections");
+    let m = model("max-connections");
     let s = Server::start(&m.path, &["--max-connections", "2", "--context", "64"]);
     let mut held = vec![common::connect(s.port), common::connect(s.port)];
     // Each has started a request, so both are surely accepted and held.

@@ -10,14 +10,13 @@ mod common;
 use base64::Engine as _;
 use common::Server;
 use qwen3_inference::format::DType;
-use qwen3_test_support::{export_fixture, fixture, tempdir};
+use qwen3_test_support::{export_fixture, fixture_json, tempdir};
 use serde_json::{json, Value};
 
 const NAME: &str = "tiny-qwen3-embedding";
 
 fn reference() -> Value {
-    let p = fixture(NAME).join("reference.json");
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    fixture_json(NAME, "reference.json")
 }
 
 fn floats(v: &Value) -> Vec<f64> {

@@ -9,18 +9,14 @@ mod common;
 
 use common::Server;
 use qwen3_inference::format::DType;
-use qwen3_test_support::{export_fixture, tempdir};
+use qwen3_test_support::{export_fixture, fixture_json, tempdir};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 const TOL: f64 = 1e-4;
 
 fn reference(name: &str) -> Value {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fixtures/models")
-        .join(name)
-        .join("logprobs.json");
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    fixture_json(name, "logprobs.json")
 }
 
 /// An f32 export of fixture `name` in a directory of its own for each `test` (tests run side

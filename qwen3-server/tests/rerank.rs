@@ -7,14 +7,13 @@ mod common;
 
 use common::Server;
 use qwen3_inference::format::DType;
-use qwen3_test_support::{export_fixture, fixture, tempdir};
+use qwen3_test_support::{export_fixture, fixture_json, tempdir};
 use serde_json::{json, Value};
 
 const NAME: &str = "tiny-qwen3-fullvocab";
 
 fn reference() -> Value {
-    let p = fixture(NAME).join("rerank.json");
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    fixture_json(NAME, "rerank.json")
 }
 
 /// Every document's score equals transformers' (1e-4), the results come most relevant first

@@ -8,43 +8,26 @@ mod common;
 
 use common::{text, Server};
 use qwen3_inference::format::DType;
-use qwen3_test_support::{export_fixture, fixture, tempdir};
+use qwen3_test_support::{fixture_json, Exported};
 use serde_json::{json, Value};
-use std::path::PathBuf;
 
 const FIXTURE: &str = "tiny-qwen3-fullvocab";
 
 /// The full-vocabulary fixture (random weights, the real Qwen3 tokenizer and chat template),
-/// exported in f32, in a directory removed when the test ends.
-struct Model {
-    dir: PathBuf,
-    path: PathBuf,
-}
-
-impl Model {
-    fn new(test: &str) -> Model {
-        let dir = tempdir("pq-routes", test);
-        let path = export_fixture(FIXTURE, &dir, DType::F32, 0);
-        Model { dir, path }
-    }
-}
-
-impl Drop for Model {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// exported in f32 for one test.
+fn model(test: &str) -> Exported {
+    Exported::new(FIXTURE, "pq-routes", test, DType::F32)
 }
 
 fn reference() -> Value {
-    let p = fixture(FIXTURE).join("reference.json");
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    fixture_json(FIXTURE, "reference.json")
 }
 
 /// Stop strings cut the answer before them (streamed or not), `n` gives several choices (the
 /// same ones for greedy; different seeds for sampled ones), and a seed repeats an answer.
 #[test]
 fn stops_choices_and_seeds() {
-    let m = Model::new("stops");
+    let m = model("stops");
     let s = Server::start(&m.path, &[]);
     let case = &reference()["cases"][2];
     let want = case["greedy_text"].as_str().unwrap();
@@ -106,7 +89,7 @@ fn stops_choices_and_seeds() {
 /// server keeps answering.
 #[test]
 fn bad_input_gets_4xx_error_objects() {
-    let m = Model::new("bad");
+    let m = model("bad");
     let s = Server::start(&m.path, &["--context", "64", "--model-name", "tiny"]);
     let check = |status: u16, path: &str, body: &[u8], param: Option<&str>, code: Option<&str>| {
         let r = s.http("POST", path, &[], body);
@@ -240,7 +223,7 @@ fn bad_input_gets_4xx_error_objects() {
 /// /health needs `Authorization: Bearer KEY` (401 with an error object otherwise).
 #[test]
 fn routes_and_api_key() {
-    let m = Model::new("key");
+    let m = model("key");
     let s = Server::start_env(&m.path, &[], &[("QWEN3_API_KEY", "sekret")]);
     let h = s.get("/health");
     assert_eq!((h.status, h.json()), (200, json!({"status": "ok"})));
@@ -288,7 +271,7 @@ fn routes_and_api_key() {
 /// origins only.
 #[test]
 fn json_bodies_only_and_cors_by_origin() {
-    let m = Model::new("cors");
+    let m = model("cors");
     let body = br#"{"prompt": "hi", "max_tokens": 1}"#;
     let s = Server::start(&m.path, &[]);
     for ct in ["text/plain", "application/x-www-form-urlencoded", ""] {

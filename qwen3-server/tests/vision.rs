@@ -11,7 +11,7 @@ use base64::Engine as _;
 use common::Server;
 use qwen3_inference::format::DType;
 use qwen3_inference::tokenizer::Tokenizer;
-use qwen3_test_support::{export_fixture, fixture, tempdir};
+use qwen3_test_support::{export_fixture, fixture, fixture_json, tempdir};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -23,8 +23,7 @@ fn model(fixture_name: &str, test: &str) -> PathBuf {
 }
 
 fn reference(fixture_name: &str) -> Value {
-    let path = fixture(fixture_name).join("images-reference.json");
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    fixture_json(fixture_name, "images-reference.json")
 }
 
 /// The fixture's image `name` as base64 (both fixtures hold the same images).

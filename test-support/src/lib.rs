@@ -121,6 +121,39 @@ pub fn load_reference(name: &str) -> Reference {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// Reads `file` of fixture `name` as JSON (a reference transformers wrote: `reference.json`,
+/// `logprobs.json`, `rerank.json`, ...).
+pub fn fixture_json(name: &str, file: &str) -> serde_json::Value {
+    let path = fixture(name).join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A fixture exported for one test, in a directory of its own that is removed when the test
+/// ends (dropped), pass or fail.
+pub struct Exported {
+    pub dir: PathBuf,
+    /// The model file.
+    pub path: PathBuf,
+}
+
+impl Exported {
+    /// Fixture `name` exported as `dtype` (q8's group 32 when quantized) into
+    /// `tempdir(prefix, test)`.
+    pub fn new(name: &str, prefix: &str, test: &str, dtype: DType) -> Exported {
+        let dir = tempdir(prefix, test);
+        let group = if dtype == DType::Q8 { 32 } else { 0 };
+        let path = export_fixture(name, &dir, dtype, group);
+        Exported { dir, path }
+    }
+}
+
+impl Drop for Exported {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A fresh, empty directory `{prefix}-{pid}-{name}` under the system temp dir, for one test's
 /// exports (the process id keeps concurrent test runs apart; the caller removes it).
 pub fn tempdir(prefix: &str, name: &str) -> PathBuf {
