@@ -9,6 +9,7 @@
 //! query\nQuery: ..."`.
 
 use super::args::DEFAULT_CONTEXT_CAP;
+use super::device;
 use super::input::read_text;
 use super::tokenize::open_tokenizer;
 use anyhow::{bail, Result};
@@ -16,7 +17,7 @@ use clap::Args;
 use qwen3_inference::backend::{Backend, KvType, CPU};
 use qwen3_inference::engine::{Engine, EngineConfig, Event, Request};
 use qwen3_inference::format::ModelFile;
-use qwen3_inference::model::{Forward, Model, MAX_BATCH};
+use qwen3_inference::model::{Model, MAX_BATCH};
 use serde_json::json;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -73,13 +74,12 @@ pub fn run(args: EmbedArgs) -> Result<()> {
         bail!("--context must be in 1 ..= {max_ctx}");
     }
     let model = Model::load(&file)?;
-    let fwd = Forward::new(CPU, &model, context, MAX_BATCH, SLOTS, KvType::F32)?;
     let cfg = EngineConfig {
         slots: SLOTS,
         max_queue: texts.len().max(1),
         prefill_chunk: MAX_BATCH,
     };
-    let mut engine = Engine::new(fwd, cfg)?;
+    let mut engine = device::engine(CPU, &model, None, context, cfg, KvType::F32)?;
     let mut prompts = Vec::with_capacity(texts.len());
     for (i, t) in texts.iter().enumerate() {
         let prompt = tok.encode_with_special_tokens(t);

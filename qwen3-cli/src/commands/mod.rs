@@ -1,14 +1,15 @@
 //! One module per subcommand; each defines its clap `Args` and a `run` function. (`args` holds
-//! the flags `inference`'s two modes share; `input` and `units` are shared helpers: text from a
+//! the flags `inference`'s two modes share; `device` the one path from `--device` and a model
+//! file to a backend with the weights on it; `input` and `units` are shared helpers: text from a
 //! file or stdin, and how sizes are printed.)
 
 pub mod args;
 pub mod batch;
 pub mod bench;
-pub mod bench_draft;
 pub mod chat;
 pub mod chat_template;
 pub mod detokenize;
+pub mod device;
 pub mod embed;
 pub mod export;
 pub mod generate;

@@ -3,14 +3,15 @@
 //! probability of "yes" against "no"), most relevant first, one JSON line each.
 
 use super::args::DEFAULT_CONTEXT_CAP;
+use super::device;
 use super::embed::last_rows;
 use super::tokenize::open_tokenizer;
 use anyhow::{bail, Result};
 use clap::Args;
 use qwen3_inference::backend::{KvType, CPU};
-use qwen3_inference::engine::{Engine, EngineConfig};
+use qwen3_inference::engine::EngineConfig;
 use qwen3_inference::format::ModelFile;
-use qwen3_inference::model::{Forward, Model, MAX_BATCH};
+use qwen3_inference::model::{Model, MAX_BATCH};
 use qwen3_inference::rerank::{Reranker, DEFAULT_INSTRUCTION};
 use serde_json::json;
 use std::io::Write;
@@ -52,13 +53,12 @@ pub fn run(args: RerankArgs) -> Result<()> {
     let instruction = args.instruction.as_deref().unwrap_or(DEFAULT_INSTRUCTION);
     let context = (c.max_context() as usize).min(DEFAULT_CONTEXT_CAP);
     let model = Model::load(&file)?;
-    let fwd = Forward::new(CPU, &model, context, MAX_BATCH, SLOTS, KvType::F32)?;
     let cfg = EngineConfig {
         slots: SLOTS,
         max_queue: args.documents.len(),
         prefill_chunk: MAX_BATCH,
     };
-    let mut engine = Engine::new(fwd, cfg)?;
+    let mut engine = device::engine(CPU, &model, None, context, cfg, KvType::F32)?;
     let mut prompts = Vec::with_capacity(args.documents.len());
     for (i, doc) in args.documents.iter().enumerate() {
         let prompt = reranker.pair(&tok, instruction, &args.query, doc);

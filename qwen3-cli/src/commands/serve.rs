@@ -3,15 +3,14 @@
 //! docs/serve.md for what the server does.
 
 use super::args::{DraftArgs, KvCacheArg, DEFAULT_CONTEXT_CAP};
-use super::inference::with_draft_model;
+use super::device::{self, OnDevice};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use qwen3_cuda::device::check_available;
 use qwen3_cuda::Device;
-use qwen3_inference::backend::{Backend, KvType, PlainBackend, CPU};
-use qwen3_inference::engine::{logit_rows, Engine, EngineConfig};
-use qwen3_inference::format::{ModelFile, TensorView};
-use qwen3_inference::model::{Forward, Model, MAX_BATCH};
+use qwen3_inference::backend::{Backend, KvType};
+use qwen3_inference::engine::EngineConfig;
+use qwen3_inference::format::ModelFile;
+use qwen3_inference::model::{Model, MAX_BATCH};
 use qwen3_inference::rerank::Reranker;
 use qwen3_server::listen::Limits;
 use qwen3_server::metrics::Metrics;
@@ -178,11 +177,7 @@ pub fn prepare(
     }
     args.model =
         crate::hub::models::resolve(&args.model, args.models_dir.as_deref(), args.offline)?;
-    let device: Device = args.device.parse().map_err(|e: String| anyhow!(e))?;
-    check_available(device).map_err(|e| anyhow!(e))?;
-    if matches!(device, Device::Cuda(_)) && args.kv_cache != KvCacheArg::F32 {
-        bail!("--kv-cache bf16 is for --device cpu: the CUDA backend keeps its KV cache in f32");
-    }
+    let device = device::parse(&args.device)?;
     if args.parallel == 0 || args.parallel > MAX_BATCH {
         bail!(
             "--parallel must be in 1 ..= {MAX_BATCH}, got {}",
@@ -197,9 +192,7 @@ pub fn prepare(
     let draft_file =
         args.draft
             .open_model(&args.model, args.models_dir.as_deref(), args.offline)?;
-    if matches!(device, Device::Cuda(_)) && draft_file.is_some() {
-        bail!("{}", super::inference::CUDA_DRAFT);
-    }
+    device::check(device, args.kv_cache, draft_file.is_some())?;
     let max_ctx = c.max_context() as usize;
     let context_len = args.context.unwrap_or(max_ctx.min(DEFAULT_CONTEXT_CAP));
     if context_len == 0 || context_len > max_ctx {
@@ -273,120 +266,58 @@ pub fn prepare(
         .num_threads(args.threads.unwrap_or(0))
         .build()
         .map_err(|e| anyhow!("cannot start the thread pool: {e}"))?;
-    let host = HostEngine {
+    let serve = Serve {
         context_len,
         cfg,
         kv,
+        worker: None,
     };
+    // On the CPU the engine is built once here, so that a bad setting fails before anything
+    // listens (on a GPU the worker's thread must be the one that loads it).
     if device == Device::Cpu {
-        let (model, draft) = (Model::load(&file)?, load_draft(&draft_file)?);
-        host.build(CPU, &model, draft.as_ref())?;
+        device::run_on(
+            device,
+            &file,
+            draft_file.as_ref(),
+            Serve {
+                worker: None,
+                ..serve
+            },
+        )?;
     }
     let worker: Worker = Box::new(move |commands| {
-        pool.install(|| match device {
-            Device::Cpu => {
-                let (model, draft) = (Model::load(&file)?, load_draft(&draft_file)?);
-                worker::run(host.build(CPU, &model, draft.as_ref())?, commands, metrics);
-                Ok(())
-            }
-            Device::Plain => {
-                let (model, draft) = (Model::load(&file)?, load_draft(&draft_file)?);
-                worker::run(
-                    host.build(&PLAIN, &model, draft.as_ref())?,
-                    commands,
-                    metrics,
-                );
-                Ok(())
-            }
-            Device::Cuda(ordinal) => {
-                cuda::work(&file, ordinal, context_len, cfg, commands, metrics)
-            }
-        })
+        let serve = Serve {
+            worker: Some((commands, metrics)),
+            ..serve
+        };
+        pool.install(|| device::run_on(device, &file, draft_file.as_ref(), serve))
     });
     Ok((state, rx, worker))
 }
 
-/// The engine's settings on the backends that read the weights from the mapped file (the CPU's
-/// and the plain one): one place builds it, for the check before the server listens and for the
-/// worker.
-struct HostEngine {
+/// The server's engine on any backend: built, and with the worker's channel run until it stops
+/// (without it, only built: the check before the server listens).
+struct Serve {
     context_len: usize,
     cfg: EngineConfig,
     kv: KvType,
+    worker: Option<(Receiver<Command>, Arc<Metrics>)>,
 }
 
-impl HostEngine {
-    /// The engine over `backend` for `model`, with `draft` as its draft model if there is one.
-    fn build<'m, B: Backend<Tensor = TensorView<'m>>>(
-        &self,
+impl OnDevice for Serve {
+    type Out = ();
+
+    fn run<'m, B: Backend>(
+        self,
         backend: &'m B,
-        model: &'m Model<'m>,
-        draft: Option<&'m Model<'m>>,
-    ) -> Result<Engine<'m, B>> {
-        let fwd = Forward::new(
-            backend,
-            model,
-            self.context_len,
-            MAX_BATCH,
-            logit_rows(self.cfg.slots),
-            self.kv,
-        )?;
-        with_draft_model(Engine::new(fwd, self.cfg)?, draft)
-    }
-}
-
-/// The draft model's weights (`--draft-model`), if there is one.
-fn load_draft(file: &Option<ModelFile>) -> Result<Option<Model<'_>>> {
-    file.as_ref().map(Model::load).transpose()
-}
-
-/// `--device cuda:N`: the same engine over the CUDA backend, built on the worker thread (the
-/// thread that then launches every kernel). Not run here: no GPU on our machines.
-#[cfg(feature = "cuda")]
-mod cuda {
-    use super::*;
-    use qwen3_cuda::cuda::CudaBackend;
-
-    pub fn work(
-        file: &ModelFile,
-        ordinal: usize,
-        context_len: usize,
-        cfg: EngineConfig,
-        commands: Receiver<Command>,
-        metrics: Arc<Metrics>,
+        model: &'m Model<'m, B::Tensor>,
+        draft: Option<&'m Model<'m, B::Tensor>>,
+        _about: &str,
     ) -> Result<()> {
-        let gpu = CudaBackend::load(ordinal, file)?;
-        let model = Model::load_with(file, |name| gpu.weights.tensor(name))?;
-        let fwd = Forward::new(
-            &gpu,
-            &model,
-            context_len,
-            MAX_BATCH,
-            logit_rows(cfg.slots),
-            KvType::F32,
-        )?;
-        worker::run(Engine::new(fwd, cfg)?, commands, metrics);
+        let engine = device::engine(backend, model, draft, self.context_len, self.cfg, self.kv)?;
+        if let Some((commands, metrics)) = self.worker {
+            worker::run(engine, commands, metrics);
+        }
         Ok(())
     }
 }
-
-/// Without the `cuda` feature `check_available` has already refused any CUDA device.
-#[cfg(not(feature = "cuda"))]
-mod cuda {
-    use super::*;
-
-    pub fn work(
-        _file: &ModelFile,
-        _ordinal: usize,
-        _context_len: usize,
-        _cfg: EngineConfig,
-        _commands: Receiver<Command>,
-        _metrics: Arc<Metrics>,
-    ) -> Result<()> {
-        bail!("{}", qwen3_cuda::device::cuda_support().unwrap_err())
-    }
-}
-
-/// The plain backend holds nothing; one value serves the server's life (as
-/// `qwen3_inference::backend::CPU` does for the CPU backend).
-const PLAIN: PlainBackend<'static> = PlainBackend::new();

@@ -9,7 +9,8 @@
 //! With `--draft-model`, each length also runs with that model's guesses, which shows what a
 //! real draft model gives: its passes' cost and its share of right guesses together.
 
-use super::bench::{median_spread, BenchArgs};
+use super::args::BenchArgs;
+use super::figures::median_spread;
 use anyhow::{bail, Context, Result};
 use qwen3_inference::backend::CPU;
 use qwen3_inference::engine::{Draft, Engine, GenerationStats, Request};
@@ -45,7 +46,7 @@ pub fn run(
             .context("cannot start the thread pool")?;
         let mut engine = pool.install(|| {
             let e = Engine::one_sequence(CPU, model, ctx, args.kv_cache.into())?;
-            super::inference::with_draft_model(e, draft_model)
+            crate::commands::device::with_draft_model(e, draft_model)
         })?;
         let mut decode = |draft: Draft| -> Result<(Vec<u32>, GenerationStats)> {
             let request = Request {

@@ -1,0 +1,244 @@
+//! `qwen3 bench <model.bin>`: prefill and decode speed, next to this machine's memory bandwidth.
+//!
+//! Decoding one token reads every weight once, and the keys and values of every earlier position
+//! (f32, all layers), so `bandwidth / bytes per token` is a ceiling on decode tokens/s; the
+//! fraction of it reached says how close the kernels are to the hardware. The bandwidth is
+//! measured here, at each thread count, by reading a buffer much larger than the caches with a
+//! loop that does nothing else (`kernels::bandwidth`), right before each repeat's decode: on a shared machine
+//! the bandwidth drifts between runs, and each repeat's fraction is taken against the bandwidth
+//! of its own moment (the median of those fractions is reported).
+//!
+//! That buffer is asked for 2 MiB pages, as the model file's mapping is (pages.rs): the
+//! ceiling is what the machine streams at its best. Whether the weights got huge pages depends on
+//! the kernel and the page cache, so the share of them that did is printed too.
+//!
+//! `--device cuda` measures the same on a GPU (a build with `--features cuda`): the weights are
+//! uploaded once, the same forward pass runs over the CUDA backend, and the bandwidth is that of
+//! a device-to-device copy (`CudaRuntime::copy_bandwidth`), before each repeat.
+
+mod args;
+mod draft;
+mod figures;
+mod report;
+
+pub use args::BenchArgs;
+
+use super::device;
+use anyhow::{bail, Context, Result};
+use figures::{median_spread, On, Run, Samples, TokenReads};
+use qwen3_cuda::Device;
+use qwen3_inference::backend::{Backend, KvType, CPU};
+use qwen3_inference::format::ModelFile;
+use qwen3_inference::kernels::bandwidth::read_sum;
+use qwen3_inference::kernels::dot::dots;
+use qwen3_inference::model::{Model, Session};
+use qwen3_inference::pages::{huge_page_share, HugePageF32s};
+use qwen3_inference::sampler::argmax;
+use report::{report, Pages};
+use std::io::IsTerminal;
+use std::time::Instant;
+
+/// Memory read bandwidth in bytes/s with `pool`'s threads: each thread reads its share of a
+/// buffer (1 GiB, in huge pages where the system has them) with `kernels::bandwidth::read_sum`;
+/// median of 3.
+fn measure_bandwidth(pool: &rayon::ThreadPool, buf: &[f32]) -> f64 {
+    let threads = pool.current_num_threads();
+    let chunk = buf.len().div_ceil(threads);
+    let mut samples: Vec<f64> = (0..3)
+        .map(|_| {
+            let start = Instant::now();
+            let s: f32 = pool.install(|| {
+                use rayon::prelude::*;
+                buf.par_chunks(chunk)
+                    .map(|c| {
+                        let mut s = 0.0;
+                        read_sum(c, &mut s);
+                        s
+                    })
+                    .sum()
+            });
+            std::hint::black_box(s);
+            (buf.len() * 4) as f64 / start.elapsed().as_secs_f64()
+        })
+        .collect();
+    median_spread(&mut samples).0
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    if args.prompt == 0 || args.decode == 0 || args.repeats == 0 {
+        bail!("--prompt-tokens, -n and -r must be at least 1");
+    }
+    if args.threads.contains(&0) {
+        bail!("--threads: thread counts must be at least 1");
+    }
+    let device = device::parse(&args.device)?;
+    let file = ModelFile::open(&args.model)?;
+    let c = file.config();
+    let ctx = args.prompt + args.decode;
+    if ctx > c.max_context() as usize {
+        bail!(
+            "--prompt-tokens + -n = {ctx} exceeds the model's {} positions",
+            c.max_context()
+        );
+    }
+    let reads = TokenReads::new(&file, &args);
+    // Deterministic token ids spread over the vocabulary.
+    let prompt: Vec<u32> = (0..args.prompt as u64)
+        .map(|i| ((i * 7919 + 13) % c.vocab_size as u64) as u32)
+        .collect();
+    match device {
+        Device::Cpu => {}
+        Device::Plain => bail!("bench measures --device cpu or cuda (plain is the textbook loops, for reading, not for speed)"),
+        Device::Cuda(ordinal) => {
+            if !args.threads.is_empty() {
+                bail!("--threads is for --device cpu");
+            }
+            if reads.kv_type != KvType::F32 {
+                bail!("--kv-cache bf16 is for --device cpu: the CUDA backend keeps its KV cache in f32");
+            }
+            let (run, kernels) = cuda::measure(&args, &file, &prompt, &reads, ordinal)?;
+            return report(&args, &file, &reads, None, &[run], &kernels);
+        }
+    }
+    let model = Model::load(&file)?;
+    if !args.draft_replay.is_empty() {
+        let draft_file = match &args.draft_model {
+            Some(d) => Some(super::args::open_draft_model(d, &args.model, None, false)?),
+            None => None,
+        };
+        let draft = draft_file.as_ref().map(Model::load).transpose()?;
+        let threads = thread_counts(&args);
+        return draft::run(&args, &model, draft.as_ref(), &prompt, &threads);
+    }
+    // 2^28 f32s: 1 GiB.
+    let mut buf = HugePageF32s::zeroed(1 << 28).context("cannot map the bandwidth buffer")?;
+    buf.fill(1.0);
+    let runs = (thread_counts(&args).into_iter())
+        .map(|t| measure(&args, &model, &prompt, &buf, &reads, t))
+        .collect::<Result<Vec<Run>>>()?;
+    if std::io::stderr().is_terminal() {
+        eprint!("\r\x1b[2K"); // erase the progress line
+    }
+    let pages = Pages {
+        // Read after the runs, when every weight has been touched.
+        weights: file.page_share(),
+        buffer: huge_page_share(buf.as_ptr() as *const u8),
+    };
+    report(&args, &file, &reads, Some(&pages), &runs, dots().isa)
+}
+
+/// `--threads`, or 1 and every core.
+fn thread_counts(args: &BenchArgs) -> Vec<usize> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match (args.threads.is_empty(), cores) {
+        (false, _) => args.threads.clone(),
+        (true, 1) => vec![1],
+        (true, cores) => vec![1, cores],
+    }
+}
+
+/// `-r` repeats on `threads` threads: before each, the bandwidth; then a prefill of the prompt
+/// and `-n` greedy decode steps, timed.
+fn measure(
+    args: &BenchArgs,
+    model: &Model,
+    prompt: &[u32],
+    buf: &[f32],
+    reads: &TokenReads,
+    threads: usize,
+) -> Result<Run> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("cannot start the thread pool")?;
+    let mut samples = Samples::default();
+    let ctx = args.prompt + args.decode;
+    let mut session = pool.install(|| Session::new(CPU, model, ctx, reads.kv_type))?;
+    // A line that says where the runs are, on a terminal (erased before the report).
+    let progress = std::io::stderr().is_terminal();
+    for i in 0..args.repeats {
+        if progress {
+            let s = if threads == 1 { "" } else { "s" };
+            eprint!(
+                "\r\x1b[2K{threads} thread{s}: repeat {} of {}",
+                i + 1,
+                args.repeats
+            );
+        }
+        let bandwidth = measure_bandwidth(&pool, buf);
+        pool.install(|| -> Result<()> {
+            let (p, d) = prefill_and_decode(&mut session, prompt, args.decode)?;
+            samples.push(p, d, bandwidth, reads);
+            Ok(())
+        })?;
+    }
+    Ok(samples.into_run(On::Threads(threads)))
+}
+
+/// One repeat: a prefill of `prompt` in one forward, then `decode` greedy steps; their tokens/s.
+/// (The logits come back to the host at each step, so the clock stops when the device is done.)
+fn prefill_and_decode<B: Backend>(
+    session: &mut Session<B>,
+    prompt: &[u32],
+    decode: usize,
+) -> Result<(f64, f64)> {
+    session.truncate(0)?;
+    let start = Instant::now();
+    let logits = session.forward(prompt)?;
+    let mut next = argmax(logits) as u32;
+    let prefill = prompt.len() as f64 / start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    for _ in 0..decode {
+        let logits = session.forward(&[next])?;
+        next = argmax(logits) as u32;
+    }
+    Ok((prefill, decode as f64 / start.elapsed().as_secs_f64()))
+}
+
+/// `--device cuda:N`: the weights uploaded once, then `-r` repeats, each after a measurement of
+/// the device's copy bandwidth.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use qwen3_cuda::cuda::CudaBackend;
+
+    /// The run, and the kernels' description ("CUDA on NVIDIA H200 (compute 9.0)").
+    pub fn measure(
+        args: &BenchArgs,
+        file: &ModelFile,
+        prompt: &[u32],
+        reads: &TokenReads,
+        ordinal: usize,
+    ) -> Result<(Run, String)> {
+        let gpu = CudaBackend::load(ordinal, file)?;
+        let model = Model::load_with(file, |name| gpu.weights.tensor(name))?;
+        let mut session = Session::new(&gpu, &model, args.prompt + args.decode, KvType::F32)?;
+        let mut samples = Samples::default();
+        // One untimed pass first: the driver finishes loading the kernels at their first launch.
+        prefill_and_decode(&mut session, prompt, 1)?;
+        for _ in 0..args.repeats {
+            // 1 GiB, far beyond any GPU's L2 cache.
+            let bandwidth = gpu.runtime.copy_bandwidth(1 << 30)?;
+            let (p, d) = prefill_and_decode(&mut session, prompt, args.decode)?;
+            samples.push(p, d, bandwidth, reads);
+        }
+        let run = samples.into_run(On::Gpu(format!("cuda:{ordinal}")));
+        Ok((run, format!("CUDA on {}", gpu.runtime.description)))
+    }
+}
+
+/// Without the `cuda` feature `check_available` has already refused any CUDA device.
+#[cfg(not(feature = "cuda"))]
+mod cuda {
+    use super::*;
+
+    pub fn measure(
+        _args: &BenchArgs,
+        _file: &ModelFile,
+        _prompt: &[u32],
+        _reads: &TokenReads,
+        _ordinal: usize,
+    ) -> Result<(Run, String)> {
+        bail!("{}", qwen3_cuda::device::cuda_support().unwrap_err())
+    }
+}

@@ -1,0 +1,156 @@
+//! One path from `--device`, a model file and a draft model to a backend with the weights
+//! loaded on it, for every command that runs a model (`inference`, `serve`, `batch`, `bench`,
+//! `embed`, `rerank`): the device is read and checked once ([`parse`], [`check`]), and one match
+//! ([`run_on`]) loads the weights where the backend reads them and hands the command's own work
+//! the backend, the model and the draft model.
+//!
+//! ```text
+//! --device cpu    -> Model::load(file)            over CpuBackend   (the kernels)
+//! --device plain  -> Model::load(file)            over PlainBackend (the textbook loops)
+//! --device cuda:N -> CudaBackend::load(N, file)   over CudaBackend  (weights on the GPU)
+//!                                  \-> OnDevice::run(backend, model, draft, about)
+//! ```
+//!
+//! A command's work is generic over the backend ([`OnDevice`]), so that it is written once: the
+//! same engine, the same loop, whatever runs the kernels.
+
+use super::args::KvCacheArg;
+use anyhow::{anyhow, bail, Result};
+use qwen3_cuda::device::check_available;
+use qwen3_cuda::Device;
+use qwen3_inference::backend::{Backend, KvType, PlainBackend, CPU};
+use qwen3_inference::engine::{logit_rows, Engine, EngineConfig};
+use qwen3_inference::format::ModelFile;
+use qwen3_inference::kernels;
+use qwen3_inference::model::{Forward, Model, MAX_BATCH};
+
+/// `--device`: `cpu`, `plain`, `cuda` or `cuda:N`, checked before anything is loaded (a build
+/// without CUDA, a missing driver or device, is one line).
+pub fn parse(device: &str) -> Result<Device> {
+    let device: Device = device.parse().map_err(|e: String| anyhow!(e))?;
+    check_available(device).map_err(|e| anyhow!(e))?;
+    Ok(device)
+}
+
+/// What the device cannot do with these flags: the CUDA backend holds one model's weights (no
+/// draft model) and keeps its KV cache in f32.
+pub fn check(device: Device, kv_cache: KvCacheArg, draft_model: bool) -> Result<()> {
+    if let Device::Cuda(_) = device {
+        if draft_model {
+            bail!("{CUDA_DRAFT}");
+        }
+        if kv_cache != KvCacheArg::F32 {
+            bail!(
+                "--kv-cache bf16 is for --device cpu: the CUDA backend keeps its KV cache in f32"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `--draft-model` on a GPU: not yet.
+const CUDA_DRAFT: &str =
+    "--draft-model runs on --device cpu or plain: the CUDA backend holds one model's weights";
+
+/// A command's work with a model on a backend: written once, run on whichever device was asked.
+pub trait OnDevice {
+    type Out;
+    /// Runs on `backend` with `model` (and `draft`, `--draft-model`'s weights, if any); `about`
+    /// says where, for `--verbose` and the logs.
+    fn run<'m, B: Backend>(
+        self,
+        backend: &'m B,
+        model: &'m Model<'m, B::Tensor>,
+        draft: Option<&'m Model<'m, B::Tensor>>,
+        about: &str,
+    ) -> Result<Self::Out>;
+}
+
+/// Loads `file` (and `draft`) for `device` and runs `work` there. [`check`] has refused what the
+/// device cannot run.
+pub fn run_on<W: OnDevice>(
+    device: Device,
+    file: &ModelFile,
+    draft: Option<&ModelFile>,
+    work: W,
+) -> Result<W::Out> {
+    match device {
+        Device::Cpu => {
+            let model = Model::load(file)?;
+            let draft = draft.map(Model::load).transpose()?;
+            let (threads, decode) = (kernels::threads(), kernels::decode_threads());
+            let threads = if decode == threads {
+                format!("{threads}")
+            } else {
+                format!("{threads} (decode: {decode}, one per core)")
+            };
+            let about = format!(
+                "cpu, threads: {threads}, dot products: {}",
+                kernels::dot::dots().isa
+            );
+            work.run(CPU, &model, draft.as_ref(), &about)
+        }
+        Device::Plain => {
+            let model = Model::load(file)?;
+            let draft = draft.map(Model::load).transpose()?;
+            let about = "plain: the textbook loops, one thread";
+            work.run(&PLAIN, &model, draft.as_ref(), about)
+        }
+        Device::Cuda(_) if draft.is_some() => bail!("{CUDA_DRAFT}"),
+        Device::Cuda(ordinal) => cuda::run_on(ordinal, file, work),
+    }
+}
+
+/// The plain backend holds nothing; one value serves every command (as
+/// `qwen3_inference::backend::CPU` does for the CPU backend).
+const PLAIN: PlainBackend<'static> = PlainBackend::new();
+
+/// An engine of `cfg.slots` sequences over `backend` and `model`, with `draft` as its draft
+/// model if there is one: what `serve`, `batch`, `embed` and `rerank` run.
+pub fn engine<'m, B: Backend>(
+    backend: &'m B,
+    model: &'m Model<'m, B::Tensor>,
+    draft: Option<&'m Model<'m, B::Tensor>>,
+    context_len: usize,
+    cfg: EngineConfig,
+    kv: KvType,
+) -> Result<Engine<'m, B>> {
+    let rows = logit_rows(cfg.slots);
+    let fwd = Forward::new(backend, model, context_len, MAX_BATCH, rows, kv)?;
+    with_draft_model(Engine::new(fwd, cfg)?, draft)
+}
+
+/// `engine` with `draft` as its draft model, if there is one (`--draft-model`).
+pub fn with_draft_model<'m, B: Backend>(
+    engine: Engine<'m, B>,
+    draft: Option<&'m Model<'m, B::Tensor>>,
+) -> Result<Engine<'m, B>> {
+    match draft {
+        Some(model) => engine.with_draft_model(model),
+        None => Ok(engine),
+    }
+}
+
+/// `--device cuda:N`: the weights uploaded once to the GPU, then the same work as on the CPU.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use qwen3_cuda::cuda::CudaBackend;
+
+    pub fn run_on<W: OnDevice>(ordinal: usize, file: &ModelFile, work: W) -> Result<W::Out> {
+        let gpu = CudaBackend::load(ordinal, file)?;
+        let model = Model::load_with(file, |name| gpu.weights.tensor(name))?;
+        let about = format!("cuda:{ordinal}, {}", gpu.runtime.description);
+        work.run(&gpu, &model, None, &about)
+    }
+}
+
+/// Without the `cuda` feature, [`parse`] has already refused any CUDA device.
+#[cfg(not(feature = "cuda"))]
+mod cuda {
+    use super::*;
+
+    pub fn run_on<W: OnDevice>(_ordinal: usize, _file: &ModelFile, _work: W) -> Result<W::Out> {
+        bail!("{}", qwen3_cuda::device::cuda_support().unwrap_err())
+    }
+}
