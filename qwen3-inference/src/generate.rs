@@ -27,7 +27,7 @@ pub fn generate<B: Backend>(
 }
 
 /// [`generate`], asking `interrupted()` after every step of the engine as well: a step is a
-/// token, or a chunk of at most `MAX_BATCH` prompt tokens (model/forward.rs), so a user's Ctrl-C
+/// token, or a chunk of at most `MAX_BATCH` prompt tokens (model/forward/mod.rs), so a user's Ctrl-C
 /// during a long prompt acts within one chunk rather than after the whole prefill. When it says
 /// yes the request ends with [`StopReason::Stopped`]. `on_token` also gets the token's
 /// log-probabilities when the request asks for them (`Request::logprobs`).

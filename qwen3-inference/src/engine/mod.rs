@@ -27,7 +27,7 @@
 //!
 //! A request joins at the next step and leaves as soon as it ends; nobody waits for a batch to
 //! drain. Because the forward pass computes each row the same way whatever its neighbours, and
-//! a prompt gives the same keys and values however it is chunked (model/forward.rs), a request's
+//! a prompt gives the same keys and values however it is chunked (model/forward/mod.rs), a request's
 //! tokens do not depend on what else runs: with temperature 0 they equal `qwen3 inference -t 0`.
 //!
 //! A request can also come with drafts (speculative decoding, draft.rs): guesses of its next
