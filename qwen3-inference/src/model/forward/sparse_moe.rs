@@ -12,7 +12,11 @@ impl<'m, B: Backend> Forward<'m, B> {
     /// `Qwen3MoeSparseMoeBlock.forward` on the normalised input in `xb` (`[t, hidden]`); leaves
     /// the weighted sum of each row's chosen experts in `xb`. The routing math is in
     /// [`super::moe`].
-    pub(super) fn sparse_moe(&mut self, moe: &Qwen3MoeSparseMoeBlock<B::Tensor>, t: usize) -> Result<()> {
+    pub(super) fn sparse_moe(
+        &mut self,
+        moe: &Qwen3MoeSparseMoeBlock<B::Tensor>,
+        t: usize,
+    ) -> Result<()> {
         let b = self.backend;
         let Dims {
             d,
@@ -103,4 +107,3 @@ impl<'m, B: Backend> Forward<'m, B> {
         b.copy(&mut s.xb, 0, &s.moe_out, 0, t * d)
     }
 }
-
