@@ -1,7 +1,7 @@
 //! A generation job: what a checked request asks of the engine ([`Params`], `Job`), shared by
 //! the engine handle (engine.rs), which queues it, and answer shaping (answer.rs), which turns its
 //! tokens into JSON. Also the request log's pieces, which both the log middleware (routes.rs)
-//! and a stream's end (answer.rs) write.
+//! and a stream's end (pump.rs) write.
 //!
 //! These types sit below the modules that use them, so that the request types build a job, the
 //! engine handle runs it and the answer shapes it without any of them importing another upward.
@@ -66,7 +66,7 @@ pub(crate) struct Job {
     pub(crate) constraint: Option<Constraint>,
     /// When the request arrived (its time to first token counts from here).
     pub(crate) start: Instant,
-    /// A chat's images, encoded, at their rows of its one prompt (images.rs).
+    /// A chat's images, encoded, at their rows of its one prompt (request/chat.rs).
     pub(crate) images: Option<qwen3_inference::engine::PromptImages>,
 }
 

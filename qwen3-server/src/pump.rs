@@ -64,8 +64,8 @@ pub(crate) trait Shape: Send + 'static {
 /// shape makes of them, and the returned stream is the response body's. When the client goes
 /// away, the body, and with it the channel, is dropped; the task ends at its next send (or at
 /// once while the request still waits for a slot), and the worker sees its update channel
-/// closed and frees the slot. `path` and `n_prompt` are for the log; `left` is the request's
-/// guard, armed.
+/// closed and frees the slot. `left` is the request's guard, armed; the log's path and prompt
+/// count come from it.
 pub(crate) fn pump<S: Shape>(
     s: Arc<AppState>,
     mut choices: Choices,

@@ -138,7 +138,7 @@ pub struct Exported {
 }
 
 impl Exported {
-    /// Fixture `name` exported as `dtype` (q8's group 32 when quantized) into
+    /// Fixture `name` exported as `dtype` (f32, bf16, or q8 in groups of 32) into
     /// `tempdir(prefix, test)`.
     pub fn new(name: &str, prefix: &str, test: &str, dtype: DType) -> Exported {
         let dir = tempdir(prefix, test);

@@ -1,8 +1,9 @@
 //! One path from `--device`, a model file and a draft model to a backend with the weights
-//! loaded on it, for every command that runs a model (`inference`, `serve`, `batch`, `bench`,
-//! `embed`, `rerank`): the device is read and checked once ([`parse`], [`check`]), and one match
-//! ([`run_on`]) loads the weights where the backend reads them and hands the command's own work
-//! the backend, the model and the draft model.
+//! loaded on it: the device is read and checked once ([`parse`], [`check`]: `inference`,
+//! `serve`, `batch`, `bench`), and one match ([`run_on`]: `inference`, `serve`, `batch`) loads
+//! the weights where the backend reads them and hands the command's own work the backend, the
+//! model and the draft model. [`engine`] builds the engine of several sequences that `serve`,
+//! `batch`, `embed` and `rerank` run.
 //!
 //! ```text
 //! --device cpu    -> Model::load(file)            over CpuBackend   (the kernels)
@@ -19,7 +20,7 @@ use anyhow::{anyhow, bail, Result};
 use qwen3_cuda::device::check_available;
 use qwen3_cuda::Device;
 use qwen3_inference::backend::{Backend, KvType, PlainBackend, CPU};
-use qwen3_inference::engine::{logit_rows, Engine, EngineConfig};
+use qwen3_inference::engine::{Engine, EngineConfig};
 use qwen3_inference::format::ModelFile;
 use qwen3_inference::kernels;
 use qwen3_inference::model::{Forward, Model, MAX_BATCH};
@@ -106,16 +107,18 @@ pub fn run_on<W: OnDevice>(
 const PLAIN: PlainBackend<'static> = PlainBackend::new();
 
 /// An engine of `cfg.slots` sequences over `backend` and `model`, with `draft` as its draft
-/// model if there is one: what `serve`, `batch`, `embed` and `rerank` run.
+/// model if there is one, whose steps return at most `rows` rows of logits
+/// (`engine::logit_rows` for a server's drafts; a request without drafts needs one a slot):
+/// what `serve`, `batch`, `embed` and `rerank` run.
 pub fn engine<'m, B: Backend>(
     backend: &'m B,
     model: &'m Model<'m, B::Tensor>,
     draft: Option<&'m Model<'m, B::Tensor>>,
     context_len: usize,
     cfg: EngineConfig,
+    rows: usize,
     kv: KvType,
 ) -> Result<Engine<'m, B>> {
-    let rows = logit_rows(cfg.slots);
     let fwd = Forward::new(backend, model, context_len, MAX_BATCH, rows, kv)?;
     with_draft_model(Engine::new(fwd, cfg)?, draft)
 }

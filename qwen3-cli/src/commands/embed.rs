@@ -79,7 +79,7 @@ pub fn run(args: EmbedArgs) -> Result<()> {
         max_queue: texts.len().max(1),
         prefill_chunk: MAX_BATCH,
     };
-    let mut engine = device::engine(CPU, &model, None, context, cfg, KvType::F32)?;
+    let mut engine = device::engine(CPU, &model, None, context, cfg, SLOTS, KvType::F32)?;
     let mut prompts = Vec::with_capacity(texts.len());
     for (i, t) in texts.iter().enumerate() {
         let prompt = tok.encode_with_special_tokens(t);

@@ -30,13 +30,13 @@ pub fn run(mut args: InferenceArgs) -> Result<()> {
     let draft = args
         .draft
         .open_model(&args.model, args.models_dir.as_deref(), args.offline)?;
-    device::check(device, args.kv_cache, draft.is_some())?;
     // Everything that only needs the files (tokenizer, template, the prompt's ids) is read
     // before the weights go to a device, so that bad input fails fast.
     let job = match args.mode() {
         Mode::Generate => Job::Generate(Box::new(PromptJob::new(&args, &file, context_len)?)),
         Mode::Chat => Job::Chat(Box::new(ChatFiles::open(&args, &file)?)),
     };
+    device::check(device, args.kv_cache, draft.is_some())?;
     let work = Inference {
         args: &args,
         context_len,

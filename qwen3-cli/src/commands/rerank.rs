@@ -58,7 +58,7 @@ pub fn run(args: RerankArgs) -> Result<()> {
         max_queue: args.documents.len(),
         prefill_chunk: MAX_BATCH,
     };
-    let mut engine = device::engine(CPU, &model, None, context, cfg, KvType::F32)?;
+    let mut engine = device::engine(CPU, &model, None, context, cfg, SLOTS, KvType::F32)?;
     let mut prompts = Vec::with_capacity(args.documents.len());
     for (i, doc) in args.documents.iter().enumerate() {
         let prompt = reranker.pair(&tok, instruction, &args.query, doc);

@@ -8,7 +8,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use qwen3_cuda::Device;
 use qwen3_inference::backend::{Backend, KvType};
-use qwen3_inference::engine::EngineConfig;
+use qwen3_inference::engine::{logit_rows, EngineConfig};
 use qwen3_inference::format::ModelFile;
 use qwen3_inference::model::{Model, MAX_BATCH};
 use qwen3_inference::rerank::Reranker;
@@ -178,6 +178,7 @@ pub fn prepare(
     args.model =
         crate::hub::models::resolve(&args.model, args.models_dir.as_deref(), args.offline)?;
     let device = device::parse(&args.device)?;
+    device::check(device, args.kv_cache, false)?;
     if args.parallel == 0 || args.parallel > MAX_BATCH {
         bail!(
             "--parallel must be in 1 ..= {MAX_BATCH}, got {}",
@@ -314,7 +315,8 @@ impl OnDevice for Serve {
         draft: Option<&'m Model<'m, B::Tensor>>,
         _about: &str,
     ) -> Result<()> {
-        let engine = device::engine(backend, model, draft, self.context_len, self.cfg, self.kv)?;
+        let (ctx, rows) = (self.context_len, logit_rows(self.cfg.slots));
+        let engine = device::engine(backend, model, draft, ctx, self.cfg, rows, self.kv)?;
         if let Some((commands, metrics)) = self.worker {
             worker::run(engine, commands, metrics);
         }

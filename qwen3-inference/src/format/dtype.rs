@@ -16,7 +16,7 @@ pub enum DType {
     /// Group-wise symmetric INT8: 1 byte a value plus one f32 scale per `group_size` values.
     Q8,
     /// Group-wise symmetric 4-bit: two values a byte plus one f16 scale per `group_size` values
-    /// (`quant::quantize_q4`). A q4 file keeps some tensors in q6 or q8 ([`Q4Mix`]).
+    /// (`quant::quantize_q4`). A q4 file keeps some tensors in q6 or q8 ([`Q4Mix`](super::Q4Mix)).
     Q4,
     /// Group-wise symmetric 6-bit: three bytes for four values plus one f16 scale per
     /// `group_size` values (`quant::quantize_q6`). Only inside q4 files, not a file's dtype.
@@ -35,7 +35,7 @@ pub enum DType {
 
 /// How a dtype's values lie in the data section.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Layout {
+pub(crate) enum Layout {
     /// Each value in `bytes` bytes, no scales (f32, bf16).
     Plain { bytes: u64 },
     /// Groups of `group_size` values, `num / den` bytes a value, and after the values (padded
@@ -52,7 +52,7 @@ pub enum Layout {
 }
 
 /// One dtype's facts.
-pub struct Facts {
+pub(crate) struct Facts {
     pub dtype: DType,
     /// Its code in a file's tensor table.
     pub code: u8,
@@ -67,7 +67,7 @@ pub struct Facts {
 }
 
 /// Every dtype, the finest first: one row each.
-pub const TABLE: [Facts; 8] = [
+pub(crate) const TABLE: [Facts; 8] = [
     Facts {
         dtype: DType::F32,
         code: 0,
@@ -202,7 +202,7 @@ impl DType {
     };
 
     /// This dtype's row of [`TABLE`].
-    pub fn facts(self) -> &'static Facts {
+    pub(crate) fn facts(self) -> &'static Facts {
         TABLE
             .iter()
             .find(|f| f.dtype == self)
@@ -275,10 +275,12 @@ pub const K_BLOCK: u64 = 256;
 /// blocks). `None` when the shape overflows or the group size does not fit it.
 pub fn tensor_nbytes(dtype: DType, shape: &[u64], group_size: u32) -> Option<u64> {
     let numel = shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))?;
-    let (cols, gs) = (*shape.last()?, group_size as u64);
+    let gs = group_size as u64;
     match dtype.facts().layout {
+        // A rank-0 f32 or bf16 tensor is one value.
         Layout::Plain { .. } => value_bytes(dtype, numel),
         Layout::Blocks(_) => {
+            let cols = *shape.last()?;
             (gs == K_BLOCK && cols.is_multiple_of(K_BLOCK)).then(|| value_bytes(dtype, numel))?
         }
         Layout::Grouped {
@@ -286,6 +288,7 @@ pub fn tensor_nbytes(dtype: DType, shape: &[u64], group_size: u32) -> Option<u64
             multiple,
             ..
         } => {
+            let cols = *shape.last()?;
             if gs == 0 || !gs.is_multiple_of(multiple) || !cols.is_multiple_of(gs) {
                 return None;
             }
@@ -317,5 +320,7 @@ mod tests {
         assert_eq!(tensor_nbytes(DType::Q4, &[2, 64], 32), Some(64 + 4 * 2));
         assert_eq!(tensor_nbytes(DType::Q6, &[2, 64], 16), None);
         assert_eq!(tensor_nbytes(DType::Q4K, &[2, 256], 256), Some(2 * 144));
+        assert_eq!(tensor_nbytes(DType::F32, &[], 0), Some(4));
+        assert_eq!(tensor_nbytes(DType::Q8, &[], 32), None);
     }
 }

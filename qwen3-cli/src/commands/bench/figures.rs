@@ -7,7 +7,7 @@ use qwen3_inference::backend::KvType;
 use qwen3_inference::format::ModelFile;
 
 /// Median and (max - min) of a sample.
-pub fn median_spread(v: &mut [f64]) -> (f64, f64) {
+pub(super) fn median_spread(v: &mut [f64]) -> (f64, f64) {
     v.sort_by(|a, b| a.total_cmp(b));
     let m = if v.len() % 2 == 1 {
         v[v.len() / 2]
@@ -18,20 +18,20 @@ pub fn median_spread(v: &mut [f64]) -> (f64, f64) {
 }
 
 /// One thread count's (or the GPU's) figures: medians over the repeats.
-pub struct Run {
+pub(super) struct Run {
     /// The thread count, or the GPU ("cuda:0").
-    pub on: On,
-    pub prefill: (f64, f64),
-    pub decode: (f64, f64),
+    pub(super) on: On,
+    pub(super) prefill: (f64, f64),
+    pub(super) decode: (f64, f64),
     /// Median of the bandwidths measured before each repeat.
-    pub bandwidth: f64,
+    pub(super) bandwidth: f64,
     /// Median over repeats of decode tok/s * bytes per token / that repeat's bandwidth.
-    pub fraction: f64,
+    pub(super) fraction: f64,
 }
 
 /// Where a run ran: on the CPU with this many threads, or on a GPU.
 #[derive(Clone)]
-pub enum On {
+pub(super) enum On {
     Threads(usize),
     /// Only a `--features cuda` build makes one.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -41,16 +41,16 @@ pub enum On {
 /// The bytes a decoded token reads: every matrix and norm once (the classifier is the embedding
 /// table when tied, already counted; of a mixture of experts only the experts a token chooses,
 /// `Header::active_weights`), and the KV cache of the positions before it.
-pub struct TokenReads {
-    pub weights: u64,
+pub(super) struct TokenReads {
+    pub(super) weights: u64,
     /// Keys and values (f32 or bf16) of every layer and kv head for positions 0 ..= p, averaged
     /// over the decoded tokens, at positions prompt .. prompt + n.
-    pub kv: f64,
-    pub kv_type: KvType,
+    pub(super) kv: f64,
+    pub(super) kv_type: KvType,
 }
 
 impl TokenReads {
-    pub fn new(file: &ModelFile, args: &BenchArgs) -> TokenReads {
+    pub(super) fn new(file: &ModelFile, args: &BenchArgs) -> TokenReads {
         let c = file.config();
         let kv_type: KvType = args.kv_cache.into();
         let per_position = 2
@@ -65,30 +65,30 @@ impl TokenReads {
         }
     }
 
-    pub fn total(&self) -> f64 {
+    pub(super) fn total(&self) -> f64 {
         self.weights as f64 + self.kv
     }
 }
 
 /// Each repeat's figures, for a [`Run`]'s medians.
 #[derive(Default)]
-pub struct Samples {
-    pub prefill: Vec<f64>,
-    pub decode: Vec<f64>,
-    pub bandwidth: Vec<f64>,
-    pub fraction: Vec<f64>,
+pub(super) struct Samples {
+    pub(super) prefill: Vec<f64>,
+    pub(super) decode: Vec<f64>,
+    pub(super) bandwidth: Vec<f64>,
+    pub(super) fraction: Vec<f64>,
 }
 
 impl Samples {
     /// One repeat: its prefill and decode tok/s, and the bandwidth measured just before it.
-    pub fn push(&mut self, prefill: f64, decode: f64, bandwidth: f64, reads: &TokenReads) {
+    pub(super) fn push(&mut self, prefill: f64, decode: f64, bandwidth: f64, reads: &TokenReads) {
         self.prefill.push(prefill);
         self.decode.push(decode);
         self.fraction.push(decode * reads.total() / bandwidth);
         self.bandwidth.push(bandwidth);
     }
 
-    pub fn into_run(mut self, on: On) -> Run {
+    pub(super) fn into_run(mut self, on: On) -> Run {
         Run {
             on,
             prefill: median_spread(&mut self.prefill),

@@ -10,7 +10,7 @@ use qwen3_inference::format::{DType, ModelFile};
 use qwen3_inference::pages::PageShare;
 
 /// The report, as a table or as JSON. `pages`: the CPU's huge-page shares (none on a GPU).
-pub fn report(
+pub(super) fn report(
     args: &BenchArgs,
     file: &ModelFile,
     reads: &TokenReads,
@@ -28,9 +28,9 @@ pub fn report(
 
 /// How much of the weights and of the bandwidth buffer lies in 2 MiB pages ("Huge pages" in
 /// docs/performance.md).
-pub struct Pages {
-    pub weights: Option<PageShare>,
-    pub buffer: Option<PageShare>,
+pub(super) struct Pages {
+    pub(super) weights: Option<PageShare>,
+    pub(super) buffer: Option<PageShare>,
 }
 
 /// `--json`: one object with the same figures as the table.
