@@ -7,21 +7,17 @@
 //! `configuration_qwen2.py`. Any key that would change the math in a way we do not implement is
 //! refused, never ignored.
 //!
-//! The two families differ in their attention only (`modeling_qwen2.py`, `modeling_qwen3.py`):
-//! Qwen2's q/k/v projections always have biases and it has no q/k norms; Qwen3 has q/k norms and
-//! biases only if `attention_bias` says so. Qwen2's head_dim defaults to hidden / heads, Qwen3's
-//! to 128.
+//! The families (family.rs) differ where config.json is silent and in a few flags: Qwen2's q/k/v
+//! projections always have biases and it has no q/k norms; Qwen3 has q/k norms and biases only if
+//! `attention_bias` says so (`modeling_qwen2.py`, `modeling_qwen3.py`). Qwen2's head_dim
+//! defaults to hidden / heads, Qwen3's to 128.
 
+use super::family::{self, Attention, HeadDim};
 use super::{qwen3_5, vision};
 use anyhow::{bail, Context, Result};
-use qwen3_inference::format::{
-    DType, GenerationDefaults, ModelConfig, MoeConfig, RopeScaling, ARCHITECTURES,
-};
+use qwen3_inference::format::{DType, GenerationDefaults, ModelConfig, MoeConfig, RopeScaling};
 use serde_json::{Map, Value};
 use std::path::Path;
-
-/// `Qwen3Config`'s default head_dim, used when config.json does not give one.
-const QWEN3_DEFAULT_HEAD_DIM: u32 = 128;
 
 /// Reads and parses a JSON file, with errors naming the file.
 pub fn read_json(path: &Path) -> Result<Value> {
@@ -108,67 +104,37 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
     };
     let mut obj = top;
 
-    // 1. Architecture: Qwen3ForCausalLM, Qwen2ForCausalLM or Qwen3MoeForCausalLM: one model, its
-    //    differences data in the config.
+    // 1. Architecture: which family (family.rs), and where its text model's keys are. One
+    //    forward pass for all; the family's differences are data in the config.
     let archs: Vec<&str> = match obj.get("architectures") {
         Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_str()).collect(),
         _ => vec![],
     };
-    let mut architecture = match archs.first() {
-        Some(a) => a.to_string(),
-        None => match obj.get("model_type").and_then(|v| v.as_str()) {
-            Some("qwen3") => "Qwen3ForCausalLM".to_string(),
-            Some("qwen2") => "Qwen2ForCausalLM".to_string(),
-            Some("qwen3_moe") => "Qwen3MoeForCausalLM".to_string(),
-            Some("qwen3_5" | "qwen3_5_text") => qwen3_5::ARCHITECTURE.to_string(),
-            Some("qwen3_5_moe" | "qwen3_5_moe_text") => qwen3_5::MOE_ARCHITECTURE.to_string(),
-            Some("qwen3_next") => qwen3_5::NEXT_ARCHITECTURE.to_string(),
-            _ => bail!(
-                "no `architectures` and no `model_type` qwen3 or qwen2; not a Qwen checkpoint"
-            ),
-        },
-    };
-    // Qwen3-VL: a Qwen3 text model (interleaved M-RoPE, DeepStack) under `text_config`, beside
-    // its vision tower (hf/vision.rs).
-    let qwen3_vl = architecture == vision::QWEN3_VL;
-    if qwen3_vl {
-        architecture = "Qwen3ForCausalLM".to_string();
-        obj = qwen3_5::text_config(top)?;
-    } else if architecture == vision::QWEN3_VL_MOE {
-        bail!(
-            "{architecture} is not exported yet: its experts are stored fused and transposed \
+    let family = match archs.first() {
+        Some(&a) if a == vision::QWEN3_VL_MOE => bail!(
+            "{a} is not exported yet: its experts are stored fused and transposed \
              (Qwen3-VL's dense models are: Qwen3VLForConditionalGeneration)"
-        );
-    }
-    // Qwen3.5: the text model of a vision-language checkpoint, its keys under `text_config`.
-    // Qwen3-Next: the same layers, its keys at the top, kept under its own name.
-    let next = architecture == qwen3_5::NEXT_ARCHITECTURE;
-    let hybrid_moe = next || qwen3_5::MOE_CHECKPOINTS.contains(&architecture.as_str());
-    let hybrid = hybrid_moe || qwen3_5::CHECKPOINTS.contains(&architecture.as_str());
-    if hybrid && !next {
-        architecture = match hybrid_moe {
-            true => qwen3_5::MOE_ARCHITECTURE,
-            false => qwen3_5::ARCHITECTURE,
-        }
-        .to_string();
+        ),
+        Some(&a) => family::by_checkpoint(a).with_context(|| {
+            format!(
+                "architecture {a} is not supported (supported: {})",
+                family::supported().join(", ")
+            )
+        })?,
+        None => obj
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .and_then(family::by_model_type)
+            .context(
+                "no `architectures` and no `model_type` qwen3 or qwen2; not a Qwen checkpoint",
+            )?,
+    };
+    if family.text_config {
         obj = qwen3_5::text_config(top)?;
     }
-    if !ARCHITECTURES.contains(&architecture.as_str()) {
-        // What a checkpoint may say: the file's architectures, but Qwen3.5 as the hub names it.
-        let accepted: Vec<&str> = ARCHITECTURES
-            .iter()
-            .filter(|a| **a != qwen3_5::ARCHITECTURE && **a != qwen3_5::MOE_ARCHITECTURE)
-            .chain(&qwen3_5::CHECKPOINTS)
-            .chain(&qwen3_5::MOE_CHECKPOINTS)
-            .chain(&[vision::QWEN3_VL])
-            .copied()
-            .collect();
-        bail!(
-            "architecture {architecture} is not supported (supported: {})",
-            accepted.join(", ")
-        );
-    }
-    let qwen2 = architecture == "Qwen2ForCausalLM";
+    let architecture = family.architecture.to_string();
+    let (hybrid, qwen2) = (family.hybrid, family.attention == Attention::Qwen2);
+    let hybrid_moe = hybrid && family.moe;
 
     // 2. Sizes. When config.json has no head_dim, transformers' Qwen3Config uses its own default,
     //    128 (`head_dim=128` in configuration_qwen3.py; checked with transformers 5.23.0 while
@@ -181,18 +147,17 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
     if num_attention_heads == 0 {
         bail!("num_attention_heads is 0");
     }
-    let head_dim = match get_u32(obj, "head_dim")? {
-        Some(h) => h,
+    let head_dim = match (get_u32(obj, "head_dim")?, family.head_dim) {
+        (Some(h), _) => h,
         // Qwen3MoeConfig has no head_dim default of its own: Qwen3MoeAttention takes
         // `getattr(config, "head_dim", hidden // heads)`, as Qwen2 does (modeling_qwen3_moe.py).
-        None if qwen2 || architecture == "Qwen3MoeForCausalLM" => {
+        (None, HeadDim::Ratio) => {
             if !hidden_size.is_multiple_of(num_attention_heads) {
                 bail!("hidden_size {hidden_size} is not a multiple of num_attention_heads {num_attention_heads}, and there is no head_dim");
             }
             hidden_size / num_attention_heads
         }
-        None if hybrid => qwen3_5::DEFAULT_HEAD_DIM,
-        None => QWEN3_DEFAULT_HEAD_DIM,
+        (None, HeadDim::Default(h)) => h,
     };
     let num_key_value_heads = get_u32(obj, "num_key_value_heads")?.unwrap_or(num_attention_heads);
 
@@ -230,11 +195,9 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
             Some(v) => bail!("{key} must be an object or null, got {v}"),
         }
     }
-    // Qwen3VLTextConfig's `default_theta` is 500000; Qwen3Config's and Qwen2Config's 10000.
-    let rope_theta = rope_theta.unwrap_or(match qwen3_vl {
-        true => 500_000.0,
-        false => 10_000.0,
-    });
+    // The config class's default: Qwen3Config's and Qwen2Config's 10000, Qwen3VLTextConfig's
+    // 500000.
+    let rope_theta = rope_theta.unwrap_or(family.rope_theta);
     let partial_rotary_factor = match (partial_rotary_factor, hybrid) {
         (Some(f), true) => f,
         (None, true) => qwen3_5::DEFAULT_PARTIAL_ROTARY_FACTOR,
@@ -276,7 +239,7 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
             bail!("hidden_act {act:?} is not supported (Qwen2 and Qwen3 use silu)");
         }
     }
-    let moe = if architecture == "Qwen3MoeForCausalLM" || hybrid_moe {
+    let moe = if family.moe {
         Some(moe_config(obj, &architecture)?)
     } else {
         for key in ["num_experts", "num_local_experts"] {
