@@ -30,7 +30,6 @@ use qwen3_inference::backend::{Backend, CpuBackend, KvType, PlainBackend};
 use qwen3_inference::engine::{Engine, Request};
 use qwen3_inference::format::reader::TensorData;
 use qwen3_inference::format::reader::TensorView;
-use qwen3_inference::format::writer::{ModelWriter, TensorSpec};
 use qwen3_inference::format::{expected_tensors, DType, ModelFile, TensorKind};
 use qwen3_inference::generate::generate;
 use qwen3_inference::model::{Model, Session};
@@ -43,6 +42,11 @@ use std::path::{Path, PathBuf};
 #[path = "parity/rounding_noise.rs"]
 mod rounding_noise;
 use rounding_noise::RoundingNoise;
+#[path = "parity/noise_model.rs"]
+mod noise_model;
+use noise_model::{noise_sigmas, rms_change, write_sign_flipped};
+#[path = "parity/gguf.rs"]
+mod gguf;
 
 /// Max abs logit difference allowed for an f32 export (see the module docs).
 const F32_TOL: f32 = 1e-4;
@@ -141,143 +145,6 @@ fn is_rounded(exact: &ModelFile, stored: &ModelFile) -> bool {
             values(exact.tensor(&t.name).unwrap().data)
                 != values(stored.tensor(&t.name).unwrap().data)
         })
-}
-
-/// Writes a copy of the f32 model `exact` whose every matrix weight is moved by its own rounding
-/// error in `stored` (`e = w_stored - w`) with a random sign: `w + s * e`, `s = +-1` (seeded).
-/// Same error magnitudes, weight by weight, as the real rounding; only the signs are random.
-/// With `seed == None` every sign is +1: an f32 file holding exactly the stored (rounded) weights.
-fn write_sign_flipped(exact: &ModelFile, stored: &ModelFile, seed: Option<u64>, out: &Path) {
-    let specs: Vec<TensorSpec> = exact
-        .header()
-        .tensors
-        .iter()
-        .map(|t| TensorSpec {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            group_size: t.group_size,
-        })
-        .collect();
-    let mut w = ModelWriter::create(out, exact.config(), specs.clone()).unwrap();
-    let mut state = seed
-        .unwrap_or(0)
-        .wrapping_mul(2862933555777941757)
-        .wrapping_add(3037000493);
-    let mut coin = || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        state >> 63 == 1
-    };
-    for spec in &specs {
-        let mut v = values(exact.tensor(&spec.name).unwrap().data);
-        if spec.shape.len() == 2 {
-            let q = values(stored.tensor(&spec.name).unwrap().data);
-            for (x, &y) in v.iter_mut().zip(&q) {
-                let e = y - *x;
-                *x += if seed.is_none() || coin() { e } else { -e };
-            }
-        }
-        w.write_f32(&spec.name, &v).unwrap();
-    }
-    w.finish().unwrap();
-}
-
-/// The standard deviation of each logit's error caused by rounding the weights (and, for q8, the
-/// activations), per position.
-///
-/// Rounding moves each weight by a small error (bf16: relative error up to 2^-8; q8: up to half
-/// a scale step) whose sign is, to a good approximation, independent of the other weights'. How
-/// much such errors move the logits depends on the network (attention softmaxes and the SwiGLU
-/// amplify; RMSNorm rescales), so instead of assuming a gain we propagate the noise through the
-/// model: the exact f32 model is run with every weight moved by its real rounding error with a
-/// random sign ([`write_sign_flipped`]), [`DRAWS`] times, and the RMS over draws and vocabulary of
-/// the change of the logits at each position is that position's sigma. For q8 files, whose
-/// kernels also round every activation row before a product (W8A8), the draws move the
-/// activations by their rounding errors with random signs as well ([`ActivationNoise`]). The real
-/// rounding is one more such draw (with the signs rounding chose), so the test allows [`SIGMAS`] sigma (plus
-/// [`F32_TOL`]) for the rounded model against HF, with the largest sigma of any position: one
-/// stated bound per export ([`export_bound`]).
-///
-/// Why the largest and not each position's own sigma: the response of one position to the
-/// rounding is heavy-tailed across realizations (near-tied attention scores or SwiGLU gates
-/// respond non-linearly), so a position's sigma estimated from a few draws can be far below what
-/// the one real realization does there. Measured with per-position sigmas: the real bf16 error
-/// reached 6.7 of its position's sigma on tiny-f16-sharded-gqa4 (case 1, position 5), which is
-/// 3.7 of the largest sigma of that export.
-///
-///
-/// (A first version drew Gaussian noise with each matrix's RMS rounding error instead. It
-/// underestimated the sigma, and the bf16 tests failed at 6.2-6.7 of its sigmas: bf16's error is
-/// relative, largest on the largest weights, which matter most; the Gaussian spread it evenly.)
-/// Returns, per case, one sigma per row of [`our_logits`].
-fn noise_sigmas(
-    exact: &ModelFile,
-    stored: &ModelFile,
-    refr: &Reference,
-    dir: &Path,
-) -> Vec<Vec<f32>> {
-    let exact_model = Model::load(exact).unwrap();
-    // q8 files also round the activations before every product (W8A8), and so do a GGUF's
-    // Q4_0 (q4 in groups of 32) and K-quants, in groups of 32.
-    let w8a8_group = match stored.config().dtype {
-        DType::Q8 | DType::Q4 => Some(stored.config().group_size as usize),
-        d if d.is_k_quant() => Some(qwen3_inference::kernels::dot::k_quants::GROUP),
-        _ => None,
-    };
-    let files: Vec<PathBuf> = (0..DRAWS)
-        .map(|seed| {
-            let path = dir.join(format!("perturbed-{seed}.bin"));
-            write_sign_flipped(exact, stored, Some(seed), &path);
-            path
-        })
-        .collect();
-    rms_change(&exact_model, refr, |seed, ci, case| {
-        let file = ModelFile::open(&files[seed as usize]).unwrap();
-        let model = Model::load(&file).unwrap();
-        match w8a8_group {
-            Some(gs) => {
-                let backend = RoundingNoise::new(Some(gs), false, seed * 1000 + ci as u64);
-                our_logits_on(&backend, &model, case).0
-            }
-            None => our_logits(&model, case).0,
-        }
-    })
-}
-
-/// Per case and row of [`our_logits`], the RMS over [`DRAWS`] draws and the vocabulary of how
-/// far `noisy(seed, case index, case)` moves the logits of `exact`: the sigmas of
-/// [`noise_sigmas`] and [`kv_bf16_sigmas`].
-fn rms_change(
-    exact: &Model,
-    refr: &Reference,
-    mut noisy: impl FnMut(u64, usize, &Case) -> Vec<f32>,
-) -> Vec<Vec<f32>> {
-    let vocab = exact.config.vocab_size as usize;
-    let base: Vec<Vec<f32>> = refr.cases.iter().map(|c| our_logits(exact, c).0).collect();
-    let mut sum_sq: Vec<Vec<f64>> = base.iter().map(|b| vec![0.0; b.len() / vocab]).collect();
-    for seed in 0..DRAWS {
-        for (ci, case) in refr.cases.iter().enumerate() {
-            let moved = noisy(seed, ci, case);
-            for (row, acc) in sum_sq[ci].iter_mut().enumerate() {
-                let span = row * vocab..(row + 1) * vocab;
-                *acc += moved[span.clone()]
-                    .iter()
-                    .zip(&base[ci][span])
-                    .map(|(a, b)| ((a - b) as f64).powi(2))
-                    .sum::<f64>();
-            }
-        }
-    }
-    sum_sq
-        .iter()
-        .map(|rows| {
-            rows.iter()
-                .map(|&s| (s / (DRAWS as f64 * vocab as f64)).sqrt() as f32)
-                .collect()
-        })
-        .collect()
 }
 
 /// The bf16 kernels compute exactly what the stored weights say: a bf16 export gives the same
@@ -657,143 +524,6 @@ fn tiny_qwen3next_bf16() {
 #[test]
 fn tiny_f32_tied_gqa2() {
     check_fixture("tiny-f32-tied-gqa2");
-}
-
-/// llama.cpp's converter's GGUF of fixture `name` in `dtype` (fixtures/gguf/, lossless: the
-/// checkpoint's own dtype or f32), run in place as the model file it maps to: HF's logits at
-/// every position, within the f32 bound, and HF's greedy tokens.
-fn check_gguf(name: &str, dtype: DType) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fixtures/gguf")
-        .join(format!("{name}-{dtype}.gguf"));
-    let f = check_full_logits(name, dtype, KvType::F32, None, &path, &load_reference(name));
-    println!("{name} GGUF {dtype}: {}", f.summary(export_bound(None)));
-}
-
-#[test]
-fn tiny_f32_tied_gqa2_as_llama_cpps_gguf() {
-    check_gguf("tiny-f32-tied-gqa2", DType::F32);
-}
-
-#[test]
-fn tiny_bf16_untied_mha_as_llama_cpps_gguf() {
-    check_gguf("tiny-bf16-untied-mha", DType::Bf16);
-}
-
-/// llama.cpp's converter's Q8_0 GGUF of tiny-f32-tied-gqa2 (`--outtype q8_0`: every matrix
-/// Q8_0), its blocks taken apart at open into q8 in groups of 32: bounded as our own q8 export
-/// is, by the noise of its own rounding (the logits within the f32 tolerance plus [`SIGMAS`]
-/// sigmas of that noise), and exact on its own weights.
-#[test]
-fn tiny_f32_tied_gqa2_as_llama_cpps_q8_0_gguf() {
-    let name = "tiny-f32-tied-gqa2";
-    let refr = load_reference(name);
-    let dir = tempdir("pq-parity-gguf", name);
-    let exact = ModelFile::open(&export_as(name, &dir, DType::F32)).unwrap();
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/gguf/{name}-q8_0.gguf"));
-    let stored = ModelFile::open(&path).unwrap();
-    let sigmas = noise_sigmas(&exact, &stored, &refr, &dir);
-    let bound = export_bound(Some(&sigmas));
-    let kernel_err =
-        rounded_exports_compute_their_own_weights_exactly(&exact, &stored, &refr, &dir, bound);
-    let f = check_full_logits(name, DType::Q8, KvType::F32, Some(&sigmas), &path, &refr);
-    println!(
-        "{name} GGUF Q8_0: vs own weights in f32 {kernel_err:.1e}, {}",
-        f.summary(bound)
-    );
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// llama-quantize's Q4_K_M of tiny-bf16-tied-k256 (every row whole blocks of 256, so it keeps
-/// Q4_K, with Q6_K for the embedding table and layer 1's `v` and `down`), read where its blocks
-/// lie: bounded by the noise of its own rounding as the Q8_0 file is, exact on its own weights
-/// within the activations' rounding, and the plain backend (f32 activations) on it equal to an
-/// f32 file of its dequantized weights within the f32 tolerance.
-#[test]
-fn tiny_bf16_tied_k256_as_llama_quantizes_q4_k_m_gguf() {
-    check_quantized_gguf("tiny-bf16-tied-k256", "q4_k_m", &[DType::Q4K, DType::Q6K]);
-}
-
-/// Its Q5_K_M (Q5_K, with Q6_K where Q4_K_M has it), held to the same.
-#[test]
-fn tiny_bf16_tied_k256_as_llama_quantizes_q5_k_m_gguf() {
-    check_quantized_gguf("tiny-bf16-tied-k256", "q5_k_m", &[DType::Q5K, DType::Q6K]);
-}
-
-/// Its Q4_0 (Q4_0 matrices, taken apart at open into q4 in groups of 32, and a Q6_K table), held
-/// to the same.
-#[test]
-fn tiny_bf16_tied_k256_as_llama_quantizes_q4_0_gguf() {
-    check_quantized_gguf("tiny-bf16-tied-k256", "q4_0", &[DType::Q4, DType::Q6K]);
-}
-
-/// llama.cpp's converter's F16 GGUF of tiny-f32-tied-gqa2 (`--outtype f16`, as ollama's `fp16`
-/// tags are made), widened to f32 at open: bounded by the noise of its own rounding to f16, exact
-/// on its own weights.
-#[test]
-fn tiny_f32_tied_gqa2_as_llama_cpps_f16_gguf() {
-    check_quantized_gguf("tiny-f32-tied-gqa2", "f16", &[DType::F32]);
-}
-
-/// llama-quantize's Q4_K_M of a model whose rows are not whole blocks of 256 (tiny-f32-tied-gqa2,
-/// 64 wide, as Qwen2.5-0.5B's are 896): every matrix falls back, Q4_K to Q5_0 and Q6_K to Q8_0,
-/// both taken apart at open into q8 in groups of 32. Held to the same.
-#[test]
-fn tiny_f32_tied_gqa2_as_llama_quantizes_q4_k_m_gguf() {
-    check_quantized_gguf("tiny-f32-tied-gqa2", "q4_k_m", &[DType::Q8]);
-}
-
-/// fixtures/gguf/`name`-`kind`.gguf, whose matrices open as `dtypes`, against HF (see
-/// `tiny_bf16_tied_k256_as_llama_quantizes_q4_k_m_gguf`).
-fn check_quantized_gguf(name: &str, kind: &str, dtypes: &[DType]) {
-    let refr = load_reference(name);
-    let dir = tempdir("pq-parity-gguf", &format!("{name}-{kind}"));
-    let exact = ModelFile::open(&export_as(name, &dir, DType::F32)).unwrap();
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/gguf/{name}-{kind}.gguf"));
-    let stored = ModelFile::open(&path).unwrap();
-    for &d in dtypes {
-        assert!(
-            stored.header().tensors.iter().any(|t| t.dtype == d),
-            "{kind}: no {d}"
-        );
-    }
-    let sigmas = noise_sigmas(&exact, &stored, &refr, &dir);
-    let bound = export_bound(Some(&sigmas));
-    let kernel_err =
-        rounded_exports_compute_their_own_weights_exactly(&exact, &stored, &refr, &dir, bound);
-    // The plain backend multiplies f32 activations by each weight as its block says: the
-    // f32 path on the same values (an f32 file of the GGUF's), up to summation order.
-    let deq = dir.join("plain-reference.bin");
-    write_sign_flipped(&exact, &stored, None, &deq);
-    let deq_file = ModelFile::open(&deq).unwrap();
-    let (deq_model, model) = (
-        Model::load(&deq_file).unwrap(),
-        Model::load(&stored).unwrap(),
-    );
-    let mut plain_err = 0f32;
-    for case in &refr.cases {
-        let plain = our_logits_on(&PlainBackend::new(), &model, case).0;
-        plain_err = plain_err.max(max_abs(&plain, &our_logits(&deq_model, case).0));
-    }
-    assert!(
-        plain_err <= F32_TOL,
-        "{kind}: plain backend: {plain_err:e} > {F32_TOL:e}"
-    );
-    let f = check_full_logits(name, dtypes[0], KvType::F32, Some(&sigmas), &path, &refr);
-    println!(
-        "{name} GGUF {kind}: vs own weights in f32 {kernel_err:.1e} (plain backend \
-         {plain_err:.1e}), {}",
-        f.summary(bound)
-    );
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// Qwen2: the q, k and v biases, llama.cpp's `qwen2` architecture.
-#[test]
-fn tiny_qwen2_f32_tied_gqa2_as_llama_cpps_gguf() {
-    check_gguf("tiny-qwen2-f32-tied-gqa2", DType::F32);
 }
 
 #[test]

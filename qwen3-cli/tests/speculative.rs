@@ -5,7 +5,7 @@
 //! with the model itself and another of the same tokens as draft models, and one of other
 //! tokens refused. `qwen3 serve --draft ngram` and `--draft-model` answer eight concurrent
 //! clients as they answer each alone without drafts. The engine's own tests
-//! (qwen3-inference engine/tests.rs) check the same against replayed answers, rejected drafts
+//! (qwen3-inference engine/tests/speculative.rs) check the same against replayed answers, rejected drafts
 //! and the KV cache's rollback.
 
 mod common;

@@ -1,0 +1,140 @@
+//! llama.cpp's GGUF files of the fixtures, run as they are: the same checks as an export's.
+
+use super::*;
+
+/// llama.cpp's converter's GGUF of fixture `name` in `dtype` (fixtures/gguf/, lossless: the
+/// checkpoint's own dtype or f32), run in place as the model file it maps to: HF's logits at
+/// every position, within the f32 bound, and HF's greedy tokens.
+fn check_gguf(name: &str, dtype: DType) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/gguf")
+        .join(format!("{name}-{dtype}.gguf"));
+    let f = check_full_logits(name, dtype, KvType::F32, None, &path, &load_reference(name));
+    println!("{name} GGUF {dtype}: {}", f.summary(export_bound(None)));
+}
+
+#[test]
+fn tiny_f32_tied_gqa2_as_llama_cpps_gguf() {
+    check_gguf("tiny-f32-tied-gqa2", DType::F32);
+}
+
+#[test]
+fn tiny_bf16_untied_mha_as_llama_cpps_gguf() {
+    check_gguf("tiny-bf16-untied-mha", DType::Bf16);
+}
+
+/// llama.cpp's converter's Q8_0 GGUF of tiny-f32-tied-gqa2 (`--outtype q8_0`: every matrix
+/// Q8_0), its blocks taken apart at open into q8 in groups of 32: bounded as our own q8 export
+/// is, by the noise of its own rounding (the logits within the f32 tolerance plus [`SIGMAS`]
+/// sigmas of that noise), and exact on its own weights.
+#[test]
+fn tiny_f32_tied_gqa2_as_llama_cpps_q8_0_gguf() {
+    let name = "tiny-f32-tied-gqa2";
+    let refr = load_reference(name);
+    let dir = tempdir("pq-parity-gguf", name);
+    let exact = ModelFile::open(&export_as(name, &dir, DType::F32)).unwrap();
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/gguf/{name}-q8_0.gguf"));
+    let stored = ModelFile::open(&path).unwrap();
+    let sigmas = noise_sigmas(&exact, &stored, &refr, &dir);
+    let bound = export_bound(Some(&sigmas));
+    let kernel_err =
+        rounded_exports_compute_their_own_weights_exactly(&exact, &stored, &refr, &dir, bound);
+    let f = check_full_logits(name, DType::Q8, KvType::F32, Some(&sigmas), &path, &refr);
+    println!(
+        "{name} GGUF Q8_0: vs own weights in f32 {kernel_err:.1e}, {}",
+        f.summary(bound)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// llama-quantize's Q4_K_M of tiny-bf16-tied-k256 (every row whole blocks of 256, so it keeps
+/// Q4_K, with Q6_K for the embedding table and layer 1's `v` and `down`), read where its blocks
+/// lie: bounded by the noise of its own rounding as the Q8_0 file is, exact on its own weights
+/// within the activations' rounding, and the plain backend (f32 activations) on it equal to an
+/// f32 file of its dequantized weights within the f32 tolerance.
+#[test]
+fn tiny_bf16_tied_k256_as_llama_quantizes_q4_k_m_gguf() {
+    check_quantized_gguf("tiny-bf16-tied-k256", "q4_k_m", &[DType::Q4K, DType::Q6K]);
+}
+
+/// Its Q5_K_M (Q5_K, with Q6_K where Q4_K_M has it), held to the same.
+#[test]
+fn tiny_bf16_tied_k256_as_llama_quantizes_q5_k_m_gguf() {
+    check_quantized_gguf("tiny-bf16-tied-k256", "q5_k_m", &[DType::Q5K, DType::Q6K]);
+}
+
+/// Its Q4_0 (Q4_0 matrices, taken apart at open into q4 in groups of 32, and a Q6_K table), held
+/// to the same.
+#[test]
+fn tiny_bf16_tied_k256_as_llama_quantizes_q4_0_gguf() {
+    check_quantized_gguf("tiny-bf16-tied-k256", "q4_0", &[DType::Q4, DType::Q6K]);
+}
+
+/// llama.cpp's converter's F16 GGUF of tiny-f32-tied-gqa2 (`--outtype f16`, as ollama's `fp16`
+/// tags are made), widened to f32 at open: bounded by the noise of its own rounding to f16, exact
+/// on its own weights.
+#[test]
+fn tiny_f32_tied_gqa2_as_llama_cpps_f16_gguf() {
+    check_quantized_gguf("tiny-f32-tied-gqa2", "f16", &[DType::F32]);
+}
+
+/// llama-quantize's Q4_K_M of a model whose rows are not whole blocks of 256 (tiny-f32-tied-gqa2,
+/// 64 wide, as Qwen2.5-0.5B's are 896): every matrix falls back, Q4_K to Q5_0 and Q6_K to Q8_0,
+/// both taken apart at open into q8 in groups of 32. Held to the same.
+#[test]
+fn tiny_f32_tied_gqa2_as_llama_quantizes_q4_k_m_gguf() {
+    check_quantized_gguf("tiny-f32-tied-gqa2", "q4_k_m", &[DType::Q8]);
+}
+
+/// fixtures/gguf/`name`-`kind`.gguf, whose matrices open as `dtypes`, against HF (see
+/// `tiny_bf16_tied_k256_as_llama_quantizes_q4_k_m_gguf`).
+fn check_quantized_gguf(name: &str, kind: &str, dtypes: &[DType]) {
+    let refr = load_reference(name);
+    let dir = tempdir("pq-parity-gguf", &format!("{name}-{kind}"));
+    let exact = ModelFile::open(&export_as(name, &dir, DType::F32)).unwrap();
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/gguf/{name}-{kind}.gguf"));
+    let stored = ModelFile::open(&path).unwrap();
+    for &d in dtypes {
+        assert!(
+            stored.header().tensors.iter().any(|t| t.dtype == d),
+            "{kind}: no {d}"
+        );
+    }
+    let sigmas = noise_sigmas(&exact, &stored, &refr, &dir);
+    let bound = export_bound(Some(&sigmas));
+    let kernel_err =
+        rounded_exports_compute_their_own_weights_exactly(&exact, &stored, &refr, &dir, bound);
+    // The plain backend multiplies f32 activations by each weight as its block says: the
+    // f32 path on the same values (an f32 file of the GGUF's), up to summation order.
+    let deq = dir.join("plain-reference.bin");
+    write_sign_flipped(&exact, &stored, None, &deq);
+    let deq_file = ModelFile::open(&deq).unwrap();
+    let (deq_model, model) = (
+        Model::load(&deq_file).unwrap(),
+        Model::load(&stored).unwrap(),
+    );
+    let mut plain_err = 0f32;
+    for case in &refr.cases {
+        let plain = our_logits_on(&PlainBackend::new(), &model, case).0;
+        plain_err = plain_err.max(max_abs(&plain, &our_logits(&deq_model, case).0));
+    }
+    assert!(
+        plain_err <= F32_TOL,
+        "{kind}: plain backend: {plain_err:e} > {F32_TOL:e}"
+    );
+    let f = check_full_logits(name, dtypes[0], KvType::F32, Some(&sigmas), &path, &refr);
+    println!(
+        "{name} GGUF {kind}: vs own weights in f32 {kernel_err:.1e} (plain backend \
+         {plain_err:.1e}), {}",
+        f.summary(bound)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Qwen2: the q, k and v biases, llama.cpp's `qwen2` architecture.
+#[test]
+fn tiny_qwen2_f32_tied_gqa2_as_llama_cpps_gguf() {
+    check_gguf("tiny-qwen2-f32-tied-gqa2", DType::F32);
+}
