@@ -29,7 +29,9 @@ splits with Qwen2's regex):
 and so, with `--outtype bf16`, tiny-bf16-untied-mha-bf16.gguf; with `--outtype f32`,
 tiny-qwen2-f32-tied-gqa2-f32.gguf (the Qwen2 fixture; its tokenizer.json splits with the same
 regex); and with `--outtype q8_0` and `--outtype f16` on tiny-f32-tied-gqa2,
-tiny-f32-tied-gqa2-q8_0.gguf and tiny-f32-tied-gqa2-f16.gguf.
+tiny-f32-tied-gqa2-q8_0.gguf and tiny-f32-tied-gqa2-f16.gguf; and with `--outtype bf16` and
+`--outtype q8_0` on the Qwen3-MoE fixture tiny-qwen3moe-bf16-tied (llama.cpp's `qwen3moe`, its
+experts stacked), tiny-qwen3moe-bf16-tied-bf16.gguf and tiny-qwen3moe-bf16-tied-q8_0.gguf.
 fixtures/gguf/tiny-bf16-tied-k256-q4_k_m.gguf is llama-quantize's Q4_K_M of the converter's
 `--outtype bf16` GGUF of tiny-bf16-tied-k256 (a checkpoint whose rows are whole blocks of 256):
 

@@ -48,6 +48,39 @@ fn tiny_f32_tied_gqa2_as_llama_cpps_q8_0_gguf() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Qwen3-MoE (llama.cpp's `qwen3moe`): the converter stacks each layer's experts into one
+/// `[experts, rows, cols]` tensor a projection, which runs as the model file's per-expert
+/// matrices, each a slice of it; its router stays f32. HF's logits and greedy tokens.
+#[test]
+fn tiny_qwen3moe_bf16_tied_as_llama_cpps_gguf() {
+    check_gguf("tiny-qwen3moe-bf16-tied", DType::Bf16);
+}
+
+/// The same mixture of experts as Q8_0 (`--outtype q8_0`): every stacked expert's blocks taken
+/// apart at open, expert by expert, into q8 in groups of 32; bounded by the noise of its own
+/// rounding (re-routing included: the noise model's draws re-route as the rounding does), and
+/// exact on its own weights.
+#[test]
+fn tiny_qwen3moe_bf16_tied_as_llama_cpps_q8_0_gguf() {
+    let name = "tiny-qwen3moe-bf16-tied";
+    let refr = load_reference(name);
+    let dir = tempdir("pq-parity-gguf", name);
+    let exact = ModelFile::open(&export_as(name, &dir, DType::F32)).unwrap();
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/gguf/{name}-q8_0.gguf"));
+    let stored = ModelFile::open(&path).unwrap();
+    let sigmas = noise_sigmas(&exact, &stored, &refr, &dir);
+    let bound = export_bound(Some(&sigmas));
+    let kernel_err =
+        rounded_exports_compute_their_own_weights_exactly(&exact, &stored, &refr, &dir, bound);
+    let f = check_full_logits(name, DType::Q8, KvType::F32, Some(&sigmas), &path, &refr);
+    println!(
+        "{name} GGUF Q8_0: vs own weights in f32 {kernel_err:.1e}, {}",
+        f.summary(bound)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// llama-quantize's Q4_K_M of tiny-bf16-tied-k256 (every row whole blocks of 256, so it keeps
 /// Q4_K, with Q6_K for the embedding table and layer 1's `v` and `down`), read where its blocks
 /// lie: bounded by the noise of its own rounding as the Q8_0 file is, exact on its own weights

@@ -1,7 +1,7 @@
 //! A GGUF file as the model it holds: the config from its metadata (llama.cpp's keys, named
-//! `{arch}.{key}`) and each tensor under the model file's names (HuggingFace's), for the dense
-//! families llama.cpp calls `qwen3` and `qwen2`. What llama.cpp's `convert_hf_to_gguf.py`
-//! writes, read back:
+//! `{arch}.{key}`) and each tensor under the model file's names (HuggingFace's), for the
+//! families llama.cpp calls `qwen3`, `qwen2` and `qwen3moe`. What llama.cpp's
+//! `convert_hf_to_gguf.py` writes, read back:
 //!
 //! ```text
 //! config.json (Qwen3Config)      GGUF metadata
@@ -20,7 +20,16 @@
 //! eos_token_id                   tokenizer.ggml.eos_token_id, and <|endoftext|> (not recorded)
 //! temperature, top_p, top_k      general.sampling.temp, .top_p, .top_k (and .min_p,
 //!                                .penalty_repeat), where the converter wrote them
+//! num_experts (Qwen3-MoE)        qwen3moe.expert_count
+//! num_experts_per_tok            qwen3moe.expert_used_count
+//! moe_intermediate_size          qwen3moe.expert_feed_forward_length
+//! norm_topk_prob                 always true (llama.cpp's qwen3moe graph renormalises)
 //! ```
+//!
+//! A mixture of experts' experts are stacked in a GGUF: `blk.N.ffn_gate_exps` is one
+//! `[experts, rows, cols]` tensor where the model file has `mlp.experts.E.gate_proj` for each
+//! `E`. Each expert's rows are one contiguous run of its bytes (the expert is the outermost
+//! dimension), so each becomes a tensor of its own, a slice of the GGUF's ([`pieces`]).
 //!
 //! A tensor's shape in the file lists its row length first (`dims[0]`, ggml's `ne0`), so the
 //! model's `[rows, cols]` is `dims` reversed.
@@ -29,7 +38,8 @@ use super::repack::Legacy;
 use super::{GgufHeader, GgufTensor, Value};
 use crate::format::reader::{Header, TensorInfo};
 use crate::format::{
-    align_up, tensor_nbytes, DType, GenerationDefaults, ModelConfig, RopeScaling, K_BLOCK,
+    align_up, tensor_nbytes, DType, GenerationDefaults, ModelConfig, MoeConfig, RopeScaling,
+    K_BLOCK,
 };
 use anyhow::{bail, ensure, Context, Result};
 
@@ -65,6 +75,8 @@ pub fn hf_name(name: &str) -> Option<String> {
         "ffn_gate" => "mlp.gate_proj",
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
+        // A mixture of experts' router (its experts: [`pieces`]).
+        "ffn_gate_inp" => "mlp.gate",
         _ => return None,
     };
     matches!(kind, "weight" | "bias").then(|| format!("model.layers.{layer}.{module}.{kind}"))
@@ -73,6 +85,60 @@ pub fn hf_name(name: &str) -> Option<String> {
 /// The model's `[rows, cols]` (or `[n]`) shape of a GGUF tensor: its dims reversed.
 pub fn hf_shape(t: &GgufTensor) -> Vec<u64> {
     t.dims.iter().rev().copied().collect()
+}
+
+/// One tensor of the model file that a GGUF tensor holds: its name and shape, and which bytes of
+/// the GGUF tensor are its (all of them, or one expert's slice of a stacked tensor).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    pub name: String,
+    pub shape: Vec<u64>,
+    /// Bytes from the GGUF tensor's start, and how many.
+    pub offset: u64,
+    pub nbytes: u64,
+}
+
+/// The model file's tensors GGUF tensor `t` holds: itself under its model-file name
+/// ([`hf_name`]), or for a stacked mixture of experts' `blk.N.ffn_{gate,up,down}_exps.weight`
+/// (`[experts, rows, cols]`), each expert's `[rows, cols]` slice as
+/// `model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight`. `None`: a name no family uses.
+pub fn pieces(t: &GgufTensor) -> Option<Vec<Piece>> {
+    if let Some(name) = hf_name(&t.name) {
+        return Some(vec![Piece {
+            name,
+            shape: hf_shape(t),
+            offset: 0,
+            nbytes: t.nbytes,
+        }]);
+    }
+    let rest = t.name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: u32 = layer.parse().ok()?;
+    let proj = match rest {
+        "ffn_gate_exps.weight" => "gate_proj",
+        "ffn_up_exps.weight" => "up_proj",
+        "ffn_down_exps.weight" => "down_proj",
+        _ => return None,
+    };
+    let shape = hf_shape(t);
+    let [experts, rows, cols] = shape[..] else {
+        return None;
+    };
+    // Whole rows of whole blocks an expert: the bytes split evenly.
+    if experts == 0 || !t.nbytes.is_multiple_of(experts) {
+        return None;
+    }
+    let each = t.nbytes / experts;
+    Some(
+        (0..experts)
+            .map(|e| Piece {
+                name: format!("model.layers.{layer}.mlp.experts.{e}.{proj}.weight"),
+                shape: vec![rows, cols],
+                offset: e * each,
+                nbytes: each,
+            })
+            .collect(),
+    )
 }
 
 /// The model's config from a GGUF file's metadata. The matrices keep the GGUF's own storage,
@@ -85,7 +151,8 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
     let (architecture, attention_bias, qk_norm) = match arch {
         "qwen3" => ("Qwen3ForCausalLM", false, true),
         "qwen2" => ("Qwen2ForCausalLM", true, false),
-        a => bail!("GGUF architecture {a}: the families read are qwen3 and qwen2"),
+        "qwen3moe" => ("Qwen3MoeForCausalLM", false, true),
+        a => bail!("GGUF architecture {a}: the families read are qwen3, qwen2 and qwen3moe"),
     };
     let key = |k: &str| format!("{arch}.{k}");
     let int = |k: &str| -> Result<Option<u32>> {
@@ -128,6 +195,20 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
         Some(d) => d,
         None => hidden_size / num_attention_heads.max(1),
     };
+    // Qwen3-MoE: every layer sparse (llama.cpp's qwen3moe has no dense layers among them), the
+    // chosen experts' probabilities renormalised (`build_moe_ffn(..., norm_w = true, ...)`).
+    let moe = match arch {
+        "qwen3moe" => Some(MoeConfig {
+            num_experts: need("expert_count")?,
+            num_experts_per_tok: need("expert_used_count")?,
+            moe_intermediate_size: need("expert_feed_forward_length")?,
+            norm_topk_prob: true,
+            decoder_sparse_step: 1,
+            mlp_only_layers: vec![],
+            shared_expert_intermediate_size: 0,
+        }),
+        _ => None,
+    };
     let token = |k: &str| {
         h.get(k)
             .and_then(Value::as_u64)
@@ -154,7 +235,7 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
         attention_bias,
         qk_norm,
         rope_scaling: RopeScaling::None,
-        moe: None,
+        moe,
         embedding: None,
         partial_rotary_factor: 1.0,
         attn_output_gate: false,
@@ -203,7 +284,7 @@ fn sampling(h: &GgufHeader) -> GenerationDefaults {
 }
 
 /// Checks that the file holds every tensor the model file would (`format::expected_tensors`),
-/// each once, under a name [`hf_name`] maps and with its shape, and nothing else.
+/// each once, under a name [`pieces`] maps and with its shape, and nothing else.
 pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<()> {
     let expected = crate::format::expected_tensors(c);
     // Each expected tensor by name, and how many times the file holds it: one lookup a tensor
@@ -211,27 +292,28 @@ pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<()> {
     let mut found: std::collections::HashMap<&str, (&_, usize)> =
         expected.iter().map(|e| (e.name.as_str(), (e, 0))).collect();
     for t in &h.tensors {
-        let name = hf_name(&t.name).with_context(|| {
+        let pieces = pieces(t).with_context(|| {
             format!(
                 "tensor {}: not a name of the {} family",
                 t.name, c.architecture
             )
         })?;
-        let Some((e, count)) = found.get_mut(name.as_str()) else {
-            bail!(
-                "tensor {} ({name}): not part of this config's model",
-                t.name
-            );
-        };
-        if hf_shape(t) != e.shape {
-            bail!(
-                "tensor {}: shape {:?}, the config implies {:?}",
-                t.name,
-                hf_shape(t),
-                e.shape
-            );
+        for Piece { name, shape, .. } in pieces {
+            let Some((e, count)) = found.get_mut(name.as_str()) else {
+                bail!(
+                    "tensor {} ({name}): not part of this config's model",
+                    t.name
+                );
+            };
+            if shape != e.shape {
+                bail!(
+                    "tensor {} ({name}): shape {shape:?}, the config implies {:?}",
+                    t.name,
+                    e.shape
+                );
+            }
+            *count += 1;
         }
-        *count += 1;
     }
     for e in &expected {
         let n = found[e.name.as_str()].1;
@@ -286,11 +368,12 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
         .find(|t| t.name == "token_embd.weight")
         .context("no token_embd.weight tensor")?;
     let mut counts: Vec<((DType, u32), usize)> = vec![(storage(embd)?, 0)];
-    for t in h.tensors.iter().filter(|t| t.dims.len() == 2) {
-        let s = storage(t)?;
+    for t in h.tensors.iter().filter(|t| t.dims.len() >= 2) {
+        // A stacked tensor counts once per expert.
+        let (s, n) = (storage(t)?, t.dims.get(2).map_or(1, |&e| e as usize));
         match counts.iter_mut().find(|(k, _)| *k == s) {
-            Some((_, n)) => *n += 1,
-            None => counts.push((s, 1)),
+            Some((_, c)) => *c += n,
+            None => counts.push((s, n)),
         }
     }
     // The first of the most common: the embedding's when it ties.
@@ -300,12 +383,12 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
     // F16 tensor's f32 values, at the next multiple of 64 (format::ALIGN), as a model file places
     // its tensors.
     let mut repacked = 0u64;
-    let tensors = h
-        .tensors
-        .iter()
-        .map(|t| {
-            let (dtype, group_size) = storage(t)?;
-            let shape = hf_shape(t);
+    let mut tensors = Vec::with_capacity(h.tensors.len());
+    for t in &h.tensors {
+        let (dtype, group_size) = storage(t)?;
+        // check_tensors mapped every name.
+        for piece in pieces(t).context("a tensor's name")? {
+            let shape = piece.shape;
             let (offset, nbytes) = match dtype {
                 // Taken apart (widened) into the repacked bytes at open.
                 _ if Legacy::of(t.ggml_type.name).is_some() => {
@@ -320,27 +403,26 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
                 DType::Q4K | DType::Q5K | DType::Q6K => {
                     let want = tensor_nbytes(dtype, &shape, group_size);
                     ensure!(
-                        want == Some(t.nbytes),
+                        want == Some(piece.nbytes),
                         "tensor {}: {} bytes of {dtype} for a {shape:?} matrix (its rows must be \
                          whole blocks of 256)",
                         t.name,
-                        t.nbytes
+                        piece.nbytes
                     );
-                    (t.start, t.nbytes)
+                    (t.start + piece.offset, piece.nbytes)
                 }
-                _ => (t.start, t.nbytes),
+                _ => (t.start + piece.offset, piece.nbytes),
             };
-            Ok(TensorInfo {
-                // check_tensors mapped every name.
-                name: hf_name(&t.name).context("a tensor's name")?,
+            tensors.push(TensorInfo {
+                name: piece.name,
                 dtype,
                 shape,
                 group_size,
                 offset,
                 nbytes,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+            });
+        }
+    }
     let header = Header {
         version: crate::format::FORMAT_VERSION,
         header_len: h.data_start,

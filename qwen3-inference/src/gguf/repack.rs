@@ -28,7 +28,7 @@
 //! file's bytes of those tensors once more; the file's pages of them are released after it
 //! (`MappedFile::release`), so the process holds them once.
 
-use super::{model::hf_name, GgufHeader};
+use super::{model::pieces, GgufHeader};
 use crate::format::reader::{Derived, Header};
 use crate::pages::HugePages;
 use anyhow::{ensure, Context, Result};
@@ -103,13 +103,17 @@ pub fn repack(
         let Some(kind) = Legacy::of(t.ggml_type.name) else {
             continue;
         };
-        let name = hf_name(&t.name).context("a tensor's name")?;
-        let info = by_name
-            .get(name.as_str())
-            .with_context(|| format!("{name}: not in the model file's header"))?;
-        let at = info.offset as usize..(info.offset + info.nbytes) as usize;
-        let source = t.start as usize..(t.start + t.nbytes) as usize;
-        jobs.push((name, source, at, kind));
+        // Each model-file tensor the GGUF tensor holds (one, or one a stacked expert).
+        for piece in pieces(t).context("a tensor's name")? {
+            let name = piece.name;
+            let info = by_name
+                .get(name.as_str())
+                .with_context(|| format!("{name}: not in the model file's header"))?;
+            let at = info.offset as usize..(info.offset + info.nbytes) as usize;
+            let from = t.start + piece.offset;
+            let source = from as usize..(from + piece.nbytes) as usize;
+            jobs.push((name, source, at, kind));
+        }
     }
     let Some(len) = jobs.iter().map(|(_, _, at, _)| at.end).max() else {
         return Ok(None);

@@ -367,6 +367,54 @@ fn a_converted_checkpoint_reads_as_its_config_says() {
 }
 
 /// Names and refusals of the mapping.
+/// A mixture of experts' stacked tensor (`[experts, rows, cols]`, ggml's dims the other way)
+/// becomes one model-file tensor an expert, each the next run of its bytes; its router keeps its
+/// own name.
+#[test]
+fn stacked_experts_split_into_the_model_files_per_expert_tensors() {
+    let bf16 = GGML_TYPES
+        .iter()
+        .copied()
+        .find(|t| t.name == "BF16")
+        .unwrap();
+    let t = GgufTensor {
+        name: "blk.1.ffn_down_exps.weight".into(),
+        dims: vec![32, 64, 8],
+        ggml_type: bf16,
+        start: 4096,
+        nbytes: 32 * 64 * 8 * 2,
+    };
+    let pieces = model::pieces(&t).unwrap();
+    assert_eq!(pieces.len(), 8);
+    for (e, p) in pieces.iter().enumerate() {
+        assert_eq!(
+            p.name,
+            format!("model.layers.1.mlp.experts.{e}.down_proj.weight")
+        );
+        assert_eq!(p.shape, vec![64, 32]);
+        assert_eq!((p.offset, p.nbytes), (e as u64 * 4096, 4096));
+    }
+    assert_eq!(
+        model::hf_name("blk.0.ffn_gate_inp.weight").as_deref(),
+        Some("model.layers.0.mlp.gate.weight")
+    );
+    // Bytes that do not split into whole experts, or a stack of no experts: not a known name.
+    assert_eq!(
+        model::pieces(&GgufTensor {
+            nbytes: 4095,
+            ..t.clone()
+        }),
+        None
+    );
+    assert_eq!(
+        model::pieces(&GgufTensor {
+            dims: vec![32, 64, 0],
+            ..t
+        }),
+        None
+    );
+}
+
 #[test]
 fn names_map_as_llama_cpp_writes_them() {
     for (gguf, hf) in [
