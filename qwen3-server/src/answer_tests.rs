@@ -53,6 +53,8 @@ fn state() -> Arc<AppState> {
         images: None,
         draining: Default::default(),
         public_metrics: false,
+        max_images: crate::images::MAX_IMAGES,
+        max_image_pixels: qwen3_inference::vision::MAX_SOURCE_PIXELS,
         draft: Default::default(),
     })
 }

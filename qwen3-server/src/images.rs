@@ -12,7 +12,7 @@ use serde_json::Value;
 
 /// Bytes of one image file, as sent (20 MiB, OpenAI's limit).
 pub const MAX_IMAGE_BYTES: usize = 20 << 20;
-/// Images in one request.
+/// Images in one request, unless the server is told otherwise (`--max-images`).
 pub const MAX_IMAGES: usize = 16;
 
 /// One image of a request: where it was (`messages[i].content[j]`, for errors) and its bytes.

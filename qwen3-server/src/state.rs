@@ -61,6 +61,11 @@ pub struct AppState {
     pub info: ModelInfo,
     /// The model's vision tower and image settings (a model that sees images), or `None`.
     pub images: Option<qwen3_inference::vision::ImageEncoder>,
+    /// Most images one chat request may carry (`--max-images`).
+    pub max_images: usize,
+    /// Most pixels an image may decode to, before it is resized (`--max-image-pixels`): the
+    /// bound on a decompression bomb's memory.
+    pub max_image_pixels: u64,
     /// Set when the server was told to stop ([`crate::serve`]): `/health` answers 503, new
     /// requests get a 503 (a load balancer sends them to another replica), and the requests
     /// already held are answered.

@@ -240,6 +240,49 @@ fn bad_images_are_refused_by_name() {
     );
     assert_eq!(ok.status, 200, "{}", ok.body);
 
+    // The server's own limits: images a request, pixels an image.
+    let two = json!({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{}", enc(&png))}},
+        {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{}", enc(&png))}},
+        {"type": "text", "text": "Which?"}]}], "max_tokens": 2});
+    let limited = Server::start(
+        &m,
+        &[
+            "--context",
+            "256",
+            "--max-images",
+            "1",
+            "--max-image-pixels",
+            "6000",
+        ],
+    );
+    let r = limited.post("/v1/chat/completions", &two);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(
+        r.error()["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-images"),
+        "{}",
+        r.body
+    );
+    // The fixture's image is 64 x 96 = 6144 pixels.
+    let r = limited.post(
+        "/v1/chat/completions",
+        &with(format!("data:image/png;base64,{}", enc(&png))),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    let e = r.error();
+    assert_eq!(e["param"], "messages[0].content[1]", "{}", r.body);
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("over the limit of 6000"),
+        "{}",
+        r.body
+    );
+
     // A text-only model refuses an image by name.
     let text_model = export_fixture(
         "tiny-qwen3_5-bf16",

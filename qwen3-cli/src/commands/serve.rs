@@ -67,6 +67,14 @@ pub struct ServeArgs {
     /// the Kubernetes Gateway API's endpoint picker).
     #[arg(long)]
     pub public_metrics: bool,
+    /// A model that sees images: the most one chat request may carry (400 beyond them; 0 takes
+    /// none).
+    #[arg(long, default_value_t = qwen3_server::images::MAX_IMAGES, value_name = "N")]
+    pub max_images: usize,
+    /// A model that sees images: the most pixels an image may decode to before it is resized
+    /// (400 beyond them): what one image may cost in memory while it is decoded.
+    #[arg(long, default_value_t = qwen3_inference::vision::MAX_SOURCE_PIXELS, value_name = "N")]
+    pub max_image_pixels: u64,
     /// On SIGTERM or Ctrl-C: seconds the requests already held may take to finish (new ones get
     /// a 503 and /health turns 503 meanwhile); what still runs after them is ended. 0 ends
     /// them at once.
@@ -128,6 +136,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     state.ui = !args.no_ui;
     state.cors = args.cors;
     state.public_metrics = args.public_metrics;
+    state.max_images = args.max_images;
+    state.max_image_pixels = args.max_image_pixels;
     if args.rerank {
         if state.embeds {
             bail!("--rerank needs a language model (Qwen3-Reranker), not an embedding model");
@@ -251,6 +261,8 @@ pub fn prepare(
         },
         draining: Default::default(),
         public_metrics: false,
+        max_images: qwen3_server::images::MAX_IMAGES,
+        max_image_pixels: qwen3_inference::vision::MAX_SOURCE_PIXELS,
         draft: args.draft.draft()?,
     };
     let cfg = EngineConfig {

@@ -10,7 +10,6 @@ use crate::state::AppState;
 use crate::structured;
 use crate::tool_calls::{ToolCalls, ToolChoice};
 use qwen3_inference::constraint::Constraint;
-use qwen3_inference::vision::MAX_SOURCE_PIXELS;
 use serde::Deserialize;
 use serde_json::Value;
 use std::sync::Arc;
@@ -58,13 +57,13 @@ impl ChatRequest {
         if !images.is_empty() && s.images.is_none() {
             return Err(ApiError::invalid(images[0].param.clone(), images::NO_TOWER));
         }
-        if images.len() > images::MAX_IMAGES {
+        if images.len() > s.max_images {
             return Err(ApiError::invalid(
                 "messages".to_string(),
                 format!(
-                    "{} images: at most {} in one request",
+                    "{} images: this server takes at most {} in one request (--max-images)",
                     images.len(),
-                    images::MAX_IMAGES
+                    s.max_images
                 ),
             ));
         }
@@ -126,7 +125,7 @@ impl ChatRequest {
                 .iter()
                 .map(|p| {
                     encoder
-                        .encode(&p.bytes, MAX_SOURCE_PIXELS, state.context_len)
+                        .encode(&p.bytes, state.max_image_pixels, state.context_len)
                         .map_err(|e| ApiError::invalid(p.param.clone(), format!("{e:#}")))
                 })
                 .collect::<Result<Vec<_>, _>>()?;

@@ -61,6 +61,8 @@ impl Server {
             .map(|(_, v)| v.to_string());
         let (mut rerank, mut public_metrics) = (false, false);
         let mut draft = qwen3_inference::engine::Draft::None;
+        let mut max_images = qwen3_server::images::MAX_IMAGES;
+        let mut max_image_pixels = qwen3_inference::vision::MAX_SOURCE_PIXELS;
         let mut flags = args.iter();
         while let Some(flag) = flags.next() {
             if *flag == "--rerank" {
@@ -78,6 +80,8 @@ impl Server {
                 "--model-name" => model_name = Some(value.to_string()),
                 "--api-key" => api_key = Some(value.to_string()),
                 "--cors" => cors.push(value.to_string()),
+                "--max-images" => max_images = value.parse().unwrap(),
+                "--max-image-pixels" => max_image_pixels = value.parse().unwrap(),
                 "--draft" => {
                     assert_eq!(
                         value, &"ngram",
@@ -141,6 +145,8 @@ impl Server {
             images: qwen3_inference::vision::ImageEncoder::from_file(&file).unwrap(),
             draining: Default::default(),
             public_metrics,
+            max_images,
+            max_image_pixels,
             draft,
         };
         let cfg = EngineConfig {
