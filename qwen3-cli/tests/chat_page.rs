@@ -331,6 +331,90 @@ fn the_page_streams_an_answer_and_stop_frees_the_slot() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// With a model that sees images the page shows its Image button; a file chosen there goes with
+/// the next message as an `image_url` part (the server counts it, and its tokens are in the
+/// prompt), shows in the user's bubble, and stays in the conversation after a reload. With a
+/// text model the button stays hidden.
+#[test]
+#[ignore = "needs Debian's chromium and chromium-driver: CI installs them and runs it"]
+fn the_page_attaches_an_image_to_a_message() {
+    assert!(
+        Path::new(CHROMEDRIVER).exists() && Path::new(CHROMIUM).exists(),
+        "the chat page's browser test needs Debian's chromium and chromium-driver \
+         ({CHROMIUM}, {CHROMEDRIVER}); install them to run it"
+    );
+    let name = "tiny-qwen3_5-vl-f32";
+    let dir = tempdir("pq-page", "image");
+    let m = export_fixture(name, &dir, DType::F32, 0);
+    let server = Server::start(&m, &["--parallel", "1", "--context", "512"]);
+    let b = Browser::start(&dir.join("profile"));
+    b.call(
+        "POST",
+        "/url",
+        json!({"url": format!("http://127.0.0.1:{}/", server.port)}),
+    );
+    let hidden = "return document.getElementById('attach').hidden";
+    assert!(
+        wait_until(Duration::from_secs(20), || b.script(hidden) == false),
+        "no Image button for a model that sees images"
+    );
+    let image = qwen3_test_support::fixture(name)
+        .join("images/rgb-64x96.png")
+        .canonicalize()
+        .unwrap();
+    b.type_into("#file", image.to_str().unwrap());
+    let thumbs = "return document.querySelectorAll('#attached img').length";
+    assert!(
+        wait_until(Duration::from_secs(10), || b.script(thumbs) == 1),
+        "the chosen image is not shown"
+    );
+    b.type_into("#max_tokens", "4");
+    b.type_into("#input", "What is in the picture?");
+    b.click("#send");
+    let meta = "return (document.querySelector('.assistant .meta') || {}).textContent || ''";
+    assert!(
+        wait_until(Duration::from_secs(60), || b
+            .script(meta)
+            .as_str()
+            .unwrap()
+            .contains("tok/s")),
+        "no answer: {}\nserver log: {}",
+        b.script("return document.body.innerText"),
+        server.log()
+    );
+    assert_eq!(metric(&server, "qwen3_images_total"), 1.0);
+    assert_eq!(b.script(thumbs), 0, "the attachment was not cleared");
+    let in_bubble = "return document.querySelectorAll('.msg.user img').length";
+    assert_eq!(b.script(in_bubble), 1);
+    // A reload keeps the message with its image.
+    b.call("POST", "/refresh", json!({}));
+    assert!(
+        wait_until(Duration::from_secs(20), || b.script(in_bubble) == 1),
+        "the image is gone after a reload: {}",
+        b.script("return document.body.innerText")
+    );
+    drop(b);
+    drop(server);
+
+    // A text model: no button.
+    let text = export_fixture("tiny-qwen3-fullvocab", &dir, DType::F32, 0);
+    let server = Server::start(&text, &["--parallel", "1"]);
+    let b = Browser::start(&dir.join("profile-text"));
+    b.call(
+        "POST",
+        "/url",
+        json!({"url": format!("http://127.0.0.1:{}/", server.port)}),
+    );
+    assert!(wait_until(Duration::from_secs(20), || b
+        .script("return document.getElementById('model').textContent")
+        != ""));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(b.script(hidden), true, "an Image button for a text model");
+    drop(b);
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// `--no-ui`: `/` is a 404 with OpenAI's error object; the page is served otherwise, without the
 /// API key (it asks for it itself).
 #[test]
