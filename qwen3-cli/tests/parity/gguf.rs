@@ -29,23 +29,7 @@ fn tiny_bf16_untied_mha_as_llama_cpps_gguf() {
 /// sigmas of that noise), and exact on its own weights.
 #[test]
 fn tiny_f32_tied_gqa2_as_llama_cpps_q8_0_gguf() {
-    let name = "tiny-f32-tied-gqa2";
-    let refr = load_reference(name);
-    let dir = tempdir("pq-parity-gguf", name);
-    let exact = ModelFile::open(&export_as(name, &dir, DType::F32)).unwrap();
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/gguf/{name}-q8_0.gguf"));
-    let stored = ModelFile::open(&path).unwrap();
-    let sigmas = noise_sigmas(&exact, &stored, &refr, &dir);
-    let bound = export_bound(Some(&sigmas));
-    let kernel_err =
-        rounded_exports_compute_their_own_weights_exactly(&exact, &stored, &refr, &dir, bound);
-    let f = check_full_logits(name, DType::Q8, KvType::F32, Some(&sigmas), &path, &refr);
-    println!(
-        "{name} GGUF Q8_0: vs own weights in f32 {kernel_err:.1e}, {}",
-        f.summary(bound)
-    );
-    std::fs::remove_dir_all(&dir).unwrap();
+    check_q8_0_gguf("tiny-f32-tied-gqa2");
 }
 
 /// Qwen3-MoE (llama.cpp's `qwen3moe`): the converter stacks each layer's experts into one
@@ -56,13 +40,17 @@ fn tiny_qwen3moe_bf16_tied_as_llama_cpps_gguf() {
     check_gguf("tiny-qwen3moe-bf16-tied", DType::Bf16);
 }
 
-/// The same mixture of experts as Q8_0 (`--outtype q8_0`): every stacked expert's blocks taken
-/// apart at open, expert by expert, into q8 in groups of 32; bounded by the noise of its own
-/// rounding (re-routing included: the noise model's draws re-route as the rounding does), and
-/// exact on its own weights.
+/// The same mixture of experts as Q8_0: every stacked expert's blocks taken apart at open,
+/// expert by expert, into q8 in groups of 32, held as the Q8_0 file above is (the noise model's
+/// draws re-route as the rounding does).
 #[test]
 fn tiny_qwen3moe_bf16_tied_as_llama_cpps_q8_0_gguf() {
-    let name = "tiny-qwen3moe-bf16-tied";
+    check_q8_0_gguf("tiny-qwen3moe-bf16-tied");
+}
+
+/// The converter's Q8_0 GGUF of fixture `name` (fixtures/gguf/), against HF within its
+/// rounding's noise bound and against its own weights in f32.
+fn check_q8_0_gguf(name: &str) {
     let refr = load_reference(name);
     let dir = tempdir("pq-parity-gguf", name);
     let exact = ModelFile::open(&export_as(name, &dir, DType::F32)).unwrap();
