@@ -33,13 +33,13 @@ pub(super) struct Pages {
     pub(super) buffer: Option<PageShare>,
 }
 
-/// `--json`: one object with the same figures as the table.
 /// How many of the file's matrices are stored as `dtype`.
 fn matrices_of(file: &ModelFile, dtype: DType) -> usize {
     let matrix = |t: &&TensorInfo| t.shape.len() == 2 && t.dtype == dtype;
     file.header().tensors.iter().filter(matrix).count()
 }
 
+/// `--json`: one object with the same figures as the table.
 fn print_json(
     args: &BenchArgs,
     file: &ModelFile,
