@@ -31,7 +31,11 @@ tiny-qwen2-f32-tied-gqa2-f32.gguf (the Qwen2 fixture; its tokenizer.json splits 
 regex); and with `--outtype q8_0` and `--outtype f16` on tiny-f32-tied-gqa2,
 tiny-f32-tied-gqa2-q8_0.gguf and tiny-f32-tied-gqa2-f16.gguf; and with `--outtype bf16` and
 `--outtype q8_0` on the Qwen3-MoE fixture tiny-qwen3moe-bf16-tied (llama.cpp's `qwen3moe`, its
-experts stacked), tiny-qwen3moe-bf16-tied-bf16.gguf and tiny-qwen3moe-bf16-tied-q8_0.gguf.
+experts stacked), tiny-qwen3moe-bf16-tied-bf16.gguf and tiny-qwen3moe-bf16-tied-q8_0.gguf; and,
+with the pre-tokenizer told "qwen35" (the name the converter gives Qwen3.5's), `--outtype bf16`
+and `--outtype q8_0` on tiny-qwen3_5-bf16 and `--outtype f32` on tiny-qwen3_5moe-f32-sharded
+(llama.cpp's `qwen35` and `qwen35moe`), tiny-qwen3_5-bf16-bf16.gguf, tiny-qwen3_5-bf16-q8_0.gguf
+and tiny-qwen3_5moe-f32-sharded-f32.gguf.
 fixtures/gguf/tiny-bf16-tied-k256-q4_k_m.gguf is llama-quantize's Q4_K_M of the converter's
 `--outtype bf16` GGUF of tiny-bf16-tied-k256 (a checkpoint whose rows are whole blocks of 256):
 

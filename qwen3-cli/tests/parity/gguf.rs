@@ -159,3 +159,27 @@ fn check_quantized_gguf(name: &str, kind: &str, dtypes: &[DType]) {
 fn tiny_qwen2_f32_tied_gqa2_as_llama_cpps_gguf() {
     check_gguf("tiny-qwen2-f32-tied-gqa2", DType::F32);
 }
+
+/// Qwen3.5 (llama.cpp's `qwen35`): Gated DeltaNets among gated attention layers. The converter
+/// reorders each Gated DeltaNet's value heads (grouped by key head in HF's checkpoint, tiled in
+/// the GGUF), which the kernels read in the GGUF's order; stores each gated `attn_q` as HF's
+/// `q_proj` (query and gate rows per head), gathered apart at open; `ssm_a = -exp(A_log)`,
+/// turned back at open; and the multi-token-prediction layer, left out. HF's logits at every
+/// position (prompts longer than a chunk of the delta rule) and its greedy tokens.
+#[test]
+fn tiny_qwen3_5_bf16_as_llama_cpps_gguf() {
+    check_gguf("tiny-qwen3_5-bf16", DType::Bf16);
+}
+
+/// The same Qwen3.5 as Q8_0 (its gated `attn_q` rows gathered, then taken apart into q8).
+#[test]
+fn tiny_qwen3_5_bf16_as_llama_cpps_q8_0_gguf() {
+    check_q8_0_gguf("tiny-qwen3_5-bf16");
+}
+
+/// Qwen3.5-MoE (llama.cpp's `qwen35moe`): stacked experts, a shared expert and its gate, beside
+/// the hybrid layers.
+#[test]
+fn tiny_qwen3_5moe_f32_sharded_as_llama_cpps_gguf() {
+    check_gguf("tiny-qwen3_5moe-f32-sharded", DType::F32);
+}

@@ -39,7 +39,11 @@ pub(super) fn write_sign_flipped(
     for spec in &specs {
         let mut v = values(exact.tensor(&spec.name).unwrap().data);
         if spec.shape.len() == 2 {
-            let q = values(stored.tensor(&spec.name).unwrap().data);
+            let q = in_hf_order(
+                stored,
+                &spec.name,
+                values(stored.tensor(&spec.name).unwrap().data),
+            );
             for (x, &y) in v.iter_mut().zip(&q) {
                 let e = y - *x;
                 *x += if seed.is_none() || coin() { e } else { -e };
@@ -48,6 +52,59 @@ pub(super) fn write_sign_flipped(
         w.write_f32(&spec.name, &v).unwrap();
     }
     w.finish().unwrap();
+}
+
+/// Tensor `name`'s values `v` of file `stored` in HF's order: as they are, but in a GGUF whose
+/// Gated DeltaNets' value heads are tiled (`ValueHeads::Tiled`: llama.cpp's converter moved
+/// grouped head `k r + j` of `r` a key head to `j kh + k`), each value head's rows (columns of
+/// `out_proj`) moved back.
+fn in_hf_order(stored: &ModelFile, name: &str, v: Vec<f32>) -> Vec<f32> {
+    use qwen3_inference::format::ValueHeads;
+    let Some(la) = &stored.config().linear_attention else {
+        return v;
+    };
+    if la.value_heads != ValueHeads::Tiled || !name.contains(".linear_attn.") {
+        return v;
+    }
+    let (kh, vh) = (
+        la.linear_num_key_heads as usize,
+        la.linear_num_value_heads as usize,
+    );
+    let (r, dv, kd) = (
+        vh / kh,
+        la.linear_value_head_dim as usize,
+        la.key_dim() as usize,
+    );
+    // Where grouped head g lies among the tiled ones.
+    let tiled = |g: usize| (g % r) * kh + g / r;
+    let shape = &stored.tensor(name).unwrap().shape;
+    let width = shape.get(1).copied().unwrap_or(1) as usize;
+    // Value heads as runs of rows: (first row, rows a head), or out_proj's columns.
+    let rows = match name.rsplit_once(".linear_attn.").unwrap().1 {
+        "in_proj_qkv.weight" | "conv1d.weight" => Some((2 * kd, dv)),
+        "in_proj_z.weight" => Some((0, dv)),
+        "in_proj_a.weight" | "in_proj_b.weight" | "A_log" | "dt_bias" => Some((0, 1)),
+        "out_proj.weight" => None,
+        _ => return v,
+    };
+    let mut out = v.clone();
+    match rows {
+        Some((first, each)) => {
+            let run = each * width;
+            for g in 0..vh {
+                let (to, from) = (first * width + g * run, first * width + tiled(g) * run);
+                out[to..to + run].copy_from_slice(&v[from..from + run]);
+            }
+        }
+        None => {
+            for (o, row) in out.chunks_exact_mut(width).zip(v.chunks_exact(width)) {
+                for g in 0..vh {
+                    o[g * dv..(g + 1) * dv].copy_from_slice(&row[tiled(g) * dv..][..dv]);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The standard deviation of each logit's error caused by rounding the weights (and, for q8, the

@@ -41,7 +41,7 @@
 use super::checkpoint::{Checkpoint, TensorMeta};
 use super::config::get_u32;
 use anyhow::{bail, Context, Result};
-use qwen3_inference::format::{LayerType, LinearAttentionConfig, ModelConfig};
+use qwen3_inference::format::{LayerType, LinearAttentionConfig, ModelConfig, ValueHeads};
 use serde_json::{Map, Value};
 
 /// The architecture a Qwen3.5 checkpoint exports as, and a Qwen3.5-MoE one.
@@ -115,6 +115,7 @@ pub fn linear_attention(obj: &Map<String, Value>, layers: u32) -> Result<LinearA
         linear_key_head_dim: need("linear_key_head_dim", 128)?,
         linear_value_head_dim: need("linear_value_head_dim", 128)?,
         linear_conv_kernel_dim: need("linear_conv_kernel_dim", 4)?,
+        value_heads: ValueHeads::Grouped,
     })
 }
 

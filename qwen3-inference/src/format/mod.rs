@@ -26,7 +26,7 @@ pub mod writer;
 
 pub use config::{
     EmbeddingConfig, GenerationDefaults, ImageProcessor, LayerType, LinearAttentionConfig,
-    ModelConfig, MoeConfig, RopeScaling, VisionConfig, VisionInput, ARCHITECTURES,
+    ModelConfig, MoeConfig, RopeScaling, ValueHeads, VisionConfig, VisionInput, ARCHITECTURES,
 };
 pub use reader::{ModelFile, TensorView};
 pub use writer::ModelWriter;
@@ -584,6 +584,7 @@ mod tests {
             linear_key_head_dim: 16,
             linear_value_head_dim: 16,
             linear_conv_kernel_dim: 4,
+            value_heads: Default::default(),
         });
         c.architecture = "Qwen3_5ForCausalLM".into();
         let specs = tensor_specs(&c);

@@ -380,11 +380,11 @@ impl ModelFile {
             true => {
                 let gguf = || -> Result<(Header, Option<Derived>)> {
                     let g = crate::gguf::parse(&mmap)?;
-                    let header = crate::gguf::model::model_header(&g, mmap.len() as u64)?;
+                    let layout = crate::gguf::model::layout(&g, mmap.len() as u64)?;
                     // The file's pages of the repacked tensors are read no more.
                     let release = |r: Range<usize>| mmap.release(r);
-                    let repacked = crate::gguf::repack::repack(&g, &header, &mmap, &release)?;
-                    Ok((header, repacked))
+                    let repacked = crate::gguf::repack::repack(&g, &layout, &mmap, &release)?;
+                    Ok((layout.header, repacked))
                 };
                 gguf().context("a GGUF file")?
             }

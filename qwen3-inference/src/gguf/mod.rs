@@ -24,6 +24,7 @@
 
 pub mod blocks;
 pub mod model;
+pub mod names;
 pub mod repack;
 pub mod tokenizer;
 

@@ -1,7 +1,7 @@
 //! A GGUF file as the model it holds: the config from its metadata (llama.cpp's keys, named
-//! `{arch}.{key}`) and each tensor under the model file's names (HuggingFace's), for the
-//! families llama.cpp calls `qwen3`, `qwen2` and `qwen3moe`. What llama.cpp's
-//! `convert_hf_to_gguf.py` writes, read back:
+//! `{arch}.{key}`) and each tensor under the model file's names (HuggingFace's: `names.rs`), for
+//! the families llama.cpp calls `qwen3`, `qwen2`, `qwen3moe`, `qwen35` and `qwen35moe`. What
+//! llama.cpp's `convert_hf_to_gguf.py` writes, read back:
 //!
 //! ```text
 //! config.json (Qwen3Config)      GGUF metadata
@@ -24,122 +24,35 @@
 //! num_experts_per_tok            qwen3moe.expert_used_count
 //! moe_intermediate_size          qwen3moe.expert_feed_forward_length
 //! norm_topk_prob                 always true (llama.cpp's qwen3moe graph renormalises)
+//!
+//! Qwen3.5 (text_config)          qwen35 (and qwen35moe)
+//! num_hidden_layers              block_count - nextn_predict_layers (the MTP layers, left out)
+//! partial_rotary_factor          rope.dimension_count / attention.key_length
+//! layer_types                    attention.recurrent_layers (true: linear_attention), or
+//!                                every full_attention_interval-th layer attention
+//! linear_num_key_heads           ssm.group_count
+//! linear_num_value_heads         ssm.time_step_rank
+//! linear_key_head_dim            ssm.state_size
+//! linear_value_head_dim          ssm.inner_size / ssm.time_step_rank
+//! linear_conv_kernel_dim         ssm.conv_kernel
+//! shared_expert_intermediate_size  expert_shared_feed_forward_length (qwen35moe)
+//! mrope_section                  rope.dimension_sections (not needed: for text every position
+//!                                component is the token's, and M-RoPE is RoPE)
 //! ```
-//!
-//! A mixture of experts' experts are stacked in a GGUF: `blk.N.ffn_gate_exps` is one
-//! `[experts, rows, cols]` tensor where the model file has `mlp.experts.E.gate_proj` for each
-//! `E`. Each expert's rows are one contiguous run of its bytes (the expert is the outermost
-//! dimension), so each becomes a tensor of its own, a slice of the GGUF's ([`pieces`]).
-//!
-//! A tensor's shape in the file lists its row length first (`dims[0]`, ggml's `ne0`), so the
-//! model's `[rows, cols]` is `dims` reversed.
 
+use super::names::{all_pieces, Names, Piece};
 use super::repack::Legacy;
 use super::{GgufHeader, GgufTensor, Value};
 use crate::format::reader::{Header, TensorInfo};
 use crate::format::{
-    align_up, tensor_nbytes, DType, GenerationDefaults, ModelConfig, MoeConfig, RopeScaling,
-    K_BLOCK,
+    align_up, tensor_nbytes, DType, GenerationDefaults, LayerType, LinearAttentionConfig,
+    ModelConfig, MoeConfig, RopeScaling, ValueHeads, K_BLOCK,
 };
 use anyhow::{bail, ensure, Context, Result};
 
 /// Values a block of ggml's legacy types (Q8_0, Q4_0, Q5_0) holds: such a tensor is q8 or q4 in
 /// groups of this many (`repack.rs`).
 pub const LEGACY_GROUP: u32 = 32;
-
-/// The model file's name of GGUF tensor `name` (llama.cpp's `tensor_mapping.py`, for the dense
-/// Qwen families), or `None` for a name it does not use.
-pub fn hf_name(name: &str) -> Option<String> {
-    let whole = match name {
-        "token_embd.weight" => Some("model.embed_tokens.weight"),
-        "output_norm.weight" => Some("model.norm.weight"),
-        "output.weight" => Some("lm_head.weight"),
-        _ => None,
-    };
-    if let Some(n) = whole {
-        return Some(n.into());
-    }
-    let rest = name.strip_prefix("blk.")?;
-    let (layer, rest) = rest.split_once('.')?;
-    let layer: u32 = layer.parse().ok()?;
-    let (part, kind) = rest.rsplit_once('.')?;
-    let module = match part {
-        "attn_norm" => "input_layernorm",
-        "ffn_norm" => "post_attention_layernorm",
-        "attn_q" => "self_attn.q_proj",
-        "attn_k" => "self_attn.k_proj",
-        "attn_v" => "self_attn.v_proj",
-        "attn_output" => "self_attn.o_proj",
-        "attn_q_norm" => "self_attn.q_norm",
-        "attn_k_norm" => "self_attn.k_norm",
-        "ffn_gate" => "mlp.gate_proj",
-        "ffn_up" => "mlp.up_proj",
-        "ffn_down" => "mlp.down_proj",
-        // A mixture of experts' router (its experts: [`pieces`]).
-        "ffn_gate_inp" => "mlp.gate",
-        _ => return None,
-    };
-    matches!(kind, "weight" | "bias").then(|| format!("model.layers.{layer}.{module}.{kind}"))
-}
-
-/// The model's `[rows, cols]` (or `[n]`) shape of a GGUF tensor: its dims reversed.
-pub fn hf_shape(t: &GgufTensor) -> Vec<u64> {
-    t.dims.iter().rev().copied().collect()
-}
-
-/// One tensor of the model file that a GGUF tensor holds: its name and shape, and which bytes of
-/// the GGUF tensor are its (all of them, or one expert's slice of a stacked tensor).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Piece {
-    pub name: String,
-    pub shape: Vec<u64>,
-    /// Bytes from the GGUF tensor's start, and how many.
-    pub offset: u64,
-    pub nbytes: u64,
-}
-
-/// The model file's tensors GGUF tensor `t` holds: itself under its model-file name
-/// ([`hf_name`]), or for a stacked mixture of experts' `blk.N.ffn_{gate,up,down}_exps.weight`
-/// (`[experts, rows, cols]`), each expert's `[rows, cols]` slice as
-/// `model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight`. `None`: a name no family uses.
-pub fn pieces(t: &GgufTensor) -> Option<Vec<Piece>> {
-    if let Some(name) = hf_name(&t.name) {
-        return Some(vec![Piece {
-            name,
-            shape: hf_shape(t),
-            offset: 0,
-            nbytes: t.nbytes,
-        }]);
-    }
-    let rest = t.name.strip_prefix("blk.")?;
-    let (layer, rest) = rest.split_once('.')?;
-    let layer: u32 = layer.parse().ok()?;
-    let proj = match rest {
-        "ffn_gate_exps.weight" => "gate_proj",
-        "ffn_up_exps.weight" => "up_proj",
-        "ffn_down_exps.weight" => "down_proj",
-        _ => return None,
-    };
-    let shape = hf_shape(t);
-    let [experts, rows, cols] = shape[..] else {
-        return None;
-    };
-    // Whole rows of whole blocks an expert: the bytes split evenly.
-    if experts == 0 || !t.nbytes.is_multiple_of(experts) {
-        return None;
-    }
-    let each = t.nbytes / experts;
-    Some(
-        (0..experts)
-            .map(|e| Piece {
-                name: format!("model.layers.{layer}.mlp.experts.{e}.{proj}.weight"),
-                shape: vec![rows, cols],
-                offset: e * each,
-                nbytes: each,
-            })
-            .collect(),
-    )
-}
 
 /// The model's config from a GGUF file's metadata. The matrices keep the GGUF's own storage,
 /// tensor by tensor (`GgufTensor::ggml_type`); `dtype` says f32, what they dequantize to
@@ -152,8 +65,15 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
         "qwen3" => ("Qwen3ForCausalLM", false, true),
         "qwen2" => ("Qwen2ForCausalLM", true, false),
         "qwen3moe" => ("Qwen3MoeForCausalLM", false, true),
-        a => bail!("GGUF architecture {a}: the families read are qwen3, qwen2 and qwen3moe"),
+        "qwen35" => ("Qwen3_5ForCausalLM", false, true),
+        "qwen35moe" => ("Qwen3_5MoeForCausalLM", false, true),
+        a => bail!(
+            "GGUF architecture {a}: the families read are qwen3, qwen2, qwen3moe, qwen35 and \
+             qwen35moe"
+        ),
     };
+    // Qwen3.5 and 3.6: Gated DeltaNets among gated attention layers.
+    let hybrid = arch.starts_with("qwen35");
     let key = |k: &str| format!("{arch}.{k}");
     let int = |k: &str| -> Result<Option<u32>> {
         match h.get(&key(k)) {
@@ -184,30 +104,67 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
         }
     }
     let hidden_size = need("embedding_length")?;
+    // The multi-token-prediction layers are the last blocks (names.rs leaves them out).
+    let blocks = need("block_count")?;
+    let mtp = int("nextn_predict_layers")?.unwrap_or(0);
+    ensure!(
+        mtp < blocks,
+        "{}: {mtp} of {blocks} blocks",
+        key("nextn_predict_layers")
+    );
+    let num_hidden_layers = blocks - mtp;
     let num_attention_heads = need("attention.head_count")?;
     let embd = h
         .tensors
         .iter()
         .find(|t| t.name == "token_embd.weight")
         .context("no token_embd.weight tensor")?;
-    let vocab = *hf_shape(embd).first().unwrap_or(&0);
+    let vocab = *super::names::hf_shape(embd).first().unwrap_or(&0);
     let head_dim = match int("attention.key_length")? {
         Some(d) => d,
         None => hidden_size / num_attention_heads.max(1),
     };
     // Qwen3-MoE: every layer sparse (llama.cpp's qwen3moe has no dense layers among them), the
     // chosen experts' probabilities renormalised (`build_moe_ffn(..., norm_w = true, ...)`).
+    // Qwen3.5-MoE the same, always renormalised too (`Qwen3_5MoeSparseMoeBlock`), with a shared
+    // expert.
     let moe = match arch {
-        "qwen3moe" => Some(MoeConfig {
+        "qwen3moe" | "qwen35moe" => Some(MoeConfig {
             num_experts: need("expert_count")?,
             num_experts_per_tok: need("expert_used_count")?,
             moe_intermediate_size: need("expert_feed_forward_length")?,
             norm_topk_prob: true,
             decoder_sparse_step: 1,
             mlp_only_layers: vec![],
-            shared_expert_intermediate_size: 0,
+            shared_expert_intermediate_size: int("expert_shared_feed_forward_length")?.unwrap_or(0),
         }),
         _ => None,
+    };
+    // Qwen3.5-MoE has no dense MLP and no feed_forward_length: its experts' width stands in, as
+    // the exporter writes it.
+    let intermediate_size = match (int("feed_forward_length")?, &moe) {
+        (Some(ff), _) => ff,
+        (None, Some(m)) if hybrid => m.moe_intermediate_size,
+        (None, _) => need("feed_forward_length")?,
+    };
+    let linear_attention = match hybrid {
+        true => Some(linear_attention(h, arch, num_hidden_layers)?),
+        false => None,
+    };
+    // The rotated part of each head: all of it, unless rope.dimension_count says less (Qwen3.5
+    // rotates a quarter).
+    let partial_rotary_factor = match int("rope.dimension_count")? {
+        None => 1.0,
+        Some(r) if r == head_dim => 1.0,
+        Some(r) => {
+            let f = r as f64 / head_dim as f64;
+            ensure!(
+                r < head_dim && (head_dim as f64 * f) as u32 == r,
+                "{}: {r} of a head of {head_dim}",
+                key("rope.dimension_count")
+            );
+            f
+        }
     };
     let token = |k: &str| {
         h.get(k)
@@ -217,8 +174,8 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
     let config = ModelConfig {
         architecture: architecture.into(),
         hidden_size,
-        intermediate_size: need("feed_forward_length")?,
-        num_hidden_layers: need("block_count")?,
+        intermediate_size,
+        num_hidden_layers,
         num_attention_heads,
         num_key_value_heads: int("attention.head_count_kv")?.unwrap_or(num_attention_heads),
         head_dim,
@@ -237,13 +194,73 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
         rope_scaling: RopeScaling::None,
         moe,
         embedding: None,
-        partial_rotary_factor: 1.0,
-        attn_output_gate: false,
-        linear_attention: None,
+        partial_rotary_factor,
+        attn_output_gate: hybrid,
+        linear_attention,
         vision: None,
     };
     config.validate()?;
     Ok(config)
+}
+
+/// A `qwen35` GGUF's Gated DeltaNets (llama.cpp's `ssm.*` keys, written by the converter's
+/// `Qwen3NextModel.set_gguf_parameters`), in the GGUF's order of value heads.
+fn linear_attention(h: &GgufHeader, arch: &str, layers: u32) -> Result<LinearAttentionConfig> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| -> Result<u32> {
+        h.get(&key(k))
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+            .with_context(|| format!("{} is missing or not a 32-bit count", key(k)))
+    };
+    let layer_types = match h.get(&key("attention.recurrent_layers")) {
+        Some(Value::Array(flags)) => {
+            ensure!(
+                flags.len() >= layers as usize,
+                "{}: {} entries for {layers} layers",
+                key("attention.recurrent_layers"),
+                flags.len()
+            );
+            flags[..layers as usize]
+                .iter()
+                .map(|f| match f {
+                    Value::Bool(true) => Ok(LayerType::LinearAttention),
+                    Value::Bool(false) => Ok(LayerType::FullAttention),
+                    v => bail!("{}: {v:?} is not a bool", key("attention.recurrent_layers")),
+                })
+                .collect::<Result<Vec<_>>>()?
+        }
+        Some(v) => bail!("{}: {v:?} is not a list", key("attention.recurrent_layers")),
+        // Every n-th layer attention, the others linear (`full_attention_interval`).
+        None => {
+            let every = need("full_attention_interval")?;
+            ensure!(every > 0, "{} is 0", key("full_attention_interval"));
+            (0..layers)
+                .map(|l| match (l + 1).is_multiple_of(every) {
+                    true => LayerType::FullAttention,
+                    false => LayerType::LinearAttention,
+                })
+                .collect()
+        }
+    };
+    let value_heads = need("ssm.time_step_rank")?;
+    let inner = need("ssm.inner_size")?;
+    ensure!(
+        value_heads > 0 && inner.is_multiple_of(value_heads),
+        "{} ({inner}) is not a whole number of {} ({value_heads}) heads",
+        key("ssm.inner_size"),
+        key("ssm.time_step_rank")
+    );
+    Ok(LinearAttentionConfig {
+        layer_types,
+        linear_num_key_heads: need("ssm.group_count")?,
+        linear_num_value_heads: value_heads,
+        linear_key_head_dim: need("ssm.state_size")?,
+        linear_value_head_dim: inner / value_heads,
+        linear_conv_kernel_dim: need("ssm.conv_kernel")?,
+        // The converter's order (`_LinearAttentionVReorderBase`).
+        value_heads: ValueHeads::Tiled,
+    })
 }
 
 /// The ids that end a generation: the file's eos (tokenizer_config.json's `eos_token`,
@@ -284,36 +301,31 @@ fn sampling(h: &GgufHeader) -> GenerationDefaults {
 }
 
 /// Checks that the file holds every tensor the model file would (`format::expected_tensors`),
-/// each once, under a name [`pieces`] maps and with its shape, and nothing else.
-pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<()> {
+/// each once, under a name [`names::pieces`](super::names::pieces) maps and with its shape, and
+/// nothing else; gives every GGUF tensor's pieces (beside its index in `h.tensors`).
+pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<Vec<(usize, Piece)>> {
     let expected = crate::format::expected_tensors(c);
     // Each expected tensor by name, and how many times the file holds it: one lookup a tensor
     // (a mixture of experts has tens of thousands).
     let mut found: std::collections::HashMap<&str, (&_, usize)> =
         expected.iter().map(|e| (e.name.as_str(), (e, 0))).collect();
-    for t in &h.tensors {
-        let pieces = pieces(t).with_context(|| {
-            format!(
-                "tensor {}: not a name of the {} family",
-                t.name, c.architecture
-            )
-        })?;
-        for Piece { name, shape, .. } in pieces {
-            let Some((e, count)) = found.get_mut(name.as_str()) else {
-                bail!(
-                    "tensor {} ({name}): not part of this config's model",
-                    t.name
-                );
-            };
-            if shape != e.shape {
-                bail!(
-                    "tensor {} ({name}): shape {shape:?}, the config implies {:?}",
-                    t.name,
-                    e.shape
-                );
-            }
-            *count += 1;
+    let pieces = all_pieces(h, &Names::of(h, c), &c.architecture)?;
+    for (i, Piece { name, shape, .. }) in &pieces {
+        let t = &h.tensors[*i];
+        let Some((e, count)) = found.get_mut(name.as_str()) else {
+            bail!(
+                "tensor {} ({name}): not part of this config's model",
+                t.name
+            );
+        };
+        if *shape != e.shape {
+            bail!(
+                "tensor {} ({name}): shape {shape:?}, the config implies {:?}",
+                t.name,
+                e.shape
+            );
         }
+        *count += 1;
     }
     for e in &expected {
         let n = found[e.name.as_str()].1;
@@ -321,11 +333,23 @@ pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<()> {
             bail!("{}: found {n} times, expected once", e.name);
         }
     }
-    Ok(())
+    Ok(pieces)
+}
+
+/// A GGUF read as a model file: its header, and for each of the header's tensors (in its
+/// order) the GGUF tensor and piece it comes from.
+pub struct Layout {
+    pub header: Header,
+    pub pieces: Vec<(usize, Piece)>,
 }
 
 /// The model file's header for GGUF header `h` of a file of `file_len` bytes: its config (with
 /// `dtype` the matrices' storage) and its tensors under the model file's names and shapes.
+pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
+    Ok(layout(h, file_len)?.header)
+}
+
+/// [`model_header`], and where each tensor's bytes come from.
 ///
 /// A GGUF's F32 and BF16 tensors are stored as the model file stores them (little-endian, rows
 /// one after another): each stays where the GGUF holds it, read in place; an F16 tensor is
@@ -333,11 +357,12 @@ pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<()> {
 /// model file's q8 with groups of 32 in another order of its bytes (`repack.rs`): its offset
 /// and size here are those of its q8 layout in the bytes `repack::repack` makes at open, and so
 /// a Q5_0 tensor's (q8 too) and a Q4_0 tensor's (the model file's q4 with groups of 32). Q4_K,
-/// Q5_K and Q6_K blocks are read where they lie ([`crate::format::KQuant`]). Other ggml types
-/// are refused by name.
-pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
+/// Q5_K and Q6_K blocks are read where they lie ([`crate::format::KQuant`]). A piece that is
+/// not a run of a tensor's bytes as they are (gathered rows, `A_log`) is made at open too.
+/// Other ggml types are refused by name.
+pub fn layout(h: &GgufHeader, file_len: u64) -> Result<Layout> {
     let mut config = model_config(h)?;
-    check_tensors(h, &config)?;
+    let pieces = check_tensors(h, &config)?;
     let storage = |t: &GgufTensor| {
         match t.ggml_type.name {
         "F32" => Ok((DType::F32, 0)),
@@ -368,60 +393,57 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
         .find(|t| t.name == "token_embd.weight")
         .context("no token_embd.weight tensor")?;
     let mut counts: Vec<((DType, u32), usize)> = vec![(storage(embd)?, 0)];
-    for t in h.tensors.iter().filter(|t| t.dims.len() >= 2) {
-        // A stacked tensor counts once per expert.
-        let (s, n) = (storage(t)?, t.dims.get(2).map_or(1, |&e| e as usize));
+    for (i, _) in pieces.iter().filter(|(_, p)| p.shape.len() == 2) {
+        let s = storage(&h.tensors[*i])?;
         match counts.iter_mut().find(|(k, _)| *k == s) {
-            Some((_, c)) => *c += n,
-            None => counts.push((s, n)),
+            Some((_, c)) => *c += 1,
+            None => counts.push((s, 1)),
         }
     }
     // The first of the most common: the embedding's when it ties.
     let most = counts.iter().map(|&(_, n)| n).max().unwrap_or(0);
     (config.dtype, config.group_size) = counts.iter().find(|&&(_, n)| n == most).unwrap().0;
     // The repacked bytes' length so far: each Q8_0 or Q5_0 (Q4_0) tensor's q8 (q4) layout, each
-    // F16 tensor's f32 values, at the next multiple of 64 (format::ALIGN), as a model file places
-    // its tensors.
+    // F16 tensor's f32 values, each piece made at open, at the next multiple of 64
+    // (format::ALIGN), as a model file places its tensors.
     let mut repacked = 0u64;
-    let mut tensors = Vec::with_capacity(h.tensors.len());
-    for t in &h.tensors {
+    let mut tensors = Vec::with_capacity(pieces.len());
+    for (i, piece) in &pieces {
+        let t = &h.tensors[*i];
         let (dtype, group_size) = storage(t)?;
-        // check_tensors mapped every name.
-        for piece in pieces(t).context("a tensor's name")? {
-            let shape = piece.shape;
-            let (offset, nbytes) = match dtype {
-                // Taken apart (widened) into the repacked bytes at open.
-                _ if Legacy::of(t.ggml_type.name).is_some() => {
-                    let offset = align_up(repacked).context("overflow")?;
-                    let nbytes = tensor_nbytes(dtype, &shape, group_size).with_context(|| {
-                        format!("tensor {}: {shape:?} in groups of {group_size}", t.name)
-                    })?;
-                    repacked = offset + nbytes;
-                    (offset, nbytes)
-                }
-                // Read where they lie: their bytes must be what the shape in whole blocks takes.
-                DType::Q4K | DType::Q5K | DType::Q6K => {
-                    let want = tensor_nbytes(dtype, &shape, group_size);
-                    ensure!(
-                        want == Some(piece.nbytes),
-                        "tensor {}: {} bytes of {dtype} for a {shape:?} matrix (its rows must be \
-                         whole blocks of 256)",
-                        t.name,
-                        piece.nbytes
-                    );
-                    (t.start + piece.offset, piece.nbytes)
-                }
-                _ => (t.start + piece.offset, piece.nbytes),
-            };
-            tensors.push(TensorInfo {
-                name: piece.name,
-                dtype,
-                shape,
-                group_size,
-                offset,
-                nbytes,
-            });
+        let shape = piece.shape.clone();
+        let nbytes = piece.take.nbytes(t);
+        if matches!(dtype, DType::Q4K | DType::Q5K | DType::Q6K) {
+            // Their bytes must be what the shape in whole blocks takes.
+            let want = tensor_nbytes(dtype, &shape, group_size);
+            ensure!(
+                want == Some(nbytes),
+                "tensor {}: {nbytes} bytes of {dtype} for a {shape:?} matrix (its rows must be \
+                 whole blocks of 256)",
+                t.name,
+            );
         }
+        let (offset, nbytes) = match Legacy::of(t.ggml_type.name) {
+            // Read where they lie.
+            None if piece.take.in_place() => (piece.take.ranges(t)[0].start, nbytes),
+            // Taken apart (widened), gathered or turned, into the repacked bytes at open.
+            _ => {
+                let offset = align_up(repacked).context("overflow")?;
+                let nbytes = tensor_nbytes(dtype, &shape, group_size).with_context(|| {
+                    format!("tensor {}: {shape:?} in groups of {group_size}", t.name)
+                })?;
+                repacked = offset + nbytes;
+                (offset, nbytes)
+            }
+        };
+        tensors.push(TensorInfo {
+            name: piece.name.clone(),
+            dtype,
+            shape,
+            group_size,
+            offset,
+            nbytes,
+        });
     }
     let header = Header {
         version: crate::format::FORMAT_VERSION,
@@ -431,5 +453,5 @@ pub fn model_header(h: &GgufHeader, file_len: u64) -> Result<Header> {
         tensors,
     };
     header.check_tensor_set()?;
-    Ok(header)
+    Ok(Layout { header, pieces })
 }

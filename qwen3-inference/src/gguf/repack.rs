@@ -28,13 +28,14 @@
 //! file's bytes of those tensors once more; the file's pages of them are released after it
 //! (`MappedFile::release`), so the process holds them once.
 
-use super::{model::pieces, GgufHeader};
-use crate::format::reader::{Derived, Header};
+use super::model::Layout;
+use super::names::Take;
+use super::GgufHeader;
+use crate::format::reader::Derived;
 use crate::pages::HugePages;
 use anyhow::{ensure, Context, Result};
 use half::f16;
 use rayon::prelude::*;
-use std::collections::HashMap;
 use std::ops::Range;
 
 /// The ggml types taken apart at open, and what each becomes.
@@ -82,67 +83,121 @@ impl Legacy {
     }
 }
 
-/// The model file's layout of every Q8_0, Q5_0, Q4_0 and F16 tensor of GGUF header `g` (whose bytes are
-/// `file`), at the offsets and sizes `header` (its model file header, `model::model_header`)
-/// gives them in the repacked bytes; `None` where the file has no such tensor. `release` is told
-/// each tensor's range of `file` once it is copied, so that the file's pages can go while the
-/// next are read (`MappedFile::release`), and the process never holds a tensor twice for long.
+/// What is made at open of one model-file tensor: its GGUF bytes' ranges, and what they become.
+struct Job {
+    source: Vec<Range<usize>>,
+    make: Make,
+}
+
+/// What a tensor's gathered GGUF bytes become.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Make {
+    /// Taken apart into the model file's q8 or q4 layout, or widened (`take_apart`).
+    Legacy(Legacy),
+    /// The bytes as they are (rows gathered from a Qwen3.5 `attn_q`).
+    Copy,
+    /// F32 `a` to `ln(-a)` (`names::Take::ALog`).
+    ALog,
+}
+
+/// The tensors of GGUF header `g` (whose bytes are `file`) that its model file `layout`
+/// (`model::layout`) does not read in place: every Q8_0, Q5_0, Q4_0 and F16 tensor in the model
+/// file's layouts, gathered rows, `A_log`; each at the offset and size the layout gives it in
+/// the repacked bytes. `None` where the file has no such tensor. `release` is told each source
+/// range of `file` once it is copied, so that the file's pages can go while the next are read
+/// (`MappedFile::release`), and the process never holds a tensor twice for long.
 pub fn repack(
     g: &GgufHeader,
-    header: &Header,
+    layout: &Layout,
     file: &[u8],
     release: &(dyn Fn(Range<usize>) + Sync),
 ) -> Result<Option<Derived>> {
-    let by_name: HashMap<&str, _> = header
-        .tensors
-        .iter()
-        .map(|t| (t.name.as_str(), t))
-        .collect();
-    let mut jobs = Vec::new();
-    for t in g.tensors.iter() {
-        let Some(kind) = Legacy::of(t.ggml_type.name) else {
-            continue;
+    let mut jobs: Vec<(String, Range<usize>, Job)> = Vec::new();
+    for (info, (i, piece)) in layout.header.tensors.iter().zip(&layout.pieces) {
+        let t = &g.tensors[*i];
+        let make = match (Legacy::of(t.ggml_type.name), &piece.take) {
+            (Some(kind), _) => Make::Legacy(kind),
+            (None, Take::Bytes { .. }) => continue,
+            (None, Take::Rows { .. }) => Make::Copy,
+            (None, Take::ALog) => {
+                ensure!(
+                    t.ggml_type.name == "F32",
+                    "tensor {}: {}, not F32",
+                    t.name,
+                    t.ggml_type.name
+                );
+                Make::ALog
+            }
         };
-        // Each model-file tensor the GGUF tensor holds (one, or one a stacked expert).
-        for piece in pieces(t).context("a tensor's name")? {
-            let name = piece.name;
-            let info = by_name
-                .get(name.as_str())
-                .with_context(|| format!("{name}: not in the model file's header"))?;
-            let at = info.offset as usize..(info.offset + info.nbytes) as usize;
-            let from = t.start + piece.offset;
-            let source = from as usize..(from + piece.nbytes) as usize;
-            jobs.push((name, source, at, kind));
-        }
+        let source = piece
+            .take
+            .ranges(t)
+            .into_iter()
+            .map(|r| r.start as usize..r.end as usize)
+            .collect();
+        let at = info.offset as usize..(info.offset + info.nbytes) as usize;
+        jobs.push((info.name.clone(), at, Job { source, make }));
     }
-    let Some(len) = jobs.iter().map(|(_, _, at, _)| at.end).max() else {
+    let Some(len) = jobs.iter().map(|(_, at, _)| at.end).max() else {
         return Ok(None);
     };
     let mut bytes = HugePages::<u8>::zeroed(len)
         .with_context(|| format!("cannot allocate {len} bytes for the repacked tensors"))?;
     // Each tensor's range of the buffer, handed to its own task.
-    let mut parts: Vec<(Range<usize>, Legacy, &mut [u8])> = Vec::with_capacity(jobs.len());
+    let mut parts: Vec<(&Job, &mut [u8])> = Vec::with_capacity(jobs.len());
     let mut rest: &mut [u8] = &mut bytes;
     let mut taken = 0;
-    let mut order: Vec<&(String, Range<usize>, Range<usize>, Legacy)> = jobs.iter().collect();
-    order.sort_by_key(|(_, _, at, _)| at.start);
-    for (_, source, at, kind) in order {
+    let mut order: Vec<&(String, Range<usize>, Job)> = jobs.iter().collect();
+    order.sort_by_key(|(_, at, _)| at.start);
+    for (_, at, job) in order {
         let (_, tail) = std::mem::take(&mut rest).split_at_mut(at.start - taken);
         let (mine, tail) = tail.split_at_mut(at.len());
-        parts.push((source.clone(), *kind, mine));
+        parts.push((job, mine));
         rest = tail;
         taken = at.end;
     }
-    parts.into_par_iter().try_for_each(|(source, kind, out)| {
-        take_apart(&file[source.clone()], kind, out)?;
-        release(source);
+    parts.into_par_iter().try_for_each(|(job, out)| {
+        make(job, file, out)?;
+        for r in &job.source {
+            release(r.clone());
+        }
         Ok::<_, anyhow::Error>(())
     })?;
-    let at = jobs
-        .into_iter()
-        .map(|(name, _, at, _)| (name, at))
-        .collect();
+    let at = jobs.into_iter().map(|(name, at, _)| (name, at)).collect();
     Ok(Some(Derived::new(bytes, at)))
+}
+
+/// One tensor's model-file bytes (`out`) from its ranges of `file`.
+fn make(job: &Job, file: &[u8], out: &mut [u8]) -> Result<()> {
+    // One range: read where it lies; gathered rows: copied together first.
+    let gathered: Vec<u8>;
+    let source: &[u8] = match &job.source[..] {
+        [one] => &file[one.clone()],
+        many => {
+            gathered = many
+                .iter()
+                .flat_map(|r| &file[r.clone()])
+                .copied()
+                .collect();
+            &gathered
+        }
+    };
+    match job.make {
+        Make::Legacy(kind) => take_apart(source, kind, out),
+        Make::Copy => {
+            ensure!(out.len() == source.len(), "the gathered size");
+            out.copy_from_slice(source);
+            Ok(())
+        }
+        Make::ALog => {
+            ensure!(out.len() == source.len(), "A_log's size");
+            for (a, o) in source.chunks_exact(4).zip(out.chunks_exact_mut(4)) {
+                let a = f32::from_le_bytes([a[0], a[1], a[2], a[3]]);
+                o.copy_from_slice(&(-a).ln().to_le_bytes());
+            }
+            Ok(())
+        }
+    }
 }
 
 /// One tensor's blocks of `kind` (`source`) into its model file bytes (`out`): the values, then

@@ -7,6 +7,7 @@
 
 use super::delta_rule::{self, HeadInputs};
 use super::textbook::{inv_rms, sigmoid, silu};
+use crate::format::ValueHeads;
 
 /// The sizes of a Gated DeltaNet, from the config's `linear_*` keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,6 +22,8 @@ pub struct DeltaNetShape {
     pub head_v_dim: usize,
     /// `linear_conv_kernel_dim`: the causal convolution's width `K`.
     pub conv_kernel: usize,
+    /// The value heads' order, which decides the key head each reads ([`Self::key_head`]).
+    pub value_heads: ValueHeads,
 }
 
 impl DeltaNetShape {
@@ -37,6 +40,15 @@ impl DeltaNetShape {
     /// The convolution's channels: q, k and v side by side.
     pub fn conv_dim(&self) -> usize {
         2 * self.key_dim() + self.value_dim()
+    }
+
+    /// The key head value head `h` reads: its group's (`h / (vh / kh)`) in HF's order, `h % kh`
+    /// in a GGUF's ([`ValueHeads`]).
+    pub fn key_head(&self, h: usize) -> usize {
+        match self.value_heads {
+            ValueHeads::Grouped => h / (self.num_v_heads / self.num_k_heads),
+            ValueHeads::Tiled => h % self.num_k_heads,
+        }
     }
 
     /// Values of the convolution's window, `[conv_dim, K - 1]`.
@@ -127,7 +139,6 @@ pub fn gated_delta_rule(
 
     // 5. Each value head's memory over the tokens, reading its key head's q and k (value heads
     //    share key heads as GQA's query heads share KV heads).
-    let group = vh / s.num_k_heads;
     let column = |m: &[f32], width: usize, at: usize, len: usize| -> Vec<f32> {
         (0..n)
             .flat_map(|i| m[i * width + at * len..i * width + (at + 1) * len].to_vec())
@@ -135,7 +146,7 @@ pub fn gated_delta_rule(
     };
     let c = delta_rule::CHUNK;
     for h in 0..vh {
-        let kh = h / group;
+        let kh = s.key_head(h);
         let (qh, khs) = (column(&q, kd, kh, dk), column(&k, kd, kh, dk));
         let vhs: Vec<f32> = (0..n)
             .flat_map(|i| qkv[i * cd + 2 * kd + h * dv..i * cd + 2 * kd + (h + 1) * dv].to_vec())

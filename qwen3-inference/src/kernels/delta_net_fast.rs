@@ -342,7 +342,7 @@ fn head_token<'x>(
     s: DeltaNetShape,
 ) -> (&'x [f32], f32, f32) {
     let (dk, dv, vh, kd) = (s.head_k_dim, s.head_v_dim, s.num_v_heads, s.key_dim());
-    let kh = h / (vh / s.num_k_heads);
+    let kh = s.key_head(h);
     let row = &qkv[t * s.conv_dim()..][..s.conv_dim()];
     q.copy_from_slice(&row[kh * dk..][..dk]);
     k.copy_from_slice(&row[kd + kh * dk..][..dk]);
@@ -480,6 +480,7 @@ mod tests {
         head_k_dim: 32,
         head_v_dim: 24,
         conv_kernel: 4,
+        value_heads: crate::format::ValueHeads::Grouped,
     };
 
     /// The fast steps against the textbook's (`delta_net.rs`) over a run of 150 tokens cut as

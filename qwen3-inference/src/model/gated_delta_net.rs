@@ -84,6 +84,8 @@ impl GatedDeltaNetConfig {
             head_k_dim: self.head_k_dim,
             head_v_dim: self.head_v_dim,
             conv_kernel: self.conv_kernel,
+            // transformers' order (the layer's test reads its weights).
+            value_heads: crate::format::ValueHeads::Grouped,
         }
     }
 

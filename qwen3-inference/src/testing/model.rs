@@ -64,6 +64,7 @@ pub fn qwen3_5_config(dtype: DType) -> ModelConfig {
             linear_key_head_dim: 8,
             linear_value_head_dim: 8,
             linear_conv_kernel_dim: 4,
+            value_heads: Default::default(),
         }),
         ..config(dtype)
     }

@@ -273,6 +273,8 @@ impl ModelConfig {
                     linear_key_head_dim,
                     linear_value_head_dim,
                     linear_conv_kernel_dim,
+                    // What a model file holds (HF's order; see ValueHeads).
+                    value_heads: ValueHeads::Grouped,
                 });
             }
             let shared = r.u32("shared_expert_intermediate_size")?;

@@ -118,6 +118,31 @@ pub struct LinearAttentionConfig {
     pub linear_value_head_dim: u32,
     /// The causal convolution's width over the q, k, v channels.
     pub linear_conv_kernel_dim: u32,
+    /// The order of the value heads in the projections' rows (and `out_proj`'s columns).
+    pub value_heads: ValueHeads,
+}
+
+/// The order of a Gated DeltaNet's value heads, which decides the key head each one reads.
+///
+/// With `vh` value heads sharing `kh` key heads (`r = vh / kh` a key head), HuggingFace's
+/// checkpoints keep each key head's value heads together; llama.cpp's converter reorders them so
+/// that the key heads repeat (`_LinearAttentionVReorderBase` in `conversion/qwen.py`: ggml's
+/// broadcast repeats a tensor whole, `[K0, K1, K0, K1, ...]`):
+///
+/// ```text
+/// Grouped (HF):   v0 v1 | v2 v3      value head h reads key head h / r
+/// Tiled (GGUF):   v0 v2 | v1 v3      value head h reads key head h % kh
+/// ```
+///
+/// Every per-value-head tensor of a `qwen35` GGUF is in the tiled order (`in_proj_qkv`'s value
+/// rows, `in_proj_z`, `a`, `b`, `A_log`, `dt_bias`, the convolution's value channels, `out_proj`'s
+/// columns); computing in that order and reading key head `h % kh` gives the same output, with
+/// no need to permute a quantized matrix's columns back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ValueHeads {
+    #[default]
+    Grouped,
+    Tiled,
 }
 
 impl LinearAttentionConfig {
@@ -250,7 +275,11 @@ impl ModelConfig {
             .moe
             .as_ref()
             .is_some_and(|m| m.shared_expert_intermediate_size > 0);
-        if self.vision.is_some() {
+        if self.linear_attention.as_ref().map(|la| la.value_heads) == Some(ValueHeads::Tiled) {
+            // Only a GGUF's (read in place, never written into a model file yet): as its
+            // K-quants (`dtype.rs`), the version after this build's.
+            super::FORMAT_VERSION + 1
+        } else if self.vision.is_some() {
             8
         } else if self.partial_rotary_factor != 1.0
             || self.attn_output_gate

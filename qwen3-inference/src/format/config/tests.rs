@@ -60,6 +60,7 @@ pub fn tiny_qwen3_5_config(dtype: DType) -> ModelConfig {
             linear_key_head_dim: 16,
             linear_value_head_dim: 8,
             linear_conv_kernel_dim: 4,
+            value_heads: Default::default(),
         }),
         ..tiny_config(dtype)
     }

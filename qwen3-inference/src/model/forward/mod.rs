@@ -255,6 +255,7 @@ impl<'m, B: Backend> Forward<'m, B> {
                 head_k_dim: la.linear_key_head_dim as usize,
                 head_v_dim: la.linear_value_head_dim as usize,
                 conv_kernel: la.linear_conv_kernel_dim as usize,
+                value_heads: la.value_heads,
             }),
         };
         let Dims {
