@@ -474,13 +474,15 @@ mod tests {
         diff / scale
     }
 
+    use crate::format::ValueHeads;
+
     const SHAPE: DeltaNetShape = DeltaNetShape {
         num_k_heads: 2,
         num_v_heads: 4,
         head_k_dim: 32,
         head_v_dim: 24,
         conv_kernel: 4,
-        value_heads: crate::format::ValueHeads::Grouped,
+        value_heads: ValueHeads::Grouped,
     };
 
     /// The fast steps against the textbook's (`delta_net.rs`) over a run of 150 tokens cut as
@@ -489,7 +491,15 @@ mod tests {
     /// rounding of the textbook's.
     #[test]
     fn equals_the_textbook_steps() {
-        let s = SHAPE;
+        for value_heads in [ValueHeads::Grouped, ValueHeads::Tiled] {
+            equals_the_textbook_steps_in(DeltaNetShape {
+                value_heads,
+                ..SHAPE
+            });
+        }
+    }
+
+    fn equals_the_textbook_steps_in(s: DeltaNetShape) {
         let (cd, vd, vh) = (s.conv_dim(), s.value_dim(), s.num_v_heads);
         let mut seed = 11;
         let n = 150;
@@ -544,6 +554,86 @@ mod tests {
             "outputs {}",
             max_rel(&outs[1], &outs[0])
         );
+    }
+
+    /// A GGUF's tiled value heads (`ValueHeads::Tiled`) compute HF's grouped heads: the layer
+    /// on inputs whose value heads the converter moved (grouped head `k r + j` of `r` a key head
+    /// to `j kh + k`) gives the grouped layer's outputs moved the same way, bit for bit.
+    #[test]
+    fn tiled_value_heads_compute_the_grouped_ones() {
+        let grouped = SHAPE;
+        let tiled = DeltaNetShape {
+            value_heads: ValueHeads::Tiled,
+            ..SHAPE
+        };
+        let s = grouped;
+        let (cd, kd, vd, vh, dv) = (
+            s.conv_dim(),
+            s.key_dim(),
+            s.value_dim(),
+            s.num_v_heads,
+            s.head_v_dim,
+        );
+        let (kh, r) = (s.num_k_heads, vh / s.num_k_heads);
+        assert!(r > 1, "the test needs key heads shared");
+        // Runs of `each` values a head, from `first`, in rows of `width`: moved to the tiled order.
+        let to_tiled = |v: &[f32], width: usize, first: usize, each: usize| -> Vec<f32> {
+            let mut out = v.to_vec();
+            for row in 0..v.len() / width {
+                for g in 0..vh {
+                    let t = (g % r) * kh + g / r;
+                    let (from, to) = (
+                        row * width + first + g * each,
+                        row * width + first + t * each,
+                    );
+                    out[to..to + each].copy_from_slice(&v[from..from + each]);
+                }
+            }
+            out
+        };
+        let mut seed = 23;
+        let n = 80;
+        let x = next_values(n * cd, &mut seed);
+        let (a, b) = (
+            next_values(n * vh, &mut seed),
+            next_values(n * vh, &mut seed),
+        );
+        let z = next_values(n * vd, &mut seed);
+        let conv_w = next_values(cd * s.conv_kernel, &mut seed);
+        let norm_w = next_values(dv, &mut seed);
+        let a_log: Vec<f32> = (0..vh).map(|h| (0.05 + 0.1 * h as f32).ln()).collect();
+        let dt_bias: Vec<f32> = (0..vh).map(|h| -2.0 - 0.25 * h as f32).collect();
+        let run = |s: DeltaNetShape,
+                   x: &[f32],
+                   a: &[f32],
+                   b: &[f32],
+                   z: &[f32],
+                   w: &[f32],
+                   al: &[f32],
+                   dt: &[f32]| {
+            let mut window = vec![0f32; s.conv_state_len()];
+            let mut memory = vec![0f32; s.recurrent_state_len()];
+            let mut qkv = x.to_vec();
+            let mut o = vec![0f32; n * vd];
+            causal_conv_silu(&mut qkv, &mut window, w, s);
+            gated_delta_rule(&mut o, &qkv, a, b, al, dt, &mut memory, 0, s);
+            gated_rmsnorm(&mut o, z, &norm_w, 1e-6);
+            o
+        };
+        let want = run(grouped, &x, &a, &b, &z, &conv_w, &a_log, &dt_bias);
+        let k = s.conv_kernel;
+        let got = run(
+            tiled,
+            &to_tiled(&x, cd, 2 * kd, dv),
+            &to_tiled(&a, vh, 0, 1),
+            &to_tiled(&b, vh, 0, 1),
+            &to_tiled(&z, vd, 0, dv),
+            // The convolution's weights: a row of K a channel.
+            &to_tiled(&conv_w, cd * k, 2 * kd * k, dv * k),
+            &to_tiled(&a_log, vh, 0, 1),
+            &to_tiled(&dt_bias, vh, 0, 1),
+        );
+        assert_eq!(got, to_tiled(&want, vd, 0, dv));
     }
 
     /// The recurrence takes the textbook's operations in its order: the same bits.
