@@ -67,6 +67,18 @@ fn info_reads_a_converted_checkpoint_as_its_model() {
     let o = qwen3(&["info", fixture().to_str().unwrap()]);
     let s = String::from_utf8(o.stdout).unwrap();
     assert!(s.contains("model                    not read: "), "{s}");
+    // A Qwen3.5's: its multi-token-prediction layer said and left out, every command runs it.
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf/tiny-qwen3_5-bf16-q8_0.gguf");
+    let o = qwen3(&["info", path.to_str().unwrap()]);
+    let s = String::from_utf8(o.stdout).unwrap();
+    for want in [
+        "model                    Qwen3_5ForCausalLM: 8 layers (and 1 multi-token-prediction \
+         layer, left out), hidden 64, 4 / 2 heads of 32, every tensor found",
+        "run                      yes",
+    ] {
+        assert!(s.contains(want), "expected {want:?} in\n{s}");
+    }
 }
 
 #[test]

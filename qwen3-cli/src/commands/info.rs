@@ -391,9 +391,18 @@ fn gguf_info(args: &InfoArgs) -> Result<()> {
         gguf::model::check_tensors(h, &c)?;
         Ok(c)
     });
+    // Qwen3.5's multi-token-prediction layers: blocks the text model does not count.
+    let mtp = h
+        .architecture()
+        .and_then(|a| h.get(&format!("{a}.nextn_predict_layers")))
+        .and_then(gguf::Value::as_u64)
+        .filter(|&n| n > 0)
+        .map_or(String::new(), |n| {
+            format!(" (and {n} multi-token-prediction layer, left out)")
+        });
     match model {
         Ok(c) => println!(
-            "model                    {}: {} layers, hidden {}, {} / {} heads of {}, every tensor found",
+            "model                    {}: {} layers{mtp}, hidden {}, {} / {} heads of {}, every tensor found",
             c.architecture,
             c.num_hidden_layers,
             c.hidden_size,
