@@ -127,6 +127,33 @@ impl Browser {
     }
 }
 
+impl Browser {
+    /// Opens the page of the server on `port`.
+    fn open(&self, port: u16) {
+        self.call(
+            "POST",
+            "/url",
+            json!({"url": format!("http://127.0.0.1:{port}/")}),
+        );
+    }
+
+    /// Waits (up to a minute) until the script `text` (which returns an element's text) says
+    /// "tok/s": the answer's summary line, shown when it ends. Panics with the page's text and
+    /// `server`'s log otherwise.
+    fn wait_answered(&self, text: &str, server: &Server) {
+        assert!(
+            wait_until(Duration::from_secs(60), || self
+                .script(text)
+                .as_str()
+                .unwrap()
+                .contains("tok/s")),
+            "no answer: {}\nserver log: {}",
+            self.script("return document.body.innerText"),
+            server.log()
+        );
+    }
+}
+
 impl Drop for Browser {
     fn drop(&mut self) {
         if !self.session.is_empty() {
@@ -197,11 +224,7 @@ fn the_page_streams_an_answer_and_stop_frees_the_slot() {
     let server = Server::start(&m, &["--parallel", "1", "--model-name", "tiny"]);
     let profile: PathBuf = dir.join("profile");
     let b = Browser::start(&profile);
-    b.call(
-        "POST",
-        "/url",
-        json!({"url": format!("http://127.0.0.1:{}/", server.port)}),
-    );
+    b.open(server.port);
     assert_eq!(b.script("return document.title"), "pico-qwen");
 
     // A message: the answer streams in, and its summary line appears when it ends.
@@ -210,15 +233,7 @@ fn the_page_streams_an_answer_and_stop_frees_the_slot() {
     b.click("#send");
     let answer = "return (document.querySelector('.assistant .answer') || {}).textContent || ''";
     let meta = "return (document.querySelector('.assistant .meta') || {}).textContent || ''";
-    assert!(
-        wait_until(Duration::from_secs(60), || b
-            .script(meta)
-            .as_str()
-            .unwrap()
-            .contains("tok/s")),
-        "no answer: {}",
-        b.script("return document.body.innerText")
-    );
+    b.wait_answered(meta, &server);
     assert!(!b.script(answer).as_str().unwrap().is_empty());
     assert!(b.script(meta).as_str().unwrap().contains("12 tokens"));
 
@@ -309,15 +324,7 @@ fn the_page_streams_an_answer_and_stop_frees_the_slot() {
     b.type_into("#input", "And on a phone?");
     b.click("#send");
     let last_meta = "const a = document.querySelectorAll('.assistant .meta'); return a.length ? a[a.length - 1].textContent : ''";
-    assert!(
-        wait_until(Duration::from_secs(60), || b
-            .script(last_meta)
-            .as_str()
-            .unwrap()
-            .contains("tok/s")),
-        "no answer at 400 px: {}",
-        b.script("return document.body.innerText")
-    );
+    b.wait_answered(last_meta, &server);
     assert!(!server.log().contains("404"), "{}", server.log());
 
     // For the docs: QWEN3_PAGE_SCREENSHOT=path saves what the page looks like now.
@@ -348,11 +355,7 @@ fn the_page_attaches_an_image_to_a_message() {
     let m = export_fixture(name, &dir, DType::F32, 0);
     let server = Server::start(&m, &["--parallel", "1", "--context", "512"]);
     let b = Browser::start(&dir.join("profile"));
-    b.call(
-        "POST",
-        "/url",
-        json!({"url": format!("http://127.0.0.1:{}/", server.port)}),
-    );
+    b.open(server.port);
     let hidden = "return document.getElementById('attach').hidden";
     assert!(
         wait_until(Duration::from_secs(20), || b.script(hidden) == false),
@@ -372,16 +375,7 @@ fn the_page_attaches_an_image_to_a_message() {
     b.type_into("#input", "What is in the picture?");
     b.click("#send");
     let meta = "return (document.querySelector('.assistant .meta') || {}).textContent || ''";
-    assert!(
-        wait_until(Duration::from_secs(60), || b
-            .script(meta)
-            .as_str()
-            .unwrap()
-            .contains("tok/s")),
-        "no answer: {}\nserver log: {}",
-        b.script("return document.body.innerText"),
-        server.log()
-    );
+    b.wait_answered(meta, &server);
     assert_eq!(metric(&server, "qwen3_images_total"), 1.0);
     assert_eq!(b.script(thumbs), 0, "the attachment was not cleared");
     let in_bubble = "return document.querySelectorAll('.msg.user img').length";
@@ -400,11 +394,7 @@ fn the_page_attaches_an_image_to_a_message() {
     let text = export_fixture("tiny-qwen3-fullvocab", &dir, DType::F32, 0);
     let server = Server::start(&text, &["--parallel", "1"]);
     let b = Browser::start(&dir.join("profile-text"));
-    b.call(
-        "POST",
-        "/url",
-        json!({"url": format!("http://127.0.0.1:{}/", server.port)}),
-    );
+    b.open(server.port);
     assert!(wait_until(Duration::from_secs(20), || b
         .script("return document.getElementById('model').textContent")
         != ""));

@@ -401,6 +401,28 @@ fn check_full_logits(
     f
 }
 
+/// A rounded file of fixture `name` (at `path`, its matrices mostly `dtype`), checked as every
+/// rounded export is: against `exact` (an f32 export of the fixture) for its noise sigmas and its
+/// own weights ([`rounded_exports_compute_their_own_weights_exactly`]), then against HF within
+/// the bound they give ([`check_full_logits`]). Returns its distance from its own weights and
+/// the summary of its logits against HF, for the test's output.
+fn check_rounded_file(
+    name: &str,
+    dtype: DType,
+    exact: &ModelFile,
+    path: &Path,
+    refr: &Reference,
+    dir: &Path,
+) -> (f32, String) {
+    let stored = ModelFile::open(path).unwrap();
+    let sigmas = noise_sigmas(exact, &stored, refr, dir);
+    let bound = export_bound(Some(&sigmas));
+    let kernel_err =
+        rounded_exports_compute_their_own_weights_exactly(exact, &stored, refr, dir, bound);
+    let f = check_full_logits(name, dtype, KvType::F32, Some(&sigmas), path, refr);
+    (kernel_err, f.summary(bound))
+}
+
 /// One export of a fixture, with what the checks need: its noise sigmas (rounded exports only)
 /// and its distance from an f32 file of its own weights.
 struct Export {
@@ -701,14 +723,7 @@ fn rows_the_group_size_does_not_divide_stay_bf16() {
         };
         assert_eq!((t.dtype, t.group_size), want, "{}", t.name);
     }
-    let sigmas = noise_sigmas(&exact, &stored, &refr, &dir);
-    let bound = export_bound(Some(&sigmas));
-    let kernel_err =
-        rounded_exports_compute_their_own_weights_exactly(&exact, &stored, &refr, &dir, bound);
-    let f = check_full_logits(name, DType::Q8, KvType::F32, Some(&sigmas), &path, &refr);
-    println!(
-        "{name} q8 (group 64, down_proj bf16): vs own weights in f32 {kernel_err:.1e}, {}",
-        f.summary(bound)
-    );
+    let (kernel_err, f) = check_rounded_file(name, DType::Q8, &exact, &path, &refr, &dir);
+    println!("{name} q8 (group 64, down_proj bf16): vs own weights in f32 {kernel_err:.1e}, {f}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

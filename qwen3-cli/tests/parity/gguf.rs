@@ -56,16 +56,8 @@ fn check_q8_0_gguf(name: &str) {
     let exact = ModelFile::open(&export_as(name, &dir, DType::F32)).unwrap();
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/gguf/{name}-q8_0.gguf"));
-    let stored = ModelFile::open(&path).unwrap();
-    let sigmas = noise_sigmas(&exact, &stored, &refr, &dir);
-    let bound = export_bound(Some(&sigmas));
-    let kernel_err =
-        rounded_exports_compute_their_own_weights_exactly(&exact, &stored, &refr, &dir, bound);
-    let f = check_full_logits(name, DType::Q8, KvType::F32, Some(&sigmas), &path, &refr);
-    println!(
-        "{name} GGUF Q8_0: vs own weights in f32 {kernel_err:.1e}, {}",
-        f.summary(bound)
-    );
+    let (kernel_err, f) = check_rounded_file(name, DType::Q8, &exact, &path, &refr, &dir);
+    println!("{name} GGUF Q8_0: vs own weights in f32 {kernel_err:.1e}, {f}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -123,10 +115,6 @@ fn check_quantized_gguf(name: &str, kind: &str, dtypes: &[DType]) {
             "{kind}: no {d}"
         );
     }
-    let sigmas = noise_sigmas(&exact, &stored, &refr, &dir);
-    let bound = export_bound(Some(&sigmas));
-    let kernel_err =
-        rounded_exports_compute_their_own_weights_exactly(&exact, &stored, &refr, &dir, bound);
     // The plain backend multiplies f32 activations by each weight as its block says: the
     // f32 path on the same values (an f32 file of the GGUF's), up to summation order.
     let deq = dir.join("plain-reference.bin");
@@ -145,11 +133,10 @@ fn check_quantized_gguf(name: &str, kind: &str, dtypes: &[DType]) {
         plain_err <= F32_TOL,
         "{kind}: plain backend: {plain_err:e} > {F32_TOL:e}"
     );
-    let f = check_full_logits(name, dtypes[0], KvType::F32, Some(&sigmas), &path, &refr);
+    let (kernel_err, f) = check_rounded_file(name, dtypes[0], &exact, &path, &refr, &dir);
     println!(
         "{name} GGUF {kind}: vs own weights in f32 {kernel_err:.1e} (plain backend \
-         {plain_err:.1e}), {}",
-        f.summary(bound)
+         {plain_err:.1e}), {f}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -34,7 +34,7 @@ use qwen3_inference::kernels::dot::dots;
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::pages::{huge_page_share, HugePageF32s};
 use qwen3_inference::sampler::argmax;
-use report::{report, Pages};
+use report::{Pages, Report};
 use std::io::IsTerminal;
 use std::time::Instant;
 
@@ -97,7 +97,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 bail!("--kv-cache bf16 is for --device cpu: the CUDA backend keeps its KV cache in f32");
             }
             let (run, kernels) = cuda::measure(&args, &file, &prompt, &reads, ordinal)?;
-            return report(&args, &file, &reads, None, &[run], &kernels);
+            return Report {
+                args: &args,
+                file: &file,
+                reads: &reads,
+                pages: None,
+                runs: &[run],
+                kernels: &kernels,
+            }
+            .print();
         }
     }
     let model = Model::load(&file)?;
@@ -124,7 +132,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         weights: file.page_share(),
         buffer: huge_page_share(buf.as_ptr() as *const u8),
     };
-    report(&args, &file, &reads, Some(&pages), &runs, dots().isa)
+    Report {
+        args: &args,
+        file: &file,
+        reads: &reads,
+        pages: Some(&pages),
+        runs: &runs,
+        kernels: dots().isa,
+    }
+    .print()
 }
 
 /// `--threads`, or 1 and every core.
