@@ -398,7 +398,8 @@ fn gguf_info(args: &InfoArgs) -> Result<()> {
         .and_then(gguf::Value::as_u64)
         .filter(|&n| n > 0)
         .map_or(String::new(), |n| {
-            format!(" (and {n} multi-token-prediction layer, left out)")
+            let s = if n == 1 { "" } else { "s" };
+            format!(" (and {n} multi-token-prediction layer{s}, left out)")
         });
     match model {
         Ok(c) => println!(

@@ -70,13 +70,9 @@ fn in_hf_order(stored: &ModelFile, name: &str, v: Vec<f32>) -> Vec<f32> {
         la.linear_num_key_heads as usize,
         la.linear_num_value_heads as usize,
     );
-    let (r, dv, kd) = (
-        vh / kh,
-        la.linear_value_head_dim as usize,
-        la.key_dim() as usize,
-    );
+    let (dv, kd) = (la.linear_value_head_dim as usize, la.key_dim() as usize);
     // Where grouped head g lies among the tiled ones.
-    let tiled = |g: usize| (g % r) * kh + g / r;
+    let tiled = |g: usize| ValueHeads::tiled_place(g, kh, vh);
     let shape = &stored.tensor(name).unwrap().shape;
     let width = shape.get(1).copied().unwrap_or(1) as usize;
     // Value heads as runs of rows: (first row, rows a head), or out_proj's columns.

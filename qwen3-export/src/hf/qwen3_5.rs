@@ -96,12 +96,7 @@ pub fn linear_attention(obj: &Map<String, Value>, layers: u32) -> Result<LinearA
             if every == 0 {
                 bail!("full_attention_interval is 0");
             }
-            (0..layers)
-                .map(|l| match (l + 1).is_multiple_of(every) {
-                    true => LayerType::FullAttention,
-                    false => LayerType::LinearAttention,
-                })
-                .collect()
+            LayerType::by_interval(layers, every)
         }
         Some(v) => bail!("layer_types must be a list, got {v}"),
     };

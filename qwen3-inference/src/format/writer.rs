@@ -9,7 +9,7 @@ use super::bytes::ByteWriter;
 use super::{
     align_up, tensor_nbytes, value_bytes, DType, ModelConfig, ALIGN, BYTE_ORDER_MARK, MAGIC,
 };
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use std::io::Write;
 use std::path::Path;
 
@@ -116,6 +116,14 @@ impl ModelWriter {
         specs: Vec<TensorSpec>,
     ) -> Result<ModelWriter> {
         config.validate()?;
+        // What only a GGUF holds (its K-quants, its tiled value heads) has no version of this
+        // format yet: refused, rather than written as a file this build cannot read back.
+        let version = super::version_for(specs.iter().map(|s| s.dtype)).max(config.since_version());
+        ensure!(
+            version <= super::FORMAT_VERSION,
+            "this config or these dtypes need format version {version}; this build writes up to {}",
+            super::FORMAT_VERSION
+        );
         let (entries, file_len) = plan_layout(config, specs)?;
         let header = encode_header(config, &entries, file_len);
         let mut file = AtomicFile::create(path)?;

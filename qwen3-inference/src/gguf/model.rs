@@ -231,16 +231,15 @@ fn linear_attention(h: &GgufHeader, arch: &str, layers: u32) -> Result<LinearAtt
                 .collect::<Result<Vec<_>>>()?
         }
         Some(v) => bail!("{}: {v:?} is not a list", key("attention.recurrent_layers")),
-        // Every n-th layer attention, the others linear (`full_attention_interval`).
+        // Every n-th layer attention, the others linear (`full_attention_interval`, 4 where the
+        // file does not say, as llama.cpp and transformers read it).
         None => {
-            let every = need("full_attention_interval")?;
+            let every = match h.get(&key("full_attention_interval")) {
+                None => 4,
+                Some(_) => need("full_attention_interval")?,
+            };
             ensure!(every > 0, "{} is 0", key("full_attention_interval"));
-            (0..layers)
-                .map(|l| match (l + 1).is_multiple_of(every) {
-                    true => LayerType::FullAttention,
-                    false => LayerType::LinearAttention,
-                })
-                .collect()
+            LayerType::by_interval(layers, every)
         }
     };
     let value_heads = need("ssm.time_step_rank")?;

@@ -212,7 +212,11 @@ pub fn pieces(t: &GgufTensor, names: &Names) -> Option<Vec<Piece>> {
             let [rows, cols] = shape[..] else {
                 return None;
             };
-            if hd == 0 || !rows.is_multiple_of(2 * hd) || !t.nbytes.is_multiple_of(rows) {
+            // (No rows, or rows of no bytes: a damaged file, not a name to map.)
+            if hd == 0 || rows == 0 || !rows.is_multiple_of(2 * hd) || t.nbytes < rows {
+                return None;
+            }
+            if !t.nbytes.is_multiple_of(rows) {
                 return None;
             }
             let row_bytes = t.nbytes / rows;
@@ -235,7 +239,9 @@ pub fn pieces(t: &GgufTensor, names: &Names) -> Option<Vec<Piece>> {
                 },
             ]);
         }
+        // `ssm_a` is F32 as the converter writes every 1-D tensor: another type is refused.
         let take = match name.ends_with(".A_log") {
+            true if t.ggml_type.name != "F32" => return None,
             true => Take::ALog,
             false => Take::Bytes {
                 offset: 0,

@@ -116,10 +116,8 @@ pub fn repack(
     for (info, (i, piece)) in layout.header.tensors.iter().zip(&layout.pieces) {
         let t = &g.tensors[*i];
         let make = match (Legacy::of(t.ggml_type.name), &piece.take) {
-            (Some(kind), _) => Make::Legacy(kind),
-            (None, Take::Bytes { .. }) => continue,
-            (None, Take::Rows { .. }) => Make::Copy,
-            (None, Take::ALog) => {
+            // (`names::pieces` maps only an F32 `ssm_a`; checked again, as the sum depends on it.)
+            (_, Take::ALog) => {
                 ensure!(
                     t.ggml_type.name == "F32",
                     "tensor {}: {}, not F32",
@@ -128,6 +126,9 @@ pub fn repack(
                 );
                 Make::ALog
             }
+            (Some(kind), _) => Make::Legacy(kind),
+            (None, Take::Bytes { .. }) => continue,
+            (None, Take::Rows { .. }) => Make::Copy,
         };
         let source = piece
             .take
@@ -169,27 +170,21 @@ pub fn repack(
 
 /// One tensor's model-file bytes (`out`) from its ranges of `file`.
 fn make(job: &Job, file: &[u8], out: &mut [u8]) -> Result<()> {
-    // One range: read where it lies; gathered rows: copied together first.
-    let gathered: Vec<u8>;
-    let source: &[u8] = match &job.source[..] {
-        [one] => &file[one.clone()],
-        many => {
-            gathered = many
-                .iter()
-                .flat_map(|r| &file[r.clone()])
-                .copied()
-                .collect();
-            &gathered
-        }
-    };
     match job.make {
-        Make::Legacy(kind) => take_apart(source, kind, out),
+        // Gathered rows, each range straight into its place.
         Make::Copy => {
-            ensure!(out.len() == source.len(), "the gathered size");
-            out.copy_from_slice(source);
+            let len: usize = job.source.iter().map(|r| r.len()).sum();
+            ensure!(out.len() == len, "the gathered size");
+            let mut at = 0;
+            for r in &job.source {
+                out[at..at + r.len()].copy_from_slice(&file[r.clone()]);
+                at += r.len();
+            }
             Ok(())
         }
+        Make::Legacy(kind) => take_apart(&gather(job, file), kind, out),
         Make::ALog => {
+            let source = gather(job, file);
             ensure!(out.len() == source.len(), "A_log's size");
             for (a, o) in source.chunks_exact(4).zip(out.chunks_exact_mut(4)) {
                 let a = f32::from_le_bytes([a[0], a[1], a[2], a[3]]);
@@ -197,6 +192,18 @@ fn make(job: &Job, file: &[u8], out: &mut [u8]) -> Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+/// A job's bytes of `file`: where they lie when they are one range, else gathered.
+fn gather<'f>(job: &Job, file: &'f [u8]) -> std::borrow::Cow<'f, [u8]> {
+    match &job.source[..] {
+        [one] => std::borrow::Cow::Borrowed(&file[one.clone()]),
+        many => many
+            .iter()
+            .flat_map(|r| &file[r.clone()])
+            .copied()
+            .collect(),
     }
 }
 

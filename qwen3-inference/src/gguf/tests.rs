@@ -549,6 +549,27 @@ fn qwen3_5_tensors_map_to_the_model_files() {
         ..q.clone()
     };
     assert_eq!(names::pieces(&past, &names), None);
+    // Damage: a gated query of no rows or no bytes, an `ssm_a` not in F32: not mapped (refused
+    // by name at open), never a division by zero or `-exp(A_log)` read as `A_log`.
+    for (dims, nbytes) in [(vec![64, 0], 0), (vec![0, 32], 0), (vec![64, 32], 0)] {
+        let t = GgufTensor {
+            dims,
+            nbytes,
+            ..q.clone()
+        };
+        assert_eq!(names::pieces(&t, &names), None, "{:?}", t.dims);
+    }
+    let f16 = GGML_TYPES
+        .iter()
+        .copied()
+        .find(|t| t.name == "F16")
+        .unwrap();
+    let a16 = GgufTensor {
+        ggml_type: f16,
+        nbytes: 8,
+        ..a
+    };
+    assert_eq!(names::pieces(&a16, &names), None);
 }
 
 /// Names and refusals of the mapping.

@@ -581,7 +581,7 @@ mod tests {
             let mut out = v.to_vec();
             for row in 0..v.len() / width {
                 for g in 0..vh {
-                    let t = (g % r) * kh + g / r;
+                    let t = ValueHeads::tiled_place(g, kh, vh);
                     let (from, to) = (
                         row * width + first + g * each,
                         row * width + first + t * each,

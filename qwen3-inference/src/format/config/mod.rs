@@ -95,6 +95,17 @@ impl LayerType {
         }
     }
 
+    /// The layers of a model without `layer_types`: every `every`-th attention, the others
+    /// linear (`Qwen3_5TextConfig`'s and llama.cpp's reading of `full_attention_interval`).
+    pub fn by_interval(layers: u32, every: u32) -> Vec<LayerType> {
+        (0..layers)
+            .map(|l| match (l + 1).is_multiple_of(every) {
+                true => LayerType::FullAttention,
+                false => LayerType::LinearAttention,
+            })
+            .collect()
+    }
+
     /// The layer type config.json calls `name`, if this runtime runs it.
     pub fn parse(name: &str) -> Option<LayerType> {
         [LayerType::FullAttention, LayerType::LinearAttention]
@@ -143,6 +154,15 @@ pub enum ValueHeads {
     #[default]
     Grouped,
     Tiled,
+}
+
+impl ValueHeads {
+    /// Where llama.cpp's converter puts HF's value head `g` of `vh` sharing `kh` key heads
+    /// (`r = vh / kh` a key head): grouped head `k r + j` goes to tiled place `j kh + k`.
+    pub fn tiled_place(g: usize, kh: usize, vh: usize) -> usize {
+        let r = vh / kh;
+        (g % r) * kh + g / r
+    }
 }
 
 impl LinearAttentionConfig {
