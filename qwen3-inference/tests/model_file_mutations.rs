@@ -180,6 +180,58 @@ fn corrupted_gguf_files_give_errors_not_panics() {
     );
 }
 
+/// llama.cpp's Q8_0 GGUF of a Qwen3.5 (fixtures/gguf/tiny-qwen3_5-bf16-q8_0.gguf), mutated as
+/// above and opened as a model file: parsed, read as a model (names, pieces, the gated query's
+/// rows, `ssm_a`), its Q8_0 blocks taken apart: an error or a model file, never a panic. Half the
+/// mutations fall in its tensor directory and the metadata just before it (the rest of the header
+/// is mostly the tokenizer's strings).
+#[test]
+fn corrupted_qwen3_5_ggufs_open_or_give_errors() {
+    use qwen3_inference::gguf::parse;
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/gguf/tiny-qwen3_5-bf16-q8_0.gguf");
+    let bytes = std::fs::read(fixture).unwrap();
+    let data_start = parse(&bytes).expect("the fixture parses").data_start as usize;
+    let directory = data_start.saturating_sub(12 << 10);
+    let mut seed = 2028u64;
+    let (mut refused, mut opened) = (0, 0);
+    let path = std::env::temp_dir().join(format!("pq-qwen35-mutated-{}.gguf", std::process::id()));
+    let iterations = ITERATIONS / 4;
+    for i in 0..iterations {
+        let m = match i % 2 {
+            0 => mutate(&bytes, data_start, &mut seed),
+            _ => {
+                let mut m = bytes[..directory].to_vec();
+                m.extend(mutate(
+                    &bytes[directory..],
+                    data_start - directory,
+                    &mut seed,
+                ));
+                m
+            }
+        };
+        std::fs::write(&path, &m).unwrap();
+        match ModelFile::open(&path) {
+            Err(e) => {
+                refused += 1;
+                assert!(!format!("{e:#}").is_empty(), "an empty error");
+            }
+            Ok(f) => {
+                opened += 1;
+                for t in &f.header().tensors {
+                    let _ = f.tensor(&t.name);
+                }
+            }
+        }
+    }
+    std::fs::remove_file(&path).ok();
+    println!("Qwen3.5 GGUF: {refused} refused, {opened} opened of {iterations} mutated files");
+    assert!(
+        refused > iterations / 2,
+        "the mutations should mostly break the file"
+    );
+}
+
 /// The image decoder on mutations of the image processor's fixtures (PNG in every colour type,
 /// JPEG, GIF, WebP; fixtures/vision/processor/): an error or an image, never a panic or a huge
 /// allocation (the pixel limit is checked before the pixels are decoded); an image that still
