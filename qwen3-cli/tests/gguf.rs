@@ -309,3 +309,109 @@ fn a_model_by_its_ollama_name() {
     );
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// `qwen3 export FILE.gguf out.bin`: a K-quant mix (Q4_K + Q6_K, format version 9), a Q4_0 one
+/// and Qwen3.5's Q8_0 (tiled value heads, gathered `attn_q` rows: version 9) become model files
+/// that generate what the GGUF generates, token for token, with the GGUF's tokenizer and chat
+/// template beside them; a requantizing flag is refused in one line. (Every tensor's bytes and
+/// the logits against transformers: tests/parity/gguf.rs.)
+#[test]
+fn a_gguf_exports_as_it_runs() {
+    let dir = std::env::temp_dir().join(format!("pq-gguf-export-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, version, types) in [
+        (
+            "tiny-bf16-tied-k256-q4_k_m",
+            9,
+            "Q4_K its blocks as they are",
+        ),
+        (
+            "tiny-bf16-tied-k256-q4_0",
+            9,
+            "Q4_0 q4 in groups of 32 (exact)",
+        ),
+        (
+            "tiny-qwen3_5-bf16-q8_0",
+            9,
+            "Q8_0 q8 in groups of 32 (exact)",
+        ),
+    ] {
+        let gguf =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/gguf/{name}.gguf"));
+        let out = dir.join(format!("{name}.bin"));
+        let o = qwen3(&["export", gguf.to_str().unwrap(), out.to_str().unwrap()]);
+        let s = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            s.contains(&format!("format version {version}")),
+            "{name}: {s}"
+        );
+        assert!(
+            s.contains("lossless, as the GGUF runs: ") && s.contains(types),
+            "{name}: {s}"
+        );
+        assert!(
+            s.contains("tokens from the GGUF's tokenizer.ggml.*"),
+            "{name}: {s}"
+        );
+        let text = |model: &Path| {
+            let o = qwen3(&[
+                "inference",
+                model.to_str().unwrap(),
+                "-i",
+                "The capital of France is",
+                "-n",
+                "12",
+                "-t",
+                "0",
+            ]);
+            assert!(
+                o.status.success(),
+                "{name}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            String::from_utf8(o.stdout).unwrap()
+        };
+        assert_eq!(text(&out), text(&gguf), "{name}");
+        // The chat template came along: a chat turn renders through it.
+        let chat = |model: &Path| {
+            let o = qwen3(&[
+                "inference",
+                model.to_str().unwrap(),
+                "--chat",
+                "-i",
+                "Hi",
+                "-n",
+                "4",
+                "-t",
+                "0",
+            ]);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(o.status.success(), "{name}: {err}");
+            assert!(err.contains("prompt tokens 12,"), "{name}: {err}");
+            o.stdout
+        };
+        assert_eq!(chat(&out), chat(&gguf), "{name}");
+    }
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/gguf/tiny-bf16-tied-k256-q4_k_m.gguf");
+    let out = dir.join("requantized.bin");
+    let o = qwen3(&[
+        "export",
+        gguf.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--dtype",
+        "q4",
+    ]);
+    let err = one_line_error(&o);
+    assert!(
+        err.contains("--dtype: a GGUF file is exported as it is"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod gguf;
 pub mod hf;
 
 use anyhow::{bail, Context, Result};

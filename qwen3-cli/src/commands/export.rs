@@ -1,20 +1,23 @@
-//! `qwen3 export <hf_dir | ORG/NAME[@REV]> <out.bin>`: HuggingFace checkpoint -> model file +
-//! companions. A repository id is looked up in the HuggingFace cache, and downloaded into it
-//! when it is not there (`crate::hub`).
+//! `qwen3 export <hf_dir | ORG/NAME[@REV] | FILE.gguf> <out.bin>`: HuggingFace checkpoint ->
+//! model file + companions. A repository id is looked up in the HuggingFace cache, and
+//! downloaded into it when it is not there (`crate::hub`). A GGUF file is copied tensor by
+//! tensor as it runs, requantizing nothing (`qwen3_export::gguf`).
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use qwen3_export::gguf::export_gguf;
 use qwen3_export::{export, ExportOptions, Interrupted};
 use qwen3_inference::format::{DType, MixDType, Q4Mix};
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Args)]
 pub struct ExportArgs {
     /// HuggingFace checkpoint directory (config.json, *.safetensors, tokenizer.json, ...), or a
     /// repository id such as Qwen/Qwen3-0.6B (@REVISION optional): taken from the HuggingFace
-    /// cache, downloaded into it if missing (HF_ENDPOINT, HF_TOKEN, HF_HUB_CACHE are honoured).
+    /// cache, downloaded into it if missing (HF_ENDPOINT, HF_TOKEN, HF_HUB_CACHE are honoured);
+    /// or a GGUF file, whose tensors are written as they run (no flag below applies).
     pub hf_dir: PathBuf,
     /// Model file to write; the tokenizer and template files are written beside it.
     pub out: PathBuf,
@@ -25,8 +28,9 @@ pub struct ExportArgs {
     /// How to store the matrices: q8 (group-wise INT8), q4 (group-wise 4-bit; the embedding
     /// table, the classifier and the sensitive layers' v_proj and down_proj in 6 bits, see
     /// --tables and --sensitive), bf16, or f32. Norms are always f32.
-    #[arg(long, default_value = "q8")]
-    pub dtype: String,
+    /// [default: q8]
+    #[arg(long)]
+    pub dtype: Option<String>,
     /// With `--dtype q4`: how to store the embedding table and the classifier, q6 (the default,
     /// as llama.cpp's Q4_K_M), q8 (more accurate, larger) or q4 (smaller, faster decode; what
     /// each costs: docs/quantization.md). As llama-quantize's --token-embedding-type /
@@ -45,9 +49,13 @@ pub struct ExportArgs {
 }
 
 pub fn run(args: ExportArgs) -> Result<()> {
+    if super::model_text::is_gguf(&args.hf_dir) {
+        return run_gguf(&args);
+    }
     // q6 is a dtype of tensors inside q4 files (--tables, --sensitive), not of a file.
-    let Some(dtype) = DType::parse(&args.dtype).filter(|&d| d != DType::Q6) else {
-        bail!("--dtype {:?}: expected q8, q4, bf16 or f32", args.dtype);
+    let name = args.dtype.as_deref().unwrap_or("q8");
+    let Some(dtype) = DType::parse(name).filter(|&d| d != DType::Q6) else {
+        bail!("--dtype {name:?}: expected q8, q4, bf16 or f32");
     };
     let group_size = args
         .group_size
@@ -63,11 +71,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
         _ => args.hf_dir.clone(),
     };
     let start = std::time::Instant::now();
-    // Ctrl-C stops the export between chunks; it then removes its partial files and fails with
-    // `Interrupted` (exit 130, as a shell reports a process ended by SIGINT).
-    static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-    ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst))
-        .context("cannot install the Ctrl-C handler")?;
+    let interrupted = on_ctrl_c()?;
     for (flag, value) in [("--tables", &args.tables), ("--sensitive", &args.sensitive)] {
         if value.is_some() && dtype != DType::Q4 {
             bail!("{flag} applies to --dtype q4 only");
@@ -86,16 +90,9 @@ pub fn run(args: ExportArgs) -> Result<()> {
         group_size,
         q4_mix,
         progress: std::io::stderr().is_terminal(),
-        cancel: Some(&INTERRUPTED),
+        cancel: Some(interrupted),
     };
-    let s = match export(&source, &args.out, &opts) {
-        Ok(s) => s,
-        Err(e) if e.is::<Interrupted>() => {
-            eprintln!("\nexport of {}: {e}", args.out.display());
-            std::process::exit(130);
-        }
-        Err(e) => return Err(e),
-    };
+    let s = stop_if_interrupted(export(&source, &args.out, &opts), &args.out)?;
     let c = &s.config;
     let storage = match dtype {
         DType::Q8 => format!("q8, group size {}", c.group_size),
@@ -134,5 +131,82 @@ pub fn run(args: ExportArgs) -> Result<()> {
     }
     println!("{}: {}", s.tokenizer_path.display(), s.tokenizer_note);
     println!("{}: {}", s.template_path.display(), s.template_note);
+    Ok(())
+}
+
+/// Ctrl-C stops an export between chunks; it then removes its partial files and fails with
+/// `Interrupted` (exit 130, as a shell reports a process ended by SIGINT).
+fn on_ctrl_c() -> Result<&'static AtomicBool> {
+    static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+    ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst))
+        .context("cannot install the Ctrl-C handler")?;
+    Ok(&INTERRUPTED)
+}
+
+/// An export's result; an interrupted one ends the process with 130.
+fn stop_if_interrupted<T>(r: Result<T>, out: &Path) -> Result<T> {
+    match r {
+        Err(e) if e.is::<Interrupted>() => {
+            eprintln!("\nexport of {}: {e}", out.display());
+            std::process::exit(130);
+        }
+        r => r,
+    }
+}
+
+/// `qwen3 export FILE.gguf out.bin`: the GGUF's tensors as it runs them (`qwen3_export::gguf`).
+fn run_gguf(args: &ExportArgs) -> Result<()> {
+    let flags = [
+        ("--dtype", args.dtype.is_some()),
+        ("--group-size", args.group_size.is_some()),
+        ("--tables", args.tables.is_some()),
+        ("--sensitive", args.sensitive.is_some()),
+    ];
+    if let Some((flag, _)) = flags.iter().find(|(_, given)| *given) {
+        bail!(
+            "{flag}: a GGUF file is exported as it is, requantizing nothing (to change its \
+             types, export the HuggingFace checkpoint, or use llama-quantize)"
+        );
+    }
+    let start = std::time::Instant::now();
+    let interrupted = on_ctrl_c()?;
+    let progress = std::io::stderr().is_terminal();
+    let s = stop_if_interrupted(
+        export_gguf(&args.hf_dir, &args.out, progress, Some(interrupted)),
+        &args.out,
+    )?;
+    let c = &s.config;
+    println!(
+        "{}: {} ({} layers, hidden {}), {} in {:.1} s, format version {}",
+        s.model_path.display(),
+        c.architecture,
+        c.num_hidden_layers,
+        c.hidden_size,
+        super::units::bytes(s.model_bytes),
+        start.elapsed().as_secs_f64(),
+        s.version
+    );
+    // Each GGUF type and what it became: every one is lossless.
+    let types: Vec<String> = s
+        .conversions
+        .iter()
+        .map(|(ggml, n, became)| format!("{n} {ggml} {became}"))
+        .collect();
+    println!(
+        "{}: lossless, as the GGUF runs: {}",
+        s.model_path.display(),
+        types.join(", ")
+    );
+    if let Some(note) = &s.left_out_note {
+        println!("{}: {note}", s.model_path.display());
+    }
+    println!("{}: {}", s.tokenizer_path.display(), s.tokenizer_note);
+    match &s.template_note {
+        Some(note) => println!("{}: {note}", s.template_path.display()),
+        None => println!(
+            "{}: none written: the GGUF has no chat template (tokenizer.chat_template)",
+            s.template_path.display()
+        ),
+    }
     Ok(())
 }

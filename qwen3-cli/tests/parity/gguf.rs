@@ -170,3 +170,81 @@ fn tiny_qwen3_5_bf16_as_llama_cpps_q8_0_gguf() {
 fn tiny_qwen3_5moe_f32_sharded_as_llama_cpps_gguf() {
     check_gguf("tiny-qwen3_5moe-f32-sharded", DType::F32);
 }
+
+/// `qwen3 export FILE.gguf`: the model file holds every tensor as the GGUF runs it, byte for
+/// byte (K-quant blocks, Q8_0 taken apart, gathered rows, `A_log`), the same config (Qwen3.5's
+/// tiled value heads), and the GGUF's tokenizer; Qwen3.5's bf16 GGUF, exported, gives HF's
+/// logits and greedy tokens as the GGUF itself does.
+#[test]
+fn ggufs_export_as_they_run() {
+    use qwen3_inference::tokenizer::file::TokenizerData;
+    let dir = tempdir("pq-parity-gguf", "export");
+    for name in [
+        "tiny-qwen3_5-bf16-bf16",
+        "tiny-qwen3_5-bf16-q8_0",
+        "tiny-qwen3_5moe-f32-sharded-f32",
+        "tiny-bf16-tied-k256-q5_k_m",
+        "tiny-f32-tied-gqa2-f16",
+        "tiny-f32-tied-gqa2-q4_k_m",
+    ] {
+        let gguf =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/gguf/{name}.gguf"));
+        let out = dir.join(format!("{name}.bin"));
+        let s = qwen3_export::gguf::export_gguf(&gguf, &out, false, None).unwrap();
+        let (from, to) = (
+            ModelFile::open(&gguf).unwrap(),
+            ModelFile::open(&out).unwrap(),
+        );
+        assert_eq!(
+            std::fs::metadata(&out).unwrap().len(),
+            s.model_bytes,
+            "{name}"
+        );
+        assert_eq!(from.config(), to.config(), "{name}");
+        assert_eq!(
+            from.header().tensors.len(),
+            to.header().tensors.len(),
+            "{name}"
+        );
+        for (a, b) in from.header().tensors.iter().zip(&to.header().tensors) {
+            assert_eq!(
+                (&a.name, a.dtype, &a.shape, a.group_size),
+                (&b.name, b.dtype, &b.shape, b.group_size),
+                "{name}"
+            );
+            assert!(
+                from.tensor_bytes(&a.name).unwrap() == to.tensor_bytes(&b.name).unwrap(),
+                "{name}: {}",
+                a.name
+            );
+        }
+        let tokenizer = std::fs::read(&s.tokenizer_path).unwrap();
+        let meta = qwen3_inference::gguf::GgufFile::open(&gguf).unwrap();
+        let want = qwen3_inference::gguf::tokenizer::tokenizer_data(
+            meta.header(),
+            from.config().vocab_size,
+        )
+        .unwrap();
+        assert_eq!(
+            TokenizerData::from_bytes(&tokenizer).unwrap(),
+            want,
+            "{name}"
+        );
+        println!("{name}: exported as format version {}", s.version);
+    }
+    let path = dir.join("tiny-qwen3_5-bf16-bf16.bin");
+    let name = "tiny-qwen3_5-bf16";
+    let f = check_full_logits(
+        name,
+        DType::Bf16,
+        KvType::F32,
+        None,
+        &path,
+        &load_reference(name),
+    );
+    println!(
+        "{name} GGUF bf16, exported: {}",
+        f.summary(export_bound(None))
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -4,7 +4,7 @@
 //! row here; what reads it is its kernels' (`kernels/dot/`) and the reader's view of it
 //! (`reader.rs`, `TensorData`).
 
-use super::{align_up, FORMAT_VERSION};
+use super::align_up;
 
 /// How a tensor's values are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,12 +98,11 @@ pub(crate) const TABLE: [Facts; 8] = [
             multiple: 1,
         },
     },
-    // Not written into a model file yet: a GGUF's blocks, read where they lie (the version after
-    // this build's).
+    // A GGUF's blocks, read where they lie, and copied as they are by `qwen3 export FILE.gguf`.
     Facts {
         dtype: DType::Q6K,
         code: 6,
-        since_version: FORMAT_VERSION + 1,
+        since_version: 9,
         name: "Q6_K",
         user_named: false,
         layout: Layout::Blocks(KQuant::Q6K),
@@ -125,7 +124,7 @@ pub(crate) const TABLE: [Facts; 8] = [
     Facts {
         dtype: DType::Q5K,
         code: 7,
-        since_version: FORMAT_VERSION + 1,
+        since_version: 9,
         name: "Q5_K",
         user_named: false,
         layout: Layout::Blocks(KQuant::Q5K),
@@ -133,7 +132,7 @@ pub(crate) const TABLE: [Facts; 8] = [
     Facts {
         dtype: DType::Q4K,
         code: 5,
-        since_version: FORMAT_VERSION + 1,
+        since_version: 9,
         name: "Q4_K",
         user_named: false,
         layout: Layout::Blocks(KQuant::Q4K),

@@ -45,11 +45,13 @@ pub const MAGIC: [u8; 8] = *b"QW3PICO\0";
 /// version 6 one more, the embedding head (Qwen3-Embedding: no classifier); version 7 the hybrid
 /// models (Qwen3.5: partial rotation, the attention output gate, Gated DeltaNet layers); version
 /// 8 the vision tower (its shape, the image processor's settings, the image tokens, M-RoPE's
-/// split; the tower's tensors `model.visual.*`).
+/// split; the tower's tensors `model.visual.*`); version 9 what only a GGUF held before, so that
+/// `qwen3 export FILE.gguf` copies it as it is: GGUF's K-quant dtypes (codes 5, 6 and 7) and a
+/// Gated DeltaNet's value heads in llama.cpp's tiled order (a byte after the vision block).
 /// A file is written with the oldest version that holds its tensors ([`version_for`]) and its
 /// config ([`ModelConfig::since_version`]), so a build from before q4 still reads a q8 file
 /// exported today.
-pub const FORMAT_VERSION: u32 = 8;
+pub const FORMAT_VERSION: u32 = 9;
 /// The version every file is written with at least: the config block has held its flags since
 /// version 2.
 pub const OLDEST_WRITTEN_VERSION: u32 = 2;

@@ -106,6 +106,8 @@ pub struct ModelWriter {
     current: Option<TensorEntry>,
     pos: u64,
     file_len: u64,
+    /// The format version written: the oldest that holds the config and the dtypes.
+    version: u32,
 }
 
 impl ModelWriter {
@@ -116,8 +118,8 @@ impl ModelWriter {
         specs: Vec<TensorSpec>,
     ) -> Result<ModelWriter> {
         config.validate()?;
-        // What only a GGUF holds (its K-quants, its tiled value heads) has no version of this
-        // format yet: refused, rather than written as a file this build cannot read back.
+        // A config or dtype from a newer format than this build's is refused, rather than
+        // written as a file this build cannot read back.
         let version = super::version_for(specs.iter().map(|s| s.dtype)).max(config.since_version());
         ensure!(
             version <= super::FORMAT_VERSION,
@@ -136,12 +138,18 @@ impl ModelWriter {
             current: None,
             pos: header.len() as u64,
             file_len,
+            version,
         })
     }
 
     /// The planned directory (for progress reports).
     pub fn entries(&self) -> &[TensorEntry] {
         &self.entries
+    }
+
+    /// The format version of the header written.
+    pub fn version(&self) -> u32 {
+        self.version
     }
 
     pub fn file_len(&self) -> u64 {

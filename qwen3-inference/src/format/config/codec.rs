@@ -143,6 +143,14 @@ impl ModelConfig {
                 v.encode(w);
             }
         }
+        if version < 9 {
+            return;
+        }
+        // Since format version 9: the order of the Gated DeltaNets' value heads (0 grouped, as
+        // HF's; 1 tiled, as a GGUF's; 0 without linear attention).
+        let tiled =
+            self.linear_attention.as_ref().map(|la| la.value_heads) == Some(ValueHeads::Tiled);
+        w.u8(tiled as u8);
     }
 
     /// Reads a config block written by [`ModelConfig::encode`] in format `version` and validates
@@ -289,6 +297,12 @@ impl ModelConfig {
         let mut vision = None;
         if version >= 8 && flag(r, "vision")? {
             vision = Some(VisionInput::decode(r)?);
+        }
+        if version >= 9 && flag(r, "value heads tiled")? {
+            let Some(la) = linear_attention.as_mut() else {
+                bail!("corrupt header: value heads tiled without linear attention");
+            };
+            la.value_heads = ValueHeads::Tiled;
         }
         let c = ModelConfig {
             architecture,

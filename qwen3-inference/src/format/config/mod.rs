@@ -296,9 +296,8 @@ impl ModelConfig {
             .as_ref()
             .is_some_and(|m| m.shared_expert_intermediate_size > 0);
         if self.linear_attention.as_ref().map(|la| la.value_heads) == Some(ValueHeads::Tiled) {
-            // Only a GGUF's (read in place, never written into a model file yet): as its
-            // K-quants (`dtype.rs`), the version after this build's.
-            super::FORMAT_VERSION + 1
+            // A GGUF's order (exported as it is), as its K-quants (`dtype.rs`).
+            9
         } else if self.vision.is_some() {
             8
         } else if self.partial_rotary_factor != 1.0

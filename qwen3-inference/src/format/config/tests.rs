@@ -66,6 +66,36 @@ pub fn tiny_qwen3_5_config(dtype: DType) -> ModelConfig {
     }
 }
 
+/// Version 9's byte: a GGUF's tiled value heads round-trip (what `qwen3 export FILE.gguf`
+/// writes), grouped ones still need only version 7, and a tiled byte without linear attention
+/// is refused.
+#[test]
+fn tiled_value_heads_round_trip_in_version_9() {
+    let mut c = tiny_qwen3_5_config(DType::Q8);
+    c.linear_attention.as_mut().unwrap().value_heads = ValueHeads::Tiled;
+    assert_eq!(c.since_version(), 9);
+    let mut w = ByteWriter::default();
+    c.encode(&mut w, 9);
+    let mut r = ByteReader::new(&w.buf);
+    assert_eq!(ModelConfig::decode(&mut r, 9).unwrap(), c);
+    assert_eq!(r.remaining(), 0);
+    let grouped = tiny_qwen3_5_config(DType::Q8);
+    let mut w = ByteWriter::default();
+    grouped.encode(&mut w, 9);
+    assert_eq!(
+        ModelConfig::decode(&mut ByteReader::new(&w.buf), 9).unwrap(),
+        grouped
+    );
+    let mut w = ByteWriter::default();
+    tiny_config(DType::Q8).encode(&mut w, 9);
+    *w.buf.last_mut().unwrap() = 1;
+    let e = ModelConfig::decode(&mut ByteReader::new(&w.buf), 9).unwrap_err();
+    assert!(
+        e.to_string().contains("tiled without linear attention"),
+        "{e}"
+    );
+}
+
 /// Version 7's block round-trips, and a version 7 reader reads what older writers wrote.
 #[test]
 fn linear_attention_round_trips_in_version_7() {
