@@ -3,7 +3,7 @@
 //! (The coverage-guided target is fuzz/fuzz_targets/model_file.rs, for `cargo +nightly fuzz`.)
 //!
 //! Valid tiny files (dense f32, q4 with its finer tensors, every matrix in q6, Qwen3-MoE with
-//! YaRN in bf16) are
+//! YaRN in bf16, and format version 9's GGUF-held storage: K-quant blocks, tiled value heads) are
 //! mutated thousands of times, each time in a few ways a damaged or hostile file could be: bytes
 //! of the header set to random values, a length or count field set to 0, 1, all ones or near the
 //! file's size, the file cut short or grown. The reader must answer each with a value or an
@@ -77,6 +77,33 @@ fn mutate(bytes: &[u8], header: usize, seed: &mut u64) -> Vec<u8> {
     b
 }
 
+/// fixtures/gguf/`name`.gguf written as a model file, tensor by tensor as it opens (what
+/// `qwen3 export FILE.gguf` writes).
+fn as_model_file(name: &str) -> PathBuf {
+    use qwen3_inference::format::writer::{ModelWriter, TensorSpec};
+    let gguf = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("../fixtures/gguf/{name}.gguf"));
+    let from = ModelFile::open(&gguf).unwrap();
+    let specs = (from.header().tensors.iter())
+        .map(|t| TensorSpec {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            group_size: t.group_size,
+        })
+        .collect();
+    let p = tmp(&format!("{name}.bin"));
+    let mut w = ModelWriter::create(&p, from.config(), specs).unwrap();
+    assert_eq!(w.version(), 9, "{name}");
+    for t in &from.header().tensors {
+        w.begin(&t.name, t.dtype).unwrap();
+        w.data(from.tensor_bytes(&t.name).unwrap()).unwrap();
+        w.end().unwrap();
+    }
+    w.finish().unwrap();
+    p
+}
+
 #[test]
 fn corrupted_model_files_give_errors_not_panics() {
     let files = [
@@ -100,6 +127,9 @@ fn corrupted_model_files_give_errors_not_panics() {
             write_random_config(&p, &moe_config(DType::Bf16));
             p
         }),
+        // Version 9: a Q4_K_M GGUF's blocks, and a Qwen3.5 GGUF's tiled value heads.
+        ("q4_k_m", as_model_file("tiny-bf16-tied-k256-q4_k_m")),
+        ("qwen3_5-tiled", as_model_file("tiny-qwen3_5-bf16-q8_0")),
     ];
     let mut seed = 2026u64;
     let (mut refused, mut parsed, mut opened) = (0, 0, 0);
