@@ -81,10 +81,7 @@ pub fn export_gguf(
             None => conversions.push((name.to_string(), 1, becomes(name))),
         }
     }
-    let left_out_note = h
-        .architecture()
-        .and_then(|a| h.get(&format!("{a}.nextn_predict_layers")))
-        .and_then(gguf::Value::as_u64)
+    let left_out_note = Some(gguf::model::blocks(h)?.mtp)
         .filter(|&n| n > 0)
         .map(|n| {
             let s = if n == 1 { "" } else { "s" };

@@ -7,7 +7,7 @@ use super::units::bytes;
 use anyhow::Result;
 use clap::Args;
 use qwen3_inference::backend::KvType;
-use qwen3_inference::format::{companion_paths, DType, ModelFile, RopeScaling};
+use qwen3_inference::format::{companion_paths, DType, ModelFile, RopeScaling, ValueHeads};
 use qwen3_inference::gguf;
 use std::path::PathBuf;
 
@@ -51,12 +51,17 @@ pub fn run(args: InfoArgs) -> Result<()> {
         // Qwen3.5: which layers mix tokens how (docs/transformer.md, the hybrid chapter).
         let linear = c.num_hidden_layers - c.attention_layers();
         println!(
-            "layers                   {linear} Gated DeltaNet ({} key and {} value heads of {} and {}, conv {}), {} gated attention (RoPE on {} of {} dims)",
+            "layers                   {linear} Gated DeltaNet ({} key and {} value heads of {} and {}, conv {}{}), {} gated attention (RoPE on {} of {} dims)",
             la.linear_num_key_heads,
             la.linear_num_value_heads,
             la.linear_key_head_dim,
             la.linear_value_head_dim,
             la.linear_conv_kernel_dim,
+            // A GGUF's order (format::ValueHeads), which the kernels read as it is.
+            match la.value_heads {
+                ValueHeads::Grouped => "",
+                ValueHeads::Tiled => ", value heads tiled as llama.cpp orders them",
+            },
             c.attention_layers(),
             c.rotary_dim(),
             c.head_dim
@@ -392,10 +397,9 @@ fn gguf_info(args: &InfoArgs) -> Result<()> {
         Ok(c)
     });
     // Qwen3.5's multi-token-prediction layers: blocks the text model does not count.
-    let mtp = h
-        .architecture()
-        .and_then(|a| h.get(&format!("{a}.nextn_predict_layers")))
-        .and_then(gguf::Value::as_u64)
+    let mtp = gguf::model::blocks(h)
+        .ok()
+        .map(|b| b.mtp)
         .filter(|&n| n > 0)
         .map_or(String::new(), |n| {
             let s = if n == 1 { "" } else { "s" };

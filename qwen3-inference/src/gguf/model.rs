@@ -54,6 +54,44 @@ use anyhow::{bail, ensure, Context, Result};
 /// groups of this many (`repack.rs`).
 pub const LEGACY_GROUP: u32 = 32;
 
+/// A GGUF's blocks (`block_count`): the model's layers, then Qwen3.5's multi-token-prediction
+/// layers (`nextn_predict_layers`, the last blocks), which the forward pass does not run
+/// (`names.rs` leaves their tensors out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Blocks {
+    pub count: u32,
+    pub mtp: u32,
+}
+
+impl Blocks {
+    /// The layers the model runs.
+    pub fn layers(self) -> u32 {
+        self.count - self.mtp
+    }
+}
+
+/// The [`Blocks`] of the GGUF with header `h`.
+pub fn blocks(h: &GgufHeader) -> Result<Blocks> {
+    let arch = h.architecture().context("no general.architecture")?;
+    let count = |k: &str| -> Result<Option<u32>> {
+        let key = format!("{arch}.{k}");
+        match h.get(&key) {
+            None => Ok(None),
+            Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+                Some(n) => Ok(Some(n)),
+                None => bail!("{key}: {v:?} is not a 32-bit count"),
+            },
+        }
+    };
+    let total = count("block_count")?.with_context(|| format!("{arch}.block_count is missing"))?;
+    let mtp = count("nextn_predict_layers")?.unwrap_or(0);
+    ensure!(
+        mtp < total,
+        "{arch}.nextn_predict_layers: {mtp} of {total} blocks"
+    );
+    Ok(Blocks { count: total, mtp })
+}
+
 /// The model's config from a GGUF file's metadata. The matrices keep the GGUF's own storage,
 /// tensor by tensor (`GgufTensor::ggml_type`); `dtype` says f32, what they dequantize to
 /// (`blocks.rs`), and the sampling defaults are absent (a GGUF carries none).
@@ -104,15 +142,7 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
         }
     }
     let hidden_size = need("embedding_length")?;
-    // The multi-token-prediction layers are the last blocks (names.rs leaves them out).
-    let blocks = need("block_count")?;
-    let mtp = int("nextn_predict_layers")?.unwrap_or(0);
-    ensure!(
-        mtp < blocks,
-        "{}: {mtp} of {blocks} blocks",
-        key("nextn_predict_layers")
-    );
-    let num_hidden_layers = blocks - mtp;
+    let num_hidden_layers = blocks(h)?.layers();
     let num_attention_heads = need("attention.head_count")?;
     let embd = h
         .tensors

@@ -171,12 +171,8 @@ pub struct Names {
 impl Names {
     /// For model `c` read from the GGUF with header `h`.
     pub fn of(h: &GgufHeader, c: &ModelConfig) -> Names {
-        let blocks = h
-            .architecture()
-            .and_then(|a| h.get(&format!("{a}.block_count")))
-            .and_then(|v| v.as_u64())
-            .and_then(|n| u32::try_from(n).ok())
-            .unwrap_or(c.num_hidden_layers);
+        // (`model_config`, which made `c`, has read them.)
+        let blocks = super::model::blocks(h).map_or(c.num_hidden_layers, |b| b.count);
         Names {
             layers: c.num_hidden_layers,
             blocks,
