@@ -679,3 +679,106 @@ fn serve_names_the_model_by_its_id() {
     assert!(models.join("test-org--tiny-qwen2.bin").exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A hub repository's GGUF file by its quantization (`ORG/NAME-GGUF:Q8_0`, as llama.cpp's `-hf`
+/// takes it): only that file is downloaded into the cache, and it runs as the file itself does;
+/// the next run finds it offline; a `-GGUF` repository named alone gives its Q4_K_M; `export`
+/// takes the name too; a quantization the repository lacks is one line listing what it has.
+#[test]
+fn a_gguf_repository_by_its_quantization() {
+    let dir = tempdir("hub", "gguf");
+    let cache = dir.join("cache");
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf");
+    let q8_0 = fixtures.join("tiny-f32-tied-gqa2-q8_0.gguf");
+    let files = HashMap::from([
+        ("tiny-Q8_0.gguf".to_string(), std::fs::read(&q8_0).unwrap()),
+        (
+            "tiny-Q4_K_M.gguf".to_string(),
+            std::fs::read(fixtures.join("tiny-bf16-tied-k256-q4_k_m.gguf")).unwrap(),
+        ),
+        ("README.md".to_string(), b"# tiny\n".to_vec()),
+    ]);
+    let repos = HashMap::from([(
+        "test-org/tiny-GGUF".to_string(),
+        MirrorRepo {
+            files,
+            gated: false,
+        },
+    )]);
+    let mirror = Mirror::start(repos, None);
+    let run = |model: &str| {
+        vec![
+            "inference".to_string(),
+            model.to_string(),
+            "-i".into(),
+            "The capital of France is".into(),
+            "-n".into(),
+            "8".into(),
+            "-t".into(),
+            "0".into(),
+        ]
+    };
+    let args = run("test-org/tiny-GGUF:Q8_0");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let first = qwen3(&cache, &mirror.url(), &args, &[]);
+    ok(&first);
+    let fetched: Vec<String> = (mirror.seen().iter())
+        .map(|s| s.path.clone())
+        .filter(|p| p.contains("/resolve/"))
+        .collect();
+    assert!(
+        !fetched.is_empty() && fetched.iter().all(|p| p.ends_with("/tiny-Q8_0.gguf")),
+        "{fetched:?}"
+    );
+    let direct = run(q8_0.to_str().unwrap());
+    let direct = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args(&direct)
+        .output()
+        .unwrap();
+    ok(&direct);
+    assert_eq!(first.stdout, direct.stdout, "the file's own greedy text");
+    let requests = mirror.seen().len();
+    let second = qwen3(&cache, &mirror.url(), &args, &[("HF_HUB_OFFLINE", "1")]);
+    ok(&second);
+    assert_eq!(second.stdout, first.stdout);
+    assert!(
+        err(&second).contains("in the HuggingFace cache"),
+        "{}",
+        err(&second)
+    );
+    assert_eq!(mirror.seen().len(), requests, "no request offline");
+
+    let info = qwen3(&cache, &mirror.url(), &["info", "test-org/tiny-GGUF"], &[]);
+    ok(&info);
+    let shown = String::from_utf8_lossy(&info.stdout).to_string();
+    assert!(shown.contains("yes, Q4_K + Q6_K"), "{shown}");
+
+    let out = dir.join("tiny.bin");
+    let export = qwen3(
+        &cache,
+        &mirror.url(),
+        &["export", "test-org/tiny-GGUF:Q8_0", out.to_str().unwrap()],
+        &[("HF_HUB_OFFLINE", "1")],
+    );
+    ok(&export);
+    assert!(out.exists() && dir.join("tiny.tokenizer.bin").exists());
+
+    let lacking = qwen3(
+        &cache,
+        &mirror.url(),
+        &["info", "test-org/tiny-GGUF:Q6_K"],
+        &[],
+    );
+    assert!(!lacking.status.success());
+    let e = err(&lacking);
+    assert!(
+        e.contains("test-org/tiny-GGUF:Q6_K: no Q6_K GGUF file in the repository; it has tiny-Q4_K_M.gguf, tiny-Q8_0.gguf"),
+        "{e}"
+    );
+    assert_eq!(
+        e.trim_end().lines().last().map(|l| l.contains("no Q6_K")),
+        Some(true),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -17,7 +17,9 @@ pub struct ExportArgs {
     /// HuggingFace checkpoint directory (config.json, *.safetensors, tokenizer.json, ...), or a
     /// repository id such as Qwen/Qwen3-0.6B (@REVISION optional): taken from the HuggingFace
     /// cache, downloaded into it if missing (HF_ENDPOINT, HF_TOKEN, HF_HUB_CACHE are honoured);
-    /// or a GGUF file, whose tensors are written as they run (no flag below applies).
+    /// or a GGUF file, or a hub repository's GGUF by its quantization
+    /// (Qwen/Qwen3-0.6B-GGUF:Q8_0), whose tensors are written as they run (no flag below
+    /// applies).
     pub hf_dir: PathBuf,
     /// Model file to write; the tokenizer and template files are written beside it.
     pub out: PathBuf,
@@ -50,7 +52,16 @@ pub struct ExportArgs {
 
 pub fn run(args: ExportArgs) -> Result<()> {
     if super::model_text::is_gguf(&args.hf_dir) {
-        return run_gguf(&args);
+        return run_gguf(&args, &args.hf_dir);
+    }
+    // A hub repository's GGUF file (`ORG/NAME-GGUF:Q8_0`), from the cache or downloaded.
+    let gguf = args
+        .hf_dir
+        .to_str()
+        .and_then(crate::hub::gguf_repo::GgufRef::parse);
+    if let Some(r) = gguf.filter(|_| !args.hf_dir.exists()) {
+        let file = crate::hub::gguf_repo::gguf_file(&r, crate::hub::offline(args.offline))?;
+        return run_gguf(&args, &file);
     }
     // q6 is a dtype of tensors inside q4 files (--tables, --sensitive), not of a file.
     let name = args.dtype.as_deref().unwrap_or("q8");
@@ -155,7 +166,7 @@ fn stop_if_interrupted<T>(r: Result<T>, out: &Path) -> Result<T> {
 }
 
 /// `qwen3 export FILE.gguf out.bin`: the GGUF's tensors as it runs them (`qwen3_export::gguf`).
-fn run_gguf(args: &ExportArgs) -> Result<()> {
+fn run_gguf(args: &ExportArgs, gguf: &Path) -> Result<()> {
     let flags = [
         ("--dtype", args.dtype.is_some()),
         ("--group-size", args.group_size.is_some()),
@@ -172,7 +183,7 @@ fn run_gguf(args: &ExportArgs) -> Result<()> {
     let interrupted = on_ctrl_c()?;
     let progress = std::io::stderr().is_terminal();
     let s = stop_if_interrupted(
-        export_gguf(&args.hf_dir, &args.out, progress, Some(interrupted)),
+        export_gguf(gguf, &args.out, progress, Some(interrupted)),
         &args.out,
     )?;
     let c = &s.config;

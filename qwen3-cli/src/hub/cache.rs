@@ -57,6 +57,12 @@ pub fn is_needed(name: &str) -> bool {
 /// The snapshot of `repo` in the cache under `root` when it holds everything export needs: the
 /// commit of a branch or tag from `refs/`, or the commit given.
 pub fn snapshot(root: &Path, repo: &RepoRef) -> Option<PathBuf> {
+    snapshot_dir(root, repo).filter(|snap| is_complete(snap))
+}
+
+/// The snapshot directory of `repo` in the cache under `root`, whatever it holds: the commit of
+/// a branch or tag from `refs/`, or the commit given; `None` if the cache has no such ref.
+pub fn snapshot_dir(root: &Path, repo: &RepoRef) -> Option<PathBuf> {
     let dir = repo_dir(root, &repo.id);
     let commit = if repo.is_commit() {
         repo.revision.clone()
@@ -64,8 +70,7 @@ pub fn snapshot(root: &Path, repo: &RepoRef) -> Option<PathBuf> {
         let r = std::fs::read_to_string(dir.join("refs").join(&repo.revision)).ok()?;
         r.trim().to_string()
     };
-    let snap = dir.join("snapshots").join(commit);
-    is_complete(&snap).then_some(snap)
+    Some(dir.join("snapshots").join(commit))
 }
 
 /// Whether `dir` holds config.json, tokenizer.json and every weight file: each shard the index

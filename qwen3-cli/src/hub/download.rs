@@ -5,10 +5,12 @@
 //! `HF_ENDPOINT` when it is set (a mirror).
 
 use super::cache::{is_needed, repo_dir};
+use super::gguf_repo::{pick, GgufRef};
 use super::RepoRef;
 use anyhow::{anyhow, bail, Context, Result};
 use hf_hub::api::sync::{Api, ApiBuilder, ApiError};
 use hf_hub::api::Progress;
+use hf_hub::api::RepoInfo;
 use hf_hub::{Cache, Repo, RepoType};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -31,26 +33,7 @@ fn endpoint() -> String {
 /// before the weights are fetched.
 pub fn snapshot(root: &Path, repo: &RepoRef) -> Result<PathBuf> {
     let ep = endpoint();
-    let token = std::env::var("HF_TOKEN")
-        .ok()
-        .filter(|t| !t.is_empty())
-        .or_else(|| Cache::new(root.to_path_buf()).token());
-    let api: Api = ApiBuilder::from_cache(Cache::new(root.to_path_buf()))
-        .with_endpoint(ep.clone())
-        .with_token(token)
-        .with_progress(false)
-        .with_retries(3)
-        .build()
-        .map_err(|e| explain(e, repo, &ep, root))?;
-    let hub_repo = Repo::with_revision(repo.id.clone(), RepoType::Model, repo.revision.clone());
-    eprintln!("{repo}: not in the HuggingFace cache; downloading from {ep}");
-    let (a, rr) = (api.clone(), hub_repo.clone());
-    let info = watched(&ep, "the file list", move |_| a.repo(rr).info())?
-        .map_err(|e| explain(e, repo, &ep, root))?;
-    let r = Fetcher {
-        api,
-        repo: hub_repo,
-    };
+    let (r, info) = file_list(root, repo, &ep)?;
     let mut files: Vec<String> = info
         .siblings
         .into_iter()
@@ -81,6 +64,41 @@ pub fn snapshot(root: &Path, repo: &RepoRef) -> Result<PathBuf> {
         .parent()
         .context("config.json has no directory")?
         .to_path_buf())
+}
+
+/// A handle on `repo` at the hub `ep`, and the repository's file list.
+fn file_list(root: &Path, repo: &RepoRef, ep: &str) -> Result<(Fetcher, RepoInfo)> {
+    let token = std::env::var("HF_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .or_else(|| Cache::new(root.to_path_buf()).token());
+    let api: Api = ApiBuilder::from_cache(Cache::new(root.to_path_buf()))
+        .with_endpoint(ep.to_string())
+        .with_token(token)
+        .with_progress(false)
+        .with_retries(3)
+        .build()
+        .map_err(|e| explain(e, repo, ep, root))?;
+    let hub_repo = Repo::with_revision(repo.id.clone(), RepoType::Model, repo.revision.clone());
+    eprintln!("{repo}: not in the HuggingFace cache; downloading from {ep}");
+    let (a, rr) = (api.clone(), hub_repo.clone());
+    let info = watched(ep, "the file list", move |_| a.repo(rr).info())?
+        .map_err(|e| explain(e, repo, ep, root))?;
+    let r = Fetcher {
+        api,
+        repo: hub_repo,
+    };
+    Ok((r, info))
+}
+
+/// Downloads the GGUF file `r` names (`gguf_repo.rs`) into the cache under `root`, that file
+/// only; returns its path.
+pub fn gguf_file(root: &Path, r: &GgufRef) -> Result<PathBuf> {
+    let ep = endpoint();
+    let (fetcher, info) = file_list(root, &r.repo, &ep)?;
+    let files: Vec<String> = info.siblings.into_iter().map(|s| s.rfilename).collect();
+    let file = pick(r, &files, true)?;
+    fetch(&fetcher, &file, &r.repo, &ep, root)
 }
 
 /// What a download thread needs to make its own handle on the repository.

@@ -7,7 +7,9 @@
 //! `HF_ENDPOINT` names (`download.rs`, HuggingFace's `hf-hub` crate): only the files `export`
 //! reads. `--offline` or `HF_HUB_OFFLINE=1` never touches the network.
 //!
-//! A name ollama has pulled (`qwen3:0.6b-q8_0`) is its GGUF file, run as it is (`ollama.rs`).
+//! A name ollama has pulled (`qwen3:0.6b-q8_0`) is its GGUF file, run as it is (`ollama.rs`); a
+//! hub repository's GGUF file by its quantization (`Qwen/Qwen3-0.6B-GGUF:Q8_0`) too
+//! (`gguf_repo.rs`).
 //!
 //! `qwen3 export NAME out.bin` exports that directory; `qwen3 inference NAME` (and `chat`,
 //! `generate`, `serve`, `batch`) export it once into a models directory (`models.rs`) and reuse
@@ -16,6 +18,7 @@
 pub mod cache;
 #[cfg(feature = "hub")]
 mod download;
+pub mod gguf_repo;
 pub mod models;
 pub mod ollama;
 

@@ -48,6 +48,10 @@ pub fn resolve(model: &Path, dir_flag: Option<&Path>, offline: bool) -> Result<P
             eprintln!("{name}: ollama's {}", file.display());
             return Ok(file);
         }
+        // A hub repository's GGUF file (`ORG/NAME-GGUF:Q8_0`): run as it is, not exported.
+        if let Some(r) = super::gguf_repo::GgufRef::parse(name) {
+            return super::gguf_repo::gguf_file(&r, super::offline(offline));
+        }
     }
     // `models/qwen3.bin` that does not exist is a missing model file (opening it says so), not
     // a repository named `qwen3.bin`.

@@ -1,0 +1,248 @@
+//! A GGUF file of a hub repository by name, as llama.cpp's `-hf` and ollama's `hf.co/` take
+//! it: `ORG/NAME:QUANT` (`Qwen/Qwen3-0.6B-GGUF:Q8_0`, a revision as `ORG/NAME@REV:QUANT`). A
+//! repository whose name ends in `GGUF` may leave the quantization out: Q4_K_M, llama.cpp's
+//! default, or else the repository's only GGUF file.
+//!
+//! The file is looked for in the HuggingFace cache (`cache.rs`), and downloaded into it when it
+//! is not there: that one file, not the repository's other quantizations. It then runs as any
+//! GGUF file does, mapped (docs/gguf.md).
+
+use super::RepoRef;
+use anyhow::{bail, Result};
+use std::path::{Path, PathBuf};
+
+/// A repository and the quantization asked for (`None`: the default, see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GgufRef {
+    pub repo: RepoRef,
+    pub quant: Option<String>,
+}
+
+impl GgufRef {
+    /// `ORG/NAME[@REV]:QUANT`, or `ORG/NAME[@REV]` where NAME ends in `GGUF` (any case); `None`
+    /// for anything else (a safetensors repository, a path, an ollama name without an org).
+    pub fn parse(s: &str) -> Option<GgufRef> {
+        let (name, quant) = match s.rsplit_once(':') {
+            Some((name, q)) => {
+                if q.is_empty() || !q.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                    return None;
+                }
+                (name, Some(q.to_string()))
+            }
+            None => (s, None),
+        };
+        let repo = RepoRef::parse(name)?;
+        let gguf_repo = repo.id.to_ascii_lowercase().ends_with("gguf");
+        (quant.is_some() || gguf_repo).then_some(GgufRef { repo, quant })
+    }
+}
+
+impl std::fmt::Display for GgufRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.quant {
+            Some(q) => write!(f, "{}:{q}", self.repo),
+            None => write!(f, "{}", self.repo),
+        }
+    }
+}
+
+/// Whether file name `name` carries quantization `quant` as a whole word: `Qwen3-0.6B-Q8_0.gguf`
+/// has `Q8_0` (any case), `x-Q4_K_M.gguf` has `Q4_K_M` but not `Q4_K`.
+fn has_quant(name: &str, quant: &str) -> bool {
+    let (name, quant) = (name.to_ascii_lowercase(), quant.to_ascii_lowercase());
+    let stem = name.strip_suffix(".gguf").unwrap_or(&name);
+    let word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+    stem.match_indices(&quant).any(|(at, _)| {
+        !word(stem[..at].chars().next_back()) && !word(stem[at + quant.len()..].chars().next())
+    })
+}
+
+/// The repository file `r` names among `files` (paths in the repository; `whole`: all of them,
+/// not only those a cache holds): its quantization's GGUF file (see the module docs). Vision
+/// projectors (`mmproj`) are not models; a file split in parts (`-00001-of-00003.gguf`) is
+/// refused by name.
+pub fn pick(r: &GgufRef, files: &[String], whole: bool) -> Result<String> {
+    let base = |f: &str| f.rsplit('/').next().unwrap_or(f).to_string();
+    let models: Vec<&String> = files
+        .iter()
+        .filter(|f| f.to_ascii_lowercase().ends_with(".gguf"))
+        .filter(|f| !base(f).to_ascii_lowercase().contains("mmproj"))
+        .collect();
+    if models.is_empty() {
+        bail!("{r}: the repository holds no GGUF file");
+    }
+    let quant = r.quant.as_deref().unwrap_or("Q4_K_M");
+    let found: Vec<&String> = models
+        .iter()
+        .copied()
+        .filter(|f| has_quant(&base(f), quant))
+        .collect();
+    let found = match (found.as_slice(), &r.quant) {
+        ([], None) if whole && models.len() == 1 => models.clone(),
+        _ => found,
+    };
+    match found.as_slice() {
+        [one] if is_split(one) => bail!(
+            "{r}: {one} is one part of a split GGUF file, which is not read yet (llama.cpp's \
+             llama-gguf-split --merge joins the parts)"
+        ),
+        [one] => Ok(one.to_string()),
+        [] => {
+            let mut names: Vec<String> = models.iter().map(|f| base(f)).collect();
+            names.sort();
+            bail!(
+                "{r}: no {quant} GGUF file in the repository; it has {}",
+                names.join(", ")
+            )
+        }
+        many if many.iter().all(|f| is_split(f)) => bail!(
+            "{r}: {quant} is a GGUF file split in {} parts, which is not read yet (llama.cpp's \
+             llama-gguf-split --merge joins the parts)",
+            many.len()
+        ),
+        many => {
+            let names: Vec<&str> = many.iter().map(|f| f.as_str()).collect();
+            bail!(
+                "{r}: {} GGUF files match {quant} ({}); name the file's quantization exactly",
+                many.len(),
+                names.join(", ")
+            )
+        }
+    }
+}
+
+/// `-00001-of-00003.gguf`: a part of a file `llama-gguf-split` cut.
+fn is_split(name: &str) -> bool {
+    let stem = name.strip_suffix(".gguf").unwrap_or(name);
+    let parts: Vec<&str> = stem.rsplitn(3, '-').collect();
+    matches!(parts.as_slice(), [total, "of", _] if total.len() == 5 && total.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The files of the snapshot directory `dir` (relative paths, one folder deep at most, as the
+/// hub's GGUF repositories lay them out).
+fn snapshot_files(dir: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return files;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        match std::fs::read_dir(e.path()) {
+            Ok(sub) => files.extend(
+                sub.flatten()
+                    .map(|s| format!("{name}/{}", s.file_name().to_string_lossy())),
+            ),
+            Err(_) => files.push(name),
+        }
+    }
+    files.sort();
+    files
+}
+
+/// The GGUF file `r` names: from the HuggingFace cache under `root` when it is there (a file
+/// that opens: a symlink into a blob that is gone does not count), else downloaded into it
+/// (unless `offline`).
+pub fn gguf_file(r: &GgufRef, offline: bool) -> Result<PathBuf> {
+    let root = super::cache::hub_cache();
+    if let Some(dir) = super::cache::snapshot_dir(&root, &r.repo) {
+        if let Ok(file) = pick(r, &snapshot_files(&dir), false) {
+            let path = dir.join(&file);
+            if std::fs::File::open(&path).is_ok() {
+                eprintln!("{r}: in the HuggingFace cache, {}", path.display());
+                return Ok(path);
+            }
+        }
+    }
+    if offline {
+        bail!(
+            "{r}: not in the HuggingFace cache ({}), and offline (--offline or HF_HUB_OFFLINE) forbids downloading it",
+            root.display()
+        );
+    }
+    download(&root, r)
+}
+
+#[cfg(feature = "hub")]
+fn download(root: &Path, r: &GgufRef) -> Result<PathBuf> {
+    super::download::gguf_file(root, r)
+}
+
+#[cfg(not(feature = "hub"))]
+fn download(root: &Path, r: &GgufRef) -> Result<PathBuf> {
+    bail!(
+        "{r}: not in the HuggingFace cache ({}), and this qwen3 was built without downloads (the `hub` feature)",
+        root.display()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn names_parse_as_llama_cpp_and_ollama_take_them() {
+        let r = GgufRef::parse("Qwen/Qwen3-0.6B-GGUF:Q8_0").unwrap();
+        assert_eq!(
+            (
+                r.repo.id.as_str(),
+                r.repo.revision.as_str(),
+                r.quant.as_deref()
+            ),
+            ("Qwen/Qwen3-0.6B-GGUF", "main", Some("Q8_0"))
+        );
+        let r = GgufRef::parse("unsloth/Qwen3.5-4B-GGUF@v2:q4_k_m").unwrap();
+        assert_eq!(
+            (r.repo.revision.as_str(), r.quant.as_deref()),
+            ("v2", Some("q4_k_m"))
+        );
+        assert_eq!(GgufRef::parse("Qwen/Qwen3-0.6B-GGUF").unwrap().quant, None);
+        // A safetensors repository, an ollama name, a path, an empty or odd quantization.
+        for not in [
+            "Qwen/Qwen3-0.6B",
+            "qwen3:0.6b",
+            "./a/b:Q8_0",
+            "a/b:",
+            "a/b:Q8-0",
+        ] {
+            assert_eq!(GgufRef::parse(not), None, "{not}");
+        }
+    }
+
+    #[test]
+    fn the_quantization_picks_one_file() {
+        let repo = files(&[
+            "README.md",
+            "Qwen3-0.6B-Q4_K_M.gguf",
+            "Qwen3-0.6B-Q4_K_S.gguf",
+            "Qwen3-0.6B-Q8_0.gguf",
+            "Qwen3-0.6B-BF16.gguf",
+            "mmproj-Qwen3-0.6B-F16.gguf",
+        ]);
+        let pick_ = |name: &str| pick(&GgufRef::parse(name).unwrap(), &repo, true);
+        assert_eq!(pick_("o/x-GGUF:q8_0").unwrap(), "Qwen3-0.6B-Q8_0.gguf");
+        assert_eq!(pick_("o/x-GGUF").unwrap(), "Qwen3-0.6B-Q4_K_M.gguf");
+        assert_eq!(pick_("o/x-GGUF:BF16").unwrap(), "Qwen3-0.6B-BF16.gguf");
+        let e = pick_("o/x-GGUF:Q4_K").unwrap_err().to_string();
+        assert!(
+            e.contains("no Q4_K GGUF file") && e.contains("Qwen3-0.6B-Q8_0.gguf"),
+            "{e}"
+        );
+        assert!(!e.contains("mmproj"), "{e}");
+        let split = files(&[
+            "Q4_K_M/Qwen3.5-397B-Q4_K_M-00001-of-00002.gguf",
+            "Q4_K_M/Qwen3.5-397B-Q4_K_M-00002-of-00002.gguf",
+        ]);
+        let e = pick(&GgufRef::parse("o/x-GGUF:Q4_K_M").unwrap(), &split, true).unwrap_err();
+        assert!(e.to_string().contains("split in 2 parts"), "{e}");
+        let one = files(&["tiny.gguf"]);
+        let default = GgufRef::parse("o/x-GGUF").unwrap();
+        assert_eq!(pick(&default, &one, true).unwrap(), "tiny.gguf");
+        // A cache's one file is not the repository's only one.
+        assert!(pick(&default, &one, false).is_err());
+        assert!(pick(&default, &files(&["a.bin"]), true).is_err());
+    }
+}
