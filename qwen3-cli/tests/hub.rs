@@ -752,6 +752,23 @@ fn a_gguf_repository_by_its_quantization() {
     ok(&info);
     let shown = String::from_utf8_lossy(&info.stdout).to_string();
     assert!(shown.contains("yes, Q4_K + Q6_K"), "{shown}");
+    // `qwen3 list` shows both cached files by the names that run them.
+    let env = [
+        ("QWEN3_MODELS_DIR", dir.join("models")),
+        ("OLLAMA_MODELS", dir.join("ollama")),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.to_str().unwrap())).collect();
+    let list = qwen3(&cache, &mirror.url(), &["list"], &env);
+    ok(&list);
+    let listed = String::from_utf8_lossy(&list.stdout).to_string();
+    for name in ["test-org/tiny-GGUF:Q8_0 ", "test-org/tiny-GGUF:Q4_K_M "] {
+        assert!(
+            listed
+                .lines()
+                .any(|l| l.starts_with(name) && l.ends_with("HuggingFace cache")),
+            "{listed}"
+        );
+    }
 
     let out = dir.join("tiny.bin");
     let export = qwen3(

@@ -55,14 +55,19 @@ pub fn list(args: ListArgs) -> Result<()> {
             rows.push((name, size, "qwen3 export"));
         }
     }
-    // The GGUF files ollama pulled, which run by their ollama name as they are.
+    // The GGUF files ollama pulled, which run by their ollama name as they are; and those of
+    // the HuggingFace cache, by their repository and quantization.
     for (name, file) in crate::hub::ollama::list() {
         let size = std::fs::metadata(&file).map_or(0, |m| m.len());
         rows.push((name, size, "ollama"));
     }
+    for (name, file) in crate::hub::gguf_repo::list() {
+        let size = std::fs::metadata(&file).map_or(0, |m| m.len());
+        rows.push((name, size, "HuggingFace cache"));
+    }
     if rows.is_empty() {
         eprintln!(
-            "no models in {} (a model named by its repository, as in `qwen3 chat Qwen/Qwen3-0.6B`, is exported there), nor in ollama's store",
+            "no models in {} (a model named by its repository, as in `qwen3 chat Qwen/Qwen3-0.6B`, is exported there), nor in ollama's store, nor GGUF files in the HuggingFace cache",
             dir.display()
         );
         return Ok(());

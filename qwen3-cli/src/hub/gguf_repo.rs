@@ -162,6 +162,52 @@ pub fn gguf_file(r: &GgufRef, offline: bool) -> Result<PathBuf> {
     download(&root, r)
 }
 
+/// The GGUF files of the HuggingFace cache (each repository's `main`), by the name that runs
+/// each: `ORG/NAME:QUANT`, the quantization being the last word of the file's name
+/// (`Qwen3-0.6B-Q8_0.gguf`: `Q8_0`) when that name picks the file back.
+pub fn list() -> Vec<(String, PathBuf)> {
+    let root = super::cache::hub_cache();
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return found;
+    };
+    for e in entries.flatten() {
+        let dir = e.file_name().to_string_lossy().to_string();
+        let Some(id) = dir
+            .strip_prefix("models--")
+            .map(|n| n.replacen("--", "/", 1))
+        else {
+            continue;
+        };
+        let Some(repo) = RepoRef::parse(&id) else {
+            continue;
+        };
+        let Some(snap) = super::cache::snapshot_dir(&root, &repo) else {
+            continue;
+        };
+        let files = snapshot_files(&snap);
+        for f in files
+            .iter()
+            .filter(|f| f.to_ascii_lowercase().ends_with(".gguf"))
+        {
+            let base = f.rsplit('/').next().unwrap_or(f);
+            let stem = &base[..base.len() - ".gguf".len()];
+            let Some(quant) = stem.rsplit(['-', '.']).next().filter(|q| *q != stem) else {
+                continue;
+            };
+            let r = GgufRef {
+                repo: repo.clone(),
+                quant: Some(quant.to_string()),
+            };
+            let path = snap.join(f);
+            if pick(&r, &files, false).ok().as_deref() == Some(f) && path.exists() {
+                found.push((r.to_string(), path));
+            }
+        }
+    }
+    found
+}
+
 #[cfg(feature = "hub")]
 fn download(root: &Path, r: &GgufRef) -> Result<PathBuf> {
     super::download::gguf_file(root, r)
