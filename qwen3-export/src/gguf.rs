@@ -20,12 +20,10 @@
 
 use crate::{check_cancel, temp_sibling};
 use anyhow::{ensure, Context, Result};
-use qwen3_inference::chat::template_file::TemplateFile;
 use qwen3_inference::chat::ChatTemplate;
-use qwen3_inference::format::writer::{ModelWriter, TensorSpec};
+use qwen3_inference::format::writer::ModelWriter;
 use qwen3_inference::format::{companion_paths, ModelConfig, ModelFile};
 use qwen3_inference::gguf::{self, GgufFile};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
@@ -108,26 +106,16 @@ pub fn export_gguf(
             tokenizer.len(),
             tokenizer.split_pattern
         );
-        let template_note = match gguf::tokenizer::chat_template(h) {
+        let template_note = match gguf::tokenizer::template_file(h) {
             None => None,
-            Some(source) => {
-                let special: BTreeMap<String, String> = gguf::tokenizer::special_tokens(h)
-                    .into_iter()
-                    .map(|(k, v)| (k.to_owned(), v))
-                    .collect();
-                let t = TemplateFile::new(
-                    "GGUF tokenizer.chat_template".into(),
-                    source.to_owned(),
-                    BTreeMap::new(),
-                    special,
-                );
+            Some(t) => {
                 // Compiled now, so that a template our Jinja engine cannot parse fails here.
                 ChatTemplate::from_file(t.clone(), gguf)?;
                 std::fs::write(&tmp_tpl, t.to_json())
                     .with_context(|| format!("{}: cannot write", tmp_tpl.display()))?;
                 Some(format!(
                     "chat template: {} chars from the GGUF's tokenizer.chat_template",
-                    source.chars().count()
+                    t.chat_template.chars().count()
                 ))
             }
         };
@@ -185,15 +173,7 @@ fn write_model(
     cancel: Option<&AtomicBool>,
 ) -> Result<(u64, u32)> {
     let tensors = &file.header().tensors;
-    let specs = tensors
-        .iter()
-        .map(|t| TensorSpec {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            group_size: t.group_size,
-        })
-        .collect();
+    let specs = tensors.iter().map(|t| t.spec()).collect();
     let mut w = ModelWriter::create(out, file.config(), specs)?;
     let version = w.version();
     let total = w.file_len();

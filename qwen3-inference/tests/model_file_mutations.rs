@@ -80,18 +80,11 @@ fn mutate(bytes: &[u8], header: usize, seed: &mut u64) -> Vec<u8> {
 /// fixtures/gguf/`name`.gguf written as a model file, tensor by tensor as it opens (what
 /// `qwen3 export FILE.gguf` writes).
 fn as_model_file(name: &str) -> PathBuf {
-    use qwen3_inference::format::writer::{ModelWriter, TensorSpec};
+    use qwen3_inference::format::writer::ModelWriter;
     let gguf = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join(format!("../fixtures/gguf/{name}.gguf"));
     let from = ModelFile::open(&gguf).unwrap();
-    let specs = (from.header().tensors.iter())
-        .map(|t| TensorSpec {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            group_size: t.group_size,
-        })
-        .collect();
+    let specs = from.header().tensors.iter().map(|t| t.spec()).collect();
     let p = tmp(&format!("{name}.bin"));
     let mut w = ModelWriter::create(&p, from.config(), specs).unwrap();
     assert_eq!(w.version(), 9, "{name}");

@@ -4,12 +4,10 @@
 //! command that reads text finds them here, so a GGUF file runs wherever a model file does.
 
 use anyhow::{bail, Context, Result};
-use qwen3_inference::chat::template_file::TemplateFile;
 use qwen3_inference::chat::ChatTemplate;
 use qwen3_inference::format::companion_paths;
 use qwen3_inference::gguf::{self, GgufFile};
 use qwen3_inference::tokenizer::Tokenizer;
-use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
 
@@ -54,19 +52,9 @@ pub fn template(model: &Path) -> Result<Option<ChatTemplate>> {
     if is_gguf(model) {
         let file = GgufFile::open(model)?;
         let h = file.header();
-        let Some(source) = gguf::tokenizer::chat_template(h) else {
+        let Some(file) = gguf::tokenizer::template_file(h) else {
             return Ok(None);
         };
-        let special: BTreeMap<String, String> = gguf::tokenizer::special_tokens(h)
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect();
-        let file = TemplateFile::new(
-            "GGUF tokenizer.chat_template".into(),
-            source.to_owned(),
-            BTreeMap::new(),
-            special,
-        );
         return ChatTemplate::from_file(file, model).map(Some);
     }
     let path = companion_paths(model).template;

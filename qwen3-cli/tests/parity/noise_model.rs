@@ -14,17 +14,7 @@ pub(super) fn write_sign_flipped(
     seed: Option<u64>,
     out: &Path,
 ) {
-    let specs: Vec<TensorSpec> = exact
-        .header()
-        .tensors
-        .iter()
-        .map(|t| TensorSpec {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            group_size: t.group_size,
-        })
-        .collect();
+    let specs: Vec<TensorSpec> = exact.header().tensors.iter().map(|t| t.spec()).collect();
     let mut w = ModelWriter::create(out, exact.config(), specs.clone()).unwrap();
     let mut state = seed
         .unwrap_or(0)

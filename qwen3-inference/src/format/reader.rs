@@ -34,6 +34,19 @@ pub struct TensorInfo {
     pub nbytes: u64,
 }
 
+impl TensorInfo {
+    /// The spec a [`super::ModelWriter`] writes this tensor by (its name, dtype, shape and
+    /// group size), to copy a file tensor by tensor.
+    pub fn spec(&self) -> super::writer::TensorSpec {
+        super::writer::TensorSpec {
+            name: self.name.clone(),
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            group_size: self.group_size,
+        }
+    }
+}
+
 /// The parsed and validated header.
 #[derive(Debug, Clone)]
 pub struct Header {

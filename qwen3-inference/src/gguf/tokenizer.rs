@@ -24,6 +24,7 @@
 //! `normalized: false`, as Qwen's tokenizer.json writes every added token).
 
 use super::{GgufHeader, Value};
+use crate::chat::template_file::TemplateFile;
 use crate::tokenizer::bpe::{MergeTable, NO_ID};
 use crate::tokenizer::byte_level;
 use crate::tokenizer::file::{AddedToken, Normalizer, TokenizerData};
@@ -211,6 +212,21 @@ pub fn tokenizer_data(h: &GgufHeader, model_vocab: u32) -> Result<TokenizerData>
 /// `chat_template`, copied by the converter), if any.
 pub fn chat_template(h: &GgufHeader) -> Option<&str> {
     h.get("tokenizer.chat_template").and_then(Value::as_str)
+}
+
+/// The GGUF's chat template as the template file `qwen3 export` writes beside a model file
+/// (its [`chat_template`] and [`special_tokens`]), if it has one.
+pub fn template_file(h: &GgufHeader) -> Option<TemplateFile> {
+    let special = special_tokens(h)
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    Some(TemplateFile::new(
+        "GGUF tokenizer.chat_template".into(),
+        chat_template(h)?.to_owned(),
+        Default::default(),
+        special,
+    ))
 }
 
 /// The special tokens a chat template may name, as tokenizer_config.json sets them, from the
