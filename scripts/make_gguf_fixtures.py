@@ -44,7 +44,11 @@ fixtures/gguf/tiny-bf16-tied-k256-q4_k_m.gguf is llama-quantize's Q4_K_M of the 
 and so, with `Q5_K_M` and `Q4_0`, tiny-bf16-tied-k256-q5_k_m.gguf and
 tiny-bf16-tied-k256-q4_0.gguf; and with `Q4_K_M` on
 fixtures/gguf/tiny-f32-tied-gqa2-f32.gguf, tiny-f32-tied-gqa2-q4_k_m.gguf (its 64-wide rows take
-llama-quantize's fallbacks, Q5_0 and Q8_0).
+llama-quantize's fallbacks, Q5_0 and Q8_0); and tiny-bf16-tied-k256-mixed.gguf, a Q4_K_M that
+keeps some matrices finer, as the hub's "dynamic" and "_L" quantizations do:
+
+    llama-quantize --token-embedding-type bf16 --tensor-type attn_v=f16 --tensor-type ffn_up=q8_0 \
+        tiny-bf16-tied-k256-bf16.gguf fixtures/gguf/tiny-bf16-tied-k256-mixed.gguf Q4_K_M
 
 Developer-only (CI never runs it):
     ../venv-torch/bin/python scripts/make_gguf_fixtures.py

@@ -84,6 +84,19 @@ fn tiny_bf16_tied_k256_as_llama_quantizes_q4_0_gguf() {
     check_quantized_gguf("tiny-bf16-tied-k256", "q4_0", &[DType::Q4, DType::Q6K]);
 }
 
+/// Its Q4_K_M told to keep some matrices finer (llama-quantize's `--token-embedding-type bf16
+/// --tensor-type attn_v=f16 --tensor-type ffn_up=q8_0`, as the hub's "dynamic" quantizations
+/// mix types): a BF16 table and classifier, an F16 `v` (f32 at open) beside Q4_K `q` and `k`
+/// that share its input, a Q8_0 `up` beside a Q4_K `gate`. Held to the same.
+#[test]
+fn tiny_bf16_tied_k256_as_llama_quantizes_a_mixed_gguf() {
+    check_quantized_gguf(
+        "tiny-bf16-tied-k256",
+        "mixed",
+        &[DType::Q4K, DType::Q6K, DType::Q8, DType::Bf16],
+    );
+}
+
 /// llama.cpp's converter's F16 GGUF of tiny-f32-tied-gqa2 (`--outtype f16`, as ollama's `fp16`
 /// tags are made), widened to f32 at open: bounded by the noise of its own rounding to f16, exact
 /// on its own weights.
@@ -184,6 +197,7 @@ fn ggufs_export_as_they_run() {
         "tiny-qwen3_5-bf16-q8_0",
         "tiny-qwen3_5moe-f32-sharded-f32",
         "tiny-bf16-tied-k256-q5_k_m",
+        "tiny-bf16-tied-k256-mixed",
         "tiny-f32-tied-gqa2-f16",
         "tiny-f32-tied-gqa2-q4_k_m",
     ] {

@@ -417,7 +417,8 @@ pub fn stays_bf16(c: &ModelConfig, shape: &[u64]) -> bool {
 /// or q8 at the file's group size (any matrix: the kernels take each tensor as it is stored, and
 /// the products that share one quantized input need one group size), and the embedding table and
 /// classifier as q8 in groups of [`Q4_TABLE_GROUP`]; and as bf16 when its rows cannot be grouped
-/// ([`stays_bf16`]), and only then.
+/// ([`stays_bf16`]), and only then. A GGUF's mix of K-quants is held to the types llama-quantize
+/// writes instead (below).
 pub fn matrix_storage_ok(
     c: &ModelConfig,
     name: &str,
@@ -433,11 +434,14 @@ pub fn matrix_storage_ok(
         // A GGUF's mix (llama-quantize's Q4_K_M: Q4_K, with Q6_K for the embedding table and
         // some `v` and `down` matrices; its Q4_0: Q4_0 with a Q6_K table): every matrix in one
         // of the types whose products read activations in groups of 32 (where a row is not
-        // whole blocks of 256, llama-quantize falls back to Q5_0 and Q8_0: both q8 here).
+        // whole blocks of 256, llama-quantize falls back to Q5_0 and Q8_0: both q8 here). A
+        // matrix it was told to keep finer (`--token-embedding-type bf16`, `--tensor-type
+        // attn_v=f16`; F16 is f32 here) reads the activations unquantized.
         return match dtype {
             DType::Q4K | DType::Q5K | DType::Q6K => group_size as u64 == K_BLOCK,
             DType::Q8 | DType::Q4 => group_size == 32,
-            _ => false,
+            DType::F32 | DType::Bf16 => group_size == 0,
+            DType::Q6 => false,
         };
     }
     (dtype == c.dtype && group_size == c.group_size)

@@ -231,7 +231,7 @@ impl Header {
                 let expected = match (e.kind, self.config.dtype) {
                     _ if bf16 => "bf16 (its rows are not a multiple of the group size)",
                     (TensorKind::Matrix, _) if k_mix => {
-                        "Q4_K, Q5_K or Q6_K (256), or q8 or q4 (32)"
+                        "Q4_K, Q5_K or Q6_K (256), q8 or q4 (32), or f32 or bf16 (0)"
                     }
                     (TensorKind::Matrix, DType::Q4) => "q4, q6 or q8",
                     (TensorKind::Matrix, d) => d.name(),

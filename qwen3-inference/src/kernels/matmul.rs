@@ -254,7 +254,13 @@ fn fill_block(
         // GGUF's K-quants, their blocks where the file holds them (`dot/k_quants.rs`).
         (TensorData::K(kind, blocks), Some(acts)) => {
             let row = kind.row_bytes(cols);
-            (dots.k_rows)(kind, &blocks[r0 * row..(r0 + n) * row], acts, block);
+            (dots.k_rows)(
+                kind,
+                &blocks[r0 * row..(r0 + n) * row],
+                acts,
+                block,
+                rows_ahead * row,
+            );
         }
         (
             TensorData::Q8 { .. }
@@ -315,12 +321,14 @@ fn with_activations<R>(
         TensorData::K(..) => Some(k_quants::GROUP),
         _ => None,
     };
-    let Some(gs) = group(ws[0]) else {
+    // An f32 or bf16 matrix reads `x` as it is, beside quantized ones that share its input (a
+    // GGUF may keep one matrix of a layer in BF16); the quantized ones need one group size.
+    let Some(gs) = ws.iter().find_map(|w| group(w)) else {
         return f(None);
     };
     for w in ws {
         assert!(
-            group(w) == Some(gs),
+            group(w).is_none_or(|g| g == gs),
             "matmuls: {} is not quantized with activations in groups of {gs}",
             w.name
         );

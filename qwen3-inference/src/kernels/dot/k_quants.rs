@@ -175,7 +175,7 @@ mod tests {
                 mat_k_scalar(kind, &w, &acts, &mut want);
                 for d in crate::kernels::dot::available() {
                     let mut got = vec![0f32; rows * t];
-                    (d.k_rows)(kind, &w, &acts, &mut got);
+                    (d.k_rows)(kind, &w, &acts, &mut got, 0);
                     for (k, (a, b)) in got.iter().zip(&want).enumerate() {
                         assert!(
                             (a - b).abs() <= 1e-4 * b.abs().max(1.0),
@@ -188,7 +188,7 @@ mod tests {
                     for i in 0..t {
                         let xi = one.quantize_for_k(&x[i * cols..(i + 1) * cols], 1, cols, GROUP);
                         let mut alone = vec![0f32; rows];
-                        (d.k_rows)(kind, &w, &xi, &mut alone);
+                        (d.k_rows)(kind, &w, &xi, &mut alone, 0);
                         for r in 0..rows {
                             assert_eq!(alone[r].to_bits(), got[r * t + i].to_bits(), "{}", d.isa);
                         }

@@ -44,8 +44,10 @@ pub type MatQ4 = fn(w: &[u8], ws: &[u16], x: &ActsQ8, out: &mut [f32], ahead: us
 
 /// [`MatQ8`] for GGUF's K-quant weights (`k_quants.rs`): `w` the rows' blocks as the GGUF holds
 /// them, the activations quantized per group of [`k_quants::GROUP`] with their sums of 16
-/// ([`ActsQ8Buf::quantize_for_k`]). No prefetch hint: these kernels do not prefetch.
-pub type MatK = fn(kind: crate::format::KQuant, w: &[u8], x: &ActsQ8, out: &mut [f32]);
+/// ([`ActsQ8Buf::quantize_for_k`]). `ahead` as [`MatQ8`]'s: the AVX2 kernel prefetches, the
+/// AVX-512 and scalar ones do not.
+pub type MatK =
+    fn(kind: crate::format::KQuant, w: &[u8], x: &ActsQ8, out: &mut [f32], ahead: usize);
 
 /// Quantizes `x` per group into `q` and `scales` (same rule as [`crate::quant::quantize_q8`]).
 pub type QuantizeQ8 = fn(x: &[f32], group_size: usize, q: &mut [i8], scales: &mut [f32]);
@@ -87,7 +89,7 @@ pub const SCALAR: Dots = Dots {
     q4_rows: q4::mat_q4_scalar,
     q6_rows: q6::mat_q6_scalar,
     q4_layout: q4::Q4Layout::Halves,
-    k_rows: k_quants::mat_k_scalar,
+    k_rows: |kind, w, x, out, _| k_quants::mat_k_scalar(kind, w, x, out),
     q8_f32: dot_q8_f32_scalar,
     quantize_q8: crate::quant::quantize_q8,
     isa: "scalar",

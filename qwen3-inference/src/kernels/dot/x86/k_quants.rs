@@ -32,14 +32,15 @@ use std::arch::x86_64::*;
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn mat_k_avx2(kind: KQuant, w: &[u8], x: &ActsQ8, out: &mut [f32]) {
+pub(super) unsafe fn mat_k_avx2(kind: KQuant, w: &[u8], x: &ActsQ8, out: &mut [f32], ahead: usize) {
     // SAFETY: `mat_k` calls the tile only on what `check` checked (its contract), and the
     // caller's AVX2, FMA and F16C are the features `tiles_avx2` needs.
+    let reach = Some(w.len() + ahead);
     unsafe {
         match kind {
-            KQuant::Q4K => mat_k(kind, w, x, out, tiles_avx2::<4>),
-            KQuant::Q5K => mat_k(kind, w, x, out, tiles_avx2::<5>),
-            KQuant::Q6K => mat_k(kind, w, x, out, tiles_avx2::<6>),
+            KQuant::Q4K => mat_k(kind, w, x, out, tiles_avx2::<4>, reach),
+            KQuant::Q5K => mat_k(kind, w, x, out, tiles_avx2::<5>, reach),
+            KQuant::Q6K => mat_k(kind, w, x, out, tiles_avx2::<6>, reach),
         }
     }
 }
@@ -53,9 +54,9 @@ pub(super) unsafe fn mat_k_avx512(kind: KQuant, w: &[u8], x: &ActsQ8, out: &mut 
     // SAFETY: as `mat_k_avx2`, with the AVX-512 features `tiles_avx512` needs.
     unsafe {
         match kind {
-            KQuant::Q4K => mat_k(kind, w, x, out, tiles_avx512::<4>),
-            KQuant::Q5K => mat_k(kind, w, x, out, tiles_avx512::<5>),
-            KQuant::Q6K => mat_k(kind, w, x, out, tiles_avx512::<6>),
+            KQuant::Q4K => mat_k(kind, w, x, out, tiles_avx512::<4>, None),
+            KQuant::Q5K => mat_k(kind, w, x, out, tiles_avx512::<5>, None),
+            KQuant::Q6K => mat_k(kind, w, x, out, tiles_avx512::<6>, None),
         }
     }
 }
@@ -71,31 +72,49 @@ type Tile = unsafe fn(w: &[u8], tokens: &[Token], out: &mut [f32]);
 /// The products of `w` (whole blocks of `x.cols`) with the tokens of `x`: each row against
 /// tiles of up to [`TOKENS`] tokens, its blocks unpacked once a tile (`tile`).
 ///
-/// No software prefetch (the q4 and q8 kernels ask for their weights ahead, `PREFETCH_NEAR`):
-/// these kernels do more work a byte, and asking for each row's bytes 8 and 32 KiB ahead made a
-/// one-thread decode of Qwen3-0.6B's Q4_K_M slower, 31-32 tok/s against 33-37 without, three
-/// alternated rounds on a Zen 4 VM.
+/// `reach`: with `Some`, each row first asks for the bytes [`super::PREFETCH_NEAR`] and
+/// [`super::PREFETCH_FAR`] past it, up to `reach` bytes from the start of `w` (the q4 kernels'
+/// prefetch, `q4::prefetch_lines`). AVX2 asks: on a Zen 3 VM a one-thread decode of
+/// Qwen3.5-0.8B's Q4_K_M ran 13.8 tok/s against 13.0 without (medians of six alternated runs),
+/// two threads 24.0 against 21.6. AVX-512 does not: there, asking for each row's bytes 8 and 32
+/// KiB ahead made a one-thread decode of Qwen3-0.6B's Q4_K_M slower, 31-32 tok/s against 33-37
+/// without, three alternated rounds on a Zen 4 VM.
+///
+/// Each token's slices are made once a call, not once a row: made per row and tile, they cost a
+/// one-thread decode of that Q4_K_M 9% (11.0 tok/s against 12.2, six alternated runs).
 ///
 /// # Safety
 /// The CPU has `tile`'s features.
-unsafe fn mat_k(kind: KQuant, w: &[u8], x: &ActsQ8, out: &mut [f32], tile: Tile) {
+unsafe fn mat_k(
+    kind: KQuant,
+    w: &[u8],
+    x: &ActsQ8,
+    out: &mut [f32],
+    tile: Tile,
+    reach: Option<usize>,
+) {
     // Panics unless the weights are whole blocks of `cols`, the activations in groups of 32 with
     // their sums of 16, and `out` is `[rows, t]`: then every token below has what `Tile` needs.
     let rows = super::super::k_quants::check(kind, w, x, out);
     let (t, cols, row) = (x.t, x.cols, kind.row_bytes(x.cols));
     let per = cols / 16;
-    let token = |k: usize| Token {
-        x: x.q_row(k),
-        xs: x.scales_row(k),
-        sums: &x.sums16[k * per..(k + 1) * per],
-    };
+    // Each token's rows, made once for every weight row.
+    let tokens: Vec<Token> = (0..t)
+        .map(|k| Token {
+            x: x.q_row(k),
+            xs: x.scales_row(k),
+            sums: &x.sums16[k * per..(k + 1) * per],
+        })
+        .collect();
     for r in 0..rows {
         let w_r = &w[r * row..(r + 1) * row];
-        for i in (0..t).step_by(TOKENS) {
-            let n = (t - i).min(TOKENS);
-            let tokens: [Token; TOKENS] = std::array::from_fn(|j| token(i + j.min(n - 1)));
+        if let Some(reach) = reach {
+            super::q4::prefetch_lines(w, r * row, row, reach);
+        }
+        let out_r = &mut out[r * t..(r + 1) * t];
+        for (tile_tokens, tile_out) in tokens.chunks(TOKENS).zip(out_r.chunks_mut(TOKENS)) {
             // SAFETY: `check` gave the lengths `Tile` asks; the caller, the features.
-            unsafe { tile(w_r, &tokens[..n], &mut out[r * t + i..r * t + i + n]) };
+            unsafe { tile(w_r, tile_tokens, tile_out) };
         }
     }
 }
