@@ -18,11 +18,12 @@
 //! tokenizer comes from `tokenizer.ggml.*`, the chat template from `tokenizer.chat_template`;
 //! the multi-token-prediction layers, which the forward pass does not run, are left out.
 
-use crate::{check_cancel, temp_sibling};
+use crate::check_cancel;
+use crate::companions::Companions;
 use anyhow::{ensure, Context, Result};
 use qwen3_inference::chat::ChatTemplate;
 use qwen3_inference::format::writer::ModelWriter;
-use qwen3_inference::format::{companion_paths, ModelConfig, ModelFile};
+use qwen3_inference::format::{ModelConfig, ModelFile};
 use qwen3_inference::gguf::{self, GgufFile};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -89,18 +90,12 @@ pub fn export_gguf(
         });
 
     // 2. The companions, under temporary names until the model file is complete.
-    let companions = companion_paths(out);
-    let tmp_tok = temp_sibling(&companions.tokenizer);
-    let tmp_tpl = temp_sibling(&companions.template);
-    let cleanup = || {
-        let _ = std::fs::remove_file(&tmp_tok);
-        let _ = std::fs::remove_file(&tmp_tpl);
-    };
+    let companions = Companions::beside(out);
     let result = (|| -> Result<(String, Option<String>, u64, u32)> {
         let tokenizer = gguf::tokenizer::tokenizer_data(h, config.vocab_size)
             .with_context(|| format!("{}: the GGUF's tokenizer", gguf.display()))?;
-        std::fs::write(&tmp_tok, tokenizer.to_bytes())
-            .with_context(|| format!("{}: cannot write", tmp_tok.display()))?;
+        std::fs::write(&companions.tokenizer, tokenizer.to_bytes())
+            .with_context(|| format!("{}: cannot write", companions.tokenizer.display()))?;
         let tokenizer_note = format!(
             "tokenizer: {} tokens from the GGUF's tokenizer.ggml.* ({:?} pre-tokenizer)",
             tokenizer.len(),
@@ -111,8 +106,8 @@ pub fn export_gguf(
             Some(t) => {
                 // Compiled now, so that a template our Jinja engine cannot parse fails here.
                 ChatTemplate::from_file(t.clone(), gguf)?;
-                std::fs::write(&tmp_tpl, t.to_json())
-                    .with_context(|| format!("{}: cannot write", tmp_tpl.display()))?;
+                std::fs::write(&companions.template, t.to_json())
+                    .with_context(|| format!("{}: cannot write", companions.template.display()))?;
                 Some(format!(
                     "chat template: {} chars from the GGUF's tokenizer.chat_template",
                     t.chat_template.chars().count()
@@ -127,29 +122,12 @@ pub fn export_gguf(
     let (tokenizer_note, template_note, model_bytes, version) = match result {
         Ok(r) => r,
         Err(e) => {
-            cleanup();
+            companions.discard();
             return Err(e);
         }
     };
-    // 4. Into place. Without a chat template, an older export's template file beside `out`
-    // would be taken for this model's: it goes.
-    std::fs::rename(&tmp_tok, &companions.tokenizer).with_context(|| {
-        format!(
-            "{}: cannot rename into place",
-            companions.tokenizer.display()
-        )
-    })?;
-    match template_note {
-        Some(_) => std::fs::rename(&tmp_tpl, &companions.template).with_context(|| {
-            format!(
-                "{}: cannot rename into place",
-                companions.template.display()
-            )
-        })?,
-        None if companions.template.exists() => std::fs::remove_file(&companions.template)
-            .with_context(|| format!("{}: cannot remove", companions.template.display()))?,
-        None => {}
-    }
+    // 4. Into place (an older template beside `out` goes when the GGUF has none).
+    let companions = companions.into_place()?;
     Ok(GgufExportSummary {
         config,
         model_path: out.to_path_buf(),

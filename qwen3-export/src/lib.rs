@@ -16,6 +16,8 @@
 
 #![forbid(unsafe_code)]
 
+mod companions;
+use companions::Companions;
 pub mod gguf;
 pub mod hf;
 
@@ -23,8 +25,8 @@ use anyhow::{bail, Context, Result};
 use hf::checkpoint::{to_bf16_bits, to_f32, Checkpoint, TensorMeta};
 use qwen3_inference::format::writer::ModelWriter;
 use qwen3_inference::format::{
-    companion_paths, expected_tensors, stays_bf16, tensor_specs_with, DType, ExpectedTensor,
-    ModelConfig, Q4Mix, TensorKind,
+    expected_tensors, stays_bf16, tensor_specs_with, DType, ExpectedTensor, ModelConfig, Q4Mix,
+    TensorKind,
 };
 use qwen3_inference::quant::{quantize_q4, quantize_q6, quantize_q8};
 use std::path::{Path, PathBuf};
@@ -287,17 +289,11 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
     });
 
     // 3. Companion files, under temporary names until the model file is complete.
-    let companions = companion_paths(out);
-    let tmp_tok = temp_sibling(&companions.tokenizer);
-    let tmp_tpl = temp_sibling(&companions.template);
-    let cleanup = || {
-        let _ = std::fs::remove_file(&tmp_tok);
-        let _ = std::fs::remove_file(&tmp_tpl);
-    };
+    let companions = Companions::beside(out);
     let result = (|| -> Result<(String, String, u64)> {
         let tokenizer_note =
-            hf::tokenizer_json::export_tokenizer(hf_dir, &tmp_tok, config.vocab_size)?;
-        let template_note = hf::chat_template::export_chat_template(hf_dir, &tmp_tpl)?;
+            hf::tokenizer_json::export_tokenizer(hf_dir, &companions.tokenizer, config.vocab_size)?;
+        let template_note = hf::chat_template::export_chat_template(hf_dir, &companions.template)?;
         check_cancel(opts.cancel)?;
         // 4. The model file.
         let model_bytes = write_model(&ckpt, &config, out, opts)?;
@@ -306,20 +302,12 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
     let (tokenizer_note, template_note, model_bytes) = match result {
         Ok(r) => r,
         Err(e) => {
-            cleanup();
+            companions.discard();
             return Err(e);
         }
     };
     // 5. Into place.
-    for (tmp, fin) in [
-        (&tmp_tok, &companions.tokenizer),
-        (&tmp_tpl, &companions.template),
-    ] {
-        if tmp.exists() {
-            std::fs::rename(tmp, fin)
-                .with_context(|| format!("{}: cannot rename into place", fin.display()))?;
-        }
-    }
+    let companions = companions.into_place()?;
     Ok(ExportSummary {
         config,
         model_path: out.to_path_buf(),
@@ -351,14 +339,6 @@ fn probe_writable(out: &Path, out_dir: &Path) -> Result<()> {
             )
         }),
     }
-}
-
-/// `dir/.name.partial`: where a companion file waits for the model file to be complete.
-fn temp_sibling(path: &Path) -> PathBuf {
-    let mut name = std::ffi::OsString::from(".");
-    name.push(path.file_name().unwrap_or_default());
-    name.push(".partial");
-    path.with_file_name(name)
 }
 
 /// Streams every expected tensor into the model file. Returns the file's size.

@@ -72,33 +72,75 @@ impl Blocks {
 
 /// The [`Blocks`] of the GGUF with header `h`.
 pub fn blocks(h: &GgufHeader) -> Result<Blocks> {
-    let arch = h.architecture().context("no general.architecture")?;
-    let count = |k: &str| -> Result<Option<u32>> {
-        let key = format!("{arch}.{k}");
-        match h.get(&key) {
+    let keys = Keys::of(h)?;
+    let total = keys.need("block_count")?;
+    let mtp = keys.count("nextn_predict_layers")?.unwrap_or(0);
+    ensure!(
+        mtp < total,
+        "{}: {mtp} of {total} blocks",
+        keys.key("nextn_predict_layers")
+    );
+    Ok(Blocks { count: total, mtp })
+}
+
+/// The architecture's own keys of a GGUF header (`{arch}.{k}`: `qwen3.embedding_length`), read
+/// as a config needs them: a missing or mistyped one named in the error.
+struct Keys<'a> {
+    h: &'a GgufHeader,
+    arch: &'a str,
+}
+
+impl<'a> Keys<'a> {
+    fn of(h: &'a GgufHeader) -> Result<Keys<'a>> {
+        let arch = h
+            .architecture()
+            .context("no general.architecture: not a model file llama.cpp wrote")?;
+        Ok(Keys { h, arch })
+    }
+
+    /// The full name of key `k`.
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    fn get(&self, k: &str) -> Option<&'a Value> {
+        self.h.get(&self.key(k))
+    }
+
+    /// A count, if the file has it.
+    fn count(&self, k: &str) -> Result<Option<u32>> {
+        match self.get(k) {
             None => Ok(None),
             Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
                 Some(n) => Ok(Some(n)),
-                None => bail!("{key}: {v:?} is not a 32-bit count"),
+                None => bail!("{}: {v:?} is not a 32-bit count", self.key(k)),
             },
         }
-    };
-    let total = count("block_count")?.with_context(|| format!("{arch}.block_count is missing"))?;
-    let mtp = count("nextn_predict_layers")?.unwrap_or(0);
-    ensure!(
-        mtp < total,
-        "{arch}.nextn_predict_layers: {mtp} of {total} blocks"
-    );
-    Ok(Blocks { count: total, mtp })
+    }
+
+    /// A count the file must have.
+    fn need(&self, k: &str) -> Result<u32> {
+        self.count(k)?
+            .with_context(|| format!("{} is missing", self.key(k)))
+    }
+
+    /// A float the file must have.
+    fn float(&self, k: &str) -> Result<f64> {
+        match self.get(k) {
+            Some(Value::F32(v)) => Ok(*v as f64),
+            Some(Value::F64(v)) => Ok(*v),
+            Some(v) => bail!("{}: {v:?} is not a float", self.key(k)),
+            None => bail!("{} is missing", self.key(k)),
+        }
+    }
 }
 
 /// The model's config from a GGUF file's metadata. The matrices keep the GGUF's own storage,
 /// tensor by tensor (`GgufTensor::ggml_type`); `dtype` says f32, what they dequantize to
 /// (`blocks.rs`), and the sampling defaults are absent (a GGUF carries none).
 pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
-    let arch = h
-        .architecture()
-        .context("no general.architecture: not a model file llama.cpp wrote")?;
+    let keys = Keys::of(h)?;
+    let arch = keys.arch;
     let (architecture, attention_bias, qk_norm) = match arch {
         "qwen3" => ("Qwen3ForCausalLM", false, true),
         "qwen2" => ("Qwen2ForCausalLM", true, false),
@@ -112,45 +154,26 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
     };
     // Qwen3.5 and 3.6: Gated DeltaNets among gated attention layers.
     let hybrid = arch.starts_with("qwen35");
-    let key = |k: &str| format!("{arch}.{k}");
-    let int = |k: &str| -> Result<Option<u32>> {
-        match h.get(&key(k)) {
-            None => Ok(None),
-            Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
-                Some(n) => Ok(Some(n)),
-                None => bail!("{}: {v:?} is not a 32-bit count", key(k)),
-            },
-        }
-    };
-    let need = |k: &str| int(k)?.with_context(|| format!("{} is missing", key(k)));
-    let float = |k: &str| -> Result<f64> {
-        match h.get(&key(k)) {
-            Some(Value::F32(v)) => Ok(*v as f64),
-            Some(Value::F64(v)) => Ok(*v),
-            Some(v) => bail!("{}: {v:?} is not a float", key(k)),
-            None => bail!("{} is missing", key(k)),
-        }
-    };
     // Long-context RoPE (YaRN) is written as rope.scaling.*: not read yet, so refused rather
     // than run without it.
-    if let Some(v) = h.get(&key("rope.scaling.type")) {
+    if let Some(v) = keys.get("rope.scaling.type") {
         if v.as_str() != Some("none") {
             bail!(
                 "{}: {v:?}: RoPE scaling in a GGUF is not read yet",
-                key("rope.scaling.type")
+                keys.key("rope.scaling.type")
             );
         }
     }
-    let hidden_size = need("embedding_length")?;
+    let hidden_size = keys.need("embedding_length")?;
     let num_hidden_layers = blocks(h)?.layers();
-    let num_attention_heads = need("attention.head_count")?;
+    let num_attention_heads = keys.need("attention.head_count")?;
     let embd = h
         .tensors
         .iter()
         .find(|t| t.name == "token_embd.weight")
         .context("no token_embd.weight tensor")?;
     let vocab = *super::names::hf_shape(embd).first().unwrap_or(&0);
-    let head_dim = match int("attention.key_length")? {
+    let head_dim = match keys.count("attention.key_length")? {
         Some(d) => d,
         None => hidden_size / num_attention_heads.max(1),
     };
@@ -160,30 +183,32 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
     // expert.
     let moe = match arch {
         "qwen3moe" | "qwen35moe" => Some(MoeConfig {
-            num_experts: need("expert_count")?,
-            num_experts_per_tok: need("expert_used_count")?,
-            moe_intermediate_size: need("expert_feed_forward_length")?,
+            num_experts: keys.need("expert_count")?,
+            num_experts_per_tok: keys.need("expert_used_count")?,
+            moe_intermediate_size: keys.need("expert_feed_forward_length")?,
             norm_topk_prob: true,
             decoder_sparse_step: 1,
             mlp_only_layers: vec![],
-            shared_expert_intermediate_size: int("expert_shared_feed_forward_length")?.unwrap_or(0),
+            shared_expert_intermediate_size: keys
+                .count("expert_shared_feed_forward_length")?
+                .unwrap_or(0),
         }),
         _ => None,
     };
     // Qwen3.5-MoE has no dense MLP and no feed_forward_length: its experts' width stands in, as
     // the exporter writes it.
-    let intermediate_size = match (int("feed_forward_length")?, &moe) {
+    let intermediate_size = match (keys.count("feed_forward_length")?, &moe) {
         (Some(ff), _) => ff,
         (None, Some(m)) if hybrid => m.moe_intermediate_size,
-        (None, _) => need("feed_forward_length")?,
+        (None, _) => keys.need("feed_forward_length")?,
     };
     let linear_attention = match hybrid {
-        true => Some(linear_attention(h, arch, num_hidden_layers)?),
+        true => Some(linear_attention(&keys, num_hidden_layers)?),
         false => None,
     };
     // The rotated part of each head: all of it, unless rope.dimension_count says less (Qwen3.5
     // rotates a quarter).
-    let partial_rotary_factor = match int("rope.dimension_count")? {
+    let partial_rotary_factor = match keys.count("rope.dimension_count")? {
         None => 1.0,
         Some(r) if r == head_dim => 1.0,
         Some(r) => {
@@ -191,7 +216,7 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
             ensure!(
                 r < head_dim && (head_dim as f64 * f) as u32 == r,
                 "{}: {r} of a head of {head_dim}",
-                key("rope.dimension_count")
+                keys.key("rope.dimension_count")
             );
             f
         }
@@ -207,12 +232,14 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
         intermediate_size,
         num_hidden_layers,
         num_attention_heads,
-        num_key_value_heads: int("attention.head_count_kv")?.unwrap_or(num_attention_heads),
+        num_key_value_heads: keys
+            .count("attention.head_count_kv")?
+            .unwrap_or(num_attention_heads),
         head_dim,
         vocab_size: u32::try_from(vocab).context("token_embd.weight: too many rows")?,
-        max_position_embeddings: need("context_length")?,
-        rope_theta: float("rope.freq_base")?,
-        rms_norm_eps: float("attention.layer_norm_rms_epsilon")?,
+        max_position_embeddings: keys.need("context_length")?,
+        rope_theta: keys.float("rope.freq_base")?,
+        rms_norm_eps: keys.float("attention.layer_norm_rms_epsilon")?,
         tie_word_embeddings: !h.tensors.iter().any(|t| t.name == "output.weight"),
         bos_token_id: token("tokenizer.ggml.bos_token_id"),
         eos_token_ids: eos_ids(h, token("tokenizer.ggml.eos_token_id")),
@@ -235,20 +262,13 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
 
 /// A `qwen35` GGUF's Gated DeltaNets (llama.cpp's `ssm.*` keys, written by the converter's
 /// `Qwen3NextModel.set_gguf_parameters`), in the GGUF's order of value heads.
-fn linear_attention(h: &GgufHeader, arch: &str, layers: u32) -> Result<LinearAttentionConfig> {
-    let key = |k: &str| format!("{arch}.{k}");
-    let need = |k: &str| -> Result<u32> {
-        h.get(&key(k))
-            .and_then(Value::as_u64)
-            .and_then(|n| u32::try_from(n).ok())
-            .with_context(|| format!("{} is missing or not a 32-bit count", key(k)))
-    };
-    let layer_types = match h.get(&key("attention.recurrent_layers")) {
+fn linear_attention(keys: &Keys, layers: u32) -> Result<LinearAttentionConfig> {
+    let layer_types = match keys.get("attention.recurrent_layers") {
         Some(Value::Array(flags)) => {
             ensure!(
                 flags.len() >= layers as usize,
                 "{}: {} entries for {layers} layers",
-                key("attention.recurrent_layers"),
+                keys.key("attention.recurrent_layers"),
                 flags.len()
             );
             flags[..layers as usize]
@@ -256,37 +276,43 @@ fn linear_attention(h: &GgufHeader, arch: &str, layers: u32) -> Result<LinearAtt
                 .map(|f| match f {
                     Value::Bool(true) => Ok(LayerType::LinearAttention),
                     Value::Bool(false) => Ok(LayerType::FullAttention),
-                    v => bail!("{}: {v:?} is not a bool", key("attention.recurrent_layers")),
+                    v => bail!(
+                        "{}: {v:?} is not a bool",
+                        keys.key("attention.recurrent_layers")
+                    ),
                 })
                 .collect::<Result<Vec<_>>>()?
         }
-        Some(v) => bail!("{}: {v:?} is not a list", key("attention.recurrent_layers")),
+        Some(v) => bail!(
+            "{}: {v:?} is not a list",
+            keys.key("attention.recurrent_layers")
+        ),
         // Every n-th layer attention, the others linear (`full_attention_interval`, 4 where the
         // file does not say, as llama.cpp and transformers read it).
         None => {
-            let every = match h.get(&key("full_attention_interval")) {
+            let every = match keys.get("full_attention_interval") {
                 None => 4,
-                Some(_) => need("full_attention_interval")?,
+                Some(_) => keys.need("full_attention_interval")?,
             };
-            ensure!(every > 0, "{} is 0", key("full_attention_interval"));
+            ensure!(every > 0, "{} is 0", keys.key("full_attention_interval"));
             LayerType::by_interval(layers, every)
         }
     };
-    let value_heads = need("ssm.time_step_rank")?;
-    let inner = need("ssm.inner_size")?;
+    let value_heads = keys.need("ssm.time_step_rank")?;
+    let inner = keys.need("ssm.inner_size")?;
     ensure!(
         value_heads > 0 && inner.is_multiple_of(value_heads),
         "{} ({inner}) is not a whole number of {} ({value_heads}) heads",
-        key("ssm.inner_size"),
-        key("ssm.time_step_rank")
+        keys.key("ssm.inner_size"),
+        keys.key("ssm.time_step_rank")
     );
     Ok(LinearAttentionConfig {
         layer_types,
-        linear_num_key_heads: need("ssm.group_count")?,
+        linear_num_key_heads: keys.need("ssm.group_count")?,
         linear_num_value_heads: value_heads,
-        linear_key_head_dim: need("ssm.state_size")?,
+        linear_key_head_dim: keys.need("ssm.state_size")?,
         linear_value_head_dim: inner / value_heads,
-        linear_conv_kernel_dim: need("ssm.conv_kernel")?,
+        linear_conv_kernel_dim: keys.need("ssm.conv_kernel")?,
         // The converter's order (`_LinearAttentionVReorderBase`).
         value_heads: ValueHeads::Tiled,
     })
