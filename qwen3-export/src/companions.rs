@@ -37,22 +37,25 @@ impl Companions {
         let _ = std::fs::remove_file(&self.template);
     }
 
-    /// Moves what was written into place (the model file is complete). Without a template, an
-    /// older export's template file beside the model file would be taken for this model's: it
-    /// goes.
-    pub fn into_place(self) -> Result<CompanionPaths> {
+    /// Moves what was written into place (the model file is complete): the tokenizer, and the
+    /// template if this export wrote one. Without one, an older export's template file beside
+    /// the model file would be taken for this model's: it goes.
+    pub fn into_place(self, wrote_template: bool) -> Result<CompanionPaths> {
         let rename = |tmp: &Path, fin: &Path| {
             std::fs::rename(tmp, fin)
                 .with_context(|| format!("{}: cannot rename into place", fin.display()))
         };
-        rename(&self.tokenizer, &self.paths.tokenizer)?;
-        if self.template.exists() {
-            rename(&self.template, &self.paths.template)?;
-        } else if self.paths.template.exists() {
-            std::fs::remove_file(&self.paths.template)
-                .with_context(|| format!("{}: cannot remove", self.paths.template.display()))?;
+        let moved =
+            rename(&self.tokenizer, &self.paths.tokenizer).and_then(|()| match wrote_template {
+                true => rename(&self.template, &self.paths.template),
+                false if self.paths.template.exists() => std::fs::remove_file(&self.paths.template)
+                    .with_context(|| format!("{}: cannot remove", self.paths.template.display())),
+                false => Ok(()),
+            });
+        if moved.is_err() {
+            self.discard();
         }
-        Ok(self.paths)
+        moved.map(|()| self.paths)
     }
 }
 

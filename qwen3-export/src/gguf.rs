@@ -127,7 +127,7 @@ pub fn export_gguf(
         }
     };
     // 4. Into place (an older template beside `out` goes when the GGUF has none).
-    let companions = companions.into_place()?;
+    let companions = companions.into_place(template_note.is_some())?;
     Ok(GgufExportSummary {
         config,
         model_path: out.to_path_buf(),

@@ -307,7 +307,7 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
         }
     };
     // 5. Into place.
-    let companions = companions.into_place()?;
+    let companions = companions.into_place(true)?;
     Ok(ExportSummary {
         config,
         model_path: out.to_path_buf(),

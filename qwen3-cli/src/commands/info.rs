@@ -7,7 +7,9 @@ use super::units::bytes;
 use anyhow::Result;
 use clap::Args;
 use qwen3_inference::backend::KvType;
-use qwen3_inference::format::{companion_paths, DType, ModelFile, RopeScaling, ValueHeads};
+use qwen3_inference::format::{
+    companion_paths, expected_tensors, DType, ModelFile, RopeScaling, TensorKind, ValueHeads,
+};
 use qwen3_inference::gguf;
 use std::path::PathBuf;
 
@@ -145,30 +147,51 @@ pub fn run(args: InfoArgs) -> Result<()> {
         opt(g.do_sample.map(|v| v.to_string())),
     );
     // A q4 file keeps some matrices in q6 or q8 (`Q4Mix`), and a q8 or q4 file keeps in bf16
-    // those whose rows the group size does not divide (`format::stays_bf16`): say how many,
-    // and their share of the bytes, as "29 of 197 matrices in q8 (52% of the bytes)".
-    let matrices: Vec<_> = h.tensors.iter().filter(|t| t.shape.len() == 2).collect();
-    let all_bytes = matrices.iter().map(|t| t.nbytes).sum::<u64>() as f64;
-    let mix: String = [DType::Q6, DType::Q8, DType::Bf16]
+    // those whose rows the group size does not divide (`format::stays_bf16`); a GGUF's mix
+    // (exported as it runs) may hold any of these types: say how many, and their share of the
+    // bytes, as "29 of 197 matrices in q8 (52% of the bytes)".
+    let matrix_names: std::collections::HashSet<String> = expected_tensors(c)
         .into_iter()
-        .filter(|&d| d != c.dtype)
-        .filter_map(|d| {
-            let these: Vec<_> = matrices.iter().filter(|t| t.dtype == d).collect();
-            let bytes = these.iter().map(|t| t.nbytes).sum::<u64>() as f64;
-            let why = match d {
-                DType::Bf16 => "; their rows are not a multiple of the group size",
-                _ => "",
-            };
-            (!these.is_empty()).then(|| {
-                format!(
-                    ", {} of {} matrices in {d} ({:.0}% of the bytes{why})",
-                    these.len(),
-                    matrices.len(),
-                    100.0 * bytes / all_bytes
-                )
-            })
-        })
+        .filter(|e| e.kind == TensorKind::Matrix)
+        .map(|e| e.name)
         .collect();
+    let matrices: Vec<_> = h
+        .tensors
+        .iter()
+        .filter(|t| matrix_names.contains(&t.name))
+        .collect();
+    let all_bytes = matrices.iter().map(|t| t.nbytes).sum::<u64>() as f64;
+    let mix: String = [
+        DType::Q6K,
+        DType::Q6,
+        DType::Q5K,
+        DType::Q4K,
+        DType::Q4,
+        DType::Q8,
+        DType::Bf16,
+        DType::F32,
+    ]
+    .into_iter()
+    .filter(|&d| d != c.dtype)
+    .filter_map(|d| {
+        let these: Vec<_> = matrices.iter().filter(|t| t.dtype == d).collect();
+        let bytes = these.iter().map(|t| t.nbytes).sum::<u64>() as f64;
+        let why = match d {
+            DType::Bf16 if !c.dtype.is_k_quant() => {
+                "; their rows are not a multiple of the group size"
+            }
+            _ => "",
+        };
+        (!these.is_empty()).then(|| {
+            format!(
+                ", {} of {} matrices in {d} ({:.0}% of the bytes{why})",
+                these.len(),
+                matrices.len(),
+                100.0 * bytes / all_bytes
+            )
+        })
+    })
+    .collect();
     match c.group_size {
         0 => println!("weights                  {}", c.dtype),
         gs => println!(

@@ -26,7 +26,8 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
 }
 
 /// Several products of the same activations, `outs[k] = x @ ws[k]^T`, for matrices of the same
-/// input width and group size (q/k/v, or gate/up, of one layer; in a q4 file some may be q6 or q8).
+/// input width whose quantized ones share one group size (q/k/v, or gate/up, of one layer; in a
+/// q4 file some may be q6 or q8; in a GGUF one may be f32 or bf16 beside quantized ones).
 ///
 /// Decode runs them as one parallel pass over all their rows: the activations are quantized
 /// once, and the threads meet once instead of after every matrix. Prefill runs them one after
@@ -299,8 +300,8 @@ fn in_kernel_order<'a>(
     }
 }
 
-/// Runs `f` with the activations quantized for q8, q4, q6 or K-quant weights (`None` for f32
-/// and bf16 weights).
+/// Runs `f` with the activations quantized for the q8, q4, q6 or K-quant weights among `ws`
+/// (`None` when every one is f32 or bf16).
 ///
 /// W8A8: each activation row is quantized once, per group of `gs` like the weights (quant.rs),
 /// so every group's product is an integer dot product times two scales:

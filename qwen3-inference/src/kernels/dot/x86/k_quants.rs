@@ -98,7 +98,7 @@ unsafe fn mat_k(
     let rows = super::super::k_quants::check(kind, w, x, out);
     let (t, cols, row) = (x.t, x.cols, kind.row_bytes(x.cols));
     let per = cols / 16;
-    // Each token's rows, made once for every weight row.
+    // Each token's slices, made once for every weight row.
     let tokens: Vec<Token> = (0..t)
         .map(|k| Token {
             x: x.q_row(k),
