@@ -2,8 +2,9 @@
 //! instruction set, on one thread, as GB/s of weights streamed. Two sizes: a weight matrix that
 //! fits in L2 (so the kernel's arithmetic is the limit) and one of 256 MB (so memory is), held
 //! in huge pages like a model file's mapping (`pages.rs`); then the q8 block product that
-//! prefill runs, in multiply-adds per second; then attention with the KV cache in f32 and bf16.
+//! prefill runs, in multiply-adds per second; GGUF's K-quants likewise; then attention with the KV cache in f32 and bf16.
 
+use qwen3_inference::format::KQuant;
 use qwen3_inference::kernels::attention::{chunk_len, Bf16, KvElem, KV_CHUNK};
 use qwen3_inference::kernels::dot::interleaved::packed_for_kernels;
 use qwen3_inference::kernels::dot::{available, ActsQ8Buf, Dots};
@@ -203,6 +204,45 @@ fn bench_q4(d: &Dots, six: bool, rows: usize, cols: usize, t: usize, reps: usize
     );
 }
 
+/// GGUF K-quant blocks (Q4_K, Q5_K, Q6_K as `kind`) against `t` q8 activation rows, one thread:
+/// decode's product (from the caches and from memory) and a prompt's. The blocks are random
+/// bytes with small finite f16 scales: the kernels' work does not depend on the values.
+fn bench_k(d: &Dots, kind: KQuant, rows: usize, cols: usize, t: usize, reps: usize) {
+    let mut seed = 5;
+    let bytes = kind.block_bytes();
+    let noise = next_values(rows * kind.row_bytes(cols), &mut seed);
+    let mut w: Vec<u8> = noise.iter().map(|v| (v * 1e4) as i64 as u8).collect();
+    // Each block's f16 scales (`d`, `dmin` first; Q6_K's `d` last) set to 0.01.
+    let scale = half::f16::from_f32(0.01).to_le_bytes();
+    for block in w.chunks_exact_mut(bytes) {
+        match kind {
+            KQuant::Q6K => block[208..210].copy_from_slice(&scale),
+            _ => {
+                block[0..2].copy_from_slice(&scale);
+                block[2..4].copy_from_slice(&scale);
+            }
+        }
+    }
+    let x = next_values(t * cols, &mut seed);
+    let w = in_huge_pages(&w);
+    let mut buf = ActsQ8Buf::default();
+    let acts = buf.quantize_for_weights(&x, t, cols, 32, false, true);
+    let mut out = vec![0f32; rows * t];
+    let secs = time(reps, || {
+        (d.k_rows)(kind, &w, &acts, &mut out, 0);
+        black_box(&out);
+    });
+    println!(
+        "{:<12} {:>6}x{:<5} {}, {t:>3} tokens: {:>6.1} GMAC/s, weights at {:>5.1} GB/s",
+        d.isa,
+        rows,
+        cols,
+        kind.name(),
+        (rows * cols * t) as f64 / secs / 1e9,
+        w.len() as f64 / secs / 1e9
+    );
+}
+
 fn main() {
     // `KERNELS_BENCH=q4` (or q8, dot, prefill, step, attention): only the sections whose names
     // contain it, for a quick look at one family of kernels.
@@ -229,6 +269,16 @@ fn main() {
                     bench_q4(&d, six, 65536, 1024, t, 5); // 32 (48) MB: memory-bound
                 }
                 bench_q4(&d, six, 1024, 1024, 128, 5); // prefill's block product
+            }
+        }
+    }
+    if run("k_quants") {
+        println!("GGUF K-quant products, one thread (median)");
+        for d in available() {
+            for kind in [KQuant::Q4K, KQuant::Q5K, KQuant::Q6K] {
+                bench_k(&d, kind, 512, 1024, 1, 41); // cache-resident
+                bench_k(&d, kind, 65536, 1024, 1, 5); // 36-52 MB: memory-bound
+                bench_k(&d, kind, 1024, 1024, 128, 5); // a prompt's
             }
         }
     }

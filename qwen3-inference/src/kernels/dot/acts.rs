@@ -4,7 +4,7 @@
 //! instruction set (`q4.rs`). The buffers are reused from one product to the next, so a decode
 //! step allocates nothing.
 
-use super::{dots, q4};
+use super::{dots, k_quants, q4};
 
 /// `t` activation rows of `cols` values, quantized per group of `group_size` for the q8 kernels
 /// (the same rule as the weights, `quant.rs`).
@@ -26,6 +26,9 @@ pub struct ActsQ8<'a> {
     /// `[t, cols / 16]`: the sums of each 16 int8 values, which GGUF's K-quants take times their
     /// minimums or offsets (`k_quants.rs`); empty unless made by [`ActsQ8Buf::quantize_for_k`].
     pub sums16: &'a [i16],
+    /// The same values laid out for the AVX2 K-quant kernels ([`k_quants::ActsK`]); made with
+    /// the sums, for groups of 32.
+    pub k: k_quants::ActsK<'a>,
 }
 
 /// The buffers behind an [`ActsQ8`], reused from one product to the next.
@@ -36,6 +39,7 @@ pub struct ActsQ8Buf {
     scales: Vec<f32>,
     q4: q4::ActsQ4Buf,
     sums16: Vec<i16>,
+    k: k_quants::ActsKBuf,
 }
 
 impl ActsQ8Buf {
@@ -116,6 +120,10 @@ impl ActsQ8Buf {
             let sum = |c: &[i8]| c.iter().fold(0i16, |s, &v| s + v as i16);
             self.sums16.extend(self.q.chunks_exact(16).map(sum));
         }
+        let k = match sums && gs == k_quants::GROUP && cols.is_multiple_of(k_quants::BLOCK) {
+            true => self.k.lay_out(&self.q, &self.scales, t, cols),
+            false => k_quants::ActsK::default(),
+        };
         let q4 = match for_q4 {
             Some(layout) => self.q4.lay_out(&self.q, &self.scales, t, cols, gs, layout),
             None => q4::ActsQ4::default(),
@@ -129,6 +137,7 @@ impl ActsQ8Buf {
             scales: &self.scales,
             q4,
             sums16: &self.sums16,
+            k,
         }
     }
 }

@@ -83,8 +83,107 @@ pub fn dot_q6_k_scalar(w: &[u8], x: &[i8], xs: &[f32]) -> f32 {
     sum
 }
 
+/// The activations as the AVX2 kernels read them (`x86/k_quants.rs`), made once when they are
+/// quantized, so that two groups whose weights share their bytes cost one widening and one
+/// scaling instead of two of each. Those pairs are Q4_K's (and Q5_K's) sub-blocks `2p` and
+/// `2p + 1` (the low and high nibbles of the same 32 bytes), and Q6_K's groups `4m + c` and `4m
+/// + c + 2`, `c` 0 or 1 (the low and high nibbles of its `ql` bytes).
+///
+/// The kernel takes the 32 bytes `v` a pair shares and makes two vectors of weights, each 32-bit
+/// lane holding four values of one group: `A`, lane `l` shifted right by 0 (even `l`: the low
+/// nibbles, the pair's first group) or 4 (odd `l`: the high ones, its second), and `B`, the same
+/// after swapping neighbouring lanes. Lane `l` of both then holds the first group (even) or the
+/// second (odd), so their byte products add up in 16 bits before one `vpmaddwd`:
+///
+/// ```text
+/// lane l of   A                          B
+/// even l      first group,  values 4l..  first group,  values 4(l + 1)..
+/// odd l       second group, values 4l..  second group, values 4(l - 1)..
+/// ```
+///
+/// `x` (Q4_K's pairs) and `x6` (Q6_K's) hold each pair's 64 activations in that order (32 for
+/// `A`, then 32 for `B`), pair after pair; `scales` and `scales6` each pair's two scales (the
+/// kernel spreads them to the even and odd lanes with one 64-bit broadcast); `mins` each group's
+/// `xs sum(qx)`, the factor of its Q4_K sub-block's minimum.
+#[derive(Default, Clone, Copy)]
+pub struct ActsK<'a> {
+    /// `[t, cols]`
+    pub x: &'a [i8],
+    /// `[t, cols / 32]`
+    pub scales: &'a [f32],
+    /// `[t, cols]`
+    pub x6: &'a [i8],
+    /// `[t, cols / 32]`
+    pub scales6: &'a [f32],
+    /// `[t, cols / 32]`
+    pub mins: &'a [f32],
+}
+
+/// The buffers behind an [`ActsK`], reused from one product to the next.
+#[derive(Default)]
+pub struct ActsKBuf {
+    x: Vec<i8>,
+    scales: Vec<f32>,
+    x6: Vec<i8>,
+    scales6: Vec<f32>,
+    mins: Vec<f32>,
+}
+
+impl ActsKBuf {
+    /// Lays out `q: [t, cols]` (int8, groups of [`GROUP`] whose scales are `xs`) as [`ActsK`]
+    /// says.
+    pub fn lay_out(&mut self, q: &[i8], xs: &[f32], t: usize, cols: usize) -> ActsK<'_> {
+        assert!(cols.is_multiple_of(BLOCK) && q.len() == t * cols && xs.len() * GROUP == q.len());
+        // Pair k's groups: Q4_K's 2k and 2k + 1; Q6_K's 4m + c and 4m + c + 2 (k = 2m + c).
+        lay_out_pairs(q, xs, |k| (2 * k, 2 * k + 1), &mut self.x, &mut self.scales);
+        let q6 = |k: usize| (4 * (k / 2) + k % 2, 4 * (k / 2) + k % 2 + 2);
+        lay_out_pairs(q, xs, q6, &mut self.x6, &mut self.scales6);
+        let sum = |g: &[i8]| g.iter().map(|&v| v as i32).sum::<i32>() as f32;
+        self.mins.clear();
+        self.mins
+            .extend(q.chunks_exact(GROUP).zip(xs).map(|(g, &s)| s * sum(g)));
+        ActsK {
+            x: &self.x,
+            scales: &self.scales,
+            x6: &self.x6,
+            scales6: &self.scales6,
+            mins: &self.mins,
+        }
+    }
+}
+
+/// [`ActsK`]'s order of `q` (groups `xs`) into `out` and `out_s`, pair `k` of groups
+/// `groups(k)` (the same for every row of 256: `q`'s rows are whole blocks).
+fn lay_out_pairs(
+    q: &[i8],
+    xs: &[f32],
+    groups: impl Fn(usize) -> (usize, usize),
+    out: &mut Vec<i8>,
+    out_s: &mut Vec<f32>,
+) {
+    out.resize(q.len(), 0);
+    out_s.resize(q.len() / GROUP, 0.0);
+    let group = |g: usize| &q[GROUP * g..GROUP * (g + 1)];
+    for k in 0..q.len() / (2 * GROUP) {
+        let (g0, g1) = groups(k);
+        let pair = &mut out[2 * GROUP * k..2 * GROUP * (k + 1)];
+        for l in 0..8 {
+            let (a, b) = match l % 2 {
+                0 => (
+                    &group(g0)[4 * l..4 * l + 4],
+                    &group(g0)[4 * l + 4..4 * l + 8],
+                ),
+                _ => (&group(g1)[4 * l..4 * l + 4], &group(g1)[4 * l - 4..4 * l]),
+            };
+            pair[4 * l..4 * l + 4].copy_from_slice(a);
+            pair[GROUP + 4 * l..GROUP + 4 * l + 4].copy_from_slice(b);
+        }
+        out_s[2 * k..2 * k + 2].copy_from_slice(&[xs[g0], xs[g1]]);
+    }
+}
+
 /// Checks a product's slices (`w: [rows]` of whole blocks of `kind`, `out: [rows, t]`,
-/// activations in groups of [`GROUP`] with their sums of 16) and returns `rows`. Panics on a
+/// activations in groups of [`GROUP`] with their sums of 16 and their [`ActsK`] layout) and returns `rows`. Panics on a
 /// mismatch: a caller's bug (the model file's shapes were checked when it was opened).
 pub(crate) fn check(kind: KQuant, w: &[u8], x: &ActsQ8, out: &[f32]) -> usize {
     let (cols, t) = (x.cols, x.t);
@@ -97,7 +196,12 @@ pub(crate) fn check(kind: KQuant, w: &[u8], x: &ActsQ8, out: &[f32]) -> usize {
     assert!(
         out.len() == rows * t
             && w.len() == rows * kind.row_bytes(cols)
-            && x.sums16.len() == t * cols / 16,
+            && x.sums16.len() == t * cols / 16
+            && x.k.x.len() == t * cols
+            && x.k.scales.len() == t * cols / GROUP
+            && x.k.x6.len() == t * cols
+            && x.k.scales6.len() == t * cols / GROUP
+            && x.k.mins.len() == t * cols / GROUP,
         "K-quants: slice lengths do not match [{rows}, {cols}] x [{t}, {cols}]"
     );
     rows
@@ -165,7 +269,13 @@ mod tests {
     #[test]
     fn every_family_matches_the_reference() {
         let mut seed = 8;
-        for (rows, cols, t) in [(5, BLOCK, 1), (4, 4 * BLOCK, 3), (3, 2 * BLOCK, 10)] {
+        // Tiles of 1 to 4 tokens; more rows than a prompt's tiles go over at once (AVX2: 16).
+        for (rows, cols, t) in [
+            (5, BLOCK, 1),
+            (4, 4 * BLOCK, 3),
+            (3, 2 * BLOCK, 10),
+            (37, BLOCK, 6),
+        ] {
             let x = next_values(t * cols, &mut seed);
             let mut buf = ActsQ8Buf::default();
             let acts = buf.quantize_for_k(&x, t, cols, GROUP);

@@ -3,23 +3,24 @@
 //! with a fifth bit a weight, ORed in above the nibble.
 //!
 //! Each 32 weights of a block meet one activation group of 32 (`x = xs qx`); the integer
-//! products are exact, and each group's sum is converted once and multiplied by one float scale
-//! per lane, `d sc xs` (Q6_K: a group is two sub-blocks of 16, each lane in one of them):
+//! products are exact, and each group's sum is converted and multiplied by float scales:
 //!
 //! ```text
-//! AVX2     one group a 256-bit vector: vpmaddubsw (pairs of u8 x i8 products, 16 bits: at most
-//!          2 * 63 * 127), then vpmaddwd with 1 (Q4_K, Q5_K) or the sub-blocks' scales (Q6_K), 32 bits
-//! AVX-512  two groups a 512-bit vector (their 64 activations are contiguous): vpdpbusd
+//! AVX2     two groups whose weights share 32 bytes at once, the activations laid out to match
+//!          (`ActsK`): two vpmaddubsw (u8 x i8 pairs, 16 bits) added, vpmaddwd with the
+//!          sub-blocks' integer scales (32 bits), one conversion and one multiply-add by the
+//!          lanes' xs; the block's sum times d once
+//! AVX-512  two groups a 512-bit vector (their 64 activations are contiguous): vpdpbusd, one
+//!          conversion and one multiply-add by d sc xs
 //!
-//! lanes += float(sum q qx) * (d sc xs)                 once a group (pair of groups)
 //! Q4_K, Q5_K: - dmin m xs sum(qx)                        once a block, 8 lanes (sub-blocks)
 //! Q6_K:   - 32 d sc xs sum(qx)  (the weights are q + 32) once a block, from the sums of 16
 //! ```
 //!
-//! The activations' sums of 16 values are made once, when they are quantized
-//! ([`ActsQ8::sums16`]). A row meets up to [`TOKENS`] tokens at once (a prompt's), its blocks
-//! unpacked once for them, and each (row, token) runs decode's operations in decode's order, so a
-//! prompt gets decode's bits.
+//! The activations' sums of 16 values and the AVX2 order are made once, when they are quantized
+//! ([`ActsQ8::sums16`], [`ActsQ8::k`]). A row meets up to [`TOKENS`] tokens at once (a
+//! prompt's), its blocks unpacked once for them, and each (row, token) runs decode's operations
+//! in decode's order, so a prompt gets decode's bits.
 
 use super::super::k_quants::{BLOCK, GROUP};
 use super::super::ActsQ8;
@@ -97,24 +98,37 @@ unsafe fn mat_k(
     // their sums of 16, and `out` is `[rows, t]`: then every token below has what `Tile` needs.
     let rows = super::super::k_quants::check(kind, w, x, out);
     let (t, cols, row) = (x.t, x.cols, kind.row_bytes(x.cols));
-    let per = cols / 16;
+    let (per, per2) = (cols / 16, cols / GROUP);
     // Each token's slices, made once for every weight row.
     let tokens: Vec<Token> = (0..t)
         .map(|k| Token {
             x: x.q_row(k),
             xs: x.scales_row(k),
             sums: &x.sums16[k * per..(k + 1) * per],
+            kx: &x.k.x[k * cols..(k + 1) * cols],
+            kxs: &x.k.scales[k * per2..(k + 1) * per2],
+            kx6: &x.k.x6[k * cols..(k + 1) * cols],
+            kxs6: &x.k.scales6[k * per2..(k + 1) * per2],
+            kmins: &x.k.mins[k * per2..(k + 1) * per2],
         })
         .collect();
-    for r in 0..rows {
-        let w_r = &w[r * row..(r + 1) * row];
-        if let Some(reach) = reach {
-            super::q4::prefetch_lines(w, r * row, row, reach);
-        }
-        let out_r = &mut out[r * t..(r + 1) * t];
-        for (tile_tokens, tile_out) in tokens.chunks(TOKENS).zip(out_r.chunks_mut(TOKENS)) {
-            // SAFETY: `check` gave the lengths `Tile` asks; the caller, the features.
-            unsafe { tile(w_r, tile_tokens, tile_out) };
+    // A prompt's tiles go over [`ROWS`] rows at a time, so that a tile's activations stay in the
+    // nearest cache while they meet those rows (a prompt of 128 tokens is 200 KB of them, read
+    // once a row otherwise), and the rows' blocks stay there for the next tile.
+    for r0 in (0..rows).step_by(ROWS) {
+        for (n, tile_tokens) in tokens.chunks(TOKENS).enumerate() {
+            for r in r0..(r0 + ROWS).min(rows) {
+                let w_r = &w[r * row..(r + 1) * row];
+                match reach {
+                    // The next rows' bytes, asked for once (decode has one tile).
+                    Some(reach) if n == 0 => super::q4::prefetch_lines(w, r * row, row, reach),
+                    _ => {}
+                }
+                let i = n * TOKENS;
+                let tile_out = &mut out[r * t + i..r * t + i + tile_tokens.len()];
+                // SAFETY: `check` gave the lengths `Tile` asks; the caller, the features.
+                unsafe { tile(w_r, tile_tokens, tile_out) };
+            }
         }
     }
 }
@@ -162,29 +176,42 @@ unsafe fn tiles_avx512<const BITS: u8>(w: &[u8], tokens: &[Token], out: &mut [f3
 /// Tokens a tile takes: each block of a weight row unpacked once for all of them.
 const TOKENS: usize = 4;
 
-/// One token's activations: its `cols` int8 values, their scales per 32, their sums per 16.
+/// Rows a prompt's tiles go over before the next tile (see [`mat_k`]): 16 rows of Q6_K of 1024
+/// columns are 13 KB, which with a tile's activations (6.5 KB) fit a 32 KB first-level cache.
+const ROWS: usize = 16;
+
+/// One token's activations: its `cols` int8 values, their scales per 32, their sums per 16;
+/// and for the AVX2 Q4_K and Q5_K kernels the same values, their scales and their minimums'
+/// factors laid out as [`ActsK`](super::super::k_quants::ActsK) says.
 #[derive(Clone, Copy)]
 struct Token<'a> {
     x: &'a [i8],
     xs: &'a [f32],
     sums: &'a [i16],
+    kx: &'a [i8],
+    kxs: &'a [f32],
+    kx6: &'a [i8],
+    kxs6: &'a [f32],
+    kmins: &'a [f32],
 }
 
-/// Multiply-add chains a (row, token) pair's sub-blocks alternate between, so that one does not
-/// wait on the one before it; the same for every tile size, so a prompt's tokens get decode's
-/// bits.
-const CHAINS: usize = 2;
-
-/// One Q4_K row (with `FIVE`, Q5_K) against `N` tokens. Caller guarantees AVX2, FMA and F16C,
-/// and `Tile`'s lengths.
+/// One Q4_K row (with `FIVE`, Q5_K) against `N` tokens, a pair of sub-blocks at a time in the
+/// activations' order of [`ActsK`](super::super::k_quants::ActsK): the pair's two vectors of
+/// weights meet their 64 activations in two `vpmaddubsw`, added in 16 bits (at most
+/// 2 * 2 * 31 * 127), then one `vpmaddwd` with the sub-blocks' integer scales (lane by lane:
+/// `sc_2p` or `sc_2p+1`), one conversion and one multiply-add by the lanes' activation scales.
+/// A block's sum is then scaled by `d` once, and its minimums' part, `dmin m_j xs_j sum(qx_j)`,
+/// taken from the activations' precomputed `xs_j sum(qx_j)`. Caller guarantees AVX2, FMA and
+/// F16C, and `Tile`'s lengths.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_k<const N: usize, const FIVE: bool>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
     let kind = if FIVE { KQuant::Q5K } else { KQuant::Q4K };
     let nibble = _mm256_set1_epi8(15);
-    let (ones, sixteen) = (_mm256_set1_epi16(1), _mm256_set1_epi8(16));
-    let mut acc = [[_mm256_setzero_ps(); CHAINS]; N];
-    let mut mins = [_mm256_setzero_ps(); N];
+    let sixteen = _mm256_set1_epi8(16);
+    // A's shifts: even lanes keep the low nibbles, odd lanes bring the high ones down.
+    let shifts = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
+    let mut acc = [_mm256_setzero_ps(); N];
     for (b, block) in w.chunks_exact(kind.block_bytes()).enumerate() {
         // Q5_K: 32 bytes of fifth bits (bit i of byte l: value l of sub-block i) before the
         // nibbles.
@@ -192,130 +219,179 @@ unsafe fn dot_q4_k<const N: usize, const FIVE: bool>(w: &[u8], tokens: [Token; N
             true => (&block[16..48], &block[48..]),
             false => (&block[16..16], &block[16..]),
         };
-        let (dsc, dm) = q4_k_scales(block);
-        let mut dsx = [_mm256_setzero_ps(); N];
-        for (k, tk) in tokens.iter().enumerate() {
-            dsx[k] = q4_k_token(dsc, dm, tk, b, &mut mins[k]);
-        }
-        // Pairs of sub-blocks share 32 bytes: the first in the low nibbles, the second high.
+        let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
+        let (sc, m) = scales_mins(&block[4..16]);
+        // Lane j: dmin m_j; and sc_j in both 16-bit halves of lane j (`vpmaddwd`'s pairs).
+        let dm = _mm256_mul_ps(bytes_as_lanes(m), _mm256_set1_ps(dmin));
+        let sc = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
+        let sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
+        let qh = match FIVE {
+            // SAFETY: qh is 32 bytes (Q5_K's). B's bits are A's with neighbouring lanes swapped.
+            true => {
+                let a = _mm256_loadu_si256(qh.as_ptr() as *const __m256i);
+                [a, _mm256_shuffle_epi32::<0xb1>(a)]
+            }
+            false => [_mm256_setzero_si256(); 2],
+        };
+        let mut sums = [_mm256_setzero_ps(); N];
         for p in 0..BLOCK / 64 {
             // SAFETY: qs is 128 bytes (a whole block's), so bytes 32p..32p + 32 are in it.
             let v = _mm256_loadu_si256(qs.as_ptr().add(32 * p) as *const __m256i);
-            let halves = [
-                _mm256_and_si256(v, nibble),
-                _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble),
-            ];
-            for (h, q) in halves.into_iter().enumerate() {
-                let j = 2 * p + h;
-                let q = match FIVE {
-                    // q + 16 where bit j of the value's qh byte is set.
-                    true => {
-                        // SAFETY: qh is 32 bytes (Q5_K's).
-                        let bits = _mm256_loadu_si256(qh.as_ptr() as *const __m256i);
-                        let bit = _mm256_set1_epi8((1u8 << j) as i8);
-                        let set = _mm256_cmpeq_epi8(_mm256_and_si256(bits, bit), bit);
-                        _mm256_or_si256(q, _mm256_and_si256(set, sixteen))
-                    }
-                    false => q,
-                };
-                let lane = _mm256_set1_epi32(j as i32);
-                for (k, tk) in tokens.iter().enumerate() {
-                    // SAFETY: group 8b + j of the row is values 32 (8b + j).. of `x`.
-                    let at = tk.x.as_ptr().add(GROUP * (8 * b + j));
-                    let xv = _mm256_loadu_si256(at as *const __m256i);
-                    let isum = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
-                    let scale = _mm256_permutevar8x32_ps(dsx[k], lane);
-                    let a = &mut acc[k][j % CHAINS];
-                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, *a);
+            let mut ab = [v, _mm256_shuffle_epi32::<0xb1>(v)]
+                .map(|v| _mm256_and_si256(_mm256_srlv_epi32(v, shifts), nibble));
+            if FIVE {
+                // q + 16 where the value's fifth bit is set: bit 2p (even lanes) or 2p + 1 (odd
+                // lanes) of its qh byte, which lies where the value's nibble lies.
+                let (lo, hi) = (1i64 << (2 * p), 1i64 << (2 * p + 1));
+                let bit = _mm256_set1_epi64x((hi << 32 | lo) * 0x0101_0101);
+                for (q, h) in ab.iter_mut().zip(qh) {
+                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
+                    *q = _mm256_or_si256(*q, _mm256_and_si256(set, sixteen));
                 }
             }
+            // Lane l: sub-block 2p (even l) or 2p + 1's scale.
+            let pick = _mm256_setr_epi32(
+                2 * p as i32,
+                2 * p as i32 + 1,
+                2 * p as i32,
+                2 * p as i32 + 1,
+                2 * p as i32,
+                2 * p as i32 + 1,
+                2 * p as i32,
+                2 * p as i32 + 1,
+            );
+            let scp = _mm256_permutevar8x32_epi32(sc, pick);
+            let pair = 4 * b + p;
+            for (k, tk) in tokens.iter().enumerate() {
+                // SAFETY: pair `pair` of the row is laid-out values 64 pair.. + 64 and scales
+                // 2 pair.. + 2 (the caller's lengths).
+                let at = tk.kx.as_ptr().add(64 * pair);
+                let xa = _mm256_loadu_si256(at as *const __m256i);
+                let xb = _mm256_loadu_si256(at.add(32) as *const __m256i);
+                let q16 = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(ab[0], xa),
+                    _mm256_maddubs_epi16(ab[1], xb),
+                );
+                let isum = _mm256_madd_epi16(q16, scp);
+                let xs = pair_scales(tk.kxs, pair);
+                sums[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), xs, sums[k]);
+            }
+        }
+        for (k, tk) in tokens.iter().enumerate() {
+            // SAFETY: block b's 8 groups are `mins` 8b..8b + 8 (the caller's lengths).
+            let mins = _mm256_loadu_ps(tk.kmins.as_ptr().add(8 * b));
+            let a = _mm256_fmadd_ps(sums[k], _mm256_set1_ps(d), acc[k]);
+            acc[k] = _mm256_fnmadd_ps(dm, mins, a);
         }
     }
-    std::array::from_fn(|k| {
-        let all = _mm256_add_ps(acc[k][0], acc[k][1]);
-        sum8(_mm256_sub_ps(all, mins[k]))
-    })
+    acc.map(|a| sum8(a))
 }
 
-/// One Q6_K row against `N` tokens, as [`dot_q4_k`].
+/// Pair `pair`'s two scales (`xs[2 pair]`, `xs[2 pair + 1]`) spread to the even and odd lanes.
+/// Caller guarantees AVX2 and that both are in `xs`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn pair_scales(xs: &[f32], pair: usize) -> __m256 {
+    // SAFETY: the caller's: 8 bytes from `2 pair` are in `xs`; read unaligned.
+    let two = unsafe { std::ptr::read_unaligned(xs.as_ptr().add(2 * pair) as *const i64) };
+    _mm256_castsi256_ps(_mm256_set1_epi64x(two))
+}
+
+/// The 8 bytes of `v` as 8 float lanes, byte j in lane j. Caller guarantees AVX2.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn bytes_as_lanes(v: u64) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)))
+}
+
+/// One Q6_K row against `N` tokens, as [`dot_q4_k`]: a pair of groups `4m + c`, `4m + c + 2`
+/// shares 32 bytes of `ql` (low and high nibbles) and 32 of `qh` (bits `2c` and `2c + 4`), in the
+/// activations' order of [`ActsK`](super::super::k_quants::ActsK)'s `x6`. The weights are `q +
+/// 32` (0..=63), so two `vpmaddubsw` add up in 16 bits (at most 2 * 2 * 63 * 127 = 32004), and
+/// the offset, `32 d sc_s xs sum(qx_s)` a sub-block, comes from the activations' sums of 16.
+/// Caller guarantees AVX2, FMA and F16C, and `Tile`'s lengths.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q6_k<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
-    let (nibble, two) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3));
-    // Bytes 0, 1 of each 32-bit lane in the low half, 2, 3 in the high (`vpshufb` works within
-    // halves): a pair of 16-bit scales, (a, b), spread as 8 a's then 8 b's.
-    let spread = _mm256_setr_epi8(
-        0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
-        2, 3,
-    );
-    let mut acc = [[_mm256_setzero_ps(); CHAINS]; N];
-    let mut offsets = [_mm256_setzero_ps(); N];
+    let (nibble, bits_4_5) = (_mm256_set1_epi8(15), _mm256_set1_epi8(0x30));
+    let low_mask = _mm256_set1_epi32(0xffff);
+    let shifts = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
+    let mut acc = [_mm256_setzero_ps(); N];
     for (b, block) in w.chunks_exact(KQuant::Q6K.block_bytes()).enumerate() {
         let (ql, qh, scales) = (&block[0..128], &block[128..192], &block[192..208]);
         let d = f16_at(block, 208);
         // SAFETY: 16 scale bytes.
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scales.as_ptr() as *const __m128i));
-        let mut dx = [_mm256_setzero_ps(); N];
+        // Per half n of the block, lane j: sub-block 8n + j's scale in both 16-bit halves
+        // (`vpmaddwd`'s pairs).
+        let dup: [__m256i; 2] = std::array::from_fn(|n| {
+            // SAFETY: bytes 8n..8n + 8 of the 16 scale bytes.
+            let s =
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64(scales.as_ptr().add(8 * n) as *const __m128i));
+            _mm256_or_si256(_mm256_and_si256(s, low_mask), _mm256_slli_epi32(s, 16))
+        });
+        let mut sums = [_mm256_setzero_ps(); N];
         for (k, tk) in tokens.iter().enumerate() {
+            // The weights are q + 32: each group's excess, sc_s sum(qx_s) + sc_s+1 sum(qx_s+1),
+            // is one `vpmaddwd` of the scales and the sums (lane g: sub-blocks 2g, 2g + 1),
+            // taken 32 xs_g times off the block's sum.
             // SAFETY: 8 groups from 8b, 16 sums from 16b (the caller's lengths).
-            dx[k] = _mm256_mul_ps(
-                _mm256_loadu_ps(tk.xs.as_ptr().add(8 * b)),
-                _mm256_set1_ps(d),
-            );
             let sums16 = _mm256_loadu_si256(tk.sums.as_ptr().add(16 * b) as *const __m256i);
-            // The weights are q + 32: each group's excess, 32 (sc_s sum(qx_s) + sc_s+1
-            // sum(qx_s+1)), is one `vpmaddwd` of the scales and the sums (lane g: sub-blocks
-            // 2g, 2g + 1).
             let excess = _mm256_cvtepi32_ps(_mm256_madd_epi16(sc16, sums16));
-            let scaled = _mm256_mul_ps(excess, _mm256_set1_ps(32.0));
-            offsets[k] = _mm256_fmadd_ps(scaled, dx[k], offsets[k]);
+            let xs = _mm256_loadu_ps(tk.xs.as_ptr().add(8 * b));
+            sums[k] = _mm256_mul_ps(_mm256_mul_ps(excess, xs), _mm256_set1_ps(-32.0));
         }
-        // Two halves of 128 values: value v of a half has its low 4 bits in byte v % 64 of the
-        // half's 64 `ql` bytes (low nibble for v < 64) and its high 2 bits in byte v % 32 of its
-        // 32 `qh` bytes (bits 2 (v / 32)).
-        for n in 0..2 {
-            // SAFETY: ql is 128 bytes, qh 64: these are bytes 64n..64n + 64 and 32n..32n + 32.
-            let low = [
-                _mm256_loadu_si256(ql.as_ptr().add(64 * n) as *const __m256i),
-                _mm256_loadu_si256(ql.as_ptr().add(64 * n + 32) as *const __m256i),
-            ];
-            let high = _mm256_loadu_si256(qh.as_ptr().add(32 * n) as *const __m256i);
-            let high = [
-                high,
-                _mm256_srli_epi16(high, 2),
-                _mm256_srli_epi16(high, 4),
-                _mm256_srli_epi16(high, 6),
-            ];
-            for c in 0..4 {
-                // Values 32c..32c + 32 of the half: q + 32, 0..=63.
-                let lo = match c {
-                    0 | 1 => _mm256_and_si256(low[c], nibble),
-                    _ => _mm256_and_si256(_mm256_srli_epi16(low[c - 2], 4), nibble),
-                };
-                let hi = _mm256_and_si256(high[c], two);
-                // Each byte's high bits are at most 3: shifted by 4 they stay in their byte.
-                let q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-                let j = 4 * n + c;
-                let lane = _mm256_set1_epi32(j as i32);
-                // The group's two sub-blocks of 16, 8 + 8 of the 16-bit lanes, each its scale:
-                // 32-bit lane j of `sc16` holds both, spread over the halves.
-                let sc = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, lane), spread);
+        for (n, dup) in dup.iter().enumerate() {
+            // SAFETY: qh is 64 bytes: these are bytes 32n..32n + 32, and B's with neighbouring
+            // lanes swapped.
+            let h = _mm256_loadu_si256(qh.as_ptr().add(32 * n) as *const __m256i);
+            let h = [h, _mm256_shuffle_epi32::<0xb1>(h)];
+            for c in 0..2 {
+                // SAFETY: ql is 128 bytes: bytes 64n + 32c.. + 32 are in it.
+                let v = _mm256_loadu_si256(ql.as_ptr().add(64 * n + 32 * c) as *const __m256i);
+                // The high bits: 2c of the qh byte (even lanes), 2c + 4 (odd), moved to 4-5.
+                let hs = _mm256_setr_epi32(
+                    2 * c as i32,
+                    2 * c as i32 + 4,
+                    2 * c as i32,
+                    2 * c as i32 + 4,
+                    2 * c as i32,
+                    2 * c as i32 + 4,
+                    2 * c as i32,
+                    2 * c as i32 + 4,
+                );
+                let ab = [(v, h[0]), (_mm256_shuffle_epi32::<0xb1>(v), h[1])].map(|(v, h)| {
+                    let lo = _mm256_and_si256(_mm256_srlv_epi32(v, shifts), nibble);
+                    let hi = _mm256_slli_epi16(_mm256_srlv_epi32(h, hs), 4);
+                    _mm256_or_si256(lo, _mm256_and_si256(hi, bits_4_5))
+                });
+                // Lanes 0..4 hold the groups' first sub-blocks of 16, lanes 4..8 their second:
+                // sub-blocks 2c, 2c + 4 (even and odd lanes) of the half, then 2c + 1, 2c + 5.
+                let (s0, s1) = (2 * c as i32, 2 * c as i32 + 4);
+                let pick = _mm256_setr_epi32(s0, s1, s0, s1, s0 + 1, s1 + 1, s0 + 1, s1 + 1);
+                let scp = _mm256_permutevar8x32_epi32(*dup, pick);
+                let pair = 4 * b + 2 * n + c;
                 for (k, tk) in tokens.iter().enumerate() {
-                    // SAFETY: group 8b + j of the row is values 32 (8b + j).. of `x`.
-                    let at = tk.x.as_ptr().add(GROUP * (8 * b + j));
-                    let xv = _mm256_loadu_si256(at as *const __m256i);
-                    let isum = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), sc);
-                    let scale = _mm256_permutevar8x32_ps(dx[k], lane);
-                    let a = &mut acc[k][j % CHAINS];
-                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, *a);
+                    // SAFETY: pair `pair` of the row is laid-out values 64 pair.. + 64 and scales
+                    // 2 pair.. + 2 (the caller's lengths).
+                    let at = tk.kx6.as_ptr().add(64 * pair);
+                    let xa = _mm256_loadu_si256(at as *const __m256i);
+                    let xb = _mm256_loadu_si256(at.add(32) as *const __m256i);
+                    let q16 = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(ab[0], xa),
+                        _mm256_maddubs_epi16(ab[1], xb),
+                    );
+                    let isum = _mm256_madd_epi16(q16, scp);
+                    let xs = pair_scales(tk.kxs6, pair);
+                    sums[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), xs, sums[k]);
                 }
             }
         }
+        for k in 0..N {
+            acc[k] = _mm256_fmadd_ps(sums[k], _mm256_set1_ps(d), acc[k]);
+        }
     }
-    std::array::from_fn(|k| {
-        let all = _mm256_add_ps(acc[k][0], acc[k][1]);
-        sum8(_mm256_sub_ps(all, offsets[k]))
-    })
+    acc.map(|a| sum8(a))
 }
 
 /// One Q4_K row (with `FIVE`, Q5_K) against `N` tokens on AVX-512: [`dot_q4_k`] two sub-blocks
@@ -492,7 +568,9 @@ unsafe fn dot_q6_k_512<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N]
     })
 }
 
-/// Multiply-add chains of the AVX-512 kernels (as [`CHAINS`]).
+/// Multiply-add chains a (row, token) pair's groups alternate between in the AVX-512 kernels,
+/// so that one does not wait on the one before it; the same for every tile size, so a prompt's
+/// tokens get decode's bits.
 const CHAINS_512: usize = 2;
 
 /// 16-bit lanes of `lo` in the low 256 bits, of `hi` in the high: the shift counts of a vector
@@ -524,10 +602,9 @@ unsafe fn halves_added(v: __m512) -> __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k_scales(block: &[u8]) -> (__m256, __m256) {
     let (sc, m) = scales_mins(&block[4..16]);
-    let lanes = |v: u64| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
     (
-        _mm256_mul_ps(lanes(sc), _mm256_set1_ps(f16_at(block, 0))),
-        _mm256_mul_ps(lanes(m), _mm256_set1_ps(f16_at(block, 2))),
+        _mm256_mul_ps(bytes_as_lanes(sc), _mm256_set1_ps(f16_at(block, 0))),
+        _mm256_mul_ps(bytes_as_lanes(m), _mm256_set1_ps(f16_at(block, 2))),
     )
 }
 
