@@ -49,6 +49,9 @@ for f in fixtures/models/*/; do
     # The checkpoint behind the K-quant GGUFs (fixtures/gguf/), read only by the CPU's GGUF tests:
     # the GPU backend refuses K-quants, and the kit stays under its limit without it.
     if [ "$f" = tiny-bf16-tied-k256 ]; then continue; fi
+    # Vision checkpoints (an image processor's config beside the weights): the GPU backend
+    # refuses images, and neither its tests nor the greedy check read them.
+    if [ -f "fixtures/models/$f/preprocessor_config.json" ]; then continue; fi
     mkdir -p "$dir/fixtures/models/$f"
     # logprobs.json is the CLI's logprobs test's, not read here
     find "fixtures/models/$f" -maxdepth 1 -type f ! -name logprobs.json -exec cp {} "$dir/fixtures/models/$f/" \;
