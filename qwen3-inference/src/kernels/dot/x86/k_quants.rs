@@ -242,8 +242,8 @@ unsafe fn dot_q4_k<const N: usize, const FIVE: bool>(w: &[u8], tokens: [Token; N
             if FIVE {
                 // q + 16 where the value's fifth bit is set: bit 2p (even lanes) or 2p + 1 (odd
                 // lanes) of its qh byte, which lies where the value's nibble lies.
-                let (lo, hi) = (1i64 << (2 * p), 1i64 << (2 * p + 1));
-                let bit = _mm256_set1_epi64x((hi << 32 | lo) * 0x0101_0101);
+                let (lo, hi) = (1u64 << (2 * p), 1u64 << (2 * p + 1));
+                let bit = _mm256_set1_epi64x(((hi << 32 | lo) * 0x0101_0101) as i64);
                 for (q, h) in ab.iter_mut().zip(qh) {
                     let set = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
                     *q = _mm256_or_si256(*q, _mm256_and_si256(set, sixteen));
