@@ -6,7 +6,7 @@
 //! for bf16, and within half a quantization step for q8. Values are compared with the checkpoint
 //! as read by the `safetensors` crate, not by our reader.
 
-use qwen3_inference::format::reader::TensorData;
+use qwen3_inference::format::view::TensorData;
 use qwen3_inference::format::{DType, ModelFile};
 use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;

@@ -28,8 +28,8 @@
 
 use qwen3_inference::backend::{Backend, CpuBackend, KvType, PlainBackend};
 use qwen3_inference::engine::{Engine, Request};
-use qwen3_inference::format::reader::TensorData;
-use qwen3_inference::format::reader::TensorView;
+use qwen3_inference::format::view::TensorData;
+use qwen3_inference::format::view::TensorView;
 use qwen3_inference::format::{expected_tensors, DType, ModelFile, TensorKind};
 use qwen3_inference::generate::generate;
 use qwen3_inference::model::{Model, Session};

@@ -5,7 +5,7 @@
 //! equal to HuggingFace's continuation on the f32 export, with and without drafts. (Exactness at every logit:
 //! tests/parity.rs; many clients at once: tests/serve_batching.rs.)
 
-use qwen3_inference::format::reader::TensorData;
+use qwen3_inference::format::view::TensorData;
 use qwen3_inference::format::{DType, ModelFile};
 use qwen3_test_support::tempdir;
 use safetensors::SafeTensors;

@@ -200,7 +200,7 @@ fn prompt(name: &str, file: &ModelFile, tower: &VisionTower, case: &Value) -> Pr
 #[test]
 fn logits_and_greedy_with_images_are_transformers() {
     use qwen3_inference::backend::{Backend, CpuBackend, KvType, PlainBackend};
-    use qwen3_inference::format::reader::TensorView;
+    use qwen3_inference::format::view::TensorView;
     use qwen3_inference::model::{Model, RowInputs, Session};
 
     let dir = tempdir("qwen3-vision", "logits");

@@ -139,27 +139,14 @@ fn snapshot_files(dir: &Path) -> Vec<String> {
     files
 }
 
-/// The GGUF file `r` names: from the HuggingFace cache under `root` when it is there (a file
-/// that opens: a symlink into a blob that is gone does not count), else downloaded into it
-/// (unless `offline`).
+/// The GGUF file `r` names: from the HuggingFace cache when it is there (a file that opens: a
+/// symlink into a blob that is gone does not count), else downloaded into it (unless `offline`).
 pub fn gguf_file(r: &GgufRef, offline: bool) -> Result<PathBuf> {
     let root = super::cache::hub_cache();
-    if let Some(dir) = super::cache::snapshot_dir(&root, &r.repo) {
-        if let Ok(file) = pick(r, &snapshot_files(&dir), false) {
-            let path = dir.join(&file);
-            if std::fs::File::open(&path).is_ok() {
-                eprintln!("{r}: in the HuggingFace cache, {}", path.display());
-                return Ok(path);
-            }
-        }
-    }
-    if offline {
-        bail!(
-            "{r}: not in the HuggingFace cache ({}), and offline (--offline or HF_HUB_OFFLINE) forbids downloading it",
-            root.display()
-        );
-    }
-    download(&root, r)
+    let cached = super::cache::snapshot_dir(&root, &r.repo)
+        .and_then(|dir| Some(dir.join(pick(r, &snapshot_files(&dir), false).ok()?)))
+        .filter(|path| std::fs::File::open(path).is_ok());
+    super::cached_or_downloaded(super::Wanted::Gguf(r), &root, cached, offline)
 }
 
 /// The GGUF files of the HuggingFace cache (each repository's `main`), by the name that runs
@@ -206,19 +193,6 @@ pub fn list() -> Vec<(String, PathBuf)> {
         }
     }
     found
-}
-
-#[cfg(feature = "hub")]
-fn download(root: &Path, r: &GgufRef) -> Result<PathBuf> {
-    super::download::gguf_file(root, r)
-}
-
-#[cfg(not(feature = "hub"))]
-fn download(root: &Path, r: &GgufRef) -> Result<PathBuf> {
-    bail!(
-        "{r}: not in the HuggingFace cache ({}), and this qwen3 was built without downloads (the `hub` feature)",
-        root.display()
-    )
 }
 
 #[cfg(test)]

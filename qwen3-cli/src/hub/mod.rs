@@ -78,32 +78,64 @@ pub fn offline(flag: bool) -> bool {
         .is_ok_and(|v| ["1", "ON", "YES", "TRUE"].contains(&v.to_ascii_uppercase().as_str()))
 }
 
+/// What a name asks the hub for: a checkpoint's files (`export` reads them), or one GGUF file.
+#[derive(Clone, Copy)]
+enum Wanted<'a> {
+    Checkpoint(&'a RepoRef),
+    Gguf(&'a gguf_repo::GgufRef),
+}
+
+impl std::fmt::Display for Wanted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Wanted::Checkpoint(r) => r.fmt(f),
+            Wanted::Gguf(r) => r.fmt(f),
+        }
+    }
+}
+
 /// The checkpoint directory of `repo`: its snapshot in the HuggingFace cache when every file
 /// export needs is there, else downloaded into the cache first (unless `offline`).
 pub fn checkpoint_dir(repo: &RepoRef, offline: bool) -> Result<PathBuf> {
     let root = cache::hub_cache();
-    if let Some(dir) = cache::snapshot(&root, repo) {
-        eprintln!("{repo}: in the HuggingFace cache, {}", dir.display());
-        return Ok(dir);
+    let cached = cache::snapshot(&root, repo);
+    cached_or_downloaded(Wanted::Checkpoint(repo), &root, cached, offline)
+}
+
+/// `cached` (what the HuggingFace cache under `root` holds of `wanted`) when there is one, else
+/// `wanted` downloaded into that cache, unless `offline` forbids it; the one place both kinds of
+/// name meet the network.
+fn cached_or_downloaded(
+    wanted: Wanted,
+    root: &Path,
+    cached: Option<PathBuf>,
+    offline: bool,
+) -> Result<PathBuf> {
+    if let Some(path) = cached {
+        eprintln!("{wanted}: in the HuggingFace cache, {}", path.display());
+        return Ok(path);
     }
     if offline {
         bail!(
-            "{repo}: not in the HuggingFace cache ({}), and offline (--offline or HF_HUB_OFFLINE) forbids downloading it",
+            "{wanted}: not in the HuggingFace cache ({}), and offline (--offline or HF_HUB_OFFLINE) forbids downloading it",
             root.display()
         );
     }
-    download(&root, repo)
+    download(root, wanted)
 }
 
 #[cfg(feature = "hub")]
-fn download(root: &Path, repo: &RepoRef) -> Result<PathBuf> {
-    download::snapshot(root, repo)
+fn download(root: &Path, wanted: Wanted) -> Result<PathBuf> {
+    match wanted {
+        Wanted::Checkpoint(repo) => download::snapshot(root, repo),
+        Wanted::Gguf(r) => download::gguf_file(root, r),
+    }
 }
 
 #[cfg(not(feature = "hub"))]
-fn download(root: &Path, repo: &RepoRef) -> Result<PathBuf> {
+fn download(root: &Path, wanted: Wanted) -> Result<PathBuf> {
     bail!(
-        "{repo}: not in the HuggingFace cache ({}), and this qwen3 was built without downloads (the `hub` feature)",
+        "{wanted}: not in the HuggingFace cache ({}), and this qwen3 was built without downloads (the `hub` feature)",
         root.display()
     )
 }

@@ -5,7 +5,7 @@ use anyhow::Result;
 use qwen3_inference::backend::{
     AttentionShape, Backend, CpuBackend, DeltaNetShape, KvType, RopeTable,
 };
-use qwen3_inference::format::reader::TensorView;
+use qwen3_inference::format::view::TensorView;
 use qwen3_inference::kernels::attention::{Bf16, KvElem};
 use qwen3_inference::quant::quantize_q8;
 use std::cell::{Cell, RefCell};

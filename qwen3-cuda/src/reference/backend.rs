@@ -10,7 +10,7 @@ use super::attention::AttentionShape as KernelShape;
 use crate::reference;
 use anyhow::{bail, ensure, Result};
 use qwen3_inference::backend::{AttentionShape, Backend, KvType, RopeTable};
-use qwen3_inference::format::reader::{TensorData, TensorView};
+use qwen3_inference::format::view::{TensorData, TensorView};
 use std::marker::PhantomData;
 
 /// The references as a backend. `'a` is the lifetime of the mapped model file.

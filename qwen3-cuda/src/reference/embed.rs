@@ -1,6 +1,6 @@
 //! Reference of `kernels/embed.cu`.
 
-use qwen3_inference::format::reader::TensorData;
+use qwen3_inference::format::view::TensorData;
 
 /// `out[t, :] = E[tokens[t], :]`, dequantized; E: [vocab, cols]; out: [tokens.len(), cols].
 /// Token ids must be below the vocabulary size (the caller checks).

@@ -2,7 +2,7 @@
 //! `matmul_f32`).
 
 use super::reduce::warp_sum;
-use qwen3_inference::format::reader::TensorData;
+use qwen3_inference::format::view::TensorData;
 
 /// Four consecutive weights of row `row` starting at column `c`, and the scale applying to them
 /// (the group's scale for q8, q4 and q6, 1.0 otherwise): the kernels' `load4`.

@@ -6,7 +6,7 @@
 //! count is a panic (a bug in the forward pass), never an out-of-bounds read.
 
 use super::{AttentionShape, Backend, DeltaNetShape, RopeTable};
-use crate::format::reader::{TensorData, TensorView};
+use crate::format::view::{TensorData, TensorView};
 use crate::kernels;
 use crate::kernels::attention::{chunk_len, store_kv, Bf16, KvElem, KvType, KV_CHUNK};
 use crate::pages::HugePages;

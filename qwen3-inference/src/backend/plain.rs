@@ -11,7 +11,7 @@
 //! `keys[layer][pos][kv_head][head_dim]`, and the same for values.
 
 use super::{AttentionShape, Backend, DeltaNetShape, KvType, RopeTable};
-use crate::format::reader::{TensorData, TensorView};
+use crate::format::view::{TensorData, TensorView};
 use crate::kernels::dot::k_quants;
 use anyhow::{bail, Result};
 use std::marker::PhantomData;

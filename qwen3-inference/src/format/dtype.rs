@@ -2,7 +2,7 @@
 //! knows of each, in one table ([`TABLE`]): its code in a file, the format version that brought
 //! it, its name, and how its values and scales are laid out. Adding a dtype is a variant and a
 //! row here; what reads it is its kernels' (`kernels/dot/`) and the reader's view of it
-//! (`reader.rs`, `TensorData`).
+//! (`view.rs`, `TensorData`).
 
 use super::align_up;
 
@@ -176,6 +176,15 @@ impl KQuant {
     /// Bytes of a row of `cols` weights (whole blocks).
     pub const fn row_bytes(self, cols: usize) -> usize {
         cols / K_BLOCK as usize * self.block_bytes()
+    }
+
+    /// Its file dtype.
+    pub const fn dtype(self) -> DType {
+        match self {
+            KQuant::Q4K => DType::Q4K,
+            KQuant::Q5K => DType::Q5K,
+            KQuant::Q6K => DType::Q6K,
+        }
     }
 
     /// ggml's name of the type.

@@ -22,13 +22,15 @@ pub mod bytes;
 pub mod config;
 pub mod mapped;
 pub mod reader;
+pub mod view;
 pub mod writer;
 
 pub use config::{
     EmbeddingConfig, GenerationDefaults, ImageProcessor, LayerType, LinearAttentionConfig,
     ModelConfig, MoeConfig, RopeScaling, ValueHeads, VisionConfig, VisionInput, ARCHITECTURES,
 };
-pub use reader::{ModelFile, TensorView};
+pub use reader::ModelFile;
+pub use view::TensorView;
 pub use writer::ModelWriter;
 
 use std::path::{Path, PathBuf};

@@ -7,10 +7,11 @@
 
 use super::bytes::ByteReader;
 use super::mapped::MappedFile;
+use super::view::{view_bytes, view_data, TensorData, TensorView};
 use super::{
-    align_up, expected_tensors, matrix_storage_ok, stays_bf16, tensor_nbytes, value_bytes, DType,
-    KQuant, ModelConfig, TensorKind, ALIGN, BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC,
-    OLDEST_READABLE_VERSION, PREAMBLE_LEN,
+    align_up, expected_tensors, matrix_storage_ok, stays_bf16, tensor_nbytes, DType, ModelConfig,
+    TensorKind, ALIGN, BYTE_ORDER_MARK, FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION,
+    PREAMBLE_LEN,
 };
 use crate::pages::{self, HugePages, PageShare};
 use anyhow::{anyhow, bail, Context, Result};
@@ -255,52 +256,6 @@ impl Header {
     }
 }
 
-/// The values of one tensor, borrowed from the mapped file.
-#[derive(Debug, Clone, Copy)]
-pub enum TensorData<'a> {
-    F32(&'a [f32]),
-    /// Raw bfloat16 bit patterns; value = `f32::from_bits((b as u32) << 16)`.
-    Bf16(&'a [u16]),
-    /// `q` row-major int8 values; `scales[i]` multiplies `q[i*group_size .. (i+1)*group_size]`.
-    Q8 {
-        q: &'a [i8],
-        scales: &'a [f32],
-        group_size: usize,
-    },
-    /// Two 4-bit values a byte, as `quant::quantize_q4` packs them; `scales[i]` (f16 bits) is
-    /// group `i`'s.
-    Q4 {
-        packed: &'a [u8],
-        scales: &'a [u16],
-        group_size: usize,
-    },
-    /// Four 6-bit values in three bytes, in blocks of 128 of each row (`cols` wide) as
-    /// `quant::quantize_q6` packs them; `scales[i]` (f16 bits) is group `i`'s.
-    Q6 {
-        packed: &'a [u8],
-        scales: &'a [u16],
-        group_size: usize,
-        cols: usize,
-    },
-    /// GGUF K-quant blocks (each row whole blocks of 256 weights), as the GGUF holds them:
-    /// `gguf/blocks.rs` draws each kind.
-    K(KQuant, &'a [u8]),
-}
-
-/// A tensor: its shape and borrowed values.
-#[derive(Debug, Clone, Copy)]
-pub struct TensorView<'a> {
-    pub name: &'a str,
-    pub shape: &'a [u64],
-    pub data: TensorData<'a>,
-    /// For a q4 or q6 matrix on a CPU whose kernels read their own order of its values (AVX-512:
-    /// `kernels/dot/interleaved.rs`), the same tensor with its values in that order and its
-    /// scales as they are, derived at load ([`ModelFile::derived`]); `None` otherwise. `data`
-    /// stays the file's order, which everything else (an embedding row, the plain backend, a
-    /// GPU's upload) reads.
-    pub interleaved: Option<TensorData<'a>>,
-}
-
 /// Bytes derived once from the file's tensors that live as long as the file: the AVX-512
 /// kernels' order of the q4 and q6 matrices (`kernels/dot/interleaved.rs`), made when the model
 /// is loaded ([`ModelFile::derived`]), or a GGUF file's Q8_0 tensors in this format's q8 layout
@@ -514,57 +469,6 @@ impl ModelFile {
     }
 }
 
-/// Reinterprets a tensor's bytes in place. Bounds were validated by [`Header::parse`]; alignment
-/// holds because the mapping is page-aligned and offsets are multiples of 64, and `try_cast_slice`
-/// checks both again rather than trusting that.
-fn view_data<'a>(file: &'a [u8], t: &TensorInfo) -> Result<TensorData<'a>> {
-    let start = usize::try_from(t.offset)?;
-    let end = usize::try_from(t.offset + t.nbytes)?;
-    view_bytes(file.get(start..end).context("out of bounds")?, t)
-}
-
-/// [`view_data`] of the tensor's own bytes (`t.nbytes` of them, 64-byte aligned).
-fn view_bytes<'a>(bytes: &'a [u8], t: &TensorInfo) -> Result<TensorData<'a>> {
-    let cast_err = |e: bytemuck::PodCastError| anyhow::anyhow!("misaligned data: {e:?}");
-    Ok(match t.dtype {
-        DType::F32 => TensorData::F32(bytemuck::try_cast_slice(bytes).map_err(cast_err)?),
-        DType::Bf16 => TensorData::Bf16(bytemuck::try_cast_slice(bytes).map_err(cast_err)?),
-        DType::Q8 => {
-            let numel = t.shape.iter().product::<u64>() as usize;
-            let scales_at = align_up(numel as u64).context("overflow")? as usize;
-            let q = bytemuck::try_cast_slice(&bytes[..numel]).map_err(cast_err)?;
-            let scales = bytemuck::try_cast_slice(&bytes[scales_at..]).map_err(cast_err)?;
-            TensorData::Q8 {
-                q,
-                scales,
-                group_size: t.group_size as usize,
-            }
-        }
-        // Blocks of bytes, read as they lie (no alignment needed).
-        DType::Q4K | DType::Q5K | DType::Q6K => TensorData::K(t.dtype.k_quant().unwrap(), bytes),
-        DType::Q4 | DType::Q6 => {
-            let numel = t.shape.iter().product::<u64>();
-            let values = value_bytes(t.dtype, numel).context("overflow")? as usize;
-            let scales_at = align_up(values as u64).context("overflow")? as usize;
-            let (packed, group_size) = (&bytes[..values], t.group_size as usize);
-            let scales = bytemuck::try_cast_slice(&bytes[scales_at..]).map_err(cast_err)?;
-            match t.dtype {
-                DType::Q4 => TensorData::Q4 {
-                    packed,
-                    scales,
-                    group_size,
-                },
-                _ => TensorData::Q6 {
-                    packed,
-                    scales,
-                    group_size,
-                    cols: *t.shape.last().context("q6: a tensor without a shape")? as usize,
-                },
-            }
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -776,6 +680,8 @@ mod tests {
             assert!(matches!(n.data, TensorData::F32(v) if v.len() == 64 && v[3] == 3.0));
             for t in &f.header().tensors {
                 assert_eq!(t.offset % ALIGN, 0);
+                // Each view is read as the dtype the tensor table names.
+                assert_eq!(f.tensor(&t.name).unwrap().data.dtype(), t.dtype);
             }
             std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
         }

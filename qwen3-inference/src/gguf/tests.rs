@@ -967,7 +967,7 @@ fn q4_0_tensors_open_as_q4_with_the_files_values() {
 fn quantized_tensors_have_the_files_values(
     name: &str,
 ) -> std::collections::BTreeMap<String, usize> {
-    use crate::format::reader::TensorData;
+    use crate::format::view::TensorData;
     use crate::format::ModelFile;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
     let path = root.join(format!("gguf/{name}.gguf"));

@@ -2,7 +2,7 @@
 //! Only the rows of the tokens being run are ever converted: the table stays as stored in the
 //! mmap (for Qwen3-0.6B at q8 that is 156 MB instead of a 622 MB f32 copy).
 
-use crate::format::reader::{TensorData, TensorView};
+use crate::format::view::{TensorData, TensorView};
 use crate::gguf::blocks::k_quant_blocks;
 use crate::quant::{dequantize_q4, dequantize_q6_row, dequantize_q8};
 

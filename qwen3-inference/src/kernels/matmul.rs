@@ -8,7 +8,7 @@
 
 use super::dot::{dots, interleaved, k_quants, ActsQ8, ActsQ8Buf};
 use super::team::Team;
-use crate::format::reader::{TensorData, TensorView};
+use crate::format::view::{TensorData, TensorView};
 use rayon::prelude::*;
 
 /// Output rows handed to one rayon task in prefill. Large enough that scheduling costs nothing

@@ -21,7 +21,7 @@ pub use forward::{Cache, Forward, RowInputs, Segment, StateSnapshot, MAX_BATCH};
 pub use moe::Routes;
 pub use session::Session;
 
-use crate::format::reader::{TensorData, TensorView};
+use crate::format::view::{TensorData, TensorView};
 use crate::format::{ModelConfig, ModelFile};
 use crate::kernels::dot::{dots, interleaved};
 use crate::kernels::KvType;

@@ -43,7 +43,8 @@
 //! file.
 
 use super::q4::{Q4Layout, SIMD_GROUP};
-use crate::format::reader::{Derived, TensorData};
+use crate::format::reader::Derived;
+use crate::format::view::TensorData;
 use crate::format::ModelFile;
 use crate::pages::HugePages;
 use crate::quant::{q6_unpack_block, Q6_BLOCK};

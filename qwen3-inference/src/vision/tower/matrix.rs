@@ -4,7 +4,7 @@
 //! model's, in the file's dtype: a bf16 or q8 tower is 3 times faster than one widened to f32
 //! (docs/vision.md) and takes a half or a quarter of the memory.
 
-use crate::format::reader::{TensorData, TensorView};
+use crate::format::view::{TensorData, TensorView};
 use crate::kernels::dot::{dots, interleaved};
 
 /// One matrix, owned, in the file's dtype.
