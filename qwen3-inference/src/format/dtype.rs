@@ -178,13 +178,13 @@ impl KQuant {
         cols / K_BLOCK as usize * self.block_bytes()
     }
 
-    /// Its file dtype.
-    pub const fn dtype(self) -> DType {
-        match self {
-            KQuant::Q4K => DType::Q4K,
-            KQuant::Q5K => DType::Q5K,
-            KQuant::Q6K => DType::Q6K,
-        }
+    /// Its file dtype: the dtype table's row whose layout is these blocks.
+    pub fn dtype(self) -> DType {
+        TABLE
+            .iter()
+            .find(|f| f.layout == Layout::Blocks(self))
+            .map(|f| f.dtype)
+            .expect("every K-quant has a row")
     }
 
     /// ggml's name of the type.
@@ -240,12 +240,10 @@ impl DType {
         self.k_quant().is_some()
     }
 
-    /// Which K-quant this is, if it is one.
-    pub const fn k_quant(self) -> Option<KQuant> {
-        match self {
-            DType::Q4K => Some(KQuant::Q4K),
-            DType::Q5K => Some(KQuant::Q5K),
-            DType::Q6K => Some(KQuant::Q6K),
+    /// Which K-quant this is, if it is one (its row's layout).
+    pub fn k_quant(self) -> Option<KQuant> {
+        match self.facts().layout {
+            Layout::Blocks(k) => Some(k),
             _ => None,
         }
     }

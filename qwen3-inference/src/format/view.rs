@@ -47,9 +47,9 @@ pub struct TensorView<'a> {
     pub data: TensorData<'a>,
     /// For a q4 or q6 matrix on a CPU whose kernels read their own order of its values (AVX-512:
     /// `kernels/dot/interleaved.rs`), the same tensor with its values in that order and its
-    /// scales as they are, derived at load ([`ModelFile::derived`](super::ModelFile::derived)); `None` otherwise. `data`
-    /// stays the file's order, which everything else (an embedding row, the plain backend, a
-    /// GPU's upload) reads.
+    /// scales as they are, derived at load ([`ModelFile::derived`](super::ModelFile::derived));
+    /// `None` otherwise. `data` stays the file's order, which everything else (an embedding row,
+    /// the plain backend, a GPU's upload) reads.
     pub interleaved: Option<TensorData<'a>>,
 }
 
@@ -68,9 +68,10 @@ impl TensorData<'_> {
     }
 }
 
-/// Reinterprets a tensor's bytes in place. Bounds were validated by [`Header::parse`]; alignment
-/// holds because the mapping is page-aligned and offsets are multiples of 64, and `try_cast_slice`
-/// checks both again rather than trusting that.
+/// Reinterprets a tensor's bytes in place. Bounds were validated by
+/// [`Header::parse`](super::reader::Header::parse); alignment holds because the mapping is
+/// page-aligned and offsets are multiples of 64, and `try_cast_slice` checks both again rather
+/// than trusting that.
 pub(super) fn view_data<'a>(file: &'a [u8], t: &TensorInfo) -> Result<TensorData<'a>> {
     let start = usize::try_from(t.offset)?;
     let end = usize::try_from(t.offset + t.nbytes)?;
