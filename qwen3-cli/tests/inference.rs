@@ -269,6 +269,10 @@ fn bad_input_is_a_one_line_error() {
             &["--prompt-ids", "[1]", "-c", "33"],
             "larger than the model supports (32",
         ),
+        (
+            &["--prompt-ids", "[1]", "-c", "0"],
+            "holds at least one position",
+        ),
         (&["--prompt-ids", "[1]", "-t", "-1"], "temperature"),
         (&["--prompt-ids", "[1]", "--top-p", "1.5"], "top-p"),
         (&["--prompt-ids", "[1]", "--top-p", "0"], "top-p"),

@@ -361,7 +361,6 @@ impl InferenceArgs {
 
     /// Refuses flags that belong to the other mode, and combinations that mean nothing.
     pub fn check_mode_flags(&self) -> Result<()> {
-        self.draft.draft()?;
         if self.mode() == Mode::Chat {
             if !self.stops.is_empty() || self.json || self.logprobs.is_some() {
                 bail!("--stop, --json and --logprobs are for -m generate");
@@ -409,40 +408,72 @@ impl InferenceArgs {
     }
 }
 
-/// `-c`, or the model's maximum capped at [`DEFAULT_CONTEXT_CAP`]; never more than the maximum.
-pub fn context_len(args: &InferenceArgs, c: &ModelConfig) -> Result<usize> {
+/// The context length of a command that takes `-c` (inference, serve, embed) or runs with the
+/// default (rerank): the flag, else the model's maximum capped at [`DEFAULT_CONTEXT_CAP`]; at
+/// least one position and never more than the model's maximum.
+pub fn context_len(flag: Option<usize>, c: &ModelConfig) -> Result<usize> {
     let max_ctx = c.max_context() as usize;
-    let context_len = args.context.unwrap_or(max_ctx.min(DEFAULT_CONTEXT_CAP));
+    let context_len = flag.unwrap_or(max_ctx.min(DEFAULT_CONTEXT_CAP));
+    if context_len == 0 {
+        bail!("--context 0: the context holds at least one position");
+    }
     if context_len > max_ctx {
         bail!("--context {context_len} is larger than the model supports ({max_ctx} positions)");
     }
     Ok(context_len)
 }
 
-/// The model's generation defaults, overridden by the sampling flags (the same in both modes).
-pub fn sampler_from_args(args: &InferenceArgs, c: &ModelConfig) -> Result<SamplerConfig> {
-    let seed = args.seed.unwrap_or_else(clock_seed);
-    let mut cfg = SamplerConfig::from_defaults(&c.generation, seed);
-    if let Some(v) = args.temperature {
-        cfg.temperature = v;
+/// What `qwen3 inference`'s flags mean for this model, worked out once at the top of the
+/// command (before the weights load, so that a bad setting fails fast) and read from here by
+/// both modes.
+pub struct Settings {
+    /// Positions of prompt and answer together (`-c`).
+    pub context_len: usize,
+    /// What the KV cache holds keys and values as (`--kv-cache`).
+    pub kv: KvType,
+    /// The model's generation defaults with the sampling flags over them.
+    pub sampler: SamplerConfig,
+    /// Where speculative decoding's guesses come from (`--draft`, `--draft-model`).
+    pub draft: Draft,
+}
+
+impl InferenceArgs {
+    /// The flags, checked and turned into [`Settings`] for the model `c`.
+    pub fn settings(&self, c: &ModelConfig) -> Result<Settings> {
+        Ok(Settings {
+            context_len: context_len(self.context, c)?,
+            kv: self.kv_cache.into(),
+            sampler: self.sampler(c)?,
+            draft: self.draft.draft()?,
+        })
     }
-    if let Some(v) = args.top_p {
-        cfg.top_p = v;
+
+    /// The model's generation defaults, overridden by the sampling flags (the same in both
+    /// modes).
+    fn sampler(&self, c: &ModelConfig) -> Result<SamplerConfig> {
+        let seed = self.seed.unwrap_or_else(clock_seed);
+        let mut cfg = SamplerConfig::from_defaults(&c.generation, seed);
+        if let Some(v) = self.temperature {
+            cfg.temperature = v;
+        }
+        if let Some(v) = self.top_p {
+            cfg.top_p = v;
+        }
+        if let Some(v) = self.top_k {
+            cfg.top_k = v as usize;
+        }
+        if let Some(v) = self.min_p {
+            cfg.min_p = v;
+        }
+        if let Some(v) = self.repeat_penalty {
+            cfg.repetition_penalty = v;
+        }
+        if let Some(v) = self.presence_penalty {
+            cfg.presence_penalty = v;
+        }
+        cfg.validate()?;
+        Ok(cfg)
     }
-    if let Some(v) = args.top_k {
-        cfg.top_k = v as usize;
-    }
-    if let Some(v) = args.min_p {
-        cfg.min_p = v;
-    }
-    if let Some(v) = args.repeat_penalty {
-        cfg.repetition_penalty = v;
-    }
-    if let Some(v) = args.presence_penalty {
-        cfg.presence_penalty = v;
-    }
-    cfg.validate()?;
-    Ok(cfg)
 }
 
 /// `-s`: a u64, or -1 for a seed from the clock.

@@ -12,7 +12,7 @@
 //! `/` are commands (`/help`). Ctrl-C during an answer stops it (a SIGINT handler sets a flag the
 //! decode loop checks); at the prompt, Ctrl-C twice or Ctrl-D leaves.
 
-use super::args::{sampler_from_args, InferenceArgs};
+use super::args::{InferenceArgs, Settings};
 use anyhow::{bail, Context, Result};
 use qwen3_inference::backend::Backend;
 use qwen3_inference::chat::{ChatTemplate, Conversation};
@@ -80,6 +80,7 @@ impl ChatFiles {
 /// `--verbose`.
 pub fn run<B: Backend>(
     args: &InferenceArgs,
+    settings: Settings,
     engine: Engine<B>,
     files: ChatFiles,
     device: &str,
@@ -91,7 +92,6 @@ pub fn run<B: Backend>(
     } = files;
     let c = engine.forward().model().config;
     let ctx = engine.context_len();
-    let sampler = sampler_from_args(args, c)?;
 
     let interactive = std::io::stdin().is_terminal();
     let colour = interactive
@@ -106,10 +106,10 @@ pub fn run<B: Backend>(
         tok: &tok,
         template: &template,
         engine,
-        sampler,
+        sampler: settings.sampler,
         conv,
         max_tokens: args.max_tokens,
-        draft: args.draft.draft()?,
+        draft: settings.draft,
         hide_thinking: args.hide_thinking,
         verbose_prompt: args.verbose_prompt,
         colour,

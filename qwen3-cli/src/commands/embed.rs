@@ -8,7 +8,6 @@
 //! says: `-i "Instruct: Given a web search query, retrieve relevant passages that answer the
 //! query\nQuery: ..."`.
 
-use super::args::DEFAULT_CONTEXT_CAP;
 use super::device;
 use super::input::read_text;
 use super::tokenize::open_tokenizer;
@@ -68,11 +67,7 @@ pub fn run(args: EmbedArgs) -> Result<()> {
     } else {
         std::io::stdin().lock().lines().collect::<Result<_, _>>()?
     };
-    let max_ctx = c.max_context() as usize;
-    let context = args.context.unwrap_or(max_ctx.min(DEFAULT_CONTEXT_CAP));
-    if context == 0 || context > max_ctx {
-        bail!("--context must be in 1 ..= {max_ctx}");
-    }
+    let context = super::args::context_len(args.context, c)?;
     let model = Model::load(&file)?;
     let cfg = EngineConfig {
         slots: SLOTS,

@@ -4,7 +4,7 @@
 //! A prompt given as ids (`--prompt-ids`) gets ids back, one space-separated stream, which needs
 //! no tokenizer. `--chat` wraps the prompt in the model's chat template as one user turn.
 
-use super::args::{sampler_from_args, InferenceArgs, OnOff};
+use super::args::{InferenceArgs, OnOff, Settings};
 use anyhow::{bail, Context, Result};
 use qwen3_inference::backend::Backend;
 use qwen3_inference::chat::Conversation;
@@ -13,7 +13,6 @@ use qwen3_inference::engine::{Engine, PromptImages, Request};
 use qwen3_inference::format::ModelFile;
 use qwen3_inference::generate::{generate_until, GenerationStats, StopReason};
 use qwen3_inference::logprobs::TokenLogprobs;
-use qwen3_inference::sampler::SamplerConfig;
 use qwen3_inference::tokenizer::Tokenizer;
 use qwen3_inference::vision::{ImageEncoder, MAX_SOURCE_PIXELS};
 use qwen3_server::text::ChoiceText;
@@ -181,6 +180,7 @@ fn encode_images(
 /// `-m generate` on any backend: prefill, then sample and stream tokens to stdout.
 pub fn generate_text<B: Backend>(
     args: &InferenceArgs,
+    settings: Settings,
     mut engine: Engine<B>,
     job: PromptJob,
     device: &str,
@@ -194,9 +194,8 @@ pub fn generate_text<B: Backend>(
         images,
         image_encode_s,
     } = job;
-    let sampler = sampler_from_args(args, engine.forward().model().config)?;
     if args.verbose {
-        print_setup(args, &engine, &eos_ids, &sampler, device);
+        print_setup(args, &settings, &engine, &eos_ids, device);
     }
     let mut printer = Printer::new(args, tokenizer.as_deref());
     printer.image_encode_s = image_encode_s;
@@ -206,13 +205,13 @@ pub fn generate_text<B: Backend>(
     let request = Request {
         prompt,
         max_tokens: args.max_tokens,
-        sampler,
+        sampler: settings.sampler,
         stop_ids: eos_ids,
         logprobs: args.logprobs,
         constraint,
         prompt_logprobs: None,
         last_logits: false,
-        draft: args.draft.draft()?,
+        draft: settings.draft,
         images,
     };
     let stats = generate_until(
@@ -231,9 +230,9 @@ pub fn generate_text<B: Backend>(
 /// `--verbose`: the model, the context and its KV cache, the stop ids, the sampler, the device.
 fn print_setup<B: Backend>(
     args: &InferenceArgs,
+    settings: &Settings,
     engine: &Engine<B>,
     eos_ids: &[u32],
-    sampler: &SamplerConfig,
     device: &str,
 ) {
     let fwd = engine.forward();
@@ -278,10 +277,10 @@ fn print_setup<B: Backend>(
             d.dtype,
             d.num_hidden_layers,
             d.hidden_size,
-            args.draft.draft().map_or(0, |d| d.max())
+            settings.draft.max()
         );
     }
-    let s = sampler;
+    let s = &settings.sampler;
     eprintln!(
         "sampler: temperature {}, top_k {}, top_p {}, min_p {}, repetition_penalty {}, presence_penalty {}, seed {}",
         s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty, s.presence_penalty, s.seed

@@ -7,7 +7,7 @@
 //! stdout gets only the generated text, so it can be piped; everything else (the stop reason, the
 //! timing summary, `--verbose` details) goes to stderr.
 
-use super::args::{context_len, InferenceArgs, Mode};
+use super::args::{InferenceArgs, Mode, Settings};
 use super::chat::ChatFiles;
 use super::device::{self, with_draft_model, OnDevice};
 use super::generate::{generate_text, PromptJob};
@@ -26,20 +26,25 @@ pub fn run(mut args: InferenceArgs) -> Result<()> {
     let device = device::parse(&args.device)?;
     args.check_mode_flags()?;
     let file = ModelFile::open(&args.model)?;
-    let context_len = context_len(&args, file.config())?;
+    // The flags as settings for this model (context, KV cache, sampler, drafts), once.
+    let settings = args.settings(file.config())?;
     let draft = args
         .draft
         .open_model(&args.model, args.models_dir.as_deref(), args.offline)?;
     // Everything that only needs the files (tokenizer, template, the prompt's ids) is read
     // before the weights go to a device, so that bad input fails fast.
     let job = match args.mode() {
-        Mode::Generate => Job::Generate(Box::new(PromptJob::new(&args, &file, context_len)?)),
+        Mode::Generate => Job::Generate(Box::new(PromptJob::new(
+            &args,
+            &file,
+            settings.context_len,
+        )?)),
         Mode::Chat => Job::Chat(Box::new(ChatFiles::open(&args, &file)?)),
     };
     device::check(device, args.kv_cache, draft.is_some())?;
     let work = Inference {
         args: &args,
-        context_len,
+        settings,
         job,
     };
     device::run_on(device, &file, draft.as_ref(), work)
@@ -55,7 +60,7 @@ pub enum Job {
 /// The mode, run on one sequence's engine: the same code for every backend.
 struct Inference<'a> {
     args: &'a InferenceArgs,
-    context_len: usize,
+    settings: Settings,
     job: Job,
 }
 
@@ -69,12 +74,15 @@ impl OnDevice for Inference<'_> {
         draft: Option<&'m Model<'m, B::Tensor>>,
         about: &str,
     ) -> Result<()> {
-        let kv = self.args.kv_cache.into();
-        let engine = Engine::one_sequence(backend, model, self.context_len, kv)?;
+        let Settings {
+            context_len, kv, ..
+        } = self.settings;
+        let engine = Engine::one_sequence(backend, model, context_len, kv)?;
         let engine = with_draft_model(engine, draft)?;
+        let (args, settings) = (self.args, self.settings);
         match self.job {
-            Job::Generate(p) => generate_text(self.args, engine, *p, about),
-            Job::Chat(files) => super::chat::run(self.args, engine, *files, about),
+            Job::Generate(p) => generate_text(args, settings, engine, *p, about),
+            Job::Chat(files) => super::chat::run(args, settings, engine, *files, about),
         }
     }
 }

@@ -2,7 +2,6 @@
 //! `/v1/rerank` scores them (`qwen3_inference::rerank`: the recipe's prompt around each pair, the
 //! probability of "yes" against "no"), most relevant first, one JSON line each.
 
-use super::args::DEFAULT_CONTEXT_CAP;
 use super::device;
 use super::embed::last_rows;
 use super::tokenize::open_tokenizer;
@@ -51,7 +50,7 @@ pub fn run(args: RerankArgs) -> Result<()> {
     let tok = open_tokenizer(&args.model)?;
     let reranker = Reranker::new(&tok)?;
     let instruction = args.instruction.as_deref().unwrap_or(DEFAULT_INSTRUCTION);
-    let context = (c.max_context() as usize).min(DEFAULT_CONTEXT_CAP);
+    let context = super::args::context_len(None, c)?;
     let model = Model::load(&file)?;
     let cfg = EngineConfig {
         slots: SLOTS,

@@ -2,7 +2,7 @@
 //! the continuous-batching engine. This file reads the model's files and starts the worker; see
 //! docs/serve.md for what the server does.
 
-use super::args::{DraftArgs, KvCacheArg, DEFAULT_CONTEXT_CAP};
+use super::args::{DraftArgs, KvCacheArg};
 use super::device::{self, OnDevice};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
@@ -204,11 +204,7 @@ pub fn prepare(
         args.draft
             .open_model(&args.model, args.models_dir.as_deref(), args.offline)?;
     device::check(device, args.kv_cache, draft_file.is_some())?;
-    let max_ctx = c.max_context() as usize;
-    let context_len = args.context.unwrap_or(max_ctx.min(DEFAULT_CONTEXT_CAP));
-    if context_len == 0 || context_len > max_ctx {
-        bail!("--context must be in 1 ..= {max_ctx} (the model's maximum), got {context_len}");
-    }
+    let context_len = super::args::context_len(args.context, &c)?;
     let tokenizer = super::model_text::tokenizer(&args.model)?;
     // A model exported without a chat template still serves /v1/completions.
     let template = super::model_text::template(&args.model)?;
