@@ -5,6 +5,7 @@ image positions and of Qwen3-VL's DeepStack:
 
     ../venv-torch/bin/python scripts/fixture_vision_models.py --family qwen3_5
     ../venv-torch/bin/python scripts/fixture_vision_models.py --family qwen3_vl
+    ../venv-torch/bin/python scripts/fixture_vision_models.py --family qwen3_vl_moe
 
 - `qwen3_5`: `Qwen3_5ForConditionalGeneration` (fixtures/models/tiny-qwen3_5-vl-f32):
   fixtures/models/tiny-qwen3_5-bf16's hybrid text model, in f32, and a tower without DeepStack.
@@ -12,6 +13,13 @@ image positions and of Qwen3-VL's DeepStack:
   fixtures/models/tiny-f32-tied-gqa2's Qwen3 text model with interleaved M-RoPE
   (`mrope_section` [6, 5, 5] of its 16 frequencies), and a tower with DeepStack after both blocks
   (its features added to the outputs of text layers 0 and 1).
+- `qwen3_vl_moe`: `Qwen3VLMoeForConditionalGeneration` (fixtures/models/tiny-qwen3-vl-moe-f32):
+  fixtures/models/tiny-qwen3moe-f32-sharded-dense-yarn's Qwen3-MoE text model (8 experts, 3 a
+  token, layer 1 dense) with Qwen3-VL's M-RoPE (`mrope_section` [3, 3, 2] of its 8 frequencies)
+  in place of its YaRN, and the DeepStack tower. Its experts are written as the hub's Qwen3-VL-MoE checkpoints hold them
+  (Qwen/Qwen3-VL-30B-A3B-Instruct): fused and transposed, `experts.gate_up_proj` `[E, H, 2I]`
+  and `experts.down_proj` `[E, I, H]`, which transformers 5 transposes at load
+  (conversion_mapping.py's "qwen3_vl_moe"); the script reloads that file and checks its logits.
 
 Needs torch, transformers (5.x), Pillow, and fixtures/chat/qwen3.5-tokenizer_config.json (the
 real Qwen3.5 chat template; the Qwen3-VL fixture takes it too: the repo holds no Qwen3-VL
@@ -53,8 +61,10 @@ import torch
 import transformers
 from PIL import Image
 from safetensors.torch import load_file
+from safetensors.torch import save_file
 from transformers import (Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3VLConfig,
-                          Qwen3VLForConditionalGeneration)
+                          Qwen3VLForConditionalGeneration, Qwen3VLMoeConfig,
+                          Qwen3VLMoeForConditionalGeneration)
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 # The tower's weights drawn as the tower fixtures' are (gains near 1, spread biases, matrices of
@@ -67,8 +77,14 @@ FAMILIES = {
                     model=Qwen3_5ForConditionalGeneration, tower=dict(model_type="qwen3_5_vision")),
     "qwen3_vl": dict(source="tiny-f32-tied-gqa2", out="tiny-qwen3-vl-f32", config=Qwen3VLConfig,
                      model=Qwen3VLForConditionalGeneration,
-                     tower=dict(model_type="qwen3_vl_vision", deepstack_visual_indexes=[0, 1])),
+                     tower=dict(model_type="qwen3_vl_vision", deepstack_visual_indexes=[0, 1]),
+                     mrope_section=[6, 5, 5]),
+    "qwen3_vl_moe": dict(source="tiny-qwen3moe-f32-sharded-dense-yarn", out="tiny-qwen3-vl-moe-f32", config=Qwen3VLMoeConfig,
+                         model=Qwen3VLMoeForConditionalGeneration,
+                         tower=dict(model_type="qwen3_vl_moe_vision", deepstack_visual_indexes=[0, 1]),
+                         mrope_section=[3, 3, 2], tower_seed=2029),
 }
+ARCHITECTURE = dict(qwen3_vl="Qwen3VLForConditionalGeneration", qwen3_vl_moe="Qwen3VLMoeForConditionalGeneration")
 VISION_TOKENS = {507: "<|vision_start|>", 508: "<|vision_end|>", 509: "<|image_pad|>", 510: "<|video_pad|>"}
 IMAGE_PAD, VISION_START, VISION_END = 509, 507, 508
 TOWER = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, num_position_embeddings=16,
@@ -131,11 +147,17 @@ def text_config(family, source):
     # Qwen3 -> Qwen3VLTextConfig: the same keys, rope_parameters with M-RoPE's sections
     # (interleaved, as every Qwen3-VL checkpoint has them).
     text = {k: v for k, v in config.items() if k not in ("architectures", "rope_scaling", "rope_theta",
-                                                           "torch_dtype", "transformers_version")}
-    text.update(model_type="qwen3_vl_text", dtype="float32",
-                rope_parameters=dict(rope_type="default", rope_theta=config["rope_theta"],
-                                     mrope_section=[6, 5, 5], mrope_interleaved=True))
-    return dict(architectures=["Qwen3VLForConditionalGeneration"], model_type="qwen3_vl", text_config=text,
+                                                           "torch_dtype", "transformers_version",
+                                                           # Qwen3VLMoeTextTopKRouter always renormalises
+                                                           "norm_topk_prob", "max_window_layers",
+                                                           "sliding_window", "use_sliding_window")}
+    if "num_local_experts" in config:
+        text["num_experts"] = text.pop("num_local_experts")
+    theta = config.get("rope_theta") or config["rope_parameters"]["rope_theta"]
+    text.update(model_type=f"{family}_text", dtype="float32",
+                rope_parameters=dict(rope_type="default", rope_theta=theta,
+                                     mrope_section=FAMILIES[family]["mrope_section"], mrope_interleaved=True))
+    return dict(architectures=[ARCHITECTURE[family]], model_type=family, text_config=text,
                 tie_word_embeddings=config["tie_word_embeddings"], image_token_id=IMAGE_PAD,
                 video_token_id=510, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
 
@@ -145,10 +167,47 @@ def text_weights(family, source):
     if family == "qwen3_5":
         model = Qwen3_5ForConditionalGeneration.from_pretrained(source, dtype=torch.float32)
         return {k: v for k, v in model.state_dict().items() if not k.startswith("model.visual.")}
-    weights = load_file(source / "model.safetensors")
+    weights = {k: v for f in sorted(source.glob("*.safetensors")) for k, v in load_file(f).items()}
     out = {k.replace("model.", "model.language_model.", 1): v.float() for k, v in weights.items()}
     out.setdefault("lm_head.weight", weights["model.embed_tokens.weight"].float())
+    if family == "qwen3_vl_moe" and any(".mlp.experts.0." in k for k in out):
+        # Qwen3-MoE's per-expert matrices fused as Qwen3VLMoeTextExperts holds them in memory:
+        # gate_up_proj [E, 2I, H] (gate rows, then up rows), down_proj [E, H, I].
+        layers = {k.split(".")[3] for k in out if ".mlp.experts." in k}
+        for layer in sorted(layers):
+            pre = f"model.language_model.layers.{layer}.mlp.experts."
+            n = len({k for k in out if k.startswith(pre)}) // 3
+            def take(e, proj):
+                return out.pop(f"{pre}{e}.{proj}.weight")
+            out[pre + "gate_up_proj"] = torch.stack(
+                [torch.cat([take(e, "gate_proj"), take(e, "up_proj")]) for e in range(n)])
+            out[pre + "down_proj"] = torch.stack([take(e, "down_proj") for e in range(n)])
     return out
+
+
+def write_hub_experts(out, model):
+    """model.safetensors rewritten with the experts in the hub's layout (`[E, H, 2I]`, `[E, I, H]`),
+    and the model loaded back from it as transformers loads a hub checkpoint (it transposes them
+    at load), with its experts run by transformers' own loop (`experts_implementation="eager"`,
+    as make_fixtures.reference_load_kwargs says): the model the references come from. Its
+    logits are checked against the model as built."""
+    weights = load_file(out / "model.safetensors")
+    for k in list(weights):
+        if k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+            expected = tuple(model.get_parameter(k).shape)
+            assert tuple(weights[k].shape) == expected, (k, weights[k].shape, expected)
+            # transformers transposes only a tensor whose shape differs from its own layout.
+            assert expected[1] != expected[2], f"{k}: square experts are ambiguous"
+            weights[k] = weights[k].transpose(1, 2).contiguous()
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    again = FAMILIES["qwen3_vl_moe"]["model"].from_pretrained(
+        out, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager").eval()
+    assert again.config.text_config._experts_implementation == "eager"
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    with torch.no_grad():
+        a, b = model(input_ids=ids).logits, again(input_ids=ids).logits
+    assert torch.allclose(a, b, atol=1e-5), float((a - b).abs().max())
+    return again
 
 
 def main():
@@ -171,8 +230,12 @@ def main():
     model = fam["model"](cfg).eval()
     missing, unexpected = model.load_state_dict(text_weights(args.family, source), strict=False)
     assert not unexpected and all(k.startswith("model.visual.") for k in missing), (missing, unexpected)
-    randomise(model.model.visual, 2027)
+    # (The MoE fixture's tower from another seed: with 2027 one chat's greedy answer passes
+    # within 1e-2 of a tie, closer than a test of greedy tokens can trust.)
+    randomise(model.model.visual, fam.get("tower_seed", 2027))
     model.save_pretrained(out, safe_serialization=True)
+    if args.family == "qwen3_vl_moe":
+        model = write_hub_experts(out, model)
     cfg_json = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps(cfg_json, indent=2, sort_keys=True) + "\n")
     shutil.copy(source / "generation_config.json", out / "generation_config.json")

@@ -492,7 +492,7 @@ fn unknown_gated_offline_and_unsupported_are_one_line_each() {
         "is gated",
     );
     let o = run("test-org/llama", &[], &[]);
-    refused(&o, &out, "architecture LlamaForCausalLM is not supported (supported: Qwen3ForCausalLM, Qwen2ForCausalLM, Qwen3MoeForCausalLM, Qwen3NextForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5ForCausalLM, Qwen3_5MoeForConditionalGeneration, Qwen3_5MoeForCausalLM, Qwen3VLForConditionalGeneration)");
+    refused(&o, &out, "architecture LlamaForCausalLM is not supported (supported: Qwen3ForCausalLM, Qwen2ForCausalLM, Qwen3MoeForCausalLM, Qwen3NextForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5ForCausalLM, Qwen3_5MoeForConditionalGeneration, Qwen3_5MoeForCausalLM, Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration)");
     // Refused before the weights were fetched.
     assert!(
         mirror

@@ -1,6 +1,7 @@
 //! Qwen3.5 and Qwen3-VL that see images, through their model files: `export` of a
-//! `Qwen3_5ForConditionalGeneration` or a `Qwen3VLForConditionalGeneration` with a tower and
-//! `preprocessor_config.json` (fixtures/models/tiny-qwen3_5-vl-f32 and tiny-qwen3-vl-f32,
+//! `Qwen3_5ForConditionalGeneration`, a `Qwen3VLForConditionalGeneration` or a
+//! `Qwen3VLMoeForConditionalGeneration` with a tower and `preprocessor_config.json`
+//! (fixtures/models/tiny-qwen3_5-vl-f32, tiny-qwen3-vl-f32 and tiny-qwen3-vl-moe-f32,
 //! scripts/fixture_vision_models.py) keeps the tower, its shape, the processor's settings and the
 //! image tokens in the file; the tower read back from the file turns the fixture's images into
 //! transformers' vectors, and the text model (Qwen3-VL's with DeepStack) reads them as
@@ -21,8 +22,11 @@ mod engine;
 const NAME: &str = "tiny-qwen3_5-vl-f32";
 /// The Qwen3-VL fixture (Qwen3 text model, DeepStack after both tower blocks).
 const QWEN3_VL: &str = "tiny-qwen3-vl-f32";
-/// Both, for the tests of the model's math.
-const NAMES: [&str; 2] = [NAME, QWEN3_VL];
+/// The Qwen3-VL-MoE fixture (Qwen3-MoE text model with a dense layer, DeepStack; its experts
+/// fused and transposed as the hub's files hold them).
+const QWEN3_VL_MOE: &str = "tiny-qwen3-vl-moe-f32";
+/// All three, for the tests of the model's math.
+const NAMES: [&str; 3] = [NAME, QWEN3_VL, QWEN3_VL_MOE];
 
 fn json(path: &std::path::Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
@@ -91,6 +95,13 @@ fn export_keeps_the_tower_and_it_sees_as_transformers_does() {
             "qwen3_vl",
             "Qwen3ForCausalLM",
             [6, 5, 5],
+            vec![0, 1],
+        ),
+        (
+            QWEN3_VL_MOE,
+            "qwen3_vl_moe",
+            "Qwen3MoeForCausalLM",
+            [3, 3, 2],
             vec![0, 1],
         ),
     ];
@@ -301,7 +312,7 @@ fn logits_and_greedy_with_images_are_transformers() {
                 "{case_name}"
             );
             // Qwen3-VL without its DeepStack features: other logits, so the test sees them.
-            if name == QWEN3_VL {
+            if name != NAME {
                 let (flat, _) = run(&cpu, &model, &p, 64, 1, false);
                 let err = qwen3_test_support::max_abs(&flat, &want);
                 assert!(

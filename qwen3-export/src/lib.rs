@@ -200,7 +200,10 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
     }
 
     // 2. Weights: check everything before writing anything.
-    let ckpt = Checkpoint::open(hf_dir)?;
+    let mut ckpt = Checkpoint::open(hf_dir)?;
+    if let Some(m) = &config.moe {
+        ckpt.expect_experts(config.hidden_size.into(), m.moe_intermediate_size.into());
+    }
     let has_lm_head = ckpt.contains("lm_head.weight");
     if !config.tie_word_embeddings && !has_lm_head {
         bail!(

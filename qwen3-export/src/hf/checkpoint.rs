@@ -60,6 +60,17 @@ pub struct TensorMeta {
     /// `rest`'s (Qwen3-Next's query, key and value rows, each gathered from its fused
     /// `in_proj_qkvz`: [`Checkpoint::concat_rows`]).
     then: Option<(u64, Box<TensorMeta>)>,
+    /// Its rows are columns of the stored matrix at `offset` (an expert's matrix in a fused
+    /// tensor the hub stores transposed: [`Checkpoint::fused_part`]); `None`: rows are rows.
+    columns: Option<Columns>,
+}
+
+/// A matrix stored transposed: row `r` is column `first + r` of a stored matrix of `stored_cols`
+/// columns and as many rows as this matrix has columns.
+#[derive(Debug, Clone, Copy)]
+struct Columns {
+    first: u64,
+    stored_cols: u64,
 }
 
 /// Rows taken in runs from a stored tensor: `run` rows, then `stride - run` skipped, and so on.
@@ -136,6 +147,10 @@ pub struct Checkpoint {
     /// `model.language_model.`, for a multimodal checkpoint (Qwen3.5's
     /// `Qwen3_5ForConditionalGeneration`, whose vision tower is `model.visual.`).
     stored_prefix: &'static str,
+    /// `(hidden_size, moe_intermediate_size)` of a mixture of experts, which tells a fused expert
+    /// tensor in transformers 5's layout from one the hub stores transposed
+    /// ([`Checkpoint::expect_experts`]).
+    experts: Option<(u64, u64)>,
 }
 
 /// The prefix of a multimodal checkpoint's text model.
@@ -198,6 +213,7 @@ impl Checkpoint {
             shards: vec![shard],
             location,
             stored_prefix,
+            experts: None,
         })
     }
 
@@ -251,7 +267,16 @@ impl Checkpoint {
             shards,
             location,
             stored_prefix,
+            experts: None,
         })
+    }
+
+    /// The experts' widths, from the config: a fused expert tensor is then read in the layout
+    /// its shape says, as transformers 5 loads it (core_model_loading.py's `Transpose` with
+    /// `check_dims`: its own layout `[E, 2I, H]` / `[E, H, I]` as it is, the hub's Qwen3-VL-MoE
+    /// layout `[E, H, 2I]` / `[E, I, H]` transposed).
+    pub fn expect_experts(&mut self, hidden_size: u64, moe_intermediate_size: u64) {
+        self.experts = Some((hidden_size, moe_intermediate_size));
     }
 
     /// Whether `name` is stored as it is named (a multimodal checkpoint's `model.visual.`).
@@ -310,6 +335,7 @@ impl Checkpoint {
             shard: i,
             runs: None,
             then: None,
+            columns: None,
         })
     }
 
@@ -318,6 +344,9 @@ impl Checkpoint {
     /// query rows and then its gate rows: `run` = head_dim, `stride` = 2 head_dim, `first` 0 or
     /// head_dim).
     pub fn row_runs(t: &TensorMeta, first: u64, run: u64, stride: u64) -> Result<TensorMeta> {
+        if t.columns.is_some() {
+            bail!("{}: rows in runs of a transposed tensor", t.file.display());
+        }
         let [rows, cols] = t.shape[..] else {
             bail!(
                 "{}: a matrix was expected, got shape {:?}",
@@ -374,17 +403,38 @@ impl Checkpoint {
         Ok(whole)
     }
 
-    /// Expert `part.expert`'s matrix inside fused tensor `src` (`[E, rows, cols]`): a run of
-    /// whole rows, so a [`TensorMeta`] of its own whose reads go straight to those bytes.
+    /// Expert `part.expert`'s matrix inside fused tensor `src`: in transformers 5's layout
+    /// (`[E, rows, cols]`) a run of whole rows, so a [`TensorMeta`] of its own whose reads go
+    /// straight to those bytes; in the hub's transposed layout (`[E, cols, rows]`, Qwen3-VL-MoE)
+    /// a run of columns, read as rows ([`Columns`]).
     fn fused_part(&self, src: &str, part: FusedPart, name: &str) -> Result<TensorMeta> {
         let t = self.tensor(src)?;
-        let [e, rows, cols] = t.shape[..] else {
+        let [e, a, b] = t.shape[..] else {
             bail!(
                 "{}: {src} has shape {:?}, not [experts, rows, cols]",
                 t.file.display(),
                 t.shape
             );
         };
+        // The expert's matrix as the forward pass takes it: gate_up `[2I, H]`, down `[H, I]`.
+        let expected = self.experts.map(|(h, i)| match part.half {
+            Some(_) => (2 * i, h),
+            None => (h, i),
+        });
+        let transposed = match expected {
+            // transformers' rule: a tensor already in its own layout stays as it is.
+            None => false,
+            Some(x) if x == (a, b) => false,
+            Some(x) if x == (b, a) => true,
+            Some((rows, cols)) => bail!(
+                "{}: {src} has shape {:?}: neither [experts, {rows}, {cols}] nor the transposed \
+                 [experts, {cols}, {rows}] that the config's hidden_size and \
+                 moe_intermediate_size make it",
+                t.file.display(),
+                t.shape
+            ),
+        };
+        let (rows, cols) = if transposed { (b, a) } else { (a, b) };
         let (first, n) = match part.half {
             // gate_up_proj: the expert's gate rows, then its up rows (modeling_qwen3_moe.py:
             // `gate, up = linear(x, gate_up_proj[e]).chunk(2, dim=-1)`).
@@ -402,10 +452,21 @@ impl Checkpoint {
         if part.expert >= e {
             bail!("tensor {name} is missing: {src} holds {e} experts");
         }
-        let row0 = part.expert * rows + first;
+        let slab = t.offset + part.expert * rows * cols * t.bytes_per_value();
+        if transposed {
+            return Ok(TensorMeta {
+                shape: vec![n, cols],
+                offset: slab,
+                columns: Some(Columns {
+                    first,
+                    stored_cols: rows,
+                }),
+                ..t
+            });
+        }
         Ok(TensorMeta {
             shape: vec![n, cols],
-            offset: t.offset + row0 * cols * t.bytes_per_value(),
+            offset: slab + first * cols * t.bytes_per_value(),
             ..t
         })
     }
@@ -441,6 +502,27 @@ impl Checkpoint {
             .file
             .lock()
             .map_err(|_| anyhow::anyhow!("shard lock poisoned"))?;
+        if let Some(Columns {
+            first: c0,
+            stored_cols,
+        }) = t.columns
+        {
+            // Rows `first..first + n` are columns `c0 + first ..` of the stored matrix: from each
+            // stored row (one per column of ours), those `n` values, each to its row of `buf`.
+            let v = t.bytes_per_value() as usize;
+            let mut run = vec![0u8; n as usize * v];
+            for s in 0..t.row_len() {
+                let at = t.offset + (s * stored_cols + c0 + first) * v as u64;
+                f.seek(SeekFrom::Start(at))
+                    .and_then(|_| f.read_exact(&mut run))
+                    .with_context(|| format!("{}: read failed", shard.path.display()))?;
+                for (r, value) in run.chunks_exact(v).enumerate() {
+                    let to = r * row_bytes as usize + s as usize * v;
+                    buf[to..to + v].copy_from_slice(value);
+                }
+            }
+            return Ok(());
+        }
         let RowRuns { run, stride } = t.runs.unwrap_or(RowRuns {
             run: u64::MAX,
             stride: u64::MAX,

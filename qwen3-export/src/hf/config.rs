@@ -12,8 +12,8 @@
 //! `attention_bias` says so (`modeling_qwen2.py`, `modeling_qwen3.py`). Qwen2's head_dim
 //! defaults to hidden / heads, Qwen3's to 128.
 
-use super::family::{self, Attention, HeadDim};
-use super::{qwen3_5, vision};
+use super::family::{self, Attention, Family, HeadDim};
+use super::qwen3_5;
 use anyhow::{bail, Context, Result};
 use qwen3_inference::format::{DType, GenerationDefaults, ModelConfig, MoeConfig, RopeScaling};
 use serde_json::{Map, Value};
@@ -111,10 +111,6 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         _ => vec![],
     };
     let family = match archs.first() {
-        Some(&a) if a == vision::QWEN3_VL_MOE => bail!(
-            "{a} is not exported yet: its experts are stored fused and transposed \
-             (Qwen3-VL's dense models are: Qwen3VLForConditionalGeneration)"
-        ),
         Some(&a) => family::by_checkpoint(a).with_context(|| {
             format!(
                 "architecture {a} is not supported (supported: {})",
@@ -240,7 +236,7 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         }
     }
     let moe = if family.moe {
-        Some(moe_config(obj, &architecture)?)
+        Some(moe_config(obj, family)?)
     } else {
         for key in ["num_experts", "num_local_experts"] {
             if get_u32(obj, key)?.unwrap_or(0) > 0 {
@@ -342,9 +338,9 @@ fn yarn(p: &Map<String, Value>, top: &Map<String, Value>, max_pos: u32) -> Resul
 /// The experts of a `Qwen3MoeForCausalLM` config, with `Qwen3MoeConfig`'s defaults
 /// (configuration_qwen3_moe.py) for absent keys. Options of other mixture-of-experts families
 /// (shared experts, grouped or biased routers) would change the math: refused by name.
-fn moe_config(obj: &Map<String, Value>, architecture: &str) -> Result<MoeConfig> {
-    let next = architecture == qwen3_5::NEXT_ARCHITECTURE;
-    let hybrid = next || architecture == qwen3_5::MOE_ARCHITECTURE;
+fn moe_config(obj: &Map<String, Value>, family: &Family) -> Result<MoeConfig> {
+    let next = family.architecture == qwen3_5::NEXT_ARCHITECTURE;
+    let hybrid = next || family.architecture == qwen3_5::MOE_ARCHITECTURE;
     // Qwen2-MoE's shared expert (Qwen3.5-MoE's is read below), DeepSeek's shared experts and
     // grouped top-k, sigmoid routers.
     // Qwen3NextConfig's default is 512; Qwen3.5-MoE's configs always say.
@@ -431,7 +427,7 @@ fn moe_config(obj: &Map<String, Value>, architecture: &str) -> Result<MoeConfig>
         num_experts,
         num_experts_per_tok: get_u32(obj, "num_experts_per_tok")?.unwrap_or(8),
         moe_intermediate_size: get_u32(obj, "moe_intermediate_size")?.unwrap_or(768),
-        norm_topk_prob: get_bool(obj, "norm_topk_prob")?.unwrap_or(false),
+        norm_topk_prob: family.renormalises || get_bool(obj, "norm_topk_prob")?.unwrap_or(false),
         decoder_sparse_step: get_u32(obj, "decoder_sparse_step")?.unwrap_or(1),
         mlp_only_layers,
         shared_expert_intermediate_size: 0,
@@ -736,7 +732,7 @@ mod tests {
     }
 
     /// A Qwen3-VL checkpoint: its text model is a Qwen3 under `text_config` (rope_theta
-    /// defaulting to Qwen3VLTextConfig's 500000); the one with experts is refused by name.
+    /// defaulting to Qwen3VLTextConfig's 500000); the one with experts as Qwen3-MoE.
     #[test]
     fn qwen3_vl_exports_its_text_model_as_qwen3() {
         let mut text = qwen3_06b();
@@ -761,12 +757,21 @@ mod tests {
         assert_eq!(c.architecture, "Qwen3ForCausalLM");
         assert_eq!((c.hidden_size, c.head_dim, c.rope_theta), (1024, 128, 5e5));
         assert!(c.qk_norm && c.tie_word_embeddings);
+        // The one with experts: Qwen3-MoE's text model, whose router always renormalises
+        // (`Qwen3VLMoeTextTopKRouter`) where Qwen3MoeConfig's `norm_topk_prob` defaults to false,
+        // and whose head_dim defaults to hidden / heads.
         let mut moe = vl.clone();
         moe["architectures"] = json!(["Qwen3VLMoeForConditionalGeneration"]);
-        let e = parse_config(&moe).unwrap_err().to_string();
-        assert!(
-            e.contains("Qwen3VLMoeForConditionalGeneration is not exported yet"),
-            "{e}"
-        );
+        moe["model_type"] = json!("qwen3_vl_moe");
+        let t = moe["text_config"].as_object_mut().unwrap();
+        t.remove("head_dim");
+        t.insert("num_experts".into(), json!(128));
+        t.insert("moe_intermediate_size".into(), json!(768));
+        let c = parse_config(&moe).unwrap();
+        assert_eq!(c.architecture, "Qwen3MoeForCausalLM");
+        assert_eq!((c.head_dim, c.rope_theta), (1024 / 16, 5e5));
+        let m = c.moe.unwrap();
+        assert_eq!((m.num_experts, m.moe_intermediate_size), (128, 768));
+        assert!(m.norm_topk_prob);
     }
 }

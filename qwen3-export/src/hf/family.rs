@@ -48,10 +48,14 @@ pub struct Family {
     pub hybrid: bool,
     /// Every MLP (or, with `mlp_only_layers`, most) a mixture of experts.
     pub moe: bool,
+    /// The router renormalises the chosen experts' probabilities whatever config.json's
+    /// `norm_topk_prob` says (`Qwen3_5MoeTopKRouter`, `Qwen3VLMoeTextTopKRouter`); otherwise the
+    /// key decides, as in `Qwen3MoeSparseMoeBlock`.
+    pub renormalises: bool,
 }
 
 /// Every family, in the order a refusal lists them.
-pub static FAMILIES: [Family; 7] = [
+pub static FAMILIES: [Family; 8] = [
     Family {
         checkpoints: &["Qwen3ForCausalLM"],
         model_types: &["qwen3"],
@@ -62,6 +66,7 @@ pub static FAMILIES: [Family; 7] = [
         attention: Attention::Qwen3,
         hybrid: false,
         moe: false,
+        renormalises: false,
     },
     Family {
         checkpoints: &["Qwen2ForCausalLM"],
@@ -73,6 +78,7 @@ pub static FAMILIES: [Family; 7] = [
         attention: Attention::Qwen2,
         hybrid: false,
         moe: false,
+        renormalises: false,
     },
     Family {
         checkpoints: &["Qwen3MoeForCausalLM"],
@@ -84,6 +90,7 @@ pub static FAMILIES: [Family; 7] = [
         attention: Attention::Qwen3,
         hybrid: false,
         moe: true,
+        renormalises: false,
     },
     // Qwen3-Next: Qwen3.5-MoE's layers, its keys at the top, kept under its own name.
     Family {
@@ -96,6 +103,7 @@ pub static FAMILIES: [Family; 7] = [
         attention: Attention::Qwen3,
         hybrid: true,
         moe: true,
+        renormalises: false,
     },
     // Qwen3.5 and Qwen3.6: the text model of a vision-language checkpoint.
     Family {
@@ -108,6 +116,7 @@ pub static FAMILIES: [Family; 7] = [
         attention: Attention::Qwen3,
         hybrid: true,
         moe: false,
+        renormalises: false,
     },
     Family {
         checkpoints: &qwen3_5::MOE_CHECKPOINTS,
@@ -119,6 +128,7 @@ pub static FAMILIES: [Family; 7] = [
         attention: Attention::Qwen3,
         hybrid: true,
         moe: true,
+        renormalises: true,
     },
     // Qwen3-VL: a Qwen3 text model (interleaved M-RoPE, DeepStack) under `text_config`, beside
     // its vision tower (vision.rs); Qwen3VLTextConfig's `default_theta` is 500000.
@@ -132,6 +142,22 @@ pub static FAMILIES: [Family; 7] = [
         attention: Attention::Qwen3,
         hybrid: false,
         moe: false,
+        renormalises: false,
+    },
+    // Qwen3-VL-MoE: a Qwen3-MoE text model (M-RoPE, DeepStack) under `text_config`, beside its
+    // tower; Qwen3VLMoeTextConfig's `head_dim` is hidden / heads when absent, its `default_theta`
+    // 500000. Its experts are fused and transposed in the hub's files (checkpoint.rs).
+    Family {
+        checkpoints: &[vision::QWEN3_VL_MOE],
+        model_types: &[],
+        architecture: "Qwen3MoeForCausalLM",
+        text_config: true,
+        head_dim: HeadDim::Ratio,
+        rope_theta: 500_000.0,
+        attention: Attention::Qwen3,
+        hybrid: false,
+        moe: true,
+        renormalises: true,
     },
 ];
 
@@ -183,7 +209,7 @@ mod tests {
             "Qwen3ForCausalLM, Qwen2ForCausalLM, Qwen3MoeForCausalLM, Qwen3NextForCausalLM, \
              Qwen3_5ForConditionalGeneration, Qwen3_5ForCausalLM, \
              Qwen3_5MoeForConditionalGeneration, Qwen3_5MoeForCausalLM, \
-             Qwen3VLForConditionalGeneration"
+             Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration"
         );
     }
 }

@@ -1,5 +1,5 @@
 //! A vision-language checkpoint's image input (Qwen3.5's `Qwen3_5ForConditionalGeneration`,
-//! Qwen3-VL's `Qwen3VLForConditionalGeneration`):
+//! Qwen3-VL's `Qwen3VLForConditionalGeneration` and `Qwen3VLMoeForConditionalGeneration`):
 //! config.json's `vision_config` and image token ids, the text config's `mrope_section`, and
 //! `preprocessor_config.json`, read into the file's [`VisionInput`]; and the tower's tensors
 //! as the file stores them.
@@ -21,7 +21,7 @@ const QWEN3_5_MROPE_SECTION: [u32; 3] = [11, 11, 10];
 const QWEN3_VL_MROPE_SECTION: [u32; 3] = [24, 20, 20];
 
 /// Qwen3-VL's checkpoints: a Qwen3 text model (exported as `Qwen3ForCausalLM` with the tower
-/// beside it), and the one with experts (not exported yet).
+/// beside it), and a Qwen3-MoE one (exported as `Qwen3MoeForCausalLM`).
 pub const QWEN3_VL: &str = "Qwen3VLForConditionalGeneration";
 pub const QWEN3_VL_MOE: &str = "Qwen3VLMoeForConditionalGeneration";
 
@@ -46,7 +46,7 @@ pub fn vision_input(
         .unwrap_or_default();
     let default_section = match model_type {
         "qwen3_5" | "qwen3_5_moe" => QWEN3_5_MROPE_SECTION,
-        "qwen3_vl" => QWEN3_VL_MROPE_SECTION,
+        "qwen3_vl" | "qwen3_vl_moe" => QWEN3_VL_MROPE_SECTION,
         _ => bail!(
             "vision_config of model_type {model_type:?}: only Qwen3.5's and Qwen3-VL's towers \
              are exported"
