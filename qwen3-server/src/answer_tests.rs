@@ -55,6 +55,7 @@ fn state() -> Arc<AppState> {
         public_metrics: false,
         max_images: crate::images::MAX_IMAGES,
         max_image_pixels: qwen3_inference::vision::MAX_SOURCE_PIXELS,
+        fetch_image_urls: false,
         draft: Default::default(),
     })
 }

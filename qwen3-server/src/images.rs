@@ -1,10 +1,11 @@
 //! Images in a chat, for a model with a vision tower (docs/vision.md): the content parts that
-//! carry them read into bytes ([`image_part`]: OpenAI's `image_url` with a `data:` URL, the
-//! Responses API's `input_image`), checked and decoded from base64. The chat request
-//! (request/chat.rs) has them encoded by the tower and placed in its prompt.
+//! carry them ([`image_part`]: OpenAI's `image_url` with a `data:` URL, the Responses API's
+//! `input_image`), checked and decoded from base64, or an `http(s)` URL to fetch. The chat
+//! request (request/chat.rs) has them fetched, encoded by the tower and placed in its prompt.
 //!
-//! An `http(s)` URL is not fetched (the server reaches nothing outside itself); the error says
-//! to send the image as a data URL.
+//! An `http(s)` URL is fetched only by a server started with `--fetch-image-urls` (and built
+//! with the `fetch` feature, which `qwen3-cli`'s default build has): otherwise the server
+//! reaches nothing outside itself, and the error says to send the image as a data URL.
 
 use crate::error::ApiError;
 use base64::Engine as _;
@@ -15,11 +16,100 @@ pub const MAX_IMAGE_BYTES: usize = 20 << 20;
 /// Images in one request, unless the server is told otherwise (`--max-images`).
 pub const MAX_IMAGES: usize = 16;
 
-/// One image of a request: where it was (`messages[i].content[j]`, for errors) and its bytes.
+/// Seconds a fetched image may take to arrive, connecting included.
+pub const FETCH_TIMEOUT_S: u64 = 30;
+
+/// One image of a request: where it was (`messages[i].content[j]`, for errors) and where its
+/// bytes are.
 #[derive(Debug)]
 pub struct ImagePart {
     pub param: String,
-    pub bytes: Vec<u8>,
+    pub source: ImageSource,
+}
+
+/// An image's bytes as the request sent them, or the URL they are to be fetched from.
+#[derive(Debug)]
+pub enum ImageSource {
+    Bytes(Vec<u8>),
+    Url(String),
+}
+
+impl ImagePart {
+    /// The image's bytes: as sent, or fetched from its URL when `fetch` (the server's
+    /// `--fetch-image-urls`) allows; otherwise, or when the fetch fails, why not (a 400 naming
+    /// the part). Blocks while it fetches: call it off the async threads.
+    pub fn bytes(&self, fetch: bool) -> Result<std::borrow::Cow<'_, [u8]>, ApiError> {
+        let url = match &self.source {
+            ImageSource::Bytes(b) => return Ok(b.into()),
+            ImageSource::Url(url) => url,
+        };
+        let refuse = |m: String| ApiError::invalid(format!("{}.image_url", self.param), m);
+        if !fetch {
+            return Err(refuse(
+                "image URLs are not fetched by this server (it was not started with \
+                 --fetch-image-urls): send the image itself as a data URL \
+                 (data:image/png;base64,...)"
+                    .into(),
+            ));
+        }
+        fetch_url(url).map(Into::into).map_err(refuse)
+    }
+}
+
+/// The bytes at an `http(s)` URL: a GET that follows up to 5 redirects, within
+/// [`FETCH_TIMEOUT_S`] and [`MAX_IMAGE_BYTES`]; an HTTP error status or a transport failure
+/// is said with the URL.
+#[cfg(feature = "fetch")]
+fn fetch_url(url: &str) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let agent = ureq::AgentBuilder::new()
+        .timeout(std::time::Duration::from_secs(FETCH_TIMEOUT_S))
+        .redirects(5)
+        .build();
+    let response = agent.get(url).call().map_err(|e| match e {
+        ureq::Error::Status(code, r) => {
+            format!("fetching {url}: HTTP {code} {}", r.status_text())
+        }
+        ureq::Error::Transport(t) => format!("fetching {url}: {t}"),
+    })?;
+    let media = response.content_type().to_string();
+    if media == "image/svg+xml" {
+        return Err(format!(
+            "{url} is an SVG image, which is not supported (PNG, JPEG, GIF, WebP)"
+        ));
+    }
+    if response
+        .header("content-length")
+        .and_then(|n| n.parse::<usize>().ok())
+        .is_some_and(|n| n > MAX_IMAGE_BYTES)
+    {
+        return Err(format!(
+            "{url}: the image is over {} MiB",
+            MAX_IMAGE_BYTES >> 20
+        ));
+    }
+    let mut bytes = Vec::new();
+    response
+        .into_reader()
+        .take(MAX_IMAGE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("fetching {url}: {e}"))?;
+    if bytes.len() > MAX_IMAGE_BYTES {
+        return Err(format!(
+            "{url}: the image is over {} MiB",
+            MAX_IMAGE_BYTES >> 20
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Without the `fetch` feature there is no HTTP client to fetch with.
+#[cfg(not(feature = "fetch"))]
+fn fetch_url(url: &str) -> Result<Vec<u8>, String> {
+    Err(format!(
+        "{url}: this build fetches no URLs (built without the `fetch` feature): send the image \
+         itself as a data URL (data:image/png;base64,...)"
+    ))
 }
 
 /// The image a content part `p` at `param` carries: `{"type": "image_url", "image_url": {"url":
@@ -46,22 +136,20 @@ pub fn image_part(p: &Value, param: &str) -> Result<Option<ImagePart>, ApiError>
         },
         _ => return Ok(None),
     };
-    let bytes = data_url(url).map_err(|m| ApiError::invalid(format!("{param}.image_url"), m))?;
+    let source = match url.starts_with("http://") || url.starts_with("https://") {
+        true => ImageSource::Url(url.to_string()),
+        false => ImageSource::Bytes(
+            data_url(url).map_err(|m| ApiError::invalid(format!("{param}.image_url"), m))?,
+        ),
+    };
     Ok(Some(ImagePart {
         param: param.to_string(),
-        bytes,
+        source,
     }))
 }
 
 /// The bytes of a `data:[<media type>];base64,<data>` URL, or why not.
 fn data_url(url: &str) -> Result<Vec<u8>, String> {
-    if url.starts_with("http://") || url.starts_with("https://") {
-        return Err(
-            "image URLs are not fetched: send the image itself as a data URL \
-                    (data:image/png;base64,...)"
-                .into(),
-        );
-    }
     let Some(rest) = url.strip_prefix("data:") else {
         return Err("an image must be a data URL (data:image/png;base64,...)".into());
     };

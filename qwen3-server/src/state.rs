@@ -66,6 +66,9 @@ pub struct AppState {
     /// Most pixels an image may decode to, before it is resized (`--max-image-pixels`): the
     /// bound on a decompression bomb's memory.
     pub max_image_pixels: u64,
+    /// Whether an `http(s)` image URL is fetched (`--fetch-image-urls`); otherwise it is refused
+    /// and only data URLs are taken.
+    pub fetch_image_urls: bool,
     /// Set when the server was told to stop ([`crate::serve`]): `/health` answers 503, new
     /// requests get a 503 (a load balancer sends them to another replica), and the requests
     /// already held are answered.

@@ -207,7 +207,11 @@ fn bad_images_are_refused_by_name() {
         ),
         (with("data:image/png,raw-bytes".into()), "not base64"),
         (with("data:image/png;base64,@@@@".into()), "base64"),
-        (with("https://example.com/cat.png".into()), "data URL"),
+        // Not fetched without --fetch-image-urls (images_are_fetched_when_told: with it).
+        (
+            with("https://example.com/cat.png".into()),
+            "--fetch-image-urls",
+        ),
         (with("cat.png".into()), "data URL"),
         (
             json!({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
@@ -310,4 +314,103 @@ fn bad_images_are_refused_by_name() {
         .as_array()
         .unwrap()
         .contains(&json!("vision")));
+}
+
+/// A web server on a loopback port for the fetch test: `/cat.png` the fixture's image,
+/// `/moved.png` a redirect to it, `/big.png` a header announcing 30 MiB, `/drawing.svg` an SVG,
+/// anything else a 404. Serves until the test ends.
+fn image_host(png: Vec<u8>) -> u16 {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut request = String::new();
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            if reader.read_line(&mut request).is_err() {
+                continue;
+            }
+            let path = request.split_whitespace().nth(1).unwrap_or("").to_string();
+            // The rest of the request's head.
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let (head, body): (String, &[u8]) = match path.as_str() {
+                "/cat.png" => (
+                    format!(
+                        "200 OK\r\ncontent-type: image/png\r\ncontent-length: {}",
+                        png.len()
+                    ),
+                    &png,
+                ),
+                "/moved.png" => (
+                    "302 Found\r\nlocation: /cat.png\r\ncontent-length: 0".into(),
+                    b"",
+                ),
+                "/big.png" => (
+                    "200 OK\r\ncontent-type: image/png\r\ncontent-length: 31457280".into(),
+                    b"",
+                ),
+                "/drawing.svg" => (
+                    "200 OK\r\ncontent-type: image/svg+xml\r\ncontent-length: 6".into(),
+                    b"<svg/>",
+                ),
+                _ => ("404 Not Found\r\ncontent-length: 0".into(), b""),
+            };
+            let _ =
+                conn.write_all(format!("HTTP/1.1 {head}\r\nconnection: close\r\n\r\n").as_bytes());
+            let _ = conn.write_all(body);
+        }
+    });
+    port
+}
+
+/// `--fetch-image-urls`: an `http` image URL is fetched (redirects followed) and answered as
+/// the same image sent as a data URL; a URL that answers 404, announces more than 20 MiB or is an
+/// SVG gets a 400 naming the part and the URL's problem.
+#[test]
+#[cfg_attr(
+    not(feature = "fetch"),
+    ignore = "qwen3-server built without the `fetch` feature (cargo test --workspace has it)"
+)]
+fn images_are_fetched_when_told() {
+    let m = model(NAME, "fetch");
+    let s = Server::start(&m, &["--context", "256", "--fetch-image-urls"]);
+    let png = std::fs::read(fixture(NAME).join("images/rgb-64x96.png")).unwrap();
+    let port = image_host(png);
+    let ask = |url: String| {
+        json!({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "What is it?"}]}], "max_tokens": 4, "temperature": 0})
+    };
+    let answer = |body: &Value| {
+        let r = s.post("/v1/chat/completions", body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["choices"][0]["message"].clone()
+    };
+    let inline = answer(&ask(format!(
+        "data:image/png;base64,{}",
+        b64("rgb-64x96.png")
+    )));
+    for path in ["cat.png", "moved.png"] {
+        let fetched = answer(&ask(format!("http://127.0.0.1:{port}/{path}")));
+        assert_eq!(fetched, inline, "{path}");
+    }
+    for (path, want) in [
+        ("gone.png", "HTTP 404"),
+        ("big.png", "over 20 MiB"),
+        ("drawing.svg", "SVG"),
+    ] {
+        let r = s.post(
+            "/v1/chat/completions",
+            &ask(format!("http://127.0.0.1:{port}/{path}")),
+        );
+        assert_eq!(r.status, 400, "{path}: {}", r.body);
+        let e = r.error();
+        let said = format!("{} {}", e["message"], e["param"]);
+        assert!(said.contains(want), "{path}: {said}");
+        assert!(said.contains("messages[0].content[0]"), "{path}: {said}");
+    }
 }

@@ -75,6 +75,12 @@ pub struct ServeArgs {
     /// (400 beyond them): what one image may cost in memory while it is decoded.
     #[arg(long, default_value_t = qwen3_inference::vision::MAX_SOURCE_PIXELS, value_name = "N")]
     pub max_image_pixels: u64,
+    /// A model that sees images: fetch images given as http(s) URLs (a GET within 30 s and 20
+    /// MiB, redirects followed). Off by default: the server then reaches nothing outside
+    /// itself and takes images as data URLs only. With it, the server requests whatever address
+    /// a client names, its own network included: turn it on for trusted clients only.
+    #[arg(long)]
+    pub fetch_image_urls: bool,
     /// On SIGTERM or Ctrl-C: seconds the requests already held may take to finish (new ones get
     /// a 503 and /health turns 503 meanwhile); what still runs after them is ended. 0 ends
     /// them at once.
@@ -138,6 +144,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     state.public_metrics = args.public_metrics;
     state.max_images = args.max_images;
     state.max_image_pixels = args.max_image_pixels;
+    state.fetch_image_urls = args.fetch_image_urls;
     if args.rerank {
         if state.embeds {
             bail!("--rerank needs a language model (Qwen3-Reranker), not an embedding model");
@@ -259,6 +266,7 @@ pub fn prepare(
         public_metrics: false,
         max_images: qwen3_server::images::MAX_IMAGES,
         max_image_pixels: qwen3_inference::vision::MAX_SOURCE_PIXELS,
+        fetch_image_urls: false,
         draft: args.draft.draft()?,
     };
     let cfg = EngineConfig {

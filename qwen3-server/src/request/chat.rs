@@ -124,8 +124,9 @@ impl ChatRequest {
             let encoded = parts
                 .iter()
                 .map(|p| {
+                    let bytes = p.bytes(state.fetch_image_urls)?;
                     encoder
-                        .encode(&p.bytes, state.max_image_pixels, state.context_len)
+                        .encode(&bytes, state.max_image_pixels, state.context_len)
                         .map_err(|e| ApiError::invalid(p.param.clone(), format!("{e:#}")))
                 })
                 .collect::<Result<Vec<_>, _>>()?;

@@ -46,7 +46,7 @@ pub struct Server {
 impl Server {
     /// The server `qwen3 serve <model> <args>` would run. `args`: the few flags these tests give
     /// (`--context`, `--parallel`, `--model-name`, `--api-key`, `--cors`, `--rerank`,
-    /// `--public-metrics`, `--draft ngram`), as the CLI reads them.
+    /// `--public-metrics`, `--draft ngram`, `--fetch-image-urls`), as the CLI reads them.
     pub fn start(model: &Path, args: &[&str]) -> Server {
         Server::start_env(model, args, &[])
     }
@@ -59,7 +59,7 @@ impl Server {
             .iter()
             .find(|(k, _)| *k == "QWEN3_API_KEY")
             .map(|(_, v)| v.to_string());
-        let (mut rerank, mut public_metrics) = (false, false);
+        let (mut rerank, mut public_metrics, mut fetch_image_urls) = (false, false, false);
         let mut draft = qwen3_inference::engine::Draft::None;
         let mut max_images = qwen3_server::images::MAX_IMAGES;
         let mut max_image_pixels = qwen3_inference::vision::MAX_SOURCE_PIXELS;
@@ -71,6 +71,10 @@ impl Server {
             }
             if *flag == "--public-metrics" {
                 public_metrics = true;
+                continue;
+            }
+            if *flag == "--fetch-image-urls" {
+                fetch_image_urls = true;
                 continue;
             }
             let value = flags.next().expect("every flag here takes a value");
@@ -147,6 +151,7 @@ impl Server {
             public_metrics,
             max_images,
             max_image_pixels,
+            fetch_image_urls,
             draft,
         };
         let cfg = EngineConfig {
