@@ -5,11 +5,13 @@
 //! slot's tokens ([`image_reuse`]).
 //!
 //! The image's `<|image_pad|>` tokens are the same ids whatever the picture, so the prefix cache
-//! cannot compare tokens alone: each image carries a key (a hash of its vectors), and a cached
-//! prefix is reused only up to the first image whose key differs from the new prompt's.
+//! cannot compare tokens alone: each image carries a key (a hash of its vectors) and its vectors,
+//! and a cached prefix is reused only up to the first image that differs from the new prompt's:
+//! another key, or (on the rare equal keys of different pictures) other vectors.
 
 use super::Slot;
 use crate::model::{RowInputs, Segment};
+use std::sync::Arc;
 
 /// One image of a prompt.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,13 +19,48 @@ pub struct PromptImage {
     /// The prompt row of its first `<|image_pad|>` token.
     pub row: usize,
     /// Its merged vectors, `[tokens, hidden]` (`VisionTower::forward`), in place of its pads'
-    /// embeddings.
-    pub vectors: Vec<f32>,
+    /// embeddings. Shared: a slot's prefix cache keeps them after the request ([`CachedImage`]).
+    pub vectors: Arc<[f32]>,
     /// Qwen3-VL's DeepStack features, each `[tokens, hidden]`: feature `l` is added to the
     /// pads' hidden states after text layer `l`. Empty for Qwen3.5.
     pub deepstack: Vec<Vec<f32>>,
-    /// A hash of `vectors`: the prefix cache's key for the image.
+    /// A hash of `vectors`: the prefix cache's key for the image (equal vectors are checked
+    /// too).
     pub key: u64,
+}
+
+/// An image among a slot's cached tokens, for the prefix cache: its rows, key and vectors.
+#[derive(Debug, Clone)]
+pub(super) struct CachedImage {
+    pub(super) row: usize,
+    pub(super) rows: usize,
+    pub(super) key: u64,
+    pub(super) vectors: Arc<[f32]>,
+}
+
+impl CachedImage {
+    /// The slot's record of `image` in a model of width `hidden`.
+    pub(super) fn of(image: &PromptImage, hidden: usize) -> CachedImage {
+        CachedImage {
+            row: image.row,
+            rows: image.rows(hidden),
+            key: image.key,
+            vectors: image.vectors.clone(),
+        }
+    }
+
+    /// Whether `other` is the same image at the same rows: the key first (cheap), then every
+    /// value's bits (a 64-bit key can collide; the vectors cannot).
+    fn same(&self, other: &CachedImage) -> bool {
+        (self.row, self.rows, self.key) == (other.row, other.rows, other.key)
+            && (Arc::ptr_eq(&self.vectors, &other.vectors)
+                || (self.vectors.len() == other.vectors.len()
+                    && self
+                        .vectors
+                        .iter()
+                        .zip(other.vectors.iter())
+                        .all(|(a, b)| a.to_bits() == b.to_bits())))
+    }
 }
 
 impl PromptImage {
@@ -39,7 +76,7 @@ impl PromptImage {
         });
         PromptImage {
             row,
-            vectors,
+            vectors: vectors.into(),
             deepstack,
             key,
         }
@@ -123,24 +160,25 @@ impl PromptImages {
 }
 
 /// How many of a prompt's first `reuse` tokens a slot may give it, its cached images
-/// `cached` (row, rows, key) against the prompt's `images`: up to the first image either has
-/// that the other does not have at the same rows with the same key.
+/// `cached` against the prompt's `images`: up to the first image either has that the other does
+/// not have at the same rows with the same vectors.
 pub(super) fn image_reuse(
-    cached: &[(usize, usize, u64)],
+    cached: &[CachedImage],
     images: Option<&PromptImages>,
     hidden: usize,
     reuse: usize,
 ) -> usize {
-    let prompt: Vec<(usize, usize, u64)> = images.map_or(Vec::new(), |p| {
+    let prompt: Vec<CachedImage> = images.map_or(Vec::new(), |p| {
         p.images
             .iter()
-            .map(|im| (im.row, im.rows(hidden), im.key))
+            .map(|im| CachedImage::of(im, hidden))
             .collect()
     });
     let mut limit = reuse;
     for im in cached.iter().chain(&prompt) {
-        if im.0 < limit && !(cached.contains(im) && prompt.contains(im)) {
-            limit = im.0;
+        let in_both = cached.iter().any(|c| c.same(im)) && prompt.iter().any(|p| p.same(im));
+        if im.row < limit && !in_both {
+            limit = im.row;
         }
     }
     limit
@@ -249,10 +287,10 @@ mod tests {
     #[test]
     fn the_prefix_cache_stops_at_a_different_image() {
         let hidden = 2;
-        let cached = |p: &PromptImages| -> Vec<(usize, usize, u64)> {
+        let cached = |p: &PromptImages| -> Vec<CachedImage> {
             p.images
                 .iter()
-                .map(|im| (im.row, im.rows(hidden), im.key))
+                .map(|im| CachedImage::of(im, hidden))
                 .collect()
         };
         let a = images(&[(2, 1.0), (8, 2.0)], 12);
@@ -268,6 +306,13 @@ mod tests {
         // Images past the tokens in common do not matter.
         assert_eq!(image_reuse(&cached(&a), Some(&b), hidden, 6), 6);
         assert_ne!(a.images[1].key, b.images[1].key);
+        // Two pictures whose keys collide: the vectors tell them apart.
+        let mut forged = b.clone();
+        forged.images[1].key = a.images[1].key;
+        assert_eq!(image_reuse(&cached(&a), Some(&forged), hidden, 11), 8);
+        // The same picture encoded again (other buffers, equal values): reused.
+        let again = images(&[(2, 1.0), (8, 2.0)], 12);
+        assert_eq!(image_reuse(&cached(&a), Some(&again), hidden, 11), 11);
     }
 
     #[test]

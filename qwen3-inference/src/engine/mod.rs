@@ -221,9 +221,9 @@ struct Slot {
     /// the last multiple of the delta rule's chunk in the prompt (the prefix cache resumes
     /// there: the states at the end of the cached tokens are past it).
     snapshot: Option<usize>,
-    /// The images among `cached` (and the tokens its request has yet to run): (first row,
-    /// rows, key), for the prefix cache (images.rs).
-    images: Vec<(usize, usize, u64)>,
+    /// The images among `cached` (and the tokens its request has yet to run), for the prefix
+    /// cache (images.rs).
+    images: Vec<images::CachedImage>,
 }
 
 impl Slot {

@@ -125,8 +125,11 @@ impl<'m, B: Backend> Engine<'m, B> {
             let hidden = self.fwd.model().config.hidden_size as usize;
             slot.images.clear();
             if let Some(p) = &req.images {
-                slot.images
-                    .extend(p.images.iter().map(|im| (im.row, im.rows(hidden), im.key)));
+                slot.images.extend(
+                    p.images
+                        .iter()
+                        .map(|im| super::images::CachedImage::of(im, hidden)),
+                );
             }
             let sampler = match Sampler::new(req.sampler) {
                 Ok(s) => s,
