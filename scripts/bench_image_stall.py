@@ -18,7 +18,9 @@ decoding; once --after tokens have arrived, a second request is sent:
 
 A gap is the time between two chunks of the stream divided by the tokens of the later one (a
 character split over two tokens arrives as one chunk, two steps after the last). Reported per
-case, over the stream's gaps while the second request was in flight (`alone`: all of them): the median, 90th percentile and largest gap, and how long the second request took. Rounds alternate the
+case, over the stream's gaps while the second request was in flight (`alone`: all of them): the median, 90th percentile and largest gap, and how long the second request took;
+and for `image`, the gaps while it is encoded: those before the first gap over three times the
+round's median alone (the image prompt's first prefill step). Rounds alternate the
 cases (--rounds), and the table gives every round, so that a machine's noise shows.
 """
 
@@ -38,7 +40,7 @@ WORDS = ("river stone quantum bread violet engine mouse cloud ladder silver orbi
          "thunder candle mirror forest copper lantern harbor").split()
 
 
-def stream(url, text, max_tokens, arrivals, started):
+def stream(url, text, max_tokens, arrivals):
     """A streamed greedy completion; each chunk's arrival time and tokens appended to
     `arrivals`."""
     body = {"prompt": text, "max_tokens": max_tokens, "temperature": 0, "stream": True,
@@ -56,7 +58,6 @@ def stream(url, text, max_tokens, arrivals, started):
             # two steps (the chunk's logprobs list its tokens).
             tokens = len(chunk["choices"][0]["logprobs"]["tokens"])
             arrivals.append((time.perf_counter(), tokens))
-            started.set()
     conn.close()
 
 
@@ -81,15 +82,16 @@ def second(url, case, args, image_url, n):
 
 
 def one(url, case, args, image_url, n):
-    arrivals, started = [], threading.Event()
+    arrivals = []
     text = f"Story {n}: " + " ".join(WORDS[(i * 3 + n) % len(WORDS)] for i in range(20))
-    t = threading.Thread(target=stream, args=(url, text, args.max_tokens, arrivals, started))
+    t = threading.Thread(target=stream, args=(url, text, args.max_tokens, arrivals))
     t.start()
     window = None
     if case != "alone":
-        started.wait(600)
         while len(arrivals) < args.after and t.is_alive():
             time.sleep(0.001)
+        if not t.is_alive():
+            raise SystemExit(f"round {n} {case}: the streaming request ended early (see above)")
         window = second(url, case, args, image_url, n)
     t.join()
     # Each gap as the time of one step: a chunk of n tokens ended n steps.
@@ -135,6 +137,18 @@ def main():
             print(f"round {n} {case:6}: {r['gaps']:3} gaps, median {r['gap_med_ms']:7.1f} ms, "
                   f"p90 {r['gap_p90_ms']:7.1f} ms, largest {r['gap_max_ms']:7.1f} ms; "
                   f"second request {r['second_s']:6.2f} s", flush=True)
+            if case == "alone":
+                alone = r["gap_med_ms"]
+            if case == "image":
+                # While the image is encoded: the gaps before the image's first prefill step,
+                # taken as the first gap over three times this round's median alone.
+                timeline = [(g, end) for g, end in r["timeline"] if end > 0]
+                first = next((end for g, end in timeline if g > 3 * alone), float("inf"))
+                encoding = [g for g, end in timeline if end < first]
+                if encoding:
+                    print(f"round {n} image, while encoded (first {first:.2f} s): {len(encoding)} gaps, "
+                          f"median {statistics.median(encoding):7.1f} ms, largest {max(encoding):7.1f} ms",
+                          flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

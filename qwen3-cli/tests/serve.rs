@@ -353,6 +353,8 @@ fn bad_flags_are_clear_errors() {
     assert!(run(&["--max-connections", "0"]).contains("--max-connections"));
     assert!(run(&["--header-timeout", "0"]).contains("--header-timeout"));
     assert!(run(&["--body-timeout", "nan"]).contains("--body-timeout"));
+    // A text model fetches no images.
+    assert!(run(&["--fetch-image-urls"]).contains("takes no images"));
     let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
         .args(["serve", "/nonexistent/model.bin"])
         .output()

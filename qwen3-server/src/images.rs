@@ -16,8 +16,13 @@ pub const MAX_IMAGE_BYTES: usize = 20 << 20;
 /// Images in one request, unless the server is told otherwise (`--max-images`).
 pub const MAX_IMAGES: usize = 16;
 
-/// Seconds a fetched image may take to arrive, connecting included.
+/// Seconds the images of one request given as URLs may take to arrive, all of them, connecting
+/// included.
 pub const FETCH_TIMEOUT_S: u64 = 30;
+
+/// Whether this build can fetch image URLs (the `fetch` feature): `--fetch-image-urls` is
+/// refused at startup without it.
+pub const FETCHES: bool = cfg!(feature = "fetch");
 
 /// One image of a request: where it was (`messages[i].content[j]`, for errors) and where its
 /// bytes are.
@@ -35,35 +40,49 @@ pub enum ImageSource {
 }
 
 impl ImagePart {
-    /// The image's bytes: as sent, or fetched from its URL when `fetch` (the server's
-    /// `--fetch-image-urls`) allows; otherwise, or when the fetch fails, why not (a 400 naming
-    /// the part). Blocks while it fetches: call it off the async threads.
-    pub fn bytes(&self, fetch: bool) -> Result<std::borrow::Cow<'_, [u8]>, ApiError> {
-        let url = match &self.source {
-            ImageSource::Bytes(b) => return Ok(b.into()),
-            ImageSource::Url(url) => url,
-        };
-        let refuse = |m: String| ApiError::invalid(format!("{}.image_url", self.param), m);
-        if !fetch {
-            return Err(refuse(
-                "image URLs are not fetched by this server (it was not started with \
-                 --fetch-image-urls): send the image itself as a data URL \
-                 (data:image/png;base64,...)"
-                    .into(),
-            ));
+    /// Whether the image is still to be fetched ([`fetch_all`]).
+    pub fn is_url(&self) -> bool {
+        matches!(self.source, ImageSource::Url(_))
+    }
+
+    /// The image's bytes (empty for a URL not yet fetched: [`fetch_all`] comes first).
+    pub fn bytes(&self) -> &[u8] {
+        match &self.source {
+            ImageSource::Bytes(b) => b,
+            ImageSource::Url(_) => &[],
         }
-        fetch_url(url).map(Into::into).map_err(refuse)
     }
 }
 
-/// The bytes at an `http(s)` URL: a GET that follows up to 5 redirects, within
-/// [`FETCH_TIMEOUT_S`] and [`MAX_IMAGE_BYTES`]; an HTTP error status or a transport failure
-/// is said with the URL.
+/// Every part given as a URL fetched into bytes, one after the other, all within
+/// [`FETCH_TIMEOUT_S`]; the first that cannot be fetched is a 400 naming its part and why.
+/// Blocks: call it off the async threads.
+pub fn fetch_all(mut parts: Vec<ImagePart>) -> Result<Vec<ImagePart>, ApiError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(FETCH_TIMEOUT_S);
+    for p in &mut parts {
+        if let ImageSource::Url(url) = &p.source {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let bytes = match left.is_zero() {
+                true => Err(format!(
+                    "fetching {url}: the request's images took over {FETCH_TIMEOUT_S} s"
+                )),
+                false => fetch_url(url, left),
+            }
+            .map_err(|m| ApiError::invalid(format!("{}.image_url", p.param), m))?;
+            p.source = ImageSource::Bytes(bytes);
+        }
+    }
+    Ok(parts)
+}
+
+/// The bytes at an `http(s)` URL: a GET that follows up to 5 redirects, within `timeout` and
+/// [`MAX_IMAGE_BYTES`] (a larger file is refused before or while it is read, whether or not it
+/// says its length); an HTTP error status or a transport failure is said with the URL.
 #[cfg(feature = "fetch")]
-fn fetch_url(url: &str) -> Result<Vec<u8>, String> {
+fn fetch_url(url: &str, timeout: std::time::Duration) -> Result<Vec<u8>, String> {
     use std::io::Read;
     let agent = ureq::AgentBuilder::new()
-        .timeout(std::time::Duration::from_secs(FETCH_TIMEOUT_S))
+        .timeout(timeout)
         .redirects(5)
         .build();
     let response = agent.get(url).call().map_err(|e| match e {
@@ -72,21 +91,18 @@ fn fetch_url(url: &str) -> Result<Vec<u8>, String> {
         }
         ureq::Error::Transport(t) => format!("fetching {url}: {t}"),
     })?;
-    let media = response.content_type().to_string();
-    if media == "image/svg+xml" {
+    if response.content_type() == "image/svg+xml" {
         return Err(format!(
             "{url} is an SVG image, which is not supported (PNG, JPEG, GIF, WebP)"
         ));
     }
+    let too_large = || format!("{url}: the image is over {} MiB", MAX_IMAGE_BYTES >> 20);
     if response
         .header("content-length")
         .and_then(|n| n.parse::<usize>().ok())
         .is_some_and(|n| n > MAX_IMAGE_BYTES)
     {
-        return Err(format!(
-            "{url}: the image is over {} MiB",
-            MAX_IMAGE_BYTES >> 20
-        ));
+        return Err(too_large());
     }
     let mut bytes = Vec::new();
     response
@@ -95,17 +111,15 @@ fn fetch_url(url: &str) -> Result<Vec<u8>, String> {
         .read_to_end(&mut bytes)
         .map_err(|e| format!("fetching {url}: {e}"))?;
     if bytes.len() > MAX_IMAGE_BYTES {
-        return Err(format!(
-            "{url}: the image is over {} MiB",
-            MAX_IMAGE_BYTES >> 20
-        ));
+        return Err(too_large());
     }
     Ok(bytes)
 }
 
-/// Without the `fetch` feature there is no HTTP client to fetch with.
+/// Without the `fetch` feature there is no HTTP client (and `--fetch-image-urls` is refused at
+/// startup, so no part is a URL here).
 #[cfg(not(feature = "fetch"))]
-fn fetch_url(url: &str) -> Result<Vec<u8>, String> {
+fn fetch_url(url: &str, _timeout: std::time::Duration) -> Result<Vec<u8>, String> {
     Err(format!(
         "{url}: this build fetches no URLs (built without the `fetch` feature): send the image \
          itself as a data URL (data:image/png;base64,...)"
@@ -115,9 +129,10 @@ fn fetch_url(url: &str) -> Result<Vec<u8>, String> {
 /// The image a content part `p` at `param` carries: `{"type": "image_url", "image_url": {"url":
 /// "data:image/png;base64,...", "detail": ...}}` (the URL may also be the value of
 /// `image_url` itself), or `{"type": "input_image", "image_url": "data:..."}`. `detail` is
-/// accepted and changes nothing (the processor's pixel bounds decide the size). `Ok(None)`: not
+/// accepted and changes nothing (the processor's pixel bounds decide the size). An `http(s)` URL
+/// is kept to be fetched when `fetch` (`--fetch-image-urls`), refused otherwise. `Ok(None)`: not
 /// an image part.
-pub fn image_part(p: &Value, param: &str) -> Result<Option<ImagePart>, ApiError> {
+pub fn image_part(p: &Value, param: &str, fetch: bool) -> Result<Option<ImagePart>, ApiError> {
     let url = match p.get("type").and_then(Value::as_str) {
         Some("image_url" | "input_image") => match p.get("image_url") {
             Some(Value::String(u)) => u.as_str(),
@@ -136,12 +151,17 @@ pub fn image_part(p: &Value, param: &str) -> Result<Option<ImagePart>, ApiError>
         },
         _ => return Ok(None),
     };
-    let source = match url.starts_with("http://") || url.starts_with("https://") {
-        true => ImageSource::Url(url.to_string()),
-        false => ImageSource::Bytes(
-            data_url(url).map_err(|m| ApiError::invalid(format!("{param}.image_url"), m))?,
-        ),
-    };
+    let refuse = |m: String| ApiError::invalid(format!("{param}.image_url"), m);
+    let source =
+        match url.starts_with("http://") || url.starts_with("https://") {
+            true if fetch => ImageSource::Url(url.to_string()),
+            true => return Err(refuse(
+                "image URLs are not fetched here (`qwen3 serve --fetch-image-urls` fetches them): \
+                 send the image itself as a data URL (data:image/png;base64,...)"
+                    .into(),
+            )),
+            false => ImageSource::Bytes(data_url(url).map_err(refuse)?),
+        };
     Ok(Some(ImagePart {
         param: param.to_string(),
         source,

@@ -317,13 +317,14 @@ fn bad_images_are_refused_by_name() {
 }
 
 /// A web server on a loopback port for the fetch test: `/cat.png` the fixture's image,
-/// `/moved.png` a redirect to it, `/big.png` a header announcing 30 MiB, `/drawing.svg` an SVG,
-/// anything else a 404. Serves until the test ends.
+/// `/moved.png` a redirect to it, `/big.png` a header announcing 30 MiB, `/huge.png` 21 MiB
+/// without a length, `/drawing.svg` an SVG, anything else a 404. Serves until the test ends.
 fn image_host(png: Vec<u8>) -> u16 {
     use std::io::{BufRead, BufReader, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
+        let huge = vec![0u8; 21 << 20];
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
             let mut request = String::new();
@@ -353,6 +354,8 @@ fn image_host(png: Vec<u8>) -> u16 {
                     "200 OK\r\ncontent-type: image/png\r\ncontent-length: 31457280".into(),
                     b"",
                 ),
+                // No length said: the cap applies while the body is read.
+                "/huge.png" => ("200 OK\r\ncontent-type: image/png".into(), &huge),
                 "/drawing.svg" => (
                     "200 OK\r\ncontent-type: image/svg+xml\r\ncontent-length: 6".into(),
                     b"<svg/>",
@@ -368,8 +371,8 @@ fn image_host(png: Vec<u8>) -> u16 {
 }
 
 /// `--fetch-image-urls`: an `http` image URL is fetched (redirects followed) and answered as
-/// the same image sent as a data URL; a URL that answers 404, announces more than 20 MiB or is an
-/// SVG gets a 400 naming the part and the URL's problem.
+/// the same image sent as a data URL; a URL that answers 404, is over 20 MiB (said or not) or is
+/// an SVG gets a 400 naming the part and the URL's problem.
 #[test]
 #[cfg_attr(
     not(feature = "fetch"),
@@ -401,6 +404,7 @@ fn images_are_fetched_when_told() {
     for (path, want) in [
         ("gone.png", "HTTP 404"),
         ("big.png", "over 20 MiB"),
+        ("huge.png", "over 20 MiB"),
         ("drawing.svg", "SVG"),
     ] {
         let r = s.post(

@@ -75,8 +75,8 @@ pub struct ServeArgs {
     /// (400 beyond them): what one image may cost in memory while it is decoded.
     #[arg(long, default_value_t = qwen3_inference::vision::MAX_SOURCE_PIXELS, value_name = "N")]
     pub max_image_pixels: u64,
-    /// A model that sees images: fetch images given as http(s) URLs (a GET within 30 s and 20
-    /// MiB, redirects followed). Off by default: the server then reaches nothing outside
+    /// A model that sees images: fetch images given as http(s) URLs (20 MiB each, a request's
+    /// all within 30 s, redirects followed). Off by default: the server then reaches nothing outside
     /// itself and takes images as data URLs only. With it, the server requests whatever address
     /// a client names, its own network included: turn it on for trusted clients only.
     #[arg(long)]
@@ -144,6 +144,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
     state.public_metrics = args.public_metrics;
     state.max_images = args.max_images;
     state.max_image_pixels = args.max_image_pixels;
+    if args.fetch_image_urls {
+        if !qwen3_server::images::FETCHES {
+            bail!(
+                "--fetch-image-urls: this build fetches nothing (built without the `hub` feature)"
+            );
+        }
+        if state.images.is_none() {
+            bail!("--fetch-image-urls: this model takes no images (its file has no vision tower, or the device does not run one)");
+        }
+    }
     state.fetch_image_urls = args.fetch_image_urls;
     if args.rerank {
         if state.embeds {
@@ -207,6 +217,8 @@ pub fn prepare(
     }
     let file = ModelFile::open(&args.model)?;
     let c = file.config().clone();
+    // The drafts' flags checked before a draft model is opened (or exported from the hub).
+    let draft = args.draft.draft()?;
     let draft_file =
         args.draft
             .open_model(&args.model, args.models_dir.as_deref(), args.offline)?;
@@ -267,7 +279,7 @@ pub fn prepare(
         max_images: qwen3_server::images::MAX_IMAGES,
         max_image_pixels: qwen3_inference::vision::MAX_SOURCE_PIXELS,
         fetch_image_urls: false,
-        draft: args.draft.draft()?,
+        draft,
     };
     let cfg = EngineConfig {
         slots: args.parallel,

@@ -422,7 +422,9 @@ impl Checkpoint {
             None => (h, i),
         });
         let transposed = match expected {
-            // transformers' rule: a tensor already in its own layout stays as it is.
+            // transformers' rule: a tensor already in its own layout stays as it is. (So a
+            // square one, H = 2I for gate_up or H = I for down, is never transposed: transformers
+            // reads such a hub file the same way, and we compute what it computes.)
             None => false,
             Some(x) if x == (a, b) => false,
             Some(x) if x == (b, a) => true,
@@ -507,17 +509,24 @@ impl Checkpoint {
             stored_cols,
         }) = t.columns
         {
-            // Rows `first..first + n` are columns `c0 + first ..` of the stored matrix: from each
-            // stored row (one per column of ours), those `n` values, each to its row of `buf`.
-            let v = t.bytes_per_value() as usize;
-            let mut run = vec![0u8; n as usize * v];
-            for s in 0..t.row_len() {
-                let at = t.offset + (s * stored_cols + c0 + first) * v as u64;
-                f.seek(SeekFrom::Start(at))
-                    .and_then(|_| f.read_exact(&mut run))
-                    .with_context(|| format!("{}: read failed", shard.path.display()))?;
-                for (r, value) in run.chunks_exact(v).enumerate() {
-                    let to = r * row_bytes as usize + s as usize * v;
+            // Rows `first..first + n` are columns `c0 + first ..` of the stored matrix, whose
+            // rows are our columns: one read of the stored span from the first row's column to
+            // the last row's (an expert's matrix, a few MB: one read rather than one a row),
+            // then each stored row's `n` values to their rows of `buf`.
+            let (v, stored_rows) = (t.bytes_per_value(), t.row_len());
+            if n == 0 {
+                return Ok(());
+            }
+            let span = ((stored_rows - 1) * stored_cols + n) * v;
+            let mut stored = vec![0u8; span as usize];
+            f.seek(SeekFrom::Start(t.offset + (c0 + first) * v))
+                .and_then(|_| f.read_exact(&mut stored))
+                .with_context(|| format!("{}: read failed", shard.path.display()))?;
+            let (v, n) = (v as usize, n as usize);
+            for s in 0..stored_rows as usize {
+                let from = s * stored_cols as usize * v;
+                for (r, value) in stored[from..from + n * v].chunks_exact(v).enumerate() {
+                    let to = r * row_bytes as usize + s * v;
                     buf[to..to + v].copy_from_slice(value);
                 }
             }
@@ -646,5 +655,81 @@ mod tests {
         assert!(!is_fused_expert_tensor(
             "model.layers.12.mlp.experts.0.gate_proj.weight"
         ));
+    }
+
+    /// An expert's matrices read from the hub's transposed fused tensors (Qwen3-VL-MoE's
+    /// `gate_up_proj` `[E, H, 2I]`, `down_proj` `[E, I, H]`), bf16, in chunks of rows: each value
+    /// where the transposed layout puts it.
+    #[test]
+    fn transposed_fused_experts_read_as_rows() {
+        use safetensors::tensor::{serialize_to_file, TensorView};
+        let (e, h, i) = (3usize, 5usize, 3usize);
+        // Value at [expert][row][col] of a stored tensor: distinct bf16 bits.
+        let bits =
+            |t: usize, x: usize, r: usize, c: usize| (1000 * t + 100 * x + 10 * r + c) as u16;
+        let stored = |t: usize, rows: usize, cols: usize| -> Vec<u8> {
+            (0..e)
+                .flat_map(|x| (0..rows).flat_map(move |r| (0..cols).map(move |c| (x, r, c))))
+                .flat_map(|(x, r, c)| bits(t, x, r, c).to_le_bytes())
+                .collect()
+        };
+        let (gate_up, down) = (stored(1, h, 2 * i), stored(2, i, h));
+        let dir = std::env::temp_dir().join(format!("pq-columns-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let views = [
+            (
+                "model.layers.0.mlp.experts.gate_up_proj",
+                TensorView::new(Dtype::BF16, vec![e, h, 2 * i], &gate_up).unwrap(),
+            ),
+            (
+                "model.layers.0.mlp.experts.down_proj",
+                TensorView::new(Dtype::BF16, vec![e, i, h], &down).unwrap(),
+            ),
+        ];
+        serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+        let mut ckpt = Checkpoint::open(&dir).unwrap();
+        ckpt.expect_experts(h as u64, i as u64);
+        // (name, logical shape, the stored value behind logical [r][c]).
+        type At = Box<dyn Fn(usize, usize) -> u16>;
+        let cases: [(&str, [usize; 2], At); 3] = [
+            ("gate_proj", [i, h], Box::new(move |r, c| bits(1, 1, c, r))),
+            (
+                "up_proj",
+                [i, h],
+                Box::new(move |r, c| bits(1, 1, c, i + r)),
+            ),
+            ("down_proj", [h, i], Box::new(move |r, c| bits(2, 1, c, r))),
+        ];
+        for (proj, [rows, cols], at) in cases {
+            let t = ckpt
+                .tensor(&format!("model.layers.0.mlp.experts.1.{proj}.weight"))
+                .unwrap();
+            assert_eq!(t.shape, vec![rows as u64, cols as u64], "{proj}");
+            // In chunks of two rows (the last may be one), as the export reads them.
+            let mut got = Vec::new();
+            let mut buf = Vec::new();
+            for first in (0..rows).step_by(2) {
+                let n = 2.min(rows - first);
+                ckpt.read_rows(&t, first as u64, n as u64, &mut buf)
+                    .unwrap();
+                got.extend(
+                    buf.chunks_exact(2)
+                        .map(|b| u16::from_le_bytes([b[0], b[1]])),
+                );
+            }
+            let want: Vec<u16> = (0..rows)
+                .flat_map(|r| (0..cols).map(move |c| (r, c)))
+                .map(|(r, c)| at(r, c))
+                .collect();
+            assert_eq!(got, want, "{proj}");
+        }
+        // A fused tensor of neither layout is refused by name.
+        ckpt.expect_experts(h as u64, 4);
+        let e = ckpt
+            .tensor("model.layers.0.mlp.experts.0.gate_proj.weight")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("neither [experts, 8, 5]"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

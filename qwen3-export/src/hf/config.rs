@@ -383,9 +383,9 @@ fn moe_config(obj: &Map<String, Value>, family: &Family) -> Result<MoeConfig> {
             bail!("num_experts {a} and num_local_experts {b} disagree")
         }
         (Some(n), _) | (None, Some(n)) => n,
-        (None, None) if next => 512,
-        (None, None) => 128,
+        (None, None) => family.expert_defaults[0],
     };
+    let [_, per_token, width] = family.expert_defaults;
     let mlp_only_layers = match obj.get("mlp_only_layers") {
         None | Some(Value::Null) => vec![],
         Some(Value::Array(a)) => a
@@ -402,8 +402,8 @@ fn moe_config(obj: &Map<String, Value>, family: &Family) -> Result<MoeConfig> {
         // defaults, the shared expert in every sparse layer.
         return Ok(MoeConfig {
             num_experts,
-            num_experts_per_tok: get_u32(obj, "num_experts_per_tok")?.unwrap_or(10),
-            moe_intermediate_size: get_u32(obj, "moe_intermediate_size")?.unwrap_or(512),
+            num_experts_per_tok: get_u32(obj, "num_experts_per_tok")?.unwrap_or(per_token),
+            moe_intermediate_size: get_u32(obj, "moe_intermediate_size")?.unwrap_or(width),
             norm_topk_prob: get_bool(obj, "norm_topk_prob")?.unwrap_or(true),
             decoder_sparse_step: get_u32(obj, "decoder_sparse_step")?.unwrap_or(1),
             mlp_only_layers,
@@ -415,9 +415,9 @@ fn moe_config(obj: &Map<String, Value>, family: &Family) -> Result<MoeConfig> {
         // probabilities always renormalised (`Qwen3_5MoeTopKRouter`), whatever the config says.
         return Ok(MoeConfig {
             num_experts,
-            num_experts_per_tok: get_u32(obj, "num_experts_per_tok")?.unwrap_or(8),
-            moe_intermediate_size: get_u32(obj, "moe_intermediate_size")?.unwrap_or(512),
-            norm_topk_prob: true,
+            num_experts_per_tok: get_u32(obj, "num_experts_per_tok")?.unwrap_or(per_token),
+            moe_intermediate_size: get_u32(obj, "moe_intermediate_size")?.unwrap_or(width),
+            norm_topk_prob: family.renormalises,
             decoder_sparse_step: 1,
             mlp_only_layers: vec![],
             shared_expert_intermediate_size: shared,
@@ -425,8 +425,8 @@ fn moe_config(obj: &Map<String, Value>, family: &Family) -> Result<MoeConfig> {
     }
     Ok(MoeConfig {
         num_experts,
-        num_experts_per_tok: get_u32(obj, "num_experts_per_tok")?.unwrap_or(8),
-        moe_intermediate_size: get_u32(obj, "moe_intermediate_size")?.unwrap_or(768),
+        num_experts_per_tok: get_u32(obj, "num_experts_per_tok")?.unwrap_or(per_token),
+        moe_intermediate_size: get_u32(obj, "moe_intermediate_size")?.unwrap_or(width),
         norm_topk_prob: family.renormalises || get_bool(obj, "norm_topk_prob")?.unwrap_or(false),
         decoder_sparse_step: get_u32(obj, "decoder_sparse_step")?.unwrap_or(1),
         mlp_only_layers,
@@ -773,5 +773,23 @@ mod tests {
         let m = c.moe.unwrap();
         assert_eq!((m.num_experts, m.moe_intermediate_size), (128, 768));
         assert!(m.norm_topk_prob);
+        // Keys left out: Qwen3VLMoeTextConfig's defaults, not Qwen3MoeConfig's.
+        let t = moe["text_config"].as_object_mut().unwrap();
+        for k in [
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+        ] {
+            t.remove(k);
+        }
+        let m = parse_config(&moe).unwrap().moe.unwrap();
+        assert_eq!(
+            (
+                m.num_experts,
+                m.num_experts_per_tok,
+                m.moe_intermediate_size
+            ),
+            (60, 4, 1408)
+        );
     }
 }

@@ -52,6 +52,9 @@ pub struct Family {
     /// `norm_topk_prob` says (`Qwen3_5MoeTopKRouter`, `Qwen3VLMoeTextTopKRouter`); otherwise the
     /// key decides, as in `Qwen3MoeSparseMoeBlock`.
     pub renormalises: bool,
+    /// `num_experts`, `num_experts_per_tok` and `moe_intermediate_size` when config.json does
+    /// not say: the config class's defaults (zeros for a dense family).
+    pub expert_defaults: [u32; 3],
 }
 
 /// Every family, in the order a refusal lists them.
@@ -67,6 +70,7 @@ pub static FAMILIES: [Family; 8] = [
         hybrid: false,
         moe: false,
         renormalises: false,
+        expert_defaults: [0, 0, 0],
     },
     Family {
         checkpoints: &["Qwen2ForCausalLM"],
@@ -79,6 +83,7 @@ pub static FAMILIES: [Family; 8] = [
         hybrid: false,
         moe: false,
         renormalises: false,
+        expert_defaults: [0, 0, 0],
     },
     Family {
         checkpoints: &["Qwen3MoeForCausalLM"],
@@ -91,6 +96,7 @@ pub static FAMILIES: [Family; 8] = [
         hybrid: false,
         moe: true,
         renormalises: false,
+        expert_defaults: [128, 8, 768],
     },
     // Qwen3-Next: Qwen3.5-MoE's layers, its keys at the top, kept under its own name.
     Family {
@@ -104,6 +110,7 @@ pub static FAMILIES: [Family; 8] = [
         hybrid: true,
         moe: true,
         renormalises: false,
+        expert_defaults: [512, 10, 512],
     },
     // Qwen3.5 and Qwen3.6: the text model of a vision-language checkpoint.
     Family {
@@ -117,6 +124,7 @@ pub static FAMILIES: [Family; 8] = [
         hybrid: true,
         moe: false,
         renormalises: false,
+        expert_defaults: [0, 0, 0],
     },
     Family {
         checkpoints: &qwen3_5::MOE_CHECKPOINTS,
@@ -129,6 +137,7 @@ pub static FAMILIES: [Family; 8] = [
         hybrid: true,
         moe: true,
         renormalises: true,
+        expert_defaults: [128, 8, 512],
     },
     // Qwen3-VL: a Qwen3 text model (interleaved M-RoPE, DeepStack) under `text_config`, beside
     // its vision tower (vision.rs); Qwen3VLTextConfig's `default_theta` is 500000.
@@ -143,6 +152,7 @@ pub static FAMILIES: [Family; 8] = [
         hybrid: false,
         moe: false,
         renormalises: false,
+        expert_defaults: [0, 0, 0],
     },
     // Qwen3-VL-MoE: a Qwen3-MoE text model (M-RoPE, DeepStack) under `text_config`, beside its
     // tower; Qwen3VLMoeTextConfig's `head_dim` is hidden / heads when absent, its `default_theta`
@@ -158,6 +168,7 @@ pub static FAMILIES: [Family; 8] = [
         hybrid: false,
         moe: true,
         renormalises: true,
+        expert_defaults: [60, 4, 1408],
     },
 ];
 

@@ -174,11 +174,15 @@ pub(super) fn image_reuse(
             .map(|im| CachedImage::of(im, hidden))
             .collect()
     });
+    // Only images before the limit matter; each is compared with the other side's (the cheap
+    // fields first, the vectors only when they agree).
     let mut limit = reuse;
     for im in cached.iter().chain(&prompt) {
-        let in_both = cached.iter().any(|c| c.same(im)) && prompt.iter().any(|p| p.same(im));
-        if im.row < limit && !in_both {
-            limit = im.row;
+        if im.row < limit {
+            let in_both = cached.iter().any(|c| c.same(im)) && prompt.iter().any(|p| p.same(im));
+            if !in_both {
+                limit = im.row;
+            }
         }
     }
     limit

@@ -222,7 +222,8 @@ struct Slot {
     /// there: the states at the end of the cached tokens are past it).
     snapshot: Option<usize>,
     /// The images among `cached` (and the tokens its request has yet to run), for the prefix
-    /// cache (images.rs).
+    /// cache (images.rs). Their vectors stay with the slot until it is given another request:
+    /// an image's tokens times the model's width in f32, less than its cached keys and values.
     images: Vec<images::CachedImage>,
 }
 

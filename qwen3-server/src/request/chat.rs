@@ -53,7 +53,7 @@ impl ChatRequest {
                 "echo is a field of /v1/completions, not of chat",
             ));
         }
-        let (messages, thinking, images) = chat_messages(&v)?;
+        let (messages, thinking, images) = chat_messages(&v, s.fetch_image_urls)?;
         if !images.is_empty() && s.images.is_none() {
             return Err(ApiError::invalid(images[0].param.clone(), images::NO_TOWER));
         }
@@ -109,6 +109,15 @@ impl ChatRequest {
         if parts.is_empty() {
             return Ok(self.text_job(s, start));
         }
+        // Images given as URLs are fetched first (`--fetch-image-urls`), on a blocking thread
+        // of their own and within one time limit for the request, before it waits for its
+        // turn at the tower: a slow web server holds up this request only.
+        let parts = match parts.iter().any(ImagePart::is_url) {
+            true => tokio::task::spawn_blocking(move || images::fetch_all(parts))
+                .await
+                .map_err(|e| ApiError::internal(format!("fetching the images failed: {e}")))??,
+            false => parts,
+        };
         // One request's images at a time: the tower already uses every thread, and a burst of
         // image requests then waits its turn instead of multiplying its memory.
         let _turn = ENCODES
@@ -124,9 +133,8 @@ impl ChatRequest {
             let encoded = parts
                 .iter()
                 .map(|p| {
-                    let bytes = p.bytes(state.fetch_image_urls)?;
                     encoder
-                        .encode(&bytes, state.max_image_pixels, state.context_len)
+                        .encode(p.bytes(), state.max_image_pixels, state.context_len)
                         .map_err(|e| ApiError::invalid(p.param.clone(), format!("{e:#}")))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -252,7 +260,12 @@ type Images = Vec<ImagePart>;
 
 /// `/v1/chat/completions`' `messages`, as the JSON messages the chat template reads,
 /// `chat_template_kwargs.enable_thinking`, and the messages' images.
-pub(super) fn chat_messages(v: &Value) -> Result<(Vec<Value>, Option<bool>, Images), ApiError> {
+/// `fetch`: the server fetches `http(s)` image URLs (`--fetch-image-urls`); otherwise one is
+/// refused here, before anything else is done for the request.
+pub(super) fn chat_messages(
+    v: &Value,
+    fetch: bool,
+) -> Result<(Vec<Value>, Option<bool>, Images), ApiError> {
     #[derive(Deserialize)]
     struct Kwargs {
         enable_thinking: Option<bool>,
@@ -276,7 +289,7 @@ pub(super) fn chat_messages(v: &Value) -> Result<(Vec<Value>, Option<bool>, Imag
     let out = messages
         .iter()
         .enumerate()
-        .map(|(i, m)| message(i, m, &mut images))
+        .map(|(i, m)| message(i, m, fetch, &mut images))
         .collect::<Result<_, _>>()?;
     let thinking = body.chat_template_kwargs.and_then(|k| k.enable_thinking);
     Ok((out, thinking, images))
@@ -285,7 +298,7 @@ pub(super) fn chat_messages(v: &Value) -> Result<(Vec<Value>, Option<bool>, Imag
 /// One message, checked: a known role, and content that is text (a string, or a list of text
 /// parts, which are joined) or, with images, a list of text parts and `{"type": "image"}`
 /// parts in their order, as Qwen3.5's template reads them (the images' bytes go to `images`).
-fn message(i: usize, m: &Value, images: &mut Images) -> Result<Value, ApiError> {
+fn message(i: usize, m: &Value, fetch: bool, images: &mut Images) -> Result<Value, ApiError> {
     let at = |f: &str| format!("messages[{i}].{f}");
     let obj = m.as_object().ok_or_else(|| {
         ApiError::invalid(format!("messages[{i}]"), "a message must be an object")
@@ -314,7 +327,7 @@ fn message(i: usize, m: &Value, images: &mut Images) -> Result<Value, ApiError> 
                         text.push_str(t);
                         listed.push(serde_json::json!({"type": "text", "text": t}));
                     }
-                    _ => match images::image_part(p, &param)? {
+                    _ => match images::image_part(p, &param, fetch)? {
                         Some(image) if role == "user" => {
                             images.push(image);
                             listed.push(serde_json::json!({"type": "image"}));

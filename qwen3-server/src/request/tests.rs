@@ -58,7 +58,7 @@ fn fields_are_checked_and_named() {
 
 #[test]
 fn messages_are_checked() {
-    let m = |v: Value| chat_messages(&json!({ "messages": v }));
+    let m = |v: Value| chat_messages(&json!({ "messages": v }), false);
     let e = m(json!([{"role": "wizard", "content": "hi"}])).unwrap_err();
     assert_eq!(e.param.as_deref(), Some("messages[0].role"));
     let e = m(json!([{"role": "user", "content": 5}])).unwrap_err();
