@@ -361,6 +361,8 @@ impl InferenceArgs {
 
     /// Refuses flags that belong to the other mode, and combinations that mean nothing.
     pub fn check_mode_flags(&self) -> Result<()> {
+        // The drafts' flags alone, before any file is opened ([`Self::settings`] keeps them).
+        self.draft.draft()?;
         if self.mode() == Mode::Chat {
             if !self.stops.is_empty() || self.json || self.logprobs.is_some() {
                 bail!("--stop, --json and --logprobs are for -m generate");
