@@ -330,16 +330,19 @@ unsafe fn dot_q6_k<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
                 _mm256_cvtepi8_epi32(_mm_loadl_epi64(scales.as_ptr().add(8 * n) as *const __m128i));
             _mm256_or_si256(_mm256_and_si256(s, low_mask), _mm256_slli_epi32(s, 16))
         });
-        let mut sums = [_mm256_setzero_ps(); N];
+        // The block's scale `d` goes into every activation scale it meets, so that each token's
+        // block sum is added straight to its accumulator (a separate sum a token, scaled by `d`
+        // at the block's end, made the four-token tile spill on AVX2's 16 registers).
+        let dv = _mm256_set1_ps(d);
         for (k, tk) in tokens.iter().enumerate() {
             // The weights are q + 32: each group's excess, sc_s sum(qx_s) + sc_s+1 sum(qx_s+1),
             // is one `vpmaddwd` of the scales and the sums (lane g: sub-blocks 2g, 2g + 1),
-            // taken 32 xs_g times off the block's sum.
+            // taken 32 d xs_g times off the block's sum.
             // SAFETY: 8 groups from 8b, 16 sums from 16b (the caller's lengths).
             let sums16 = _mm256_loadu_si256(tk.sums.as_ptr().add(16 * b) as *const __m256i);
             let excess = _mm256_cvtepi32_ps(_mm256_madd_epi16(sc16, sums16));
-            let xs = _mm256_loadu_ps(tk.xs.as_ptr().add(8 * b));
-            sums[k] = _mm256_mul_ps(_mm256_mul_ps(excess, xs), _mm256_set1_ps(-32.0));
+            let xs = _mm256_mul_ps(_mm256_loadu_ps(tk.xs.as_ptr().add(8 * b)), dv);
+            acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(excess, xs), _mm256_set1_ps(-32.0), acc[k]);
         }
         for (n, dup) in dup.iter().enumerate() {
             // SAFETY: qh is 64 bytes: these are bytes 32n..32n + 32, and B's with neighbouring
@@ -386,13 +389,10 @@ unsafe fn dot_q6_k<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
                         _mm256_maddubs_epi16(ab[1], xb),
                     );
                     let isum = _mm256_madd_epi16(q16, scp);
-                    let xs = pair_scales(tk.kxs6, pair);
-                    sums[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), xs, sums[k]);
+                    let xs = _mm256_mul_ps(pair_scales(tk.kxs6, pair), dv);
+                    acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), xs, acc[k]);
                 }
             }
-        }
-        for k in 0..N {
-            acc[k] = _mm256_fmadd_ps(sums[k], _mm256_set1_ps(d), acc[k]);
         }
     }
     acc.map(|a| sum8(a))
