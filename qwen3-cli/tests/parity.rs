@@ -30,7 +30,7 @@ use qwen3_inference::backend::{Backend, CpuBackend, KvType, PlainBackend};
 use qwen3_inference::engine::{Engine, Request};
 use qwen3_inference::format::view::TensorData;
 use qwen3_inference::format::view::TensorView;
-use qwen3_inference::format::{expected_tensors, DType, ModelFile, TensorKind};
+use qwen3_inference::format::{expected_tensors, DType, KQuant, ModelFile, TensorKind};
 use qwen3_inference::generate::generate;
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::sampler::{argmax, SamplerConfig};

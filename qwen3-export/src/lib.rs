@@ -426,7 +426,7 @@ fn write_model(
                     w.data(&packed)?;
                     tensor_scales16.extend_from_slice(&scales16);
                 }
-                DType::Q4K | DType::Q5K | DType::Q6K => {
+                DType::K(_) => {
                     bail!(
                         "{}: the exporter does not write GGUF's {}",
                         spec.name,

@@ -8,7 +8,8 @@ use anyhow::Result;
 use clap::Args;
 use qwen3_inference::backend::KvType;
 use qwen3_inference::format::{
-    companion_paths, expected_tensors, DType, ModelFile, RopeScaling, TensorKind, ValueHeads,
+    companion_paths, expected_tensors, DType, KQuant, ModelFile, RopeScaling, TensorKind,
+    ValueHeads,
 };
 use qwen3_inference::gguf;
 use std::path::PathBuf;
@@ -162,10 +163,10 @@ pub fn run(args: InfoArgs) -> Result<()> {
         .collect();
     let all_bytes = matrices.iter().map(|t| t.nbytes).sum::<u64>() as f64;
     let mix: String = [
-        DType::Q6K,
+        DType::K(KQuant::Q6K),
         DType::Q6,
-        DType::Q5K,
-        DType::Q4K,
+        DType::K(KQuant::Q5K),
+        DType::K(KQuant::Q4K),
         DType::Q4,
         DType::Q8,
         DType::Bf16,

@@ -68,20 +68,32 @@ fn check_q8_0_gguf(name: &str) {
 /// f32 file of its dequantized weights within the f32 tolerance.
 #[test]
 fn tiny_bf16_tied_k256_as_llama_quantizes_q4_k_m_gguf() {
-    check_quantized_gguf("tiny-bf16-tied-k256", "q4_k_m", &[DType::Q4K, DType::Q6K]);
+    check_quantized_gguf(
+        "tiny-bf16-tied-k256",
+        "q4_k_m",
+        &[DType::K(KQuant::Q4K), DType::K(KQuant::Q6K)],
+    );
 }
 
 /// Its Q5_K_M (Q5_K, with Q6_K where Q4_K_M has it), held to the same.
 #[test]
 fn tiny_bf16_tied_k256_as_llama_quantizes_q5_k_m_gguf() {
-    check_quantized_gguf("tiny-bf16-tied-k256", "q5_k_m", &[DType::Q5K, DType::Q6K]);
+    check_quantized_gguf(
+        "tiny-bf16-tied-k256",
+        "q5_k_m",
+        &[DType::K(KQuant::Q5K), DType::K(KQuant::Q6K)],
+    );
 }
 
 /// Its Q4_0 (Q4_0 matrices, taken apart at open into q4 in groups of 32, and a Q6_K table), held
 /// to the same.
 #[test]
 fn tiny_bf16_tied_k256_as_llama_quantizes_q4_0_gguf() {
-    check_quantized_gguf("tiny-bf16-tied-k256", "q4_0", &[DType::Q4, DType::Q6K]);
+    check_quantized_gguf(
+        "tiny-bf16-tied-k256",
+        "q4_0",
+        &[DType::Q4, DType::K(KQuant::Q6K)],
+    );
 }
 
 /// Its Q4_K_M told to keep some matrices finer (llama-quantize's `--token-embedding-type bf16
@@ -93,7 +105,12 @@ fn tiny_bf16_tied_k256_as_llama_quantizes_a_mixed_gguf() {
     check_quantized_gguf(
         "tiny-bf16-tied-k256",
         "mixed",
-        &[DType::Q4K, DType::Q6K, DType::Q8, DType::Bf16],
+        &[
+            DType::K(KQuant::Q4K),
+            DType::K(KQuant::Q6K),
+            DType::Q8,
+            DType::Bf16,
+        ],
     );
 }
 

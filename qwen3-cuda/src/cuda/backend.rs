@@ -197,7 +197,7 @@ impl Backend for CudaBackend {
             // Unreachable in practice: DeviceWeights::upload refuses a q4 embedding table.
             DType::Q4 => bail!("embed: no CUDA kernel reads a q4 embedding table"),
             // Unreachable in practice: DeviceWeights::upload refuses GGUF's K-quants.
-            DType::Q4K | DType::Q5K | DType::Q6K => {
+            DType::K(_) => {
                 bail!("embed: no CUDA kernel reads {}", table.dtype)
             }
         };
@@ -274,7 +274,7 @@ impl Backend for CudaBackend {
             DType::Bf16 => self.runtime.stream.launch_builder(&f.matmul_bf16),
             DType::F32 => self.runtime.stream.launch_builder(&f.matmul_f32),
             // Unreachable in practice: DeviceWeights::upload refuses GGUF's K-quants.
-            DType::Q4K | DType::Q5K | DType::Q6K => {
+            DType::K(_) => {
                 bail!("matmul: no CUDA kernel reads {}", w.dtype)
             }
         };

@@ -87,7 +87,7 @@ impl DeviceWeights {
                     let at = start + align_up(n_values as u64).context("overflow")? as usize;
                     at..start + usize::try_from(t.nbytes)?
                 }
-                DType::Q4K | DType::Q5K | DType::Q6K => unreachable!("refused above"),
+                DType::K(_) => unreachable!("refused above"),
             };
             if shape.len() == 2 {
                 check_matmul_shape(cols, quant_of(t.dtype, t.group_size as usize))

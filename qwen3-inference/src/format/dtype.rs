@@ -1,7 +1,7 @@
 //! A dtype's home: how a tensor's values are stored ([`DType`]), and every fact the file format
 //! knows of each, in one table ([`TABLE`]): its code in a file, the format version that brought
 //! it, its name, and how its values and scales are laid out. Adding a dtype is a variant and a
-//! row here; what reads it is its kernels' (`kernels/dot/`) and the reader's view of it
+//! row here (another of GGUF's K-quants: a [`KQuant`] variant and its row); what reads it is its kernels' (`kernels/dot/`) and the reader's view of it
 //! (`view.rs`, `TensorData`).
 
 use super::align_up;
@@ -21,16 +21,10 @@ pub enum DType {
     /// Group-wise symmetric 6-bit: three bytes for four values plus one f16 scale per
     /// `group_size` values (`quant::quantize_q6`). Only inside q4 files, not a file's dtype.
     Q6,
-    /// GGUF's Q4_K, its blocks as llama.cpp writes them (`gguf/blocks.rs` draws one): 256
-    /// weights in 144 bytes, `w = (d * sc) * q - dmin * m` per sub-block of 32. Only in a GGUF
-    /// file, read where it lies; `group_size` is the block's 256.
-    Q4K,
-    /// GGUF's Q6_K: 256 weights in 210 bytes, `w = (d * sc) * (q - 32)` per sub-block of 16.
-    /// Only in a GGUF file, read where it lies; `group_size` is the block's 256.
-    Q6K,
-    /// GGUF's Q5_K: Q4_K with a fifth bit a weight, 256 weights in 176 bytes. Only in a GGUF
-    /// file, read where it lies; `group_size` is the block's 256.
-    Q5K,
+    /// One of GGUF's K-quants ([`KQuant`]: Q4_K, Q5_K, Q6_K), its blocks of 256 weights as
+    /// llama.cpp writes them, each holding its own scales (`gguf/blocks.rs` draws them). Only in
+    /// a GGUF file, read where it lies; `group_size` is the block's 256.
+    K(KQuant),
 }
 
 /// How a dtype's values lie in the data section.
@@ -47,8 +41,9 @@ pub(crate) enum Layout {
         scale_bytes: u64,
         multiple: u64,
     },
-    /// GGUF's K-quants: blocks of [`K_BLOCK`] weights that hold their own scales.
-    Blocks(KQuant),
+    /// GGUF's K-quants: blocks of [`K_BLOCK`] weights that hold their own scales, of the bytes
+    /// [`KQuant::block_bytes`] says for the dtype's kind.
+    Blocks,
 }
 
 /// One dtype's facts.
@@ -100,12 +95,12 @@ pub(crate) const TABLE: [Facts; 8] = [
     },
     // A GGUF's blocks, read where they lie, and copied as they are by `qwen3 export FILE.gguf`.
     Facts {
-        dtype: DType::Q6K,
+        dtype: DType::K(KQuant::Q6K),
         code: 6,
         since_version: 9,
         name: "Q6_K",
         user_named: false,
-        layout: Layout::Blocks(KQuant::Q6K),
+        layout: Layout::Blocks,
     },
     Facts {
         dtype: DType::Q6,
@@ -122,20 +117,20 @@ pub(crate) const TABLE: [Facts; 8] = [
         },
     },
     Facts {
-        dtype: DType::Q5K,
+        dtype: DType::K(KQuant::Q5K),
         code: 7,
         since_version: 9,
         name: "Q5_K",
         user_named: false,
-        layout: Layout::Blocks(KQuant::Q5K),
+        layout: Layout::Blocks,
     },
     Facts {
-        dtype: DType::Q4K,
+        dtype: DType::K(KQuant::Q4K),
         code: 5,
         since_version: 9,
         name: "Q4_K",
         user_named: false,
-        layout: Layout::Blocks(KQuant::Q4K),
+        layout: Layout::Blocks,
     },
     Facts {
         dtype: DType::Q4,
@@ -154,11 +149,15 @@ pub(crate) const TABLE: [Facts; 8] = [
 ];
 
 /// GGUF's K-quants: blocks of 256 weights that hold their own scales (`gguf/blocks.rs` draws
-/// each), read where the GGUF holds them (`kernels/dot/k_quants.rs`).
+/// each), read where the GGUF holds them (`kernels/dot/k_quants.rs`). A file's dtype
+/// [`DType::K`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KQuant {
+    /// 256 weights in 144 bytes, `w = (d * sc) * q - dmin * m` per sub-block of 32.
     Q4K,
+    /// Q4_K with a fifth bit a weight: 256 weights in 176 bytes.
     Q5K,
+    /// 256 weights in 210 bytes, `w = (d * sc) * (q - 32)` per sub-block of 16.
     Q6K,
 }
 
@@ -178,22 +177,9 @@ impl KQuant {
         cols / K_BLOCK as usize * self.block_bytes()
     }
 
-    /// Its file dtype: the dtype table's row whose layout is these blocks.
-    pub fn dtype(self) -> DType {
-        TABLE
-            .iter()
-            .find(|f| f.layout == Layout::Blocks(self))
-            .map(|f| f.dtype)
-            .expect("every K-quant has a row")
-    }
-
-    /// ggml's name of the type.
-    pub const fn name(self) -> &'static str {
-        match self {
-            KQuant::Q4K => "Q4_K",
-            KQuant::Q5K => "Q5_K",
-            KQuant::Q6K => "Q6_K",
-        }
+    /// ggml's name of the type (its row's in [`TABLE`]).
+    pub fn name(self) -> &'static str {
+        DType::K(self).name()
     }
 }
 
@@ -240,10 +226,10 @@ impl DType {
         self.k_quant().is_some()
     }
 
-    /// Which K-quant this is, if it is one (its row's layout).
+    /// Which K-quant this is, if it is one.
     pub fn k_quant(self) -> Option<KQuant> {
-        match self.facts().layout {
-            Layout::Blocks(k) => Some(k),
+        match self {
+            DType::K(k) => Some(k),
             _ => None,
         }
     }
@@ -269,7 +255,7 @@ pub fn value_bytes(dtype: DType, numel: u64) -> Option<u64> {
     match dtype.facts().layout {
         Layout::Plain { bytes } => numel.checked_mul(bytes),
         Layout::Grouped { num, den, .. } => Some(numel / den * num),
-        Layout::Blocks(k) => (numel / K_BLOCK).checked_mul(k.block_bytes() as u64),
+        Layout::Blocks => (numel / K_BLOCK).checked_mul(dtype.k_quant()?.block_bytes() as u64),
     }
 }
 
@@ -285,7 +271,7 @@ pub fn tensor_nbytes(dtype: DType, shape: &[u64], group_size: u32) -> Option<u64
     match dtype.facts().layout {
         // A rank-0 f32 or bf16 tensor is one value.
         Layout::Plain { .. } => value_bytes(dtype, numel),
-        Layout::Blocks(_) => {
+        Layout::Blocks => {
             let cols = *shape.last()?;
             (gs == K_BLOCK && cols.is_multiple_of(K_BLOCK)).then(|| value_bytes(dtype, numel))?
         }
@@ -317,6 +303,11 @@ mod tests {
             assert!(TABLE.iter().filter(|g| g.code == f.code).count() == 1);
             assert!(TABLE.iter().filter(|g| g.dtype == f.dtype).count() == 1);
             assert_eq!(DType::parse(f.name).is_some(), f.user_named);
+            // A K-quant's kind is its dtype's, and its layout blocks.
+            assert_eq!(f.layout == Layout::Blocks, f.dtype.k_quant().is_some());
+            if let Some(k) = f.dtype.k_quant() {
+                assert_eq!(k.name(), f.name);
+            }
         }
         assert_eq!(DType::from_code(8), None);
         // The sizes the file format has always had.
@@ -325,7 +316,10 @@ mod tests {
         assert_eq!(tensor_nbytes(DType::Q8, &[2, 64], 32), Some(128 + 4 * 4));
         assert_eq!(tensor_nbytes(DType::Q4, &[2, 64], 32), Some(64 + 4 * 2));
         assert_eq!(tensor_nbytes(DType::Q6, &[2, 64], 16), None);
-        assert_eq!(tensor_nbytes(DType::Q4K, &[2, 256], 256), Some(2 * 144));
+        assert_eq!(
+            tensor_nbytes(DType::K(KQuant::Q4K), &[2, 256], 256),
+            Some(2 * 144)
+        );
         assert_eq!(tensor_nbytes(DType::F32, &[], 0), Some(4));
         assert_eq!(tensor_nbytes(DType::Q8, &[], 32), None);
     }

@@ -440,7 +440,7 @@ pub fn matrix_storage_ok(
         // matrix it was told to keep finer (`--token-embedding-type bf16`, `--tensor-type
         // attn_v=f16`; F16 is f32 here) reads the activations unquantized.
         return match dtype {
-            DType::Q4K | DType::Q5K | DType::Q6K => group_size as u64 == K_BLOCK,
+            DType::K(_) => group_size as u64 == K_BLOCK,
             DType::Q8 | DType::Q4 => group_size == 32,
             DType::F32 | DType::Bf16 => group_size == 0,
             DType::Q6 => false,

@@ -515,7 +515,7 @@ mod tests {
                     let sc: Vec<u16> = (0..n / s.group_size as usize).map(|i| i as u16).collect();
                     w.write_q6(&s.name, &p, &sc).unwrap()
                 }
-                DType::Q4K | DType::Q5K | DType::Q6K => unreachable!("not a model file's dtype"),
+                DType::K(_) => unreachable!("not a model file's dtype"),
             }
         }
         w.finish().unwrap();

@@ -1,5 +1,5 @@
-//! A tensor's values as the mapped file holds them: [`TensorData`], one variant per layout of
-//! the dtypes ([`DType`]), borrowed where the values lie, and the [`TensorView`] the model and the
+//! A tensor's values as the mapped file holds them: [`TensorData`], one variant per variant of
+//! [`DType`], borrowed where the values lie, and the [`TensorView`] the model and the
 //! kernels take. [`DType`]'s table says how many bytes a tensor takes; this says how those bytes
 //! are read.
 
@@ -54,8 +54,7 @@ pub struct TensorView<'a> {
 }
 
 impl TensorData<'_> {
-    /// The file dtype these values are stored as: each variant is one dtype's layout, and the
-    /// K-quants share one.
+    /// The file dtype these values are stored as: each variant is one of [`DType`]'s.
     pub fn dtype(&self) -> DType {
         match self {
             TensorData::F32(_) => DType::F32,
@@ -63,7 +62,7 @@ impl TensorData<'_> {
             TensorData::Q8 { .. } => DType::Q8,
             TensorData::Q4 { .. } => DType::Q4,
             TensorData::Q6 { .. } => DType::Q6,
-            TensorData::K(k, _) => k.dtype(),
+            TensorData::K(k, _) => DType::K(*k),
         }
     }
 }
@@ -96,7 +95,7 @@ pub(super) fn view_bytes<'a>(bytes: &'a [u8], t: &TensorInfo) -> Result<TensorDa
             }
         }
         // Blocks of bytes, read as they lie (no alignment needed).
-        DType::Q4K | DType::Q5K | DType::Q6K => TensorData::K(t.dtype.k_quant().unwrap(), bytes),
+        DType::K(k) => TensorData::K(k, bytes),
         DType::Q4 | DType::Q6 => {
             let numel = t.shape.iter().product::<u64>();
             let values = value_bytes(t.dtype, numel).context("overflow")? as usize;

@@ -45,7 +45,7 @@ use super::repack::Legacy;
 use super::{GgufHeader, GgufTensor, Value};
 use crate::format::reader::{Header, TensorInfo};
 use crate::format::{
-    align_up, tensor_nbytes, DType, GenerationDefaults, LayerType, LinearAttentionConfig,
+    align_up, tensor_nbytes, DType, GenerationDefaults, KQuant, LayerType, LinearAttentionConfig,
     ModelConfig, MoeConfig, RopeScaling, ValueHeads, K_BLOCK,
 };
 use anyhow::{bail, ensure, Context, Result};
@@ -427,9 +427,9 @@ pub fn layout(h: &GgufHeader, file_len: u64) -> Result<Layout> {
         "Q8_0" => Ok((DType::Q8, LEGACY_GROUP)),
         "Q4_0" => Ok((DType::Q4, LEGACY_GROUP)),
         "Q5_0" => Ok((DType::Q8, LEGACY_GROUP)),
-        "Q4_K" => Ok((DType::Q4K, K_BLOCK as u32)),
-        "Q5_K" => Ok((DType::Q5K, K_BLOCK as u32)),
-        "Q6_K" => Ok((DType::Q6K, K_BLOCK as u32)),
+        "Q4_K" => Ok((DType::K(KQuant::Q4K), K_BLOCK as u32)),
+        "Q5_K" => Ok((DType::K(KQuant::Q5K), K_BLOCK as u32)),
+        "Q6_K" => Ok((DType::K(KQuant::Q6K), K_BLOCK as u32)),
         other => bail!(
             "tensor {} is {other}: GGUF files of F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K \
              tensors run so far; for this one, `qwen3 export` the HuggingFace checkpoint it was \
@@ -468,7 +468,7 @@ pub fn layout(h: &GgufHeader, file_len: u64) -> Result<Layout> {
         let (dtype, group_size) = storage(t)?;
         let shape = piece.shape.clone();
         let nbytes = piece.take.nbytes(t);
-        if matches!(dtype, DType::Q4K | DType::Q5K | DType::Q6K) {
+        if matches!(dtype, DType::K(_)) {
             // Their bytes must be what the shape in whole blocks takes.
             let want = tensor_nbytes(dtype, &shape, group_size);
             ensure!(

@@ -178,7 +178,7 @@ fn write_random_specs(path: &Path, c: &ModelConfig, specs: &[TensorSpec]) {
                 quantize_q6(&v, cols, gs, &mut p, &mut sc);
                 w.write_q6(&s.name, &p, &sc).unwrap()
             }
-            DType::Q4K | DType::Q5K | DType::Q6K => {
+            DType::K(_) => {
                 panic!("{}: K-quants come only from GGUF files", s.dtype)
             }
         }

@@ -579,7 +579,7 @@ impl ModelConfig {
                 }
             }
             DType::Q6 => bail!("config: q6 is not a file's dtype (q4 files keep tensors in it)"),
-            DType::Q4K | DType::Q5K | DType::Q6K => {
+            DType::K(_) => {
                 if self.group_size as u64 != super::K_BLOCK {
                     bail!(
                         "config: {} has blocks of {}, not a group size of {}",

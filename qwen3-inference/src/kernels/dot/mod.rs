@@ -299,7 +299,7 @@ pub fn scalar_only(dtype: crate::format::DType, gs: usize) -> Option<String> {
             q4::SIMD_GROUP
         )),
         // Vectorized on x86 (AVX2, `x86/k_quants.rs`) only.
-        DType::Q4K | DType::Q5K | DType::Q6K if !cfg!(target_arch = "x86_64") => Some(format!(
+        DType::K(_) if !cfg!(target_arch = "x86_64") => Some(format!(
             "GGUF's {dtype} blocks are vectorized on x86 only: here they run on the scalar reference"
         )),
         DType::Q8 if !gs.is_multiple_of(32) => Some(format!(
