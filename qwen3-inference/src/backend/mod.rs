@@ -256,7 +256,9 @@ pub trait Backend {
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf, n: usize) -> Result<()>;
 
     // ---- Qwen3.5: the gated attention's gate and the Gated DeltaNet's steps. A backend that
-    // runs them says so in `check_layers`; the defaults refuse. ----
+    // runs them says so in `check_layers`. The gate, the convolution and the delta rule are new
+    // primitives (none is a composition of the ops above), so their defaults refuse; the gated
+    // norm is composed of three ops above by default. ----
 
     /// Attention's output gate, in place: `x[i] *= sigmoid(gate[i])` for `i < n`.
     fn sigmoid_mul(&self, _x: &mut Self::Buf, _gate: &Self::Buf, _n: usize) -> Result<()> {
@@ -297,16 +299,41 @@ pub trait Backend {
         bail!("this backend does not run Gated DeltaNet layers")
     }
     /// `Qwen3_5RMSNormGated` of each of `rows` rows of `n` values, in place:
-    /// `o = w * (o / rms(o)) * silu(z)`. o, z: `[rows, n]`; w: `[n]`, f32.
+    /// `o = w * (o / rms(o)) * silu(z)`. o, z: `[rows, n]`; w: `[n]`, f32. By default
+    /// [`gated_rmsnorm_composed`]: [`Backend::rmsnorm`], then [`Backend::silu_mul`].
     fn gated_rmsnorm(
         &self,
-        _o: &mut Self::Buf,
-        _z: &Self::Buf,
-        _w: &Self::Tensor,
-        _rows: usize,
-        _n: usize,
-        _eps: f32,
+        o: &mut Self::Buf,
+        z: &Self::Buf,
+        w: &Self::Tensor,
+        rows: usize,
+        n: usize,
+        eps: f32,
     ) -> Result<()> {
-        bail!("this backend does not run Gated DeltaNet layers")
+        gated_rmsnorm_composed(self, o, z, w, rows, n, eps)
     }
+}
+
+/// [`Backend::gated_rmsnorm`] composed of other ops, for a backend without a fused one: the norm
+/// into a new buffer, `normed = w * (o / rms(o))` ([`Backend::rmsnorm`]), then SwiGLU's gate
+/// product on a copy of the gate, `silu(z) * normed` ([`Backend::silu_mul`]), copied into `o`.
+/// The same products as the fused form, in another order of one multiplication (`silu(z)` times
+/// `w * (o / rms)`), so the same values wherever the backend's `silu` and norm are the ones its
+/// fused form would use. Two buffers allocated a call: the fallback's price.
+pub fn gated_rmsnorm_composed<B: Backend + ?Sized>(
+    b: &B,
+    o: &mut B::Buf,
+    z: &B::Buf,
+    w: &B::Tensor,
+    rows: usize,
+    n: usize,
+    eps: f32,
+) -> Result<()> {
+    let len = rows * n;
+    let mut normed = b.alloc(len)?;
+    b.rmsnorm(&mut normed, o, w, rows, n, eps)?;
+    let mut gated = b.alloc(len)?;
+    b.copy(&mut gated, 0, z, 0, len)?;
+    b.silu_mul(&mut gated, &normed, len)?;
+    b.copy(o, 0, &gated, 0, len)
 }
