@@ -8,12 +8,11 @@
 mod common;
 
 use qwen3_test_support::tempdir;
+use qwen3_test_support::web::{Reply, Request, WebHost};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
@@ -43,50 +42,30 @@ struct State {
 /// The hub's API on a loopback port: `GET /api/models/ID/revision/REV` (the file list and
 /// commit) and `GET /ID/resolve/REV/FILE` (the bytes, `Range` requests answered with 206 and
 /// `Content-Range`, with the headers huggingface_hub and hf-hub read: `X-Repo-Commit`, `ETag`).
+/// Dropping it stops it.
 struct Mirror {
-    port: u16,
+    host: WebHost,
     state: Arc<Mutex<State>>,
-    stop: Arc<AtomicBool>,
 }
 
 impl Mirror {
     fn start(repos: HashMap<String, MirrorRepo>, cut: Option<&str>) -> Mirror {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
         let state = Arc::new(Mutex::new(State {
             repos,
             seen: Vec::new(),
             cut: cut.map(str::to_string),
         }));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (st, sp) = (state.clone(), stop.clone());
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if sp.load(Ordering::SeqCst) {
-                    break;
-                }
-                let Ok(conn) = conn else { continue };
-                let st = st.clone();
-                std::thread::spawn(move || serve(conn, &st));
-            }
-        });
-        Mirror { port, state, stop }
+        let st = state.clone();
+        let host = WebHost::start(move |r| answer(r, &st));
+        Mirror { host, state }
     }
 
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        self.host.url()
     }
 
     fn seen(&self) -> Vec<Seen> {
         self.state.lock().unwrap().seen.clone()
-    }
-}
-
-impl Drop for Mirror {
-    /// Stops accepting: the port refuses connections from then on.
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
     }
 }
 
@@ -102,58 +81,25 @@ fn etag(bytes: &[u8]) -> String {
     format!("{:016x}{:016x}", h[0], h[1])
 }
 
-fn serve(mut conn: TcpStream, state: &Mutex<State>) {
-    let mut reader = BufReader::new(conn.try_clone().unwrap());
-    let mut line = String::new();
-    if reader.read_line(&mut line).is_err() {
-        return;
-    }
-    let path = line.split(' ').nth(1).unwrap_or("").to_string();
-    let mut headers = HashMap::new();
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
-            break;
-        }
-        if let Some((k, v)) = h.split_once(':') {
-            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-        }
-    }
-    let range = headers.get("range").cloned();
-    let authorized = headers.get("authorization").map(String::as_str) == Some("Bearer good-token");
+/// The hub's answer to request `r`.
+fn answer(r: &Request, state: &Mutex<State>) -> Reply {
+    let path = r.path.clone();
+    let range = r.header("range").map(str::to_string);
+    let authorized = r.header("authorization") == Some("Bearer good-token");
     let mut st = state.lock().unwrap();
     st.seen.push(Seen {
         path: path.clone(),
         range: range.clone(),
     });
-    let reply = |conn: &mut TcpStream, status: &str, extra: &[(&str, String)], body: &[u8]| {
-        let mut head = format!(
-            "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
-            body.len()
-        );
-        for (k, v) in extra {
-            head += &format!("{k}: {v}\r\n");
-        }
-        head += "\r\n";
-        let _ = conn.write_all(head.as_bytes());
-        let _ = conn.write_all(body);
+    let refused = |status: &str, code: &str, body: &str| {
+        Reply::new(status, body).header("X-Error-Code", code)
     };
     // /api/models/ORG/NAME/revision/REV
     if let Some(rest) = path.strip_prefix("/api/models/") {
         let id = rest.split("/revision/").next().unwrap_or("").to_string();
-        match st.repos.get(&id) {
-            None => reply(
-                &mut conn,
-                "404 Not Found",
-                &[("X-Error-Code", "RepoNotFound".into())],
-                b"{}",
-            ),
-            Some(r) if r.gated && !authorized => reply(
-                &mut conn,
-                "401 Unauthorized",
-                &[("X-Error-Code", "GatedRepo".into())],
-                b"{}",
-            ),
+        return match st.repos.get(&id) {
+            None => refused("404 Not Found", "RepoNotFound", "{}"),
+            Some(r) if r.gated && !authorized => refused("401 Unauthorized", "GatedRepo", "{}"),
             Some(r) => {
                 let mut names: Vec<&String> = r.files.keys().collect();
                 names.sort();
@@ -162,10 +108,9 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) {
                     .map(|n| serde_json::json!({"rfilename": n}))
                     .collect();
                 let body = serde_json::json!({"id": id, "sha": COMMIT, "siblings": siblings});
-                reply(&mut conn, "200 OK", &[], body.to_string().as_bytes());
+                Reply::new("200 OK", body.to_string())
             }
-        }
-        return;
+        };
     }
     // /ORG/NAME/resolve/REV/FILE
     let Some((id, file)) =
@@ -180,36 +125,17 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) {
                 )
             })
     else {
-        return reply(&mut conn, "404 Not Found", &[], b"");
+        return Reply::new("404 Not Found", "");
     };
     let Some(repo) = st.repos.get(&id) else {
-        return reply(
-            &mut conn,
-            "404 Not Found",
-            &[("X-Error-Code", "RepoNotFound".into())],
-            b"",
-        );
+        return refused("404 Not Found", "RepoNotFound", "");
     };
     if repo.gated && !authorized {
-        return reply(
-            &mut conn,
-            "401 Unauthorized",
-            &[("X-Error-Code", "GatedRepo".into())],
-            b"",
-        );
+        return refused("401 Unauthorized", "GatedRepo", "");
     }
     let Some(bytes) = repo.files.get(&file).cloned() else {
-        return reply(
-            &mut conn,
-            "404 Not Found",
-            &[("X-Error-Code", "EntryNotFound".into())],
-            b"",
-        );
+        return refused("404 Not Found", "EntryNotFound", "");
     };
-    let common = [
-        ("X-Repo-Commit", COMMIT.to_string()),
-        ("ETag", format!("\"{}\"", etag(&bytes))),
-    ];
     let total = bytes.len();
     let (start, end) = match range.as_deref().and_then(|r| r.strip_prefix("bytes=")) {
         Some(r) => {
@@ -226,33 +152,24 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) {
         st.cut = None;
     }
     drop(st);
-    let mut extra = common.to_vec();
+    let status = match range {
+        Some(_) => "206 Partial Content",
+        None => "200 OK",
+    };
+    let mut reply = Reply::new(status, &bytes[start..end])
+        .header("X-Repo-Commit", COMMIT)
+        .header("ETag", format!("\"{}\"", etag(&bytes)));
     if range.is_some() {
-        extra.push((
+        reply = reply.header(
             "Content-Range",
             format!("bytes {start}-{}/{total}", end.max(1) - 1),
-        ));
+        );
     }
-    let status = if range.is_some() {
-        "206 Partial Content"
-    } else {
-        "200 OK"
-    };
     if cut_now {
         // Promise every byte, send half, hang up.
-        let mut head =
-            format!("HTTP/1.1 {status}\r\nContent-Length: {total}\r\nConnection: close\r\n");
-        for (k, v) in &extra {
-            head += &format!("{k}: {v}\r\n");
-        }
-        head += "\r\n";
-        let _ = conn.write_all(head.as_bytes());
-        let _ = conn.write_all(&bytes[..total / 2]);
-        let _ = conn.flush();
-        let _ = conn.shutdown(std::net::Shutdown::Both);
-        return;
+        reply.body.truncate(total / 2);
     }
-    reply(&mut conn, status, &extra, &bytes[start..end]);
+    reply
 }
 
 fn fixture_files(name: &str) -> HashMap<String, Vec<u8>> {

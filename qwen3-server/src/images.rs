@@ -44,35 +44,41 @@ impl ImagePart {
     pub fn is_url(&self) -> bool {
         matches!(self.source, ImageSource::Url(_))
     }
-
-    /// The image's bytes (empty for a URL not yet fetched: [`fetch_all`] comes first).
-    pub fn bytes(&self) -> &[u8] {
-        match &self.source {
-            ImageSource::Bytes(b) => b,
-            ImageSource::Url(_) => &[],
-        }
-    }
 }
 
-/// Every part given as a URL fetched into bytes, one after the other, all within
-/// [`FETCH_TIMEOUT_S`]; the first that cannot be fetched is a 400 naming its part and why.
-/// Blocks: call it off the async threads.
-pub fn fetch_all(mut parts: Vec<ImagePart>) -> Result<Vec<ImagePart>, ApiError> {
+/// One image's file, its bytes in hand: what the tower's decoder reads.
+#[derive(Debug)]
+pub struct ImageFile {
+    /// Where the request put it (`messages[i].content[j]`), for errors.
+    pub param: String,
+    pub bytes: Vec<u8>,
+}
+
+/// Every part's bytes: those the request carried as they are, and those given as URLs fetched,
+/// one after the other, all within [`FETCH_TIMEOUT_S`]; the first that cannot be fetched is a
+/// 400 naming its part and why. With a URL among the parts it blocks: call it off the async
+/// threads then.
+pub fn fetch_all(parts: Vec<ImagePart>) -> Result<Vec<ImageFile>, ApiError> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(FETCH_TIMEOUT_S);
-    for p in &mut parts {
-        if let ImageSource::Url(url) = &p.source {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let bytes = match left.is_zero() {
-                true => Err(format!(
-                    "fetching {url}: the request's images took over {FETCH_TIMEOUT_S} s"
-                )),
-                false => fetch_url(url, left),
-            }
-            .map_err(|m| ApiError::invalid(format!("{}.image_url", p.param), m))?;
-            p.source = ImageSource::Bytes(bytes);
-        }
-    }
-    Ok(parts)
+    parts
+        .into_iter()
+        .map(|ImagePart { param, source }| {
+            let bytes = match source {
+                ImageSource::Bytes(bytes) => bytes,
+                ImageSource::Url(url) => {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    match left.is_zero() {
+                        true => Err(format!(
+                            "fetching {url}: the request's images took over {FETCH_TIMEOUT_S} s"
+                        )),
+                        false => fetch_url(&url, left),
+                    }
+                    .map_err(|m| ApiError::invalid(format!("{param}.image_url"), m))?
+                }
+            };
+            Ok(ImageFile { param, bytes })
+        })
+        .collect()
 }
 
 /// The bytes at an `http(s)` URL: a GET that follows up to 5 redirects, within `timeout` and

@@ -11,6 +11,7 @@ use base64::Engine as _;
 use common::Server;
 use qwen3_inference::format::DType;
 use qwen3_inference::tokenizer::Tokenizer;
+use qwen3_test_support::web::{Reply, WebHost};
 use qwen3_test_support::{export_fixture, fixture, fixture_json, tempdir};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -318,56 +319,22 @@ fn bad_images_are_refused_by_name() {
 
 /// A web server on a loopback port for the fetch test: `/cat.png` the fixture's image,
 /// `/moved.png` a redirect to it, `/big.png` a header announcing 30 MiB, `/huge.png` 21 MiB
-/// without a length, `/drawing.svg` an SVG, anything else a 404. Serves until the test ends.
-fn image_host(png: Vec<u8>) -> u16 {
-    use std::io::{BufRead, BufReader, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        let huge = vec![0u8; 21 << 20];
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let mut request = String::new();
-            let mut reader = BufReader::new(conn.try_clone().unwrap());
-            if reader.read_line(&mut request).is_err() {
-                continue;
-            }
-            let path = request.split_whitespace().nth(1).unwrap_or("").to_string();
-            // The rest of the request's head.
-            let mut line = String::new();
-            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
-                line.clear();
-            }
-            let (head, body): (String, &[u8]) = match path.as_str() {
-                "/cat.png" => (
-                    format!(
-                        "200 OK\r\ncontent-type: image/png\r\ncontent-length: {}",
-                        png.len()
-                    ),
-                    &png,
-                ),
-                "/moved.png" => (
-                    "302 Found\r\nlocation: /cat.png\r\ncontent-length: 0".into(),
-                    b"",
-                ),
-                "/big.png" => (
-                    "200 OK\r\ncontent-type: image/png\r\ncontent-length: 31457280".into(),
-                    b"",
-                ),
-                // No length said: the cap applies while the body is read.
-                "/huge.png" => ("200 OK\r\ncontent-type: image/png".into(), &huge),
-                "/drawing.svg" => (
-                    "200 OK\r\ncontent-type: image/svg+xml\r\ncontent-length: 6".into(),
-                    b"<svg/>",
-                ),
-                _ => ("404 Not Found\r\ncontent-length: 0".into(), b""),
-            };
-            let _ =
-                conn.write_all(format!("HTTP/1.1 {head}\r\nconnection: close\r\n\r\n").as_bytes());
-            let _ = conn.write_all(body);
-        }
-    });
-    port
+/// without a length, `/drawing.svg` an SVG, anything else a 404. Serves until dropped.
+fn image_host(png: Vec<u8>) -> WebHost {
+    let huge = vec![0u8; 21 << 20];
+    WebHost::start(move |r| match r.path.as_str() {
+        "/cat.png" => Reply::new("200 OK", png.clone()).header("content-type", "image/png"),
+        "/moved.png" => Reply::new("302 Found", "").header("location", "/cat.png"),
+        "/big.png" => Reply::new("200 OK", "")
+            .header("content-type", "image/png")
+            .length(Some(30 << 20)),
+        // No length said: the cap applies while the body is read.
+        "/huge.png" => Reply::new("200 OK", huge.clone())
+            .header("content-type", "image/png")
+            .length(None),
+        "/drawing.svg" => Reply::new("200 OK", "<svg/>").header("content-type", "image/svg+xml"),
+        _ => Reply::new("404 Not Found", ""),
+    })
 }
 
 /// `--fetch-image-urls`: an `http` image URL is fetched (redirects followed) and answered as
@@ -382,7 +349,7 @@ fn images_are_fetched_when_told() {
     let m = model(NAME, "fetch");
     let s = Server::start(&m, &["--context", "256", "--fetch-image-urls"]);
     let png = std::fs::read(fixture(NAME).join("images/rgb-64x96.png")).unwrap();
-    let port = image_host(png);
+    let host = image_host(png);
     let ask = |url: String| {
         json!({"messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": url}},
@@ -398,7 +365,7 @@ fn images_are_fetched_when_told() {
         b64("rgb-64x96.png")
     )));
     for path in ["cat.png", "moved.png"] {
-        let fetched = answer(&ask(format!("http://127.0.0.1:{port}/{path}")));
+        let fetched = answer(&ask(format!("{}/{path}", host.url())));
         assert_eq!(fetched, inline, "{path}");
     }
     for (path, want) in [
@@ -409,7 +376,7 @@ fn images_are_fetched_when_told() {
     ] {
         let r = s.post(
             "/v1/chat/completions",
-            &ask(format!("http://127.0.0.1:{port}/{path}")),
+            &ask(format!("{}/{path}", host.url())),
         );
         assert_eq!(r.status, 400, "{path}: {}", r.body);
         let e = r.error();

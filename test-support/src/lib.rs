@@ -5,12 +5,17 @@
 //! (transformers, float32, eager attention). What each test checks, and with what tolerance, stays
 //! in that test; this crate only finds, reads and exports the fixtures.
 //!
+//! Beside them, [`web`]: a web server on a loopback port for the tests of what fetches (the hub's
+//! downloads, image URLs).
+//!
 //! Dev-only (`publish = false`): a dev-dependency of those tests and of nothing else.
 
 use qwen3_export::{export, ExportOptions};
 use qwen3_inference::format::DType;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
+
+pub mod web;
 
 /// The tiny checkpoints whose `reference.json` holds every logit (the full-vocabulary one holds
 /// the top 5 only). Qwen3: f32 with a tied classifier and GQA ratio 2, bf16 untied with as many

@@ -359,10 +359,10 @@ impl InferenceArgs {
         Ok(self.regex.clone().map(Grammar::Regex))
     }
 
-    /// Refuses flags that belong to the other mode, and combinations that mean nothing.
-    pub fn check_mode_flags(&self) -> Result<()> {
-        // The drafts' flags alone, before any file is opened ([`Self::settings`] keeps them).
-        self.draft.draft()?;
+    /// Refuses flags that belong to the other mode, and combinations that mean nothing, before
+    /// any file is opened; the drafts the flags ask for, for [`Self::settings`].
+    pub fn check_mode_flags(&self) -> Result<Draft> {
+        let draft = self.draft.draft()?;
         if self.mode() == Mode::Chat {
             if !self.stops.is_empty() || self.json || self.logprobs.is_some() {
                 bail!("--stop, --json and --logprobs are for -m generate");
@@ -406,7 +406,7 @@ impl InferenceArgs {
                 bail!("-y/--system and --thinking need --chat (or -m chat)");
             }
         }
-        Ok(())
+        Ok(draft)
     }
 }
 
@@ -440,13 +440,14 @@ pub struct Settings {
 }
 
 impl InferenceArgs {
-    /// The flags, checked and turned into [`Settings`] for the model `c`.
-    pub fn settings(&self, c: &ModelConfig) -> Result<Settings> {
+    /// The flags, checked and turned into [`Settings`] for the model `c`, with the drafts
+    /// [`Self::check_mode_flags`] found.
+    pub fn settings(&self, c: &ModelConfig, draft: Draft) -> Result<Settings> {
         Ok(Settings {
             context_len: context_len(self.context, c)?,
             kv: self.kv_cache.into(),
             sampler: self.sampler(c)?,
-            draft: self.draft.draft()?,
+            draft,
         })
     }
 

@@ -24,10 +24,10 @@ pub fn run(mut args: InferenceArgs) -> Result<()> {
     args.model =
         crate::hub::models::resolve(&args.model, args.models_dir.as_deref(), args.offline)?;
     let device = device::parse(&args.device)?;
-    args.check_mode_flags()?;
+    let drafts = args.check_mode_flags()?;
     let file = ModelFile::open(&args.model)?;
     // The flags as settings for this model (context, KV cache, sampler, drafts), once.
-    let settings = args.settings(file.config())?;
+    let settings = args.settings(file.config(), drafts)?;
     let draft = args
         .draft
         .open_model(&args.model, args.models_dir.as_deref(), args.offline)?;

@@ -49,11 +49,32 @@ impl CachedImage {
         }
     }
 
+    /// Its place and values, to compare ([`ImageAt::same`]).
+    fn at(&self) -> ImageAt<'_> {
+        ImageAt {
+            row: self.row,
+            rows: self.rows,
+            key: self.key,
+            vectors: &self.vectors,
+        }
+    }
+}
+
+/// An image's place among a sequence's rows and its values, borrowed from a prompt's
+/// [`PromptImage`] or a slot's [`CachedImage`], so that the two compare without a copy.
+struct ImageAt<'a> {
+    row: usize,
+    rows: usize,
+    key: u64,
+    vectors: &'a Arc<[f32]>,
+}
+
+impl ImageAt<'_> {
     /// Whether `other` is the same image at the same rows: the key first (cheap), then every
     /// value's bits (a 64-bit key can collide; the vectors cannot).
-    fn same(&self, other: &CachedImage) -> bool {
+    fn same(&self, other: &ImageAt) -> bool {
         (self.row, self.rows, self.key) == (other.row, other.rows, other.key)
-            && (Arc::ptr_eq(&self.vectors, &other.vectors)
+            && (Arc::ptr_eq(self.vectors, other.vectors)
                 || (self.vectors.len() == other.vectors.len()
                     && self
                         .vectors
@@ -64,6 +85,16 @@ impl CachedImage {
 }
 
 impl PromptImage {
+    /// Its place and values in a model of width `hidden`, to compare ([`ImageAt::same`]).
+    fn at(&self, hidden: usize) -> ImageAt<'_> {
+        ImageAt {
+            row: self.row,
+            rows: self.rows(hidden),
+            key: self.key,
+            vectors: &self.vectors,
+        }
+    }
+
     /// The image whose pads start at prompt row `row`, its key computed.
     pub fn new(row: usize, vectors: Vec<f32>, deepstack: Vec<Vec<f32>>) -> PromptImage {
         // FNV-1a over the values' bits: the same picture encodes to the same bits (the tower
@@ -168,21 +199,19 @@ pub(super) fn image_reuse(
     hidden: usize,
     reuse: usize,
 ) -> usize {
-    let prompt: Vec<CachedImage> = images.map_or(Vec::new(), |p| {
-        p.images
-            .iter()
-            .map(|im| CachedImage::of(im, hidden))
-            .collect()
-    });
+    let prompt = images.map_or(&[][..], |p| &p.images[..]);
+    let in_cache = |x: &ImageAt| cached.iter().any(|c| c.at().same(x));
+    let in_prompt = |x: &ImageAt| prompt.iter().any(|p| p.at(hidden).same(x));
     // Only images before the limit matter; each is compared with the other side's (the cheap
     // fields first, the vectors only when they agree).
     let mut limit = reuse;
-    for im in cached.iter().chain(&prompt) {
-        if im.row < limit {
-            let in_both = cached.iter().any(|c| c.same(im)) && prompt.iter().any(|p| p.same(im));
-            if !in_both {
-                limit = im.row;
-            }
+    let every = cached
+        .iter()
+        .map(CachedImage::at)
+        .chain(prompt.iter().map(|p| p.at(hidden)));
+    for im in every {
+        if im.row < limit && !(in_cache(&im) && in_prompt(&im)) {
+            limit = im.row;
         }
     }
     limit

@@ -112,11 +112,12 @@ impl ChatRequest {
         // Images given as URLs are fetched first (`--fetch-image-urls`), on a blocking thread
         // of their own and within one time limit for the request, before it waits for its
         // turn at the tower: a slow web server holds up this request only.
-        let parts = match parts.iter().any(ImagePart::is_url) {
+        let files = match parts.iter().any(ImagePart::is_url) {
             true => tokio::task::spawn_blocking(move || images::fetch_all(parts))
                 .await
                 .map_err(|e| ApiError::internal(format!("fetching the images failed: {e}")))??,
-            false => parts,
+            // Nothing to fetch: the bytes are moved, not copied.
+            false => images::fetch_all(parts)?,
         };
         // One request's images at a time: the tower already uses every thread, and a burst of
         // image requests then waits its turn instead of multiplying its memory.
@@ -130,12 +131,12 @@ impl ChatRequest {
                 .images
                 .as_ref()
                 .ok_or_else(|| ApiError::invalid("messages".to_string(), images::NO_TOWER))?;
-            let encoded = parts
+            let encoded = files
                 .iter()
-                .map(|p| {
+                .map(|f| {
                     encoder
-                        .encode(p.bytes(), state.max_image_pixels, state.context_len)
-                        .map_err(|e| ApiError::invalid(p.param.clone(), format!("{e:#}")))
+                        .encode(&f.bytes, state.max_image_pixels, state.context_len)
+                        .map_err(|e| ApiError::invalid(f.param.clone(), format!("{e:#}")))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let (mut job, params) = self.text_job(&state, start);
@@ -153,7 +154,7 @@ impl ChatRequest {
                 )
                 .with_code("context_length_exceeded"));
             }
-            state.metrics.images(parts.len());
+            state.metrics.images(files.len());
             job.prompts[0] = prompt;
             job.images = Some(images);
             Ok((job, params))
