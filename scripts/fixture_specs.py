@@ -523,4 +523,36 @@ SPECS = [
         random_prompt_lens=[1, 70],
         max_seed_tries=3000,
     ),
+    # Qwen3-Next with every layer sparse, as Qwen3-Next-80B-A3B is: the checkpoint of
+    # fixtures/gguf/tiny-qwen3next-sparse-bf16-bf16.gguf (llama.cpp's converter maps no dense MLP
+    # for `qwen3next`, so it cannot convert tiny-qwen3next-bf16's layer 1). Not in the parity
+    # lists: the GGUF test alone reads it.
+    dict(
+        name="tiny-qwen3next-sparse-bf16",
+        arch="qwen3_next",
+        config_style="hub",
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        head_dim=32,
+        write_head_dim=True,
+        layers=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        linear=dict(key_heads=2, value_heads=4, key_head_dim=16, value_head_dim=8, conv_kernel=4),
+        partial_rotary_factor=0.25,
+        moe=dict(num_experts=8, top_k=2, moe_intermediate=32, shared_intermediate=48,
+                 norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], router_gain=1.75),
+        intermediate=96,
+        vocab=512,
+        tied=False,
+        rope_theta=10000000,
+        eps=1e-6,
+        max_pos=512,
+        dtype="bfloat16",
+        shards=1,
+        eos_in_config="single",
+        base_seed=16000,
+        random_prompt_lens=[1, 70],
+        max_seed_tries=3000,
+    ),
 ]

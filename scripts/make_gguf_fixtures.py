@@ -35,7 +35,9 @@ experts stacked), tiny-qwen3moe-bf16-tied-bf16.gguf and tiny-qwen3moe-bf16-tied-
 with the pre-tokenizer told "qwen35" (the name the converter gives Qwen3.5's), `--outtype bf16`
 and `--outtype q8_0` on tiny-qwen3_5-bf16 and `--outtype f32` on tiny-qwen3_5moe-f32-sharded
 (llama.cpp's `qwen35` and `qwen35moe`), tiny-qwen3_5-bf16-bf16.gguf, tiny-qwen3_5-bf16-q8_0.gguf
-and tiny-qwen3_5moe-f32-sharded-f32.gguf.
+and tiny-qwen3_5moe-f32-sharded-f32.gguf; and with `--outtype bf16 --no-mtp` (the fixture has
+no MTP weights) on tiny-qwen3next-sparse-bf16 (llama.cpp's `qwen3next`),
+tiny-qwen3next-sparse-bf16-bf16.gguf.
 fixtures/gguf/tiny-bf16-tied-k256-q4_k_m.gguf is llama-quantize's Q4_K_M of the converter's
 `--outtype bf16` GGUF of tiny-bf16-tied-k256 (a checkpoint whose rows are whole blocks of 256):
 

@@ -201,6 +201,13 @@ fn tiny_qwen3_5moe_f32_sharded_as_llama_cpps_gguf() {
     check_gguf("tiny-qwen3_5moe-f32-sharded", DType::F32);
 }
 
+/// Qwen3-Next (llama.cpp's `qwen3next`): Qwen3.5-MoE's layers with the value heads in HF's order
+/// and `b` and `a` fused in `ssm_ba`, gathered apart at open.
+#[test]
+fn tiny_qwen3next_sparse_bf16_as_llama_cpps_gguf() {
+    check_gguf("tiny-qwen3next-sparse-bf16", DType::Bf16);
+}
+
 /// `qwen3 export FILE.gguf`: the model file holds every tensor as the GGUF runs it, byte for
 /// byte (K-quant blocks, Q8_0 taken apart, gathered rows, `A_log`), the same config (Qwen3.5's
 /// tiled value heads), and the GGUF's tokenizer; Qwen3.5's bf16 GGUF, exported, gives HF's
@@ -213,6 +220,7 @@ fn ggufs_export_as_they_run() {
         "tiny-qwen3_5-bf16-bf16",
         "tiny-qwen3_5-bf16-q8_0",
         "tiny-qwen3_5moe-f32-sharded-f32",
+        "tiny-qwen3next-sparse-bf16-bf16",
         "tiny-bf16-tied-k256-q5_k_m",
         "tiny-bf16-tied-k256-mixed",
         "tiny-f32-tied-gqa2-f16",

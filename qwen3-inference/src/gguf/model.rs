@@ -1,6 +1,6 @@
 //! A GGUF file as the model it holds: the config from its metadata (llama.cpp's keys, named
 //! `{arch}.{key}`) and each tensor under the model file's names (HuggingFace's: `names.rs`), for
-//! the families llama.cpp calls `qwen3`, `qwen2`, `qwen3moe`, `qwen35` and `qwen35moe`. What
+//! the families llama.cpp calls `qwen3`, `qwen2`, `qwen3moe`, `qwen35`, `qwen35moe` and `qwen3next`. What
 //! llama.cpp's `convert_hf_to_gguf.py` writes, read back:
 //!
 //! ```text
@@ -38,6 +38,10 @@
 //! shared_expert_intermediate_size  expert_shared_feed_forward_length (qwen35moe)
 //! mrope_section                  rope.dimension_sections (not needed: for text every position
 //!                                component is the token's, and M-RoPE is RoPE)
+//!
+//! Qwen3-Next                     qwen3next: Qwen3.5-MoE's keys, value heads in HF's order
+//! norm_topk_prob                 always true (llama.cpp's qwen3next graph renormalises)
+//! mlp_only_layers                the blocks without an `ffn_gate_inp` (none, from the converter)
 //! ```
 
 use super::names::{all_pieces, Names, Piece};
@@ -147,13 +151,14 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
         "qwen3moe" => ("Qwen3MoeForCausalLM", false, true),
         "qwen35" => ("Qwen3_5ForCausalLM", false, true),
         "qwen35moe" => ("Qwen3_5MoeForCausalLM", false, true),
+        "qwen3next" => ("Qwen3NextForCausalLM", false, true),
         a => bail!(
-            "GGUF architecture {a}: the families read are qwen3, qwen2, qwen3moe, qwen35 and \
-             qwen35moe"
+            "GGUF architecture {a}: the families read are qwen3, qwen2, qwen3moe, qwen35, \
+             qwen35moe and qwen3next"
         ),
     };
-    // Qwen3.5 and 3.6: Gated DeltaNets among gated attention layers.
-    let hybrid = arch.starts_with("qwen35");
+    // Qwen3.5 and 3.6, and Qwen3-Next before them: Gated DeltaNets among gated attention layers.
+    let hybrid = arch.starts_with("qwen35") || arch == "qwen3next";
     // Long-context RoPE (YaRN) is written as rope.scaling.*: not read yet, so refused rather
     // than run without it.
     if let Some(v) = keys.get("rope.scaling.type") {
@@ -180,15 +185,22 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
     // Qwen3-MoE: every layer sparse (llama.cpp's qwen3moe has no dense layers among them), the
     // chosen experts' probabilities renormalised (`build_moe_ffn(..., norm_w = true, ...)`).
     // Qwen3.5-MoE the same, always renormalised too (`Qwen3_5MoeSparseMoeBlock`), with a shared
-    // expert.
+    // expert. Qwen3-Next too, renormalised as llama.cpp's qwen3next graph does (`norm_topk_prob`
+    // is not recorded; Qwen3-Next-80B-A3B's is true); a layer without a router would be dense
+    // (the graph allows it; the converter maps no dense MLP for qwen3next).
     let moe = match arch {
-        "qwen3moe" | "qwen35moe" => Some(MoeConfig {
+        "qwen3moe" | "qwen35moe" | "qwen3next" => Some(MoeConfig {
             num_experts: keys.need("expert_count")?,
             num_experts_per_tok: keys.need("expert_used_count")?,
             moe_intermediate_size: keys.need("expert_feed_forward_length")?,
             norm_topk_prob: true,
             decoder_sparse_step: 1,
-            mlp_only_layers: vec![],
+            mlp_only_layers: (0..num_hidden_layers)
+                .filter(|l| {
+                    let router = format!("blk.{l}.ffn_gate_inp.weight");
+                    !h.tensors.iter().any(|t| t.name == router)
+                })
+                .collect(),
             shared_expert_intermediate_size: keys
                 .count("expert_shared_feed_forward_length")?
                 .unwrap_or(0),
@@ -203,7 +215,7 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
         (None, _) => keys.need("feed_forward_length")?,
     };
     let linear_attention = match hybrid {
-        true => Some(linear_attention(&keys, num_hidden_layers)?),
+        true => Some(linear_attention(&keys, num_hidden_layers, arch)?),
         false => None,
     };
     // The rotated part of each head: all of it, unless rope.dimension_count says less (Qwen3.5
@@ -260,9 +272,9 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
     Ok(config)
 }
 
-/// A `qwen35` GGUF's Gated DeltaNets (llama.cpp's `ssm.*` keys, written by the converter's
-/// `Qwen3NextModel.set_gguf_parameters`), in the GGUF's order of value heads.
-fn linear_attention(keys: &Keys, layers: u32) -> Result<LinearAttentionConfig> {
+/// A `qwen35` or `qwen3next` GGUF's Gated DeltaNets (llama.cpp's `ssm.*` keys, written by the
+/// converter's `Qwen3NextModel.set_gguf_parameters`), in the GGUF's order of value heads.
+fn linear_attention(keys: &Keys, layers: u32, arch: &str) -> Result<LinearAttentionConfig> {
     let layer_types = match keys.get("attention.recurrent_layers") {
         Some(Value::Array(flags)) => {
             ensure!(
@@ -313,8 +325,12 @@ fn linear_attention(keys: &Keys, layers: u32) -> Result<LinearAttentionConfig> {
         linear_key_head_dim: keys.need("ssm.state_size")?,
         linear_value_head_dim: inner / value_heads,
         linear_conv_kernel_dim: keys.need("ssm.conv_kernel")?,
-        // The converter's order (`_LinearAttentionVReorderBase`).
-        value_heads: ValueHeads::Tiled,
+        // The converter's order: Qwen3.5's reordered (`_LinearAttentionVReorderBase`), Qwen3-Next's
+        // as HF's.
+        value_heads: match arch {
+            "qwen3next" => ValueHeads::Grouped,
+            _ => ValueHeads::Tiled,
+        },
     })
 }
 

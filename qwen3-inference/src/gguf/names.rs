@@ -3,7 +3,7 @@
 //!
 //! Most GGUF tensors are one model-file tensor under another name (llama.cpp's
 //! `tensor_mapping.py`: `blk.3.attn_q.weight` is `model.layers.3.self_attn.q_proj.weight`), read
-//! where they lie. Four kinds are not:
+//! where they lie. Five kinds are not:
 //!
 //! - **Stacked experts.** `blk.N.ffn_gate_exps` is one `[experts, rows, cols]` tensor where the
 //!   model file has `mlp.experts.E.gate_proj` for each `E`. Each expert's rows are one contiguous
@@ -16,6 +16,11 @@
 //! - **Qwen3.5's decay rates.** The converter writes `ssm_a = -exp(A_log)`; the model file
 //!   holds `A_log`, so `ln(-ssm_a)` is taken at open (a few floats a layer; within an ulp or two
 //!   of the checkpoint's, as `exp` of it gives back `-ssm_a` within one).
+//! - **Qwen3-Next's `b` and `a` projections** are one tensor, `ssm_ba`, HF's `in_proj_ba` as it
+//!   is: for each key head, the `b` rows of the value heads that share it, then their `a` rows.
+//!   The model file keeps `in_proj_b` and `in_proj_a`, each every other run of rows, gathered at
+//!   open as the gated query's are. (Its `in_proj_qkvz` the converter already writes apart, as
+//!   `attn_qkv` and `attn_gate`, in Qwen3.5's order.)
 //! - **Qwen3.5's multi-token-prediction layer** (`nextn_predict_layers`: the last blocks,
 //!   `blk.N.nextn.*` and a layer's tensors) is left out: the forward pass does not run it.
 //!
@@ -109,7 +114,8 @@ pub enum Take {
     /// Q5_0 and F16: `repack.rs`).
     Bytes { offset: u64, nbytes: u64 },
     /// Rows gathered at open: `run` rows from row `first`, then again every `period` rows, each
-    /// row `row_bytes` (a Qwen3.5 `attn_q`'s query or gate rows).
+    /// row `row_bytes` (a Qwen3.5 `attn_q`'s query or gate rows, a Qwen3-Next `ssm_ba`'s `b` or `a`
+    /// rows).
     Rows {
         first: u64,
         run: u64,
@@ -166,6 +172,9 @@ pub struct Names {
     /// Qwen3.5's gated attention: `attn_q` holds each head's query rows and then its gate rows,
     /// this many each.
     pub gated_query_rows: Option<u64>,
+    /// Qwen3-Next's `ssm_ba`: each key head's `b` rows and then its `a` rows, this many each
+    /// (the value heads a key head has).
+    pub fused_ba_rows: Option<u64>,
 }
 
 impl Names {
@@ -177,6 +186,10 @@ impl Names {
             layers: c.num_hidden_layers,
             blocks,
             gated_query_rows: c.attn_output_gate.then_some(c.head_dim as u64),
+            fused_ba_rows: c.linear_attention.as_ref().and_then(|la| {
+                let (kh, vh) = (la.linear_num_key_heads, la.linear_num_value_heads);
+                (kh > 0).then_some((vh / kh) as u64)
+            }),
         }
     }
 }
@@ -197,6 +210,29 @@ pub fn pieces(t: &GgufTensor, names: &Names) -> Option<Vec<Piece>> {
     if layer.is_some_and(|l| (names.layers..names.blocks).contains(&l)) {
         return Some(vec![]);
     }
+    // Qwen3-Next's `b` and `a` rows, fused.
+    if let (Some(g), Some(l), true) = (
+        names.fused_ba_rows,
+        layer,
+        t.name.ends_with(".ssm_ba.weight"),
+    ) {
+        let shape = hf_shape(t);
+        return gathered(t, &shape, g).map(|[b, a]| {
+            let name = |w| format!("model.layers.{l}.linear_attn.in_proj_{w}.weight");
+            vec![
+                Piece {
+                    name: name("b"),
+                    shape: b.0,
+                    take: b.1,
+                },
+                Piece {
+                    name: name("a"),
+                    shape: a.0,
+                    take: a.1,
+                },
+            ]
+        });
+    }
     if let Some(name) = hf_name(&t.name) {
         let shape = hf_shape(t);
         // The gated query: each head's `hd` query rows, then its `hd` gate rows.
@@ -205,33 +241,17 @@ pub fn pieces(t: &GgufTensor, names: &Names) -> Option<Vec<Piece>> {
             name.strip_suffix(".self_attn.q_proj.weight")
                 .map(str::to_owned),
         ) {
-            let [rows, cols] = shape[..] else {
-                return None;
-            };
-            // (No rows, or rows of no bytes: a damaged file, not a name to map.)
-            if hd == 0 || rows == 0 || !rows.is_multiple_of(2 * hd) || t.nbytes < rows {
-                return None;
-            }
-            if !t.nbytes.is_multiple_of(rows) {
-                return None;
-            }
-            let row_bytes = t.nbytes / rows;
-            let rows_of = |first| Take::Rows {
-                first,
-                run: hd,
-                period: 2 * hd,
-                row_bytes,
-            };
+            let [(q_shape, q_take), (gate_shape, gate_take)] = gathered(t, &shape, hd)?;
             return Some(vec![
                 Piece {
                     name,
-                    shape: vec![rows / 2, cols],
-                    take: rows_of(0),
+                    shape: q_shape,
+                    take: q_take,
                 },
                 Piece {
                     name: format!("{q}.self_attn.output_gate.weight"),
-                    shape: vec![rows / 2, cols],
-                    take: rows_of(hd),
+                    shape: gate_shape,
+                    take: gate_take,
                 },
             ]);
         }
@@ -275,6 +295,33 @@ pub fn pieces(t: &GgufTensor, names: &Names) -> Option<Vec<Piece>> {
             })
             .collect(),
     )
+}
+
+/// A matrix of `shape` (GGUF tensor `t`) whose rows alternate between two tensors, `run` rows of
+/// each in turn: the two, each `[rows / 2, cols]`, gathered every `2 run` rows from row 0 and
+/// from row `run`. `None` for rows that are not whole pairs of runs, or rows of no bytes (a
+/// damaged file, not a name to map).
+fn gathered(t: &GgufTensor, shape: &[u64], run: u64) -> Option<[(Vec<u64>, Take); 2]> {
+    let [rows, cols] = shape[..] else {
+        return None;
+    };
+    if run == 0 || rows == 0 || !rows.is_multiple_of(2 * run) || t.nbytes < rows {
+        return None;
+    }
+    if !t.nbytes.is_multiple_of(rows) {
+        return None;
+    }
+    let row_bytes = t.nbytes / rows;
+    let half = |first| {
+        let take = Take::Rows {
+            first,
+            run,
+            period: 2 * run,
+            row_bytes,
+        };
+        (vec![rows / 2, cols], take)
+    };
+    Some([half(0), half(run)])
 }
 
 /// Every GGUF tensor's pieces, in the file's order, each beside the index of its GGUF tensor:

@@ -478,6 +478,48 @@ fn converted_qwen3_5s_read_as_their_configs_say() {
     }
 }
 
+/// llama.cpp's converter's `qwen3next` GGUF of a Qwen3-Next whose layers are all sparse: the
+/// config as HF's says (its keys at the top), the value heads in HF's order (the converter
+/// reorders only Qwen3.5's), every layer with its router, and every tensor found (`ssm_ba` as
+/// `in_proj_b` and `in_proj_a`).
+#[test]
+fn a_converted_qwen3_next_reads_as_its_config_says() {
+    use crate::format::ValueHeads;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    let file = GgufFile::open(&root.join("gguf/tiny-qwen3next-sparse-bf16-bf16.gguf")).unwrap();
+    let hf: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("models/tiny-qwen3next-sparse-bf16/config.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let n = |k: &str| hf[k].as_u64().unwrap() as u32;
+    let c = model::model_config(file.header()).unwrap();
+    assert_eq!(c.architecture, "Qwen3NextForCausalLM");
+    assert_eq!(
+        (c.hidden_size, c.num_hidden_layers, c.intermediate_size),
+        (
+            n("hidden_size"),
+            n("num_hidden_layers"),
+            n("intermediate_size")
+        )
+    );
+    assert_eq!(c.partial_rotary_factor, 0.25);
+    let la = c.linear_attention.as_ref().unwrap();
+    assert_eq!(la.value_heads, ValueHeads::Grouped);
+    assert_eq!(
+        (la.linear_num_key_heads, la.linear_num_value_heads),
+        (n("linear_num_key_heads"), n("linear_num_value_heads"))
+    );
+    let m = c.moe.as_ref().unwrap();
+    assert!(m.norm_topk_prob && m.mlp_only_layers.is_empty());
+    assert_eq!(
+        (m.num_experts, m.shared_expert_intermediate_size),
+        (n("num_experts"), n("shared_expert_intermediate_size"))
+    );
+    let pieces = model::check_tensors(file.header(), &c).unwrap();
+    assert_eq!(pieces.len(), crate::format::expected_tensors(&c).len());
+}
+
 /// Qwen3.5's pieces: a gated `attn_q` as every other run of `head_dim` rows (the query's, then
 /// the gate's), `ssm_a` turned back into `A_log`, a multi-token-prediction layer's tensors left
 /// out, and a block past them all unknown.
@@ -492,6 +534,7 @@ fn qwen3_5_tensors_map_to_the_model_files() {
         layers: 4,
         blocks: 5,
         gated_query_rows: Some(8),
+        fused_ba_rows: Some(2),
     };
     // 2 heads of 8: rows 0-7 query, 8-15 gate, 16-23 query, 24-31 gate; 64 columns.
     let q = GgufTensor {
@@ -570,6 +613,37 @@ fn qwen3_5_tensors_map_to_the_model_files() {
         ..a
     };
     assert_eq!(names::pieces(&a16, &names), None);
+    // Qwen3-Next's fused `b` and `a` (2 key heads of 2 value heads): rows 0-1 b, 2-3 a, 4-5 b,
+    // 6-7 a.
+    let ba = GgufTensor {
+        name: "blk.1.ssm_ba.weight".into(),
+        dims: vec![64, 8],
+        nbytes: 8 * 64 * 4,
+        ..q.clone()
+    };
+    let p = names::pieces(&ba, &names).unwrap();
+    let rows = |p: &names::Piece| p.take.ranges(&ba);
+    assert_eq!(p[0].name, "model.layers.1.linear_attn.in_proj_b.weight");
+    assert_eq!(p[1].name, "model.layers.1.linear_attn.in_proj_a.weight");
+    assert_eq!((&p[0].shape, &p[1].shape), (&vec![4, 64], &vec![4, 64]));
+    assert_eq!(
+        rows(&p[0]),
+        [1024..1024 + 2 * row, 1024 + 4 * row..1024 + 6 * row]
+    );
+    assert_eq!(
+        rows(&p[1]),
+        [
+            1024 + 2 * row..1024 + 4 * row,
+            1024 + 6 * row..1024 + 8 * row
+        ]
+    );
+    // Rows that are not whole pairs of runs: not mapped.
+    let odd = GgufTensor {
+        dims: vec![64, 6],
+        nbytes: 6 * 64 * 4,
+        ..ba
+    };
+    assert_eq!(names::pieces(&odd, &names), None);
 }
 
 /// Names and refusals of the mapping.
@@ -594,6 +668,7 @@ fn stacked_experts_split_into_the_model_files_per_expert_tensors() {
         layers: 2,
         blocks: 2,
         gated_query_rows: None,
+        fused_ba_rows: None,
     };
     let pieces = names::pieces(&t, &names).unwrap();
     assert_eq!(pieces.len(), 8);
