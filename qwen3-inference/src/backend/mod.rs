@@ -315,11 +315,12 @@ pub trait Backend {
 }
 
 /// [`Backend::gated_rmsnorm`] composed of other ops, for a backend without a fused one: the norm
-/// into a new buffer, `normed = w * (o / rms(o))` ([`Backend::rmsnorm`]), then SwiGLU's gate
-/// product on a copy of the gate, `silu(z) * normed` ([`Backend::silu_mul`]), copied into `o`.
-/// The same products as the fused form, in another order of one multiplication (`silu(z)` times
+/// into a new buffer, `normed = w * (o / rms(o))` ([`Backend::rmsnorm`]), then the gate copied
+/// into `o` and SwiGLU's gate product, `o = silu(z) * normed` ([`Backend::silu_mul`]). The same
+/// products as the fused form, the factors of one multiplication swapped (`silu(z)` times
 /// `w * (o / rms)`), so the same values wherever the backend's `silu` and norm are the ones its
-/// fused form would use. Two buffers allocated a call: the fallback's price.
+/// fused form uses (the CPU backend's: bit for bit). A buffer allocated a call: the fallback's
+/// price.
 pub fn gated_rmsnorm_composed<B: Backend + ?Sized>(
     b: &B,
     o: &mut B::Buf,
@@ -332,8 +333,6 @@ pub fn gated_rmsnorm_composed<B: Backend + ?Sized>(
     let len = rows * n;
     let mut normed = b.alloc(len)?;
     b.rmsnorm(&mut normed, o, w, rows, n, eps)?;
-    let mut gated = b.alloc(len)?;
-    b.copy(&mut gated, 0, z, 0, len)?;
-    b.silu_mul(&mut gated, &normed, len)?;
-    b.copy(o, 0, &gated, 0, len)
+    b.copy(o, 0, z, 0, len)?;
+    b.silu_mul(o, &normed, len)
 }

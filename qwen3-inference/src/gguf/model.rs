@@ -41,7 +41,7 @@
 //!
 //! Qwen3-Next                     qwen3next: Qwen3.5-MoE's keys, value heads in HF's order
 //! norm_topk_prob                 always true (llama.cpp's qwen3next graph renormalises)
-//! mlp_only_layers                the blocks without an `ffn_gate_inp` (none, from the converter)
+//! mlp_only_layers                none (llama.cpp's loader wants a router in every layer)
 //! ```
 
 use super::names::{all_pieces, Names, Piece};
@@ -185,9 +185,8 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
     // Qwen3-MoE: every layer sparse (llama.cpp's qwen3moe has no dense layers among them), the
     // chosen experts' probabilities renormalised (`build_moe_ffn(..., norm_w = true, ...)`).
     // Qwen3.5-MoE the same, always renormalised too (`Qwen3_5MoeSparseMoeBlock`), with a shared
-    // expert. Qwen3-Next too, renormalised as llama.cpp's qwen3next graph does (`norm_topk_prob`
-    // is not recorded; Qwen3-Next-80B-A3B's is true); a layer without a router would be dense
-    // (the graph allows it; the converter maps no dense MLP for qwen3next).
+    // expert. Qwen3-Next too, every layer sparse and renormalised as llama.cpp's qwen3next
+    // loader and graph take it (`norm_topk_prob` is not recorded; Qwen3-Next-80B-A3B's is true).
     let moe = match arch {
         "qwen3moe" | "qwen35moe" | "qwen3next" => Some(MoeConfig {
             num_experts: keys.need("expert_count")?,
@@ -195,12 +194,7 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
             moe_intermediate_size: keys.need("expert_feed_forward_length")?,
             norm_topk_prob: true,
             decoder_sparse_step: 1,
-            mlp_only_layers: (0..num_hidden_layers)
-                .filter(|l| {
-                    let router = format!("blk.{l}.ffn_gate_inp.weight");
-                    !h.tensors.iter().any(|t| t.name == router)
-                })
-                .collect(),
+            mlp_only_layers: vec![],
             shared_expert_intermediate_size: keys
                 .count("expert_shared_feed_forward_length")?
                 .unwrap_or(0),

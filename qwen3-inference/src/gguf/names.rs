@@ -20,7 +20,8 @@
 //!   is: for each key head, the `b` rows of the value heads that share it, then their `a` rows.
 //!   The model file keeps `in_proj_b` and `in_proj_a`, each every other run of rows, gathered at
 //!   open as the gated query's are. (Its `in_proj_qkvz` the converter already writes apart, as
-//!   `attn_qkv` and `attn_gate`, in Qwen3.5's order.)
+//!   `attn_qkv` and `attn_gate`, every query, then every key, then every value row, the value
+//!   heads in HF's order; an older converter's fused `ssm_in` is refused by name.)
 //! - **Qwen3.5's multi-token-prediction layer** (`nextn_predict_layers`: the last blocks,
 //!   `blk.N.nextn.*` and a layer's tensors) is left out: the forward pass does not run it.
 //!
@@ -186,9 +187,12 @@ impl Names {
             layers: c.num_hidden_layers,
             blocks,
             gated_query_rows: c.attn_output_gate.then_some(c.head_dim as u64),
+            // (Qwen3-Next's, whose value heads keep HF's order: in Qwen3.5's tiled order the
+            // rows would not be these runs.)
             fused_ba_rows: c.linear_attention.as_ref().and_then(|la| {
                 let (kh, vh) = (la.linear_num_key_heads, la.linear_num_value_heads);
-                (kh > 0).then_some((vh / kh) as u64)
+                (kh > 0 && la.value_heads == crate::format::ValueHeads::Grouped)
+                    .then_some((vh / kh) as u64)
             }),
         }
     }
@@ -333,6 +337,16 @@ pub fn all_pieces(
 ) -> anyhow::Result<Vec<(usize, Piece)>> {
     let mut all = Vec::with_capacity(h.tensors.len());
     for (i, t) in h.tensors.iter().enumerate() {
+        // Qwen3-Next as llama.cpp's converter wrote it before it split `in_proj_qkvz` (llama.cpp
+        // still loads it, as "legacy"): each key head's q, k, v and z rows fused, not read here.
+        if t.name.ends_with(".ssm_in.weight") {
+            anyhow::bail!(
+                "tensor {}: an older converter's fused in_proj_qkvz, which is not read: convert \
+                 the checkpoint again with a current convert_hf_to_gguf.py (it writes attn_qkv \
+                 and attn_gate)",
+                t.name
+            );
+        }
         let pieces = pieces(t, names).ok_or_else(|| {
             anyhow::anyhow!("tensor {}: not a name of the {family} family", t.name)
         })?;

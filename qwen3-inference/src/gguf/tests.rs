@@ -518,6 +518,18 @@ fn a_converted_qwen3_next_reads_as_its_config_says() {
     );
     let pieces = model::check_tensors(file.header(), &c).unwrap();
     assert_eq!(pieces.len(), crate::format::expected_tensors(&c).len());
+    // An older converter's fused `ssm_in` in place of `attn_qkv`: refused by name, saying what
+    // to do.
+    let mut old = file.header().clone();
+    let t = (old.tensors.iter_mut())
+        .find(|t| t.name == "blk.0.attn_qkv.weight")
+        .unwrap();
+    t.name = "blk.0.ssm_in.weight".into();
+    let e = model::check_tensors(&old, &c).unwrap_err().to_string();
+    assert!(
+        e.contains("blk.0.ssm_in.weight") && e.contains("convert the checkpoint again"),
+        "{e}"
+    );
 }
 
 /// Qwen3.5's pieces: a gated `attn_q` as every other run of `head_dim` rows (the query's, then
