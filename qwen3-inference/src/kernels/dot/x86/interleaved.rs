@@ -23,7 +23,7 @@ use super::super::q4::{Q4Layout, SIMD_GROUP};
 use super::super::q6;
 use super::super::{for_each_tile, ActsQ8};
 use super::q4::prefetch_lines;
-use super::{PREFETCH_FAR, PREFETCH_NEAR};
+use super::PREFETCH_NEAR;
 use std::arch::x86_64::*;
 
 /// Tokens a prompt tile takes (two weight rows against up to this many).
@@ -111,34 +111,34 @@ unsafe fn tile<const R: usize, const N: usize, const SIX: bool>(
         scale: std::array::from_fn(|j| x.q4.scales.as_ptr().add((i + j) * per)),
     };
     // The weight scales are a stream of their own, 1/16 of the weights' bytes (q4): asked for
-    // ahead as the weights are, at the same distances in weights.
-    for dist in [PREFETCH_NEAR, PREFETCH_FAR] {
-        let from = r * per * 2 + dist / 16;
-        for line in (from..from + R * per * 2).step_by(64) {
-            // A prefetch never faults; `wrapping_add` may point past `ws` without UB.
-            _mm_prefetch::<_MM_HINT_T2>((ws.as_ptr() as *const i8).wrapping_add(line));
-        }
+    // ahead as the weights are, at the near distance in weights (a tile's first lines, a few
+    // prefetches in a row; see `block` for why not more).
+    let from = r * per * 2 + PREFETCH_NEAR / 16;
+    for line in (from..from + R * per * 2).step_by(64) {
+        // A prefetch never faults; `wrapping_add` may point past `ws` without UB.
+        _mm_prefetch::<_MM_HINT_T2>((ws.as_ptr() as *const i8).wrapping_add(line));
     }
     let mut acc = [[_mm512_setzero_ps(); N]; R];
     let full = per / GROUPS;
     for b in 0..full {
         let g0 = b * GROUPS;
         // The tile's rows are consecutive in memory: its weights are one stream, of which this
-        // block reads its share.
+        // block reads its share, asked for ahead a row's piece at a time (`block`).
         let share = R * GROUPS * group_bytes;
-        prefetch_lines(w, r * row_bytes + b * share, share, reach);
-        block::<R, N, SIX, true>(&mut acc, &rows, &tokens, g0, GROUPS);
+        let from = r * row_bytes + b * share;
+        block::<R, N, SIX, true>(&mut acc, &rows, &tokens, g0, GROUPS, |a| {
+            let piece = share / R;
+            prefetch_lines(w, from + a * piece, piece, reach);
+        });
     }
     let n = per - full * GROUPS;
     if n > 0 {
         let g0 = full * GROUPS;
-        prefetch_lines(
-            w,
-            r * row_bytes + R * g0 * group_bytes,
-            R * n * group_bytes,
-            reach,
-        );
-        block::<R, N, SIX, false>(&mut acc, &rows, &tokens, g0, n);
+        let from = r * row_bytes + R * g0 * group_bytes;
+        block::<R, N, SIX, false>(&mut acc, &rows, &tokens, g0, n, |a| {
+            let piece = n * group_bytes;
+            prefetch_lines(w, from + a * piece, piece, reach);
+        });
     }
     for (a, acc_a) in acc.iter().enumerate() {
         for (j, &v) in acc_a.iter().enumerate() {
@@ -183,8 +183,14 @@ unsafe fn block<const R: usize, const N: usize, const SIX: bool, const FULL: boo
     tokens: &Tokens<N>,
     g0: usize,
     n: usize,
+    prefetch: impl Fn(usize),
 ) {
     let group_bytes = q6::row_bytes::<SIX>(SIMD_GROUP);
+    // `prefetch(a)` asks for a piece of the weights ahead just before row `a`'s block is read,
+    // so the prefetches (two per 64 bytes) are spread among the arithmetic. Asked for all at once
+    // before the block (32 prefetches in a row for a decode tile), they made one Zen 5 thread
+    // decode the 0.6B shape's q4 file 12% slower (measured: docs/quantization.md, "AVX-512 on
+    // Zen 5"); the AVX2 kernels already ask a chunk at a time.
     // Decode's q4 leaves the high nibbles in place (16 times their value) and shifts their
     // integer sum once instead (`split`): a row's four shifts become one a token, which is less
     // work only for one token; q6's high bits would not fit above them. The integer sum is the
@@ -195,6 +201,7 @@ unsafe fn block<const R: usize, const N: usize, const SIX: bool, const FULL: boo
         // at once.
         let act = acts::<N, SIX, FULL>(tokens, 0, g0, n);
         for a in 0..R {
+            prefetch(a);
             let wv = weights::<SIX, FULL>(rows.w[a].add(g0 * group_bytes), n, split);
             let d = weight_scales::<FULL>(rows.ws[a].add(g0), n);
             dot(&mut acc[a][0], &wv, &act, d, split);
@@ -204,6 +211,7 @@ unsafe fn block<const R: usize, const N: usize, const SIX: bool, const FULL: boo
         // its activations loaded once for every row (loads, not the products, bound a tile
         // that loads a token's activations for one row).
         let wv: [[__m512i; 8]; R] = std::array::from_fn(|a| {
+            prefetch(a);
             weights::<SIX, FULL>(rows.w[a].add(g0 * group_bytes), n, false)
         });
         let d: [__m512; R] = std::array::from_fn(|a| weight_scales::<FULL>(rows.ws[a].add(g0), n));
