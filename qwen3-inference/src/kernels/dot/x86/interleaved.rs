@@ -110,9 +110,10 @@ unsafe fn tile<const R: usize, const N: usize, const SIX: bool>(
         corr: std::array::from_fn(|j| x.q4.corr.as_ptr().add((i + j) * per)),
         scale: std::array::from_fn(|j| x.q4.scales.as_ptr().add((i + j) * per)),
     };
-    // The weight scales are a stream of their own, 1/16 of the weights' bytes (q4): asked for
-    // ahead as the weights are, at the near distance in weights (a tile's first lines, a few
-    // prefetches in a row; see `block` for why not more).
+    // The weight scales are a stream of their own, 2 bytes a group (1/8 of q4's bytes, 1/12 of
+    // q6's): the tile's scales asked for at once, `PREFETCH_NEAR / 16` bytes ahead in their
+    // stream (as far ahead as 4 KiB of q4 weights); a few lines for a tile of rows of the 0.6B
+    // shape, against the weights' 32 (see `block`).
     let from = r * per * 2 + PREFETCH_NEAR / 16;
     for line in (from..from + R * per * 2).step_by(64) {
         // A prefetch never faults; `wrapping_add` may point past `ws` without UB.
@@ -171,8 +172,8 @@ unsafe fn words<const FULL: bool>(p: *const u8, n: usize) -> __m512i {
     }
 }
 
-/// Adds the block of `n` groups from `g0` (16 when `FULL`) into `acc`. Caller guarantees what
-/// [`tile`]'s caller does.
+/// Adds the block of `n` groups from `g0` (16 when `FULL`) into `acc`, calling `prefetch(a)`
+/// before row `a`'s weights are read. Caller guarantees what [`tile`]'s caller does.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 // The indices pick a row's or token's pointers, weights and accumulator together.
@@ -189,7 +190,7 @@ unsafe fn block<const R: usize, const N: usize, const SIX: bool, const FULL: boo
     // `prefetch(a)` asks for a piece of the weights ahead just before row `a`'s block is read,
     // so the prefetches (two per 64 bytes) are spread among the arithmetic. Asked for all at once
     // before the block (32 prefetches in a row for a decode tile), they made one Zen 5 thread
-    // decode the 0.6B shape's q4 file 12% slower (measured: docs/quantization.md, "AVX-512 on
+    // decode the 0.6B shape's q4 file 8% slower (measured: docs/quantization.md, "AVX-512 on
     // Zen 5"); the AVX2 kernels already ask a chunk at a time.
     // Decode's q4 leaves the high nibbles in place (16 times their value) and shifts their
     // integer sum once instead (`split`): a row's four shifts become one a token, which is less
