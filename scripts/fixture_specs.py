@@ -120,6 +120,40 @@ QWEN3_GENERATION = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p":
 # Checkpoint specifications
 # ----------------------------------------------------------------------------------------------
 
+# Qwen3-Next (Qwen3NextForCausalLM): tiny-qwen3_5moe-f32-sharded's layers in Qwen3-Next's layout (flat config,
+# the Gated DeltaNets' projections fused per key head, per-expert tensor names), bf16, with
+# a dense MLP in layer 1 (mlp_only_layers) beside the sparse ones. Four layers: three Gated
+# DeltaNets, then gated attention; key and value heads of different sizes (16 and 8), so
+# that the fused rows' layout is checked with each size where it belongs.
+_QWEN3NEXT = dict(
+    name="tiny-qwen3next-bf16",
+    arch="qwen3_next",
+    config_style="hub",
+    hidden=64,
+    heads=4,
+    kv_heads=2,
+    head_dim=32,
+    write_head_dim=True,
+    layers=4,
+    layer_types=["linear_attention"] * 3 + ["full_attention"],
+    linear=dict(key_heads=2, value_heads=4, key_head_dim=16, value_head_dim=8, conv_kernel=4),
+    partial_rotary_factor=0.25,
+    moe=dict(num_experts=8, top_k=2, moe_intermediate=32, shared_intermediate=48,
+             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1], router_gain=1.75),
+    intermediate=96,
+    vocab=512,
+    tied=False,
+    rope_theta=10000000,
+    eps=1e-6,
+    max_pos=512,
+    dtype="bfloat16",
+    shards=1,
+    eos_in_config="single",
+    base_seed=12000,
+    random_prompt_lens=[1, 70],
+    max_seed_tries=3000,
+)
+
 SPECS = [
     dict(
         name="tiny-f32-tied-gqa2",
@@ -490,69 +524,15 @@ SPECS = [
         random_prompt_lens=[1, 66],
         max_seed_tries=3000,
     ),
-    # Qwen3-Next (Qwen3NextForCausalLM): the same layers in Qwen3-Next's layout (flat config,
-    # the Gated DeltaNets' projections fused per key head, per-expert tensor names), bf16, with
-    # a dense MLP in layer 1 (mlp_only_layers) beside the sparse ones. Four layers: three Gated
-    # DeltaNets, then gated attention; key and value heads of different sizes (16 and 8), so
-    # that the fused rows' layout is checked with each size where it belongs.
-    dict(
-        name="tiny-qwen3next-bf16",
-        arch="qwen3_next",
-        config_style="hub",
-        hidden=64,
-        heads=4,
-        kv_heads=2,
-        head_dim=32,
-        write_head_dim=True,
-        layers=4,
-        layer_types=["linear_attention"] * 3 + ["full_attention"],
-        linear=dict(key_heads=2, value_heads=4, key_head_dim=16, value_head_dim=8, conv_kernel=4),
-        partial_rotary_factor=0.25,
-        moe=dict(num_experts=8, top_k=2, moe_intermediate=32, shared_intermediate=48,
-                 norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1], router_gain=1.75),
-        intermediate=96,
-        vocab=512,
-        tied=False,
-        rope_theta=10000000,
-        eps=1e-6,
-        max_pos=512,
-        dtype="bfloat16",
-        shards=1,
-        eos_in_config="single",
-        base_seed=12000,
-        random_prompt_lens=[1, 70],
-        max_seed_tries=3000,
-    ),
+    _QWEN3NEXT,
     # Qwen3-Next with every layer sparse, as Qwen3-Next-80B-A3B is: the checkpoint of
     # fixtures/gguf/tiny-qwen3next-sparse-bf16-bf16.gguf (llama.cpp's converter maps no dense MLP
     # for `qwen3next`, so it cannot convert tiny-qwen3next-bf16's layer 1). Not in the parity
     # lists: the GGUF test alone reads it.
     dict(
+        _QWEN3NEXT,
         name="tiny-qwen3next-sparse-bf16",
-        arch="qwen3_next",
-        config_style="hub",
-        hidden=64,
-        heads=4,
-        kv_heads=2,
-        head_dim=32,
-        write_head_dim=True,
-        layers=4,
-        layer_types=["linear_attention"] * 3 + ["full_attention"],
-        linear=dict(key_heads=2, value_heads=4, key_head_dim=16, value_head_dim=8, conv_kernel=4),
-        partial_rotary_factor=0.25,
-        moe=dict(num_experts=8, top_k=2, moe_intermediate=32, shared_intermediate=48,
-                 norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], router_gain=1.75),
-        intermediate=96,
-        vocab=512,
-        tied=False,
-        rope_theta=10000000,
-        eps=1e-6,
-        max_pos=512,
-        dtype="bfloat16",
-        shards=1,
-        eos_in_config="single",
+        moe=dict(_QWEN3NEXT["moe"], mlp_only_layers=[]),
         base_seed=16000,
-        random_prompt_lens=[1, 70],
-        max_seed_tries=3000,
     ),
 ]
