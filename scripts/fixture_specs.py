@@ -120,10 +120,10 @@ QWEN3_GENERATION = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p":
 # Checkpoint specifications
 # ----------------------------------------------------------------------------------------------
 
-# Qwen3-Next (Qwen3NextForCausalLM): tiny-qwen3_5moe-f32-sharded's layers in Qwen3-Next's layout (flat config,
-# the Gated DeltaNets' projections fused per key head, per-expert tensor names), bf16, with
-# a dense MLP in layer 1 (mlp_only_layers) beside the sparse ones. Four layers: three Gated
-# DeltaNets, then gated attention; key and value heads of different sizes (16 and 8), so
+# Qwen3-Next (Qwen3NextForCausalLM): tiny-qwen3_5moe-f32-sharded's layers in Qwen3-Next's layout
+# (flat config, the Gated DeltaNets' projections fused per key head, per-expert tensor names),
+# bf16, with a dense MLP in layer 1 (mlp_only_layers) beside the sparse ones. Four layers: three
+# Gated DeltaNets, then gated attention; key and value heads of different sizes (16 and 8), so
 # that the fused rows' layout is checked with each size where it belongs.
 _QWEN3NEXT = dict(
     name="tiny-qwen3next-bf16",
