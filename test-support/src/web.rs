@@ -105,6 +105,12 @@ impl Drop for WebHost {
 
 /// One connection: the request's head read, `answer`'s reply written, the connection closed.
 fn serve(mut conn: TcpStream, answer: &dyn Fn(&Request) -> Reply) {
+    // A client that connects and then says nothing (or stops reading) must not hold a thread
+    // forever: each read and write gives up after a while, and the connection is dropped.
+    let limit = Some(std::time::Duration::from_secs(30));
+    if conn.set_read_timeout(limit).is_err() || conn.set_write_timeout(limit).is_err() {
+        return;
+    }
     let Ok(read) = conn.try_clone() else { return };
     let mut reader = BufReader::new(read);
     let mut line = String::new();
