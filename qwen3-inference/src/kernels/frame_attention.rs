@@ -9,10 +9,11 @@
 //! small matrix product whose inner dimension (hd, 64 or 72) is short, where the matmul kernels'
 //! dot products spend as much time adding up their lanes as multiplying. So the products are
 //! written the other way round, each a sum of rows scaled by a number (`acc += a * row`), four
-//! query rows at a time and `LANES` columns at a time, in plain loops that `vectorized!` compiles
-//! per instruction set: the four rows' partial sums stay in registers while a row of k^T (or of v)
-//! streams past once for all four, the keys in chunks that stay in cache while a task's query
-//! rows go over them. The heads and blocks of query rows run on all threads.
+//! query rows at a time and 16 or 32 columns at a time ([`lanes`]), in plain loops that
+//! `vectorized!` compiles per instruction set: the four rows' partial sums stay in registers
+//! while a row of k^T (or of v) streams past once for all four, the keys in chunks that stay in
+//! cache while a task's query rows go over them. The heads and blocks of query rows run on all
+//! threads.
 
 use super::exp::exp;
 use super::lanes::sum;
@@ -23,15 +24,44 @@ use std::ops::Range;
 /// loops name four accumulators).
 const ROWS: usize = 4;
 const _: () = assert!(ROWS == 4);
-/// Columns of a block of accumulators (one AVX-512 register a row; measured best of 8, 16, 32
-/// and 64 columns by 2, 4, 6 and 8 rows on Zen 4).
+/// Columns of a block of accumulators: one AVX-512 register a row, two AVX2 ones (measured best
+/// of 8, 16, 32 and 64 columns by 2, 4, 6 and 8 rows on Zen 4).
 const LANES: usize = 16;
+/// Columns of a block with AVX-512 ([`lanes`]): two registers a row, eight sums in flight.
+const WIDE: usize = 32;
+
+/// The columns of a block for the kernels' instruction set. Each multiply waits on nothing, but
+/// each add waits on the one before it into the same accumulator, so a block of 16 columns keeps
+/// eight chains of adds going with AVX2 (two registers a row) and four with AVX-512. Zen 4 runs a
+/// 512-bit operation as two halves, and four kept it as busy as more (16 columns measured best
+/// there); Zen 5 runs two whole ones a cycle, and with 32 columns, eight chains, its scores and
+/// weighted sums ran about 1.4 times as fast (measured: docs/vision.md, "Attention"). Every
+/// lane's sum is the same whatever the width, so the bits are too.
+fn lanes() -> usize {
+    match super::vector_isa() {
+        super::VectorIsa::Avx512 => WIDE,
+        _ => LANES,
+    }
+}
 /// Query rows of one rayon task: they share each pass of k^T and v through the cache.
 const TASK_ROWS: usize = 32;
 /// Keys a pass covers: a chunk of k^T (`[hd, KEYS]`) and of v (`[KEYS, hd]`), 128 KiB each at
 /// hd 64, stays in the core's cache while the task's rows go over it. Without chunks a large
 /// image's k^T and v (3 MiB a head at 3072 patches) came from memory for every four rows.
 const KEYS: usize = 512;
+
+/// The distance between rows of a head's k^T, in values: `n` rounded up to whole 64-byte lines,
+/// and to an odd number of them. A column block of the scores reads one line from each of k^T's
+/// `hd` rows. The L1 data cache has 64 sets of 64-byte lines (Zen 4 and 5, and Intel's cores),
+/// the set chosen by address bits 6-11, so rows a multiple of 4 KiB apart (`n` a multiple of
+/// 1024: a 1024 x 768 image's 3072 patches) put all `hd` lines in one set of 8 or 12 ways: they
+/// evict each other, and the scores of that image ran at about half the speed the same code
+/// reached with an odd stride (measured: docs/vision.md, "Attention"). Rows an odd number of
+/// lines apart fall in `hd` different sets.
+fn kt_stride(n: usize) -> usize {
+    let lines = n.div_ceil(16);
+    16 * (lines | 1)
+}
 
 /// One frame's attention, every head: `q`, `k`, `v` and `o` are `[n, heads * hd]` (the heads side
 /// by side in each row, as the tower's projections give them).
@@ -50,15 +80,16 @@ pub fn frame_attention(
     assert!(q.len() == n * d && k.len() == n * d && v.len() == n * d && o.len() == n * d);
     // Each head's k transposed, [hd, n] (a row of k^T: one dimension of every key), and v,
     // [n, hd], gathered once.
+    let ld = kt_stride(n);
     let per_head: Vec<(Vec<f32>, Vec<f32>)> = (0..heads)
         .into_par_iter()
         .map(|h| {
-            let mut kt = vec![0f32; hd * n];
+            let mut kt = vec![0f32; hd * ld];
             let mut vh = vec![0f32; n * hd];
             for j in 0..n {
                 let (krow, vrow) = (&k[j * d + h * hd..][..hd], &v[j * d + h * hd..][..hd]);
                 for (c, &kv) in krow.iter().enumerate() {
-                    kt[c * n + j] = kv;
+                    kt[c * ld + j] = kv;
                 }
                 vh[j * hd..(j + 1) * hd].copy_from_slice(vrow);
             }
@@ -80,7 +111,7 @@ pub fn frame_attention(
             }
             let mut out = vec![0f32; rows * hd];
             let mut scores = vec![0f32; rows * n];
-            task(&qh, kt, vh, &mut scores, &mut out, n, hd, scale);
+            task(&qh, kt, ld, vh, &mut scores, &mut out, n, hd, scale);
             out
         })
         .collect();
@@ -91,13 +122,15 @@ pub fn frame_attention(
     }
 }
 
-/// A task's query rows `q` ([r, hd]) of one head against its `kt` ([hd, n]) and `v` ([n, hd]):
+/// A task's query rows `q` ([r, hd]) of one head against its `kt` ([hd, n], rows `ld` apart) and
+/// `v` ([n, hd]):
 /// scores key chunk by key chunk, softmax, output into `o` ([r, hd], zeros) chunk by chunk,
 /// [`ROWS`] query rows at a time.
 #[allow(clippy::too_many_arguments)]
 fn task(
     q: &[f32],
     kt: &[f32],
+    ld: usize,
     v: &[f32],
     scores: &mut [f32],
     o: &mut [f32],
@@ -108,7 +141,7 @@ fn task(
     for j0 in (0..n).step_by(KEYS) {
         let keys = j0..KEYS.min(n - j0) + j0;
         for (qb, sb) in q.chunks(ROWS * hd).zip(scores.chunks_mut(ROWS * n)) {
-            scores_rows(qb, kt, sb, n, hd, scale, keys.clone());
+            scores_rows(qb, kt, ld, sb, n, hd, scale, keys.clone());
         }
     }
     for row in scores.chunks_exact_mut(n) {
@@ -124,56 +157,81 @@ fn task(
 
 vectorized! {
     /// `scores[i][j] = scale * sum_c q[i][c] kt[c][j]` for the block's rows i (up to [`ROWS`])
-    /// and `keys`: column blocks of `LANES`, each row's accumulators in registers
-    /// while `kt`'s rows stream past.
+    /// and `keys`, in column blocks of [`lanes`] values.
+    #[allow(clippy::too_many_arguments)]
     fn scores_rows(
         q: &[f32],
         kt: &[f32],
+        ld: usize,
         scores: &mut [f32],
         n: usize,
         hd: usize,
         scale: f32,
         keys: Range<usize>,
     ) {
-        let r = q.len() / hd;
-        let mut j0 = keys.start;
-        while j0 < keys.end {
-            let w = LANES.min(keys.end - j0);
-            let mut acc = [[0f32; LANES]; ROWS];
-            if r == ROWS && w == LANES {
-                // The whole block: four named accumulators of fixed length, which the compiler
-                // keeps in registers (an array of them it kept on the stack, each update a
-                // store and a load: measured 4 times slower).
-                let (mut a0, mut a1, mut a2, mut a3) = ([0f32; LANES], [0f32; LANES], [0f32; LANES], [0f32; LANES]);
-                for c in 0..hd {
-                    let krow: &[f32; LANES] = kt[c * n + j0..][..LANES].try_into().unwrap();
-                    let (q0, q1, q2, q3) = (q[c], q[hd + c], q[2 * hd + c], q[3 * hd + c]);
-                    for l in 0..LANES {
-                        a0[l] += q0 * krow[l];
-                        a1[l] += q1 * krow[l];
-                        a2[l] += q2 * krow[l];
-                        a3[l] += q3 * krow[l];
-                    }
+        // Wide blocks as far as they go whole, then the narrow ones: the edge of a chunk
+        // stays on the fast path wherever 16 columns are left.
+        let mid = match lanes() {
+            WIDE => keys.start + (keys.end - keys.start) / WIDE * WIDE,
+            _ => keys.start,
+        };
+        scores_cols::<WIDE>(q, kt, ld, scores, n, hd, scale, keys.start..mid);
+        scores_cols::<LANES>(q, kt, ld, scores, n, hd, scale, mid..keys.end);
+    }
+}
+
+/// [`scores_rows`] in column blocks of `L`, each row's accumulators in registers while `kt`'s
+/// rows (`ld` values apart) stream past. Inlined into each instruction set's version.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn scores_cols<const L: usize>(
+    q: &[f32],
+    kt: &[f32],
+    ld: usize,
+    scores: &mut [f32],
+    n: usize,
+    hd: usize,
+    scale: f32,
+    keys: Range<usize>,
+) {
+    let r = q.len() / hd;
+    let mut j0 = keys.start;
+    while j0 < keys.end {
+        let w = L.min(keys.end - j0);
+        let mut acc = [[0f32; L]; ROWS];
+        if r == ROWS && w == L {
+            // The whole block: four named accumulators of fixed length, which the compiler
+            // keeps in registers (an array of them it kept on the stack, each update a store
+            // and a load: measured 4 times slower).
+            let (mut a0, mut a1, mut a2, mut a3) = ([0f32; L], [0f32; L], [0f32; L], [0f32; L]);
+            for c in 0..hd {
+                let krow: &[f32; L] = kt[c * ld + j0..][..L].try_into().unwrap();
+                let (q0, q1, q2, q3) = (q[c], q[hd + c], q[2 * hd + c], q[3 * hd + c]);
+                for l in 0..L {
+                    a0[l] += q0 * krow[l];
+                    a1[l] += q1 * krow[l];
+                    a2[l] += q2 * krow[l];
+                    a3[l] += q3 * krow[l];
                 }
-                acc = [a0, a1, a2, a3];
-            } else {
-                for c in 0..hd {
-                    let krow = &kt[c * n + j0..][..w];
-                    for (i, a) in acc.iter_mut().enumerate().take(r) {
-                        let qc = q[i * hd + c];
-                        for (x, &kv) in a.iter_mut().zip(krow) {
-                            *x += qc * kv;
-                        }
+            }
+            acc = [a0, a1, a2, a3];
+        } else {
+            for c in 0..hd {
+                let krow = &kt[c * ld + j0..][..w];
+                for (i, a) in acc.iter_mut().enumerate().take(r) {
+                    let qc = q[i * hd + c];
+                    for (x, &kv) in a.iter_mut().zip(krow) {
+                        *x += qc * kv;
                     }
                 }
             }
-            for (i, a) in acc.iter().enumerate().take(r) {
-                for (s, &x) in scores[i * n + j0..][..w].iter_mut().zip(a) {
-                    *s = x * scale;
-                }
-            }
-            j0 += w;
         }
+        for (i, a) in acc.iter().enumerate().take(r) {
+            for (s, &x) in scores[i * n + j0..][..w].iter_mut().zip(a) {
+                *s = x * scale;
+            }
+        }
+        j0 += w;
     }
 }
 
@@ -201,8 +259,7 @@ vectorized! {
 
 vectorized! {
     /// `o[i][c] += sum_j p[i][j] v[j][c]` for the block's rows i (up to [`ROWS`]) and keys
-    /// `keys`: column blocks of `LANES` of the head, each row's accumulators in
-    /// registers while `v`'s rows stream past.
+    /// `keys`, in column blocks of [`lanes`] values of the head.
     fn weighted_rows(
         p: &[f32],
         v: &[f32],
@@ -211,42 +268,63 @@ vectorized! {
         hd: usize,
         keys: Range<usize>,
     ) {
-        let r = p.len() / n;
-        let mut c0 = 0;
-        while c0 < hd {
-            let w = LANES.min(hd - c0);
-            let mut acc = [[0f32; LANES]; ROWS];
-            if r == ROWS && w == LANES {
-                let (mut a0, mut a1, mut a2, mut a3) = ([0f32; LANES], [0f32; LANES], [0f32; LANES], [0f32; LANES]);
-                for j in keys.clone() {
-                    let vrow: &[f32; LANES] = v[j * hd + c0..][..LANES].try_into().unwrap();
-                    let (p0, p1, p2, p3) = (p[j], p[n + j], p[2 * n + j], p[3 * n + j]);
-                    for l in 0..LANES {
-                        a0[l] += p0 * vrow[l];
-                        a1[l] += p1 * vrow[l];
-                        a2[l] += p2 * vrow[l];
-                        a3[l] += p3 * vrow[l];
-                    }
+        // As in `scores_rows`: wide blocks of the head's columns, then narrow ones.
+        let mid = match lanes() {
+            WIDE => hd / WIDE * WIDE,
+            _ => 0,
+        };
+        weighted_cols::<WIDE>(p, v, o, n, hd, 0..mid, keys.clone());
+        weighted_cols::<LANES>(p, v, o, n, hd, mid..hd, keys);
+    }
+}
+
+/// [`weighted_rows`] for the head's columns `cols`, in blocks of `L`, each row's accumulators in
+/// registers while `v`'s rows stream past. Inlined into each instruction set's version.
+#[inline(always)]
+fn weighted_cols<const L: usize>(
+    p: &[f32],
+    v: &[f32],
+    o: &mut [f32],
+    n: usize,
+    hd: usize,
+    cols: Range<usize>,
+    keys: Range<usize>,
+) {
+    let r = p.len() / n;
+    let mut c0 = cols.start;
+    while c0 < cols.end {
+        let w = L.min(cols.end - c0);
+        let mut acc = [[0f32; L]; ROWS];
+        if r == ROWS && w == L {
+            let (mut a0, mut a1, mut a2, mut a3) = ([0f32; L], [0f32; L], [0f32; L], [0f32; L]);
+            for j in keys.clone() {
+                let vrow: &[f32; L] = v[j * hd + c0..][..L].try_into().unwrap();
+                let (p0, p1, p2, p3) = (p[j], p[n + j], p[2 * n + j], p[3 * n + j]);
+                for l in 0..L {
+                    a0[l] += p0 * vrow[l];
+                    a1[l] += p1 * vrow[l];
+                    a2[l] += p2 * vrow[l];
+                    a3[l] += p3 * vrow[l];
                 }
-                acc = [a0, a1, a2, a3];
-            } else {
-                for j in keys.clone() {
-                    let vrow = &v[j * hd + c0..][..w];
-                    for (i, a) in acc.iter_mut().enumerate().take(r) {
-                        let pj = p[i * n + j];
-                        for (x, &vv) in a.iter_mut().zip(vrow) {
-                            *x += pj * vv;
-                        }
+            }
+            acc = [a0, a1, a2, a3];
+        } else {
+            for j in keys.clone() {
+                let vrow = &v[j * hd + c0..][..w];
+                for (i, a) in acc.iter_mut().enumerate().take(r) {
+                    let pj = p[i * n + j];
+                    for (x, &vv) in a.iter_mut().zip(vrow) {
+                        *x += pj * vv;
                     }
                 }
             }
-            for (i, a) in acc.iter().enumerate().take(r) {
-                for (x, &y) in o[i * hd + c0..][..w].iter_mut().zip(a) {
-                    *x += y;
-                }
-            }
-            c0 += w;
         }
+        for (i, a) in acc.iter().enumerate().take(r) {
+            for (x, &y) in o[i * hd + c0..][..w].iter_mut().zip(a) {
+                *x += y;
+            }
+        }
+        c0 += w;
     }
 }
 
@@ -307,16 +385,17 @@ mod tests {
         let x: Vec<f32> = (0..n * hd)
             .map(|i| ((i * 31 % 101) as f32 - 50.0) / 40.0)
             .collect();
-        let mut kt = vec![0f32; hd * n];
+        let ld = kt_stride(n);
+        let mut kt = vec![0f32; hd * ld];
         for j in 0..n {
             for c in 0..hd {
-                kt[c * n + j] = x[j * hd + c];
+                kt[c * ld + j] = x[j * hd + c];
             }
         }
         let run = |isa: VectorIsa| {
             FORCED_ISA.set(Some(isa));
             let (mut scores, mut o) = (vec![0f32; 7 * n], vec![0f32; 7 * hd]);
-            task(&x[..7 * hd], &kt, &x, &mut scores, &mut o, n, hd, 0.125);
+            task(&x[..7 * hd], &kt, ld, &x, &mut scores, &mut o, n, hd, 0.125);
             FORCED_ISA.set(None);
             o.iter().map(|f| f.to_bits()).collect::<Vec<u32>>()
         };
