@@ -53,6 +53,19 @@ pub(super) fn attention(
     }
 }
 
+/// `f(row of x, row of y)` for every row of `width` values, on all threads.
+pub(super) fn rows(x: &[f32], y: &mut [f32], width: usize, f: impl Fn(&[f32], &mut [f32]) + Sync) {
+    x.par_chunks_exact(width)
+        .zip(y.par_chunks_exact_mut(width))
+        .for_each(|(xi, yi)| f(xi, yi));
+}
+
+/// `v = f(v)` for every value of `h`, on all threads.
+pub(super) fn each(h: &mut [f32], f: impl Fn(f32) -> f32 + Sync) {
+    h.par_chunks_mut(1 << 12)
+        .for_each(|chunk| chunk.iter_mut().for_each(|v| *v = f(*v)));
+}
+
 /// GELU, tanh form, over `h` in place on all threads: `0.5 x (1 + tanh(u))`, u = sqrt(2/pi) (x +
 /// 0.044715 x^3), with `tanh(u) = sign(u) (1 - e) / (1 + e)`, e = exp(-2|u|) by the kernels'
 /// exp (whose argument must not be positive). Within f32 rounding of tower.rs's f64 form.
