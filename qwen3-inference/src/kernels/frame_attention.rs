@@ -38,10 +38,11 @@ const WIDE: usize = 32;
 /// weighted sums ran about 1.4 times as fast (measured: docs/vision.md, "Attention"). Every
 /// lane's sum is the same whatever the width, so the bits are too.
 fn lanes() -> usize {
-    match super::vector_isa() {
-        super::VectorIsa::Avx512 => WIDE,
-        _ => LANES,
+    #[cfg(target_arch = "x86_64")]
+    if super::vector_isa() == super::VectorIsa::Avx512 {
+        return WIDE;
     }
+    LANES
 }
 /// Query rows of one rayon task: they share each pass of k^T and v through the cache.
 const TASK_ROWS: usize = 32;
