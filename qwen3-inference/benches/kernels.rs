@@ -6,8 +6,9 @@
 
 use qwen3_inference::format::KQuant;
 use qwen3_inference::kernels::attention::{chunk_len, Bf16, KvElem, KV_CHUNK};
-use qwen3_inference::kernels::dot::interleaved::packed_for_kernels;
-use qwen3_inference::kernels::dot::{available, ActsQ8Buf, Dots};
+use qwen3_inference::kernels::dot::interleaved::{packed_for_kernels, q8_for_kernels};
+use qwen3_inference::kernels::dot::q4::Q4Layout;
+use qwen3_inference::kernels::dot::{available, ActsQ8Buf, Dots, MatQ8};
 use qwen3_inference::kernels::{attention, AttentionShape};
 use qwen3_inference::pages::huge_page_buffer;
 use qwen3_inference::pages::HugePages;
@@ -21,6 +22,27 @@ fn in_huge_pages<T: bytemuck::Pod>(v: &[T]) -> memmap2::MmapMut {
     let mut map = huge_page_buffer(std::mem::size_of_val(v)).unwrap();
     map.copy_from_slice(bytemuck::cast_slice(v));
     map
+}
+
+/// The q8 kernels of `d`, each with the weights `wq` (`[rows, cols]`, groups of `gs`) in the
+/// order it reads, in huge pages: the file's order, and on AVX-512 the interleaved order the
+/// model is loaded in (`dot/interleaved.rs`). The activations of both are made by
+/// `quantize_for_q4_as(.., Q4Layout::Interleaved)`, which holds both forms.
+fn q8_kernels(
+    d: &Dots,
+    wq: &[i8],
+    cols: usize,
+    gs: usize,
+) -> Vec<(&'static str, MatQ8, memmap2::MmapMut)> {
+    let mut v = vec![("", d.q8_rows, in_huge_pages(wq))];
+    if let Some(kernel) = d.q8_interleaved {
+        v.push((
+            " interleaved",
+            kernel,
+            in_huge_pages(&q8_for_kernels(d, wq, cols, gs)),
+        ));
+    }
+    v
 }
 
 /// Median seconds of `reps` runs of `f`.
@@ -43,9 +65,10 @@ fn bench(d: &Dots, rows: usize, cols: usize, gs: usize, reps: usize) {
     let (mut wq, mut ws) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
     quantize_q8(&w, gs, &mut wq, &mut ws);
     let mut acts_buf = ActsQ8Buf::default();
-    let acts = acts_buf.quantize(&x, 1, cols, gs);
+    let acts = acts_buf.quantize_for_q4_as(&x, 1, cols, gs, Q4Layout::Interleaved);
     let wb: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
     // The weights in huge pages (the activations are small and stay in cache).
+    let kernels = q8_kernels(d, &wq, cols, gs);
     let (w, wq, ws, wb) = (
         in_huge_pages(&w),
         in_huge_pages(&wq),
@@ -57,12 +80,18 @@ fn bench(d: &Dots, rows: usize, cols: usize, gs: usize, reps: usize) {
     let ws: &[f32] = bytemuck::cast_slice(&ws);
     let wb: &[u16] = bytemuck::cast_slice(&wb);
     let per = cols / gs;
+    let n = (rows * cols) as f64;
     // The decode kernel as a decode step runs it on one thread: the whole matrix in one call.
     let mut out = vec![0f32; rows];
-    let q8 = time(reps, || {
-        (d.q8_rows)(wq, ws, &acts, &mut out, 0);
-        black_box(&out);
-    });
+    let mut q8 = String::new();
+    for (name, kernel, wk) in &kernels {
+        let secs = time(reps, || {
+            kernel(bytemuck::cast_slice(wk), ws, &acts, &mut out, 0);
+            black_box(&out);
+        });
+        let rate = n * (1.0 + 4.0 / gs as f64) / secs / 1e9;
+        q8 += &format!("q8xq8{name} {rate:>6.1} GB/s   ");
+    }
     let q8f = time(reps, || {
         for r in 0..rows {
             black_box((d.q8_f32)(
@@ -83,13 +112,11 @@ fn bench(d: &Dots, rows: usize, cols: usize, gs: usize, reps: usize) {
             black_box((d.f32)(&w[r * cols..(r + 1) * cols], &x));
         }
     });
-    let n = (rows * cols) as f64;
     println!(
-        "{:<12} {:>6}x{:<5} g{gs:<3} q8xq8 {:>6.1} GB/s   q8xf32 {:>6.1} GB/s   bf16 {:>6.1} GB/s   f32 {:>6.1} GB/s",
+        "{:<12} {:>6}x{:<5} g{gs:<3} {q8}q8xf32 {:>6.1} GB/s   bf16 {:>6.1} GB/s   f32 {:>6.1} GB/s",
         d.isa,
         rows,
         cols,
-        n * (1.0 + 4.0 / gs as f64) / q8 / 1e9,
         n * (1.0 + 4.0 / gs as f64) / q8f / 1e9,
         n * 2.0 / bf / 1e9,
         n * 4.0 / f / 1e9
@@ -108,27 +135,30 @@ fn bench_prefill(d: &Dots, rows: usize, cols: usize, t: usize, gs: usize, reps: 
     let (mut wq, mut ws) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
     quantize_q8(&w, gs, &mut wq, &mut ws);
     let mut buf = ActsQ8Buf::default();
-    let acts = buf.quantize(&x, t, cols, gs);
+    let acts = buf.quantize_for_q4_as(&x, t, cols, gs, Q4Layout::Interleaved);
     let mut out = vec![0f32; rows * t];
-    let secs = time(reps, || {
-        for (r0, block) in (0..rows).step_by(16).zip(out.chunks_mut(16 * t)) {
-            (d.q8_rows)(
-                &wq[r0 * cols..(r0 + 16) * cols],
-                &ws[r0 * per..(r0 + 16) * per],
-                &acts,
-                block,
-                0,
-            );
-        }
-        black_box(&out);
-    });
-    println!(
-        "{:<12} {:>6}x{:<5} q8 block product, group {gs}, {t} tokens: {:>6.1} GMAC/s",
-        d.isa,
-        rows,
-        cols,
-        (rows * cols * t) as f64 / secs / 1e9
-    );
+    for (name, kernel, wk) in q8_kernels(d, &wq, cols, gs) {
+        let wk: &[i8] = bytemuck::cast_slice(&wk);
+        let secs = time(reps, || {
+            for (r0, block) in (0..rows).step_by(16).zip(out.chunks_mut(16 * t)) {
+                kernel(
+                    &wk[r0 * cols..(r0 + 16) * cols],
+                    &ws[r0 * per..(r0 + 16) * per],
+                    &acts,
+                    block,
+                    0,
+                );
+            }
+            black_box(&out);
+        });
+        println!(
+            "{:<24} {:>6}x{:<5} q8 block product, group {gs}, {t} tokens: {:>6.1} GMAC/s",
+            format!("{}{name}", d.isa),
+            rows,
+            cols,
+            (rows * cols * t) as f64 / secs / 1e9
+        );
+    }
 }
 
 /// A serving step's product: `t` tokens (one per decoding sequence) against a matrix too large
@@ -142,23 +172,26 @@ fn bench_few_tokens(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
     let x = next_values(t * cols, &mut seed);
     let (mut wq, mut ws) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
     quantize_q8(&w, gs, &mut wq, &mut ws);
-    let (wq, ws) = (in_huge_pages(&wq), in_huge_pages(&ws));
-    let (wq, ws): (&[i8], &[f32]) = (bytemuck::cast_slice(&wq), bytemuck::cast_slice(&ws));
+    let ws = in_huge_pages(&ws);
+    let ws: &[f32] = bytemuck::cast_slice(&ws);
     let mut buf = ActsQ8Buf::default();
-    let acts = buf.quantize(&x, t, cols, gs);
+    let acts = buf.quantize_for_q4_as(&x, t, cols, gs, Q4Layout::Interleaved);
     let mut out = vec![0f32; rows * t];
-    let secs = time(reps, || {
-        (d.q8_rows)(wq, ws, &acts, &mut out, 0);
-        black_box(&out);
-    });
-    println!(
-        "{:<12} {:>6}x{:<5} q8, {t:>2} tokens: {:>6.1} GMAC/s, weights at {:>5.1} GB/s",
-        d.isa,
-        rows,
-        cols,
-        (rows * cols * t) as f64 / secs / 1e9,
-        (wq.len() + ws.len() * 4) as f64 / secs / 1e9
-    );
+    for (name, kernel, wk) in q8_kernels(d, &wq, cols, gs) {
+        let wk: &[i8] = bytemuck::cast_slice(&wk);
+        let secs = time(reps, || {
+            kernel(wk, ws, &acts, &mut out, 0);
+            black_box(&out);
+        });
+        println!(
+            "{:<24} {:>6}x{:<5} q8, {t:>2} tokens: {:>6.1} GMAC/s, weights at {:>5.1} GB/s",
+            format!("{}{name}", d.isa),
+            rows,
+            cols,
+            (rows * cols * t) as f64 / secs / 1e9,
+            (wk.len() + ws.len() * 4) as f64 / secs / 1e9
+        );
+    }
 }
 
 /// q4 weights (group 32), or q6 ones (`six`: what a q4 file keeps finer), against `t` q8

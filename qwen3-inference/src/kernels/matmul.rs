@@ -6,7 +6,7 @@
 //! matrix-matrix product, with `t = 1` (decode) a matrix-vector product. Threads split the output
 //! rows, so each thread streams its own contiguous slice of the weights.
 
-use super::dot::{dots, interleaved, k_quants, ActsQ8, ActsQ8Buf};
+use super::dot::{dots, interleaved, k_quants, ActsQ8, ActsQ8Buf, MatQ8};
 use super::team::Team;
 use crate::format::view::{TensorData, TensorView};
 use rayon::prelude::*;
@@ -207,7 +207,11 @@ fn fill_block(
             Some(acts),
         ) => {
             let per = cols / gs;
-            (dots.q8_rows)(
+            let (kernel, q, scales) = match q8_interleaved(w) {
+                Some(interleaved) => interleaved,
+                None => (dots.q8_rows, q, scales),
+            };
+            kernel(
                 &q[r0 * cols..(r0 + n) * cols],
                 &scales[r0 * per..(r0 + n) * per],
                 acts,
@@ -300,6 +304,18 @@ fn in_kernel_order<'a>(
     }
 }
 
+/// A q8 matrix's kernel for the interleaved order and its values and scales in that order,
+/// where this CPU has the kernel (AVX-512) and the view the copy `Model::load` makes (groups of
+/// 32, `dot/interleaved.rs`). `None` otherwise: q8, unlike q4, has kernels for the file's
+/// order everywhere, so a view without the copy (a matrix made by hand, a GGUF's repacked
+/// Q8_0) is read as it is, only slower.
+fn q8_interleaved<'a>(w: &TensorView<'a>) -> Option<(MatQ8, &'a [i8], &'a [f32])> {
+    match (dots().q8_interleaved, w.interleaved) {
+        (Some(kernel), Some(TensorData::Q8 { q, scales, .. })) => Some((kernel, q, scales)),
+        _ => None,
+    }
+}
+
 /// Runs `f` with the activations quantized for the q8, q4, q6 or K-quant weights among `ws`
 /// (`None` when every one is f32 or bf16).
 ///
@@ -334,15 +350,17 @@ fn with_activations<R>(
             w.name
         );
     }
-    // q4 and q6 kernels read the activations rearranged (dot/q4.rs), the K-quants' their sums
-    // of 16 (dot/k_quants.rs); a GGUF may mix them in one layer's products.
-    let q4 = ws
-        .iter()
-        .any(|w| matches!(w.data, TensorData::Q4 { .. } | TensorData::Q6 { .. }));
+    // q4 and q6 kernels read the activations rearranged (dot/q4.rs), and so does AVX-512's q8
+    // kernel on interleaved weights; the K-quants' their sums of 16 (dot/k_quants.rs); a GGUF
+    // may mix them in one layer's products.
+    let laid_out = ws.iter().any(|w| {
+        matches!(w.data, TensorData::Q4 { .. } | TensorData::Q6 { .. })
+            || q8_interleaved(w).is_some()
+    });
     let k = ws.iter().any(|w| matches!(w.data, TensorData::K(..)));
     ACTIVATIONS.with(|cell| {
         let mut buf = cell.borrow_mut();
-        let acts = buf.quantize_for_weights(x, t, cols, gs, q4, k);
+        let acts = buf.quantize_for_weights(x, t, cols, gs, laid_out, k);
         f(Some(&acts))
     })
 }

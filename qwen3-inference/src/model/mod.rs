@@ -164,10 +164,12 @@ impl<'a> Model<'a> {
     /// (every tensor present, with the shape the config implies and a dtype it allows; each
     /// tensor carries its own), so this only looks names up.
     pub fn load(file: &'a ModelFile) -> Result<Model<'a>> {
-        // On AVX-512 the q4 and q6 matrices are read in the kernels' own order, made here once
-        // (kernels/dot/interleaved.rs); each view carries both orders.
-        let interleaved = match dots().q4_layout.interleaves() {
-            true => Some(file.derived(interleaved::interleave_file)?),
+        // On AVX-512 the q4, q6 and q8 matrices are read in the kernels' own order, made here
+        // once (kernels/dot/interleaved.rs); each view carries both orders. (A GGUF's Q8_0
+        // tensors, already a copy in this format's order, are not copied again.)
+        let q8 = dots().q8_interleaved.is_some() && file.in_place();
+        let interleaved = match dots().q4_layout.interleaves() || q8 {
+            true => Some(file.derived(|f| interleaved::interleave_file(f, q8))?),
             false => None,
         };
         let model = Model::load_with(file, |name| {

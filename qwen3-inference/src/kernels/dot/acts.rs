@@ -20,8 +20,9 @@ pub struct ActsQ8<'a> {
     pub biased: &'a [u8],
     /// `[t, cols / group_size]`
     pub scales: &'a [f32],
-    /// The same values laid out for the q4 kernels (`q4.rs`); empty unless made by
-    /// [`ActsQ8Buf::quantize_for_q4`] (or `quantize_for_q4_as`) with groups of 32.
+    /// The same values laid out for the q4 kernels (`q4.rs`), which AVX-512's q8 kernel on
+    /// interleaved weights reads too; empty unless made by [`ActsQ8Buf::quantize_for_q4`] (or
+    /// `quantize_for_q4_as`, `quantize_for_weights`) with groups of 32.
     pub q4: q4::ActsQ4<'a>,
     /// `[t, cols / 16]`: the sums of each 16 int8 values, which GGUF's K-quants take times their
     /// minimums or offsets (`k_quants.rs`); empty unless made by [`ActsQ8Buf::quantize_for_k`].
@@ -57,7 +58,8 @@ impl ActsQ8Buf {
     }
 
     /// [`ActsQ8Buf::quantize`] with the forms the weights of one product need: the q4 layout
-    /// of this CPU's kernels for q4 or q6 weights (`q4`), the sums for K-quants (`k`). A GGUF
+    /// of this CPU's kernels (`laid_out`) for q4 or q6 weights, and for q8 ones in the
+    /// interleaved order ([`super::Dots::q8_interleaved`]); the sums for K-quants (`k`). A GGUF
     /// may mix them in one layer's products.
     pub fn quantize_for_weights(
         &mut self,
@@ -65,10 +67,10 @@ impl ActsQ8Buf {
         t: usize,
         cols: usize,
         gs: usize,
-        q4: bool,
+        laid_out: bool,
         k: bool,
     ) -> ActsQ8<'_> {
-        let layout = q4.then(|| dots().q4_layout);
+        let layout = laid_out.then(|| dots().q4_layout);
         self.quantize_with(x, t, cols, gs, layout, k)
     }
 

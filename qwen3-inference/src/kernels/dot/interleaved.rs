@@ -41,6 +41,28 @@
 //! Only groups of 32 are interleaved ([`interleaves`]); the kernels take other group sizes from
 //! the file, on the reference. A row keeps its number of bytes, so rows are sliced as in the
 //! file.
+//!
+//! ## q8
+//!
+//! q8 matrices in groups of 32 ([`interleaves_q8`]) are interleaved the same way, a group being
+//! eight words instead of four (eight vectors a block, 512 bytes):
+//!
+//! ```text
+//! interleaved:     word 0 of g0, word 0 of g1, .. word 0 of g15     <- vector 0
+//!                  ..
+//!                  word 7 of g0, .. word 7 of g15                   <- vector 7
+//! ```
+//!
+//! Each value is stored plus 128, as an unsigned byte (`q ^ 0x80`, 1..=255), so that it takes
+//! `vpdpbusd`'s unsigned side and the activations, as they are (signed), the other; each group's
+//! products are then `128 * sum(x)` too large, which the activations' correction takes away,
+//! as q4's does its offset of 8. Without this order the AVX-512 q8 kernel converts and scales
+//! each group of each token on its own, four lanes of a vector a group (`x86/avx512.rs`); with
+//! it, one conversion and one multiply-add serve 16 groups. The activations are q4's exactly
+//! ([`lay_out`]): vector `m` of a block holds values `4m .. 4m + 4` of each group. Groups of 64
+//! (the q8 files') stay in the file's order: interleaved, a decode step's product streamed them
+//! from memory slower than the file-order kernel does (docs/quantization.md, "q8 in the
+//! interleaved order").
 
 use super::q4::{Q4Layout, SIMD_GROUP};
 use crate::format::reader::Derived;
@@ -57,6 +79,12 @@ pub const GROUPS: usize = 16;
 
 /// Whether q4 and q6 matrices in groups of `group_size` are interleaved: groups of 32 only.
 pub const fn interleaves(group_size: usize) -> bool {
+    group_size == SIMD_GROUP
+}
+
+/// Whether q8 matrices in groups of `group_size` are interleaved where the CPU's kernels read
+/// that order ([`super::Dots::q8_interleaved`]): groups of 32 only, as q4's.
+pub const fn interleaves_q8(group_size: usize) -> bool {
     group_size == SIMD_GROUP
 }
 
@@ -126,21 +154,57 @@ pub fn interleave_q6(packed: &[u8], cols: usize, out: &mut [u8]) {
     }
 }
 
-/// Every q4 and q6 matrix of `file` in groups of 32, interleaved, in one buffer of huge pages
+/// `q` (the bytes of q8 rows of `cols` int8 values in groups of `gs`, as the file holds them)
+/// in the interleaved order, each value plus 128 (`q ^ 0x80`), into `out` (as long as `q`).
+pub fn interleave_q8(q: &[u8], cols: usize, gs: usize, out: &mut [u8]) {
+    assert!(interleaves_q8(gs) && cols.is_multiple_of(gs) && q.len() == out.len());
+    assert!(q.len().is_multiple_of(cols.max(1)));
+    let words = gs / 4;
+    for (src, dst) in q.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
+        for (g0, n) in blocks(cols / gs) {
+            let at = g0 * gs;
+            for l in 0..n {
+                for k in 0..words {
+                    let from = at + gs * l + 4 * k;
+                    let to = at + k * 4 * n + 4 * l;
+                    for b in 0..4 {
+                        dst[to + b] = src[from + b] ^ 0x80;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Which order a matrix of [`interleave_file`] takes.
+#[derive(Clone, Copy)]
+enum Order {
+    Q4,
+    Q6,
+    /// q8 in groups of this many.
+    Q8(usize),
+}
+
+/// Every q4 and q6 matrix of `file` in groups of 32 (and, where `q8`, every q8 one in groups of
+/// 32), interleaved, in one buffer of huge pages
 /// (each at a multiple of 64 bytes, laid out as in the file: its values, then its scales), for
 /// [`ModelFile::derived`]. The rows are reordered in parallel; the file's bytes are read once.
-pub fn interleave_file(file: &ModelFile) -> Result<Derived> {
+pub fn interleave_file(file: &ModelFile, q8: bool) -> Result<Derived> {
     let mut jobs = Vec::new();
     let (mut at, mut len) = (HashMap::new(), 0usize);
     for info in &file.header().tensors {
         let t = file.tensor(&info.name)?;
-        let (packed, six) = match t.data {
+        // The values' bytes (the tensor's first ones) and their order.
+        let (values, order) = match t.data {
             TensorData::Q4 {
                 packed, group_size, ..
-            } if interleaves(group_size) => (packed, false),
+            } if interleaves(group_size) => (packed.len(), Order::Q4),
             TensorData::Q6 {
                 packed, group_size, ..
-            } if interleaves(group_size) => (packed, true),
+            } if interleaves(group_size) => (packed.len(), Order::Q6),
+            TensorData::Q8 { q, group_size, .. } if q8 && interleaves_q8(group_size) => {
+                (q.len(), Order::Q8(group_size))
+            }
             _ => continue,
         };
         let cols = *t.shape.last().context("a matrix without a shape")? as usize;
@@ -149,11 +213,11 @@ pub fn interleave_file(file: &ModelFile) -> Result<Derived> {
         len = start + info.nbytes as usize;
         at.insert(info.name.clone(), start..len);
         let whole = file.tensor_bytes(&info.name)?;
-        jobs.push((packed, whole, cols, six, start));
+        jobs.push((&whole[..values], whole, cols, order, start));
     }
     let mut bytes = HugePages::<u8>::zeroed(len).with_context(|| {
         format!(
-            "cannot allocate {:.1} MiB for the q4 and q6 weights in the AVX-512 kernels' order",
+            "cannot allocate {:.1} MiB for the quantized weights in the AVX-512 kernels' order",
             len as f64 / 1048576.0
         )
     })?;
@@ -161,25 +225,32 @@ pub fn interleave_file(file: &ModelFile) -> Result<Derived> {
     let mut rest: &mut [u8] = &mut bytes;
     let mut done = 0;
     let mut parts = Vec::with_capacity(jobs.len());
-    for (packed, whole, cols, six, start) in jobs {
+    for (packed, whole, cols, order, start) in jobs {
         let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - done);
         let (dst, tail) = tail.split_at_mut(whole.len());
         (rest, done) = (tail, start + whole.len());
         // The scales (and the padding before them) as they are.
         let (dst, scales) = dst.split_at_mut(packed.len());
         scales.copy_from_slice(&whole[packed.len()..]);
-        parts.push((packed, cols, six, dst));
+        parts.push((packed, cols, order, dst));
     }
-    parts.into_par_iter().for_each(|(packed, cols, six, dst)| {
-        let row_bytes = if six { cols / 4 * 3 } else { cols / 2 };
-        let piece = row_bytes * (65536 / row_bytes).max(1);
-        dst.par_chunks_mut(piece)
-            .zip(packed.par_chunks(piece))
-            .for_each(|(d, s)| match six {
-                true => interleave_q6(s, cols, d),
-                false => interleave_q4(s, cols, d),
-            });
-    });
+    parts
+        .into_par_iter()
+        .for_each(|(packed, cols, order, dst)| {
+            let row_bytes = match order {
+                Order::Q4 => cols / 2,
+                Order::Q6 => cols / 4 * 3,
+                Order::Q8(_) => cols,
+            };
+            let piece = row_bytes * (65536 / row_bytes).max(1);
+            dst.par_chunks_mut(piece)
+                .zip(packed.par_chunks(piece))
+                .for_each(|(d, s)| match order {
+                    Order::Q4 => interleave_q4(s, cols, d),
+                    Order::Q6 => interleave_q6(s, cols, d),
+                    Order::Q8(gs) => interleave_q8(s, cols, gs, d),
+                });
+        });
     Ok(Derived::new(bytes, at))
 }
 
@@ -205,26 +276,38 @@ pub fn packed_for_kernels(
     out
 }
 
+/// q8 rows (`[rows, cols]`, groups of `gs`) as the kernels of `d` read them:
+/// interleaved where `d` has [`super::Dots::q8_interleaved`] and the group size interleaves, as
+/// they are otherwise. For tests and benchmarks, which make their weights in the file's order.
+pub fn q8_for_kernels(d: &super::Dots, q: &[i8], cols: usize, gs: usize) -> Vec<i8> {
+    if !(d.q8_interleaved.is_some() && interleaves_q8(gs)) {
+        return q.to_vec();
+    }
+    let mut out = vec![0u8; q.len()];
+    interleave_q8(bytemuck::cast_slice(q), cols, gs, &mut out);
+    bytemuck::cast_slice(&out).to_vec()
+}
+
 /// One token's quantized activations `q` (a row of `cols`, groups of 32) in the order the
 /// interleaved kernels read, into `x` (as long), and each group's correction `-8 * sum(q)` into
-/// `corr` (one per group): the weights are stored as `q + 8` (q6: `q + 32`, the correction taken
-/// four times), so each lane's byte products are `8 * sum(q)` too large.
+/// `corr` (one per group): q4 weights are stored as `q + 8`, so each lane's byte products are
+/// `8 * sum(q)` too large (q6's `q + 32` and q8's `q + 128` take the correction 4 and 16 times,
+/// in the kernel).
 ///
-/// Block by block, as the weights: for `h` 0 (the activations the low nibbles meet) and 1 (the
-/// high ones), for word `k`, for group `l`, the four values `16h + 4k ..` of group `l`.
+/// Block by block, as the weights: for vector `m`, for group `l`, the four values `4m .. 4m + 4`
+/// of group `l`: vectors 0-3 are the activations the low nibbles of q4's four words meet,
+/// vectors 4-7 those the high ones meet, and vector `m` those q8's word `m` meets.
 pub fn lay_out(q: &[i8], x: &mut [i8], corr: &mut [i32]) {
-    let groups = q.len() / SIMD_GROUP;
+    let gs = SIMD_GROUP;
+    let groups = q.len() / gs;
     assert!(x.len() == q.len() && corr.len() == groups);
     for (g0, n) in blocks(groups) {
-        let at = g0 * SIMD_GROUP;
+        let at = g0 * gs;
         for l in 0..n {
-            let group = &q[at + SIMD_GROUP * l..at + SIMD_GROUP * (l + 1)];
-            for h in 0..2 {
-                for k in 0..4 {
-                    let to = at + (4 * h + k) * 4 * n + 4 * l;
-                    let from = 16 * h + 4 * k;
-                    x[to..to + 4].copy_from_slice(&group[from..from + 4]);
-                }
+            let group = &q[at + gs * l..at + gs * (l + 1)];
+            for m in 0..8 {
+                let to = at + m * 4 * n + 4 * l;
+                x[to..to + 4].copy_from_slice(&group[4 * m..4 * m + 4]);
             }
             corr[g0 + l] = -8 * group.iter().map(|&v| v as i32).sum::<i32>();
         }
@@ -306,30 +389,50 @@ mod tests {
     }
 
     /// The activations meet the weights of the same column: position `p` of the laid-out row
-    /// holds the activation that weight byte `p % (4n)` of its vector multiplies.
+    /// holds the activation that weight byte `p % (4n)` of its vector multiplies (for groups
+    /// of 32, vectors 0-3 meet q4's low nibbles, values `4k ..`, and 4-7 its high ones, values
+    /// `16 + 4k ..`).
     #[test]
     fn activations_meet_their_weights() {
-        for groups in [1, 16, 21] {
-            let cols = 32 * groups;
+        for (gs, groups) in [(32, 1), (32, 16), (32, 21)] {
+            let cols = gs * groups;
             let q: Vec<i8> = (0..cols).map(|c| (c % 251) as i8).collect();
             let (mut x, mut corr) = (vec![0i8; cols], vec![0i32; groups]);
             lay_out(&q, &mut x, &mut corr);
             for (g0, n) in blocks(groups) {
-                for h in 0..2 {
-                    for k in 0..4 {
-                        for l in 0..n {
-                            for b in 0..4 {
-                                let at = g0 * 32 + (4 * h + k) * 4 * n + 4 * l + b;
-                                let col = (g0 + l) * 32 + 16 * h + 4 * k + b;
-                                assert_eq!(x[at], q[col], "{groups} groups, position {at}");
-                            }
+                for m in 0..gs / 4 {
+                    for l in 0..n {
+                        for b in 0..4 {
+                            let at = g0 * gs + m * 4 * n + 4 * l + b;
+                            let col = (g0 + l) * gs + 4 * m + b;
+                            assert_eq!(x[at], q[col], "{gs}: {groups} groups, position {at}");
                         }
                     }
                 }
             }
             for (g, &c) in corr.iter().enumerate() {
-                let sum: i32 = q[g * 32..(g + 1) * 32].iter().map(|&v| v as i32).sum();
+                let sum: i32 = q[g * gs..(g + 1) * gs].iter().map(|&v| v as i32).sum();
                 assert_eq!(c, -8 * sum);
+            }
+        }
+    }
+
+    /// Every q8 weight of rows with whole blocks and a short one is where the module's text
+    /// says, plus 128: byte `b` of word `m` of group `l` of a block at `m * 4n + 4l + b`.
+    #[test]
+    fn q8_weights_are_where_the_order_says() {
+        for (gs, groups) in [(32, 1), (32, 16), (32, 35)] {
+            let (rows, cols) = (3, gs * groups);
+            let q: Vec<u8> = (0..rows * cols).map(|i| (i * 7 % 256) as u8).collect();
+            let mut out = vec![0u8; q.len()];
+            interleave_q8(&q, cols, gs, &mut out);
+            for (src, row) in q.chunks_exact(cols).zip(out.chunks_exact(cols)) {
+                for (c, &v) in src.iter().enumerate() {
+                    let (g, j) = (c / gs, c % gs);
+                    let (g0, n) = blocks(groups).find(|&(g0, n)| g < g0 + n).unwrap();
+                    let at = g0 * gs + (j / 4) * 4 * n + 4 * (g - g0) + j % 4;
+                    assert_eq!(row[at], v ^ 0x80, "{gs}: {groups} groups, column {c}");
+                }
             }
         }
     }

@@ -60,6 +60,10 @@ pub struct Dots {
     pub bf16_rows: MatBf16,
     pub q8: DotQ8,
     pub q8_rows: MatQ8,
+    /// `q8_rows` on q8 weights in the interleaved order (`interleaved.rs`, groups of 32)
+    /// with the activations laid out to match ([`ActsQ8::q4`] in [`q4::Q4Layout::Interleaved`]),
+    /// where this family has such a kernel (AVX-512); `Model::load` then makes the copy.
+    pub q8_interleaved: Option<MatQ8>,
     /// q4 weights against q8 activations (W4A8): `q4.rs` has the scalar reference and the
     /// activations' layout the SIMD versions read.
     pub q4_rows: MatQ4,
@@ -86,6 +90,7 @@ pub const SCALAR: Dots = Dots {
     bf16_rows: |w, x, t, out| bf16_rows_by_dot(dot_bf16_scalar, w, x, t, out),
     q8: dot_q8_scalar,
     q8_rows: mat_q8_scalar,
+    q8_interleaved: None,
     q4_rows: q4::mat_q4_scalar,
     q6_rows: q6::mat_q6_scalar,
     q4_layout: q4::Q4Layout::Halves,
@@ -768,6 +773,75 @@ mod tests {
                             if six { "q6" } else { "q4" }
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// AVX-512's q8 kernel on interleaved weights (groups of 32) against one scalar dot
+    /// product per (row, token), over shapes that take whole blocks of 16 groups and short ones,
+    /// every tile (2 or 1 rows; 4, 3, 2 or 1 tokens), and prefetching past the rows; and a
+    /// prompt's tokens get the bits each gets alone (decode).
+    #[test]
+    fn q8_interleaved_rows_match_scalar_dots() {
+        let mut seed = 17;
+        for d in available() {
+            let Some(kernel) = d.q8_interleaved else {
+                continue;
+            };
+            for gs in [32] {
+                for (rows, t, groups) in [
+                    (1, 1, 3),
+                    (3, 2, 16),
+                    (2, 5, 17),
+                    (5, 8, 2),
+                    (3, 13, 20),
+                    (37, 7, 35),
+                    (160, 1, 4),
+                ] {
+                    let cols = gs * groups;
+                    let w = rand_vec(rows * cols, &mut seed, 1.0);
+                    let x = rand_vec(t * cols, &mut seed, 3.0);
+                    let (mut wq, mut ws) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
+                    crate::quant::quantize_q8(&w, gs, &mut wq, &mut ws);
+                    let wk = interleaved::q8_for_kernels(&d, &wq, cols, gs);
+                    let layout = q4::Q4Layout::Interleaved;
+                    let mut buf = ActsQ8Buf::default();
+                    let acts = buf.quantize_for_q4_as(&x, t, cols, gs, layout);
+                    let mut out = vec![f32::NAN; rows * t];
+                    kernel(&wk, &ws, &acts, &mut out, 1 << 20);
+                    let per = cols / gs;
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    for r in 0..rows {
+                        let (w_r, ws_r) =
+                            (&wq[r * cols..(r + 1) * cols], &ws[r * per..(r + 1) * per]);
+                        for i in 0..t {
+                            let want =
+                                dot_q8_scalar(w_r, ws_r, acts.q_row(i), acts.scales_row(i), gs);
+                            let got = out[r * t + i];
+                            assert!(
+                                close(got, want, groups, 3.0 * gs as f32),
+                                "{} q8 interleaved gs={gs} [{rows}x{cols}]x[{t}]: ({r},{i}) {got} vs {want}",
+                                d.isa
+                            );
+                        }
+                    }
+                    let mut one_by_one = vec![f32::NAN; rows * t];
+                    for i in 0..t {
+                        let mut one = vec![f32::NAN; rows];
+                        let x_i = &x[i * cols..(i + 1) * cols];
+                        let acts = buf.quantize_for_q4_as(x_i, 1, cols, gs, layout);
+                        kernel(&wk, &ws, &acts, &mut one, 0);
+                        for r in 0..rows {
+                            one_by_one[r * t + i] = one[r];
+                        }
+                    }
+                    assert_eq!(
+                        bits(&out),
+                        bits(&one_by_one),
+                        "{} q8 interleaved gs={gs} [{rows}x{cols}]x[{t}]: prompt vs decode",
+                        d.isa
+                    );
                 }
             }
         }

@@ -121,7 +121,8 @@ impl Q4Layout {
     }
 }
 
-/// The activations of `t` tokens in the q4 kernels' layout (see the module's text). Empty when
+/// The activations of `t` tokens in the q4 kernels' layout (see the module's text), which
+/// AVX-512's q8 kernel on interleaved weights reads too (`interleaved.rs`). Empty when
 /// the group size is not [`SIMD_GROUP`]; `chunks` is 0 (and the kernels take the reference)
 /// when a row is narrower than a chunk.
 #[derive(Clone, Copy, Default)]

@@ -13,9 +13,12 @@ pub enum Matrix {
     F32(Vec<f32>),
     /// bfloat16 bit patterns.
     Bf16(Vec<u16>),
-    /// int8 values, a scale per group of `group_size` (`quant::quantize_q8`).
+    /// int8 values, a scale per group of `group_size` (`quant::quantize_q8`); `kernel`: the
+    /// same values in the order the kernels read (`kernels/dot/interleaved.rs`), when that
+    /// order differs.
     Q8 {
         q: Vec<i8>,
+        kernel: Option<Vec<i8>>,
         scales: Vec<f32>,
         group_size: usize,
     },
@@ -46,6 +49,9 @@ impl Matrix {
                 group_size,
             } => Matrix::Q8 {
                 q: q.to_vec(),
+                kernel: (dots().q8_interleaved.is_some()
+                    && interleaved::interleaves_q8(group_size))
+                .then(|| interleaved::q8_for_kernels(dots(), q, cols, group_size)),
                 scales: scales.to_vec(),
                 group_size,
             },
@@ -104,16 +110,17 @@ impl Matrix {
             Matrix::Bf16(v) => (TensorData::Bf16(v), None),
             Matrix::Q8 {
                 q,
+                kernel,
                 scales,
                 group_size,
-            } => (
-                TensorData::Q8 {
+            } => {
+                let data = |q| TensorData::Q8 {
                     q,
                     scales,
                     group_size: *group_size,
-                },
-                None,
-            ),
+                };
+                (data(q), kernel.as_deref().map(data))
+            }
             Matrix::Packed {
                 six,
                 packed,

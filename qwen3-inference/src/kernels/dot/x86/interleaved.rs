@@ -1,6 +1,6 @@
-//! The AVX-512 VNNI q4 and q6 kernels, on weights in the interleaved order (`dot/interleaved.rs`):
-//! a block of 16 groups is four 512-bit vectors (q6: six) whose lane `l` holds group `l`, so per
-//! weight row, token and block:
+//! The AVX-512 VNNI q4, q6 and q8 kernels, on weights in the interleaved order
+//! (`dot/interleaved.rs`): a block of 16 groups of 32 is 512-bit vectors whose lane `l` holds
+//! group `l` (q4: four, q6: six, q8: eight), so per weight row, token and block:
 //!
 //! ```text
 //! lo_k, hi_k = v_k & 15, (v_k >> 4) & 15          k = 0..4, the nibbles (q6: | two high bits << 4)
@@ -8,15 +8,18 @@
 //! acc       += float(isum) * x_scale * w_scale                       16 groups a conversion
 //! ```
 //!
+//! (q8: `isum = corr + sum_k dot4(v_k, x_k)` over its eight vectors, no unpacking),
 //! and the row's value is `acc`'s 16 lanes added (`sum16`) after its last block. No permute, no
 //! lane addition: eight `vpdpbusd` and eight (q6: sixteen) bitwise operations per 512 weights.
+//! The three kinds share the tiles below, whose const parameter `KIND` says which they read.
 //!
-//! Decode (one token) takes four rows a tile, the token's activations held in registers while
-//! each row is unpacked and used; it asks for the weights ahead as the q8 kernel does
+//! Decode (one token) takes one row a tile, the token's activations held in registers while
+//! the row is unpacked and used; it asks for the weights ahead as the q8 kernel does
 //! ([`PREFETCH_NEAR`]). A prompt's products (and a serving step's) take tiles of two rows by four
 //! tokens: each row's block unpacked once for the four tokens, each vector of a token's
-//! activations loaded once for both rows. Every (row, token) pair runs the same operations in the
-//! same order in both, so a prompt's tokens get decode's bits.
+//! activations loaded once for both rows. Every (row, token) pair adds the same integer sums
+//! and makes the same float operations in the same order in both, so a prompt's tokens get
+//! decode's bits.
 
 use super::super::interleaved::GROUPS;
 use super::super::q4::{Q4Layout, SIMD_GROUP};
@@ -29,9 +32,42 @@ use std::arch::x86_64::*;
 /// Tokens a prompt tile takes (two weight rows against up to this many).
 const TOKENS: usize = 4;
 
+/// The kinds of interleaved weights, a const parameter of the tiles (`KIND`), all in groups of
+/// 32: q4 and q6 (f16 scales) and q8 (f32 scales).
+const Q4: usize = 0;
+const Q6: usize = 1;
+const Q8: usize = 2;
+
+/// Bytes one group of 32 weights of a kind takes in a row: q4 16, q6 24, q8 32.
+const fn group_bytes(kind: usize) -> usize {
+    match kind {
+        Q4 => 16,
+        Q6 => 24,
+        _ => 32,
+    }
+}
+
+/// Bytes of one weight scale: f16 for q4 and q6, f32 for q8.
+const fn scale_bytes(kind: usize) -> usize {
+    match kind {
+        Q4 | Q6 => 2,
+        _ => 4,
+    }
+}
+
+/// How far left the activations' correction `-8 sum(x)` is shifted: weights stored `q + 8` (q4),
+/// `q + 32` (q6), `q + 128` (q8).
+const fn corr_shift(kind: usize) -> u32 {
+    match kind {
+        Q4 => 0,
+        Q6 => 2,
+        _ => 4,
+    }
+}
+
 /// [`super::super::MatQ4`] on AVX-512 VNNI for interleaved q4 weights or (`SIX`) q6 ones,
 /// reading the activations in [`Q4Layout::Interleaved`]. Groups of other sizes than 32 are not
-/// interleaved and take the reference (the activations are then not laid out).
+/// interleaved and take the reference.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn mat_interleaved_avx512<const SIX: bool>(
     w: &[u8],
@@ -49,29 +85,85 @@ pub(super) unsafe fn mat_interleaved_avx512<const SIX: bool>(
         Q4Layout::Interleaved,
         "the AVX-512 q4 kernel reads Q4Layout::Interleaved"
     );
+    let ws: &[u8] = bytemuck::cast_slice(ws);
+    // SAFETY: `check_either` passed (the slices hold `rows` rows of `x.cols` columns in groups
+    // of 32) and the activations are laid out in groups of 32, as `tiles` requires.
+    match SIX {
+        true => tiles::<Q6>(w, ws, x, out, rows, ahead),
+        false => tiles::<Q4>(w, ws, x, out, rows, ahead),
+    }
+}
+
+/// [`super::super::MatQ8`] on AVX-512 VNNI for q8 weights interleaved in groups of 32
+/// ([`super::super::Dots::q8_interleaved`]), reading the activations in
+/// [`Q4Layout::Interleaved`]. Panics on other group sizes or activations not so laid out: the
+/// weights of a matrix that does not interleave are read in the file's order, by another kernel.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn mat_q8_interleaved_avx512(
+    w: &[i8],
+    ws: &[f32],
+    x: &ActsQ8,
+    out: &mut [f32],
+    ahead: usize,
+) {
+    let rows = x.check(w, ws, out);
+    assert!(
+        x.q4.layout == Q4Layout::Interleaved && x.q4.x.len() == x.t * x.cols,
+        "the AVX-512 q8 kernel on interleaved weights reads Q4Layout::Interleaved activations"
+    );
+    let (w, ws) = (bytemuck::cast_slice(w), bytemuck::cast_slice(ws));
+    assert_eq!(
+        x.group_size, SIMD_GROUP,
+        "q8: only groups of 32 are interleaved"
+    );
+    // SAFETY: `check` passed (the slices hold `rows` rows of `x.cols` columns in groups of 32)
+    // and the activations are laid out in those groups, as `tiles` requires.
+    tiles::<Q8>(w, ws, x, out, rows, ahead)
+}
+
+/// `out = w x` for `rows` rows of weights of `KIND` (`w` their bytes, `ws` their scales' bytes).
+///
+/// Caller guarantees that `w` holds `rows` rows of `x.cols` weights of `KIND` in groups of 32
+/// (`x.group_size`), `ws` a scale per group, `out` `rows * x.t` values, and that the
+/// activations are laid out in [`Q4Layout::Interleaved`] in those groups.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn tiles<const KIND: usize>(
+    w: &[u8],
+    ws: &[u8],
+    x: &ActsQ8,
+    out: &mut [f32],
+    rows: usize,
+    ahead: usize,
+) {
     // Bytes this thread may prefetch, counted from the start of `w`.
     let reach = w.len() + ahead;
     if x.t == 1 {
-        return for_each_tile(rows, 1, 4, 1, |m, _, r, _| {
-            // SAFETY: rows r..r+m exist (for_each_tile keeps them so); `check_either` passed and
-            // the activations are laid out (checked above), as `tile` requires.
-            match m {
-                4 => tile::<4, 1, SIX>(w, ws, x, out, r, 0, reach),
-                _ => tile::<1, 1, SIX>(w, ws, x, out, r, 0, reach),
-            }
+        // One row a tile: on Zen 5, tiles of four rows (four streams side by side) decoded the
+        // 0.6B shape's q4 file slower on one thread than one row a tile (docs/quantization.md,
+        // "One row a decode tile").
+        return for_each_tile(rows, 1, 1, 1, |_, _, r, _| {
+            // SAFETY: row r exists (for_each_tile keeps it so); the rest is our caller's promise.
+            tile::<KIND, 1, 1>(w, ws, x, out, r, 0, reach)
         });
     }
-    for_each_tile(rows, x.t, 2, TOKENS, |m, n, r, i| {
+    // A few tokens (a serving step's) take one q8 row a tile: the product is bound by reading
+    // the weights, and one stream a tile reads them faster (docs/quantization.md, "q8 in the
+    // interleaved order").
+    let tile_rows = match KIND == Q8 && x.t <= 2 {
+        true => 1,
+        false => 2,
+    };
+    for_each_tile(rows, x.t, tile_rows, TOKENS, |m, n, r, i| {
         // SAFETY: rows r..r+m and tokens i..i+n exist (for_each_tile keeps them so); as above.
         match (m, n) {
-            (2, 4) => tile::<2, 4, SIX>(w, ws, x, out, r, i, reach),
-            (2, 3) => tile::<2, 3, SIX>(w, ws, x, out, r, i, reach),
-            (2, 2) => tile::<2, 2, SIX>(w, ws, x, out, r, i, reach),
-            (2, _) => tile::<2, 1, SIX>(w, ws, x, out, r, i, reach),
-            (_, 4) => tile::<1, 4, SIX>(w, ws, x, out, r, i, reach),
-            (_, 3) => tile::<1, 3, SIX>(w, ws, x, out, r, i, reach),
-            (_, 2) => tile::<1, 2, SIX>(w, ws, x, out, r, i, reach),
-            _ => tile::<1, 1, SIX>(w, ws, x, out, r, i, reach),
+            (2, 4) => tile::<KIND, 2, 4>(w, ws, x, out, r, i, reach),
+            (2, 3) => tile::<KIND, 2, 3>(w, ws, x, out, r, i, reach),
+            (2, 2) => tile::<KIND, 2, 2>(w, ws, x, out, r, i, reach),
+            (2, _) => tile::<KIND, 2, 1>(w, ws, x, out, r, i, reach),
+            (_, 4) => tile::<KIND, 1, 4>(w, ws, x, out, r, i, reach),
+            (_, 3) => tile::<KIND, 1, 3>(w, ws, x, out, r, i, reach),
+            (_, 2) => tile::<KIND, 1, 2>(w, ws, x, out, r, i, reach),
+            _ => tile::<KIND, 1, 1>(w, ws, x, out, r, i, reach),
         }
     });
 }
@@ -79,18 +171,18 @@ pub(super) unsafe fn mat_interleaved_avx512<const SIX: bool>(
 /// `out[(r + a) * t + i + j]` for the `R` weight rows from `r` and the `N` tokens from `i`,
 /// prefetching weights up to `reach` bytes from the start of `w`.
 ///
-/// Caller guarantees the rows and tokens exist, that `q6::check_either::<SIX>` passed and that
-/// the activations are laid out in [`Q4Layout::Interleaved`] (groups of 32). Then every read is
-/// in bounds: a row is `per = cols / 32` groups of 16 bytes (q6: 24), and a block of `n` groups
-/// from group `g0` reads bytes `16 g0 .. 16 (g0 + n)` of its row (q6: 24), values `32 g0 .. 32
-/// (g0 + n)` of a token's laid-out row and entries `g0 .. g0 + n` of its corrections and scales
-/// and of the row's weight scales; the short block's loads are masked to its `n` lanes (words),
-/// and a masked load neither reads nor faults past its mask.
+/// Caller guarantees the rows and tokens exist and what [`tiles`]' caller does. Then every
+/// read is in bounds: with `gb = group_bytes(KIND)`, a row is `per = cols / 32` groups of `gb`
+/// bytes, and a block of `n` groups from group `g0` reads bytes `gb g0 .. gb (g0 + n)` of its
+/// row, values `32 g0 .. 32 (g0 + n)` of a token's laid-out row and
+/// entries `g0 .. g0 + n` of its corrections and scales and of the row's weight scales; the
+/// short block's loads are masked to its `n` lanes (words), and a masked load neither reads nor
+/// faults past its mask.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile<const R: usize, const N: usize, const SIX: bool>(
+unsafe fn tile<const KIND: usize, const R: usize, const N: usize>(
     w: &[u8],
-    ws: &[u16],
+    ws: &[u8],
     x: &ActsQ8,
     out: &mut [f32],
     r: usize,
@@ -98,24 +190,24 @@ unsafe fn tile<const R: usize, const N: usize, const SIX: bool>(
     reach: usize,
 ) {
     let (t, cols) = (x.t, x.cols);
+    let (gb, sb) = (group_bytes(KIND), scale_bytes(KIND));
     let per = cols / SIMD_GROUP;
-    let row_bytes = q6::row_bytes::<SIX>(cols);
-    let group_bytes = q6::row_bytes::<SIX>(SIMD_GROUP);
+    let row_bytes = per * gb;
     let rows = Rows::<R> {
         w: std::array::from_fn(|a| w.as_ptr().add((r + a) * row_bytes)),
-        ws: std::array::from_fn(|a| ws.as_ptr().add((r + a) * per)),
+        ws: std::array::from_fn(|a| ws.as_ptr().add((r + a) * per * sb)),
     };
     let tokens = Tokens::<N> {
         x: std::array::from_fn(|j| x.q4.x.as_ptr().add((i + j) * cols)),
         corr: std::array::from_fn(|j| x.q4.corr.as_ptr().add((i + j) * per)),
         scale: std::array::from_fn(|j| x.q4.scales.as_ptr().add((i + j) * per)),
     };
-    // The weight scales are a stream of their own, 2 bytes a group (1/8 of q4's bytes, 1/12 of
-    // q6's): the tile's scales asked for at once, `PREFETCH_NEAR / 16` bytes ahead in their
-    // stream (as far ahead as 4 KiB of q4 weights); a few lines for a tile of rows of the 0.6B
-    // shape, against the weights' 32 (see `block`).
-    let from = r * per * 2 + PREFETCH_NEAR / 16;
-    for line in (from..from + R * per * 2).step_by(64) {
+    // The weight scales are a stream of their own (1/8 of q4's bytes, 1/12 of q6's, 1/8 of
+    // q8's): the tile's scales asked for at once, `PREFETCH_NEAR / 16` bytes ahead in
+    // their stream; a few lines for a tile of rows of the 0.6B shape, against the weights' 32
+    // (see `block`).
+    let from = r * per * sb + PREFETCH_NEAR / 16;
+    for line in (from..from + R * per * sb).step_by(64) {
         // A prefetch never faults; `wrapping_add` may point past `ws` without UB.
         _mm_prefetch::<_MM_HINT_T2>((ws.as_ptr() as *const i8).wrapping_add(line));
     }
@@ -125,20 +217,18 @@ unsafe fn tile<const R: usize, const N: usize, const SIX: bool>(
         let g0 = b * GROUPS;
         // The tile's rows are consecutive in memory: its weights are one stream, of which this
         // block reads its share, asked for ahead a row's piece at a time (`block`).
-        let share = R * GROUPS * group_bytes;
+        let share = R * GROUPS * gb;
         let from = r * row_bytes + b * share;
-        block::<R, N, SIX, true>(&mut acc, &rows, &tokens, g0, GROUPS, |a| {
-            let piece = share / R;
-            prefetch_lines(w, from + a * piece, piece, reach);
+        block::<KIND, R, N, true>(&mut acc, &rows, &tokens, g0, GROUPS, |a, at, len| {
+            prefetch_lines(w, from + a * (share / R) + at, len, reach);
         });
     }
     let n = per - full * GROUPS;
     if n > 0 {
         let g0 = full * GROUPS;
-        let from = r * row_bytes + R * g0 * group_bytes;
-        block::<R, N, SIX, false>(&mut acc, &rows, &tokens, g0, n, |a| {
-            let piece = n * group_bytes;
-            prefetch_lines(w, from + a * piece, piece, reach);
+        let from = r * row_bytes + R * g0 * gb;
+        block::<KIND, R, N, false>(&mut acc, &rows, &tokens, g0, n, |a, at, len| {
+            prefetch_lines(w, from + a * n * gb + at, len, reach);
         });
     }
     for (a, acc_a) in acc.iter().enumerate() {
@@ -148,10 +238,10 @@ unsafe fn tile<const R: usize, const N: usize, const SIX: bool>(
     }
 }
 
-/// Where a tile's weight rows start: their bytes and their f16 scales.
+/// Where a tile's weight rows start: their bytes and their scales' bytes.
 struct Rows<const R: usize> {
     w: [*const u8; R],
-    ws: [*const u16; R],
+    ws: [*const u8; R],
 }
 
 /// Where a tile's tokens start: their laid-out values, corrections and scales.
@@ -165,133 +255,185 @@ struct Tokens<const N: usize> {
 /// vectors are `4n` bytes apart.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn words<const FULL: bool>(p: *const u8, n: usize) -> __m512i {
+pub(super) unsafe fn words<const FULL: bool>(p: *const u8, n: usize) -> __m512i {
     match FULL {
         true => _mm512_loadu_si512(p as *const __m512i),
         false => _mm512_maskz_loadu_epi32(((1u32 << n) - 1) as __mmask16, p as *const i32),
     }
 }
 
-/// Adds the block of `n` groups from `g0` (16 when `FULL`) into `acc`, calling `prefetch(a)`
-/// before row `a`'s weights are read. Caller guarantees what [`tile`]'s caller does.
+/// Adds the block of `n` groups from `g0` (16 when `FULL`) into `acc`, calling `prefetch(a, at,
+/// len)` before bytes `at .. at + len` of row `a`'s block are read (it asks for the bytes that
+/// far ahead of them). Caller guarantees what [`tile`]'s caller does. Caller guarantees what [`tile`]'s caller does.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 // The indices pick a row's or token's pointers, weights and accumulator together.
 #[allow(clippy::needless_range_loop)]
-unsafe fn block<const R: usize, const N: usize, const SIX: bool, const FULL: bool>(
+unsafe fn block<const KIND: usize, const R: usize, const N: usize, const FULL: bool>(
     acc: &mut [[__m512; N]; R],
     rows: &Rows<R>,
     tokens: &Tokens<N>,
     g0: usize,
     n: usize,
-    prefetch: impl Fn(usize),
+    prefetch: impl Fn(usize, usize, usize),
 ) {
-    let group_bytes = q6::row_bytes::<SIX>(SIMD_GROUP);
-    // `prefetch(a)` asks for a piece of the weights ahead just before row `a`'s block is read,
-    // so the prefetches (two per 64 bytes) are spread among the arithmetic. Asked for all at once
-    // before the block (32 prefetches in a row for a decode tile), they made one Zen 5 thread
-    // decode the 0.6B shape's q4 file 8% slower (measured: docs/quantization.md, "AVX-512 on
-    // Zen 5"); the AVX2 kernels already ask a chunk at a time.
-    // Decode's q4 leaves the high nibbles in place (16 times their value) and shifts their
-    // integer sum once instead (`split`): a row's four shifts become one a token, which is less
-    // work only for one token; q6's high bits would not fit above them. The integer sum is the
-    // same, so the bits are too.
-    let split = !SIX && N == 1;
+    let (gb, sb) = (group_bytes(KIND), scale_bytes(KIND));
+    let d: [__m512; R] =
+        std::array::from_fn(|a| weight_scales::<KIND, FULL>(rows.ws[a].add(g0 * sb), n));
+    // `prefetch` asks for a piece of the weights ahead just before row `a`'s block is read, so
+    // the prefetches (two per 64 bytes) are spread among the arithmetic. Asked for all at once
+    // before the block (32 prefetches in a row for a decode tile of four rows), they made one
+    // Zen 5 thread decode the 0.6B shape's q4 file 8% slower (measured: docs/quantization.md,
+    // "AVX-512 on Zen 5"); the AVX2 kernels already ask a chunk at a time.
     if N == 1 {
         // Decode: the token's activations stay in registers while each row is unpacked and used
-        // at once.
-        let act = acts::<N, SIX, FULL>(tokens, 0, g0, n);
+        // at once. Its integer sum is two chains of `vpdpbusd` added at the end (one waits on
+        // the other's latency otherwise); integer sums are exact, so the bits are a prompt's.
         for a in 0..R {
-            prefetch(a);
-            let wv = weights::<SIX, FULL>(rows.w[a].add(g0 * group_bytes), n, split);
-            let d = weight_scales::<FULL>(rows.ws[a].add(g0), n);
-            dot(&mut acc[a][0], &wv, &act, d, split);
-        }
-    } else {
-        // A prompt: the rows unpacked once, then each token against all of them, each vector of
-        // its activations loaded once for every row (loads, not the products, bound a tile
-        // that loads a token's activations for one row).
-        let wv: [[__m512i; 8]; R] = std::array::from_fn(|a| {
-            prefetch(a);
-            weights::<SIX, FULL>(rows.w[a].add(g0 * group_bytes), n, false)
-        });
-        let d: [__m512; R] = std::array::from_fn(|a| weight_scales::<FULL>(rows.ws[a].add(g0), n));
-        for j in 0..N {
-            let base = tokens.x[j].add(g0 * SIMD_GROUP) as *const u8;
-            let corr = words::<FULL>(tokens.corr[j].add(g0) as *const u8, n);
-            let corr = if SIX {
-                _mm512_slli_epi32(corr, 2)
-            } else {
-                corr
-            };
-            let mut isum = [corr; R];
+            prefetch(a, 0, n * gb);
+            let mut isum = [
+                corr::<KIND, N, FULL>(tokens, 0, g0, n),
+                _mm512_setzero_si512(),
+            ];
+            let x = acts::<N, FULL>(tokens, 0, g0, n);
+            // Decode's q4 leaves the high nibbles in place (16 times their value) and shifts
+            // their integer sum once instead: a row's four shifts become one a token, which is
+            // less work only for one token; q6's high bits would not fit above them.
+            let wv = weights::<KIND, FULL>(rows.w[a].add(g0 * gb), n, KIND == Q4);
             for k in 0..8 {
-                let xk = words::<FULL>(base.add(k * 4 * n), n);
+                // q4: chain 0 the low nibbles, chain 1 the high ones; others alternate.
+                let c = if KIND == Q4 { k / 4 } else { k % 2 };
+                isum[c] = _mm512_dpbusd_epi32(isum[c], wv[k], x[k]);
+            }
+            let high = match KIND {
+                // Exact: every product of the high nibbles is a multiple of 16.
+                Q4 => _mm512_srai_epi32(isum[1], 4),
+                _ => isum[1],
+            };
+            let isum = _mm512_add_epi32(isum[0], high);
+            let scale = x_scales::<N, FULL>(tokens, 0, g0, n);
+            finish(&mut acc[a][0], isum, scale, d[a]);
+        }
+    } else if KIND == Q8 {
+        // A prompt on q8: nothing to unpack, so vector by vector, each of the rows' vectors
+        // loaded once for every token and each of a token's once for every row, the tile's
+        // `R * N` sums held in registers throughout (with the weights' eight vectors held
+        // instead, as q4's tiles do below, the compiler spilled registers).
+        let mut isum: [[__m512i; R]; N] =
+            std::array::from_fn(|j| [corr::<KIND, N, FULL>(tokens, j, g0, n); R]);
+        for a in 0..R {
+            prefetch(a, 0, n * gb);
+        }
+        for m in 0..8 {
+            let wv: [__m512i; R] =
+                std::array::from_fn(|a| words::<FULL>(rows.w[a].add(g0 * gb + m * 4 * n), n));
+            for j in 0..N {
+                let base = tokens.x[j].add(g0 * SIMD_GROUP) as *const u8;
+                let x = words::<FULL>(base.add(m * 4 * n), n);
                 for a in 0..R {
-                    isum[a] = _mm512_dpbusd_epi32(isum[a], wv[a][k], xk);
+                    isum[j][a] = _mm512_dpbusd_epi32(isum[j][a], wv[a], x);
                 }
             }
-            let scale = _mm512_castsi512_ps(words::<FULL>(tokens.scale[j].add(g0) as *const u8, n));
+        }
+        for j in 0..N {
+            let scale = x_scales::<N, FULL>(tokens, j, g0, n);
             for a in 0..R {
-                // As `dot` does it.
-                let v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[a]), scale);
-                acc[a][j] = _mm512_fmadd_ps(v, d[a], acc[a][j]);
+                finish(&mut acc[a][j], isum[j][a], scale, d[a]);
+            }
+        }
+    } else {
+        // A prompt on q4 or q6: the rows unpacked once, then each token against all of them,
+        // each vector of its activations loaded once for every row (loads, not the products,
+        // bound a tile that loads a token's activations for one row).
+        let wv: [[__m512i; 8]; R] = std::array::from_fn(|a| {
+            prefetch(a, 0, n * gb);
+            weights::<KIND, FULL>(rows.w[a].add(g0 * gb), n, false)
+        });
+        for j in 0..N {
+            let mut isum = [corr::<KIND, N, FULL>(tokens, j, g0, n); R];
+            let x = acts::<N, FULL>(tokens, j, g0, n);
+            for k in 0..8 {
+                for a in 0..R {
+                    isum[a] = _mm512_dpbusd_epi32(isum[a], wv[a][k], x[k]);
+                }
+            }
+            let scale = x_scales::<N, FULL>(tokens, j, g0, n);
+            for a in 0..R {
+                finish(&mut acc[a][j], isum[a], scale, d[a]);
             }
         }
     }
 }
 
-/// One token's activations for one block: the eight vectors the nibbles meet, the lanes'
-/// corrections (already times four for q6) and scales.
-struct Acts {
-    x: [__m512i; 8],
-    corr: __m512i,
-    scale: __m512,
-}
-
-/// Token `j`'s activations for the block of `n` groups from `g0`.
+/// Token `j`'s activations for the block of `n` groups from `g0`: the eight vectors that meet
+/// the weights' eight.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn acts<const N: usize, const SIX: bool, const FULL: bool>(
+unsafe fn acts<const N: usize, const FULL: bool>(
     tokens: &Tokens<N>,
     j: usize,
     g0: usize,
     n: usize,
-) -> Acts {
+) -> [__m512i; 8] {
     let base = tokens.x[j].add(g0 * SIMD_GROUP) as *const u8;
+    std::array::from_fn(|k| words::<FULL>(base.add(k * 4 * n), n))
+}
+
+/// Token `j`'s corrections for the block of `n` groups from `g0`, for the weights' offset.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn corr<const KIND: usize, const N: usize, const FULL: bool>(
+    tokens: &Tokens<N>,
+    j: usize,
+    g0: usize,
+    n: usize,
+) -> __m512i {
     let corr = words::<FULL>(tokens.corr[j].add(g0) as *const u8, n);
-    Acts {
-        x: std::array::from_fn(|k| words::<FULL>(base.add(k * 4 * n), n)),
-        // q6 weights are q + 32, four times q4's offset of 8.
-        corr: if SIX {
-            _mm512_slli_epi32(corr, 2)
-        } else {
-            corr
-        },
-        scale: _mm512_castsi512_ps(words::<FULL>(tokens.scale[j].add(g0) as *const u8, n)),
+    match corr_shift(KIND) {
+        0 => corr,
+        2 => _mm512_slli_epi32(corr, 2),
+        _ => _mm512_slli_epi32(corr, 4),
     }
 }
 
-/// The f16 weight scales of the `n` groups at `p`, widened.
+/// Token `j`'s activation scales for the block of `n` groups from `g0`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn weight_scales<const FULL: bool>(p: *const u16, n: usize) -> __m512 {
+unsafe fn x_scales<const N: usize, const FULL: bool>(
+    tokens: &Tokens<N>,
+    j: usize,
+    g0: usize,
+    n: usize,
+) -> __m512 {
+    _mm512_castsi512_ps(words::<FULL>(tokens.scale[j].add(g0) as *const u8, n))
+}
+
+/// The weight scales of the `n` groups at `p` (f16 for q4 and q6, widened; f32 for q8).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn weight_scales<const KIND: usize, const FULL: bool>(p: *const u8, n: usize) -> __m512 {
+    if scale_bytes(KIND) == 4 {
+        return _mm512_castsi512_ps(words::<FULL>(p, n));
+    }
     _mm512_cvtph_ps(match FULL {
         true => _mm256_loadu_si256(p as *const __m256i),
         false => _mm256_maskz_loadu_epi16(((1u32 << n) - 1) as __mmask16, p as *const i16),
     })
 }
 
-/// A row's block of `n` groups at `p`, unpacked to bytes: the low nibbles of its four vectors,
-/// then the high ones (q4: q + 8, 0..=15; q6: q + 32, 0..=63); with `split` (q4 only), the high
-/// nibbles left in place, 16 times their value.
+/// A row's block of `n` groups at `p`, as the eight byte vectors that meet the activations'
+/// eight: q8's stored values as they are; q4's and q6's unpacked, the low nibbles of their four vectors, then the high ones (q4: q + 8, 0..=15; q6:
+/// q + 32, 0..=63); with `split` (q4 only), the high nibbles left in place, 16 times their value.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn weights<const SIX: bool, const FULL: bool>(
+unsafe fn weights<const KIND: usize, const FULL: bool>(
     p: *const u8,
     n: usize,
     split: bool,
 ) -> [__m512i; 8] {
+    if KIND == Q8 {
+        return std::array::from_fn(|k| words::<FULL>(p.add(k * 4 * n), n));
+    }
     let nibble = _mm512_set1_epi8(15);
     let v: [__m512i; 4] = std::array::from_fn(|k| words::<FULL>(p.add(k * 4 * n), n));
     let mut wv: [__m512i; 8] = std::array::from_fn(|k| match (k < 4, split) {
@@ -299,7 +441,7 @@ unsafe fn weights<const SIX: bool, const FULL: bool>(
         (false, true) => _mm512_andnot_si512(nibble, v[k - 4]),
         (false, false) => _mm512_and_si512(_mm512_srli_epi16(v[k - 4], 4), nibble),
     });
-    if SIX {
+    if KIND == Q6 {
         // High vector k / 2 holds word k's two-bit pieces at bits 4 (k % 2) (the low values')
         // and 4 (k % 2) + 2 (the high values'): each goes to bits 4-5 of its nibble,
         // `nibble | shifted & 0x30` (vpternlogd 0xf8: A | B & C).
@@ -318,29 +460,11 @@ unsafe fn weights<const SIX: bool, const FULL: bool>(
     wv
 }
 
-/// One (row, token) pair: `acc += float(corr + the eight byte products) * xs * d`.
+/// One (row, token) pair's block: `acc += float(isum) * xs * d`, in this order in every tile.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-// `k` picks a weight vector and the activations it meets.
-#[allow(clippy::needless_range_loop)]
-unsafe fn dot(acc: &mut __m512, wv: &[__m512i; 8], act: &Acts, d: __m512, split: bool) {
-    let mut isum = act.corr;
-    for k in 0..4 {
-        isum = _mm512_dpbusd_epi32(isum, wv[k], act.x[k]);
-    }
-    if split {
-        let mut high = _mm512_setzero_si512();
-        for k in 4..8 {
-            high = _mm512_dpbusd_epi32(high, wv[k], act.x[k]);
-        }
-        // Exact: every product in `high` is a multiple of 16.
-        isum = _mm512_add_epi32(isum, _mm512_srai_epi32(high, 4));
-    } else {
-        for k in 4..8 {
-            isum = _mm512_dpbusd_epi32(isum, wv[k], act.x[k]);
-        }
-    }
-    let v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), act.scale);
+unsafe fn finish(acc: &mut __m512, isum: __m512i, scale: __m512, d: __m512) {
+    let v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), scale);
     *acc = _mm512_fmadd_ps(v, d, *acc);
 }
 
@@ -348,7 +472,7 @@ unsafe fn dot(acc: &mut __m512, wv: &[__m512i; 8], act: &Acts, d: __m512, split:
 /// `l + 8`, then `l` and `l + 4`, then `l` and `l + 2`, then the last two.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn sum16(v: __m512) -> f32 {
+pub(super) unsafe fn sum16(v: __m512) -> f32 {
     let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
     let v8 = _mm256_add_ps(_mm512_castps512_ps256(v), high);
     let v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps::<1>(v8));

@@ -7,7 +7,8 @@
 //! option) and `avx512.rs` (AVX-512 F, BW, VL and VNNI), each tested against the scalar
 //! kernels of `dot/mod.rs`; `q4.rs`, AVX2's q4 and q6 kernels, and `interleaved.rs`, AVX-512's
 //! (on the weights in the order `dot/interleaved.rs` describes), tested against `dot/q4.rs` and
-//! `dot/q6.rs`; `q8_pairs.rs`, AVX-512's q8 products for groups of 32 (two groups a vector);
+//! `dot/q6.rs`, and its q8 ones on interleaved weights; `q8_pairs.rs`, AVX-512's q8 products
+//! for groups of 32 (two groups a vector) in the file's order;
 //! `k_quants.rs`, every family's product of GGUF's K-quant blocks, tested against
 //! `dot/k_quants.rs`.
 
@@ -55,6 +56,7 @@ pub const AVX2: Dots = Dots {
     },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2::<0, MADDUBS>(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx2::<MADDUBS>(w, ws, x, out, ahead) },
+    q8_interleaved: None,
     q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS, false>(w, ws, x, out, ahead) },
     q6_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS, true>(w, ws, x, out, ahead) },
     q4_layout: super::q4::Q4Layout::Pairs,
@@ -88,6 +90,9 @@ pub const AVX512: Dots = Dots {
     bf16_rows: |w, x, t, out| unsafe { mat_bf16_avx512(w, x, t, out) },
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx512::<0>(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx512(w, ws, x, out, ahead) },
+    q8_interleaved: Some(|w, ws, x, out, ahead| unsafe {
+        mat_q8_interleaved_avx512(w, ws, x, out, ahead)
+    }),
     q4_rows: |w, ws, x, out, ahead| unsafe {
         mat_interleaved_avx512::<false>(w, ws, x, out, ahead)
     },
