@@ -6,7 +6,9 @@
 
 use qwen3_inference::format::KQuant;
 use qwen3_inference::kernels::attention::{chunk_len, Bf16, KvElem, KV_CHUNK};
-use qwen3_inference::kernels::dot::interleaved::{packed_for_kernels, q8_for_kernels};
+use qwen3_inference::kernels::dot::interleaved::{
+    interleaves_q8, packed_for_kernels, q8_for_kernels,
+};
 use qwen3_inference::kernels::dot::q4::Q4Layout;
 use qwen3_inference::kernels::dot::{available, ActsQ8Buf, Dots, MatQ8};
 use qwen3_inference::kernels::{attention, AttentionShape};
@@ -25,8 +27,8 @@ fn in_huge_pages<T: bytemuck::Pod>(v: &[T]) -> memmap2::MmapMut {
 }
 
 /// The q8 kernels of `d`, each with the weights `wq` (`[rows, cols]`, groups of `gs`) in the
-/// order it reads, in huge pages: the file's order, and on AVX-512 the interleaved order the
-/// model is loaded in (`dot/interleaved.rs`). The activations of both are made by
+/// order it reads, in huge pages: the file's order, and on AVX-512 for groups of 32 the
+/// interleaved order the model is loaded in (`dot/interleaved.rs`). The activations of both are made by
 /// `quantize_for_q4_as(.., Q4Layout::Interleaved)`, which holds both forms.
 fn q8_kernels(
     d: &Dots,
@@ -35,7 +37,7 @@ fn q8_kernels(
     gs: usize,
 ) -> Vec<(&'static str, MatQ8, memmap2::MmapMut)> {
     let mut v = vec![("", d.q8_rows, in_huge_pages(wq))];
-    if let Some(kernel) = d.q8_interleaved {
+    if let Some(kernel) = d.q8_interleaved.filter(|_| interleaves_q8(gs)) {
         v.push((
             " interleaved",
             kernel,

@@ -22,7 +22,7 @@ pub struct ActsQ8<'a> {
     pub scales: &'a [f32],
     /// The same values laid out for the q4 kernels (`q4.rs`), which AVX-512's q8 kernel on
     /// interleaved weights reads too; empty unless made by [`ActsQ8Buf::quantize_for_q4`] (or
-    /// `quantize_for_q4_as`, `quantize_for_weights`) with groups of 32.
+    /// `quantize_for_q4_as`, `quantize_for_weights`) with groups of 32 (or, interleaved, 64).
     pub q4: q4::ActsQ4<'a>,
     /// `[t, cols / 16]`: the sums of each 16 int8 values, which GGUF's K-quants take times their
     /// minimums or offsets (`k_quants.rs`); empty unless made by [`ActsQ8Buf::quantize_for_k`].

@@ -44,13 +44,13 @@
 //!
 //! ## q8
 //!
-//! q8 matrices in groups of 32 ([`interleaves_q8`]) are interleaved the same way, a group being
-//! eight words instead of four (eight vectors a block, 512 bytes):
+//! q8 matrices in groups of 32 or 64 ([`interleaves_q8`]) are interleaved the same way, a group
+//! being `gs / 4` words instead of four (8 or 16 vectors a block, 512 or 1024 bytes):
 //!
 //! ```text
 //! interleaved:     word 0 of g0, word 0 of g1, .. word 0 of g15     <- vector 0
 //!                  ..
-//!                  word 7 of g0, .. word 7 of g15                   <- vector 7
+//!                  word gs/4 - 1 of g0, .. of g15                   <- vector gs/4 - 1
 //! ```
 //!
 //! Each value is stored plus 128, as an unsigned byte (`q ^ 0x80`, 1..=255), so that it takes
@@ -58,11 +58,9 @@
 //! products are then `128 * sum(x)` too large, which the activations' correction takes away,
 //! as q4's does its offset of 8. Without this order the AVX-512 q8 kernel converts and scales
 //! each group of each token on its own, four lanes of a vector a group (`x86/avx512.rs`); with
-//! it, one conversion and one multiply-add serve 16 groups. The activations are q4's exactly
-//! ([`lay_out`]): vector `m` of a block holds values `4m .. 4m + 4` of each group. Groups of 64
-//! (the q8 files') stay in the file's order: interleaved, a decode step's product streamed them
-//! from memory slower than the file-order kernel does (docs/quantization.md, "q8 in the
-//! interleaved order").
+//! it, one conversion and one multiply-add serve 16 groups. The activations are laid out by the
+//! same rule ([`lay_out`]): vector `m` of a block holds values `4m .. 4m + 4` of each group,
+//! which for groups of 32 is q4's order exactly.
 
 use super::q4::{Q4Layout, SIMD_GROUP};
 use crate::format::reader::Derived;
@@ -83,9 +81,9 @@ pub const fn interleaves(group_size: usize) -> bool {
 }
 
 /// Whether q8 matrices in groups of `group_size` are interleaved where the CPU's kernels read
-/// that order ([`super::Dots::q8_interleaved`]): groups of 32 only, as q4's.
+/// that order ([`super::Dots::q8_interleaved`]): groups of 32 and 64.
 pub const fn interleaves_q8(group_size: usize) -> bool {
-    group_size == SIMD_GROUP
+    group_size == 32 || group_size == 64
 }
 
 /// The blocks of a row of `groups` groups: `(first group, groups in it)`, 16 each but the last.
@@ -186,7 +184,7 @@ enum Order {
 }
 
 /// Every q4 and q6 matrix of `file` in groups of 32 (and, where `q8`, every q8 one in groups of
-/// 32), interleaved, in one buffer of huge pages
+/// 32 or 64), interleaved, in one buffer of huge pages
 /// (each at a multiple of 64 bytes, laid out as in the file: its values, then its scales), for
 /// [`ModelFile::derived`]. The rows are reordered in parallel; the file's bytes are read once.
 pub fn interleave_file(file: &ModelFile, q8: bool) -> Result<Derived> {
@@ -288,24 +286,24 @@ pub fn q8_for_kernels(d: &super::Dots, q: &[i8], cols: usize, gs: usize) -> Vec<
     bytemuck::cast_slice(&out).to_vec()
 }
 
-/// One token's quantized activations `q` (a row of `cols`, groups of 32) in the order the
-/// interleaved kernels read, into `x` (as long), and each group's correction `-8 * sum(q)` into
+/// One token's quantized activations `q` (a row, groups of `gs`: 32, or 64 for q8) in the order
+/// the interleaved kernels read, into `x` (as long), and each group's correction `-8 * sum(q)` into
 /// `corr` (one per group): q4 weights are stored as `q + 8`, so each lane's byte products are
 /// `8 * sum(q)` too large (q6's `q + 32` and q8's `q + 128` take the correction 4 and 16 times,
 /// in the kernel).
 ///
-/// Block by block, as the weights: for vector `m`, for group `l`, the four values `4m .. 4m + 4`
-/// of group `l`: vectors 0-3 are the activations the low nibbles of q4's four words meet,
-/// vectors 4-7 those the high ones meet, and vector `m` those q8's word `m` meets.
-pub fn lay_out(q: &[i8], x: &mut [i8], corr: &mut [i32]) {
-    let gs = SIMD_GROUP;
+/// Block by block, as the weights: for vector `m` (`gs / 4` of them), for group `l`, the four
+/// values `4m .. 4m + 4` of group `l`: in groups of 32, vectors 0-3 are the activations the low
+/// nibbles of q4's four words meet and vectors 4-7 those the high ones meet; vector `m` is what
+/// q8's word `m` meets.
+pub fn lay_out(q: &[i8], gs: usize, x: &mut [i8], corr: &mut [i32]) {
     let groups = q.len() / gs;
-    assert!(x.len() == q.len() && corr.len() == groups);
+    assert!(gs.is_multiple_of(4) && x.len() == q.len() && corr.len() == groups);
     for (g0, n) in blocks(groups) {
         let at = g0 * gs;
         for l in 0..n {
             let group = &q[at + gs * l..at + gs * (l + 1)];
-            for m in 0..8 {
+            for m in 0..gs / 4 {
                 let to = at + m * 4 * n + 4 * l;
                 x[to..to + 4].copy_from_slice(&group[4 * m..4 * m + 4]);
             }
@@ -394,11 +392,11 @@ mod tests {
     /// `16 + 4k ..`).
     #[test]
     fn activations_meet_their_weights() {
-        for (gs, groups) in [(32, 1), (32, 16), (32, 21)] {
+        for (gs, groups) in [(32, 1), (32, 16), (32, 21), (64, 1), (64, 16), (64, 19)] {
             let cols = gs * groups;
             let q: Vec<i8> = (0..cols).map(|c| (c % 251) as i8).collect();
             let (mut x, mut corr) = (vec![0i8; cols], vec![0i32; groups]);
-            lay_out(&q, &mut x, &mut corr);
+            lay_out(&q, gs, &mut x, &mut corr);
             for (g0, n) in blocks(groups) {
                 for m in 0..gs / 4 {
                     for l in 0..n {
@@ -421,7 +419,7 @@ mod tests {
     /// says, plus 128: byte `b` of word `m` of group `l` of a block at `m * 4n + 4l + b`.
     #[test]
     fn q8_weights_are_where_the_order_says() {
-        for (gs, groups) in [(32, 1), (32, 16), (32, 35)] {
+        for (gs, groups) in [(32, 1), (32, 16), (32, 35), (64, 3), (64, 16), (64, 20)] {
             let (rows, cols) = (3, gs * groups);
             let q: Vec<u8> = (0..rows * cols).map(|i| (i * 7 % 256) as u8).collect();
             let mut out = vec![0u8; q.len()];

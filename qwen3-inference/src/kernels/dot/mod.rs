@@ -60,7 +60,7 @@ pub struct Dots {
     pub bf16_rows: MatBf16,
     pub q8: DotQ8,
     pub q8_rows: MatQ8,
-    /// `q8_rows` on q8 weights in the interleaved order (`interleaved.rs`, groups of 32)
+    /// `q8_rows` on q8 weights in the interleaved order (`interleaved.rs`, groups of 32 or 64)
     /// with the activations laid out to match ([`ActsQ8::q4`] in [`q4::Q4Layout::Interleaved`]),
     /// where this family has such a kernel (AVX-512); `Model::load` then makes the copy.
     pub q8_interleaved: Option<MatQ8>,
@@ -778,7 +778,7 @@ mod tests {
         }
     }
 
-    /// AVX-512's q8 kernel on interleaved weights (groups of 32) against one scalar dot
+    /// AVX-512's q8 kernel on interleaved weights (groups of 32 and 64) against one scalar dot
     /// product per (row, token), over shapes that take whole blocks of 16 groups and short ones,
     /// every tile (2 or 1 rows; 4, 3, 2 or 1 tokens), and prefetching past the rows; and a
     /// prompt's tokens get the bits each gets alone (decode).
@@ -789,7 +789,7 @@ mod tests {
             let Some(kernel) = d.q8_interleaved else {
                 continue;
             };
-            for gs in [32] {
+            for gs in [32, 64] {
                 for (rows, t, groups) in [
                     (1, 1, 3),
                     (3, 2, 16),

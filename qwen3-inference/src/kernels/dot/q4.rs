@@ -123,7 +123,7 @@ impl Q4Layout {
 
 /// The activations of `t` tokens in the q4 kernels' layout (see the module's text), which
 /// AVX-512's q8 kernel on interleaved weights reads too (`interleaved.rs`). Empty when
-/// the group size is not [`SIMD_GROUP`]; `chunks` is 0 (and the kernels take the reference)
+/// the group size is not [`SIMD_GROUP`] (in [`Q4Layout::Interleaved`], neither 32 nor 64); `chunks` is 0 (and the kernels take the reference)
 /// when a row is narrower than a chunk.
 #[derive(Clone, Copy, Default)]
 pub struct ActsQ4<'a> {
@@ -158,7 +158,12 @@ impl ActsQ4Buf {
         gs: usize,
         layout: Q4Layout,
     ) -> ActsQ4<'_> {
-        if gs != SIMD_GROUP {
+        // The interleaved order also serves q8 weights in groups of 64 (`interleaved.rs`).
+        let lays_out = match layout {
+            Q4Layout::Interleaved => super::interleaved::interleaves_q8(gs),
+            _ => gs == SIMD_GROUP,
+        };
+        if !lays_out {
             return ActsQ4::default();
         }
         let (chunks, per) = (cols / CHUNK, cols / gs);
@@ -173,7 +178,7 @@ impl ActsQ4Buf {
                 .zip(self.x.chunks_exact_mut(cols))
                 .zip(self.corr.chunks_exact_mut(per))
             {
-                super::interleaved::lay_out(q, x, corr);
+                super::interleaved::lay_out(q, gs, x, corr);
             }
             self.scales.extend_from_slice(&scales[..t * per]);
             return ActsQ4 {
@@ -273,10 +278,12 @@ pub(crate) fn check_packed(
     );
     if x.q4.layout == Q4Layout::Interleaved {
         let per = cols / gs;
+        // (Groups of 64 laid out are q8's; q4 and q6 then take the reference, which reads the
+        // values as they are.)
         assert!(
             x.q4.x.is_empty()
-                || (gs == SIMD_GROUP
-                    && x.q4.x.len() == t * cols
+                || gs != SIMD_GROUP
+                || (x.q4.x.len() == t * cols
                     && x.q4.corr.len() == t * per
                     && x.q4.scales.len() == t * per),
             "q4/q6: activations not laid out for [{t}, {cols}]"

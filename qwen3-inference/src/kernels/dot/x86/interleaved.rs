@@ -32,18 +32,34 @@ use std::arch::x86_64::*;
 /// Tokens a prompt tile takes (two weight rows against up to this many).
 const TOKENS: usize = 4;
 
-/// The kinds of interleaved weights, a const parameter of the tiles (`KIND`), all in groups of
-/// 32: q4 and q6 (f16 scales) and q8 (f32 scales).
+/// q8 decode asks for the weights ahead this many vectors (128 bytes) at a time, spread among
+/// the products: asked for a block at a time (1 KiB in groups of 64), a one-thread decode
+/// product streamed a large matrix from memory 14% slower than the file-order kernel; two
+/// vectors at a time, as fast (docs/quantization.md, "q8 in the interleaved order").
+const PREFETCH_VECTORS: usize = 2;
+
+/// The kinds of interleaved weights, a const parameter of the tiles (`KIND`): q4 and q6 in
+/// groups of 32 (f16 scales), q8 in groups of 32 or 64 (f32 scales).
 const Q4: usize = 0;
 const Q6: usize = 1;
 const Q8: usize = 2;
+const Q8_64: usize = 3;
 
-/// Bytes one group of 32 weights of a kind takes in a row: q4 16, q6 24, q8 32.
+/// Bytes one group of a kind takes in a row: q4 16, q6 24, q8 32 (groups of 64: 64).
 const fn group_bytes(kind: usize) -> usize {
     match kind {
         Q4 => 16,
         Q6 => 24,
-        _ => 32,
+        Q8 => 32,
+        _ => 64,
+    }
+}
+
+/// Values a group of a kind holds.
+const fn group_size(kind: usize) -> usize {
+    match kind {
+        Q8_64 => 64,
+        _ => SIMD_GROUP,
     }
 }
 
@@ -77,7 +93,8 @@ pub(super) unsafe fn mat_interleaved_avx512<const SIX: bool>(
     ahead: usize,
 ) {
     let rows = q6::check_either::<SIX>(w, ws, x, out);
-    if x.q4.x.is_empty() {
+    // (Activations in groups of 64 are laid out for q8 weights, which interleave at that size.)
+    if x.q4.x.is_empty() || x.group_size != SIMD_GROUP {
         return q6::reference_either::<SIX>(w, ws, x, out, ahead);
     }
     assert_eq!(
@@ -94,7 +111,7 @@ pub(super) unsafe fn mat_interleaved_avx512<const SIX: bool>(
     }
 }
 
-/// [`super::super::MatQ8`] on AVX-512 VNNI for q8 weights interleaved in groups of 32
+/// [`super::super::MatQ8`] on AVX-512 VNNI for q8 weights interleaved in groups of 32 or 64
 /// ([`super::super::Dots::q8_interleaved`]), reading the activations in
 /// [`Q4Layout::Interleaved`]. Panics on other group sizes or activations not so laid out: the
 /// weights of a matrix that does not interleave are read in the file's order, by another kernel.
@@ -112,13 +129,13 @@ pub(super) unsafe fn mat_q8_interleaved_avx512(
         "the AVX-512 q8 kernel on interleaved weights reads Q4Layout::Interleaved activations"
     );
     let (w, ws) = (bytemuck::cast_slice(w), bytemuck::cast_slice(ws));
-    assert_eq!(
-        x.group_size, SIMD_GROUP,
-        "q8: only groups of 32 are interleaved"
-    );
-    // SAFETY: `check` passed (the slices hold `rows` rows of `x.cols` columns in groups of 32)
-    // and the activations are laid out in those groups, as `tiles` requires.
-    tiles::<Q8>(w, ws, x, out, rows, ahead)
+    // SAFETY: `check` passed (the slices hold `rows` rows of `x.cols` columns in groups of
+    // `x.group_size`) and the activations are laid out in those groups, as `tiles` requires.
+    match x.group_size {
+        32 => tiles::<Q8>(w, ws, x, out, rows, ahead),
+        64 => tiles::<Q8_64>(w, ws, x, out, rows, ahead),
+        gs => panic!("q8 weights in groups of {gs} are not interleaved"),
+    }
 }
 
 /// `out = w x` for `rows` rows of weights of `KIND` (`w` their bytes, `ws` their scales' bytes).
@@ -149,7 +166,7 @@ unsafe fn tiles<const KIND: usize>(
     // A few tokens (a serving step's) take one q8 row a tile: the product is bound by reading
     // the weights, and one stream a tile reads them faster (docs/quantization.md, "q8 in the
     // interleaved order").
-    let tile_rows = match KIND == Q8 && x.t <= 2 {
+    let tile_rows = match KIND >= Q8 && x.t <= 2 {
         true => 1,
         false => 2,
     };
@@ -191,7 +208,7 @@ unsafe fn tile<const KIND: usize, const R: usize, const N: usize>(
 ) {
     let (t, cols) = (x.t, x.cols);
     let (gb, sb) = (group_bytes(KIND), scale_bytes(KIND));
-    let per = cols / SIMD_GROUP;
+    let per = cols / group_size(KIND);
     let row_bytes = per * gb;
     let rows = Rows::<R> {
         w: std::array::from_fn(|a| w.as_ptr().add((r + a) * row_bytes)),
@@ -285,7 +302,36 @@ unsafe fn block<const KIND: usize, const R: usize, const N: usize, const FULL: b
     // before the block (32 prefetches in a row for a decode tile of four rows), they made one
     // Zen 5 thread decode the 0.6B shape's q4 file 8% slower (measured: docs/quantization.md,
     // "AVX-512 on Zen 5"); the AVX2 kernels already ask a chunk at a time.
-    if N == 1 {
+    if N == 1 && KIND >= Q8 {
+        // Decode on q8: nothing to unpack, the token's vectors and the row's met one by one,
+        // in two chains of sums (even and odd vectors) added at the end.
+        let x = tokens.x[0].add(g0 * group_size(KIND)) as *const u8;
+        for a in 0..R {
+            let w = rows.w[a].add(g0 * gb);
+            let (mut even, mut odd) = (
+                corr::<KIND, N, FULL>(tokens, 0, g0, n),
+                _mm512_setzero_si512(),
+            );
+            for m in (0..group_size(KIND) / 4).step_by(2) {
+                if m % PREFETCH_VECTORS == 0 {
+                    prefetch(a, m * 4 * n, PREFETCH_VECTORS * 4 * n);
+                }
+                let at = |m: usize| m * 4 * n;
+                even = _mm512_dpbusd_epi32(
+                    even,
+                    words::<FULL>(w.add(at(m)), n),
+                    words::<FULL>(x.add(at(m)), n),
+                );
+                odd = _mm512_dpbusd_epi32(
+                    odd,
+                    words::<FULL>(w.add(at(m + 1)), n),
+                    words::<FULL>(x.add(at(m + 1)), n),
+                );
+            }
+            let scale = x_scales::<N, FULL>(tokens, 0, g0, n);
+            finish(&mut acc[a][0], _mm512_add_epi32(even, odd), scale, d[a]);
+        }
+    } else if N == 1 {
         // Decode: the token's activations stay in registers while each row is unpacked and used
         // at once. Its integer sum is two chains of `vpdpbusd` added at the end (one waits on
         // the other's latency otherwise); integer sums are exact, so the bits are a prompt's.
@@ -314,7 +360,7 @@ unsafe fn block<const KIND: usize, const R: usize, const N: usize, const FULL: b
             let scale = x_scales::<N, FULL>(tokens, 0, g0, n);
             finish(&mut acc[a][0], isum, scale, d[a]);
         }
-    } else if KIND == Q8 {
+    } else if KIND >= Q8 {
         // A prompt on q8: nothing to unpack, so vector by vector, each of the rows' vectors
         // loaded once for every token and each of a token's once for every row, the tile's
         // `R * N` sums held in registers throughout (with the weights' eight vectors held
@@ -324,11 +370,11 @@ unsafe fn block<const KIND: usize, const R: usize, const N: usize, const FULL: b
         for a in 0..R {
             prefetch(a, 0, n * gb);
         }
-        for m in 0..8 {
+        for m in 0..group_size(KIND) / 4 {
             let wv: [__m512i; R] =
                 std::array::from_fn(|a| words::<FULL>(rows.w[a].add(g0 * gb + m * 4 * n), n));
             for j in 0..N {
-                let base = tokens.x[j].add(g0 * SIMD_GROUP) as *const u8;
+                let base = tokens.x[j].add(g0 * group_size(KIND)) as *const u8;
                 let x = words::<FULL>(base.add(m * 4 * n), n);
                 for a in 0..R {
                     isum[j][a] = _mm512_dpbusd_epi32(isum[j][a], wv[a], x);
@@ -431,7 +477,7 @@ unsafe fn weights<const KIND: usize, const FULL: bool>(
     n: usize,
     split: bool,
 ) -> [__m512i; 8] {
-    if KIND == Q8 {
+    if KIND >= Q8 {
         return std::array::from_fn(|k| words::<FULL>(p.add(k * 4 * n), n));
     }
     let nibble = _mm512_set1_epi8(15);
