@@ -27,9 +27,9 @@ fn in_huge_pages<T: bytemuck::Pod>(v: &[T]) -> memmap2::MmapMut {
 }
 
 /// The q8 kernels of `d`, each with the weights `wq` (`[rows, cols]`, groups of `gs`) in the
-/// order it reads, in huge pages: the file's order, and on AVX-512 for groups of 32 the
-/// interleaved order the model is loaded in (`dot/interleaved.rs`). The activations of both are made by
-/// `quantize_for_q4_as(.., Q4Layout::Interleaved)`, which holds both forms.
+/// order it reads, in huge pages: the file's order, and on AVX-512 for groups of 32 or 64 the
+/// interleaved order the model is loaded in (`dot/interleaved.rs`). The activations of both are
+/// made by `quantize_for_q4_as(.., Q4Layout::Interleaved)`, which holds both forms.
 fn q8_kernels(
     d: &Dots,
     wq: &[i8],

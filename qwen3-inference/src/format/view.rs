@@ -45,11 +45,12 @@ pub struct TensorView<'a> {
     pub name: &'a str,
     pub shape: &'a [u64],
     pub data: TensorData<'a>,
-    /// For a q4 or q6 matrix on a CPU whose kernels read their own order of its values (AVX-512:
-    /// `kernels/dot/interleaved.rs`), the same tensor with its values in that order and its
-    /// scales as they are, derived at load ([`ModelFile::derived`](super::ModelFile::derived));
-    /// `None` otherwise. `data` stays the file's order, which everything else (an embedding row,
-    /// the plain backend, a GPU's upload) reads.
+    /// For a q4, q6 or q8 matrix on a CPU whose kernels read their own order of its values
+    /// (AVX-512: `kernels/dot/interleaved.rs`), the same tensor with its values in that order
+    /// and its scales as they are, derived at load
+    /// ([`ModelFile::derived`](super::ModelFile::derived)); `None` otherwise. `data` stays the
+    /// file's order, which everything else (an embedding row, the plain backend, a GPU's upload)
+    /// reads.
     pub interleaved: Option<TensorData<'a>>,
 }
 

@@ -534,7 +534,9 @@ mod tests {
     #[test]
     fn mixed_products_equal_separate_products() {
         use crate::format::KQuant;
-        use crate::kernels::dot::{dots, interleaved::packed_for_kernels};
+        use crate::kernels::dot::{
+            dots, interleaved::packed_for_kernels, interleaved::q8_for_kernels,
+        };
         use crate::quant::quantize_q4;
         let (cols, rows) = (256usize, 24usize);
         let mut seed = 12;
@@ -543,9 +545,15 @@ mod tests {
         let (mut p, mut sc) = (vec![0u8; w.len() / 2], vec![0u16; w.len() / 32]);
         quantize_q4(&w, 32, &mut p, &mut sc);
         let p_kernel = packed_for_kernels(dots().q4_layout, false, &p, cols, 32);
-        // q8 in groups of 32.
+        // q8 in groups of 32, in the file's order, and in groups of 32 and 64 in the order
+        // this CPU's kernels read (interleaved on AVX-512: the activations' interleaved layout
+        // in groups of 64 is then made beside q4's in groups of 32).
         let (mut q, mut s) = (vec![0i8; w.len()], vec![0f32; w.len() / 32]);
         quantize_q8(&w, 32, &mut q, &mut s);
+        let q_kernel = q8_for_kernels(dots(), &q, cols, 32);
+        let (mut q64, mut s64) = (vec![0i8; w.len()], vec![0f32; w.len() / 64]);
+        quantize_q8(&w, 64, &mut q64, &mut s64);
+        let q64_kernel = q8_for_kernels(dots(), &q64, cols, 64);
         // Q4_K, Q5_K and Q6_K blocks: random bytes, each block's f16 scales set finite.
         let mut k_blocks = |bytes: usize, scales: &[usize]| -> Vec<u8> {
             let mut b: Vec<u8> = (0..rows * bytes)
@@ -585,6 +593,27 @@ mod tests {
             scales: &s,
             group_size: 32,
         });
+        let q8_32_view = TensorView {
+            interleaved: Some(TensorData::Q8 {
+                q: &q_kernel,
+                scales: &s,
+                group_size: 32,
+            }),
+            ..q8_view
+        };
+        let q8_64_file_view = view(TensorData::Q8 {
+            q: &q64,
+            scales: &s64,
+            group_size: 64,
+        });
+        let q8_64_view = TensorView {
+            interleaved: Some(TensorData::Q8 {
+                q: &q64_kernel,
+                scales: &s64,
+                group_size: 64,
+            }),
+            ..q8_64_file_view
+        };
         let (q4k_view, q5k_view, q6k_view) = (
             view(TensorData::K(KQuant::Q4K, &q4k)),
             view(TensorData::K(KQuant::Q5K, &q5k)),
@@ -595,6 +624,9 @@ mod tests {
             for mix in [
                 [&q4_view, &q6k_view, &q4k_view],
                 [&q8_view, &q5k_view, &q6k_view],
+                // One pass shares one group size's activations.
+                [&q4_view, &q8_32_view, &q8_view],
+                [&q8_64_view, &q8_64_file_view, &q8_64_view],
             ] {
                 let mut sep = vec![vec![0f32; t * rows]; 3];
                 for (out, w) in sep.iter_mut().zip(mix) {

@@ -165,8 +165,9 @@ impl<'a> Model<'a> {
     /// tensor carries its own), so this only looks names up.
     pub fn load(file: &'a ModelFile) -> Result<Model<'a>> {
         // On AVX-512 the q4, q6 and q8 matrices are read in the kernels' own order, made here
-        // once (kernels/dot/interleaved.rs); each view carries both orders. (A GGUF's Q8_0
-        // tensors, already a copy in this format's order, are not copied again.)
+        // once (kernels/dot/interleaved.rs); each view carries both orders. A GGUF file's q8
+        // matrices are already a copy (its Q8_0 repacked into this format's layout at open:
+        // `in_place` is false), so they are not copied a second time and keep the file order.
         let q8 = dots().q8_interleaved.is_some() && file.in_place();
         let interleaved = match dots().q4_layout.interleaves() || q8 {
             true => Some(file.derived(|f| interleaved::interleave_file(f, q8))?),

@@ -1,5 +1,5 @@
-//! The interleaved order of q4 and q6 weights that the AVX-512 kernels read: sixteen groups side
-//! by side, so that lane `l` of a 512-bit vector holds group `l` and a whole group's integer sum
+//! The interleaved order of q4, q6 and q8 weights that the AVX-512 kernels read: sixteen groups
+//! side by side, so that lane `l` of a 512-bit vector holds group `l` and a whole group's integer sum
 //! comes out of the byte dot products in one lane, with no permute.
 //!
 //! ## Why another order
@@ -184,13 +184,22 @@ enum Order {
 }
 
 /// Every q4 and q6 matrix of `file` in groups of 32 (and, where `q8`, every q8 one in groups of
-/// 32 or 64), interleaved, in one buffer of huge pages
-/// (each at a multiple of 64 bytes, laid out as in the file: its values, then its scales), for
-/// [`ModelFile::derived`]. The rows are reordered in parallel; the file's bytes are read once.
+/// 32 or 64), interleaved, in one buffer of huge pages (each at a multiple of 64 bytes, laid out
+/// as in the file: its values, then its scales), for [`ModelFile::derived`]. The rows are
+/// reordered in parallel; the file's bytes are read once.
+///
+/// The embedding table is left out unless it is also the classifier (tied, in a model that
+/// generates): otherwise only its rows are looked up, in the file's order, and a copy would be
+/// memory for nothing (Qwen3-8B's untied q8 table: 622 MB).
 pub fn interleave_file(file: &ModelFile, q8: bool) -> Result<Derived> {
+    let config = file.config();
+    let embedding_is_classifier = config.embedding.is_none() && config.tie_word_embeddings;
     let mut jobs = Vec::new();
     let (mut at, mut len) = (HashMap::new(), 0usize);
     for info in &file.header().tensors {
+        if info.name == "model.embed_tokens.weight" && !embedding_is_classifier {
+            continue;
+        }
         let t = file.tensor(&info.name)?;
         // The values' bytes (the tensor's first ones) and their order.
         let (values, order) = match t.data {

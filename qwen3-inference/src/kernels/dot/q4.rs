@@ -80,7 +80,8 @@ pub const fn pairs_byte(k: usize) -> usize {
 
 impl Q4Layout {
     /// Whether the kernels that read this layout read the weights interleaved
-    /// (`interleaved.rs`), for groups of 32, rather than in the file's order.
+    /// (`interleaved.rs`; q4 and q6 in groups of 32, q8 in groups of 32 or 64) rather than in
+    /// the file's order.
     pub const fn interleaves(self) -> bool {
         matches!(self, Q4Layout::Interleaved)
     }
@@ -122,20 +123,27 @@ impl Q4Layout {
 }
 
 /// The activations of `t` tokens in the q4 kernels' layout (see the module's text), which
-/// AVX-512's q8 kernel on interleaved weights reads too (`interleaved.rs`). Empty when
-/// the group size is not [`SIMD_GROUP`] (in [`Q4Layout::Interleaved`], neither 32 nor 64); `chunks` is 0 (and the kernels take the reference)
-/// when a row is narrower than a chunk.
+/// AVX-512's q8 kernel on interleaved weights reads too (`interleaved.rs`). Empty when the group
+/// size is not [`SIMD_GROUP`] (in [`Q4Layout::Interleaved`]: neither 32 nor 64); `chunks` is 0
+/// (and the kernels take the reference) when a row is narrower than a chunk.
+///
+/// In [`Q4Layout::Interleaved`] the rows are laid out whole, sixteen groups a block
+/// ([`super::interleaved::lay_out`]): `x` is `[t, cols]` and `corr` and `scales` are
+/// `[t, cols / group_size]`, one entry a group.
 #[derive(Clone, Copy, Default)]
 pub struct ActsQ4<'a> {
     /// Full chunks per row (`cols / CHUNK`).
     pub chunks: usize,
     /// The order of each chunk's values (the kernel that reads them checks it).
     pub layout: Q4Layout,
-    /// `[t, cols]`: each chunk's 128 values rearranged; values after the last chunk as they are.
+    /// `[t, cols]`: each chunk's 128 values rearranged; values after the last chunk as they are
+    /// (Interleaved: each block of groups rearranged, the last one short).
     pub x: &'a [i8],
-    /// `[t, chunks * layout.lanes()]`: `-8 * sum` of the activations each lane multiplies.
+    /// `[t, chunks * layout.lanes()]` (Interleaved: `[t, cols / group_size]`): `-8 * sum` of
+    /// the activations each lane multiplies.
     pub corr: &'a [i32],
-    /// `[t, chunks * layout.lanes()]`: the activations' scale of each lane's group.
+    /// `[t, chunks * layout.lanes()]` (Interleaved: `[t, cols / group_size]`): the activations'
+    /// scale of each lane's group.
     pub scales: &'a [f32],
 }
 

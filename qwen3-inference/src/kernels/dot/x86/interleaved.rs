@@ -1,6 +1,7 @@
 //! The AVX-512 VNNI q4, q6 and q8 kernels, on weights in the interleaved order
-//! (`dot/interleaved.rs`): a block of 16 groups of 32 is 512-bit vectors whose lane `l` holds
-//! group `l` (q4: four, q6: six, q8: eight), so per weight row, token and block:
+//! (`dot/interleaved.rs`): a block of 16 groups (of 32; q8's also of 64) is 512-bit vectors
+//! whose lane `l` holds group `l` (q4: four, q6: six, q8: eight, or sixteen in groups of 64), so
+//! per weight row, token and block:
 //!
 //! ```text
 //! lo_k, hi_k = v_k & 15, (v_k >> 4) & 15          k = 0..4, the nibbles (q6: | two high bits << 4)
@@ -8,16 +9,18 @@
 //! acc       += float(isum) * x_scale * w_scale                       16 groups a conversion
 //! ```
 //!
-//! (q8: `isum = corr + sum_k dot4(v_k, x_k)` over its eight vectors, no unpacking),
+//! (q8: `isum = corr + sum_k dot4(v_k, x_k)` over its eight or sixteen vectors, no unpacking),
 //! and the row's value is `acc`'s 16 lanes added (`sum16`) after its last block. No permute, no
-//! lane addition: eight `vpdpbusd` and eight (q6: sixteen) bitwise operations per 512 weights.
+//! lane addition: eight `vpdpbusd` and eight (q6: sixteen; q8: none) bitwise operations per 512
+//! weights.
 //! The three kinds share the tiles below, whose const parameter `KIND` says which they read.
 //!
 //! Decode (one token) takes one row a tile, the token's activations held in registers while
-//! the row is unpacked and used; it asks for the weights ahead as the q8 kernel does
-//! ([`PREFETCH_NEAR`]). A prompt's products (and a serving step's) take tiles of two rows by four
-//! tokens: each row's block unpacked once for the four tokens, each vector of a token's
-//! activations loaded once for both rows. Every (row, token) pair adds the same integer sums
+//! the row is unpacked and used; it asks for the weights ahead as the file-order q8 kernel
+//! (`mat_q8_avx512`) does ([`PREFETCH_NEAR`]). A prompt's products (and a serving step's) take
+//! tiles of two rows by four tokens: each row's block unpacked once for the four tokens, each
+//! vector of a token's activations loaded once for both rows; q8 with one or two tokens takes
+//! one row a tile, as decode does. Every (row, token) pair adds the same integer sums
 //! and makes the same float operations in the same order in both, so a prompt's tokens get
 //! decode's bits.
 
@@ -37,6 +40,11 @@ const TOKENS: usize = 4;
 /// product streamed a large matrix from memory 14% slower than the file-order kernel; two
 /// vectors at a time, as fast (docs/quantization.md, "q8 in the interleaved order").
 const PREFETCH_VECTORS: usize = 2;
+// Decode's q8 loop takes the vectors two at a time (its two chains of sums), a prefetch every
+// `PREFETCH_VECTORS` of them, and a group of 32 is eight vectors.
+const _: () = assert!(
+    PREFETCH_VECTORS.is_multiple_of(2) && (SIMD_GROUP / 4).is_multiple_of(PREFETCH_VECTORS)
+);
 
 /// The kinds of interleaved weights, a const parameter of the tiles (`KIND`): q4 and q6 in
 /// groups of 32 (f16 scales), q8 in groups of 32 or 64 (f32 scales).
@@ -51,15 +59,17 @@ const fn group_bytes(kind: usize) -> usize {
         Q4 => 16,
         Q6 => 24,
         Q8 => 32,
-        _ => 64,
+        Q8_64 => 64,
+        _ => unreachable!(),
     }
 }
 
 /// Values a group of a kind holds.
 const fn group_size(kind: usize) -> usize {
     match kind {
+        Q4 | Q6 | Q8 => SIMD_GROUP,
         Q8_64 => 64,
-        _ => SIMD_GROUP,
+        _ => unreachable!(),
     }
 }
 
@@ -67,7 +77,8 @@ const fn group_size(kind: usize) -> usize {
 const fn scale_bytes(kind: usize) -> usize {
     match kind {
         Q4 | Q6 => 2,
-        _ => 4,
+        Q8 | Q8_64 => 4,
+        _ => unreachable!(),
     }
 }
 
@@ -77,7 +88,8 @@ const fn corr_shift(kind: usize) -> u32 {
     match kind {
         Q4 => 0,
         Q6 => 2,
-        _ => 4,
+        Q8 | Q8_64 => 4,
+        _ => unreachable!(),
     }
 }
 
@@ -97,14 +109,14 @@ pub(super) unsafe fn mat_interleaved_avx512<const SIX: bool>(
     if x.q4.x.is_empty() || x.group_size != SIMD_GROUP {
         return q6::reference_either::<SIX>(w, ws, x, out, ahead);
     }
-    assert_eq!(
-        x.q4.layout,
-        Q4Layout::Interleaved,
-        "the AVX-512 q4 kernel reads Q4Layout::Interleaved"
+    assert!(
+        laid_out(x),
+        "the AVX-512 q4 kernel reads activations laid out whole in Q4Layout::Interleaved"
     );
     let ws: &[u8] = bytemuck::cast_slice(ws);
     // SAFETY: `check_either` passed (the slices hold `rows` rows of `x.cols` columns in groups
-    // of 32) and the activations are laid out in groups of 32, as `tiles` requires.
+    // of 32) and `laid_out` did (the activations are laid out whole in groups of 32), as
+    // `tiles` requires.
     match SIX {
         true => tiles::<Q6>(w, ws, x, out, rows, ahead),
         false => tiles::<Q4>(w, ws, x, out, rows, ahead),
@@ -125,12 +137,13 @@ pub(super) unsafe fn mat_q8_interleaved_avx512(
 ) {
     let rows = x.check(w, ws, out);
     assert!(
-        x.q4.layout == Q4Layout::Interleaved && x.q4.x.len() == x.t * x.cols,
+        laid_out(x),
         "the AVX-512 q8 kernel on interleaved weights reads Q4Layout::Interleaved activations"
     );
     let (w, ws) = (bytemuck::cast_slice(w), bytemuck::cast_slice(ws));
     // SAFETY: `check` passed (the slices hold `rows` rows of `x.cols` columns in groups of
-    // `x.group_size`) and the activations are laid out in those groups, as `tiles` requires.
+    // `x.group_size`) and `laid_out` did (the activations are laid out whole in those groups);
+    // the match gives `tiles` the kind of that group size, as it requires.
     match x.group_size {
         32 => tiles::<Q8>(w, ws, x, out, rows, ahead),
         64 => tiles::<Q8_64>(w, ws, x, out, rows, ahead),
@@ -138,11 +151,22 @@ pub(super) unsafe fn mat_q8_interleaved_avx512(
     }
 }
 
+/// Whether `x`'s activations are laid out in [`Q4Layout::Interleaved`] for all of its `t`
+/// tokens: `t * cols` values and `t * cols / group_size` corrections and scales, which is what
+/// [`tile`] reads.
+fn laid_out(x: &ActsQ8) -> bool {
+    let groups = x.t * (x.cols / x.group_size);
+    x.q4.layout == Q4Layout::Interleaved
+        && x.q4.x.len() == x.t * x.cols
+        && x.q4.corr.len() == groups
+        && x.q4.scales.len() == groups
+}
+
 /// `out = w x` for `rows` rows of weights of `KIND` (`w` their bytes, `ws` their scales' bytes).
 ///
-/// Caller guarantees that `w` holds `rows` rows of `x.cols` weights of `KIND` in groups of 32
-/// (`x.group_size`), `ws` a scale per group, `out` `rows * x.t` values, and that the
-/// activations are laid out in [`Q4Layout::Interleaved`] in those groups.
+/// Caller guarantees that `x.group_size == group_size(KIND)`, that `w` holds `rows` rows of
+/// `x.cols` weights of `KIND` in those groups, `ws` a scale per group, `out` `rows * x.t`
+/// values, and that [`laid_out`] holds for `x`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn tiles<const KIND: usize>(
     w: &[u8],
@@ -189,10 +213,10 @@ unsafe fn tiles<const KIND: usize>(
 /// prefetching weights up to `reach` bytes from the start of `w`.
 ///
 /// Caller guarantees the rows and tokens exist and what [`tiles`]' caller does. Then every
-/// read is in bounds: with `gb = group_bytes(KIND)`, a row is `per = cols / 32` groups of `gb`
-/// bytes, and a block of `n` groups from group `g0` reads bytes `gb g0 .. gb (g0 + n)` of its
-/// row, values `32 g0 .. 32 (g0 + n)` of a token's laid-out row and
-/// entries `g0 .. g0 + n` of its corrections and scales and of the row's weight scales; the
+/// read is in bounds: with `gs = group_size(KIND)` and `gb = group_bytes(KIND)`, a row is
+/// `per = cols / gs` groups of `gb` bytes, and a block of `n` groups from group `g0` reads bytes
+/// `gb g0 .. gb (g0 + n)` of its row, values `gs g0 .. gs (g0 + n)` of a token's laid-out row
+/// and entries `g0 .. g0 + n` of its corrections and scales and of the row's weight scales; the
 /// short block's loads are masked to its `n` lanes (words), and a masked load neither reads nor
 /// faults past its mask.
 #[inline]
@@ -220,9 +244,9 @@ unsafe fn tile<const KIND: usize, const R: usize, const N: usize>(
         scale: std::array::from_fn(|j| x.q4.scales.as_ptr().add((i + j) * per)),
     };
     // The weight scales are a stream of their own (1/8 of q4's bytes, 1/12 of q6's, 1/8 of
-    // q8's): the tile's scales asked for at once, `PREFETCH_NEAR / 16` bytes ahead in
-    // their stream; a few lines for a tile of rows of the 0.6B shape, against the weights' 32
-    // (see `block`).
+    // q8's in groups of 32 and 1/16 in groups of 64): the tile's scales asked for at once,
+    // `PREFETCH_NEAR / 16` bytes ahead in their stream; a few lines for a tile of rows of the
+    // 0.6B shape, against the weights' 32 (see `block`).
     let from = r * per * sb + PREFETCH_NEAR / 16;
     for line in (from..from + R * per * sb).step_by(64) {
         // A prefetch never faults; `wrapping_add` may point past `ws` without UB.
@@ -272,7 +296,7 @@ struct Tokens<const N: usize> {
 /// vectors are `4n` bytes apart.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn words<const FULL: bool>(p: *const u8, n: usize) -> __m512i {
+unsafe fn words<const FULL: bool>(p: *const u8, n: usize) -> __m512i {
     match FULL {
         true => _mm512_loadu_si512(p as *const __m512i),
         false => _mm512_maskz_loadu_epi32(((1u32 << n) - 1) as __mmask16, p as *const i32),
@@ -281,7 +305,7 @@ pub(super) unsafe fn words<const FULL: bool>(p: *const u8, n: usize) -> __m512i 
 
 /// Adds the block of `n` groups from `g0` (16 when `FULL`) into `acc`, calling `prefetch(a, at,
 /// len)` before bytes `at .. at + len` of row `a`'s block are read (it asks for the bytes that
-/// far ahead of them). Caller guarantees what [`tile`]'s caller does. Caller guarantees what [`tile`]'s caller does.
+/// far ahead of them). Caller guarantees what [`tile`]'s caller does.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 // The indices pick a row's or token's pointers, weights and accumulator together.
@@ -312,21 +336,21 @@ unsafe fn block<const KIND: usize, const R: usize, const N: usize, const FULL: b
                 corr::<KIND, N, FULL>(tokens, 0, g0, n),
                 _mm512_setzero_si512(),
             );
-            for m in (0..group_size(KIND) / 4).step_by(2) {
-                if m % PREFETCH_VECTORS == 0 {
-                    prefetch(a, m * 4 * n, PREFETCH_VECTORS * 4 * n);
+            let at = |m: usize| m * 4 * n;
+            for m0 in (0..group_size(KIND) / 4).step_by(PREFETCH_VECTORS) {
+                prefetch(a, at(m0), at(PREFETCH_VECTORS));
+                for m in (m0..m0 + PREFETCH_VECTORS).step_by(2) {
+                    even = _mm512_dpbusd_epi32(
+                        even,
+                        words::<FULL>(w.add(at(m)), n),
+                        words::<FULL>(x.add(at(m)), n),
+                    );
+                    odd = _mm512_dpbusd_epi32(
+                        odd,
+                        words::<FULL>(w.add(at(m + 1)), n),
+                        words::<FULL>(x.add(at(m + 1)), n),
+                    );
                 }
-                let at = |m: usize| m * 4 * n;
-                even = _mm512_dpbusd_epi32(
-                    even,
-                    words::<FULL>(w.add(at(m)), n),
-                    words::<FULL>(x.add(at(m)), n),
-                );
-                odd = _mm512_dpbusd_epi32(
-                    odd,
-                    words::<FULL>(w.add(at(m + 1)), n),
-                    words::<FULL>(x.add(at(m + 1)), n),
-                );
             }
             let scale = x_scales::<N, FULL>(tokens, 0, g0, n);
             finish(&mut acc[a][0], _mm512_add_epi32(even, odd), scale, d[a]);
@@ -341,7 +365,7 @@ unsafe fn block<const KIND: usize, const R: usize, const N: usize, const FULL: b
                 corr::<KIND, N, FULL>(tokens, 0, g0, n),
                 _mm512_setzero_si512(),
             ];
-            let x = acts::<N, FULL>(tokens, 0, g0, n);
+            let x = acts::<KIND, N, FULL>(tokens, 0, g0, n);
             // Decode's q4 leaves the high nibbles in place (16 times their value) and shifts
             // their integer sum once instead: a row's four shifts become one a token, which is
             // less work only for one token; q6's high bits would not fit above them.
@@ -397,7 +421,7 @@ unsafe fn block<const KIND: usize, const R: usize, const N: usize, const FULL: b
         });
         for j in 0..N {
             let mut isum = [corr::<KIND, N, FULL>(tokens, j, g0, n); R];
-            let x = acts::<N, FULL>(tokens, j, g0, n);
+            let x = acts::<KIND, N, FULL>(tokens, j, g0, n);
             for k in 0..8 {
                 for a in 0..R {
                     isum[a] = _mm512_dpbusd_epi32(isum[a], wv[a][k], x[k]);
@@ -412,15 +436,16 @@ unsafe fn block<const KIND: usize, const R: usize, const N: usize, const FULL: b
 }
 
 /// Token `j`'s activations for the block of `n` groups from `g0`: the eight vectors that meet
-/// the weights' eight.
+/// the weights' eight (q4 and q6: the q8 tiles read theirs vector by vector in `block`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn acts<const N: usize, const FULL: bool>(
+unsafe fn acts<const KIND: usize, const N: usize, const FULL: bool>(
     tokens: &Tokens<N>,
     j: usize,
     g0: usize,
     n: usize,
 ) -> [__m512i; 8] {
+    debug_assert!(KIND < Q8, "q8's tiles read their activations in `block`");
     let base = tokens.x[j].add(g0 * SIMD_GROUP) as *const u8;
     std::array::from_fn(|k| words::<FULL>(base.add(k * 4 * n), n))
 }
@@ -467,9 +492,10 @@ unsafe fn weight_scales<const KIND: usize, const FULL: bool>(p: *const u8, n: us
     })
 }
 
-/// A row's block of `n` groups at `p`, as the eight byte vectors that meet the activations'
-/// eight: q8's stored values as they are; q4's and q6's unpacked, the low nibbles of their four vectors, then the high ones (q4: q + 8, 0..=15; q6:
-/// q + 32, 0..=63); with `split` (q4 only), the high nibbles left in place, 16 times their value.
+/// A q4 or q6 row's block of `n` groups at `p`, unpacked into the eight byte vectors that meet
+/// the activations' eight: the low nibbles of its four vectors, then the high ones (q4: q + 8,
+/// 0..=15; q6: q + 32, 0..=63); with `split` (q4 only), the high nibbles left in place, 16 times
+/// their value. (q8's tiles read their weights vector by vector in `block`.)
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn weights<const KIND: usize, const FULL: bool>(
@@ -477,9 +503,7 @@ unsafe fn weights<const KIND: usize, const FULL: bool>(
     n: usize,
     split: bool,
 ) -> [__m512i; 8] {
-    if KIND >= Q8 {
-        return std::array::from_fn(|k| words::<FULL>(p.add(k * 4 * n), n));
-    }
+    debug_assert!(KIND < Q8, "q8's tiles read their weights in `block`");
     let nibble = _mm512_set1_epi8(15);
     let v: [__m512i; 4] = std::array::from_fn(|k| words::<FULL>(p.add(k * 4 * n), n));
     let mut wv: [__m512i; 8] = std::array::from_fn(|k| match (k < 4, split) {
