@@ -141,7 +141,7 @@ def tokenizer_cases():
     of fixtures/tokenizer/tokenizer-cases-dev.json (every category: combining marks, special
     tokens, digits, whitespace, emoji) with the vocabulary of the fixture that
     tiny-f32-tied-gqa2-f32.gguf was converted from, for the test that reads that GGUF's
-    tokenizer (gguf/tests.rs)."""
+    tokenizer (gguf/tests/)."""
     from tokenizers import Tokenizer
 
     source = ROOT / "fixtures/models/tiny-f32-tied-gqa2/tokenizer.json"

@@ -20,7 +20,7 @@
 //! they are (Q5_0's put together from their nibble and fifth bit), each scale as it is (q8's
 //! widened to the f32 it stands for: exact, every f16 is an f32).
 //! Nothing is rounded again, so the model computes with the very weights the GGUF holds
-//! (`gguf/tests.rs` checks every value against gguf-py's dequantization).
+//! (`gguf/tests/` checks every value against gguf-py's dequantization).
 //!
 //! F16 (ollama's `fp16` tags, the converter's `--outtype f16`) has no kernels of its own here: each
 //! value is widened to the f32 it stands for (exact), so an F16 file runs as an f32 model file
