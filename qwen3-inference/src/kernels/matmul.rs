@@ -546,8 +546,7 @@ mod tests {
         quantize_q4(&w, 32, &mut p, &mut sc);
         let p_kernel = packed_for_kernels(dots().q4_layout, false, &p, cols, 32);
         // q8 in groups of 32, in the file's order, and in groups of 32 and 64 in the order
-        // this CPU's kernels read (interleaved on AVX-512: the activations' interleaved layout
-        // in groups of 64 is then made beside q4's in groups of 32).
+        // this CPU's kernels read as well (interleaved on AVX-512; a view carries both).
         let (mut q, mut s) = (vec![0i8; w.len()], vec![0f32; w.len() / 32]);
         quantize_q8(&w, 32, &mut q, &mut s);
         let q_kernel = q8_for_kernels(dots(), &q, cols, 32);

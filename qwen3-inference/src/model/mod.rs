@@ -306,10 +306,10 @@ impl<'a, T> Model<'a, T> {
         }
         // Tied: the classifier is the embedding table, looked up a second time (a view or a
         // device range, not a copy).
-        let lm_head = match (&config.embedding, config.tie_word_embeddings) {
-            (Some(_), _) => None,
-            (None, true) => Some(get("model.embed_tokens.weight")?),
-            (None, false) => Some(get("lm_head.weight")?),
+        let lm_head = match (config.embedding.is_some(), config.classifier_is_embedding()) {
+            (true, _) => None,
+            (false, true) => Some(get("model.embed_tokens.weight")?),
+            (false, false) => Some(get("lm_head.weight")?),
         };
         Ok(Model {
             config,

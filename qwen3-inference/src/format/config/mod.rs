@@ -286,6 +286,13 @@ const WITH_LINEAR_ATTENTION: [&str; 3] = [
 const NONE_U32: u32 = u32::MAX;
 
 impl ModelConfig {
+    /// Whether the classifier is the embedding table itself (`tie_word_embeddings` in a language
+    /// model; an embedding model has no classifier): the table is then a matrix of products too,
+    /// not only rows looked up.
+    pub fn classifier_is_embedding(&self) -> bool {
+        self.embedding.is_none() && self.tie_word_embeddings
+    }
+
     /// The oldest format version whose config block holds this config: 8 for a vision tower, 7
     /// for a partial
     /// rotation, an attention output gate or linear attention, 6 for an embedding model, 5 for

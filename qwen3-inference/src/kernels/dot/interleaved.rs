@@ -1,6 +1,6 @@
 //! The interleaved order of q4, q6 and q8 weights that the AVX-512 kernels read: sixteen groups
-//! side by side, so that lane `l` of a 512-bit vector holds group `l` and a whole group's integer sum
-//! comes out of the byte dot products in one lane, with no permute.
+//! side by side, so that lane `l` of a 512-bit vector holds group `l` and a whole group's integer
+//! sum comes out of the byte dot products in one lane, with no permute.
 //!
 //! ## Why another order
 //!
@@ -192,8 +192,7 @@ enum Order {
 /// generates): otherwise only its rows are looked up, in the file's order, and a copy would be
 /// memory for nothing (Qwen3-8B's untied q8 table: 622 MB).
 pub fn interleave_file(file: &ModelFile, q8: bool) -> Result<Derived> {
-    let config = file.config();
-    let embedding_is_classifier = config.embedding.is_none() && config.tie_word_embeddings;
+    let embedding_is_classifier = file.config().classifier_is_embedding();
     let mut jobs = Vec::new();
     let (mut at, mut len) = (HashMap::new(), 0usize);
     for info in &file.header().tensors {
