@@ -6,6 +6,7 @@
 
 use qwen3_inference::format::KQuant;
 use qwen3_inference::kernels::attention::{chunk_len, Bf16, KvElem, KV_CHUNK};
+use qwen3_inference::kernels::bandwidth::read_sum;
 use qwen3_inference::kernels::dot::interleaved::{
     interleaves_q8, packed_for_kernels, q8_for_kernels,
 };
@@ -353,10 +354,26 @@ fn main() {
 
 /// Attention with Qwen3-0.6B's heads (16 query, 8 kv, head_dim 128), one thread, with the cache
 /// in f32 and in bf16: one decode token after 2000 cached positions in each of 28 layers (the
-/// whole model's, so the caches come from memory as in decode: 459 MB in f32), and a 256-token
-/// prompt from position 0 in one layer.
+/// whole model's, so the caches come from memory as in decode: 459 MB in f32), after 200 (short
+/// runs a head, from memory too), and a 256-token prompt from position 0 in one layer. Decode's
+/// GB/s are those of the keys and values read, beside the probe's of the same moment.
 fn bench_attention() {
     println!("attention, Qwen3-0.6B's shape, one thread (median)");
+    // The read bandwidth of this moment, as `qwen3 bench` probes it: the caches' GB/s below
+    // are a share of it.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let probe = vec![1f32; 1 << 28];
+    let mut sum = 0f32;
+    let secs = pool.install(|| time(5, || read_sum(black_box(&probe), &mut sum)));
+    black_box(sum);
+    drop(probe);
+    println!(
+        "probe: a 1 GiB read at {:.1} GB/s",
+        4e-9 * (1u64 << 28) as f64 / secs
+    );
     bench_attention_of::<f32>("f32");
     bench_attention_of::<Bf16>("bf16");
 }
@@ -372,38 +389,54 @@ fn bench_attention_of<T: KvElem>(name: &str) {
         head_dim: 128,
         context_len: 2048,
     };
-    const LAYERS: usize = 28;
     let mut seed = 3;
     // Each layer's cache: its chunks of KV_CHUNK positions, filled with random keys and values
     // (their layout does not change the work).
     let len = chunk_len(s.n_kv_heads, s.head_dim);
-    let layers: Vec<Vec<HugePages<T>>> = (0..LAYERS)
-        .map(|_| {
-            (0..s.context_len / KV_CHUNK)
-                .map(|_| {
-                    let mut chunk = HugePages::<T>::zeroed(len).unwrap();
-                    for (c, x) in chunk.iter_mut().zip(next_values(len, &mut seed)) {
-                        *c = T::from_f32(x);
-                    }
-                    chunk
-                })
-                .collect()
-        })
-        .collect();
+    let cache = |layers: usize, chunks: usize, seed: &mut u64| -> Vec<Vec<HugePages<T>>> {
+        (0..layers)
+            .map(|_| {
+                (0..chunks)
+                    .map(|_| {
+                        let mut chunk = HugePages::<T>::zeroed(len).unwrap();
+                        for (c, x) in chunk.iter_mut().zip(next_values(len, seed)) {
+                            *c = T::from_f32(x);
+                        }
+                        chunk
+                    })
+                    .collect()
+            })
+            .collect()
+    };
     let width = s.n_heads * s.head_dim;
     let q = next_values(width, &mut seed);
     let mut out = vec![0f32; width];
-    let secs = pool.install(|| {
-        time(7, || {
-            for chunks in &layers {
-                attention(&mut out, &q, chunks, s, 2000, 1);
-            }
-        })
-    });
-    println!(
-        "{name:>5} cache, 1 token after 2000 positions, {LAYERS} layers: {:>7.3} ms",
-        secs * 1e3
-    );
+    // One decode token after `pos` positions in every layer: the bytes of the keys and values
+    // it reads, and how fast.
+    let mut decode = |layers: &[Vec<HugePages<T>>], pos: usize, what: &str| {
+        let secs = pool.install(|| {
+            time(7, || {
+                for chunks in layers {
+                    attention(&mut out, &q, chunks, s, pos, 1);
+                }
+            })
+        });
+        let bytes = layers.len() * 2 * s.n_kv_heads * (pos + 1) * s.head_dim * size_of::<T>();
+        println!(
+            "{name:>5} cache, 1 token after {pos} positions, {what}: {:>7.3} ms, {:>5.1} GB/s",
+            secs * 1e3,
+            bytes as f64 / secs / 1e9
+        );
+    };
+    // The whole model's 28 layers at 2000 positions: 459 MB in f32, from memory as in decode.
+    const LAYERS: usize = 28;
+    let layers = cache(LAYERS, s.context_len / KV_CHUNK, &mut seed);
+    decode(&layers, 2000, "28 layers");
+    // A short context, where each head's keys and values are short runs (200 positions: 100
+    // KiB each in f32): eight copies of the model's layers, so that they come from memory too.
+    let short = cache(8 * LAYERS, 1, &mut seed);
+    decode(&short, 200, "8 x 28 layers");
+    drop(short);
     let q = next_values(256 * width, &mut seed);
     let mut out = vec![0f32; 256 * width];
     let secs = pool.install(|| time(7, || attention(&mut out, &q, &layers[0], s, 0, 256)));

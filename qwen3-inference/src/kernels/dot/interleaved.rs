@@ -442,4 +442,28 @@ mod tests {
             }
         }
     }
+
+    /// The embedding table is copied into the kernels' order only when it is also the classifier
+    /// (tied): an untied table is only ever read a row at a time, in the file's order, and a copy
+    /// of it would be memory for nothing. The matrices around it are copied either way.
+    #[test]
+    fn only_a_tied_embedding_is_interleaved() {
+        for tied in [true, false] {
+            let dir = std::env::temp_dir().join(format!("pq-interleaved-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join(format!("q8-tied-{tied}.bin"));
+            let mut c = crate::testing::model::config(crate::format::DType::Q8);
+            (c.group_size, c.hidden_size, c.intermediate_size) = (32, 64, 64);
+            c.tie_word_embeddings = tied;
+            crate::testing::model::write_random_config(&path, &c);
+            let file = ModelFile::open(&path).unwrap();
+            let derived = interleave_file(&file, true).unwrap();
+            let has = |name: &str| derived.get(name).is_some();
+            assert_eq!(has("model.embed_tokens.weight"), tied, "tied: {tied}");
+            assert_eq!(has("lm_head.weight"), !tied, "tied: {tied}");
+            assert!(has("model.layers.0.mlp.down_proj.weight"), "tied: {tied}");
+            drop(file);
+            std::fs::remove_dir_all(&dir).ok();
+        }
+    }
 }
