@@ -52,6 +52,12 @@ keeps some matrices finer, as the hub's "dynamic" and "_L" quantizations do:
     llama-quantize --token-embedding-type bf16 --tensor-type attn_v=f16 --tensor-type ffn_up=q8_0 \
         tiny-bf16-tied-k256-bf16.gguf fixtures/gguf/tiny-bf16-tied-k256-mixed.gguf Q4_K_M
 
+fixtures/gguf/split/tiny-f32-tied-gqa2-q8_0-0000K-of-00003.gguf are tiny-f32-tied-gqa2-q8_0.gguf
+cut in three parts by gguf-py's writer with `split_max_tensors` (`split()` below: the writer
+behind `convert_hf_to_gguf.py --split-max-tensors`; llama.cpp's `gguf-split` writes the same
+keys and names): the first part holds every metadata key, each part `split.no`, `split.count`
+and `split.tensors.count` and its own tensors.
+
 Developer-only (CI never runs it):
     ../venv-torch/bin/python scripts/make_gguf_fixtures.py
 """
@@ -92,6 +98,35 @@ def main():
     w.write_tensors_to_file()
     w.close()
     print(out, out.stat().st_size, "bytes")
+
+
+def split():
+    """The converter's Q8_0 GGUF of tiny-f32-tied-gqa2 written again in three parts."""
+    source = ROOT / "fixtures" / "gguf" / "tiny-f32-tied-gqa2-q8_0.gguf"
+    r = gguf.GGUFReader(source)
+    out_dir = ROOT / "fixtures" / "gguf" / "split"
+    out_dir.mkdir(exist_ok=True)
+    per_part = -(-len(r.tensors) // 3)
+    arch = r.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    w = gguf.GGUFWriter(out_dir / "tiny-f32-tied-gqa2-q8_0.gguf", arch,
+                        split_max_tensors=per_part)
+    for field in r.fields.values():
+        # The header's own fields (magic, counts) and the architecture are the writer's.
+        if field.name.startswith("GGUF.") or field.name == gguf.Keys.General.ARCHITECTURE:
+            continue
+        ty = field.types[0]
+        sub = field.types[-1] if ty == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(field.name, field.contents(), ty, sub_type=sub)
+    for t in r.tensors:
+        w.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for t in r.tensors:
+        w.write_tensor_data(t.data)
+    w.close()
+    for p in sorted(out_dir.iterdir()):
+        print(p, p.stat().st_size, "bytes")
 
 
 def f16_bytes(rng, n):
@@ -171,3 +206,4 @@ if __name__ == "__main__":
     main()
     dequant_reference()
     tokenizer_cases()
+    split()

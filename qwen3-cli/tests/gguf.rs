@@ -237,6 +237,61 @@ fn quantized_ggufs_run() {
     }
 }
 
+/// A GGUF file split in three parts runs from its first part as the whole file runs (the same
+/// greedy text), `info` says how many parts it is, `export` writes it as one model file, and a
+/// later part given instead of the first is a one-line error naming the first. (Every tensor's
+/// bytes against the whole file's: qwen3-inference's gguf/tests/split.rs.)
+#[test]
+fn a_split_gguf_runs_from_its_first_part() {
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf");
+    let whole = gguf.join("tiny-f32-tied-gqa2-q8_0.gguf");
+    let part = |k: usize| {
+        gguf.join(format!(
+            "split/tiny-f32-tied-gqa2-q8_0-{k:05}-of-00003.gguf"
+        ))
+    };
+    let text = |model: &Path| {
+        let o = qwen3(&[
+            "inference",
+            model.to_str().unwrap(),
+            "-i",
+            "The capital of France is",
+            "-n",
+            "12",
+            "-t",
+            "0",
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{}: {err}", model.display());
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let want = text(&whole);
+    assert_eq!(text(&part(1)), want);
+    let o = qwen3(&["info", part(1).to_str().unwrap()]);
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        s.contains("parts                    3 (this is the first"),
+        "{s}"
+    );
+    assert!(
+        s.contains("yes, Q8_0: every command takes this file as it is"),
+        "{s}"
+    );
+    let dir = std::env::temp_dir().join(format!("pq-gguf-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("m.bin");
+    let o = qwen3(&["export", part(1).to_str().unwrap(), out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(text(&out), want);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let err = one_line_error(&qwen3(&["inference", part(2).to_str().unwrap(), "-n", "1"]));
+    assert!(
+        err.contains("part 2 of a GGUF file split in 3: open its first part")
+            && err.contains("-00001-of-00003.gguf"),
+        "{err}"
+    );
+}
+
 /// A model ollama has pulled, by its name (`tiny:q8`): found through ollama's manifest under
 /// `OLLAMA_MODELS` and run from its blob as it is; a manifest whose blob is gone is a one-line
 /// error that names both.

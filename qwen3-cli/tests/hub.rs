@@ -716,3 +716,90 @@ fn a_gguf_repository_by_its_quantization() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A quantization the repository holds split in parts (`-00001-of-00003.gguf` ...): every part
+/// is downloaded, none of the repository's other files, and the model runs from its first part
+/// as the whole file does; the next run finds all of it offline, and `qwen3 list` shows it once,
+/// by the name that runs it.
+#[test]
+fn a_split_gguf_comes_in_all_its_parts() {
+    let dir = tempdir("hub", "gguf-split");
+    let cache = dir.join("cache");
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf");
+    let part = |k: usize| format!("tiny-Q8_0-{k:05}-of-00003.gguf");
+    let mut files: HashMap<String, Vec<u8>> = (1..=3)
+        .map(|k| {
+            let source = fixtures.join(format!(
+                "split/tiny-f32-tied-gqa2-q8_0-{k:05}-of-00003.gguf"
+            ));
+            (part(k), std::fs::read(source).unwrap())
+        })
+        .collect();
+    files.insert(
+        "tiny-Q4_K_M.gguf".to_string(),
+        std::fs::read(fixtures.join("tiny-bf16-tied-k256-q4_k_m.gguf")).unwrap(),
+    );
+    let repos = HashMap::from([(
+        "test-org/tiny-GGUF".to_string(),
+        MirrorRepo {
+            files,
+            gated: false,
+        },
+    )]);
+    let mirror = Mirror::start(repos, None);
+    let args = |model: &str| {
+        [
+            model,
+            "-i",
+            "The capital of France is",
+            "-n",
+            "8",
+            "-t",
+            "0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>()
+    };
+    let run = |model: &str, env: &[(&str, &str)]| {
+        let mut a = vec!["inference".to_string()];
+        a.extend(args(model));
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        qwen3(&cache, &mirror.url(), &a, env)
+    };
+    let first = run("test-org/tiny-GGUF:Q8_0", &[]);
+    ok(&first);
+    let mut fetched: Vec<String> = (mirror.seen().iter())
+        .filter(|s| s.path.contains("/resolve/"))
+        .map(|s| s.path.rsplit('/').next().unwrap().to_string())
+        .collect();
+    fetched.sort();
+    fetched.dedup();
+    assert_eq!(fetched, [part(1), part(2), part(3)]);
+    let whole = fixtures.join("tiny-f32-tied-gqa2-q8_0.gguf");
+    let mut direct = vec!["inference".to_string()];
+    direct.extend(args(whole.to_str().unwrap()));
+    let direct = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args(&direct)
+        .output()
+        .unwrap();
+    ok(&direct);
+    assert_eq!(first.stdout, direct.stdout, "the whole file's greedy text");
+    let requests = mirror.seen().len();
+    let second = run("test-org/tiny-GGUF:Q8_0", &[("HF_HUB_OFFLINE", "1")]);
+    ok(&second);
+    assert_eq!(second.stdout, first.stdout);
+    assert_eq!(mirror.seen().len(), requests, "no request offline");
+    let env = [
+        ("QWEN3_MODELS_DIR", dir.join("models")),
+        ("OLLAMA_MODELS", dir.join("ollama")),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.to_str().unwrap())).collect();
+    let list = qwen3(&cache, &mirror.url(), &["list"], &env);
+    ok(&list);
+    let listed = String::from_utf8_lossy(&list.stdout).to_string();
+    let lines: Vec<&str> = listed.lines().filter(|l| l.contains("tiny-GGUF")).collect();
+    assert_eq!(lines.len(), 1, "{listed}");
+    assert!(lines[0].starts_with("test-org/tiny-GGUF:Q8_0 "), "{listed}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

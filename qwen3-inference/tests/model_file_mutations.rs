@@ -255,6 +255,47 @@ fn corrupted_qwen3_5_ggufs_open_or_give_errors() {
     );
 }
 
+/// A GGUF file split in three parts (fixtures/gguf/split/) with its second part's header
+/// mutated as above, opened from its first part as a model file: an error naming the part or a
+/// model file, never a panic (a second part that claims other tensors, offsets or keys).
+#[test]
+fn a_corrupted_part_of_a_split_gguf_is_refused_or_opens() {
+    use qwen3_inference::gguf::parse;
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf/split");
+    let name = |k: usize| format!("tiny-f32-tied-gqa2-q8_0-{k:05}-of-00003.gguf");
+    let dir = std::env::temp_dir().join(format!("pq-split-mutated-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for k in [1, 3] {
+        std::fs::copy(fixtures.join(name(k)), dir.join(name(k))).unwrap();
+    }
+    let bytes = std::fs::read(fixtures.join(name(2))).unwrap();
+    let data_start = parse(&bytes).expect("the fixture parses").data_start as usize;
+    let mut seed = 2029u64;
+    let (mut refused, mut opened) = (0, 0);
+    let iterations = ITERATIONS / 4;
+    for _ in 0..iterations {
+        std::fs::write(dir.join(name(2)), mutate(&bytes, data_start, &mut seed)).unwrap();
+        match ModelFile::open(&dir.join(name(1))) {
+            Err(e) => {
+                refused += 1;
+                assert!(!format!("{e:#}").is_empty(), "an empty error");
+            }
+            Ok(f) => {
+                opened += 1;
+                for t in &f.header().tensors {
+                    let _ = f.tensor(&t.name);
+                }
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    println!("split GGUF: {refused} refused, {opened} opened of {iterations} mutated parts");
+    assert!(
+        refused > iterations / 2,
+        "the mutations should mostly break the part"
+    );
+}
+
 /// The image decoder on mutations of the image processor's fixtures (PNG in every colour type,
 /// JPEG, GIF, WebP; fixtures/vision/processor/): an error or an image, never a panic or a huge
 /// allocation (the pixel limit is checked before the pixels are decoded); an image that still

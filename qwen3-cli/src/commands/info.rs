@@ -353,13 +353,21 @@ fn show(v: &gguf::Value) -> String {
 fn gguf_info(args: &InfoArgs) -> Result<()> {
     let file = gguf::GgufFile::open(&args.model)?;
     let h = file.header();
-    let len = size_of(&args.model).unwrap_or(0);
+    let len = file.len();
     println!(
         "file                     {} ({}, GGUF version {})",
         args.model.display(),
         bytes(len),
         h.version
     );
+    if file.parts() > 1 {
+        // Its other parts' tensors are read too (gguf::open_parts); they sit beside it.
+        println!(
+            "parts                    {} (this is the first; the others beside it, their bytes \
+             counted above)",
+            file.parts()
+        );
+    }
     let arch = h.architecture().unwrap_or("-");
     println!("architecture             {arch}");
     if let Some(name) = h.get("general.name") {

@@ -184,7 +184,7 @@ fn print_report(
         "model        {} ({}, {:.1} MiB)",
         args.model.display(),
         file.config().dtype,
-        file.bytes().len() as f64 / (1 << 20) as f64
+        file.mapped_len() as f64 / (1 << 20) as f64
     );
     println!(
         "text         {}: {tokens} tokens, {chunks} chunks of {}, the last {} positions of each scored: {} positions",

@@ -5,7 +5,7 @@
 //! `HF_ENDPOINT` when it is set (a mirror).
 
 use super::cache::{is_needed, repo_dir};
-use super::gguf_repo::{pick, GgufRef};
+use super::gguf_repo::{parts, pick, GgufRef};
 use super::RepoRef;
 use anyhow::{anyhow, bail, Context, Result};
 use hf_hub::api::sync::{Api, ApiBuilder, ApiError};
@@ -92,13 +92,17 @@ fn file_list(root: &Path, repo: &RepoRef, ep: &str) -> Result<(Fetcher, RepoInfo
 }
 
 /// Downloads the GGUF file `r` names (`gguf_repo.rs`) into the cache under `root`, that file
-/// only; returns its path.
+/// only (a split file: each of its parts); returns its path (the first part's).
 pub fn gguf_file(root: &Path, r: &GgufRef) -> Result<PathBuf> {
     let ep = endpoint();
     let (fetcher, info) = file_list(root, &r.repo, &ep)?;
     let files: Vec<String> = info.siblings.into_iter().map(|s| s.rfilename).collect();
     let file = pick(r, &files, true)?;
-    fetch(&fetcher, &file, &r.repo, &ep, root)
+    let mut paths = Vec::new();
+    for part in parts(&file) {
+        paths.push(fetch(&fetcher, &part, &r.repo, &ep, root)?);
+    }
+    Ok(paths.swap_remove(0))
 }
 
 /// What a download thread needs to make its own handle on the repository.

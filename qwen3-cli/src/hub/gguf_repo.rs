@@ -4,8 +4,9 @@
 //! default, or else the repository's only GGUF file.
 //!
 //! The file is looked for in the HuggingFace cache (`cache.rs`), and downloaded into it when it
-//! is not there: that one file, not the repository's other quantizations. It then runs as any
-//! GGUF file does, mapped (docs/gguf.md).
+//! is not there: that one file (or, for a file split in parts, `-00001-of-00003.gguf` and the
+//! rest, every part), not the repository's other quantizations. It then runs as any GGUF file
+//! does, mapped, from its first part (docs/gguf.md).
 
 use super::RepoRef;
 use anyhow::{bail, Result};
@@ -58,9 +59,9 @@ fn has_quant(name: &str, quant: &str) -> bool {
 }
 
 /// The repository file `r` names among `files` (paths in the repository; `whole`: all of them,
-/// not only those a cache holds): its quantization's GGUF file (see the module docs). Vision
-/// projectors (`mmproj`) are not models; a file split in parts (`-00001-of-00003.gguf`) is
-/// refused by name.
+/// not only those a cache holds): its quantization's GGUF file (see the module docs), or the
+/// first part of one split in parts, when every part is there ([`parts`] names them all).
+/// Vision projectors (`mmproj`) are not models.
 pub fn pick(r: &GgufRef, files: &[String], whole: bool) -> Result<String> {
     let base = |f: &str| f.rsplit('/').next().unwrap_or(f).to_string();
     let models: Vec<&String> = files
@@ -82,11 +83,7 @@ pub fn pick(r: &GgufRef, files: &[String], whole: bool) -> Result<String> {
         _ => found,
     };
     match found.as_slice() {
-        [one] if is_split(one) => bail!(
-            "{r}: {one} is one part of a split GGUF file, which is not read yet (llama.cpp's \
-             llama-gguf-split --merge joins the parts)"
-        ),
-        [one] => Ok(one.to_string()),
+        [one] if split_of(one).is_none() => Ok(one.to_string()),
         [] => {
             let mut names: Vec<String> = models.iter().map(|f| base(f)).collect();
             names.sort();
@@ -95,10 +92,30 @@ pub fn pick(r: &GgufRef, files: &[String], whole: bool) -> Result<String> {
                 names.join(", ")
             )
         }
-        many if many.iter().all(|f| is_split(f)) => bail!(
-            "{r}: {quant} is a GGUF file split in {} parts, which is not read yet (llama.cpp's \
-             llama-gguf-split --merge joins the parts)",
-            many.len()
+        // One file's parts, every one of them: the first runs (and finds the others).
+        many if many
+            .iter()
+            .all(|f| split_of(f).is_some_and(|_| parts(f).iter().all(|p| many.contains(&p)))) =>
+        {
+            let first = many
+                .iter()
+                .find(|f| split_of(f).is_some_and(|(k, _)| k == 1));
+            Ok(first
+                .expect("every part is there, the first too")
+                .to_string())
+        }
+        many if many.iter().all(|f| split_of(f).is_some()) => bail!(
+            "{r}: {quant} is a GGUF file split in parts, of which {} hold{}: {}",
+            if whole { "the repository" } else { "the cache" },
+            if whole {
+                "s only these"
+            } else {
+                "s only these so far"
+            },
+            many.iter()
+                .map(|f| f.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
         many => {
             let names: Vec<&str> = many.iter().map(|f| f.as_str()).collect();
@@ -111,11 +128,33 @@ pub fn pick(r: &GgufRef, files: &[String], whole: bool) -> Result<String> {
     }
 }
 
-/// `-00001-of-00003.gguf`: a part of a file `llama-gguf-split` cut.
-fn is_split(name: &str) -> bool {
+/// `PREFIX-00002-of-00003.gguf`: part 2 of 3 of a file `llama-gguf-split` cut (or the converter's
+/// `--split-max-tensors`), as (2, 3).
+fn split_of(name: &str) -> Option<(u64, u64)> {
     let stem = name.strip_suffix(".gguf").unwrap_or(name);
-    let parts: Vec<&str> = stem.rsplitn(3, '-').collect();
-    matches!(parts.as_slice(), [total, "of", _] if total.len() == 5 && total.bytes().all(|b| b.is_ascii_digit()))
+    let number = |s: &str| {
+        (s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse::<u64>().ok())
+            .flatten()
+    };
+    match stem.rsplitn(4, '-').collect::<Vec<_>>().as_slice() {
+        [count, "of", k, _] => {
+            Some((number(k)?, number(count)?)).filter(|&(k, n)| 1 <= k && k <= n)
+        }
+        _ => None,
+    }
+}
+
+/// Every part of the file `name` is part of (its own name alone when it is not split), in
+/// order: `PREFIX-00001-of-0000N.gguf` to `PREFIX-0000N-of-0000N.gguf`.
+pub fn parts(name: &str) -> Vec<String> {
+    let Some((k, n)) = split_of(name) else {
+        return vec![name.to_string()];
+    };
+    let prefix = &name[..name.len() - format!("-{k:05}-of-{n:05}.gguf").len()];
+    (1..=n)
+        .map(|k| format!("{prefix}-{k:05}-of-{n:05}.gguf"))
+        .collect()
 }
 
 /// The files of the snapshot directory `dir` (relative paths, one folder deep at most, as the
@@ -139,13 +178,16 @@ fn snapshot_files(dir: &Path) -> Vec<String> {
     files
 }
 
-/// The GGUF file `r` names: from the HuggingFace cache when it is there (a file that opens: a
-/// symlink into a blob that is gone does not count), else downloaded into it (unless `offline`).
+/// The GGUF file `r` names (a split file's first part): from the HuggingFace cache when it is
+/// there (files that open, every part: a symlink into a blob that is gone does not count), else
+/// downloaded into it (unless `offline`).
 pub fn gguf_file(r: &GgufRef, offline: bool) -> Result<PathBuf> {
     let root = super::cache::hub_cache();
-    let cached = super::cache::snapshot_dir(&root, &r.repo)
-        .and_then(|dir| Some(dir.join(pick(r, &snapshot_files(&dir), false).ok()?)))
-        .filter(|path| std::fs::File::open(path).is_ok());
+    let cached = super::cache::snapshot_dir(&root, &r.repo).and_then(|dir| {
+        let first = pick(r, &snapshot_files(&dir), false).ok()?;
+        let opens = |f: &String| std::fs::File::open(dir.join(f)).is_ok();
+        parts(&first).iter().all(opens).then(|| dir.join(first))
+    });
     super::cached_or_downloaded(super::Wanted::Gguf(r), &root, cached, offline)
 }
 
@@ -178,7 +220,12 @@ pub fn list() -> Vec<(String, PathBuf)> {
             .filter(|f| f.to_ascii_lowercase().ends_with(".gguf"))
         {
             let base = f.rsplit('/').next().unwrap_or(f);
-            let stem = &base[..base.len() - ".gguf".len()];
+            // A split file by its first part, named without the part's number.
+            let stem = match split_of(base) {
+                Some((1, n)) => &base[..base.len() - format!("-00001-of-{n:05}.gguf").len()],
+                Some(_) => continue,
+                None => &base[..base.len() - ".gguf".len()],
+            };
             let Some(quant) = stem.rsplit(['-', '.']).next().filter(|q| *q != stem) else {
                 continue;
             };
@@ -256,8 +303,28 @@ mod tests {
             "Q4_K_M/Qwen3.5-397B-Q4_K_M-00001-of-00002.gguf",
             "Q4_K_M/Qwen3.5-397B-Q4_K_M-00002-of-00002.gguf",
         ]);
-        let e = pick(&GgufRef::parse("o/x-GGUF:Q4_K_M").unwrap(), &split, true).unwrap_err();
-        assert!(e.to_string().contains("split in 2 parts"), "{e}");
+        let q4_k_m = GgufRef::parse("o/x-GGUF:Q4_K_M").unwrap();
+        assert_eq!(pick(&q4_k_m, &split, true).unwrap(), split[0]);
+        assert_eq!(parts(&split[0]), split);
+        assert_eq!(parts(&split[1]), split);
+        assert_eq!(parts("a-Q8_0.gguf"), ["a-Q8_0.gguf"]);
+        // A part missing (from a cache that holds only one): not found, named.
+        let e = pick(&q4_k_m, &split[1..], false).unwrap_err();
+        assert!(
+            e.to_string().contains(
+                "Q4_K_M is a GGUF file split in parts, of which the cache holds only these so \
+                 far: Q4_K_M/Qwen3.5-397B-Q4_K_M-00002-of-00002.gguf"
+            ),
+            "{e}"
+        );
+        // Not a split's name: no five digits, or a part past the count.
+        for not in [
+            "a-1-of-2.gguf",
+            "a-00003-of-00002.gguf",
+            "a-00001-to-00002.gguf",
+        ] {
+            assert_eq!(split_of(not), None, "{not}");
+        }
         let one = files(&["tiny.gguf"]);
         let default = GgufRef::parse("o/x-GGUF").unwrap();
         assert_eq!(pick(&default, &one, true).unwrap(), "tiny.gguf");

@@ -102,11 +102,9 @@ impl DeviceWeights {
             };
             tensors.insert(t.name.clone(), tensor);
         }
-        let bytes = stream.clone_htod(file.bytes()).map_err(|e| {
-            anyhow::anyhow!(
-                "{name}: uploading {} bytes to the GPU: {e}",
-                file.bytes().len()
-            )
+        let whole = file.bytes()?;
+        let bytes = stream.clone_htod(whole).map_err(|e| {
+            anyhow::anyhow!("{name}: uploading {} bytes to the GPU: {e}", whole.len())
         })?;
         Ok(DeviceWeights { bytes, tensors })
     }

@@ -20,7 +20,7 @@
 use anyhow::{Context, Result};
 use memmap2::Mmap;
 use std::fs::File;
-use std::ops::Deref;
+use std::ops::{Deref, Range};
 
 /// The bytes of a file, mapped read-only. Dereferences to `&[u8]`, borrowed from the mapping, so
 /// no view of it can outlive it.
@@ -75,5 +75,112 @@ impl Deref for MappedFile {
 
     fn deref(&self) -> &[u8] {
         &self.map
+    }
+}
+
+/// Files mapped one after another, read as one run of bytes: a model file's one mapping, or the
+/// parts of a GGUF file that llama.cpp's `gguf-split` cut (`-00001-of-00003.gguf`, ...). Part
+/// `k`'s bytes are at offsets `start_k .. start_k + len_k` of the run, `start_k` the lengths of
+/// the parts before it added up; a tensor lies within one part, so every range read is a borrow
+/// of one mapping, never a copy.
+pub struct MappedParts {
+    /// Each part's first offset in the run, and its mapping, in order.
+    parts: Vec<(usize, MappedFile)>,
+}
+
+impl MappedParts {
+    /// One mapped file, as it is.
+    pub fn one(map: MappedFile) -> MappedParts {
+        MappedParts {
+            parts: vec![(0, map)],
+        }
+    }
+
+    /// Adds `map` after the parts already here; returns its first offset in the run.
+    pub fn push(&mut self, map: MappedFile) -> usize {
+        let start = self.len();
+        self.parts.push((start, map));
+        start
+    }
+
+    /// The run's length: every part's bytes.
+    pub fn len(&self) -> usize {
+        self.parts.last().map_or(0, |(start, m)| start + m.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many files.
+    pub fn count(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// The first file's bytes (a GGUF's metadata; the whole of a single file).
+    pub fn first(&self) -> &[u8] {
+        &self.parts[0].1
+    }
+
+    /// The whole run as one slice, when it is one file.
+    pub fn whole(&self) -> Option<&[u8]> {
+        match self.parts.as_slice() {
+            [(_, m)] => Some(m),
+            _ => None,
+        }
+    }
+
+    /// The part holding offset `at`, and its first offset.
+    fn part(&self, at: usize) -> Option<&(usize, MappedFile)> {
+        let k = self.parts.partition_point(|(start, _)| *start <= at);
+        self.parts.get(k.checked_sub(1)?)
+    }
+
+    /// Bytes `range` of the run, if they lie within one part.
+    pub fn get(&self, range: Range<usize>) -> Option<&[u8]> {
+        let (start, map) = self.part(range.start)?;
+        map.get(range.start - start..range.end.checked_sub(*start)?)
+    }
+
+    /// [`MappedFile::advise_huge_pages`] for every part.
+    pub fn advise_huge_pages(&self) {
+        self.parts.iter().for_each(|(_, m)| m.advise_huge_pages());
+    }
+
+    /// [`MappedFile::release`] of bytes `range` of the run, within the part that holds its start.
+    pub fn release(&self, range: Range<usize>) {
+        if let Some((start, map)) = self.part(range.start) {
+            map.release(range.start - start..range.end.saturating_sub(*start).min(map.len()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapped(bytes: &[u8]) -> MappedFile {
+        let dir = std::env::temp_dir().join(format!("pq-mapped-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{}.bin", bytes.len()));
+        std::fs::write(&path, bytes).unwrap();
+        MappedFile::map(&File::open(&path).unwrap()).unwrap()
+    }
+
+    /// Ranges within a part are that part's bytes; a range across two parts, or past the end,
+    /// is none.
+    #[test]
+    fn parts_read_as_one_run() {
+        let mut parts = MappedParts::one(mapped(&[1, 2, 3]));
+        assert_eq!(parts.push(mapped(&[4, 5, 6, 7, 8])), 3);
+        assert_eq!((parts.len(), parts.count()), (8, 2));
+        assert_eq!(parts.get(0..3), Some(&[1, 2, 3][..]));
+        assert_eq!(parts.get(4..8), Some(&[5, 6, 7, 8][..]));
+        assert_eq!(parts.get(3..3), Some(&[][..]));
+        assert_eq!(parts.get(2..4), None);
+        assert_eq!(parts.get(7..9), None);
+        assert_eq!(parts.get(9..9), None);
+        assert!(parts.whole().is_none());
+        assert_eq!(parts.first(), &[1, 2, 3]);
     }
 }

@@ -6,7 +6,7 @@
 //! (`&'a self`), so the borrow checker guarantees no view outlives the mapping.
 
 use super::bytes::ByteReader;
-use super::mapped::MappedFile;
+use super::mapped::{MappedFile, MappedParts};
 use super::view::{view_bytes, view_data, TensorData, TensorView};
 use super::{
     align_up, expected_tensors, matrix_storage_ok, stays_bf16, tensor_nbytes, DType, ModelConfig,
@@ -303,10 +303,11 @@ impl Derived {
     }
 }
 
-/// An open model file: one read-only mapping plus its validated header.
+/// An open model file: its read-only mapping (a GGUF file split in parts: one a part) plus its
+/// validated header.
 pub struct ModelFile {
     path: PathBuf,
-    mmap: MappedFile,
+    mmap: MappedParts,
     header: Header,
     index: HashMap<String, usize>,
     /// See [`ModelFile::derived`].
@@ -340,23 +341,30 @@ impl ModelFile {
         }
         let file = File::open(path).context("cannot open")?;
         // Mapped, never copied; every access below is bounds-checked against its length.
-        let mmap = MappedFile::map(&file)?;
-        // Decode streams every weight once a token; 2 MiB pages stream faster (crate::pages).
-        mmap.advise_huge_pages();
-        // A GGUF file (llama.cpp's) is read through its own header, in place (gguf/model.rs).
-        let (header, repacked) = match crate::gguf::is_gguf(&mmap) {
+        let first = MappedFile::map(&file)?;
+        // A GGUF file (llama.cpp's) is read through its own header, in place (gguf/model.rs),
+        // with its other parts if it is the first part of a split file.
+        let (mmap, header, repacked) = match crate::gguf::is_gguf(&first) {
             true => {
-                let gguf = || -> Result<(Header, Option<Derived>)> {
-                    let g = crate::gguf::parse(&mmap)?;
+                let gguf = || -> Result<(MappedParts, Header, Option<Derived>)> {
+                    let (g, mmap) = crate::gguf::open_parts(path, first)?;
+                    mmap.advise_huge_pages();
                     let layout = crate::gguf::model::layout(&g, mmap.len() as u64)?;
                     // The file's pages of the repacked tensors are read no more.
                     let release = |r: Range<usize>| mmap.release(r);
                     let repacked = crate::gguf::repack::repack(&g, &layout, &mmap, &release)?;
-                    Ok((layout.header, repacked))
+                    Ok((mmap, layout.header, repacked))
                 };
                 gguf().context("a GGUF file")?
             }
-            false => (Header::parse(&mmap)?, None),
+            false => {
+                let header = Header::parse(&first)?;
+                let mmap = MappedParts::one(first);
+                // Decode streams every weight once a token; 2 MiB pages stream faster
+                // (crate::pages).
+                mmap.advise_huge_pages();
+                (mmap, header, None)
+            }
         };
         let index = header
             .tensors
@@ -424,14 +432,28 @@ impl ModelFile {
         &self.header.config
     }
 
-    /// How much of the mapped file is resident, and how much of it through 2 MiB pages (Linux).
+    /// How much of the mapped file (its first part) is resident, and how much of it through
+    /// 2 MiB pages (Linux).
     pub fn page_share(&self) -> Option<PageShare> {
-        pages::huge_page_share(self.mmap.as_ptr())
+        pages::huge_page_share(self.mmap.first().as_ptr())
     }
 
-    /// The whole mapped file (for a GPU backend that uploads it in one copy).
-    pub fn bytes(&self) -> &[u8] {
-        &self.mmap
+    /// The mapped bytes (every part's, for a split GGUF file).
+    pub fn mapped_len(&self) -> usize {
+        self.mmap.len()
+    }
+
+    /// The whole mapped file (for a GPU backend that uploads it in one copy); an error for a
+    /// GGUF file split in parts, which are not one run of memory.
+    pub fn bytes(&self) -> Result<&[u8]> {
+        self.mmap.whole().with_context(|| {
+            format!(
+                "{}: a GGUF file split in {} parts, which this backend cannot upload as one; \
+                 merge them first (llama-gguf-split --merge) or run it on the CPU",
+                self.path.display(),
+                self.mmap.count()
+            )
+        })
     }
 
     /// The bytes of the tensor called `name`, laid out as this format lays it out (its values,

@@ -3,6 +3,7 @@
 //! kernels take. [`DType`]'s table says how many bytes a tensor takes; this says how those bytes
 //! are read.
 
+use super::mapped::MappedParts;
 use super::reader::TensorInfo;
 use super::{align_up, value_bytes, DType, KQuant};
 use anyhow::{Context, Result};
@@ -69,10 +70,10 @@ impl TensorData<'_> {
 }
 
 /// Reinterprets a tensor's bytes in place. Bounds were validated by
-/// [`Header::parse`](super::reader::Header::parse); alignment holds because the mapping is
-/// page-aligned and offsets are multiples of 64, and `try_cast_slice` checks both again rather
-/// than trusting that.
-pub(super) fn view_data<'a>(file: &'a [u8], t: &TensorInfo) -> Result<TensorData<'a>> {
+/// [`Header::parse`](super::reader::Header::parse); alignment holds because each mapping is
+/// page-aligned and offsets within it are multiples of 64 (a GGUF's, of its alignment), and
+/// `try_cast_slice` checks both again rather than trusting that.
+pub(super) fn view_data<'a>(file: &'a MappedParts, t: &TensorInfo) -> Result<TensorData<'a>> {
     let start = usize::try_from(t.offset)?;
     let end = usize::try_from(t.offset + t.nbytes)?;
     view_bytes(file.get(start..end).context("out of bounds")?, t)

@@ -28,7 +28,7 @@ pub mod names;
 pub mod repack;
 pub mod tokenizer;
 
-use crate::format::mapped::MappedFile;
+use crate::format::mapped::{MappedFile, MappedParts};
 use anyhow::{bail, ensure, Context, Result};
 use std::fs::File;
 use std::path::Path;
@@ -181,19 +181,19 @@ pub fn is_gguf(bytes: &[u8]) -> bool {
     bytes.starts_with(b"GGUF")
 }
 
-/// A GGUF file, mapped, with its checked header.
+/// A GGUF file (or every part of one split in parts), mapped, with its checked header.
 pub struct GgufFile {
-    map: MappedFile,
+    map: MappedParts,
     header: GgufHeader,
 }
 
 impl GgufFile {
-    /// Maps and checks `path`; errors name the file and the problem.
+    /// Maps and checks `path` (and, for the first part of a split file, the other parts);
+    /// errors name the file and the problem.
     pub fn open(path: &Path) -> Result<GgufFile> {
         let inner = || -> Result<GgufFile> {
             let file = File::open(path).context("cannot open")?;
-            let map = MappedFile::map(&file)?;
-            let header = parse(&map)?;
+            let (header, map) = open_parts(path, MappedFile::map(&file)?)?;
             Ok(GgufFile { map, header })
         };
         inner().with_context(|| format!("{} (GGUF)", path.display()))
@@ -203,10 +203,119 @@ impl GgufFile {
         &self.header
     }
 
-    /// The bytes of tensor `t` (one of this file's), borrowed from the mapping.
+    /// The bytes of tensor `t` (one of this file's), borrowed from the mapping of its part.
     pub fn data(&self, t: &GgufTensor) -> &[u8] {
-        &self.map[t.start as usize..(t.start + t.nbytes) as usize]
+        self.map
+            .get(t.start as usize..(t.start + t.nbytes) as usize)
+            .expect("parse checked that each tensor lies within its part")
     }
+
+    /// Its bytes (every part's, for a split file).
+    pub fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// How many files it is (1, or a split file's parts).
+    pub fn parts(&self) -> usize {
+        self.map.count()
+    }
+}
+
+/// The keys each part of a split GGUF file holds (llama.cpp's `gguf-split`, and gguf-py's writer
+/// for `convert_hf_to_gguf.py --split-max-tensors` / `--split-max-size`): the part's number from
+/// 0, how many parts, and how many tensors in all. The first part also holds every other key;
+/// each part holds its own tensors.
+const SPLIT_NO: &str = "split.no";
+const SPLIT_COUNT: &str = "split.count";
+const SPLIT_TENSORS: &str = "split.tensors.count";
+
+/// The header and mappings of the GGUF file at `path`, whose mapping is `first`: the file
+/// alone, or, when it is the first part of a split file, every part's tensors after the first
+/// part's metadata, each tensor's `start` an offset in the parts' run of bytes
+/// ([`MappedParts`]). The other parts are found as llama.cpp finds them (`llama_split_path`):
+/// beside the first, named `PREFIX-0000K-of-0000N.gguf`.
+pub fn open_parts(path: &Path, first: MappedFile) -> Result<(GgufHeader, MappedParts)> {
+    let mut header = parse(&first)?;
+    let mut parts = MappedParts::one(first);
+    let int = |h: &GgufHeader, key: &str| -> Result<Option<u64>> {
+        h.get(key)
+            .map(|v| v.as_u64().with_context(|| format!("{key}: not an integer")))
+            .transpose()
+    };
+    let count = int(&header, SPLIT_COUNT)?.unwrap_or(1);
+    if count <= 1 {
+        return Ok((header, parts));
+    }
+    let no = int(&header, SPLIT_NO)?.context("a split file's part without split.no")?;
+    ensure!(no < count, "split.no {no} of split.count {count}");
+    let paths = split_paths(path, no + 1, count)?;
+    ensure!(
+        no == 0,
+        "part {} of a GGUF file split in {count}: open its first part, {}",
+        no + 1,
+        paths[0].display()
+    );
+    for (k, part) in paths.iter().enumerate().skip(1) {
+        let inner = || -> Result<(GgufHeader, MappedFile)> {
+            let file = File::open(part).context("cannot open")?;
+            let map = MappedFile::map(&file)?;
+            let h = parse(&map)?;
+            let (got_no, got_count) = (int(&h, SPLIT_NO)?, int(&h, SPLIT_COUNT)?);
+            ensure!(
+                (got_no, got_count) == (Some(k as u64), Some(count)),
+                "says it is part {} of {}, not part {} of {count}",
+                got_no.map_or("?".into(), |n| (n + 1).to_string()),
+                got_count.map_or("?".into(), |n| n.to_string()),
+                k + 1
+            );
+            Ok((h, map))
+        };
+        let (h, map) = inner().with_context(|| {
+            format!(
+                "part {} of {count} of this split GGUF file, {}",
+                k + 1,
+                part.display()
+            )
+        })?;
+        let start = parts.push(map) as u64;
+        header
+            .tensors
+            .extend(h.tensors.into_iter().map(|t| GgufTensor {
+                start: t.start + start,
+                ..t
+            }));
+    }
+    if let Some(n) = int(&header, SPLIT_TENSORS)? {
+        ensure!(
+            n == header.tensors.len() as u64,
+            "split.tensors.count says {n} tensors, its {count} parts hold {}",
+            header.tensors.len()
+        );
+    }
+    Ok((header, parts))
+}
+
+/// The paths of the `count` parts of the split file of which `path` is part number `this`
+/// (from 1): `PREFIX-00001-of-0000N.gguf` to `PREFIX-0000N-of-0000N.gguf` (`llama_split_path`'s
+/// `%s-%05d-of-%05d.gguf`), beside it. A part named otherwise is refused: the others could not
+/// be found.
+pub fn split_paths(path: &Path, this: u64, count: u64) -> Result<Vec<std::path::PathBuf>> {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let suffix = |k: u64| format!("-{k:05}-of-{count:05}.gguf");
+    let prefix = name.strip_suffix(&suffix(this)).with_context(|| {
+        format!(
+            "part {this} of a GGUF file split in {count}, named {name}, not PREFIX{} as \
+             llama.cpp's gguf-split names it: its other parts cannot be found",
+            suffix(this)
+        )
+    })?;
+    Ok((1..=count)
+        .map(|k| path.with_file_name(format!("{prefix}{}", suffix(k))))
+        .collect())
 }
 
 /// Reads the little-endian values of a GGUF header, each read checked against the bytes left.

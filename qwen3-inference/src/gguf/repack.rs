@@ -31,6 +31,7 @@
 use super::model::Layout;
 use super::names::Take;
 use super::GgufHeader;
+use crate::format::mapped::MappedParts;
 use crate::format::reader::Derived;
 use crate::pages::HugePages;
 use anyhow::{ensure, Context, Result};
@@ -109,7 +110,7 @@ enum Make {
 pub fn repack(
     g: &GgufHeader,
     layout: &Layout,
-    file: &[u8],
+    file: &MappedParts,
     release: &(dyn Fn(Range<usize>) + Sync),
 ) -> Result<Option<Derived>> {
     let mut jobs: Vec<(String, Range<usize>, Job)> = Vec::new();
@@ -169,7 +170,7 @@ pub fn repack(
 }
 
 /// One tensor's model-file bytes (`out`) from its ranges of `file`.
-fn make(job: &Job, file: &[u8], out: &mut [u8]) -> Result<()> {
+fn make(job: &Job, file: &MappedParts, out: &mut [u8]) -> Result<()> {
     match job.make {
         // Gathered rows, each range straight into its place.
         Make::Copy => {
@@ -177,14 +178,14 @@ fn make(job: &Job, file: &[u8], out: &mut [u8]) -> Result<()> {
             ensure!(out.len() == len, "the gathered size");
             let mut at = 0;
             for r in &job.source {
-                out[at..at + r.len()].copy_from_slice(&file[r.clone()]);
+                out[at..at + r.len()].copy_from_slice(bytes(file, r)?);
                 at += r.len();
             }
             Ok(())
         }
-        Make::Legacy(kind) => take_apart(&gather(job, file), kind, out),
+        Make::Legacy(kind) => take_apart(&gather(job, file)?, kind, out),
         Make::ALog => {
-            let source = gather(job, file);
+            let source = gather(job, file)?;
             ensure!(out.len() == source.len(), "A_log's size");
             for (a, o) in source.chunks_exact(4).zip(out.chunks_exact_mut(4)) {
                 let a = f32::from_le_bytes([a[0], a[1], a[2], a[3]]);
@@ -196,15 +197,23 @@ fn make(job: &Job, file: &[u8], out: &mut [u8]) -> Result<()> {
 }
 
 /// A job's bytes of `file`: where they lie when they are one range, else gathered.
-fn gather<'f>(job: &Job, file: &'f [u8]) -> std::borrow::Cow<'f, [u8]> {
-    match &job.source[..] {
-        [one] => std::borrow::Cow::Borrowed(&file[one.clone()]),
-        many => many
-            .iter()
-            .flat_map(|r| &file[r.clone()])
-            .copied()
-            .collect(),
-    }
+fn gather<'f>(job: &Job, file: &'f MappedParts) -> Result<std::borrow::Cow<'f, [u8]>> {
+    Ok(match &job.source[..] {
+        [one] => std::borrow::Cow::Borrowed(bytes(file, one)?),
+        many => {
+            let mut all = Vec::with_capacity(many.iter().map(|r| r.len()).sum());
+            for r in many {
+                all.extend_from_slice(bytes(file, r)?);
+            }
+            all.into()
+        }
+    })
+}
+
+/// Bytes `r` of `file` (a range of one tensor, so of one part: `gguf::parse` checked it).
+fn bytes<'f>(file: &'f MappedParts, r: &Range<usize>) -> Result<&'f [u8]> {
+    file.get(r.clone())
+        .with_context(|| format!("bytes {r:?}: not within one part of the file"))
 }
 
 /// One tensor's blocks of `kind` (`source`) into its model file bytes (`out`): the values, then

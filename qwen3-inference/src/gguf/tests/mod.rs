@@ -277,3 +277,4 @@ fn dequantization_gives_gguf_pys_bits() {
 
 mod converted;
 mod opened;
+mod split;
