@@ -801,5 +801,29 @@ fn a_split_gguf_comes_in_all_its_parts() {
     let lines: Vec<&str> = listed.lines().filter(|l| l.contains("tiny-GGUF")).collect();
     assert_eq!(lines.len(), 1, "{listed}");
     assert!(lines[0].starts_with("test-org/tiny-GGUF:Q8_0 "), "{listed}");
+    // A part gone from the cache: the file is not there offline, and online only that part
+    // comes again.
+    let snapshots = cache.join("models--test-org--tiny-GGUF/snapshots");
+    let snapshot = std::fs::read_dir(&snapshots)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::remove_file(snapshot.join(part(2))).unwrap();
+    let offline = run("test-org/tiny-GGUF:Q8_0", &[("HF_HUB_OFFLINE", "1")]);
+    assert!(!offline.status.success(), "{}", err(&offline));
+    let before = mirror.seen().len();
+    let again = run("test-org/tiny-GGUF:Q8_0", &[]);
+    ok(&again);
+    assert_eq!(again.stdout, first.stdout);
+    let refetched: Vec<String> = (mirror.seen()[before..].iter())
+        .filter(|s| s.path.contains("/resolve/"))
+        .map(|s| s.path.rsplit('/').next().unwrap().to_string())
+        .collect();
+    assert!(
+        !refetched.is_empty() && refetched.iter().all(|p| *p == part(2)),
+        "{refetched:?}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

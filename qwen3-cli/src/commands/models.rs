@@ -62,7 +62,7 @@ pub fn list(args: ListArgs) -> Result<()> {
         rows.push((name, size, "ollama"));
     }
     for (name, file) in crate::hub::gguf_repo::list() {
-        let size = std::fs::metadata(&file).map_or(0, |m| m.len());
+        let size = crate::hub::gguf_repo::size(&file);
         rows.push((name, size, "HuggingFace cache"));
     }
     if rows.is_empty() {

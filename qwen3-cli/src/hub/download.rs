@@ -98,9 +98,16 @@ pub fn gguf_file(root: &Path, r: &GgufRef) -> Result<PathBuf> {
     let (fetcher, info) = file_list(root, &r.repo, &ep)?;
     let files: Vec<String> = info.siblings.into_iter().map(|s| s.rfilename).collect();
     let file = pick(r, &files, true)?;
+    // A split file's parts, each unless the cache has it already (a download cut short after
+    // some parts starts again from the first one missing).
+    let snapshot = super::cache::snapshot_dir(root, &r.repo);
     let mut paths = Vec::new();
     for part in parts(&file) {
-        paths.push(fetch(&fetcher, &part, &r.repo, &ep, root)?);
+        let cached = snapshot.as_ref().map(|dir| dir.join(&part));
+        paths.push(match cached.filter(|p| std::fs::File::open(p).is_ok()) {
+            Some(path) => path,
+            None => fetch(&fetcher, &part, &r.repo, &ep, root)?,
+        });
     }
     Ok(paths.swap_remove(0))
 }

@@ -78,12 +78,14 @@ pub fn pick(r: &GgufRef, files: &[String], whole: bool) -> Result<String> {
         .copied()
         .filter(|f| has_quant(&base(f), quant))
         .collect();
+    // One entry a file: a split file's parts are one file, named by its first part.
+    let (found, all) = (by_file(&found), by_file(&models));
     let found = match (found.as_slice(), &r.quant) {
-        ([], None) if whole && models.len() == 1 => models.clone(),
+        ([], None) if whole && all.len() == 1 => all,
         _ => found,
     };
     match found.as_slice() {
-        [one] if split_of(one).is_none() => Ok(one.to_string()),
+        [(one, None)] => Ok(one.to_string()),
         [] => {
             let mut names: Vec<String> = models.iter().map(|f| base(f)).collect();
             names.sort();
@@ -92,33 +94,13 @@ pub fn pick(r: &GgufRef, files: &[String], whole: bool) -> Result<String> {
                 names.join(", ")
             )
         }
-        // One file's parts, every one of them: the first runs (and finds the others).
-        many if many
-            .iter()
-            .all(|f| split_of(f).is_some_and(|_| parts(f).iter().all(|p| many.contains(&p)))) =>
-        {
-            let first = many
-                .iter()
-                .find(|f| split_of(f).is_some_and(|(k, _)| k == 1));
-            Ok(first
-                .expect("every part is there, the first too")
-                .to_string())
-        }
-        many if many.iter().all(|f| split_of(f).is_some()) => bail!(
-            "{r}: {quant} is a GGUF file split in parts, of which {} hold{}: {}",
+        [(_, Some(missing))] => bail!(
+            "{r}: {quant} is a GGUF file split in parts, of which {} lacks {}",
             if whole { "the repository" } else { "the cache" },
-            if whole {
-                "s only these"
-            } else {
-                "s only these so far"
-            },
-            many.iter()
-                .map(|f| f.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            missing.join(", ")
         ),
         many => {
-            let names: Vec<&str> = many.iter().map(|f| f.as_str()).collect();
+            let names: Vec<&str> = many.iter().map(|(f, _)| f.as_str()).collect();
             bail!(
                 "{r}: {} GGUF files match {quant} ({}); name the file's quantization exactly",
                 many.len(),
@@ -128,10 +110,29 @@ pub fn pick(r: &GgufRef, files: &[String], whole: bool) -> Result<String> {
     }
 }
 
+/// `names` one entry a file, in order: a file's name, or a split file's first part's with the
+/// parts `names` lacks (`None`: it has them all).
+fn by_file(names: &[&String]) -> Vec<(String, Option<Vec<String>>)> {
+    let mut files: Vec<(String, Option<Vec<String>>)> = Vec::new();
+    for f in names {
+        let all = parts(f);
+        if files.iter().any(|(first, _)| *first == all[0]) {
+            continue;
+        }
+        let missing: Vec<String> = all
+            .iter()
+            .filter(|p| !names.iter().any(|n| n == p))
+            .cloned()
+            .collect();
+        files.push((all[0].clone(), Some(missing).filter(|m| !m.is_empty())));
+    }
+    files
+}
+
 /// `PREFIX-00002-of-00003.gguf`: part 2 of 3 of a file `llama-gguf-split` cut (or the converter's
 /// `--split-max-tensors`), as (2, 3).
 fn split_of(name: &str) -> Option<(u64, u64)> {
-    let stem = name.strip_suffix(".gguf").unwrap_or(name);
+    let stem = name.strip_suffix(".gguf")?;
     let number = |s: &str| {
         (s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit()))
             .then(|| s.parse::<u64>().ok())
@@ -143,6 +144,19 @@ fn split_of(name: &str) -> Option<(u64, u64)> {
         }
         _ => None,
     }
+}
+
+/// The bytes of GGUF file `path` (a split file's first part: every part's, beside it).
+pub fn size(path: &Path) -> u64 {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    parts(name)
+        .iter()
+        .filter_map(|p| std::fs::metadata(path.with_file_name(p)).ok())
+        .map(|m| m.len())
+        .sum()
 }
 
 /// Every part of the file `name` is part of (its own name alone when it is not split), in
@@ -234,7 +248,8 @@ pub fn list() -> Vec<(String, PathBuf)> {
                 quant: Some(quant.to_string()),
             };
             let path = snap.join(f);
-            if pick(&r, &files, false).ok().as_deref() == Some(f) && path.exists() {
+            let present = parts(f).iter().all(|p| snap.join(p).exists());
+            if pick(&r, &files, false).ok().as_deref() == Some(f) && present {
                 found.push((r.to_string(), path));
             }
         }
@@ -312,16 +327,28 @@ mod tests {
         let e = pick(&q4_k_m, &split[1..], false).unwrap_err();
         assert!(
             e.to_string().contains(
-                "Q4_K_M is a GGUF file split in parts, of which the cache holds only these so \
-                 far: Q4_K_M/Qwen3.5-397B-Q4_K_M-00002-of-00002.gguf"
+                "Q4_K_M is a GGUF file split in parts, of which the cache lacks \
+                 Q4_K_M/Qwen3.5-397B-Q4_K_M-00001-of-00002.gguf"
             ),
             "{e}"
         );
-        // Not a split's name: no five digits, or a part past the count.
+        // Two split files of one quantization: as ambiguous as two files.
+        let mut two = split.clone();
+        two.extend(files(&[
+            "b-Q4_K_M-00001-of-00002.gguf",
+            "b-Q4_K_M-00002-of-00002.gguf",
+        ]));
+        let e = pick(&q4_k_m, &two, true).unwrap_err().to_string();
+        assert!(e.contains("2 GGUF files match Q4_K_M"), "{e}");
+        // A repository's only file, split, named without its quantization.
+        let only = GgufRef::parse("o/x-GGUF").unwrap();
+        assert_eq!(pick(&only, &split, true).unwrap(), split[0]);
+        // Not a split's name: no five digits, a part past the count, not a GGUF.
         for not in [
             "a-1-of-2.gguf",
             "a-00003-of-00002.gguf",
             "a-00001-to-00002.gguf",
+            "a-00001-of-00002",
         ] {
             assert_eq!(split_of(not), None, "{not}");
         }

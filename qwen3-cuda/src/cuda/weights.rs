@@ -45,7 +45,9 @@ impl DeviceWeights {
     /// byte ranges. Shapes the kernels cannot take are refused here, before any launch.
     pub fn upload(stream: &Arc<CudaStream>, file: &ModelFile) -> Result<DeviceWeights> {
         let name = file.path().display().to_string();
-        // The upload is the mapped file: a GGUF's Q8_0, Q5_0, Q4_0 and F16 tensors, repacked at
+        // The upload is the mapped file, one run of memory (not a GGUF split in parts)...
+        let whole = file.bytes()?;
+        // ... holding every tensor: a GGUF's Q8_0, Q5_0, Q4_0 and F16 tensors, repacked at
         // open, are not in it.
         if !file.in_place() {
             bail!(
@@ -102,7 +104,6 @@ impl DeviceWeights {
             };
             tensors.insert(t.name.clone(), tensor);
         }
-        let whole = file.bytes()?;
         let bytes = stream.clone_htod(whole).map_err(|e| {
             anyhow::anyhow!("{name}: uploading {} bytes to the GPU: {e}", whole.len())
         })?;

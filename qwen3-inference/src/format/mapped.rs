@@ -177,6 +177,7 @@ mod tests {
         assert_eq!(parts.get(0..3), Some(&[1, 2, 3][..]));
         assert_eq!(parts.get(4..8), Some(&[5, 6, 7, 8][..]));
         assert_eq!(parts.get(3..3), Some(&[][..]));
+        assert_eq!(parts.get(3..8), Some(&[4, 5, 6, 7, 8][..]));
         assert_eq!(parts.get(2..4), None);
         assert_eq!(parts.get(7..9), None);
         assert_eq!(parts.get(9..9), None);

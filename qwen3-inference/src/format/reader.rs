@@ -418,8 +418,8 @@ impl ModelFile {
     }
 
     /// Whether every tensor lies in the mapped file, at its offset, in this format's layout
-    /// ([`ModelFile::bytes`] then holds them all): false for a GGUF file whose Q8_0 tensors
-    /// were repacked at open.
+    /// ([`ModelFile::bytes`] then holds them all, unless the file is a GGUF split in parts):
+    /// false for a GGUF file whose Q8_0 tensors were repacked at open.
     pub fn in_place(&self) -> bool {
         self.repacked.is_none()
     }

@@ -250,6 +250,12 @@ pub fn open_parts(path: &Path, first: MappedFile) -> Result<(GgufHeader, MappedP
     if count <= 1 {
         return Ok((header, parts));
     }
+    // llama.cpp writes the count as a u16; a larger one is damage, refused before anything is
+    // made for each part.
+    ensure!(
+        count <= u16::MAX as u64,
+        "split.count {count}: more parts than a split GGUF file has (at most 65535)"
+    );
     let no = int(&header, SPLIT_NO)?.context("a split file's part without split.no")?;
     ensure!(no < count, "split.no {no} of split.count {count}");
     let paths = split_paths(path, no + 1, count)?;
@@ -259,6 +265,9 @@ pub fn open_parts(path: &Path, first: MappedFile) -> Result<(GgufHeader, MappedP
         no + 1,
         paths[0].display()
     );
+    // A tensor in two parts would be read from whichever came first: refused.
+    let mut names: std::collections::HashSet<String> =
+        header.tensors.iter().map(|t| t.name.clone()).collect();
     for (k, part) in paths.iter().enumerate().skip(1) {
         let inner = || -> Result<(GgufHeader, MappedFile)> {
             let file = File::open(part).context("cannot open")?;
@@ -281,6 +290,16 @@ pub fn open_parts(path: &Path, first: MappedFile) -> Result<(GgufHeader, MappedP
                 part.display()
             )
         })?;
+        if let Some(t) = h.tensors.iter().find(|t| names.contains(&t.name)) {
+            bail!(
+                "tensor {} is in part {} of {count} of this split GGUF file, {}, and in an \
+                 earlier part too",
+                t.name,
+                k + 1,
+                part.display()
+            );
+        }
+        names.extend(h.tensors.iter().map(|t| t.name.clone()));
         let start = parts.push(map) as u64;
         header
             .tensors
@@ -304,7 +323,10 @@ pub fn open_parts(path: &Path, first: MappedFile) -> Result<(GgufHeader, MappedP
 /// `%s-%05d-of-%05d.gguf`), beside it. A part named otherwise is refused: the others could not
 /// be found.
 pub fn split_paths(path: &Path, this: u64, count: u64) -> Result<Vec<std::path::PathBuf>> {
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .context("a split GGUF file whose name is not UTF-8: its other parts cannot be named")?;
     let suffix = |k: u64| format!("-{k:05}-of-{count:05}.gguf");
     let prefix = name.strip_suffix(&suffix(this)).with_context(|| {
         format!(

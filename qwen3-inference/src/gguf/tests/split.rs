@@ -1,6 +1,7 @@
 //! A GGUF file split in parts (gguf-py's writer, as `convert_hf_to_gguf.py --split-max-tensors`
 //! and llama.cpp's `gguf-split` cut them) opens from its first part as the whole file does, every
-//! tensor the same bytes; a missing, renamed or foreign part is refused by name.
+//! tensor the same bytes; a part missing, renamed or out of place, a tensor in two parts or a
+//! count no split file has is refused by name.
 
 use super::*;
 use crate::format::ModelFile;
@@ -105,6 +106,38 @@ fn a_wrong_or_missing_part_is_named() {
         e.contains(
             "part 1 of a GGUF file split in 3, named m.gguf, not PREFIX-00001-of-00003.gguf"
         ),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Parts built byte by byte: a count past what llama.cpp writes (a u16) is refused before any
+/// part is looked for, and a tensor in two parts is refused by name.
+#[test]
+fn a_damaged_split_header_is_named() {
+    let dir = std::env::temp_dir().join(format!("pq-gguf-split-{}-built", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let part = |no: u32, count: u32| {
+        Builder::default()
+            .kv("split.no", 4, &no.to_le_bytes())
+            .kv("split.count", 4, &count.to_le_bytes())
+            .tensor("output_norm.weight", &[64], 0, 256, 1)
+    };
+    let open = |name: &str, b: &Builder| {
+        let path = dir.join(name);
+        std::fs::write(&path, b.bytes(3)).unwrap();
+        format!("{:#}", GgufFile::open(&path).err().unwrap())
+    };
+    let e = open("m-00001-of-70000.gguf", &part(0, 70000));
+    assert!(
+        e.contains("split.count 70000: more parts than a split GGUF file has"),
+        "{e}"
+    );
+    std::fs::write(dir.join("m-00002-of-00002.gguf"), part(1, 2).bytes(3)).unwrap();
+    let e = open("m-00001-of-00002.gguf", &part(0, 2));
+    assert!(
+        e.contains("tensor output_norm.weight is in part 2 of 2 of this split GGUF file")
+            && e.contains("and in an earlier part too"),
         "{e}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
