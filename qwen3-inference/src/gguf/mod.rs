@@ -277,7 +277,7 @@ pub fn open_parts(path: &Path, first: MappedFile) -> Result<(GgufHeader, MappedP
             ensure!(
                 (got_no, got_count) == (Some(k as u64), Some(count)),
                 "says it is part {} of {}, not part {} of {count}",
-                got_no.map_or("?".into(), |n| (n + 1).to_string()),
+                got_no.map_or("?".into(), |n| n.saturating_add(1).to_string()),
                 got_count.map_or("?".into(), |n| n.to_string()),
                 k + 1
             );
