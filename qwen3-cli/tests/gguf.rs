@@ -17,6 +17,24 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf/tiny-header.gguf")
 }
 
+/// The greedy text `qwen3 inference` generates from `model` (12 tokens of a fixed prompt),
+/// checked to have run.
+fn greedy_text(model: &Path) -> String {
+    let o = qwen3(&[
+        "inference",
+        model.to_str().unwrap(),
+        "-i",
+        "The capital of France is",
+        "-n",
+        "12",
+        "-t",
+        "0",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{}: {err}", model.display());
+    String::from_utf8(o.stdout).unwrap()
+}
+
 /// stderr of a failed run, checked to be one line with no panic.
 fn one_line_error(o: &Output) -> String {
     let err = String::from_utf8_lossy(&o.stderr).to_string();
@@ -250,23 +268,8 @@ fn a_split_gguf_runs_from_its_first_part() {
             "split/tiny-f32-tied-gqa2-q8_0-{k:05}-of-00003.gguf"
         ))
     };
-    let text = |model: &Path| {
-        let o = qwen3(&[
-            "inference",
-            model.to_str().unwrap(),
-            "-i",
-            "The capital of France is",
-            "-n",
-            "12",
-            "-t",
-            "0",
-        ]);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success(), "{}: {err}", model.display());
-        String::from_utf8(o.stdout).unwrap()
-    };
-    let want = text(&whole);
-    assert_eq!(text(&part(1)), want);
+    let want = greedy_text(&whole);
+    assert_eq!(greedy_text(&part(1)), want);
     let o = qwen3(&["info", part(1).to_str().unwrap()]);
     let s = String::from_utf8_lossy(&o.stdout);
     assert!(
@@ -282,7 +285,7 @@ fn a_split_gguf_runs_from_its_first_part() {
     let out = dir.join("m.bin");
     let o = qwen3(&["export", part(1).to_str().unwrap(), out.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(text(&out), want);
+    assert_eq!(greedy_text(&out), want);
     std::fs::remove_dir_all(&dir).unwrap();
     let err = one_line_error(&qwen3(&["inference", part(2).to_str().unwrap(), "-n", "1"]));
     assert!(
@@ -413,25 +416,7 @@ fn a_gguf_exports_as_it_runs() {
             s.contains("tokens from the GGUF's tokenizer.ggml.*"),
             "{name}: {s}"
         );
-        let text = |model: &Path| {
-            let o = qwen3(&[
-                "inference",
-                model.to_str().unwrap(),
-                "-i",
-                "The capital of France is",
-                "-n",
-                "12",
-                "-t",
-                "0",
-            ]);
-            assert!(
-                o.status.success(),
-                "{name}: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-            String::from_utf8(o.stdout).unwrap()
-        };
-        assert_eq!(text(&out), text(&gguf), "{name}");
+        assert_eq!(greedy_text(&out), greedy_text(&gguf), "{name}");
         // The chat template came along: a chat turn renders through it.
         let chat = |model: &Path| {
             let o = qwen3(&[
