@@ -10,6 +10,7 @@
 
 use super::RepoRef;
 use anyhow::{bail, Result};
+use qwen3_inference::gguf::SplitName;
 use std::path::{Path, PathBuf};
 
 /// A repository and the quantization asked for (`None`: the default, see the module docs).
@@ -129,23 +130,6 @@ fn by_file(names: &[&String]) -> Vec<(String, Option<Vec<String>>)> {
     files
 }
 
-/// `PREFIX-00002-of-00003.gguf`: part 2 of 3 of a file `llama-gguf-split` cut (or the converter's
-/// `--split-max-tensors`), as (2, 3).
-fn split_of(name: &str) -> Option<(u64, u64)> {
-    let stem = name.strip_suffix(".gguf")?;
-    let number = |s: &str| {
-        (s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit()))
-            .then(|| s.parse::<u64>().ok())
-            .flatten()
-    };
-    match stem.rsplitn(4, '-').collect::<Vec<_>>().as_slice() {
-        [count, "of", k, _] => {
-            Some((number(k)?, number(count)?)).filter(|&(k, n)| 1 <= k && k <= n)
-        }
-        _ => None,
-    }
-}
-
 /// The bytes of GGUF file `path` (a split file's first part: every part's, beside it).
 pub fn size(path: &Path) -> u64 {
     let name = path
@@ -162,13 +146,10 @@ pub fn size(path: &Path) -> u64 {
 /// Every part of the file `name` is part of (its own name alone when it is not split), in
 /// order: `PREFIX-00001-of-0000N.gguf` to `PREFIX-0000N-of-0000N.gguf`.
 pub fn parts(name: &str) -> Vec<String> {
-    let Some((k, n)) = split_of(name) else {
-        return vec![name.to_string()];
-    };
-    let prefix = &name[..name.len() - format!("-{k:05}-of-{n:05}.gguf").len()];
-    (1..=n)
-        .map(|k| format!("{prefix}-{k:05}-of-{n:05}.gguf"))
-        .collect()
+    match SplitName::parse(name) {
+        Some(split) => (1..=split.count).map(|k| split.part_name(k)).collect(),
+        None => vec![name.to_string()],
+    }
 }
 
 /// The files of the snapshot directory `dir` (relative paths, one folder deep at most, as the
@@ -235,8 +216,8 @@ pub fn list() -> Vec<(String, PathBuf)> {
         {
             let base = f.rsplit('/').next().unwrap_or(f);
             // A split file by its first part, named without the part's number.
-            let stem = match split_of(base) {
-                Some((1, n)) => &base[..base.len() - format!("-00001-of-{n:05}.gguf").len()],
+            let stem = match SplitName::parse(base) {
+                Some(split) if split.part == 1 => split.prefix,
                 Some(_) => continue,
                 None => &base[..base.len() - ".gguf".len()],
             };
@@ -350,7 +331,7 @@ mod tests {
             "a-00001-to-00002.gguf",
             "a-00001-of-00002",
         ] {
-            assert_eq!(split_of(not), None, "{not}");
+            assert_eq!(SplitName::parse(not), None, "{not}");
         }
         let one = files(&["tiny.gguf"]);
         let default = GgufRef::parse("o/x-GGUF").unwrap();

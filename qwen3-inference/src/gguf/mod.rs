@@ -318,25 +318,64 @@ pub fn open_parts(path: &Path, first: MappedFile) -> Result<(GgufHeader, MappedP
     Ok((header, parts))
 }
 
+/// The name of a part of a GGUF file split in parts, as llama.cpp names them
+/// (`llama_split_path`'s `%s-%05d-of-%05d.gguf`): `PREFIX-00002-of-00003.gguf` is part 2 of 3.
+/// The one rule for reading and writing such names, here for a file's parts beside it
+/// ([`split_paths`]) and in the CLI for a hub repository's files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitName<'a> {
+    pub prefix: &'a str,
+    /// From 1.
+    pub part: u64,
+    pub count: u64,
+}
+
+impl<'a> SplitName<'a> {
+    /// `name` as a part's name, or `None` when it is not one (five digits each, `1 <= part <=
+    /// count`, ending `.gguf`).
+    pub fn parse(name: &'a str) -> Option<SplitName<'a>> {
+        let stem = name.strip_suffix(".gguf")?;
+        let number = |s: &str| {
+            (s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse::<u64>().ok())
+                .flatten()
+        };
+        match stem.rsplitn(4, '-').collect::<Vec<_>>().as_slice() {
+            [count, "of", part, prefix] => Some(SplitName {
+                prefix,
+                part: number(part)?,
+                count: number(count)?,
+            })
+            .filter(|s| 1 <= s.part && s.part <= s.count),
+            _ => None,
+        }
+    }
+
+    /// The name of part `part` of the same file.
+    pub fn part_name(&self, part: u64) -> String {
+        format!("{}-{part:05}-of-{:05}.gguf", self.prefix, self.count)
+    }
+}
+
 /// The paths of the `count` parts of the split file of which `path` is part number `this`
-/// (from 1): `PREFIX-00001-of-0000N.gguf` to `PREFIX-0000N-of-0000N.gguf` (`llama_split_path`'s
-/// `%s-%05d-of-%05d.gguf`), beside it. A part named otherwise is refused: the others could not
-/// be found.
+/// (from 1): `PREFIX-00001-of-0000N.gguf` to `PREFIX-0000N-of-0000N.gguf` ([`SplitName`]),
+/// beside it. A part named otherwise is refused: the others could not be found.
 pub fn split_paths(path: &Path, this: u64, count: u64) -> Result<Vec<std::path::PathBuf>> {
     let name = path
         .file_name()
         .and_then(|n| n.to_str())
         .context("a split GGUF file whose name is not UTF-8: its other parts cannot be named")?;
-    let suffix = |k: u64| format!("-{k:05}-of-{count:05}.gguf");
-    let prefix = name.strip_suffix(&suffix(this)).with_context(|| {
-        format!(
-            "part {this} of a GGUF file split in {count}, named {name}, not PREFIX{} as \
-             llama.cpp's gguf-split names it: its other parts cannot be found",
-            suffix(this)
-        )
-    })?;
+    let split = SplitName::parse(name)
+        .filter(|s| s.part == this && s.count == count)
+        .with_context(|| {
+            format!(
+                "part {this} of a GGUF file split in {count}, named {name}, not \
+                 PREFIX-{this:05}-of-{count:05}.gguf as llama.cpp's gguf-split names it: its \
+                 other parts cannot be found"
+            )
+        })?;
     Ok((1..=count)
-        .map(|k| path.with_file_name(format!("{prefix}{}", suffix(k))))
+        .map(|k| path.with_file_name(split.part_name(k)))
         .collect())
 }
 

@@ -142,3 +142,27 @@ fn a_damaged_split_header_is_named() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A part's name read and written by the one rule: the prefix keeps its own dashes, the part
+/// and count five digits with the part within the count.
+#[test]
+fn a_part_name_is_read_and_written_by_one_rule() {
+    let s = SplitName::parse("Qwen3.5-397B-A17B-Q4_K_M-00002-of-00005.gguf").unwrap();
+    assert_eq!(
+        (s.prefix, s.part, s.count),
+        ("Qwen3.5-397B-A17B-Q4_K_M", 2, 5)
+    );
+    assert_eq!(
+        s.part_name(5),
+        "Qwen3.5-397B-A17B-Q4_K_M-00005-of-00005.gguf"
+    );
+    for not in [
+        "m-00000-of-00002.gguf",
+        "m-00003-of-00002.gguf",
+        "m-1-of-2.gguf",
+        "m-00001-of-00002.bin",
+        "00001-of-00002.gguf",
+    ] {
+        assert_eq!(SplitName::parse(not), None, "{not}");
+    }
+}
