@@ -304,7 +304,7 @@ fn main() {
                 for t in [1, 4] {
                     // 32 (48) MB: memory-bound where the last-level cache is well smaller. A
                     // 32 MiB L3 (Zen 5) keeps part of it from run to run, and the figure then
-                    // runs above what the kernel streams from memory (docs/quantization.md).
+                    // runs above what the kernel streams from memory (docs/kernels.md).
                     bench_q4(&d, six, 65536, 1024, t, 5);
                 }
                 bench_q4(&d, six, 1024, 1024, 128, 5); // prefill's block product

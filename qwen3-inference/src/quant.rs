@@ -68,7 +68,7 @@ pub fn dequantize_q8(q: &[i8], scales: &[f32], group_size: usize, out: &mut [f32
 /// Packing: a group of `gs` values takes `gs / 2` bytes; byte `j` holds value `j` in its low
 /// nibble and value `j + gs / 2` in its high one, each as `q + 8` (0..=15). Splitting a group's
 /// bytes into low and high nibbles gives its two halves in order, which is how SIMD kernels
-/// unpack it (docs/quantization.md).
+/// unpack it (docs/kernels.md, "The q4 kernels").
 pub fn quantize_q4(w: &[f32], group_size: usize, packed: &mut [u8], scales: &mut [u16]) {
     assert!(group_size > 0 && group_size.is_multiple_of(2));
     assert!(w.len().is_multiple_of(group_size));

@@ -13,7 +13,7 @@
 #      $CHECKPOINTS, comma-separated, made by nothing), exported as q8, q4 (the default mix) and
 #      plain q4 (--tables q4 --sensitive q4), and with llama.cpp in the kit, converted to GGUF and
 #      quantized to Q4_K_M and Q4_0;
-#   4. $ROUNDS rounds (default 3) of alternating single runs, as docs/quantization.md measures:
+#   4. $ROUNDS rounds (default 3) of alternating single runs, as docs/kernels.md measures:
 #      each round runs `qwen3 bench F --prompt-tokens 128 -n 64 --threads $THREADS -r 1` for
 #      every file and family, then `llama-bench -p 128 -n 64 -t $THREADS -r 1` on each GGUF;
 #   5. summary.py's tables: each cell's median over the rounds, the share of the ceiling, and the

@@ -9,7 +9,7 @@
 //! groups, and `vpdpbusd` adds four neighbouring byte products into each 32-bit lane, so a group's
 //! sum lands in four lanes: the file order needs permutes and lane additions before its sums can
 //! be scaled, about as many instructions as the dot products themselves. Decoding a token on one
-//! Zen 4 core was bound by them, not by memory (measured: docs/quantization.md, "The interleaved
+//! Zen 4 core was bound by them, not by memory (measured: docs/kernels.md, "The interleaved
 //! order"). Reordering the bytes once, when the model is loaded, removes them:
 //!
 //! ```text

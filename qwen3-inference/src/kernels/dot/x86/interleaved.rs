@@ -38,7 +38,7 @@ const TOKENS: usize = 4;
 /// q8 decode asks for the weights ahead this many vectors (128 bytes) at a time, spread among
 /// the products: asked for a block at a time (1 KiB in groups of 64), a one-thread decode
 /// product streamed a large matrix from memory 14% slower than the file-order kernel; two
-/// vectors at a time, as fast (docs/quantization.md, "q8 in the interleaved order").
+/// vectors at a time, as fast (docs/kernels.md, "q8 in the interleaved order").
 const PREFETCH_VECTORS: usize = 2;
 // Decode's q8 loop takes the vectors two at a time (its two chains of sums), a prefetch every
 // `PREFETCH_VECTORS` of them, and a group of 32 is eight vectors.
@@ -180,7 +180,7 @@ unsafe fn tiles<const KIND: usize>(
     let reach = w.len() + ahead;
     if x.t == 1 {
         // One row a tile: on Zen 5, tiles of four rows (four streams side by side) decoded the
-        // 0.6B shape's q4 file slower on one thread than one row a tile (docs/quantization.md,
+        // 0.6B shape's q4 file slower on one thread than one row a tile (docs/kernels.md,
         // "One row a decode tile").
         return for_each_tile(rows, 1, 1, 1, |_, _, r, _| {
             // SAFETY: row r exists (for_each_tile keeps it so); the rest is our caller's promise.
@@ -188,7 +188,7 @@ unsafe fn tiles<const KIND: usize>(
         });
     }
     // A few tokens (a serving step's) take one q8 row a tile: the product is bound by reading
-    // the weights, and one stream a tile reads them faster (docs/quantization.md, "q8 in the
+    // the weights, and one stream a tile reads them faster (docs/kernels.md, "q8 in the
     // interleaved order").
     let tile_rows = match KIND >= Q8 && x.t <= 2 {
         true => 1,
@@ -324,7 +324,7 @@ unsafe fn block<const KIND: usize, const R: usize, const N: usize, const FULL: b
     // `prefetch` asks for a piece of the weights ahead just before row `a`'s block is read, so
     // the prefetches (two per 64 bytes) are spread among the arithmetic. Asked for all at once
     // before the block (32 prefetches in a row for a decode tile of four rows), they made one
-    // Zen 5 thread decode the 0.6B shape's q4 file 8% slower (measured: docs/quantization.md,
+    // Zen 5 thread decode the 0.6B shape's q4 file 8% slower (measured: docs/kernels.md,
     // "AVX-512 on Zen 5"); the AVX2 kernels already ask a chunk at a time.
     if N == 1 && KIND >= Q8 {
         // Decode on q8: nothing to unpack, the token's vectors and the row's met one by one,

@@ -42,7 +42,7 @@ use std::arch::x86_64::*;
 ///
 /// A step asks for the lines of the bytes it reads, not for its first byte: a q6 chunk is 96
 /// bytes, and a prefetch per chunk left every third line of a q6 matrix to the hardware, which
-/// on one Zen 4 thread streamed q6 at half q4's rate (measured: docs/quantization.md, "AVX-512
+/// on one Zen 4 thread streamed q6 at half q4's rate (measured: docs/kernels.md, "AVX-512
 /// on Zen 4").
 #[inline(always)]
 pub(super) fn prefetch_lines(w: &[u8], from: usize, len: usize, reach: usize) {
