@@ -6,7 +6,8 @@
 //! conversation into the token ids the model sees; [`generate`] drives prefill and decode;
 //! [`constraint`] masks the logits so that an answer matches a grammar (structured output).
 //! [`pages`] asks for the 2 MiB pages that the weights and the KV cache stream fastest from.
-//! [`gguf`] reads llama.cpp's GGUF files (their metadata and tensors; running them comes next).
+//! [`gguf`] reads llama.cpp's GGUF files (their metadata, tokenizer and tensors), which [`format`]
+//! opens as model files.
 //! [`vision`] turns an image file into the vision tower's input (patches), as transformers does.
 
 pub mod backend;

@@ -2,8 +2,9 @@
 //! started with, and the channel to the model worker. The caller (the CLI) builds it once from
 //! the model's files; the router hands it to each handler behind an `Arc`.
 //!
-//! It sits below every other module of the crate: it holds data and the worker's sending end,
-//! and knows nothing of requests or answers.
+//! It sits below every module that reads a request or writes an answer: it holds data, the
+//! worker's sending end, the metrics and the listener's limits, and knows nothing of requests or
+//! answers (`tests/layers.rs` holds it to lib.rs's order).
 
 use crate::metrics::Metrics;
 use crate::worker::Command;

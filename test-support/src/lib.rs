@@ -6,7 +6,8 @@
 //! in that test; this crate only finds, reads and exports the fixtures.
 //!
 //! Beside them, [`web`]: a web server on a loopback port for the tests of what fetches (the hub's
-//! downloads, image URLs).
+//! downloads, image URLs); and [`layers`]: the modules a crate's sources use, for the tests that
+//! hold a crate to its drawn order.
 //!
 //! Dev-only (`publish = false`): a dev-dependency of those tests and of nothing else.
 
@@ -15,6 +16,7 @@ use qwen3_inference::format::DType;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
+pub mod layers;
 pub mod web;
 
 /// The tiny checkpoints whose `reference.json` holds every logit (the full-vocabulary one holds

@@ -1,5 +1,6 @@
-//! The seam between the forward pass and the hardware it runs on: the few operations a Qwen3
-//! forward pass needs, over buffers the backend owns.
+//! The seam between the forward pass and the hardware it runs on: the few operations a Qwen
+//! forward pass needs (Qwen2, Qwen3, Qwen3-MoE, and Qwen3.5's hybrid layers), over buffers the
+//! backend owns.
 //!
 //! The forward pass ([`crate::model::Forward`]) is written once against [`Backend`].
 //! Implementations:
@@ -34,11 +35,15 @@ use crate::format::ModelConfig;
 use anyhow::{bail, Result};
 use std::ops::Range;
 
-/// The operations of a Qwen3 (and Qwen2, Qwen3-MoE) forward pass. Shapes in the comments are row-major; `n_tok` is the
-/// number of tokens in the batch, `pos0` the position of the first one.
+/// The operations of a Qwen forward pass: Qwen2's, Qwen3's and Qwen3-MoE's layers, and, for a
+/// backend that runs them ([`Backend::check_layers`]), Qwen3.5's Gated DeltaNet and gated attention.
+/// Shapes in the comments are row-major; `n_tok` is the number of tokens in the batch, `pos0` the
+/// position of the first one.
 pub trait Backend {
-    /// One weight tensor as the model file stores it: a matrix `[rows, cols]` in f32, bf16, q8,
-    /// q4 or q6, or a norm weight `[n]`, always f32.
+    /// One weight tensor as the model file stores it: a matrix `[rows, cols]` in any of
+    /// [`DType`](crate::format::DType)'s dtypes (f32, bf16, q8, q4, q6, or a GGUF's K-quant
+    /// blocks), or a norm weight `[n]`, always f32. A backend refuses by name a dtype it has no
+    /// kernel for when the weights are loaded.
     type Tensor;
     /// f32 activations.
     type Buf;
