@@ -116,10 +116,21 @@ fn matches_huggingface(file: &str) {
     let base_ppl = number(&out, "base", "perplexity");
     assert!((base_ppl / want - 1.0).abs() < 1e-5, "{out}");
 
-    // A model against itself: no divergence at all.
-    let out = run(args(&f32, Some(&f32)));
-    assert_eq!(number(&out, "KL(base || model)", "max"), 0.0, "{out}");
-    assert_eq!(number(&out, "top-1 agreement", "(") as u64, positions);
+    // A model against itself: no divergence at all, on the CPU's kernels and on the plain
+    // backend's textbook loops (both models loaded by the one path every command takes), where
+    // the perplexity is HF's too.
+    for device in ["cpu", "plain"] {
+        let mut a = args(&f32, Some(&f32));
+        a.extend(["--device".into(), device.into()]);
+        let out = run(a);
+        assert_eq!(number(&out, "KL(base || model)", "max"), 0.0, "{out}");
+        assert_eq!(number(&out, "top-1 agreement", "(") as u64, positions);
+        let got = number(&out, "perplexity", "perplexity");
+        assert!(
+            (got / want - 1.0).abs() < 1e-5,
+            "{device}: {got} vs HF {want}"
+        );
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 

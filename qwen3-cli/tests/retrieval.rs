@@ -37,21 +37,38 @@ fn embed_gives_sentence_transformers_vectors() {
     let m = export_fixture("tiny-qwen3-embedding", &dir, DType::F32, 0);
     let refr = reference();
     let cases = refr["cases"].as_array().unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_qwen3"));
-    cmd.args(["embed", m.to_str().unwrap(), "--threads", "1"]);
-    for c in cases {
-        cmd.args(["-i", c["text"].as_str().unwrap()]);
-    }
-    let o = cmd.output().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let got = lines(&o.stdout);
-    assert_eq!(got.len(), cases.len());
-    for (g, c) in got.iter().zip(cases) {
-        let want = c["embedding"].as_array().unwrap();
-        for (x, w) in g.iter().zip(want) {
-            assert!((x - w.as_f64().unwrap()).abs() < 1e-4, "{}", c["text"]);
+    // On the CPU's kernels and on the plain backend's textbook loops: the same vectors.
+    let embed = |device: &str| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_qwen3"));
+        cmd.args([
+            "embed",
+            m.to_str().unwrap(),
+            "--threads",
+            "1",
+            "--device",
+            device,
+        ]);
+        for c in cases {
+            cmd.args(["-i", c["text"].as_str().unwrap()]);
         }
-    }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let got = lines(&o.stdout);
+        assert_eq!(got.len(), cases.len());
+        for (g, c) in got.iter().zip(cases) {
+            let want = c["embedding"].as_array().unwrap();
+            for (x, w) in g.iter().zip(want) {
+                assert!(
+                    (x - w.as_f64().unwrap()).abs() < 1e-4,
+                    "{device}: {}",
+                    c["text"]
+                );
+            }
+        }
+        got
+    };
+    embed("plain");
+    let got = embed("cpu");
     // The same texts as lines on stdin, cut to 8 dimensions.
     let mut child = Command::new(env!("CARGO_BIN_EXE_qwen3"))
         .args(["embed", m.to_str().unwrap(), "--dimensions", "8"])
@@ -103,10 +120,23 @@ fn rerank_gives_transformers_scores() {
     let m = export_fixture("tiny-qwen3-fullvocab", &dir, DType::F32, 0);
     let p = fixture("tiny-qwen3-fullvocab").join("rerank.json");
     let refr: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-    for case in refr["cases"].as_array().unwrap() {
+    // The first case on the plain backend's textbook loops too.
+    let cases = refr["cases"].as_array().unwrap();
+    let runs = cases
+        .iter()
+        .map(|c| (c, "cpu"))
+        .chain([(&cases[0], "plain")]);
+    for (case, device) in runs {
         let want = case["results"].as_array().unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_qwen3"));
-        cmd.args(["rerank", m.to_str().unwrap(), "--threads", "1"]);
+        cmd.args([
+            "rerank",
+            m.to_str().unwrap(),
+            "--threads",
+            "1",
+            "--device",
+            device,
+        ]);
         cmd.args(["-q", case["query"].as_str().unwrap()]);
         if let Some(i) = case["instruction"].as_str() {
             cmd.args(["--instruction", i]);
@@ -124,7 +154,7 @@ fn rerank_gives_transformers_scores() {
             let score = v["relevance_score"].as_f64().unwrap();
             assert!(
                 (score - want[i]["score"].as_f64().unwrap()).abs() < 1e-4,
-                "{line}"
+                "{device}: {line}"
             );
             assert!(score <= last);
             last = score;

@@ -1,9 +1,12 @@
-//! One path from `--device`, a model file and a draft model to a backend with the weights
-//! loaded on it: the device is read and checked once ([`parse`], [`check`]: `inference`,
-//! `serve`, `batch`, `bench`), and one match ([`run_on`]: `inference`, `serve`, `batch`) loads
-//! the weights where the backend reads them and hands the command's own work the backend, the
-//! model and the draft model. [`engine`] builds the engine of several sequences that `serve`,
-//! `batch`, `embed` and `rerank` run.
+//! One path from `--device`, a model file and a second model (a draft model, or perplexity's
+//! base) to a backend with the weights loaded on it: the device is read and checked once
+//! ([`parse`], [`check`]), and one match ([`run_on`]: `inference`, `serve`, `batch`, `embed`,
+//! `rerank`, `perplexity`) loads the weights where the backend reads them and hands the
+//! command's own work the backend, the model and the second model. [`engine`] builds the engine
+//! of several sequences that `serve`, `batch`, `embed` and `rerank` run. `bench` reads its device
+//! here too, but loads it itself: what it measures beside the forward pass is the device's own
+//! memory (a thread pool of each size over host memory, or a GPU runtime's copy bandwidth), which
+//! work generic over the backend cannot reach.
 //!
 //! ```text
 //! --device cpu    -> Model::load(file)            over CpuBackend   (the kernels)

@@ -8,12 +8,12 @@
 //! says: `-i "Instruct: Given a web search query, retrieve relevant passages that answer the
 //! query\nQuery: ..."`.
 
-use super::device;
+use super::device::{self, OnDevice};
 use super::input::read_text;
 use super::tokenize::open_tokenizer;
 use anyhow::{bail, Result};
 use clap::Args;
-use qwen3_inference::backend::{Backend, KvType, CPU};
+use qwen3_inference::backend::{Backend, KvType};
 use qwen3_inference::engine::{Engine, EngineConfig, Event, Request};
 use qwen3_inference::format::ModelFile;
 use qwen3_inference::model::{Model, MAX_BATCH};
@@ -41,12 +41,17 @@ pub struct EmbedArgs {
     /// Worker threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Where to run: cpu, plain (textbook loops: slow), cuda (device 0) or cuda:N (a build with
+    /// `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
-/// Texts embedded at once (each a sequence of the engine).
+/// Texts embedded, or pairs reranked, at once (each a sequence of the engine).
 const SLOTS: usize = 8;
 
 pub fn run(args: EmbedArgs) -> Result<()> {
+    let device = device::parse(&args.device)?;
     let file = ModelFile::open(&args.model)?;
     let c = file.config();
     if c.embedding.is_none() {
@@ -68,13 +73,6 @@ pub fn run(args: EmbedArgs) -> Result<()> {
         std::io::stdin().lock().lines().collect::<Result<_, _>>()?
     };
     let context = super::args::context_len(args.context, c)?;
-    let model = Model::load(&file)?;
-    let cfg = EngineConfig {
-        slots: SLOTS,
-        max_queue: texts.len().max(1),
-        prefill_chunk: MAX_BATCH,
-    };
-    let mut engine = device::engine(CPU, &model, None, context, cfg, SLOTS, KvType::F32)?;
     let mut prompts = Vec::with_capacity(texts.len());
     for (i, t) in texts.iter().enumerate() {
         let prompt = tok.encode_with_special_tokens(t);
@@ -86,7 +84,13 @@ pub fn run(args: EmbedArgs) -> Result<()> {
         }
         prompts.push(prompt);
     }
-    let vectors = last_rows(&mut engine, prompts, false, "text")?;
+    let work = LastRows {
+        prompts,
+        context,
+        logits: false,
+        what: "text",
+    };
+    let vectors = device::run_on(device, &file, None, work)?;
     let mut out = std::io::stdout().lock();
     for (i, mut v) in vectors.into_iter().enumerate() {
         if let Some(n) = args.dimensions {
@@ -97,11 +101,43 @@ pub fn run(args: EmbedArgs) -> Result<()> {
     Ok(())
 }
 
+/// The last row of each prompt, run as prefill-only sequences of an engine of [`SLOTS`]
+/// sequences on whichever device was asked: the final norm's output (`logits: false`, an
+/// embedding model's vector) or the logits (`logits: true`, the reranker's); `what` names a
+/// prompt in an error ("text 3: ...").
+pub(super) struct LastRows {
+    pub prompts: Vec<Vec<u32>>,
+    pub context: usize,
+    pub logits: bool,
+    pub what: &'static str,
+}
+
+impl OnDevice for LastRows {
+    type Out = Vec<Vec<f32>>;
+
+    fn run<'m, B: Backend>(
+        self,
+        backend: &'m B,
+        model: &'m Model<'m, B::Tensor>,
+        _draft: Option<&'m Model<'m, B::Tensor>>,
+        _about: &str,
+    ) -> Result<Self::Out> {
+        let cfg = EngineConfig {
+            slots: SLOTS,
+            max_queue: self.prompts.len().max(1),
+            prefill_chunk: MAX_BATCH,
+        };
+        let mut engine =
+            device::engine(backend, model, None, self.context, cfg, SLOTS, KvType::F32)?;
+        last_rows(&mut engine, self.prompts, self.logits, self.what)
+    }
+}
+
 /// Runs each prompt through `engine` as a request with nothing to generate
 /// ([`Request::prefill_only`]) and returns their last rows in order: an embedding model's
 /// vectors, or with `logits` the logits at each prompt's last position (`qwen3 rerank`). `what`
 /// names a prompt in errors ("text 3").
-pub(super) fn last_rows<B: Backend>(
+fn last_rows<B: Backend>(
     engine: &mut Engine<B>,
     prompts: Vec<Vec<u32>>,
     logits: bool,

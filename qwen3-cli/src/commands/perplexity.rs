@@ -20,11 +20,13 @@
 //! experts chosen, at every position and sparse layer, the base did not choose: quantization's
 //! re-routing, a discontinuous change the KL only shows in sum.
 
+use super::device::{self, OnDevice};
 use super::input::read_text;
 use super::tokenize::open_tokenizer;
 use anyhow::{bail, Result};
 use clap::Args;
-use qwen3_inference::backend::{KvType, CPU};
+use qwen3_cuda::Device;
+use qwen3_inference::backend::{Backend, KvType};
 use qwen3_inference::format::ModelFile;
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::sampler::argmax;
@@ -52,6 +54,10 @@ pub struct PerplexityArgs {
     /// Worker threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Where to run: cpu, plain (textbook loops: slow), cuda (device 0) or cuda:N (a build with
+    /// `--features cuda`; without --base: the CUDA backend holds one model's weights).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 /// What one scored position adds up.
@@ -76,10 +82,12 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     if args.chunks == Some(0) {
         bail!("--chunks must be at least 1");
     }
+    let device = device::parse(&args.device)?;
+    if matches!(device, Device::Cuda(_)) && args.base.is_some() {
+        bail!("--base runs on --device cpu or plain: the CUDA backend holds one model's weights");
+    }
     let file = ModelFile::open(&args.model)?;
-    let model = Model::load(&file)?;
     let base_file = args.base.as_ref().map(|p| ModelFile::open(p)).transpose()?;
-    let base = base_file.as_ref().map(Model::load).transpose()?;
     let c = file.config();
     if let Some(b) = &base_file {
         let bc = b.config();
@@ -107,13 +115,56 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
             args.ctx
         );
     }
-    let mut session = Session::new(CPU, &model, args.ctx, KvType::F32)?;
-    let mut base_session = match &base {
-        Some(b) => Some(Session::new(CPU, b, args.ctx, KvType::F32)?),
+    let score = Score {
+        tokens: &tokens,
+        n_chunks,
+        ctx: args.ctx,
+    };
+    let mut t = device::run_on(device, &file, base_file.as_ref(), score)?;
+    print_report(&args, &file, tokens.len(), n_chunks, &mut t);
+    Ok(())
+}
+
+/// The scored positions of the text's first `n_chunks` chunks of `ctx` tokens, by the model and
+/// (the second model `run_on` loads, if any) the base, on whichever device was asked.
+struct Score<'t> {
+    tokens: &'t [u32],
+    n_chunks: usize,
+    ctx: usize,
+}
+
+impl OnDevice for Score<'_> {
+    type Out = Totals;
+
+    fn run<'m, B: Backend>(
+        self,
+        backend: &'m B,
+        model: &'m Model<'m, B::Tensor>,
+        base: Option<&'m Model<'m, B::Tensor>>,
+        _about: &str,
+    ) -> Result<Totals> {
+        score(backend, model, base, self)
+    }
+}
+
+fn score<B: Backend>(
+    backend: &B,
+    model: &Model<B::Tensor>,
+    base: Option<&Model<B::Tensor>>,
+    Score {
+        tokens,
+        n_chunks,
+        ctx,
+    }: Score,
+) -> Result<Totals> {
+    let c = &model.config;
+    let mut session = Session::new(backend, model, ctx, KvType::F32)?;
+    let mut base_session = match base {
+        Some(b) => Some(Session::new(backend, b, ctx, KvType::F32)?),
         None => None,
     };
     let vocab = c.vocab_size as usize;
-    let first = args.ctx / 2;
+    let first = ctx / 2;
     // A mixture of experts: record both runs' expert choices to count re-routing.
     let top_k = c.moe.as_ref().map_or(0, |m| m.num_experts_per_tok as usize);
     let routed = top_k > 0 && base_session.is_some();
@@ -125,7 +176,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     }
     let mut t = Totals::default();
     let progress = std::io::stderr().is_terminal();
-    for (k, chunk) in tokens.chunks_exact(args.ctx).take(n_chunks).enumerate() {
+    for (k, chunk) in tokens.chunks_exact(ctx).take(n_chunks).enumerate() {
         if progress {
             eprint!("\r\x1b[2Kchunk {}/{n_chunks}", k + 1);
         }
@@ -150,7 +201,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
             }
         }
         // Position i predicts token i + 1.
-        for i in first..args.ctx - 1 {
+        for i in first..ctx - 1 {
             let next = chunk[i + 1] as usize;
             let row = &logits[i * vocab..(i + 1) * vocab];
             let q = log_softmax(row);
@@ -168,8 +219,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     if progress {
         eprint!("\r\x1b[2K");
     }
-    print_report(&args, &file, tokens.len(), n_chunks, &mut t);
-    Ok(())
+    Ok(t)
 }
 
 fn print_report(

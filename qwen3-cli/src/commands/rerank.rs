@@ -3,14 +3,11 @@
 //! probability of "yes" against "no"), most relevant first, one JSON line each.
 
 use super::device;
-use super::embed::last_rows;
+use super::embed::LastRows;
 use super::tokenize::open_tokenizer;
 use anyhow::{bail, Result};
 use clap::Args;
-use qwen3_inference::backend::{KvType, CPU};
-use qwen3_inference::engine::EngineConfig;
 use qwen3_inference::format::ModelFile;
-use qwen3_inference::model::{Model, MAX_BATCH};
 use qwen3_inference::rerank::{Reranker, DEFAULT_INSTRUCTION};
 use serde_json::json;
 use std::io::Write;
@@ -33,12 +30,14 @@ pub struct RerankArgs {
     /// Worker threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Where to run: cpu, plain (textbook loops: slow), cuda (device 0) or cuda:N (a build with
+    /// `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
-/// Pairs scored at once (each a sequence of the engine).
-const SLOTS: usize = 8;
-
 pub fn run(args: RerankArgs) -> Result<()> {
+    let device = device::parse(&args.device)?;
     let file = ModelFile::open(&args.model)?;
     let c = file.config();
     if c.embedding.is_some() {
@@ -51,13 +50,6 @@ pub fn run(args: RerankArgs) -> Result<()> {
     let reranker = Reranker::new(&tok)?;
     let instruction = args.instruction.as_deref().unwrap_or(DEFAULT_INSTRUCTION);
     let context = super::args::context_len(None, c)?;
-    let model = Model::load(&file)?;
-    let cfg = EngineConfig {
-        slots: SLOTS,
-        max_queue: args.documents.len(),
-        prefill_chunk: MAX_BATCH,
-    };
-    let mut engine = device::engine(CPU, &model, None, context, cfg, SLOTS, KvType::F32)?;
     let mut prompts = Vec::with_capacity(args.documents.len());
     for (i, doc) in args.documents.iter().enumerate() {
         let prompt = reranker.pair(&tok, instruction, &args.query, doc);
@@ -69,7 +61,13 @@ pub fn run(args: RerankArgs) -> Result<()> {
         }
         prompts.push(prompt);
     }
-    let rows = last_rows(&mut engine, prompts, true, "document")?;
+    let work = LastRows {
+        prompts,
+        context,
+        logits: true,
+        what: "document",
+    };
+    let rows = device::run_on(device, &file, None, work)?;
     let mut ranked: Vec<(usize, f64)> =
         rows.iter().map(|l| reranker.score(l)).enumerate().collect();
     ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
