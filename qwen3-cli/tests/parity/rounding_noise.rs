@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use qwen3_inference::backend::{
-    AttentionShape, Backend, CpuBackend, DeltaNetShape, KvType, RopeTable,
+    AttentionShape, Backend, CpuBackend, DeltaNetShape, HostMemory, KvType, RopeTable,
 };
 use qwen3_inference::format::view::TensorView;
 use qwen3_inference::kernels::attention::{Bf16, KvElem};
@@ -80,15 +80,13 @@ impl RoundingNoise<'_> {
     }
 }
 
+impl HostMemory for RoundingNoise<'_> {}
+
 impl<'a> Backend for RoundingNoise<'a> {
     type Tensor = TensorView<'a>;
-    type Buf = Vec<f32>;
     type Rope = <CpuBackend<'a> as Backend>::Rope;
     type KvCache = <CpuBackend<'a> as Backend>::KvCache;
 
-    fn alloc(&self, len: usize) -> Result<Vec<f32>> {
-        self.inner.alloc(len)
-    }
     fn rope_table(&self, table: RopeTable) -> Result<Self::Rope> {
         self.inner.rope_table(table)
     }
@@ -100,24 +98,6 @@ impl<'a> Backend for RoundingNoise<'a> {
         kv: KvType,
     ) -> Result<Self::KvCache> {
         self.inner.kv_cache(layers, s, max_batch, kv)
-    }
-    fn copy(
-        &self,
-        dst: &mut Vec<f32>,
-        at: usize,
-        src: &Vec<f32>,
-        from: usize,
-        len: usize,
-    ) -> Result<()> {
-        self.inner.copy(dst, at, src, from, len)
-    }
-    fn read<'s>(
-        &self,
-        x: &'s Vec<f32>,
-        len: usize,
-        staging: &'s mut Vec<f32>,
-    ) -> Result<&'s [f32]> {
-        self.inner.read(x, len, staging)
     }
     fn embed(
         &self,
@@ -214,21 +194,6 @@ impl<'a> Backend for RoundingNoise<'a> {
     }
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> Result<()> {
         self.inner.add(x, y, n)
-    }
-
-    fn zero(&self, x: &mut Vec<f32>, n: usize) -> Result<()> {
-        self.inner.zero(x, n)
-    }
-
-    fn scatter_add_rows(
-        &self,
-        out: &mut Vec<f32>,
-        y: &Vec<f32>,
-        rows: &[u32],
-        weights: &[f32],
-        n: usize,
-    ) -> Result<()> {
-        self.inner.scatter_add_rows(out, y, rows, weights, n)
     }
 
     // Qwen3.5's steps, unperturbed (their inputs come from the perturbed products).

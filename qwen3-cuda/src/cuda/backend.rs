@@ -16,7 +16,7 @@ use crate::kernels::{
 };
 use anyhow::{bail, ensure, Result};
 use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
-use qwen3_inference::backend::{AttentionShape, Backend, KvType, RopeTable};
+use qwen3_inference::backend::{AttentionShape, Backend, KvType, Memory, RopeTable};
 use qwen3_inference::format::{DType, ModelFile};
 
 pub struct CudaBackend {
@@ -87,43 +87,11 @@ fn need_tensor(t: &DeviceTensor, dtype: Option<DType>, numel: usize, what: &str)
     Ok(())
 }
 
-impl Backend for CudaBackend {
-    type Tensor = DeviceTensor;
+impl Memory for CudaBackend {
     type Buf = CudaSlice<f32>;
-    type Rope = CudaRope;
-    type KvCache = CudaKvCache;
 
     fn alloc(&self, len: usize) -> Result<CudaSlice<f32>> {
         self.runtime.stream.alloc_zeros(len.max(1)).map_err(err)
-    }
-
-    fn rope_table(&self, table: RopeTable) -> Result<CudaRope> {
-        let stream = &self.runtime.stream;
-        Ok(CudaRope {
-            cos: stream.clone_htod(table.cos()).map_err(err)?,
-            sin: stream.clone_htod(table.sin()).map_err(err)?,
-        })
-    }
-
-    fn kv_cache(
-        &self,
-        layers: usize,
-        shape: AttentionShape,
-        max_batch: usize,
-        kv: KvType,
-    ) -> Result<CudaKvCache> {
-        if kv != KvType::F32 {
-            bail!("this backend keeps its KV cache in f32 only; --kv-cache {kv:?} is for the CPU");
-        }
-        let len = shape.context_len * shape.n_kv_heads * shape.head_dim;
-        let per_layer =
-            || -> Result<Vec<CudaSlice<f32>>> { (0..layers).map(|_| self.alloc(len)).collect() };
-        Ok(CudaKvCache {
-            k: per_layer()?,
-            v: per_layer()?,
-            scores: self.alloc(max_batch * shape.n_heads * shape.context_len)?,
-            shape,
-        })
     }
 
     fn copy(
@@ -161,6 +129,97 @@ impl Backend for CudaBackend {
         // and surfaces any error of the kernels queued before it.
         stream.synchronize().map_err(err)?;
         Ok(&staging[..len])
+    }
+
+    fn zero(&self, x: &mut CudaSlice<f32>, n: usize) -> Result<()> {
+        need(x, n, "zero")?;
+        self.runtime
+            .stream
+            .memset_zeros(&mut x.slice_mut(..n))
+            .map_err(err)
+    }
+
+    fn scatter_add_rows(
+        &self,
+        out: &mut CudaSlice<f32>,
+        y: &CudaSlice<f32>,
+        rows: &[u32],
+        weights: &[f32],
+        n: usize,
+    ) -> Result<()> {
+        ensure!(
+            rows.len() == weights.len(),
+            "scatter_add_rows: {} rows, {} weights",
+            rows.len(),
+            weights.len()
+        );
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let total = rows.len() * n;
+        need(y, total, "scatter_add_rows")?;
+        let top = *rows.iter().max().unwrap_or(&0) as usize;
+        need(out, (top + 1) * n, "scatter_add_rows")?;
+        // The routing lives on the host (it was decided there from the router's logits): a few
+        // bytes uploaded per expert and step.
+        let stream = &self.runtime.stream;
+        let rows_d = stream.clone_htod(rows).map_err(err)?;
+        let weights_d = stream.clone_htod(weights).map_err(err)?;
+        let cfg = grid(
+            total.div_ceil(ELEMENTWISE_BLOCK_DIM),
+            1,
+            ELEMENTWISE_BLOCK_DIM,
+        )?;
+        let (nr_i, n_i) = (int(rows.len())?, int(n)?);
+        int(total)?;
+        let mut b = stream.launch_builder(&self.runtime.functions.scatter_add_rows);
+        b.arg(out)
+            .arg(y)
+            .arg(&rows_d)
+            .arg(&weights_d)
+            .arg(&nr_i)
+            .arg(&n_i);
+        // SAFETY: scatter_add_rows(out, y, rows, weights, n_rows, n); thread i < n_rows * n
+        // (which fits an int, checked) reads y[i] (y holds n_rows * n, checked) and
+        // weights[i / n], and writes out[rows[i / n] * n + i % n], below (max(rows) + 1) * n
+        // (checked). Rows are distinct (one expert a token), so no two threads write one value.
+        unsafe { b.launch(cfg) }.map_err(err)?;
+        Ok(())
+    }
+}
+
+impl Backend for CudaBackend {
+    type Tensor = DeviceTensor;
+    type Rope = CudaRope;
+    type KvCache = CudaKvCache;
+
+    fn rope_table(&self, table: RopeTable) -> Result<CudaRope> {
+        let stream = &self.runtime.stream;
+        Ok(CudaRope {
+            cos: stream.clone_htod(table.cos()).map_err(err)?,
+            sin: stream.clone_htod(table.sin()).map_err(err)?,
+        })
+    }
+
+    fn kv_cache(
+        &self,
+        layers: usize,
+        shape: AttentionShape,
+        max_batch: usize,
+        kv: KvType,
+    ) -> Result<CudaKvCache> {
+        if kv != KvType::F32 {
+            bail!("this backend keeps its KV cache in f32 only; --kv-cache {kv:?} is for the CPU");
+        }
+        let len = shape.context_len * shape.n_kv_heads * shape.head_dim;
+        let per_layer =
+            || -> Result<Vec<CudaSlice<f32>>> { (0..layers).map(|_| self.alloc(len)).collect() };
+        Ok(CudaKvCache {
+            k: per_layer()?,
+            v: per_layer()?,
+            scores: self.alloc(max_batch * shape.n_heads * shape.context_len)?,
+            shape,
+        })
     }
 
     fn embed(
@@ -461,62 +520,6 @@ impl Backend for CudaBackend {
         b.arg(x).arg(&bv).arg(&n_i).arg(&total_i);
         // SAFETY: add_bias(x, bias, n, total); thread i < total touches x[i] and reads
         // bias[i % n]; x holds total values and bias n (both checked above).
-        unsafe { b.launch(cfg) }.map_err(err)?;
-        Ok(())
-    }
-
-    fn zero(&self, x: &mut CudaSlice<f32>, n: usize) -> Result<()> {
-        need(x, n, "zero")?;
-        self.runtime
-            .stream
-            .memset_zeros(&mut x.slice_mut(..n))
-            .map_err(err)
-    }
-
-    fn scatter_add_rows(
-        &self,
-        out: &mut CudaSlice<f32>,
-        y: &CudaSlice<f32>,
-        rows: &[u32],
-        weights: &[f32],
-        n: usize,
-    ) -> Result<()> {
-        ensure!(
-            rows.len() == weights.len(),
-            "scatter_add_rows: {} rows, {} weights",
-            rows.len(),
-            weights.len()
-        );
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let total = rows.len() * n;
-        need(y, total, "scatter_add_rows")?;
-        let top = *rows.iter().max().unwrap_or(&0) as usize;
-        need(out, (top + 1) * n, "scatter_add_rows")?;
-        // The routing lives on the host (it was decided there from the router's logits): a few
-        // bytes uploaded per expert and step.
-        let stream = &self.runtime.stream;
-        let rows_d = stream.clone_htod(rows).map_err(err)?;
-        let weights_d = stream.clone_htod(weights).map_err(err)?;
-        let cfg = grid(
-            total.div_ceil(ELEMENTWISE_BLOCK_DIM),
-            1,
-            ELEMENTWISE_BLOCK_DIM,
-        )?;
-        let (nr_i, n_i) = (int(rows.len())?, int(n)?);
-        int(total)?;
-        let mut b = stream.launch_builder(&self.runtime.functions.scatter_add_rows);
-        b.arg(out)
-            .arg(y)
-            .arg(&rows_d)
-            .arg(&weights_d)
-            .arg(&nr_i)
-            .arg(&n_i);
-        // SAFETY: scatter_add_rows(out, y, rows, weights, n_rows, n); thread i < n_rows * n
-        // (which fits an int, checked) reads y[i] (y holds n_rows * n, checked) and
-        // weights[i / n], and writes out[rows[i / n] * n + i % n], below (max(rows) + 1) * n
-        // (checked). Rows are distinct (one expert a token), so no two threads write one value.
         unsafe { b.launch(cfg) }.map_err(err)?;
         Ok(())
     }

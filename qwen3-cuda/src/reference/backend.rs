@@ -9,6 +9,7 @@
 use super::attention::AttentionShape as KernelShape;
 use crate::reference;
 use anyhow::{bail, ensure, Result};
+use qwen3_inference::backend::host::HostMemory;
 use qwen3_inference::backend::{AttentionShape, Backend, KvType, RopeTable};
 use qwen3_inference::format::view::{TensorData, TensorView};
 use std::marker::PhantomData;
@@ -44,15 +45,13 @@ fn norm_weight<'t>(w: &TensorView<'t>) -> Result<&'t [f32]> {
     }
 }
 
+/// Its buffers are host vectors: [`host`](qwen3_inference::backend::host)'s memory.
+impl HostMemory for ReferenceBackend<'_> {}
+
 impl<'a> Backend for ReferenceBackend<'a> {
     type Tensor = TensorView<'a>;
-    type Buf = Vec<f32>;
     type Rope = ReferenceRope;
     type KvCache = ReferenceKvCache;
-
-    fn alloc(&self, len: usize) -> Result<Vec<f32>> {
-        qwen3_inference::backend::host::alloc(len)
-    }
 
     fn rope_table(&self, table: RopeTable) -> Result<ReferenceRope> {
         Ok(ReferenceRope {
@@ -77,26 +76,6 @@ impl<'a> Backend for ReferenceBackend<'a> {
             v: vec![vec![0.0; len]; layers],
             shape,
         })
-    }
-
-    fn copy(
-        &self,
-        dst: &mut Vec<f32>,
-        dst_offset: usize,
-        src: &Vec<f32>,
-        src_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        qwen3_inference::backend::host::copy(dst, dst_offset, src, src_offset, len)
-    }
-
-    fn read<'s>(
-        &self,
-        x: &'s Vec<f32>,
-        len: usize,
-        _staging: &'s mut Vec<f32>,
-    ) -> Result<&'s [f32]> {
-        qwen3_inference::backend::host::read(x, len)
     }
 
     fn embed(
@@ -228,22 +207,6 @@ impl<'a> Backend for ReferenceBackend<'a> {
         let bias = norm_weight(bias)?;
         reference::elementwise::add_bias(&mut x[..n_tok * n], &bias[..n]);
         Ok(())
-    }
-
-    fn zero(&self, x: &mut Vec<f32>, n: usize) -> Result<()> {
-        qwen3_inference::backend::host::zero(x, n)
-    }
-
-    /// `scatter_add_rows` (elementwise.cu): per value a product and a sum, as on the host.
-    fn scatter_add_rows(
-        &self,
-        out: &mut Vec<f32>,
-        y: &Vec<f32>,
-        rows: &[u32],
-        weights: &[f32],
-        n: usize,
-    ) -> Result<()> {
-        qwen3_inference::backend::host::scatter_add_rows(out, y, rows, weights, n)
     }
 
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> Result<()> {

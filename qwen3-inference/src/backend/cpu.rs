@@ -5,6 +5,7 @@
 //! Each op is a thin call into its kernel; the kernels assert their slice lengths, so a wrong
 //! count is a panic (a bug in the forward pass), never an out-of-bounds read.
 
+use super::host::HostMemory;
 use super::{AttentionShape, Backend, DeltaNetShape, RopeTable};
 use crate::format::view::{TensorData, TensorView};
 use crate::kernels;
@@ -160,15 +161,13 @@ fn norm_weight<'t>(w: &TensorView<'t>) -> Result<&'t [f32]> {
     }
 }
 
+/// Its buffers are host vectors: [`host`](super::host)'s memory.
+impl HostMemory for CpuBackend<'_> {}
+
 impl<'a> Backend for CpuBackend<'a> {
     type Tensor = TensorView<'a>;
-    type Buf = Vec<f32>;
     type Rope = RopeTable;
     type KvCache = CpuKvCache;
-
-    fn alloc(&self, len: usize) -> Result<Vec<f32>> {
-        super::host::alloc(len)
-    }
 
     fn rope_table(&self, table: RopeTable) -> Result<RopeTable> {
         Ok(table)
@@ -182,26 +181,6 @@ impl<'a> Backend for CpuBackend<'a> {
         kv: KvType,
     ) -> Result<CpuKvCache> {
         Ok(CpuKvCache::new(layers, s, kv))
-    }
-
-    fn copy(
-        &self,
-        dst: &mut Vec<f32>,
-        dst_offset: usize,
-        src: &Vec<f32>,
-        src_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        super::host::copy(dst, dst_offset, src, src_offset, len)
-    }
-
-    fn read<'s>(
-        &self,
-        x: &'s Vec<f32>,
-        len: usize,
-        _staging: &'s mut Vec<f32>,
-    ) -> Result<&'s [f32]> {
-        super::host::read(x, len)
     }
 
     fn embed(
@@ -310,10 +289,6 @@ impl<'a> Backend for CpuBackend<'a> {
         Ok(())
     }
 
-    fn write(&self, x: &mut Vec<f32>, offset: usize, src: &[f32]) -> Result<()> {
-        super::host::write(x, offset, src)
-    }
-
     fn takes_images(&self) -> bool {
         true
     }
@@ -358,21 +333,6 @@ impl<'a> Backend for CpuBackend<'a> {
     fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, n: usize) -> Result<()> {
         kernels::silu_mul(&mut gate[..n], &up[..n]);
         Ok(())
-    }
-
-    fn zero(&self, x: &mut Vec<f32>, n: usize) -> Result<()> {
-        super::host::zero(x, n)
-    }
-
-    fn scatter_add_rows(
-        &self,
-        out: &mut Vec<f32>,
-        y: &Vec<f32>,
-        rows: &[u32],
-        weights: &[f32],
-        n: usize,
-    ) -> Result<()> {
-        super::host::scatter_add_rows(out, y, rows, weights, n)
     }
 
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> Result<()> {
@@ -445,6 +405,7 @@ impl<'a> Backend for CpuBackend<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Memory;
     use crate::kernels::attention::KEY_TILE;
 
     /// Logits are read in place: no copy, and the staging buffer is never grown.

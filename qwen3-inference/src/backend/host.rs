@@ -1,19 +1,67 @@
 //! The memory side of a backend whose buffers are host vectors (`Vec<f32>`): the plain backend,
-//! the CPU backend and qwen3-cuda's reference backend share these, so each of them implements
-//! only its arithmetic. Every operation checks its ranges and answers a bad one with an error,
-//! not a panic, as a device backend does.
+//! the CPU backend and qwen3-cuda's reference backend say [`HostMemory`] and get their whole
+//! [`Memory`] from here, so each of them implements only its arithmetic. Every operation checks
+//! its ranges and answers a bad one with an error, not a panic, as a device backend does. Below
+//! them, the hybrid layers' host steps those backends share (in textbook and fast kernels).
 
+use super::Memory;
 use crate::kernels::delta_net::{self, DeltaNetShape};
 use crate::kernels::delta_net_fast;
 use anyhow::{bail, ensure, Result};
 use std::ops::Range;
 
-/// [`super::Backend::alloc`]: `len` zeros.
+/// A backend whose buffers are host vectors: saying so (`impl HostMemory for MyBackend {}`)
+/// gives it this module's [`Memory`], and it implements only [`super::Backend`]'s arithmetic.
+pub trait HostMemory {}
+
+impl<T: HostMemory> Memory for T {
+    type Buf = Vec<f32>;
+
+    fn alloc(&self, len: usize) -> Result<Vec<f32>> {
+        alloc(len)
+    }
+    fn copy(
+        &self,
+        dst: &mut Vec<f32>,
+        dst_offset: usize,
+        src: &Vec<f32>,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        copy(dst, dst_offset, src, src_offset, len)
+    }
+    fn read<'s>(
+        &self,
+        x: &'s Vec<f32>,
+        len: usize,
+        _staging: &'s mut Vec<f32>,
+    ) -> Result<&'s [f32]> {
+        read(x, len)
+    }
+    fn write(&self, x: &mut Vec<f32>, offset: usize, src: &[f32]) -> Result<()> {
+        write(x, offset, src)
+    }
+    fn zero(&self, x: &mut Vec<f32>, n: usize) -> Result<()> {
+        zero(x, n)
+    }
+    fn scatter_add_rows(
+        &self,
+        out: &mut Vec<f32>,
+        y: &Vec<f32>,
+        rows: &[u32],
+        weights: &[f32],
+        n: usize,
+    ) -> Result<()> {
+        scatter_add_rows(out, y, rows, weights, n)
+    }
+}
+
+/// [`Memory::alloc`]: `len` zeros.
 pub fn alloc(len: usize) -> Result<Vec<f32>> {
     Ok(vec![0.0; len])
 }
 
-/// [`super::Backend::copy`]: `dst[dst_offset..][..len] = src[src_offset..][..len]`.
+/// [`Memory::copy`]: `dst[dst_offset..][..len] = src[src_offset..][..len]`.
 pub fn copy(
     dst: &mut [f32],
     dst_offset: usize,
@@ -35,7 +83,7 @@ pub fn copy(
     Ok(())
 }
 
-/// [`super::Backend::write`]: `x[offset..][..src.len()] = src`.
+/// [`Memory::write`]: `x[offset..][..src.len()] = src`.
 pub fn write(x: &mut [f32], offset: usize, src: &[f32]) -> Result<()> {
     let len = x.len();
     let to = offset
@@ -81,20 +129,20 @@ pub fn check_mrope(
     Ok(())
 }
 
-/// [`super::Backend::read`]: the first `len` values, borrowed (host memory needs no staging).
+/// [`Memory::read`]: the first `len` values, borrowed (host memory needs no staging).
 pub fn read(x: &[f32], len: usize) -> Result<&[f32]> {
     ensure!(len <= x.len(), "read out of bounds: {len} of {}", x.len());
     Ok(&x[..len])
 }
 
-/// [`super::Backend::zero`]: the first `n` values set to 0.
+/// [`Memory::zero`]: the first `n` values set to 0.
 pub fn zero(x: &mut [f32], n: usize) -> Result<()> {
     ensure!(n <= x.len(), "zero out of bounds: {n} of {}", x.len());
     x[..n].fill(0.0);
     Ok(())
 }
 
-/// [`super::Backend::scatter_add_rows`]: `out[rows[i]] += weights[i] * y[i]`, row `i` of `y` being
+/// [`Memory::scatter_add_rows`]: `out[rows[i]] += weights[i] * y[i]`, row `i` of `y` being
 /// `n` wide, in the order of `rows` (so each output row sums its experts in ascending order).
 /// Every row is checked before any is added, so an error leaves `out` as it was.
 pub fn scatter_add_rows(

@@ -29,24 +29,86 @@ mod plain;
 pub use crate::kernels::delta_net::DeltaNetShape;
 pub use crate::kernels::{AttentionShape, KvType, RopeTable};
 pub use cpu::{CpuBackend, CPU};
+pub use host::HostMemory;
 pub use plain::{weight, PlainBackend, PlainKvCache};
 
 use crate::format::ModelConfig;
 use anyhow::{bail, Result};
 use std::ops::Range;
 
+/// A backend's buffers: where activations live, and how values move between buffers and to and
+/// from the host. Every operation takes the counts it uses and answers a range out of bounds with
+/// an error. A backend whose buffers are host vectors gets all of it from [`host`] by saying so
+/// ([`host::HostMemory`]); a device implements it over its own memory.
+pub trait Memory {
+    /// f32 activations.
+    type Buf;
+
+    /// A zeroed buffer of `len` values.
+    fn alloc(&self, len: usize) -> Result<Self::Buf>;
+    /// `dst[dst_offset..][..len] = src[src_offset..][..len]`.
+    fn copy(
+        &self,
+        dst: &mut Self::Buf,
+        dst_offset: usize,
+        src: &Self::Buf,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()>;
+    /// `x[..len]` as a host slice. Host buffers are returned as they are; device buffers are
+    /// copied into `staging` (grown to `len` on first use, so steady-state calls allocate nothing).
+    fn read<'s>(
+        &self,
+        x: &'s Self::Buf,
+        len: usize,
+        staging: &'s mut Vec<f32>,
+    ) -> Result<&'s [f32]>;
+
+    /// `x[offset..][..src.len()] = src`: values from the host written into a buffer (an image's
+    /// vectors in place of its tokens' embeddings). The default refuses.
+    fn write(&self, _x: &mut Self::Buf, _offset: usize, _src: &[f32]) -> Result<()> {
+        bail!("this backend does not take images")
+    }
+    /// `x[..n] = 0`.
+    fn zero(&self, x: &mut Self::Buf, n: usize) -> Result<()>;
+    /// Rows of `x` gathered into `out`: `out[i] = x[rows[i]]`. out: `[rows.len(), n]`;
+    /// x: `[_, n]`. (A mixture of experts runs each expert on the rows routed to it.) By default
+    /// one [`Memory::copy`] a row.
+    fn gather_rows(
+        &self,
+        out: &mut Self::Buf,
+        x: &Self::Buf,
+        rows: &[u32],
+        n: usize,
+    ) -> Result<()> {
+        for (i, &r) in rows.iter().enumerate() {
+            self.copy(out, i * n, x, r as usize * n, n)?;
+        }
+        Ok(())
+    }
+    /// Weighted rows added back: `out[rows[i]] += weights[i] * y[i]` (a product, then a sum, each
+    /// rounded, as transformers' `index_add_` of `expert(x) * weight`). out: `[_, n]`;
+    /// y: `[rows.len(), n]`. `rows` holds no row twice.
+    fn scatter_add_rows(
+        &self,
+        out: &mut Self::Buf,
+        y: &Self::Buf,
+        rows: &[u32],
+        weights: &[f32],
+        n: usize,
+    ) -> Result<()>;
+}
+
 /// The operations of a Qwen forward pass: Qwen2's, Qwen3's and Qwen3-MoE's layers, and, for a
 /// backend that runs them ([`Backend::check_layers`]), Qwen3.5's Gated DeltaNet and gated attention.
 /// Shapes in the comments are row-major; `n_tok` is the number of tokens in the batch, `pos0` the
 /// position of the first one.
-pub trait Backend {
+pub trait Backend: Memory {
     /// One weight tensor as the model file stores it: a matrix `[rows, cols]` in any of
     /// [`DType`](crate::format::DType)'s dtypes (f32, bf16, q8, q4, q6, or a GGUF's K-quant
     /// blocks), or a norm weight `[n]`, always f32. A backend refuses by name a dtype it has no
     /// kernel for when the weights are loaded.
     type Tensor;
-    /// f32 activations.
-    type Buf;
     /// RoPE's cos and sin tables, in the backend's memory.
     type Rope;
     /// Keys and values of every layer (in the backend's own layout), plus whatever scratch its
@@ -69,10 +131,8 @@ pub trait Backend {
         Ok(())
     }
 
-    // ---- Memory: allocated once per session. ----
+    // ---- Allocated once per session. ----
 
-    /// A zeroed buffer of `len` values.
-    fn alloc(&self, len: usize) -> Result<Self::Buf>;
     /// The tables computed on the host by [`RopeTable::new`], moved to the backend, so that every
     /// backend rotates by the same angles.
     fn rope_table(&self, table: RopeTable) -> Result<Self::Rope>;
@@ -86,33 +146,11 @@ pub trait Backend {
         max_batch: usize,
         kv: KvType,
     ) -> Result<Self::KvCache>;
-    /// `dst[dst_offset..][..len] = src[src_offset..][..len]`.
-    fn copy(
-        &self,
-        dst: &mut Self::Buf,
-        dst_offset: usize,
-        src: &Self::Buf,
-        src_offset: usize,
-        len: usize,
-    ) -> Result<()>;
-    /// `x[..len]` as a host slice. Host buffers are returned as they are; device buffers are
-    /// copied into `staging` (grown to `len` on first use, so steady-state calls allocate nothing).
-    fn read<'s>(
-        &self,
-        x: &'s Self::Buf,
-        len: usize,
-        staging: &'s mut Vec<f32>,
-    ) -> Result<&'s [f32]>;
 
-    /// Whether this backend runs prompts with images ([`Backend::write`] and
+    /// Whether this backend runs prompts with images ([`Memory::write`] and
     /// [`Backend::rope_mrope`]); the engine refuses an image request on one that does not.
     fn takes_images(&self) -> bool {
         false
-    }
-    /// `x[offset..][..src.len()] = src`: values from the host written into a buffer (an image's
-    /// vectors in place of its tokens' embeddings). The default refuses.
-    fn write(&self, _x: &mut Self::Buf, _offset: usize, _src: &[f32]) -> Result<()> {
-        bail!("this backend does not take images")
     }
 
     // ---- The math. ----
@@ -226,34 +264,6 @@ pub trait Backend {
         layer: usize,
         n_tok: usize,
         pos0: usize,
-    ) -> Result<()>;
-    /// `x[..n] = 0`.
-    fn zero(&self, x: &mut Self::Buf, n: usize) -> Result<()>;
-    /// Rows of `x` gathered into `out`: `out[i] = x[rows[i]]`. out: `[rows.len(), n]`;
-    /// x: `[_, n]`. (A mixture of experts runs each expert on the rows routed to it.) By default
-    /// one [`Backend::copy`] a row.
-    fn gather_rows(
-        &self,
-        out: &mut Self::Buf,
-        x: &Self::Buf,
-        rows: &[u32],
-        n: usize,
-    ) -> Result<()> {
-        for (i, &r) in rows.iter().enumerate() {
-            self.copy(out, i * n, x, r as usize * n, n)?;
-        }
-        Ok(())
-    }
-    /// Weighted rows added back: `out[rows[i]] += weights[i] * y[i]` (a product, then a sum, each
-    /// rounded, as transformers' `index_add_` of `expert(x) * weight`). out: `[_, n]`;
-    /// y: `[rows.len(), n]`. `rows` holds no row twice.
-    fn scatter_add_rows(
-        &self,
-        out: &mut Self::Buf,
-        y: &Self::Buf,
-        rows: &[u32],
-        weights: &[f32],
-        n: usize,
     ) -> Result<()>;
     /// SwiGLU's gate, in place: `gate[i] = silu(gate[i]) * up[i]` for `i < n`.
     fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, n: usize) -> Result<()>;

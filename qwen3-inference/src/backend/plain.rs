@@ -10,6 +10,7 @@
 //! Shapes are row-major, as in the trait's comments. The KV cache is the plainest layout:
 //! `keys[layer][pos][kv_head][head_dim]`, and the same for values.
 
+use super::host::HostMemory;
 use super::{AttentionShape, Backend, DeltaNetShape, KvType, RopeTable};
 use crate::format::view::{TensorData, TensorView};
 use crate::kernels::dot::k_quants;
@@ -71,15 +72,13 @@ pub fn weight(t: &TensorView, i: usize) -> f32 {
     }
 }
 
+/// Its buffers are host vectors: [`host`](super::host)'s memory.
+impl HostMemory for PlainBackend<'_> {}
+
 impl<'a> Backend for PlainBackend<'a> {
     type Tensor = TensorView<'a>;
-    type Buf = Vec<f32>;
     type Rope = RopeTable;
     type KvCache = PlainKvCache;
-
-    fn alloc(&self, len: usize) -> Result<Vec<f32>> {
-        super::host::alloc(len)
-    }
 
     fn rope_table(&self, table: RopeTable) -> Result<RopeTable> {
         Ok(table)
@@ -101,26 +100,6 @@ impl<'a> Backend for PlainBackend<'a> {
             keys: vec![vec![0.0; len]; layers],
             values: vec![vec![0.0; len]; layers],
         })
-    }
-
-    fn copy(
-        &self,
-        dst: &mut Vec<f32>,
-        dst_offset: usize,
-        src: &Vec<f32>,
-        src_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        super::host::copy(dst, dst_offset, src, src_offset, len)
-    }
-
-    fn read<'s>(
-        &self,
-        x: &'s Vec<f32>,
-        len: usize,
-        _staging: &'s mut Vec<f32>,
-    ) -> Result<&'s [f32]> {
-        super::host::read(x, len)
     }
 
     /// `x[i][c] = table[tokens[i]][c]`.
@@ -225,10 +204,6 @@ impl<'a> Backend for PlainBackend<'a> {
             }
         }
         Ok(())
-    }
-
-    fn write(&self, x: &mut Vec<f32>, offset: usize, src: &[f32]) -> Result<()> {
-        super::host::write(x, offset, src)
     }
 
     fn takes_images(&self) -> bool {
@@ -345,21 +320,6 @@ impl<'a> Backend for PlainBackend<'a> {
             gate[i] = g / (1.0 + (-g).exp()) * up[i];
         }
         Ok(())
-    }
-
-    fn zero(&self, x: &mut Vec<f32>, n: usize) -> Result<()> {
-        super::host::zero(x, n)
-    }
-
-    fn scatter_add_rows(
-        &self,
-        out: &mut Vec<f32>,
-        y: &Vec<f32>,
-        rows: &[u32],
-        weights: &[f32],
-        n: usize,
-    ) -> Result<()> {
-        super::host::scatter_add_rows(out, y, rows, weights, n)
     }
 
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> Result<()> {

@@ -9,15 +9,13 @@ struct Flaky<'a> {
     fail: std::cell::Cell<bool>,
 }
 
+impl crate::backend::HostMemory for Flaky<'_> {}
+
 impl<'a> crate::backend::Backend for Flaky<'a> {
     type Tensor = <CpuBackend<'a> as crate::backend::Backend>::Tensor;
-    type Buf = Vec<f32>;
     type Rope = crate::backend::RopeTable;
     type KvCache = <CpuBackend<'a> as crate::backend::Backend>::KvCache;
 
-    fn alloc(&self, len: usize) -> anyhow::Result<Vec<f32>> {
-        self.cpu.alloc(len)
-    }
     fn rope_table(&self, t: crate::backend::RopeTable) -> anyhow::Result<Self::Rope> {
         self.cpu.rope_table(t)
     }
@@ -29,24 +27,6 @@ impl<'a> crate::backend::Backend for Flaky<'a> {
         kv: KvType,
     ) -> anyhow::Result<Self::KvCache> {
         self.cpu.kv_cache(layers, shape, max_batch, kv)
-    }
-    fn copy(
-        &self,
-        d: &mut Vec<f32>,
-        o: usize,
-        s: &Vec<f32>,
-        so: usize,
-        n: usize,
-    ) -> anyhow::Result<()> {
-        self.cpu.copy(d, o, s, so, n)
-    }
-    fn read<'s>(
-        &self,
-        x: &'s Vec<f32>,
-        n: usize,
-        st: &'s mut Vec<f32>,
-    ) -> anyhow::Result<&'s [f32]> {
-        self.cpu.read(x, n, st)
     }
     fn embed(
         &self,
@@ -120,19 +100,6 @@ impl<'a> crate::backend::Backend for Flaky<'a> {
     }
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> anyhow::Result<()> {
         self.cpu.add(x, y, n)
-    }
-    fn zero(&self, x: &mut Vec<f32>, n: usize) -> anyhow::Result<()> {
-        self.cpu.zero(x, n)
-    }
-    fn scatter_add_rows(
-        &self,
-        out: &mut Vec<f32>,
-        y: &Vec<f32>,
-        rows: &[u32],
-        weights: &[f32],
-        n: usize,
-    ) -> anyhow::Result<()> {
-        self.cpu.scatter_add_rows(out, y, rows, weights, n)
     }
     fn add_bias(
         &self,
