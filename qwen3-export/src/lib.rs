@@ -239,7 +239,8 @@ pub fn export(hf_dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportS
             left_out[name.starts_with("mtp.") as usize] += 1;
             continue;
         }
-        let gathered = config.architecture == hf::qwen3_5::NEXT_ARCHITECTURE
+        let gathered = config.architecture
+            == qwen3_inference::format::architecture::QWEN3_NEXT.name
             && hf::qwen3_5::is_read_through(name);
         if !tied_head
             && !fused

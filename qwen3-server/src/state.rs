@@ -10,7 +10,7 @@ use crate::metrics::Metrics;
 use crate::worker::Command;
 use qwen3_inference::chat::ChatTemplate;
 use qwen3_inference::constraint::Vocabulary;
-use qwen3_inference::format::{GenerationDefaults, ModelFile};
+use qwen3_inference::format::{Architecture, GenerationDefaults, ModelFile};
 use qwen3_inference::rerank::Reranker;
 use qwen3_inference::tokenizer::Tokenizer;
 use std::sync::mpsc::Sender;
@@ -84,7 +84,7 @@ pub struct AppState {
 /// The model file, as Ollama's API describes a model.
 #[derive(Clone, Debug, Default)]
 pub struct ModelInfo {
-    /// Ollama's family name: `qwen3`, `qwen2`, `qwen3moe`.
+    /// Ollama's family name, a GGUF architecture's: `qwen3`, `qwen2`, `qwen3moe`, `qwen35`, ...
     pub family: String,
     pub parameters: u64,
     /// The weights' type (`q8`, `q4`, `bf16`, `f32`).
@@ -103,11 +103,8 @@ impl ModelInfo {
     pub fn of(file: &ModelFile, path: &std::path::Path) -> ModelInfo {
         let h = file.header();
         let c = &h.config;
-        let family = match c.architecture.as_str() {
-            "Qwen2ForCausalLM" => "qwen2",
-            "Qwen3MoeForCausalLM" => "qwen3moe",
-            _ => "qwen3",
-        };
+        // ollama's family is the GGUF's architecture name (qwen3, qwen3moe, qwen35, ...).
+        let family = Architecture::named(&c.architecture).map_or("qwen3", |a| a.gguf);
         let modified = std::fs::metadata(path)
             .and_then(|m| m.modified())
             .ok()

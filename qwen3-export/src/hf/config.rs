@@ -15,6 +15,7 @@
 use super::family::{self, Attention, Family, HeadDim};
 use super::qwen3_5;
 use anyhow::{bail, Context, Result};
+use qwen3_inference::format::architecture::{QWEN3_5_MOE, QWEN3_NEXT};
 use qwen3_inference::format::{DType, GenerationDefaults, ModelConfig, MoeConfig, RopeScaling};
 use serde_json::{Map, Value};
 use std::path::Path;
@@ -128,9 +129,12 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
     if family.text_config {
         obj = qwen3_5::text_config(top)?;
     }
-    let architecture = family.architecture.to_string();
-    let (hybrid, qwen2) = (family.hybrid, family.attention == Attention::Qwen2);
-    let hybrid_moe = hybrid && family.moe;
+    let architecture = family.architecture.name.to_string();
+    let (hybrid, qwen2) = (
+        family.architecture.linear_attention,
+        family.attention == Attention::Qwen2,
+    );
+    let hybrid_moe = hybrid && family.architecture.experts;
 
     // 2. Sizes. When config.json has no head_dim, transformers' Qwen3Config uses its own default,
     //    128 (`head_dim=128` in configuration_qwen3.py; checked with transformers 5.23.0 while
@@ -235,7 +239,7 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
             bail!("hidden_act {act:?} is not supported (Qwen2 and Qwen3 use silu)");
         }
     }
-    let moe = if family.moe {
+    let moe = if family.architecture.experts {
         Some(moe_config(obj, family)?)
     } else {
         for key in ["num_experts", "num_local_experts"] {
@@ -339,8 +343,8 @@ fn yarn(p: &Map<String, Value>, top: &Map<String, Value>, max_pos: u32) -> Resul
 /// (configuration_qwen3_moe.py) for absent keys. Options of other mixture-of-experts families
 /// (shared experts, grouped or biased routers) would change the math: refused by name.
 fn moe_config(obj: &Map<String, Value>, family: &Family) -> Result<MoeConfig> {
-    let next = family.architecture == qwen3_5::NEXT_ARCHITECTURE;
-    let hybrid = next || family.architecture == qwen3_5::MOE_ARCHITECTURE;
+    let next = *family.architecture == QWEN3_NEXT;
+    let hybrid = next || *family.architecture == QWEN3_5_MOE;
     // Qwen2-MoE's shared expert (Qwen3.5-MoE's is read below), DeepSeek's shared experts and
     // grouped top-k, sigmoid routers.
     // Qwen3NextConfig's default is 512; Qwen3.5-MoE's configs always say.

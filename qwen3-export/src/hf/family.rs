@@ -8,6 +8,9 @@
 //! new is a row, the flags it sets in `ModelConfig`, and the forward pass's case for them.
 
 use super::{qwen3_5, vision};
+use qwen3_inference::format::architecture::{
+    Architecture, QWEN2, QWEN3, QWEN3_5, QWEN3_5_MOE, QWEN3_MOE, QWEN3_NEXT,
+};
 
 /// How a family's attention projections and norms look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,19 +38,15 @@ pub struct Family {
     pub checkpoints: &'static [&'static str],
     /// The `model_type`s that stand for it when `architectures` is absent.
     pub model_types: &'static [&'static str],
-    /// The architecture the model file records (the forward pass's case).
-    pub architecture: &'static str,
+    /// The architecture the model file records (the forward pass's case; whether its layers
+    /// hold experts or Gated DeltaNets is that row's).
+    pub architecture: &'static Architecture,
     /// The text model's keys may be under `text_config` (a vision-language checkpoint's).
     pub text_config: bool,
     pub head_dim: HeadDim,
     /// `rope_theta` when neither the top level nor `rope_parameters` gives it.
     pub rope_theta: f64,
     pub attention: Attention,
-    /// Qwen3.5's layers: Gated DeltaNets among gated attention layers that rotate part of each
-    /// head.
-    pub hybrid: bool,
-    /// Every MLP (or, with `mlp_only_layers`, most) a mixture of experts.
-    pub moe: bool,
     /// The router renormalises the chosen experts' probabilities whatever config.json's
     /// `norm_topk_prob` says (`Qwen3_5MoeTopKRouter`, `Qwen3VLMoeTextTopKRouter`); otherwise the
     /// key decides, as in `Qwen3MoeSparseMoeBlock`.
@@ -62,53 +61,45 @@ pub static FAMILIES: [Family; 8] = [
     Family {
         checkpoints: &["Qwen3ForCausalLM"],
         model_types: &["qwen3"],
-        architecture: "Qwen3ForCausalLM",
+        architecture: &QWEN3,
         text_config: false,
         head_dim: HeadDim::Default(128),
         rope_theta: 10_000.0,
         attention: Attention::Qwen3,
-        hybrid: false,
-        moe: false,
         renormalises: false,
         expert_defaults: [0, 0, 0],
     },
     Family {
         checkpoints: &["Qwen2ForCausalLM"],
         model_types: &["qwen2"],
-        architecture: "Qwen2ForCausalLM",
+        architecture: &QWEN2,
         text_config: false,
         head_dim: HeadDim::Ratio,
         rope_theta: 10_000.0,
         attention: Attention::Qwen2,
-        hybrid: false,
-        moe: false,
         renormalises: false,
         expert_defaults: [0, 0, 0],
     },
     Family {
         checkpoints: &["Qwen3MoeForCausalLM"],
         model_types: &["qwen3_moe"],
-        architecture: "Qwen3MoeForCausalLM",
+        architecture: &QWEN3_MOE,
         text_config: false,
         head_dim: HeadDim::Ratio,
         rope_theta: 10_000.0,
         attention: Attention::Qwen3,
-        hybrid: false,
-        moe: true,
         renormalises: false,
         expert_defaults: [128, 8, 768],
     },
     // Qwen3-Next: Qwen3.5-MoE's layers, its keys at the top, kept under its own name.
     Family {
-        checkpoints: &[qwen3_5::NEXT_ARCHITECTURE],
+        checkpoints: &[QWEN3_NEXT.name],
         model_types: &["qwen3_next"],
-        architecture: qwen3_5::NEXT_ARCHITECTURE,
+        architecture: &QWEN3_NEXT,
         text_config: false,
         head_dim: HeadDim::Default(qwen3_5::DEFAULT_HEAD_DIM),
         rope_theta: 10_000.0,
         attention: Attention::Qwen3,
-        hybrid: true,
-        moe: true,
         renormalises: false,
         expert_defaults: [512, 10, 512],
     },
@@ -116,26 +107,22 @@ pub static FAMILIES: [Family; 8] = [
     Family {
         checkpoints: &qwen3_5::CHECKPOINTS,
         model_types: &["qwen3_5", "qwen3_5_text"],
-        architecture: qwen3_5::ARCHITECTURE,
+        architecture: &QWEN3_5,
         text_config: true,
         head_dim: HeadDim::Default(qwen3_5::DEFAULT_HEAD_DIM),
         rope_theta: 10_000.0,
         attention: Attention::Qwen3,
-        hybrid: true,
-        moe: false,
         renormalises: false,
         expert_defaults: [0, 0, 0],
     },
     Family {
         checkpoints: &qwen3_5::MOE_CHECKPOINTS,
         model_types: &["qwen3_5_moe", "qwen3_5_moe_text"],
-        architecture: qwen3_5::MOE_ARCHITECTURE,
+        architecture: &QWEN3_5_MOE,
         text_config: true,
         head_dim: HeadDim::Default(qwen3_5::DEFAULT_HEAD_DIM),
         rope_theta: 10_000.0,
         attention: Attention::Qwen3,
-        hybrid: true,
-        moe: true,
         renormalises: true,
         expert_defaults: [128, 8, 512],
     },
@@ -144,13 +131,11 @@ pub static FAMILIES: [Family; 8] = [
     Family {
         checkpoints: &[vision::QWEN3_VL],
         model_types: &[],
-        architecture: "Qwen3ForCausalLM",
+        architecture: &QWEN3,
         text_config: true,
         head_dim: HeadDim::Default(128),
         rope_theta: 500_000.0,
         attention: Attention::Qwen3,
-        hybrid: false,
-        moe: false,
         renormalises: false,
         expert_defaults: [0, 0, 0],
     },
@@ -160,13 +145,11 @@ pub static FAMILIES: [Family; 8] = [
     Family {
         checkpoints: &[vision::QWEN3_VL_MOE],
         model_types: &[],
-        architecture: "Qwen3MoeForCausalLM",
+        architecture: &QWEN3_MOE,
         text_config: true,
         head_dim: HeadDim::Ratio,
         rope_theta: 500_000.0,
         attention: Attention::Qwen3,
-        hybrid: false,
-        moe: true,
         renormalises: true,
         expert_defaults: [60, 4, 1408],
     },
@@ -203,9 +186,9 @@ mod tests {
         use qwen3_inference::format::ARCHITECTURES;
         for f in &FAMILIES {
             assert!(
-                ARCHITECTURES.contains(&f.architecture),
+                ARCHITECTURES.contains(f.architecture),
                 "{}",
-                f.architecture
+                f.architecture.name
             );
             for c in f.checkpoints {
                 assert!(

@@ -41,12 +41,11 @@
 use super::checkpoint::{Checkpoint, TensorMeta};
 use super::config::get_u32;
 use anyhow::{bail, Context, Result};
-use qwen3_inference::format::{LayerType, LinearAttentionConfig, ModelConfig, ValueHeads};
+use qwen3_inference::format::architecture::QWEN3_NEXT;
+use qwen3_inference::format::{
+    Architecture, LayerType, LinearAttentionConfig, ModelConfig, ValueHeads,
+};
 use serde_json::{Map, Value};
-
-/// The architecture a Qwen3.5 checkpoint exports as, and a Qwen3.5-MoE one.
-pub const ARCHITECTURE: &str = "Qwen3_5ForCausalLM";
-pub const MOE_ARCHITECTURE: &str = "Qwen3_5MoeForCausalLM";
 
 /// The checkpoints' `architectures` this family reads: dense, and with experts (Qwen3.5-35B-A3B,
 /// Qwen3.6-35B-A3B: every MLP a mixture of experts with a shared expert).
@@ -56,12 +55,10 @@ pub const MOE_CHECKPOINTS: [&str; 2] = [
     "Qwen3_5MoeForCausalLM",
 ];
 
-/// Qwen3-Next: the checkpoint's architecture, and the file's.
-pub const NEXT_ARCHITECTURE: &str = "Qwen3NextForCausalLM";
-
-/// Whether a file's architecture is this family's.
+/// Whether a file's architecture is this family's (Qwen3.5, Qwen3.5-MoE, Qwen3-Next: Gated
+/// DeltaNets among gated attention layers).
 fn family(c: &ModelConfig) -> bool {
-    [ARCHITECTURE, MOE_ARCHITECTURE, NEXT_ARCHITECTURE].contains(&c.architecture.as_str())
+    Architecture::named(&c.architecture).is_some_and(|a| a.linear_attention)
 }
 
 /// `partial_rotary_factor` when a Qwen3.5 config does not say (`Qwen3_5TextConfig.__post_init__`).
@@ -155,7 +152,7 @@ pub fn source(ckpt: &Checkpoint, c: &ModelConfig, name: &str) -> Result<Option<T
             return Ok(Some(Checkpoint::row_runs(&q, first, hd, 2 * hd)?));
         }
     }
-    if c.architecture == NEXT_ARCHITECTURE {
+    if c.architecture == QWEN3_NEXT.name {
         if let Some(t) = next_projection(ckpt, c, name)? {
             return Ok(Some(t));
         }

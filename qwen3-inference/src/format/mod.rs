@@ -25,9 +25,11 @@ pub mod reader;
 pub mod view;
 pub mod writer;
 
+pub use config::architecture;
 pub use config::{
-    EmbeddingConfig, GenerationDefaults, ImageProcessor, LayerType, LinearAttentionConfig,
-    ModelConfig, MoeConfig, RopeScaling, ValueHeads, VisionConfig, VisionInput, ARCHITECTURES,
+    Architecture, EmbeddingConfig, GenerationDefaults, ImageProcessor, LayerType,
+    LinearAttentionConfig, ModelConfig, MoeConfig, RopeScaling, ValueHeads, VisionConfig,
+    VisionInput, ARCHITECTURES,
 };
 pub use reader::ModelFile;
 pub use view::TensorView;
@@ -594,7 +596,7 @@ mod tests {
             linear_conv_kernel_dim: 4,
             value_heads: Default::default(),
         });
-        c.architecture = "Qwen3_5ForCausalLM".into();
+        c.architecture = architecture::QWEN3_5.name.into();
         let specs = tensor_specs(&c);
         let layers = |suffix: &str, dtype: DType| -> Vec<u32> {
             specs

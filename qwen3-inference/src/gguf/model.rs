@@ -49,8 +49,8 @@ use super::repack::Legacy;
 use super::{GgufHeader, GgufTensor, Value};
 use crate::format::reader::{Header, TensorInfo};
 use crate::format::{
-    align_up, tensor_nbytes, DType, GenerationDefaults, KQuant, LayerType, LinearAttentionConfig,
-    ModelConfig, MoeConfig, RopeScaling, ValueHeads, K_BLOCK,
+    align_up, tensor_nbytes, Architecture, DType, GenerationDefaults, KQuant, LayerType,
+    LinearAttentionConfig, ModelConfig, MoeConfig, RopeScaling, ValueHeads, K_BLOCK,
 };
 use anyhow::{bail, ensure, Context, Result};
 
@@ -145,20 +145,15 @@ impl<'a> Keys<'a> {
 pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
     let keys = Keys::of(h)?;
     let arch = keys.arch;
-    let (architecture, attention_bias, qk_norm) = match arch {
-        "qwen3" => ("Qwen3ForCausalLM", false, true),
-        "qwen2" => ("Qwen2ForCausalLM", true, false),
-        "qwen3moe" => ("Qwen3MoeForCausalLM", false, true),
-        "qwen35" => ("Qwen3_5ForCausalLM", false, true),
-        "qwen35moe" => ("Qwen3_5MoeForCausalLM", false, true),
-        "qwen3next" => ("Qwen3NextForCausalLM", false, true),
-        a => bail!(
-            "GGUF architecture {a}: the families read are qwen3, qwen2, qwen3moe, qwen35, \
-             qwen35moe and qwen3next"
-        ),
+    let Some(row) = Architecture::of_gguf(arch) else {
+        bail!(
+            "GGUF architecture {arch}: the families read are {}",
+            Architecture::list(|a| a.gguf)
+        );
     };
+    let (architecture, attention_bias, qk_norm) = (row.name, row.attention_bias, row.qk_norm);
     // Qwen3.5 and 3.6, and Qwen3-Next before them: Gated DeltaNets among gated attention layers.
-    let hybrid = arch.starts_with("qwen35") || arch == "qwen3next";
+    let hybrid = row.linear_attention;
     // Long-context RoPE (YaRN) is written as rope.scaling.*: not read yet, so refused rather
     // than run without it.
     if let Some(v) = keys.get("rope.scaling.type") {

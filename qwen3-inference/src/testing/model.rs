@@ -10,7 +10,7 @@ use std::path::Path;
 
 pub fn config(dtype: DType) -> ModelConfig {
     ModelConfig {
-        architecture: "Qwen3ForCausalLM".into(),
+        architecture: crate::format::architecture::QWEN3.name.into(),
         hidden_size: 32,
         intermediate_size: 48,
         num_hidden_layers: 2,
@@ -48,7 +48,7 @@ pub fn config(dtype: DType) -> ModelConfig {
 pub fn qwen3_5_config(dtype: DType) -> ModelConfig {
     use crate::format::{LayerType::*, LinearAttentionConfig};
     ModelConfig {
-        architecture: "Qwen3_5ForCausalLM".into(),
+        architecture: crate::format::architecture::QWEN3_5.name.into(),
         num_hidden_layers: 4,
         partial_rotary_factor: 0.25,
         attn_output_gate: true,
@@ -74,7 +74,7 @@ pub fn qwen3_5_config(dtype: DType) -> ModelConfig {
 /// with YaRN (factor 4 over 16 original positions) so the tables differ from plain RoPE's.
 pub fn moe_config(dtype: DType) -> ModelConfig {
     ModelConfig {
-        architecture: "Qwen3MoeForCausalLM".into(),
+        architecture: crate::format::architecture::QWEN3_MOE.name.into(),
         num_hidden_layers: 3,
         rope_scaling: RopeScaling::Yarn {
             factor: 4.0,

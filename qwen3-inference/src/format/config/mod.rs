@@ -21,7 +21,7 @@ pub struct GenerationDefaults {
 /// The model's hyper-parameters, named as in HuggingFace's `Qwen3Config` / `Qwen2Config`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
-    /// `architectures[0]` of config.json: one of [`ARCHITECTURES`].
+    /// `architectures[0]` of config.json: one of [`ARCHITECTURES`]' names.
     pub architecture: String,
     pub hidden_size: u32,
     pub intermediate_size: u32,
@@ -254,34 +254,6 @@ impl MoeConfig {
     }
 }
 
-/// The architectures whose forward pass this crate runs (`config.json`'s `architectures`). They
-/// differ only in data: Qwen2 has q/k/v biases and no q/k norms (see [`ModelConfig::qk_norm`]);
-/// Qwen3-MoE is Qwen3 with mixture-of-experts MLPs (see [`ModelConfig::moe`]).
-/// Qwen3.5 is Qwen3 with Gated DeltaNet layers among gated attention ones (see
-/// [`ModelConfig::linear_attention`]); the exporter reads its multimodal checkpoints'
-/// text model under this name. Qwen3-Next computes what Qwen3.5-MoE does (its router's
-/// renormalisation and its dense layers as its config says).
-pub const ARCHITECTURES: [&str; 6] = [
-    "Qwen3ForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3MoeForCausalLM",
-    "Qwen3_5ForCausalLM",
-    "Qwen3_5MoeForCausalLM",
-    "Qwen3NextForCausalLM",
-];
-
-/// The architectures with mixture-of-experts MLPs, and those with Gated DeltaNet layers.
-const WITH_EXPERTS: [&str; 3] = [
-    "Qwen3MoeForCausalLM",
-    "Qwen3_5MoeForCausalLM",
-    "Qwen3NextForCausalLM",
-];
-const WITH_LINEAR_ATTENTION: [&str; 3] = [
-    "Qwen3_5ForCausalLM",
-    "Qwen3_5MoeForCausalLM",
-    "Qwen3NextForCausalLM",
-];
-
 /// Sentinel for "absent" in the optional u32 fields.
 const NONE_U32: u32 = u32::MAX;
 
@@ -390,13 +362,13 @@ impl ModelConfig {
             ("vocab_size", self.vocab_size),
             ("max_position_embeddings", self.max_position_embeddings),
         ];
-        if !ARCHITECTURES.contains(&self.architecture.as_str()) {
+        let Some(architecture) = Architecture::named(&self.architecture) else {
             bail!(
                 "config: architecture {} is not supported (supported: {})",
                 self.architecture,
-                ARCHITECTURES.join(", ")
+                Architecture::list(|a| a.name)
             );
-        }
+        };
         for (name, v) in positive {
             if v == 0 {
                 bail!("config: {name} is 0");
@@ -449,7 +421,7 @@ impl ModelConfig {
                 );
             }
         }
-        if WITH_EXPERTS.contains(&self.architecture.as_str()) != self.moe.is_some() {
+        if architecture.experts != self.moe.is_some() {
             bail!(
                 "config: {} {} experts",
                 self.architecture,
@@ -470,9 +442,7 @@ impl ModelConfig {
         if rot == 0 || !rot.is_multiple_of(2) {
             bail!("config: RoPE would rotate {rot} dimensions of each head; it rotates pairs");
         }
-        if WITH_LINEAR_ATTENTION.contains(&self.architecture.as_str())
-            != self.linear_attention.is_some()
-        {
+        if architecture.linear_attention != self.linear_attention.is_some() {
             bail!(
                 "config: {} {} linear attention layers",
                 self.architecture,
@@ -610,9 +580,11 @@ impl ModelConfig {
     }
 }
 
+pub mod architecture;
 mod codec;
 pub mod vision;
 
+pub use architecture::{Architecture, ARCHITECTURES};
 pub use vision::{ImageProcessor, VisionConfig, VisionInput};
 #[cfg(test)]
 pub(crate) mod tests;
