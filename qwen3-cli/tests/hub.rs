@@ -646,8 +646,8 @@ fn a_split_gguf_comes_in_all_its_parts() {
     let lines: Vec<&str> = listed.lines().filter(|l| l.contains("tiny-GGUF")).collect();
     assert_eq!(lines.len(), 1, "{listed}");
     assert!(lines[0].starts_with("test-org/tiny-GGUF:Q8_0 "), "{listed}");
-    // A part gone from the cache: the file is not there offline, and online only that part
-    // comes again.
+    // A part gone from the cache: offline, one line names it; online only that part comes
+    // again.
     let snapshots = cache.join("models--test-org--tiny-GGUF/snapshots");
     let snapshot = std::fs::read_dir(&snapshots)
         .unwrap()
@@ -658,6 +658,14 @@ fn a_split_gguf_comes_in_all_its_parts() {
     std::fs::remove_file(snapshot.join(part(2))).unwrap();
     let offline = run("test-org/tiny-GGUF:Q8_0", &[("HF_HUB_OFFLINE", "1")]);
     assert!(!offline.status.success(), "{}", err(&offline));
+    let e = err(&offline);
+    assert!(
+        e.contains("split in parts, of which the cache lacks")
+            && e.contains(&part(2))
+            && e.contains("offline")
+            && e.lines().count() == 1,
+        "{e}"
+    );
     let before = mirror.seen().len();
     let again = run("test-org/tiny-GGUF:Q8_0", &[]);
     ok(&again);

@@ -95,11 +95,14 @@ pub fn pick(r: &GgufRef, files: &[String], whole: bool) -> Result<String> {
                 names.join(", ")
             )
         }
-        [(_, Some(missing))] => bail!(
-            "{r}: {quant} is a GGUF file split in parts, of which {} lacks {}",
-            if whole { "the repository" } else { "the cache" },
-            missing.join(", ")
-        ),
+        [(_, Some(missing))] => Err(MissingParts {
+            what: format!(
+                "{r}: {quant} is a GGUF file split in parts, of which {}",
+                if whole { "the repository" } else { "the cache" }
+            ),
+            missing: missing.clone(),
+        }
+        .into()),
         many => {
             let names: Vec<&str> = many.iter().map(|(f, _)| f.as_str()).collect();
             bail!(
@@ -110,6 +113,22 @@ pub fn pick(r: &GgufRef, files: &[String], whole: bool) -> Result<String> {
         }
     }
 }
+
+/// A file split in parts, some of which are not there: which, and where they were looked for.
+#[derive(Debug)]
+pub struct MissingParts {
+    /// "ORG/NAME:QUANT: Q4_K_M is a GGUF file split in parts, of which the cache".
+    what: String,
+    missing: Vec<String>,
+}
+
+impl std::fmt::Display for MissingParts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} lacks {}", self.what, self.missing.join(", "))
+    }
+}
+
+impl std::error::Error for MissingParts {}
 
 /// `names` one entry a file, in order: a file's name, or a split file's first part's with the
 /// parts `names` lacks (`None`: it has them all).
@@ -178,11 +197,37 @@ fn snapshot_files(dir: &Path) -> Vec<String> {
 /// downloaded into it (unless `offline`).
 pub fn gguf_file(r: &GgufRef, offline: bool) -> Result<PathBuf> {
     let root = super::cache::hub_cache();
-    let cached = super::cache::snapshot_dir(&root, &r.repo).and_then(|dir| {
-        let first = pick(r, &snapshot_files(&dir), false).ok()?;
-        let opens = |f: &String| std::fs::File::open(dir.join(f)).is_ok();
-        parts(&first).iter().all(opens).then(|| dir.join(first))
+    let snapshot = super::cache::snapshot_dir(&root, &r.repo);
+    let found = snapshot.as_ref().map(|dir| -> Result<PathBuf> {
+        let first = pick(r, &snapshot_files(dir), false)?;
+        let gone: Vec<String> = (parts(&first).into_iter())
+            .filter(|p| std::fs::File::open(dir.join(p)).is_err())
+            .collect();
+        if gone.is_empty() {
+            return Ok(dir.join(first));
+        }
+        Err(MissingParts {
+            what: format!("{r}: the cache (a link to a blob that is gone does not count)"),
+            missing: gone,
+        }
+        .into())
     });
+    let cached = match found {
+        Some(Ok(path)) => Some(path),
+        // Offline, a split file the cache holds part of is named with what it lacks, not
+        // reported as absent (online, the download fetches only the missing parts).
+        Some(Err(e)) if offline && e.is::<MissingParts>() => bail!(
+            "{e}, and offline (--offline or HF_HUB_OFFLINE) forbids downloading {}",
+            if e.downcast_ref::<MissingParts>()
+                .is_some_and(|m| m.missing.len() == 1)
+            {
+                "it"
+            } else {
+                "them"
+            }
+        ),
+        _ => None,
+    };
     super::cached_or_downloaded(super::Wanted::Gguf(r), &root, cached, offline)
 }
 
