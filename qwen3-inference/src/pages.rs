@@ -125,6 +125,26 @@ pub fn huge_page_share(addr: *const u8) -> Option<PageShare> {
     parse_smaps(&smaps, addr as usize)
 }
 
+/// The [`PageShare`]s of the mappings that hold `addrs`, added up (a GGUF file split in parts,
+/// each part its own mapping), from one read of `/proc/self/smaps`; `None` as above for any.
+pub fn huge_page_share_of(addrs: impl IntoIterator<Item = *const u8>) -> Option<PageShare> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    sum_of(&smaps, addrs)
+}
+
+fn sum_of(smaps: &str, addrs: impl IntoIterator<Item = *const u8>) -> Option<PageShare> {
+    let mut sum = PageShare {
+        resident_bytes: 0,
+        huge_bytes: 0,
+    };
+    for addr in addrs {
+        let share = parse_smaps(smaps, addr as usize)?;
+        sum.resident_bytes += share.resident_bytes;
+        sum.huge_bytes += share.huge_bytes;
+    }
+    Some(sum)
+}
+
 /// Finds the entry of `smaps` whose address range holds `addr` and reads its `Rss`, and its huge
 /// page lines: `FilePmdMapped` for a file mapping, `AnonHugePages` for an anonymous one (both in
 /// kB; see proc(5)).
@@ -190,6 +210,15 @@ AnonHugePages:    616448 kB
 ShmemPmdMapped:        0 kB
 FilePmdMapped:         0 kB
 ";
+
+    #[test]
+    fn the_shares_of_several_mappings_add_up() {
+        let addrs = [0x7fa964e00000usize, 0x7fa98bc00000].map(|a| a as *const u8);
+        let both = sum_of(SMAPS, addrs).unwrap();
+        assert_eq!(both.resident_bytes, 2 * 618672 * 1024);
+        assert_eq!(both.huge_bytes, (587776 + 616448) * 1024);
+        assert_eq!(sum_of(SMAPS, [0x10usize as *const u8]), None);
+    }
 
     #[test]
     fn reads_the_entry_holding_the_address() {

@@ -122,6 +122,11 @@ impl MappedParts {
         &self.parts[0].1
     }
 
+    /// Each file's bytes, in order.
+    pub fn parts(&self) -> impl Iterator<Item = &[u8]> {
+        self.parts.iter().map(|(_, m)| &m[..])
+    }
+
     /// The whole run as one slice, when it is one file.
     pub fn whole(&self) -> Option<&[u8]> {
         match self.parts.as_slice() {

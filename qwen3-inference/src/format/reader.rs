@@ -432,10 +432,10 @@ impl ModelFile {
         &self.header.config
     }
 
-    /// How much of the mapped file (its first part) is resident, and how much of it through
-    /// 2 MiB pages (Linux).
+    /// How much of the mapped file (every part of a split GGUF file) is resident, and how much of
+    /// it through 2 MiB pages (Linux).
     pub fn page_share(&self) -> Option<PageShare> {
-        pages::huge_page_share(self.mmap.first().as_ptr())
+        pages::huge_page_share_of(self.mmap.parts().map(<[u8]>::as_ptr))
     }
 
     /// The mapped bytes (every part's, for a split GGUF file).
