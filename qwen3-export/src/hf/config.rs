@@ -12,7 +12,7 @@
 //! `attention_bias` says so (`modeling_qwen2.py`, `modeling_qwen3.py`). Qwen2's head_dim
 //! defaults to hidden / heads, Qwen3's to 128.
 
-use super::family::{self, Attention, Family, HeadDim};
+use super::family::{self, Family, HeadDim};
 use super::qwen3_5;
 use anyhow::{bail, Context, Result};
 use qwen3_inference::format::architecture::{QWEN3_5_MOE, QWEN3_NEXT};
@@ -130,9 +130,11 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         obj = qwen3_5::text_config(top)?;
     }
     let architecture = family.architecture.name.to_string();
+    // Qwen2's attention (`Qwen2Attention`): q/k/v biases always, no q/k norms; Qwen3's has the
+    // norms, and biases only when `attention_bias` says so.
     let (hybrid, qwen2) = (
         family.architecture.linear_attention,
-        family.attention == Attention::Qwen2,
+        !family.architecture.qk_norm,
     );
     let hybrid_moe = hybrid && family.architecture.experts;
 

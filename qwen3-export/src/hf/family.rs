@@ -12,15 +12,6 @@ use qwen3_inference::format::architecture::{
     Architecture, QWEN2, QWEN3, QWEN3_5, QWEN3_5_MOE, QWEN3_MOE, QWEN3_NEXT,
 };
 
-/// How a family's attention projections and norms look.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Attention {
-    /// `Qwen2Attention`: q/k/v biases always (`bias=True`), no q/k norms.
-    Qwen2,
-    /// `Qwen3Attention`: q/k norms; biases only when `attention_bias` says so.
-    Qwen3,
-}
-
 /// What `head_dim` is when config.json does not say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeadDim {
@@ -46,7 +37,6 @@ pub struct Family {
     pub head_dim: HeadDim,
     /// `rope_theta` when neither the top level nor `rope_parameters` gives it.
     pub rope_theta: f64,
-    pub attention: Attention,
     /// The router renormalises the chosen experts' probabilities whatever config.json's
     /// `norm_topk_prob` says (`Qwen3_5MoeTopKRouter`, `Qwen3VLMoeTextTopKRouter`); otherwise the
     /// key decides, as in `Qwen3MoeSparseMoeBlock`.
@@ -65,7 +55,6 @@ pub static FAMILIES: [Family; 8] = [
         text_config: false,
         head_dim: HeadDim::Default(128),
         rope_theta: 10_000.0,
-        attention: Attention::Qwen3,
         renormalises: false,
         expert_defaults: [0, 0, 0],
     },
@@ -76,7 +65,6 @@ pub static FAMILIES: [Family; 8] = [
         text_config: false,
         head_dim: HeadDim::Ratio,
         rope_theta: 10_000.0,
-        attention: Attention::Qwen2,
         renormalises: false,
         expert_defaults: [0, 0, 0],
     },
@@ -87,7 +75,6 @@ pub static FAMILIES: [Family; 8] = [
         text_config: false,
         head_dim: HeadDim::Ratio,
         rope_theta: 10_000.0,
-        attention: Attention::Qwen3,
         renormalises: false,
         expert_defaults: [128, 8, 768],
     },
@@ -99,7 +86,6 @@ pub static FAMILIES: [Family; 8] = [
         text_config: false,
         head_dim: HeadDim::Default(qwen3_5::DEFAULT_HEAD_DIM),
         rope_theta: 10_000.0,
-        attention: Attention::Qwen3,
         renormalises: false,
         expert_defaults: [512, 10, 512],
     },
@@ -111,7 +97,6 @@ pub static FAMILIES: [Family; 8] = [
         text_config: true,
         head_dim: HeadDim::Default(qwen3_5::DEFAULT_HEAD_DIM),
         rope_theta: 10_000.0,
-        attention: Attention::Qwen3,
         renormalises: false,
         expert_defaults: [0, 0, 0],
     },
@@ -122,7 +107,6 @@ pub static FAMILIES: [Family; 8] = [
         text_config: true,
         head_dim: HeadDim::Default(qwen3_5::DEFAULT_HEAD_DIM),
         rope_theta: 10_000.0,
-        attention: Attention::Qwen3,
         renormalises: true,
         expert_defaults: [128, 8, 512],
     },
@@ -135,7 +119,6 @@ pub static FAMILIES: [Family; 8] = [
         text_config: true,
         head_dim: HeadDim::Default(128),
         rope_theta: 500_000.0,
-        attention: Attention::Qwen3,
         renormalises: false,
         expert_defaults: [0, 0, 0],
     },
@@ -149,7 +132,6 @@ pub static FAMILIES: [Family; 8] = [
         text_config: true,
         head_dim: HeadDim::Ratio,
         rope_theta: 500_000.0,
-        attention: Attention::Qwen3,
         renormalises: true,
         expert_defaults: [60, 4, 1408],
     },
