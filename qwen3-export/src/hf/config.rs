@@ -130,8 +130,7 @@ pub fn parse_config(json: &Value) -> Result<ModelConfig> {
         obj = qwen3_5::text_config(top)?;
     }
     let architecture = family.architecture.name.to_string();
-    // Qwen2's attention (`Qwen2Attention`): q/k/v biases always, no q/k norms; Qwen3's has the
-    // norms, and biases only when `attention_bias` says so.
+    // Qwen2's attention (`Qwen2Attention`): q/k/v biases always, no q/k norms.
     let (hybrid, qwen2) = (
         family.architecture.linear_attention,
         !family.architecture.qk_norm,
