@@ -51,6 +51,30 @@ fn cuda_without_the_feature_is_one_line() {
     }
 }
 
+/// The other commands that run a model read `--device` the same way, before the model file.
+#[test]
+fn every_command_refuses_cuda_without_the_feature_in_one_line() {
+    if cfg!(feature = "cuda") {
+        return; // the inference test above covers a CUDA build without a driver
+    }
+    let commands: [&[&str]; 3] = [
+        &["embed", "no-such.bin", "-i", "x"],
+        &["rerank", "no-such.bin", "-q", "q", "a document"],
+        &["perplexity", "no-such.bin", "-f", "no-such.txt"],
+    ];
+    for command in commands {
+        let mut args = command.to_vec();
+        args.extend(["--device", "cuda"]);
+        let (code, err) = run(&args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains("built without CUDA support"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
 #[test]
 fn unknown_device_is_refused() {
     let (code, err) = run(&["inference", "no-such.bin", "-i", "hi", "--device", "gpu"]);

@@ -678,5 +678,21 @@ fn a_split_gguf_comes_in_all_its_parts() {
         !refetched.is_empty() && refetched.iter().all(|p| *p == part(2)),
         "{refetched:?}"
     );
+    // A part whose blob is gone (its link left dangling): offline, named as missing too.
+    let link = snapshot.join(part(3));
+    let blob = link
+        .parent()
+        .unwrap()
+        .join(std::fs::read_link(&link).unwrap());
+    std::fs::remove_file(blob).unwrap();
+    let offline = run("test-org/tiny-GGUF:Q8_0", &[("HF_HUB_OFFLINE", "1")]);
+    let e = err(&offline);
+    assert!(
+        !offline.status.success()
+            && e.contains(&format!("the cache lacks {}", part(3)))
+            && e.contains("blobs that are gone")
+            && e.lines().count() == 1,
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -120,9 +120,14 @@ fn matches_huggingface(file: &str) {
     // backend's textbook loops (both models loaded by the one path every command takes), where
     // the perplexity is HF's too.
     for device in ["cpu", "plain"] {
-        let mut a = args(&f32, Some(&f32));
-        a.extend(["--device".into(), device.into()]);
-        let out = run(a);
+        let mut a = vec!["perplexity".to_string()];
+        a.extend(args(&f32, Some(&f32)));
+        a.extend(["--device".into(), device.into(), "--verbose".into()]);
+        let o = qwen3(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert!(err.contains(&format!("device: {device}")), "{err}");
+        let out = String::from_utf8(o.stdout).unwrap();
         assert_eq!(number(&out, "KL(base || model)", "max"), 0.0, "{out}");
         assert_eq!(number(&out, "top-1 agreement", "(") as u64, positions);
         let got = number(&out, "perplexity", "perplexity");

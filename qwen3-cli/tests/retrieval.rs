@@ -48,11 +48,14 @@ fn embed_gives_sentence_transformers_vectors() {
             "--device",
             device,
         ]);
+        cmd.arg("--verbose");
         for c in cases {
             cmd.args(["-i", c["text"].as_str().unwrap()]);
         }
         let o = cmd.output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert!(err.contains(&format!("device: {device}")), "{err}");
         let got = lines(&o.stdout);
         assert_eq!(got.len(), cases.len());
         for (g, c) in got.iter().zip(cases) {
@@ -137,7 +140,7 @@ fn rerank_gives_transformers_scores() {
             "--device",
             device,
         ]);
-        cmd.args(["-q", case["query"].as_str().unwrap()]);
+        cmd.args(["-q", case["query"].as_str().unwrap(), "--verbose"]);
         if let Some(i) = case["instruction"].as_str() {
             cmd.args(["--instruction", i]);
         }
@@ -145,7 +148,9 @@ fn rerank_gives_transformers_scores() {
             cmd.arg(w["document"].as_str().unwrap());
         }
         let o = cmd.output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert!(err.contains(&format!("device: {device}")), "{err}");
         let mut last = f64::INFINITY;
         let out = String::from_utf8(o.stdout).unwrap();
         for line in out.lines() {

@@ -59,8 +59,9 @@ const CUDA_DRAFT: &str =
 /// A command's work with a model on a backend: written once, run on whichever device was asked.
 pub trait OnDevice {
     type Out;
-    /// Runs on `backend` with `model` (and `draft`, `--draft-model`'s weights, if any); `about`
-    /// says where, for `--verbose` and the logs.
+    /// Runs on `backend` with `model` (and `draft`, a second model on the same device if the
+    /// command has one: `--draft-model`'s weights, or perplexity's `--base`); `about` says
+    /// where, for `--verbose` and the logs.
     fn run<'m, B: Backend>(
         self,
         backend: &'m B,

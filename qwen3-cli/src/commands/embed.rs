@@ -45,6 +45,9 @@ pub struct EmbedArgs {
     /// `--features cuda`).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Say on stderr where it runs (the device, threads and kernels).
+    #[arg(long)]
+    pub verbose: bool,
 }
 
 /// Texts embedded, or pairs reranked, at once (each a sequence of the engine).
@@ -89,6 +92,7 @@ pub fn run(args: EmbedArgs) -> Result<()> {
         context,
         logits: false,
         what: "text",
+        verbose: args.verbose,
     };
     let vectors = device::run_on(device, &file, None, work)?;
     let mut out = std::io::stdout().lock();
@@ -110,6 +114,8 @@ pub(super) struct LastRows {
     pub context: usize,
     pub logits: bool,
     pub what: &'static str,
+    /// `--verbose`: say where it runs.
+    pub verbose: bool,
 }
 
 impl OnDevice for LastRows {
@@ -120,8 +126,11 @@ impl OnDevice for LastRows {
         backend: &'m B,
         model: &'m Model<'m, B::Tensor>,
         _draft: Option<&'m Model<'m, B::Tensor>>,
-        _about: &str,
+        about: &str,
     ) -> Result<Self::Out> {
+        if self.verbose {
+            eprintln!("device: {about}");
+        }
         let cfg = EngineConfig {
             slots: SLOTS,
             max_queue: self.prompts.len().max(1),

@@ -58,6 +58,9 @@ pub struct PerplexityArgs {
     /// `--features cuda`; without --base: the CUDA backend holds one model's weights).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Say on stderr where it runs (the device, threads and kernels).
+    #[arg(long)]
+    pub verbose: bool,
 }
 
 /// What one scored position adds up.
@@ -119,6 +122,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         tokens: &tokens,
         n_chunks,
         ctx: args.ctx,
+        verbose: args.verbose,
     };
     let mut t = device::run_on(device, &file, base_file.as_ref(), score)?;
     print_report(&args, &file, tokens.len(), n_chunks, &mut t);
@@ -131,6 +135,8 @@ struct Score<'t> {
     tokens: &'t [u32],
     n_chunks: usize,
     ctx: usize,
+    /// `--verbose`: say where it runs.
+    verbose: bool,
 }
 
 impl OnDevice for Score<'_> {
@@ -141,8 +147,11 @@ impl OnDevice for Score<'_> {
         backend: &'m B,
         model: &'m Model<'m, B::Tensor>,
         base: Option<&'m Model<'m, B::Tensor>>,
-        _about: &str,
+        about: &str,
     ) -> Result<Totals> {
+        if self.verbose {
+            eprintln!("device: {about}");
+        }
         score(backend, model, base, self)
     }
 }
@@ -155,6 +164,7 @@ fn score<B: Backend>(
         tokens,
         n_chunks,
         ctx,
+        ..
     }: Score,
 ) -> Result<Totals> {
     let c = &model.config;

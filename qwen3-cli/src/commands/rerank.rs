@@ -34,6 +34,9 @@ pub struct RerankArgs {
     /// `--features cuda`).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Say on stderr where it runs (the device, threads and kernels).
+    #[arg(long)]
+    pub verbose: bool,
 }
 
 pub fn run(args: RerankArgs) -> Result<()> {
@@ -66,6 +69,7 @@ pub fn run(args: RerankArgs) -> Result<()> {
         context,
         logits: true,
         what: "document",
+        verbose: args.verbose,
     };
     let rows = device::run_on(device, &file, None, work)?;
     let mut ranked: Vec<(usize, f64)> =

@@ -101,6 +101,7 @@ pub fn pick(r: &GgufRef, files: &[String], whole: bool) -> Result<String> {
                 if whole { "the repository" } else { "the cache" }
             ),
             missing: missing.clone(),
+            why: "",
         }
         .into()),
         many => {
@@ -120,11 +121,19 @@ pub struct MissingParts {
     /// "ORG/NAME:QUANT: Q4_K_M is a GGUF file split in parts, of which the cache".
     what: String,
     missing: Vec<String>,
+    /// Why they count as missing, when they are listed but do not open.
+    why: &'static str,
 }
 
 impl std::fmt::Display for MissingParts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} lacks {}", self.what, self.missing.join(", "))
+        write!(
+            f,
+            "{} lacks {}{}",
+            self.what,
+            self.missing.join(", "),
+            self.why
+        )
     }
 }
 
@@ -207,8 +216,9 @@ pub fn gguf_file(r: &GgufRef, offline: bool) -> Result<PathBuf> {
             return Ok(dir.join(first));
         }
         Err(MissingParts {
-            what: format!("{r}: the cache (a link to a blob that is gone does not count)"),
+            what: format!("{r}: the cache"),
             missing: gone,
+            why: " (their links point to blobs that are gone)",
         }
         .into())
     });

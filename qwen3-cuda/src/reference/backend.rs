@@ -45,7 +45,8 @@ fn norm_weight<'t>(w: &TensorView<'t>) -> Result<&'t [f32]> {
     }
 }
 
-/// Its buffers are host vectors: [`host`](qwen3_inference::backend::host)'s memory.
+/// Its buffers are host vectors: [`host`](qwen3_inference::backend::host)'s memory, whose
+/// `scatter_add_rows` is elementwise.cu's arithmetic (per value a product, then a sum).
 impl HostMemory for ReferenceBackend<'_> {}
 
 impl<'a> Backend for ReferenceBackend<'a> {

@@ -65,7 +65,9 @@ pub trait Memory {
     ) -> Result<&'s [f32]>;
 
     /// `x[offset..][..src.len()] = src`: values from the host written into a buffer (an image's
-    /// vectors in place of its tokens' embeddings). The default refuses.
+    /// vectors in place of its tokens' embeddings). The default refuses; host vectors take any
+    /// values. Whether a backend runs images at all is [`Backend::takes_images`], which the engine
+    /// asks before it sends one.
     fn write(&self, _x: &mut Self::Buf, _offset: usize, _src: &[f32]) -> Result<()> {
         bail!("this backend does not take images")
     }
