@@ -21,6 +21,17 @@ fn model(test: &str) -> PathBuf {
     )
 }
 
+/// A model's family is its GGUF architecture's name, as ollama reports it: a Qwen3.5 model's is
+/// `qwen35` (`format::Architecture`'s table), not Qwen3's.
+#[test]
+fn a_hybrid_model_is_listed_in_its_family() {
+    let dir = tempdir("pq-ollama", "family");
+    let m = export_fixture("tiny-qwen3_5-bf16", &dir, DType::F32, 0);
+    let s = Server::start(&m, &["--model-name", "tiny35", "--context", "256"]);
+    let tags = s.get("/api/tags").json();
+    assert_eq!(tags["models"][0]["details"]["family"], "qwen35", "{tags}");
+}
+
 /// The NDJSON lines of a streamed answer.
 fn lines(body: &str) -> Vec<Value> {
     body.lines()
