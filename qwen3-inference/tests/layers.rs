@@ -6,7 +6,7 @@
 //! Read from the sources: every `crate::name` outside comments and tests (a file `tests.rs`, a
 //! folder `tests/`, an inline `mod tests`).
 
-use qwen3_test_support::layers::{files, library_lines, uses};
+use qwen3_test_support::layers::{declared_modules, files, library_lines, uses};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -35,21 +35,12 @@ fn floors(architecture: &str) -> HashMap<String, u32> {
     out
 }
 
-/// The modules lib.rs declares (`pub mod name;`).
-fn modules(src: &Path) -> Vec<String> {
-    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
-    lib.lines()
-        .filter_map(|l| l.strip_prefix("pub mod "))
-        .map(|l| l.trim_end_matches(';').to_string())
-        .collect()
-}
-
 #[test]
 fn modules_use_only_their_floor_and_below() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let src = root.join("src");
     let floors = floors(&std::fs::read_to_string(root.join("../ARCHITECTURE.md")).unwrap());
-    let modules = modules(&src);
+    let modules = declared_modules(&src);
     assert!(modules.len() > 10, "lib.rs lists {modules:?}");
     let unplaced: Vec<&String> = modules
         .iter()

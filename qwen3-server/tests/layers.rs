@@ -5,22 +5,13 @@
 //!
 //! Read from the sources: every `crate::name` outside comments and test modules.
 
-use qwen3_test_support::layers::{files, library_lines, uses};
+use qwen3_test_support::layers::{declared_modules, files, library_lines, uses};
 use std::path::{Path, PathBuf};
-
-/// The modules in lib.rs's order (`pub mod name;`).
-fn order(src: &Path) -> Vec<String> {
-    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
-    lib.lines()
-        .filter_map(|l| l.strip_prefix("pub mod "))
-        .map(|l| l.trim_end_matches(';').to_string())
-        .collect()
-}
 
 #[test]
 fn modules_use_only_those_after_them() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let order = order(&src);
+    let order = declared_modules(&src);
     assert!(order.len() > 10, "lib.rs lists {order:?}");
     let rank = |name: &str| order.iter().position(|m| m == name);
     // Every source file belongs to a listed module (or is lib.rs, or a test file).

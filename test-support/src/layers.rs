@@ -4,6 +4,15 @@
 
 use std::path::{Path, PathBuf};
 
+/// The modules a crate's lib.rs declares (`pub mod name;`), in its order.
+pub fn declared_modules(src: &Path) -> Vec<String> {
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+    lib.lines()
+        .filter_map(|l| l.strip_prefix("pub mod "))
+        .map(|l| l.trim_end_matches(';').to_string())
+        .collect()
+}
+
 /// The files of module `name`: `name.rs`, or `name/` and everything under it.
 pub fn files(src: &Path, name: &str) -> Vec<PathBuf> {
     let file = src.join(format!("{name}.rs"));
