@@ -6,8 +6,8 @@
 //! for bf16, and within half a quantization step for q8. Values are compared with the checkpoint
 //! as read by the `safetensors` crate, not by our reader.
 
-use qwen3_inference::format::view::TensorData;
 use qwen3_inference::format::{DType, ModelFile};
+use qwen3_inference::quant::{Q4, Q6, Q8};
 use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
 use std::collections::HashMap;
@@ -172,10 +172,11 @@ fn every_fixture_exports_faithfully_in_every_dtype() {
                 let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
                 assert_eq!(t.shape, shape, "{name} {}", t.name);
                 let want = to_f32(*sd, bytes);
-                match file.tensor(&t.name).unwrap().data {
-                    TensorData::F32(v) => assert_eq!(v, &want[..], "{name} {dtype} {}", t.name),
-                    TensorData::Bf16(v) => {
-                        for (i, (&b, &w)) in v.iter().zip(&want).enumerate() {
+                let data = file.tensor(&t.name).unwrap().data;
+                match data.dtype() {
+                    DType::F32 => assert_eq!(data.f32(), &want[..], "{name} {dtype} {}", t.name),
+                    DType::Bf16 => {
+                        for (i, (&b, &w)) in data.bf16().iter().zip(&want).enumerate() {
                             assert_eq!(
                                 b,
                                 half::bf16::from_f32(w).to_bits(),
@@ -184,12 +185,13 @@ fn every_fixture_exports_faithfully_in_every_dtype() {
                             );
                         }
                     }
-                    TensorData::Q4 {
-                        packed,
-                        scales,
-                        group_size,
-                    } => {
-                        // quant.rs's rule applied to the source values, bit for bit; the
+                    DType::Q4 => {
+                        let Q4 {
+                            packed,
+                            scales,
+                            group_size,
+                        } = data.q4();
+                        // quant's rule applied to the source values, bit for bit; the
                         // embedding table and the classifier are kept finer (`Q4Mix`).
                         assert_eq!((dtype, group_size), ("q4", 32));
                         assert!(!t.name.contains("embed_tokens") && !t.name.contains("lm_head"));
@@ -198,13 +200,14 @@ fn every_fixture_exports_faithfully_in_every_dtype() {
                         qwen3_inference::quant::quantize_q4(&want, 32, &mut p, &mut sc);
                         assert_eq!((packed, scales), (&p[..], &sc[..]), "{name} {}", t.name);
                     }
-                    TensorData::Q6 {
-                        packed,
-                        scales,
-                        group_size,
-                        cols,
-                    } => {
-                        // quant.rs's rule applied to the source values, bit for bit: q4 files
+                    DType::Q6 => {
+                        let Q6 {
+                            packed,
+                            scales,
+                            group_size,
+                            cols,
+                        } = data.q6();
+                        // quant's rule applied to the source values, bit for bit: q4 files
                         // keep their tables and the sensitive layers' v_proj and down_proj in
                         // q6 (`Q4Mix`), at the file's 32.
                         assert_eq!((dtype, group_size), ("q4", 32));
@@ -217,11 +220,12 @@ fn every_fixture_exports_faithfully_in_every_dtype() {
                         qwen3_inference::quant::quantize_q6(&want, cols, 32, &mut p, &mut sc);
                         assert_eq!((packed, scales), (&p[..], &sc[..]), "{name} {}", t.name);
                     }
-                    TensorData::Q8 {
-                        q,
-                        scales,
-                        group_size,
-                    } => {
+                    DType::Q8 => {
+                        let Q8 {
+                            q,
+                            scales,
+                            group_size,
+                        } = data.q8();
                         // q8 files: groups of 32 as asked. q4 files exported with `--tables q8
                         // --sensitive q8` keep in q8 their tables, in q8's own 64 where the width
                         // allows, and the sensitive layers' v_proj and down_proj at the file's
@@ -246,7 +250,7 @@ fn every_fixture_exports_faithfully_in_every_dtype() {
                             }
                         }
                     }
-                    TensorData::K(..) => {
+                    DType::K(_) => {
                         panic!("{name} {}: the exporter wrote a K-quant", t.name)
                     }
                 }

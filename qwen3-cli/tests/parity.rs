@@ -87,43 +87,51 @@ fn export_as(name: &str, dir: &Path, dtype: DType) -> PathBuf {
 }
 
 fn values(data: TensorData) -> Vec<f32> {
-    match data {
-        TensorData::F32(v) => v.to_vec(),
-        TensorData::Bf16(v) => v
+    use qwen3_inference::quant::{dequantize_q4, dequantize_q6_row, dequantize_q8, Q4, Q6, Q8};
+    match data.dtype() {
+        DType::F32 => data.f32().to_vec(),
+        DType::Bf16 => data
+            .bf16()
             .iter()
             .map(|&b| f32::from_bits((b as u32) << 16))
             .collect(),
-        TensorData::Q8 {
-            q,
-            scales,
-            group_size,
-        } => {
+        DType::Q8 => {
+            let Q8 {
+                q,
+                scales,
+                group_size,
+            } = data.q8();
             let mut out = vec![0.0; q.len()];
-            qwen3_inference::quant::dequantize_q8(q, scales, group_size, &mut out);
+            dequantize_q8(q, scales, group_size, &mut out);
             out
         }
-        TensorData::Q4 {
-            packed,
-            scales,
-            group_size,
-        } => {
+        DType::Q4 => {
+            let Q4 {
+                packed,
+                scales,
+                group_size,
+            } = data.q4();
             let mut out = vec![0.0; packed.len() * 2];
-            qwen3_inference::quant::dequantize_q4(packed, scales, group_size, &mut out);
+            dequantize_q4(packed, scales, group_size, &mut out);
             out
         }
-        TensorData::Q6 {
-            packed,
-            scales,
-            group_size,
-            cols,
-        } => {
+        DType::Q6 => {
+            let Q6 {
+                packed,
+                scales,
+                group_size,
+                cols,
+            } = data.q6();
             let mut out = vec![0.0; packed.len() / 3 * 4];
             for (r, row) in out.chunks_exact_mut(cols).enumerate() {
-                qwen3_inference::quant::dequantize_q6_row(packed, scales, cols, group_size, r, row);
+                dequantize_q6_row(packed, scales, cols, group_size, r, row);
             }
             out
         }
-        TensorData::K(kind, blocks) => k_quant_values(kind.name(), blocks),
+        DType::K(_) => {
+            let (kind, blocks) = data.k_quant();
+            k_quant_values(kind.name(), blocks)
+        }
     }
 }
 

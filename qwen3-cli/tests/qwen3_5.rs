@@ -5,7 +5,6 @@
 //! equal to HuggingFace's continuation on the f32 export, with and without drafts. (Exactness at every logit:
 //! tests/parity.rs; many clients at once: tests/serve_batching.rs.)
 
-use qwen3_inference::format::view::TensorData;
 use qwen3_inference::format::{DType, ModelFile};
 use qwen3_test_support::tempdir;
 use safetensors::SafeTensors;
@@ -48,10 +47,9 @@ fn source(st: &SafeTensors, name: &str) -> Vec<f32> {
 }
 
 fn f32s(file: &ModelFile, name: &str) -> Vec<f32> {
-    match file.tensor(name).unwrap().data {
-        TensorData::F32(v) => v.to_vec(),
-        other => panic!("{name}: {other:?}"),
-    }
+    let data = file.tensor(name).unwrap().data;
+    assert_eq!(data.dtype(), DType::F32, "{name}");
+    data.f32().to_vec()
 }
 
 #[test]

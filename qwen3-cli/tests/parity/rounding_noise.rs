@@ -13,7 +13,7 @@ use std::cell::{Cell, RefCell};
 /// The CPU backend with a rounding of the computation replaced by noise of the same size, for the
 /// noise draws of [`noise_sigmas`] and [`kv_bf16_sigmas`]:
 /// - `w8a8_group`: W8A8's activation rounding. Before every matrix product, each activation is
-///   moved by its own rounding error (per group, `quant.rs`'s rule, exactly what the q8 kernels
+///   moved by its own rounding error (per group, `quant`'s rule, exactly what the q8 kernels
 ///   do to it) with a random sign, the activations' counterpart of [`write_sign_flipped`]. The
 ///   products themselves run in f32 on the perturbed values. q/k/v (and gate/up) see the same
 ///   perturbed input, as they see the same quantized input in the q8 kernels.

@@ -11,7 +11,8 @@ use crate::reference;
 use anyhow::{bail, ensure, Result};
 use qwen3_inference::backend::host::HostMemory;
 use qwen3_inference::backend::{AttentionShape, Backend, KvType, RopeTable};
-use qwen3_inference::format::view::{TensorData, TensorView};
+use qwen3_inference::format::view::TensorView;
+use qwen3_inference::format::DType;
 use std::marker::PhantomData;
 
 /// The references as a backend. `'a` is the lifetime of the mapped model file.
@@ -39,8 +40,8 @@ pub struct ReferenceRope {
 }
 
 fn norm_weight<'t>(w: &TensorView<'t>) -> Result<&'t [f32]> {
-    match w.data {
-        TensorData::F32(v) => Ok(v),
+    match w.data.dtype() {
+        DType::F32 => Ok(w.data.f32()),
         _ => anyhow::bail!("{}: norm weights must be f32", w.name),
     }
 }

@@ -1,6 +1,7 @@
 //! Reference of `kernels/embed.cu`.
 
 use qwen3_inference::format::view::TensorData;
+use qwen3_inference::format::DType;
 
 /// `out[t, :] = E[tokens[t], :]`, dequantized; E: [vocab, cols]; out: [tokens.len(), cols].
 /// Token ids must be below the vocabulary size (the caller checks).
@@ -10,28 +11,11 @@ pub fn embed(out: &mut [f32], table: &TensorData<'_>, tokens: &[u32], cols: usiz
         let start = tok as usize * cols;
         for (c, o) in row.iter_mut().enumerate() {
             let i = start + c;
-            *o = match *table {
-                TensorData::Q8 {
-                    q,
-                    scales,
-                    group_size,
-                } => q[i] as f32 * scales[i / group_size],
-                TensorData::Q4 {
-                    packed,
-                    scales,
-                    group_size,
-                } => qwen3_inference::quant::q4_value(packed, scales, group_size, i),
-                TensorData::Q6 {
-                    packed,
-                    scales,
-                    group_size,
-                    cols,
-                } => qwen3_inference::quant::q6_value(packed, scales, cols, group_size, i),
-                TensorData::Bf16(b) => f32::from_bits((b[i] as u32) << 16),
-                TensorData::F32(f) => f[i],
-                TensorData::K(..) => {
+            *o = match table.dtype() {
+                DType::K(_) => {
                     panic!("the CUDA backend has no K-quant kernels (it refuses such files)")
                 }
+                _ => table.value(i),
             };
         }
     }
@@ -40,7 +24,7 @@ pub fn embed(out: &mut [f32], table: &TensorData<'_>, tokens: &[u32], cols: usiz
 #[cfg(test)]
 mod tests {
     use super::*;
-    use qwen3_inference::quant::{dequantize_q8, quantize_q8};
+    use qwen3_inference::quant::{dequantize_q8, quantize_q8, Q8};
 
     /// A gathered q8 row is exactly the dequantized row of the table.
     #[test]
@@ -56,11 +40,11 @@ mod tests {
         dequantize_q8(&q, &s, gs, &mut deq);
         let tokens = [4u32, 0, 4, 2];
         let mut out = vec![0.0; tokens.len() * cols];
-        let table = TensorData::Q8 {
+        let table = TensorData::from(Q8 {
             q: &q,
             scales: &s,
             group_size: gs,
-        };
+        });
         embed(&mut out, &table, &tokens, cols);
         for (t, &tok) in tokens.iter().enumerate() {
             let tok = tok as usize;
@@ -75,9 +59,9 @@ mod tests {
     fn bf16_rows_are_the_upper_halves() {
         let bits: Vec<u16> = vec![0x3f80, 0x4000, 0xc040, 0x0000];
         let mut out = vec![0.0; 2];
-        embed(&mut out, &TensorData::Bf16(&bits), &[1], 2);
+        embed(&mut out, &TensorData::from_bf16(&bits), &[1], 2);
         assert_eq!(out, [-3.0, 0.0]);
-        embed(&mut out, &TensorData::Bf16(&bits), &[0], 2);
+        embed(&mut out, &TensorData::from_bf16(&bits), &[0], 2);
         assert_eq!(out, [1.0, 2.0]);
     }
 }

@@ -3,36 +3,43 @@
 
 use super::reduce::warp_sum;
 use qwen3_inference::format::view::TensorData;
+use qwen3_inference::format::DType;
+use qwen3_inference::quant::{Q4, Q6, Q8};
 
 /// Four consecutive weights of row `row` starting at column `c`, and the scale applying to them
 /// (the group's scale for q8, q4 and q6, 1.0 otherwise): the kernels' `load4`.
 fn load4(w: &TensorData<'_>, row: usize, cols: usize, c: usize) -> ([f32; 4], f32) {
     let i = row * cols + c;
-    match *w {
-        TensorData::Q8 {
-            q,
-            scales,
-            group_size,
-        } => (
-            std::array::from_fn(|k| q[i + k] as f32),
-            scales[row * (cols / group_size) + c / group_size],
-        ),
-        TensorData::Q4 {
-            packed,
-            scales,
-            group_size,
-        } => {
+    match w.dtype() {
+        DType::Q8 => {
+            let Q8 {
+                q,
+                scales,
+                group_size,
+            } = w.q8();
+            (
+                std::array::from_fn(|k| q[i + k] as f32),
+                scales[row * (cols / group_size) + c / group_size],
+            )
+        }
+        DType::Q4 => {
             use qwen3_inference::quant::{f16_scale, q4_int};
+            let Q4 {
+                packed,
+                scales,
+                group_size,
+            } = w.q4();
             let q = |k: usize| q4_int(packed, group_size, i + k) as f32;
             let scale = f16_scale(scales, row * (cols / group_size) + c / group_size);
             (std::array::from_fn(q), scale)
         }
-        TensorData::Q6 {
-            packed,
-            scales,
-            group_size,
-            ..
-        } => {
+        DType::Q6 => {
+            let Q6 {
+                packed,
+                scales,
+                group_size,
+                ..
+            } = w.q6();
             // Q6Weights::load4, word for word: a 4-byte load of nibble bytes and one of high
             // bytes, each byte's high pair shifted into place.
             let (b, i) = (c / 128, c % 128);
@@ -53,12 +60,18 @@ fn load4(w: &TensorData<'_>, row: usize, cols: usize, c: usize) -> ([f32; 4], f3
                 scale,
             )
         }
-        TensorData::Bf16(b) => (
-            std::array::from_fn(|k| f32::from_bits((b[i + k] as u32) << 16)),
-            1.0,
-        ),
-        TensorData::F32(f) => (std::array::from_fn(|k| f[i + k]), 1.0),
-        TensorData::K(..) => {
+        DType::Bf16 => {
+            let b = w.bf16();
+            (
+                std::array::from_fn(|k| f32::from_bits((b[i + k] as u32) << 16)),
+                1.0,
+            )
+        }
+        DType::F32 => {
+            let f = w.f32();
+            (std::array::from_fn(|k| f[i + k]), 1.0)
+        }
+        DType::K(_) => {
             panic!("the CUDA backend has no K-quant kernels (it refuses such files)")
         }
     }
@@ -149,11 +162,11 @@ mod tests {
             dequantize_q8(&q, &scales, gs, &mut deq);
             let x = test_values(3 * cols, 99);
             let mut y = vec![0.0; 3 * rows];
-            let data = TensorData::Q8 {
+            let data = TensorData::from(Q8 {
                 q: &q,
                 scales: &scales,
                 group_size: gs,
-            };
+            });
             matmul(&mut y, &data, &x, rows, cols);
             check(&y, &naive(&deq, &x, rows, cols), &deq, &x, cols);
         }
@@ -176,11 +189,11 @@ mod tests {
             dequantize_q4(&packed, &scales, gs, &mut deq);
             let x = test_values(3 * cols, 98);
             let mut y = vec![0.0; 3 * rows];
-            let data = TensorData::Q4 {
+            let data = TensorData::from(Q4 {
                 packed: &packed,
                 scales: &scales,
                 group_size: gs,
-            };
+            });
             matmul(&mut y, &data, &x, rows, cols);
             check(&y, &naive(&deq, &x, rows, cols), &deq, &x, cols);
         }
@@ -211,12 +224,12 @@ mod tests {
             }
             let x = test_values(3 * cols, 97);
             let mut y = vec![0.0; 3 * rows];
-            let data = TensorData::Q6 {
+            let data = TensorData::from(Q6 {
                 packed: &packed,
                 scales: &scales,
                 group_size: gs,
                 cols,
-            };
+            });
             matmul(&mut y, &data, &x, rows, cols);
             check(&y, &naive(&deq, &x, rows, cols), &deq, &x, cols);
         }
@@ -228,7 +241,7 @@ mod tests {
         let w = test_values(rows * cols, 3);
         let x = test_values(2 * cols, 4);
         let mut y = vec![0.0; 2 * rows];
-        matmul(&mut y, &TensorData::F32(&w), &x, rows, cols);
+        matmul(&mut y, &TensorData::from_f32(&w), &x, rows, cols);
         check(&y, &naive(&w, &x, rows, cols), &w, &x, cols);
 
         let bits: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
@@ -236,7 +249,7 @@ mod tests {
             .iter()
             .map(|&b| f32::from_bits((b as u32) << 16))
             .collect();
-        matmul(&mut y, &TensorData::Bf16(&bits), &x, rows, cols);
+        matmul(&mut y, &TensorData::from_bf16(&bits), &x, rows, cols);
         check(&y, &naive(&wb, &x, rows, cols), &wb, &x, cols);
     }
 
@@ -247,12 +260,12 @@ mod tests {
         let w = test_values(rows * cols, 5);
         let x = test_values(10 * cols, 6);
         let mut all = vec![0.0; 10 * rows];
-        matmul(&mut all, &TensorData::F32(&w), &x, rows, cols);
+        matmul(&mut all, &TensorData::from_f32(&w), &x, rows, cols);
         for t in 0..10 {
             let mut one = vec![0.0; rows];
             matmul(
                 &mut one,
-                &TensorData::F32(&w),
+                &TensorData::from_f32(&w),
                 &x[t * cols..(t + 1) * cols],
                 rows,
                 cols,

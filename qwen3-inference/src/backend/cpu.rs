@@ -7,7 +7,8 @@
 
 use super::host::HostMemory;
 use super::{AttentionShape, Backend, DeltaNetShape, RopeTable};
-use crate::format::view::{TensorData, TensorView};
+use crate::format::view::TensorView;
+use crate::format::DType;
 use crate::kernels;
 use crate::kernels::attention::{chunk_len, store_kv, Bf16, KvElem, KvType, KV_CHUNK};
 use crate::pages::HugePages;
@@ -155,8 +156,8 @@ fn store_tokens<T: KvElem>(
 }
 
 fn norm_weight<'t>(w: &TensorView<'t>) -> Result<&'t [f32]> {
-    match w.data {
-        TensorData::F32(v) => Ok(v),
+    match w.data.dtype() {
+        DType::F32 => Ok(w.data.f32()),
         _ => bail!("{} is not stored as f32", w.name),
     }
 }
@@ -346,7 +347,7 @@ impl<'a> Backend for CpuBackend<'a> {
     }
 
     fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>, n: usize) -> Result<()> {
-        super::host::sigmoid_mul(&super::host::FAST, x, gate, n)
+        super::hybrid_steps::sigmoid_mul(&super::hybrid_steps::FAST, x, gate, n)
     }
 
     fn causal_conv_silu(
@@ -357,7 +358,14 @@ impl<'a> Backend for CpuBackend<'a> {
         rows: std::ops::Range<usize>,
         shape: DeltaNetShape,
     ) -> Result<()> {
-        super::host::causal_conv_silu(&super::host::FAST, x, window, norm_weight(w)?, rows, shape)
+        super::hybrid_steps::causal_conv_silu(
+            &super::hybrid_steps::FAST,
+            x,
+            window,
+            norm_weight(w)?,
+            rows,
+            shape,
+        )
     }
 
     fn gated_delta_rule(
@@ -374,8 +382,8 @@ impl<'a> Backend for CpuBackend<'a> {
         shape: DeltaNetShape,
     ) -> Result<()> {
         let (a_log, dt_bias) = (norm_weight(a_log)?, norm_weight(dt_bias)?);
-        super::host::gated_delta_rule(
-            &super::host::FAST,
+        super::hybrid_steps::gated_delta_rule(
+            &super::hybrid_steps::FAST,
             o,
             qkv,
             a,
@@ -398,7 +406,15 @@ impl<'a> Backend for CpuBackend<'a> {
         n: usize,
         eps: f32,
     ) -> Result<()> {
-        super::host::gated_rmsnorm(&super::host::FAST, o, z, norm_weight(w)?, rows, n, eps)
+        super::hybrid_steps::gated_rmsnorm(
+            &super::hybrid_steps::FAST,
+            o,
+            z,
+            norm_weight(w)?,
+            rows,
+            n,
+            eps,
+        )
     }
 }
 

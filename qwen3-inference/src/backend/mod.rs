@@ -24,6 +24,7 @@
 
 mod cpu;
 pub mod host;
+mod hybrid_steps;
 mod plain;
 
 pub use crate::kernels::delta_net::DeltaNetShape;

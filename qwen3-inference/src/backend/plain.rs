@@ -12,8 +12,8 @@
 
 use super::host::HostMemory;
 use super::{AttentionShape, Backend, DeltaNetShape, KvType, RopeTable};
-use crate::format::view::{TensorData, TensorView};
-use crate::kernels::dot::k_quants;
+use crate::format::view::TensorView;
+use crate::format::DType;
 use anyhow::{bail, Result};
 use std::marker::PhantomData;
 
@@ -37,39 +37,16 @@ pub struct PlainKvCache {
 
 /// An f32 tensor's values (norm weights and the DeltaNets' parameters are f32 in every file).
 fn f32_weights<'t>(t: &TensorView<'t>) -> Result<&'t [f32]> {
-    match t.data {
-        TensorData::F32(v) => Ok(v),
+    match t.data.dtype() {
+        DType::F32 => Ok(t.data.f32()),
         _ => bail!("{} is not stored as f32", t.name),
     }
 }
 
 /// Weight `i` (row-major index) of a tensor, as f32: bf16 widened, q8, q4 and q6 times their
-/// group's scale, a K-quant's as its block says (`gguf/blocks.rs`).
+/// group's scale, a K-quant's as its block says ([`TensorData::value`](crate::format::view::TensorData::value)).
 pub fn weight(t: &TensorView, i: usize) -> f32 {
-    match t.data {
-        TensorData::F32(v) => v[i],
-        TensorData::Bf16(v) => f32::from_bits((v[i] as u32) << 16),
-        TensorData::Q8 {
-            q,
-            scales,
-            group_size,
-        } => q[i] as f32 * scales[i / group_size],
-        TensorData::Q4 {
-            packed,
-            scales,
-            group_size,
-        } => crate::quant::q4_value(packed, scales, group_size, i),
-        TensorData::Q6 {
-            packed,
-            scales,
-            group_size,
-            cols,
-        } => crate::quant::q6_value(packed, scales, cols, group_size, i),
-        TensorData::K(kind, blocks) => {
-            let at = i / k_quants::BLOCK * kind.block_bytes();
-            crate::gguf::blocks::k_quant_value(kind, &blocks[at..], i % k_quants::BLOCK)
-        }
-    }
+    t.data.value(i)
 }
 
 /// Its buffers are host vectors: [`host`](super::host)'s memory.
@@ -335,7 +312,7 @@ impl<'a> Backend for PlainBackend<'a> {
     }
 
     fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>, n: usize) -> Result<()> {
-        super::host::sigmoid_mul(&super::host::TEXTBOOK, x, gate, n)
+        super::hybrid_steps::sigmoid_mul(&super::hybrid_steps::TEXTBOOK, x, gate, n)
     }
 
     fn causal_conv_silu(
@@ -346,8 +323,8 @@ impl<'a> Backend for PlainBackend<'a> {
         rows: std::ops::Range<usize>,
         shape: DeltaNetShape,
     ) -> Result<()> {
-        super::host::causal_conv_silu(
-            &super::host::TEXTBOOK,
+        super::hybrid_steps::causal_conv_silu(
+            &super::hybrid_steps::TEXTBOOK,
             x,
             window,
             f32_weights(w)?,
@@ -370,8 +347,8 @@ impl<'a> Backend for PlainBackend<'a> {
         shape: DeltaNetShape,
     ) -> Result<()> {
         let (a_log, dt_bias) = (f32_weights(a_log)?, f32_weights(dt_bias)?);
-        super::host::gated_delta_rule(
-            &super::host::TEXTBOOK,
+        super::hybrid_steps::gated_delta_rule(
+            &super::hybrid_steps::TEXTBOOK,
             o,
             qkv,
             a,
@@ -394,7 +371,15 @@ impl<'a> Backend for PlainBackend<'a> {
         n: usize,
         eps: f32,
     ) -> Result<()> {
-        super::host::gated_rmsnorm(&super::host::TEXTBOOK, o, z, f32_weights(w)?, rows, n, eps)
+        super::hybrid_steps::gated_rmsnorm(
+            &super::hybrid_steps::TEXTBOOK,
+            o,
+            z,
+            f32_weights(w)?,
+            rows,
+            n,
+            eps,
+        )
     }
 }
 
@@ -402,7 +387,8 @@ impl<'a> Backend for PlainBackend<'a> {
 mod tests {
     use super::*;
     use crate::backend::{CpuBackend, KvType};
-    use crate::format::{DType, ModelFile};
+    use crate::format::view::TensorData;
+    use crate::format::ModelFile;
     use crate::model::{Model, Session};
     use crate::testing::model::{moe_config, write_random, write_random_config};
 
@@ -548,7 +534,7 @@ mod tests {
         let gain = TensorView {
             name: "norm",
             shape: &shape,
-            data: TensorData::F32(&w),
+            data: TensorData::from_f32(&w),
             interleaved: None,
         };
         let (fused, composed) = both(&PlainBackend::new(), &gain, &o, &z, rows);

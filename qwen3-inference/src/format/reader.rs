@@ -497,6 +497,7 @@ mod tests {
     use crate::format::config::tests::tiny_config;
     use crate::format::tensor_specs;
     use crate::format::writer::{self, ModelWriter};
+    use crate::quant::Q8;
 
     /// Writes a tiny model file whose every value is distinct, so views can be checked.
     pub(crate) fn write_tiny(path: &Path, dtype: DType) -> ModelConfig {
@@ -679,27 +680,26 @@ mod tests {
             assert_eq!(f.config(), &c);
             let t = f.tensor("model.layers.1.mlp.down_proj.weight").unwrap();
             assert_eq!(t.shape, &[64, 128]);
-            match (dt, t.data) {
-                (DType::F32, TensorData::F32(v)) => assert_eq!(v[77], 77.0),
-                (DType::Bf16, TensorData::Bf16(v)) => assert_eq!(v[77], 77),
-                (
-                    DType::Q8,
-                    TensorData::Q8 {
+            assert_eq!(t.data.dtype(), dt);
+            match dt {
+                DType::F32 => assert_eq!(t.data.f32()[77], 77.0),
+                DType::Bf16 => assert_eq!(t.data.bf16()[77], 77),
+                _ => {
+                    let Q8 {
                         q,
                         scales,
                         group_size,
-                    },
-                ) => {
+                    } = t.data.q8();
                     assert_eq!(q.len(), 64 * 128);
                     assert_eq!(scales.len(), 64 * 128 / 32);
                     assert_eq!(group_size, 32);
                     assert_eq!(q[300], (300 % 251) as i8);
                     assert_eq!(scales[5], 5.0);
                 }
-                other => panic!("wrong view {other:?}"),
             }
             let n = f.tensor("model.norm.weight").unwrap();
-            assert!(matches!(n.data, TensorData::F32(v) if v.len() == 64 && v[3] == 3.0));
+            let v = n.data.f32();
+            assert!(v.len() == 64 && v[3] == 3.0);
             for t in &f.header().tensors {
                 assert_eq!(t.offset % ALIGN, 0);
                 // Each view is read as the dtype the tensor table names.

@@ -2,58 +2,21 @@
 //! Only the rows of the tokens being run are ever converted: the table stays as stored in the
 //! mmap (for Qwen3-0.6B at q8 that is 156 MB instead of a 622 MB f32 copy).
 
-use crate::format::view::{TensorData, TensorView};
-use crate::gguf::blocks::k_quant_blocks;
-use crate::quant::{dequantize_q4, dequantize_q6_row, dequantize_q8};
+use crate::format::view::TensorView;
 
-/// Writes row `token` of `table` (`[vocab, hidden]`) into `out` (`[hidden]`).
+/// Writes row `token` of `table` (`[vocab, hidden]`) into `out` (`[hidden]`), read as the
+/// table's dtype says ([`TensorData::row`](crate::format::view::TensorData::row)).
 /// The caller checks `token < vocab` (an out-of-range id is bad input, not a bug).
 pub fn embedding(out: &mut [f32], table: &TensorView, token: usize) {
-    let hidden = table.shape[1] as usize;
-    assert_eq!(out.len(), hidden);
-    let span = token * hidden..(token + 1) * hidden;
-    match table.data {
-        TensorData::F32(v) => out.copy_from_slice(&v[span]),
-        TensorData::Bf16(v) => {
-            for (o, &b) in out.iter_mut().zip(&v[span]) {
-                *o = f32::from_bits((b as u32) << 16);
-            }
-        }
-        TensorData::Q8 {
-            q,
-            scales,
-            group_size,
-        } => {
-            let per_row = hidden / group_size;
-            let s = &scales[token * per_row..(token + 1) * per_row];
-            dequantize_q8(&q[span], s, group_size, out);
-        }
-        TensorData::Q4 {
-            packed,
-            scales,
-            group_size,
-        } => {
-            let per_row = hidden / group_size;
-            let s = &scales[token * per_row..(token + 1) * per_row];
-            let row = &packed[token * hidden / 2..(token + 1) * hidden / 2];
-            dequantize_q4(row, s, group_size, out);
-        }
-        TensorData::Q6 {
-            packed,
-            scales,
-            group_size,
-            cols,
-        } => dequantize_q6_row(packed, scales, cols, group_size, token, out),
-        TensorData::K(kind, blocks) => {
-            let row = kind.row_bytes(hidden);
-            k_quant_blocks(kind, &blocks[token * row..(token + 1) * row], out)
-        }
-    }
+    assert_eq!(out.len(), table.shape[1] as usize);
+    table.data.row(token, out);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::view::TensorData;
+    use crate::quant::Q8;
 
     #[test]
     fn reads_the_right_row_of_each_dtype() {
@@ -63,7 +26,7 @@ mod tests {
         let t = TensorView {
             name: "e",
             shape: &shape,
-            data: TensorData::F32(&f),
+            data: TensorData::from_f32(&f),
             interleaved: None,
         };
         embedding(&mut out, &t, 2);
@@ -72,7 +35,7 @@ mod tests {
         let t = TensorView {
             name: "e",
             shape: &shape,
-            data: TensorData::Bf16(&b),
+            data: TensorData::from_bf16(&b),
             interleaved: None,
         };
         embedding(&mut out, &t, 1);
@@ -82,11 +45,11 @@ mod tests {
         let t = TensorView {
             name: "e",
             shape: &shape,
-            data: TensorData::Q8 {
+            data: TensorData::from(Q8 {
                 q: &q,
                 scales: &s,
                 group_size: 2,
-            },
+            }),
             interleaved: None,
         };
         embedding(&mut out, &t, 2);

@@ -8,7 +8,9 @@
 
 use super::dot::{dots, interleaved, k_quants, ActsQ8, ActsQ8Buf, MatQ8};
 use super::team::Team;
-use crate::format::view::{TensorData, TensorView};
+use crate::format::view::TensorView;
+use crate::format::DType;
+use crate::quant::{Q4, Q6, Q8};
 use rayon::prelude::*;
 
 /// Output rows handed to one rayon task in prefill. Large enough that scheduling costs nothing
@@ -186,8 +188,10 @@ fn fill_block(
     let cols = w.shape[1] as usize;
     let n = block.len() / t;
     let dots = dots();
-    match (w.data, acts) {
-        (TensorData::F32(v), _) => {
+    let acts = || acts.expect("quantized weights without quantized activations");
+    match w.data.dtype() {
+        DType::F32 => {
+            let v = w.data.f32();
             for (j, outs) in block.chunks_exact_mut(t).enumerate() {
                 let w_r = &v[(r0 + j) * cols..(r0 + j + 1) * cols];
                 for (i, o) in outs.iter_mut().enumerate() {
@@ -195,17 +199,16 @@ fn fill_block(
                 }
             }
         }
-        (TensorData::Bf16(v), _) => {
+        DType::Bf16 => {
+            let v = w.data.bf16();
             (dots.bf16_rows)(&v[r0 * cols..(r0 + n) * cols], &x[..t * cols], t, block);
         }
-        (
-            TensorData::Q8 {
+        DType::Q8 => {
+            let Q8 {
                 q,
                 scales,
                 group_size: gs,
-            },
-            Some(acts),
-        ) => {
+            } = w.data.q8();
             let per = cols / gs;
             let (kernel, q, scales) = match q8_interleaved(w) {
                 Some(interleaved) => interleaved,
@@ -214,67 +217,55 @@ fn fill_block(
             kernel(
                 &q[r0 * cols..(r0 + n) * cols],
                 &scales[r0 * per..(r0 + n) * per],
-                acts,
+                acts(),
                 block,
                 rows_ahead * cols,
             );
         }
-        (
-            TensorData::Q4 {
+        DType::Q4 => {
+            let Q4 {
                 packed,
                 scales,
                 group_size: gs,
-            },
-            Some(acts),
-        ) => {
+            } = w.data.q4();
             let per = cols / gs;
             let (packed, scales) = in_kernel_order(w, (packed, scales), gs);
             (dots.q4_rows)(
                 &packed[r0 * cols / 2..(r0 + n) * cols / 2],
                 &scales[r0 * per..(r0 + n) * per],
-                acts,
+                acts(),
                 block,
                 rows_ahead * cols / 2,
             );
         }
-        (
-            TensorData::Q6 {
+        DType::Q6 => {
+            let Q6 {
                 packed,
                 scales,
                 group_size: gs,
                 ..
-            },
-            Some(acts),
-        ) => {
+            } = w.data.q6();
             let (per, row_bytes) = (cols / gs, cols / 4 * 3);
             let (packed, scales) = in_kernel_order(w, (packed, scales), gs);
             (dots.q6_rows)(
                 &packed[r0 * row_bytes..(r0 + n) * row_bytes],
                 &scales[r0 * per..(r0 + n) * per],
-                acts,
+                acts(),
                 block,
                 rows_ahead * row_bytes,
             );
         }
         // GGUF's K-quants, their blocks where the file holds them (`dot/k_quants.rs`).
-        (TensorData::K(kind, blocks), Some(acts)) => {
+        DType::K(_) => {
+            let (kind, blocks) = w.data.k_quant();
             let row = kind.row_bytes(cols);
             (dots.k_rows)(
                 kind,
                 &blocks[r0 * row..(r0 + n) * row],
-                acts,
+                acts(),
                 block,
                 rows_ahead * row,
             );
-        }
-        (
-            TensorData::Q8 { .. }
-            | TensorData::Q4 { .. }
-            | TensorData::Q6 { .. }
-            | TensorData::K(..),
-            None,
-        ) => {
-            unreachable!("quantized weights without quantized activations")
         }
     }
 }
@@ -293,9 +284,8 @@ fn in_kernel_order<'a>(
         return file;
     }
     match w.interleaved {
-        Some(TensorData::Q4 { packed, scales, .. } | TensorData::Q6 { packed, scales, .. }) => {
-            (packed, scales)
-        }
+        Some(i) if i.dtype() == DType::Q4 => (i.q4().packed, i.q4().scales),
+        Some(i) if i.dtype() == DType::Q6 => (i.q6().packed, i.q6().scales),
         _ => panic!(
             "matmul {}: the AVX-512 kernels read q4 and q6 weights interleaved, and this view has \
              no interleaved copy (load the model with Model::load)",
@@ -311,7 +301,9 @@ fn in_kernel_order<'a>(
 /// Q8_0) is read as it is, only slower.
 fn q8_interleaved<'a>(w: &TensorView<'a>) -> Option<(MatQ8, &'a [i8], &'a [f32])> {
     match (dots().q8_interleaved, w.interleaved) {
-        (Some(kernel), Some(TensorData::Q8 { q, scales, .. })) => Some((kernel, q, scales)),
+        (Some(kernel), Some(i)) if i.dtype() == DType::Q8 => {
+            Some((kernel, i.q8().q, i.q8().scales))
+        }
         _ => None,
     }
 }
@@ -319,7 +311,7 @@ fn q8_interleaved<'a>(w: &TensorView<'a>) -> Option<(MatQ8, &'a [i8], &'a [f32])
 /// Runs `f` with the activations quantized for the q8, q4, q6 or K-quant weights among `ws`
 /// (`None` when every one is f32 or bf16).
 ///
-/// W8A8: each activation row is quantized once, per group of `gs` like the weights (quant.rs),
+/// W8A8: each activation row is quantized once, per group of `gs` like the weights (quant/q8.rs),
 /// so every group's product is an integer dot product times two scales:
 /// `sum_g ws[r,g] * xs[i,g] * sum_{c in g} q_w[r,c] * q_x[i,c]`. The activation rounding adds an
 /// error of the same size as the weights' (half a step of the group's largest value); the
@@ -331,12 +323,9 @@ fn with_activations<R>(
     ws: &[&TensorView],
     f: impl FnOnce(Option<&ActsQ8>) -> R,
 ) -> R {
-    let group = |w: &TensorView| match w.data {
-        TensorData::Q8 { group_size, .. }
-        | TensorData::Q4 { group_size, .. }
-        | TensorData::Q6 { group_size, .. } => Some(group_size),
-        TensorData::K(..) => Some(k_quants::GROUP),
-        _ => None,
+    let group = |w: &TensorView| match w.data.dtype() {
+        DType::K(_) => Some(k_quants::GROUP),
+        _ => w.data.group_size(),
     };
     // An f32 or bf16 matrix reads `x` as it is, beside quantized ones that share its input (a
     // GGUF may keep one matrix of a layer in BF16); the quantized ones need one group size.
@@ -353,11 +342,10 @@ fn with_activations<R>(
     // q4 and q6 kernels read the activations rearranged (dot/q4.rs), and so does AVX-512's q8
     // kernel on interleaved weights; the K-quants' their sums of 16 (dot/k_quants.rs); a GGUF
     // may mix them in one layer's products.
-    let laid_out = ws.iter().any(|w| {
-        matches!(w.data, TensorData::Q4 { .. } | TensorData::Q6 { .. })
-            || q8_interleaved(w).is_some()
-    });
-    let k = ws.iter().any(|w| matches!(w.data, TensorData::K(..)));
+    let laid_out = ws
+        .iter()
+        .any(|w| matches!(w.data.dtype(), DType::Q4 | DType::Q6) || q8_interleaved(w).is_some());
+    let k = ws.iter().any(|w| w.data.dtype().is_k_quant());
     ACTIVATIONS.with(|cell| {
         let mut buf = cell.borrow_mut();
         let acts = buf.quantize_for_weights(x, t, cols, gs, laid_out, k);
@@ -418,6 +406,7 @@ thread_local! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::view::TensorData;
     use crate::quant::{dequantize_q8, quantize_q8};
 
     use crate::testing::lcg;
@@ -454,7 +443,7 @@ mod tests {
         let view = TensorView {
             name: "w",
             shape: &shape,
-            data: TensorData::F32(&w),
+            data: TensorData::from_f32(&w),
             interleaved: None,
         };
         let mut out = vec![0f32; t * rows];
@@ -470,7 +459,7 @@ mod tests {
         let view = TensorView {
             name: "w",
             shape: &shape,
-            data: TensorData::Bf16(&bits),
+            data: TensorData::from_bf16(&bits),
             interleaved: None,
         };
         matmul(&mut out, &x, &view, t);
@@ -491,11 +480,11 @@ mod tests {
             let view = TensorView {
                 name: "w",
                 shape: &shape,
-                data: TensorData::Q8 {
+                data: TensorData::from(Q8 {
                     q: &q,
                     scales: &s,
                     group_size: gs,
-                },
+                }),
                 interleaved: None,
             };
             let mut x_q = vec![0f32; x.len()];
@@ -576,47 +565,47 @@ mod tests {
             interleaved: None,
         };
         let q4_view = TensorView {
-            interleaved: Some(TensorData::Q4 {
+            interleaved: Some(TensorData::from(Q4 {
                 packed: &p_kernel,
                 scales: &sc,
                 group_size: 32,
-            }),
-            ..view(TensorData::Q4 {
+            })),
+            ..view(TensorData::from(Q4 {
                 packed: &p,
                 scales: &sc,
                 group_size: 32,
-            })
+            }))
         };
-        let q8_view = view(TensorData::Q8 {
+        let q8_view = view(TensorData::from(Q8 {
             q: &q,
             scales: &s,
             group_size: 32,
-        });
+        }));
         let q8_32_view = TensorView {
-            interleaved: Some(TensorData::Q8 {
+            interleaved: Some(TensorData::from(Q8 {
                 q: &q_kernel,
                 scales: &s,
                 group_size: 32,
-            }),
+            })),
             ..q8_view
         };
-        let q8_64_file_view = view(TensorData::Q8 {
+        let q8_64_file_view = view(TensorData::from(Q8 {
             q: &q64,
             scales: &s64,
             group_size: 64,
-        });
+        }));
         let q8_64_view = TensorView {
-            interleaved: Some(TensorData::Q8 {
+            interleaved: Some(TensorData::from(Q8 {
                 q: &q64_kernel,
                 scales: &s64,
                 group_size: 64,
-            }),
+            })),
             ..q8_64_file_view
         };
         let (q4k_view, q5k_view, q6k_view) = (
-            view(TensorData::K(KQuant::Q4K, &q4k)),
-            view(TensorData::K(KQuant::Q5K, &q5k)),
-            view(TensorData::K(KQuant::Q6K, &q6k)),
+            view(TensorData::from_k_quant(KQuant::Q4K, &q4k)),
+            view(TensorData::from_k_quant(KQuant::Q5K, &q5k)),
+            view(TensorData::from_k_quant(KQuant::Q6K, &q6k)),
         );
         for t in [1, 3] {
             let x: Vec<f32> = (0..t * cols).map(|_| lcg(&mut seed)).collect();
@@ -663,11 +652,11 @@ mod tests {
             .map(|((q, sc), shape)| TensorView {
                 name: "w",
                 shape,
-                data: TensorData::Q8 {
+                data: TensorData::from(Q8 {
                     q,
                     scales: sc,
                     group_size: gs,
-                },
+                }),
                 interleaved: None,
             })
             .collect();

@@ -21,8 +21,8 @@ pub use forward::{Cache, Forward, RowInputs, Segment, StateSnapshot, MAX_BATCH};
 pub use moe::Routes;
 pub use session::Session;
 
-use crate::format::view::{TensorData, TensorView};
-use crate::format::{ModelConfig, ModelFile};
+use crate::format::view::TensorView;
+use crate::format::{DType, ModelConfig, ModelFile};
 use crate::kernels::dot::{dots, interleaved};
 use crate::kernels::KvType;
 use anyhow::{bail, Result};
@@ -211,7 +211,7 @@ impl<'a> Model<'a> {
                 .chain(router)
         });
         for t in norms.chain([&model.norm]) {
-            if !matches!(t.data, TensorData::F32(_)) {
+            if t.data.dtype() != DType::F32 {
                 bail!("{}: {} is not stored as f32", file.path().display(), t.name);
             }
         }

@@ -259,8 +259,7 @@ fn q4_0_tensors_open_as_q4_with_the_files_values() {
 fn quantized_tensors_have_the_files_values(
     name: &str,
 ) -> std::collections::BTreeMap<String, usize> {
-    use crate::format::view::TensorData;
-    use crate::format::ModelFile;
+    use crate::format::{DType, ModelFile};
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
     let path = root.join(format!("gguf/{name}.gguf"));
     let gguf = GgufFile::open(&path).unwrap();
@@ -272,39 +271,14 @@ fn quantized_tensors_have_the_files_values(
         let numel = t.dims.iter().product::<u64>() as usize;
         let mut want = vec![0f32; numel];
         blocks::dequantize(t.ggml_type, gguf.data(t), &mut want).unwrap();
-        let got: Vec<f32> = match view.data {
-            TensorData::Q8 {
-                q,
-                scales,
-                group_size,
-            } => {
-                assert_eq!(group_size, 32, "{name}");
-                q.iter()
-                    .enumerate()
-                    .map(|(i, &v)| v as f32 * scales[i / group_size])
-                    .collect()
-            }
-            TensorData::Q4 {
-                packed,
-                scales,
-                group_size,
-            } => {
-                assert_eq!(group_size, 32, "{name}");
-                let mut out = vec![0f32; numel];
-                crate::quant::dequantize_q4(packed, scales, group_size, &mut out);
-                out
-            }
-            TensorData::F32(v) => v.to_vec(),
-            // Read where it lies: each value as the kernels' reference reads it
-            // (`k_quant_value`, the plain backend's), against the whole-block dequantization.
-            TensorData::K(kind, b) => (0..numel)
-                .map(|i| {
-                    let block = &b[i / 256 * kind.block_bytes()..][..kind.block_bytes()];
-                    blocks::k_quant_value(kind, block, i % 256)
-                })
-                .collect(),
-            other => panic!("{name}: {other:?}"),
-        };
+        // Read where it lies: each value as the plain backend reads it (`TensorData::value`:
+        // a K-quant's through `k_quant_value`), against the whole-block dequantization.
+        match view.data.dtype() {
+            DType::Q8 | DType::Q4 => assert_eq!(view.data.group_size(), Some(32), "{name}"),
+            DType::F32 | DType::K(_) => {}
+            other => panic!("{name}: {other}"),
+        }
+        let got: Vec<f32> = (0..numel).map(|i| view.data.value(i)).collect();
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&got), bits(&want), "{name}");
         *counts.entry(t.ggml_type.name.to_string()).or_insert(0) += 1;

@@ -1,5 +1,5 @@
 //! The activations of a quantized product: each input row quantized once, per group, like the
-//! weights (`quant.rs`), and kept in the forms the kernels read: the int8 values, the same values
+//! weights (`quant/q8.rs`), and kept in the forms the kernels read: the int8 values, the same values
 //! as unsigned bytes (AVX-512's `vpdpbusd` form), and for q4 and q6 weights a layout per
 //! instruction set (`q4.rs`). The buffers are reused from one product to the next, so a decode
 //! step allocates nothing.
@@ -7,7 +7,7 @@
 use super::{dots, k_quants, q4};
 
 /// `t` activation rows of `cols` values, quantized per group of `group_size` for the q8 kernels
-/// (the same rule as the weights, `quant.rs`).
+/// (the same rule as the weights, `quant/q8.rs`).
 pub struct ActsQ8<'a> {
     pub t: usize,
     pub cols: usize,

@@ -64,8 +64,7 @@
 
 use super::q4::{Q4Layout, SIMD_GROUP};
 use crate::format::reader::Derived;
-use crate::format::view::TensorData;
-use crate::format::ModelFile;
+use crate::format::{DType, ModelFile};
 use crate::pages::HugePages;
 use crate::quant::{q6_unpack_block, Q6_BLOCK};
 use anyhow::{Context, Result};
@@ -201,15 +200,11 @@ pub fn interleave_file(file: &ModelFile, q8: bool) -> Result<Derived> {
         }
         let t = file.tensor(&info.name)?;
         // The values' bytes (the tensor's first ones) and their order.
-        let (values, order) = match t.data {
-            TensorData::Q4 {
-                packed, group_size, ..
-            } if interleaves(group_size) => (packed.len(), Order::Q4),
-            TensorData::Q6 {
-                packed, group_size, ..
-            } if interleaves(group_size) => (packed.len(), Order::Q6),
-            TensorData::Q8 { q, group_size, .. } if q8 && interleaves_q8(group_size) => {
-                (q.len(), Order::Q8(group_size))
+        let (values, order) = match (t.data.dtype(), t.data.group_size()) {
+            (DType::Q4, Some(gs)) if interleaves(gs) => (t.data.q4().packed.len(), Order::Q4),
+            (DType::Q6, Some(gs)) if interleaves(gs) => (t.data.q6().packed.len(), Order::Q6),
+            (DType::Q8, Some(gs)) if q8 && interleaves_q8(gs) => {
+                (t.data.q8().q.len(), Order::Q8(gs))
             }
             _ => continue,
         };

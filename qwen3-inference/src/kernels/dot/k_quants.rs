@@ -8,7 +8,7 @@
 //! Q6_K  sub-blocks of 16:  w = (d * sc) * q                  q in -32..=31, sc an int8
 //! ```
 //!
-//! The activations are quantized per group of 32 (`quant.rs`), so a Q4_K sub-block meets one
+//! The activations are quantized per group of 32 (`quant/q8.rs`), so a Q4_K sub-block meets one
 //! activation group `x = xs * qx`, and its product is two integer sums times float scales:
 //!
 //! ```text

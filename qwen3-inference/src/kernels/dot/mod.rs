@@ -9,7 +9,7 @@
 //! after that a call is one indirect jump through [`Dots`].
 //!
 //! The q8 x q8 product (W8A8): the activation vector is quantized per group exactly like the
-//! weights (`quant.rs`), so each group's contribution is `scale_w * scale_x * sum(q_w * q_x)`, an
+//! weights (`quant/q8.rs`), so each group's contribution is `scale_w * scale_x * sum(q_w * q_x)`, an
 //! integer sum of 8-bit products that AVX-512 VNNI computes 64 at a time (`vpdpbusd`).
 
 use std::sync::OnceLock;

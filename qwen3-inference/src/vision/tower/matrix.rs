@@ -5,7 +5,9 @@
 //! (docs/vision.md) and takes a half or a quarter of the memory.
 
 use crate::format::view::{TensorData, TensorView};
+use crate::format::DType;
 use crate::kernels::dot::{dots, interleaved};
+use crate::quant::{Q4, Q6, Q8};
 
 /// One matrix, owned, in the file's dtype.
 #[derive(Clone, Debug)]
@@ -40,39 +42,44 @@ impl Matrix {
     /// are widened to f32.
     pub fn copy_of(t: &TensorView) -> Matrix {
         let cols = t.shape.last().copied().unwrap_or(1) as usize;
-        match t.data {
-            TensorData::F32(v) => Matrix::F32(v.to_vec()),
-            TensorData::Bf16(v) => Matrix::Bf16(v.to_vec()),
-            TensorData::Q8 {
-                q,
-                scales,
-                group_size,
-            } => Matrix::Q8 {
-                q: q.to_vec(),
-                kernel: (dots().q8_interleaved.is_some()
-                    && interleaved::interleaves_q8(group_size))
-                .then(|| interleaved::q8_for_kernels(dots(), q, cols, group_size)),
-                scales: scales.to_vec(),
-                group_size,
-            },
-            TensorData::Q4 {
-                packed,
-                scales,
-                group_size,
-            } => Matrix::packed(false, packed, scales, group_size, cols),
-            TensorData::Q6 {
-                packed,
-                scales,
-                group_size,
-                cols,
-            } => Matrix::packed(true, packed, scales, group_size, cols),
-            TensorData::K(..) => {
+        match t.data.dtype() {
+            DType::F32 => Matrix::F32(t.data.f32().to_vec()),
+            DType::Bf16 => Matrix::Bf16(t.data.bf16().to_vec()),
+            DType::Q8 => {
+                let Q8 {
+                    q,
+                    scales,
+                    group_size,
+                } = t.data.q8();
+                Matrix::Q8 {
+                    q: q.to_vec(),
+                    kernel: (dots().q8_interleaved.is_some()
+                        && interleaved::interleaves_q8(group_size))
+                    .then(|| interleaved::q8_for_kernels(dots(), q, cols, group_size)),
+                    scales: scales.to_vec(),
+                    group_size,
+                }
+            }
+            DType::Q4 => {
+                let Q4 {
+                    packed,
+                    scales,
+                    group_size,
+                } = t.data.q4();
+                Matrix::packed(false, packed, scales, group_size, cols)
+            }
+            DType::Q6 => {
+                let Q6 {
+                    packed,
+                    scales,
+                    group_size,
+                    cols,
+                } = t.data.q6();
+                Matrix::packed(true, packed, scales, group_size, cols)
+            }
+            DType::K(_) => {
                 let n: u64 = t.shape.iter().product();
-                Matrix::F32(
-                    (0..n as usize)
-                        .map(|i| crate::backend::weight(t, i))
-                        .collect(),
-                )
+                Matrix::F32((0..n as usize).map(|i| t.data.value(i)).collect())
             }
         }
     }
@@ -98,7 +105,7 @@ impl Matrix {
             m => {
                 let shape = [1, n as u64];
                 let v = m.view(&shape);
-                (0..n).map(|i| crate::backend::weight(&v, i)).collect()
+                (0..n).map(|i| v.data.value(i)).collect()
             }
         }
     }
@@ -106,18 +113,20 @@ impl Matrix {
     /// The matrix as the kernels take a weight of `shape` (`[rows, cols]`).
     pub fn view<'a>(&'a self, shape: &'a [u64; 2]) -> TensorView<'a> {
         let (data, interleaved) = match self {
-            Matrix::F32(v) => (TensorData::F32(v), None),
-            Matrix::Bf16(v) => (TensorData::Bf16(v), None),
+            Matrix::F32(v) => (TensorData::from_f32(v), None),
+            Matrix::Bf16(v) => (TensorData::from_bf16(v), None),
             Matrix::Q8 {
                 q,
                 kernel,
                 scales,
                 group_size,
             } => {
-                let data = |q| TensorData::Q8 {
-                    q,
-                    scales,
-                    group_size: *group_size,
+                let data = |q| {
+                    TensorData::from(Q8 {
+                        q,
+                        scales,
+                        group_size: *group_size,
+                    })
                 };
                 (data(q), kernel.as_deref().map(data))
             }
@@ -130,17 +139,17 @@ impl Matrix {
                 cols,
             } => {
                 let data = |packed| match six {
-                    true => TensorData::Q6 {
+                    true => TensorData::from(Q6 {
                         packed,
                         scales,
                         group_size: *group_size,
                         cols: *cols,
-                    },
-                    false => TensorData::Q4 {
+                    }),
+                    false => TensorData::from(Q4 {
                         packed,
                         scales,
                         group_size: *group_size,
-                    },
+                    }),
                 };
                 (data(packed), kernel.as_deref().map(data))
             }
@@ -178,17 +187,17 @@ mod tests {
         let mut s4 = vec![0u16; w.len() / 32];
         quantize_q4(&w, 32, &mut p4, &mut s4);
         let stored = [
-            TensorData::F32(&w),
-            TensorData::Q8 {
+            TensorData::from_f32(&w),
+            TensorData::from(Q8 {
                 q: &q,
                 scales: &s8,
                 group_size: 32,
-            },
-            TensorData::Q4 {
+            }),
+            TensorData::from(Q4 {
                 packed: &p4,
                 scales: &s4,
                 group_size: 32,
-            },
+            }),
         ];
         for data in stored {
             let file = TensorView {
