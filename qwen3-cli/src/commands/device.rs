@@ -1,12 +1,10 @@
 //! One path from `--device`, a model file and a second model (a draft model, or perplexity's
 //! base) to a backend with the weights loaded on it: the device is read and checked once
 //! ([`parse`], [`check`]), and one match ([`run_on`]: `inference`, `serve`, `batch`, `embed`,
-//! `rerank`, `perplexity`) loads the weights where the backend reads them and hands the
-//! command's own work the backend, the model and the second model. [`engine`] builds the engine
-//! of several sequences that `serve`, `batch`, `embed` and `rerank` run. `bench` reads its device
-//! here too, but loads it itself: what it measures beside the forward pass is the device's own
-//! memory (a thread pool of each size over host memory, or a GPU runtime's copy bandwidth), which
-//! work generic over the backend cannot reach.
+//! `rerank`, `perplexity`, `bench`) loads the weights where the backend reads them and hands the
+//! command's own work the backend, the model, the second model and the [`Place`] it runs in (what
+//! `--verbose` prints; a GPU's copy bandwidth, which `bench` sets beside its decode). [`engine`]
+//! builds the engine of several sequences that `serve`, `batch`, `embed` and `rerank` run.
 //!
 //! ```text
 //! --device cpu    -> Model::load(file)            over CpuBackend   (the kernels)
@@ -60,15 +58,46 @@ const CUDA_DRAFT: &str =
 pub trait OnDevice {
     type Out;
     /// Runs on `backend` with `model` (and `draft`, a second model on the same device if the
-    /// command has one: `--draft-model`'s weights, or perplexity's `--base`); `about` says
-    /// where, for `--verbose` and the logs.
+    /// command has one: `--draft-model`'s weights, or perplexity's `--base`); `place` says
+    /// where.
     fn run<'m, B: Backend>(
         self,
         backend: &'m B,
         model: &'m Model<'m, B::Tensor>,
         draft: Option<&'m Model<'m, B::Tensor>>,
-        about: &str,
+        place: &Place,
     ) -> Result<Self::Out>;
+
+    /// The same work on the CPU backend, which [`run_on`] calls for `--device cpu`: [`run`]
+    /// by default. A command overrides it where the work needs the CPU backend by name
+    /// (`bench` runs each thread count in its own thread pool, which takes only what can be
+    /// sent to other threads).
+    ///
+    /// [`run`]: OnDevice::run
+    fn run_on_cpu<'m>(
+        self,
+        model: &'m Model<'m>,
+        draft: Option<&'m Model<'m>>,
+        place: &Place,
+    ) -> Result<Self::Out>
+    where
+        Self: Sized,
+    {
+        self.run(CPU, model, draft, place)
+    }
+}
+
+/// Where [`run_on`] runs a command's work.
+pub struct Place<'d> {
+    /// One line for `--verbose` and the logs: the device, its threads, its kernels.
+    pub about: String,
+    /// The kernels by name, as `bench` reports them: the CPU's dot products (`avx2`, ...), or
+    /// the GPU's ("CUDA on NVIDIA H200 (compute 9.0)").
+    pub kernels: String,
+    /// On a GPU, its device-to-device copy bandwidth for a copy of `n` bytes, in bytes/s
+    /// (`CudaRuntime::copy_bandwidth`: what `bench` sets beside a GPU's decode). `None` on the
+    /// host, whose read bandwidth `bench` measures itself, in the thread pool of each run.
+    pub gpu_bandwidth: Option<&'d dyn Fn(usize) -> Result<f64>>,
 }
 
 /// Loads `file` (and `draft`) for `device` and runs `work` there. [`check`] has refused what the
@@ -89,17 +118,23 @@ pub fn run_on<W: OnDevice>(
             } else {
                 format!("{threads} (decode: {decode}, one per core)")
             };
-            let about = format!(
-                "cpu, threads: {threads}, dot products: {}",
-                kernels::dot::dots().isa
-            );
-            work.run(CPU, &model, draft.as_ref(), &about)
+            let isa = kernels::dot::dots().isa;
+            let place = Place {
+                about: format!("cpu, threads: {threads}, dot products: {isa}"),
+                kernels: isa.to_string(),
+                gpu_bandwidth: None,
+            };
+            work.run_on_cpu(&model, draft.as_ref(), &place)
         }
         Device::Plain => {
             let model = Model::load(file)?;
             let draft = draft.map(Model::load).transpose()?;
-            let about = "plain: the textbook loops, one thread";
-            work.run(&PLAIN, &model, draft.as_ref(), about)
+            let place = Place {
+                about: "plain: the textbook loops, one thread".into(),
+                kernels: "plain".into(),
+                gpu_bandwidth: None,
+            };
+            work.run(&PLAIN, &model, draft.as_ref(), &place)
         }
         Device::Cuda(_) if draft.is_some() => bail!("{CUDA_DRAFT}"),
         Device::Cuda(ordinal) => cuda::run_on(ordinal, file, work),
@@ -147,8 +182,13 @@ mod cuda {
     pub fn run_on<W: OnDevice>(ordinal: usize, file: &ModelFile, work: W) -> Result<W::Out> {
         let gpu = CudaBackend::load(ordinal, file)?;
         let model = Model::load_with(file, |name| gpu.weights.tensor(name))?;
-        let about = format!("cuda:{ordinal}, {}", gpu.runtime.description);
-        work.run(&gpu, &model, None, &about)
+        let bandwidth = |n: usize| gpu.runtime.copy_bandwidth(n);
+        let place = Place {
+            about: format!("cuda:{ordinal}, {}", gpu.runtime.description),
+            kernels: format!("CUDA on {}", gpu.runtime.description),
+            gpu_bandwidth: Some(&bandwidth),
+        };
+        work.run(&gpu, &model, None, &place)
     }
 }
 

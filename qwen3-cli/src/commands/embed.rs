@@ -8,7 +8,7 @@
 //! says: `-i "Instruct: Given a web search query, retrieve relevant passages that answer the
 //! query\nQuery: ..."`.
 
-use super::device::{self, OnDevice};
+use super::device::{self, OnDevice, Place};
 use super::input::read_text;
 use super::tokenize::open_tokenizer;
 use anyhow::{bail, Result};
@@ -126,10 +126,10 @@ impl OnDevice for LastRows {
         backend: &'m B,
         model: &'m Model<'m, B::Tensor>,
         _draft: Option<&'m Model<'m, B::Tensor>>,
-        about: &str,
+        place: &Place,
     ) -> Result<Self::Out> {
         if self.verbose {
-            eprintln!("device: {about}");
+            eprintln!("device: {}", place.about);
         }
         let cfg = EngineConfig {
             slots: SLOTS,

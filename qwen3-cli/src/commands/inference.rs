@@ -9,7 +9,7 @@
 
 use super::args::{InferenceArgs, Mode, Settings};
 use super::chat::ChatFiles;
-use super::device::{self, with_draft_model, OnDevice};
+use super::device::{self, with_draft_model, OnDevice, Place};
 use super::generate::{generate_text, PromptJob};
 use anyhow::Result;
 use qwen3_inference::backend::Backend;
@@ -72,7 +72,7 @@ impl OnDevice for Inference<'_> {
         backend: &'m B,
         model: &'m Model<'m, B::Tensor>,
         draft: Option<&'m Model<'m, B::Tensor>>,
-        about: &str,
+        place: &Place,
     ) -> Result<()> {
         let Settings {
             context_len, kv, ..
@@ -81,8 +81,8 @@ impl OnDevice for Inference<'_> {
         let engine = with_draft_model(engine, draft)?;
         let (args, settings) = (self.args, self.settings);
         match self.job {
-            Job::Generate(p) => generate_text(args, settings, engine, *p, about),
-            Job::Chat(files) => super::chat::run(args, settings, engine, *files, about),
+            Job::Generate(p) => generate_text(args, settings, engine, *p, &place.about),
+            Job::Chat(files) => super::chat::run(args, settings, engine, *files, &place.about),
         }
     }
 }

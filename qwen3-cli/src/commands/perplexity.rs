@@ -20,7 +20,7 @@
 //! experts chosen, at every position and sparse layer, the base did not choose: quantization's
 //! re-routing, a discontinuous change the KL only shows in sum.
 
-use super::device::{self, OnDevice};
+use super::device::{self, OnDevice, Place};
 use super::input::read_text;
 use super::tokenize::open_tokenizer;
 use anyhow::{bail, Result};
@@ -147,10 +147,10 @@ impl OnDevice for Score<'_> {
         backend: &'m B,
         model: &'m Model<'m, B::Tensor>,
         base: Option<&'m Model<'m, B::Tensor>>,
-        about: &str,
+        place: &Place,
     ) -> Result<Totals> {
         if self.verbose {
-            eprintln!("device: {about}");
+            eprintln!("device: {}", place.about);
         }
         score(backend, model, base, self)
     }

@@ -3,7 +3,7 @@
 //! docs/serve.md for what the server does.
 
 use super::args::{DraftArgs, KvCacheArg};
-use super::device::{self, OnDevice};
+use super::device::{self, OnDevice, Place};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use qwen3_cuda::Device;
@@ -341,7 +341,7 @@ impl OnDevice for Serve {
         backend: &'m B,
         model: &'m Model<'m, B::Tensor>,
         draft: Option<&'m Model<'m, B::Tensor>>,
-        _about: &str,
+        _place: &Place,
     ) -> Result<()> {
         let (ctx, rows) = (self.context_len, logit_rows(self.cfg.slots));
         let engine = device::engine(backend, model, draft, ctx, self.cfg, rows, self.kv)?;

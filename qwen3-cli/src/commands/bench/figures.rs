@@ -33,8 +33,7 @@ pub(super) struct Run {
 #[derive(Clone)]
 pub(super) enum On {
     Threads(usize),
-    /// Only a `--features cuda` build makes one.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    /// The device, as `--device` names it (`cuda:0`).
     Gpu(String),
 }
 

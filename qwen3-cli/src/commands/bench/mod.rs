@@ -12,9 +12,10 @@
 //! ceiling is what the machine streams at its best. Whether the weights got huge pages depends on
 //! the kernel and the page cache, so the share of them that did is printed too.
 //!
-//! `--device cuda` measures the same on a GPU (a build with `--features cuda`): the weights are
-//! uploaded once, the same forward pass runs over the CUDA backend, and the bandwidth is that of
-//! a device-to-device copy (`CudaRuntime::copy_bandwidth`), before each repeat.
+//! `--device cuda` measures the same on a GPU (a build with `--features cuda`): the model is
+//! loaded through the path every command takes (`device::run_on`), the same forward pass runs
+//! over the CUDA backend, and the bandwidth is that of a device-to-device copy
+//! (`CudaRuntime::copy_bandwidth`, which `run_on` hands over in its `Place`), before each repeat.
 
 mod args;
 mod draft;
@@ -23,14 +24,13 @@ mod report;
 
 pub use args::BenchArgs;
 
-use super::device;
+use super::device::{self, OnDevice, Place};
 use anyhow::{bail, Context, Result};
 use figures::{median_spread, On, Run, Samples, TokenReads};
 use qwen3_cuda::Device;
 use qwen3_inference::backend::{Backend, KvType, CPU};
 use qwen3_inference::format::ModelFile;
 use qwen3_inference::kernels::bandwidth::read_sum;
-use qwen3_inference::kernels::dot::dots;
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::pages::{huge_page_share, HugePageF32s};
 use qwen3_inference::sampler::argmax;
@@ -89,58 +89,113 @@ pub fn run(args: BenchArgs) -> Result<()> {
     match device {
         Device::Cpu => {}
         Device::Plain => bail!("bench measures --device cpu or cuda (plain is the textbook loops, for reading, not for speed)"),
-        Device::Cuda(ordinal) => {
+        Device::Cuda(_) => {
             if !args.threads.is_empty() {
                 bail!("--threads is for --device cpu");
             }
             if reads.kv_type != KvType::F32 {
                 bail!("--kv-cache bf16 is for --device cpu: the CUDA backend keeps its KV cache in f32");
             }
-            let (run, kernels) = cuda::measure(&args, &file, &prompt, &reads, ordinal)?;
-            return Report {
-                args: &args,
-                file: &file,
-                reads: &reads,
-                pages: None,
-                runs: &[run],
-                kernels: &kernels,
+            if !args.draft_replay.is_empty() {
+                bail!("--draft-replay is for --device cpu");
             }
-            .print();
         }
     }
-    let model = Model::load(&file)?;
-    if !args.draft_replay.is_empty() {
-        let draft_file = match &args.draft_model {
-            Some(d) => Some(super::args::open_draft_model(d, &args.model, None, false)?),
-            None => None,
-        };
-        let draft = draft_file.as_ref().map(Model::load).transpose()?;
-        let threads = thread_counts(&args);
-        return draft::run(&args, &model, draft.as_ref(), &prompt, &threads);
-    }
-    // 2^28 f32s: 1 GiB.
-    let mut buf = HugePageF32s::zeroed(1 << 28).context("cannot map the bandwidth buffer")?;
-    buf.fill(1.0);
-    let runs = (thread_counts(&args).into_iter())
-        .map(|t| measure(&args, &model, &prompt, &buf, &reads, t))
-        .collect::<Result<Vec<Run>>>()?;
-    if std::io::stderr().is_terminal() {
-        eprint!("\r\x1b[2K"); // erase the progress line
-    }
-    let pages = Pages {
-        // Read after the runs, when every weight has been touched.
-        weights: file.page_share(),
-        buffer: huge_page_share(buf.as_ptr() as *const u8),
+    // A draft model only for `--draft-replay`, which measures it.
+    let draft = match (&args.draft_model, args.draft_replay.is_empty()) {
+        (Some(d), false) => Some(super::args::open_draft_model(d, &args.model, None, false)?),
+        _ => None,
     };
-    Report {
+    let work = Measure {
+        device,
         args: &args,
         file: &file,
+        prompt: &prompt,
         reads: &reads,
-        pages: Some(&pages),
-        runs: &runs,
-        kernels: dots().isa,
+    };
+    device::run_on(device, &file, draft.as_ref(), work)
+}
+
+/// What bench measures, on whichever device `run_on` loaded the model.
+struct Measure<'a> {
+    device: Device,
+    args: &'a BenchArgs,
+    file: &'a ModelFile,
+    prompt: &'a [u32],
+    reads: &'a TokenReads,
+}
+
+impl OnDevice for Measure<'_> {
+    type Out = ();
+
+    /// On a GPU (bench refuses `--device plain` before loading): one run.
+    fn run<'m, B: Backend>(
+        self,
+        backend: &'m B,
+        model: &'m Model<'m, B::Tensor>,
+        _draft: Option<&'m Model<'m, B::Tensor>>,
+        place: &Place,
+    ) -> Result<()> {
+        let Some(copy_bandwidth) = place.gpu_bandwidth else {
+            bail!("bench measures --device cpu or cuda, not {}", place.about);
+        };
+        let (args, prompt, reads) = (self.args, self.prompt, self.reads);
+        let mut session = Session::new(backend, model, args.prompt + args.decode, KvType::F32)?;
+        let mut samples = Samples::default();
+        // One untimed pass first: the driver finishes loading the kernels at their first launch.
+        prefill_and_decode(&mut session, prompt, 1)?;
+        for _ in 0..args.repeats {
+            // 1 GiB, far beyond any GPU's L2 cache.
+            let bandwidth = copy_bandwidth(1 << 30)?;
+            let (p, d) = prefill_and_decode(&mut session, prompt, args.decode)?;
+            samples.push(p, d, bandwidth, reads);
+        }
+        let runs = [samples.into_run(On::Gpu(self.device.to_string()))];
+        self.report(&runs, None, &place.kernels)
     }
-    .print()
+
+    /// On the CPU: each thread count in its own pool, or `--draft-replay`'s runs.
+    fn run_on_cpu<'m>(
+        self,
+        model: &'m Model<'m>,
+        draft: Option<&'m Model<'m>>,
+        place: &Place,
+    ) -> Result<()> {
+        let (args, prompt, reads) = (self.args, self.prompt, self.reads);
+        let threads = thread_counts(args);
+        if !args.draft_replay.is_empty() {
+            return draft::run(args, model, draft, prompt, &threads);
+        }
+        // 2^28 f32s: 1 GiB.
+        let mut buf = HugePageF32s::zeroed(1 << 28).context("cannot map the bandwidth buffer")?;
+        buf.fill(1.0);
+        let runs = (threads.into_iter())
+            .map(|t| measure(args, model, prompt, &buf, reads, t))
+            .collect::<Result<Vec<Run>>>()?;
+        if std::io::stderr().is_terminal() {
+            eprint!("\r\x1b[2K"); // erase the progress line
+        }
+        let pages = Pages {
+            // Read after the runs, when every weight has been touched.
+            weights: self.file.page_share(),
+            buffer: huge_page_share(buf.as_ptr() as *const u8),
+        };
+        self.report(&runs, Some(&pages), &place.kernels)
+    }
+}
+
+impl Measure<'_> {
+    fn report(&self, runs: &[Run], pages: Option<&Pages>, kernels: &str) -> Result<()> {
+        Report {
+            args: self.args,
+            file: self.file,
+            reads: self.reads,
+            pages,
+            runs,
+            kernels,
+        }
+        .print()
+    }
 }
 
 /// `--threads`, or 1 and every core.
@@ -209,52 +264,4 @@ fn prefill_and_decode<B: Backend>(
         next = argmax(logits) as u32;
     }
     Ok((prefill, decode as f64 / start.elapsed().as_secs_f64()))
-}
-
-/// `--device cuda:N`: the weights uploaded once, then `-r` repeats, each after a measurement of
-/// the device's copy bandwidth.
-#[cfg(feature = "cuda")]
-mod cuda {
-    use super::*;
-    use qwen3_cuda::cuda::CudaBackend;
-
-    /// The run, and the kernels' description ("CUDA on NVIDIA H200 (compute 9.0)").
-    pub fn measure(
-        args: &BenchArgs,
-        file: &ModelFile,
-        prompt: &[u32],
-        reads: &TokenReads,
-        ordinal: usize,
-    ) -> Result<(Run, String)> {
-        let gpu = CudaBackend::load(ordinal, file)?;
-        let model = Model::load_with(file, |name| gpu.weights.tensor(name))?;
-        let mut session = Session::new(&gpu, &model, args.prompt + args.decode, KvType::F32)?;
-        let mut samples = Samples::default();
-        // One untimed pass first: the driver finishes loading the kernels at their first launch.
-        prefill_and_decode(&mut session, prompt, 1)?;
-        for _ in 0..args.repeats {
-            // 1 GiB, far beyond any GPU's L2 cache.
-            let bandwidth = gpu.runtime.copy_bandwidth(1 << 30)?;
-            let (p, d) = prefill_and_decode(&mut session, prompt, args.decode)?;
-            samples.push(p, d, bandwidth, reads);
-        }
-        let run = samples.into_run(On::Gpu(format!("cuda:{ordinal}")));
-        Ok((run, format!("CUDA on {}", gpu.runtime.description)))
-    }
-}
-
-/// Without the `cuda` feature `check_available` has already refused any CUDA device.
-#[cfg(not(feature = "cuda"))]
-mod cuda {
-    use super::*;
-
-    pub fn measure(
-        _args: &BenchArgs,
-        _file: &ModelFile,
-        _prompt: &[u32],
-        _reads: &TokenReads,
-        _ordinal: usize,
-    ) -> Result<(Run, String)> {
-        bail!("{}", qwen3_cuda::device::cuda_support().unwrap_err())
-    }
 }
