@@ -148,15 +148,13 @@ http {{
 """)
     proc = subprocess.Popen([nginx, "-p", str(d), "-c", str(d / "nginx.conf"), "-g", "daemon off;"],
                             stderr=open(d / "nginx.stderr", "w"))
-    for _ in range(100):
-        try:
-            if request(port, "GET", "/health")[0] == 200:
-                return proc, port
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"nginx did not answer: {(d / 'error.log').read_text() if (d / 'error.log').exists() else ''}"
-                     f"{(d / 'nginx.stderr').read_text()}")
+    try:
+        serverkit.wait_healthy(f"http://127.0.0.1:{port}", limit_s=5, proc=proc)
+    except SystemExit as e:
+        proc.kill()
+        log = (d / "error.log").read_text() if (d / "error.log").exists() else ""
+        raise SystemExit(f"nginx did not answer ({e}): {log}{(d / 'nginx.stderr').read_text()}")
+    return proc, port
 
 
 def main():

@@ -103,3 +103,32 @@ fn the_floors_are_read_from_their_block() {
     assert_eq!(f.len(), 3, "{f:?}");
     assert_eq!((f["format"], f["gguf"], f["quant"]), (2, 2, 1));
 }
+
+/// backend/plain.rs says it is the textbook: "no SIMD, no threads, no `unsafe`". Its code (and
+/// the textbook steps it takes from backend/hybrid_steps.rs) names no intrinsic, no thread pool,
+/// no `unsafe` and none of the fast kernels.
+#[test]
+fn the_plain_backend_is_textbook_loops() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/backend/plain.rs");
+    let text = std::fs::read_to_string(&src).unwrap();
+    let fast = [
+        "unsafe",
+        "std::arch",
+        "core::arch",
+        "rayon",
+        "thread",
+        "kernels::dot",
+        "kernels::matmul",
+        "delta_net_fast",
+        "hybrid_steps::FAST",
+    ];
+    for (n, line) in library_lines(&text) {
+        for word in fast {
+            assert!(!line.contains(word), "plain.rs:{n} names {word}: {line}");
+        }
+    }
+    assert!(
+        text.contains("hybrid_steps::TEXTBOOK"),
+        "plain.rs runs the textbook steps"
+    );
+}

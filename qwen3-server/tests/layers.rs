@@ -91,3 +91,47 @@ fn the_check_sees_a_use_and_skips_comments_and_tests() {
         "a trailing comment's crate:: still counts: the check errs on the side of failing"
     );
 }
+
+/// lib.rs says "this crate is the only place tokio lives": no other crate of the workspace
+/// depends on tokio (or on axum or hyper, which run on it), nor names it in its code.
+#[test]
+fn tokio_lives_only_in_the_server() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let workspace = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let members = workspace
+        .lines()
+        .find(|l| l.starts_with("members"))
+        .expect("the workspace lists its members");
+    let crates: Vec<&str> = members.split('"').skip(1).step_by(2).collect();
+    assert!(
+        crates.contains(&"qwen3-server") && crates.len() > 3,
+        "{crates:?}"
+    );
+    for name in crates.iter().filter(|&&c| c != "qwen3-server") {
+        let manifest = std::fs::read_to_string(root.join(name).join("Cargo.toml")).unwrap();
+        for line in manifest
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+        {
+            let dependency = line.split(['=', ' ', '.']).next().unwrap_or("");
+            for runtime in ["tokio", "axum", "hyper", "hyper-util", "tower-http"] {
+                assert_ne!(
+                    dependency, runtime,
+                    "{name}/Cargo.toml depends on {runtime}"
+                );
+            }
+        }
+        let src = root.join(name).join("src");
+        let mut rust = vec![src];
+        while let Some(p) = rust.pop() {
+            if p.is_dir() {
+                rust.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let text = std::fs::read_to_string(&p).unwrap();
+                for (n, line) in library_lines(&text) {
+                    assert!(!line.contains("tokio::"), "{}:{n}: {line}", p.display());
+                }
+            }
+        }
+    }
+}

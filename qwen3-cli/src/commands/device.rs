@@ -35,11 +35,14 @@ pub fn parse(device: &str) -> Result<Device> {
 }
 
 /// What the device cannot do with these flags: the CUDA backend holds one model's weights (no
-/// draft model) and keeps its KV cache in f32.
-pub fn check(device: Device, kv_cache: KvCacheArg, draft_model: bool) -> Result<()> {
+/// second model: `second` names the flag that gave one, `--draft-model` or perplexity's
+/// `--base`) and keeps its KV cache in f32. Every command checks here, before it loads anything.
+pub fn check(device: Device, kv_cache: KvCacheArg, second: Option<&str>) -> Result<()> {
     if let Device::Cuda(_) = device {
-        if draft_model {
-            bail!("{CUDA_DRAFT}");
+        if let Some(flag) = second {
+            bail!(
+                "{flag} runs on --device cpu or plain: the CUDA backend holds one model's weights"
+            );
         }
         if kv_cache != KvCacheArg::F32 {
             bail!(
@@ -49,10 +52,6 @@ pub fn check(device: Device, kv_cache: KvCacheArg, draft_model: bool) -> Result<
     }
     Ok(())
 }
-
-/// `--draft-model` on a GPU: not yet.
-const CUDA_DRAFT: &str =
-    "--draft-model runs on --device cpu or plain: the CUDA backend holds one model's weights";
 
 /// A command's work with a model on a backend: written once, run on whichever device was asked.
 pub trait OnDevice {
@@ -136,7 +135,10 @@ pub fn run_on<W: OnDevice>(
             };
             work.run(&PLAIN, &model, draft.as_ref(), &place)
         }
-        Device::Cuda(_) if draft.is_some() => bail!("{CUDA_DRAFT}"),
+        // Each command has refused its second model's flag by name ([`check`]).
+        Device::Cuda(_) if draft.is_some() => {
+            bail!("a second model runs on --device cpu or plain: the CUDA backend holds one model's weights")
+        }
         Device::Cuda(ordinal) => cuda::run_on(ordinal, file, work),
     }
 }

@@ -41,7 +41,11 @@ pub fn run(mut args: InferenceArgs) -> Result<()> {
         )?)),
         Mode::Chat => Job::Chat(Box::new(ChatFiles::open(&args, &file)?)),
     };
-    device::check(device, args.kv_cache, draft.is_some())?;
+    device::check(
+        device,
+        args.kv_cache,
+        draft.is_some().then_some("--draft-model"),
+    )?;
     let work = Inference {
         args: &args,
         settings,

@@ -20,12 +20,12 @@
 //! experts chosen, at every position and sparse layer, the base did not choose: quantization's
 //! re-routing, a discontinuous change the KL only shows in sum.
 
+use super::args::KvCacheArg;
 use super::device::{self, OnDevice, Place};
 use super::input::read_text;
 use super::tokenize::open_tokenizer;
 use anyhow::{bail, Result};
 use clap::Args;
-use qwen3_cuda::Device;
 use qwen3_inference::backend::{Backend, KvType};
 use qwen3_inference::format::ModelFile;
 use qwen3_inference::model::{Model, Session};
@@ -86,9 +86,11 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         bail!("--chunks must be at least 1");
     }
     let device = device::parse(&args.device)?;
-    if matches!(device, Device::Cuda(_)) && args.base.is_some() {
-        bail!("--base runs on --device cpu or plain: the CUDA backend holds one model's weights");
-    }
+    device::check(
+        device,
+        KvCacheArg::F32,
+        args.base.is_some().then_some("--base"),
+    )?;
     let file = ModelFile::open(&args.model)?;
     let base_file = args.base.as_ref().map(|p| ModelFile::open(p)).transpose()?;
     let c = file.config();

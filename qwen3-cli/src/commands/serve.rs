@@ -134,33 +134,7 @@ pub struct EngineArgs {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    let api_key = args
-        .api_key
-        .or_else(|| std::env::var("QWEN3_API_KEY").ok())
-        .filter(|k| !k.is_empty());
-    let (mut state, commands, worker) = prepare(args.engine, api_key)?;
-    state.ui = !args.no_ui;
-    state.cors = args.cors;
-    state.public_metrics = args.public_metrics;
-    state.max_images = args.max_images;
-    state.max_image_pixels = args.max_image_pixels;
-    if args.fetch_image_urls {
-        if !qwen3_server::images::FETCHES {
-            bail!(
-                "--fetch-image-urls: this build fetches nothing (built without the `hub` feature)"
-            );
-        }
-        if state.images.is_none() {
-            bail!("--fetch-image-urls: this model takes no images (its file has no vision tower, or the device does not run one)");
-        }
-    }
-    state.fetch_image_urls = args.fetch_image_urls;
-    if args.rerank {
-        if state.embeds {
-            bail!("--rerank needs a language model (Qwen3-Reranker), not an embedding model");
-        }
-        state.reranker = Some(Reranker::new(state.tokenizer).context("--rerank")?);
-    }
+    // The listener's flags first: a bad one is refused before the model is read.
     let seconds = |name: &str, s: f64| {
         if s.is_finite() && s > 0.0 && s <= 86_400.0 {
             Ok(Duration::from_secs_f64(s))
@@ -168,7 +142,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             bail!("--{name} {s}: must be a number of seconds in (0, 86400]")
         }
     };
-    state.body_timeout = seconds("body-timeout", args.body_timeout)?;
+    let body_timeout = seconds("body-timeout", args.body_timeout)?;
     if args.max_connections == 0 {
         bail!("--max-connections 0: at least one connection must be allowed");
     }
@@ -185,6 +159,31 @@ pub fn run(args: ServeArgs) -> Result<()> {
             seconds("shutdown-timeout", args.shutdown_timeout)?
         },
     };
+    if args.fetch_image_urls && !qwen3_server::images::FETCHES {
+        bail!("--fetch-image-urls: this build fetches nothing (built without the `hub` feature)");
+    }
+    let api_key = args
+        .api_key
+        .or_else(|| std::env::var("QWEN3_API_KEY").ok())
+        .filter(|k| !k.is_empty());
+    let (mut state, commands, worker) = prepare(args.engine, api_key)?;
+    // Then the flags that depend on the model.
+    state.ui = !args.no_ui;
+    state.cors = args.cors;
+    state.public_metrics = args.public_metrics;
+    state.max_images = args.max_images;
+    state.max_image_pixels = args.max_image_pixels;
+    state.body_timeout = body_timeout;
+    if args.fetch_image_urls && state.images.is_none() {
+        bail!("--fetch-image-urls: this model takes no images (its file has no vision tower, or the device does not run one)");
+    }
+    state.fetch_image_urls = args.fetch_image_urls;
+    if args.rerank {
+        if state.embeds {
+            bail!("--rerank needs a language model (Qwen3-Reranker), not an embedding model");
+        }
+        state.reranker = Some(Reranker::new(state.tokenizer).context("--rerank")?);
+    }
     qwen3_server::serve(opts, state, commands, worker)
 }
 
@@ -205,7 +204,8 @@ pub fn prepare(
     args.model =
         crate::hub::models::resolve(&args.model, args.models_dir.as_deref(), args.offline)?;
     let device = device::parse(&args.device)?;
-    device::check(device, args.kv_cache, false)?;
+    let second = args.draft.draft_model.is_some().then_some("--draft-model");
+    device::check(device, args.kv_cache, second)?;
     if args.parallel == 0 || args.parallel > MAX_BATCH {
         bail!(
             "--parallel must be in 1 ..= {MAX_BATCH}, got {}",
@@ -222,7 +222,6 @@ pub fn prepare(
     let draft_file =
         args.draft
             .open_model(&args.model, args.models_dir.as_deref(), args.offline)?;
-    device::check(device, args.kv_cache, draft_file.is_some())?;
     let context_len = super::args::context_len(args.context, &c)?;
     let tokenizer = super::model_text::tokenizer(&args.model)?;
     // A model exported without a chat template still serves /v1/completions.

@@ -1,8 +1,7 @@
-//! A dtype's home: how a tensor's values are stored ([`DType`]), and every fact the file format
-//! knows of each, in one table ([`TABLE`]): its code in a file, the format version that brought
-//! it, its name, and how its values and scales are laid out. Adding a dtype is a variant and a
-//! row here (another of GGUF's K-quants: a [`KQuant`] variant and its row); what reads it is its kernels' (`kernels/dot/`) and the reader's view of it
-//! (`view.rs`, `TensorData`).
+//! The list of dtypes ([`DType`]: how a tensor's values are stored), and every fact the file
+//! format knows of each, in one table ([`TABLE`]): its code in a file, the format version that
+//! brought it, its name, and how its values and scales are laid out. Where each dtype's other
+//! parts live, and what adding one takes, is ARCHITECTURE.md's "A dtype".
 
 use super::align_up;
 

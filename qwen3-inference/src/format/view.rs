@@ -2,8 +2,8 @@
 //! reads, borrowed where the values lie, and the [`TensorView`] the model and the kernels take.
 //! [`DType`] is the one list of dtypes: each quantized dtype's borrowed form lives in its own
 //! module ([`Q8`], [`Q4`] and [`Q6`] in `quant/`, a K-quant's blocks in `gguf/blocks.rs`), and
-//! `TensorData` hands a reader the form its dtype says. A new dtype is a [`DType`] row
-//! (`dtype.rs`), its module, and an arm in this file's accessors.
+//! `TensorData` hands a reader the form its dtype says (adding a dtype: ARCHITECTURE.md, "A
+//! dtype").
 
 use super::mapped::MappedParts;
 use super::reader::TensorInfo;

@@ -90,11 +90,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Device::Cpu => {}
         Device::Plain => bail!("bench measures --device cpu or cuda (plain is the textbook loops, for reading, not for speed)"),
         Device::Cuda(_) => {
+            device::check(device, args.kv_cache, None)?;
             if !args.threads.is_empty() {
                 bail!("--threads is for --device cpu");
-            }
-            if reads.kv_type != KvType::F32 {
-                bail!("--kv-cache bf16 is for --device cpu: the CUDA backend keeps its KV cache in f32");
             }
             if !args.draft_replay.is_empty() {
                 bail!("--draft-replay is for --device cpu");
