@@ -353,6 +353,13 @@ fn bad_flags_are_clear_errors() {
     assert!(run(&["--max-connections", "0"]).contains("--max-connections"));
     assert!(run(&["--header-timeout", "0"]).contains("--header-timeout"));
     assert!(run(&["--body-timeout", "nan"]).contains("--body-timeout"));
+    // The listener's limits are refused before the model is read: even with no model there.
+    let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
+        .args(["serve", "/nonexistent/model.bin", "--body-timeout", "nan"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--body-timeout"));
     // A text model fetches no images.
     assert!(run(&["--fetch-image-urls"]).contains("takes no images"));
     let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))

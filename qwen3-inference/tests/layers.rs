@@ -131,4 +131,18 @@ fn the_plain_backend_is_textbook_loops() {
         text.contains("hybrid_steps::TEXTBOOK"),
         "plain.rs runs the textbook steps"
     );
+    // And those steps are the textbook's (`kernels/delta_net.rs`), none of the fast ones.
+    let steps = std::fs::read_to_string(src.with_file_name("hybrid_steps.rs")).unwrap();
+    let textbook = steps
+        .split("pub const TEXTBOOK")
+        .nth(1)
+        .and_then(|rest| rest.split("};").next())
+        .expect("hybrid_steps.rs defines TEXTBOOK");
+    assert!(textbook.contains("delta_net::"), "{textbook}");
+    for word in fast {
+        assert!(
+            !textbook.contains(word),
+            "TEXTBOOK names {word}: {textbook}"
+        );
+    }
 }

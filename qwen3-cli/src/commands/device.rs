@@ -10,7 +10,8 @@
 //! --device cpu    -> Model::load(file)            over CpuBackend   (the kernels)
 //! --device plain  -> Model::load(file)            over PlainBackend (the textbook loops)
 //! --device cuda:N -> CudaBackend::load(N, file)   over CudaBackend  (weights on the GPU)
-//!                                  \-> OnDevice::run(backend, model, draft, about)
+//!                                  \-> OnDevice::run(backend, model, draft, place)
+//!                                      (on the CPU: OnDevice::run_on_cpu, by default the same)
 //! ```
 //!
 //! A command's work is generic over the backend ([`OnDevice`]), so that it is written once: the
@@ -36,7 +37,8 @@ pub fn parse(device: &str) -> Result<Device> {
 
 /// What the device cannot do with these flags: the CUDA backend holds one model's weights (no
 /// second model: `second` names the flag that gave one, `--draft-model` or perplexity's
-/// `--base`) and keeps its KV cache in f32. Every command checks here, before it loads anything.
+/// `--base`) and keeps its KV cache in f32. Each command with such a flag checks here, right
+/// after [`parse`], before it opens a model.
 pub fn check(device: Device, kv_cache: KvCacheArg, second: Option<&str>) -> Result<()> {
     if let Device::Cuda(_) = device {
         if let Some(flag) = second {

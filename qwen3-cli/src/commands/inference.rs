@@ -24,6 +24,8 @@ pub fn run(mut args: InferenceArgs) -> Result<()> {
     args.model =
         crate::hub::models::resolve(&args.model, args.models_dir.as_deref(), args.offline)?;
     let device = device::parse(&args.device)?;
+    let second = args.draft.draft_model.is_some().then_some("--draft-model");
+    device::check(device, args.kv_cache, second)?;
     let drafts = args.check_mode_flags()?;
     let file = ModelFile::open(&args.model)?;
     // The flags as settings for this model (context, KV cache, sampler, drafts), once.
@@ -41,11 +43,6 @@ pub fn run(mut args: InferenceArgs) -> Result<()> {
         )?)),
         Mode::Chat => Job::Chat(Box::new(ChatFiles::open(&args, &file)?)),
     };
-    device::check(
-        device,
-        args.kv_cache,
-        draft.is_some().then_some("--draft-model"),
-    )?;
     let work = Inference {
         args: &args,
         settings,

@@ -134,7 +134,8 @@ pub struct EngineArgs {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    // The listener's flags first: a bad one is refused before the model is read.
+    // The listener's timeouts and limits first: a bad one is refused before the model is read
+    // (the address is checked when it is bound).
     let seconds = |name: &str, s: f64| {
         if s.is_finite() && s > 0.0 && s <= 86_400.0 {
             Ok(Duration::from_secs_f64(s))

@@ -2,7 +2,7 @@
 //! the CPU backend and qwen3-cuda's reference backend say [`HostMemory`] and get their whole
 //! [`Memory`] from here, so each of them implements only its arithmetic. Every operation checks
 //! its ranges and answers a bad one with an error, not a panic, as a device backend does. The
-//! hybrid layers' steps those backends share are `hybrid_steps.rs`'s.
+//! hybrid layers' steps the plain and CPU backends share are `hybrid_steps.rs`'s.
 
 use super::Memory;
 use anyhow::{bail, ensure, Result};

@@ -274,11 +274,12 @@ pub(super) fn view_bytes<'a>(bytes: &'a [u8], t: &TensorInfo) -> Result<TensorDa
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::{dequantize_q4, dequantize_q6_row, dequantize_q8};
     use crate::quant::{quantize_q4, quantize_q6, quantize_q8};
     use crate::testing::lcg;
 
     /// Every dtype's data, read one value at a time and a row at a time, gives the same values,
-    /// and those are the dtype's own reading of them (its view's).
+    /// and those are what the dtype's own dequantization gives (the whole tensor at once).
     #[test]
     fn a_value_and_a_row_read_alike_in_every_dtype() {
         let (rows, cols, gs) = (3, 160, 32);
@@ -291,6 +292,15 @@ mod tests {
         quantize_q4(&w, gs, &mut p4, &mut s4);
         let (mut p6, mut s6) = (vec![0u8; w.len() / 4 * 3], vec![0u16; w.len() / gs]);
         quantize_q6(&w, cols, gs, &mut p6, &mut s6);
+        // Each dtype's values as its own dequantization gives them, whole tensors at once.
+        let mut d8 = vec![0f32; w.len()];
+        dequantize_q8(&q8, &s8, gs, &mut d8);
+        let mut d4 = vec![0f32; w.len()];
+        dequantize_q4(&p4, &s4, gs, &mut d4);
+        let mut d6 = vec![0f32; w.len()];
+        for (r, row) in d6.chunks_exact_mut(cols).enumerate() {
+            dequantize_q6_row(&p6, &s6, cols, gs, r, row);
+        }
         let q8 = Q8 {
             q: &q8,
             scales: &s8,
@@ -307,14 +317,16 @@ mod tests {
             group_size: gs,
             cols,
         };
-        let all: [(TensorData, &dyn Fn(usize) -> f32); 5] = [
-            (TensorData::from_f32(&w), &|i| w[i]),
-            (TensorData::from_bf16(&bits), &|i| {
-                f32::from_bits((bits[i] as u32) << 16)
-            }),
-            (q8.into(), &|i| q8.value(i)),
-            (q4.into(), &|i| q4.value(i)),
-            (q6.into(), &|i| q6.value(i)),
+        let widened: Vec<f32> = bits
+            .iter()
+            .map(|&b| f32::from_bits((b as u32) << 16))
+            .collect();
+        let all: [(TensorData, &[f32]); 5] = [
+            (TensorData::from_f32(&w), &w),
+            (TensorData::from_bf16(&bits), &widened),
+            (q8.into(), &d8),
+            (q4.into(), &d4),
+            (q6.into(), &d6),
         ];
         for (data, own) in all {
             let mut row = vec![0f32; cols];
@@ -323,7 +335,7 @@ mod tests {
                 for (c, &v) in row.iter().enumerate() {
                     let i = r * cols + c;
                     assert_eq!(v, data.value(i), "{} {i}", data.dtype());
-                    assert_eq!(v, own(i), "{} {i}", data.dtype());
+                    assert_eq!(v, own[i], "{} {i}", data.dtype());
                 }
             }
             let grouped = !matches!(data.dtype(), DType::F32 | DType::Bf16);

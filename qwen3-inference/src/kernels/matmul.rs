@@ -323,6 +323,8 @@ fn with_activations<R>(
     ws: &[&TensorView],
     f: impl FnOnce(Option<&ActsQ8>) -> R,
 ) -> R {
+    // A K-quant's block holds sub-blocks of 16 or 32 with their own scales; its kernels take
+    // the activations in groups of 32 (`dot/k_quants.rs`), not of the block's 256.
     let group = |w: &TensorView| match w.data.dtype() {
         DType::K(_) => Some(k_quants::GROUP),
         _ => w.data.group_size(),
