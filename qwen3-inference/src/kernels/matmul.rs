@@ -283,9 +283,15 @@ fn in_kernel_order<'a>(
     if !(dots().q4_layout.interleaves() && interleaved::interleaves(gs)) {
         return file;
     }
-    match w.interleaved {
-        Some(i) if i.dtype() == DType::Q4 => (i.q4().packed, i.q4().scales),
-        Some(i) if i.dtype() == DType::Q6 => (i.q6().packed, i.q6().scales),
+    match w.interleaved.map(|i| (i.dtype(), i)) {
+        Some((DType::Q4, i)) => {
+            let Q4 { packed, scales, .. } = i.q4();
+            (packed, scales)
+        }
+        Some((DType::Q6, i)) => {
+            let Q6 { packed, scales, .. } = i.q6();
+            (packed, scales)
+        }
         _ => panic!(
             "matmul {}: the AVX-512 kernels read q4 and q6 weights interleaved, and this view has \
              no interleaved copy (load the model with Model::load)",
@@ -302,7 +308,8 @@ fn in_kernel_order<'a>(
 fn q8_interleaved<'a>(w: &TensorView<'a>) -> Option<(MatQ8, &'a [i8], &'a [f32])> {
     match (dots().q8_interleaved, w.interleaved) {
         (Some(kernel), Some(i)) if i.dtype() == DType::Q8 => {
-            Some((kernel, i.q8().q, i.q8().scales))
+            let Q8 { q, scales, .. } = i.q8();
+            Some((kernel, q, scales))
         }
         _ => None,
     }
