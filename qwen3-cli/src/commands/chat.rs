@@ -375,7 +375,7 @@ impl<B: Backend> Chat<'_, '_, B> {
             eprintln!("usage: /image FILE");
             return;
         }
-        if !self.engine.forward().backend().takes_images() {
+        if !B::TAKES_IMAGES {
             eprintln!(
                 "error: this backend does not take images yet: run on the CPU (--device cpu)"
             );

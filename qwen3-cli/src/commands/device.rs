@@ -21,7 +21,7 @@ use super::args::KvCacheArg;
 use anyhow::{anyhow, bail, Result};
 use qwen3_cuda::device::check_available;
 use qwen3_cuda::Device;
-use qwen3_inference::backend::{Backend, KvType, PlainBackend, CPU};
+use qwen3_inference::backend::{Backend, CpuBackend, KvType, PlainBackend, CPU};
 use qwen3_inference::engine::{Engine, EngineConfig};
 use qwen3_inference::format::ModelFile;
 use qwen3_inference::kernels;
@@ -145,6 +145,16 @@ pub fn run_on<W: OnDevice>(
     }
 }
 
+/// Whether `device`'s backend runs prompts with images ([`Backend::TAKES_IMAGES`]), known
+/// before anything is loaded.
+pub fn takes_images(device: Device) -> bool {
+    match device {
+        Device::Cpu => CpuBackend::TAKES_IMAGES,
+        Device::Plain => PlainBackend::TAKES_IMAGES,
+        Device::Cuda(_) => cuda::TAKES_IMAGES,
+    }
+}
+
 /// The plain backend holds nothing; one value serves every command (as
 /// `qwen3_inference::backend::CPU` does for the CPU backend).
 const PLAIN: PlainBackend<'static> = PlainBackend::new();
@@ -183,6 +193,8 @@ mod cuda {
     use super::*;
     use qwen3_cuda::cuda::CudaBackend;
 
+    pub const TAKES_IMAGES: bool = CudaBackend::TAKES_IMAGES;
+
     pub fn run_on<W: OnDevice>(ordinal: usize, file: &ModelFile, work: W) -> Result<W::Out> {
         let gpu = CudaBackend::load(ordinal, file)?;
         let model = Model::load_with(file, |name| gpu.weights.tensor(name))?;
@@ -200,6 +212,8 @@ mod cuda {
 #[cfg(not(feature = "cuda"))]
 mod cuda {
     use super::*;
+
+    pub const TAKES_IMAGES: bool = false;
 
     pub fn run_on<W: OnDevice>(_ordinal: usize, _file: &ModelFile, _work: W) -> Result<W::Out> {
         bail!("{}", qwen3_cuda::device::cuda_support().unwrap_err())

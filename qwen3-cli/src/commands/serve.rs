@@ -268,11 +268,12 @@ pub fn prepare(
         reranker: None,
         embeds: c.embedding.is_some(),
         info: ModelInfo::of(&file, &args.model),
-        // The CUDA backend does not take images yet (`Backend::takes_images`): its server is
-        // text-only, and says so to an image.
-        images: match device {
-            Device::Cuda(_) => None,
-            _ => qwen3_inference::vision::ImageEncoder::from_file(&file)?,
+        // A backend that does not take images (the CUDA one, yet) serves the text only, and
+        // says so to an image.
+        images: if device::takes_images(device) {
+            qwen3_inference::vision::ImageEncoder::from_file(&file)?
+        } else {
+            None
         },
         draining: Default::default(),
         public_metrics: false,

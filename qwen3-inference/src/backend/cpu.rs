@@ -290,9 +290,7 @@ impl<'a> Backend for CpuBackend<'a> {
         Ok(())
     }
 
-    fn takes_images(&self) -> bool {
-        true
-    }
+    const TAKES_IMAGES: bool = true;
 
     fn store_kv(
         &self,

@@ -67,7 +67,7 @@ pub trait Memory {
 
     /// `x[offset..][..src.len()] = src`: values from the host written into a buffer (an image's
     /// vectors in place of its tokens' embeddings). The default refuses; host vectors take any
-    /// values. Whether a backend runs images at all is [`Backend::takes_images`], which the engine
+    /// values. Whether a backend runs images at all is [`Backend::TAKES_IMAGES`], which the engine
     /// asks before it sends one.
     fn write(&self, _x: &mut Self::Buf, _offset: usize, _src: &[f32]) -> Result<()> {
         bail!("this backend does not take images")
@@ -151,10 +151,10 @@ pub trait Backend: Memory {
     ) -> Result<Self::KvCache>;
 
     /// Whether this backend runs prompts with images ([`Memory::write`] and
-    /// [`Backend::rope_mrope`]); the engine refuses an image request on one that does not.
-    fn takes_images(&self) -> bool {
-        false
-    }
+    /// [`Backend::rope_mrope`]); the engine refuses an image request on one that does not. A
+    /// constant of the type, so that a command can ask before it loads anything (the server's
+    /// model card says whether it takes images: the CLI's `device::takes_images`).
+    const TAKES_IMAGES: bool = false;
 
     // ---- The math. ----
 

@@ -183,9 +183,7 @@ impl<'a> Backend for PlainBackend<'a> {
         Ok(())
     }
 
-    fn takes_images(&self) -> bool {
-        true
-    }
+    const TAKES_IMAGES: bool = true;
 
     /// Each head's halves rotated by the angles of its token's position (HF's `rotate_half`):
     /// `lo' = lo cos - hi sin`, `hi' = hi cos + lo sin`.

@@ -447,7 +447,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                     "this model does not take images (its file has no vision tower)".into(),
                 ));
             }
-            if !self.fwd.backend().takes_images() {
+            if !B::TAKES_IMAGES {
                 return Err(Rejected::Invalid(
                     "this backend does not take images yet: run on the CPU (--device cpu)".into(),
                 ));
