@@ -2,7 +2,8 @@
 //!
 //! Data flows one way, and the modules follow it:
 //! files on disk -> [`format`] (the model file) -> [`model`] (weights, forward pass, run by a
-//! [`backend`]) -> logits -> [`sampler`] -> token ids -> [`tokenizer`] -> text. [`chat`] turns a
+//! [`backend`]) -> logits -> [`sampler`] -> token ids -> [`tokenizer`] -> text ([`text`]: an answer's text as a
+//! user sees it, cut at its stop strings, its reasoning and tool calls apart). [`chat`] turns a
 //! conversation into the token ids the model sees; [`generate`] drives prefill and decode;
 //! [`constraint`] masks the logits so that an answer matches a grammar (structured output).
 //! [`pages`] asks for the 2 MiB pages that the weights and the KV cache stream fastest from.
@@ -29,5 +30,6 @@ pub mod sampler;
 // for other crates' tests and benches only; a release build of `qwen3` does not contain it.
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod text;
 pub mod tokenizer;
 pub mod vision;

@@ -6,12 +6,12 @@
 use crate::job::{unix_now, Job, Kind, Params};
 use crate::logprobs;
 use crate::state::AppState;
-use crate::text::{ChoiceText, Delta};
-use crate::tool_calls::ToolCall;
 use crate::worker::{Command, Update};
+use qwen3_inference::chat::tool_calls::ToolCall;
 use qwen3_inference::engine::RequestId;
 use qwen3_inference::generate::StopReason;
 use qwen3_inference::logprobs::TokenLogprobs;
+use qwen3_inference::text::{ChoiceText, Delta};
 use qwen3_inference::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};

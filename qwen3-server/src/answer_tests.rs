@@ -74,7 +74,7 @@ fn answer(s: &Arc<AppState>, text: &str) -> (Value, Vec<Value>) {
         reasoning: Some(false),
         stop_ids: vec![],
         logprobs: None,
-        tool_calls: Some(crate::tool_calls::ToolCalls::default()),
+        tool_calls: Some(qwen3_inference::chat::tool_calls::ToolCalls::default()),
         constraint: None,
         start: Instant::now(),
         images: None,

@@ -61,7 +61,7 @@ pub(crate) struct Job {
     pub(crate) logprobs: Option<usize>,
     /// Cut `<tool_call>` blocks out of the answer (a chat with tools): the beginning of the call
     /// the prompt already holds (empty unless `tool_choice` forces a call), and the tools.
-    pub(crate) tool_calls: Option<crate::tool_calls::ToolCalls>,
+    pub(crate) tool_calls: Option<qwen3_inference::chat::tool_calls::ToolCalls>,
     /// The grammar the answer must match (`response_format`, a tool call), if any.
     pub(crate) constraint: Option<Constraint>,
     /// When the request arrived (its time to first token counts from here).

@@ -67,10 +67,6 @@ pub mod answer;
 
 pub mod job;
 
-pub mod text;
-
-pub mod tool_calls;
-
 pub mod logprobs;
 
 pub mod state;

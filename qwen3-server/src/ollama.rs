@@ -557,7 +557,7 @@ fn piece(
     kind: Kind,
     content: &str,
     thinking: &str,
-    calls: &[crate::tool_calls::ToolCall],
+    calls: &[qwen3_inference::chat::tool_calls::ToolCall],
 ) -> Value {
     let mut v = json!({"model": s.model_name, "created_at": rfc3339(unix_now()), "done": false});
     match kind {

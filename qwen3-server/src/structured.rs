@@ -16,11 +16,11 @@
 //! schema a client never meant to be enforced must not make a request fail).
 //!
 //! A grammar that does not compile is a 400 naming the field; the format of a call is the one
-//! the chat template asks for, Qwen's JSON or Qwen3.5's XML (tool_calls.rs reads both back).
+//! the chat template asks for, Qwen's JSON or Qwen3.5's XML (the library's `chat/tool_calls.rs` reads both back).
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::tool_calls::ToolChoice;
+use qwen3_inference::chat::tool_calls::{self, ToolChoice};
 use qwen3_inference::constraint::{json_in_lark, Constraint, Grammar, Start, Vocabulary};
 use serde_json::{json, Value};
 
@@ -220,10 +220,10 @@ fn json_call(i: usize, name: &str, schema: &Value) -> String {
     )
 }
 
-/// Tool `i`'s call in Qwen3.5's XML (tool_calls.rs): `<function=f>\n`, then a
+/// Tool `i`'s call in Qwen3.5's XML (`chat/tool_calls.rs`): `<function=f>\n`, then a
 /// `<parameter=p>\nvalue\n</parameter>\n` per argument, then `</function>`. The arguments are
 /// the schema's `properties` in their order, each required one present; a schema without
-/// properties takes any parameters. A value is JSON where tool_calls.rs reads JSON back (a
+/// properties takes any parameters. A value is JSON where `chat/tool_calls.rs` reads JSON back (a
 /// property of type integer, number, boolean, object or array), following the property's
 /// schema; otherwise text, as the template writes a string: one of a string `enum`, or any text
 /// up to the parameter's end within the property's `minLength` and `maxLength` (a `pattern` is
@@ -249,7 +249,7 @@ fn xml_call(i: usize, name: &str, schema: &Value) -> String {
         .unwrap_or_default();
     let mut seq = Vec::new();
     for (j, key) in props.keys().enumerate() {
-        let prop = crate::tool_calls::property(schema, key);
+        let prop = tool_calls::property(schema, key);
         let value = match prop["type"].as_str() {
             Some("integer" | "number" | "boolean" | "object" | "array") => {
                 format!("{} {end}", json_in_lark(&with_defs(prop, schema)))

@@ -13,9 +13,9 @@ use qwen3_inference::engine::{Engine, PromptImages, Request};
 use qwen3_inference::format::ModelFile;
 use qwen3_inference::generate::{generate_until, GenerationStats, StopReason};
 use qwen3_inference::logprobs::TokenLogprobs;
+use qwen3_inference::text::ChoiceText;
 use qwen3_inference::tokenizer::Tokenizer;
 use qwen3_inference::vision::{ImageEncoder, MAX_SOURCE_PIXELS};
-use qwen3_server::text::ChoiceText;
 use serde_json::json;
 use std::io::Write;
 use std::path::Path;
@@ -289,7 +289,7 @@ fn print_setup<B: Backend>(
 }
 
 /// What stdout gets, token by token: the text (decoded as tokens come, an incomplete character
-/// held back, cut at a stop string, as the server's answers are: `qwen3_server::text`), or the
+/// held back, cut at a stop string, as the server's answers are: `qwen3_inference::text`), or the
 /// ids when the prompt was ids, or one JSON line per token with `--logprobs`; with `--json`
 /// everything is kept for the one object printed at the end.
 struct Printer<'a> {

@@ -7,11 +7,14 @@
 //! - [`pyjson`]: Python's `json.dumps`, for the templates' `tojson` filter.
 //! - [`conversation`]: [`Conversation`] (system prompt, turns, `/reset`, `/system`) and the KV
 //!   cache reuse rule ([`common_prefix_len`], [`reuse_len`]).
+//! - [`tool_calls`]: the tool calls in an answer, in the form the template asked for (Qwen's JSON
+//!   or Qwen3.5's XML), read back as OpenAI's `tool_calls`; `tool_choice`'s forced beginning.
 
 pub mod conversation;
 pub mod pyjson;
 pub mod template;
 pub mod template_file;
+pub mod tool_calls;
 
 pub use conversation::{common_prefix_len, reuse_len, Conversation};
 pub use template::{ChatTemplate, Message};

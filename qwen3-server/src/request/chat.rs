@@ -8,7 +8,7 @@ use crate::images::{self, ImagePart};
 use crate::job::{Job, Kind, Params};
 use crate::state::AppState;
 use crate::structured;
-use crate::tool_calls::{ToolCalls, ToolChoice};
+use qwen3_inference::chat::tool_calls::{ToolCalls, ToolChoice};
 use qwen3_inference::constraint::Constraint;
 use serde::Deserialize;
 use serde_json::Value;

@@ -7,8 +7,8 @@
 //! the text while it could still be the start of a stop string, and a tag (`<think>`,
 //! `</think>`) while it is not complete.
 
-use crate::tool_calls::{ToolCall, ToolCallSplit, ToolCalls};
-use qwen3_inference::tokenizer::{StreamDecoder, Tokenizer};
+use crate::chat::tool_calls::{ToolCall, ToolCallSplit, ToolCalls};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// Text to send: the answer's part and the reasoning's part, and the tool calls completed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

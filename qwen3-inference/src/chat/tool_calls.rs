@@ -67,7 +67,7 @@ impl ToolChoice {
     /// function the answer starts as a call does (Qwen's format, the only way the template has
     /// to ask; in XML when the template writes calls so), and the model writes the rest. Empty
     /// otherwise.
-    pub(crate) fn forced_start(&self, xml: bool) -> String {
+    pub fn forced_start(&self, xml: bool) -> String {
         match self {
             ToolChoice::Required => "<tool_call>\n".to_string(),
             ToolChoice::Named(name) if xml => format!("<tool_call>\n<function={name}>\n"),
@@ -252,7 +252,7 @@ fn parse_xml(inner: &str, tools: &[Value]) -> Option<ToolCall> {
 /// Property `name` of a tool's `parameters` schema, through its `$ref` when it is one of the
 /// schema's `$defs` or `definitions` (as Pydantic writes nested models); `Null` if there is none.
 /// The grammar that writes a call (structured.rs) and this parser read a property alike.
-pub(crate) fn property<'v>(parameters: &'v Value, name: &str) -> &'v Value {
+pub fn property<'v>(parameters: &'v Value, name: &str) -> &'v Value {
     let prop = &parameters["properties"][name];
     let Some(r) = prop["$ref"].as_str() else {
         return prop;
