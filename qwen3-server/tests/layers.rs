@@ -135,3 +135,28 @@ fn tokio_lives_only_in_the_server() {
         }
     }
 }
+
+/// The CLI's commands that do not serve (generate, chat, rerank, embed, ...) run on the library
+/// alone: only `serve` and `batch` (which runs the server's engine loop over a file of requests)
+/// use this crate (ARCHITECTURE.md, "A CLI subcommand").
+#[test]
+fn only_serving_commands_use_the_server() {
+    let commands = Path::new(env!("CARGO_MANIFEST_DIR")).join("../qwen3-cli/src");
+    let mut rust = vec![commands];
+    let mut users = vec![];
+    while let Some(p) = rust.pop() {
+        if p.is_dir() {
+            rust.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            let text = std::fs::read_to_string(&p).unwrap();
+            if library_lines(&text)
+                .iter()
+                .any(|(_, line)| line.contains("qwen3_server"))
+            {
+                users.push(p.file_name().unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    users.sort();
+    assert_eq!(users, ["batch.rs", "serve.rs"]);
+}
