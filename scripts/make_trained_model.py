@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Train a small Qwen3 for a few minutes on text, for quality comparisons that a random-weight
+checkpoint cannot make.
+
+A random checkpoint's logits span hundreds, so any rounding moves a token's loss by nats and two
+runtimes' perplexities of one quantized file differ by far more than either does wrong
+(docs/gguf.md, "Quality beside llama.cpp"). A model trained even briefly predicts text with the
+peaked, small-logit distributions of a real one; the same quantized file in two runtimes then
+shows what their rounding costs. No hub model is reachable here, so this trains one:
+
+    ../venv-torch/bin/python scripts/make_trained_model.py --qwen3-tokenizer TOK_DIR OUT_DIR
+
+A Qwen3ForCausalLM of hidden 256 (4 layers, 4 query heads and 2 key-value heads of 64, an MLP of
+768: every width a multiple of 256, as GGUF's K-quants need), with the real Qwen3 vocabulary (tied
+embeddings), trained on the repository's own documentation (README.md, ARCHITECTURE.md, docs/*.md)
+except docs/transformer.md, whose opening is fixtures/text/eval.md, the evaluation text: next-token
+loss, AdamW, --batch sequences of 256 tokens a step (4), --steps steps (120: about a quarter of an
+hour on two cores). OUT_DIR gets config.json, generation_config.json, model.safetensors (bf16) and
+the tokenizer files. Prints the loss as it trains and the held-out perplexity of eval.md at the
+end.
+Do not commit the output (90 MB).
+"""
+
+import argparse
+import math
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+ROOT = Path(__file__).resolve().parent.parent
+SEQ = 256
+
+
+def corpus_ids(tok) -> list[int]:
+    files = [ROOT / "README.md", ROOT / "ARCHITECTURE.md"]
+    files += sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "transformer.md")
+    text = "\n\n".join(p.read_text() for p in files)
+    return tok(text)["input_ids"]
+
+
+def held_out_ppl(model, ids: list[int]) -> float:
+    model.eval()
+    losses, n = 0.0, 0
+    with torch.no_grad():
+        for at in range(0, len(ids) - 1, SEQ):
+            chunk = torch.tensor([ids[at : at + SEQ]])
+            if chunk.shape[1] < 2:
+                break
+            # The model shifts the labels: the loss is over tokens 1.. given those before.
+            loss = model(chunk, labels=chunk).loss
+            losses += loss.item() * (chunk.shape[1] - 1)
+            n += chunk.shape[1] - 1
+    model.train()
+    return math.exp(losses / n)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--qwen3-tokenizer", type=Path, required=True)
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    torch.manual_seed(args.seed)
+    tok = AutoTokenizer.from_pretrained(args.qwen3_tokenizer)
+    ids = corpus_ids(tok)
+    eval_ids = tok((ROOT / "fixtures/text/eval.md").read_text())["input_ids"]
+    print(f"corpus: {len(ids)} tokens; eval.md: {len(eval_ids)} tokens")
+    config = Qwen3Config(
+        vocab_size=151936,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=4096,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=151643,
+        eos_token_id=151645,
+    )
+    model = Qwen3ForCausalLM(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    data = torch.tensor(ids)
+    start = time.time()
+    for step in range(args.steps):
+        lr = 3e-3 * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * step / args.steps))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        at = torch.randint(0, len(data) - SEQ - 1, (args.batch,))
+        batch = torch.stack([data[a : a + SEQ] for a in at])
+        loss = model(batch, labels=batch).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 10 == 0 or step == args.steps - 1:
+            print(f"step {step}: loss {loss.item():.3f} ({time.time() - start:.0f} s)", flush=True)
+    print(f"eval.md perplexity (transformers, f32, chunks of {SEQ}): {held_out_ppl(model, eval_ids):.2f}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.bfloat16).save_pretrained(args.out, safe_serialization=True)
+    for name in ["tokenizer.json", "tokenizer_config.json"]:
+        shutil.copy(args.qwen3_tokenizer / name, args.out / name)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
