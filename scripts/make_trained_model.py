@@ -10,7 +10,8 @@ shows what their rounding costs. No hub model is reachable here, so this trains 
 
     ../venv-torch/bin/python scripts/make_trained_model.py --qwen3-tokenizer TOK_DIR OUT_DIR
 
-A Qwen3ForCausalLM of hidden 256 (4 layers, 4 query heads and 2 key-value heads of 64, an MLP of
+A Qwen3ForCausalLM (or with --arch qwen3_5 a Qwen3_5ForCausalLM: three Gated DeltaNets and a gated
+attention layer) of hidden 256 (4 layers, 4 query heads and 2 key-value heads of 64, an MLP of
 768: every width a multiple of 256, as GGUF's K-quants need), with the real Qwen3 vocabulary (tied
 embeddings), trained on the repository's own documentation (README.md, ARCHITECTURE.md, docs/*.md)
 except docs/transformer.md, whose opening is fixtures/text/eval.md, the evaluation text: next-token
@@ -28,7 +29,8 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+import transformers
+from transformers import AutoTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 SEQ = 256
@@ -39,6 +41,48 @@ def corpus_ids(tok) -> list[int]:
     files += sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "transformer.md")
     text = "\n\n".join(p.read_text() for p in files)
     return tok(text)["input_ids"]
+
+
+def make_model(arch: str):
+    """The untrained model: Qwen3, or Qwen3.5's text model (three Gated DeltaNets of 4 key and 4
+    value heads of 64 and a gated attention layer, RoPE on a quarter of each head, as
+    make_bench_model.py's qwen3.5 shapes but small)."""
+    common = dict(
+        vocab_size=151936,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=151643,
+        eos_token_id=151645,
+    )
+    if arch == "qwen3":
+        config = transformers.Qwen3Config(rope_theta=1000000.0, **common)
+        return transformers.Qwen3ForCausalLM(config)
+    config = transformers.Qwen3_5TextConfig(
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        full_attention_interval=4,
+        linear_num_key_heads=4,
+        linear_num_value_heads=4,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        linear_conv_kernel_dim=4,
+        attn_output_gate=True,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_interleaved": True,
+            "mrope_section": [3, 3, 2],
+        },
+        **common,
+    )
+    return transformers.Qwen3_5ForCausalLM(config)
 
 
 def held_out_ppl(model, ids: list[int]) -> float:
@@ -63,6 +107,7 @@ def main():
     ap.add_argument("--qwen3-tokenizer", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--arch", choices=["qwen3", "qwen3_5"], default="qwen3")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.manual_seed(args.seed)
@@ -70,22 +115,7 @@ def main():
     ids = corpus_ids(tok)
     eval_ids = tok((ROOT / "fixtures/text/eval.md").read_text())["input_ids"]
     print(f"corpus: {len(ids)} tokens; eval.md: {len(eval_ids)} tokens")
-    config = Qwen3Config(
-        vocab_size=151936,
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=4096,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        bos_token_id=151643,
-        eos_token_id=151645,
-    )
-    model = Qwen3ForCausalLM(config)
+    model = make_model(args.arch)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     data = torch.tensor(ids)
     start = time.time()
