@@ -1,25 +1,29 @@
 #!/usr/bin/env python3
-"""Train a small Qwen3 for a few minutes on text, for quality comparisons that a random-weight
-checkpoint cannot make.
+"""Train a small Qwen3 for a quarter of an hour on text, for quality comparisons that a
+random-weight checkpoint cannot make.
 
 A random checkpoint's logits span hundreds, so any rounding moves a token's loss by nats and two
 runtimes' perplexities of one quantized file differ by far more than either does wrong
 (docs/gguf.md, "Quality beside llama.cpp"). A model trained even briefly predicts text with the
 peaked, small-logit distributions of a real one; the same quantized file in two runtimes then
-shows what their rounding costs. No hub model is reachable here, so this trains one:
+shows what their rounding costs. Where no trained checkpoint can be downloaded, this makes one:
 
-    ../venv-torch/bin/python scripts/make_trained_model.py --qwen3-tokenizer TOK_DIR OUT_DIR
+    python3 scripts/make_trained_model.py --qwen3-tokenizer TOK_DIR OUT_DIR
 
-A Qwen3ForCausalLM (or with --arch qwen3_5 a Qwen3_5ForCausalLM: three Gated DeltaNets and a gated
-attention layer) of hidden 256 (4 layers, 4 query heads and 2 key-value heads of 64, an MLP of
-768: every width a multiple of 256, as GGUF's K-quants need), with the real Qwen3 vocabulary (tied
-embeddings), trained on the repository's own documentation (README.md, ARCHITECTURE.md, docs/*.md)
-except docs/transformer.md, whose opening is fixtures/text/eval.md, the evaluation text: next-token
-loss, AdamW, --batch sequences of 256 tokens a step (4), --steps steps (120: about a quarter of an
-hour on two cores). OUT_DIR gets config.json, generation_config.json, model.safetensors (bf16) and
-the tokenizer files. Prints the loss as it trains and the held-out perplexity of eval.md at the
-end.
-Do not commit the output (90 MB).
+(with PyTorch and transformers 5 installed). A Qwen3ForCausalLM of hidden 256 (4 layers, 4 query
+heads and 2 key-value heads of 64, an MLP of 768: every width a multiple of 256, as GGUF's
+K-quants need), with the real Qwen3 vocabulary and tokenizer from TOK_DIR (tied embeddings);
+with --arch qwen3_5 a Qwen3_5ForCausalLM of the same widths instead (three Gated DeltaNets of 4
+key and 4 value heads of 64 and a gated attention layer), still with Qwen3's vocabulary, which is
+not Qwen3.5's 248,320 rows, and slower to train (the reference PyTorch delta rule). Trained on the
+repository's own documentation as it is when the script runs (README.md, ARCHITECTURE.md,
+docs/*.md) except docs/transformer.md, whose opening is fixtures/text/eval.md, the evaluation
+text: next-token loss, AdamW, --batch sequences of 256 tokens a step (4), --steps steps (120),
+seeded by --seed (0). The corpus changes with the docs: the figures in the docs name the commit
+whose docs they trained on. OUT_DIR gets config.json, generation_config.json, model.safetensors
+(bf16) and the tokenizer files (tokenizer.json, tokenizer_config.json, and chat_template.jinja
+where TOK_DIR has one). Prints the loss as it trains and eval.md's perplexity at the end. Do not
+commit the output (90 MB).
 """
 
 import argparse
@@ -132,11 +136,13 @@ def main():
         opt.step()
         if step % 10 == 0 or step == args.steps - 1:
             print(f"step {step}: loss {loss.item():.3f} ({time.time() - start:.0f} s)", flush=True)
-    print(f"eval.md perplexity (transformers, f32, chunks of {SEQ}): {held_out_ppl(model, eval_ids):.2f}")
+    ppl = held_out_ppl(model, eval_ids)
+    print(f"eval.md perplexity (transformers, f32, chunks of {SEQ}): {ppl:.2f}")
     args.out.mkdir(parents=True, exist_ok=True)
     model.to(torch.bfloat16).save_pretrained(args.out, safe_serialization=True)
-    for name in ["tokenizer.json", "tokenizer_config.json"]:
-        shutil.copy(args.qwen3_tokenizer / name, args.out / name)
+    for name in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]:
+        if (args.qwen3_tokenizer / name).exists():
+            shutil.copy(args.qwen3_tokenizer / name, args.out / name)
     print(f"wrote {args.out}")
 
 

@@ -2,10 +2,11 @@
 //!
 //! Data flows one way, and the modules follow it:
 //! files on disk -> [`format`] (the model file) -> [`model`] (weights, forward pass, run by a
-//! [`backend`]) -> logits -> [`sampler`] -> token ids -> [`tokenizer`] -> text ([`text`]: an answer's text as a
-//! user sees it, cut at its stop strings, its reasoning and tool calls apart). [`chat`] turns a
-//! conversation into the token ids the model sees; [`generate`] drives prefill and decode;
-//! [`constraint`] masks the logits so that an answer matches a grammar (structured output).
+//! [`backend`]) -> logits -> [`sampler`] -> token ids -> [`tokenizer`] -> text ([`text`]: an
+//! answer's text as a user sees it, cut at its stop strings, its reasoning and tool calls
+//! apart). [`chat`] turns a conversation into the token ids the model sees; [`generate`] drives
+//! prefill and decode; [`constraint`] masks the logits so that an answer matches a grammar
+//! (structured output).
 //! [`pages`] asks for the 2 MiB pages that the weights and the KV cache stream fastest from.
 //! [`gguf`] reads llama.cpp's GGUF files (their metadata, tokenizer and tensors), which [`format`]
 //! opens as model files.

@@ -1,5 +1,6 @@
-//! One choice's tokens as the text an OpenAI client sees: decoded as they come, cut at a stop
-//! string, and (for a thinking model's chat) split into `reasoning_content` and `content`.
+//! One choice's tokens as the text a user sees (the server's clients, `qwen3 generate`):
+//! decoded as they come, cut at a stop string, and (for a thinking model's chat) split into
+//! `reasoning_content` and `content`.
 //!
 //! Streaming and non-streaming answers both go through [`ChoiceText`], so the concatenated
 //! deltas of a stream equal the whole answer by construction. Text is held back, never taken
@@ -55,7 +56,7 @@ impl<'t> ChoiceText<'t> {
         }
     }
 
-    /// Turns `<tool_call>` blocks of the content into tool calls (tool_calls.rs); `calls.prefix`:
+    /// Turns `<tool_call>` blocks of the content into tool calls (`chat/tool_calls.rs`); `calls.prefix`:
     /// the beginning of the answer that the prompt already holds (a forced call), if any.
     pub fn with_tool_calls(mut self, calls: &ToolCalls) -> Self {
         self.tools = Some(ToolCallSplit::new(calls));

@@ -27,9 +27,6 @@
 //!   OpenAI's shape and Ollama's;
 //! - [`answer`]: the updates shaped into OpenAI's choices, chunks and whole answer;
 //! - [`job`]: what a checked request asks of the engine, and the request log's line;
-//! - [`text`]: tokens to the text a client sees (stop strings, `<think>` split off);
-//! - [`tool_calls`]: `tool_choice`, and `<tool_call>` blocks of an answer as OpenAI's
-//!   `tool_calls`;
 //! - [`logprobs`]: log-probabilities in OpenAI's shapes;
 //! - [`state`]: what the handlers share (the tokenizer, the template, the worker's channel);
 //! - [`worker`]: the model thread;

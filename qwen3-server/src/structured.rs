@@ -16,7 +16,8 @@
 //! schema a client never meant to be enforced must not make a request fail).
 //!
 //! A grammar that does not compile is a 400 naming the field; the format of a call is the one
-//! the chat template asks for, Qwen's JSON or Qwen3.5's XML (the library's `chat/tool_calls.rs` reads both back).
+//! the chat template asks for, Qwen's JSON or Qwen3.5's XML (the library's `chat/tool_calls.rs`
+//! reads both back).
 
 use crate::error::ApiError;
 use crate::state::AppState;

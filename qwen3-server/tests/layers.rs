@@ -72,7 +72,7 @@ fn the_check_sees_a_use_and_skips_comments_and_tests() {
                 fn f() { crate::error::x() }\n\
                 #[cfg(test)]\n\
                 mod tests;\n\
-                use crate::text;\n\
+                use crate::answer;\n\
                 #[cfg(test)]\n\
                 mod tests { use crate::routes; }\n";
     let seen: Vec<(usize, Vec<&str>)> = library_lines(text)
@@ -86,7 +86,7 @@ fn the_check_sees_a_use_and_skips_comments_and_tests() {
             (3, vec!["error"]),
             (4, vec![]),
             (5, vec![]),
-            (6, vec!["text"])
+            (6, vec!["answer"])
         ],
         "a trailing comment's crate:: still counts: the check errs on the side of failing"
     );

@@ -111,8 +111,8 @@ fn a_round_trip_history_renders_as_hf() {
 /// model does not finish valid JSON, so the block stays in `content` as written, streamed or
 /// not, and no call is reported.
 /// A model with Qwen3.5's chat template (its XML tool calls): the tools are shown as the template
-/// shows them, an answer's XML calls are read back (the tests of the library's `chat/tool_calls.rs`), and every way of
-/// asking for calls runs (tests/structured.rs checks the calls a grammar enforces).
+/// shows them, an answer's XML calls are read back (the tests of the library's
+/// `chat/tool_calls.rs`), and every way of asking for calls runs (tests/structured.rs checks the calls a grammar enforces).
 #[test]
 fn xml_tool_call_templates_take_every_tool_choice() {
     let dir = tempdir("pq-tools", "xml");

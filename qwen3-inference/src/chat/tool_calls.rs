@@ -251,7 +251,8 @@ fn parse_xml(inner: &str, tools: &[Value]) -> Option<ToolCall> {
 
 /// Property `name` of a tool's `parameters` schema, through its `$ref` when it is one of the
 /// schema's `$defs` or `definitions` (as Pydantic writes nested models); `Null` if there is none.
-/// The grammar that writes a call (structured.rs) and this parser read a property alike.
+/// The grammar that writes a call (the server's `structured.rs`) and this parser read a
+/// property alike.
 pub fn property<'v>(parameters: &'v Value, name: &str) -> &'v Value {
     let prop = &parameters["properties"][name];
     let Some(r) = prop["$ref"].as_str() else {
