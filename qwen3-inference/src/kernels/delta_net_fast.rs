@@ -37,10 +37,29 @@ fn sigmoid_fast(v: f32) -> f32 {
     (if v >= 0.0 { 1.0 } else { e }) / (1.0 + e)
 }
 
+/// Values of a decode step's scratch kept on the stack: `q`, `k` (`dk` each), `u` and the head's
+/// output (`dv` each) of every Qwen3.5 and Qwen3-Next head (128 each: 512 values) fit.
+const SCRATCH_ON_STACK: usize = 1024;
+
 thread_local! {
-    /// A decode step's scratch for one part of the value heads: `q`, `k` (`dk` each), `u` and
-    /// the head's output (`dv` each), kept by each thread of the decode team between tokens.
+    /// A decode step's scratch where it does not fit [`SCRATCH_ON_STACK`], kept by each thread
+    /// of the decode team between tokens.
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on `n` values of scratch: on the stack where they fit, so that no member of the
+/// decode team allocates whichever parts it takes first (a member that was busy elsewhere for
+/// the first tokens takes its first part later; a buffer of its thread would grow then).
+fn with_scratch(n: usize, f: impl FnOnce(&mut [f32])) {
+    if n <= SCRATCH_ON_STACK {
+        let mut work = [0f32; SCRATCH_ON_STACK];
+        return f(&mut work[..n]);
+    }
+    SCRATCH.with(|cell| {
+        let mut work = cell.borrow_mut();
+        work.resize(n, 0.0);
+        f(&mut work)
+    })
 }
 
 /// `y += a x`.
@@ -376,13 +395,11 @@ pub fn gated_delta_rule(
         // Decode: the heads are parts of a job of the decode team (team.rs), as attention's
         // are, cut along the memories (whole heads), which each part owns. A part writes each
         // head's output through one lock on `o` (a copy of `dv` values a head; the math is
-        // outside it). Its scratch is its thread's, kept from token to token: a decode step
-        // allocates nothing.
+        // outside it). Its scratch is on the stack ([`with_scratch`]): a decode step allocates
+        // nothing.
         let out = Mutex::new(o);
         Team::current().split([state], dk * dv, |_, start, part, _| {
-            SCRATCH.with(|cell| {
-                let mut work = cell.borrow_mut();
-                work.resize(2 * dk + 2 * dv, 0.0);
+            with_scratch(2 * dk + 2 * dv, |work| {
                 let (q, rest) = work.split_at_mut(dk);
                 let (k, rest) = rest.split_at_mut(dk);
                 let (u, oh) = rest.split_at_mut(dv);
