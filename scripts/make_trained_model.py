@@ -15,7 +15,10 @@ heads and 2 key-value heads of 64, an MLP of 768: every width a multiple of 256,
 K-quants need), with the real Qwen3 vocabulary and tokenizer from TOK_DIR (tied embeddings);
 with --arch qwen3_5 a Qwen3_5ForCausalLM of the same widths instead (three Gated DeltaNets of 4
 key and 4 value heads of 64 and a gated attention layer), still with Qwen3's vocabulary, which is
-not Qwen3.5's 248,320 rows, and slower to train (the reference PyTorch delta rule). Trained on the
+not Qwen3.5's 248,320 rows, and slower to train (the reference PyTorch delta rule); with --arch
+qwen3_5_moe a Qwen3_5MoeForCausalLM of those widths whose every MLP is sparse, 16 experts of 256
+with 4 a token and a shared expert of 256, trained with the router's load-balancing loss
+(weight 0.001, HF's default) against its sending every token to a few experts. Trained on the
 repository's own documentation as it is when the script runs (README.md, ARCHITECTURE.md,
 docs/*.md) except docs/transformer.md, whose opening is fixtures/text/eval.md, the evaluation
 text: next-token loss, AdamW, --batch sequences of 256 tokens a step (4), --steps steps (120),
@@ -23,7 +26,7 @@ seeded by --seed (0). The corpus changes with the docs: the figures in the docs 
 whose docs they trained on. OUT_DIR gets config.json, generation_config.json, model.safetensors
 (bf16) and the tokenizer files (tokenizer.json, tokenizer_config.json, and chat_template.jinja
 where TOK_DIR has one). Prints the loss as it trains and eval.md's perplexity at the end. Do not
-commit the output (90 MB).
+commit the output (90 MB; the MoE's 107 MB).
 """
 
 import argparse
@@ -50,11 +53,10 @@ def corpus_ids(tok) -> list[int]:
 def make_model(arch: str):
     """The untrained model: Qwen3, or Qwen3.5's text model (three Gated DeltaNets of 4 key and 4
     value heads of 64 and a gated attention layer, RoPE on a quarter of each head, as
-    make_bench_model.py's qwen3.5 shapes but small)."""
+    make_bench_model.py's qwen3.5 shapes but small), dense or with a sparse MLP in every layer."""
     common = dict(
         vocab_size=151936,
         hidden_size=256,
-        intermediate_size=768,
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -66,9 +68,9 @@ def make_model(arch: str):
         eos_token_id=151645,
     )
     if arch == "qwen3":
-        config = transformers.Qwen3Config(rope_theta=1000000.0, **common)
+        config = transformers.Qwen3Config(rope_theta=1000000.0, intermediate_size=768, **common)
         return transformers.Qwen3ForCausalLM(config)
-    config = transformers.Qwen3_5TextConfig(
+    qwen3_5 = dict(
         layer_types=["linear_attention"] * 3 + ["full_attention"],
         full_attention_interval=4,
         linear_num_key_heads=4,
@@ -86,7 +88,23 @@ def make_model(arch: str):
         },
         **common,
     )
-    return transformers.Qwen3_5ForCausalLM(config)
+    if arch == "qwen3_5":
+        config = transformers.Qwen3_5TextConfig(intermediate_size=768, **qwen3_5)
+        return transformers.Qwen3_5ForCausalLM(config)
+    # Every layer sparse (Qwen3.5-MoE has no dense layers): 16 experts of 256, 4 a token, so that
+    # the router has real choices to lose at q4, and a shared expert of 256 as Qwen3.5-MoE has.
+    # The load-balancing loss (HF's weight, 0.001) is on: without it a router can send every token
+    # to a few experts, and its re-routing would be that of a router with few near ties.
+    config = transformers.Qwen3_5MoeTextConfig(
+        num_experts=16,
+        num_experts_per_tok=4,
+        moe_intermediate_size=256,
+        shared_expert_intermediate_size=256,
+        output_router_logits=True,
+        router_aux_loss_coef=0.001,
+        **qwen3_5,
+    )
+    return transformers.Qwen3_5MoeForCausalLM(config)
 
 
 def held_out_ppl(model, ids: list[int]) -> float:
@@ -97,8 +115,10 @@ def held_out_ppl(model, ids: list[int]) -> float:
             chunk = torch.tensor([ids[at : at + SEQ]])
             if chunk.shape[1] < 2:
                 break
-            # The model shifts the labels: the loss is over tokens 1.. given those before.
-            loss = model(chunk, labels=chunk).loss
+            # The loss over tokens 1.. given those before, from the logits: the MoE's `loss` adds
+            # the router's load-balancing term, which is no part of the perplexity.
+            logits = model(chunk).logits[0, :-1].float()
+            loss = torch.nn.functional.cross_entropy(logits, chunk[0, 1:])
             losses += loss.item() * (chunk.shape[1] - 1)
             n += chunk.shape[1] - 1
     model.train()
@@ -111,7 +131,7 @@ def main():
     ap.add_argument("--qwen3-tokenizer", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--arch", choices=["qwen3", "qwen3_5"], default="qwen3")
+    ap.add_argument("--arch", choices=["qwen3", "qwen3_5", "qwen3_5_moe"], default="qwen3")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.manual_seed(args.seed)
@@ -129,13 +149,18 @@ def main():
             g["lr"] = lr
         at = torch.randint(0, len(data) - SEQ - 1, (args.batch,))
         batch = torch.stack([data[a : a + SEQ] for a in at])
-        loss = model(batch, labels=batch).loss
+        out = model(batch, labels=batch)
         opt.zero_grad()
-        loss.backward()
+        out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % 10 == 0 or step == args.steps - 1:
-            print(f"step {step}: loss {loss.item():.3f} ({time.time() - start:.0f} s)", flush=True)
+            # For the MoE, `loss` is the next-token loss plus 0.001 times the balance loss (`aux`,
+            # 4, the experts a token, when the router spreads the tokens evenly; more when not).
+            aux = getattr(out, "aux_loss", None)
+            aux = f", aux {aux.item():.3f}" if aux is not None else ""
+            took = time.time() - start
+            print(f"step {step}: loss {out.loss.item():.3f}{aux} ({took:.0f} s)", flush=True)
     ppl = held_out_ppl(model, eval_ids)
     print(f"eval.md perplexity (transformers, f32, chunks of {SEQ}): {ppl:.2f}")
     args.out.mkdir(parents=True, exist_ok=True)

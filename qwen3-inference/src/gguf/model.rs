@@ -369,8 +369,8 @@ pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<Vec<(usize, Piec
     // (a mixture of experts has tens of thousands).
     let mut found: std::collections::HashMap<&str, (&_, usize)> =
         expected.iter().map(|e| (e.name.as_str(), (e, 0))).collect();
-    let pieces = all_pieces(h, &Names::of(h, c), &c.architecture)?;
-    for (i, Piece { name, shape, .. }) in &pieces {
+    let mut pieces = all_pieces(h, &Names::of(h, c), &c.architecture)?;
+    for (i, Piece { name, shape, .. }) in &mut pieces {
         let t = &h.tensors[*i];
         let Some((e, count)) = found.get_mut(name.as_str()) else {
             bail!(
@@ -378,6 +378,12 @@ pub fn check_tensors(h: &GgufHeader, c: &ModelConfig) -> Result<Vec<(usize, Piec
                 t.name
             );
         };
+        // A matrix of one row as a vector: llama-quantize drops a trailing dimension of 1
+        // (Qwen3.5-MoE's and Qwen3-Next's `ffn_gate_inp_shexp`, `[1, hidden]` as the converter
+        // writes it, `[hidden]` in every file it quantized). The same values in the same order.
+        if e.shape.len() == 2 && e.shape[0] == 1 && shape[..] == e.shape[1..] {
+            *shape = e.shape.clone();
+        }
         if *shape != e.shape {
             bail!(
                 "tensor {} ({name}): shape {shape:?}, the config implies {:?}",

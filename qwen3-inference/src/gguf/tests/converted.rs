@@ -206,6 +206,41 @@ fn converted_qwen3_5s_read_as_their_configs_say() {
     }
 }
 
+/// llama-quantize writes a one-row matrix as a vector (ggml drops its trailing dimension of 1):
+/// Qwen3.5-MoE's shared-expert gates, `[1, hidden]` as the converter writes them, are `[hidden]`
+/// in every file it quantized. They read as the config's `[1, hidden]`; a vector of another
+/// length is still refused by name.
+#[test]
+fn a_one_row_matrix_stored_as_a_vector_reads_as_the_matrix() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf");
+    let file = GgufFile::open(&root.join("tiny-qwen3_5moe-f32-sharded-f32.gguf")).unwrap();
+    let c = model::model_config(file.header()).unwrap();
+    let hidden = c.hidden_size as u64;
+    let mut h = file.header().clone();
+    fn gates(h: &mut crate::gguf::GgufHeader) -> Vec<&mut crate::gguf::GgufTensor> {
+        let shexp =
+            |t: &&mut crate::gguf::GgufTensor| t.name.ends_with("ffn_gate_inp_shexp.weight");
+        h.tensors.iter_mut().filter(shexp).collect()
+    }
+    assert_eq!(gates(&mut h).len(), c.num_hidden_layers as usize);
+    for t in gates(&mut h) {
+        assert_eq!(t.dims, [hidden, 1], "the converter's {}", t.name);
+        t.dims = vec![hidden];
+    }
+    let pieces = model::check_tensors(&h, &c).unwrap();
+    let gate = |l: usize| format!("model.layers.{l}.mlp.shared_expert_gate.weight");
+    for l in 0..c.num_hidden_layers as usize {
+        let (_, p) = pieces.iter().find(|(_, p)| p.name == gate(l)).unwrap();
+        assert_eq!(p.shape, [1, hidden], "{}", gate(l));
+    }
+    gates(&mut h)[0].dims = vec![hidden - 1];
+    let err = model::check_tensors(&h, &c).unwrap_err().to_string();
+    assert!(
+        err.contains("ffn_gate_inp_shexp") && err.contains("the config implies"),
+        "{err}"
+    );
+}
+
 /// llama.cpp's converter's `qwen3next` GGUF of a Qwen3-Next whose layers are all sparse: the
 /// config as HF's says (its keys at the top), the value heads in HF's order (the converter
 /// reorders only Qwen3.5's), every layer with its router, and every tensor found (`ssm_ba` as
