@@ -11,7 +11,7 @@ use qwen3_inference::kernels::dot::interleaved::{
     interleaves_q8, packed_for_kernels, q8_for_kernels,
 };
 use qwen3_inference::kernels::dot::q4::Q4Layout;
-use qwen3_inference::kernels::dot::{available, ActsQ8Buf, Dots, MatQ8};
+use qwen3_inference::kernels::dot::{available, ActsQ8Buf, Dots, Forms, MatQ8};
 use qwen3_inference::kernels::{attention, AttentionShape};
 use qwen3_inference::pages::huge_page_buffer;
 use qwen3_inference::pages::HugePages;
@@ -168,8 +168,7 @@ fn bench_prefill(d: &Dots, rows: usize, cols: usize, t: usize, gs: usize, reps: 
 /// for the caches, in one call as the decode team's parts run it. One thread. With few tokens it
 /// waits on memory like decode; with more, on arithmetic: where the two meet is what a step of
 /// `t` sequences can cost.
-fn bench_few_tokens(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
-    let gs = 64;
+fn bench_few_tokens(d: &Dots, rows: usize, cols: usize, t: usize, gs: usize, reps: usize) {
     let mut seed = 3;
     let w = next_values(rows * cols, &mut seed);
     let x = next_values(t * cols, &mut seed);
@@ -187,7 +186,7 @@ fn bench_few_tokens(d: &Dots, rows: usize, cols: usize, t: usize, reps: usize) {
             black_box(&out);
         });
         println!(
-            "{:<24} {:>6}x{:<5} q8, {t:>2} tokens: {:>6.1} GMAC/s, weights at {:>5.1} GB/s",
+            "{:<24} {:>6}x{:<5} q8 group {gs}, {t:>2} tokens: {:>6.1} GMAC/s, weights at {:>5.1} GB/s",
             format!("{}{name}", d.isa),
             rows,
             cols,
@@ -262,7 +261,16 @@ fn bench_k(d: &Dots, kind: KQuant, rows: usize, cols: usize, t: usize, reps: usi
     let x = next_values(t * cols, &mut seed);
     let w = in_huge_pages(&w);
     let mut buf = ActsQ8Buf::default();
-    let acts = buf.quantize_for_weights(&x, t, cols, 32, false, true);
+    let acts = buf.quantize_for_weights(
+        &x,
+        t,
+        cols,
+        32,
+        Forms {
+            k: true,
+            ..Forms::default()
+        },
+    );
     let mut out = vec![0f32; rows * t];
     let secs = time(reps, || {
         (d.k_rows)(kind, &w, &acts, &mut out, 0);
@@ -342,8 +350,11 @@ fn main() {
     if run("q8 step") {
         println!("a serving step's q8 product (one token per sequence), one thread (median)");
         for d in available() {
-            for t in [1, 2, 4, 8, 16] {
-                bench_few_tokens(&d, 65536, 1024, t, 5);
+            // Groups of 64 (q8 files) and 32 (a GGUF's Q8_0, a q4 file's q8 matrices).
+            for gs in [64, 32] {
+                for t in [1, 2, 4, 8, 16] {
+                    bench_few_tokens(&d, 65536, 1024, t, gs, 5);
+                }
             }
         }
     }

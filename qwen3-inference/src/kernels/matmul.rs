@@ -6,7 +6,7 @@
 //! matrix-matrix product, with `t = 1` (decode) a matrix-vector product. Threads split the output
 //! rows, so each thread streams its own contiguous slice of the weights.
 
-use super::dot::{dots, interleaved, k_quants, ActsQ8, ActsQ8Buf, MatQ8};
+use super::dot::{dots, interleaved, k_quants, ActsQ8, ActsQ8Buf, Forms, MatQ8};
 use super::team::Team;
 use crate::format::view::TensorView;
 use crate::format::DType;
@@ -348,16 +348,23 @@ fn with_activations<R>(
             w.name
         );
     }
-    // q4 and q6 kernels read the activations rearranged (dot/q4.rs), and so does AVX-512's q8
-    // kernel on interleaved weights; the K-quants' their sums of 16 (dot/k_quants.rs); a GGUF
-    // may mix them in one layer's products.
-    let laid_out = ws
+    // q4 and q6 kernels read the activations rearranged (dot/q4.rs); q8 kernels on interleaved
+    // weights (AVX-512's) or reordering a prompt's weights as they read them (AVX2's, in groups
+    // of 32) in the interleaved order (dot/interleaved.rs); the K-quants their sums of 16
+    // (dot/k_quants.rs). A GGUF may mix them in one layer's products.
+    let q4 = ws
         .iter()
-        .any(|w| matches!(w.data.dtype(), DType::Q4 | DType::Q6) || q8_interleaved(w).is_some());
+        .any(|w| matches!(w.data.dtype(), DType::Q4 | DType::Q6));
+    let reorders = dots()
+        .q8_rows_lay_out
+        .is_some_and(|(group, from)| gs == group && t >= from);
+    let q8 = ws
+        .iter()
+        .any(|w| q8_interleaved(w).is_some() || (reorders && w.data.dtype() == DType::Q8));
     let k = ws.iter().any(|w| w.data.dtype().is_k_quant());
     ACTIVATIONS.with(|cell| {
         let mut buf = cell.borrow_mut();
-        let acts = buf.quantize_for_weights(x, t, cols, gs, laid_out, k);
+        let acts = buf.quantize_for_weights(x, t, cols, gs, Forms { q4, q8, k });
         f(Some(&acts))
     })
 }

@@ -43,6 +43,7 @@ pub const NEON: Dots = Dots {
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_neon(w, ws, x, xs, gs) },
     q8_rows: mat_q8_neon,
     q8_interleaved: None,
+    q8_rows_lay_out: None,
     q4_rows: super::q4::mat_q4_scalar,
     q6_rows: super::q6::mat_q6_scalar,
     q4_layout: super::q4::Q4Layout::Halves,

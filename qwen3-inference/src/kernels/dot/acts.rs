@@ -24,6 +24,12 @@ pub struct ActsQ8<'a> {
     /// interleaved weights reads too; empty unless made by [`ActsQ8Buf::quantize_for_q4`] (or
     /// `quantize_for_q4_as`, `quantize_for_weights`) with groups of 32 (or, interleaved, 64).
     pub q4: q4::ActsQ4<'a>,
+    /// The same values in [`q4::Q4Layout::Interleaved`] for the q8 kernels that read that
+    /// order (AVX2's on a prompt in groups of 32, which reorders the weights as it reads them,
+    /// [`super::Dots::q8_rows_lay_out`]), where this CPU's q4 kernels read another layout
+    /// (AVX2's `Pairs`) and `q4` cannot serve them; empty otherwise ([`ActsQ8::interleaved`]
+    /// picks the one laid out so).
+    pub q8: q4::ActsQ4<'a>,
     /// `[t, cols / 16]`: the sums of each 16 int8 values, which GGUF's K-quants take times their
     /// minimums or offsets (`k_quants.rs`); empty unless made by [`ActsQ8Buf::quantize_for_k`].
     pub sums16: &'a [i16],
@@ -39,8 +45,30 @@ pub struct ActsQ8Buf {
     biased: Vec<u8>,
     scales: Vec<f32>,
     q4: q4::ActsQ4Buf,
+    q8: q4::ActsQ4Buf,
     sums16: Vec<i16>,
     k: k_quants::ActsKBuf,
+}
+
+/// The forms of the activations the weights of one product read, besides the int8 values and
+/// their scales ([`ActsQ8Buf::quantize_for_weights`]).
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Forms {
+    /// For q4 or q6 weights: the layout of this CPU's q4 kernels.
+    pub q4: bool,
+    /// For q8 weights read in the interleaved order: that layout.
+    pub q8: bool,
+    /// For GGUF's K-quants: the sums of each 16 values and their kernels' layout.
+    pub k: bool,
+}
+
+/// The layouts [`ActsQ8Buf::quantize_with`] makes: `q4` in the given one, the interleaved one
+/// for q8 (`q8`), the sums (`sums`).
+#[derive(Clone, Copy, Default)]
+struct Layouts {
+    q4: Option<q4::Q4Layout>,
+    q8: bool,
+    sums: bool,
 }
 
 impl ActsQ8Buf {
@@ -48,36 +76,65 @@ impl ActsQ8Buf {
     /// (no q4 layout: `q4` is empty). The buffers grow to the largest size seen and are then
     /// reused: no allocation per token.
     pub fn quantize(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {
-        self.quantize_with(x, t, cols, gs, None, false)
+        self.quantize_with(x, t, cols, gs, Layouts::default())
     }
 
     /// [`ActsQ8Buf::quantize`] plus the sums of each 16 values ([`ActsQ8::sums16`]), for
     /// GGUF's K-quants.
     pub fn quantize_for_k(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {
-        self.quantize_with(x, t, cols, gs, None, true)
+        self.quantize_with(
+            x,
+            t,
+            cols,
+            gs,
+            Layouts {
+                sums: true,
+                ..Layouts::default()
+            },
+        )
     }
 
     /// [`ActsQ8Buf::quantize`] with the forms the weights of one product need: the q4 layout
-    /// of this CPU's kernels (`laid_out`) for q4 or q6 weights, and for q8 ones in the
-    /// interleaved order ([`super::Dots::q8_interleaved`]); the sums for K-quants (`k`). A GGUF
-    /// may mix them in one layer's products.
+    /// of this CPU's kernels for q4 or q6 weights (`q4`), the interleaved one for q8 weights
+    /// read in that order (`q8`: [`super::Dots::q8_interleaved`], AVX-512's on a copy of the
+    /// weights, or [`super::Dots::q8_rows_lay_out`], AVX2's on a prompt; one form serves both
+    /// where the q4 layout is that one, as on AVX-512); the sums for K-quants (`k`). A GGUF may
+    /// mix them in one layer's products.
     pub fn quantize_for_weights(
         &mut self,
         x: &[f32],
         t: usize,
         cols: usize,
         gs: usize,
-        laid_out: bool,
-        k: bool,
+        forms: Forms,
     ) -> ActsQ8<'_> {
-        let layout = laid_out.then(|| dots().q4_layout);
-        self.quantize_with(x, t, cols, gs, layout, k)
+        let own = dots().q4_layout;
+        let (q4, q8) = match own.interleaves() {
+            true => (forms.q4 || forms.q8, false),
+            false => (forms.q4, forms.q8),
+        };
+        let sums = forms.k;
+        let with = Layouts {
+            q4: q4.then_some(own),
+            q8,
+            sums,
+        };
+        self.quantize_with(x, t, cols, gs, with)
     }
 
     /// [`ActsQ8Buf::quantize`] plus the layout the q4 kernels of this CPU ([`dots`]) read
     /// ([`q4::ActsQ4`]).
     pub fn quantize_for_q4(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {
-        self.quantize_with(x, t, cols, gs, Some(dots().q4_layout), false)
+        self.quantize_with(
+            x,
+            t,
+            cols,
+            gs,
+            Layouts {
+                q4: Some(dots().q4_layout),
+                ..Layouts::default()
+            },
+        )
     }
 
     /// [`ActsQ8Buf::quantize_for_q4`] in a given layout: for a kernel other than this CPU's
@@ -90,7 +147,16 @@ impl ActsQ8Buf {
         gs: usize,
         layout: q4::Q4Layout,
     ) -> ActsQ8<'_> {
-        self.quantize_with(x, t, cols, gs, Some(layout), false)
+        self.quantize_with(
+            x,
+            t,
+            cols,
+            gs,
+            Layouts {
+                q4: Some(layout),
+                ..Layouts::default()
+            },
+        )
     }
 
     fn quantize_with(
@@ -99,9 +165,13 @@ impl ActsQ8Buf {
         t: usize,
         cols: usize,
         gs: usize,
-        for_q4: Option<q4::Q4Layout>,
-        sums: bool,
+        with: Layouts,
     ) -> ActsQ8<'_> {
+        let Layouts {
+            q4: for_q4,
+            q8: for_q8,
+            sums,
+        } = with;
         assert!(gs > 0 && cols.is_multiple_of(gs) && x.len() == t * cols);
         let per = cols / gs;
         self.q.resize(t * cols, 0);
@@ -130,6 +200,14 @@ impl ActsQ8Buf {
             Some(layout) => self.q4.lay_out(&self.q, &self.scales, t, cols, gs, layout),
             None => q4::ActsQ4::default(),
         };
+        let q8 = match for_q8 {
+            true => {
+                let interleaved = q4::Q4Layout::Interleaved;
+                self.q8
+                    .lay_out(&self.q, &self.scales, t, cols, gs, interleaved)
+            }
+            false => q4::ActsQ4::default(),
+        };
         ActsQ8 {
             t,
             cols,
@@ -138,6 +216,7 @@ impl ActsQ8Buf {
             biased: &self.biased,
             scales: &self.scales,
             q4,
+            q8,
             sums16: &self.sums16,
             k,
         }
@@ -147,6 +226,20 @@ impl ActsQ8Buf {
 impl ActsQ8<'_> {
     pub(super) fn per(&self) -> usize {
         self.cols / self.group_size
+    }
+    /// The values laid out whole in [`q4::Q4Layout::Interleaved`], for q8 weights in that
+    /// order: `q4` where it is so laid out (AVX-512's), else `q8`; `None` when neither is.
+    // Read by x86's kernels only (no other family reads q8 in that order).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) fn interleaved(&self) -> Option<&q4::ActsQ4<'_>> {
+        let groups = self.t * self.per();
+        let whole = |a: &q4::ActsQ4| {
+            a.layout == q4::Q4Layout::Interleaved
+                && a.x.len() == self.t * self.cols
+                && a.corr.len() == groups
+                && a.scales.len() == groups
+        };
+        [&self.q4, &self.q8].into_iter().find(|a| whole(a))
     }
     pub(crate) fn q_row(&self, i: usize) -> &[i8] {
         &self.q[i * self.cols..(i + 1) * self.cols]

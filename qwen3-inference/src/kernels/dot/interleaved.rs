@@ -151,24 +151,33 @@ pub fn interleave_q6(packed: &[u8], cols: usize, out: &mut [u8]) {
     }
 }
 
+/// One row of groups of `gs` bytes (a multiple of 4) in the interleaved order, into `dst` (as
+/// long as `src`): word `k` (bytes `4k .. 4k + 4`) of group `l` of a block of `n` groups goes
+/// to bytes `4nk + 4l ..` of the block. q8 weights and every kernel's activations take this
+/// order ([`interleave_q8`], [`lay_out`]; AVX2's q8 prompt kernel reorders each block of weight
+/// rows as it reads them, `x86/q8_32_avx2.rs`).
+pub fn interleave_words(src: &[u8], gs: usize, dst: &mut [u8]) {
+    assert!(gs.is_multiple_of(4) && src.len().is_multiple_of(gs) && src.len() == dst.len());
+    for (g0, n) in blocks(src.len() / gs) {
+        let at = g0 * gs;
+        for l in 0..n {
+            for k in 0..gs / 4 {
+                let (from, to) = (at + gs * l + 4 * k, at + k * 4 * n + 4 * l);
+                dst[to..to + 4].copy_from_slice(&src[from..from + 4]);
+            }
+        }
+    }
+}
+
 /// `q` (the bytes of q8 rows of `cols` int8 values in groups of `gs`, as the file holds them)
 /// in the interleaved order, each value plus 128 (`q ^ 0x80`), into `out` (as long as `q`).
 pub fn interleave_q8(q: &[u8], cols: usize, gs: usize, out: &mut [u8]) {
     assert!(interleaves_q8(gs) && cols.is_multiple_of(gs) && q.len() == out.len());
     assert!(q.len().is_multiple_of(cols.max(1)));
-    let words = gs / 4;
     for (src, dst) in q.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
-        for (g0, n) in blocks(cols / gs) {
-            let at = g0 * gs;
-            for l in 0..n {
-                for k in 0..words {
-                    let from = at + gs * l + 4 * k;
-                    let to = at + k * 4 * n + 4 * l;
-                    for b in 0..4 {
-                        dst[to + b] = src[from + b] ^ 0x80;
-                    }
-                }
-            }
+        interleave_words(src, gs, dst);
+        for b in dst {
+            *b ^= 0x80;
         }
     }
 }
@@ -300,18 +309,10 @@ pub fn q8_for_kernels(d: &super::Dots, q: &[i8], cols: usize, gs: usize) -> Vec<
 /// nibbles of q4's four words meet and vectors 4-7 those the high ones meet; vector `m` is what
 /// q8's word `m` meets.
 pub fn lay_out(q: &[i8], gs: usize, x: &mut [i8], corr: &mut [i32]) {
-    let groups = q.len() / gs;
-    assert!(gs.is_multiple_of(4) && x.len() == q.len() && corr.len() == groups);
-    for (g0, n) in blocks(groups) {
-        let at = g0 * gs;
-        for l in 0..n {
-            let group = &q[at + gs * l..at + gs * (l + 1)];
-            for m in 0..gs / 4 {
-                let to = at + m * 4 * n + 4 * l;
-                x[to..to + 4].copy_from_slice(&group[4 * m..4 * m + 4]);
-            }
-            corr[g0 + l] = -8 * group.iter().map(|&v| v as i32).sum::<i32>();
-        }
+    assert!(x.len() == q.len() && corr.len() == q.len() / gs);
+    interleave_words(bytemuck::cast_slice(q), gs, bytemuck::cast_slice_mut(x));
+    for (c, group) in corr.iter_mut().zip(q.chunks_exact(gs)) {
+        *c = -8 * group.iter().map(|&v| v as i32).sum::<i32>();
     }
 }
 

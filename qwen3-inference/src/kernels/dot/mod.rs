@@ -64,6 +64,12 @@ pub struct Dots {
     /// with the activations laid out to match ([`ActsQ8::q4`] in [`q4::Q4Layout::Interleaved`]),
     /// where this family has such a kernel (AVX-512); `Model::load` then makes the copy.
     pub q8_interleaved: Option<MatQ8>,
+    /// Where `q8_rows` on weights in the file's order reads the activations laid out in the
+    /// interleaved order too ([`ActsQ8::interleaved`]): `(group size, fewest tokens)`. AVX2's
+    /// kernel reorders a prompt's weight rows as it reads them (`x86/q8_32_avx2.rs`); the
+    /// matrix product lays the activations out for it. Without them it takes a slower path
+    /// with the same bits.
+    pub q8_rows_lay_out: Option<(usize, usize)>,
     /// q4 weights against q8 activations (W4A8): `q4.rs` has the scalar reference and the
     /// activations' layout the SIMD versions read.
     pub q4_rows: MatQ4,
@@ -91,6 +97,7 @@ pub const SCALAR: Dots = Dots {
     q8: dot_q8_scalar,
     q8_rows: mat_q8_scalar,
     q8_interleaved: None,
+    q8_rows_lay_out: None,
     q4_rows: q4::mat_q4_scalar,
     q6_rows: q6::mat_q6_scalar,
     q4_layout: q4::Q4Layout::Halves,
@@ -315,7 +322,7 @@ pub fn scalar_only(dtype: crate::format::DType, gs: usize) -> Option<String> {
 }
 
 mod acts;
-pub use acts::{ActsQ8, ActsQ8Buf};
+pub use acts::{ActsQ8, ActsQ8Buf, Forms};
 pub mod interleaved;
 pub mod k_quants;
 pub mod q4;

@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// The activations' forms the matrix product asks for q8 weights (the interleaved layout, which
+/// AVX2's q8 kernel reads in a prompt in groups of 32).
+const Q8_FORM: Forms = Forms {
+    q4: false,
+    q8: true,
+    k: false,
+};
+
 fn rand_vec(n: usize, seed: &mut u64, scale: f32) -> Vec<f32> {
     (0..n).map(|_| crate::testing::lcg(seed) * scale).collect()
 }
@@ -326,16 +334,24 @@ fn q8_rows_matches_scalar_dots() {
                 let (mut wq, mut ws) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
                 crate::quant::quantize_q8(&w, gs, &mut wq, &mut ws);
                 let mut buf = ActsQ8Buf::default();
-                let acts = buf.quantize(&x, t, cols, gs);
+                // Laid out as the matrix product lays them out for q8 weights (AVX2 reorders a
+                // prompt's weights in groups of 32 to read them so); without the layout, a
+                // kernel that would read it takes another path, with the same bits.
+                let acts = buf.quantize_for_weights(&x, t, cols, gs, Q8_FORM);
                 let (xq, xs) = (acts.q, acts.scales);
                 let mut out = vec![f32::NAN; rows * t];
                 (d.q8_rows)(&wq, &ws, &acts, &mut out, 0);
+                let mut as_is = vec![f32::NAN; rows * t];
+                let mut plain_buf = ActsQ8Buf::default();
+                let plain_acts = plain_buf.quantize(&x, t, cols, gs);
+                (d.q8_rows)(&wq, &ws, &plain_acts, &mut as_is, 0);
                 // Prefetching further (as decode does when more rows follow) changes no
                 // value.
                 let mut ahead = vec![f32::NAN; rows * t];
                 (d.q8_rows)(&wq, &ws, &acts, &mut ahead, 1 << 20);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&ahead), bits(&out), "{} q8_rows ahead", d.isa);
+                assert_eq!(bits(&as_is), bits(&out), "{} q8_rows not laid out", d.isa);
                 let per = cols / gs;
                 for r in 0..rows {
                     let (w_r, ws_r) = (&wq[r * cols..(r + 1) * cols], &ws[r * per..(r + 1) * per]);
@@ -382,7 +398,8 @@ fn prefill_rows_equal_decode_rows() {
             crate::quant::quantize_q8(&w, gs, &mut wq, &mut ws);
             let mut buf = ActsQ8Buf::default();
             let mut all = vec![f32::NAN; rows * t];
-            (d.q8_rows)(&wq, &ws, &buf.quantize(&x, t, cols, gs), &mut all, 0);
+            let acts = buf.quantize_for_weights(&x, t, cols, gs, Q8_FORM);
+            (d.q8_rows)(&wq, &ws, &acts, &mut all, 0);
             for i in 0..t {
                 let mut one = vec![f32::NAN; rows];
                 let acts = buf.quantize(&x[i * cols..(i + 1) * cols], 1, cols, gs);

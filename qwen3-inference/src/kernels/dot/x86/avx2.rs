@@ -72,13 +72,14 @@ pub(super) unsafe fn dot_q8_avx2<const REACH: usize, const P: u8>(
     xs: &[f32],
     gs: usize,
 ) -> f32 {
-    // The default group size, and 32 (a q4 file's q8 matrices, `format::Q4Mix`), are compiled
-    // on their own, so that a group's loop unrolls. Measured from memory on one thread (`cargo
-    // bench`, AVX2): groups of 32 through the generic loop and without prefetches 10.4 GB/s,
-    // compiled on their own and prefetching 12.2; groups of 64 15-16.
+    // The default group size is compiled on its own, so that a group's loop unrolls; groups of
+    // 32 (a GGUF's Q8_0, a q4 file's q8 matrices) add eight groups' sums a vector
+    // (`q8_32_avx2.rs`). Measured from memory on one thread (`cargo bench`, AVX2): groups of 32
+    // through the generic loop and without prefetches 10.4 GB/s, compiled on their own and
+    // prefetching 12.2; groups of 64 15-16.
     match gs {
         64 => dot_q8_avx2_gs::<REACH, 64, P>(w, ws, x, xs, gs),
-        32 => dot_q8_avx2_gs::<REACH, 32, P>(w, ws, x, xs, gs),
+        32 => super::q8_32_avx2::dot_q8_32_avx2::<REACH, P>(w, ws, x, xs),
         _ if gs.is_multiple_of(32) => dot_q8_avx2_gs::<REACH, 0, P>(w, ws, x, xs, gs),
         _ => dot_q8_scalar(w, ws, x, xs, gs),
     }
@@ -262,6 +263,10 @@ pub(super) unsafe fn mat_q8_avx2<const P: u8>(
     let (t, cols, gs, per) = (x.t, x.cols, x.group_size, x.per());
     if !gs.is_multiple_of(32) {
         return mat_q8_with(dot_q8_scalar, w, ws, x, out);
+    }
+    if gs == 32 {
+        // A GGUF's Q8_0, a q4 file's q8 matrices: eight groups a vector (`q8_32_avx2.rs`).
+        return super::q8_32_avx2::mat_q8_32_avx2::<P>(w, ws, x, out, rows, ahead);
     }
     if t == 1 {
         for (r, o) in out.iter_mut().enumerate() {

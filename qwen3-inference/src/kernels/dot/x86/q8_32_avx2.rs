@@ -1,0 +1,355 @@
+//! AVX2's q8 products in groups of 32: a GGUF's Q8_0 matrices and the q8 ones of a q4 file
+//! (`format::Q4Mix`). Eight groups share a vector: lane `l` ends with the whole integer sum of
+//! group `l` of the eight, so one conversion and two multiplies scale eight groups.
+//!
+//! ## Why
+//!
+//! In the file's order a group of 32 is one 256-bit vector, and its byte products
+//! (`vpmaddubsw`, then `vpmaddwd`) leave its sum spread over all eight lanes: the file-order
+//! kernels (`avx2.rs`, `tile_q8_avx2`) convert, scale and add every group of every (row, token)
+//! pair on its own, about as much work as the group's byte products. Here, for each run of eight
+//! groups from group `g` of a row and a token:
+//!
+//! ```text
+//! isum[l]  = sum of w * x over the 32 values of group g + l      l = 0 .. 8, exact integers
+//! acc     += float(isum) * xs[g .. g + 8] * ws[g .. g + 8]        one conversion, two multiplies
+//! result   = acc's eight lanes added (hsum256)
+//! ```
+//!
+//! (a last run of fewer than eight groups has zeros in its other lanes: no products, no scales).
+//!
+//! **Decode** (one token) reads the row in the file's order, once: eight groups' vectors of
+//! partial sums are added across ([`lanes_of`]: three rounds of `vphaddd` and a swap of halves)
+//! into one vector whose lane `l` is group `l`'s sum.
+//!
+//! **A prompt** reads each weight row once for every token. A block of 16 rows is first put in
+//! the interleaved order (`dot/interleaved.rs`: a vector holds word `k`, four bytes, of each of
+//! eight groups), into a buffer of this thread, and the activations are laid out in the same
+//! order once per product ([`ActsQ8::interleaved`]); then each vector's byte products add into
+//! their own group's lane directly, for a row and four tokens at a time, and the reordering
+//! costs a copy of the block's bytes against `t` passes over them. With a few tokens (a serving
+//! step's) that copy would cost more than it saves, and each (row, token) pair takes decode's
+//! product.
+//!
+//! The integer sums are exact in any order, and the float steps are the same in the same order
+//! in every path, so a prompt's tokens get decode's bits, alone or beside others.
+
+use super::super::interleaved::{blocks, interleave_words, GROUPS};
+use super::super::q4::ActsQ4;
+use super::super::ActsQ8;
+use super::avx2::{dot4, hsum256};
+use super::{PREFETCH_FAR, PREFETCH_NEAR};
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+/// Values a group holds, and a 256-bit vector.
+const GS: usize = 32;
+
+/// Groups a run covers: one per 32-bit lane.
+const LANES: usize = 8;
+
+/// Tokens a prompt tile takes (one weight row each): its four sums and four accumulators, the
+/// weights' vector and its absolute value fit AVX2's sixteen registers.
+const TOKENS: usize = 4;
+
+/// Weight rows reordered at a time, then read by every token (as `for_each_tile`'s blocks).
+const BLOCK_ROWS: usize = 16;
+
+/// Tokens from which a product reorders its weights: below, each (row, token) pair takes
+/// decode's product (measured: docs/kernels.md, "q8 in groups of 32 on AVX2").
+pub(super) const REORDER_FROM: usize = 8;
+
+thread_local! {
+    /// A block of weight rows in the interleaved order, kept between calls.
+    static BLOCK: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// [`super::super::MatQ8`] on AVX2 for groups of 32, after the caller's `x.check` returned
+/// `rows`; byte products by the instructions `P` names ([`super::avx2::MADDUBS`]).
+///
+/// Caller guarantees `x.check(w, ws, out)` passed with `x.group_size == 32`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn mat_q8_32_avx2<const P: u8>(
+    w: &[i8],
+    ws: &[f32],
+    x: &ActsQ8,
+    out: &mut [f32],
+    rows: usize,
+    ahead: usize,
+) {
+    let (t, cols) = (x.t, x.cols);
+    let per = cols / GS;
+    let row = |r: usize| (&w[r * cols..(r + 1) * cols], &ws[r * per..(r + 1) * per]);
+    let acts = x.interleaved().filter(|_| t >= REORDER_FROM);
+    let Some(acts) = acts else {
+        for r in 0..rows {
+            let (w_r, ws_r) = row(r);
+            // As in mat_q8_avx2: prefetch no further than the bytes this thread reads next.
+            let after = (rows - r - 1) * cols + ahead;
+            for i in 0..t {
+                let (x_i, xs_i) = (x.q_row(i), &x.scales[i * per..(i + 1) * per]);
+                out[r * t + i] = if after >= PREFETCH_FAR {
+                    dot_q8_32_avx2::<PREFETCH_FAR, P>(w_r, ws_r, x_i, xs_i)
+                } else if after >= PREFETCH_NEAR {
+                    dot_q8_32_avx2::<PREFETCH_NEAR, P>(w_r, ws_r, x_i, xs_i)
+                } else {
+                    dot_q8_32_avx2::<0, P>(w_r, ws_r, x_i, xs_i)
+                };
+            }
+        }
+        return;
+    };
+    BLOCK.with(|cell| {
+        let mut block = cell.borrow_mut();
+        if block.len() < BLOCK_ROWS * cols {
+            block.resize(BLOCK_ROWS * cols, 0);
+        }
+        for r0 in (0..rows).step_by(BLOCK_ROWS) {
+            let n_rows = (rows - r0).min(BLOCK_ROWS);
+            let src: &[u8] = bytemuck::cast_slice(&w[r0 * cols..(r0 + n_rows) * cols]);
+            for (s, d) in src.chunks_exact(cols).zip(block.chunks_exact_mut(cols)) {
+                // SAFETY: the CPU has AVX2 (as below); `s` and `d` are one row each.
+                unsafe { reorder_row(s, d) };
+            }
+            let mut i = 0;
+            while i < t {
+                let n = (t - i).min(TOKENS);
+                for a in 0..n_rows {
+                    let (w_r, ws_r) = (&block[a * cols..(a + 1) * cols], row(r0 + a).1);
+                    let o = &mut out[(r0 + a) * t + i..(r0 + a) * t + i + n];
+                    // SAFETY: the CPU has AVX2 and FMA (our caller's target features, which
+                    // the closure does not inherit but the caller's promise covers); the
+                    // activations are laid out whole (`interleaved` checked their lengths)
+                    // and hold tokens i..i+n; the row is `cols` bytes in groups of 32.
+                    unsafe {
+                        match n {
+                            4 => tile::<P, 4>(w_r, ws_r, acts, i, o),
+                            3 => tile::<P, 3>(w_r, ws_r, acts, i, o),
+                            2 => tile::<P, 2>(w_r, ws_r, acts, i, o),
+                            _ => tile::<P, 1>(w_r, ws_r, acts, i, o),
+                        }
+                    }
+                }
+                i += n;
+            }
+        }
+    });
+}
+
+/// One row of groups of 32 (`src`) in the interleaved order, into `dst` (as long): what
+/// [`interleave_words`] writes, each whole half block (8 groups, 256 bytes) by a transpose of
+/// eight vectors (vector `l` group `l`'s eight words, in; vector `k` word `k` of each group, out).
+///
+/// Caller guarantees the CPU has AVX2.
+#[target_feature(enable = "avx2")]
+unsafe fn reorder_row(src: &[u8], dst: &mut [u8]) {
+    assert!(src.len() == dst.len() && src.len().is_multiple_of(GS));
+    let whole = src.len() / (GS * GROUPS) * GS * GROUPS;
+    for at in (0..whole).step_by(GS * GROUPS) {
+        for half in 0..2 {
+            let from = at + half * GS * LANES;
+            // SAFETY: group l of the half is bytes from + 32 l .. + 32 of `src`, below `whole`;
+            // vector k of the block goes to bytes at + 64 k + 32 half .. + 32 of `dst`.
+            let groups: [__m256i; LANES] = std::array::from_fn(|l| {
+                _mm256_loadu_si256(src.as_ptr().add(from + GS * l) as *const __m256i)
+            });
+            for (k, v) in transpose8(groups).into_iter().enumerate() {
+                let to = at + k * 4 * GROUPS + half * 4 * LANES;
+                _mm256_storeu_si256(dst.as_mut_ptr().add(to) as *mut __m256i, v);
+            }
+        }
+    }
+    // A last block of fewer than 16 groups lies as a block of its own would from its start.
+    interleave_words(&src[whole..], GS, &mut dst[whole..]);
+}
+
+/// The 8 x 8 transpose of 32-bit words: word `k` of vector `l` to word `l` of vector `k`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose8(r: [__m256i; LANES]) -> [__m256i; LANES] {
+    // Pairs of words ([r0_0 r1_0 r0_1 r1_1 | r0_4 r1_4 r0_5 r1_5], ...), then of pairs, then
+    // the 128-bit halves.
+    let lo32 = |a, b| _mm256_unpacklo_epi32(a, b);
+    let hi32 = |a, b| _mm256_unpackhi_epi32(a, b);
+    let t = [
+        lo32(r[0], r[1]),
+        hi32(r[0], r[1]),
+        lo32(r[2], r[3]),
+        hi32(r[2], r[3]),
+        lo32(r[4], r[5]),
+        hi32(r[4], r[5]),
+        lo32(r[6], r[7]),
+        hi32(r[6], r[7]),
+    ];
+    let lo64 = |a, b| _mm256_unpacklo_epi64(a, b);
+    let hi64 = |a, b| _mm256_unpackhi_epi64(a, b);
+    // u[k] for rows 0-3 and u[4 + k] for rows 4-7: words k and k + 4 of four rows.
+    let u = [
+        lo64(t[0], t[2]),
+        hi64(t[0], t[2]),
+        lo64(t[1], t[3]),
+        hi64(t[1], t[3]),
+        lo64(t[4], t[6]),
+        hi64(t[4], t[6]),
+        lo64(t[5], t[7]),
+        hi64(t[5], t[7]),
+    ];
+    std::array::from_fn(|k| match k < 4 {
+        true => _mm256_permute2x128_si256::<0x20>(u[k], u[4 + k]),
+        false => _mm256_permute2x128_si256::<0x31>(u[k - 4], u[k]),
+    })
+}
+
+/// `sum_g ws[g] xs[g] sum_{c in g} w[c] x[c]` over groups of 32 in the file's order, in
+/// runs of eight groups (the module's text); prefetches the weights `REACH` bytes ahead as
+/// `avx2.rs`'s `group_q8_avx2` does (see [`PREFETCH_NEAR`]).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn dot_q8_32_avx2<const REACH: usize, const P: u8>(
+    w: &[i8],
+    ws: &[f32],
+    x: &[i8],
+    xs: &[f32],
+) -> f32 {
+    let groups = ws.len().min(xs.len()).min(w.len() / GS).min(x.len() / GS);
+    let (wp, xp) = (w.as_ptr(), x.as_ptr());
+    let mut acc = _mm256_setzero_ps();
+    let mut g = 0;
+    // SAFETY: group g + l < groups is read at [(g + l) * 32, (g + l + 1) * 32) of w and x, and
+    // scales g .. g + m of ws and xs with g + m <= groups; a prefetch never faults, and
+    // `wrapping_add` may point past the slice without UB.
+    while g < groups {
+        let m = (groups - g).min(LANES);
+        let at = g * GS;
+        let sums: [__m256i; LANES] = std::array::from_fn(|l| match l < m {
+            true => {
+                // A line (two groups) ahead at a time, among the products.
+                if l % 2 == 0 {
+                    let line = at + GS * l;
+                    if REACH >= PREFETCH_NEAR {
+                        _mm_prefetch::<_MM_HINT_T2>(wp.wrapping_add(line + PREFETCH_NEAR));
+                    }
+                    if REACH >= PREFETCH_FAR {
+                        _mm_prefetch::<_MM_HINT_T2>(wp.wrapping_add(line + PREFETCH_FAR));
+                    }
+                }
+                let wv = _mm256_loadu_si256(wp.add(at + GS * l) as *const __m256i);
+                let xv = _mm256_loadu_si256(xp.add(at + GS * l) as *const __m256i);
+                let zero = _mm256_setzero_si256();
+                dot4::<P>(zero, _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
+            }
+            false => _mm256_setzero_si256(),
+        });
+        let (xs_g, ws_g) = (scales(xs.as_ptr().add(g), m), scales(ws.as_ptr().add(g), m));
+        acc = finish(acc, lanes_of(sums), xs_g, ws_g);
+        g += LANES;
+    }
+    hsum256(acc)
+}
+
+/// Weight row `w` (in the interleaved order, `cols` bytes) with scales `ws` against tokens
+/// `i .. i + N` of `acts`, into `out` (`N` values).
+///
+/// Caller guarantees the CPU has AVX2 and FMA, that `acts` holds whole laid-out rows of
+/// `w.len()` values for tokens `i .. i + N` and their `w.len() / 32` scales, and that `ws`
+/// holds as many. Then every read is in bounds: a block of `n` groups from group `g0` is bytes
+/// `32 g0 .. 32 (g0 + n)` of the row and of each token's, vector `k` of it the `4n` bytes from
+/// `32 g0 + 4nk`; a run from group `lo` of the block reads `4 min(8, n - lo)` of them from `4
+/// lo` on (the scales likewise, entries `g0 + lo ..`), and a masked load neither reads nor
+/// faults past its mask.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile<const P: u8, const N: usize>(
+    w: &[u8],
+    ws: &[f32],
+    acts: &ActsQ4,
+    i: usize,
+    out: &mut [f32],
+) {
+    let cols = w.len();
+    let per = cols / GS;
+    let w_row = w.as_ptr();
+    let x_row: [*const u8; N] =
+        std::array::from_fn(|j| acts.x.as_ptr().add((i + j) * cols) as *const u8);
+    let xs_row: [*const f32; N] = std::array::from_fn(|j| acts.scales.as_ptr().add((i + j) * per));
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (g0, n) in blocks(per) {
+        let block = g0 * GS;
+        let mut lo = 0;
+        while lo < n {
+            let m = (n - lo).min(LANES);
+            let mask = first(m);
+            let load = |p: *const u8| match m {
+                LANES => _mm256_loadu_si256(p as *const __m256i),
+                _ => _mm256_maskload_epi32(p as *const i32, mask),
+            };
+            let mut isum = [_mm256_setzero_si256(); N];
+            for k in 0..GS / 4 {
+                let at = block + k * 4 * n + 4 * lo;
+                let wv = load(w_row.add(at));
+                let aw = _mm256_sign_epi8(wv, wv);
+                for j in 0..N {
+                    let xv = load(x_row[j].add(at));
+                    isum[j] = dot4::<P>(isum[j], aw, _mm256_sign_epi8(xv, wv));
+                }
+            }
+            let ws_g = scales(ws.as_ptr().add(g0 + lo), m);
+            for j in 0..N {
+                let xs_g = scales(xs_row[j].add(g0 + lo), m);
+                acc[j] = finish(acc[j], isum[j], xs_g, ws_g);
+            }
+            lo += LANES;
+        }
+    }
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = hsum256(a);
+    }
+}
+
+/// `acc + float(isum) * xs * ws`: one (row, token) pair's run of eight groups, in this order in
+/// decode and in a prompt.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn finish(acc: __m256, isum: __m256i, xs: __m256, ws: __m256) -> __m256 {
+    _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), xs), ws, acc)
+}
+
+/// The vector whose lane `l` is the sum of `sums[l]`'s eight lanes.
+///
+/// `vphaddd(a, b)` adds neighbouring lanes within each 128-bit half: `[a0+a1, a2+a3, b0+b1,
+/// b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7]`. Two rounds over `sums[0..4]` give `[s0, s1, s2, s3 |
+/// s0', s1', s2', s3']` (`s`: the sum of lanes 0-3, `s'`: of lanes 4-7), likewise for
+/// `sums[4..8]`; the two low halves side by side plus the two high halves side by side is the
+/// answer.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn lanes_of(sums: [__m256i; LANES]) -> __m256i {
+    let h = |a, b| _mm256_hadd_epi32(a, b);
+    let lo4 = h(h(sums[0], sums[1]), h(sums[2], sums[3]));
+    let hi4 = h(h(sums[4], sums[5]), h(sums[6], sums[7]));
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(lo4, hi4),
+        _mm256_permute2x128_si256::<0x31>(lo4, hi4),
+    )
+}
+
+/// `m` (at most 8) scales from `p`, zero in the lanes after them. Caller guarantees `p .. p +
+/// m` is in bounds (a masked load reads nothing past its mask).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn scales(p: *const f32, m: usize) -> __m256 {
+    match m {
+        LANES => _mm256_loadu_ps(p),
+        _ => _mm256_maskload_ps(p, first(m)),
+    }
+}
+
+/// The mask of lanes `0 .. m`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn first(m: usize) -> __m256i {
+    _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(m as i32),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    )
+}
