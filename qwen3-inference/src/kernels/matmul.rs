@@ -623,7 +623,8 @@ mod tests {
             view(TensorData::from_k_quant(KQuant::Q5K, &q5k)),
             view(TensorData::from_k_quant(KQuant::Q6K, &q6k)),
         );
-        for t in [1, 3] {
+        // 9 tokens: a prompt's products (AVX2 reorders q8 weights in groups of 32 from 8).
+        for t in [1, 3, 9] {
             let x: Vec<f32> = (0..t * cols).map(|_| lcg(&mut seed)).collect();
             for mix in [
                 [&q4_view, &q6k_view, &q4k_view],
@@ -676,7 +677,8 @@ mod tests {
                 interleaved: None,
             })
             .collect();
-        for t in [1, 3] {
+        // 9 tokens: a prompt's products (AVX2 reorders q8 weights in groups of 32 from 8).
+        for t in [1, 3, 9] {
             let x: Vec<f32> = (0..t * cols as usize).map(|_| lcg(&mut seed)).collect();
             let mut sep: Vec<Vec<f32>> = shapes
                 .iter()

@@ -153,8 +153,8 @@ pub fn interleave_q6(packed: &[u8], cols: usize, out: &mut [u8]) {
 
 /// One row of groups of `gs` bytes (a multiple of 4) in the interleaved order, into `dst` (as
 /// long as `src`): word `k` (bytes `4k .. 4k + 4`) of group `l` of a block of `n` groups goes
-/// to bytes `4nk + 4l ..` of the block. q8 weights and every kernel's activations take this
-/// order ([`interleave_q8`], [`lay_out`]; AVX2's q8 prompt kernel reorders each block of weight
+/// to bytes `4nk + 4l ..` of the block. q8 weights and the interleaved kernels' activations
+/// take this order ([`interleave_q8`], [`lay_out`]; AVX2's q8 prompt kernel reorders each block of weight
 /// rows as it reads them, `x86/q8_32_avx2.rs`).
 pub fn interleave_words(src: &[u8], gs: usize, dst: &mut [u8]) {
     assert!(gs.is_multiple_of(4) && src.len().is_multiple_of(gs) && src.len() == dst.len());

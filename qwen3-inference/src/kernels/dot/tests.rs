@@ -324,6 +324,10 @@ fn q8_rows_matches_scalar_dots() {
                 // Rows in several blocks of `for_each_tile`, the last one odd; tokens
                 // in a tile of 4 and one of 3.
                 (37, 7, 2),
+                // Prompts over two and three blocks of 16 groups, the last one short (13
+                // and 13 groups: a run of 8 and one of 5).
+                (3, 9, 29),
+                (2, 8, 45),
                 // Decode over enough rows that the AVX-512 kernel takes each of its
                 // prefetch depths (32 KiB, 8 KiB, none) as the end of the rows nears.
                 (160, 1, 4),
@@ -388,7 +392,7 @@ fn prefill_rows_equal_decode_rows() {
         // kernels of groups of 32 (q8_pairs.rs) add alone, into either accumulator.
         for (gs, groups) in [16, 32, 64, 128]
             .into_iter()
-            .flat_map(|gs| [(gs, 21), (gs, 19)])
+            .flat_map(|gs| [(gs, 21), (gs, 19), (gs, 45)])
         {
             // Rows in three blocks of `for_each_tile`.
             let (rows, t, cols) = (39, 9, groups * gs);

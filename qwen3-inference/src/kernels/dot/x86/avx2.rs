@@ -74,9 +74,7 @@ pub(super) unsafe fn dot_q8_avx2<const REACH: usize, const P: u8>(
 ) -> f32 {
     // The default group size is compiled on its own, so that a group's loop unrolls; groups of
     // 32 (a GGUF's Q8_0, a q4 file's q8 matrices) add eight groups' sums a vector
-    // (`q8_32_avx2.rs`). Measured from memory on one thread (`cargo bench`, AVX2): groups of 32
-    // through the generic loop and without prefetches 10.4 GB/s, compiled on their own and
-    // prefetching 12.2; groups of 64 15-16.
+    // (`q8_32_avx2.rs`).
     match gs {
         64 => dot_q8_avx2_gs::<REACH, 64, P>(w, ws, x, xs, gs),
         32 => super::q8_32_avx2::dot_q8_32_avx2::<REACH, P>(w, ws, x, xs),

@@ -19,8 +19,8 @@
 //! (a last run of fewer than eight groups has zeros in its other lanes: no products, no scales).
 //!
 //! **Decode** (one token) reads the row in the file's order, once: eight groups' vectors of
-//! partial sums are added across ([`lanes_of`]: three rounds of `vphaddd` and a swap of halves)
-//! into one vector whose lane `l` is group `l`'s sum.
+//! partial sums are added across ([`lanes_of`]: two rounds of `vphaddd`, then the halves
+//! swapped and added) into one vector whose lane `l` is group `l`'s sum.
 //!
 //! **A prompt** reads each weight row once for every token. A block of 16 rows is first put in
 //! the interleaved order (`dot/interleaved.rs`: a vector holds word `k`, four bytes, of each of
@@ -56,18 +56,24 @@ const TOKENS: usize = 4;
 const BLOCK_ROWS: usize = 16;
 
 /// Tokens from which a product reorders its weights: below, each (row, token) pair takes
-/// decode's product (measured: docs/kernels.md, "q8 in groups of 32 on AVX2").
+/// decode's product. At 8 and 16 tokens the reordering product ran 1.13-1.22 times the
+/// file-order tile it replaced (docs/kernels.md, "q8 in groups of 32 on AVX2"); where it
+/// crosses decode's product, which ran 4 tokens as fast, is not measured.
 pub(super) const REORDER_FROM: usize = 8;
 
 thread_local! {
-    /// A block of weight rows in the interleaved order, kept between calls.
+    /// A block of weight rows in the interleaved order, kept between calls. It grows (once per
+    /// thread and width) the first time a product of [`REORDER_FROM`] tokens or more meets a
+    /// wider matrix: a prompt's, or a serving step's of that many sequences; decode never
+    /// touches it.
     static BLOCK: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// [`super::super::MatQ8`] on AVX2 for groups of 32, after the caller's `x.check` returned
 /// `rows`; byte products by the instructions `P` names ([`super::avx2::MADDUBS`]).
 ///
-/// Caller guarantees `x.check(w, ws, out)` passed with `x.group_size == 32`.
+/// Caller guarantees the CPU has AVX2, FMA and the instructions `P` names, and that
+/// `x.check(w, ws, out)` passed with `x.group_size == 32`.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn mat_q8_32_avx2<const P: u8>(
     w: &[i8],
@@ -108,7 +114,8 @@ pub(super) unsafe fn mat_q8_32_avx2<const P: u8>(
             let n_rows = (rows - r0).min(BLOCK_ROWS);
             let src: &[u8] = bytemuck::cast_slice(&w[r0 * cols..(r0 + n_rows) * cols]);
             for (s, d) in src.chunks_exact(cols).zip(block.chunks_exact_mut(cols)) {
-                // SAFETY: the CPU has AVX2 (as below); `s` and `d` are one row each.
+                // SAFETY: the CPU has AVX2 (our caller's promise); `s` and `d` are one row
+                // each.
                 unsafe { reorder_row(s, d) };
             }
             let mut i = 0;
@@ -117,10 +124,10 @@ pub(super) unsafe fn mat_q8_32_avx2<const P: u8>(
                 for a in 0..n_rows {
                     let (w_r, ws_r) = (&block[a * cols..(a + 1) * cols], row(r0 + a).1);
                     let o = &mut out[(r0 + a) * t + i..(r0 + a) * t + i + n];
-                    // SAFETY: the CPU has AVX2 and FMA (our caller's target features, which
-                    // the closure does not inherit but the caller's promise covers); the
-                    // activations are laid out whole (`interleaved` checked their lengths)
-                    // and hold tokens i..i+n; the row is `cols` bytes in groups of 32.
+                    // SAFETY: the CPU has AVX2, FMA and `P`'s instructions (our caller's
+                    // promise); the activations are laid out whole (`interleaved` checked
+                    // their lengths) and hold tokens i..i+n; the row is `cols` bytes in groups
+                    // of 32.
                     unsafe {
                         match n {
                             4 => tile::<P, 4>(w_r, ws_r, acts, i, o),
@@ -203,6 +210,8 @@ unsafe fn transpose8(r: [__m256i; LANES]) -> [__m256i; LANES] {
 /// `sum_g ws[g] xs[g] sum_{c in g} w[c] x[c]` over groups of 32 in the file's order, in
 /// runs of eight groups (the module's text); prefetches the weights `REACH` bytes ahead as
 /// `avx2.rs`'s `group_q8_avx2` does (see [`PREFETCH_NEAR`]).
+///
+/// Caller guarantees the CPU has AVX2, FMA and the instructions `P` names.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn dot_q8_32_avx2<const REACH: usize, const P: u8>(
@@ -352,4 +361,27 @@ unsafe fn first(m: usize) -> __m256i {
         _mm256_set1_epi32(m as i32),
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The transposes write what the scalar rule writes: rows of one to five whole blocks, with
+    /// and without a short last block (of 1, 8, 9 and 15 groups).
+    #[test]
+    fn reordered_rows_are_the_interleaved_order() {
+        if !super::super::has_avx2() {
+            eprintln!("no AVX2: skipping the AVX2 reordering of q8 rows");
+            return;
+        }
+        for groups in [1, 8, 9, 15, 16, 17, 24, 25, 31, 32, 45, 80] {
+            let src: Vec<u8> = (0..groups * GS).map(|i| (i * 7 + i / 256) as u8).collect();
+            let (mut want, mut got) = (vec![0u8; src.len()], vec![0u8; src.len()]);
+            interleave_words(&src, GS, &mut want);
+            // SAFETY: has_avx2() said the CPU has AVX2.
+            unsafe { reorder_row(&src, &mut got) };
+            assert_eq!(got, want, "{groups} groups");
+        }
+    }
 }
