@@ -90,11 +90,14 @@ pub(super) unsafe fn mat_q8_32_avx2<const P: u8>(
     let Some(acts) = acts else {
         for r in 0..rows {
             let (w_r, ws_r) = row(r);
-            // As in mat_q8_avx2: prefetch no further than the bytes this thread reads next.
+            // As in mat_q8_avx2: prefetch no further than the bytes this thread reads next, and
+            // with the row's first token only (the others find the row in cache).
             let after = (rows - r - 1) * cols + ahead;
             for i in 0..t {
                 let (x_i, xs_i) = (x.q_row(i), &x.scales[i * per..(i + 1) * per]);
-                out[r * t + i] = if after >= PREFETCH_FAR {
+                out[r * t + i] = if i > 0 {
+                    dot_q8_32_avx2::<0, P>(w_r, ws_r, x_i, xs_i)
+                } else if after >= PREFETCH_FAR {
                     dot_q8_32_avx2::<PREFETCH_FAR, P>(w_r, ws_r, x_i, xs_i)
                 } else if after >= PREFETCH_NEAR {
                     dot_q8_32_avx2::<PREFETCH_NEAR, P>(w_r, ws_r, x_i, xs_i)
