@@ -12,12 +12,12 @@
 #   3. a random checkpoint of each shape in $SHAPES (default 0.6b; or the HF checkpoint folders in
 #      $CHECKPOINTS, comma-separated, made by nothing), exported as q8, q4 (the default mix) and
 #      plain q4 (--tables q4 --sensitive q4), and with llama.cpp in the kit, converted to GGUF and
-#      quantized to Q4_K_M and Q4_0;
+#      quantized to Q4_K_M, Q4_0 and Q8_0;
 #   4. $ROUNDS rounds (default 3) of alternating single runs, as docs/kernels.md measures:
 #      each round runs `qwen3 bench F --prompt-tokens 128 -n 64 --threads $THREADS -r 1` for
 #      every file and family, then `llama-bench -p 128 -n 64 -t $THREADS -r 1` on each GGUF;
 #   5. summary.py's tables: each cell's median over the rounds, the share of the ceiling, and the
-#      q4 file against our q8 and llama.cpp's Q4_K_M.
+#      q4 file against our q8 and llama.cpp's Q4_K_M, held to its family's goals.
 # Everything goes to stdout, and with $OUT set also to $OUT/cpu_check.log, with the tables in
 # $OUT/summary.md and every run's JSON (and the kernels' report) in $OUT/runs/. Exit status 0
 # when every test passed and every run ran. $PYTHON names the Python (default python3);
@@ -167,7 +167,7 @@ for k in "${!shape_list[@]}"; do
     done
     if [ "$have_llama" = 1 ]; then
         if "$py" "$llama/convert_hf_to_gguf.py" "$ckpt" --outtype bf16 --outfile "$work/$s-bf16.gguf" > "$work/convert-$s.log" 2>&1; then
-            for q in Q4_K_M Q4_0; do
+            for q in Q4_K_M Q4_0 Q8_0; do
                 "$llama/bin/llama-quantize" "$work/$s-bf16.gguf" "$work/$s-$q.gguf" "$q" > "$work/quantize-$s-$q.log" 2>&1 \
                     || { tail -3 "$work/quantize-$s-$q.log"; fail "llama-quantize $s $q"; }
             done
@@ -179,7 +179,7 @@ for k in "${!shape_list[@]}"; do
     fi
     # A checkpoint made here is not read again: its disk goes back.
     [ "${#given[@]}" -gt 0 ] || rm -rf "$ckpt"
-    for f in "$work/$s"-{q8,q4,q4-plain}.bin "$work/$s"-{Q4_K_M,Q4_0}.gguf; do
+    for f in "$work/$s"-{q8,q4,q4-plain}.bin "$work/$s"-{Q4_K_M,Q4_0,Q8_0}.gguf; do
         [ -e "$f" ] && echo "   $f $(du -m "$f" | cut -f1) MiB"
     done
 done
@@ -207,7 +207,7 @@ print("   round %s %s %-8s %-12s" % (sys.argv[2], sys.argv[3], sys.argv[4], b["i
             done
         done
         if [ "$have_llama" = 1 ]; then
-            for q in Q4_K_M Q4_0; do
+            for q in Q4_K_M Q4_0 Q8_0; do
                 gguf="$work/$s-$q.gguf"
                 [ -e "$gguf" ] || continue
                 json="$work/runs/llama-$s-$q-$r.json"

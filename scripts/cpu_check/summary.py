@@ -7,9 +7,10 @@ RUNS_DIR holds `ours-SHAPE-FILE-FAMILY-ROUND.json` (`qwen3 bench --json`),
 `llama-SHAPE-QUANT-ROUND.json` (`llama-bench -o json`) and machine.txt. Each cell is the median
 over the rounds; "of ceiling" is the median of each run's decode over its own ceiling (the
 bandwidth probe of that run over the bytes a token reads). Then, per kernel family, the default
-q4 file against the goals it is held to on every instruction set (docs/benchmarks.md, "Every
-kernel family on one machine"): decode at >= 80% of the ceiling, >= 1.5x our q8 and >= 1.2x
-llama.cpp's Q4_K_M, prefill >= 1.0x Q4_K_M.
+q4 file against the goals it is held to (docs/benchmarks.md, "Every kernel family on one
+machine"): decode at >= 80% of the ceiling (AVX-512: >= 85% on one thread), >= 1.5x our q8 and
+>= 1.2x llama.cpp's Q4_K_M, prefill >= 1.0x Q4_K_M (AVX-512: >= 1.2x), and its q6 tables and
+layers costing no more than their bytes: its share of the ceiling >= 0.95 of the plain q4 file's.
 """
 
 import json
@@ -86,29 +87,35 @@ def main(runs: Path) -> None:
 
 
 def goals(rows, threads) -> None:
-    """The default q4 file against its goals, per family: each ratio of the medians."""
+    """The default q4 file against its goals, per family: each ratio of the medians. AVX-512
+    families are held to more (they have the instructions for it): 85% of the ceiling on one
+    thread and 1.2x Q4_K_M's prefill."""
     kq = rows.get(("llama.cpp Q4_K_M", ""))
     families = [isa for (label, isa) in rows if label == FILES["q4"]]
     if not families:
         return
     head = []
     for t in threads:
-        head += [f"of ceiling {t}t (>= 80%)", f"/ our q8 {t}t (>= 1.5)"]
+        head += [f"of ceiling {t}t", f"/ our q8 {t}t (>= 1.5)", f"q6's cost {t}t (>= 0.95)"]
         if kq:
-            head += [f"/ Q4_K_M decode {t}t (>= 1.2)", f"/ Q4_K_M prefill {t}t (>= 1.0)"]
-    print("The default q4 file against its goals:\n")
+            head += [f"/ Q4_K_M decode {t}t (>= 1.2)", f"/ Q4_K_M prefill {t}t"]
+    print("The default q4 file against its goals (of the ceiling >= 80%, AVX-512 >= 85% on one thread;")
+    print("prefill >= 1.0x Q4_K_M, AVX-512 >= 1.2x; q6's cost: its share of the ceiling over the plain q4 file's):\n")
     print("| kernels | " + " | ".join(head) + " |")
     print("|---|" + "---|" * len(head))
     for isa in families:
         q4, q8 = rows[(FILES["q4"], isa)], rows.get((FILES["q8"], isa))
+        plain = rows.get((FILES["q4-plain"], isa))
+        wide = isa.startswith("avx512")
         out = []
         for t in threads:
             share = median(q4[("share", t)])
-            out.append(mark(share, 0.8, pct=True))
+            out.append(mark(share, 0.85 if wide and t == 1 else 0.8, pct=True))
             out.append(mark(ratio(q4, q8, "decode", t), 1.5))
+            out.append(mark(ratio(q4, plain, "share", t), 0.95))
             if kq:
                 out.append(mark(ratio(q4, kq, "decode", t), 1.2))
-                out.append(mark(ratio(q4, kq, "prefill", t), 1.0))
+                out.append(mark(ratio(q4, kq, "prefill", t), 1.2 if wide else 1.0))
         print(f"| {isa} | " + " | ".join(out) + " |")
     print()
 

@@ -11,11 +11,10 @@ use super::team::Team;
 use crate::format::view::TensorView;
 use crate::format::DType;
 use crate::quant::{Q4, Q6, Q8};
-use rayon::prelude::*;
 
-/// Output rows handed to one rayon task in prefill. Large enough that scheduling costs nothing
-/// next to the dot products, small enough that two cores stay balanced on the smallest matrices.
-/// Decode's parts of a matrix (team.rs) start on multiples of it too.
+/// Output rows of the smallest part of a product a thread takes (team.rs): large enough that
+/// claiming a part costs nothing next to its dot products, small enough that two cores stay
+/// balanced on the smallest matrices. A prompt's part is these rows for every token.
 const ROWS_PER_TASK: usize = 16;
 
 /// `out[i, r] = sum_c x[i, c] * w[r, c]`.
@@ -31,9 +30,8 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &TensorView, t: usize) {
 /// input width whose quantized ones share one group size (q/k/v, or gate/up, of one layer; in a
 /// q4 file some may be q6 or q8; in a GGUF one may be f32 or bf16 beside quantized ones).
 ///
-/// Decode runs them as one parallel pass over all their rows: the activations are quantized
-/// once, and the threads meet once instead of after every matrix. Prefill runs them one after
-/// the other (its products are long enough that the meeting costs nothing).
+/// They run as one parallel pass over all their rows: the activations are quantized once, and
+/// the threads meet once instead of after every matrix.
 pub fn matmuls<const N: usize>(outs: [&mut [f32]; N], x: &[f32], ws: [&TensorView; N], t: usize) {
     let cols = ws[0].shape[1] as usize;
     assert_eq!(
@@ -66,33 +64,26 @@ pub fn matmuls<const N: usize>(outs: [&mut [f32]; N], x: &[f32], ws: [&TensorVie
             Team::current().split(outs, ROWS_PER_TASK, |k, r0, part, run_end| {
                 fill_block(ws[k], x, acts, 1, r0, part, run_end - r0 - part.len())
             });
-        } else if t <= FEW_TOKENS {
-            few_tokens(outs, x, ws, acts, t);
         } else {
-            for (out, w) in outs.into_iter().zip(ws) {
-                prefill(out, w.shape[0] as usize, t, |r0, block| {
-                    fill_block(w, x, acts, t, r0, block, 0)
-                });
-            }
+            tokens(outs, x, ws, acts, t);
         }
     })
 }
 
-/// Tokens up to which a product runs as [`few_tokens`] rather than [`prefill`].
-const FEW_TOKENS: usize = 16;
-
-/// A product of a few tokens (the rows of a serving step: one per decoding sequence). Its
-/// arithmetic is a few milliseconds, so the cost of starting parallel loops matters: like decode,
-/// it runs all `N` products as one job of the decode team (team.rs), each part filling weight
-/// rows `r0 ..` for every token into a buffer in `[rows, t]` order (the kernel's), then writing
-/// them to their places in the `[t, rows]` output. The blocks are [`prefill`]'s, so the results
-/// have the same bits.
+/// A product of several tokens: a prompt's, or a serving step's (one token per decoding
+/// sequence). Like decode, it runs all `N` products as one job of the thread team (team.rs),
+/// each part filling weight rows `r0 ..` for every token into a buffer in `[rows, t]` order (the
+/// kernel's: each block of weight rows is read from memory once, then from the caches for the
+/// other tokens), then writing them to their places in the `[t, rows]` output.
 ///
 /// The parts write the output themselves, in parallel, while the block is still in their cache:
 /// done on one thread after the job, the copy showed in a profile of a serving step, with the
 /// other core waiting (the classifier alone is 151936 rows x 8 tokens; measured:
-/// docs/performance.md, "A few rows: a serving step").
-fn few_tokens<const N: usize>(
+/// docs/performance.md, "A few rows: a serving step"). A prompt's products went through rayon's
+/// loops (one per matrix, and one more for the copy) until the team took them too: a prompt of
+/// 128 tokens of the 0.6B shape then ran about 7% faster on two threads of an AVX-512 Xeon and as
+/// fast on one (docs/kernels.md, "Prompts on AVX-512").
+fn tokens<const N: usize>(
     outs: [&mut [f32]; N],
     x: &[f32],
     ws: [&TensorView; N],
@@ -374,48 +365,8 @@ thread_local! {
     static ACTIVATIONS: std::cell::RefCell<ActsQ8Buf> = std::cell::RefCell::new(ActsQ8Buf::default());
 }
 
-/// Prefill: fills `out: [t, rows]`, parallel over blocks of weight rows: `fill(r0, block)`
-/// writes the products of weight rows `r0 .. r0 + n` with every token, `block: [n, t]`
-/// (row-major: weight row, then token).
-fn prefill(out: &mut [f32], rows: usize, t: usize, fill: impl Fn(usize, &mut [f32]) + Sync) {
-    // Prefill: a task owns a block of weight rows and computes them for every token, so each
-    // weight row is read from memory once and then from cache for the other tokens. Its results
-    // are columns of `out`, which are not contiguous, so they go to a transposed buffer
-    // `[rows, t]` first, kept between calls (a fresh one per call costs page faults that showed
-    // up in prefill's profile; measured: docs/performance.md, "Batched prefill").
-    TRANSPOSED.with(|cell| {
-        let mut out_t = cell.borrow_mut();
-        out_t.resize(rows * t, 0.0);
-        out_t[..rows * t]
-            .par_chunks_mut(ROWS_PER_TASK * t)
-            .enumerate()
-            .for_each(|(chunk, block)| fill(chunk * ROWS_PER_TASK, block));
-        // Back to `[t, rows]`, in parallel over blocks of tokens (done on one thread, this copy
-        // left the other cores idle while it ran; measured: docs/performance.md, "Batched
-        // prefill"), and within a block 16 weight rows at a time: each token's 16 results are
-        // one cache line of `out`, read from 16 sequential streams of `out_t`.
-        let out_t: &[f32] = &out_t[..rows * t];
-        out.par_chunks_mut(rows * TOKENS_PER_TASK)
-            .enumerate()
-            .for_each(|(chunk, out_block)| {
-                let i0 = chunk * TOKENS_PER_TASK;
-                for r0 in (0..rows).step_by(16) {
-                    let r1 = (r0 + 16).min(rows);
-                    for (di, out_row) in out_block.chunks_exact_mut(rows).enumerate() {
-                        for (r, o) in (r0..r1).zip(&mut out_row[r0..r1]) {
-                            *o = out_t[r * t + i0 + di];
-                        }
-                    }
-                }
-            });
-    })
-}
-
-/// Tokens per task when prefill's results are copied back to `[t, rows]`.
-const TOKENS_PER_TASK: usize = 16;
-
 thread_local! {
-    /// The prefill results in `[rows, t]` order before they are transposed into `out`.
+    /// A product's results in `[rows, t]` order before they are written into `out`.
     static TRANSPOSED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -648,7 +599,7 @@ mod tests {
     }
 
     /// Three products in one pass give exactly what three separate calls give (same kernels,
-    /// same quantized activations), for decode (one pass) and prefill (one after the other).
+    /// same quantized activations), for decode and for a prompt.
     #[test]
     fn matmuls_equal_separate_products() {
         let (cols, gs) = (128, 64);

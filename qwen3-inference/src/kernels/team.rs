@@ -1,4 +1,4 @@
-//! A team of threads for decode's parallel loops.
+//! A team of threads for the matrix products' parallel loops (decode's, and a prompt's).
 //!
 //! Decoding one token runs about 140 parallel loops (four products and attention in each of 28
 //! layers, then the classifier), most of them short. Under rayon each loop is a tree of tasks
@@ -21,8 +21,11 @@
 //! microseconds), then sleeps on a condition variable, so an idle process does not keep a core
 //! busy. Every busy wait gives up its core after [`YIELD_AFTER`] (see [`Wait`]).
 //!
-//! Prefill keeps rayon: its loops are long, and a busy team would compete with rayon's threads
-//! for the cores. Only decode (one token) uses the team, so the two are never busy at once.
+//! A prompt's matrix products run on the team too (`matmul.rs`): its loops are longer, but the
+//! team's start and end still cost less than rayon's, and one job takes a layer's q, k and v
+//! together. The rest of a prompt's forward pass (attention, norms) keeps rayon; a worker that
+//! waits busily between products yields its core every [`YIELD_AFTER`], so rayon's threads get
+//! it (measured on two threads: docs/kernels.md, "Prompts on AVX-512").
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};

@@ -21,6 +21,11 @@ pub struct BenchArgs {
     /// Repeats per thread count; medians are reported.
     #[arg(short = 'r', long, default_value_t = 5)]
     pub repeats: usize,
+    /// Skip the untimed prefill and decode step that each thread count runs first (as
+    /// llama-bench's `--no-warmup`): the first repeat then includes the first touches of the KV
+    /// cache and of the threads' buffers.
+    #[arg(long)]
+    pub no_warmup: bool,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,

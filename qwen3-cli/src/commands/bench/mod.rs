@@ -140,8 +140,11 @@ impl OnDevice for Measure<'_> {
         let (args, prompt, reads) = (self.args, self.prompt, self.reads);
         let mut session = Session::new(backend, model, args.prompt + args.decode, KvType::F32)?;
         let mut samples = Samples::default();
-        // One untimed pass first: the driver finishes loading the kernels at their first launch.
-        prefill_and_decode(&mut session, prompt, 1)?;
+        // One untimed pass first (unless `--no-warmup`): the driver finishes loading the
+        // kernels at their first launch.
+        if !args.no_warmup {
+            prefill_and_decode(&mut session, prompt, 1)?;
+        }
         for _ in 0..args.repeats {
             // 1 GiB, far beyond any GPU's L2 cache.
             let bandwidth = copy_bandwidth(1 << 30)?;
@@ -206,8 +209,8 @@ fn thread_counts(args: &BenchArgs) -> Vec<usize> {
     }
 }
 
-/// `-r` repeats on `threads` threads: before each, the bandwidth; then a prefill of the prompt
-/// and `-n` greedy decode steps, timed.
+/// `-r` repeats on `threads` threads, after an untimed one (unless `--no-warmup`): before each,
+/// the bandwidth; then a prefill of the prompt and `-n` greedy decode steps, timed.
 fn measure(
     args: &BenchArgs,
     model: &Model,
@@ -223,6 +226,12 @@ fn measure(
     let mut samples = Samples::default();
     let ctx = args.prompt + args.decode;
     let mut session = pool.install(|| Session::new(CPU, model, ctx, reads.kv_type))?;
+    // One untimed prefill of the prompt and one decode step first, as llama-bench warms up
+    // each of its tests: the first forward pass on a new pool and session faults in the KV
+    // cache's pages and grows each thread's buffers, which no later pass pays.
+    if !args.no_warmup {
+        pool.install(|| prefill_and_decode(&mut session, prompt, 1))?;
+    }
     // A line that says where the runs are, on a terminal (erased before the report).
     let progress = std::io::stderr().is_terminal();
     for i in 0..args.repeats {

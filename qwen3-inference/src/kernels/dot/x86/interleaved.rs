@@ -184,7 +184,7 @@ unsafe fn tiles<const KIND: usize>(
         // "One row a decode tile").
         return for_each_tile(rows, 1, 1, 1, |_, _, r, _| {
             // SAFETY: row r exists (for_each_tile keeps it so); the rest is our caller's promise.
-            tile::<KIND, 1, 1>(w, ws, x, out, r, 0, reach)
+            tile::<KIND, 1, 1>(w, ws, x, out, r, 0, Some(reach))
         });
     }
     // A few tokens (a serving step's) take one q8 row a tile: the product is bound by reading
@@ -195,6 +195,11 @@ unsafe fn tiles<const KIND: usize>(
         false => 2,
     };
     for_each_tile(rows, x.t, tile_rows, TOKENS, |m, n, r, i| {
+        // A block of rows is read from memory by its first tokens' tiles, and from the caches by
+        // the others (`for_each_tile` runs every token on a block before the next): only the
+        // first ask for the weights ahead. Asked again by every tile, the prefetches and their
+        // bounds checks were about a tenth of a prompt's instructions, for lines in L1 already.
+        let reach = (i == 0).then_some(reach);
         // SAFETY: rows r..r+m and tokens i..i+n exist (for_each_tile keeps them so); as above.
         match (m, n) {
             (2, 4) => tile::<KIND, 2, 4>(w, ws, x, out, r, i, reach),
@@ -210,7 +215,7 @@ unsafe fn tiles<const KIND: usize>(
 }
 
 /// `out[(r + a) * t + i + j]` for the `R` weight rows from `r` and the `N` tokens from `i`,
-/// prefetching weights up to `reach` bytes from the start of `w`.
+/// prefetching weights up to `reach` bytes from the start of `w` (`None`: none).
 ///
 /// Caller guarantees the rows and tokens exist and what [`tiles`]' caller does. Then every
 /// read is in bounds: with `gs = group_size(KIND)` and `gb = group_bytes(KIND)`, a row is
@@ -228,7 +233,7 @@ unsafe fn tile<const KIND: usize, const R: usize, const N: usize>(
     out: &mut [f32],
     r: usize,
     i: usize,
-    reach: usize,
+    reach: Option<usize>,
 ) {
     let (t, cols) = (x.t, x.cols);
     let (gb, sb) = (group_bytes(KIND), scale_bytes(KIND));
@@ -247,10 +252,12 @@ unsafe fn tile<const KIND: usize, const R: usize, const N: usize>(
     // q8's in groups of 32 and 1/16 in groups of 64): the tile's scales asked for at once,
     // `PREFETCH_NEAR / 16` bytes ahead in their stream; a few lines for a tile of rows of the
     // 0.6B shape, against the weights' 32 (see `block`).
-    let from = r * per * sb + PREFETCH_NEAR / 16;
-    for line in (from..from + R * per * sb).step_by(64) {
-        // A prefetch never faults; `wrapping_add` may point past `ws` without UB.
-        _mm_prefetch::<_MM_HINT_T2>((ws.as_ptr() as *const i8).wrapping_add(line));
+    if reach.is_some() {
+        let from = r * per * sb + PREFETCH_NEAR / 16;
+        for line in (from..from + R * per * sb).step_by(64) {
+            // A prefetch never faults; `wrapping_add` may point past `ws` without UB.
+            _mm_prefetch::<_MM_HINT_T2>((ws.as_ptr() as *const i8).wrapping_add(line));
+        }
     }
     let mut acc = [[_mm512_setzero_ps(); N]; R];
     let full = per / GROUPS;
@@ -261,7 +268,9 @@ unsafe fn tile<const KIND: usize, const R: usize, const N: usize>(
         let share = R * GROUPS * gb;
         let from = r * row_bytes + b * share;
         block::<KIND, R, N, true>(&mut acc, &rows, &tokens, g0, GROUPS, |a, at, len| {
-            prefetch_lines(w, from + a * (share / R) + at, len, reach);
+            if let Some(reach) = reach {
+                prefetch_lines(w, from + a * (share / R) + at, len, reach);
+            }
         });
     }
     let n = per - full * GROUPS;
@@ -269,12 +278,20 @@ unsafe fn tile<const KIND: usize, const R: usize, const N: usize>(
         let g0 = full * GROUPS;
         let from = r * row_bytes + R * g0 * gb;
         block::<KIND, R, N, false>(&mut acc, &rows, &tokens, g0, n, |a, at, len| {
-            prefetch_lines(w, from + a * n * gb + at, len, reach);
+            if let Some(reach) = reach {
+                prefetch_lines(w, from + a * n * gb + at, len, reach);
+            }
         });
     }
     for (a, acc_a) in acc.iter().enumerate() {
-        for (j, &v) in acc_a.iter().enumerate() {
-            *out.get_unchecked_mut((r + a) * t + i + j) = sum16(v);
+        let at = out.as_mut_ptr().add((r + a) * t + i);
+        if N == 4 {
+            // A row's four tokens are four consecutive outputs: one tree for the four.
+            _mm_storeu_ps(at, sum16x4([acc_a[0], acc_a[1], acc_a[2], acc_a[3]]));
+        } else {
+            for (j, &v) in acc_a.iter().enumerate() {
+                *at.add(j) = sum16(v);
+            }
         }
     }
 }
@@ -536,6 +553,40 @@ unsafe fn weights<const KIND: usize, const FULL: bool>(
 unsafe fn finish(acc: &mut __m512, isum: __m512i, scale: __m512, d: __m512) {
     let v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), scale);
     *acc = _mm512_fmadd_ps(v, d, *acc);
+}
+
+/// [`sum16`] of four vectors at once, in one tree over them side by side: the same additions of
+/// the same lanes (`l` and `l + 8`, `l` and `l + 4`, `l` and `l + 2`, the last two), so the same
+/// bits, in about 14 instructions where four `sum16` take about 32.
+///
+/// ```text
+/// v8  = [a: q0+q2, q1+q3 | b: q0+q2, q1+q3]  [c: .. | d: ..]    quarters q: 4 lanes each
+/// v4  = [a: q0+q1 | b | c | d]                                   one quarter per vector
+/// v2  = lanes 0, 1 + lanes 2, 3 of each quarter; v1 = lane 0 + lane 1
+/// ```
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn sum16x4(v: [__m512; 4]) -> __m128 {
+    // 128-bit quarters 0, 1 of two vectors, and their quarters 2, 3: added, each vector's lanes
+    // l + 8 (l < 8) in its two quarters.
+    let halves = |x: __m512, y: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(x, y),
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y),
+        )
+    };
+    let (ab, cd) = (halves(v[0], v[1]), halves(v[2], v[3]));
+    // Quarter k: vector k's lanes l + 4 (l < 4).
+    let v4 = _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd),
+        _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd),
+    );
+    // Lanes 0, 1 of each quarter: l + 2; then lane 0: the last two.
+    let v2 = _mm512_add_ps(v4, _mm512_shuffle_ps::<0b11_10_11_10>(v4, v4));
+    let v1 = _mm512_add_ps(v2, _mm512_shuffle_ps::<0b01_01_01_01>(v2, v2));
+    // Lane 0 of each quarter, the four sums.
+    let first = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_castps512_ps128(_mm512_permutexvar_ps(first, v1))
 }
 
 /// The sum of a (row, token) pair's 16 lanes of partial sums, in a fixed order: lanes `l` and
