@@ -126,7 +126,7 @@ fn bench(d: &Dots, rows: usize, cols: usize, gs: usize, reps: usize) {
     );
 }
 
-/// The q8 block product as prefill uses it: 16 weight rows (one rayon task's block) against a
+/// The q8 block product as prefill uses it: 16 weight rows (one part of a product) against a
 /// chunk of `t` tokens, over a whole `[rows, cols]` matrix. Reported in multiply-adds per second,
 /// since prefill is bound by arithmetic. Groups of 64 (q8 files) or 32 (the matrices a q4 file
 /// keeps in q8, `format::Q4Mix`).

@@ -21,9 +21,9 @@
 //! microseconds), then sleeps on a condition variable, so an idle process does not keep a core
 //! busy. Every busy wait gives up its core after [`YIELD_AFTER`] (see [`Wait`]).
 //!
-//! A prompt's matrix products run on the team too (`matmul.rs`): its loops are longer, but the
-//! team's start and end still cost less than rayon's, and one job takes a layer's q, k and v
-//! together. The rest of a prompt's forward pass (attention, norms) keeps rayon; a worker that
+//! A prompt's matrix products run on the team too when the caller is a rayon pool's thread (an
+//! engine's, a command's; `matmul.rs`): its loops are longer, but the team's start and end still
+//! cost less than rayon's, and one job takes a layer's q, k and v together. The rest of a prompt's forward pass (attention, norms) keeps rayon; a worker that
 //! waits busily between products yields its core every [`YIELD_AFTER`], so rayon's threads get
 //! it (measured on two threads: docs/kernels.md, "Prompts on AVX-512").
 
@@ -80,7 +80,9 @@ struct Shared {
 /// The team (see the module's documentation).
 pub struct Team {
     shared: Arc<Shared>,
-    /// One job at a time: tests run sessions on several threads at once, and they share a team.
+    /// One job at a time: tests run sessions on several threads at once, and they share a team;
+    /// a server's engine and its image tower could too (which is why a long product off a rayon
+    /// pool's threads takes rayon's loops instead, `matmul.rs`).
     one_job: Mutex<()>,
 }
 

@@ -23,7 +23,8 @@ pub struct BenchArgs {
     pub repeats: usize,
     /// Skip the untimed prefill and decode step that each thread count runs first (as
     /// llama-bench's `--no-warmup`): the first repeat then includes the first touches of the KV
-    /// cache and of the threads' buffers.
+    /// cache and of the threads' buffers. (`--draft-replay` times its own runs and takes no
+    /// warm-up.)
     #[arg(long)]
     pub no_warmup: bool,
     /// Print one JSON object instead of a table.

@@ -10,7 +10,8 @@
 //! ```
 //!
 //! (q8: `isum = corr + sum_k dot4(v_k, x_k)` over its eight or sixteen vectors, no unpacking),
-//! and the row's value is `acc`'s 16 lanes added (`sum16`) after its last block. No permute, no
+//! and the row's value is `acc`'s 16 lanes added (`sum16`; a prompt tile's four tokens of a row
+//! in one tree, `sum16x4`, with the same pairings) after its last block. No permute, no
 //! lane addition: eight `vpdpbusd` and eight (q6: sixteen; q8: none) bitwise operations per 512
 //! weights.
 //! The three kinds share the tiles below, whose const parameter `KIND` says which they read.
@@ -20,7 +21,8 @@
 //! (`mat_q8_avx512`) does ([`PREFETCH_NEAR`]). A prompt's products (and a serving step's) take
 //! tiles of two rows by four tokens: each row's block unpacked once for the four tokens, each
 //! vector of a token's activations loaded once for both rows; q8 with one or two tokens takes
-//! one row a tile, as decode does. Every (row, token) pair adds the same integer sums
+//! one row a tile, as decode does. Only the tiles of a block of rows' first tokens ask for its
+//! weights ahead: the others find them in the caches. Every (row, token) pair adds the same integer sums
 //! and makes the same float operations in the same order in both, so a prompt's tokens get
 //! decode's bits.
 
@@ -600,4 +602,54 @@ pub(super) unsafe fn sum16(v: __m512) -> f32 {
     // movehl: lanes 2, 3 moved down.
     let v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
     _mm_cvtss_f32(v2) + _mm_cvtss_f32(_mm_shuffle_ps::<1>(v2, v2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::next_values;
+
+    /// `sum16x4` gives each vector's `sum16`, bit for bit, on values whose sums round at every
+    /// step, and on infinities, NaN, signed zeros and subnormals.
+    #[test]
+    fn sum16x4_is_four_sum16() {
+        if !super::super::has_avx512() {
+            eprintln!("no AVX-512: skipping sum16x4");
+            return;
+        }
+        let mut seed = 31;
+        let mut cases: Vec<[f32; 64]> = (0..50)
+            .map(|k| {
+                let v = next_values(64, &mut seed);
+                // Magnitudes spread over many octaves, so that the order of the additions shows.
+                std::array::from_fn(|i| v[i] * 10f32.powi((i as i32 * 7 + k) % 13 - 6))
+            })
+            .collect();
+        let special = [
+            f32::INFINITY,
+            f32::NAN,
+            -0.0,
+            0.0,
+            f32::MIN_POSITIVE / 3.0,
+            -1e30,
+        ];
+        cases.push(std::array::from_fn(|i| special[i % special.len()]));
+        for c in &cases {
+            // SAFETY: the CPU has AVX-512 F (checked above); the loads read 64 floats of `c`.
+            let (got, want) = unsafe {
+                let v: [__m512; 4] = std::array::from_fn(|k| _mm512_loadu_ps(c[16 * k..].as_ptr()));
+                let mut got = [0f32; 4];
+                _mm_storeu_ps(got.as_mut_ptr(), sum16x4(v));
+                (got, v.map(|v| sum16(v)))
+            };
+            for k in 0..4 {
+                assert!(
+                    got[k].to_bits() == want[k].to_bits() || (got[k].is_nan() && want[k].is_nan()),
+                    "vector {k}: {} vs {}",
+                    got[k],
+                    want[k]
+                );
+            }
+        }
+    }
 }
