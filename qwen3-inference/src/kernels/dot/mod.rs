@@ -44,8 +44,8 @@ pub type MatQ4 = fn(w: &[u8], ws: &[u16], x: &ActsQ8, out: &mut [f32], ahead: us
 
 /// [`MatQ8`] for GGUF's K-quant weights (`k_quants.rs`): `w` the rows' blocks as the GGUF holds
 /// them, the activations quantized per group of [`k_quants::GROUP`] with their sums of 16
-/// ([`ActsQ8Buf::quantize_for_k`]). `ahead` as [`MatQ8`]'s: the AVX2 kernel prefetches, the
-/// AVX-512 and scalar ones do not.
+/// ([`ActsQ8Buf::quantize_for_k`]). `ahead` as [`MatQ8`]'s: the AVX2 and AVX-512 kernels
+/// prefetch, the scalar one does not.
 pub type MatK =
     fn(kind: crate::format::KQuant, w: &[u8], x: &ActsQ8, out: &mut [f32], ahead: usize);
 

@@ -51,13 +51,20 @@ pub(super) unsafe fn mat_k_avx2(kind: KQuant, w: &[u8], x: &ActsQ8, out: &mut [f
 /// # Safety
 /// The CPU must have AVX-512 F, BW, VL and VNNI, and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn mat_k_avx512(kind: KQuant, w: &[u8], x: &ActsQ8, out: &mut [f32]) {
+pub(super) unsafe fn mat_k_avx512(
+    kind: KQuant,
+    w: &[u8],
+    x: &ActsQ8,
+    out: &mut [f32],
+    ahead: usize,
+) {
     // SAFETY: as `mat_k_avx2`, with the AVX-512 features `tiles_avx512` needs.
+    let reach = Some(w.len() + ahead);
     unsafe {
         match kind {
-            KQuant::Q4K => mat_k(kind, w, x, out, tiles_avx512::<4>, None),
-            KQuant::Q5K => mat_k(kind, w, x, out, tiles_avx512::<5>, None),
-            KQuant::Q6K => mat_k(kind, w, x, out, tiles_avx512::<6>, None),
+            KQuant::Q4K => mat_k(kind, w, x, out, tiles_avx512::<4>, reach),
+            KQuant::Q5K => mat_k(kind, w, x, out, tiles_avx512::<5>, reach),
+            KQuant::Q6K => mat_k(kind, w, x, out, tiles_avx512::<6>, reach),
         }
     }
 }
@@ -77,9 +84,14 @@ type Tile = unsafe fn(w: &[u8], tokens: &[Token], out: &mut [f32]);
 /// [`super::PREFETCH_FAR`] past it, up to `reach` bytes from the start of `w` (the q4 kernels'
 /// prefetch, `q4::prefetch_lines`). AVX2 asks: on a Zen 3 VM a one-thread decode of
 /// Qwen3.5-0.8B's Q4_K_M ran 13.8 tok/s against 13.0 without (medians of six alternated runs),
-/// two threads 24.0 against 21.6. AVX-512 does not: there, asking for each row's bytes 8 and 32
-/// KiB ahead made a one-thread decode of Qwen3-0.6B's Q4_K_M slower, 31-32 tok/s against 33-37
-/// without, three alternated rounds on a Zen 4 VM.
+/// two threads 24.0 against 21.6. AVX-512 asks too: on a Sapphire Rapids-class Xeon VM
+/// (2026-12-03) its kernel without the prefetch streamed a 65536 x 1024 Q4_K matrix from memory
+/// at 15-17 GMAC/s and with it at 31-32 (Q6_K 12 and 26), and a one-thread decode of Qwen3-0.6B's
+/// shape in Q4_K_M ran 27.3-27.4 tok/s against 17.2-17.5 (two threads 49.9-50.6 against
+/// 31.8-32.9; two alternated rounds). On a Zen 4 VM (2026-11) the same prefetch had made that
+/// decode slower, 31-32 tok/s against 33-37 (three rounds): not measured there since; if it
+/// still loses there, spreading a row's prefetches among its arithmetic (as the interleaved
+/// kernels do, `interleaved.rs`) is what helped the q4 kernels on Zen 5.
 ///
 /// Each token's slices are made once a call, not once a row: made per row and tile, they cost a
 /// one-thread decode of that Q4_K_M 9% (11.0 tok/s against 12.2, six alternated runs).

@@ -101,7 +101,7 @@ pub const AVX512: Dots = Dots {
     },
     q6_rows: |w, ws, x, out, ahead| unsafe { mat_interleaved_avx512::<true>(w, ws, x, out, ahead) },
     q4_layout: super::q4::Q4Layout::Interleaved,
-    k_rows: |kind, w, x, out, _| unsafe { mat_k_avx512(kind, w, x, out) },
+    k_rows: |kind, w, x, out, ahead| unsafe { mat_k_avx512(kind, w, x, out, ahead) },
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
     isa: "avx512-vnni",
