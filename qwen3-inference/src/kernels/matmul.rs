@@ -11,7 +11,6 @@ use super::team::Team;
 use crate::format::view::TensorView;
 use crate::format::DType;
 use crate::quant::{Q4, Q6, Q8};
-use rayon::prelude::*;
 
 /// Output rows of the smallest part of a product a thread takes (team.rs): large enough that
 /// claiming a part costs nothing next to its dot products, small enough that two cores stay
@@ -65,26 +64,11 @@ pub fn matmuls<const N: usize>(outs: [&mut [f32]; N], x: &[f32], ws: [&TensorVie
             Team::current().split(outs, ROWS_PER_TASK, |k, r0, part, run_end| {
                 fill_block(ws[k], x, acts, 1, r0, part, run_end - r0 - part.len())
             });
-        } else if t <= FEW_TOKENS || rayon::current_thread_index().is_some() {
-            tokens(outs, x, ws, acts, t);
         } else {
-            // A long product from a thread outside every rayon pool: the server's image tower,
-            // which encodes on a blocking thread of its own while the engine's worker decodes.
-            // The team takes one job at a time, and a decode step would wait behind each of the
-            // tower's products (tens of milliseconds); rayon's loops (its global pool) share the
-            // cores instead, as they did before the team took a prompt's products.
-            for (out, w) in outs.into_iter().zip(ws) {
-                prefill(out, w.shape[0] as usize, t, |r0, block| {
-                    fill_block(w, x, acts, t, r0, block, 0)
-                });
-            }
+            tokens(outs, x, ws, acts, t);
         }
     })
 }
-
-/// Tokens up to which a product runs as [`tokens`] on any thread; beyond them, only on a
-/// rayon pool's thread (an engine's, a command's), and as [`prefill`] elsewhere.
-const FEW_TOKENS: usize = 16;
 
 /// A product of several tokens: a prompt's, or a serving step's (one token per decoding
 /// sequence). Like decode, it runs all `N` products as one job of the thread team (team.rs),
@@ -98,7 +82,9 @@ const FEW_TOKENS: usize = 16;
 /// docs/performance.md, "A few rows: a serving step"). A prompt's products went through rayon's
 /// loops (one per matrix, and one more for the copy) until the team took them too: a prompt of
 /// 128 tokens of the 0.6B shape then ran about 7% faster on two threads of an AVX-512 Xeon and as
-/// fast on one (docs/kernels.md, "Prompts on AVX-512").
+/// fast on one (docs/kernels.md, "Prompts on AVX-512"). A caller that finds the team busy with
+/// another's job (the server's image tower beside the engine) runs the same parts on rayon's
+/// loops instead of waiting (team.rs).
 fn tokens<const N: usize>(
     outs: [&mut [f32]; N],
     x: &[f32],
@@ -381,47 +367,6 @@ thread_local! {
     static ACTIVATIONS: std::cell::RefCell<ActsQ8Buf> = std::cell::RefCell::new(ActsQ8Buf::default());
 }
 
-/// A long product from outside every rayon pool's threads (see `matmuls`): fills `out: [t,
-/// rows]`, parallel over blocks of weight rows on rayon's loops: `fill(r0, block)`
-/// writes the products of weight rows `r0 .. r0 + n` with every token, `block: [n, t]`
-/// (row-major: weight row, then token).
-fn prefill(out: &mut [f32], rows: usize, t: usize, fill: impl Fn(usize, &mut [f32]) + Sync) {
-    // Prefill: a task owns a block of weight rows and computes them for every token, so each
-    // weight row is read from memory once and then from cache for the other tokens. Its results
-    // are columns of `out`, which are not contiguous, so they go to a transposed buffer
-    // `[rows, t]` first, kept between calls (a fresh one per call costs page faults that showed
-    // up in prefill's profile; measured: docs/performance.md, "Batched prefill").
-    TRANSPOSED.with(|cell| {
-        let mut out_t = cell.borrow_mut();
-        out_t.resize(rows * t, 0.0);
-        out_t[..rows * t]
-            .par_chunks_mut(ROWS_PER_TASK * t)
-            .enumerate()
-            .for_each(|(chunk, block)| fill(chunk * ROWS_PER_TASK, block));
-        // Back to `[t, rows]`, in parallel over blocks of tokens (done on one thread, this copy
-        // left the other cores idle while it ran; measured: docs/performance.md, "Batched
-        // prefill"), and within a block 16 weight rows at a time: each token's 16 results are
-        // one cache line of `out`, read from 16 sequential streams of `out_t`.
-        let out_t: &[f32] = &out_t[..rows * t];
-        out.par_chunks_mut(rows * TOKENS_PER_TASK)
-            .enumerate()
-            .for_each(|(chunk, out_block)| {
-                let i0 = chunk * TOKENS_PER_TASK;
-                for r0 in (0..rows).step_by(16) {
-                    let r1 = (r0 + 16).min(rows);
-                    for (di, out_row) in out_block.chunks_exact_mut(rows).enumerate() {
-                        for (r, o) in (r0..r1).zip(&mut out_row[r0..r1]) {
-                            *o = out_t[r * t + i0 + di];
-                        }
-                    }
-                }
-            });
-    })
-}
-
-/// Tokens per task when prefill's results are copied back to `[t, rows]`.
-const TOKENS_PER_TASK: usize = 16;
-
 thread_local! {
     /// A product's results in `[rows, t]` order before they are written into `out`.
     static TRANSPOSED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -538,43 +483,6 @@ mod tests {
         ] {
             check(t, rows, cols);
         }
-        // The same on a rayon pool's thread, where products of more than `FEW_TOKENS` run on
-        // the team (outside, on rayon's loops).
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build();
-        pool.expect("a pool of two threads")
-            .install(|| check(37, 53, 64));
-    }
-
-    /// A long product gives the same bits on the team (a rayon pool's thread) and on rayon's
-    /// loops (any other thread): the same blocks, tiles and kernels, only run by other threads.
-    #[test]
-    fn long_products_on_the_team_equal_rayons() {
-        let (t, rows, cols, gs) = (40, 70, 256, 64);
-        let mut seed = 29;
-        let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut seed)).collect();
-        let x: Vec<f32> = (0..t * cols).map(|_| lcg(&mut seed)).collect();
-        let (mut q, mut sc) = (vec![0i8; w.len()], vec![0f32; w.len() / gs]);
-        quantize_q8(&w, gs, &mut q, &mut sc);
-        let shape = [rows as u64, cols as u64];
-        let view = TensorView {
-            name: "w",
-            shape: &shape,
-            data: TensorData::from(Q8 {
-                q: &q,
-                scales: &sc,
-                group_size: gs,
-            }),
-            interleaved: None,
-        };
-        let mut on_rayon = vec![f32::NAN; t * rows];
-        assert!(rayon::current_thread_index().is_none());
-        matmul(&mut on_rayon, &x, &view, t);
-        let mut on_team = vec![f32::NAN; t * rows];
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build();
-        pool.expect("a pool of two threads")
-            .install(|| matmul(&mut on_team, &x, &view, t));
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&on_rayon), bits(&on_team));
     }
 
     /// A GGUF mixes types in one layer's products (a Q4_0 file's q/k/v in q4 beside a Q6_K

@@ -21,15 +21,21 @@
 //! microseconds), then sleeps on a condition variable, so an idle process does not keep a core
 //! busy. Every busy wait gives up its core after [`YIELD_AFTER`] (see [`Wait`]).
 //!
-//! A prompt's matrix products run on the team too when the caller is a rayon pool's thread (an
-//! engine's, a command's; `matmul.rs`): its loops are longer, but the team's start and end still
-//! cost less than rayon's, and one job takes a layer's q, k and v together. The rest of a prompt's forward pass (attention, norms) keeps rayon; a worker that
+//! A prompt's matrix products run on the team too (`matmul.rs`): its loops are longer, but the
+//! team's start and end still cost less than rayon's, and one job takes a layer's q, k and v
+//! together. The rest of a prompt's forward pass (attention, norms) keeps rayon; a worker that
 //! waits busily between products yields its core every [`YIELD_AFTER`], so rayon's threads get
 //! it (measured on two threads: docs/kernels.md, "Prompts on AVX-512").
+//!
+//! The team runs one job at a time. A caller that finds it busy (a server's image tower encodes
+//! on a thread of its own while the engine decodes; tests run sessions side by side) does not
+//! wait: it runs its job's parts on rayon's loops (its own pool's, or the global one), the same
+//! parts, so the same bits. Waiting would put a decode step behind a tower's product of tens of
+//! milliseconds.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, TryLockError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -80,9 +86,8 @@ struct Shared {
 /// The team (see the module's documentation).
 pub struct Team {
     shared: Arc<Shared>,
-    /// One job at a time: tests run sessions on several threads at once, and they share a team;
-    /// a server's engine and its image tower could too (which is why a long product off a rayon
-    /// pool's threads takes rayon's loops instead, `matmul.rs`).
+    /// Held while a job runs: one job at a time (see the module's documentation for a caller
+    /// that finds it held).
     one_job: Mutex<()>,
 }
 
@@ -138,7 +143,11 @@ impl Team {
         if s.size == 1 {
             return (0..(job.parts)(0)).for_each(|i| (job.run)(0, i));
         }
-        let _one = self.one_job.lock().unwrap_or_else(PoisonError::into_inner);
+        let _one = match self.one_job.try_lock() {
+            Ok(one) => one,
+            Err(TryLockError::Poisoned(one)) => one.into_inner(),
+            Err(TryLockError::WouldBlock) => return on_rayon(s.size, job),
+        };
         for next in s.next.iter() {
             next.0.store(0, Ordering::Relaxed);
         }
@@ -232,6 +241,18 @@ impl Team {
             run: &run,
         });
     }
+}
+
+/// A job for a busy team: every part, each once, on rayon's loops (the pool of the calling
+/// thread, or rayon's global pool). The parts are the team's, so the results are the same bits;
+/// only the threads that run them differ.
+fn on_rayon(size: usize, job: &Job<'_>) {
+    use rayon::prelude::*;
+    (0..size).into_par_iter().for_each(|owner| {
+        (0..(job.parts)(owner))
+            .into_par_iter()
+            .for_each(|i| (job.run)(owner, i))
+    });
 }
 
 /// Member `me` takes its own parts in order, then any part other members have not taken yet.
@@ -436,6 +457,35 @@ mod tests {
         let mut out = vec![0f32; 100];
         team.split([&mut out], 1, |_, _, part, _| part.fill(2.0));
         assert!(out.iter().all(|&v| v == 2.0));
+    }
+
+    #[test]
+    fn a_busy_team_is_not_waited_for() {
+        // A team of its own (the shared ones serve the other tests meanwhile). Each value
+        // records the part that wrote it (its start and the end of its owner's run), so the
+        // two runs below agree only if they cut the job into the same parts.
+        let team: &'static Team = Box::leak(Box::new(Team::start(2)));
+        let job = |out: &mut Vec<f32>| {
+            team.split([out], 16, |_, start, part, run_end| {
+                part.fill((start * 10_000 + run_end) as f32)
+            })
+        };
+        let mut free = vec![f32::NAN; 1000];
+        job(&mut free);
+        // Busy with another caller's job (its lock held here) for the rest of the test: a job
+        // from another thread must still end, with every part done once as above.
+        let _busy = team.one_job.lock().unwrap_or_else(PoisonError::into_inner);
+        let (done, finished) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            let mut out = vec![f32::NAN; 1000];
+            job(&mut out);
+            done.send(out).unwrap();
+        });
+        let busy = finished
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a job waited for the busy team");
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&busy), bits(&free));
     }
 
     #[test]

@@ -261,6 +261,12 @@ unsafe fn tile<const KIND: usize, const R: usize, const N: usize>(
             _mm_prefetch::<_MM_HINT_T2>((ws.as_ptr() as *const i8).wrapping_add(line));
         }
     }
+    // Bytes `at .. at + len` of the weights asked for ahead, up to `reach` (or not at all).
+    let ask = |at: usize, len: usize| {
+        if let Some(reach) = reach {
+            prefetch_lines(w, at, len, reach);
+        }
+    };
     let mut acc = [[_mm512_setzero_ps(); N]; R];
     let full = per / GROUPS;
     for b in 0..full {
@@ -270,9 +276,7 @@ unsafe fn tile<const KIND: usize, const R: usize, const N: usize>(
         let share = R * GROUPS * gb;
         let from = r * row_bytes + b * share;
         block::<KIND, R, N, true>(&mut acc, &rows, &tokens, g0, GROUPS, |a, at, len| {
-            if let Some(reach) = reach {
-                prefetch_lines(w, from + a * (share / R) + at, len, reach);
-            }
+            ask(from + a * (share / R) + at, len)
         });
     }
     let n = per - full * GROUPS;
@@ -280,9 +284,7 @@ unsafe fn tile<const KIND: usize, const R: usize, const N: usize>(
         let g0 = full * GROUPS;
         let from = r * row_bytes + R * g0 * gb;
         block::<KIND, R, N, false>(&mut acc, &rows, &tokens, g0, n, |a, at, len| {
-            if let Some(reach) = reach {
-                prefetch_lines(w, from + a * n * gb + at, len, reach);
-            }
+            ask(from + a * n * gb + at, len)
         });
     }
     for (a, acc_a) in acc.iter().enumerate() {
