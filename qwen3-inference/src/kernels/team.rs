@@ -367,6 +367,13 @@ mod tests {
     use super::*;
 
     /// Spins until `flag` is set, or 5 s have passed (the test's assertions then fail).
+    /// A team of the tests' own: the shared teams ([`Team::of_size`]) serve the other tests
+    /// running meanwhile, and a job that finds its team busy runs on rayon's threads instead
+    /// (`on_rayon`), where a test of the team's own threads would see none of them.
+    fn own_team(size: usize) -> &'static Team {
+        Box::leak(Box::new(Team::start(size)))
+    }
+
     fn wait_for(flag: &AtomicBool) {
         let deadline = Instant::now() + Duration::from_secs(5);
         while !flag.load(Ordering::Relaxed) && Instant::now() < deadline {
@@ -377,7 +384,7 @@ mod tests {
     #[test]
     fn split_covers_every_value_once() {
         for size in [1, 2, 3] {
-            let team = Team::of_size(size);
+            let team = own_team(size);
             for (len_a, len_b, align) in [
                 (0, 5, 16),
                 (1, 1, 16),
@@ -411,7 +418,7 @@ mod tests {
         // The worker stops for 300 ms in the first part it takes. The caller waits for it to
         // have taken one (so that the worker does enter the job), then takes every other part,
         // its own and the worker's: the worker ends up with that one part only.
-        let team = Team::of_size(2);
+        let team = own_team(2);
         let mut out = vec![0f32; 1024];
         let by_caller = AtomicUsize::new(0);
         let stalled = AtomicBool::new(false);
@@ -437,7 +444,7 @@ mod tests {
 
     #[test]
     fn a_panic_in_a_worker_reaches_the_caller() {
-        let team = Team::of_size(2);
+        let team = own_team(2);
         let caller = thread::current().id();
         let r = catch_unwind(AssertUnwindSafe(|| {
             // The caller's parts wait until the worker has panicked, so the worker does take
@@ -461,10 +468,9 @@ mod tests {
 
     #[test]
     fn a_busy_team_is_not_waited_for() {
-        // A team of its own (the shared ones serve the other tests meanwhile). Each value
-        // records the part that wrote it (its start and the end of its owner's run), so the
-        // two runs below agree only if they cut the job into the same parts.
-        let team: &'static Team = Box::leak(Box::new(Team::start(2)));
+        // Each value records the part that wrote it (its start and the end of its owner's
+        // run), so the two runs below agree only if they cut the job into the same parts.
+        let team = own_team(2);
         let job = |out: &mut Vec<f32>| {
             team.split([out], 16, |_, start, part, run_end| {
                 part.fill((start * 10_000 + run_end) as f32)
@@ -490,7 +496,7 @@ mod tests {
 
     #[test]
     fn workers_wake_from_sleep() {
-        let team = Team::of_size(2);
+        let team = own_team(2);
         let caller = thread::current().id();
         for _ in 0..3 {
             std::thread::sleep(SPIN * 5);
