@@ -10,10 +10,9 @@
 //!          (`ActsK`): two vpmaddubsw (u8 x i8 pairs, 16 bits) added, vpmaddwd with the
 //!          sub-blocks' integer scales (32 bits), one conversion and one multiply-add by the
 //!          lanes' xs; the block's sum times d once
-//! AVX-512  two groups a 512-bit vector (their 64 activations are contiguous), vpdpbusd;
-//!          Q4_K, Q5_K: two such vectors packed to 16 bits, vpmaddwd with the sub-blocks'
-//!          integer scales, one conversion and one multiply-add by the lanes' xs; the block's
-//!          sum times d once. Q6_K: a conversion and a multiply-add by d sc xs a vector
+//! AVX-512  two groups a 512-bit vector (their 64 activations are contiguous), vpdpbusd; two
+//!          such vectors packed to 16 bits, vpmaddwd with the sub-blocks' integer scales, one
+//!          conversion and one multiply-add by the lanes' xs; the block's sum times d once
 //!
 //! Q4_K, Q5_K: - dmin m xs sum(qx)                        once a block, 8 lanes (sub-blocks)
 //! Q6_K:   - 32 d sc xs sum(qx)  (the weights are q + 32) once a block, from the sums of 16
@@ -499,9 +498,13 @@ unsafe fn dot_q4_k_512<const N: usize, const FIVE: bool>(w: &[u8], tokens: [Toke
 }
 
 /// One Q6_K row against `N` tokens on AVX-512: [`dot_q6_k`] two groups a vector (64 values of a
-/// half, four sub-blocks of 16), `vpdpbusd` for the byte products, each sub-block's `d sc` and
-/// its group's `xs` folded into one float scale per lane. Caller guarantees what
-/// [`dot_q4_k_512`]'s does.
+/// half, four sub-blocks of 16), `vpdpbusd` for the byte products (each lane four products of
+/// `q + 32` and an activation, at most 4 * 63 * 128, which 16 bits hold). As in
+/// [`dot_q4_k_512`], two vectors packed to 16 bits take their sub-blocks' integer scales in one
+/// `vpmaddwd` and one conversion and multiply-add by their groups' activation scales; the
+/// offsets of the weights' + 32, `32 sc_s sum(qx_s)` a sub-block, are the activations' sums of 16
+/// times the scales in one more `vpmaddwd`, a group a lane; the block's sum is scaled by `d`
+/// once. Caller guarantees what [`dot_q4_k_512`]'s does.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn dot_q6_k_512<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
@@ -510,91 +513,86 @@ unsafe fn dot_q6_k_512<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N]
     // A group's high bits (two a value, at bits 2c of its `qh` byte for chunk c) moved to bits
     // 4-5: chunks 0 and 1 shifted left by 4 and 2, chunks 2 and 3 right by 0 and 2.
     let (left, right) = (per_half(4, 2), per_half(0, 2));
-    // Lane k of the 16 sub-blocks' scales: the group of sub-block k (k / 2).
-    let group_of = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    let mut acc = [[_mm512_setzero_ps(); CHAINS_512]; N];
-    let mut offsets = [_mm512_setzero_ps(); N];
+    // Half n's two vectors (pairs 0 and 1: sub-blocks 8n + 4 pair + lane / 4) packed and paired:
+    // 128-bit lane L of the result holds sub-blocks (8n + L, 8n + L, 8n + 4 + L, 8n + 4 + L),
+    // whose scales `by_sub_block[n]` picks, and whose groups (a sub-block's half) `by_group[n]`.
+    let by_sub_block = [
+        _mm512_setr_epi32(0, 0, 4, 4, 1, 1, 5, 5, 2, 2, 6, 6, 3, 3, 7, 7),
+        _mm512_setr_epi32(8, 8, 12, 12, 9, 9, 13, 13, 10, 10, 14, 14, 11, 11, 15, 15),
+    ];
+    let by_group = [
+        _mm512_setr_epi32(0, 0, 2, 2, 0, 0, 2, 2, 1, 1, 3, 3, 1, 1, 3, 3),
+        _mm512_setr_epi32(4, 4, 6, 6, 4, 4, 6, 6, 5, 5, 7, 7, 5, 5, 7, 7),
+    ];
+    let mut acc = [_mm512_setzero_ps(); N];
+    let mut offsets = [_mm256_setzero_ps(); N];
     for (b, block) in w.chunks_exact(KQuant::Q6K.block_bytes()).enumerate() {
         let (ql, qh, scales) = (&block[0..128], &block[128..192], &block[192..208]);
         let d = f16_at(block, 208);
-        // SAFETY: 16 scale bytes. Lane k: d sc_k.
-        let dsc = _mm512_mul_ps(
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                scales.as_ptr() as *const __m128i
-            ))),
-            _mm512_set1_ps(d),
+        // SAFETY: 16 scale bytes. Lane s of `sc16`: sc_s (16 bits); of `sc`: sc_s in both
+        // 16-bit halves (`vpmaddwd`'s pairs).
+        let bytes = _mm_loadu_si128(scales.as_ptr() as *const __m128i);
+        let sc16 = _mm256_cvtepi8_epi16(bytes);
+        let sc = _mm512_cvtepi8_epi32(bytes);
+        let sc = _mm512_or_si512(
+            _mm512_and_si512(sc, _mm512_set1_epi32(0xffff)),
+            _mm512_slli_epi32(sc, 16),
         );
-        // Per token, lane k: d sc_k xs_(k / 2), the scale of sub-block k's products; and the
-        // offsets of the weights' + 32, 32 d sc_k xs sum(qx_k).
-        let mut fsx = [_mm512_setzero_ps(); N];
-        for (k, tk) in tokens.iter().enumerate() {
-            // SAFETY: 8 groups from 8b, 16 sums from 16b (the caller's lengths).
-            let xsv = _mm512_zextps256_ps512(_mm256_loadu_ps(tk.xs.as_ptr().add(8 * b)));
-            fsx[k] = _mm512_mul_ps(dsc, _mm512_permutexvar_ps(group_of, xsv));
-            let sums16 = _mm256_loadu_si256(tk.sums.as_ptr().add(16 * b) as *const __m256i);
-            let sums = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(sums16));
-            offsets[k] = _mm512_fmadd_ps(fsx[k], sums, offsets[k]);
-        }
+        let sc = by_sub_block.map(|pick| _mm512_permutexvar_epi32(pick, sc));
+        // Vector 2n + pair: chunks 2 pair, 2 pair + 1 of half n (values 128n + 64 pair.. + 64),
+        // each value q + 32.
+        let mut q = [_mm512_setzero_si512(); 4];
         for n in 0..2 {
             // SAFETY: ql is 128 bytes, qh 64: bytes 64n..64n + 64 and 32n..32n + 32.
             let low = _mm512_loadu_si512(ql.as_ptr().add(64 * n) as *const __m512i);
             let high = _mm512_broadcast_i64x4(_mm256_loadu_si256(
                 qh.as_ptr().add(32 * n) as *const __m256i
             ));
+            let lo = [
+                _mm512_and_si512(low, nibble),
+                _mm512_and_si512(_mm512_srli_epi16(low, 4), nibble),
+            ];
+            let hi = [
+                _mm512_sllv_epi16(high, left),
+                _mm512_srlv_epi16(high, right),
+            ];
             for pair in 0..2 {
-                // Chunks 2 pair, 2 pair + 1 of the half (values 64 pair.. + 64): q + 32.
-                let (lo, hi) = match pair {
-                    0 => (_mm512_and_si512(low, nibble), _mm512_sllv_epi16(high, left)),
-                    _ => (
-                        _mm512_and_si512(_mm512_srli_epi16(low, 4), nibble),
-                        _mm512_srlv_epi16(high, right),
-                    ),
-                };
                 // lo | hi & 0x30 (vpternlogd 0xf8: A | B & C).
-                let q = _mm512_ternarylogic_epi32::<0xf8>(lo, hi, bits_4_5);
-                // The four sub-blocks of 16: lanes 4s..4s + 4 are sub-block s0 + s's.
-                let s0 = (8 * n + 4 * pair) as i32;
-                let pick = _mm512_setr_epi32(
-                    s0,
-                    s0,
-                    s0,
-                    s0,
-                    s0 + 1,
-                    s0 + 1,
-                    s0 + 1,
-                    s0 + 1,
-                    s0 + 2,
-                    s0 + 2,
-                    s0 + 2,
-                    s0 + 2,
-                    s0 + 3,
-                    s0 + 3,
-                    s0 + 3,
-                    s0 + 3,
-                );
-                let g = 8 * b + 4 * n + 2 * pair;
-                for (k, tk) in tokens.iter().enumerate() {
-                    // SAFETY: groups g, g + 1 are values 32g.. + 64 of `x`.
-                    let xv = _mm512_loadu_si512(tk.x.as_ptr().add(GROUP * g) as *const __m512i);
-                    let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xv);
-                    let scale = _mm512_permutexvar_ps(pick, fsx[k]);
-                    let a = &mut acc[k][pair % CHAINS_512];
-                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, *a);
-                }
+                q[2 * n + pair] = _mm512_ternarylogic_epi32::<0xf8>(lo[pair], hi[pair], bits_4_5);
             }
+        }
+        for (k, tk) in tokens.iter().enumerate() {
+            // SAFETY: block b's 8 groups are values 256b.. + 256 of `x`, scales 8b..8b + 8 and
+            // sums of 16 16b..16b + 16 (the caller's lengths).
+            let at = tk.x.as_ptr().add(BLOCK * b);
+            let xs8 = _mm256_loadu_ps(tk.xs.as_ptr().add(8 * b));
+            let xsv = _mm512_zextps256_ps512(xs8);
+            let dot = |v: usize| {
+                let xv = _mm512_loadu_si512(at.add(64 * v) as *const __m512i);
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[v], xv)
+            };
+            let half = |n: usize| {
+                let paired =
+                    _mm512_madd_epi16(_mm512_packs_epi32(dot(2 * n), dot(2 * n + 1)), sc[n]);
+                (
+                    _mm512_cvtepi32_ps(paired),
+                    _mm512_permutexvar_ps(by_group[n], xsv),
+                )
+            };
+            let ((a, xa), (c, xc)) = (half(0), half(1));
+            let sums = _mm512_fmadd_ps(c, xc, _mm512_mul_ps(a, xa));
+            acc[k] = _mm512_fmadd_ps(sums, _mm512_set1_ps(d), acc[k]);
+            // Group j's offset: sc_2j sum(qx_2j) + sc_2j+1 sum(qx_2j+1), times xs_j and d.
+            let sums16 = _mm256_loadu_si256(tk.sums.as_ptr().add(16 * b) as *const __m256i);
+            let off = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums16, sc16));
+            offsets[k] = _mm256_fmadd_ps(_mm256_mul_ps(off, xs8), _mm256_set1_ps(d), offsets[k]);
         }
     }
     std::array::from_fn(|k| {
-        let all = _mm512_add_ps(acc[k][0], acc[k][1]);
-        let all = _mm512_fnmadd_ps(offsets[k], _mm512_set1_ps(32.0), all);
-        sum8(halves_added(all))
+        let all = _mm256_fnmadd_ps(offsets[k], _mm256_set1_ps(32.0), halves_added(acc[k]));
+        sum8(all)
     })
 }
-
-/// Multiply-add chains a (row, token) pair's groups alternate between in the AVX-512 Q6_K
-/// kernel, so that one does not wait on the one before it; the same for every tile size, so a prompt's
-/// tokens get decode's bits.
-const CHAINS_512: usize = 2;
 
 /// 16-bit lanes of `lo` in the low 256 bits, of `hi` in the high: the shift counts of a vector
 /// holding two 32-byte pieces.
