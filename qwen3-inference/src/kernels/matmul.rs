@@ -323,8 +323,9 @@ fn with_activations<R>(
     ws: &[&TensorView],
     f: impl FnOnce(Option<&ActsQ8>) -> R,
 ) -> R {
-    // A K-quant's block holds sub-blocks of 16 or 32 with their own scales; its kernels take
-    // the activations in groups of 32 (`dot/k_quants.rs`), not of the block's 256.
+    // A K-quant's kernels read their own quantization of `x`, one scale a block of 256 as
+    // llama.cpp's Q8_K (`dot/k_quants.rs`); the plain one beside it is made in groups of 32, the
+    // size of the GGUF's other quantized types (Q8_0, Q4_0) that may share its input.
     let group = |w: &TensorView| match w.data.dtype() {
         DType::K(_) => Some(k_quants::GROUP),
         _ => w.data.group_size(),
@@ -343,8 +344,8 @@ fn with_activations<R>(
     }
     // q4 and q6 kernels read the activations rearranged (dot/q4.rs); q8 kernels on interleaved
     // weights (AVX-512's) or reordering a prompt's weights as they read them (AVX2's, in groups
-    // of 32) in the interleaved order (dot/interleaved.rs); the K-quants their sums of 16
-    // (dot/k_quants.rs). A GGUF may mix them in one layer's products.
+    // of 32) in the interleaved order (dot/interleaved.rs); the K-quants their own, per block
+    // of 256 (dot/k_quants.rs). A GGUF may mix them in one layer's products.
     let q4 = ws
         .iter()
         .any(|w| matches!(w.data.dtype(), DType::Q4 | DType::Q6));

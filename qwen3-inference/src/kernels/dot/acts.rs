@@ -30,11 +30,10 @@ pub struct ActsQ8<'a> {
     /// (AVX2's `Pairs`) and `q4` cannot serve them; empty otherwise ([`ActsQ8::interleaved`]
     /// picks the one laid out so).
     pub q8: q4::ActsQ4<'a>,
-    /// `[t, cols / 16]`: the sums of each 16 int8 values, which GGUF's K-quants take times their
-    /// minimums or offsets (`k_quants.rs`); empty unless made by [`ActsQ8Buf::quantize_for_k`].
-    pub sums16: &'a [i16],
-    /// The same values laid out for the AVX2 K-quant kernels ([`k_quants::ActsK`]); made with
-    /// the sums, for groups of 32.
+    /// For GGUF's K-quants, the same input quantized again, per block of 256 as llama.cpp's
+    /// Q8_K (one scale for a block's sub-blocks), with the sums and layouts their kernels read
+    /// ([`k_quants::ActsK`]); empty unless made by [`ActsQ8Buf::quantize_for_k`] (or
+    /// `quantize_for_weights` with `k`).
     pub k: k_quants::ActsK<'a>,
 }
 
@@ -46,7 +45,6 @@ pub struct ActsQ8Buf {
     scales: Vec<f32>,
     q4: q4::ActsQ4Buf,
     q8: q4::ActsQ4Buf,
-    sums16: Vec<i16>,
     k: k_quants::ActsKBuf,
 }
 
@@ -58,17 +56,17 @@ pub struct Forms {
     pub q4: bool,
     /// For q8 weights read in the interleaved order: that layout.
     pub q8: bool,
-    /// For GGUF's K-quants: the sums of each 16 values and their kernels' layout.
+    /// For GGUF's K-quants: the input quantized per block of 256, with its sums and layouts.
     pub k: bool,
 }
 
 /// The layouts [`ActsQ8Buf::quantize_with`] makes: `q4` in the given one, the interleaved one
-/// for q8 (`q8`), the sums (`sums`).
+/// for q8 (`q8`), the K-quants' forms (`k`).
 #[derive(Clone, Copy, Default)]
 struct Layouts {
     q4: Option<q4::Q4Layout>,
     q8: bool,
-    sums: bool,
+    k: bool,
 }
 
 impl ActsQ8Buf {
@@ -79,8 +77,7 @@ impl ActsQ8Buf {
         self.quantize_with(x, t, cols, gs, Layouts::default())
     }
 
-    /// [`ActsQ8Buf::quantize`] plus the sums of each 16 values ([`ActsQ8::sums16`]), for
-    /// GGUF's K-quants.
+    /// [`ActsQ8Buf::quantize`] plus the K-quants' forms ([`ActsQ8::k`]), for GGUF's K-quants.
     pub fn quantize_for_k(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {
         self.quantize_with(
             x,
@@ -88,7 +85,7 @@ impl ActsQ8Buf {
             cols,
             gs,
             Layouts {
-                sums: true,
+                k: true,
                 ..Layouts::default()
             },
         )
@@ -98,7 +95,7 @@ impl ActsQ8Buf {
     /// of this CPU's kernels for q4 or q6 weights (`q4`), the interleaved one for q8 weights
     /// read in that order (`q8`: [`super::Dots::q8_interleaved`], AVX-512's on a copy of the
     /// weights, or [`super::Dots::q8_rows_lay_out`], AVX2's on a prompt; one form serves both
-    /// where the q4 layout is that one, as on AVX-512); the sums for K-quants (`k`). A GGUF may
+    /// where the q4 layout is that one, as on AVX-512); the K-quants' own quantization (`k`). A GGUF may
     /// mix them in one layer's products.
     pub fn quantize_for_weights(
         &mut self,
@@ -113,11 +110,10 @@ impl ActsQ8Buf {
             true => (forms.q4 || forms.q8, false),
             false => (forms.q4, forms.q8),
         };
-        let sums = forms.k;
         let with = Layouts {
             q4: q4.then_some(own),
             q8,
-            sums,
+            k: forms.k,
         };
         self.quantize_with(x, t, cols, gs, with)
     }
@@ -170,7 +166,7 @@ impl ActsQ8Buf {
         let Layouts {
             q4: for_q4,
             q8: for_q8,
-            sums,
+            k: for_k,
         } = with;
         assert!(gs > 0 && cols.is_multiple_of(gs) && x.len() == t * cols);
         let per = cols / gs;
@@ -185,15 +181,8 @@ impl ActsQ8Buf {
         for (b, &v) in self.biased.iter_mut().zip(&self.q) {
             *b = v as u8 ^ 0x80;
         }
-        self.sums16.clear();
-        if sums {
-            assert!(cols.is_multiple_of(16), "sums of 16 for {cols} columns");
-            // At most 16 * 127 in magnitude: an i16.
-            let sum = |c: &[i8]| c.iter().fold(0i16, |s, &v| s + v as i16);
-            self.sums16.extend(self.q.chunks_exact(16).map(sum));
-        }
-        let k = match sums && gs == k_quants::GROUP && cols.is_multiple_of(k_quants::BLOCK) {
-            true => self.k.lay_out(&self.q, &self.scales, t, cols),
+        let k = match for_k && cols.is_multiple_of(k_quants::BLOCK) {
+            true => self.k.quantize(x, t, cols, quantize),
             false => k_quants::ActsK::default(),
         };
         let q4 = match for_q4 {
@@ -217,7 +206,6 @@ impl ActsQ8Buf {
             scales: &self.scales,
             q4,
             q8,
-            sums16: &self.sums16,
             k,
         }
     }

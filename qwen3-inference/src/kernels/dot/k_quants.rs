@@ -8,31 +8,33 @@
 //! Q6_K  sub-blocks of 16:  w = (d * sc) * q                  q in -32..=31, sc an int8
 //! ```
 //!
-//! The activations are quantized per group of 32 (`quant/q8.rs`), so a Q4_K sub-block meets one
-//! activation group `x = xs * qx`, and its product is two integer sums times float scales:
+//! The activations are quantized per block of 256 as well, one scale `xs` a block (llama.cpp's
+//! Q8_K), so that a block's sub-blocks meet one activation scale and their products add up as
+//! integers before any float operation:
 //!
 //! ```text
-//! sum_l w_l x_l = xs * ((d * sc) * sum_l q_l qx_l  -  (dmin * m) * sum_l qx_l)
+//! sum_l w_l x_l = xs * (d * sum_i sc_i sum_l q_l qx_l  -  dmin * sum_i m_i sum_l qx_l)
 //! ```
 //!
-//! and a Q6_K group of 32 is two sub-blocks, each `xs * (d * sc) * sum_l q_l qx_l`. The integer
-//! sums are exact; each sub-block adds one rounded term to the row's f32 sum, as q4's groups do
-//! (`q4.rs`). llama.cpp quantizes the activations per block of 256 instead (its Q8_K), so its
-//! results differ from these by that rounding, not by the weights: the weights are the GGUF's,
-//! bit for bit (`blocks.rs` is checked against gguf-py).
+//! (Q6_K: the first term only.) Each block adds one rounded term to the row's f32 sum, where
+//! activations in groups of 32 (q8's and q4's) would take a float multiply-add a sub-block: the
+//! SIMD kernels (`x86/k_quants.rs`) keep a block's sums in integer lanes and convert them once.
+//! The weights are the GGUF's, bit for bit (`blocks.rs` is checked against gguf-py); the
+//! activations are rounded as llama.cpp rounds them, to the step of their block's largest value.
 
 use super::ActsQ8;
 use crate::format::KQuant;
 use crate::gguf::blocks::{q4_k_nibble, q6_k_int, q6_k_parts, scale_min};
 use half::f16;
 
-/// Weights a block holds.
+/// Weights a block holds, and activations a scale covers.
 pub const BLOCK: usize = crate::format::K_BLOCK as usize;
-/// The activations' group size the kernels read: one Q4_K sub-block, two of Q6_K.
+/// Values of a Q4_K sub-block (two of Q6_K's): the AVX2 kernels' pairs and the minimums' sums
+/// go by it.
 pub const GROUP: usize = 32;
 
 /// Row `w` (whole Q4_K blocks, or with `FIVE` Q5_K ones) against one activation row (`x` its
-/// int8 values, `xs` its scales per group of 32).
+/// int8 values, `xs` its scales, one a block).
 pub fn dot_q4_k_scalar<const FIVE: bool>(w: &[u8], x: &[i8], xs: &[f32]) -> f32 {
     let bytes = match FIVE {
         true => KQuant::Q5K.block_bytes(),
@@ -48,9 +50,11 @@ pub fn dot_q4_k_scalar<const FIVE: bool>(w: &[u8], x: &[i8], xs: &[f32]) -> f32 
             true => (&block[16..48], &block[48..]),
             false => (&block[0..0], &block[16..]),
         };
+        // The block's two integer sums: the scaled products and the minimums' (at most
+        // 8 * 63 * 32 * 31 * 128 in magnitude: an i32).
+        let (mut dots, mut mins) = (0i32, 0i32);
         for i in 0..BLOCK / GROUP {
-            let g = b * (BLOCK / GROUP) + i;
-            let xg = &x[g * GROUP..(g + 1) * GROUP];
+            let xg = &x[b * BLOCK + i * GROUP..][..GROUP];
             let (mut dot, mut xsum) = (0i32, 0i32);
             for (l, &xv) in xg.iter().enumerate() {
                 let mut q = q4_k_nibble(qs, i, l) as i32;
@@ -61,8 +65,10 @@ pub fn dot_q4_k_scalar<const FIVE: bool>(w: &[u8], x: &[i8], xs: &[f32]) -> f32 
                 xsum += xv as i32;
             }
             let (sc, m) = scale_min(scales, i);
-            sum += xs[g] * ((d * sc as f32) * dot as f32 - (dmin * m as f32) * xsum as f32);
+            dots += sc as i32 * dot;
+            mins += m as i32 * xsum;
         }
+        sum += xs[b] * (d * dots as f32 - dmin * mins as f32);
     }
     sum
 }
@@ -72,22 +78,29 @@ pub fn dot_q6_k_scalar(w: &[u8], x: &[i8], xs: &[f32]) -> f32 {
     let mut sum = 0.0f32;
     for (b, block) in w.chunks_exact(KQuant::Q6K.block_bytes()).enumerate() {
         let (ql, qh, scales, d) = q6_k_parts(block);
-        for (s, &sc) in scales.iter().enumerate() {
-            let (v0, g) = (16 * s, b * (BLOCK / GROUP) + s / 2);
-            let dot: i32 = (v0..v0 + 16)
-                .map(|v| q6_k_int(ql, qh, v) * x[b * BLOCK + v] as i32)
-                .sum();
-            sum += xs[g] * ((d * sc as i8 as f32) * dot as f32);
-        }
+        // At most 16 * 128 * 16 * 32 * 128 in magnitude: an i32.
+        let dots: i32 = scales
+            .iter()
+            .enumerate()
+            .map(|(s, &sc)| {
+                let dot: i32 = (16 * s..16 * s + 16)
+                    .map(|v| q6_k_int(ql, qh, v) * x[b * BLOCK + v] as i32)
+                    .sum();
+                sc as i8 as i32 * dot
+            })
+            .sum();
+        sum += xs[b] * (d * dots as f32);
     }
     sum
 }
 
-/// The activations as the AVX2 kernels read them (`x86/k_quants.rs`), made once when they are
-/// quantized, so that two groups whose weights share their bytes cost one widening and one
-/// scaling instead of two of each. Those pairs are Q4_K's (and Q5_K's) sub-blocks `2p` and
-/// `2p + 1` (the low and high nibbles of the same 32 bytes), and Q6_K's groups `4m + c` and `4m
-/// + c + 2`, `c` 0 or 1 (the low and high nibbles of its `ql` bytes).
+/// The activations of a K-quant product: quantized per block of [`BLOCK`] (`q`, `scales`), the
+/// sums of each 16 values (`sums16`, which Q4_K's minimums and Q6_K's offset of 32 take), and
+/// the same values in the orders the AVX2 kernels read (`x86/k_quants.rs`), made once when they
+/// are quantized, so that two groups of 32 whose weights share their bytes cost one widening
+/// instead of two. Those pairs are Q4_K's (and Q5_K's) sub-blocks `2p` and `2p + 1` (the low
+/// and high nibbles of the same 32 bytes), and Q6_K's groups `4m + c` and `4m + c + 2`, `c` 0 or
+/// 1 (the low and high nibbles of its `ql` bytes).
 ///
 /// The kernel takes the 32 bytes `v` a pair shares and makes two vectors of weights, each 32-bit
 /// lane holding four values of one group: `A`, lane `l` shifted right by 0 (even `l`: the low
@@ -102,19 +115,20 @@ pub fn dot_q6_k_scalar(w: &[u8], x: &[i8], xs: &[f32]) -> f32 {
 /// ```
 ///
 /// `x` (Q4_K's pairs) and `x6` (Q6_K's) hold each pair's 64 activations in that order (32 for
-/// `A`, then 32 for `B`), pair after pair; `scales` and `scales6` each pair's two scales (the
-/// kernel spreads them to the even and odd lanes with one 64-bit broadcast); `mins` each group's
-/// `xs sum(qx)`, the factor of its Q4_K sub-block's minimum.
+/// `A`, then 32 for `B`), pair after pair; `mins` each group of 32's `xs sum(qx)`, the factor of
+/// its Q4_K sub-block's minimum.
 #[derive(Default, Clone, Copy)]
 pub struct ActsK<'a> {
+    /// `[t, cols]`: the int8 values, in order.
+    pub q: &'a [i8],
+    /// `[t, cols / 256]`: their scales, one a block.
+    pub scales: &'a [f32],
+    /// `[t, cols / 16]`: the sums of each 16 values (at most 16 * 127 in magnitude).
+    pub sums16: &'a [i16],
     /// `[t, cols]`
     pub x: &'a [i8],
-    /// `[t, cols / 32]`
-    pub scales: &'a [f32],
     /// `[t, cols]`
     pub x6: &'a [i8],
-    /// `[t, cols / 32]`
-    pub scales6: &'a [f32],
     /// `[t, cols / 32]`
     pub mins: &'a [f32],
 }
@@ -122,47 +136,59 @@ pub struct ActsK<'a> {
 /// The buffers behind an [`ActsK`], reused from one product to the next.
 #[derive(Default)]
 pub struct ActsKBuf {
-    x: Vec<i8>,
+    q: Vec<i8>,
     scales: Vec<f32>,
+    sums16: Vec<i16>,
+    x: Vec<i8>,
     x6: Vec<i8>,
-    scales6: Vec<f32>,
     mins: Vec<f32>,
 }
 
 impl ActsKBuf {
-    /// Lays out `q: [t, cols]` (int8, groups of [`GROUP`] whose scales are `xs`) as [`ActsK`]
-    /// says.
-    pub fn lay_out(&mut self, q: &[i8], xs: &[f32], t: usize, cols: usize) -> ActsK<'_> {
-        assert!(cols.is_multiple_of(BLOCK) && q.len() == t * cols && xs.len() * GROUP == q.len());
+    /// Quantizes `x: [t, cols]` per block of [`BLOCK`] with `quantize` (the q8 rule, one scale
+    /// a block) and makes the other forms [`ActsK`] holds.
+    pub fn quantize(
+        &mut self,
+        x: &[f32],
+        t: usize,
+        cols: usize,
+        quantize: super::QuantizeQ8,
+    ) -> ActsK<'_> {
+        assert!(cols.is_multiple_of(BLOCK) && x.len() == t * cols);
+        self.q.resize(t * cols, 0);
+        self.scales.resize(t * cols / BLOCK, 0.0);
+        quantize(x, BLOCK, &mut self.q, &mut self.scales);
+        let q = &self.q;
+        // At most 16 * 127 in magnitude: an i16.
+        let sum = |c: &[i8]| c.iter().fold(0i16, |s, &v| s + v as i16);
+        self.sums16.clear();
+        self.sums16.extend(q.chunks_exact(16).map(sum));
         // Pair k's groups: Q4_K's 2k and 2k + 1; Q6_K's 4m + c and 4m + c + 2 (k = 2m + c).
-        lay_out_pairs(q, xs, |k| (2 * k, 2 * k + 1), &mut self.x, &mut self.scales);
+        lay_out_pairs(q, |k| (2 * k, 2 * k + 1), &mut self.x);
         let q6 = |k: usize| (4 * (k / 2) + k % 2, 4 * (k / 2) + k % 2 + 2);
-        lay_out_pairs(q, xs, q6, &mut self.x6, &mut self.scales6);
-        let sum = |g: &[i8]| g.iter().map(|&v| v as i32).sum::<i32>() as f32;
+        lay_out_pairs(q, q6, &mut self.x6);
+        // Each group of 32's `xs sum(qx)`, the factor of a Q4_K sub-block's minimum.
+        let scales = &self.scales;
+        let sums = self.sums16.chunks_exact(2).enumerate();
         self.mins.clear();
-        self.mins
-            .extend(q.chunks_exact(GROUP).zip(xs).map(|(g, &s)| s * sum(g)));
+        self.mins.extend(
+            sums.map(|(g, two)| scales[g * GROUP / BLOCK] * (two[0] as i32 + two[1] as i32) as f32),
+        );
         ActsK {
-            x: &self.x,
+            q: &self.q,
             scales: &self.scales,
+            sums16: &self.sums16,
+            x: &self.x,
             x6: &self.x6,
-            scales6: &self.scales6,
             mins: &self.mins,
         }
     }
 }
 
-/// [`ActsK`]'s order of `q` (groups `xs`) into `out` and `out_s`, pair `k` of groups
-/// `groups(k)` (the same for every row of 256: `q`'s rows are whole blocks).
-fn lay_out_pairs(
-    q: &[i8],
-    xs: &[f32],
-    groups: impl Fn(usize) -> (usize, usize),
-    out: &mut Vec<i8>,
-    out_s: &mut Vec<f32>,
-) {
+/// [`ActsK`]'s order of `q` into `out`, pair `k` of groups `groups(k)` (the same for every row of
+/// 256: `q`'s rows are whole blocks).
+fn lay_out_pairs(q: &[i8], groups: impl Fn(usize) -> (usize, usize), out: &mut Vec<i8>) {
     out.resize(q.len(), 0);
-    out_s.resize(q.len() / GROUP, 0.0);
     let group = |g: usize| &q[GROUP * g..GROUP * (g + 1)];
     for k in 0..q.len() / (2 * GROUP) {
         let (g0, g1) = groups(k);
@@ -178,31 +204,31 @@ fn lay_out_pairs(
             pair[4 * l..4 * l + 4].copy_from_slice(a);
             pair[GROUP + 4 * l..GROUP + 4 * l + 4].copy_from_slice(b);
         }
-        out_s[2 * k..2 * k + 2].copy_from_slice(&[xs[g0], xs[g1]]);
     }
 }
 
-/// Checks a product's slices (`w: [rows]` of whole blocks of `kind`, `out: [rows, t]`,
-/// activations in groups of [`GROUP`] with their sums of 16 and their [`ActsK`] layout) and returns `rows`. Panics on a
-/// mismatch: a caller's bug (the model file's shapes were checked when it was opened).
+/// Checks a product's slices (`w: [rows]` of whole blocks of `kind`, `out: [rows, t]`, the
+/// activations' K-quant forms, [`ActsK`]) and returns `rows`. Panics on a mismatch: a caller's
+/// bug (the model file's shapes were checked when it was opened).
 pub(crate) fn check(kind: KQuant, w: &[u8], x: &ActsQ8, out: &[f32]) -> usize {
     let (cols, t) = (x.cols, x.t);
     let rows = out.len() / t.max(1);
     assert!(
-        x.group_size == GROUP && cols.is_multiple_of(BLOCK),
-        "K-quants: activations in groups of {} for {cols} columns",
-        x.group_size
+        cols.is_multiple_of(BLOCK),
+        "K-quants: {cols} columns are not whole blocks of {BLOCK}"
     );
+    let k = &x.k;
     assert!(
         out.len() == rows * t
             && w.len() == rows * kind.row_bytes(cols)
-            && x.sums16.len() == t * cols / 16
-            && x.k.x.len() == t * cols
-            && x.k.scales.len() == t * cols / GROUP
-            && x.k.x6.len() == t * cols
-            && x.k.scales6.len() == t * cols / GROUP
-            && x.k.mins.len() == t * cols / GROUP,
-        "K-quants: slice lengths do not match [{rows}, {cols}] x [{t}, {cols}]"
+            && k.q.len() == t * cols
+            && k.scales.len() == t * cols / BLOCK
+            && k.sums16.len() == t * cols / 16
+            && k.x.len() == t * cols
+            && k.x6.len() == t * cols
+            && k.mins.len() == t * cols / GROUP,
+        "K-quants: slice lengths do not match [{rows}, {cols}] x [{t}, {cols}] (activations \
+         quantized for K-quants?)"
     );
     rows
 }
@@ -211,11 +237,12 @@ pub(crate) fn check(kind: KQuant, w: &[u8], x: &ActsQ8, out: &[f32]) -> usize {
 /// scalar dot per pair.
 pub fn mat_k_scalar(kind: KQuant, w: &[u8], x: &ActsQ8, out: &mut [f32]) {
     let rows = check(kind, w, x, out);
-    let (t, row) = (x.t, kind.row_bytes(x.cols));
+    let (t, cols, row) = (x.t, x.cols, kind.row_bytes(x.cols));
     for r in 0..rows {
         let w_r = &w[r * row..(r + 1) * row];
         for i in 0..t {
-            let (q, xs) = (x.q_row(i), x.scales_row(i));
+            let q = &x.k.q[i * cols..(i + 1) * cols];
+            let xs = &x.k.scales[i * cols / BLOCK..(i + 1) * cols / BLOCK];
             out[r * t + i] = match kind {
                 KQuant::Q4K => dot_q4_k_scalar::<false>(w_r, q, xs),
                 KQuant::Q5K => dot_q4_k_scalar::<true>(w_r, q, xs),
@@ -329,7 +356,8 @@ mod tests {
                             let k = r * cols + c;
                             let block = &w[k / BLOCK * bytes..][..bytes];
                             let wv = k_quant_value(kind, block, k % BLOCK) as f64;
-                            let xq = acts.q_row(i)[c] as f64 * acts.scales_row(i)[c / GROUP] as f64;
+                            let k = i * cols + c;
+                            let xq = acts.k.q[k] as f64 * acts.k.scales[k / BLOCK] as f64;
                             wv * xq
                         })
                         .sum();

@@ -43,8 +43,8 @@ pub type MatQ8 = fn(w: &[i8], ws: &[f32], x: &ActsQ8, out: &mut [f32], ahead: us
 pub type MatQ4 = fn(w: &[u8], ws: &[u16], x: &ActsQ8, out: &mut [f32], ahead: usize);
 
 /// [`MatQ8`] for GGUF's K-quant weights (`k_quants.rs`): `w` the rows' blocks as the GGUF holds
-/// them, the activations quantized per group of [`k_quants::GROUP`] with their sums of 16
-/// ([`ActsQ8Buf::quantize_for_k`]). `ahead` as [`MatQ8`]'s: the AVX2 and AVX-512 kernels
+/// them, the activations with their K-quant forms (per block of 256, [`k_quants::ActsK`]:
+/// [`ActsQ8Buf::quantize_for_k`]). `ahead` as [`MatQ8`]'s: the AVX2 and AVX-512 kernels
 /// prefetch, the scalar one does not.
 pub type MatK =
     fn(kind: crate::format::KQuant, w: &[u8], x: &ActsQ8, out: &mut [f32], ahead: usize);

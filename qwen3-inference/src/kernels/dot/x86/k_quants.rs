@@ -2,26 +2,28 @@
 //! the GGUF holds them (`dot/k_quants.rs` has the scalar reference and the math). Q5_K is Q4_K
 //! with a fifth bit a weight, ORed in above the nibble.
 //!
-//! Each 32 weights of a block meet one activation group of 32 (`x = xs qx`); the integer
-//! products are exact, and each group's sum is converted and multiplied by float scales:
+//! A block's 256 weights meet 256 activations under one scale (`x = xs qx`, quantized per block
+//! as llama.cpp's Q8_K: `dot/k_quants.rs`), so its sub-blocks' products, each times its integer
+//! scale, add up as integers, converted and scaled once a block:
 //!
 //! ```text
-//! AVX2     two groups whose weights share 32 bytes at once, the activations laid out to match
-//!          (`ActsK`): two vpmaddubsw (u8 x i8 pairs, 16 bits) added, vpmaddwd with the
-//!          sub-blocks' integer scales (32 bits), one conversion and one multiply-add by the
-//!          lanes' xs; the block's sum times d once
+//! AVX2     two groups of 32 whose weights share 32 bytes at once, the activations laid out to
+//!          match (`ActsK`): two vpmaddubsw (u8 x i8 pairs, 16 bits) added, vpmaddwd with the
+//!          sub-blocks' integer scales (32 bits), added to the block's integer lanes
 //! AVX-512  two groups a 512-bit vector (their 64 activations are contiguous), vpdpbusd; two
-//!          such vectors packed to 16 bits, vpmaddwd with the sub-blocks' integer scales, one
-//!          conversion and one multiply-add by the lanes' xs; the block's sum times d once
+//!          such vectors packed to 16 bits, vpmaddwd with the sub-blocks' integer scales, added
+//!          to the block's integer lanes
+//! both     one conversion and one multiply-add by d xs a block
 //!
 //! Q4_K, Q5_K: - dmin m xs sum(qx)                        once a block, 8 lanes (sub-blocks)
-//! Q6_K:   - 32 d sc xs sum(qx)  (the weights are q + 32) once a block, from the sums of 16
+//! Q6_K:   - 32 sc sum(qx)  (the weights are q + 32)      once a block, in the integer lanes,
+//!                                                        from the sums of 16
 //! ```
 //!
 //! The activations' sums of 16 values and the AVX2 order are made once, when they are quantized
-//! ([`ActsQ8::sums16`], [`ActsQ8::k`]). A row meets up to [`TOKENS`] tokens at once (a
-//! prompt's), its blocks unpacked once for them, and each (row, token) runs decode's operations
-//! in decode's order, so a prompt gets decode's bits.
+//! ([`ActsQ8::k`]). A row meets up to [`TOKENS`] tokens at once (a prompt's), its blocks
+//! unpacked once for them, and each (row, token) runs decode's operations in decode's order, so
+//! a prompt gets decode's bits.
 
 use super::super::k_quants::{BLOCK, GROUP};
 use super::super::ActsQ8;
@@ -111,18 +113,17 @@ unsafe fn mat_k(
     // their sums of 16, and `out` is `[rows, t]`: then every token below has what `Tile` needs.
     let rows = super::super::k_quants::check(kind, w, x, out);
     let (t, cols, row) = (x.t, x.cols, kind.row_bytes(x.cols));
-    let (per, per2) = (cols / 16, cols / GROUP);
+    let (blocks, per16, per32) = (cols / BLOCK, cols / 16, cols / GROUP);
+    let k = &x.k;
     // Each token's slices, made once for every weight row.
     let tokens: Vec<Token> = (0..t)
-        .map(|k| Token {
-            x: x.q_row(k),
-            xs: x.scales_row(k),
-            sums: &x.sums16[k * per..(k + 1) * per],
-            kx: &x.k.x[k * cols..(k + 1) * cols],
-            kxs: &x.k.scales[k * per2..(k + 1) * per2],
-            kx6: &x.k.x6[k * cols..(k + 1) * cols],
-            kxs6: &x.k.scales6[k * per2..(k + 1) * per2],
-            kmins: &x.k.mins[k * per2..(k + 1) * per2],
+        .map(|i| Token {
+            x: &k.q[i * cols..(i + 1) * cols],
+            xs: &k.scales[i * blocks..(i + 1) * blocks],
+            sums: &k.sums16[i * per16..(i + 1) * per16],
+            kx: &k.x[i * cols..(i + 1) * cols],
+            kx6: &k.x6[i * cols..(i + 1) * cols],
+            kmins: &k.mins[i * per32..(i + 1) * per32],
         })
         .collect();
     // A prompt's tiles go over [`ROWS`] rows at a time, so that a tile's activations stay in the
@@ -193,18 +194,16 @@ const TOKENS: usize = 4;
 /// columns are 13 KB, which with a tile's activations (6.5 KB) fit a 32 KB first-level cache.
 const ROWS: usize = 16;
 
-/// One token's activations: its `cols` int8 values, their scales per 32, their sums per 16;
-/// and for the AVX2 Q4_K and Q5_K kernels the same values, their scales and their minimums'
-/// factors laid out as [`ActsK`](super::super::k_quants::ActsK) says.
+/// One token's activations as [`ActsK`](super::super::k_quants::ActsK) holds them: its `cols`
+/// int8 values, their scales (one a block), their sums per 16; and for the AVX2 kernels the
+/// same values in pairs of groups and the minimums' factors.
 #[derive(Clone, Copy)]
 struct Token<'a> {
     x: &'a [i8],
     xs: &'a [f32],
     sums: &'a [i16],
     kx: &'a [i8],
-    kxs: &'a [f32],
     kx6: &'a [i8],
-    kxs6: &'a [f32],
     kmins: &'a [f32],
 }
 
@@ -212,10 +211,10 @@ struct Token<'a> {
 /// activations' order of [`ActsK`](super::super::k_quants::ActsK): the pair's two vectors of
 /// weights meet their 64 activations in two `vpmaddubsw`, added in 16 bits (at most
 /// 2 * 2 * 31 * 127), then one `vpmaddwd` with the sub-blocks' integer scales (lane by lane:
-/// `sc_2p` or `sc_2p+1`), one conversion and one multiply-add by the lanes' activation scales.
-/// A block's sum is then scaled by `d` once, and its minimums' part, `dmin m_j xs_j sum(qx_j)`,
-/// taken from the activations' precomputed `xs_j sum(qx_j)`. Caller guarantees AVX2, FMA and
-/// F16C, and `Tile`'s lengths.
+/// `sc_2p` or `sc_2p+1`), added to the block's integer lanes. A block's lanes are then
+/// converted and scaled by `d xs` once, and its minimums' part, `dmin m_j xs sum(qx_j)`, taken
+/// from the activations' precomputed `xs sum(qx_j)`. Caller guarantees AVX2, FMA and F16C, and
+/// `Tile`'s lengths.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_k<const N: usize, const FIVE: bool>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
@@ -246,7 +245,9 @@ unsafe fn dot_q4_k<const N: usize, const FIVE: bool>(w: &[u8], tokens: [Token; N
             }
             false => [_mm256_setzero_si256(); 2],
         };
-        let mut sums = [_mm256_setzero_ps(); N];
+        // Each token's integer sum of the block's scaled products, lane by lane (at most
+        // 4 * 2 * 63 * 2 * 2 * 31 * 128 in magnitude).
+        let mut isums = [_mm256_setzero_si256(); N];
         for p in 0..BLOCK / 64 {
             // SAFETY: qs is 128 bytes (a whole block's), so bytes 32p..32p + 32 are in it.
             let v = _mm256_loadu_si256(qs.as_ptr().add(32 * p) as *const __m256i);
@@ -276,8 +277,8 @@ unsafe fn dot_q4_k<const N: usize, const FIVE: bool>(w: &[u8], tokens: [Token; N
             let scp = _mm256_permutevar8x32_epi32(sc, pick);
             let pair = 4 * b + p;
             for (k, tk) in tokens.iter().enumerate() {
-                // SAFETY: pair `pair` of the row is laid-out values 64 pair.. + 64 and scales
-                // 2 pair.. + 2 (the caller's lengths).
+                // SAFETY: pair `pair` of the row is laid-out values 64 pair.. + 64 (the
+                // caller's lengths).
                 let at = tk.kx.as_ptr().add(64 * pair);
                 let xa = _mm256_loadu_si256(at as *const __m256i);
                 let xb = _mm256_loadu_si256(at.add(32) as *const __m256i);
@@ -285,29 +286,19 @@ unsafe fn dot_q4_k<const N: usize, const FIVE: bool>(w: &[u8], tokens: [Token; N
                     _mm256_maddubs_epi16(ab[0], xa),
                     _mm256_maddubs_epi16(ab[1], xb),
                 );
-                let isum = _mm256_madd_epi16(q16, scp);
-                let xs = pair_scales(tk.kxs, pair);
-                sums[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), xs, sums[k]);
+                isums[k] = _mm256_add_epi32(isums[k], _mm256_madd_epi16(q16, scp));
             }
         }
         for (k, tk) in tokens.iter().enumerate() {
-            // SAFETY: block b's 8 groups are `mins` 8b..8b + 8 (the caller's lengths).
+            // SAFETY: block b's scale is `xs[b]`, its 8 groups `mins` 8b..8b + 8 (the
+            // caller's lengths).
+            let dx = _mm256_set1_ps(d * *tk.xs.get_unchecked(b));
             let mins = _mm256_loadu_ps(tk.kmins.as_ptr().add(8 * b));
-            let a = _mm256_fmadd_ps(sums[k], _mm256_set1_ps(d), acc[k]);
+            let a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isums[k]), dx, acc[k]);
             acc[k] = _mm256_fnmadd_ps(dm, mins, a);
         }
     }
     acc.map(|a| sum8(a))
-}
-
-/// Pair `pair`'s two scales (`xs[2 pair]`, `xs[2 pair + 1]`) spread to the even and odd lanes.
-/// Caller guarantees AVX2 and that both are in `xs`.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn pair_scales(xs: &[f32], pair: usize) -> __m256 {
-    // SAFETY: the caller's: 8 bytes from `2 pair` are in `xs`; read unaligned.
-    let two = unsafe { std::ptr::read_unaligned(xs.as_ptr().add(2 * pair) as *const i64) };
-    _mm256_castsi256_ps(_mm256_set1_epi64x(two))
 }
 
 /// The 8 bytes of `v` as 8 float lanes, byte j in lane j. Caller guarantees AVX2.
@@ -321,7 +312,8 @@ unsafe fn bytes_as_lanes(v: u64) -> __m256 {
 /// shares 32 bytes of `ql` (low and high nibbles) and 32 of `qh` (bits `2c` and `2c + 4`), in the
 /// activations' order of [`ActsK`](super::super::k_quants::ActsK)'s `x6`. The weights are `q +
 /// 32` (0..=63), so two `vpmaddubsw` add up in 16 bits (at most 2 * 2 * 63 * 127 = 32004), and
-/// the offset, `32 d sc_s xs sum(qx_s)` a sub-block, comes from the activations' sums of 16.
+/// the offset, `32 sc_s sum(qx_s)` a sub-block, comes off the block's integer lanes from the
+/// activations' sums of 16.
 /// Caller guarantees AVX2, FMA and F16C, and `Tile`'s lengths.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -343,20 +335,18 @@ unsafe fn dot_q6_k<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
                 _mm256_cvtepi8_epi32(_mm_loadl_epi64(scales.as_ptr().add(8 * n) as *const __m128i));
             _mm256_or_si256(_mm256_and_si256(s, low_mask), _mm256_slli_epi32(s, 16))
         });
-        // The block's scale `d` goes into every activation scale it meets, so that each token's
-        // block sum is added straight to its accumulator (a separate sum a token, scaled by `d`
-        // at the block's end, made the four-token tile spill on AVX2's 16 registers).
-        let dv = _mm256_set1_ps(d);
-        for (k, tk) in tokens.iter().enumerate() {
-            // The weights are q + 32: each group's excess, sc_s sum(qx_s) + sc_s+1 sum(qx_s+1),
-            // is one `vpmaddwd` of the scales and the sums (lane g: sub-blocks 2g, 2g + 1),
-            // taken 32 d xs_g times off the block's sum.
-            // SAFETY: 8 groups from 8b, 16 sums from 16b (the caller's lengths).
-            let sums16 = _mm256_loadu_si256(tk.sums.as_ptr().add(16 * b) as *const __m256i);
-            let excess = _mm256_cvtepi32_ps(_mm256_madd_epi16(sc16, sums16));
-            let xs = _mm256_mul_ps(_mm256_loadu_ps(tk.xs.as_ptr().add(8 * b)), dv);
-            acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(excess, xs), _mm256_set1_ps(-32.0), acc[k]);
-        }
+        // Each token's integer sum of the block's scaled products, less the weights' offset:
+        // lane g starts at -32 (sc_2g sum(qx_2g) + sc_2g+1 sum(qx_2g+1)), one `vpmaddwd` of
+        // the scales and the sums of 16 (at most 32 * 2 * 128 * 16 * 128, and the products'
+        // 4 * 2 * 128 * 2 * 2 * 63 * 128, in magnitude).
+        let mut isums: [__m256i; N] = std::array::from_fn(|k| {
+            // SAFETY: 16 sums from 16b (the caller's lengths).
+            let sums16 = _mm256_loadu_si256(tokens[k].sums.as_ptr().add(16 * b) as *const __m256i);
+            _mm256_slli_epi32(
+                _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(sc16, sums16)),
+                5,
+            )
+        });
         for (n, dup) in dup.iter().enumerate() {
             // SAFETY: qh is 64 bytes: these are bytes 32n..32n + 32, and B's with neighbouring
             // lanes swapped.
@@ -401,11 +391,14 @@ unsafe fn dot_q6_k<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
                         _mm256_maddubs_epi16(ab[0], xa),
                         _mm256_maddubs_epi16(ab[1], xb),
                     );
-                    let isum = _mm256_madd_epi16(q16, scp);
-                    let xs = _mm256_mul_ps(pair_scales(tk.kxs6, pair), dv);
-                    acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), xs, acc[k]);
+                    isums[k] = _mm256_add_epi32(isums[k], _mm256_madd_epi16(q16, scp));
                 }
             }
+        }
+        for (k, tk) in tokens.iter().enumerate() {
+            // SAFETY: block b's scale is `xs[b]` (the caller's lengths).
+            let dx = _mm256_set1_ps(d * *tk.xs.get_unchecked(b));
+            acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isums[k]), dx, acc[k]);
         }
     }
     acc.map(|a| sum8(a))
@@ -416,11 +409,9 @@ unsafe fn dot_q6_k<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
 /// A vector's 16 lanes are sub-block 2p's (0..8) and 2p + 1's (8..16), each a sum of four
 /// products (at most 4 * 31 * 128, which 16 bits hold); two such vectors, packed to 16 bits
 /// (`vpackssdw`, lane by lane of 128 bits), take their sub-blocks' integer scales in one
-/// `vpmaddwd`, and are converted and scaled by their groups' activation scales once, where
-/// each vector took a permute, a conversion and a multiply-add of its own (about a quarter
-/// fewer operations a block and token). A block's sum is then scaled by `d` once, and its
-/// minimums' part taken from the activations' `xs_j sum(qx_j)`, as on AVX2. Caller guarantees
-/// AVX-512 F, BW, VL, VNNI and F16C, and `Tile`'s lengths.
+/// `vpmaddwd` ([`scaled_sum`]); the block's lanes are converted and scaled by `d xs` once, and
+/// its minimums' part taken from the activations' `xs sum(qx_j)`, as on AVX2. Caller
+/// guarantees AVX-512 F, BW, VL, VNNI and F16C, and `Tile`'s lengths.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn dot_q4_k_512<const N: usize, const FIVE: bool>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
@@ -476,20 +467,9 @@ unsafe fn dot_q4_k_512<const N: usize, const FIVE: bool>(w: &[u8], tokens: [Toke
             // SAFETY: block b's 8 groups are values 256b.. + 256 of `x`, scales and `mins`
             // 8b..8b + 8 (the caller's lengths).
             let at = tk.x.as_ptr().add(BLOCK * b);
-            let xsv = _mm512_zextps256_ps512(_mm256_loadu_ps(tk.xs.as_ptr().add(8 * b)));
-            let dot = |p: usize| {
-                let xv = _mm512_loadu_si512(at.add(64 * p) as *const __m512i);
-                _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[p], xv)
-            };
-            let (a, c) = (
-                _mm512_packs_epi32(dot(0), dot(1)),
-                _mm512_packs_epi32(dot(2), dot(3)),
-            );
-            let a = _mm512_cvtepi32_ps(_mm512_madd_epi16(a, scales[0]));
-            let c = _mm512_cvtepi32_ps(_mm512_madd_epi16(c, scales[1]));
-            let sums = _mm512_mul_ps(a, _mm512_permutexvar_ps(first, xsv));
-            let sums = _mm512_fmadd_ps(c, _mm512_permutexvar_ps(second, xsv), sums);
-            acc[k] = _mm512_fmadd_ps(sums, _mm512_set1_ps(d), acc[k]);
+            let isum = scaled_sum(at, &q, &scales);
+            let dx = _mm512_set1_ps(d * *tk.xs.get_unchecked(b));
+            acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dx, acc[k]);
             let kmins = _mm256_loadu_ps(tk.kmins.as_ptr().add(8 * b));
             mins[k] = _mm256_fmadd_ps(dm, kmins, mins[k]);
         }
@@ -501,10 +481,10 @@ unsafe fn dot_q4_k_512<const N: usize, const FIVE: bool>(w: &[u8], tokens: [Toke
 /// half, four sub-blocks of 16), `vpdpbusd` for the byte products (each lane four products of
 /// `q + 32` and an activation, at most 4 * 63 * 128, which 16 bits hold). As in
 /// [`dot_q4_k_512`], two vectors packed to 16 bits take their sub-blocks' integer scales in one
-/// `vpmaddwd` and one conversion and multiply-add by their groups' activation scales; the
-/// offsets of the weights' + 32, `32 sc_s sum(qx_s)` a sub-block, are the activations' sums of 16
-/// times the scales in one more `vpmaddwd`, a group a lane; the block's sum is scaled by `d`
-/// once. Caller guarantees what [`dot_q4_k_512`]'s does.
+/// `vpmaddwd` ([`scaled_sum`]); the offsets of the weights' + 32, `32 sc_s sum(qx_s)` a
+/// sub-block, are the activations' sums of 16 times the scales in one more `vpmaddwd`, a group a
+/// lane, taken off the integer lanes; the block's lanes are converted and scaled by `d xs` once.
+/// Caller guarantees what [`dot_q4_k_512`]'s does.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn dot_q6_k_512<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N] {
@@ -515,17 +495,12 @@ unsafe fn dot_q6_k_512<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N]
     let (left, right) = (per_half(4, 2), per_half(0, 2));
     // Half n's two vectors (pairs 0 and 1: sub-blocks 8n + 4 pair + lane / 4) packed and paired:
     // 128-bit lane L of the result holds sub-blocks (8n + L, 8n + L, 8n + 4 + L, 8n + 4 + L),
-    // whose scales `by_sub_block[n]` picks, and whose groups (a sub-block's half) `by_group[n]`.
+    // whose scales `by_sub_block[n]` picks.
     let by_sub_block = [
         _mm512_setr_epi32(0, 0, 4, 4, 1, 1, 5, 5, 2, 2, 6, 6, 3, 3, 7, 7),
         _mm512_setr_epi32(8, 8, 12, 12, 9, 9, 13, 13, 10, 10, 14, 14, 11, 11, 15, 15),
     ];
-    let by_group = [
-        _mm512_setr_epi32(0, 0, 2, 2, 0, 0, 2, 2, 1, 1, 3, 3, 1, 1, 3, 3),
-        _mm512_setr_epi32(4, 4, 6, 6, 4, 4, 6, 6, 5, 5, 7, 7, 5, 5, 7, 7),
-    ];
     let mut acc = [_mm512_setzero_ps(); N];
-    let mut offsets = [_mm256_setzero_ps(); N];
     for (b, block) in w.chunks_exact(KQuant::Q6K.block_bytes()).enumerate() {
         let (ql, qh, scales) = (&block[0..128], &block[128..192], &block[192..208]);
         let d = f16_at(block, 208);
@@ -565,33 +540,36 @@ unsafe fn dot_q6_k_512<const N: usize>(w: &[u8], tokens: [Token; N]) -> [f32; N]
             // SAFETY: block b's 8 groups are values 256b.. + 256 of `x`, scales 8b..8b + 8 and
             // sums of 16 16b..16b + 16 (the caller's lengths).
             let at = tk.x.as_ptr().add(BLOCK * b);
-            let xs8 = _mm256_loadu_ps(tk.xs.as_ptr().add(8 * b));
-            let xsv = _mm512_zextps256_ps512(xs8);
-            let dot = |v: usize| {
-                let xv = _mm512_loadu_si512(at.add(64 * v) as *const __m512i);
-                _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[v], xv)
-            };
-            let half = |n: usize| {
-                let paired =
-                    _mm512_madd_epi16(_mm512_packs_epi32(dot(2 * n), dot(2 * n + 1)), sc[n]);
-                (
-                    _mm512_cvtepi32_ps(paired),
-                    _mm512_permutexvar_ps(by_group[n], xsv),
-                )
-            };
-            let ((a, xa), (c, xc)) = (half(0), half(1));
-            let sums = _mm512_fmadd_ps(c, xc, _mm512_mul_ps(a, xa));
-            acc[k] = _mm512_fmadd_ps(sums, _mm512_set1_ps(d), acc[k]);
-            // Group j's offset: sc_2j sum(qx_2j) + sc_2j+1 sum(qx_2j+1), times xs_j and d.
+            let isum = scaled_sum(at, &q, &sc);
+            // Group j's offset, 32 (sc_2j sum(qx_2j) + sc_2j+1 sum(qx_2j+1)), off the sum.
             let sums16 = _mm256_loadu_si256(tk.sums.as_ptr().add(16 * b) as *const __m256i);
-            let off = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums16, sc16));
-            offsets[k] = _mm256_fmadd_ps(_mm256_mul_ps(off, xs8), _mm256_set1_ps(d), offsets[k]);
+            let off = _mm256_slli_epi32(_mm256_madd_epi16(sums16, sc16), 5);
+            let isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(off));
+            let dx = _mm512_set1_ps(d * *tk.xs.get_unchecked(b));
+            acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dx, acc[k]);
         }
     }
-    std::array::from_fn(|k| {
-        let all = _mm256_fnmadd_ps(offsets[k], _mm256_set1_ps(32.0), halves_added(acc[k]));
-        sum8(all)
-    })
+    std::array::from_fn(|k| sum8(halves_added(acc[k])))
+}
+
+/// A block's four vectors of weights `q` (bytes 0..=63) against its 256 activations at `x`, as
+/// integer lanes: the byte products of each vector (`vpdpbusd`, four a lane, at most
+/// 4 * 63 * 128, which 16 bits hold), two vectors packed to 16 bits (`vpackssdw`, lane by lane
+/// of 128 bits) and scaled by their sub-blocks' integer scales in one `vpmaddwd` (`scales[n]`
+/// for vectors `2n` and `2n + 1`, picked to match the packing), the two halves added. Q4_K and
+/// Q6_K share it; each picks its scales. Caller guarantees AVX-512 F, BW and VNNI, and 256
+/// activations at `x`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn scaled_sum(x: *const i8, q: &[__m512i; 4], scales: &[__m512i; 2]) -> __m512i {
+    let dot = |v: usize| {
+        // SAFETY: the caller's: bytes 64v..64v + 64 of the block's activations.
+        let xv = unsafe { _mm512_loadu_si512(x.add(64 * v) as *const __m512i) };
+        _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[v], xv)
+    };
+    let half =
+        |n: usize| _mm512_madd_epi16(_mm512_packs_epi32(dot(2 * n), dot(2 * n + 1)), scales[n]);
+    _mm512_add_epi32(half(0), half(1))
 }
 
 /// 16-bit lanes of `lo` in the low 256 bits, of `hi` in the high: the shift counts of a vector
