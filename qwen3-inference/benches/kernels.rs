@@ -10,6 +10,7 @@ use qwen3_inference::kernels::bandwidth::read_sum;
 use qwen3_inference::kernels::dot::interleaved::{
     interleaves_q8, packed_for_kernels, q8_for_kernels,
 };
+use qwen3_inference::kernels::dot::k_interleaved;
 use qwen3_inference::kernels::dot::q4::Q4Layout;
 use qwen3_inference::kernels::dot::{available, ActsQ8Buf, Dots, Forms, MatQ8};
 use qwen3_inference::kernels::{attention, AttentionShape};
@@ -272,19 +273,28 @@ fn bench_k(d: &Dots, kind: KQuant, rows: usize, cols: usize, t: usize, reps: usi
         },
     );
     let mut out = vec![0f32; rows * t];
-    let secs = time(reps, || {
-        (d.k_rows)(kind, &w, &acts, &mut out, 0);
-        black_box(&out);
-    });
-    println!(
-        "{:<12} {:>6}x{:<5} {}, {t:>3} tokens: {:>6.1} GMAC/s, weights at {:>5.1} GB/s",
-        d.isa,
-        rows,
-        cols,
-        kind.name(),
-        (rows * cols * t) as f64 / secs / 1e9,
-        w.len() as f64 / secs / 1e9
-    );
+    // The file's blocks, and where the family has a kernel for it, the interleaved order.
+    let mut kernels = vec![(d.isa.to_string(), d.k_rows, w)];
+    if let Some(k) = d.k_interleaved.filter(|_| k_interleaved::interleaves(kind)) {
+        let mut reordered = vec![0u8; kernels[0].2.len()];
+        k_interleaved::interleave_k(kind, &kernels[0].2, cols, &mut reordered);
+        kernels.push((format!("{} il", d.isa), k, in_huge_pages(&reordered)));
+    }
+    for (name, kernel, w) in &kernels {
+        let secs = time(reps, || {
+            kernel(kind, w, &acts, &mut out, 0);
+            black_box(&out);
+        });
+        println!(
+            "{:<15} {:>6}x{:<5} {}, {t:>3} tokens: {:>6.1} GMAC/s, weights at {:>5.1} GB/s",
+            name,
+            rows,
+            cols,
+            kind.name(),
+            (rows * cols * t) as f64 / secs / 1e9,
+            w.len() as f64 / secs / 1e9
+        );
+    }
 }
 
 fn main() {

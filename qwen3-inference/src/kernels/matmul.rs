@@ -252,7 +252,13 @@ fn fill_block(
         DType::K(_) => {
             let (kind, blocks) = w.data.k_quant();
             let row = kind.row_bytes(cols);
-            (dots.k_rows)(
+            // AVX-512 reads Q4_K and Q6_K in the interleaved order, a copy made at load
+            // (`dot/k_interleaved.rs`); a view without it is read where the file holds it.
+            let (kernel, blocks) = match (dots.k_interleaved, w.interleaved) {
+                (Some(kernel), Some(i)) if i.dtype() == w.data.dtype() => (kernel, i.k_quant().1),
+                _ => (dots.k_rows, blocks),
+            };
+            kernel(
                 kind,
                 &blocks[r0 * row..(r0 + n) * row],
                 acts(),

@@ -169,8 +169,10 @@ impl<'a> Model<'a> {
         // matrices are already a copy (its Q8_0 repacked into this format's layout at open:
         // `in_place` is false), so they are not copied a second time and keep the file order.
         let q8 = dots().q8_interleaved.is_some() && file.in_place();
-        let interleaved = match dots().q4_layout.interleaves() || q8 {
-            true => Some(file.derived(|f| interleaved::interleave_file(f, q8))?),
+        // GGUF's Q4_K and Q6_K matrices too (`kernels/dot/k_interleaved.rs`).
+        let k = dots().k_interleaved.is_some();
+        let interleaved = match dots().q4_layout.interleaves() || q8 || k {
+            true => Some(file.derived(|f| interleaved::interleave_file(f, q8, k))?),
             false => None,
         };
         let model = Model::load_with(file, |name| {

@@ -48,6 +48,7 @@ pub const NEON: Dots = Dots {
     q6_rows: super::q6::mat_q6_scalar,
     q4_layout: super::q4::Q4Layout::Halves,
     k_rows: |kind, w, x, out, _| super::k_quants::mat_k_scalar(kind, w, x, out),
+    k_interleaved: None,
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_neon(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_neon(x, gs, q, s) },
     isa: "neon",

@@ -64,7 +64,7 @@
 
 use super::q4::{Q4Layout, SIMD_GROUP};
 use crate::format::reader::Derived;
-use crate::format::{DType, ModelFile};
+use crate::format::{DType, KQuant, ModelFile};
 use crate::pages::HugePages;
 use crate::quant::{q6_unpack_block, Q6_BLOCK};
 use anyhow::{Context, Result};
@@ -132,20 +132,43 @@ pub fn interleave_q6(packed: &[u8], cols: usize, out: &mut [u8]) {
             q6_unpack_block(&src[at..at + n / 4 * 3], values);
         }
         let value = |g: usize, j: usize| (v[g * SIMD_GROUP + j] as i32 + 32) as u8;
-        dst.fill(0);
         for (g0, n) in blocks(cols / SIMD_GROUP) {
             let at = g0 * 24;
-            for l in 0..n {
-                for k in 0..4 {
-                    for b in 0..4 {
-                        let j = 4 * k + b;
-                        let (lo, hi) = (value(g0 + l, j), value(g0 + l, 16 + j));
-                        dst[at + k * 4 * n + 4 * l + b] = (lo & 15) | (hi & 15) << 4;
-                        let shift = 4 * (k % 2);
-                        let high = at + 16 * n + (k / 2) * 4 * n + 4 * l + b;
-                        dst[high] |= (lo >> 4) << shift | (hi >> 4) << (shift + 2);
-                    }
-                }
+            put_q6_block(&mut dst[at..at + 24 * n], n, |l, j| value(g0 + l, j));
+        }
+    }
+}
+
+/// One block of `n` groups of 32 q4 values in the interleaved order, into `dst` (`16 n` bytes):
+/// `value(l, j)` (0..=15) is value `j` of group `l`; byte `b` of word `k` of group `l` (values
+/// `4k + b` in its low nibble and `16 + 4k + b` in its high one) at `4nk + 4l + b`.
+pub(super) fn put_q4_block(dst: &mut [u8], n: usize, value: impl Fn(usize, usize) -> u8) {
+    assert!(dst.len() == 16 * n);
+    for l in 0..n {
+        for k in 0..4 {
+            for b in 0..4 {
+                let j = 4 * k + b;
+                dst[k * 4 * n + 4 * l + b] = value(l, j) | value(l, 16 + j) << 4;
+            }
+        }
+    }
+}
+
+/// One block of `n` groups of 32 q6 values in the interleaved order, into `dst` (`24 n` bytes):
+/// `value(l, j)` (0..=63, `q + 32`) is value `j` of group `l`; their low nibbles as
+/// [`put_q4_block`] puts q4's, then their two-bit high pieces (the module's text).
+pub(super) fn put_q6_block(dst: &mut [u8], n: usize, value: impl Fn(usize, usize) -> u8) {
+    assert!(dst.len() == 24 * n);
+    dst.fill(0);
+    for l in 0..n {
+        for k in 0..4 {
+            for b in 0..4 {
+                let j = 4 * k + b;
+                let (lo, hi) = (value(l, j), value(l, 16 + j));
+                dst[k * 4 * n + 4 * l + b] = (lo & 15) | (hi & 15) << 4;
+                let shift = 4 * (k % 2);
+                let high = 16 * n + (k / 2) * 4 * n + 4 * l + b;
+                dst[high] |= (lo >> 4) << shift | (hi >> 4) << (shift + 2);
             }
         }
     }
@@ -189,17 +212,19 @@ enum Order {
     Q6,
     /// q8 in groups of this many.
     Q8(usize),
+    /// GGUF's Q4_K or Q6_K (`k_interleaved.rs`).
+    K(KQuant),
 }
 
 /// Every q4 and q6 matrix of `file` in groups of 32 (and, where `q8`, every q8 one in groups of
-/// 32 or 64), interleaved, in one buffer of huge pages (each at a multiple of 64 bytes, laid out
+/// 32 or 64; where `k`, every Q4_K and Q6_K one, `k_interleaved.rs`), interleaved, in one buffer of huge pages (each at a multiple of 64 bytes, laid out
 /// as in the file: its values, then its scales), for [`ModelFile::derived`]. The rows are
 /// reordered in parallel; the file's bytes are read once.
 ///
 /// The embedding table is left out unless it is also the classifier (tied, in a model that
 /// generates): otherwise only its rows are looked up, in the file's order, and a copy would be
 /// memory for nothing (Qwen3-8B's untied q8 table: 622 MB).
-pub fn interleave_file(file: &ModelFile, q8: bool) -> Result<Derived> {
+pub fn interleave_file(file: &ModelFile, q8: bool, k: bool) -> Result<Derived> {
     let embedding_is_classifier = file.config().classifier_is_embedding();
     let mut jobs = Vec::new();
     let (mut at, mut len) = (HashMap::new(), 0usize);
@@ -214,6 +239,9 @@ pub fn interleave_file(file: &ModelFile, q8: bool) -> Result<Derived> {
             (DType::Q6, Some(gs)) if interleaves(gs) => (t.data.q6().packed.len(), Order::Q6),
             (DType::Q8, Some(gs)) if q8 && interleaves_q8(gs) => {
                 (t.data.q8().q.len(), Order::Q8(gs))
+            }
+            (DType::K(kind), _) if k && super::k_interleaved::interleaves(kind) => {
+                (t.data.k_quant().1.len(), Order::K(kind))
             }
             _ => continue,
         };
@@ -251,6 +279,7 @@ pub fn interleave_file(file: &ModelFile, q8: bool) -> Result<Derived> {
                 Order::Q4 => cols / 2,
                 Order::Q6 => cols / 4 * 3,
                 Order::Q8(_) => cols,
+                Order::K(kind) => kind.row_bytes(cols),
             };
             let piece = row_bytes * (65536 / row_bytes).max(1);
             dst.par_chunks_mut(piece)
@@ -259,6 +288,7 @@ pub fn interleave_file(file: &ModelFile, q8: bool) -> Result<Derived> {
                     Order::Q4 => interleave_q4(s, cols, d),
                     Order::Q6 => interleave_q6(s, cols, d),
                     Order::Q8(gs) => interleave_q8(s, cols, gs, d),
+                    Order::K(kind) => super::k_interleaved::interleave_k(kind, s, cols, d),
                 });
         });
     Ok(Derived::new(bytes, at))
@@ -453,7 +483,7 @@ mod tests {
             c.tie_word_embeddings = tied;
             crate::testing::model::write_random_config(&path, &c);
             let file = ModelFile::open(&path).unwrap();
-            let derived = interleave_file(&file, true).unwrap();
+            let derived = interleave_file(&file, true, true).unwrap();
             let has = |name: &str| derived.get(name).is_some();
             assert_eq!(has("model.embed_tokens.weight"), tied, "tied: {tied}");
             assert_eq!(has("lm_head.weight"), !tied, "tied: {tied}");

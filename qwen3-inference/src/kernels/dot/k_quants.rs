@@ -117,6 +117,11 @@ pub fn dot_q6_k_scalar(w: &[u8], x: &[i8], xs: &[f32]) -> f32 {
 /// `x` (Q4_K's pairs) and `x6` (Q6_K's) hold each pair's 64 activations in that order (32 for
 /// `A`, then 32 for `B`), pair after pair; `mins` each group of 32's `xs sum(qx)`, the factor of
 /// its Q4_K sub-block's minimum.
+///
+/// For the AVX-512 kernels on weights in the interleaved order (`k_interleaved.rs`): `xi`, the
+/// values in that order (`interleaved::lay_out`'s, in groups of 32); `xs32`, each group's scale
+/// (its block's); `corr6`, the correction of Q6_K's offset, `-32 sum(qx)` a sub-block of 16,
+/// each interleaved block's first sub-blocks (`2l`, lane `l`) and then its second ones.
 #[derive(Default, Clone, Copy)]
 pub struct ActsK<'a> {
     /// `[t, cols]`: the int8 values, in order.
@@ -131,6 +136,12 @@ pub struct ActsK<'a> {
     pub x6: &'a [i8],
     /// `[t, cols / 32]`
     pub mins: &'a [f32],
+    /// `[t, cols]`
+    pub xi: &'a [i8],
+    /// `[t, cols / 32]`
+    pub xs32: &'a [f32],
+    /// `[t, cols / 16]`
+    pub corr6: &'a [i32],
 }
 
 /// The buffers behind an [`ActsK`], reused from one product to the next.
@@ -142,6 +153,9 @@ pub struct ActsKBuf {
     x: Vec<i8>,
     x6: Vec<i8>,
     mins: Vec<f32>,
+    xi: Vec<i8>,
+    xs32: Vec<f32>,
+    corr6: Vec<i32>,
 }
 
 impl ActsKBuf {
@@ -174,6 +188,30 @@ impl ActsKBuf {
         self.mins.extend(
             sums.map(|(g, two)| scales[g * GROUP / BLOCK] * (two[0] as i32 + two[1] as i32) as f32),
         );
+        // The interleaved kernels' forms, row by row (an interleaved block lies within a row).
+        let groups = cols / GROUP;
+        self.xi.resize(q.len(), 0);
+        for (src, dst) in q.chunks_exact(cols).zip(self.xi.chunks_exact_mut(cols)) {
+            let (src, dst) = (bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst));
+            super::interleaved::interleave_words(src, GROUP, dst);
+        }
+        self.xs32.clear();
+        self.xs32
+            .extend((0..t * groups).map(|g| scales[g * GROUP / BLOCK]));
+        self.corr6.resize(t * cols / 16, 0);
+        for (sums, corr) in self
+            .sums16
+            .chunks_exact(cols / 16)
+            .zip(self.corr6.chunks_exact_mut(cols / 16))
+        {
+            for (g0, n) in super::interleaved::blocks(groups) {
+                for l in 0..n {
+                    for half in 0..2 {
+                        corr[2 * g0 + half * n + l] = -32 * sums[2 * (g0 + l) + half] as i32;
+                    }
+                }
+            }
+        }
         ActsK {
             q: &self.q,
             scales: &self.scales,
@@ -181,6 +219,9 @@ impl ActsKBuf {
             x: &self.x,
             x6: &self.x6,
             mins: &self.mins,
+            xi: &self.xi,
+            xs32: &self.xs32,
+            corr6: &self.corr6,
         }
     }
 }
@@ -226,7 +267,10 @@ pub(crate) fn check(kind: KQuant, w: &[u8], x: &ActsQ8, out: &[f32]) -> usize {
             && k.sums16.len() == t * cols / 16
             && k.x.len() == t * cols
             && k.x6.len() == t * cols
-            && k.mins.len() == t * cols / GROUP,
+            && k.mins.len() == t * cols / GROUP
+            && k.xi.len() == t * cols
+            && k.xs32.len() == t * cols / GROUP
+            && k.corr6.len() == t * cols / 16,
         "K-quants: slice lengths do not match [{rows}, {cols}] x [{t}, {cols}] (activations \
          quantized for K-quants?)"
     );
@@ -253,9 +297,10 @@ pub fn mat_k_scalar(kind: KQuant, w: &[u8], x: &ActsQ8, out: &mut [f32]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::gguf::blocks::k_quant_value;
+    use crate::kernels::dot::k_interleaved::{interleave_k, interleaves};
     use crate::kernels::dot::ActsQ8Buf;
     use crate::testing::next_values;
 
@@ -263,7 +308,7 @@ mod tests {
 
     /// `n` random blocks of `kind` whose f16 scales are finite (any other byte is a valid block):
     /// each its own `d` and `dmin`, of either sign, every fifth `d` zero.
-    fn blocks(kind: KQuant, n: usize, seed: &mut u64) -> Vec<u8> {
+    pub(crate) fn blocks(kind: KQuant, n: usize, seed: &mut u64) -> Vec<u8> {
         let bytes = kind.block_bytes();
         let mut out: Vec<u8> = next_values(n * bytes, seed)
             .iter()
@@ -292,16 +337,21 @@ mod tests {
 
     /// Every family this CPU has (`QWEN3_KERNELS` forces each in a run of its own) gives the
     /// scalar reference's products within f32 rounding, and a prompt's products give each
-    /// token's decode bits.
+    /// token's decode bits; so does each family's kernel on the interleaved order
+    /// (`k_interleaved.rs`) on the same weights so reordered.
     #[test]
     fn every_family_matches_the_reference() {
         let mut seed = 8;
-        // Tiles of 1 to 4 tokens; more rows than a prompt's tiles go over at once (AVX2: 16).
+        // Tiles of 1 to 4 tokens; more rows than a prompt's tiles go over at once (AVX2: 16);
+        // rows of one GGUF block and of three (the interleaved order's short block alone, and
+        // after a whole one).
         for (rows, cols, t) in [
             (5, BLOCK, 1),
             (4, 4 * BLOCK, 3),
             (3, 2 * BLOCK, 10),
             (37, BLOCK, 6),
+            (3, 3 * BLOCK, 5),
+            (2, 3 * BLOCK, 1),
         ] {
             let x = next_values(t * cols, &mut seed);
             let mut buf = ActsQ8Buf::default();
@@ -310,14 +360,26 @@ mod tests {
                 let w = blocks(kind, rows * cols / BLOCK, &mut seed);
                 let mut want = vec![0f32; rows * t];
                 mat_k_scalar(kind, &w, &acts, &mut want);
-                for d in crate::kernels::dot::available() {
+                let mut reordered = vec![0u8; w.len()];
+                if interleaves(kind) {
+                    interleave_k(kind, &w, cols, &mut reordered);
+                }
+                let families = crate::kernels::dot::available().into_iter();
+                let kernels = families.flat_map(|d| {
+                    let interleaved = d.k_interleaved.filter(|_| interleaves(kind));
+                    let file = Some((d.isa, "file order", d.k_rows, &w));
+                    [
+                        file,
+                        interleaved.map(|k| (d.isa, "interleaved", k, &reordered)),
+                    ]
+                });
+                for (isa, order, kernel, w) in kernels.flatten() {
                     let mut got = vec![0f32; rows * t];
-                    (d.k_rows)(kind, &w, &acts, &mut got, 0);
+                    kernel(kind, w, &acts, &mut got, 0);
                     for (k, (a, b)) in got.iter().zip(&want).enumerate() {
                         assert!(
                             (a - b).abs() <= 1e-4 * b.abs().max(1.0),
-                            "{} {kind:?} [{rows}, {cols}] x {t}, {k}: {a} vs {b}",
-                            d.isa
+                            "{isa} ({order}) {kind:?} [{rows}, {cols}] x {t}, {k}: {a} vs {b}",
                         );
                     }
                     // Token by token, as decode runs them: the same bits.
@@ -325,9 +387,10 @@ mod tests {
                     for i in 0..t {
                         let xi = one.quantize_for_k(&x[i * cols..(i + 1) * cols], 1, cols, GROUP);
                         let mut alone = vec![0f32; rows];
-                        (d.k_rows)(kind, &w, &xi, &mut alone, 0);
+                        kernel(kind, w, &xi, &mut alone, 0);
                         for r in 0..rows {
-                            assert_eq!(alone[r].to_bits(), got[r * t + i].to_bits(), "{}", d.isa);
+                            let (a, b) = (alone[r], got[r * t + i]);
+                            assert_eq!(a.to_bits(), b.to_bits(), "{isa} ({order})");
                         }
                     }
                 }

@@ -79,6 +79,9 @@ pub struct Dots {
     pub q4_layout: q4::Q4Layout,
     /// GGUF's K-quant blocks against q8 activations (`k_quants.rs`).
     pub k_rows: MatK,
+    /// `k_rows` on Q4_K and Q6_K blocks in the interleaved order (`k_interleaved.rs`), where
+    /// this family has such a kernel (AVX-512); `Model::load` then makes the copy.
+    pub k_interleaved: Option<MatK>,
     pub q8_f32: DotQ8F32,
     pub quantize_q8: QuantizeQ8,
     /// Which instruction set was picked, for `--verbose` and the bench report.
@@ -102,6 +105,7 @@ pub const SCALAR: Dots = Dots {
     q6_rows: q6::mat_q6_scalar,
     q4_layout: q4::Q4Layout::Halves,
     k_rows: |kind, w, x, out, _| k_quants::mat_k_scalar(kind, w, x, out),
+    k_interleaved: None,
     q8_f32: dot_q8_f32_scalar,
     quantize_q8: crate::quant::quantize_q8,
     isa: "scalar",
@@ -324,6 +328,7 @@ pub fn scalar_only(dtype: crate::format::DType, gs: usize) -> Option<String> {
 mod acts;
 pub use acts::{ActsQ8, ActsQ8Buf, Forms};
 pub mod interleaved;
+pub mod k_interleaved;
 pub mod k_quants;
 pub mod q4;
 pub mod q6;

@@ -50,8 +50,8 @@ const _: () = assert!(
 
 /// The kinds of interleaved weights, a const parameter of the tiles (`KIND`): q4 and q6 in
 /// groups of 32 (f16 scales), q8 in groups of 32 or 64 (f32 scales).
-const Q4: usize = 0;
-const Q6: usize = 1;
+pub(super) const Q4: usize = 0;
+pub(super) const Q6: usize = 1;
 const Q8: usize = 2;
 const Q8_64: usize = 3;
 
@@ -317,7 +317,7 @@ struct Tokens<const N: usize> {
 /// vectors are `4n` bytes apart.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn words<const FULL: bool>(p: *const u8, n: usize) -> __m512i {
+pub(super) unsafe fn words<const FULL: bool>(p: *const u8, n: usize) -> __m512i {
     match FULL {
         true => _mm512_loadu_si512(p as *const __m512i),
         false => _mm512_maskz_loadu_epi32(((1u32 << n) - 1) as __mmask16, p as *const i32),
@@ -519,7 +519,7 @@ unsafe fn weight_scales<const KIND: usize, const FULL: bool>(p: *const u8, n: us
 /// their value. (q8's tiles read their weights vector by vector in `block`.)
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn weights<const KIND: usize, const FULL: bool>(
+pub(super) unsafe fn weights<const KIND: usize, const FULL: bool>(
     p: *const u8,
     n: usize,
     split: bool,

@@ -10,11 +10,13 @@
 //! `dot/q6.rs`, and its q8 ones on interleaved weights; `q8_pairs.rs`, AVX-512's q8 products
 //! for groups of 32 (two groups a vector) in the file's order; `q8_32_avx2.rs`, AVX2's (eight
 //! groups a vector); `k_quants.rs`, every family's product of GGUF's K-quant blocks, tested against
-//! `dot/k_quants.rs`.
+//! `dot/k_quants.rs`, and `k_interleaved.rs`, AVX-512's on Q4_K and Q6_K blocks in the
+//! interleaved order (`dot/k_interleaved.rs`), tested against the same.
 
 mod avx2;
 mod avx512;
 mod interleaved;
+mod k_interleaved;
 mod k_quants;
 mod q4;
 mod q8_32_avx2;
@@ -24,6 +26,7 @@ use super::Dots;
 use avx2::*;
 use avx512::*;
 use interleaved::*;
+use k_interleaved::*;
 use k_quants::*;
 use q4::*;
 
@@ -63,6 +66,7 @@ pub const AVX2: Dots = Dots {
     q6_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS, true>(w, ws, x, out, ahead) },
     q4_layout: super::q4::Q4Layout::Pairs,
     k_rows: |kind, w, x, out, ahead| unsafe { mat_k_avx2(kind, w, x, out, ahead) },
+    k_interleaved: None,
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx2(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx2(x, gs, q, s) },
     isa: "avx2",
@@ -102,6 +106,9 @@ pub const AVX512: Dots = Dots {
     q6_rows: |w, ws, x, out, ahead| unsafe { mat_interleaved_avx512::<true>(w, ws, x, out, ahead) },
     q4_layout: super::q4::Q4Layout::Interleaved,
     k_rows: |kind, w, x, out, ahead| unsafe { mat_k_avx512(kind, w, x, out, ahead) },
+    k_interleaved: Some(|kind, w, x, out, ahead| unsafe {
+        mat_k_interleaved_avx512(kind, w, x, out, ahead)
+    }),
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
     isa: "avx512-vnni",

@@ -1,0 +1,194 @@
+//! GGUF's Q4_K and Q6_K blocks in the interleaved order of the AVX-512 kernels
+//! (`interleaved.rs`): sixteen groups of 32 weights side by side, lane `l` of a 512-bit vector
+//! holding group `l`, so that a group's integer sum comes out of the byte products in one lane.
+//!
+//! ## Why
+//!
+//! In the GGUF a Q4_K block's eight sub-blocks of 32 share their bytes in pairs (the low nibbles
+//! of 32 bytes one sub-block, the high ones the next), and their 6-bit scales and minimums are
+//! packed into 12 bytes. The kernels that read the blocks where the file holds them
+//! (`x86/k_quants.rs`) take a sub-block's sums across vector lanes and unpack the scales with
+//! scalar bit operations, block by block: about 30 vector and 20 scalar operations for 256
+//! weights, which bounded a one-token product at 31-35 GMAC/s from the caches on a Zen 4 core,
+//! where the q4 kernels on this order run about 70 (docs/kernels.md). Reordered once, when the
+//! model is loaded, a Q4_K matrix runs on q4's tiles: the same eight `vpdpbusd` per 512
+//! weights, each lane ending with its sub-block's whole integer sum.
+//!
+//! ## The order
+//!
+//! A row of `cols` weights (whole blocks of 256) is cut into *interleaved blocks* of 16 groups
+//! of 32 (two GGUF blocks), the last one of 8 groups (one GGUF block) when the row has an odd
+//! number of GGUF blocks. An interleaved block of `n` groups takes exactly the bytes of its
+//! `n / 8` GGUF blocks, and the same place in the row: a row keeps its length, and rows are
+//! sliced as in the file.
+//!
+//! ```text
+//! Q4_K, n groups (sub-blocks of 32), 18n bytes:
+//!   0 .. 16n       nibbles, q4's interleaved order (`put_q4_block`): group l's word k (its
+//!                  values 4k.. in the low nibbles, 16 + 4k.. in the high) at 4nk + 4l
+//!   16n .. 17n     byte l: sc_l & 15 | (m_l & 15) << 4            (the 6-bit scale and minimum)
+//!   17n .. 17.5n   nibble l of these bytes (the low one first): sc_l >> 4 | (m_l >> 4) << 2
+//!   17.5n .. 18n   each GGUF block's d and dmin (f16), as the block holds them
+//!
+//! Q6_K, n groups (two sub-blocks of 16 each), 26.25n bytes:
+//!   0 .. 24n       q + 32 (0..=63) in q6's interleaved order (`put_q6_block`): group l's low
+//!                  nibbles hold sub-block 2l's values, its high nibbles sub-block 2l + 1's
+//!   24n .. 25n     byte l: sub-block 2l's scale (i8)
+//!   25n .. 26n     byte l: sub-block 2l + 1's scale
+//!   26n .. 26.25n  each GGUF block's d (f16)
+//! ```
+//!
+//! In q4's order the low nibbles of a group's four words are its values 0..16 and the high
+//! ones 16..32: a Q6_K group's two sub-blocks of 16, each with its own scale, are the two
+//! halves a q4 tile already sums apart (decode's two chains of `vpdpbusd`). Every scale is kept
+//! as it is (d, dmin as f16, the integer scales as integers), so the kernels compute with the
+//! GGUF's weights bit for bit; `x86/k_interleaved.rs` reads this order, tested against the
+//! scalar reference on the GGUF's blocks (`k_quants.rs`). Q5_K is not reordered (its kernels
+//! read the file's blocks).
+
+use super::interleaved::{blocks, put_q4_block, put_q6_block};
+use crate::format::KQuant;
+use crate::gguf::blocks::{q4_k_nibble, q6_k_int, q6_k_parts, scale_min};
+
+/// Groups of 32 a GGUF block of 256 holds.
+const BLOCK_GROUPS: usize = 8;
+
+/// Whether matrices of `kind` are reordered for the AVX-512 kernels: Q4_K and Q6_K.
+pub const fn interleaves(kind: KQuant) -> bool {
+    matches!(kind, KQuant::Q4K | KQuant::Q6K)
+}
+
+/// The interleaved blocks of a row of `cols` weights: `(first group, groups, first byte)`, the
+/// byte in the row's bytes of `kind`.
+pub fn k_blocks(kind: KQuant, cols: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    blocks(cols / 32).map(move |(g0, n)| (g0, n, g0 / BLOCK_GROUPS * kind.block_bytes()))
+}
+
+/// `w` (rows of `cols` weights, whole GGUF blocks of `kind`, Q4_K or Q6_K) in the interleaved
+/// order, into `out` (as long as `w`).
+pub fn interleave_k(kind: KQuant, w: &[u8], cols: usize, out: &mut [u8]) {
+    let row = kind.row_bytes(cols);
+    assert!(interleaves(kind) && cols.is_multiple_of(256) && w.len() == out.len());
+    assert!(w.len().is_multiple_of(row.max(1)));
+    for (src, dst) in w.chunks_exact(row).zip(out.chunks_exact_mut(row)) {
+        for (_, n, at) in k_blocks(kind, cols) {
+            let len = n / BLOCK_GROUPS * kind.block_bytes();
+            let (src, dst) = (&src[at..at + len], &mut dst[at..at + len]);
+            match kind {
+                KQuant::Q4K => put_q4_k(src, n, dst),
+                _ => put_q6_k(src, n, dst),
+            }
+        }
+    }
+}
+
+/// `n / 8` Q4_K blocks (`src`) as one interleaved block of `n` groups (`dst`).
+fn put_q4_k(src: &[u8], n: usize, dst: &mut [u8]) {
+    let bb = KQuant::Q4K.block_bytes();
+    // Group l is sub-block l % 8 of GGUF block l / 8.
+    let block = |l: usize| &src[l / BLOCK_GROUPS * bb..][..bb];
+    let (values, rest) = dst.split_at_mut(16 * n);
+    put_q4_block(values, n, |l, j| {
+        q4_k_nibble(&block(l)[16..], l % BLOCK_GROUPS, j)
+    });
+    let (low, rest) = rest.split_at_mut(n);
+    let (high, d) = rest.split_at_mut(n / 2);
+    high.fill(0);
+    for l in 0..n {
+        let (sc, m) = scale_min(&block(l)[4..16], l % BLOCK_GROUPS);
+        low[l] = (sc & 15) | (m & 15) << 4;
+        high[l / 2] |= ((sc >> 4) | (m >> 4) << 2) << (4 * (l % 2));
+    }
+    for (i, d) in d.chunks_exact_mut(4).enumerate() {
+        d.copy_from_slice(&src[i * bb..i * bb + 4]);
+    }
+}
+
+/// `n / 8` Q6_K blocks (`src`) as one interleaved block of `n` groups (`dst`).
+fn put_q6_k(src: &[u8], n: usize, dst: &mut [u8]) {
+    let bb = KQuant::Q6K.block_bytes();
+    let block = |l: usize| q6_k_parts(&src[l / BLOCK_GROUPS * bb..][..bb]);
+    let (values, rest) = dst.split_at_mut(24 * n);
+    put_q6_block(values, n, |l, j| {
+        let (ql, qh, ..) = block(l);
+        (q6_k_int(ql, qh, 32 * (l % BLOCK_GROUPS) + j) + 32) as u8
+    });
+    let (first, rest) = rest.split_at_mut(n);
+    let (second, d) = rest.split_at_mut(n);
+    for l in 0..n {
+        let scales = block(l).2;
+        first[l] = scales[2 * (l % BLOCK_GROUPS)];
+        second[l] = scales[2 * (l % BLOCK_GROUPS) + 1];
+    }
+    for (i, d) in d.chunks_exact_mut(2).enumerate() {
+        d.copy_from_slice(&src[i * bb + 208..i * bb + 210]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::blocks::k_quant_value;
+    use half::f16;
+
+    /// Weight `c` of an interleaved row, read back by the rule of the module's text.
+    fn value(kind: KQuant, row: &[u8], cols: usize, c: usize) -> f32 {
+        let (g, j) = (c / 32, c % 32);
+        let (g0, n, at) = k_blocks(kind, cols).find(|&(g0, n, _)| g < g0 + n).unwrap();
+        let b = &row[at..];
+        let l = g - g0;
+        let (k, byte) = ((j % 16) / 4, j % 4);
+        let nibbles = b[k * 4 * n + 4 * l + byte];
+        let nibble = if j < 16 { nibbles & 15 } else { nibbles >> 4 };
+        let f16_at = |at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+        match kind {
+            KQuant::Q4K => {
+                let (low, high) = (b[16 * n + l], (b[17 * n + l / 2] >> (4 * (l % 2))) & 15);
+                let sc = (low & 15) | (high & 3) << 4;
+                let m = (low >> 4) | (high >> 2) << 4;
+                let at = 35 * n / 2 + 4 * (l / 8);
+                let (d, dmin) = (f16_at(at), f16_at(at + 2));
+                (d * sc as f32) * nibble as f32 - dmin * m as f32
+            }
+            _ => {
+                let high = b[16 * n + (k / 2) * 4 * n + 4 * l + byte];
+                let shift = 4 * (k % 2) + if j < 16 { 0 } else { 2 };
+                let q = (nibble | ((high >> shift) & 3) << 4) as i32 - 32;
+                let sc = b[24 * n + if j < 16 { 0 } else { n } + l] as i8;
+                let d = f16_at(26 * n + 2 * (l / 8));
+                (d * sc as f32) * q as f32
+            }
+        }
+    }
+
+    /// Every weight of rows of one to five GGUF blocks (an odd number ends in a short block) is
+    /// where the module's text says, with the value gguf-py's dequantization gives the GGUF's
+    /// block (`blocks.rs`), bit for bit.
+    #[test]
+    fn every_weight_is_where_the_order_says() {
+        let mut seed = 5u64;
+        for kind in [KQuant::Q4K, KQuant::Q6K] {
+            for per_row in 1..=5 {
+                let (rows, cols) = (2, 256 * per_row);
+                let bb = kind.block_bytes();
+                let w =
+                    crate::kernels::dot::k_quants::tests::blocks(kind, rows * per_row, &mut seed);
+                let mut out = vec![0u8; w.len()];
+                interleave_k(kind, &w, cols, &mut out);
+                let row = kind.row_bytes(cols);
+                for r in 0..rows {
+                    for c in 0..cols {
+                        let block = &w[r * row + c / 256 * bb..][..bb];
+                        let want = k_quant_value(kind, block, c % 256);
+                        let got = value(kind, &out[r * row..][..row], cols, c);
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{kind:?}, {per_row} blocks a row, ({r}, {c})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

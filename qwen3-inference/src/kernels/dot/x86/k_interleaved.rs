@@ -1,0 +1,344 @@
+//! GGUF's Q4_K and Q6_K on AVX-512 VNNI, on weights in the interleaved order
+//! (`dot/k_interleaved.rs`): q4's and q6's tiles (`interleaved.rs`) with the K-quants' scales.
+//! Per weight row, token and block of 16 groups of 32 (lane `l`: group `l`):
+//!
+//! ```text
+//! Q4_K  isum = sum_k dot4(lo_k, x_k) + dot4(hi_k, x_4+k)         lane l: group l's sum(q qx)
+//!       acc += float(isum) * xs * (d sc)  -  (dmin m) * xs sum(qx)
+//! Q6_K  isum_a = -32 sum(qx) + sum_k dot4(lo_k, x_k)             sub-block 2l (values 0..16)
+//!       isum_b = -32 sum(qx) + sum_k dot4(hi_k, x_4+k)           sub-block 2l + 1 (16..32)
+//!       acc += (float(isum_a) * (d sc_a) + float(isum_b) * (d sc_b)) * xs
+//! ```
+//!
+//! `d sc`, `dmin m` (Q4_K) and `d sc_a`, `d sc_b` (Q6_K) are unpacked once a block for the 16
+//! lanes: each is an f16 times an integer of at most 8 bits, exact in an f32. The activations are
+//! the K-quants' (one scale a block of 256, `ActsK`), laid out in the interleaved order (`xi`)
+//! with each group's scale (`xs32`), Q4_K's `xs sum(qx)` a group (`mins`) and Q6_K's
+//! corrections (`corr6`). Tiles as q4's: decode one row, a prompt two rows by four tokens, each
+//! (row, token) making the same operations in the same order, so a prompt gets decode's bits.
+
+use super::super::k_interleaved::k_blocks;
+use super::super::k_quants::{self, GROUP};
+use super::super::{for_each_tile, ActsQ8};
+use super::interleaved::{sum16, sum16x4, weights, words, Q4, Q6};
+use super::q4::prefetch_lines;
+use crate::format::KQuant;
+use std::arch::x86_64::*;
+
+/// Tokens a prompt tile takes (two weight rows against up to this many).
+const TOKENS: usize = 4;
+
+/// The kinds, a const parameter of the tiles (`K`): Q4_K's bits a weight, or Q6_K's.
+const Q4K: u8 = 4;
+const Q6K: u8 = 6;
+
+/// [`super::super::MatK`] on AVX-512 VNNI for Q4_K and Q6_K weights in the interleaved order.
+/// Panics on Q5_K (never reordered: `k_interleaved::interleaves`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn mat_k_interleaved_avx512(
+    kind: KQuant,
+    w: &[u8],
+    x: &ActsQ8,
+    out: &mut [f32],
+    ahead: usize,
+) {
+    // Panics unless the weights are whole rows of blocks of `x.cols` and the activations hold
+    // every K-quant form for `x.t` tokens (`xi`, `xs32`, `mins`, `corr6` among them): then every
+    // read of `tile` is in bounds.
+    let rows = k_quants::check(kind, w, x, out);
+    // SAFETY: `check` passed; the caller's features are the tiles'.
+    unsafe {
+        match kind {
+            KQuant::Q4K => tiles::<Q4K>(w, x, out, rows, ahead),
+            KQuant::Q6K => tiles::<Q6K>(w, x, out, rows, ahead),
+            KQuant::Q5K => panic!("Q5_K weights are not interleaved"),
+        }
+    }
+}
+
+/// `out = w x` for `rows` rows of kind `K`. Caller guarantees what `check` checked.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn tiles<const K: u8>(w: &[u8], x: &ActsQ8, out: &mut [f32], rows: usize, ahead: usize) {
+    let reach = w.len() + ahead;
+    if x.t == 1 {
+        return for_each_tile(rows, 1, 1, 1, |_, _, r, _| {
+            // SAFETY: row r exists (for_each_tile keeps it so); the rest is our caller's promise.
+            unsafe { tile::<K, 1, 1>(w, x, out, r, 0, Some(reach)) }
+        });
+    }
+    for_each_tile(rows, x.t, 2, TOKENS, |m, n, r, i| {
+        // Only a block of rows' first tokens ask for its weights ahead (as q4's tiles).
+        let reach = (i == 0).then_some(reach);
+        // SAFETY: rows r..r+m and tokens i..i+n exist (for_each_tile keeps them so); as above.
+        unsafe {
+            match (m, n) {
+                (2, 4) => tile::<K, 2, 4>(w, x, out, r, i, reach),
+                (2, 3) => tile::<K, 2, 3>(w, x, out, r, i, reach),
+                (2, 2) => tile::<K, 2, 2>(w, x, out, r, i, reach),
+                (2, _) => tile::<K, 2, 1>(w, x, out, r, i, reach),
+                (_, 4) => tile::<K, 1, 4>(w, x, out, r, i, reach),
+                (_, 3) => tile::<K, 1, 3>(w, x, out, r, i, reach),
+                (_, 2) => tile::<K, 1, 2>(w, x, out, r, i, reach),
+                _ => tile::<K, 1, 1>(w, x, out, r, i, reach),
+            }
+        }
+    });
+}
+
+/// Where a tile's tokens start: their laid-out values, group scales, Q4_K's minimums' factors
+/// and Q6_K's corrections.
+struct Tokens<const N: usize> {
+    x: [*const i8; N],
+    xs: [*const f32; N],
+    mins: [*const f32; N],
+    corr: [*const i32; N],
+}
+
+/// `out[(r + a) * t + i + j]` for the `R` weight rows from `r` and the `N` tokens from `i`,
+/// prefetching weights up to `reach` bytes from the start of `w` (`None`: none).
+///
+/// Caller guarantees the rows and tokens exist and what `check` checked. Then every read is in
+/// bounds: an interleaved block of `n` groups from group `g0` lies at its GGUF blocks' bytes of
+/// its row ([`k_blocks`]) and reads values `32 g0 .. 32 (g0 + n)` of a token's laid-out row,
+/// entries `g0 .. g0 + n` of its scales and minimums' factors, `2 g0 .. 2 (g0 + n)` of its
+/// corrections; the short block's loads are masked to its `n` lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn tile<const K: u8, const R: usize, const N: usize>(
+    w: &[u8],
+    x: &ActsQ8,
+    out: &mut [f32],
+    r: usize,
+    i: usize,
+    reach: Option<usize>,
+) {
+    let kind = if K == Q4K { KQuant::Q4K } else { KQuant::Q6K };
+    let (t, cols) = (x.t, x.cols);
+    let (row_bytes, groups) = (kind.row_bytes(cols), cols / GROUP);
+    let k = &x.k;
+    let rows: [*const u8; R] = std::array::from_fn(|a| w.as_ptr().add((r + a) * row_bytes));
+    let tokens = Tokens::<N> {
+        x: std::array::from_fn(|j| k.xi.as_ptr().add((i + j) * cols)),
+        xs: std::array::from_fn(|j| k.xs32.as_ptr().add((i + j) * groups)),
+        mins: std::array::from_fn(|j| k.mins.as_ptr().add((i + j) * groups)),
+        corr: std::array::from_fn(|j| k.corr6.as_ptr().add((i + j) * 2 * groups)),
+    };
+    let mut acc = [[_mm512_setzero_ps(); N]; R];
+    for (g0, n, at) in k_blocks(kind, cols) {
+        let len = n / 8 * kind.block_bytes();
+        // Row a's block asked for ahead just before it is read (spread among the arithmetic).
+        let ask = |a: usize| {
+            if let Some(reach) = reach {
+                prefetch_lines(w, (r + a) * row_bytes + at, len, reach);
+            }
+        };
+        match n {
+            16 => block::<K, R, N, true>(&mut acc, &rows, &tokens, g0, at, n, ask),
+            _ => block::<K, R, N, false>(&mut acc, &rows, &tokens, g0, at, n, ask),
+        }
+    }
+    for (a, acc_a) in acc.iter().enumerate() {
+        let at = out.as_mut_ptr().add((r + a) * t + i);
+        if N == 4 {
+            _mm_storeu_ps(at, sum16x4([acc_a[0], acc_a[1], acc_a[2], acc_a[3]]));
+        } else {
+            for (j, &v) in acc_a.iter().enumerate() {
+                *at.add(j) = sum16(v);
+            }
+        }
+    }
+}
+
+/// Adds the interleaved block of `n` groups from group `g0` (16 when `FULL`, else 8), at byte
+/// `at` of each row, into `acc`, calling `ask(a)` before row `a`'s block is read. Caller
+/// guarantees what [`tile`]'s caller does.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+// The indices pick a row's or token's pointers, weights and accumulator together.
+#[allow(clippy::needless_range_loop)]
+unsafe fn block<const K: u8, const R: usize, const N: usize, const FULL: bool>(
+    acc: &mut [[__m512; N]; R],
+    rows: &[*const u8; R],
+    tokens: &Tokens<N>,
+    g0: usize,
+    at: usize,
+    n: usize,
+    ask: impl Fn(usize),
+) {
+    if N == 1 {
+        // Decode: the token's activations held while each row is unpacked and used at once,
+        // two chains of `vpdpbusd` (the low nibbles' and the high ones').
+        let x = acts::<N, FULL>(tokens, 0, g0, n);
+        for a in 0..R {
+            ask(a);
+            let p = rows[a].add(at);
+            let s = scales::<K, FULL>(p, n);
+            let mut isum = chains::<K, N, FULL>(tokens, 0, g0, n);
+            // Q4_K leaves its high nibbles in place (16 times their value) and shifts their sum
+            // once (exact: each product is a multiple of 16), as decode's q4 does.
+            let wv = match K {
+                Q4K => weights::<Q4, FULL>(p, n, true),
+                _ => weights::<Q6, FULL>(p, n, false),
+            };
+            for k in 0..8 {
+                isum[k / 4] = _mm512_dpbusd_epi32(isum[k / 4], wv[k], x[k]);
+            }
+            if K == Q4K {
+                isum = [
+                    _mm512_add_epi32(isum[0], _mm512_srai_epi32(isum[1], 4)),
+                    isum[1],
+                ];
+            }
+            finish::<K, N, FULL>(&mut acc[a][0], isum, &s, tokens, 0, g0, n);
+        }
+    } else {
+        // A prompt: the rows unpacked once, then each token against all of them.
+        let mut wv = [[_mm512_setzero_si512(); 8]; R];
+        let mut s = [[_mm512_setzero_ps(); 2]; R];
+        for a in 0..R {
+            ask(a);
+            let p = rows[a].add(at);
+            s[a] = scales::<K, FULL>(p, n);
+            wv[a] = match K {
+                Q4K => weights::<Q4, FULL>(p, n, false),
+                _ => weights::<Q6, FULL>(p, n, false),
+            };
+        }
+        for j in 0..N {
+            let x = acts::<N, FULL>(tokens, j, g0, n);
+            let mut isum = [chains::<K, N, FULL>(tokens, j, g0, n); R];
+            for k in 0..8 {
+                for a in 0..R {
+                    isum[a][k / 4] = _mm512_dpbusd_epi32(isum[a][k / 4], wv[a][k], x[k]);
+                }
+            }
+            for a in 0..R {
+                if K == Q4K {
+                    isum[a] = [_mm512_add_epi32(isum[a][0], isum[a][1]), isum[a][1]];
+                }
+                finish::<K, N, FULL>(&mut acc[a][j], isum[a], &s[a], tokens, j, g0, n);
+            }
+        }
+    }
+}
+
+/// A row's block scales at `p` (the block's start), lane `l` for group `l`: Q4_K's `d sc_l` and
+/// `dmin m_l`; Q6_K's `d sc_2l` and `d sc_2l+1`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn scales<const K: u8, const FULL: bool>(p: *const u8, n: usize) -> [__m512; 2] {
+    // `n` bytes, one a lane.
+    let bytes = |q: *const u8| match FULL {
+        true => _mm_loadu_si128(q as *const __m128i),
+        false => _mm_loadl_epi64(q as *const __m128i),
+    };
+    // The GGUF blocks' f16s at `q`, `per` of them a block: block 0's first in lanes 0..8,
+    // block 1's in 8..16 (`second`: each block's second f16).
+    let f16s = |q: *const u8, per: usize, second: bool| {
+        let h = match (FULL, per) {
+            (true, 2) => _mm_loadl_epi64(q as *const __m128i),
+            (false, 2) | (true, _) => _mm_cvtsi32_si128((q as *const i32).read_unaligned()),
+            (false, _) => _mm_cvtsi32_si128((q as *const u16).read_unaligned() as i32),
+        };
+        let (a, b) = (second as i32, per as i32 + second as i32);
+        let pick = _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b);
+        _mm512_permutexvar_ps(pick, _mm512_zextps128_ps512(_mm_cvtph_ps(h)))
+    };
+    if K == Q4K {
+        let s = p.add(16 * n);
+        let low = _mm512_cvtepu8_epi32(bytes(s));
+        // The high bits' byte of lane l is byte l / 2, its nibble l % 2.
+        let half: [u8; 8] = match FULL {
+            true => (s.add(n) as *const [u8; 8]).read_unaligned(),
+            false => {
+                let four = (s.add(n) as *const [u8; 4]).read_unaligned();
+                [four[0], four[1], four[2], four[3], 0, 0, 0, 0]
+            }
+        };
+        let twice = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        let high = _mm_shuffle_epi8(_mm_cvtsi64_si128(i64::from_le_bytes(half)), twice);
+        let by_lane = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+        let high = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(high), by_lane);
+        // sc = low & 15 | (high & 3) << 4;  m = low >> 4 | (high >> 2 & 3) << 4
+        // (vpternlogd 0xf8: A | B & C).
+        let bits_4_5 = _mm512_set1_epi32(0x30);
+        let sc = _mm512_ternarylogic_epi32::<0xf8>(
+            _mm512_and_si512(low, _mm512_set1_epi32(15)),
+            _mm512_slli_epi32(high, 4),
+            bits_4_5,
+        );
+        let m = _mm512_ternarylogic_epi32::<0xf8>(
+            _mm512_srli_epi32(low, 4),
+            _mm512_slli_epi32(high, 2),
+            bits_4_5,
+        );
+        let dd = s.add(3 * n / 2);
+        [
+            _mm512_mul_ps(_mm512_cvtepi32_ps(sc), f16s(dd, 2, false)),
+            _mm512_mul_ps(_mm512_cvtepi32_ps(m), f16s(dd, 2, true)),
+        ]
+    } else {
+        let s = p.add(24 * n);
+        let d = f16s(s.add(2 * n), 1, false);
+        let first = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(s)));
+        let second = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(s.add(n))));
+        [_mm512_mul_ps(first, d), _mm512_mul_ps(second, d)]
+    }
+}
+
+/// Token `j`'s activations for the block of `n` groups from `g0`: the eight vectors that meet
+/// the weights' eight.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn acts<const N: usize, const FULL: bool>(
+    tokens: &Tokens<N>,
+    j: usize,
+    g0: usize,
+    n: usize,
+) -> [__m512i; 8] {
+    let base = tokens.x[j].add(g0 * GROUP) as *const u8;
+    std::array::from_fn(|k| words::<FULL>(base.add(k * 4 * n), n))
+}
+
+/// The two chains' starting sums of token `j`'s block: zero for Q4_K; Q6_K's corrections of
+/// its weights' `+ 32` (sub-blocks `2l`, then `2l + 1`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn chains<const K: u8, const N: usize, const FULL: bool>(
+    tokens: &Tokens<N>,
+    j: usize,
+    g0: usize,
+    n: usize,
+) -> [__m512i; 2] {
+    if K == Q4K {
+        return [_mm512_setzero_si512(); 2];
+    }
+    let c = tokens.corr[j].add(2 * g0) as *const u8;
+    [words::<FULL>(c, n), words::<FULL>(c.add(4 * n), n)]
+}
+
+/// One (row, token) pair's block, in this order in every tile: Q4_K
+/// `acc = fma(float(isum) xs, d sc, acc) - dmin m * mins`; Q6_K
+/// `acc = fma(fma(float(isum_b), d sc_b, float(isum_a) d sc_a), xs, acc)`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn finish<const K: u8, const N: usize, const FULL: bool>(
+    acc: &mut __m512,
+    isum: [__m512i; 2],
+    s: &[__m512; 2],
+    tokens: &Tokens<N>,
+    j: usize,
+    g0: usize,
+    n: usize,
+) {
+    let xs = _mm512_castsi512_ps(words::<FULL>(tokens.xs[j].add(g0) as *const u8, n));
+    if K == Q4K {
+        let mins = _mm512_castsi512_ps(words::<FULL>(tokens.mins[j].add(g0) as *const u8, n));
+        let v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[0]), xs);
+        *acc = _mm512_fnmadd_ps(s[1], mins, _mm512_fmadd_ps(v, s[0], *acc));
+    } else {
+        let v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[0]), s[0]);
+        let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[1]), s[1], v);
+        *acc = _mm512_fmadd_ps(v, xs, *acc);
+    }
+}
