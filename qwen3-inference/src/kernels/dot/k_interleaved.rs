@@ -26,8 +26,8 @@
 //! Q4_K, n groups (sub-blocks of 32), 18n bytes:
 //!   0 .. 16n       nibbles, q4's interleaved order (`put_q4_block`): group l's word k (its
 //!                  values 4k.. in the low nibbles, 16 + 4k.. in the high) at 4nk + 4l
-//!   16n .. 17n     byte l: sc_l & 15 | (m_l & 15) << 4            (the 6-bit scale and minimum)
-//!   17n .. 17.5n   nibble l of these bytes (the low one first): sc_l >> 4 | (m_l >> 4) << 2
+//!   16n .. 17n     byte l: sc_l | (m_l >> 4) << 6     (the 6-bit scale, the minimum's top bits)
+//!   17n .. 17.5n   byte i: m_i & 15 | (m_(i + n/2) & 15) << 4     (the minimums' low nibbles)
 //!   17.5n .. 18n   each GGUF block's d and dmin (f16), as the block holds them
 //!
 //! Q6_K, n groups (two sub-blocks of 16 each), 26.25n bytes:
@@ -91,13 +91,13 @@ fn put_q4_k(src: &[u8], n: usize, dst: &mut [u8]) {
     put_q4_block(values, n, |l, j| {
         q4_k_nibble(&block(l)[16..], l % BLOCK_GROUPS, j)
     });
-    let (low, rest) = rest.split_at_mut(n);
-    let (high, d) = rest.split_at_mut(n / 2);
-    high.fill(0);
+    let (scales, rest) = rest.split_at_mut(n);
+    let (mins, d) = rest.split_at_mut(n / 2);
+    mins.fill(0);
     for l in 0..n {
         let (sc, m) = scale_min(&block(l)[4..16], l % BLOCK_GROUPS);
-        low[l] = (sc & 15) | (m & 15) << 4;
-        high[l / 2] |= ((sc >> 4) | (m >> 4) << 2) << (4 * (l % 2));
+        scales[l] = sc | (m >> 4) << 6;
+        mins[l % (n / 2)] |= (m & 15) << (4 * (l / (n / 2)));
     }
     for (i, d) in d.chunks_exact_mut(4).enumerate() {
         d.copy_from_slice(&src[i * bb..i * bb + 4]);
@@ -143,9 +143,9 @@ mod tests {
         let f16_at = |at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
         match kind {
             KQuant::Q4K => {
-                let (low, high) = (b[16 * n + l], (b[17 * n + l / 2] >> (4 * (l % 2))) & 15);
-                let sc = (low & 15) | (high & 3) << 4;
-                let m = (low >> 4) | (high >> 2) << 4;
+                let scale = b[16 * n + l];
+                let sc = scale & 63;
+                let m = (b[17 * n + l % (n / 2)] >> (4 * (l / (n / 2)))) & 15 | (scale >> 6) << 4;
                 let at = 35 * n / 2 + 4 * (l / 8);
                 let (d, dmin) = (f16_at(at), f16_at(at + 2));
                 (d * sc as f32) * nibble as f32 - dmin * m as f32

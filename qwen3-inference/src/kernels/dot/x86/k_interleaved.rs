@@ -232,54 +232,50 @@ unsafe fn scales<const K: u8, const FULL: bool>(p: *const u8, n: usize) -> [__m5
         true => _mm_loadu_si128(q as *const __m128i),
         false => _mm_loadl_epi64(q as *const __m128i),
     };
-    // The GGUF blocks' f16s at `q`, `per` of them a block: block 0's first in lanes 0..8,
-    // block 1's in 8..16 (`second`: each block's second f16).
-    let f16s = |q: *const u8, per: usize, second: bool| {
-        let h = match (FULL, per) {
+    // The GGUF blocks' f16s at `q`, `per` of them a block, widened: block 0's in lanes 0..per,
+    // block 1's next (a short block's lanes past its one block's are zero, as is what they
+    // multiply: masked loads).
+    let f16s = |q: *const u8, per: usize| {
+        _mm512_zextps128_ps512(_mm_cvtph_ps(match (FULL, per) {
             (true, 2) => _mm_loadl_epi64(q as *const __m128i),
             (false, 2) | (true, _) => _mm_cvtsi32_si128((q as *const i32).read_unaligned()),
             (false, _) => _mm_cvtsi32_si128((q as *const u16).read_unaligned() as i32),
-        };
-        let (a, b) = (second as i32, per as i32 + second as i32);
-        let pick = _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b);
-        _mm512_permutexvar_ps(pick, _mm512_zextps128_ps512(_mm_cvtph_ps(h)))
+        }))
     };
+    // Lanes 0..8 take entry `a` of the f16s, lanes 8..16 entry `b`.
+    let halves = |a: i32, b: i32| _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b);
     if K == Q4K {
+        // In bytes (a lane each, 128 bits), then widened: sc = byte & 63; m = its low nibble
+        // (lane i < n/2 the low nibble of byte i, lane n/2 + i the high one) | the scale
+        // byte's top two bits at bits 4-5 (`vpternlogd 0xf8`: A | B & C).
         let s = p.add(16 * n);
-        let low = _mm512_cvtepu8_epi32(bytes(s));
-        // The high bits' byte of lane l is byte l / 2, its nibble l % 2.
-        let half: [u8; 8] = match FULL {
-            true => (s.add(n) as *const [u8; 8]).read_unaligned(),
-            false => {
-                let four = (s.add(n) as *const [u8; 4]).read_unaligned();
-                [four[0], four[1], four[2], four[3], 0, 0, 0, 0]
-            }
+        let scale = bytes(s);
+        let sc = _mm_and_si128(scale, _mm_set1_epi8(63));
+        let nibbles = match FULL {
+            true => _mm_loadl_epi64(s.add(n) as *const __m128i),
+            false => _mm_cvtsi32_si128((s.add(n) as *const i32).read_unaligned()),
         };
-        let twice = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-        let high = _mm_shuffle_epi8(_mm_cvtsi64_si128(i64::from_le_bytes(half)), twice);
-        let by_lane = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
-        let high = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(high), by_lane);
-        // sc = low & 15 | (high & 3) << 4;  m = low >> 4 | (high >> 2 & 3) << 4
-        // (vpternlogd 0xf8: A | B & C).
-        let bits_4_5 = _mm512_set1_epi32(0x30);
-        let sc = _mm512_ternarylogic_epi32::<0xf8>(
-            _mm512_and_si512(low, _mm512_set1_epi32(15)),
-            _mm512_slli_epi32(high, 4),
-            bits_4_5,
-        );
-        let m = _mm512_ternarylogic_epi32::<0xf8>(
-            _mm512_srli_epi32(low, 4),
-            _mm512_slli_epi32(high, 2),
-            bits_4_5,
-        );
-        let dd = s.add(3 * n / 2);
+        let shifted = _mm_srli_epi16(nibbles, 4);
+        let low = match FULL {
+            true => _mm_unpacklo_epi64(nibbles, shifted),
+            false => _mm_unpacklo_epi32(nibbles, shifted),
+        };
+        let top = _mm_and_si128(_mm_srli_epi16(scale, 2), _mm_set1_epi8(0x30));
+        let m = _mm_ternarylogic_epi32::<0xf8>(top, low, _mm_set1_epi8(15));
+        let dd = f16s(s.add(3 * n / 2), 2);
         [
-            _mm512_mul_ps(_mm512_cvtepi32_ps(sc), f16s(dd, 2, false)),
-            _mm512_mul_ps(_mm512_cvtepi32_ps(m), f16s(dd, 2, true)),
+            _mm512_mul_ps(
+                _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)),
+                _mm512_permutexvar_ps(halves(0, 2), dd),
+            ),
+            _mm512_mul_ps(
+                _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)),
+                _mm512_permutexvar_ps(halves(1, 3), dd),
+            ),
         ]
     } else {
         let s = p.add(24 * n);
-        let d = f16s(s.add(2 * n), 1, false);
+        let d = _mm512_permutexvar_ps(halves(0, 1), f16s(s.add(2 * n), 1));
         let first = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(s)));
         let second = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(s.add(n))));
         [_mm512_mul_ps(first, d), _mm512_mul_ps(second, d)]
