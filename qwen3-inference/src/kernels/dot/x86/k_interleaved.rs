@@ -7,15 +7,16 @@
 //!       acc += float(isum) * xs * (d sc)  -  (dmin m) * xs sum(qx)
 //! Q6_K  isum_a = -32 sum(qx) + sum_k dot4(lo_k, x_k)             sub-block 2l (values 0..16)
 //!       isum_b = -32 sum(qx) + sum_k dot4(hi_k, x_4+k)           sub-block 2l + 1 (16..32)
-//!       acc += (float(isum_a) * (d sc_a) + float(isum_b) * (d sc_b)) * xs
+//!       acc += float(isum_a sc_a + isum_b sc_b) * d * xs          (the products in integers)
 //! ```
 //!
-//! `d sc`, `dmin m` (Q4_K) and `d sc_a`, `d sc_b` (Q6_K) are unpacked once a block for the 16
-//! lanes: each is an f16 times an integer of at most 8 bits, exact in an f32. The activations are
-//! the K-quants' (one scale a block of 256, `ActsK`), laid out in the interleaved order (`xi`)
-//! with each group's scale (`xs32`), Q4_K's `xs sum(qx)` a group (`mins`) and Q6_K's
-//! corrections (`corr6`). Tiles as q4's: decode one row, a prompt two rows by four tokens, each
-//! (row, token) making the same operations in the same order, so a prompt gets decode's bits.
+//! `d sc`, `dmin m` (Q4_K) and Q6_K's `sc_a`, `sc_b`, `d` are unpacked once a block for the 16
+//! lanes: each float is an f16 times an integer of at most 8 bits, exact in an f32. The
+//! activations are the K-quants' (one scale a block of 256, `ActsK`), in the interleaved order
+//! (`xi`) with each group's scale (`xs32`), Q4_K's `xs sum(qx)` a group (`mins`) and Q6_K's
+//! corrections (`corr6`). Tiles: decode four rows, a prompt two rows by four tokens (as q4's),
+//! each (row, token) making the same operations in the same order, so a prompt gets decode's
+//! bits.
 
 use super::super::k_interleaved::k_blocks;
 use super::super::k_quants::{self, GROUP};
@@ -61,9 +62,22 @@ pub(super) unsafe fn mat_k_interleaved_avx512(
 unsafe fn tiles<const K: u8>(w: &[u8], x: &ActsQ8, out: &mut [f32], rows: usize, ahead: usize) {
     let reach = w.len() + ahead;
     if x.t == 1 {
-        return for_each_tile(rows, 1, 1, 1, |_, _, r, _| {
+        // Four rows a tile: the token's activations are loaded once for the four, and the
+        // blocks' bookkeeping shared. On a Zen 4 core a one-token Q4_K product ran at 41, 47 and
+        // 53 GMAC/s with one, two and four rows from the caches, 38, 44 and 47 from memory (Q6_K
+        // 31, 37, 40 and 29, 34, 35); the 0.6B shape's Q4_K_M decoded at 47, 54 and 60 tok/s on
+        // one thread (docs/gguf.md). q4's tiles keep one row (their unpacking is cheaper, and
+        // Zen 5 read four rows' streams slower: docs/kernels.md, "One row a decode tile").
+        return for_each_tile(rows, 1, 4, 1, |m, _, r, _| {
             // SAFETY: row r exists (for_each_tile keeps it so); the rest is our caller's promise.
-            unsafe { tile::<K, 1, 1>(w, x, out, r, 0, Some(reach)) }
+            unsafe {
+                match m {
+                    4 => tile::<K, 4, 1>(w, x, out, r, 0, Some(reach)),
+                    3 => tile::<K, 3, 1>(w, x, out, r, 0, Some(reach)),
+                    2 => tile::<K, 2, 1>(w, x, out, r, 0, Some(reach)),
+                    _ => tile::<K, 1, 1>(w, x, out, r, 0, Some(reach)),
+                }
+            }
         });
     }
     for_each_tile(rows, x.t, 2, TOKENS, |m, n, r, i| {
@@ -194,7 +208,7 @@ unsafe fn block<const K: u8, const R: usize, const N: usize, const FULL: bool>(
     } else {
         // A prompt: the rows unpacked once, then each token against all of them.
         let mut wv = [[_mm512_setzero_si512(); 8]; R];
-        let mut s = [[_mm512_setzero_ps(); 2]; R];
+        let mut s = [[_mm512_setzero_ps(); 3]; R];
         for a in 0..R {
             ask(a);
             let p = rows[a].add(at);
@@ -226,7 +240,7 @@ unsafe fn block<const K: u8, const R: usize, const N: usize, const FULL: bool>(
 /// `dmin m_l`; Q6_K's `d sc_2l` and `d sc_2l+1`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn scales<const K: u8, const FULL: bool>(p: *const u8, n: usize) -> [__m512; 2] {
+unsafe fn scales<const K: u8, const FULL: bool>(p: *const u8, n: usize) -> [__m512; 3] {
     // `n` bytes, one a lane.
     let bytes = |q: *const u8| match FULL {
         true => _mm_loadu_si128(q as *const __m128i),
@@ -272,13 +286,15 @@ unsafe fn scales<const K: u8, const FULL: bool>(p: *const u8, n: usize) -> [__m5
                 _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)),
                 _mm512_permutexvar_ps(halves(1, 3), dd),
             ),
+            _mm512_setzero_ps(),
         ]
     } else {
         let s = p.add(24 * n);
         let d = _mm512_permutexvar_ps(halves(0, 1), f16s(s.add(2 * n), 1));
-        let first = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(s)));
-        let second = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(s.add(n))));
-        [_mm512_mul_ps(first, d), _mm512_mul_ps(second, d)]
+        // The integer scales as 32-bit integers (in float vectors' clothes), and d.
+        let first = _mm512_cvtepi8_epi32(bytes(s));
+        let second = _mm512_cvtepi8_epi32(bytes(s.add(n)));
+        [_mm512_castsi512_ps(first), _mm512_castsi512_ps(second), d]
     }
 }
 
@@ -321,7 +337,7 @@ unsafe fn chains<const K: u8, const N: usize, const FULL: bool>(
 unsafe fn finish<const K: u8, const N: usize, const FULL: bool>(
     acc: &mut __m512,
     isum: [__m512i; 2],
-    s: &[__m512; 2],
+    s: &[__m512; 3],
     tokens: &Tokens<N>,
     j: usize,
     g0: usize,
@@ -333,8 +349,13 @@ unsafe fn finish<const K: u8, const N: usize, const FULL: bool>(
         let v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[0]), xs);
         *acc = _mm512_fnmadd_ps(s[1], mins, _mm512_fmadd_ps(v, s[0], *acc));
     } else {
-        let v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[0]), s[0]);
-        let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[1]), s[1], v);
+        // |isum| < 16 (63 + 32) 128 and |sc| <= 128: each product and their sum fit 31 bits.
+        let (sa, sb) = (_mm512_castps_si512(s[0]), _mm512_castps_si512(s[1]));
+        let isum = _mm512_add_epi32(
+            _mm512_mullo_epi32(isum[0], sa),
+            _mm512_mullo_epi32(isum[1], sb),
+        );
+        let v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), s[2]);
         *acc = _mm512_fmadd_ps(v, xs, *acc);
     }
 }
