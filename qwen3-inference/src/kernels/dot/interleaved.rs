@@ -217,9 +217,10 @@ enum Order {
 }
 
 /// Every q4 and q6 matrix of `file` in groups of 32 (and, where `q8`, every q8 one in groups of
-/// 32 or 64; where `k`, every Q4_K and Q6_K one, `k_interleaved.rs`), interleaved, in one buffer of huge pages (each at a multiple of 64 bytes, laid out
-/// as in the file: its values, then its scales), for [`ModelFile::derived`]. The rows are
-/// reordered in parallel; the file's bytes are read once.
+/// 32 or 64; where `k`, every Q4_K and Q6_K one, `k_interleaved.rs`), interleaved, in one buffer
+/// of huge pages (each at a multiple of 64 bytes, laid out as in the file: its values, then its
+/// scales), for [`ModelFile::derived`]. The rows are reordered in parallel; the file's bytes are
+/// read once.
 ///
 /// The embedding table is left out unless it is also the classifier (tied, in a model that
 /// generates): otherwise only its rows are looked up, in the file's order, and a copy would be
