@@ -115,7 +115,8 @@ struct Tokens<const N: usize> {
 /// bounds: an interleaved block of `n` groups from group `g0` lies at its GGUF blocks' bytes of
 /// its row ([`k_blocks`]) and reads values `32 g0 .. 32 (g0 + n)` of a token's laid-out row,
 /// entries `g0 .. g0 + n` of its scales and minimums' factors, `2 g0 .. 2 (g0 + n)` of its
-/// corrections; the short block's loads are masked to its `n` lanes.
+/// corrections; the short block's vector loads are masked to its `n` lanes, and its scales'
+/// loads sized to its bytes (`scales`: 8 of scales, 4 of minimums' nibbles, 2 or 4 of f16s).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn tile<const K: u8, const R: usize, const N: usize>(
