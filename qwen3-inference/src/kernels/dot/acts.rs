@@ -61,12 +61,14 @@ pub struct Forms {
 }
 
 /// The layouts [`ActsQ8Buf::quantize_with`] makes: `q4` in the given one, the interleaved one
-/// for q8 (`q8`), the K-quants' forms (`k`).
+/// for q8 (`q8`), the K-quants' forms (`k`), with those of their interleaved order
+/// (`k_interleaved`: only where a kernel reads them).
 #[derive(Clone, Copy, Default)]
 struct Layouts {
     q4: Option<q4::Q4Layout>,
     q8: bool,
     k: bool,
+    k_interleaved: bool,
 }
 
 impl ActsQ8Buf {
@@ -77,7 +79,8 @@ impl ActsQ8Buf {
         self.quantize_with(x, t, cols, gs, Layouts::default())
     }
 
-    /// [`ActsQ8Buf::quantize`] plus the K-quants' forms ([`ActsQ8::k`]), for GGUF's K-quants.
+    /// [`ActsQ8Buf::quantize`] plus the K-quants' forms ([`ActsQ8::k`]), for GGUF's K-quants,
+    /// those of the interleaved order among them (for every family's kernels).
     pub fn quantize_for_k(&mut self, x: &[f32], t: usize, cols: usize, gs: usize) -> ActsQ8<'_> {
         self.quantize_with(
             x,
@@ -86,6 +89,7 @@ impl ActsQ8Buf {
             gs,
             Layouts {
                 k: true,
+                k_interleaved: true,
                 ..Layouts::default()
             },
         )
@@ -114,6 +118,7 @@ impl ActsQ8Buf {
             q4: q4.then_some(own),
             q8,
             k: forms.k,
+            k_interleaved: forms.k && dots().k_interleaved.is_some(),
         };
         self.quantize_with(x, t, cols, gs, with)
     }
@@ -167,6 +172,7 @@ impl ActsQ8Buf {
             q4: for_q4,
             q8: for_q8,
             k: for_k,
+            k_interleaved,
         } = with;
         assert!(gs > 0 && cols.is_multiple_of(gs) && x.len() == t * cols);
         let per = cols / gs;
@@ -182,7 +188,7 @@ impl ActsQ8Buf {
             *b = v as u8 ^ 0x80;
         }
         let k = match for_k && cols.is_multiple_of(k_quants::BLOCK) {
-            true => self.k.quantize(x, t, cols, quantize),
+            true => self.k.quantize(x, t, cols, quantize, k_interleaved),
             false => k_quants::ActsK::default(),
         };
         let q4 = match for_q4 {

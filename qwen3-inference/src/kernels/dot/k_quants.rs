@@ -160,13 +160,15 @@ pub struct ActsKBuf {
 
 impl ActsKBuf {
     /// Quantizes `x: [t, cols]` per block of [`BLOCK`] with `quantize` (the q8 rule, one scale
-    /// a block) and makes the other forms [`ActsK`] holds.
+    /// a block) and makes the other forms [`ActsK`] holds; those of the interleaved order
+    /// (`xi`, `xs32`, `corr6`) only where `interleaved` (else they are empty).
     pub fn quantize(
         &mut self,
         x: &[f32],
         t: usize,
         cols: usize,
         quantize: super::QuantizeQ8,
+        interleaved: bool,
     ) -> ActsK<'_> {
         assert!(cols.is_multiple_of(BLOCK) && x.len() == t * cols);
         self.q.resize(t * cols, 0);
@@ -190,15 +192,20 @@ impl ActsKBuf {
         );
         // The interleaved kernels' forms, row by row (an interleaved block lies within a row).
         let groups = cols / GROUP;
-        self.xi.resize(q.len(), 0);
+        let (xi, xs32, corr6) = match interleaved {
+            true => (q.len(), t * groups, t * cols / 16),
+            false => (0, 0, 0),
+        };
+        self.xi.resize(xi, 0);
         for (src, dst) in q.chunks_exact(cols).zip(self.xi.chunks_exact_mut(cols)) {
             let (src, dst) = (bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst));
             super::interleaved::interleave_words(src, GROUP, dst);
         }
         self.xs32.clear();
         self.xs32
-            .extend((0..t * groups).map(|g| scales[g * GROUP / BLOCK]));
-        self.corr6.resize(t * cols / 16, 0);
+            .extend((0..xs32).map(|g| scales[g * GROUP / BLOCK]));
+        // (Without them the loops above and below go over nothing.)
+        self.corr6.resize(corr6, 0);
         for (sums, corr) in self
             .sums16
             .chunks_exact(cols / 16)
@@ -267,10 +274,7 @@ pub(crate) fn check(kind: KQuant, w: &[u8], x: &ActsQ8, out: &[f32]) -> usize {
             && k.sums16.len() == t * cols / 16
             && k.x.len() == t * cols
             && k.x6.len() == t * cols
-            && k.mins.len() == t * cols / GROUP
-            && k.xi.len() == t * cols
-            && k.xs32.len() == t * cols / GROUP
-            && k.corr6.len() == t * cols / 16,
+            && k.mins.len() == t * cols / GROUP,
         "K-quants: slice lengths do not match [{rows}, {cols}] x [{t}, {cols}] (activations \
          quantized for K-quants?)"
     );

@@ -47,6 +47,13 @@ pub(super) unsafe fn mat_k_interleaved_avx512(
     // every K-quant form for `x.t` tokens (`xi`, `xs32`, `mins`, `corr6` among them): then every
     // read of `tile` is in bounds.
     let rows = k_quants::check(kind, w, x, out);
+    let (t, cols, k) = (x.t, x.cols, &x.k);
+    assert!(
+        k.xi.len() == t * cols
+            && k.xs32.len() == t * cols / GROUP
+            && k.corr6.len() == t * cols / 16,
+        "K-quants in the interleaved order: the activations lack that order's forms"
+    );
     // SAFETY: `check` passed; the caller's features are the tiles'.
     unsafe {
         match kind {
