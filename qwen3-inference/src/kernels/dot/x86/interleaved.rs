@@ -467,7 +467,20 @@ unsafe fn acts<const KIND: usize, const N: usize, const FULL: bool>(
     n: usize,
 ) -> [__m512i; 8] {
     debug_assert!(KIND < Q8, "q8's tiles read their activations in `block`");
-    let base = tokens.x[j].add(g0 * SIMD_GROUP) as *const u8;
+    block_acts::<FULL>(tokens.x[j], g0, n)
+}
+
+/// The eight vectors of the block of `n` groups from `g0` of a token's laid-out activations
+/// `x` (groups of 32, the interleaved order): word `k` of each group is vector `k`. Shared with
+/// the K-quants' tiles (`k_interleaved.rs`). Caller guarantees `x` holds those groups.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn block_acts<const FULL: bool>(
+    x: *const i8,
+    g0: usize,
+    n: usize,
+) -> [__m512i; 8] {
+    let base = x.add(g0 * SIMD_GROUP) as *const u8;
     std::array::from_fn(|k| words::<FULL>(base.add(k * 4 * n), n))
 }
 

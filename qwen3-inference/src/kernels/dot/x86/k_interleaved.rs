@@ -21,7 +21,7 @@
 use super::super::k_interleaved::k_blocks;
 use super::super::k_quants::{self, GROUP};
 use super::super::{for_each_tile, ActsQ8};
-use super::interleaved::{sum16, sum16x4, weights, words, Q4, Q6};
+use super::interleaved::{block_acts, sum16, sum16x4, weights, words, Q4, Q6};
 use super::q4::prefetch_lines;
 use crate::format::KQuant;
 use std::arch::x86_64::*;
@@ -316,8 +316,7 @@ unsafe fn acts<const N: usize, const FULL: bool>(
     g0: usize,
     n: usize,
 ) -> [__m512i; 8] {
-    let base = tokens.x[j].add(g0 * GROUP) as *const u8;
-    std::array::from_fn(|k| words::<FULL>(base.add(k * 4 * n), n))
+    block_acts::<FULL>(tokens.x[j], g0, n)
 }
 
 /// The two chains' starting sums of token `j`'s block: zero for Q4_K; Q6_K's corrections of
