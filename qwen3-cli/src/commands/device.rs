@@ -23,9 +23,10 @@ use qwen3_cuda::device::check_available;
 use qwen3_cuda::Device;
 use qwen3_inference::backend::{Backend, CpuBackend, KvType, PlainBackend, CPU};
 use qwen3_inference::engine::{Engine, EngineConfig};
-use qwen3_inference::format::ModelFile;
+use qwen3_inference::format::{ModelFile, Reader};
 use qwen3_inference::kernels;
 use qwen3_inference::model::{Forward, Model, MAX_BATCH};
+use std::path::Path;
 
 /// `--device`: `cpu`, `plain`, `cuda` or `cuda:N`, checked before anything is loaded (a build
 /// without CUDA, a missing driver or device, is one line).
@@ -33,6 +34,17 @@ pub fn parse(device: &str) -> Result<Device> {
     let device: Device = device.parse().map_err(|e: String| anyhow!(e))?;
     check_available(device).map_err(|e| anyhow!(e))?;
     Ok(device)
+}
+
+/// `path` opened for `device`: for the CPU's kernels, the matrices a GGUF file's tensors become
+/// at open are laid out in those kernels' order (`format::Reader::CpuKernels`: one copy instead
+/// of two); for the other devices, in the model file's.
+pub fn open(device: Device, path: &Path) -> Result<ModelFile> {
+    let reader = match device {
+        Device::Cpu => Reader::CpuKernels,
+        Device::Plain | Device::Cuda(_) => Reader::Any,
+    };
+    ModelFile::open_for(path, reader)
 }
 
 /// What the device cannot do with these flags: the CUDA backend holds one model's weights (no

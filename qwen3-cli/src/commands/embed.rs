@@ -15,7 +15,6 @@ use anyhow::{bail, Result};
 use clap::Args;
 use qwen3_inference::backend::{Backend, KvType};
 use qwen3_inference::engine::{Engine, EngineConfig, Event, Request};
-use qwen3_inference::format::ModelFile;
 use qwen3_inference::model::{Model, MAX_BATCH};
 use serde_json::json;
 use std::io::{BufRead, Write};
@@ -55,7 +54,7 @@ const SLOTS: usize = 8;
 
 pub fn run(args: EmbedArgs) -> Result<()> {
     let device = device::parse(&args.device)?;
-    let file = ModelFile::open(&args.model)?;
+    let file = device::open(device, &args.model)?;
     let c = file.config();
     if c.embedding.is_none() {
         bail!(

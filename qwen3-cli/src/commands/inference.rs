@@ -14,7 +14,6 @@ use super::generate::{generate_text, PromptJob};
 use anyhow::Result;
 use qwen3_inference::backend::Backend;
 use qwen3_inference::engine::Engine;
-use qwen3_inference::format::ModelFile;
 use qwen3_inference::model::Model;
 
 /// `qwen3 inference`: checks the flags, reads what the mode needs from the model's files, then
@@ -27,7 +26,7 @@ pub fn run(mut args: InferenceArgs) -> Result<()> {
     let second = args.draft.draft_model.is_some().then_some("--draft-model");
     device::check(device, args.kv_cache, second)?;
     let drafts = args.check_mode_flags()?;
-    let file = ModelFile::open(&args.model)?;
+    let file = device::open(device, &args.model)?;
     // The flags as settings for this model (context, KV cache, sampler, drafts), once.
     let settings = args.settings(file.config(), drafts)?;
     let draft = args

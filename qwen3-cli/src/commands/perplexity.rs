@@ -91,8 +91,12 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         KvCacheArg::F32,
         args.base.is_some().then_some("--base"),
     )?;
-    let file = ModelFile::open(&args.model)?;
-    let base_file = args.base.as_ref().map(|p| ModelFile::open(p)).transpose()?;
+    let file = device::open(device, &args.model)?;
+    let base_file = args
+        .base
+        .as_ref()
+        .map(|p| device::open(device, p))
+        .transpose()?;
     let c = file.config();
     if let Some(b) = &base_file {
         let bc = b.config();

@@ -7,7 +7,6 @@ use super::embed::LastRows;
 use super::tokenize::open_tokenizer;
 use anyhow::{bail, Result};
 use clap::Args;
-use qwen3_inference::format::ModelFile;
 use qwen3_inference::rerank::{Reranker, DEFAULT_INSTRUCTION};
 use serde_json::json;
 use std::io::Write;
@@ -41,7 +40,7 @@ pub struct RerankArgs {
 
 pub fn run(args: RerankArgs) -> Result<()> {
     let device = device::parse(&args.device)?;
-    let file = ModelFile::open(&args.model)?;
+    let file = device::open(device, &args.model)?;
     let c = file.config();
     if c.embedding.is_some() {
         bail!(

@@ -9,7 +9,6 @@ use clap::Args;
 use qwen3_cuda::Device;
 use qwen3_inference::backend::{Backend, KvType};
 use qwen3_inference::engine::{logit_rows, EngineConfig};
-use qwen3_inference::format::ModelFile;
 use qwen3_inference::model::{Model, MAX_BATCH};
 use qwen3_inference::rerank::Reranker;
 use qwen3_server::listen::Limits;
@@ -216,7 +215,7 @@ pub fn prepare(
     if args.threads == Some(0) {
         bail!("--threads must be at least 1");
     }
-    let file = ModelFile::open(&args.model)?;
+    let file = device::open(device, &args.model)?;
     let c = file.config().clone();
     // The drafts' flags checked before a draft model is opened (or exported from the hub).
     let draft = args.draft.draft()?;

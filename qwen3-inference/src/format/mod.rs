@@ -31,7 +31,7 @@ pub use config::{
     LinearAttentionConfig, ModelConfig, MoeConfig, RopeScaling, ValueHeads, VisionConfig,
     VisionInput, ARCHITECTURES,
 };
-pub use reader::ModelFile;
+pub use reader::{ModelFile, Reader};
 pub use view::TensorView;
 pub use writer::ModelWriter;
 

@@ -303,6 +303,24 @@ impl Derived {
     }
 }
 
+/// What will read an opened file's weights. A model file's tensors are mapped where they lie,
+/// the same for every reader; a GGUF's Q8_0, Q5_0 and Q4_0 matrices are laid out afresh at open
+/// (`gguf/repack.rs`), and that copy can be made in the order its reader takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reader {
+    /// Anyone (the plain backend, a GPU's upload, `export`, a test): every tensor in this
+    /// format's layout.
+    Any,
+    /// This CPU's kernels alone (`--device cpu`): where they read q8 or q4 in an order of their
+    /// own (AVX-512, `kernels/dot/interleaved.rs`), a GGUF's matrices of those types are laid
+    /// out straight in it, rather than in this format's order and then copied once more by
+    /// `Model::load` (or, for q8, read in the slower file order to spare that copy). Each such
+    /// view's `data` is marked as in the kernels' order ([`super::view::TensorData`]), and its
+    /// `interleaved` form is what the kernels read. The embedding table keeps the file's order
+    /// (its rows are looked up).
+    CpuKernels,
+}
+
 /// An open model file: its read-only mapping (a GGUF file split in parts: one a part) plus its
 /// validated header.
 pub struct ModelFile {
@@ -316,15 +334,22 @@ pub struct ModelFile {
     /// laid out as this format lays them out, made at open; their [`TensorInfo`]s locate them
     /// here, not in the mapping.
     repacked: Option<Derived>,
+    /// The repacked tensors laid out in the CPU kernels' order ([`Reader::CpuKernels`]).
+    kernels_order: std::collections::HashSet<String>,
 }
 
 impl ModelFile {
-    /// Maps and validates `path`. Errors name the file and the problem.
+    /// Maps and validates `path`, for any reader. Errors name the file and the problem.
     pub fn open(path: &Path) -> Result<ModelFile> {
-        Self::open_inner(path).with_context(|| format!("{}", path.display()))
+        Self::open_for(path, Reader::Any)
     }
 
-    fn open_inner(path: &Path) -> Result<ModelFile> {
+    /// [`ModelFile::open`] for `reader`.
+    pub fn open_for(path: &Path, reader: Reader) -> Result<ModelFile> {
+        Self::open_inner(path, reader).with_context(|| format!("{}", path.display()))
+    }
+
+    fn open_inner(path: &Path, reader: Reader) -> Result<ModelFile> {
         if cfg!(target_endian = "big") {
             bail!("model files are little-endian; big-endian hosts are not supported");
         }
@@ -344,16 +369,21 @@ impl ModelFile {
         let first = MappedFile::map(&file)?;
         // A GGUF file (llama.cpp's) is read through its own header, in place (gguf/model.rs),
         // with its other parts if it is the first part of a split file.
-        let (mmap, header, repacked) = match crate::gguf::is_gguf(&first) {
+        let (mmap, header, repacked, kernels_order) = match crate::gguf::is_gguf(&first) {
             true => {
-                let gguf = || -> Result<(MappedParts, Header, Option<Derived>)> {
+                let gguf = || -> Result<_> {
                     let (g, mmap) = crate::gguf::open_parts(path, first)?;
                     mmap.advise_huge_pages();
                     let layout = crate::gguf::model::layout(&g, mmap.len() as u64)?;
                     // The file's pages of the repacked tensors are read no more.
                     let release = |r: Range<usize>| mmap.release(r);
-                    let repacked = crate::gguf::repack::repack(&g, &layout, &mmap, &release)?;
-                    Ok((mmap, layout.header, repacked))
+                    let order = match reader {
+                        Reader::Any => crate::gguf::repack::Order::File,
+                        Reader::CpuKernels => crate::gguf::repack::Order::kernels(),
+                    };
+                    let (repacked, kernels_order) =
+                        crate::gguf::repack::repack(&g, &layout, &mmap, &release, order)?;
+                    Ok((mmap, layout.header, repacked, kernels_order))
                 };
                 gguf().context("a GGUF file")?
             }
@@ -363,7 +393,7 @@ impl ModelFile {
                 // Decode streams every weight once a token; 2 MiB pages stream faster
                 // (crate::pages).
                 mmap.advise_huge_pages();
-                (mmap, header, None)
+                (mmap, header, None, Default::default())
             }
         };
         let index = header
@@ -379,6 +409,7 @@ impl ModelFile {
             index,
             derived: OnceLock::new(),
             repacked,
+            kernels_order,
         })
     }
 
@@ -422,6 +453,13 @@ impl ModelFile {
     /// false for a GGUF file whose Q8_0 tensors were repacked at open.
     pub fn in_place(&self) -> bool {
         self.repacked.is_none()
+    }
+
+    /// Whether tensor `name` was made at open (a GGUF's repacked tensor), not mapped in place.
+    pub fn is_repacked(&self, name: &str) -> bool {
+        self.repacked
+            .as_ref()
+            .is_some_and(|r| r.get(name).is_some())
     }
 
     pub fn header(&self) -> &Header {
@@ -482,11 +520,16 @@ impl ModelFile {
             None => view_data(&self.mmap, info),
         }
         .with_context(|| format!("{}: tensor {name}", self.path.display()))?;
+        // A matrix laid out for the CPU's kernels is read in that order only (Reader::CpuKernels).
+        let (data, interleaved) = match self.kernels_order.contains(name) {
+            true => (data.kernels_only(), Some(data)),
+            false => (data, None),
+        };
         Ok(TensorView {
             name: &info.name,
             shape: &info.shape,
             data,
-            interleaved: None,
+            interleaved,
         })
     }
 }

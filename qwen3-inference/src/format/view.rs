@@ -26,6 +26,11 @@ pub struct TensorData<'a> {
     group_size: usize,
     /// Values a row (q6 packs each row on its own); 0 for the rest.
     cols: usize,
+    /// The values lie in the CPU kernels' own order, not the file's: a GGUF's matrix laid out
+    /// at open for those kernels alone ([`super::Reader::CpuKernels`]). Such data is read only
+    /// through its view's `interleaved` form; reading it here as the file's order is a bug, and
+    /// every accessor below says so rather than hand back values in the wrong places.
+    kernels_only: bool,
 }
 
 impl<'a> TensorData<'a> {
@@ -52,6 +57,7 @@ impl<'a> TensorData<'a> {
             scales: &[],
             group_size: 0,
             cols: 0,
+            kernels_only: false,
         }
     }
 
@@ -70,9 +76,24 @@ impl<'a> TensorData<'a> {
         }
     }
 
-    /// A caller reads the form of the dtype it matched: another is a bug, named here.
+    /// The same values marked as lying in the CPU kernels' order (see `kernels_only`).
+    pub(crate) fn kernels_only(self) -> Self {
+        TensorData {
+            kernels_only: true,
+            ..self
+        }
+    }
+
+    /// A caller reads the form of the dtype it matched, in the file's order: another is a bug,
+    /// named here.
     fn expect(&self, dtype: DType) {
         assert_eq!(self.dtype, dtype, "{} values read as {}", self.dtype, dtype);
+        assert!(
+            !self.kernels_only,
+            "{} values laid out for the CPU's kernels read in the file's order (a file opened \
+             with Reader::CpuKernels is read through each view's `interleaved` form)",
+            self.dtype
+        );
     }
 
     /// The f32 values (panics on another dtype: match on [`dtype`](Self::dtype) first).
@@ -174,6 +195,7 @@ impl<'a> From<Q8<'a>> for TensorData<'a> {
             scales: bytemuck::cast_slice(v.scales),
             group_size: v.group_size,
             cols: 0,
+            kernels_only: false,
         }
     }
 }
@@ -186,6 +208,7 @@ impl<'a> From<Q4<'a>> for TensorData<'a> {
             scales: bytemuck::cast_slice(v.scales),
             group_size: v.group_size,
             cols: 0,
+            kernels_only: false,
         }
     }
 }
@@ -198,6 +221,7 @@ impl<'a> From<Q6<'a>> for TensorData<'a> {
             scales: bytemuck::cast_slice(v.scales),
             group_size: v.group_size,
             cols: v.cols,
+            kernels_only: false,
         }
     }
 }

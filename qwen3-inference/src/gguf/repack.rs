@@ -37,6 +37,7 @@ use crate::pages::HugePages;
 use anyhow::{ensure, Context, Result};
 use half::f16;
 use rayon::prelude::*;
+use std::collections::HashSet;
 use std::ops::Range;
 
 /// The ggml types taken apart at open, and what each becomes.
@@ -84,10 +85,43 @@ impl Legacy {
     }
 }
 
+/// The order the repacked q8 and q4 matrices take ([`crate::format::Reader`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// The model file's: values row after row, as `format/view.rs` reads them.
+    File,
+    /// The CPU kernels' own order (`kernels/dot/interleaved.rs`) where they read one: for q8
+    /// (from Q8_0 and Q5_0) where `q8`, for q4 (from Q4_0) where `q4`.
+    Kernels { q8: bool, q4: bool },
+}
+
+impl Order {
+    /// The kernels' order on this CPU (AVX-512 reads both q8 and q4 interleaved; elsewhere the
+    /// file's order is theirs too).
+    pub fn kernels() -> Order {
+        use crate::kernels::dot::{dots, interleaved};
+        Order::Kernels {
+            q8: dots().q8_interleaved.is_some() && interleaved::interleaves_q8(32),
+            q4: dots().q4_layout.interleaves() && interleaved::interleaves(32),
+        }
+    }
+
+    /// Whether a matrix of `kind` is laid out in the kernels' order.
+    fn reorders(self, kind: Legacy) -> bool {
+        match (self, kind) {
+            (Order::File, _) | (_, Legacy::F16) => false,
+            (Order::Kernels { q8, .. }, Legacy::Q8_0 | Legacy::Q5_0) => q8,
+            (Order::Kernels { q4, .. }, Legacy::Q4_0) => q4,
+        }
+    }
+}
+
 /// What is made at open of one model-file tensor: its GGUF bytes' ranges, and what they become.
 struct Job {
     source: Vec<Range<usize>>,
     make: Make,
+    /// For a matrix laid out in the kernels' order ([`Order::Kernels`]): its rows and columns.
+    reorder: Option<(usize, usize)>,
 }
 
 /// What a tensor's gathered GGUF bytes become.
@@ -107,12 +141,17 @@ enum Make {
 /// the repacked bytes. `None` where the file has no such tensor. `release` is told each source
 /// range of `file` once it is copied, so that the file's pages can go while the next are read
 /// (`MappedFile::release`), and the process never holds a tensor twice for long.
+///
+/// With [`Order::Kernels`], the q8 and q4 matrices the CPU's kernels read in their own order are
+/// laid out in it (all but the embedding table, whose rows are looked up in the file's order);
+/// their names are returned beside the bytes.
 pub fn repack(
     g: &GgufHeader,
     layout: &Layout,
     file: &MappedParts,
     release: &(dyn Fn(Range<usize>) + Sync),
-) -> Result<Option<Derived>> {
+    order: Order,
+) -> Result<(Option<Derived>, HashSet<String>)> {
     let mut jobs: Vec<(String, Range<usize>, Job)> = Vec::new();
     for (info, (i, piece)) in layout.header.tensors.iter().zip(&layout.pieces) {
         let t = &g.tensors[*i];
@@ -138,10 +177,25 @@ pub fn repack(
             .map(|r| r.start as usize..r.end as usize)
             .collect();
         let at = info.offset as usize..(info.offset + info.nbytes) as usize;
-        jobs.push((info.name.clone(), at, Job { source, make }));
+        let reorder = match make {
+            Make::Legacy(kind)
+                if order.reorders(kind)
+                    && info.shape.len() == 2
+                    && info.name != "model.embed_tokens.weight" =>
+            {
+                Some((info.shape[0] as usize, info.shape[1] as usize))
+            }
+            _ => None,
+        };
+        let job = Job {
+            source,
+            make,
+            reorder,
+        };
+        jobs.push((info.name.clone(), at, job));
     }
     let Some(len) = jobs.iter().map(|(_, at, _)| at.end).max() else {
-        return Ok(None);
+        return Ok((None, HashSet::new()));
     };
     let mut bytes = HugePages::<u8>::zeroed(len)
         .with_context(|| format!("cannot allocate {len} bytes for the repacked tensors"))?;
@@ -165,8 +219,10 @@ pub fn repack(
         }
         Ok::<_, anyhow::Error>(())
     })?;
+    let reordered = jobs.iter().filter(|(_, _, job)| job.reorder.is_some());
+    let reordered = reordered.map(|(name, _, _)| name.clone()).collect();
     let at = jobs.into_iter().map(|(name, at, _)| (name, at)).collect();
-    Ok(Some(Derived::new(bytes, at)))
+    Ok((Some(Derived::new(bytes, at)), reordered))
 }
 
 /// One tensor's model-file bytes (`out`) from its ranges of `file`.
@@ -183,7 +239,13 @@ fn make(job: &Job, file: &MappedParts, out: &mut [u8]) -> Result<()> {
             }
             Ok(())
         }
-        Make::Legacy(kind) => take_apart(&gather(job, file)?, kind, out),
+        Make::Legacy(kind) => {
+            take_apart(&gather(job, file)?, kind, out)?;
+            if let Some((rows, cols)) = job.reorder {
+                reorder(kind, rows, cols, out)?;
+            }
+            Ok(())
+        }
         Make::ALog => {
             let source = gather(job, file)?;
             ensure!(out.len() == source.len(), "A_log's size");
@@ -263,6 +325,29 @@ fn take_apart(source: &[u8], kind: Legacy, out: &mut [u8]) -> Result<()> {
                     *v = ((nibble | (fifth << 4)) as i8 - 16) as u8;
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// A taken-apart q8 or q4 matrix (`out`, `rows` rows of `cols` values) with its values
+/// rearranged, row by row, into the CPU kernels' order (`kernels/dot/interleaved.rs`); its
+/// scales stay where they are.
+fn reorder(kind: Legacy, rows: usize, cols: usize, out: &mut [u8]) -> Result<()> {
+    use crate::kernels::dot::interleaved::{interleave_q4, interleave_q8};
+    ensure!(
+        cols.is_multiple_of(32),
+        "rows of {cols} values, not whole blocks"
+    );
+    let (values, _) = kind.out_bytes();
+    let row_bytes = cols / 32 * values;
+    ensure!(rows * row_bytes <= out.len(), "the reordered size");
+    let mut row = vec![0u8; row_bytes];
+    for dst in out[..rows * row_bytes].chunks_exact_mut(row_bytes) {
+        row.copy_from_slice(dst);
+        match kind {
+            Legacy::Q4_0 => interleave_q4(&row, cols, dst),
+            _ => interleave_q8(&row, cols, 32, dst),
         }
     }
     Ok(())

@@ -197,15 +197,14 @@ fn fill_block(
             (dots.bf16_rows)(&v[r0 * cols..(r0 + n) * cols], &x[..t * cols], t, block);
         }
         DType::Q8 => {
-            let Q8 {
-                q,
-                scales,
-                group_size: gs,
-            } = w.data.q8();
+            let gs = w.data.group_size().expect("q8 has groups");
             let per = cols / gs;
             let (kernel, q, scales) = match q8_interleaved(w) {
                 Some(interleaved) => interleaved,
-                None => (dots.q8_rows, q, scales),
+                None => {
+                    let Q8 { q, scales, .. } = w.data.q8();
+                    (dots.q8_rows, q, scales)
+                }
             };
             kernel(
                 &q[r0 * cols..(r0 + n) * cols],
@@ -216,13 +215,12 @@ fn fill_block(
             );
         }
         DType::Q4 => {
-            let Q4 {
-                packed,
-                scales,
-                group_size: gs,
-            } = w.data.q4();
+            let gs = w.data.group_size().expect("q4 has groups");
             let per = cols / gs;
-            let (packed, scales) = in_kernel_order(w, (packed, scales), gs);
+            let (packed, scales) = in_kernel_order(w, gs, || {
+                let Q4 { packed, scales, .. } = w.data.q4();
+                (packed, scales)
+            });
             (dots.q4_rows)(
                 &packed[r0 * cols / 2..(r0 + n) * cols / 2],
                 &scales[r0 * per..(r0 + n) * per],
@@ -232,14 +230,12 @@ fn fill_block(
             );
         }
         DType::Q6 => {
-            let Q6 {
-                packed,
-                scales,
-                group_size: gs,
-                ..
-            } = w.data.q6();
+            let gs = w.data.group_size().expect("q6 has groups");
             let (per, row_bytes) = (cols / gs, cols / 4 * 3);
-            let (packed, scales) = in_kernel_order(w, (packed, scales), gs);
+            let (packed, scales) = in_kernel_order(w, gs, || {
+                let Q6 { packed, scales, .. } = w.data.q6();
+                (packed, scales)
+            });
             (dots.q6_rows)(
                 &packed[r0 * row_bytes..(r0 + n) * row_bytes],
                 &scales[r0 * per..(r0 + n) * per],
@@ -276,11 +272,11 @@ fn fill_block(
 /// the weights wrong).
 fn in_kernel_order<'a>(
     w: &TensorView<'a>,
-    file: (&'a [u8], &'a [u16]),
     gs: usize,
+    file: impl FnOnce() -> (&'a [u8], &'a [u16]),
 ) -> (&'a [u8], &'a [u16]) {
     if !(dots().q4_layout.interleaves() && interleaved::interleaves(gs)) {
-        return file;
+        return file();
     }
     match w.interleaved.map(|i| (i.dtype(), i)) {
         Some((DType::Q4, i)) => {
@@ -301,9 +297,10 @@ fn in_kernel_order<'a>(
 
 /// A q8 matrix's kernel for the interleaved order and its values and scales in that order,
 /// where this CPU has the kernel (AVX-512) and the view the copy `Model::load` makes (groups of
-/// 32 or 64, `dot/interleaved.rs`). `None` otherwise: q8, unlike q4, has kernels for the file's
-/// order everywhere, so a view without the copy (a matrix made by hand, a GGUF's repacked
-/// Q8_0) is read as it is, only slower.
+/// 32 or 64, `dot/interleaved.rs`; or a GGUF's Q8_0 laid out in that order at open,
+/// `format::Reader::CpuKernels`). `None` otherwise: q8, unlike q4, has kernels for the file's
+/// order everywhere, so a view without that order (a matrix made by hand, a GGUF's Q8_0
+/// opened for any reader) is read as it is, only slower.
 fn q8_interleaved<'a>(w: &TensorView<'a>) -> Option<(MatQ8, &'a [i8], &'a [f32])> {
     match (dots().q8_interleaved, w.interleaved) {
         (Some(kernel), Some(i)) if i.dtype() == DType::Q8 => {

@@ -165,10 +165,11 @@ impl<'a> Model<'a> {
     /// tensor carries its own), so this only looks names up.
     pub fn load(file: &'a ModelFile) -> Result<Model<'a>> {
         // On AVX-512 the q4, q6 and q8 matrices are read in the kernels' own order, made here
-        // once (kernels/dot/interleaved.rs); each view carries both orders. A GGUF file's q8
-        // matrices are already a copy (its Q8_0 repacked into this format's layout at open:
-        // `in_place` is false), so they are not copied a second time and keep the file order.
-        let q8 = dots().q8_interleaved.is_some() && file.in_place();
+        // once (kernels/dot/interleaved.rs); each view carries both orders. A GGUF file's Q8_0,
+        // Q5_0 and Q4_0 matrices are already a copy, made at open: in that order where the file
+        // was opened for the CPU's kernels (`format::Reader::CpuKernels`), else in this format's
+        // (q8 then read as it is rather than copied twice).
+        let q8 = dots().q8_interleaved.is_some();
         // GGUF's Q4_K and Q6_K matrices too (`kernels/dot/k_interleaved.rs`).
         let k = dots().k_interleaved.is_some();
         let interleaved = match dots().q4_layout.interleaves() || q8 || k {
@@ -177,8 +178,8 @@ impl<'a> Model<'a> {
         };
         let model = Model::load_with(file, |name| {
             let mut t = file.tensor(name)?;
-            if let Some(d) = interleaved {
-                t.interleaved = d.view(file, name)?;
+            if let Some(d) = interleaved.and_then(|d| d.view(file, name).transpose()) {
+                t.interleaved = Some(d?);
             }
             Ok(t)
         })?;

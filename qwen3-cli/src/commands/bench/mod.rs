@@ -72,7 +72,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("--threads: thread counts must be at least 1");
     }
     let device = device::parse(&args.device)?;
-    let file = ModelFile::open(&args.model)?;
+    let file = device::open(device, &args.model)?;
     let c = file.config();
     let ctx = args.prompt + args.decode;
     if ctx > c.max_context() as usize {

@@ -285,3 +285,90 @@ fn quantized_tensors_have_the_files_values(
     }
     counts
 }
+
+/// Laid out for the CPU's kernels (`format::Reader::CpuKernels` where the kernels read an order
+/// of their own), each Q8_0, Q5_0 and Q4_0 matrix of a GGUF is this format's layout of it
+/// (`ModelFile::open`'s, whose values the tests above hold to ggml's) rearranged exactly as
+/// `interleave_q8` and `interleave_q4` rearrange a model file's matrix for those kernels, its
+/// scales the same; the embedding table, whose rows are looked up, keeps the file's order, as
+/// does every other tensor. Forced here whatever this CPU's kernels read.
+#[test]
+fn matrices_laid_out_for_the_kernels_are_the_files_rearranged() {
+    use crate::format::mapped::MappedFile;
+    use crate::format::{DType, ModelFile};
+    use crate::kernels::dot::interleaved::{interleave_q4, interleave_q8};
+    use repack::Order;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf");
+    let cases = [
+        ("tiny-f32-tied-gqa2-q8_0", 14),
+        ("tiny-f32-tied-gqa2-q4_k_m", 14),
+        ("tiny-bf16-tied-k256-q4_0", 14),
+    ];
+    for (name, reordered) in cases {
+        let path = root.join(format!("{name}.gguf"));
+        let any = ModelFile::open(&path).unwrap();
+        let first = MappedFile::map(&std::fs::File::open(&path).unwrap()).unwrap();
+        let (g, mmap) = open_parts(&path, first).unwrap();
+        let layout = model::layout(&g, mmap.len() as u64).unwrap();
+        let order = Order::Kernels { q8: true, q4: true };
+        let (derived, names) = repack::repack(&g, &layout, &mmap, &|_| {}, order).unwrap();
+        let derived = derived.unwrap();
+        assert_eq!(names.len(), reordered, "{name}");
+        assert!(!names.contains("model.embed_tokens.weight"), "{name}");
+        for info in &any.header().tensors {
+            let Some(got) = derived.get(&info.name) else {
+                continue;
+            };
+            let file_order = any.tensor_bytes(&info.name).unwrap();
+            let data = any.tensor(&info.name).unwrap().data;
+            if !names.contains(&info.name) {
+                assert_eq!(got, file_order, "{name} {}", info.name);
+                continue;
+            }
+            let cols = info.shape[1] as usize;
+            let values = match data.dtype() {
+                DType::Q8 => data.q8().q.len(),
+                DType::Q4 => data.q4().packed.len(),
+                other => panic!("{name} {}: {other} laid out for the kernels", info.name),
+            };
+            let mut want = vec![0u8; values];
+            match data.dtype() {
+                DType::Q8 => interleave_q8(&file_order[..values], cols, 32, &mut want),
+                _ => interleave_q4(&file_order[..values], cols, &mut want),
+            }
+            assert!(got[..values] == want[..], "{name} {}: values", info.name);
+            assert!(
+                got[values..] == file_order[values..],
+                "{name} {}",
+                info.name
+            );
+        }
+    }
+}
+
+/// A model file opened for the CPU's kernels hands each matrix laid out in their order as its
+/// view's `interleaved` form, and refuses, loudly, to read it in the file's order.
+#[test]
+fn a_matrix_in_the_kernels_order_is_not_read_as_the_files() {
+    use crate::format::{ModelFile, Reader};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf");
+    let path = root.join("tiny-f32-tied-gqa2-q8_0.gguf");
+    let file = ModelFile::open_for(&path, Reader::CpuKernels).unwrap();
+    let t = file.tensor("model.layers.0.mlp.up_proj.weight").unwrap();
+    let embedding = file.tensor("model.embed_tokens.weight").unwrap();
+    assert!(embedding.interleaved.is_none());
+    embedding.data.value(0);
+    if repack::Order::kernels()
+        == (repack::Order::Kernels {
+            q8: false,
+            q4: false,
+        })
+    {
+        println!("skipped: this CPU's kernels read q8 in the file's order");
+        assert!(t.interleaved.is_none());
+        return;
+    }
+    assert!(t.interleaved.is_some());
+    let read = std::panic::catch_unwind(|| t.data.value(0));
+    assert!(read.is_err(), "read in the file's order");
+}

@@ -234,6 +234,13 @@ pub fn interleave_file(file: &ModelFile, q8: bool, k: bool) -> Result<Derived> {
             continue;
         }
         let t = file.tensor(&info.name)?;
+        if t.interleaved.is_some() {
+            // Laid out in this order at open (a GGUF's matrix, `format::Reader::CpuKernels`).
+            continue;
+        }
+        // A GGUF's Q8_0 repacked at open for any reader is read in the file's order rather
+        // than copied again, but for the embedding table that is also the classifier.
+        let q8 = q8 && (!file.is_repacked(&info.name) || info.name == "model.embed_tokens.weight");
         // The values' bytes (the tensor's first ones) and their order.
         let (values, order) = match (t.data.dtype(), t.data.group_size()) {
             (DType::Q4, Some(gs)) if interleaves(gs) => (t.data.q4().packed.len(), Order::Q4),
