@@ -316,8 +316,9 @@ pub enum Reader {
     /// out straight in it, rather than in this format's order and then copied once more by
     /// `Model::load` (or, for q8, read in the slower file order to spare that copy). Each such
     /// view's `data` is marked as in the kernels' order ([`super::view::TensorData`]), and its
-    /// `interleaved` form is what the kernels read. The embedding table keeps the file's order
-    /// (its rows are looked up).
+    /// `interleaved` form is what the kernels read. An embedding table keeps the file's order
+    /// unless it is also the classifier (tied): then its rows are looked up from the kernels'
+    /// order (`kernels/embedding.rs`), rather than the table be held twice.
     CpuKernels,
 }
 

@@ -84,6 +84,11 @@ impl<'a> TensorData<'a> {
         }
     }
 
+    /// Whether the values lie in the CPU kernels' order alone (see `kernels_only`).
+    pub fn is_kernels_only(&self) -> bool {
+        self.kernels_only
+    }
+
     /// A caller reads the form of the dtype it matched, in the file's order: another is a bug,
     /// named here.
     fn expect(&self, dtype: DType) {

@@ -143,8 +143,8 @@ enum Make {
 /// (`MappedFile::release`), and the process never holds a tensor twice for long.
 ///
 /// With [`Order::Kernels`], the q8 and q4 matrices the CPU's kernels read in their own order are
-/// laid out in it (all but the embedding table, whose rows are looked up in the file's order);
-/// their names are returned beside the bytes.
+/// laid out in it (all but an embedding table that is not also the classifier: its rows are
+/// only looked up, in the file's order); their names are returned beside the bytes.
 pub fn repack(
     g: &GgufHeader,
     layout: &Layout,
@@ -177,11 +177,13 @@ pub fn repack(
             .map(|r| r.start as usize..r.end as usize)
             .collect();
         let at = info.offset as usize..(info.offset + info.nbytes) as usize;
+        // An embedding table only looked up keeps the file's order; one that is the classifier
+        // too is multiplied as the others are, and looked up from their order.
+        let looked_up_only = info.name == "model.embed_tokens.weight"
+            && !layout.header.config.classifier_is_embedding();
         let reorder = match make {
             Make::Legacy(kind)
-                if order.reorders(kind)
-                    && info.shape.len() == 2
-                    && info.name != "model.embed_tokens.weight" =>
+                if order.reorders(kind) && info.shape.len() == 2 && !looked_up_only =>
             {
                 Some((info.shape[0] as usize, info.shape[1] as usize))
             }

@@ -2,14 +2,20 @@
 //! Only the rows of the tokens being run are ever converted: the table stays as stored in the
 //! mmap (for Qwen3-0.6B at q8 that is 156 MB instead of a 622 MB f32 copy).
 
+use super::dot::interleaved::interleaved_row;
 use crate::format::view::TensorView;
 
 /// Writes row `token` of `table` (`[vocab, hidden]`) into `out` (`[hidden]`), read as the
-/// table's dtype says ([`TensorData::row`](crate::format::view::TensorData::row)).
+/// table's dtype says ([`TensorData::row`](crate::format::view::TensorData::row)), or from the
+/// kernels' interleaved order where the table lies in that order alone (a tied GGUF table opened
+/// for the CPU's kernels, `format::Reader::CpuKernels`: it is the classifier too).
 /// The caller checks `token < vocab` (an out-of-range id is bad input, not a bug).
 pub fn embedding(out: &mut [f32], table: &TensorView, token: usize) {
     assert_eq!(out.len(), table.shape[1] as usize);
-    table.data.row(token, out);
+    match (table.data.is_kernels_only(), table.interleaved) {
+        (true, Some(interleaved)) => interleaved_row(&interleaved, token, out),
+        _ => table.data.row(token, out),
+    }
 }
 
 #[cfg(test)]

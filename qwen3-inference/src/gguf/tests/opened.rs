@@ -290,8 +290,9 @@ fn quantized_tensors_have_the_files_values(
 /// of their own), each Q8_0, Q5_0 and Q4_0 matrix of a GGUF is this format's layout of it
 /// (`ModelFile::open`'s, whose values the tests above hold to ggml's) rearranged exactly as
 /// `interleave_q8` and `interleave_q4` rearrange a model file's matrix for those kernels, its
-/// scales the same; the embedding table, whose rows are looked up, keeps the file's order, as
-/// does every other tensor. Forced here whatever this CPU's kernels read.
+/// scales the same; an embedding table that is not also the classifier (its rows only looked
+/// up) keeps the file's order, as does every other tensor. Forced here whatever this CPU's
+/// kernels read.
 #[test]
 fn matrices_laid_out_for_the_kernels_are_the_files_rearranged() {
     use crate::format::mapped::MappedFile;
@@ -299,12 +300,16 @@ fn matrices_laid_out_for_the_kernels_are_the_files_rearranged() {
     use crate::kernels::dot::interleaved::{interleave_q4, interleave_q8};
     use repack::Order;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf");
+    // (fixture, matrices reordered, the embedding table among them): the first two tied, their
+    // tables Q8_0 (the Q4_K_M's a fallback: rows of 64); the Q4_0's table tied but Q6_K, as
+    // llama-quantize keeps it; Qwen3.5's untied.
     let cases = [
-        ("tiny-f32-tied-gqa2-q8_0", 14),
-        ("tiny-f32-tied-gqa2-q4_k_m", 14),
-        ("tiny-bf16-tied-k256-q4_0", 14),
+        ("tiny-f32-tied-gqa2-q8_0", 15, true),
+        ("tiny-f32-tied-gqa2-q4_k_m", 15, true),
+        ("tiny-bf16-tied-k256-q4_0", 14, false),
+        ("tiny-qwen3_5-bf16-q8_0", 65, false),
     ];
-    for (name, reordered) in cases {
+    for (name, reordered, tied) in cases {
         let path = root.join(format!("{name}.gguf"));
         let any = ModelFile::open(&path).unwrap();
         let first = MappedFile::map(&std::fs::File::open(&path).unwrap()).unwrap();
@@ -314,7 +319,8 @@ fn matrices_laid_out_for_the_kernels_are_the_files_rearranged() {
         let (derived, names) = repack::repack(&g, &layout, &mmap, &|_| {}, order).unwrap();
         let derived = derived.unwrap();
         assert_eq!(names.len(), reordered, "{name}");
-        assert!(!names.contains("model.embed_tokens.weight"), "{name}");
+        let embedding = names.contains("model.embed_tokens.weight");
+        assert_eq!(embedding, tied, "{name}");
         for info in &any.header().tensors {
             let Some(got) = derived.get(&info.name) else {
                 continue;
@@ -347,28 +353,46 @@ fn matrices_laid_out_for_the_kernels_are_the_files_rearranged() {
 }
 
 /// A model file opened for the CPU's kernels hands each matrix laid out in their order as its
-/// view's `interleaved` form, and refuses, loudly, to read it in the file's order.
+/// view's `interleaved` form, and refuses, loudly, to read it in the file's order; a tied
+/// embedding table so laid out gives the file's rows to a lookup (`kernels::embedding`), an
+/// untied one stays in the file's order.
 #[test]
 fn a_matrix_in_the_kernels_order_is_not_read_as_the_files() {
     use crate::format::{ModelFile, Reader};
+    use crate::kernels::embedding;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf");
-    let path = root.join("tiny-f32-tied-gqa2-q8_0.gguf");
-    let file = ModelFile::open_for(&path, Reader::CpuKernels).unwrap();
-    let t = file.tensor("model.layers.0.mlp.up_proj.weight").unwrap();
-    let embedding = file.tensor("model.embed_tokens.weight").unwrap();
-    assert!(embedding.interleaved.is_none());
-    embedding.data.value(0);
-    if repack::Order::kernels()
-        == (repack::Order::Kernels {
+    let reorders = repack::Order::kernels()
+        != (repack::Order::Kernels {
             q8: false,
             q4: false,
-        })
-    {
-        println!("skipped: this CPU's kernels read q8 in the file's order");
-        assert!(t.interleaved.is_none());
-        return;
+        });
+    for (name, tied) in [
+        ("tiny-f32-tied-gqa2-q8_0", true),
+        ("tiny-qwen3_5-bf16-q8_0", false),
+    ] {
+        let path = root.join(format!("{name}.gguf"));
+        let file = ModelFile::open_for(&path, Reader::CpuKernels).unwrap();
+        let any = ModelFile::open(&path).unwrap();
+        let table = file.tensor("model.embed_tokens.weight").unwrap();
+        let cols = table.shape[1] as usize;
+        let (mut got, mut want) = (vec![0f32; cols], vec![0f32; cols]);
+        for token in [0, 1, 17, table.shape[0] as usize - 1] {
+            embedding(&mut got, &table, token);
+            any.tensor("model.embed_tokens.weight")
+                .unwrap()
+                .data
+                .row(token, &mut want);
+            assert_eq!(got, want, "{name}: token {token}");
+        }
+        assert_eq!(table.interleaved.is_some(), tied && reorders, "{name}");
+        let t = file.tensor("model.layers.0.mlp.down_proj.weight").unwrap();
+        if !reorders {
+            println!("skipped: this CPU's kernels read q8 in the file's order");
+            assert!(t.interleaved.is_none());
+            continue;
+        }
+        assert!(t.interleaved.is_some(), "{name}");
+        let read = std::panic::catch_unwind(|| t.data.value(0));
+        assert!(read.is_err(), "{name}: read in the file's order");
     }
-    assert!(t.interleaved.is_some());
-    let read = std::panic::catch_unwind(|| t.data.value(0));
-    assert!(read.is_err(), "read in the file's order");
 }

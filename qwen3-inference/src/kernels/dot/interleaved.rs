@@ -64,9 +64,10 @@
 
 use super::q4::{Q4Layout, SIMD_GROUP};
 use crate::format::reader::Derived;
+use crate::format::view::TensorData;
 use crate::format::{DType, KQuant, ModelFile};
 use crate::pages::HugePages;
-use crate::quant::{q6_unpack_block, Q6_BLOCK};
+use crate::quant::{q6_unpack_block, Q4, Q6_BLOCK, Q8};
 use anyhow::{Context, Result};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -201,6 +202,67 @@ pub fn interleave_q8(q: &[u8], cols: usize, gs: usize, out: &mut [u8]) {
         interleave_words(src, gs, dst);
         for b in dst {
             *b ^= 0x80;
+        }
+    }
+}
+
+/// Group `g`'s `gs` bytes of one row in the interleaved order ([`interleave_words`]) as the
+/// file lays them out, into `out` (`gs` bytes): word `k` of group `l` of its block lies at
+/// bytes `4nk + 4l ..` of the block, `n` the block's groups.
+fn file_group(row: &[u8], gs: usize, g: usize, out: &mut [u8]) {
+    let (l, g0) = (g % GROUPS, g - g % GROUPS);
+    let n = GROUPS.min(row.len() / gs - g0);
+    for (k, word) in out.chunks_exact_mut(4).enumerate() {
+        let at = g0 * gs + k * 4 * n + 4 * l;
+        word.copy_from_slice(&row[at..at + 4]);
+    }
+}
+
+/// Row `r` (`out.len()` values) of a q8 or q4 matrix in the interleaved order, as f32: each
+/// group's bytes put back in the file's order, then read as the file's are (`Q8::row`,
+/// `Q4::row`). For an embedding table that is also the classifier and lies in this order alone
+/// (a GGUF opened for the CPU's kernels, `format::Reader::CpuKernels`): its rows are looked up
+/// one token at a time, a copy in the file's order would be the table's size again.
+pub fn interleaved_row(data: &TensorData, r: usize, out: &mut [f32]) {
+    let cols = out.len();
+    let gs = data.group_size().expect("a quantized matrix");
+    let per = cols / gs;
+    // One group's bytes in the file's order: at most 64 (q8 in groups of 64).
+    let mut group = [0u8; 64];
+    for (g, out) in out.chunks_exact_mut(gs).enumerate() {
+        let scale = r * per + g..r * per + g + 1;
+        match data.dtype() {
+            DType::Q8 => {
+                let Q8 { q, scales, .. } = data.q8();
+                let row: &[u8] = bytemuck::cast_slice(&q[r * cols..(r + 1) * cols]);
+                let group = &mut group[..gs];
+                file_group(row, gs, g, group);
+                // Stored plus 128 (`q ^ 0x80`, the module's text).
+                group.iter_mut().for_each(|b| *b ^= 0x80);
+                let q = bytemuck::cast_slice(group);
+                let scales = &scales[scale];
+                Q8 {
+                    q,
+                    scales,
+                    group_size: gs,
+                }
+                .row(0, out);
+            }
+            DType::Q4 => {
+                let Q4 { packed, scales, .. } = data.q4();
+                let row = &packed[r * cols / 2..(r + 1) * cols / 2];
+                // A group of 32 q4 values is 16 bytes, interleaved as q8's words are.
+                let group = &mut group[..gs / 2];
+                file_group(row, gs / 2, g, group);
+                let scales = &scales[scale];
+                Q4 {
+                    packed: group,
+                    scales,
+                    group_size: gs,
+                }
+                .row(0, out);
+            }
+            d => panic!("{d} has no interleaved rows to read"),
         }
     }
 }
@@ -473,6 +535,70 @@ mod tests {
                     let at = g0 * gs + (j / 4) * 4 * n + 4 * (g - g0) + j % 4;
                     assert_eq!(row[at], v ^ 0x80, "{gs}: {groups} groups, column {c}");
                 }
+            }
+        }
+    }
+
+    /// A row of a q8 or q4 matrix in the interleaved order reads back, value for value, as the
+    /// file's row does: rows of whole blocks and a short one, every row of three.
+    #[test]
+    fn interleaved_rows_read_back_as_the_files() {
+        let mut seed = 11;
+        for (gs, groups) in [
+            (32, 1),
+            (32, 16),
+            (32, 20),
+            (32, 35),
+            (64, 3),
+            (64, 16),
+            (64, 19),
+        ] {
+            let (rows, cols) = (3, gs * groups);
+            let w = next_values(rows * cols, &mut seed);
+            let (mut want, mut got) = (vec![0f32; cols], vec![0f32; cols]);
+            // q8
+            let (mut q, mut scales) = (vec![0i8; rows * cols], vec![0f32; rows * groups]);
+            crate::quant::quantize_q8(&w, gs, &mut q, &mut scales);
+            let mut out = vec![0u8; q.len()];
+            interleave_q8(bytemuck::cast_slice(&q), cols, gs, &mut out);
+            let file = Q8 {
+                q: &q,
+                scales: &scales,
+                group_size: gs,
+            };
+            let q = bytemuck::cast_slice(&out);
+            let interleaved = TensorData::from(Q8 {
+                q,
+                scales: &scales,
+                group_size: gs,
+            });
+            for r in 0..rows {
+                file.row(r, &mut want);
+                interleaved_row(&interleaved, r, &mut got);
+                assert_eq!(got, want, "q8 in groups of {gs}: {groups} groups, row {r}");
+            }
+            // q4, in groups of 32 only
+            if gs != 32 {
+                continue;
+            }
+            let (mut p, mut scales) = (vec![0u8; rows * cols / 2], vec![0u16; rows * groups]);
+            quantize_q4(&w, gs, &mut p, &mut scales);
+            let mut out = vec![0u8; p.len()];
+            interleave_q4(&p, cols, &mut out);
+            let file = Q4 {
+                packed: &p,
+                scales: &scales,
+                group_size: gs,
+            };
+            let interleaved = TensorData::from(Q4 {
+                packed: &out,
+                scales: &scales,
+                group_size: gs,
+            });
+            for r in 0..rows {
+                file.row(r, &mut want);
+                interleaved_row(&interleaved, r, &mut got);
+                assert_eq!(got, want, "q4: {groups} groups, row {r}");
             }
         }
     }
