@@ -30,7 +30,7 @@ use qwen3_inference::backend::{Backend, CpuBackend, KvType, PlainBackend};
 use qwen3_inference::engine::{Engine, Request};
 use qwen3_inference::format::view::TensorData;
 use qwen3_inference::format::view::TensorView;
-use qwen3_inference::format::{expected_tensors, DType, KQuant, ModelFile, Reader, TensorKind};
+use qwen3_inference::format::{expected_tensors, DType, KQuant, ModelFile, TensorKind};
 use qwen3_inference::generate::generate;
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::sampler::{argmax, SamplerConfig};
@@ -335,8 +335,8 @@ fn check_full_logits(
     refr: &Reference,
 ) -> Figures {
     // Opened as the CPU backend opens it: a GGUF's matrices in its kernels' order where they
-    // read one (`format::Reader`).
-    let file = ModelFile::open_for(path, Reader::CpuKernels).unwrap();
+    // read one (`CpuBackend::reader`).
+    let file = ModelFile::open_for(path, CpuBackend::reader()).unwrap();
     let model = Model::load(&file).unwrap();
     let vocab = model.config.vocab_size as usize;
     let mut f = Figures::default();

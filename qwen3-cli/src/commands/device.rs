@@ -37,11 +37,11 @@ pub fn parse(device: &str) -> Result<Device> {
 }
 
 /// `path` opened for `device`: for the CPU's kernels, the matrices a GGUF file's tensors become
-/// at open are laid out in those kernels' order (`format::Reader::CpuKernels`: one copy instead
-/// of two); for the other devices, in the model file's.
+/// at open are laid out in those kernels' order (`CpuBackend::reader`: one copy instead of two);
+/// for the other devices, in the model file's.
 pub fn open(device: Device, path: &Path) -> Result<ModelFile> {
     let reader = match device {
-        Device::Cpu => Reader::CpuKernels,
+        Device::Cpu => CpuBackend::reader(),
         Device::Plain | Device::Cuda(_) => Reader::Any,
     };
     ModelFile::open_for(path, reader)

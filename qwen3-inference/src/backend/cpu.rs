@@ -8,7 +8,7 @@
 use super::host::HostMemory;
 use super::{AttentionShape, Backend, DeltaNetShape, RopeTable};
 use crate::format::view::TensorView;
-use crate::format::DType;
+use crate::format::{DType, Reader};
 use crate::kernels;
 use crate::kernels::attention::{chunk_len, store_kv, Bf16, KvElem, KvType, KV_CHUNK};
 use crate::pages::HugePages;
@@ -23,6 +23,17 @@ pub struct CpuBackend<'a>(PhantomData<&'a ()>);
 impl CpuBackend<'_> {
     pub const fn new() -> Self {
         CpuBackend(PhantomData)
+    }
+
+    /// How a file is best opened for this backend (`ModelFile::open_for`): a GGUF's Q8_0, Q5_0
+    /// and Q4_0 matrices laid out at open in the interleaved order where this CPU's kernels read
+    /// q8 or q4 in it (AVX-512), so that `Model::load` need not copy them again.
+    pub fn reader() -> Reader {
+        use kernels::dot::{dots, interleaved};
+        Reader::Interleaved {
+            q8: dots().q8_interleaved.is_some() && interleaved::interleaves_q8(32),
+            q4: dots().q4_layout.interleaves() && interleaved::interleaves(32),
+        }
     }
 }
 

@@ -311,15 +311,16 @@ pub enum Reader {
     /// Anyone (the plain backend, a GPU's upload, `export`, a test): every tensor in this
     /// format's layout.
     Any,
-    /// This CPU's kernels alone (`--device cpu`): where they read q8 or q4 in an order of their
-    /// own (AVX-512, `kernels/dot/interleaved.rs`), a GGUF's matrices of those types are laid
-    /// out straight in it, rather than in this format's order and then copied once more by
-    /// `Model::load` (or, for q8, read in the slower file order to spare that copy). Each such
-    /// view's `data` is marked as in the kernels' order ([`super::view::TensorData`]), and its
-    /// `interleaved` form is what the kernels read. An embedding table keeps the file's order
-    /// unless it is also the classifier (tied): then its rows are looked up from the kernels'
-    /// order (`kernels/embedding.rs`), rather than the table be held twice.
-    CpuKernels,
+    /// Kernels that read q8 (`q8`) and q4 (`q4`) in groups of 32 in the interleaved order
+    /// (`quant::interleaved`; AVX-512's: `backend::CpuBackend::reader` says which this CPU's
+    /// read): a GGUF's matrices of those types are laid out straight in it, rather than in this
+    /// format's order and then copied once more by `Model::load` (or, for q8, read in the
+    /// slower file order to spare that copy). Each such view's `data` is marked as in the
+    /// kernels' order ([`super::view::TensorData`]), and its `interleaved` form is what the
+    /// kernels read. An embedding table keeps the file's order unless it is also the classifier
+    /// (tied): then its rows are looked up from the interleaved order (`kernels/embedding.rs`),
+    /// rather than the table be held twice.
+    Interleaved { q8: bool, q4: bool },
 }
 
 /// An open model file: its read-only mapping (a GGUF file split in parts: one a part) plus its
@@ -335,7 +336,7 @@ pub struct ModelFile {
     /// laid out as this format lays them out, made at open; their [`TensorInfo`]s locate them
     /// here, not in the mapping.
     repacked: Option<Derived>,
-    /// The repacked tensors laid out in the CPU kernels' order ([`Reader::CpuKernels`]).
+    /// The repacked tensors laid out in the CPU kernels' order ([`Reader::Interleaved`]).
     kernels_order: std::collections::HashSet<String>,
 }
 
@@ -378,12 +379,8 @@ impl ModelFile {
                     let layout = crate::gguf::model::layout(&g, mmap.len() as u64)?;
                     // The file's pages of the repacked tensors are read no more.
                     let release = |r: Range<usize>| mmap.release(r);
-                    let order = match reader {
-                        Reader::Any => crate::gguf::repack::Order::File,
-                        Reader::CpuKernels => crate::gguf::repack::Order::kernels(),
-                    };
                     let (repacked, kernels_order) =
-                        crate::gguf::repack::repack(&g, &layout, &mmap, &release, order)?;
+                        crate::gguf::repack::repack(&g, &layout, &mmap, &release, reader)?;
                     Ok((mmap, layout.header, repacked, kernels_order))
                 };
                 gguf().context("a GGUF file")?
@@ -521,7 +518,7 @@ impl ModelFile {
             None => view_data(&self.mmap, info),
         }
         .with_context(|| format!("{}: tensor {name}", self.path.display()))?;
-        // A matrix laid out for the CPU's kernels is read in that order only (Reader::CpuKernels).
+        // A matrix laid out for the CPU's kernels is read in that order only (Reader::Interleaved).
         let (data, interleaved) = match self.kernels_order.contains(name) {
             true => (data.kernels_only(), Some(data)),
             false => (data, None),

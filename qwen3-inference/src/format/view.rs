@@ -27,7 +27,7 @@ pub struct TensorData<'a> {
     /// Values a row (q6 packs each row on its own); 0 for the rest.
     cols: usize,
     /// The values lie in the CPU kernels' own order, not the file's: a GGUF's matrix laid out
-    /// at open for those kernels alone ([`super::Reader::CpuKernels`]). Such data is read only
+    /// at open for those kernels alone ([`super::Reader::Interleaved`]). Such data is read only
     /// through its view's `interleaved` form; reading it here as the file's order is a bug, and
     /// every accessor below says so rather than hand back values in the wrong places.
     kernels_only: bool,
@@ -96,7 +96,7 @@ impl<'a> TensorData<'a> {
         assert!(
             !self.kernels_only,
             "{} values laid out for the CPU's kernels read in the file's order (a file opened \
-             with Reader::CpuKernels is read through each view's `interleaved` form)",
+             with Reader::Interleaved is read through each view's `interleaved` form)",
             self.dtype
         );
     }

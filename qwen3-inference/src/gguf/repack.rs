@@ -33,6 +33,7 @@ use super::names::Take;
 use super::GgufHeader;
 use crate::format::mapped::MappedParts;
 use crate::format::reader::Derived;
+use crate::format::Reader;
 use crate::pages::HugePages;
 use anyhow::{ensure, Context, Result};
 use half::f16;
@@ -85,34 +86,13 @@ impl Legacy {
     }
 }
 
-/// The order the repacked q8 and q4 matrices take ([`crate::format::Reader`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Order {
-    /// The model file's: values row after row, as `format/view.rs` reads them.
-    File,
-    /// The CPU kernels' own order (`kernels/dot/interleaved.rs`) where they read one: for q8
-    /// (from Q8_0 and Q5_0) where `q8`, for q4 (from Q4_0) where `q4`.
-    Kernels { q8: bool, q4: bool },
-}
-
-impl Order {
-    /// The kernels' order on this CPU (AVX-512 reads both q8 and q4 interleaved; elsewhere the
-    /// file's order is theirs too).
-    pub fn kernels() -> Order {
-        use crate::kernels::dot::{dots, interleaved};
-        Order::Kernels {
-            q8: dots().q8_interleaved.is_some() && interleaved::interleaves_q8(32),
-            q4: dots().q4_layout.interleaves() && interleaved::interleaves(32),
-        }
-    }
-
-    /// Whether a matrix of `kind` is laid out in the kernels' order.
-    fn reorders(self, kind: Legacy) -> bool {
-        match (self, kind) {
-            (Order::File, _) | (_, Legacy::F16) => false,
-            (Order::Kernels { q8, .. }, Legacy::Q8_0 | Legacy::Q5_0) => q8,
-            (Order::Kernels { q4, .. }, Legacy::Q4_0) => q4,
-        }
+/// Whether a matrix of `kind` is laid out at open in the interleaved order for `reader`
+/// ([`Reader::Interleaved`]: q8 from Q8_0 and Q5_0, q4 from Q4_0).
+fn reorders(reader: Reader, kind: Legacy) -> bool {
+    match (reader, kind) {
+        (Reader::Any, _) | (_, Legacy::F16) => false,
+        (Reader::Interleaved { q8, .. }, Legacy::Q8_0 | Legacy::Q5_0) => q8,
+        (Reader::Interleaved { q4, .. }, Legacy::Q4_0) => q4,
     }
 }
 
@@ -120,7 +100,8 @@ impl Order {
 struct Job {
     source: Vec<Range<usize>>,
     make: Make,
-    /// For a matrix laid out in the kernels' order ([`Order::Kernels`]): its rows and columns.
+    /// For a matrix laid out in the interleaved order ([`Reader::Interleaved`]): its rows and
+    /// columns.
     reorder: Option<(usize, usize)>,
 }
 
@@ -142,7 +123,7 @@ enum Make {
 /// range of `file` once it is copied, so that the file's pages can go while the next are read
 /// (`MappedFile::release`), and the process never holds a tensor twice for long.
 ///
-/// With [`Order::Kernels`], the q8 and q4 matrices the CPU's kernels read in their own order are
+/// With [`Reader::Interleaved`], the q8 and q4 matrices its kernels read in that order are
 /// laid out in it (all but an embedding table that is not also the classifier: its rows are
 /// only looked up, in the file's order); their names are returned beside the bytes.
 pub fn repack(
@@ -150,7 +131,7 @@ pub fn repack(
     layout: &Layout,
     file: &MappedParts,
     release: &(dyn Fn(Range<usize>) + Sync),
-    order: Order,
+    reader: Reader,
 ) -> Result<(Option<Derived>, HashSet<String>)> {
     let mut jobs: Vec<(String, Range<usize>, Job)> = Vec::new();
     for (info, (i, piece)) in layout.header.tensors.iter().zip(&layout.pieces) {
@@ -183,7 +164,7 @@ pub fn repack(
             && !layout.header.config.classifier_is_embedding();
         let reorder = match make {
             Make::Legacy(kind)
-                if order.reorders(kind) && info.shape.len() == 2 && !looked_up_only =>
+                if reorders(reader, kind) && info.shape.len() == 2 && !looked_up_only =>
             {
                 Some((info.shape[0] as usize, info.shape[1] as usize))
             }
@@ -336,7 +317,7 @@ fn take_apart(source: &[u8], kind: Legacy, out: &mut [u8]) -> Result<()> {
 /// rearranged, row by row, into the CPU kernels' order (`kernels/dot/interleaved.rs`); its
 /// scales stay where they are.
 fn reorder(kind: Legacy, rows: usize, cols: usize, out: &mut [u8]) -> Result<()> {
-    use crate::kernels::dot::interleaved::{interleave_q4, interleave_q8};
+    use crate::quant::interleaved::{interleave_q4, interleave_q8};
     ensure!(
         cols.is_multiple_of(32),
         "rows of {cols} values, not whole blocks"

@@ -8,7 +8,7 @@ use crate::format::view::TensorView;
 /// Writes row `token` of `table` (`[vocab, hidden]`) into `out` (`[hidden]`), read as the
 /// table's dtype says ([`TensorData::row`](crate::format::view::TensorData::row)), or from the
 /// kernels' interleaved order where the table lies in that order alone (a tied GGUF table opened
-/// for the CPU's kernels, `format::Reader::CpuKernels`: it is the classifier too).
+/// for the CPU's kernels, `format::Reader::Interleaved`: it is the classifier too).
 /// The caller checks `token < vocab` (an out-of-range id is bad input, not a bug).
 pub fn embedding(out: &mut [f32], table: &TensorView, token: usize) {
     assert_eq!(out.len(), table.shape[1] as usize);

@@ -298,7 +298,7 @@ fn in_kernel_order<'a>(
 /// A q8 matrix's kernel for the interleaved order and its values and scales in that order,
 /// where this CPU has the kernel (AVX-512) and the view the copy `Model::load` makes (groups of
 /// 32 or 64, `dot/interleaved.rs`; or a GGUF's Q8_0 laid out in that order at open,
-/// `format::Reader::CpuKernels`). `None` otherwise: q8, unlike q4, has kernels for the file's
+/// `format::Reader::Interleaved`). `None` otherwise: q8, unlike q4, has kernels for the file's
 /// order everywhere, so a view without that order (a matrix made by hand, a GGUF's Q8_0
 /// opened for any reader) is read as it is, only slower.
 fn q8_interleaved<'a>(w: &TensorView<'a>) -> Option<(MatQ8, &'a [i8], &'a [f32])> {

@@ -167,7 +167,7 @@ impl<'a> Model<'a> {
         // On AVX-512 the q4, q6 and q8 matrices are read in the kernels' own order, made here
         // once (kernels/dot/interleaved.rs); each view carries both orders. A GGUF file's Q8_0,
         // Q5_0 and Q4_0 matrices are already a copy, made at open: in that order where the file
-        // was opened for the CPU's kernels (`format::Reader::CpuKernels`), else in this format's
+        // was opened for the CPU's kernels (`format::Reader::Interleaved`), else in this format's
         // (q8 then read as it is rather than copied twice).
         let q8 = dots().q8_interleaved.is_some();
         // GGUF's Q4_K and Q6_K matrices too (`kernels/dot/k_interleaved.rs`).

@@ -3,6 +3,7 @@
 //! its dtype's packing, its values as a tensor borrowed from a file ([`Q8`], [`Q4`], [`Q6`]: what
 //! `format::view::TensorData` hands the kernels) and its scalar reading; the products are the
 //! kernels' (`kernels/dot/`), and `format/dtype.rs` holds the file's table of every dtype.
+//! [`interleaved`] is the other order of their rows that the AVX-512 kernels read.
 //!
 //! A row of weights is cut into groups of `group_size` consecutive values. Each group `w` gets one
 //! scale `s` and stores integers `q`; the value it stands for is `q * s`. Because rounding moves a
@@ -10,6 +11,7 @@
 //! Symmetric (no zero point) keeps the dot product a plain sum of `q_w * q_x` per group, which is
 //! what integer SIMD instructions compute. See docs/quantization.md.
 
+pub mod interleaved;
 pub mod q4;
 pub mod q6;
 pub mod q8;

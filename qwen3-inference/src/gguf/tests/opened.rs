@@ -286,7 +286,7 @@ fn quantized_tensors_have_the_files_values(
     counts
 }
 
-/// Laid out for the CPU's kernels (`format::Reader::CpuKernels` where the kernels read an order
+/// Laid out for the CPU's kernels (`format::Reader::Interleaved` where the kernels read an order
 /// of their own), each Q8_0, Q5_0 and Q4_0 matrix of a GGUF is this format's layout of it
 /// (`ModelFile::open`'s, whose values the tests above hold to ggml's) rearranged exactly as
 /// `interleave_q8` and `interleave_q4` rearrange a model file's matrix for those kernels, its
@@ -296,9 +296,9 @@ fn quantized_tensors_have_the_files_values(
 #[test]
 fn matrices_laid_out_for_the_kernels_are_the_files_rearranged() {
     use crate::format::mapped::MappedFile;
+    use crate::format::Reader;
     use crate::format::{DType, ModelFile};
-    use crate::kernels::dot::interleaved::{interleave_q4, interleave_q8};
-    use repack::Order;
+    use crate::quant::interleaved::{interleave_q4, interleave_q8};
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf");
     // (fixture, matrices reordered, the embedding table among them): the first two tied, their
     // tables Q8_0 (the Q4_K_M's a fallback: rows of 64); the Q4_0's table tied but Q6_K, as
@@ -315,8 +315,8 @@ fn matrices_laid_out_for_the_kernels_are_the_files_rearranged() {
         let first = MappedFile::map(&std::fs::File::open(&path).unwrap()).unwrap();
         let (g, mmap) = open_parts(&path, first).unwrap();
         let layout = model::layout(&g, mmap.len() as u64).unwrap();
-        let order = Order::Kernels { q8: true, q4: true };
-        let (derived, names) = repack::repack(&g, &layout, &mmap, &|_| {}, order).unwrap();
+        let reader = Reader::Interleaved { q8: true, q4: true };
+        let (derived, names) = repack::repack(&g, &layout, &mmap, &|_| {}, reader).unwrap();
         let derived = derived.unwrap();
         assert_eq!(names.len(), reordered, "{name}");
         let embedding = names.contains("model.embed_tokens.weight");
@@ -361,8 +361,9 @@ fn a_matrix_in_the_kernels_order_is_not_read_as_the_files() {
     use crate::format::{ModelFile, Reader};
     use crate::kernels::embedding;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf");
-    let reorders = repack::Order::kernels()
-        != (repack::Order::Kernels {
+    let reader = crate::backend::CpuBackend::reader();
+    let reorders = reader
+        != (Reader::Interleaved {
             q8: false,
             q4: false,
         });
@@ -371,7 +372,7 @@ fn a_matrix_in_the_kernels_order_is_not_read_as_the_files() {
         ("tiny-qwen3_5-bf16-q8_0", false),
     ] {
         let path = root.join(format!("{name}.gguf"));
-        let file = ModelFile::open_for(&path, Reader::CpuKernels).unwrap();
+        let file = ModelFile::open_for(&path, reader).unwrap();
         let any = ModelFile::open(&path).unwrap();
         let table = file.tensor("model.embed_tokens.weight").unwrap();
         let cols = table.shape[1] as usize;
