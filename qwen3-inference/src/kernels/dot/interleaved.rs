@@ -27,21 +27,20 @@ use std::collections::HashMap;
 pub fn interleaved_row(data: &TensorData, r: usize, out: &mut [f32]) {
     let cols = out.len();
     let gs = data.group_size().expect("a quantized matrix");
-    let per = cols / gs;
-    // One group's bytes in the file's order: at most 64 (q8 in groups of 64).
+    // Group g's scale, and a buffer for one group's bytes in the file's order: at most 64 (q8
+    // in groups of 64).
+    let scale = |g: usize| r * cols / gs + g..r * cols / gs + g + 1;
     let mut group = [0u8; 64];
-    for (g, out) in out.chunks_exact_mut(gs).enumerate() {
-        let scale = r * per + g..r * per + g + 1;
-        match data.dtype() {
-            DType::Q8 => {
-                let Q8 { q, scales, .. } = data.q8();
-                let row: &[u8] = bytemuck::cast_slice(&q[r * cols..(r + 1) * cols]);
-                let group = &mut group[..gs];
+    match data.dtype() {
+        DType::Q8 => {
+            let Q8 { q, scales, .. } = data.q8();
+            let row: &[u8] = bytemuck::cast_slice(&q[r * cols..(r + 1) * cols]);
+            let group = &mut group[..gs];
+            for (g, out) in out.chunks_exact_mut(gs).enumerate() {
                 file_group(row, gs, g, group);
                 // Stored plus 128 (`q ^ 0x80`, the module's text).
                 group.iter_mut().for_each(|b| *b ^= 0x80);
-                let q = bytemuck::cast_slice(group);
-                let scales = &scales[scale];
+                let (q, scales) = (bytemuck::cast_slice(group), &scales[scale(g)]);
                 Q8 {
                     q,
                     scales,
@@ -49,13 +48,15 @@ pub fn interleaved_row(data: &TensorData, r: usize, out: &mut [f32]) {
                 }
                 .row(0, out);
             }
-            DType::Q4 => {
-                let Q4 { packed, scales, .. } = data.q4();
-                let row = &packed[r * cols / 2..(r + 1) * cols / 2];
-                // A group of 32 q4 values is 16 bytes, interleaved as q8's words are.
-                let group = &mut group[..gs / 2];
+        }
+        DType::Q4 => {
+            let Q4 { packed, scales, .. } = data.q4();
+            let row = &packed[r * cols / 2..(r + 1) * cols / 2];
+            // A group of 32 q4 values is 16 bytes, interleaved as q8's words are.
+            let group = &mut group[..gs / 2];
+            for (g, out) in out.chunks_exact_mut(gs).enumerate() {
                 file_group(row, gs / 2, g, group);
-                let scales = &scales[scale];
+                let scales = &scales[scale(g)];
                 Q4 {
                     packed: group,
                     scales,
@@ -63,8 +64,8 @@ pub fn interleaved_row(data: &TensorData, r: usize, out: &mut [f32]) {
                 }
                 .row(0, out);
             }
-            d => panic!("{d} has no interleaved rows to read"),
         }
+        d => panic!("{d} has no interleaved rows to read"),
     }
 }
 
@@ -101,9 +102,9 @@ pub fn interleave_file(file: &ModelFile, q8: bool, k: bool) -> Result<Derived> {
             // Laid out in this order at open (a GGUF's matrix, `format::Reader::Interleaved`).
             continue;
         }
-        // A GGUF's Q8_0 repacked at open for any reader is read in the file's order rather
-        // than copied again, but for the embedding table that is also the classifier.
-        let q8 = q8 && (!file.is_repacked(&info.name) || info.name == "model.embed_tokens.weight");
+        // A GGUF's Q8_0 repacked at open for any reader (`Reader::Any`) is read in the file's
+        // order rather than copied a second time.
+        let q8 = q8 && !file.is_repacked(&info.name);
         // The values' bytes (the tensor's first ones) and their order.
         let (values, order) = match (t.data.dtype(), t.data.group_size()) {
             (DType::Q4, Some(gs)) if interleaves(gs) => (t.data.q4().packed.len(), Order::Q4),
@@ -268,28 +269,37 @@ mod tests {
         ] {
             let (rows, cols) = (3, gs * groups);
             let w = next_values(rows * cols, &mut seed);
-            let (mut want, mut got) = (vec![0f32; cols], vec![0f32; cols]);
+            // Every row read back from the interleaved order against the file's.
+            let check = |file: TensorData, interleaved: TensorData, what: &str| {
+                let (mut want, mut got) = (vec![0f32; cols], vec![0f32; cols]);
+                for r in 0..rows {
+                    file.row(r, &mut want);
+                    interleaved_row(&interleaved, r, &mut got);
+                    assert_eq!(got, want, "{what}: {groups} groups, row {r}");
+                }
+            };
             // q8
             let (mut q, mut scales) = (vec![0i8; rows * cols], vec![0f32; rows * groups]);
             crate::quant::quantize_q8(&w, gs, &mut q, &mut scales);
             let mut out = vec![0u8; q.len()];
             interleave_q8(bytemuck::cast_slice(&q), cols, gs, &mut out);
-            let file = Q8 {
+            let (group_size, scales) = (gs, &scales);
+            let file = TensorData::from(Q8 {
                 q: &q,
-                scales: &scales,
-                group_size: gs,
-            };
-            let q = bytemuck::cast_slice(&out);
-            let interleaved = TensorData::from(Q8 {
-                q,
-                scales: &scales,
-                group_size: gs,
+                scales,
+                group_size,
             });
-            for r in 0..rows {
-                file.row(r, &mut want);
-                interleaved_row(&interleaved, r, &mut got);
-                assert_eq!(got, want, "q8 in groups of {gs}: {groups} groups, row {r}");
-            }
+            let q = bytemuck::cast_slice(&out);
+            let what = format!("q8 in groups of {gs}");
+            check(
+                file,
+                TensorData::from(Q8 {
+                    q,
+                    scales,
+                    group_size,
+                }),
+                &what,
+            );
             // q4, in groups of 32 only
             if gs != 32 {
                 continue;
@@ -298,21 +308,21 @@ mod tests {
             quantize_q4(&w, gs, &mut p, &mut scales);
             let mut out = vec![0u8; p.len()];
             interleave_q4(&p, cols, &mut out);
-            let file = Q4 {
+            let scales = &scales;
+            let file = TensorData::from(Q4 {
                 packed: &p,
-                scales: &scales,
-                group_size: gs,
-            };
-            let interleaved = TensorData::from(Q4 {
-                packed: &out,
-                scales: &scales,
-                group_size: gs,
+                scales,
+                group_size,
             });
-            for r in 0..rows {
-                file.row(r, &mut want);
-                interleaved_row(&interleaved, r, &mut got);
-                assert_eq!(got, want, "q4: {groups} groups, row {r}");
-            }
+            check(
+                file,
+                TensorData::from(Q4 {
+                    packed: &out,
+                    scales,
+                    group_size,
+                }),
+                "q4",
+            );
         }
     }
 
