@@ -434,30 +434,29 @@ impl VisionTower {
             self.config.head_dim(),
         );
         let n = x.len() / d;
-        // a. q, k, v [N, D] each (head after head), from one product [N, 3D].
+        // a. q, k, v [N, D] each (head after head), from one product [N, 3D]; b. RoPE on q and
+        //    k (`rope`). Patch by patch, on all threads with `Math::Fast` (each patch's values
+        //    are the same either way).
         let qkv = b.qkv.apply(&b.norm1.forward(x, math), math);
-        let part = |which: usize| -> Vec<f32> {
-            qkv.chunks_exact(3 * d)
-                .flat_map(|r| r[which * d..(which + 1) * d].iter().copied())
-                .collect()
+        let (mut q, mut k, mut v) = (vec![0f32; n * d], vec![0f32; n * d], vec![0f32; n * d]);
+        let split = |p: usize, qp: &mut [f32], kp: &mut [f32], vp: &mut [f32]| {
+            let src = &qkv[p * 3 * d..(p + 1) * 3 * d];
+            qp.copy_from_slice(&src[..d]);
+            kp.copy_from_slice(&src[d..2 * d]);
+            vp.copy_from_slice(&src[2 * d..]);
+            let (c, s) = (&cos[p * hd..(p + 1) * hd], &sin[p * hd..(p + 1) * hd]);
+            for head in qp.chunks_exact_mut(hd).chain(kp.chunks_exact_mut(hd)) {
+                rope(head, c, s);
+            }
         };
-        let (mut q, mut k, v) = (part(0), part(1), part(2));
-        // b. RoPE on q and k: x cos + rotate_half(x) sin, rotate_half(x) = (-x2, x1) per head.
-        for t in [&mut q, &mut k] {
-            for p in 0..n {
-                let (c, s) = (&cos[p * hd..(p + 1) * hd], &sin[p * hd..(p + 1) * hd]);
-                for head in t[p * d..(p + 1) * d].chunks_exact_mut(hd) {
-                    let orig = head.to_vec();
-                    for j in 0..hd {
-                        let rot = if j < hd / 2 {
-                            -orig[j + hd / 2]
-                        } else {
-                            orig[j - hd / 2]
-                        };
-                        head[j] = orig[j] * c[j] + rot * s[j];
-                    }
+        match math {
+            Math::Plain => {
+                let rows = q.chunks_exact_mut(d).zip(k.chunks_exact_mut(d));
+                for (p, ((qp, kp), vp)) in rows.zip(v.chunks_exact_mut(d)).enumerate() {
+                    split(p, qp, kp, vp);
                 }
             }
+            Math::Fast => fast::patches(&mut q, &mut k, &mut v, d, split),
         }
         // c. Attention within each frame, every patch seeing every other (not causal):
         //    softmax(q k^T / sqrt(hd)) v, per head.
@@ -497,17 +496,34 @@ impl VisionTower {
             }
         }
         // d. x += proj(o); then the MLP: x += fc2(gelu_tanh(fc1(LN2(x)))).
-        for (xv, pv) in x.iter_mut().zip(b.proj.apply(&o, math)) {
-            *xv += pv;
-        }
+        add(x, &b.proj.apply(&o, math), math);
         let mut h = b.fc1.apply(&b.norm2.forward(x, math), math);
         match math {
             Math::Plain => h.iter_mut().for_each(|v| *v = gelu_tanh(*v)),
             Math::Fast => fast::gelu_tanh(&mut h),
         }
-        for (xv, mv) in x.iter_mut().zip(b.fc2.apply(&h, math)) {
-            *xv += mv;
-        }
+        add(x, &b.fc2.apply(&h, math), math);
+    }
+}
+
+/// RoPE on one head in place, `x cos + rotate_half(x) sin` with `rotate_half(x) = (-x2, x1)`
+/// (x1, x2 the head's halves): each pair (x1[j], x2[j]) becomes
+/// `(x1 cos[j] - x2 sin[j], x2 cos[j + hd/2] + x1 sin[j + hd/2])`.
+fn rope(head: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let half = head.len() / 2;
+    let (x1, x2) = head.split_at_mut(half);
+    for (j, (a, b)) in x1.iter_mut().zip(x2.iter_mut()).enumerate() {
+        let (v1, v2) = (*a, *b);
+        *a = v1 * cos[j] + -v2 * sin[j];
+        *b = v2 * cos[half + j] + v1 * sin[half + j];
+    }
+}
+
+/// `x += y`, value by value (on all threads with `Math::Fast`: the same sums either way).
+fn add(x: &mut [f32], y: &[f32], math: Math) {
+    match math {
+        Math::Plain => x.iter_mut().zip(y).for_each(|(a, b)| *a += b),
+        Math::Fast => fast::add(x, y),
     }
 }
 

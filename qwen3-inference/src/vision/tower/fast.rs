@@ -1,6 +1,8 @@
 //! The tower's fast form ([`Math::Fast`](super::Math)): the products of tower.rs on the matmul
 //! kernels with the weights in the file's dtype (`matrix.rs`), attention within each image on
-//! `kernels::frame_attention`, GELU on all threads. The steps and their order are tower.rs's; only
+//! `kernels::frame_attention`, GELU, the biases, the split of q, k and v with their RoPE, and the
+//! residual sums on all threads (on one, they left the other thread waiting: docs/vision.md,
+//! "Speed beside llama.cpp"). The steps and their order are tower.rs's; only
 //! how the sums are taken differs (f32 on the kernels, or the file's bf16 or q8 products; f64
 //! there), so the two agree to f32 rounding in an f32 file (`tests/vision_tower.rs` and
 //! qwen3-cli's `tests/vision.rs` check both against transformers).
@@ -17,9 +19,8 @@ pub(super) fn linear(l: &Linear, x: &[f32]) -> Vec<f32> {
     let shape = [l.out as u64, l.inp as u64];
     let mut y = vec![0f32; n * l.out];
     kernels::matmul(&mut y, x, &l.weight.view(&shape), n);
-    for row in y.chunks_exact_mut(l.out) {
-        row.iter_mut().zip(&l.bias).for_each(|(v, b)| *v += b);
-    }
+    y.par_chunks_exact_mut(l.out)
+        .for_each(|row| row.iter_mut().zip(&l.bias).for_each(|(v, b)| *v += b));
     y
 }
 
@@ -58,6 +59,29 @@ pub(super) fn rows(x: &[f32], y: &mut [f32], width: usize, f: impl Fn(&[f32], &m
     x.par_chunks_exact(width)
         .zip(y.par_chunks_exact_mut(width))
         .for_each(|(xi, yi)| f(xi, yi));
+}
+
+/// `f(p, q row, k row, v row)` for every patch `p` of `q`, `k` and `v` (rows of `width`
+/// values), on all threads.
+pub(super) fn patches(
+    q: &mut [f32],
+    k: &mut [f32],
+    v: &mut [f32],
+    width: usize,
+    f: impl Fn(usize, &mut [f32], &mut [f32], &mut [f32]) + Sync,
+) {
+    q.par_chunks_exact_mut(width)
+        .zip(k.par_chunks_exact_mut(width))
+        .zip(v.par_chunks_exact_mut(width))
+        .enumerate()
+        .for_each(|(p, ((qp, kp), vp))| f(p, qp, kp, vp));
+}
+
+/// `x += y`, value by value, on all threads.
+pub(super) fn add(x: &mut [f32], y: &[f32]) {
+    x.par_chunks_mut(1 << 14)
+        .zip(y.par_chunks(1 << 14))
+        .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, b)| *a += b));
 }
 
 /// `v = f(v)` for every value of `h`, on all threads.
