@@ -11,8 +11,8 @@ What it writes, under OUT:
   noise on it, so that resampling has something to smooth): sizes that need no resize, one that is
   scaled up and one that is scaled down, RGBA with an alpha ramp, grayscale, grayscale with alpha,
   palette with a transparent index, 16 bits a channel (RGB, gray, gray with alpha), a JPEG, the
-  first frame of a two-frame GIF, a lossless WebP, and a PNG with an EXIF orientation (turned
-  as transformers' `load_image` turns it before the processor).
+  first frame of a two-frame GIF, a lossless WebP, a PNG with an EXIF orientation (turned
+  as transformers' `load_image` turns it before the processor), and lossy WebPs (RGB, RGBA).
 - processor-reference.json:
   - `cases`: per image, the processor's settings, the RGB bytes Pillow decoded (before any resize),
     the size after `smart_resize`, `image_grid_thw`, and `pixel_values` (f32, little-endian, base64),
@@ -108,6 +108,12 @@ def images(rng):
     exif = Image.Exif()
     exif[0x0112] = 6
     cases.append(("exif6-16x24.png", encode(Image.fromarray(picture(rng, 16, 24)), "PNG", exif=exif.tobytes()), TINY))
+    # Lossy WebP (quality 80), RGB and with an alpha ramp: libwebp's decoding in Pillow against
+    # the `image` crate's own, as for JPEG.
+    cases.append(("rgb-24x40-lossy.webp", encode(Image.fromarray(picture(rng, 24, 40)), "WEBP", quality=80), TINY))
+    lossy = np.concatenate([picture(rng, 24, 40), np.zeros((24, 40, 1), np.uint8)], axis=2)
+    lossy[..., 3] = (np.arange(24 * 40).reshape(24, 40) * 255 // (24 * 40 - 1)).astype(np.uint8)
+    cases.append(("rgba-24x40-lossy.webp", encode(Image.fromarray(lossy, "RGBA"), "WEBP", quality=80), TINY))
     return cases
 
 
