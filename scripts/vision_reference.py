@@ -12,7 +12,8 @@ What it writes, under OUT:
   scaled up and one that is scaled down, RGBA with an alpha ramp, grayscale, grayscale with alpha,
   palette with a transparent index, 16 bits a channel (RGB, gray, gray with alpha), a JPEG, the
   first frame of a two-frame GIF, a lossless WebP, a PNG with an EXIF orientation (turned
-  as transformers' `load_image` turns it before the processor), and lossy WebPs (RGB, RGBA).
+  as transformers' `load_image` turns it before the processor), lossy WebPs (RGB, RGBA) and a
+  JPEG with an EXIF orientation of its own.
 - processor-reference.json:
   - `cases`: per image, the processor's settings, the RGB bytes Pillow decoded (before any resize),
     the size after `smart_resize`, `image_grid_thw`, and `pixel_values` (f32, little-endian, base64),
@@ -114,6 +115,11 @@ def images(rng):
     lossy = np.concatenate([picture(rng, 24, 40), np.zeros((24, 40, 1), np.uint8)], axis=2)
     lossy[..., 3] = (np.arange(24 * 40).reshape(24, 40) * 255 // (24 * 40 - 1)).astype(np.uint8)
     cases.append(("rgba-24x40-lossy.webp", encode(Image.fromarray(lossy, "RGBA"), "WEBP", quality=80), TINY))
+    # A JPEG whose own EXIF (APP1) says orientation 8 (turn 90 degrees counter-clockwise to view).
+    exif8 = Image.Exif()
+    exif8[0x0112] = 8
+    cases.append(("exif8-16x24.jpg", encode(Image.fromarray(picture(rng, 16, 24)), "JPEG", quality=90,
+                                            exif=exif8.tobytes()), TINY))
     return cases
 
 
