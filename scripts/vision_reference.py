@@ -12,8 +12,9 @@ What it writes, under OUT:
   scaled up and one that is scaled down, RGBA with an alpha ramp, grayscale, grayscale with alpha,
   palette with a transparent index, 16 bits a channel (RGB, gray, gray with alpha), a JPEG, the
   first frame of a two-frame GIF, a lossless WebP, a PNG with an EXIF orientation (turned
-  as transformers' `load_image` turns it before the processor), lossy WebPs (RGB, RGBA) and a
-  JPEG with an EXIF orientation of its own.
+  as transformers' `load_image` turns it before the processor), lossy WebPs (RGB, RGBA), a
+  JPEG with an EXIF orientation of its own, and PNGs with a transparent colour (RGB, gray, 16-bit
+  RGB and gray).
 - processor-reference.json:
   - `cases`: per image, the processor's settings, the RGB bytes Pillow decoded (before any resize),
     the size after `smart_resize`, `image_grid_thw`, and `pixel_values` (f32, little-endian, base64),
@@ -120,12 +121,29 @@ def images(rng):
     exif8[0x0112] = 8
     cases.append(("exif8-16x24.jpg", encode(Image.fromarray(picture(rng, 16, 24)), "JPEG", quality=90,
                                             exif=exif8.tobytes()), TINY))
+    # A transparent colour (tRNS) in a truecolour and a gray PNG, 8 and 16 bits: a block of
+    # pixels holds it. Pillow opens truecolour as "RGB" with the colour only in `info`, which
+    # transformers' convert_to_rgb returns as it is (opaque); gray as "L", whose convert("RGBA")
+    # makes that colour transparent.
+    rgb_t = picture(rng, 24, 40)
+    rgb_t[4:12, 8:20] = (10, 200, 30)
+    cases.append(("rgb-trns-24x40.png", encode(Image.fromarray(rgb_t), "PNG", transparency=(10, 200, 30)), TINY))
+    gray_t = picture(rng, 24, 40, 1)[..., 0]
+    gray_t[4:12, 8:20] = 77
+    cases.append(("gray-trns-24x40.png", encode(Image.fromarray(gray_t, "L"), "PNG", transparency=77), TINY))
+    deep_t = picture(rng, 24, 40).astype(np.uint16) * 257
+    deep_t[4:12, 8:20] = (2570, 51400, 7710)
+    cases.append(("rgb16-trns-24x40.png", png16(deep_t, 2, trns=(2570, 51400, 7710)), TINY))
+    gray16_t = picture(rng, 24, 40, 1).astype(np.uint16)
+    gray16_t[4:12, 8:20] = 77
+    cases.append(("gray16-trns-24x40.png", png16(gray16_t, 0, trns=(77,)), TINY))
     return cases
 
 
-def png16(pixels, color_type):
+def png16(pixels, color_type, trns=None):
     """A 16-bit PNG of colour type 0 (gray), 2 (RGB) or 4 (gray and alpha), [h, w, channels]
-    (Pillow cannot write these from an array): the chunks written by hand."""
+    (Pillow cannot write these from an array): the chunks written by hand; `trns`, a transparent
+    colour (one 16-bit value a channel) in a tRNS chunk."""
     import struct
     import zlib
 
@@ -135,8 +153,9 @@ def png16(pixels, color_type):
     def chunk(kind, data):
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
+    extra = chunk(b"tRNS", struct.pack(f">{len(trns)}H", *trns)) if trns else b""
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, color_type, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+            + extra + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
 
 
 def b64(a):

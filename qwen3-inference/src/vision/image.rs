@@ -8,7 +8,8 @@
 //! - gray becomes R = G = B;
 //! - 16 bits a channel keep their high byte, as Pillow reads 16-bit RGB, RGBA and gray-with-alpha
 //!   PNGs; plain 16-bit gray is clipped to 255, as Pillow's `I;16` converts (a transformers quirk
-//!   kept: the model sees what it would see under transformers).
+//!   kept: the model sees what it would see under transformers), its transparent value (tRNS),
+//!   if any, made transparent.
 //!
 //! One choice differs from any single transformers path: transformers' `load_image` (URLs and
 //! base64 in a chat template) applies the EXIF orientation and then drops alpha (`convert("RGB")`),
@@ -77,16 +78,30 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<Rgb> {
     let mut img = DynamicImage::from_decoder(decoder)
         .map_err(|e| anyhow!("the image could not be decoded: {e}"))?;
     img.apply_orientation(orientation);
-    Ok(to_rgb(&img))
+    Ok(to_rgb(&img, is_gray16_png(bytes)))
 }
 
-/// RGB bytes of a decoded image, with any transparency composited over white.
-fn to_rgb(img: &DynamicImage) -> Rgb {
+/// Whether `bytes` are a PNG of 16-bit gray (IHDR's bit depth 16, colour type 0): with a
+/// transparent value (tRNS) the `image` crate gives it an alpha channel, while Pillow keeps it
+/// `I;16` (see [`to_rgb`]). The IHDR chunk comes first: bytes 8-15 its length and name, 16-23 the
+/// width and height, then the bit depth and the colour type.
+fn is_gray16_png(bytes: &[u8]) -> bool {
+    bytes.starts_with(b"\x89PNG\r\n\x1a\n")
+        && bytes.get(12..16) == Some(b"IHDR".as_slice())
+        && bytes.get(24..26) == Some([16, 0].as_slice())
+}
+
+/// RGB bytes of a decoded image, with any transparency composited over white. `gray16`: the file
+/// is a 16-bit gray PNG ([`is_gray16_png`]).
+fn to_rgb(img: &DynamicImage, gray16: bool) -> Rgb {
     let (width, height) = (img.width() as usize, img.height() as usize);
     // RGBA bytes as Pillow reads the file. 8 bits a channel: as they are (gray repeated). 16
     // bits: Pillow keeps the high byte of RGB, RGBA and gray with alpha; plain 16-bit gray it
     // opens as `I;16`, whose conversion to RGB clips each value to 255 (so such an image is
-    // mostly white to transformers, and here too).
+    // mostly white to transformers, and here too), and whose conversion to RGBA makes a
+    // transparent value (tRNS) transparent: that gray arrives here with an alpha channel of 0 or
+    // 65535, and its values are clipped as `I;16`'s, not cut to their high byte as gray with
+    // alpha's are.
     let high = |v: u16| (v >> 8) as u8;
     let rgba: Vec<u8> = match img {
         DynamicImage::ImageLuma16(b) => b
@@ -95,6 +110,14 @@ fn to_rgb(img: &DynamicImage) -> Rgb {
             .flat_map(|&v| {
                 let l = v.min(255) as u8;
                 [l, l, l, 255]
+            })
+            .collect(),
+        DynamicImage::ImageLumaA16(b) if gray16 => b
+            .as_raw()
+            .chunks_exact(2)
+            .flat_map(|p| {
+                let l = p[0].min(255) as u8;
+                [l, l, l, high(p[1])]
             })
             .collect(),
         DynamicImage::ImageLumaA16(b) => b
