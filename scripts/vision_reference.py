@@ -13,8 +13,8 @@ What it writes, under OUT:
   palette with a transparent index, 16 bits a channel (RGB, gray, gray with alpha), a JPEG, the
   first frame of a two-frame GIF, a lossless WebP, a PNG with an EXIF orientation (turned
   as transformers' `load_image` turns it before the processor), lossy WebPs (RGB, RGBA), a
-  JPEG with an EXIF orientation of its own, and PNGs with a transparent colour (RGB, gray, 16-bit
-  RGB and gray).
+  JPEG with an EXIF orientation of its own, PNGs with a transparent colour (RGB, gray, 16-bit
+  RGB and gray), and orientations in XMP (a PNG, a WebP; a PNG whose EXIF overrides it).
 - processor-reference.json:
   - `cases`: per image, the processor's settings, the RGB bytes Pillow decoded (before any resize),
     the size after `smart_resize`, `image_grid_thw`, and `pixel_values` (f32, little-endian, base64),
@@ -137,6 +137,25 @@ def images(rng):
     gray16_t = picture(rng, 24, 40, 1).astype(np.uint16)
     gray16_t[4:12, 8:20] = 77
     cases.append(("gray16-trns-24x40.png", png16(gray16_t, 0, trns=(77,)), TINY))
+    # An orientation in XMP only (Pillow's getexif reads `tiff:Orientation` there when the EXIF
+    # has none): a PNG's iTXt (attribute form, 6), a lossless WebP's XMP chunk (element form, 8),
+    # and a PNG whose EXIF says 1, which wins over its XMP's 6.
+    from PIL.PngImagePlugin import PngInfo
+
+    def xmp(form):
+        return ('<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/'
+                '22-rdf-syntax-ns#"><rdf:Description xmlns:tiff="http://ns.adobe.com/tiff/1.0/" '
+                + form + '</rdf:Description></rdf:RDF></x:xmpmeta>')
+
+    info = PngInfo()
+    info.add_itxt("XML:com.adobe.xmp", xmp('tiff:Orientation="6">'))
+    cases.append(("xmp6-16x24.png", encode(Image.fromarray(picture(rng, 16, 24)), "PNG", pnginfo=info), TINY))
+    cases.append(("xmp8-16x24.webp", encode(Image.fromarray(picture(rng, 16, 24)), "WEBP", lossless=True,
+                                            xmp=xmp('><tiff:Orientation>8</tiff:Orientation>').encode()), TINY))
+    exif1 = Image.Exif()
+    exif1[0x0112] = 1
+    cases.append(("exif1-xmp6-16x24.png", encode(Image.fromarray(picture(rng, 16, 24)), "PNG", pnginfo=info,
+                                                 exif=exif1.tobytes()), TINY))
     return cases
 
 

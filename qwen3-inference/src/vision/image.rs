@@ -1,7 +1,8 @@
 //! From an image file's bytes to RGB bytes, as transformers' processor sees them.
 //!
 //! The file is decoded by the `image` crate (PNG, JPEG, GIF's first frame, WebP), turned the way
-//! its EXIF orientation says (transformers' `load_image` does so with `ImageOps.exif_transpose`),
+//! its EXIF or XMP orientation says (transformers' `load_image` does so with
+//! `ImageOps.exif_transpose`),
 //! and made RGB the way transformers' `convert_to_rgb` does with Pillow:
 //! - an image with transparency (an alpha channel, or a palette with a transparent entry) is
 //!   composited over opaque white with Pillow's integer `alpha_composite`;
@@ -20,6 +21,7 @@
 use std::io::Cursor;
 
 use anyhow::{anyhow, bail, Result};
+use image::metadata::Orientation;
 use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader};
 
 /// An RGB image: `height * width` pixels, row by row, three bytes each.
@@ -72,13 +74,34 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<Rgb> {
             w as u64 * h as u64
         );
     }
-    let orientation = decoder
-        .orientation()
+    let orientation = orientation(&mut decoder)
         .map_err(|e| anyhow!("the image's orientation could not be read: {e}"))?;
     let mut img = DynamicImage::from_decoder(decoder)
         .map_err(|e| anyhow!("the image could not be decoded: {e}"))?;
     img.apply_orientation(orientation);
     Ok(to_rgb(&img, is_gray16_png(bytes)))
+}
+
+/// How the image is to be turned, as Pillow's `ImageOps.exif_transpose` finds it (`getexif`):
+/// the EXIF's orientation tag, or where the EXIF has none (an orientation of 1 in it counts), the
+/// first `tiff:Orientation="N"` or `tiff:Orientation>N` in the XMP packet (a PNG's iTXt, a JPEG's
+/// APP1, a WebP's XMP chunk, a GIF's extension). A value other than 1-8 turns nothing.
+fn orientation(decoder: &mut dyn ImageDecoder) -> image::ImageResult<Orientation> {
+    let exif = decoder.exif_metadata()?;
+    if let Some(o) = exif.as_deref().and_then(Orientation::from_exif_chunk) {
+        return Ok(o);
+    }
+    let xmp = decoder.xmp_metadata()?.unwrap_or_default();
+    let tag = b"tiff:Orientation";
+    let value = (0..xmp.len().saturating_sub(tag.len()))
+        .filter(|&i| xmp[i..].starts_with(tag))
+        .find_map(|i| match &xmp[i + tag.len()..] {
+            [b'=', b'"', d, ..] | [b'>', d, ..] if d.is_ascii_digit() => Some(d - b'0'),
+            _ => None,
+        });
+    Ok(value
+        .and_then(Orientation::from_exif)
+        .unwrap_or(Orientation::NoTransforms))
 }
 
 /// Whether `bytes` are a PNG of 16-bit gray (IHDR's bit depth 16, colour type 0): with a
