@@ -14,7 +14,7 @@ What it writes, under OUT:
   first frame of a two-frame GIF, a lossless WebP, a PNG with an EXIF orientation (turned
   as transformers' `load_image` turns it before the processor), lossy WebPs (RGB, RGBA), a
   JPEG with an EXIF orientation of its own, PNGs with a transparent colour (RGB, gray, 16-bit
-  RGB and gray), and orientations in XMP (a PNG, a WebP; a PNG whose EXIF overrides it).
+  RGB and gray), and orientations in XMP (a PNG, a WebP, a JPEG; a PNG whose EXIF overrides it).
 - processor-reference.json:
   - `cases`: per image, the processor's settings, the RGB bytes Pillow decoded (before any resize),
     the size after `smart_resize`, `image_grid_thw`, and `pixel_values` (f32, little-endian, base64),
@@ -139,7 +139,7 @@ def images(rng):
     cases.append(("gray16-trns-24x40.png", png16(gray16_t, 0, trns=(77,)), TINY))
     # An orientation in XMP only (Pillow's getexif reads `tiff:Orientation` there when the EXIF
     # has none): a PNG's iTXt (attribute form, 6), a lossless WebP's XMP chunk (element form, 8),
-    # and a PNG whose EXIF says 1, which wins over its XMP's 6.
+    # a PNG whose EXIF says 1, which wins over its XMP's 6, and a JPEG's XMP (APP1).
     from PIL.PngImagePlugin import PngInfo
 
     def xmp(form):
@@ -156,6 +156,9 @@ def images(rng):
     exif1[0x0112] = 1
     cases.append(("exif1-xmp6-16x24.png", encode(Image.fromarray(picture(rng, 16, 24)), "PNG", pnginfo=info,
                                                  exif=exif1.tobytes()), TINY))
+    # A JPEG with XMP orientation 6 in its APP1 (and no EXIF).
+    cases.append(("xmp6-16x24.jpg", encode(Image.fromarray(picture(rng, 16, 24)), "JPEG", quality=90,
+                                           xmp=xmp('tiff:Orientation="6">').encode()), TINY))
     return cases
 
 
