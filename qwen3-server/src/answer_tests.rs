@@ -56,6 +56,7 @@ fn state() -> Arc<AppState> {
         max_images: crate::images::MAX_IMAGES,
         max_image_pixels: qwen3_inference::vision::MAX_SOURCE_PIXELS,
         fetch_image_urls: false,
+        max_image_bytes: crate::images::MAX_IMAGE_BYTES,
         draft: Default::default(),
     })
 }

@@ -11,8 +11,36 @@ use crate::error::ApiError;
 use base64::Engine as _;
 use serde_json::Value;
 
-/// Bytes of one image file, as sent (20 MiB, OpenAI's limit).
+/// Bytes of one image file, as sent, unless the server is told otherwise (`--max-image-bytes`):
+/// 20 MiB, OpenAI's limit.
 pub const MAX_IMAGE_BYTES: usize = 20 << 20;
+
+/// What the server takes of a request's images.
+#[derive(Clone, Copy, Debug)]
+pub struct ImageRules {
+    /// Whether `http(s)` URLs are fetched (`--fetch-image-urls`); otherwise they are refused.
+    pub fetch: bool,
+    /// The most bytes one image file may have (`--max-image-bytes`).
+    pub max_bytes: usize,
+}
+
+impl ImageRules {
+    /// The server's rules (its flags).
+    pub fn of(s: &crate::state::AppState) -> ImageRules {
+        ImageRules {
+            fetch: s.fetch_image_urls,
+            max_bytes: s.max_image_bytes,
+        }
+    }
+
+    /// The error of an image over [`ImageRules::max_bytes`].
+    fn too_large(&self) -> String {
+        match self.max_bytes % (1 << 20) {
+            0 => format!("the image is over {} MiB", self.max_bytes >> 20),
+            _ => format!("the image is over {} bytes", self.max_bytes),
+        }
+    }
+}
 /// Images in one request, unless the server is told otherwise (`--max-images`).
 pub const MAX_IMAGES: usize = 16;
 
@@ -55,10 +83,10 @@ pub struct ImageFile {
 }
 
 /// Every part's bytes: those the request carried as they are, and those given as URLs fetched,
-/// one after the other, all within [`FETCH_TIMEOUT_S`]; the first that cannot be fetched is a
-/// 400 naming its part and why. With a URL among the parts it blocks: call it off the async
-/// threads then.
-pub fn fetch_all(parts: Vec<ImagePart>) -> Result<Vec<ImageFile>, ApiError> {
+/// one after the other, all within [`FETCH_TIMEOUT_S`] and `rules.max_bytes` each; the first
+/// that cannot be fetched is a 400 naming its part and why. With a URL among the parts it
+/// blocks: call it off the async threads then.
+pub fn fetch_all(parts: Vec<ImagePart>, rules: ImageRules) -> Result<Vec<ImageFile>, ApiError> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(FETCH_TIMEOUT_S);
     parts
         .into_iter()
@@ -71,7 +99,7 @@ pub fn fetch_all(parts: Vec<ImagePart>) -> Result<Vec<ImageFile>, ApiError> {
                         true => Err(format!(
                             "fetching {url}: the request's images took over {FETCH_TIMEOUT_S} s"
                         )),
-                        false => fetch_url(&url, left),
+                        false => fetch_url(&url, left, rules),
                     }
                     .map_err(|m| ApiError::invalid(format!("{param}.image_url"), m))?
                 }
@@ -82,10 +110,14 @@ pub fn fetch_all(parts: Vec<ImagePart>) -> Result<Vec<ImageFile>, ApiError> {
 }
 
 /// The bytes at an `http(s)` URL: a GET that follows up to 5 redirects, within `timeout` and
-/// [`MAX_IMAGE_BYTES`] (a larger file is refused before or while it is read, whether or not it
+/// `rules.max_bytes` (a larger file is refused before or while it is read, whether or not it
 /// says its length); an HTTP error status or a transport failure is said with the URL.
 #[cfg(feature = "fetch")]
-fn fetch_url(url: &str, timeout: std::time::Duration) -> Result<Vec<u8>, String> {
+fn fetch_url(
+    url: &str,
+    timeout: std::time::Duration,
+    rules: ImageRules,
+) -> Result<Vec<u8>, String> {
     use std::io::Read;
     let agent = ureq::AgentBuilder::new()
         .timeout(timeout)
@@ -102,21 +134,22 @@ fn fetch_url(url: &str, timeout: std::time::Duration) -> Result<Vec<u8>, String>
             "{url} is an SVG image, which is not supported (PNG, JPEG, GIF, WebP)"
         ));
     }
-    let too_large = || format!("{url}: the image is over {} MiB", MAX_IMAGE_BYTES >> 20);
+    let max = rules.max_bytes;
+    let too_large = || format!("{url}: {}", rules.too_large());
     if response
         .header("content-length")
         .and_then(|n| n.parse::<usize>().ok())
-        .is_some_and(|n| n > MAX_IMAGE_BYTES)
+        .is_some_and(|n| n > max)
     {
         return Err(too_large());
     }
     let mut bytes = Vec::new();
     response
         .into_reader()
-        .take(MAX_IMAGE_BYTES as u64 + 1)
+        .take(max as u64 + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| format!("fetching {url}: {e}"))?;
-    if bytes.len() > MAX_IMAGE_BYTES {
+    if bytes.len() > max {
         return Err(too_large());
     }
     Ok(bytes)
@@ -125,7 +158,7 @@ fn fetch_url(url: &str, timeout: std::time::Duration) -> Result<Vec<u8>, String>
 /// Without the `fetch` feature there is no HTTP client (and `--fetch-image-urls` is refused at
 /// startup, so no part is a URL here).
 #[cfg(not(feature = "fetch"))]
-fn fetch_url(url: &str, _timeout: std::time::Duration) -> Result<Vec<u8>, String> {
+fn fetch_url(url: &str, _timeout: std::time::Duration, _: ImageRules) -> Result<Vec<u8>, String> {
     Err(format!(
         "{url}: this build fetches no URLs (built without the `fetch` feature): send the image \
          itself as a data URL (data:image/png;base64,...)"
@@ -136,9 +169,13 @@ fn fetch_url(url: &str, _timeout: std::time::Duration) -> Result<Vec<u8>, String
 /// "data:image/png;base64,...", "detail": ...}}` (the URL may also be the value of
 /// `image_url` itself), or `{"type": "input_image", "image_url": "data:..."}`. `detail` is
 /// accepted and changes nothing (the processor's pixel bounds decide the size). An `http(s)` URL
-/// is kept to be fetched when `fetch` (`--fetch-image-urls`), refused otherwise. `Ok(None)`: not
-/// an image part.
-pub fn image_part(p: &Value, param: &str, fetch: bool) -> Result<Option<ImagePart>, ApiError> {
+/// is kept to be fetched when `rules.fetch` (`--fetch-image-urls`), refused otherwise; a data
+/// URL's bytes over `rules.max_bytes` are refused. `Ok(None)`: not an image part.
+pub fn image_part(
+    p: &Value,
+    param: &str,
+    rules: ImageRules,
+) -> Result<Option<ImagePart>, ApiError> {
     let url = match p.get("type").and_then(Value::as_str) {
         Some("image_url" | "input_image") => match p.get("image_url") {
             Some(Value::String(u)) => u.as_str(),
@@ -160,13 +197,13 @@ pub fn image_part(p: &Value, param: &str, fetch: bool) -> Result<Option<ImagePar
     let refuse = |m: String| ApiError::invalid(format!("{param}.image_url"), m);
     let source =
         match url.starts_with("http://") || url.starts_with("https://") {
-            true if fetch => ImageSource::Url(url.to_string()),
+            true if rules.fetch => ImageSource::Url(url.to_string()),
             true => return Err(refuse(
                 "image URLs are not fetched here (`qwen3 serve --fetch-image-urls` fetches them): \
                  send the image itself as a data URL (data:image/png;base64,...)"
                     .into(),
             )),
-            false => ImageSource::Bytes(data_url(url).map_err(refuse)?),
+            false => ImageSource::Bytes(data_url(url, rules).map_err(refuse)?),
         };
     Ok(Some(ImagePart {
         param: param.to_string(),
@@ -175,7 +212,7 @@ pub fn image_part(p: &Value, param: &str, fetch: bool) -> Result<Option<ImagePar
 }
 
 /// The bytes of a `data:[<media type>];base64,<data>` URL, or why not.
-fn data_url(url: &str) -> Result<Vec<u8>, String> {
+fn data_url(url: &str, rules: ImageRules) -> Result<Vec<u8>, String> {
     let Some(rest) = url.strip_prefix("data:") else {
         return Err("an image must be a data URL (data:image/png;base64,...)".into());
     };
@@ -191,14 +228,18 @@ fn data_url(url: &str) -> Result<Vec<u8>, String> {
     if !(media.is_empty() || media.starts_with("image/")) {
         return Err(format!("{media:?} is not an image type"));
     }
-    // Within the limit before decoding: base64 is 4 characters for 3 bytes.
-    if data.len() / 4 * 3 > MAX_IMAGE_BYTES + 3 {
-        return Err(format!("the image is over {} MiB", MAX_IMAGE_BYTES >> 20));
+    // Within the limit before decoding (base64 is 4 characters for 3 bytes), and after.
+    if data.len() / 4 * 3 > rules.max_bytes + 3 {
+        return Err(rules.too_large());
     }
     let compact: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
-    base64::engine::general_purpose::STANDARD
+    let bytes = base64::engine::general_purpose::STANDARD
         .decode(compact)
-        .map_err(|e| format!("the data URL's base64 is not valid ({e})"))
+        .map_err(|e| format!("the data URL's base64 is not valid ({e})"))?;
+    match bytes.len() > rules.max_bytes {
+        true => Err(rules.too_large()),
+        false => Ok(bytes),
+    }
 }
 
 /// The error of an image sent to a model without a tower.

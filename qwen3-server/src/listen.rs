@@ -43,8 +43,8 @@ use tokio::sync::Semaphore;
 const MAX_HEAD: usize = 96 << 10;
 
 /// The largest request body accepted (413 beyond it): far more than a context of text, and room
-/// for a few photos as base64 data URLs (4 bytes for 3; one image may have 20 MiB:
-/// `images::MAX_IMAGE_BYTES`).
+/// for a few photos as base64 data URLs (4 bytes for 3; one image may have 20 MiB unless the
+/// server is told otherwise: `images::MAX_IMAGE_BYTES`, `--max-image-bytes`).
 pub const MAX_BODY: usize = 64 << 20;
 
 /// The connection layer's bounds (see the module's comment).

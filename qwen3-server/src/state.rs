@@ -70,6 +70,8 @@ pub struct AppState {
     /// Whether an `http(s)` image URL is fetched (`--fetch-image-urls`); otherwise it is refused
     /// and only data URLs are taken.
     pub fetch_image_urls: bool,
+    /// Most bytes one image file may have (`--max-image-bytes`).
+    pub max_image_bytes: usize,
     /// Set when the server was told to stop ([`crate::serve`]): `/health` answers 503, new
     /// requests get a 503 (a load balancer sends them to another replica), and the requests
     /// already held are answered.

@@ -288,6 +288,19 @@ fn bad_images_are_refused_by_name() {
         r.body
     );
 
+    // And bytes an image (`--max-image-bytes`): one byte over is a 400 naming the limit.
+    let small = (png.len() - 1).to_string();
+    let limited = Server::start(&m, &["--context", "256", "--max-image-bytes", &small]);
+    let r = limited.post(
+        "/v1/chat/completions",
+        &with(format!("data:image/png;base64,{}", enc(&png))),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    let e = r.error();
+    assert_eq!(e["param"], "messages[0].content[1].image_url", "{}", r.body);
+    let over = format!("the image is over {small} bytes");
+    assert!(e["message"].as_str().unwrap().contains(&over), "{}", r.body);
+
     // A text-only model refuses an image by name.
     let text_model = export_fixture(
         "tiny-qwen3_5-bf16",

@@ -74,8 +74,13 @@ pub struct ServeArgs {
     /// (400 beyond them): what one image may cost in memory while it is decoded.
     #[arg(long, default_value_t = qwen3_inference::vision::MAX_SOURCE_PIXELS, value_name = "N")]
     pub max_image_pixels: u64,
-    /// A model that sees images: fetch images given as http(s) URLs (20 MiB each, a request's
-    /// all within 30 s, redirects followed). Off by default: the server then reaches nothing outside
+    /// A model that sees images: the most bytes one image file may have, as a data URL or
+    /// fetched (400 beyond them; 20 MiB, OpenAI's limit). A request's body is also bounded (64
+    /// MiB, base64 taking 4 bytes for 3).
+    #[arg(long, default_value_t = qwen3_server::images::MAX_IMAGE_BYTES, value_name = "BYTES")]
+    pub max_image_bytes: usize,
+    /// A model that sees images: fetch images given as http(s) URLs (each within
+    /// --max-image-bytes, a request's all within 30 s, redirects followed). Off by default: the server then reaches nothing outside
     /// itself and takes images as data URLs only. With it, the server requests whatever address
     /// a client names, its own network included: turn it on for trusted clients only.
     #[arg(long)]
@@ -173,6 +178,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     state.public_metrics = args.public_metrics;
     state.max_images = args.max_images;
     state.max_image_pixels = args.max_image_pixels;
+    state.max_image_bytes = args.max_image_bytes;
     state.body_timeout = body_timeout;
     if args.fetch_image_urls && state.images.is_none() {
         bail!("--fetch-image-urls: this model takes no images (its file has no vision tower, or the device does not run one)");
@@ -279,6 +285,7 @@ pub fn prepare(
         max_images: qwen3_server::images::MAX_IMAGES,
         max_image_pixels: qwen3_inference::vision::MAX_SOURCE_PIXELS,
         fetch_image_urls: false,
+        max_image_bytes: qwen3_server::images::MAX_IMAGE_BYTES,
         draft,
     };
     let cfg = EngineConfig {

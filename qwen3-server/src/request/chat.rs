@@ -4,7 +4,7 @@
 
 use super::{common, logprobs, no_ignore_eos, typed, Echo};
 use crate::error::ApiError;
-use crate::images::{self, ImagePart};
+use crate::images::{self, ImagePart, ImageRules};
 use crate::job::{Job, Kind, Params};
 use crate::state::AppState;
 use crate::structured;
@@ -53,7 +53,7 @@ impl ChatRequest {
                 "echo is a field of /v1/completions, not of chat",
             ));
         }
-        let (messages, thinking, images) = chat_messages(&v, s.fetch_image_urls)?;
+        let (messages, thinking, images) = chat_messages(&v, ImageRules::of(s))?;
         if !images.is_empty() && s.images.is_none() {
             return Err(ApiError::invalid(images[0].param.clone(), images::NO_TOWER));
         }
@@ -109,15 +109,16 @@ impl ChatRequest {
         if parts.is_empty() {
             return Ok(self.text_job(s, start));
         }
+        let rules = ImageRules::of(s);
         // Images given as URLs are fetched first (`--fetch-image-urls`), on a blocking thread
         // of their own and within one time limit for the request, before it waits for its
         // turn at the tower: a slow web server holds up this request only.
         let files = match parts.iter().any(ImagePart::is_url) {
-            true => tokio::task::spawn_blocking(move || images::fetch_all(parts))
+            true => tokio::task::spawn_blocking(move || images::fetch_all(parts, rules))
                 .await
                 .map_err(|e| ApiError::internal(format!("fetching the images failed: {e}")))??,
             // Nothing to fetch: the bytes are moved, not copied.
-            false => images::fetch_all(parts)?,
+            false => images::fetch_all(parts, rules)?,
         };
         // One request's images at a time: the tower already uses every thread, and a burst of
         // image requests then waits its turn instead of multiplying its memory.
@@ -261,11 +262,12 @@ type Images = Vec<ImagePart>;
 
 /// `/v1/chat/completions`' `messages`, as the JSON messages the chat template reads,
 /// `chat_template_kwargs.enable_thinking`, and the messages' images.
-/// `fetch`: the server fetches `http(s)` image URLs (`--fetch-image-urls`); otherwise one is
-/// refused here, before anything else is done for the request.
+/// `rules`: whether the server fetches `http(s)` image URLs (`--fetch-image-urls`; otherwise
+/// one is refused here, before anything else is done for the request) and how large an image
+/// may be.
 pub(super) fn chat_messages(
     v: &Value,
-    fetch: bool,
+    rules: ImageRules,
 ) -> Result<(Vec<Value>, Option<bool>, Images), ApiError> {
     #[derive(Deserialize)]
     struct Kwargs {
@@ -290,7 +292,7 @@ pub(super) fn chat_messages(
     let out = messages
         .iter()
         .enumerate()
-        .map(|(i, m)| message(i, m, fetch, &mut images))
+        .map(|(i, m)| message(i, m, rules, &mut images))
         .collect::<Result<_, _>>()?;
     let thinking = body.chat_template_kwargs.and_then(|k| k.enable_thinking);
     Ok((out, thinking, images))
@@ -299,7 +301,7 @@ pub(super) fn chat_messages(
 /// One message, checked: a known role, and content that is text (a string, or a list of text
 /// parts, which are joined) or, with images, a list of text parts and `{"type": "image"}`
 /// parts in their order, as Qwen3.5's template reads them (the images' bytes go to `images`).
-fn message(i: usize, m: &Value, fetch: bool, images: &mut Images) -> Result<Value, ApiError> {
+fn message(i: usize, m: &Value, rules: ImageRules, images: &mut Images) -> Result<Value, ApiError> {
     let at = |f: &str| format!("messages[{i}].{f}");
     let obj = m.as_object().ok_or_else(|| {
         ApiError::invalid(format!("messages[{i}]"), "a message must be an object")
@@ -328,7 +330,7 @@ fn message(i: usize, m: &Value, fetch: bool, images: &mut Images) -> Result<Valu
                         text.push_str(t);
                         listed.push(serde_json::json!({"type": "text", "text": t}));
                     }
-                    _ => match images::image_part(p, &param, fetch)? {
+                    _ => match images::image_part(p, &param, rules)? {
                         Some(image) if role == "user" => {
                             images.push(image);
                             listed.push(serde_json::json!({"type": "image"}));

@@ -2,7 +2,49 @@
 
 use super::chat::chat_messages;
 use super::*;
+use crate::images::{ImageRules, ImageSource};
 use serde_json::json;
+
+/// The server's default image rules: no fetching, OpenAI's 20 MiB an image.
+const RULES: ImageRules = ImageRules {
+    fetch: false,
+    max_bytes: crate::images::MAX_IMAGE_BYTES,
+};
+
+/// An image over `--max-image-bytes` is a 400 naming its part and the limit, whether its
+/// base64 already says so or only its decoded bytes do; one at the limit is taken.
+#[test]
+fn images_over_the_byte_limit_are_refused() {
+    use base64::Engine as _;
+    let with = |bytes: usize, max_bytes: usize| {
+        let data = base64::engine::general_purpose::STANDARD.encode(vec![7u8; bytes]);
+        let url = format!("data:image/png;base64,{data}");
+        let messages = json!({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "what?"}]}]});
+        let rules = ImageRules {
+            fetch: false,
+            max_bytes,
+        };
+        chat_messages(&messages, rules)
+    };
+    let (_, _, images) = with(100, 100).unwrap();
+    assert!(matches!(&images[0].source, ImageSource::Bytes(b) if b.len() == 100));
+    for (bytes, max) in [(101, 100), (1000, 100)] {
+        let e = with(bytes, max).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content[0].image_url"));
+        assert!(
+            e.message.contains("the image is over 100 bytes"),
+            "{}",
+            e.message
+        );
+    }
+    let e = with(3 << 20, 2 << 20).unwrap_err();
+    assert!(
+        e.message.contains("the image is over 2 MiB"),
+        "{}",
+        e.message
+    );
+}
 
 fn p(v: Value) -> Result<Params, ApiError> {
     params(&v, &GenerationDefaults::default(), 1)
@@ -58,7 +100,7 @@ fn fields_are_checked_and_named() {
 
 #[test]
 fn messages_are_checked() {
-    let m = |v: Value| chat_messages(&json!({ "messages": v }), false);
+    let m = |v: Value| chat_messages(&json!({ "messages": v }), RULES);
     let e = m(json!([{"role": "wizard", "content": "hi"}])).unwrap_err();
     assert_eq!(e.param.as_deref(), Some("messages[0].role"));
     let e = m(json!([{"role": "user", "content": 5}])).unwrap_err();

@@ -63,6 +63,7 @@ impl Server {
         let mut draft = qwen3_inference::engine::Draft::None;
         let mut max_images = qwen3_server::images::MAX_IMAGES;
         let mut max_image_pixels = qwen3_inference::vision::MAX_SOURCE_PIXELS;
+        let mut max_image_bytes = qwen3_server::images::MAX_IMAGE_BYTES;
         let mut flags = args.iter();
         while let Some(flag) = flags.next() {
             if *flag == "--rerank" {
@@ -86,6 +87,7 @@ impl Server {
                 "--cors" => cors.push(value.to_string()),
                 "--max-images" => max_images = value.parse().unwrap(),
                 "--max-image-pixels" => max_image_pixels = value.parse().unwrap(),
+                "--max-image-bytes" => max_image_bytes = value.parse().unwrap(),
                 "--draft" => {
                     assert_eq!(
                         value, &"ngram",
@@ -152,6 +154,7 @@ impl Server {
             max_images,
             max_image_pixels,
             fetch_image_urls,
+            max_image_bytes,
             draft,
         };
         let cfg = EngineConfig {
