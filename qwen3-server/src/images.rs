@@ -146,7 +146,7 @@ fn fetch_url(
     let mut bytes = Vec::new();
     response
         .into_reader()
-        .take(max as u64 + 1)
+        .take((max as u64).saturating_add(1))
         .read_to_end(&mut bytes)
         .map_err(|e| format!("fetching {url}: {e}"))?;
     if bytes.len() > max {
@@ -228,11 +228,12 @@ fn data_url(url: &str, rules: ImageRules) -> Result<Vec<u8>, String> {
     if !(media.is_empty() || media.starts_with("image/")) {
         return Err(format!("{media:?} is not an image type"));
     }
-    // Within the limit before decoding (base64 is 4 characters for 3 bytes), and after.
-    if data.len() / 4 * 3 > rules.max_bytes + 3 {
+    // Within the limit before decoding (base64 is 4 characters for 3 bytes; line breaks and
+    // spaces left out), and after.
+    let compact: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    if compact.len() / 4 * 3 > rules.max_bytes.saturating_add(3) {
         return Err(rules.too_large());
     }
-    let compact: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(compact)
         .map_err(|e| format!("the data URL's base64 is not valid ({e})"))?;

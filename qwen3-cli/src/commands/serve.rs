@@ -80,9 +80,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = qwen3_server::images::MAX_IMAGE_BYTES, value_name = "BYTES")]
     pub max_image_bytes: usize,
     /// A model that sees images: fetch images given as http(s) URLs (each within
-    /// --max-image-bytes, a request's all within 30 s, redirects followed). Off by default: the server then reaches nothing outside
-    /// itself and takes images as data URLs only. With it, the server requests whatever address
-    /// a client names, its own network included: turn it on for trusted clients only.
+    /// --max-image-bytes, a request's all within 30 s, redirects followed). Off by default: the
+    /// server then reaches nothing outside itself and takes images as data URLs only. With it,
+    /// the server requests whatever address a client names, its own network included: turn it
+    /// on for trusted clients only.
     #[arg(long)]
     pub fetch_image_urls: bool,
     /// On SIGTERM or Ctrl-C: seconds the requests already held may take to finish (new ones get
@@ -164,6 +165,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
             seconds("shutdown-timeout", args.shutdown_timeout)?
         },
     };
+    if args.max_image_bytes == 0 {
+        bail!("--max-image-bytes must be at least 1 (--max-images 0 takes no images)");
+    }
     if args.fetch_image_urls && !qwen3_server::images::FETCHES {
         bail!("--fetch-image-urls: this build fetches nothing (built without the `hub` feature)");
     }

@@ -85,13 +85,16 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<Rgb> {
 /// How the image is to be turned, as Pillow's `ImageOps.exif_transpose` finds it (`getexif`):
 /// the EXIF's orientation tag, or where the EXIF has none (an orientation of 1 in it counts), the
 /// first `tiff:Orientation="N"` or `tiff:Orientation>N` in the XMP packet (a PNG's iTXt, a JPEG's
-/// APP1, a WebP's XMP chunk, a GIF's extension). A value other than 1-8 turns nothing.
+/// APP1, a WebP's XMP chunk, a GIF's extension). A value other than 1-8 turns nothing. An XMP
+/// packet that cannot be read (a corrupt compressed chunk) is passed over, as Pillow passes it.
+/// Two rare cases differ from Pillow: an EXIF tag with a value outside 1-8 lets the XMP decide
+/// (Pillow turns nothing), and a PNG's XMP in a tEXt chunk or after the image data is not read.
 fn orientation(decoder: &mut dyn ImageDecoder) -> image::ImageResult<Orientation> {
     let exif = decoder.exif_metadata()?;
     if let Some(o) = exif.as_deref().and_then(Orientation::from_exif_chunk) {
         return Ok(o);
     }
-    let xmp = decoder.xmp_metadata()?.unwrap_or_default();
+    let xmp = decoder.xmp_metadata().ok().flatten().unwrap_or_default();
     let tag = b"tiff:Orientation";
     let value = (0..xmp.len().saturating_sub(tag.len()))
         .filter(|&i| xmp[i..].starts_with(tag))

@@ -510,6 +510,10 @@ impl VisionTower {
 /// (x1, x2 the head's halves): each pair (x1[j], x2[j]) becomes
 /// `(x1 cos[j] - x2 sin[j], x2 cos[j + hd/2] + x1 sin[j + hd/2])`.
 fn rope(head: &mut [f32], cos: &[f32], sin: &[f32]) {
+    debug_assert!(
+        head.len().is_multiple_of(2),
+        "a head of odd width has no halves"
+    );
     let half = head.len() / 2;
     let (x1, x2) = head.split_at_mut(half);
     for (j, (a, b)) in x1.iter_mut().zip(x2.iter_mut()).enumerate() {

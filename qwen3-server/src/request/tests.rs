@@ -44,6 +44,24 @@ fn images_over_the_byte_limit_are_refused() {
         "{}",
         e.message
     );
+    // No limit to speak of: nothing overflows.
+    assert!(with(100, usize::MAX).is_ok());
+    // Base64 wrapped in lines of 76, as MIME writes it, at the limit: the line breaks do not
+    // count against it.
+    let data = base64::engine::general_purpose::STANDARD.encode(vec![7u8; 3000]);
+    let lines: Vec<&str> = data
+        .as_bytes()
+        .chunks(76)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect();
+    let url = format!("data:image/png;base64,{}", lines.join("\r\n"));
+    let messages = json!({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}]}]});
+    let rules = ImageRules {
+        fetch: false,
+        max_bytes: 3000,
+    };
+    assert!(chat_messages(&messages, rules).is_ok());
 }
 
 fn p(v: Value) -> Result<Params, ApiError> {
