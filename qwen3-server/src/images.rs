@@ -15,6 +15,17 @@ use serde_json::Value;
 /// 20 MiB, OpenAI's limit.
 pub const MAX_IMAGE_BYTES: usize = 20 << 20;
 
+/// Images in one request, unless the server is told otherwise (`--max-images`).
+pub const MAX_IMAGES: usize = 16;
+
+/// Seconds the images of one request given as URLs may take to arrive, all of them, connecting
+/// included.
+pub const FETCH_TIMEOUT_S: u64 = 30;
+
+/// Whether this build can fetch image URLs (the `fetch` feature): `--fetch-image-urls` is
+/// refused at startup without it.
+pub const FETCHES: bool = cfg!(feature = "fetch");
+
 /// What the server takes of a request's images.
 #[derive(Clone, Copy, Debug)]
 pub struct ImageRules {
@@ -41,16 +52,6 @@ impl ImageRules {
         }
     }
 }
-/// Images in one request, unless the server is told otherwise (`--max-images`).
-pub const MAX_IMAGES: usize = 16;
-
-/// Seconds the images of one request given as URLs may take to arrive, all of them, connecting
-/// included.
-pub const FETCH_TIMEOUT_S: u64 = 30;
-
-/// Whether this build can fetch image URLs (the `fetch` feature): `--fetch-image-urls` is
-/// refused at startup without it.
-pub const FETCHES: bool = cfg!(feature = "fetch");
 
 /// One image of a request: where it was (`messages[i].content[j]`, for errors) and where its
 /// bytes are.

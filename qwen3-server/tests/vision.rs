@@ -271,35 +271,28 @@ fn bad_images_are_refused_by_name() {
         "{}",
         r.body
     );
+    // The fixture's image, refused by a server's limit: the 400's error and its body.
+    let refused = |server: &Server| {
+        let r = server.post(
+            "/v1/chat/completions",
+            &with(format!("data:image/png;base64,{}", enc(&png))),
+        );
+        assert_eq!(r.status, 400, "{}", r.body);
+        (r.error(), r.body)
+    };
     // The fixture's image is 64 x 96 = 6144 pixels.
-    let r = limited.post(
-        "/v1/chat/completions",
-        &with(format!("data:image/png;base64,{}", enc(&png))),
-    );
-    assert_eq!(r.status, 400, "{}", r.body);
-    let e = r.error();
-    assert_eq!(e["param"], "messages[0].content[1]", "{}", r.body);
-    assert!(
-        e["message"]
-            .as_str()
-            .unwrap()
-            .contains("over the limit of 6000"),
-        "{}",
-        r.body
-    );
+    let (e, body) = refused(&limited);
+    assert_eq!(e["param"], "messages[0].content[1]", "{body}");
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("over the limit of 6000"), "{body}");
 
     // And bytes an image (`--max-image-bytes`): one byte over is a 400 naming the limit.
     let small = (png.len() - 1).to_string();
     let limited = Server::start(&m, &["--context", "256", "--max-image-bytes", &small]);
-    let r = limited.post(
-        "/v1/chat/completions",
-        &with(format!("data:image/png;base64,{}", enc(&png))),
-    );
-    assert_eq!(r.status, 400, "{}", r.body);
-    let e = r.error();
-    assert_eq!(e["param"], "messages[0].content[1].image_url", "{}", r.body);
+    let (e, body) = refused(&limited);
+    assert_eq!(e["param"], "messages[0].content[1].image_url", "{body}");
     let over = format!("the image is over {small} bytes");
-    assert!(e["message"].as_str().unwrap().contains(&over), "{}", r.body);
+    assert!(e["message"].as_str().unwrap().contains(&over), "{body}");
 
     // A text-only model refuses an image by name.
     let text_model = export_fixture(
