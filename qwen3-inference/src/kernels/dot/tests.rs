@@ -490,6 +490,8 @@ fn q8_interleaved_rows_match_scalar_dots() {
                 (3, 13, 20),
                 (37, 7, 35),
                 (160, 1, 4),
+                // Decode over whole blocks of 16 groups and a short one.
+                (7, 1, 35),
             ] {
                 let cols = gs * groups;
                 let w = rand_vec(rows * cols, &mut seed, 1.0);
