@@ -354,17 +354,13 @@ unsafe fn block<const KIND: usize, const R: usize, const N: usize, const FULL: b
         let x = tokens.x[0].add(g0 * group_size(KIND)) as *const u8;
         for a in 0..R {
             let w = rows.w[a].add(g0 * gb);
-            let (mut even, mut odd) = (
-                corr::<KIND, N, FULL>(tokens, 0, g0, n),
-                _mm512_setzero_si512(),
-            );
+            let c = corr::<KIND, N, FULL>(tokens, 0, g0, n);
             let at = |m: usize| m * 4 * n;
-            if FULL {
+            let isum = if FULL {
                 // A whole block's vectors as 256-bit halves (groups 0-7 and 8-15), two chains:
                 // on a Zen 4 core a stream of 256-bit loads outruns one of 512-bit loads (the
                 // bandwidth probe: 34-35 GB/s against 32).
                 let half = |v: *const u8| _mm256_loadu_si256(v as *const __m256i);
-                let c = corr::<KIND, N, FULL>(tokens, 0, g0, n);
                 let mut lo = _mm512_castsi512_si256(c);
                 let mut hi = _mm512_extracti64x4_epi64::<1>(c);
                 for m0 in (0..group_size(KIND) / 4).step_by(PREFETCH_VECTORS) {
@@ -375,28 +371,24 @@ unsafe fn block<const KIND: usize, const R: usize, const N: usize, const FULL: b
                         hi = _mm256_dpbusd_epi32(hi, half(wm.add(32)), half(xm.add(32)));
                     }
                 }
-                let isum = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-                let scale = x_scales::<N, FULL>(tokens, 0, g0, n);
-                finish(&mut acc[a][0], isum, scale, d[a]);
-                continue;
-            }
-            for m0 in (0..group_size(KIND) / 4).step_by(PREFETCH_VECTORS) {
-                prefetch(a, at(m0), at(PREFETCH_VECTORS));
-                for m in (m0..m0 + PREFETCH_VECTORS).step_by(2) {
-                    even = _mm512_dpbusd_epi32(
-                        even,
-                        words::<FULL>(w.add(at(m)), n),
-                        words::<FULL>(x.add(at(m)), n),
-                    );
-                    odd = _mm512_dpbusd_epi32(
-                        odd,
-                        words::<FULL>(w.add(at(m + 1)), n),
-                        words::<FULL>(x.add(at(m + 1)), n),
-                    );
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+            } else {
+                // A short block's masked vectors, even and odd.
+                let (mut even, mut odd) = (c, _mm512_setzero_si512());
+                for m0 in (0..group_size(KIND) / 4).step_by(PREFETCH_VECTORS) {
+                    prefetch(a, at(m0), at(PREFETCH_VECTORS));
+                    for m in (m0..m0 + PREFETCH_VECTORS).step_by(2) {
+                        let (wm, xm) = (w.add(at(m)), x.add(at(m)));
+                        even =
+                            _mm512_dpbusd_epi32(even, words::<FULL>(wm, n), words::<FULL>(xm, n));
+                        let (wm, xm) = (w.add(at(m + 1)), x.add(at(m + 1)));
+                        odd = _mm512_dpbusd_epi32(odd, words::<FULL>(wm, n), words::<FULL>(xm, n));
+                    }
                 }
-            }
+                _mm512_add_epi32(even, odd)
+            };
             let scale = x_scales::<N, FULL>(tokens, 0, g0, n);
-            finish(&mut acc[a][0], _mm512_add_epi32(even, odd), scale, d[a]);
+            finish(&mut acc[a][0], isum, scale, d[a]);
         }
     } else if N == 1 {
         // Decode: the token's activations stay in registers while each row is unpacked and used
