@@ -334,6 +334,7 @@ fn main() {
         for d in available() {
             for kind in [KQuant::Q4K, KQuant::Q5K, KQuant::Q6K] {
                 bench_k(&d, kind, 512, 1024, 1, 41); // cache-resident
+                bench_k(&d, kind, 128, 4096, 1, 41); // cache-resident, long rows
                 bench_k(&d, kind, 65536, 1024, 1, 5); // 36-52 MB: memory-bound
                 bench_k(&d, kind, 1024, 1024, 128, 5); // a prompt's
             }
