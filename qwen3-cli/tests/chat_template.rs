@@ -3,6 +3,7 @@
 //! fixtures/chat/ is rendered through the binary and must match byte for byte.
 
 use qwen3_export::hf::chat_template::export_chat_template;
+use qwen3_test_support::tempdir;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -13,14 +14,6 @@ fn qwen3() -> Command {
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/chat")
-}
-
-/// A fresh temporary directory for one test.
-fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pq-chat-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// `dir/m.bin`'s template file, exported from the fixture `tokenizer_config` named `config`.
@@ -72,7 +65,7 @@ fn stderr(o: &Output) -> String {
 /// Renders every case of `cases_file` with the template of `tokenizer_config` and compares the
 /// text with the reference's `rendered`; `expected` is the number of cases the file holds.
 fn check_rendered(dir_name: &str, tokenizer_config: &str, cases_file: &str, expected: usize) {
-    let dir = tempdir(dir_name);
+    let dir = tempdir("pq-chat", dir_name);
     let model = model_with_template(&dir, tokenizer_config);
     let cases = load_cases(cases_file);
     assert_eq!(cases.len(), expected);
@@ -129,7 +122,7 @@ fn renders_qwen3_5_cases_exactly() {
 /// fixture's tokenizer_config.json, Qwen3's official template): every HF case rendered exactly.
 #[test]
 fn a_ggufs_own_template_renders_every_hf_case() {
-    let dir = tempdir("gguf");
+    let dir = tempdir("pq-chat", "gguf");
     let model = fixtures().join("../gguf/tiny-f32-tied-gqa2-f32.gguf");
     for case in load_cases("chat-template-cases.json") {
         let o = run_case(&dir, &model, &case, &[]);
@@ -148,7 +141,7 @@ fn a_ggufs_own_template_renders_every_hf_case() {
 /// reference case: tokenizers 0.23.3 `encode(rendered, add_special_tokens=False)`).
 #[test]
 fn ids_of_every_hf_case() {
-    let dir = tempdir("ids");
+    let dir = tempdir("pq-chat", "ids");
     let tok_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tokenizer");
     let model = model_with_template(&dir, "qwen3-tokenizer_config.json");
     let tokenizer = qwen3_inference::format::companion_paths(&model).tokenizer;
@@ -181,7 +174,7 @@ fn renders_qwen25_cases_exactly_with_hf_ids() {
     );
     // Qwen2.5's tokenizer: Qwen3's without the four added tokens Qwen3 introduced (ids 151665
     // and up: <tool_response>, </tool_response>, <think>, </think>), as the script built it.
-    let dir = tempdir("qwen25-ids");
+    let dir = tempdir("pq-chat", "qwen25-ids");
     let model = model_with_template(&dir, "qwen2.5-instruct-tokenizer_config.json");
     let tok_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tokenizer");
     let mut tok: Value =
@@ -222,7 +215,7 @@ fn fails(dir: &Path, model: &Path, messages: &str, extra: &[&str]) -> String {
 
 #[test]
 fn bad_input_is_a_clear_error() {
-    let dir = tempdir("bad");
+    let dir = tempdir("pq-chat", "bad");
     let model = model_with_template(&dir, "qwen3-tokenizer_config.json");
     let ok = r#"[{"role": "user", "content": "hi"}]"#;
 
@@ -285,7 +278,7 @@ fn conversation_rewinds_to_answer_start_and_matches_hf() {
     use qwen3_inference::chat::{reuse_len, ChatTemplate, Conversation};
     use qwen3_inference::tokenizer::Tokenizer;
 
-    let dir = tempdir("conversation");
+    let dir = tempdir("pq-chat", "conversation");
     let model = model_with_template(&dir, "qwen3-tokenizer_config.json");
     let companions = qwen3_inference::format::companion_paths(&model);
     let tok_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tokenizer");

@@ -3,6 +3,7 @@
 //! output file left behind. (Successful exports of the HF fixtures are tested in parity.rs and
 //! export_fixtures.rs.)
 
+use qwen3_test_support::tempdir;
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -10,14 +11,6 @@ use std::process::Command;
 
 fn qwen3() -> Command {
     Command::new(env!("CARGO_BIN_EXE_qwen3"))
-}
-
-/// A fresh temporary directory for one test.
-fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pq-export-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 fn config() -> Value {
@@ -82,7 +75,7 @@ fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>)], dtype: Dtype
 
 /// A checkpoint directory with `config` and `tensors` in one f32 file.
 fn checkpoint(name: &str, config: &Value, tensors: &[(String, Vec<usize>)]) -> PathBuf {
-    let d = tempdir(name);
+    let d = tempdir("pq-export", name);
     let hf = d.join("hf");
     std::fs::create_dir_all(&hf).unwrap();
     std::fs::write(hf.join("config.json"), config.to_string()).unwrap();
@@ -125,7 +118,7 @@ fn export_fails(hf: &Path, extra: &[&str], want: &[&str]) {
 
 #[test]
 fn missing_checkpoint_directory() {
-    let d = tempdir("missing-dir");
+    let d = tempdir("pq-export", "missing-dir");
     export_fails(&d.join("nope"), &[], &["nope", "not a directory"]);
 }
 
@@ -370,7 +363,7 @@ fn fullvocab() -> PathBuf {
 /// at least one run is interrupted.
 #[test]
 fn interrupted_export_leaves_nothing_behind() {
-    let d = tempdir("interrupt");
+    let d = tempdir("pq-export", "interrupt");
     let mut interrupted = 0;
     for delay_ms in [20, 60, 120, 200, 350] {
         let out_dir = d.join(format!("out-{delay_ms}"));
@@ -446,7 +439,7 @@ fn valid_model_file(name: &str) -> PathBuf {
     c.dtype = DType::Q8;
     c.group_size = 32;
     let specs = tensor_specs(&c);
-    let path = tempdir(name).join("m.bin");
+    let path = tempdir("pq-export", name).join("m.bin");
     let mut w = ModelWriter::create(&path, &c, specs.clone()).unwrap();
     for s in &specs {
         let n = s.shape.iter().product::<u64>() as usize;

@@ -8,6 +8,7 @@
 
 use qwen3_inference::format::{DType, ModelFile};
 use qwen3_inference::quant::{Q4, Q6, Q8};
+use qwen3_test_support::tempdir;
 use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
 use std::collections::HashMap;
@@ -27,13 +28,6 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../fixtures/models")
         .join(name)
-}
-
-fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pq-exfix-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// Every tensor of a checkpoint as (dtype, shape, raw bytes), read with the safetensors crate.
@@ -77,7 +71,7 @@ fn to_f32(dtype: Dtype, b: &[u8]) -> Vec<f32> {
 }
 
 fn export(name: &str, dtype: &str) -> (PathBuf, PathBuf) {
-    let dir = tempdir(&format!("{name}-{dtype}"));
+    let dir = tempdir("pq-exfix", &format!("{name}-{dtype}"));
     let out = dir.join("m.bin");
     let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
         .args([
@@ -280,7 +274,7 @@ fn info_lists_the_companions() {
 /// export says which matrices stay bf16, and `info` counts them with the reason.
 #[test]
 fn matrices_the_group_size_does_not_divide_are_said() {
-    let dir = tempdir("ungrouped");
+    let dir = tempdir("pq-exfix", "ungrouped");
     let out = dir.join("m.bin");
     let o = Command::new(env!("CARGO_BIN_EXE_qwen3"))
         .args(["export", fixture("tiny-f32-tied-gqa2").to_str().unwrap()])

@@ -6,15 +6,9 @@ use qwen3_inference::backend::{KvType, CPU};
 use qwen3_inference::format::{DType, GenerationDefaults, ModelConfig, ModelFile};
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::sampler::argmax;
-use std::path::{Path, PathBuf};
+use qwen3_test_support::tempdir;
+use std::path::Path;
 use std::process::{Command, Output};
-
-fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pq-inference-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// A q8 model file with random weights: 2 layers, vocab 64, 32 positions, EOS id 0.
 fn write_model(path: &Path) {
@@ -99,7 +93,7 @@ fn greedy_reference(model: &Path, prompt: &[u32], n: usize) -> Vec<u32> {
 
 #[test]
 fn greedy_generation_streams_ids_and_a_summary() {
-    let d = tempdir("greedy");
+    let d = tempdir("pq-inference", "greedy");
     let m = d.join("m.bin");
     write_model(&m);
     let o = run_inference(
@@ -159,7 +153,7 @@ fn greedy_generation_streams_ids_and_a_summary() {
 
 #[test]
 fn stop_reasons_and_n_zero() {
-    let d = tempdir("stops");
+    let d = tempdir("pq-inference", "stops");
     let m = d.join("m.bin");
     write_model(&m);
     // Context of 5 with a 3-token prompt: at most 3 sampled tokens (2 fed, the last not).
@@ -194,7 +188,7 @@ fn stop_reasons_and_n_zero() {
 
 #[test]
 fn a_seed_makes_sampling_reproducible() {
-    let d = tempdir("seed");
+    let d = tempdir("pq-inference", "seed");
     let m = d.join("m.bin");
     write_model(&m);
     let go = |seed: &str| {
@@ -225,7 +219,7 @@ fn a_seed_makes_sampling_reproducible() {
 /// the logits: the sampled ids are the same on 1, 2 and 3 threads. `--threads 0` is an error.
 #[test]
 fn the_thread_count_does_not_change_the_output() {
-    let d = tempdir("threads");
+    let d = tempdir("pq-inference", "threads");
     let m = d.join("m.bin");
     write_model(&m);
     let go = |seed: &str, threads: &str| {
@@ -257,7 +251,7 @@ fn the_thread_count_does_not_change_the_output() {
 
 #[test]
 fn bad_input_is_a_one_line_error() {
-    let d = tempdir("bad");
+    let d = tempdir("pq-inference", "bad");
     let m = d.join("m.bin");
     write_model(&m);
     let cases: &[(&[&str], &str)] = &[
@@ -309,7 +303,7 @@ fn bad_input_is_a_one_line_error() {
 /// (`greedy_text` in its reference.json: 24 tokens, none of them EOS).
 #[test]
 fn text_generation_matches_huggingface() {
-    let d = tempdir("text");
+    let d = tempdir("pq-inference", "text");
     let m = d.join("fv.bin");
     let fixture =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/tiny-qwen3-fullvocab");
