@@ -115,7 +115,7 @@ pub fn check_matmul_shape(cols: usize, quant: Option<(DType, usize)>) -> Result<
 
 /// The dtype and group size [`check_matmul_shape`] takes, for a tensor of `dtype`.
 pub fn quant_of(dtype: DType, group_size: usize) -> Option<(DType, usize)> {
-    matches!(dtype, DType::Q8 | DType::Q4 | DType::Q6).then_some((dtype, group_size))
+    dtype.grouped().then_some((dtype, group_size))
 }
 
 #[cfg(test)]

@@ -437,9 +437,10 @@ fn write_model(
             }
             first += nrows;
         }
-        match spec.dtype {
-            DType::Q8 => w.q8_scales(&tensor_scales)?,
-            DType::Q4 | DType::Q6 => w.f16_scales(&tensor_scales16)?,
+        // After the values, their groups' scales in the dtype's width (its table row's).
+        match spec.dtype.scale_bytes() {
+            Some(4) => w.q8_scales(&tensor_scales)?,
+            Some(2) => w.f16_scales(&tensor_scales16)?,
             _ => {}
         }
         w.end()?;

@@ -338,7 +338,7 @@ impl Backend for CudaBackend {
             }
         };
         b.arg(y).arg(&values);
-        if matches!(w.dtype, DType::Q8 | DType::Q4 | DType::Q6) {
+        if w.dtype.grouped() {
             b.arg(&scales).arg(&gs_i);
         }
         b.arg(x).arg(&rows_i).arg(&cols_i).arg(&n_i);

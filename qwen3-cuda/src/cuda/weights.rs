@@ -83,13 +83,13 @@ impl DeviceWeights {
             // The values; for q8, q4 and q6 then (64-byte aligned) their scales.
             let n_values = value_bytes(t.dtype, numel as u64).context("overflow")? as usize;
             let values = start..start + n_values;
-            let scales = match t.dtype {
-                DType::F32 | DType::Bf16 => 0..0,
-                DType::Q8 | DType::Q4 | DType::Q6 => {
+            let scales = match t.dtype.grouped() {
+                true => {
                     let at = start + align_up(n_values as u64).context("overflow")? as usize;
                     at..start + usize::try_from(t.nbytes)?
                 }
-                DType::K(_) => unreachable!("refused above"),
+                // f32, bf16 (the K-quants were refused above).
+                false => 0..0,
             };
             if shape.len() == 2 {
                 check_matmul_shape(cols, quant_of(t.dtype, t.group_size as usize))

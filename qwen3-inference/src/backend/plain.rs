@@ -408,7 +408,7 @@ mod tests {
             std::fs::create_dir_all(&d).unwrap();
             let p = d.join("m.bin");
             write_random(&p, dt);
-            let exact = !matches!(dt, DType::Q8 | DType::Q4 | DType::Q6);
+            let exact = !dt.grouped();
             let worst = plain_against_cpu(&p, 32, vec![3, 17, 5, 9, 1, 22], exact);
             eprintln!(
                 "{dt:?}: largest logit difference {worst:.2e} (relative to the largest logit)"

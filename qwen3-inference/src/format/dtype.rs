@@ -220,6 +220,22 @@ impl DType {
         self.facts().name
     }
 
+    /// Bytes of one group's scale, stored after the values (q8: an f32, 4; q4 and q6: an f16,
+    /// 2); `None` for a dtype without group scales (f32, bf16, and the K-quants, whose blocks
+    /// hold theirs). Read from the dtype's [`TABLE`] row (`Layout::Grouped`).
+    pub fn scale_bytes(self) -> Option<u64> {
+        match self.facts().layout {
+            Layout::Grouped { scale_bytes, .. } => Some(scale_bytes),
+            Layout::Plain { .. } | Layout::Blocks => None,
+        }
+    }
+
+    /// Whether a tensor of this dtype has a scale per group of `group_size` values
+    /// ([`Self::scale_bytes`]): q8, q4, q6.
+    pub fn grouped(self) -> bool {
+        self.scale_bytes().is_some()
+    }
+
     /// GGUF's K-quants, whose blocks of 256 weights hold their own scales ([`KQuant`]).
     pub fn is_k_quant(self) -> bool {
         self.k_quant().is_some()

@@ -70,9 +70,8 @@ impl<'a> TensorData<'a> {
     /// f32 and bf16.
     pub fn group_size(&self) -> Option<usize> {
         match self.dtype {
-            DType::F32 | DType::Bf16 => None,
             DType::K(_) => Some(K_BLOCK as usize),
-            DType::Q8 | DType::Q4 | DType::Q6 => Some(self.group_size),
+            d => d.grouped().then_some(self.group_size),
         }
     }
 

@@ -47,6 +47,7 @@
 use super::names::{all_pieces, Names, Piece};
 use super::repack::Legacy;
 use super::{GgufHeader, GgufTensor, Value};
+use crate::format::architecture::QWEN3_NEXT;
 use crate::format::reader::{Header, TensorInfo};
 use crate::format::{
     align_up, tensor_nbytes, Architecture, DType, GenerationDefaults, KQuant, LayerType,
@@ -182,8 +183,8 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
     // Qwen3.5-MoE the same, always renormalised too (`Qwen3_5MoeSparseMoeBlock`), with a shared
     // expert. Qwen3-Next too, every layer sparse and renormalised as llama.cpp's qwen3next
     // loader and graph take it (`norm_topk_prob` is not recorded; Qwen3-Next-80B-A3B's is true).
-    let moe = match arch {
-        "qwen3moe" | "qwen35moe" | "qwen3next" => Some(MoeConfig {
+    let moe = match row.experts {
+        true => Some(MoeConfig {
             num_experts: keys.need("expert_count")?,
             num_experts_per_tok: keys.need("expert_used_count")?,
             moe_intermediate_size: keys.need("expert_feed_forward_length")?,
@@ -194,7 +195,7 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
                 .count("expert_shared_feed_forward_length")?
                 .unwrap_or(0),
         }),
-        _ => None,
+        false => None,
     };
     // Qwen3.5-MoE has no dense MLP and no feed_forward_length: its experts' width stands in, as
     // the exporter writes it.
@@ -204,7 +205,7 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
         (None, _) => keys.need("feed_forward_length")?,
     };
     let linear_attention = match hybrid {
-        true => Some(linear_attention(&keys, num_hidden_layers, arch)?),
+        true => Some(linear_attention(&keys, num_hidden_layers, row)?),
         false => None,
     };
     // The rotated part of each head: all of it, unless rope.dimension_count says less (Qwen3.5
@@ -263,7 +264,7 @@ pub fn model_config(h: &GgufHeader) -> Result<ModelConfig> {
 
 /// A `qwen35` or `qwen3next` GGUF's Gated DeltaNets (llama.cpp's `ssm.*` keys, written by the
 /// converter's `Qwen3NextModel.set_gguf_parameters`), in the GGUF's order of value heads.
-fn linear_attention(keys: &Keys, layers: u32, arch: &str) -> Result<LinearAttentionConfig> {
+fn linear_attention(keys: &Keys, layers: u32, row: &Architecture) -> Result<LinearAttentionConfig> {
     let layer_types = match keys.get("attention.recurrent_layers") {
         Some(Value::Array(flags)) => {
             ensure!(
@@ -316,9 +317,9 @@ fn linear_attention(keys: &Keys, layers: u32, arch: &str) -> Result<LinearAttent
         linear_conv_kernel_dim: keys.need("ssm.conv_kernel")?,
         // The converter's order: Qwen3.5's reordered (`_LinearAttentionVReorderBase`), Qwen3-Next's
         // as HF's.
-        value_heads: match arch {
-            "qwen3next" => ValueHeads::Grouped,
-            _ => ValueHeads::Tiled,
+        value_heads: match *row == QWEN3_NEXT {
+            true => ValueHeads::Grouped,
+            false => ValueHeads::Tiled,
         },
     })
 }
