@@ -441,7 +441,8 @@ fn write_model(
         match spec.dtype.scale_bytes() {
             Some(4) => w.q8_scales(&tensor_scales)?,
             Some(2) => w.f16_scales(&tensor_scales16)?,
-            _ => {}
+            Some(n) => unreachable!("{}: no writer for {n}-byte scales", spec.dtype),
+            None => {}
         }
         w.end()?;
         if progress {
