@@ -89,8 +89,9 @@ struct Rows {
 ///
 /// # Safety
 /// The CPU has the tile's features; `w` is the matrix, rows of `row` bytes, each whole blocks
-/// of its type of every token's `cols` weights (`x.len()`), `out` is `[rows, t]`, and each token's `xs` holds `cols / 256` scales and `sums` `cols / 16`
-/// sums; `tokens` holds 1 to [`TOKENS`] tokens.
+/// of its type of every token's `cols` weights (`x.len()`); `out` is `[rows, t]`; each token's
+/// `xs` holds `cols / 256` scales and `sums` `cols / 16` sums; `tokens` holds 1 to [`TOKENS`]
+/// tokens.
 type Tile = unsafe fn(w: &[u8], rows: Rows, tokens: &[Token], out: &mut [f32]);
 
 /// The products of `w` (whole blocks of `x.cols`) with the tokens of `x`: each row against
