@@ -7,6 +7,7 @@
 //! `apply_chat_template` and tokenizes it with HF's tokenizer. Our chat contributed only the
 //! assistant texts (the model's greedy answers), which the file also records.
 
+use qwen3_test_support::{lossy as text, run_with_stdin};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -42,29 +43,14 @@ fn model() -> &'static Path {
     })
 }
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 /// Runs the chat with `args` and feeds `stdin` (then end of input).
 fn chat(args: &[&str], stdin: &str) -> Output {
-    let mut child = qwen3()
-        .arg("inference")
+    let mut cmd = qwen3();
+    cmd.arg("inference")
         .arg(model())
         .args(["-m", "chat"])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+        .args(args);
+    run_with_stdin(&mut cmd, stdin)
 }
 
 /// The values of the stderr lines starting with `prefix`, parsed as JSON.

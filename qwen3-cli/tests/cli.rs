@@ -6,29 +6,12 @@
 mod common;
 
 use common::{binary_dir, fullvocab_model};
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+use qwen3_test_support::{lossy as text, run_with_stdin};
+use std::process::{Command, Output};
 
 /// `qwen3 <args>` with `stdin` fed (then end of input).
 fn qwen3_stdin(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_qwen3"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+    run_with_stdin(Command::new(env!("CARGO_BIN_EXE_qwen3")).args(args), stdin)
 }
 
 fn qwen3(args: &[&str]) -> Output {
@@ -236,15 +219,11 @@ fn prompts_come_from_a_file_or_stdin() {
         err.contains("/nonexistent/prompt.txt: cannot read"),
         "{err}"
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_qwen3"))
-        .args(["generate", m, "-f", "-"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(b"\xff\xfe").unwrap();
-    let err = fails(child.wait_with_output().unwrap());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_qwen3"));
+    let err = fails(run_with_stdin(
+        cmd.args(["generate", m, "-f", "-"]),
+        b"\xff\xfe",
+    ));
     assert!(err.contains("stdin: not valid UTF-8 text"), "{err}");
     // -i and -f together are ambiguous.
     fails(qwen3(&["generate", m, "-i", PROMPT, "-f", "-"]));

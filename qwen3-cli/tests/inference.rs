@@ -6,7 +6,7 @@ use qwen3_inference::backend::{KvType, CPU};
 use qwen3_inference::format::{DType, GenerationDefaults, ModelConfig, ModelFile};
 use qwen3_inference::model::{Model, Session};
 use qwen3_inference::sampler::argmax;
-use qwen3_test_support::tempdir;
+use qwen3_test_support::{lossy as text, tempdir};
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -60,10 +60,6 @@ fn run_inference(model: &Path, args: &[&str]) -> Output {
     let mut a = vec!["inference", model.to_str().unwrap()];
     a.extend_from_slice(args);
     run(&a)
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 fn ids(stdout: &[u8]) -> Vec<u32> {

@@ -14,7 +14,9 @@
 use qwen3_export::{export, ExportOptions};
 use qwen3_inference::format::DType;
 use serde::Deserialize;
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
 
 pub mod layers;
 pub mod web;
@@ -168,6 +170,34 @@ pub fn tempdir(prefix: &str, name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// A process's output as text (bytes that are not UTF-8 replaced), for messages and checks.
+pub fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs `cmd` with `stdin` (text, or any bytes) fed to it, then end of input; its stdout and
+/// stderr captured.
+pub fn run_with_stdin(cmd: &mut Command, stdin: impl AsRef<[u8]>) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_ref())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// The text of a completion answer's first choice (`choices[0].text`).
+pub fn choice_text(v: &serde_json::Value) -> String {
+    v["choices"][0]["text"].as_str().unwrap().to_string()
 }
 
 /// Exports fixture `name` with `qwen3_export::export` as `dtype` (`group_size`: q8's group, 0

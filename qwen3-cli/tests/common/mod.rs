@@ -4,7 +4,7 @@
 //! close`), so a test sees exactly the bytes a client gets, can send malformed requests, and
 //! can hang up in the middle of an answer.
 
-#![allow(dead_code)] // each test file uses part of it
+#![allow(dead_code, unused_imports)] // each test file uses part of it
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -220,6 +220,4 @@ pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 }
 
 /// The text of a completion answer's first choice.
-pub fn text(v: &Value) -> String {
-    v["choices"][0]["text"].as_str().unwrap().to_string()
-}
+pub use qwen3_test_support::choice_text as text;

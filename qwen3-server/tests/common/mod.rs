@@ -9,7 +9,7 @@
 //! binary on a port (concurrency, clients that vanish, startup flags, signals) is in
 //! qwen3-cli/tests.
 
-#![allow(dead_code)] // each test file uses part of it
+#![allow(dead_code, unused_imports)] // each test file uses part of it
 
 use axum::body::Body;
 use axum::Router;
@@ -275,7 +275,5 @@ impl Drop for Server {
 
 pub use qwen3_test_support::Resp;
 
-/// The first choice's text of a completion.
-pub fn text(v: &Value) -> String {
-    v["choices"][0]["text"].as_str().unwrap().to_string()
-}
+/// The text of a completion answer's first choice.
+pub use qwen3_test_support::choice_text as text;
