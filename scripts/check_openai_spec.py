@@ -123,19 +123,15 @@ def main():
         with open(err_path, errors="replace") as f:
             stderr = f.read()
         print(f"schemathesis: exited {code}")
-        bad = summarize(report, args.show)
-    if "panicked" in stderr:
-        print("server stderr (panics):")
-        for l in stderr.splitlines():
-            if "panicked" in l:
-                print(f"  {l[:300]}")
-        bad = True
-    if not alive:
-        print("FAILED: the server stopped answering /health")
-    if bad or not alive:
-        print("openai-spec: FAILED")
-        raise SystemExit(1)
-    print("openai-spec: ok (no 5xx, every request answered, server alive)")
+        server_errors = summarize(report, args.show)
+    panics = [l for l in stderr.splitlines() if "panicked" in l]
+    for l in panics:
+        print(f"  server stderr: {l[:300]}")
+    check = serverkit.Checks("openai-spec", stop_at_failure=False)
+    check("every request answered, none with a 5xx", not server_errors)
+    check("no panic in the server's stderr", not panics, f"{len(panics)} lines" if panics else "")
+    check("the server still answers /health", alive)
+    check.finish()
 
 
 def run_schemathesis(args, url, name, key, report, tmp):

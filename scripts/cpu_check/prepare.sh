@@ -11,7 +11,8 @@
 # kernel against its scalar reference, the forward pass against the plain backend),
 # bin/kernels-bench (qwen3-inference/benches/kernels.rs: each kernel alone, per family),
 # tokenizer/ (the real Qwen3 tokenizer, for the benchmark checkpoints), make_bench_model.py,
-# run.sh, summary.py and KIT (what was built, from which commit). With --llama-cpp, also
+# run.sh, summary.py, kit_run.sh (scripts/lib/: the log and the step headings run.sh shares with
+# the GPU kit) and KIT (what was built, from which commit). With --llama-cpp, also
 # llama.cpp/: llama-bench and llama-quantize from BUILD (a CMake build of llama.cpp made with
 # -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON, so that it picks its kernels
 # for the CPU it runs on), their shared libraries, and convert_hf_to_gguf.py with the Python
@@ -68,7 +69,7 @@ strip -o "$dir/bin/kernels-bench" "$kbench"
 # The real Qwen3 tokenizer (Apache-2.0; fixtures/README.md says where it comes from).
 cp fixtures/models/tiny-qwen3-fullvocab/tokenizer.json fixtures/models/tiny-qwen3-fullvocab/tokenizer_config.json "$dir/tokenizer/"
 cp fixtures/README.md "$dir/tokenizer/"
-cp scripts/make_bench_model.py scripts/cpu_check/run.sh scripts/cpu_check/summary.py "$dir/"
+cp scripts/make_bench_model.py scripts/cpu_check/run.sh scripts/cpu_check/summary.py scripts/lib/kit_run.sh "$dir/"
 chmod +x "$dir/run.sh"
 if [ -n "$llama_build" ]; then
     l="$dir/llama.cpp"

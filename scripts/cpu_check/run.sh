@@ -39,19 +39,14 @@ if [ -e "$work" ] && [ -n "$(ls -A "$work" 2> /dev/null)" ] && [ ! -e "$work/.qw
     exit 1
 fi
 rm -rf "$work" && mkdir -p "$work/runs" && touch "$work/.qwen3-cpu-check"
-if [ -n "$out" ]; then
-    mkdir -p "$out"
-    exec > >(tee "$out/cpu_check.log") 2>&1
-    tee_pid=$!
-fi
-# The log's tee must have written everything before the script ends.
+. "$kit/kit_run.sh"
+if [ -n "$out" ]; then kit_log "$out/cpu_check.log"; fi
+# Every run's JSON goes to $OUT too, then the log is waited for (kit_exit).
 finish() {
     if [ -n "$out" ]; then rm -rf "$out/runs" && cp -r "$work/runs" "$out/"; fi
-    if [ -n "${tee_pid:-}" ]; then exec >&- 2>&-; wait "$tee_pid"; fi
-    exit "$1"
+    kit_exit "$1"
 }
 failed=0
-step() { echo; echo "== $*"; }
 fail() { echo "-- FAIL: $*"; failed=1; }
 qwen3="$kit/bin/qwen3"
 

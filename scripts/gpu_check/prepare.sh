@@ -8,6 +8,7 @@
 # DIR holds: bin/qwen3 (release, --features cuda), tests/* (qwen3-cuda's test executables with
 # --features cuda), fixtures/models/* (the checkpoints those tests and the greedy check read, and
 # the real Qwen3 tokenizer for the benchmark checkpoint), make_bench_model.py, greedy.py, run.sh,
+# kit_run.sh (scripts/lib/: the log and the step headings run.sh shares with the CPU kit)
 # and KIT (what was built, from which commit). The binaries open libcuda and libnvrtc at run
 # time (cudarc's dynamic loading), so nothing CUDA is needed here. docs/cuda.md describes the kit.
 set -euo pipefail
@@ -59,7 +60,7 @@ for f in fixtures/models/*/; do
     if [ -d "fixtures/models/$f/1_Pooling" ]; then cp -r "fixtures/models/$f/1_Pooling" "$dir/fixtures/models/$f/"; fi
 done
 cp fixtures/README.md "$dir/fixtures/"  # the fixtures' provenance and the tokenizer's licence
-cp scripts/make_bench_model.py scripts/gpu_check/greedy.py scripts/gpu_check/run.sh "$dir/"
+cp scripts/make_bench_model.py scripts/gpu_check/greedy.py scripts/gpu_check/run.sh scripts/lib/kit_run.sh "$dir/"
 chmod +x "$dir/run.sh"
 {
     kit_stamp

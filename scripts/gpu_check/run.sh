@@ -26,20 +26,12 @@ fi
 out=${OUT:-}
 work=${QWEN3_GPU_CHECK_WORK:-${TMPDIR:-/tmp}/qwen3-gpu-check}
 rm -rf "$work" && mkdir -p "$work"
-if [ -n "$out" ]; then
-    mkdir -p "$out"
-    exec > >(tee "$out/gpu_check.log") 2>&1
-    tee_pid=$!
-fi
-# The log's tee must have written everything before the script ends.
-finish() {
-    if [ -n "${tee_pid:-}" ]; then exec >&- 2>&-; wait "$tee_pid"; fi
-    exit "$1"
-}
+. "$kit/kit_run.sh"
+if [ -n "$out" ]; then kit_log "$out/gpu_check.log"; fi
+finish() { kit_exit "$1"; }
 summary=()
 failed=0
 note() { summary+=("$1"); echo "-- $1"; }
-step() { echo; echo "== $*"; }
 
 step "1. the machine"
 cat "$kit/KIT"
