@@ -287,6 +287,32 @@ unsafe fn tile<const P: u8, const N: usize>(
     let mut acc = [_mm256_setzero_ps(); N];
     for (g0, n) in blocks(per) {
         let block = g0 * GS;
+        if n == GROUPS {
+            // A whole block: vector k of half h at 64 k + 32 h, so each stream is one pointer
+            // and the offsets are constants (with a run-time stride the compiler kept a pointer
+            // per vector, on the stack).
+            for h in 0..2 {
+                let at = block + 4 * LANES * h;
+                let wp = w_row.add(at);
+                let xp: [*const u8; N] = std::array::from_fn(|j| x_row[j].add(at));
+                let mut isum = [_mm256_setzero_si256(); N];
+                for k in 0..GS / 4 {
+                    let wv = _mm256_loadu_si256(wp.add(4 * GROUPS * k) as *const __m256i);
+                    let aw = _mm256_sign_epi8(wv, wv);
+                    for j in 0..N {
+                        let xv = _mm256_loadu_si256(xp[j].add(4 * GROUPS * k) as *const __m256i);
+                        isum[j] = dot4::<P>(isum[j], aw, _mm256_sign_epi8(xv, wv));
+                    }
+                }
+                let g = g0 + LANES * h;
+                let ws_g = _mm256_loadu_ps(ws.as_ptr().add(g));
+                for j in 0..N {
+                    let xs_g = _mm256_loadu_ps(xs_row[j].add(g));
+                    acc[j] = finish(acc[j], isum[j], xs_g, ws_g);
+                }
+            }
+            continue;
+        }
         let mut lo = 0;
         while lo < n {
             let m = (n - lo).min(LANES);
