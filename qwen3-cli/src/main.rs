@@ -111,23 +111,22 @@ fn main() {
     let result = match cli.command {
         Command::Export(a) => export::run(a),
         Command::Info(mut a) => by_name(&mut a.model).and_then(|()| info::run(a)),
-        Command::Inference(a) => on_worker_thread(a.threads, || inference::run(a)),
+        Command::Inference(a) => on_worker_thread(a.on.threads, || inference::run(a)),
         Command::Chat(a) => args::with_mode(a, args::Mode::Chat, "chat")
-            .and_then(|a| on_worker_thread(a.threads, || inference::run(a))),
+            .and_then(|a| on_worker_thread(a.on.threads, || inference::run(a))),
         Command::Generate(a) => args::with_mode(a, args::Mode::Generate, "generate")
-            .and_then(|a| on_worker_thread(a.threads, || inference::run(a))),
+            .and_then(|a| on_worker_thread(a.on.threads, || inference::run(a))),
         Command::Tokenize(mut a) => by_name(&mut a.model).and_then(|()| tokenize::run(a)),
         Command::Detokenize(mut a) => by_name(&mut a.model).and_then(|()| detokenize::run(a)),
         Command::ChatTemplate(mut a) => by_name(&mut a.model).and_then(|()| chat_template::run(a)),
         Command::Bench(mut a) => by_name(&mut a.model).and_then(|()| bench::run(a)),
-        Command::Perplexity(mut a) => {
-            by_name(&mut a.model).and_then(|()| on_worker_thread(a.threads, || perplexity::run(a)))
-        }
+        Command::Perplexity(mut a) => by_name(&mut a.model)
+            .and_then(|()| on_worker_thread(a.on.threads, || perplexity::run(a))),
         Command::Embed(mut a) => {
-            by_name(&mut a.model).and_then(|()| on_worker_thread(a.threads, || embed::run(a)))
+            by_name(&mut a.model).and_then(|()| on_worker_thread(a.on.threads, || embed::run(a)))
         }
         Command::Rerank(mut a) => {
-            by_name(&mut a.model).and_then(|()| on_worker_thread(a.threads, || rerank::run(a)))
+            by_name(&mut a.model).and_then(|()| on_worker_thread(a.on.threads, || rerank::run(a)))
         }
         Command::Serve(a) => serve::run(a),
         Command::Batch(a) => batch::run(a),

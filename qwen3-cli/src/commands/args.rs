@@ -55,6 +55,21 @@ pub enum DraftKind {
     Ngram,
 }
 
+/// Where a command that runs a model runs: the same two flags, with the same help, for
+/// inference, serve, batch, embed, rerank and perplexity (`bench` takes a list of thread counts,
+/// its own), read into a device once by `device::parse`.
+#[derive(Args, Clone)]
+pub struct DeviceArgs {
+    /// Where to run: cpu, plain (the same math in textbook loops: slow, to read and to check),
+    /// cuda (device 0) or cuda:N. CUDA needs a build with `--features cuda` and an NVIDIA
+    /// driver; see docs/cuda.md.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// CPU threads (default: one per core, or the RAYON_NUM_THREADS environment variable).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
 /// Speculative decoding (qwen3-inference's engine/draft.rs), for generate, chat, serve and batch.
 #[derive(Args, Clone)]
 pub struct DraftArgs {
@@ -241,14 +256,8 @@ pub struct InferenceArgs {
     /// Print model details, KV cache size and sampler settings to stderr.
     #[arg(long)]
     pub verbose: bool,
-    /// Where to run: cpu, plain (the same math in textbook loops: slow, to read and to check),
-    /// cuda (device 0) or cuda:N. CUDA needs a build with `--features cuda` and an NVIDIA
-    /// driver; see docs/cuda.md.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    /// CPU threads (default: one per core, or the RAYON_NUM_THREADS environment variable).
-    #[arg(long)]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub on: DeviceArgs,
     /// Generate mode: wrap the prompt in the model's chat template as one user turn.
     #[arg(long)]
     pub chat: bool,

@@ -8,6 +8,7 @@
 //! says: `-i "Instruct: Given a web search query, retrieve relevant passages that answer the
 //! query\nQuery: ..."`.
 
+use super::args::DeviceArgs;
 use super::device::{self, OnDevice, Place};
 use super::input::read_text;
 use super::tokenize::open_tokenizer;
@@ -37,13 +38,8 @@ pub struct EmbedArgs {
     /// Most tokens of one text (default: the model's maximum, capped at 4096).
     #[arg(short = 'c', long)]
     pub context: Option<usize>,
-    /// Worker threads (default: one per core).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Where to run: cpu, plain (textbook loops: slow), cuda (device 0) or cuda:N (a build with
-    /// `--features cuda`).
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    #[command(flatten)]
+    pub on: DeviceArgs,
     /// Say on stderr where it runs (the device, threads and kernels).
     #[arg(long)]
     pub verbose: bool,
@@ -53,7 +49,7 @@ pub struct EmbedArgs {
 const SLOTS: usize = 8;
 
 pub fn run(args: EmbedArgs) -> Result<()> {
-    let device = device::parse(&args.device)?;
+    let device = device::parse(&args.on.device)?;
     let file = device::open(device, &args.model)?;
     let c = file.config();
     if c.embedding.is_none() {

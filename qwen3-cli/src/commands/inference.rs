@@ -22,7 +22,7 @@ pub fn run(mut args: InferenceArgs) -> Result<()> {
     // A repository id instead of a file: its export, made once (crate::hub).
     args.model =
         crate::hub::models::resolve(&args.model, args.models_dir.as_deref(), args.offline)?;
-    let device = device::parse(&args.device)?;
+    let device = device::parse(&args.on.device)?;
     let second = args.draft.draft_model.is_some().then_some("--draft-model");
     device::check(device, args.kv_cache, second)?;
     let drafts = args.check_mode_flags()?;

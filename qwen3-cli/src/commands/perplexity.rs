@@ -20,7 +20,7 @@
 //! experts chosen, at every position and sparse layer, the base did not choose: quantization's
 //! re-routing, a discontinuous change the KL only shows in sum.
 
-use super::args::KvCacheArg;
+use super::args::{DeviceArgs, KvCacheArg};
 use super::device::{self, OnDevice, Place};
 use super::input::read_text;
 use super::tokenize::open_tokenizer;
@@ -51,13 +51,8 @@ pub struct PerplexityArgs {
     /// Score at most this many chunks (default: all the text holds).
     #[arg(long)]
     pub chunks: Option<usize>,
-    /// Worker threads (default: one per core).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Where to run: cpu, plain (textbook loops: slow), cuda (device 0) or cuda:N (a build with
-    /// `--features cuda`; without --base: the CUDA backend holds one model's weights).
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    #[command(flatten)]
+    pub on: DeviceArgs,
     /// Say on stderr where it runs (the device, threads and kernels).
     #[arg(long)]
     pub verbose: bool,
@@ -85,7 +80,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     if args.chunks == Some(0) {
         bail!("--chunks must be at least 1");
     }
-    let device = device::parse(&args.device)?;
+    let device = device::parse(&args.on.device)?;
     device::check(
         device,
         KvCacheArg::F32,

@@ -2,6 +2,7 @@
 //! `/v1/rerank` scores them (`qwen3_inference::rerank`: the recipe's prompt around each pair, the
 //! probability of "yes" against "no"), most relevant first, one JSON line each.
 
+use super::args::DeviceArgs;
 use super::device;
 use super::embed::LastRows;
 use super::tokenize::open_tokenizer;
@@ -26,20 +27,15 @@ pub struct RerankArgs {
     /// The task, in the recipe's `<Instruct>` (default: the model card's web-search one).
     #[arg(long)]
     pub instruction: Option<String>,
-    /// Worker threads (default: one per core).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Where to run: cpu, plain (textbook loops: slow), cuda (device 0) or cuda:N (a build with
-    /// `--features cuda`).
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    #[command(flatten)]
+    pub on: DeviceArgs,
     /// Say on stderr where it runs (the device, threads and kernels).
     #[arg(long)]
     pub verbose: bool,
 }
 
 pub fn run(args: RerankArgs) -> Result<()> {
-    let device = device::parse(&args.device)?;
+    let device = device::parse(&args.on.device)?;
     let file = device::open(device, &args.model)?;
     let c = file.config();
     if c.embedding.is_some() {

@@ -2,7 +2,7 @@
 //! the continuous-batching engine. This file reads the model's files and starts the worker; see
 //! docs/serve.md for what the server does.
 
-use super::args::{DraftArgs, KvCacheArg};
+use super::args::{DeviceArgs, DraftArgs, KvCacheArg};
 use super::device::{self, OnDevice, Place};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
@@ -121,13 +121,8 @@ pub struct EngineArgs {
     /// What the KV caches store keys and values as: f32 (exact) or bf16 (half the memory).
     #[arg(long, value_enum, default_value = "f32")]
     pub kv_cache: KvCacheArg,
-    /// CPU threads (default: one per core, or the RAYON_NUM_THREADS environment variable).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Where to run: cpu, plain (textbook loops: slow), cuda (device 0) or cuda:N (a build with
-    /// `--features cuda`).
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    #[command(flatten)]
+    pub on: DeviceArgs,
     /// The model id that /v1/models lists and requests name (default: the repository id the
     /// model was given as, else the model file's stem).
     #[arg(long)]
@@ -213,7 +208,7 @@ pub fn prepare(
     }
     args.model =
         crate::hub::models::resolve(&args.model, args.models_dir.as_deref(), args.offline)?;
-    let device = device::parse(&args.device)?;
+    let device = device::parse(&args.on.device)?;
     let second = args.draft.draft_model.is_some().then_some("--draft-model");
     device::check(device, args.kv_cache, second)?;
     if args.parallel == 0 || args.parallel > MAX_BATCH {
@@ -222,7 +217,7 @@ pub fn prepare(
             args.parallel
         );
     }
-    if args.threads == Some(0) {
+    if args.on.threads == Some(0) {
         bail!("--threads must be at least 1");
     }
     let file = device::open(device, &args.model)?;
@@ -303,7 +298,7 @@ pub fn prepare(
     // It is built before the server listens, so a bad setting fails here, not at the first
     // request.
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(args.threads.unwrap_or(0))
+        .num_threads(args.on.threads.unwrap_or(0))
         .build()
         .map_err(|e| anyhow!("cannot start the thread pool: {e}"))?;
     let serve = Serve {
