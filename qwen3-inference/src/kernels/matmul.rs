@@ -354,7 +354,7 @@ fn with_activations<R>(
         .any(|w| matches!(w.data.dtype(), DType::Q4 | DType::Q6));
     let reorders = dots()
         .q8_rows_lay_out
-        .is_some_and(|(group, from)| gs == group && t >= from);
+        .is_some_and(|from| interleaved::interleaves_q8(gs) && t >= from);
     let q8 = ws
         .iter()
         .any(|w| q8_interleaved(w).is_some() || (reorders && w.data.dtype() == DType::Q8));

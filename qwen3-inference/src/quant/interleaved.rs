@@ -175,7 +175,7 @@ pub fn put_q6_block(dst: &mut [u8], n: usize, value: impl Fn(usize, usize) -> u8
 /// long as `src`): word `k` (bytes `4k .. 4k + 4`) of group `l` of a block of `n` groups goes
 /// to bytes `4nk + 4l ..` of the block. q8 weights and the interleaved kernels' activations
 /// take this order ([`interleave_q8`], `kernels/dot/interleaved.rs`'s `lay_out`; AVX2's q8 prompt kernel reorders each block of weight
-/// rows as it reads them, `x86/q8_32_avx2.rs`).
+/// rows as it reads them, `x86/q8_lanes_avx2.rs`).
 pub fn interleave_words(src: &[u8], gs: usize, dst: &mut [u8]) {
     assert!(gs.is_multiple_of(4) && src.len().is_multiple_of(gs) && src.len() == dst.len());
     for (g0, n) in blocks(src.len() / gs) {

@@ -364,11 +364,16 @@ fn q8_rows_matches_scalar_dots() {
                             (&xq[i * cols..(i + 1) * cols], &xs[i * per..(i + 1) * per]);
                         let want = dot_q8_scalar(w_r, ws_r, x_i, xs_i, gs);
                         let got = out[r * t + i];
-                        if t == 1 {
-                            // Decode: exactly the row's dot product.
-                            let dot = (d.q8)(w_r, ws_r, x_i, xs_i, gs);
-                            assert_eq!(got, dot, "{} decode gs={gs} row {r}", d.isa);
-                        }
+                        // Decode and every token of a product of several: exactly the row's
+                        // dot product, so that a token gets the same bits in a prompt, in a
+                        // serving step beside others and alone.
+                        let dot = (d.q8)(w_r, ws_r, x_i, xs_i, gs);
+                        assert_eq!(
+                            got.to_bits(),
+                            dot.to_bits(),
+                            "{} gs={gs} [{rows}x{cols}]x[{t}]: ({r},{i}) against its dot product",
+                            d.isa
+                        );
                         assert!(
                             close(got, want, groups, 3.0 * gs as f32),
                             "{} q8_rows gs={gs} [{rows}x{cols}]x[{t}]: ({r},{i}) {got} vs {want}",

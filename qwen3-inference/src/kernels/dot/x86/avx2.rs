@@ -72,12 +72,11 @@ pub(super) unsafe fn dot_q8_avx2<const REACH: usize, const P: u8>(
     xs: &[f32],
     gs: usize,
 ) -> f32 {
-    // The default group size is compiled on its own, so that a group's loop unrolls; groups of
-    // 32 (a GGUF's Q8_0, a q4 file's q8 matrices) add eight groups' sums a vector
-    // (`q8_32_avx2.rs`).
+    // Groups of 32 (a GGUF's Q8_0, a q4 file's q8 matrices) and 64 (a q8 file's) add eight
+    // groups' sums a vector (`q8_lanes_avx2.rs`); other multiples of 32 a group at a time.
     match gs {
-        64 => dot_q8_avx2_gs::<REACH, 64, P>(w, ws, x, xs, gs),
-        32 => super::q8_32_avx2::dot_q8_32_avx2::<REACH, P>(w, ws, x, xs),
+        64 => super::q8_lanes_avx2::dot_q8_lanes_avx2::<REACH, 64, P>(w, ws, x, xs),
+        32 => super::q8_lanes_avx2::dot_q8_lanes_avx2::<REACH, 32, P>(w, ws, x, xs),
         _ if gs.is_multiple_of(32) => dot_q8_avx2_gs::<REACH, 0, P>(w, ws, x, xs, gs),
         _ => dot_q8_scalar(w, ws, x, xs, gs),
     }
@@ -245,7 +244,8 @@ pub(super) unsafe fn dot_pairs<const P: u8, const K: usize>(
     }
 }
 
-/// [`MatQ8`] on AVX2, for groups of a multiple of 32 values (others take the scalar product).
+/// [`MatQ8`] on AVX2, for groups of a multiple of 32 values (others take the scalar product):
+/// groups of 32 and 64 in `q8_lanes_avx2.rs`, the other multiples here.
 ///
 /// Decode (`t = 1`) runs [`dot_q8_avx2`] row by row, prefetching as [`mat_q8_avx512`] does.
 /// Prefill is tiled: `R` weight rows against `N` tokens at a time ([`tile_q8_avx2`]).
@@ -262,9 +262,12 @@ pub(super) unsafe fn mat_q8_avx2<const P: u8>(
     if !gs.is_multiple_of(32) {
         return mat_q8_with(dot_q8_scalar, w, ws, x, out);
     }
-    if gs == 32 {
-        // A GGUF's Q8_0, a q4 file's q8 matrices: eight groups a vector (`q8_32_avx2.rs`).
-        return super::q8_32_avx2::mat_q8_32_avx2::<P>(w, ws, x, out, rows, ahead);
+    match gs {
+        // A GGUF's Q8_0, a q4 file's q8 matrices: eight groups a vector (`q8_lanes_avx2.rs`).
+        32 => return super::q8_lanes_avx2::mat_q8_lanes_avx2::<32, P>(w, ws, x, out, rows, ahead),
+        // A q8 file's matrices, likewise.
+        64 => return super::q8_lanes_avx2::mat_q8_lanes_avx2::<64, P>(w, ws, x, out, rows, ahead),
+        _ => {}
     }
     if t == 1 {
         for (r, o) in out.iter_mut().enumerate() {
@@ -318,12 +321,8 @@ pub(super) unsafe fn tile_q8_avx2<const R: usize, const N: usize, const P: u8>(
     r: usize,
     i: usize,
 ) {
-    // The default group size is compiled on its own, so that a group's loop unrolls.
-    if x.group_size == 64 {
-        tile_q8_avx2_gs::<R, N, 64, P>(w, ws, x, out, r, i)
-    } else {
-        tile_q8_avx2_gs::<R, N, 0, P>(w, ws, x, out, r, i)
-    }
+    // Groups of 32 and 64 take `q8_lanes_avx2.rs`; this tile serves the other multiples of 32.
+    tile_q8_avx2_gs::<R, N, 0, P>(w, ws, x, out, r, i)
 }
 
 /// [`tile_q8_avx2`] for a group size of `GS` values, or of the activations' when `GS` is 0.

@@ -8,8 +8,8 @@
 //! kernels of `dot/mod.rs`; `q4.rs`, AVX2's q4 and q6 kernels, and `interleaved.rs`, AVX-512's
 //! (on the weights in the order `dot/interleaved.rs` describes), tested against `dot/q4.rs` and
 //! `dot/q6.rs`, and its q8 ones on interleaved weights; `q8_pairs.rs`, AVX-512's q8 products
-//! for groups of 32 (two groups a vector) in the file's order; `q8_32_avx2.rs`, AVX2's (eight
-//! groups a vector); `k_quants.rs`, every family's product of GGUF's K-quant blocks, tested against
+//! for groups of 32 (two groups a vector) in the file's order; `q8_lanes_avx2.rs`, AVX2's for
+//! groups of 32 and 64 (eight groups a vector); `k_quants.rs`, every family's product of GGUF's K-quant blocks, tested against
 //! `dot/k_quants.rs`, and `k_interleaved.rs`, AVX-512's on Q4_K and Q6_K blocks in the
 //! interleaved order (`dot/k_interleaved.rs`), tested against the same.
 
@@ -19,7 +19,7 @@ mod interleaved;
 mod k_interleaved;
 mod k_quants;
 mod q4;
-mod q8_32_avx2;
+mod q8_lanes_avx2;
 mod q8_pairs;
 
 use super::Dots;
@@ -61,7 +61,7 @@ pub const AVX2: Dots = Dots {
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2::<0, MADDUBS>(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx2::<MADDUBS>(w, ws, x, out, ahead) },
     q8_interleaved: None,
-    q8_rows_lay_out: Some((32, q8_32_avx2::REORDER_FROM)),
+    q8_rows_lay_out: Some(q8_lanes_avx2::REORDER_FROM),
     q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS, false>(w, ws, x, out, ahead) },
     q6_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS, true>(w, ws, x, out, ahead) },
     q4_layout: super::q4::Q4Layout::Pairs,

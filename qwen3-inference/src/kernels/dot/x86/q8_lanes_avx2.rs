@@ -1,17 +1,19 @@
-//! AVX2's q8 products in groups of 32: a GGUF's Q8_0 matrices and the q8 ones of a q4 file
-//! (`format::Q4Mix`). Eight groups share a vector: lane `l` ends with the whole integer sum of
-//! group `l` of the eight, so one conversion and two multiplies scale eight groups.
+//! AVX2's q8 products in groups of 32 and 64: a GGUF's Q8_0 matrices, the q8 ones of a q4 file
+//! (`format::Q4Mix`, groups of 32) and a q8 file's (64). Eight groups share a vector: lane `l`
+//! ends with the whole integer sum of group `l` of the eight, so one conversion and two
+//! multiplies scale eight groups.
 //!
 //! ## Why
 //!
-//! In the file's order a group of 32 is one 256-bit vector, and its byte products
+//! In the file's order a group of 32 is one 256-bit vector (of 64, two), and its byte products
 //! (`vpmaddubsw`, then `vpmaddwd`) leave its sum spread over all eight lanes: the file-order
-//! kernels (`avx2.rs`, `tile_q8_avx2`) convert, scale and add every group of every (row, token)
-//! pair on its own, about as much work as the group's byte products. Here, for each run of eight
-//! groups from group `g` of a row and a token:
+//! kernels (`avx2.rs`, `tile_q8_avx2`, which other multiples of 32 take) convert, scale and add
+//! every group of every (row, token) pair on its own, about as much work as the group's byte
+//! products for groups of 32 and half as much for 64. Here, for each run of eight groups from
+//! group `g` of a row and a token:
 //!
 //! ```text
-//! isum[l]  = sum of w * x over the 32 values of group g + l      l = 0 .. 8, exact integers
+//! isum[l]  = sum of w * x over the GS values of group g + l      l = 0 .. 8, exact integers
 //! acc     += float(isum) * xs[g .. g + 8] * ws[g .. g + 8]        one conversion, two multiplies
 //! result   = acc's eight lanes added (hsum256)
 //! ```
@@ -20,7 +22,10 @@
 //!
 //! **Decode** (one token) reads the row in the file's order, once: eight groups' vectors of
 //! partial sums are added across ([`lanes_of`]: two rounds of `vphaddd`, then the halves
-//! swapped and added) into one vector whose lane `l` is group `l`'s sum.
+//! swapped and added) into one vector whose lane `l` is group `l`'s sum. **A serving step** (a
+//! few tokens, one per sequence) does the same for a row and up to four tokens at a time
+//! ([`tile_file`]: each weight vector loaded and made absolute once for them, the additions
+//! across made as the groups come).
 //!
 //! **A prompt** reads each weight row once for every token. A block of 16 rows is first put in
 //! the interleaved order (`dot/interleaved.rs`: a vector holds word `k`, four bytes, of each of
@@ -28,8 +33,7 @@
 //! order once per product ([`ActsQ8::interleaved`]); then each vector's byte products add into
 //! their own group's lane directly, for a row and four tokens at a time, and the reordering
 //! costs a copy of the block's bytes against `t` passes over them. With a few tokens (a serving
-//! step's) that copy would cost more than it saves, and each (row, token) pair takes decode's
-//! product.
+//! step's, below [`reorder_from`]) that copy would cost more than it saves.
 //!
 //! The integer sums are exact in any order, and the float steps are the same in the same order
 //! in every path, so a prompt's tokens get decode's bits, alone or beside others.
@@ -42,8 +46,8 @@ use super::{PREFETCH_FAR, PREFETCH_NEAR};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-/// Values a group holds, and a 256-bit vector.
-const GS: usize = 32;
+/// A 256-bit vector's bytes: a group of 32 is one, a group of 64 two.
+const VECTOR: usize = 32;
 
 /// Groups a run covers: one per 32-bit lane.
 const LANES: usize = 8;
@@ -55,11 +59,21 @@ const TOKENS: usize = 4;
 /// Weight rows reordered at a time, then read by every token (as `for_each_tile`'s blocks).
 const BLOCK_ROWS: usize = 16;
 
-/// Tokens from which a product reorders its weights: below, each (row, token) pair takes
-/// decode's product. At 8 and 16 tokens the reordering product ran 1.13-1.22 times the
-/// file-order tile it replaced (docs/kernels.md, "q8 in groups of 32 on AVX2"); where it
-/// crosses decode's product, which ran 4 tokens as fast, is not measured.
-pub(super) const REORDER_FROM: usize = 8;
+/// Tokens from which a product in groups of `gs` reorders its weights: below, a row takes
+/// [`tile_file`] a few tokens at a time. Groups of 32: at 8 and 16 tokens the reordering product
+/// ran 1.13-1.22 times the file-order tile it replaced (docs/kernels.md, "q8 in groups of 32 on
+/// AVX2"). Groups of 64: the copy of a block's rows pays from about 16 tokens (at 2-4 tokens it
+/// ran at half the speed of reading the file's order).
+pub(super) const fn reorder_from(gs: usize) -> usize {
+    match gs {
+        32 => 8,
+        _ => 16,
+    }
+}
+
+/// The fewest tokens from which any group size reorders: the matrix product lays the
+/// activations out for the kernel from there on.
+pub(super) const REORDER_FROM: usize = reorder_from(32);
 
 thread_local! {
     /// A block of weight rows in the interleaved order, kept between calls. It grows (once per
@@ -69,13 +83,13 @@ thread_local! {
     static BLOCK: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// [`super::super::MatQ8`] on AVX2 for groups of 32, after the caller's `x.check` returned
-/// `rows`; byte products by the instructions `P` names ([`super::avx2::MADDUBS`]).
+/// [`super::super::MatQ8`] on AVX2 for groups of `GS` (32 or 64), after the caller's `x.check`
+/// returned `rows`; byte products by the instructions `P` names ([`super::avx2::MADDUBS`]).
 ///
 /// Caller guarantees the CPU has AVX2, FMA and the instructions `P` names, and that
-/// `x.check(w, ws, out)` passed with `x.group_size == 32`.
+/// `x.check(w, ws, out)` passed with `x.group_size == GS`.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn mat_q8_32_avx2<const P: u8>(
+pub(super) unsafe fn mat_q8_lanes_avx2<const GS: usize, const P: u8>(
     w: &[i8],
     ws: &[f32],
     x: &ActsQ8,
@@ -86,24 +100,48 @@ pub(super) unsafe fn mat_q8_32_avx2<const P: u8>(
     let (t, cols) = (x.t, x.cols);
     let per = cols / GS;
     let row = |r: usize| (&w[r * cols..(r + 1) * cols], &ws[r * per..(r + 1) * per]);
-    let acts = x.interleaved().filter(|_| t >= REORDER_FROM);
+    let acts = x.interleaved().filter(|_| t >= reorder_from(GS));
     let Some(acts) = acts else {
         for r in 0..rows {
             let (w_r, ws_r) = row(r);
             // As in mat_q8_avx2: prefetch no further than the bytes this thread reads next, and
-            // with the row's first token only (the others find the row in cache).
+            // with the row's first tokens only (the others find the row in cache).
             let after = (rows - r - 1) * cols + ahead;
-            for i in 0..t {
-                let (x_i, xs_i) = (x.q_row(i), &x.scales[i * per..(i + 1) * per]);
-                out[r * t + i] = if i > 0 {
-                    dot_q8_32_avx2::<0, P>(w_r, ws_r, x_i, xs_i)
-                } else if after >= PREFETCH_FAR {
-                    dot_q8_32_avx2::<PREFETCH_FAR, P>(w_r, ws_r, x_i, xs_i)
+            if t == 1 {
+                let (x_0, xs_0) = (x.q_row(0), &x.scales[..per]);
+                out[r] = if after >= PREFETCH_FAR {
+                    dot_q8_lanes_avx2::<PREFETCH_FAR, GS, P>(w_r, ws_r, x_0, xs_0)
                 } else if after >= PREFETCH_NEAR {
-                    dot_q8_32_avx2::<PREFETCH_NEAR, P>(w_r, ws_r, x_i, xs_i)
+                    dot_q8_lanes_avx2::<PREFETCH_NEAR, GS, P>(w_r, ws_r, x_0, xs_0)
                 } else {
-                    dot_q8_32_avx2::<0, P>(w_r, ws_r, x_i, xs_i)
+                    dot_q8_lanes_avx2::<0, GS, P>(w_r, ws_r, x_0, xs_0)
                 };
+                continue;
+            }
+            let mut i = 0;
+            while i < t {
+                let n = (t - i).min(TOKENS);
+                let o = &mut out[r * t + i..r * t + i + n];
+                // SAFETY: the CPU has AVX2, FMA and `P`'s instructions (our caller's promise);
+                // `check` proved the row, its scales and tokens i..i+n whole.
+                unsafe {
+                    if i == 0 && after >= PREFETCH_FAR {
+                        match n {
+                            4 => tile_file::<PREFETCH_FAR, GS, P, 4>(w_r, ws_r, x, i, o),
+                            3 => tile_file::<PREFETCH_FAR, GS, P, 3>(w_r, ws_r, x, i, o),
+                            2 => tile_file::<PREFETCH_FAR, GS, P, 2>(w_r, ws_r, x, i, o),
+                            _ => tile_file::<PREFETCH_FAR, GS, P, 1>(w_r, ws_r, x, i, o),
+                        }
+                    } else {
+                        match n {
+                            4 => tile_file::<0, GS, P, 4>(w_r, ws_r, x, i, o),
+                            3 => tile_file::<0, GS, P, 3>(w_r, ws_r, x, i, o),
+                            2 => tile_file::<0, GS, P, 2>(w_r, ws_r, x, i, o),
+                            _ => tile_file::<0, GS, P, 1>(w_r, ws_r, x, i, o),
+                        }
+                    }
+                }
+                i += n;
             }
         }
         return;
@@ -119,7 +157,7 @@ pub(super) unsafe fn mat_q8_32_avx2<const P: u8>(
             for (s, d) in src.chunks_exact(cols).zip(block.chunks_exact_mut(cols)) {
                 // SAFETY: the CPU has AVX2 (our caller's promise); `s` and `d` are one row
                 // each.
-                unsafe { reorder_row(s, d) };
+                unsafe { reorder_row::<GS>(s, d) };
             }
             let mut i = 0;
             while i < t {
@@ -130,13 +168,13 @@ pub(super) unsafe fn mat_q8_32_avx2<const P: u8>(
                     // SAFETY: the CPU has AVX2, FMA and `P`'s instructions (our caller's
                     // promise); the activations are laid out whole (`interleaved` checked
                     // their lengths) and hold tokens i..i+n; the row is `cols` bytes in groups
-                    // of 32.
+                    // of GS.
                     unsafe {
                         match n {
-                            4 => tile::<P, 4>(w_r, ws_r, acts, i, o),
-                            3 => tile::<P, 3>(w_r, ws_r, acts, i, o),
-                            2 => tile::<P, 2>(w_r, ws_r, acts, i, o),
-                            _ => tile::<P, 1>(w_r, ws_r, acts, i, o),
+                            4 => tile::<GS, P, 4>(w_r, ws_r, acts, i, o),
+                            3 => tile::<GS, P, 3>(w_r, ws_r, acts, i, o),
+                            2 => tile::<GS, P, 2>(w_r, ws_r, acts, i, o),
+                            _ => tile::<GS, P, 1>(w_r, ws_r, acts, i, o),
                         }
                     }
                 }
@@ -146,26 +184,32 @@ pub(super) unsafe fn mat_q8_32_avx2<const P: u8>(
     });
 }
 
-/// One row of groups of 32 (`src`) in the interleaved order, into `dst` (as long): what
-/// [`interleave_words`] writes, each whole half block (8 groups, 256 bytes) by a transpose of
-/// eight vectors (vector `l` group `l`'s eight words, in; vector `k` word `k` of each group, out).
+/// One row of groups of `GS` (`src`) in the interleaved order, into `dst` (as long): what
+/// [`interleave_words`] writes, each whole half block (8 groups) by transposes of eight vectors
+/// (vector `l` eight words of group `l`, in; vector `k` word `k` of each group, out), one for
+/// groups of 32 and two (words 0-7, then 8-15) for groups of 64.
 ///
 /// Caller guarantees the CPU has AVX2.
 #[target_feature(enable = "avx2")]
-unsafe fn reorder_row(src: &[u8], dst: &mut [u8]) {
+unsafe fn reorder_row<const GS: usize>(src: &[u8], dst: &mut [u8]) {
     assert!(src.len() == dst.len() && src.len().is_multiple_of(GS));
     let whole = src.len() / (GS * GROUPS) * GS * GROUPS;
     for at in (0..whole).step_by(GS * GROUPS) {
         for half in 0..2 {
             let from = at + half * GS * LANES;
-            // SAFETY: group l of the half is bytes from + 32 l .. + 32 of `src`, below `whole`;
-            // vector k of the block goes to bytes at + 64 k + 32 half .. + 32 of `dst`.
-            let groups: [__m256i; LANES] = std::array::from_fn(|l| {
-                _mm256_loadu_si256(src.as_ptr().add(from + GS * l) as *const __m256i)
-            });
-            for (k, v) in transpose8(groups).into_iter().enumerate() {
-                let to = at + k * 4 * GROUPS + half * 4 * LANES;
-                _mm256_storeu_si256(dst.as_mut_ptr().add(to) as *mut __m256i, v);
+            // Words 8c .. 8c + 8 of each group of the half: a group of 64 is two such runs.
+            for c in 0..GS / VECTOR {
+                // SAFETY: run c of group l of the half is bytes from + GS l + 32 c .. + 32 of
+                // `src`, below `whole`; vector 8c + k of the block goes to bytes at + 64 (8c +
+                // k) + 32 half .. + 32 of `dst`.
+                let groups: [__m256i; LANES] = std::array::from_fn(|l| {
+                    let p = src.as_ptr().add(from + GS * l + VECTOR * c);
+                    _mm256_loadu_si256(p as *const __m256i)
+                });
+                for (k, v) in transpose8(groups).into_iter().enumerate() {
+                    let to = at + (LANES * c + k) * 4 * GROUPS + half * 4 * LANES;
+                    _mm256_storeu_si256(dst.as_mut_ptr().add(to) as *mut __m256i, v);
+                }
             }
         }
     }
@@ -210,14 +254,14 @@ unsafe fn transpose8(r: [__m256i; LANES]) -> [__m256i; LANES] {
     })
 }
 
-/// `sum_g ws[g] xs[g] sum_{c in g} w[c] x[c]` over groups of 32 in the file's order, in
+/// `sum_g ws[g] xs[g] sum_{c in g} w[c] x[c]` over groups of `GS` in the file's order, in
 /// runs of eight groups (the module's text); prefetches the weights `REACH` bytes ahead as
 /// `avx2.rs`'s `group_q8_avx2` does (see [`PREFETCH_NEAR`]).
 ///
 /// Caller guarantees the CPU has AVX2, FMA and the instructions `P` names.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_q8_32_avx2<const REACH: usize, const P: u8>(
+pub(super) unsafe fn dot_q8_lanes_avx2<const REACH: usize, const GS: usize, const P: u8>(
     w: &[i8],
     ws: &[f32],
     x: &[i8],
@@ -227,7 +271,7 @@ pub(super) unsafe fn dot_q8_32_avx2<const REACH: usize, const P: u8>(
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
     let mut acc = _mm256_setzero_ps();
     let mut g = 0;
-    // SAFETY: group g + l < groups is read at [(g + l) * 32, (g + l + 1) * 32) of w and x, and
+    // SAFETY: group g + l < groups is read at [(g + l) GS, (g + l + 1) GS) of w and x, and
     // scales g .. g + m of ws and xs with g + m <= groups; a prefetch never faults, and
     // `wrapping_add` may point past the slice without UB.
     while g < groups {
@@ -235,20 +279,22 @@ pub(super) unsafe fn dot_q8_32_avx2<const REACH: usize, const P: u8>(
         let at = g * GS;
         let sums: [__m256i; LANES] = std::array::from_fn(|l| match l < m {
             true => {
-                // A line (two groups) ahead at a time, among the products.
-                if l % 2 == 0 {
-                    let line = at + GS * l;
-                    if REACH >= PREFETCH_NEAR {
-                        _mm_prefetch::<_MM_HINT_T2>(wp.wrapping_add(line + PREFETCH_NEAR));
-                    }
-                    if REACH >= PREFETCH_FAR {
-                        _mm_prefetch::<_MM_HINT_T2>(wp.wrapping_add(line + PREFETCH_FAR));
-                    }
-                }
-                let wv = _mm256_loadu_si256(wp.add(at + GS * l) as *const __m256i);
-                let xv = _mm256_loadu_si256(xp.add(at + GS * l) as *const __m256i);
                 let zero = _mm256_setzero_si256();
-                dot4::<P>(zero, _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
+                (0..GS / VECTOR).fold(zero, |sum, c| {
+                    let at = at + GS * l + VECTOR * c;
+                    // A line (64 bytes) ahead at a time, among the products.
+                    if at.is_multiple_of(64) {
+                        if REACH >= PREFETCH_NEAR {
+                            _mm_prefetch::<_MM_HINT_T2>(wp.wrapping_add(at + PREFETCH_NEAR));
+                        }
+                        if REACH >= PREFETCH_FAR {
+                            _mm_prefetch::<_MM_HINT_T2>(wp.wrapping_add(at + PREFETCH_FAR));
+                        }
+                    }
+                    let wv = _mm256_loadu_si256(wp.add(at) as *const __m256i);
+                    let xv = _mm256_loadu_si256(xp.add(at) as *const __m256i);
+                    dot4::<P>(sum, _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
+                })
             }
             false => _mm256_setzero_si256(),
         });
@@ -259,19 +305,98 @@ pub(super) unsafe fn dot_q8_32_avx2<const REACH: usize, const P: u8>(
     hsum256(acc)
 }
 
+/// Weight row `w` (in the file's order) with scales `ws` against tokens `i .. i + N` of `x`, into
+/// `out` (`N` values): decode's sums and steps ([`dot_q8_lanes_avx2`]: each group's integer sum put
+/// in its lane of a run of eight by [`lanes_of`], then [`finish`]), so the same bits, with each
+/// weight vector loaded and made absolute once for the `N` tokens. A serving step's few tokens
+/// take it, where reordering the rows would cost more than it saves. Prefetches the weights
+/// `REACH` bytes ahead as decode does.
+///
+/// Caller guarantees the CPU has AVX2, FMA and the instructions `P` names, that `w` and `ws` are
+/// one row (`w.len() / GS` groups, as many scales) and that `x` holds tokens `i .. i + N` of
+/// `w.len()` values each.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_file<const REACH: usize, const GS: usize, const P: u8, const N: usize>(
+    w: &[i8],
+    ws: &[f32],
+    x: &ActsQ8,
+    i: usize,
+    out: &mut [f32],
+) {
+    let (cols, per) = (w.len(), ws.len());
+    let wp = w.as_ptr();
+    let xp: [*const i8; N] = std::array::from_fn(|j| x.q.as_ptr().add((i + j) * cols));
+    let xs: [*const f32; N] = std::array::from_fn(|j| x.scales.as_ptr().add((i + j) * per));
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut g = 0;
+    while g < per {
+        let m = (per - g).min(LANES);
+        // Group g + l's integer sums for every token (eight partial sums a vector), zero past
+        // the run's m groups.
+        let group = |l: usize| -> [__m256i; N] {
+            let mut s = [_mm256_setzero_si256(); N];
+            if l < m {
+                for c in 0..GS / VECTOR {
+                    let at = (g + l) * GS + VECTOR * c;
+                    // A line ahead at a time (see dot_q8_lanes_avx2); a prefetch never faults.
+                    if at.is_multiple_of(64) {
+                        if REACH >= PREFETCH_NEAR {
+                            _mm_prefetch::<_MM_HINT_T2>(wp.wrapping_add(at + PREFETCH_NEAR));
+                        }
+                        if REACH >= PREFETCH_FAR {
+                            _mm_prefetch::<_MM_HINT_T2>(wp.wrapping_add(at + PREFETCH_FAR));
+                        }
+                    }
+                    let wv = _mm256_loadu_si256(wp.add(at) as *const __m256i);
+                    let aw = _mm256_sign_epi8(wv, wv);
+                    for (j, s_j) in s.iter_mut().enumerate() {
+                        let xv = _mm256_loadu_si256(xp[j].add(at) as *const __m256i);
+                        *s_j = dot4::<P>(*s_j, aw, _mm256_sign_epi8(xv, wv));
+                    }
+                }
+            }
+            s
+        };
+        // [`lanes_of`]'s additions, made as the groups come, so that a token holds a few
+        // vectors at a time instead of eight: pairs of groups, then pairs of pairs.
+        let h = |a: [__m256i; N], b: [__m256i; N]| -> [__m256i; N] {
+            std::array::from_fn(|j| _mm256_hadd_epi32(a[j], b[j]))
+        };
+        let quad = |l: usize| {
+            let low = h(group(l), group(l + 1));
+            h(low, h(group(l + 2), group(l + 3)))
+        };
+        let (lo4, hi4) = (quad(0), quad(4));
+        let ws_g = scales(ws.as_ptr().add(g), m);
+        for j in 0..N {
+            let sums = _mm256_add_epi32(
+                _mm256_permute2x128_si256::<0x20>(lo4[j], hi4[j]),
+                _mm256_permute2x128_si256::<0x31>(lo4[j], hi4[j]),
+            );
+            let xs_g = scales(xs[j].add(g), m);
+            acc[j] = finish(acc[j], sums, xs_g, ws_g);
+        }
+        g += LANES;
+    }
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = hsum256(a);
+    }
+}
+
 /// Weight row `w` (in the interleaved order, `cols` bytes) with scales `ws` against tokens
 /// `i .. i + N` of `acts`, into `out` (`N` values).
 ///
 /// Caller guarantees the CPU has AVX2 and FMA, that `acts` holds whole laid-out rows of
-/// `w.len()` values for tokens `i .. i + N` and their `w.len() / 32` scales, and that `ws`
+/// `w.len()` values for tokens `i .. i + N` and their `w.len() / GS` scales, and that `ws`
 /// holds as many. Then every read is in bounds: a block of `n` groups from group `g0` is bytes
-/// `32 g0 .. 32 (g0 + n)` of the row and of each token's, vector `k` of it the `4n` bytes from
-/// `32 g0 + 4nk`; a run from group `lo` of the block reads `4 min(8, n - lo)` of them from `4
-/// lo` on (the scales likewise, entries `g0 + lo ..`), and a masked load neither reads nor
-/// faults past its mask.
+/// `GS g0 .. GS (g0 + n)` of the row and of each token's, vector `k` (of `GS / 4`) of it the `4n`
+/// bytes from `GS g0 + 4nk`; a run from group `lo` of the block reads `4 min(8, n - lo)` of them
+/// from `4 lo` on (the scales likewise, entries `g0 + lo ..`), and a masked load neither reads
+/// nor faults past its mask.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile<const P: u8, const N: usize>(
+unsafe fn tile<const GS: usize, const P: u8, const N: usize>(
     w: &[u8],
     ws: &[f32],
     acts: &ActsQ4,
@@ -404,13 +529,18 @@ mod tests {
             eprintln!("no AVX2: skipping the AVX2 reordering of q8 rows");
             return;
         }
-        for groups in [1, 8, 9, 15, 16, 17, 24, 25, 31, 32, 45, 80] {
-            let src: Vec<u8> = (0..groups * GS).map(|i| (i * 7 + i / 256) as u8).collect();
-            let (mut want, mut got) = (vec![0u8; src.len()], vec![0u8; src.len()]);
-            interleave_words(&src, GS, &mut want);
-            // SAFETY: has_avx2() said the CPU has AVX2.
-            unsafe { reorder_row(&src, &mut got) };
-            assert_eq!(got, want, "{groups} groups");
+        for gs in [32, 64] {
+            for groups in [1, 8, 9, 15, 16, 17, 24, 25, 31, 32, 45, 80] {
+                let src: Vec<u8> = (0..groups * gs).map(|i| (i * 7 + i / 256) as u8).collect();
+                let (mut want, mut got) = (vec![0u8; src.len()], vec![0u8; src.len()]);
+                interleave_words(&src, gs, &mut want);
+                // SAFETY: has_avx2() said the CPU has AVX2.
+                match gs {
+                    32 => unsafe { reorder_row::<32>(&src, &mut got) },
+                    _ => unsafe { reorder_row::<64>(&src, &mut got) },
+                }
+                assert_eq!(got, want, "{groups} groups of {gs}");
+            }
         }
     }
 }
