@@ -345,16 +345,17 @@ fn with_activations<R>(
             w.name
         );
     }
-    // q4 and q6 kernels read the activations rearranged (dot/q4.rs); q8 kernels on interleaved
-    // weights (AVX-512's) or reordering a prompt's weights as they read them (AVX2's, in groups
-    // of 32) in the interleaved order (dot/interleaved.rs); the K-quants their own, per block
-    // of 256 (dot/k_quants.rs). A GGUF may mix them in one layer's products.
+    // q4 and q6 kernels read the activations rearranged (dot/q4.rs); q8 kernels on
+    // interleaved weights (AVX-512's) or reordering a prompt's weights as they read them
+    // (AVX2's, in groups of 32 and 64) in the interleaved order (dot/interleaved.rs); the
+    // K-quants their own, per block of 256 (dot/k_quants.rs). A GGUF may mix them in one
+    // layer's products.
     let q4 = ws
         .iter()
         .any(|w| matches!(w.data.dtype(), DType::Q4 | DType::Q6));
     let reorders = dots()
         .q8_rows_lay_out
-        .is_some_and(|from| interleaved::interleaves_q8(gs) && t >= from);
+        .is_some_and(|from| interleaved::interleaves_q8(gs) && t >= from(gs));
     let q8 = ws
         .iter()
         .any(|w| q8_interleaved(w).is_some() || (reorders && w.data.dtype() == DType::Q8));
@@ -580,8 +581,9 @@ mod tests {
             view(TensorData::from_k_quant(KQuant::Q5K, &q5k)),
             view(TensorData::from_k_quant(KQuant::Q6K, &q6k)),
         );
-        // 9 tokens: a prompt's products (AVX2 reorders q8 weights in groups of 32 from 8).
-        for t in [1, 3, 9] {
+        // 9 and 17 tokens: a prompt's products (AVX2 reorders q8 weights in groups of 32 from
+        // 8 tokens, of 64 from 16).
+        for t in [1, 3, 9, 17] {
             let x: Vec<f32> = (0..t * cols).map(|_| lcg(&mut seed)).collect();
             for mix in [
                 [&q4_view, &q6k_view, &q4k_view],
@@ -634,8 +636,9 @@ mod tests {
                 interleaved: None,
             })
             .collect();
-        // 9 tokens: a prompt's products (AVX2 reorders q8 weights in groups of 32 from 8).
-        for t in [1, 3, 9] {
+        // 9 and 17 tokens: a prompt's products (AVX2 reorders q8 weights in groups of 32 from
+        // 8 tokens, of 64 from 16).
+        for t in [1, 3, 9, 17] {
             let x: Vec<f32> = (0..t * cols as usize).map(|_| lcg(&mut seed)).collect();
             let mut sep: Vec<Vec<f32>> = shapes
                 .iter()

@@ -25,8 +25,8 @@ pub struct ActsQ8<'a> {
     /// `quantize_for_q4_as`, `quantize_for_weights`) with groups of 32 (or, interleaved, 64).
     pub q4: q4::ActsQ4<'a>,
     /// The same values in [`q4::Q4Layout::Interleaved`] for the q8 kernels that read that
-    /// order (AVX2's on a prompt in groups of 32, which reorders the weights as it reads them,
-    /// [`super::Dots::q8_rows_lay_out`]), where this CPU's q4 kernels read another layout
+    /// order (AVX2's on a prompt in groups of 32 or 64, which reorders the weights as it reads
+    /// them, [`super::Dots::q8_rows_lay_out`]), where this CPU's q4 kernels read another layout
     /// (AVX2's `Pairs`) and `q4` cannot serve them; empty otherwise ([`ActsQ8::interleaved`]
     /// picks the one laid out so).
     pub q8: q4::ActsQ4<'a>,

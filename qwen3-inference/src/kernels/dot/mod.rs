@@ -66,10 +66,11 @@ pub struct Dots {
     pub q8_interleaved: Option<MatQ8>,
     /// Where `q8_rows` on weights in the file's order reads the activations laid out in the
     /// interleaved order too ([`ActsQ8::interleaved`]), for the group sizes that order takes
-    /// (`interleaved::interleaves_q8`): from how many tokens on. AVX2's kernel reorders a
-    /// prompt's weight rows as it reads them (`x86/q8_lanes_avx2.rs`); the matrix product lays the
-    /// activations out for it. Without them it takes a slower path with the same bits.
-    pub q8_rows_lay_out: Option<usize>,
+    /// (`interleaved::interleaves_q8`): from how many tokens on, for a group size. AVX2's
+    /// kernel reorders a prompt's weight rows as it reads them (`x86/q8_lanes_avx2.rs`); the
+    /// matrix product lays the activations out for it. Without them it takes a slower path
+    /// with the same bits.
+    pub q8_rows_lay_out: Option<fn(usize) -> usize>,
     /// q4 weights against q8 activations (W4A8): `q4.rs` has the scalar reference and the
     /// activations' layout the SIMD versions read.
     pub q4_rows: MatQ4,

@@ -4,7 +4,7 @@
 use super::*;
 
 /// The activations' forms the matrix product asks for q8 weights (the interleaved layout, which
-/// AVX2's q8 kernel reads in a prompt in groups of 32).
+/// AVX2's q8 kernel reads in a prompt in groups of 32 and 64).
 const Q8_FORM: Forms = Forms {
     q4: false,
     q8: true,
@@ -328,6 +328,11 @@ fn q8_rows_matches_scalar_dots() {
                 // and 13 groups: a run of 8 and one of 5).
                 (3, 9, 29),
                 (2, 8, 45),
+                // The same from 16 tokens, where groups of 64 reorder too: tiles of 1 to 4
+                // tokens, blocks of rows after the first, ragged blocks of groups.
+                (18, 17, 29),
+                (3, 19, 45),
+                (2, 18, 21),
                 // Decode over enough rows that the AVX-512 kernel takes each of its
                 // prefetch depths (32 KiB, 8 KiB, none) as the end of the rows nears.
                 (160, 1, 4),
@@ -339,7 +344,7 @@ fn q8_rows_matches_scalar_dots() {
                 crate::quant::quantize_q8(&w, gs, &mut wq, &mut ws);
                 let mut buf = ActsQ8Buf::default();
                 // Laid out as the matrix product lays them out for q8 weights (AVX2 reorders a
-                // prompt's weights in groups of 32 to read them so); without the layout, a
+                // prompt's weights in groups of 32 and 64 to read them so); without the layout, a
                 // kernel that would read it takes another path, with the same bits.
                 let acts = buf.quantize_for_weights(&x, t, cols, gs, Q8_FORM);
                 let (xq, xs) = (acts.q, acts.scales);

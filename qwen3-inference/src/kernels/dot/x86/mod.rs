@@ -61,7 +61,7 @@ pub const AVX2: Dots = Dots {
     q8: |w, ws, x, xs, gs| unsafe { dot_q8_avx2::<0, MADDUBS>(w, ws, x, xs, gs) },
     q8_rows: |w, ws, x, out, ahead| unsafe { mat_q8_avx2::<MADDUBS>(w, ws, x, out, ahead) },
     q8_interleaved: None,
-    q8_rows_lay_out: Some(q8_lanes_avx2::REORDER_FROM),
+    q8_rows_lay_out: Some(q8_lanes_avx2::reorder_from),
     q4_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS, false>(w, ws, x, out, ahead) },
     q6_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS, true>(w, ws, x, out, ahead) },
     q4_layout: super::q4::Q4Layout::Pairs,

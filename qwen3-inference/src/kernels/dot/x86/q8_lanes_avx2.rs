@@ -60,10 +60,10 @@ const TOKENS: usize = 4;
 const BLOCK_ROWS: usize = 16;
 
 /// Tokens from which a product in groups of `gs` reorders its weights: below, a row takes
-/// [`tile_file`] a few tokens at a time. Groups of 32: at 8 and 16 tokens the reordering product
-/// ran 1.13-1.22 times the file-order tile it replaced (docs/kernels.md, "q8 in groups of 32 on
-/// AVX2"). Groups of 64: the copy of a block's rows pays from about 16 tokens (at 2-4 tokens it
-/// ran at half the speed of reading the file's order).
+/// [`tile_file`] a few tokens at a time. Groups of 32: at 8 and 16 tokens the reordering
+/// product ran 1.13-1.22 times the file-order tile it replaced (docs/kernels.md, "q8 in groups
+/// of 32 and 64 on AVX2"). Groups of 64: the copy of a block's rows pays from about 16 tokens
+/// (at 2-4 tokens it ran at half the speed of reading the file's order).
 pub(super) const fn reorder_from(gs: usize) -> usize {
     match gs {
         32 => 8,
@@ -71,13 +71,9 @@ pub(super) const fn reorder_from(gs: usize) -> usize {
     }
 }
 
-/// The fewest tokens from which any group size reorders: the matrix product lays the
-/// activations out for the kernel from there on.
-pub(super) const REORDER_FROM: usize = reorder_from(32);
-
 thread_local! {
     /// A block of weight rows in the interleaved order, kept between calls. It grows (once per
-    /// thread and width) the first time a product of [`REORDER_FROM`] tokens or more meets a
+    /// thread and width) the first time a product of [`reorder_from`] tokens or more meets a
     /// wider matrix: a prompt's, or a serving step's of that many sequences; decode never
     /// touches it.
     static BLOCK: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
@@ -131,6 +127,13 @@ pub(super) unsafe fn mat_q8_lanes_avx2<const GS: usize, const P: u8>(
                             3 => tile_file::<PREFETCH_FAR, GS, P, 3>(w_r, ws_r, x, i, o),
                             2 => tile_file::<PREFETCH_FAR, GS, P, 2>(w_r, ws_r, x, i, o),
                             _ => tile_file::<PREFETCH_FAR, GS, P, 1>(w_r, ws_r, x, i, o),
+                        }
+                    } else if i == 0 && after >= PREFETCH_NEAR {
+                        match n {
+                            4 => tile_file::<PREFETCH_NEAR, GS, P, 4>(w_r, ws_r, x, i, o),
+                            3 => tile_file::<PREFETCH_NEAR, GS, P, 3>(w_r, ws_r, x, i, o),
+                            2 => tile_file::<PREFETCH_NEAR, GS, P, 2>(w_r, ws_r, x, i, o),
+                            _ => tile_file::<PREFETCH_NEAR, GS, P, 1>(w_r, ws_r, x, i, o),
                         }
                     } else {
                         match n {
@@ -387,13 +390,13 @@ unsafe fn tile_file<const REACH: usize, const GS: usize, const P: u8, const N: u
 /// Weight row `w` (in the interleaved order, `cols` bytes) with scales `ws` against tokens
 /// `i .. i + N` of `acts`, into `out` (`N` values).
 ///
-/// Caller guarantees the CPU has AVX2 and FMA, that `acts` holds whole laid-out rows of
-/// `w.len()` values for tokens `i .. i + N` and their `w.len() / GS` scales, and that `ws`
-/// holds as many. Then every read is in bounds: a block of `n` groups from group `g0` is bytes
-/// `GS g0 .. GS (g0 + n)` of the row and of each token's, vector `k` (of `GS / 4`) of it the `4n`
-/// bytes from `GS g0 + 4nk`; a run from group `lo` of the block reads `4 min(8, n - lo)` of them
-/// from `4 lo` on (the scales likewise, entries `g0 + lo ..`), and a masked load neither reads
-/// nor faults past its mask.
+/// Caller guarantees the CPU has AVX2, FMA and the instructions `P` names, that `acts` holds
+/// whole laid-out rows of `w.len()` values for tokens `i .. i + N` and their `w.len() / GS`
+/// scales, and that `ws` holds as many. Then every read is in bounds: a block of `n` groups from
+/// group `g0` is bytes `GS g0 .. GS (g0 + n)` of the row and of each token's, vector `k` (of `GS /
+/// 4`) of it the `4n` bytes from `GS g0 + 4nk`; a run from group `lo` of the block reads `4 min(8,
+/// n - lo)` of them from `4 lo` on (the scales likewise, entries `g0 + lo ..`), and a masked load
+/// neither reads nor faults past its mask.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile<const GS: usize, const P: u8, const N: usize>(
