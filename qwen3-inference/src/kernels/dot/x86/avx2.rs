@@ -74,9 +74,15 @@ pub(super) unsafe fn dot_q8_avx2<const REACH: usize, const P: u8>(
 ) -> f32 {
     // Groups of 32 (a GGUF's Q8_0, a q4 file's q8 matrices) and 64 (a q8 file's) add eight
     // groups' sums a vector (`q8_lanes_avx2.rs`); other multiples of 32 a group at a time.
+    // (AVX-512 hands only the other multiples to `EVEX_VNNI`: its code for 32 and 64 is never
+    // compiled, which keeps the binary smaller.)
     match gs {
-        64 => super::q8_lanes_avx2::dot_q8_lanes_avx2::<REACH, 64, P>(w, ws, x, xs),
-        32 => super::q8_lanes_avx2::dot_q8_lanes_avx2::<REACH, 32, P>(w, ws, x, xs),
+        64 if P != EVEX_VNNI => {
+            super::q8_lanes_avx2::dot_q8_lanes_avx2::<REACH, 64, P>(w, ws, x, xs)
+        }
+        32 if P != EVEX_VNNI => {
+            super::q8_lanes_avx2::dot_q8_lanes_avx2::<REACH, 32, P>(w, ws, x, xs)
+        }
         _ if gs.is_multiple_of(32) => dot_q8_avx2_gs::<REACH, 0, P>(w, ws, x, xs, gs),
         _ => dot_q8_scalar(w, ws, x, xs, gs),
     }
@@ -264,9 +270,14 @@ pub(super) unsafe fn mat_q8_avx2<const P: u8>(
     }
     match gs {
         // A GGUF's Q8_0, a q4 file's q8 matrices: eight groups a vector (`q8_lanes_avx2.rs`).
-        32 => return super::q8_lanes_avx2::mat_q8_lanes_avx2::<32, P>(w, ws, x, out, rows, ahead),
+        // (AVX-512 hands only the other multiples to `EVEX_VNNI`, as in `dot_q8_avx2`.)
+        32 if P != EVEX_VNNI => {
+            return super::q8_lanes_avx2::mat_q8_lanes_avx2::<32, P>(w, ws, x, out, rows, ahead)
+        }
         // A q8 file's matrices, likewise.
-        64 => return super::q8_lanes_avx2::mat_q8_lanes_avx2::<64, P>(w, ws, x, out, rows, ahead),
+        64 if P != EVEX_VNNI => {
+            return super::q8_lanes_avx2::mat_q8_lanes_avx2::<64, P>(w, ws, x, out, rows, ahead)
+        }
         _ => {}
     }
     if t == 1 {

@@ -118,30 +118,20 @@ pub(super) unsafe fn mat_q8_lanes_avx2<const GS: usize, const P: u8>(
             while i < t {
                 let n = (t - i).min(TOKENS);
                 let o = &mut out[r * t + i..r * t + i + n];
+                // The first tokens' pass reads the row from memory: ask for what follows.
+                let reach = match i == 0 {
+                    true if after >= PREFETCH_FAR => PREFETCH_FAR,
+                    true if after >= PREFETCH_NEAR => PREFETCH_NEAR,
+                    _ => 0,
+                };
                 // SAFETY: the CPU has AVX2, FMA and `P`'s instructions (our caller's promise);
                 // `check` proved the row, its scales and tokens i..i+n whole.
                 unsafe {
-                    if i == 0 && after >= PREFETCH_FAR {
-                        match n {
-                            4 => tile_file::<PREFETCH_FAR, GS, P, 4>(w_r, ws_r, x, i, o),
-                            3 => tile_file::<PREFETCH_FAR, GS, P, 3>(w_r, ws_r, x, i, o),
-                            2 => tile_file::<PREFETCH_FAR, GS, P, 2>(w_r, ws_r, x, i, o),
-                            _ => tile_file::<PREFETCH_FAR, GS, P, 1>(w_r, ws_r, x, i, o),
-                        }
-                    } else if i == 0 && after >= PREFETCH_NEAR {
-                        match n {
-                            4 => tile_file::<PREFETCH_NEAR, GS, P, 4>(w_r, ws_r, x, i, o),
-                            3 => tile_file::<PREFETCH_NEAR, GS, P, 3>(w_r, ws_r, x, i, o),
-                            2 => tile_file::<PREFETCH_NEAR, GS, P, 2>(w_r, ws_r, x, i, o),
-                            _ => tile_file::<PREFETCH_NEAR, GS, P, 1>(w_r, ws_r, x, i, o),
-                        }
-                    } else {
-                        match n {
-                            4 => tile_file::<0, GS, P, 4>(w_r, ws_r, x, i, o),
-                            3 => tile_file::<0, GS, P, 3>(w_r, ws_r, x, i, o),
-                            2 => tile_file::<0, GS, P, 2>(w_r, ws_r, x, i, o),
-                            _ => tile_file::<0, GS, P, 1>(w_r, ws_r, x, i, o),
-                        }
+                    match n {
+                        4 => tile_file::<GS, P, 4>(w_r, ws_r, x, i, o, reach),
+                        3 => tile_file::<GS, P, 3>(w_r, ws_r, x, i, o, reach),
+                        2 => tile_file::<GS, P, 2>(w_r, ws_r, x, i, o, reach),
+                        _ => tile_file::<GS, P, 1>(w_r, ws_r, x, i, o, reach),
                     }
                 }
                 i += n;
@@ -313,19 +303,22 @@ pub(super) unsafe fn dot_q8_lanes_avx2<const REACH: usize, const GS: usize, cons
 /// in its lane of a run of eight by [`lanes_of`], then [`finish`]), so the same bits, with each
 /// weight vector loaded and made absolute once for the `N` tokens. A serving step's few tokens
 /// take it, where reordering the rows would cost more than it saves. Prefetches the weights
-/// `REACH` bytes ahead as decode does.
+/// `reach` bytes ahead as decode does ([`PREFETCH_NEAR`], [`PREFETCH_FAR`] or 0: a value
+/// given at run time, not a parameter of the compiled code as in decode, which keeps the
+/// binary smaller; the test is one predictable branch a line).
 ///
 /// Caller guarantees the CPU has AVX2, FMA and the instructions `P` names, that `w` and `ws` are
 /// one row (`w.len() / GS` groups, as many scales) and that `x` holds tokens `i .. i + N` of
 /// `w.len()` values each.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_file<const REACH: usize, const GS: usize, const P: u8, const N: usize>(
+unsafe fn tile_file<const GS: usize, const P: u8, const N: usize>(
     w: &[i8],
     ws: &[f32],
     x: &ActsQ8,
     i: usize,
     out: &mut [f32],
+    reach: usize,
 ) {
     let (cols, per) = (w.len(), ws.len());
     let wp = w.as_ptr();
@@ -343,11 +336,9 @@ unsafe fn tile_file<const REACH: usize, const GS: usize, const P: u8, const N: u
                 for c in 0..GS / VECTOR {
                     let at = (g + l) * GS + VECTOR * c;
                     // A line ahead at a time (see dot_q8_lanes_avx2); a prefetch never faults.
-                    if at.is_multiple_of(64) {
-                        if REACH >= PREFETCH_NEAR {
-                            _mm_prefetch::<_MM_HINT_T2>(wp.wrapping_add(at + PREFETCH_NEAR));
-                        }
-                        if REACH >= PREFETCH_FAR {
+                    if reach > 0 && at.is_multiple_of(64) {
+                        _mm_prefetch::<_MM_HINT_T2>(wp.wrapping_add(at + PREFETCH_NEAR));
+                        if reach >= PREFETCH_FAR {
                             _mm_prefetch::<_MM_HINT_T2>(wp.wrapping_add(at + PREFETCH_FAR));
                         }
                     }
