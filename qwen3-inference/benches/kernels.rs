@@ -2,7 +2,8 @@
 //! instruction set, on one thread, as GB/s of weights streamed. Two sizes: a weight matrix that
 //! fits in L2 (so the kernel's arithmetic is the limit) and one of 256 MB (so memory is), held
 //! in huge pages like a model file's mapping (`pages.rs`); then the q8 block product that
-//! prefill runs, in multiply-adds per second; GGUF's K-quants likewise; then attention with the KV cache in f32 and bf16.
+//! prefill runs, in multiply-adds per second; GGUF's K-quants likewise; then attention with the KV cache in f32 and bf16,
+//! and the vision tower's attention over one image (`KERNELS_BENCH=frame`).
 
 use qwen3_inference::format::KQuant;
 use qwen3_inference::kernels::attention::{chunk_len, Bf16, KvElem, KV_CHUNK};
@@ -13,7 +14,7 @@ use qwen3_inference::kernels::dot::interleaved::{
 use qwen3_inference::kernels::dot::k_interleaved;
 use qwen3_inference::kernels::dot::q4::Q4Layout;
 use qwen3_inference::kernels::dot::{available, ActsQ8Buf, Dots, Forms, MatQ8};
-use qwen3_inference::kernels::{attention, AttentionShape};
+use qwen3_inference::kernels::{attention, frame_attention, AttentionShape};
 use qwen3_inference::pages::huge_page_buffer;
 use qwen3_inference::pages::HugePages;
 use qwen3_inference::quant::{quantize_q4, quantize_q6, quantize_q8};
@@ -371,6 +372,39 @@ fn main() {
     }
     if run("attention") {
         bench_attention();
+    }
+    if run("frame attention") {
+        bench_frame_attention();
+    }
+}
+
+/// The vision tower's attention (`kernels/frame_attention.rs`) with Qwen3-VL-2B's heads (16 of
+/// 64) over one image's patches, one thread: 784 (a 448 x 448 image) and 3072 (1024 x 768). Its
+/// multiply-adds, `2 n^2 hd` a head (the scores and the weighted sums), per second; the softmax
+/// between them counts in the time, not in the work.
+fn bench_frame_attention() {
+    println!("the vision tower's attention, Qwen3-VL-2B's heads, one thread (median)");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let (heads, hd) = (16, 64);
+    for n in [784, 3072] {
+        let mut seed = 5;
+        let [q, k, v] = [0; 3].map(|_| next_values(n * heads * hd, &mut seed));
+        let mut o = vec![0f32; n * heads * hd];
+        let scale = 1.0 / (hd as f32).sqrt();
+        let secs = pool.install(|| {
+            time(3, || {
+                frame_attention(&q, &k, &v, &mut o, n, heads, hd, scale);
+                black_box(&o);
+            })
+        });
+        println!(
+            "{n:>5} patches, {heads} heads of {hd}: {:>7.1} ms, {:>5.1} GMAC/s",
+            secs * 1e3,
+            (2 * n * n * hd * heads) as f64 / secs / 1e9
+        );
     }
 }
 

@@ -42,7 +42,8 @@ pub struct PerplexityArgs {
     pub file: PathBuf,
     /// A model file of the same checkpoint to compare with (f32 is the reference): adds the KL
     /// divergence of the model's next-token distributions from the base's, and how often their
-    /// most likely tokens agree.
+    /// most likely tokens agree. On --device cpu or plain: the CUDA backend holds one model's
+    /// weights.
     #[arg(long)]
     pub base: Option<PathBuf>,
     /// Tokens per chunk; the last half of each is scored.

@@ -2,7 +2,7 @@
 //! `vpdpbusd` for the byte products. The AVX-512 kernels reuse some of them (`avx512.rs`).
 
 use super::super::*;
-use super::{PREFETCH_FAR, PREFETCH_NEAR};
+use super::{prefetch_ahead, PREFETCH_FAR, PREFETCH_NEAR};
 use std::arch::asm;
 use std::arch::x86_64::*;
 
@@ -83,22 +83,21 @@ pub(super) unsafe fn dot_q8_avx2<const REACH: usize, const P: u8>(
         32 if P != EVEX_VNNI => {
             super::q8_lanes_avx2::dot_q8_lanes_avx2::<REACH, 32, P>(w, ws, x, xs)
         }
-        _ if gs.is_multiple_of(32) => dot_q8_avx2_gs::<REACH, 0, P>(w, ws, x, xs, gs),
+        _ if gs.is_multiple_of(32) => dot_q8_avx2_by_group::<REACH, P>(w, ws, x, xs, gs),
         _ => dot_q8_scalar(w, ws, x, xs, gs),
     }
 }
 
-/// [`dot_q8_avx2`] for a group size of `GS` values, or of `gs` when `GS` is 0; a multiple of 32.
+/// [`dot_q8_avx2`] a group at a time, for groups of `gs` values, a multiple of 32.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_q8_avx2_gs<const REACH: usize, const GS: usize, const P: u8>(
+unsafe fn dot_q8_avx2_by_group<const REACH: usize, const P: u8>(
     w: &[i8],
     ws: &[f32],
     x: &[i8],
     xs: &[f32],
     gs: usize,
 ) -> f32 {
-    let gs = if GS > 0 { GS } else { gs };
     let groups = ws.len().min(xs.len()).min(w.len() / gs).min(x.len() / gs);
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
     // One chain of multiply-adds, group after group, in the order tile_q8_avx2 adds them, so
@@ -143,14 +142,7 @@ pub(super) unsafe fn group_q8_avx2<const REACH: usize, const P: u8>(
     let mut k = at;
     // 64 bytes (one cache line of weights) at a time, and 32 for an odd tail.
     while k + 64 <= at + n {
-        // See group_q8_avx512: a prefetch never faults, and `wrapping_add` may point past the
-        // slice without UB.
-        if REACH >= PREFETCH_NEAR {
-            _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_NEAR));
-        }
-        if REACH >= PREFETCH_FAR {
-            _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_FAR));
-        }
+        prefetch_ahead(w.wrapping_add(k), REACH);
         isum = product(product(isum, k), k + 32);
         k += 64;
     }
@@ -158,12 +150,7 @@ pub(super) unsafe fn group_q8_avx2<const REACH: usize, const P: u8>(
         // Groups of 32 (or an odd 32 of a larger group) come here without passing the loop's
         // prefetches: ask for them here too, once per 64 bytes of the row.
         if k.is_multiple_of(64) {
-            if REACH >= PREFETCH_NEAR {
-                _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_NEAR));
-            }
-            if REACH >= PREFETCH_FAR {
-                _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_FAR));
-            }
+            prefetch_ahead(w.wrapping_add(k), REACH);
         }
         isum = product(isum, k);
     }
@@ -333,27 +320,7 @@ pub(super) unsafe fn tile_q8_avx2<const R: usize, const N: usize, const P: u8>(
     i: usize,
 ) {
     // Groups of 32 and 64 take `q8_lanes_avx2.rs`; this tile serves the other multiples of 32.
-    tile_q8_avx2_gs::<R, N, 0, P>(w, ws, x, out, r, i)
-}
-
-/// [`tile_q8_avx2`] for a group size of `GS` values, or of the activations' when `GS` is 0.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn tile_q8_avx2_gs<
-    const R: usize,
-    const N: usize,
-    const GS: usize,
-    const P: u8,
->(
-    w: &[i8],
-    ws: &[f32],
-    x: &ActsQ8,
-    out: &mut [f32],
-    r: usize,
-    i: usize,
-) {
-    let (t, cols, per) = (x.t, x.cols, x.per());
-    let gs = if GS > 0 { GS } else { x.group_size };
+    let (t, cols, per, gs) = (x.t, x.cols, x.per(), x.group_size);
     let w_row: [*const i8; R] = std::array::from_fn(|a| w.as_ptr().add((r + a) * cols));
     let ws_row: [*const f32; R] = std::array::from_fn(|a| ws.as_ptr().add((r + a) * per));
     let x_row: [*const i8; N] = std::array::from_fn(|j| x.q.as_ptr().add((i + j) * cols));
@@ -400,8 +367,7 @@ pub(super) unsafe fn tile_q8_avx2_gs<
                 // The weights ahead, as the AVX-512 tile asks for them (see PREFETCH_NEAR):
                 // with a few tokens this product too waits on DRAM without it.
                 for w_a in w_row {
-                    _mm_prefetch::<_MM_HINT_T2>(w_a.wrapping_add(k + PREFETCH_NEAR));
-                    _mm_prefetch::<_MM_HINT_T2>(w_a.wrapping_add(k + PREFETCH_FAR));
+                    prefetch_ahead(w_a.wrapping_add(k), usize::MAX);
                 }
                 chunk(k);
                 chunk(k + 32);

@@ -2,7 +2,7 @@
 
 use super::super::*;
 use super::avx2::*;
-use super::{PREFETCH_FAR, PREFETCH_NEAR};
+use super::{prefetch_ahead, PREFETCH_FAR, PREFETCH_NEAR};
 use std::arch::x86_64::*;
 
 /// Groups of a multiple of 16 values; others take the AVX2 path.
@@ -327,8 +327,7 @@ pub(super) unsafe fn tile_q8_gs<const R: usize, const N: usize, const GS: usize>
                 // The weights ahead, as decode asks for them: with few tokens (a batch of
                 // decoding sequences) this product too waits on DRAM without it.
                 for w_a in w_row {
-                    _mm_prefetch::<_MM_HINT_T2>(w_a.wrapping_add(k + PREFETCH_NEAR));
-                    _mm_prefetch::<_MM_HINT_T2>(w_a.wrapping_add(k + PREFETCH_FAR));
+                    prefetch_ahead(w_a.wrapping_add(k), usize::MAX);
                 }
                 let wv: [__m512i; R] =
                     std::array::from_fn(|a| _mm512_loadu_si512(w_row[a].add(k) as *const __m512i));
@@ -394,14 +393,8 @@ pub(super) unsafe fn group_q8_avx512<const REACH: usize>(
     let mut k = at;
     while k < at + n {
         // Ask for the weights ahead now, so they arrive while this group computes (see
-        // PREFETCH_NEAR). A prefetch never faults and has no effect on the program's meaning,
-        // and `wrapping_add` may point past the slice without UB.
-        if REACH >= PREFETCH_NEAR {
-            _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_NEAR));
-        }
-        if REACH >= PREFETCH_FAR {
-            _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_FAR));
-        }
+        // PREFETCH_NEAR).
+        prefetch_ahead(w.wrapping_add(k), REACH);
         let wv = _mm512_loadu_si512(w.add(k) as *const __m512i);
         let xv = _mm512_loadu_si512(x.add(k) as *const __m512i);
         // vpdpbusd multiplies unsigned by signed bytes: use |w| and negate x where w < 0.

@@ -29,6 +29,7 @@ use interleaved::*;
 use k_interleaved::*;
 use k_quants::*;
 use q4::*;
+use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T2};
 
 /// AVX2 and FMA, and F16C for the q4 kernels' f16 scales (every CPU with AVX2 has it).
 pub fn has_avx2() -> bool {
@@ -136,3 +137,21 @@ pub(super) const PREFETCH_NEAR: usize = 8192;
 
 /// See [`PREFETCH_NEAR`].
 pub(super) const PREFETCH_FAR: usize = 32768;
+
+/// Asks for the weights [`PREFETCH_NEAR`] and [`PREFETCH_FAR`] bytes past `p` (`prefetcht2`),
+/// each only where `reach`, the bytes this thread may still read from `p` on, covers it: 0,
+/// [`PREFETCH_NEAR`] or [`PREFETCH_FAR`] (a constant in decode's kernels, so the branches fold
+/// away), or `usize::MAX` for both.
+#[inline(always)]
+pub(super) fn prefetch_ahead(p: *const i8, reach: usize) {
+    // SAFETY: `prefetcht2` needs only SSE (x86-64's baseline), never faults and has no effect
+    // on the program's meaning; `wrapping_add` may point past the allocation without UB.
+    unsafe {
+        if reach >= PREFETCH_NEAR {
+            _mm_prefetch::<_MM_HINT_T2>(p.wrapping_add(PREFETCH_NEAR));
+        }
+        if reach >= PREFETCH_FAR {
+            _mm_prefetch::<_MM_HINT_T2>(p.wrapping_add(PREFETCH_FAR));
+        }
+    }
+}

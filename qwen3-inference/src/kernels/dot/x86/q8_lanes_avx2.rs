@@ -42,7 +42,7 @@ use super::super::interleaved::{blocks, interleave_words, GROUPS};
 use super::super::q4::ActsQ4;
 use super::super::ActsQ8;
 use super::avx2::{dot4, hsum256};
-use super::{PREFETCH_FAR, PREFETCH_NEAR};
+use super::{prefetch_ahead, PREFETCH_FAR, PREFETCH_NEAR};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
@@ -277,12 +277,7 @@ pub(super) unsafe fn dot_q8_lanes_avx2<const REACH: usize, const GS: usize, cons
                     let at = at + GS * l + VECTOR * c;
                     // A line (64 bytes) ahead at a time, among the products.
                     if at.is_multiple_of(64) {
-                        if REACH >= PREFETCH_NEAR {
-                            _mm_prefetch::<_MM_HINT_T2>(wp.wrapping_add(at + PREFETCH_NEAR));
-                        }
-                        if REACH >= PREFETCH_FAR {
-                            _mm_prefetch::<_MM_HINT_T2>(wp.wrapping_add(at + PREFETCH_FAR));
-                        }
+                        prefetch_ahead(wp.wrapping_add(at), REACH);
                     }
                     let wv = _mm256_loadu_si256(wp.add(at) as *const __m256i);
                     let xv = _mm256_loadu_si256(xp.add(at) as *const __m256i);
@@ -335,12 +330,9 @@ unsafe fn tile_file<const GS: usize, const P: u8, const N: usize>(
             if l < m {
                 for c in 0..GS / VECTOR {
                     let at = (g + l) * GS + VECTOR * c;
-                    // A line ahead at a time (see dot_q8_lanes_avx2); a prefetch never faults.
+                    // A line ahead at a time (see dot_q8_lanes_avx2).
                     if reach > 0 && at.is_multiple_of(64) {
-                        _mm_prefetch::<_MM_HINT_T2>(wp.wrapping_add(at + PREFETCH_NEAR));
-                        if reach >= PREFETCH_FAR {
-                            _mm_prefetch::<_MM_HINT_T2>(wp.wrapping_add(at + PREFETCH_FAR));
-                        }
+                        prefetch_ahead(wp.wrapping_add(at), reach);
                     }
                     let wv = _mm256_loadu_si256(wp.add(at) as *const __m256i);
                     let aw = _mm256_sign_epi8(wv, wv);

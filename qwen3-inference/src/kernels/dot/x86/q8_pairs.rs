@@ -10,7 +10,7 @@
 //! tokens get decode's bits (`prefill_rows_equal_decode_rows`).
 
 use super::super::ActsQ8;
-use super::{PREFETCH_FAR, PREFETCH_NEAR};
+use super::prefetch_ahead;
 use std::arch::x86_64::*;
 
 /// Values a group holds here.
@@ -74,12 +74,7 @@ unsafe fn sums<const REACH: usize, const FULL: bool>(
     x: *const u8,
     k: usize,
 ) -> __m512 {
-    if REACH >= PREFETCH_NEAR {
-        _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_NEAR) as *const i8);
-    }
-    if REACH >= PREFETCH_FAR {
-        _mm_prefetch::<_MM_HINT_T2>(w.wrapping_add(k + PREFETCH_FAR) as *const i8);
-    }
+    prefetch_ahead(w.wrapping_add(k) as *const i8, REACH);
     let (wv, xv) = (load::<FULL>(w.add(k)), load::<FULL>(x.add(k)));
     // vpdpbusd multiplies unsigned by signed bytes: |w| against x negated where w < 0 (|-128|
     // is 128 as an unsigned byte, and x lies in [-127, 127]).
@@ -212,8 +207,7 @@ unsafe fn pair<const R: usize, const N: usize, const FULL: bool>(
     let zero = _mm512_setzero_si512();
     let bias = _mm512_set1_epi8(-128i8); // 0x80: 128 as an unsigned byte
     for w_a in w_row {
-        _mm_prefetch::<_MM_HINT_T2>(w_a.wrapping_add(k + PREFETCH_NEAR) as *const i8);
-        _mm_prefetch::<_MM_HINT_T2>(w_a.wrapping_add(k + PREFETCH_FAR) as *const i8);
+        prefetch_ahead(w_a.wrapping_add(k) as *const i8, usize::MAX);
     }
     let wv: [__m512i; R] = std::array::from_fn(|a| load::<FULL>(w_row[a].add(k)));
     // -128 * sum(w) per lane, for each row (zero where the lanes hold no group).
