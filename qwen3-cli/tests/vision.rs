@@ -84,6 +84,33 @@ fn check_tower(name: &str, file: &ModelFile, bound: f32) -> f32 {
     worst
 }
 
+/// `ImageEncoder::at_first_image`, what `qwen3 serve` makes (the tower copied out of the file
+/// when the first image comes), encodes each of the fixture's images to the bits of an encoder
+/// that copied it at once, from the first image on; a text-only file makes neither.
+#[test]
+fn an_encoder_that_copies_its_tower_at_the_first_image_encodes_the_same() {
+    let dir = tempdir("qwen3-vision", "deferred");
+    for (name, dtype, group) in [(NAME, DType::F32, 0), (QWEN3_VL, DType::Q8, 32)] {
+        let path = export_fixture(name, &dir, dtype, group);
+        let now = vision::ImageEncoder::from_file(&ModelFile::open(&path).unwrap())
+            .unwrap()
+            .unwrap();
+        let later = vision::ImageEncoder::at_first_image(std::sync::Arc::new(
+            ModelFile::open(&path).unwrap(),
+        ))
+        .unwrap();
+        for image in ["rgb-64x96.png", "gray-50x70.png", "rgba-96x64.png"] {
+            let bytes = std::fs::read(fixture(name).join("images").join(image)).unwrap();
+            let [a, b] = [&later, &now].map(|e| e.encode(&bytes, 1 << 24, 4096).unwrap());
+            assert_eq!(a, b, "{name} {dtype} {image}");
+        }
+    }
+    let text_only = export_fixture("tiny-f32-tied-gqa2", &dir, DType::F32, 0);
+    let file = std::sync::Arc::new(ModelFile::open(&text_only).unwrap());
+    assert!(vision::ImageEncoder::from_file(&file).unwrap().is_none());
+    assert!(vision::ImageEncoder::at_first_image(file).is_none());
+}
+
 #[test]
 fn export_keeps_the_tower_and_it_sees_as_transformers_does() {
     let dir = tempdir("qwen3-vision", "export");

@@ -220,7 +220,8 @@ pub fn prepare(
     if args.on.threads == Some(0) {
         bail!("--threads must be at least 1");
     }
-    let file = device::open(device, &args.model)?;
+    // Shared with the image encoder, which copies the tower out of it at the first image.
+    let file = std::sync::Arc::new(device::open(device, &args.model)?);
     let c = file.config().clone();
     // The drafts' flags checked before a draft model is opened (or exported from the hub).
     let draft = args.draft.draft()?;
@@ -273,9 +274,9 @@ pub fn prepare(
         embeds: c.embedding.is_some(),
         info: ModelInfo::of(&file, &args.model),
         // A backend that does not take images (the CUDA one, yet) serves the text only, and
-        // says so to an image.
+        // says so to an image. The tower is copied out of the file at the first image.
         images: if device::takes_images(device) {
-            qwen3_inference::vision::ImageEncoder::from_file(&file)?
+            qwen3_inference::vision::ImageEncoder::at_first_image(file.clone())
         } else {
             None
         },

@@ -10,7 +10,8 @@
 //!    (`positions::mrope_positions`), and each image's vectors go to its pads' rows
 //!    ([`PromptImages`]).
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{anyhow, bail, ensure, Result};
+use std::sync::{Arc, OnceLock};
 
 use super::image::decode;
 use super::positions::mrope_positions;
@@ -42,18 +43,66 @@ impl EncodedImage {
 
 /// A model file's image input: its tower and the settings around it.
 pub struct ImageEncoder {
-    tower: VisionTower,
+    tower: Tower,
     input: VisionInput,
 }
 
+/// The tower's weights, copied out of the file (`VisionTower::from_file`) when the encoder is
+/// made, or when it meets its first image.
+enum Tower {
+    Copied(VisionTower),
+    /// [`ImageEncoder::at_first_image`]: the file, held open, and the tower once copied (or
+    /// why it could not be).
+    AtFirstImage {
+        file: Arc<ModelFile>,
+        tower: OnceLock<std::result::Result<VisionTower, String>>,
+    },
+}
+
 impl ImageEncoder {
-    /// The encoder of a model file with a vision tower; `None` for a text-only file.
+    /// The encoder of a model file with a vision tower, its tower copied now; `None` for a
+    /// text-only file.
     pub fn from_file(file: &ModelFile) -> Result<Option<ImageEncoder>> {
         let Some(input) = file.config().vision.clone() else {
             return Ok(None);
         };
         let tower = VisionTower::from_file(file)?.expect("a config with vision has a tower");
-        Ok(Some(ImageEncoder { tower, input }))
+        Ok(Some(ImageEncoder {
+            tower: Tower::Copied(tower),
+            input,
+        }))
+    }
+
+    /// The encoder of a model file with a vision tower, its tower copied when the first image
+    /// comes (the first [`Self::encode`] waits for the copy; others meanwhile wait with it);
+    /// `None` for a text-only file. A server that may never see an image keeps the tower's
+    /// weights in the file's mapping only: Qwen3-VL-2B's q8 tower is 0.3 GB, and as much again
+    /// in the order the AVX-512 kernels read. The file's reader has checked the tower's tensors
+    /// against its config at open.
+    pub fn at_first_image(file: Arc<ModelFile>) -> Option<ImageEncoder> {
+        let input = file.config().vision.clone()?;
+        Some(ImageEncoder {
+            tower: Tower::AtFirstImage {
+                file,
+                tower: OnceLock::new(),
+            },
+            input,
+        })
+    }
+
+    /// The tower, copied now if it was left for the first image.
+    fn tower(&self) -> Result<&VisionTower> {
+        match &self.tower {
+            Tower::Copied(t) => Ok(t),
+            Tower::AtFirstImage { file, tower } => tower
+                .get_or_init(|| match VisionTower::from_file(file) {
+                    Ok(Some(t)) => Ok(t),
+                    Ok(None) => Err("the file has no vision tower".into()),
+                    Err(e) => Err(format!("{e:#}")),
+                })
+                .as_ref()
+                .map_err(|e| anyhow!("the vision tower: {e}")),
+        }
     }
 
     /// The file's image settings.
@@ -83,7 +132,7 @@ impl ImageEncoder {
         );
         let patches = self.input.processor.preprocess(&rgb)?;
         let out = self
-            .tower
+            .tower()?
             .forward_with(&patches.values, &[patches.grid_thw], Math::Fast)?;
         Ok(EncodedImage {
             grid: patches.grid_thw,
