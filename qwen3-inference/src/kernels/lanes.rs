@@ -50,9 +50,9 @@ pub fn sum_of_squares(a: &[f32]) -> f32 {
 /// Sum of the lanes in a fixed pairwise order.
 ///
 /// Not inlined: inlined, the compiler vectorized the partial sums to fit this tree, in pairs of
-/// lanes, and left most of [`sum_by`]'s loop as one scalar addition a value (16 `vaddss` and
-/// pairs a step of 16 values with AVX2; a whole 16-value step is two `vaddps`). Out of line, the
-/// loop keeps whole vectors and this runs once a call.
+/// lanes, and left half of [`sum_by`]'s loop scalar (a step of 16 values with AVX2: 8 `vaddss`
+/// and 4 two-lane `vaddps`, where two eight-lane `vaddps` do). Out of line, the loop keeps whole
+/// vectors and this runs once a call.
 #[inline(never)]
 fn sum_lanes(a: &[f32; LANES]) -> f32 {
     let mut h = *a;
