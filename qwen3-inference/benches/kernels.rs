@@ -3,7 +3,8 @@
 //! fits in L2 (so the kernel's arithmetic is the limit) and one of 256 MB (so memory is), held
 //! in huge pages like a model file's mapping (`pages.rs`); then the q8 block product that
 //! prefill runs, in multiply-adds per second; GGUF's K-quants likewise; then attention with the KV cache in f32 and bf16,
-//! and the vision tower's attention over one image (`KERNELS_BENCH=frame`).
+//! the vision tower's attention over one image (`KERNELS_BENCH=frame`), and a Gated DeltaNet
+//! layer's delta rule over a prompt (`KERNELS_BENCH=delta`).
 
 use qwen3_inference::format::KQuant;
 use qwen3_inference::kernels::attention::{chunk_len, Bf16, KvElem, KV_CHUNK};
@@ -376,6 +377,55 @@ fn main() {
     if run("frame attention") {
         bench_frame_attention();
     }
+    if run("delta") {
+        bench_delta_rule();
+    }
+}
+
+/// One Gated DeltaNet layer's delta rule (`kernels/delta_net_fast.rs`: the chunked form, in
+/// small matrix products) with Qwen3.5-0.8B's linear heads (16 key and 16 value heads of 128),
+/// over a prompt of 2048 tokens from an empty state, one thread.
+fn bench_delta_rule() {
+    use qwen3_inference::format::ValueHeads;
+    use qwen3_inference::kernels::delta_net::DeltaNetShape;
+    use qwen3_inference::kernels::delta_net_fast::gated_delta_rule;
+    println!("a Gated DeltaNet layer's delta rule, Qwen3.5-0.8B's heads, one thread (median)");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let s = DeltaNetShape {
+        num_k_heads: 16,
+        num_v_heads: 16,
+        head_k_dim: 128,
+        head_v_dim: 128,
+        conv_kernel: 4,
+        value_heads: ValueHeads::Grouped,
+    };
+    let n = 2048;
+    let vh = s.num_v_heads;
+    let mut seed = 9;
+    let qkv = next_values(n * s.conv_dim(), &mut seed);
+    let (a, b) = (
+        next_values(n * vh, &mut seed),
+        next_values(n * vh, &mut seed),
+    );
+    let (a_log, dt_bias) = (next_values(vh, &mut seed), next_values(vh, &mut seed));
+    let mut o = vec![0f32; n * s.value_dim()];
+    let mut state = vec![0f32; s.recurrent_state_len()];
+    let secs = pool.install(|| {
+        time(5, || {
+            state.fill(0.0);
+            gated_delta_rule(&mut o, &qkv, &a, &b, &a_log, &dt_bias, &mut state, 0, s);
+            black_box(&o);
+        })
+    });
+    println!(
+        "{n} tokens, {vh} heads of {}: {:>7.1} ms, {:>6.0} tokens/s",
+        s.head_v_dim,
+        secs * 1e3,
+        n as f64 / secs
+    );
 }
 
 /// The vision tower's attention (`kernels/frame_attention.rs`) with Qwen3-VL-2B's heads (16 of

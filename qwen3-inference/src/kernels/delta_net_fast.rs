@@ -209,10 +209,15 @@ fn gemm(c: &mut [f32], a: &[f32], b: &[f32], (m, kk, n): (usize, usize, usize), 
             let mut acc = [[0f32; LANES]; R];
             if rows == R && cols == LANES {
                 // The whole tile: fixed sizes, so the 4 x LANES sums stay in registers.
+                // Over iterators, not indices (a step's bound checks and reloads cost as much
+                // as its vector operations: `frame_attention.rs`).
                 let [a0, a1, a2, a3] = [0, 1, 2, 3].map(|r| &a[(i + r) * kk..][..kk]);
-                for p in 0..kk {
-                    let brow: &[f32; LANES] = b[p * n + j..][..LANES].try_into().unwrap();
-                    let av = [a0[p], a1[p], a2[p], a3[p]];
+                // Row p of b from column j starts `n` values after row p - 1's.
+                let brows = b[j..].chunks(n);
+                for ((((&x0, &x1), &x2), &x3), brow) in a0.iter().zip(a1).zip(a2).zip(a3).zip(brows)
+                {
+                    let brow: &[f32; LANES] = brow[..LANES].try_into().unwrap();
+                    let av = [x0, x1, x2, x3];
                     for r in 0..R {
                         for l in 0..LANES {
                             acc[r][l] += av[r] * brow[l];
