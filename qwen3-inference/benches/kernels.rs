@@ -52,6 +52,14 @@ fn q8_kernels(
 }
 
 /// Median seconds of `reps` runs of `f`.
+/// A pool of one thread, for the sections that run the library's parallel code on one core.
+fn one_thread() -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap()
+}
+
 fn time(reps: usize, mut f: impl FnMut()) -> f64 {
     let mut t: Vec<f64> = (0..reps)
         .map(|_| {
@@ -390,10 +398,7 @@ fn bench_delta_rule() {
     use qwen3_inference::kernels::delta_net::DeltaNetShape;
     use qwen3_inference::kernels::delta_net_fast::gated_delta_rule;
     println!("a Gated DeltaNet layer's delta rule, Qwen3.5-0.8B's heads, one thread (median)");
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
+    let pool = one_thread();
     let s = DeltaNetShape {
         num_k_heads: 16,
         num_v_heads: 16,
@@ -434,10 +439,7 @@ fn bench_delta_rule() {
 /// between them counts in the time, not in the work.
 fn bench_frame_attention() {
     println!("the vision tower's attention, Qwen3-VL-2B's heads, one thread (median)");
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
+    let pool = one_thread();
     let (heads, hd) = (16, 64);
     for n in [784, 3072] {
         let mut seed = 5;
@@ -467,10 +469,7 @@ fn bench_attention() {
     println!("attention, Qwen3-0.6B's shape, one thread (median)");
     // The read bandwidth of this moment, as `qwen3 bench` probes it: the caches' GB/s below
     // are a share of it.
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
+    let pool = one_thread();
     let probe = vec![1f32; 1 << 28];
     let mut sum = 0f32;
     let secs = pool.install(|| time(5, || read_sum(black_box(&probe), &mut sum)));
@@ -485,10 +484,7 @@ fn bench_attention() {
 }
 
 fn bench_attention_of<T: KvElem>(name: &str) {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
+    let pool = one_thread();
     let s = AttentionShape {
         n_heads: 16,
         n_kv_heads: 8,
