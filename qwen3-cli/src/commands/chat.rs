@@ -26,6 +26,7 @@ use serde_json::{json, Value};
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Set while an answer is being generated: Ctrl-C then stops the answer instead of the program.
@@ -59,7 +60,8 @@ pub fn stop_ids(model_eos: &[u32], template: &ChatTemplate, tok: &Tokenizer) -> 
 }
 
 /// The companion files a chat needs: the tokenizer and the chat template; and the model file's
-/// vision tower, if it has one (`/image`).
+/// image encoder, if it has a vision tower (`/image`), which copies the tower out of the file at
+/// the first image rather than at start (a chat may see none).
 pub struct ChatFiles {
     tok: Tokenizer,
     template: ChatTemplate,
@@ -67,11 +69,11 @@ pub struct ChatFiles {
 }
 
 impl ChatFiles {
-    pub fn open(args: &InferenceArgs, file: &ModelFile) -> Result<ChatFiles> {
+    pub fn open(args: &InferenceArgs, file: Arc<ModelFile>) -> Result<ChatFiles> {
         Ok(ChatFiles {
             tok: super::model_text::tokenizer(&args.model)?,
             template: super::model_text::needed_template(&args.model)?,
-            encoder: ImageEncoder::from_file(file)?,
+            encoder: ImageEncoder::at_first_image(file),
         })
     }
 }

@@ -26,7 +26,8 @@ pub fn run(mut args: InferenceArgs) -> Result<()> {
     let second = args.draft.draft_model.is_some().then_some("--draft-model");
     device::check(device, args.kv_cache, second)?;
     let drafts = args.check_mode_flags()?;
-    let file = device::open(device, &args.model)?;
+    // Shared: a chat's image encoder keeps it, to copy the vision tower at the first image.
+    let file = std::sync::Arc::new(device::open(device, &args.model)?);
     // The flags as settings for this model (context, KV cache, sampler, drafts), once.
     let settings = args.settings(file.config(), drafts)?;
     let draft = args
@@ -40,7 +41,7 @@ pub fn run(mut args: InferenceArgs) -> Result<()> {
             &file,
             settings.context_len,
         )?)),
-        Mode::Chat => Job::Chat(Box::new(ChatFiles::open(&args, &file)?)),
+        Mode::Chat => Job::Chat(Box::new(ChatFiles::open(&args, file.clone())?)),
     };
     let work = Inference {
         args: &args,
