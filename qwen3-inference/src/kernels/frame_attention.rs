@@ -10,13 +10,15 @@
 //! dot products spend as much time adding up their lanes as multiplying. So the products are
 //! written the other way round, each a sum of rows scaled by a number (`acc += a * row`), four
 //! query rows at a time and 16 or 32 columns at a time ([`lanes`]), in plain loops that
-//! `vectorized!` compiles per instruction set: the four rows' partial sums stay in registers
+//! `vectorized!` compiles per instruction set, each step one fused multiply-add where the set has
+//! one (the baseline x86 multiplies, then adds): the four rows' partial sums stay in registers
 //! while a row of k^T (or of v) streams past once for all four, the keys in chunks that stay in
 //! cache while a task's query rows go over them. The heads and blocks of query rows run on all
 //! threads.
 
 use super::exp::exp;
 use super::lanes::sum;
+use super::madd;
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -30,13 +32,13 @@ const LANES: usize = 16;
 /// Columns of a block with AVX-512 ([`lanes`]): two registers a row, eight sums in flight.
 const WIDE: usize = 32;
 
-/// The columns of a block for the kernels' instruction set. Each multiply waits on nothing, but
-/// each add waits on the one before it into the same accumulator, so a block of 16 columns keeps
-/// eight chains of adds going with AVX2 (two registers a row) and four with AVX-512. Zen 4 runs a
-/// 512-bit operation as two halves, and four kept it as busy as more (16 columns measured best
-/// there); Zen 5 runs two whole ones a cycle, and with 32 columns, eight chains, its scores and
-/// weighted sums ran about 1.4 times as fast (measured: docs/vision.md, "Attention"). Every
-/// lane's sum is the same whatever the width, so the bits are too.
+/// The columns of a block for the kernels' instruction set. Each multiply-add waits on the one
+/// before it into the same accumulator, so a block of 16 columns keeps eight chains going with
+/// AVX2 (two registers a row) and four with AVX-512. Zen 4 runs a 512-bit operation as two
+/// halves, and four kept it as busy as more (16 columns measured best there, with separate
+/// multiplies and adds); Zen 5 runs two whole ones a cycle, and with 32 columns, eight chains,
+/// its scores and weighted sums ran about 1.4 times as fast (measured: docs/vision.md,
+/// "Attention"). Every lane's sum is the same whatever the width, so the bits are too.
 fn lanes() -> usize {
     #[cfg(target_arch = "x86_64")]
     if super::vector_isa() == super::VectorIsa::Avx512 {
@@ -156,7 +158,7 @@ fn task(
     }
 }
 
-vectorized! {
+vectorized! { fused<F>
     /// `scores[i][j] = scale * sum_c q[i][c] kt[c][j]` for the block's rows i (up to [`ROWS`])
     /// and `keys`, in column blocks of [`lanes`] values.
     #[allow(clippy::too_many_arguments)]
@@ -176,16 +178,17 @@ vectorized! {
             WIDE => keys.start + (keys.end - keys.start) / WIDE * WIDE,
             _ => keys.start,
         };
-        scores_cols::<WIDE>(q, kt, ld, scores, n, hd, scale, keys.start..mid);
-        scores_cols::<LANES>(q, kt, ld, scores, n, hd, scale, mid..keys.end);
+        scores_cols::<WIDE, F>(q, kt, ld, scores, n, hd, scale, keys.start..mid);
+        scores_cols::<LANES, F>(q, kt, ld, scores, n, hd, scale, mid..keys.end);
     }
 }
 
 /// [`scores_rows`] in column blocks of `L`, each row's accumulators in registers while `kt`'s
-/// rows (`ld` values apart) stream past. Inlined into each instruction set's version.
+/// rows (`ld` values apart) stream past, each step `madd::<F>`. Inlined into each instruction
+/// set's version.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn scores_cols<const L: usize>(
+fn scores_cols<const L: usize, const F: bool>(
     q: &[f32],
     kt: &[f32],
     ld: usize,
@@ -216,10 +219,10 @@ fn scores_cols<const L: usize>(
             for ((((&q0, &q1), &q2), &q3), krow) in q0.iter().zip(q1).zip(q2).zip(q3).zip(krows) {
                 let krow: &[f32; L] = krow[..L].try_into().unwrap();
                 for l in 0..L {
-                    a0[l] += q0 * krow[l];
-                    a1[l] += q1 * krow[l];
-                    a2[l] += q2 * krow[l];
-                    a3[l] += q3 * krow[l];
+                    a0[l] = madd::<F>(q0, krow[l], a0[l]);
+                    a1[l] = madd::<F>(q1, krow[l], a1[l]);
+                    a2[l] = madd::<F>(q2, krow[l], a2[l]);
+                    a3[l] = madd::<F>(q3, krow[l], a3[l]);
                 }
             }
             acc = [a0, a1, a2, a3];
@@ -229,7 +232,7 @@ fn scores_cols<const L: usize>(
                 for (i, a) in acc.iter_mut().enumerate().take(r) {
                     let qc = q[i * hd + c];
                     for (x, &kv) in a.iter_mut().zip(krow) {
-                        *x += qc * kv;
+                        *x = madd::<F>(qc, kv, *x);
                     }
                 }
             }
@@ -265,7 +268,7 @@ vectorized! {
     }
 }
 
-vectorized! {
+vectorized! { fused<F>
     /// `o[i][c] += sum_j p[i][j] v[j][c]` for the block's rows i (up to [`ROWS`]) and keys
     /// `keys`, in column blocks of [`lanes`] values of the head.
     fn weighted_rows(
@@ -281,15 +284,16 @@ vectorized! {
             WIDE => hd / WIDE * WIDE,
             _ => 0,
         };
-        weighted_cols::<WIDE>(p, v, o, n, hd, 0..mid, keys.clone());
-        weighted_cols::<LANES>(p, v, o, n, hd, mid..hd, keys);
+        weighted_cols::<WIDE, F>(p, v, o, n, hd, 0..mid, keys.clone());
+        weighted_cols::<LANES, F>(p, v, o, n, hd, mid..hd, keys);
     }
 }
 
 /// [`weighted_rows`] for the head's columns `cols`, in blocks of `L`, each row's accumulators in
-/// registers while `v`'s rows stream past. Inlined into each instruction set's version.
+/// registers while `v`'s rows stream past, each step `madd::<F>`. Inlined into each instruction
+/// set's version.
 #[inline(always)]
-fn weighted_cols<const L: usize>(
+fn weighted_cols<const L: usize, const F: bool>(
     p: &[f32],
     v: &[f32],
     o: &mut [f32],
@@ -312,10 +316,10 @@ fn weighted_cols<const L: usize>(
             for ((((&p0, &p1), &p2), &p3), vrow) in p0.iter().zip(p1).zip(p2).zip(p3).zip(vrows) {
                 let vrow: &[f32; L] = vrow[..L].try_into().unwrap();
                 for l in 0..L {
-                    a0[l] += p0 * vrow[l];
-                    a1[l] += p1 * vrow[l];
-                    a2[l] += p2 * vrow[l];
-                    a3[l] += p3 * vrow[l];
+                    a0[l] = madd::<F>(p0, vrow[l], a0[l]);
+                    a1[l] = madd::<F>(p1, vrow[l], a1[l]);
+                    a2[l] = madd::<F>(p2, vrow[l], a2[l]);
+                    a3[l] = madd::<F>(p3, vrow[l], a3[l]);
                 }
             }
             acc = [a0, a1, a2, a3];
@@ -325,7 +329,7 @@ fn weighted_cols<const L: usize>(
                 for (i, a) in acc.iter_mut().enumerate().take(r) {
                     let pj = p[i * n + j];
                     for (x, &vv) in a.iter_mut().zip(vrow) {
-                        *x += pj * vv;
+                        *x = madd::<F>(pj, vv, *x);
                     }
                 }
             }
@@ -343,10 +347,28 @@ fn weighted_cols<const L: usize>(
 mod tests {
     use super::*;
 
-    /// Against the textbook form in f64, on sizes with ragged edges (rows not a multiple of 4 or
-    /// of a task, columns not of `LANES`, a head of 72 as Qwen3.5's tower has).
+    /// Against the textbook form in f64, in every instruction set's version (fused or not), on
+    /// sizes with ragged edges (rows not a multiple of 4 or of a task, columns not of `LANES`, a
+    /// head of 72 as Qwen3.5's tower has).
     #[test]
     fn matches_the_textbook_form() {
+        use super::super::{tests::FORCED_ISA, VectorIsa};
+        for &isa in VectorIsa::ALL.iter().filter(|isa| isa.supported()) {
+            // The tasks run on rayon's threads, where a forced version does not reach: one
+            // thread of this test's own runs them all.
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                FORCED_ISA.set(Some(isa));
+                matches_the_textbook_form_in(isa);
+                FORCED_ISA.set(None);
+            });
+        }
+    }
+
+    fn matches_the_textbook_form_in(isa: super::super::VectorIsa) {
         for (n, heads, hd) in [(1, 1, 8), (37, 2, 72), (70, 3, 64), (600, 1, 40)] {
             let d = heads * hd;
             let val = |i: usize, salt: usize| {
@@ -380,7 +402,7 @@ mod tests {
                         let got = o[i * d + h * hd + c] as f64;
                         assert!(
                             (got - want).abs() < 2e-6,
-                            "n {n} head {h} row {i} col {c}: {got} {want}"
+                            "{isa:?} n {n} head {h} row {i} col {c}: {got} {want}"
                         );
                     }
                 }
@@ -388,9 +410,10 @@ mod tests {
         }
     }
 
-    /// Every instruction set's version of a block gives the same bits.
+    /// Every instruction set's version of a block that fuses its multiply-adds gives the same
+    /// bits (the baseline x86 one, which does not, is held to the textbook form above).
     #[test]
-    fn every_isa_gives_the_same_bits() {
+    fn every_fused_isa_gives_the_same_bits() {
         use super::super::{tests::FORCED_ISA, VectorIsa};
         let (n, hd) = (45, 72);
         let x: Vec<f32> = (0..n * hd)
@@ -410,9 +433,14 @@ mod tests {
             FORCED_ISA.set(None);
             o.iter().map(|f| f.to_bits()).collect::<Vec<u32>>()
         };
-        let want = run(VectorIsa::Baseline);
-        for &isa in VectorIsa::ALL.iter().filter(|isa| isa.supported()) {
-            assert_eq!(run(isa), want, "{isa:?}");
+        let fused = |isa: &VectorIsa| *isa != VectorIsa::Baseline || super::super::BASELINE_FUSES;
+        let mut isas = VectorIsa::ALL
+            .iter()
+            .filter(|isa| isa.supported() && fused(isa));
+        let first = *isas.next().expect("a fused version");
+        let want = run(first);
+        for &isa in isas {
+            assert_eq!(run(isa), want, "{isa:?} against {first:?}");
         }
     }
 }

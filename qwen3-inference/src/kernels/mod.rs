@@ -29,6 +29,9 @@
 /// compiled with that set enabled, so its loops take that width. Rust never fuses a multiply and
 /// an add on its own, and sums written in lanes (`lanes.rs`) add in a fixed order, so every
 /// version gives the same bits (`every_isa_gives_the_same_bits` below).
+///
+/// A kernel that is mostly multiply-adds (the tower's attention) is written `fused<F>`: see
+/// that arm.
 macro_rules! vectorized {
     ($(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         $(#[$attr])*
@@ -56,6 +59,55 @@ macro_rules! vectorized {
             }
         }
     };
+    // `fused<F>`: the body takes a `const F: bool`, true where the instruction set multiplies and
+    // adds in one rounding (AVX2's family checks for FMA, AVX-512 F includes it, NEON has it), so
+    // its products may use [`madd`]. SSE2 has no such instruction (`f32::mul_add` there is a
+    // library call), so the baseline x86 version multiplies, then adds: its bits differ from the
+    // others' by the rounding of each product.
+    (fused<$f:ident> $(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$attr])*
+        $vis fn $name($($arg: $ty),*) {
+            #[inline(always)]
+            fn body<const $f: bool>($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,fma")]
+            unsafe fn avx512($($arg: $ty),*) {
+                body::<true>($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2($($arg: $ty),*) {
+                body::<true>($($arg),*)
+            }
+            match $crate::kernels::vector_isa() {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: only chosen when the CPU has AVX-512F and FMA (`dot/x86/mod.rs`'s
+                // `has_avx512`).
+                $crate::kernels::VectorIsa::Avx512 => unsafe { avx512($($arg),*) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: only chosen when the CPU has AVX2 and FMA (`has_avx2`).
+                $crate::kernels::VectorIsa::Avx2 => unsafe { avx2($($arg),*) },
+                $crate::kernels::VectorIsa::Baseline => {
+                    body::<{ $crate::kernels::BASELINE_FUSES }>($($arg),*)
+                }
+            }
+        }
+    };
+}
+
+/// Whether the target's baseline has a fused multiply-add: aarch64's does (`fmadd`, `fmla`),
+/// x86-64's SSE2 does not.
+pub(crate) const BASELINE_FUSES: bool = cfg!(target_arch = "aarch64");
+
+/// `a * b + c`, rounded once where `FUSED` (the instruction sets of `vectorized!`'s `fused`
+/// kernels), else rounded after the product and after the sum.
+#[inline(always)]
+pub(crate) fn madd<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FUSED {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
 }
 pub mod attention;
 pub mod bandwidth;

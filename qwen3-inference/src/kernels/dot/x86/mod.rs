@@ -44,12 +44,15 @@ pub fn has_avx_vnni() -> bool {
     has_avx2() && is_x86_feature_detected!("avxvnni")
 }
 
+/// AVX-512 F, BW, VL and VNNI, with F16C and FMA (which every such CPU has; `vectorized!`'s
+/// fused kernels use it).
 pub fn has_avx512() -> bool {
     is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512vnni")
         && is_x86_feature_detected!("f16c")
+        && is_x86_feature_detected!("fma")
 }
 
 pub const AVX2: Dots = Dots {
