@@ -48,7 +48,7 @@ fn tower(name: &str) -> VisionTower {
         ckpt.read_rows(&t, 0, t.numel() / t.row_len(), &mut bytes)?;
         let mut out = Vec::new();
         to_f32(t.dtype, &bytes, &mut out);
-        Ok(Matrix::F32(out))
+        Ok(Matrix::from_f32(&out))
     })
     .unwrap()
 }

@@ -100,6 +100,12 @@ impl<'a> TensorData<'a> {
         );
     }
 
+    /// The values' bytes as they lie, whatever the dtype (a copy of them reordered for the
+    /// kernels: `kernels/dot/interleaved.rs`).
+    pub(crate) fn value_bytes(&self) -> &'a [u8] {
+        self.values
+    }
+
     /// The f32 values (panics on another dtype: match on [`dtype`](Self::dtype) first).
     pub fn f32(&self) -> &'a [f32] {
         self.expect(DType::F32);
@@ -227,6 +233,66 @@ impl<'a> From<Q6<'a>> for TensorData<'a> {
             cols: v.cols,
             kernels_only: false,
         }
+    }
+}
+
+/// A tensor's values copied out of the file: the parts of a [`TensorData`], owned, for what
+/// must outlive the mapping (the vision tower's matrices). Whatever the dtype, one copy of its
+/// bytes: a new dtype needs nothing here.
+#[derive(Clone, Debug)]
+pub struct OwnedTensorData {
+    dtype: DType,
+    /// The values' and the scales' bytes, each in 4-byte words so that their casts to f32s,
+    /// u16s and i8s are aligned, with the number of bytes in use.
+    values: (Vec<u32>, usize),
+    scales: (Vec<u32>, usize),
+    group_size: usize,
+    cols: usize,
+    kernels_only: bool,
+}
+
+/// `bytes` in 4-byte words (the last one padded with zeros), and their count.
+fn words(bytes: &[u8]) -> (Vec<u32>, usize) {
+    let mut w = vec![0u32; bytes.len().div_ceil(4)];
+    bytemuck::cast_slice_mut::<u32, u8>(&mut w)[..bytes.len()].copy_from_slice(bytes);
+    (w, bytes.len())
+}
+
+impl TensorData<'_> {
+    /// A copy of these values that owns its bytes.
+    pub fn to_owned_data(&self) -> OwnedTensorData {
+        OwnedTensorData {
+            dtype: self.dtype,
+            values: words(self.values),
+            scales: words(self.scales),
+            group_size: self.group_size,
+            cols: self.cols,
+            kernels_only: self.kernels_only,
+        }
+    }
+}
+
+impl OwnedTensorData {
+    /// The values, borrowed as the kernels and readers take them.
+    pub fn data(&self) -> TensorData<'_> {
+        fn bytes((w, n): &(Vec<u32>, usize)) -> &[u8] {
+            &bytemuck::cast_slice::<u32, u8>(w)[..*n]
+        }
+        TensorData {
+            dtype: self.dtype,
+            values: bytes(&self.values),
+            scales: bytes(&self.scales),
+            group_size: self.group_size,
+            cols: self.cols,
+            kernels_only: self.kernels_only,
+        }
+    }
+
+    /// The values' bytes, to be rewritten in another order of the same values (the kernels'
+    /// copy of a matrix: `kernels/dot/interleaved.rs`).
+    pub(crate) fn values_mut(&mut self) -> &mut [u8] {
+        let (w, n) = &mut self.values;
+        &mut bytemuck::cast_slice_mut::<u32, u8>(w)[..*n]
     }
 }
 

@@ -33,6 +33,7 @@ pub enum Math {
     Plain,
     Fast,
 }
+use crate::format::config::TOWER_PREFIX;
 use crate::format::ModelFile;
 /// The tower's shape: data of the model file's header (format/config/vision.rs).
 pub use crate::format::VisionConfig;
@@ -240,14 +241,14 @@ impl VisionTower {
             return Ok(None);
         };
         VisionTower::load(vision.tower.clone(), |name, shape| {
-            let t = file.tensor(&format!("model.visual.{name}"))?;
+            let t = file.tensor(&format!("{TOWER_PREFIX}{name}"))?;
             // The reader checked each tensor's shape against the config's; the patch
             // embedding's kernel is stored flat ([D, 3*T*p*p]), so only the counts are compared.
             let n: usize = shape.iter().product();
             let have: u64 = t.shape.iter().product();
             ensure!(
                 have == n as u64,
-                "model.visual.{name}: {have} values, the tower needs {n}"
+                "{TOWER_PREFIX}{name}: {have} values, the tower needs {n}"
             );
             Ok(Matrix::copy_of(&t))
         })

@@ -585,6 +585,6 @@ mod codec;
 pub mod vision;
 
 pub use architecture::{Architecture, ARCHITECTURES};
-pub use vision::{ImageProcessor, VisionConfig, VisionInput};
+pub use vision::{ImageProcessor, VisionConfig, VisionInput, TOWER_PREFIX};
 #[cfg(test)]
 pub(crate) mod tests;

@@ -10,6 +10,10 @@ use serde_json::Value;
 use crate::format::bytes::{ByteReader, ByteWriter};
 use crate::format::{ExpectedTensor, TensorKind};
 
+/// What the names of the tower's tensors in a model file start with (then transformers' names
+/// in `Qwen3VLVisionModel`).
+pub const TOWER_PREFIX: &str = "model.visual.";
+
 /// Images in (Qwen3-VL, Qwen3.5): everything the file holds besides the tower's tensors.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VisionInput {
@@ -525,7 +529,7 @@ impl VisionConfig {
         );
         let m4 = d * (self.spatial_merge_size * self.spatial_merge_size) as u64;
         let one = |name: String, shape: Vec<u64>, kind: TensorKind| ExpectedTensor {
-            name: format!("model.visual.{name}"),
+            name: format!("{TOWER_PREFIX}{name}"),
             shape,
             kind,
         };

@@ -4,9 +4,11 @@
 //! from it ([`interleaved_row`]), the activations laid out to meet it ([`lay_out`]), and the
 //! weights of tests and benchmarks put in it.
 
+use super::dots;
 use super::q4::Q4Layout;
+use crate::format::config::TOWER_PREFIX;
 use crate::format::reader::Derived;
-use crate::format::view::TensorData;
+use crate::format::view::{OwnedTensorData, TensorData};
 use crate::format::{DType, KQuant, ModelFile};
 use crate::pages::HugePages;
 use crate::quant::interleaved::file_group;
@@ -88,13 +90,19 @@ enum Order {
 ///
 /// The embedding table is left out unless it is also the classifier (tied, in a model that
 /// generates): otherwise only its rows are looked up, in the file's order, and a copy would be
-/// memory for nothing (Qwen3-8B's untied q8 table: 622 MB).
+/// memory for nothing (Qwen3-8B's untied q8 table: 622 MB). So is the vision tower.
 pub fn interleave_file(file: &ModelFile, q8: bool, k: bool) -> Result<Derived> {
     let embedding_is_classifier = file.config().classifier_is_embedding();
     let mut jobs = Vec::new();
     let (mut at, mut len) = (HashMap::new(), 0usize);
     for info in &file.header().tensors {
         if info.name == "model.embed_tokens.weight" && !embedding_is_classifier {
+            continue;
+        }
+        // Nor the vision tower's matrices: the text model never reads them, and the tower
+        // makes its own copy when it is built (`vision/tower/matrix.rs`; a server's at its first
+        // image).
+        if info.name.starts_with(TOWER_PREFIX) {
             continue;
         }
         let t = file.tensor(&info.name)?;
@@ -106,16 +114,8 @@ pub fn interleave_file(file: &ModelFile, q8: bool, k: bool) -> Result<Derived> {
         // order rather than copied a second time.
         let q8 = q8 && !file.is_repacked(&info.name);
         // The values' bytes (the tensor's first ones) and their order.
-        let (values, order) = match (t.data.dtype(), t.data.group_size()) {
-            (DType::Q4, Some(gs)) if interleaves(gs) => (t.data.q4().packed.len(), Order::Q4),
-            (DType::Q6, Some(gs)) if interleaves(gs) => (t.data.q6().packed.len(), Order::Q6),
-            (DType::Q8, Some(gs)) if q8 && interleaves_q8(gs) => {
-                (t.data.q8().q.len(), Order::Q8(gs))
-            }
-            (DType::K(kind), _) if k && super::k_interleaved::interleaves(kind) => {
-                (t.data.k_quant().1.len(), Order::K(kind))
-            }
-            _ => continue,
+        let Some((values, order)) = order_of(&t.data, true, q8, k) else {
+            continue;
         };
         let cols = *t.shape.last().context("a matrix without a shape")? as usize;
         // The tensor as the file lays it out (values, then its scales), the values reordered.
@@ -146,24 +146,61 @@ pub fn interleave_file(file: &ModelFile, q8: bool, k: bool) -> Result<Derived> {
     }
     parts
         .into_par_iter()
-        .for_each(|(packed, cols, order, dst)| {
-            let row_bytes = match order {
-                Order::Q4 => cols / 2,
-                Order::Q6 => cols / 4 * 3,
-                Order::Q8(_) => cols,
-                Order::K(kind) => kind.row_bytes(cols),
-            };
-            let piece = row_bytes * (65536 / row_bytes).max(1);
-            dst.par_chunks_mut(piece)
-                .zip(packed.par_chunks(piece))
-                .for_each(|(d, s)| match order {
-                    Order::Q4 => interleave_q4(s, cols, d),
-                    Order::Q6 => interleave_q6(s, cols, d),
-                    Order::Q8(gs) => interleave_q8(s, cols, gs, d),
-                    Order::K(kind) => super::k_interleaved::interleave_k(kind, s, cols, d),
-                });
-        });
+        .for_each(|(packed, cols, order, dst)| reorder(order, packed, cols, dst));
     Ok(Derived::new(bytes, at))
+}
+
+/// The order `data`'s values take for the kernels, and how many bytes they are (a tensor's
+/// first ones, before its scales); `None` where its dtype and group size keep the file's order:
+/// q4 and q6 in groups of 32 where `q4`, q8 in groups of 32 or 64 where `q8`, Q4_K and Q6_K where
+/// `k`.
+fn order_of(data: &TensorData, q4: bool, q8: bool, k: bool) -> Option<(usize, Order)> {
+    Some(match (data.dtype(), data.group_size()) {
+        (DType::Q4, Some(gs)) if q4 && interleaves(gs) => (data.q4().packed.len(), Order::Q4),
+        (DType::Q6, Some(gs)) if q4 && interleaves(gs) => (data.q6().packed.len(), Order::Q6),
+        (DType::Q8, Some(gs)) if q8 && interleaves_q8(gs) => (data.q8().q.len(), Order::Q8(gs)),
+        (DType::K(kind), _) if k && super::k_interleaved::interleaves(kind) => {
+            (data.k_quant().1.len(), Order::K(kind))
+        }
+        _ => return None,
+    })
+}
+
+/// `src`, a matrix's values (rows of `cols` weights) in the file's order, into `dst` in
+/// `order`, a few rows a task on rayon's threads.
+fn reorder(order: Order, src: &[u8], cols: usize, dst: &mut [u8]) {
+    let row_bytes = match order {
+        Order::Q4 => cols / 2,
+        Order::Q6 => cols / 4 * 3,
+        Order::Q8(_) => cols,
+        Order::K(kind) => kind.row_bytes(cols),
+    };
+    let piece = row_bytes * (65536 / row_bytes).max(1);
+    dst.par_chunks_mut(piece)
+        .zip(src.par_chunks(piece))
+        .for_each(|(d, s)| match order {
+            Order::Q4 => interleave_q4(s, cols, d),
+            Order::Q6 => interleave_q6(s, cols, d),
+            Order::Q8(gs) => interleave_q8(s, cols, gs, d),
+            Order::K(kind) => super::k_interleaved::interleave_k(kind, s, cols, d),
+        });
+}
+
+/// A copy of `data` (a matrix of rows of `cols` weights, in the file's order) in the order this
+/// CPU's kernels read, where they read one of their own (AVX-512's: q4 and q6, q8, Q4_K and
+/// Q6_K); `None` where they read the file's. For a matrix that outlives the file (the vision
+/// tower's), as [`interleave_file`] does for the text model's.
+pub fn for_kernels(data: &TensorData, cols: usize) -> Option<OwnedTensorData> {
+    let d = dots();
+    let (q4, q8, k) = (
+        d.q4_layout.interleaves(),
+        d.q8_interleaved.is_some(),
+        d.k_interleaved.is_some(),
+    );
+    let (_, order) = order_of(data, q4, q8, k)?;
+    let mut copy = data.to_owned_data();
+    reorder(order, data.value_bytes(), cols, copy.values_mut());
+    Some(copy)
 }
 
 /// `packed` (q4 rows of `cols` weights, or q6 ones with `six`, in groups of `gs`, in the file's

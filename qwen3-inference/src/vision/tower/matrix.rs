@@ -1,164 +1,52 @@
 //! The tower's matrices as the model file stores them, copied out of the mapping once at load
-//! (the tower outlives no file, and owns what it reads): f32, bf16, q8, or q4/q6 with the copy
-//! in the order this CPU's kernels read. The products then run on the same kernels as the text
-//! model's, in the file's dtype: a bf16 or q8 tower is 3 times faster than one widened to f32
-//! (docs/vision.md) and takes a half or a quarter of the memory.
+//! (the tower outlives no file, and owns what it reads), in the file's dtype, whatever it is
+//! (`format::view::OwnedTensorData`), with a second copy in the order this CPU's kernels read
+//! where they read one of their own (`kernels/dot/interleaved.rs`). The products then run on the
+//! same kernels as the text model's, in the file's dtype: a bf16 or q8 tower is 3 times faster
+//! than one widened to f32 (docs/vision.md) and takes a half or a quarter of the memory.
 
-use crate::format::view::{TensorData, TensorView};
-use crate::format::DType;
-use crate::kernels::dot::{dots, interleaved};
-use crate::quant::{Q4, Q6, Q8};
+use crate::format::view::{OwnedTensorData, TensorData, TensorView};
+use crate::kernels::dot::interleaved;
 
-/// One matrix, owned, in the file's dtype.
+/// One matrix, owned, in the file's dtype: `data` in the file's order, `kernel` the same values
+/// in the kernels' order where that differs.
 #[derive(Clone, Debug)]
-pub enum Matrix {
-    F32(Vec<f32>),
-    /// bfloat16 bit patterns.
-    Bf16(Vec<u16>),
-    /// int8 values, a scale per group of `group_size` (`quant::quantize_q8`); `kernel`: the
-    /// same values in the order the kernels read (`kernels/dot/interleaved.rs`), when that
-    /// order differs.
-    Q8 {
-        q: Vec<i8>,
-        kernel: Option<Vec<i8>>,
-        scales: Vec<f32>,
-        group_size: usize,
-    },
-    /// q4 (or q6, `six`) values packed as the file packs them, `cols` to a row; `kernel`: the
-    /// same values in the order the kernels read (`kernels/dot/interleaved.rs`), when that order
-    /// differs.
-    Packed {
-        six: bool,
-        packed: Vec<u8>,
-        kernel: Option<Vec<u8>>,
-        scales: Vec<u16>,
-        group_size: usize,
-        cols: usize,
-    },
+pub struct Matrix {
+    data: OwnedTensorData,
+    kernel: Option<OwnedTensorData>,
 }
 
 impl Matrix {
-    /// A copy of matrix `t` (`[rows, cols]`). GGUF's K-quants (a GGUF file has no tower today)
-    /// are widened to f32.
+    /// A copy of matrix `t` (`[rows, cols]`, in the file's order).
     pub fn copy_of(t: &TensorView) -> Matrix {
         let cols = t.shape.last().copied().unwrap_or(1) as usize;
-        match t.data.dtype() {
-            DType::F32 => Matrix::F32(t.data.f32().to_vec()),
-            DType::Bf16 => Matrix::Bf16(t.data.bf16().to_vec()),
-            DType::Q8 => {
-                let Q8 {
-                    q,
-                    scales,
-                    group_size,
-                } = t.data.q8();
-                Matrix::Q8 {
-                    q: q.to_vec(),
-                    kernel: (dots().q8_interleaved.is_some()
-                        && interleaved::interleaves_q8(group_size))
-                    .then(|| interleaved::q8_for_kernels(dots(), q, cols, group_size)),
-                    scales: scales.to_vec(),
-                    group_size,
-                }
-            }
-            DType::Q4 => {
-                let Q4 {
-                    packed,
-                    scales,
-                    group_size,
-                } = t.data.q4();
-                Matrix::packed(false, packed, scales, group_size, cols)
-            }
-            DType::Q6 => {
-                let Q6 {
-                    packed,
-                    scales,
-                    group_size,
-                    cols,
-                } = t.data.q6();
-                Matrix::packed(true, packed, scales, group_size, cols)
-            }
-            DType::K(_) => {
-                let n: u64 = t.shape.iter().product();
-                Matrix::F32((0..n as usize).map(|i| t.data.value(i)).collect())
-            }
+        Matrix {
+            data: t.data.to_owned_data(),
+            kernel: interleaved::for_kernels(&t.data, cols),
         }
     }
 
-    fn packed(six: bool, packed: &[u8], scales: &[u16], gs: usize, cols: usize) -> Matrix {
-        let layout = dots().q4_layout;
-        let kernel = (layout.interleaves() && interleaved::interleaves(gs))
-            .then(|| interleaved::packed_for_kernels(layout, six, packed, cols, gs));
-        Matrix::Packed {
-            six,
-            packed: packed.to_vec(),
-            kernel,
-            scales: scales.to_vec(),
-            group_size: gs,
-            cols,
+    /// A matrix of f32 values (a checkpoint's, read by a test).
+    pub fn from_f32(values: &[f32]) -> Matrix {
+        Matrix {
+            data: TensorData::from_f32(values).to_owned_data(),
+            kernel: None,
         }
     }
 
     /// Its first `n` values as f32 (a bias, a norm, the position table).
     pub fn into_f32(self, n: usize) -> Vec<f32> {
-        match self {
-            Matrix::F32(v) => v,
-            m => {
-                let shape = [1, n as u64];
-                let v = m.view(&shape);
-                (0..n).map(|i| v.data.value(i)).collect()
-            }
-        }
+        let data = self.data.data();
+        (0..n).map(|i| data.value(i)).collect()
     }
 
     /// The matrix as the kernels take a weight of `shape` (`[rows, cols]`).
     pub fn view<'a>(&'a self, shape: &'a [u64; 2]) -> TensorView<'a> {
-        let (data, interleaved) = match self {
-            Matrix::F32(v) => (TensorData::from_f32(v), None),
-            Matrix::Bf16(v) => (TensorData::from_bf16(v), None),
-            Matrix::Q8 {
-                q,
-                kernel,
-                scales,
-                group_size,
-            } => {
-                let data = |q| {
-                    TensorData::from(Q8 {
-                        q,
-                        scales,
-                        group_size: *group_size,
-                    })
-                };
-                (data(q), kernel.as_deref().map(data))
-            }
-            Matrix::Packed {
-                six,
-                packed,
-                kernel,
-                scales,
-                group_size,
-                cols,
-            } => {
-                let data = |packed| match six {
-                    true => TensorData::from(Q6 {
-                        packed,
-                        scales,
-                        group_size: *group_size,
-                        cols: *cols,
-                    }),
-                    false => TensorData::from(Q4 {
-                        packed,
-                        scales,
-                        group_size: *group_size,
-                    }),
-                };
-                (data(packed), kernel.as_deref().map(data))
-            }
-        };
         TensorView {
             name: "vision tower",
             shape,
-            data,
-            interleaved,
+            data: self.data.data(),
+            interleaved: self.kernel.as_ref().map(|k| k.data()),
         }
     }
 }
@@ -166,7 +54,7 @@ impl Matrix {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::{quantize_q4, quantize_q8};
+    use crate::quant::{quantize_q4, quantize_q6, quantize_q8, Q4, Q6, Q8};
 
     /// Each stored form multiplies as its f32 values do (within the activations' rounding), and
     /// reads back value for value.
@@ -186,8 +74,19 @@ mod tests {
         let mut p4 = vec![0u8; w.len() / 2];
         let mut s4 = vec![0u16; w.len() / 32];
         quantize_q4(&w, 32, &mut p4, &mut s4);
+        let mut p6 = vec![0u8; w.len() / 4 * 3];
+        let mut s6 = vec![0u16; w.len() / 32];
+        quantize_q6(&w, cols, 32, &mut p6, &mut s6);
+        let bf16: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
         let stored = [
             TensorData::from_f32(&w),
+            TensorData::from_bf16(&bf16),
+            TensorData::from(Q6 {
+                packed: &p6,
+                scales: &s6,
+                group_size: 32,
+                cols,
+            }),
             TensorData::from(Q8 {
                 q: &q,
                 scales: &s8,
