@@ -82,8 +82,9 @@ enum Order {
     K(KQuant),
 }
 
-/// Every q4 and q6 matrix of `file` in groups of 32 (and, where `q8`, every q8 one in groups of
-/// 32 or 64; where `k`, every Q4_K and Q6_K one, `k_interleaved.rs`), interleaved, in one buffer
+/// Every q4 and q6 matrix of `file` in groups of 32 where this CPU's q4 kernels read them
+/// interleaved (`Q4Layout::interleaves`), and, where `q8`, every q8 one in groups of
+/// 32 or 64; where `k`, every Q4_K and Q6_K one (`k_interleaved.rs`), interleaved, in one buffer
 /// of huge pages (each at a multiple of 64 bytes, laid out as in the file: its values, then its
 /// scales), for [`ModelFile::derived`]. The rows are reordered in parallel; the file's bytes are
 /// read once.
@@ -114,7 +115,8 @@ pub fn interleave_file(file: &ModelFile, q8: bool, k: bool) -> Result<Derived> {
         // order rather than copied a second time.
         let q8 = q8 && !file.is_repacked(&info.name);
         // The values' bytes (the tensor's first ones) and their order.
-        let Some((values, order)) = order_of(&t.data, true, q8, k) else {
+        let q4 = dots().q4_layout.interleaves();
+        let Some((values, order)) = order_of(&t.data, q4, q8, k) else {
             continue;
         };
         let cols = *t.shape.last().context("a matrix without a shape")? as usize;
