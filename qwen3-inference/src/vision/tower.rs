@@ -51,19 +51,25 @@ struct Linear {
 impl Linear {
     /// `x` [n, in] -> [n, out], as `math` says.
     fn apply(&self, x: &[f32], math: Math) -> Vec<f32> {
+        let mut y = Vec::new();
+        self.apply_into(x, &mut y, math);
+        y
+    }
+
+    /// [`Linear::apply`] into `y`, resized to [n, out] (its memory kept from a step before).
+    fn apply_into(&self, x: &[f32], y: &mut Vec<f32>, math: Math) {
+        y.resize(x.len() / self.inp * self.out, 0.0);
         match math {
-            Math::Plain => self.forward(x),
-            Math::Fast => fast::linear(self, x),
+            Math::Plain => self.forward(x, y),
+            Math::Fast => fast::linear(self, x, y),
         }
     }
 
-    /// `x` [n, in] -> [n, out], each sum in f64 over the weights' values (a quantized weight
-    /// read as the value it stands for).
-    fn forward(&self, x: &[f32]) -> Vec<f32> {
-        let n = x.len() / self.inp;
+    /// `x` [n, in] -> `y` [n, out], each sum in f64 over the weights' values (a quantized
+    /// weight read as the value it stands for).
+    fn forward(&self, x: &[f32], y: &mut [f32]) {
         let shape = [self.out as u64, self.inp as u64];
         let w = self.weight.view(&shape);
-        let mut y = vec![0f32; n * self.out];
         for (xi, yi) in x.chunks_exact(self.inp).zip(y.chunks_exact_mut(self.out)) {
             for (o, (yo, b)) in yi.iter_mut().zip(&self.bias).enumerate() {
                 let dot: f64 = xi
@@ -74,7 +80,6 @@ impl Linear {
                 *yo = (dot + *b as f64) as f32;
             }
         }
-        y
     }
 }
 
@@ -88,16 +93,22 @@ struct LayerNorm {
 impl LayerNorm {
     /// Every row of `x` (on all threads with `Math::Fast`: the same rows, the same bits).
     fn forward(&self, x: &[f32], math: Math) -> Vec<f32> {
+        let mut y = Vec::new();
+        self.forward_into(x, &mut y, math);
+        y
+    }
+
+    /// [`LayerNorm::forward`] into `y`, resized to `x`'s length.
+    fn forward_into(&self, x: &[f32], y: &mut Vec<f32>, math: Math) {
         let width = self.weight.len();
-        let mut y = vec![0f32; x.len()];
+        y.resize(x.len(), 0.0);
         match math {
             Math::Plain => x
                 .chunks_exact(width)
                 .zip(y.chunks_exact_mut(width))
                 .for_each(|(xi, yi)| self.row(xi, yi)),
-            Math::Fast => fast::rows(x, &mut y, width, |xi, yi| self.row(xi, yi)),
+            Math::Fast => fast::rows(x, y, width, |xi, yi| self.row(xi, yi)),
         }
-        y
     }
 
     fn row(&self, xi: &[f32], yi: &mut [f32]) {
@@ -109,6 +120,21 @@ impl LayerNorm {
             *o = ((v as f64 - mean) * inv * self.weight[j] as f64 + self.bias[j] as f64) as f32;
         }
     }
+}
+
+/// A block's intermediate values, kept from block to block of one pass: made anew in each
+/// step, an output this large is fresh pages from the kernel every time (about a million page
+/// faults for a 1024 x 768 image: docs/vision.md, "Not done yet").
+#[derive(Default)]
+struct BlockBuffers {
+    normed: Vec<f32>,
+    qkv: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    o: Vec<f32>,
+    y: Vec<f32>,
+    h: Vec<f32>,
 }
 
 /// One `Qwen3VLVisionBlock`: pre-norm attention and MLP, each added to the stream.
@@ -315,8 +341,9 @@ impl VisionTower {
         let (cos, sin) = self.rotary(&rows_cols);
         // 3. The blocks.
         let mut deepstack = Vec::new();
+        let mut buffers = BlockBuffers::default();
         for (l, block) in self.blocks.iter().enumerate() {
-            self.block(block, &mut x, &frames, (&cos, &sin), math);
+            self.block(block, &mut x, &frames, (&cos, &sin), math, &mut buffers);
             if let Some(j) = cfg.deepstack_visual_indexes.iter().position(|&b| b == l) {
                 deepstack.push(self.deepstack[j].forward(&x, math));
             }
@@ -428,6 +455,7 @@ impl VisionTower {
         frames: &[std::ops::Range<usize>],
         (cos, sin): (&[f32], &[f32]),
         math: Math,
+        buffers: &mut BlockBuffers,
     ) {
         let (d, heads, hd) = (
             self.config.hidden_size,
@@ -438,8 +466,23 @@ impl VisionTower {
         // a. q, k, v [N, D] each (head after head), from one product [N, 3D]; b. RoPE on q and
         //    k (`rope`). Patch by patch, on all threads with `Math::Fast` (each patch's values
         //    are the same either way).
-        let qkv = b.qkv.apply(&b.norm1.forward(x, math), math);
-        let (mut q, mut k, mut v) = (vec![0f32; n * d], vec![0f32; n * d], vec![0f32; n * d]);
+        let BlockBuffers {
+            normed,
+            qkv,
+            q,
+            k,
+            v,
+            o,
+            y,
+            h,
+        } = buffers;
+        b.norm1.forward_into(x, normed, math);
+        b.qkv.apply_into(normed, qkv, math);
+        for buf in [&mut *q, &mut *k, &mut *v, &mut *o] {
+            buf.clear();
+            buf.resize(n * d, 0.0);
+        }
+        let qkv = &*qkv;
         let split = |p: usize, qp: &mut [f32], kp: &mut [f32], vp: &mut [f32]| {
             let src = &qkv[p * 3 * d..(p + 1) * 3 * d];
             qp.copy_from_slice(&src[..d]);
@@ -457,14 +500,13 @@ impl VisionTower {
                     split(p, qp, kp, vp);
                 }
             }
-            Math::Fast => fast::patches(&mut q, &mut k, &mut v, d, split),
+            Math::Fast => fast::patches(q, k, v, d, split),
         }
         // c. Attention within each frame, every patch seeing every other (not causal):
         //    softmax(q k^T / sqrt(hd)) v, per head.
         let scale = (hd as f64).powf(-0.5) as f32;
-        let mut o = vec![0f32; n * d];
         if math == Math::Fast {
-            fast::attention(&q, &k, &v, &mut o, frames, heads, hd, scale);
+            fast::attention(q, k, v, o, frames, heads, hd, scale);
         }
         for frame in frames.iter().filter(|_| math == Math::Plain) {
             for head in 0..heads {
@@ -497,13 +539,16 @@ impl VisionTower {
             }
         }
         // d. x += proj(o); then the MLP: x += fc2(gelu_tanh(fc1(LN2(x)))).
-        add(x, &b.proj.apply(&o, math), math);
-        let mut h = b.fc1.apply(&b.norm2.forward(x, math), math);
+        b.proj.apply_into(o, y, math);
+        add(x, y, math);
+        b.norm2.forward_into(x, normed, math);
+        b.fc1.apply_into(normed, h, math);
         match math {
             Math::Plain => h.iter_mut().for_each(|v| *v = gelu_tanh(*v)),
-            Math::Fast => fast::gelu_tanh(&mut h),
+            Math::Fast => fast::gelu_tanh(h),
         }
-        add(x, &b.fc2.apply(&h, math), math);
+        b.fc2.apply_into(h, y, math);
+        add(x, y, math);
     }
 }
 

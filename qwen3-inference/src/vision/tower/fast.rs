@@ -13,15 +13,13 @@ use crate::kernels::exp::exp;
 use rayon::prelude::*;
 use std::ops::Range;
 
-/// `x W^T + b` on the matmul kernels: `x` [n, in] -> [n, out].
-pub(super) fn linear(l: &Linear, x: &[f32]) -> Vec<f32> {
+/// `x W^T + b` on the matmul kernels: `x` [n, in] -> `y` [n, out] (every value written).
+pub(super) fn linear(l: &Linear, x: &[f32], y: &mut [f32]) {
     let n = x.len() / l.inp;
     let shape = [l.out as u64, l.inp as u64];
-    let mut y = vec![0f32; n * l.out];
-    kernels::matmul(&mut y, x, &l.weight.view(&shape), n);
+    kernels::matmul(y, x, &l.weight.view(&shape), n);
     y.par_chunks_exact_mut(l.out)
         .for_each(|row| row.iter_mut().zip(&l.bias).for_each(|(v, b)| *v += b));
-    y
 }
 
 /// `o = softmax(q k^T * scale) v` within each frame, per head, every patch seeing every patch of
