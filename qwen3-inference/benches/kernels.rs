@@ -15,7 +15,7 @@ use qwen3_inference::kernels::dot::interleaved::{
 use qwen3_inference::kernels::dot::k_interleaved;
 use qwen3_inference::kernels::dot::q4::Q4Layout;
 use qwen3_inference::kernels::dot::{available, ActsQ8Buf, Dots, Forms, MatQ8};
-use qwen3_inference::kernels::{attention, frame_attention, AttentionShape};
+use qwen3_inference::kernels::{attention, frame_attention, AttentionShape, FrameScratch};
 use qwen3_inference::pages::huge_page_buffer;
 use qwen3_inference::pages::HugePages;
 use qwen3_inference::quant::{quantize_q4, quantize_q6, quantize_q8};
@@ -446,9 +446,10 @@ fn bench_frame_attention() {
         let [q, k, v] = [0; 3].map(|_| next_values(n * heads * hd, &mut seed));
         let mut o = vec![0f32; n * heads * hd];
         let scale = 1.0 / (hd as f32).sqrt();
+        let mut scratch = FrameScratch::default();
         let secs = pool.install(|| {
             time(3, || {
-                frame_attention(&q, &k, &v, &mut o, n, heads, hd, scale);
+                frame_attention(&q, &k, &v, &mut o, n, heads, hd, scale, &mut scratch);
                 black_box(&o);
             })
         });

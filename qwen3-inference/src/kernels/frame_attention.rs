@@ -66,6 +66,19 @@ fn kt_stride(n: usize) -> usize {
     16 * (lines | 1)
 }
 
+/// Buffers [`frame_attention`] fills anew on each call, kept by the caller from call to call (a
+/// tower's 24 blocks): made afresh each time, buffers this large are fresh pages from the kernel
+/// every time (docs/vision.md, "Not done yet"). Their contents between calls do not matter.
+#[derive(Default)]
+pub struct FrameScratch {
+    /// Each head's k^T, `[heads][hd, ld]`.
+    kt: Vec<f32>,
+    /// Each head's v, `[heads][n, hd]`.
+    v: Vec<f32>,
+    /// Each head's output, `[heads][n, hd]`, before it goes to its columns of `o`.
+    o: Vec<f32>,
+}
+
 /// One frame's attention, every head: `q`, `k`, `v` and `o` are `[n, heads * hd]` (the heads side
 /// by side in each row, as the tower's projections give them).
 #[allow(clippy::too_many_arguments)]
@@ -78,17 +91,26 @@ pub fn frame_attention(
     heads: usize,
     hd: usize,
     scale: f32,
+    scratch: &mut FrameScratch,
 ) {
     let d = heads * hd;
     assert!(q.len() == n * d && k.len() == n * d && v.len() == n * d && o.len() == n * d);
-    // Each head's k transposed, [hd, n] (a row of k^T: one dimension of every key), and v,
-    // [n, hd], gathered once.
     let ld = kt_stride(n);
-    let per_head: Vec<(Vec<f32>, Vec<f32>)> = (0..heads)
-        .into_par_iter()
-        .map(|h| {
-            let mut kt = vec![0f32; hd * ld];
-            let mut vh = vec![0f32; n * hd];
+    let FrameScratch {
+        kt: kts,
+        v: vhs,
+        o: ohs,
+    } = scratch;
+    // Every value is written below but k^T's padding, which is never read.
+    kts.resize(heads * hd * ld, 0.0);
+    vhs.resize(heads * n * hd, 0.0);
+    ohs.resize(heads * n * hd, 0.0);
+    // 1. Each head's k transposed, [hd, n] (a row of k^T: one dimension of every key), and v,
+    //    [n, hd], gathered once.
+    kts.par_chunks_exact_mut(hd * ld)
+        .zip(vhs.par_chunks_exact_mut(n * hd))
+        .enumerate()
+        .for_each(|(h, (kt, vh))| {
             for j in 0..n {
                 let (krow, vrow) = (&k[j * d + h * hd..][..hd], &v[j * d + h * hd..][..hd]);
                 for (c, &kv) in krow.iter().enumerate() {
@@ -96,33 +118,36 @@ pub fn frame_attention(
                 }
                 vh[j * hd..(j + 1) * hd].copy_from_slice(vrow);
             }
-            (kt, vh)
-        })
-        .collect();
-    // Tasks: (head, first query row); each writes its rows of its head's output, [rows, hd].
-    let tasks: Vec<(usize, usize)> = (0..heads)
-        .flat_map(|h| (0..n).step_by(TASK_ROWS).map(move |r| (h, r)))
-        .collect();
-    let outs: Vec<Vec<f32>> = tasks
-        .par_iter()
-        .map(|&(h, r0)| {
-            let rows = TASK_ROWS.min(n - r0);
-            let (kt, vh) = &per_head[h];
-            let mut qh = vec![0f32; rows * hd];
-            for (i, row) in qh.chunks_exact_mut(hd).enumerate() {
-                row.copy_from_slice(&q[(r0 + i) * d + h * hd..][..hd]);
-            }
-            let mut out = vec![0f32; rows * hd];
-            let mut scores = vec![0f32; rows * n];
-            task(&qh, kt, ld, vh, &mut scores, &mut out, n, hd, scale);
-            out
-        })
-        .collect();
-    for (&(h, r0), out) in tasks.iter().zip(&outs) {
-        for (i, row) in out.chunks_exact(hd).enumerate() {
-            o[(r0 + i) * d + h * hd..][..hd].copy_from_slice(row);
+        });
+    // 2. Tasks: a head's block of TASK_ROWS query rows; each writes its rows of its head's
+    //    output, [rows, hd]. A task's query rows and scores are scratch of the rayon job that
+    //    runs it (`for_each_init`: one per split of the work, not one per task).
+    let (kts, vhs) = (&*kts, &*vhs);
+    ohs.par_chunks_exact_mut(n * hd)
+        .enumerate()
+        .for_each(|(h, oh)| {
+            let (kt, vh) = (&kts[h * hd * ld..][..hd * ld], &vhs[h * n * hd..][..n * hd]);
+            oh.par_chunks_mut(TASK_ROWS * hd).enumerate().for_each_init(
+                || (Vec::new(), Vec::new()),
+                |(qh, scores): &mut (Vec<f32>, Vec<f32>), (t, out)| {
+                    let (r0, rows) = (t * TASK_ROWS, out.len() / hd);
+                    qh.clear();
+                    for i in r0..r0 + rows {
+                        qh.extend_from_slice(&q[i * d + h * hd..][..hd]);
+                    }
+                    scores.resize(rows * n, 0.0);
+                    out.fill(0.0);
+                    task(qh, kt, ld, vh, scores, out, n, hd, scale);
+                },
+            );
+        });
+    // 3. Each head's output to its columns of `o`, row by row on all threads.
+    let ohs = &*ohs;
+    o.par_chunks_exact_mut(d).enumerate().for_each(|(j, row)| {
+        for (h, oh) in row.chunks_exact_mut(hd).enumerate() {
+            oh.copy_from_slice(&ohs[(h * n + j) * hd..][..hd]);
         }
-    }
+    });
 }
 
 /// A task's query rows `q` ([r, hd]) of one head against its `kt` ([hd, n], rows `ld` apart) and
@@ -379,7 +404,17 @@ mod tests {
             let v: Vec<f32> = (0..n * d).map(|i| val(i, 3)).collect();
             let scale = (hd as f32).powf(-0.5);
             let mut o = vec![0f32; n * d];
-            frame_attention(&q, &k, &v, &mut o, n, heads, hd, scale);
+            frame_attention(
+                &q,
+                &k,
+                &v,
+                &mut o,
+                n,
+                heads,
+                hd,
+                scale,
+                &mut FrameScratch::default(),
+            );
             for h in 0..heads {
                 for i in 0..n {
                     let s: Vec<f64> = (0..n)

@@ -129,7 +129,7 @@ pub mod textbook;
 pub use attention::{attention, AttentionShape, KvType};
 pub use elementwise::{add, silu_mul};
 pub use embedding::embedding;
-pub use frame_attention::frame_attention;
+pub use frame_attention::{frame_attention, FrameScratch};
 pub use matmul::{matmul, matmuls};
 pub use rmsnorm::rmsnorm;
 pub use rope::{mrope_component, rope, rope_mrope, RopeTable};

@@ -37,6 +37,7 @@ use crate::format::config::TOWER_PREFIX;
 use crate::format::ModelFile;
 /// The tower's shape: data of the model file's header (format/config/vision.rs).
 pub use crate::format::VisionConfig;
+use crate::kernels;
 
 /// `y = x W^T + b`, W stored [out, in] as transformers' `nn.Linear` stores it, in the file's
 /// dtype.
@@ -135,6 +136,7 @@ struct BlockBuffers {
     o: Vec<f32>,
     y: Vec<f32>,
     h: Vec<f32>,
+    attention: kernels::FrameScratch,
 }
 
 /// One `Qwen3VLVisionBlock`: pre-norm attention and MLP, each added to the stream.
@@ -475,6 +477,7 @@ impl VisionTower {
             o,
             y,
             h,
+            attention,
         } = buffers;
         b.norm1.forward_into(x, normed, math);
         b.qkv.apply_into(normed, qkv, math);
@@ -506,7 +509,7 @@ impl VisionTower {
         //    softmax(q k^T / sqrt(hd)) v, per head.
         let scale = (hd as f64).powf(-0.5) as f32;
         if math == Math::Fast {
-            fast::attention(q, k, v, o, frames, heads, hd, scale);
+            fast::attention(q, k, v, o, frames, heads, hd, scale, attention);
         }
         for frame in frames.iter().filter(|_| math == Math::Plain) {
             for head in 0..heads {

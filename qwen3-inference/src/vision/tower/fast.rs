@@ -35,6 +35,7 @@ pub(super) fn attention(
     heads: usize,
     hd: usize,
     scale: f32,
+    scratch: &mut kernels::FrameScratch,
 ) {
     let d = heads * hd;
     for frame in frames {
@@ -48,6 +49,7 @@ pub(super) fn attention(
             heads,
             hd,
             scale,
+            scratch,
         );
     }
 }
