@@ -71,12 +71,76 @@ pub(super) const fn reorder_from(gs: usize) -> usize {
     }
 }
 
+/// A block of weight rows as the prompt tile reads them ([`tile`]): in the interleaved order,
+/// with each group's sign correction. `vpmaddubsw` multiplies unsigned by signed bytes, so a
+/// signed weight's sign must move onto the activation: `sign(x, w)` (`vpsignb`) runs on the
+/// ports the products run on, once for every (row, token) pair. The tile takes `x ^ m` instead
+/// (`m` all ones where `w < 0`, made once a weight vector for the tile's tokens), a bitwise xor
+/// that any vector port runs, which for a negative weight is `|w| (-x - 1) = w x - |w|`; the
+/// group's exact sum is then the tile's plus
+///
+/// ```text
+/// C = sum of |w| over the group's negative weights         (one per row and group, made here)
+/// ```
+///
+/// (the products stay in `vpmaddubsw`'s range: `|w| <= 128` and `x ^ m` in [-128, 127], so a
+/// pair's sum is in [-32768, 32512]). The whole blocks of 16 groups take this form; a row's
+/// ragged last block, read by masked loads, keeps `vpsignb` (the same exact sums).
+///
+/// Measured: the prompt product 58-62 -> 62-69 GMAC/s in groups of 64 and 53-58 -> 58-63 in
+/// groups of 32 (1024 x 1024 and 1024 x 4096 by 128 tokens, 256 x 1024 by 784; AVX2 kernels
+/// on Zen 4; docs/kernels.md). Keeping `|w|` and `m` in the block instead of making them in
+/// the tile measured no faster, and slower on wide rows (twice the bytes).
+struct Block {
+    w: Vec<u8>,
+    corr: Vec<i32>,
+}
+
+impl Block {
+    /// `rows` (file order, `cols` bytes each, groups of `GS`) into the block's first rows.
+    ///
+    /// Caller guarantees the CPU has AVX2.
+    #[target_feature(enable = "avx2")]
+    unsafe fn fill<const GS: usize>(&mut self, rows: &[i8], cols: usize) {
+        let (n, per) = (rows.len() / cols, cols / GS);
+        if self.w.len() < n * cols {
+            self.w.resize(n * cols, 0);
+        }
+        if self.corr.len() < n * per {
+            self.corr.resize(n * per, 0);
+        }
+        let src: &[u8] = bytemuck::cast_slice(rows);
+        for (s, d) in src.chunks_exact(cols).zip(self.w.chunks_exact_mut(cols)) {
+            // SAFETY: the CPU has AVX2 (our caller's promise); `s` and `d` are one row each.
+            unsafe { reorder_row::<GS>(s, d) };
+        }
+        // C of each group: |min(w, 0)| (128 for -128, as an unsigned byte), summed by
+        // `vpsadbw` against zero (eight bytes to a 64-bit lane).
+        let zero = _mm256_setzero_si256();
+        for (g, c) in rows.chunks_exact(GS).zip(&mut self.corr) {
+            let mut sum = zero;
+            for v in g.chunks_exact(VECTOR) {
+                // SAFETY: `v` is 32 bytes.
+                let v = unsafe { _mm256_loadu_si256(v.as_ptr() as *const __m256i) };
+                let magnitudes = _mm256_abs_epi8(_mm256_min_epi8(v, zero));
+                sum = _mm256_add_epi64(sum, _mm256_sad_epu8(magnitudes, zero));
+            }
+            let half = _mm_add_epi64(
+                _mm256_castsi256_si128(sum),
+                _mm256_extracti128_si256::<1>(sum),
+            );
+            *c = (_mm_cvtsi128_si64(half) + _mm_extract_epi64::<1>(half)) as i32;
+        }
+    }
+}
+
 thread_local! {
-    /// A block of weight rows in the interleaved order, kept between calls. It grows (once per
-    /// thread and width) the first time a product of [`reorder_from`] tokens or more meets a
-    /// wider matrix: a prompt's, or a serving step's of that many sequences; decode never
-    /// touches it.
-    static BLOCK: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// The prompt tile's block of rows, kept between calls. It grows (once per thread and
+    /// width) the first time a product of [`reorder_from`] tokens or more meets a wider matrix:
+    /// a prompt's, or a serving step's of that many sequences; decode never touches it.
+    static BLOCK: RefCell<Block> = const {
+        RefCell::new(Block { w: Vec::new(), corr: Vec::new() })
+    };
 }
 
 /// [`super::super::MatQ8`] on AVX2 for groups of `GS` (32 or 64), after the caller's `x.check`
@@ -140,23 +204,20 @@ pub(super) unsafe fn mat_q8_lanes_avx2<const GS: usize, const P: u8>(
         return;
     };
     BLOCK.with(|cell| {
-        let mut block = cell.borrow_mut();
-        if block.len() < BLOCK_ROWS * cols {
-            block.resize(BLOCK_ROWS * cols, 0);
-        }
+        let block = &mut *cell.borrow_mut();
         for r0 in (0..rows).step_by(BLOCK_ROWS) {
             let n_rows = (rows - r0).min(BLOCK_ROWS);
-            let src: &[u8] = bytemuck::cast_slice(&w[r0 * cols..(r0 + n_rows) * cols]);
-            for (s, d) in src.chunks_exact(cols).zip(block.chunks_exact_mut(cols)) {
-                // SAFETY: the CPU has AVX2 (our caller's promise); `s` and `d` are one row
-                // each.
-                unsafe { reorder_row::<GS>(s, d) };
-            }
+            // SAFETY: the CPU has AVX2 (our caller's promise).
+            unsafe { block.fill::<GS>(&w[r0 * cols..(r0 + n_rows) * cols], cols) };
             let mut i = 0;
             while i < t {
                 let n = (t - i).min(TOKENS);
                 for a in 0..n_rows {
-                    let (w_r, ws_r) = (&block[a * cols..(a + 1) * cols], row(r0 + a).1);
+                    let w_r = Row {
+                        w: &block.w[a * cols..(a + 1) * cols],
+                        corr: &block.corr[a * per..(a + 1) * per],
+                        scales: row(r0 + a).1,
+                    };
                     let o = &mut out[(r0 + a) * t + i..(r0 + a) * t + i + n];
                     // SAFETY: the CPU has AVX2, FMA and `P`'s instructions (our caller's
                     // promise); the activations are laid out whole (`interleaved` checked
@@ -164,10 +225,10 @@ pub(super) unsafe fn mat_q8_lanes_avx2<const GS: usize, const P: u8>(
                     // of GS.
                     unsafe {
                         match n {
-                            4 => tile::<GS, P, 4>(w_r, ws_r, acts, i, o),
-                            3 => tile::<GS, P, 3>(w_r, ws_r, acts, i, o),
-                            2 => tile::<GS, P, 2>(w_r, ws_r, acts, i, o),
-                            _ => tile::<GS, P, 1>(w_r, ws_r, acts, i, o),
+                            4 => tile::<GS, P, 4>(w_r, acts, i, o),
+                            3 => tile::<GS, P, 3>(w_r, acts, i, o),
+                            2 => tile::<GS, P, 2>(w_r, acts, i, o),
+                            _ => tile::<GS, P, 1>(w_r, acts, i, o),
                         }
                     }
                 }
@@ -370,28 +431,39 @@ unsafe fn tile_file<const GS: usize, const P: u8, const N: usize>(
     }
 }
 
-/// Weight row `w` (in the interleaved order, `cols` bytes) with scales `ws` against tokens
-/// `i .. i + N` of `acts`, into `out` (`N` values).
+/// One weight row of a [`Block`] (`cols` bytes in the interleaved order), each group's sign
+/// correction and scale.
+#[derive(Clone, Copy)]
+struct Row<'a> {
+    w: &'a [u8],
+    corr: &'a [i32],
+    scales: &'a [f32],
+}
+
+/// Weight row `w` against tokens `i .. i + N` of `acts`, into `out` (`N` values):
+///
+/// ```text
+/// isum[l] = C[l] + sum over group l's words k of dot4(|w|_k, x_k ^ m_k)   (exact: see Block)
+/// ```
 ///
 /// Caller guarantees the CPU has AVX2, FMA and the instructions `P` names, that `acts` holds
-/// whole laid-out rows of `w.len()` values for tokens `i .. i + N` and their `w.len() / GS`
-/// scales, and that `ws` holds as many. Then every read is in bounds: a block of `n` groups from
-/// group `g0` is bytes `GS g0 .. GS (g0 + n)` of the row and of each token's, vector `k` (of `GS /
-/// 4`) of it the `4n` bytes from `GS g0 + 4nk`; a run from group `lo` of the block reads `4 min(8,
-/// n - lo)` of them from `4 lo` on (the scales likewise, entries `g0 + lo ..`), and a masked load
-/// neither reads nor faults past its mask.
+/// whole laid-out rows of `cols` values for tokens `i .. i + N` and their `cols / GS` scales,
+/// and that the row's fields hold `cols` bytes and `cols / GS` entries. Then every read is in
+/// bounds: a block of `n` groups from group `g0` is bytes `GS g0 .. GS (g0 + n)` of the row and of
+/// each token's, vector `k` (of `GS / 4`) of it the `4n` bytes from `GS g0 + 4nk`; a run from group
+/// `lo` of the block reads `4 min(8, n - lo)` of them from `4 lo` on (the scales and corrections
+/// likewise, entries `g0 + lo ..`), and a masked load neither reads nor faults past its mask.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile<const GS: usize, const P: u8, const N: usize>(
-    w: &[u8],
-    ws: &[f32],
+    w: Row,
     acts: &ActsQ4,
     i: usize,
     out: &mut [f32],
 ) {
-    let cols = w.len();
+    let cols = w.w.len();
     let per = cols / GS;
-    let w_row = w.as_ptr();
+    let w_row = w.w.as_ptr();
     let x_row: [*const u8; N] =
         std::array::from_fn(|j| acts.x.as_ptr().add((i + j) * cols) as *const u8);
     let xs_row: [*const f32; N] = std::array::from_fn(|j| acts.scales.as_ptr().add((i + j) * per));
@@ -406,17 +478,20 @@ unsafe fn tile<const GS: usize, const P: u8, const N: usize>(
                 let at = block + 4 * LANES * h;
                 let wp = w_row.add(at);
                 let xp: [*const u8; N] = std::array::from_fn(|j| x_row[j].add(at));
-                let mut isum = [_mm256_setzero_si256(); N];
+                let g = g0 + LANES * h;
+                let c = _mm256_loadu_si256(w.corr.as_ptr().add(g) as *const __m256i);
+                let mut isum = [c; N];
+                let zero = _mm256_setzero_si256();
                 for k in 0..GS / 4 {
-                    let wv = _mm256_loadu_si256(wp.add(4 * GROUPS * k) as *const __m256i);
-                    let aw = _mm256_sign_epi8(wv, wv);
+                    let off = 4 * GROUPS * k;
+                    let wv = _mm256_loadu_si256(wp.add(off) as *const __m256i);
+                    let (aw, m) = (_mm256_abs_epi8(wv), _mm256_cmpgt_epi8(zero, wv));
                     for j in 0..N {
-                        let xv = _mm256_loadu_si256(xp[j].add(4 * GROUPS * k) as *const __m256i);
-                        isum[j] = dot4::<P>(isum[j], aw, _mm256_sign_epi8(xv, wv));
+                        let xv = _mm256_loadu_si256(xp[j].add(off) as *const __m256i);
+                        isum[j] = dot4::<P>(isum[j], aw, _mm256_xor_si256(xv, m));
                     }
                 }
-                let g = g0 + LANES * h;
-                let ws_g = _mm256_loadu_ps(ws.as_ptr().add(g));
+                let ws_g = _mm256_loadu_ps(w.scales.as_ptr().add(g));
                 for j in 0..N {
                     let xs_g = _mm256_loadu_ps(xs_row[j].add(g));
                     acc[j] = finish(acc[j], isum[j], xs_g, ws_g);
@@ -442,7 +517,7 @@ unsafe fn tile<const GS: usize, const P: u8, const N: usize>(
                     isum[j] = dot4::<P>(isum[j], aw, _mm256_sign_epi8(xv, wv));
                 }
             }
-            let ws_g = scales(ws.as_ptr().add(g0 + lo), m);
+            let ws_g = scales(w.scales.as_ptr().add(g0 + lo), m);
             for j in 0..N {
                 let xs_g = scales(xs_row[j].add(g0 + lo), m);
                 acc[j] = finish(acc[j], isum[j], xs_g, ws_g);
