@@ -116,11 +116,11 @@ fn an_encoder_that_copies_its_tower_at_the_first_image_encodes_the_same() {
 /// and the tower copies its own when it is built (Qwen3-VL-2B's q8 tower is 0.3 GB).
 #[test]
 fn the_text_models_kernel_copy_leaves_the_tower_out() {
-    use qwen3_inference::kernels::dot::interleaved::interleave_file;
+    use qwen3_inference::kernels::dot::interleaved::{interleave_file, Reorders};
     let dir = tempdir("qwen3-vision", "interleaved");
     let path = export_fixture(QWEN3_VL, &dir, DType::Q8, 32);
     let file = ModelFile::open(&path).unwrap();
-    let derived = interleave_file(&file, true, true).unwrap();
+    let derived = interleave_file(&file, Reorders::ALL).unwrap();
     let names: Vec<String> = file
         .header()
         .tensors

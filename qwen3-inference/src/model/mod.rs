@@ -23,7 +23,7 @@ pub use session::Session;
 
 use crate::format::view::TensorView;
 use crate::format::{DType, ModelConfig, ModelFile};
-use crate::kernels::dot::{dots, interleaved};
+use crate::kernels::dot::interleaved;
 use crate::kernels::KvType;
 use anyhow::{bail, Result};
 
@@ -164,16 +164,15 @@ impl<'a> Model<'a> {
     /// (every tensor present, with the shape the config implies and a dtype it allows; each
     /// tensor carries its own), so this only looks names up.
     pub fn load(file: &'a ModelFile) -> Result<Model<'a>> {
-        // On AVX-512 the q4, q6 and q8 matrices are read in the kernels' own order, made here
-        // once (kernels/dot/interleaved.rs); each view carries both orders. A GGUF file's Q8_0,
-        // Q5_0 and Q4_0 matrices are already a copy, made at open: in that order where the file
-        // was opened for the CPU's kernels (`format::Reader::Interleaved`), else in this format's
-        // (q8 then read as it is rather than copied twice).
-        let q8 = dots().q8_interleaved.is_some();
-        // GGUF's Q4_K and Q6_K matrices too (`kernels/dot/k_interleaved.rs`).
-        let k = dots().k_interleaved.is_some();
-        let interleaved = match dots().q4_layout.interleaves() || q8 || k {
-            true => Some(file.derived(|f| interleaved::interleave_file(f, q8, k))?),
+        // On AVX-512 the q4, q6 and q8 matrices, and GGUF's Q4_K and Q6_K, are read in the
+        // kernels' own order, made here once (kernels/dot/interleaved.rs,
+        // kernels/dot/k_interleaved.rs); each view carries both orders. A GGUF file's Q8_0, Q5_0
+        // and Q4_0 matrices are already a copy, made at open: in that order where the file was
+        // opened for the CPU's kernels (`format::Reader::Interleaved`), else in this format's (q8
+        // then read as it is rather than copied twice).
+        let reorders = interleaved::Reorders::of_this_cpu();
+        let interleaved = match reorders.any() {
+            true => Some(file.derived(|f| interleaved::interleave_file(f, reorders))?),
             false => None,
         };
         let model = Model::load_with(file, |name| {

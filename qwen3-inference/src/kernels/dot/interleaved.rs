@@ -82,9 +82,45 @@ enum Order {
     K(KQuant),
 }
 
-/// Every q4 and q6 matrix of `file` in groups of 32 where this CPU's q4 kernels read them
-/// interleaved (`Q4Layout::interleaves`), and, where `q8`, every q8 one in groups of
-/// 32 or 64; where `k`, every Q4_K and Q6_K one (`k_interleaved.rs`), interleaved, in one buffer
+/// Which dtypes' matrices a CPU's kernels read in an order of their own; each `false` keeps the
+/// file's order for that dtype. One value for the text model's copy ([`interleave_file`]) and
+/// the vision tower's ([`for_kernels`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Reorders {
+    /// q4 and q6 in groups of 32 (`Q4Layout::interleaves`).
+    pub q4: bool,
+    /// q8 in groups of 32 or 64 (`Dots::q8_interleaved`).
+    pub q8: bool,
+    /// GGUF's Q4_K and Q6_K (`Dots::k_interleaved`, `k_interleaved.rs`).
+    pub k: bool,
+}
+
+impl Reorders {
+    /// Every dtype that has an order of its own (tests: the copy's contents, whatever the CPU).
+    pub const ALL: Reorders = Reorders {
+        q4: true,
+        q8: true,
+        k: true,
+    };
+
+    /// What this CPU's kernels ([`dots`]) read reordered: AVX-512's all three, AVX2's none.
+    pub fn of_this_cpu() -> Reorders {
+        let d = dots();
+        Reorders {
+            q4: d.q4_layout.interleaves(),
+            q8: d.q8_interleaved.is_some(),
+            k: d.k_interleaved.is_some(),
+        }
+    }
+
+    /// Whether any dtype is reordered (else no copy is made at all).
+    pub fn any(self) -> bool {
+        self.q4 || self.q8 || self.k
+    }
+}
+
+/// Every q4 and q6 matrix of `file` in groups of 32 where `reorders.q4`, every q8 one in groups of
+/// 32 or 64 where `reorders.q8`, every Q4_K and Q6_K one where `reorders.k`, interleaved, in one buffer
 /// of huge pages (each at a multiple of 64 bytes, laid out as in the file: its values, then its
 /// scales), for [`ModelFile::derived`]. The rows are reordered in parallel; the file's bytes are
 /// read once.
@@ -92,7 +128,7 @@ enum Order {
 /// The embedding table is left out unless it is also the classifier (tied, in a model that
 /// generates): otherwise only its rows are looked up, in the file's order, and a copy would be
 /// memory for nothing (Qwen3-8B's untied q8 table: 622 MB). So is the vision tower.
-pub fn interleave_file(file: &ModelFile, q8: bool, k: bool) -> Result<Derived> {
+pub fn interleave_file(file: &ModelFile, reorders: Reorders) -> Result<Derived> {
     let embedding_is_classifier = file.config().classifier_is_embedding();
     let mut jobs = Vec::new();
     let (mut at, mut len) = (HashMap::new(), 0usize);
@@ -113,10 +149,12 @@ pub fn interleave_file(file: &ModelFile, q8: bool, k: bool) -> Result<Derived> {
         }
         // A GGUF's Q8_0 repacked at open for any reader (`Reader::Any`) is read in the file's
         // order rather than copied a second time.
-        let q8 = q8 && !file.is_repacked(&info.name);
+        let reorders = Reorders {
+            q8: reorders.q8 && !file.is_repacked(&info.name),
+            ..reorders
+        };
         // The values' bytes (the tensor's first ones) and their order.
-        let q4 = dots().q4_layout.interleaves();
-        let Some((values, order)) = order_of(&t.data, q4, q8, k) else {
+        let Some((values, order)) = order_of(&t.data, reorders) else {
             continue;
         };
         let cols = *t.shape.last().context("a matrix without a shape")? as usize;
@@ -153,10 +191,10 @@ pub fn interleave_file(file: &ModelFile, q8: bool, k: bool) -> Result<Derived> {
 }
 
 /// The order `data`'s values take for the kernels, and how many bytes they are (a tensor's
-/// first ones, before its scales); `None` where its dtype and group size keep the file's order:
-/// q4 and q6 in groups of 32 where `q4`, q8 in groups of 32 or 64 where `q8`, Q4_K and Q6_K where
-/// `k`.
-fn order_of(data: &TensorData, q4: bool, q8: bool, k: bool) -> Option<(usize, Order)> {
+/// first ones, before its scales); `None` where its dtype and group size keep the file's order
+/// or `reorders` keeps it.
+fn order_of(data: &TensorData, reorders: Reorders) -> Option<(usize, Order)> {
+    let Reorders { q4, q8, k } = reorders;
     Some(match (data.dtype(), data.group_size()) {
         (DType::Q4, Some(gs)) if q4 && interleaves(gs) => (data.q4().packed.len(), Order::Q4),
         (DType::Q6, Some(gs)) if q4 && interleaves(gs) => (data.q6().packed.len(), Order::Q6),
@@ -193,13 +231,8 @@ fn reorder(order: Order, src: &[u8], cols: usize, dst: &mut [u8]) {
 /// Q6_K); `None` where they read the file's. For a matrix that outlives the file (the vision
 /// tower's), as [`interleave_file`] does for the text model's.
 pub fn for_kernels(data: &TensorData, cols: usize) -> Option<OwnedTensorData> {
-    let d = dots();
-    let (q4, q8, k) = (
-        d.q4_layout.interleaves(),
-        d.q8_interleaved.is_some(),
-        d.k_interleaved.is_some(),
-    );
-    let (_, order) = order_of(data, q4, q8, k)?;
+    let (_, order) = order_of(data, Reorders::of_this_cpu())?;
+    // The scales copied as they are; the values written over in the kernels' order.
     let mut copy = data.to_owned_data();
     reorder(order, data.value_bytes(), cols, copy.values_mut());
     Some(copy)
@@ -379,7 +412,7 @@ mod tests {
             c.tie_word_embeddings = tied;
             crate::testing::model::write_random_config(&path, &c);
             let file = ModelFile::open(&path).unwrap();
-            let derived = interleave_file(&file, true, true).unwrap();
+            let derived = interleave_file(&file, Reorders::ALL).unwrap();
             let has = |name: &str| derived.get(name).is_some();
             assert_eq!(has("model.embed_tokens.weight"), tied, "tied: {tied}");
             assert_eq!(has("lm_head.weight"), !tied, "tied: {tied}");
