@@ -22,6 +22,7 @@ use super::exp::exp;
 use super::lanes::{sum_of_squares, LANES};
 use super::madd;
 use super::team::Team;
+use super::tile::{self, row_blocks};
 use rayon::prelude::*;
 use std::sync::{Mutex, PoisonError};
 
@@ -198,12 +199,12 @@ vectorized! {
 }
 
 /// `c[m, n] = a[m, kk] b[kk, n]`, or `c += a b` with `add`, all row-major: the small products
-/// of the chunked form. Tiles of 4 rows by [`LANES`] columns are summed in registers over the
-/// whole of `kk`, so each value of `b` loaded serves four rows (a row at a time, as `axpy`s,
-/// the loop waits on loads and stores instead of multiplying); each step `madd::<F>`, one
-/// fused multiply-add in the AVX2 and AVX-512 versions (`KERNELS_BENCH=delta`, one layer of
-/// Qwen3.5-0.8B's shape over 2048 tokens, Zen 4 VM: 154-163 to 127-138 ms with AVX2's, 138-145
-/// to 131-135 with AVX-512's).
+/// of the chunked form. Register tiles of 6 rows by [`LANES`] columns (`tile.rs`) are
+/// summed over the whole of `kk`, so each value of `b` loaded serves all the tile's rows (a row
+/// at a time, as `axpy`s, the loop waits on loads and stores instead of multiplying); each step
+/// `madd::<F>`, one fused multiply-add in the AVX2 and AVX-512 versions (`KERNELS_BENCH=delta`,
+/// one layer of Qwen3.5-0.8B's shape over 2048 tokens, Zen 4 VM: 154-163 to 127-138 ms with
+/// AVX2's, 138-145 to 131-135 with AVX-512's; tiles of 6 rows instead of 4 left it level).
 #[inline(always)]
 fn gemm<const F: bool>(
     c: &mut [f32],
@@ -212,49 +213,33 @@ fn gemm<const F: bool>(
     (m, kk, n): (usize, usize, usize),
     add: bool,
 ) {
-    const R: usize = 4;
-    for i in (0..m).step_by(R) {
-        let rows = R.min(m - i);
+    for (i, rows) in row_blocks(m) {
+        let arows: [&[f32]; tile::ROWS] = std::array::from_fn(|r| match r < rows {
+            true => &a[(i + r) * kk..][..kk],
+            false => &[],
+        });
         for j in (0..n).step_by(LANES) {
             let cols = LANES.min(n - j);
-            let mut acc = [[0f32; LANES]; R];
-            if rows == R && cols == LANES {
-                // The whole tile: fixed sizes, so the 4 x LANES sums stay in registers.
-                // Over iterators, not indices (a step's bound checks and reloads cost as much
-                // as its vector operations: `frame_attention.rs`).
-                let [a0, a1, a2, a3] = [0, 1, 2, 3].map(|r| &a[(i + r) * kk..][..kk]);
-                // Row p of b from column j starts `n` values after row p - 1's.
-                let brows = b[j..].chunks(n);
-                // Four named rows of sums: as a [4][LANES] array, the fused multiply-adds were
-                // left as scalars on the stack (9 times slower).
-                let (mut c0, mut c1, mut c2, mut c3) =
-                    ([0f32; LANES], [0f32; LANES], [0f32; LANES], [0f32; LANES]);
-                for ((((&x0, &x1), &x2), &x3), brow) in a0.iter().zip(a1).zip(a2).zip(a3).zip(brows)
-                {
-                    let brow: &[f32; LANES] = brow[..LANES].try_into().unwrap();
-                    for l in 0..LANES {
-                        c0[l] = madd::<F>(x0, brow[l], c0[l]);
-                        c1[l] = madd::<F>(x1, brow[l], c1[l]);
-                        c2[l] = madd::<F>(x2, brow[l], c2[l]);
-                        c3[l] = madd::<F>(x3, brow[l], c3[l]);
-                    }
+            let mut put = |r: usize, sums: &[f32]| {
+                let crow = &mut c[(i + r) * n + j..][..cols];
+                for (x, &y) in crow.iter_mut().zip(sums) {
+                    *x = if add { *x + y } else { y };
                 }
-                acc = [c0, c1, c2, c3];
+            };
+            if cols == LANES {
+                // The whole tile, in registers; row p of b from column j starts `n` values
+                // after row p - 1's.
+                tile::tile::<LANES, F>(&arows[..rows], &b[j..], n, |r, sums| put(r, sums));
             } else {
-                for p in 0..kk {
-                    let brow = &b[p * n + j..][..cols];
-                    for r in 0..rows {
-                        let av = a[(i + r) * kk + p];
-                        for l in 0..cols {
-                            acc[r][l] = madd::<F>(av, brow[l], acc[r][l]);
+                for (r, arow) in arows[..rows].iter().enumerate() {
+                    let mut acc = [0f32; LANES];
+                    for (p, &av) in arow.iter().enumerate() {
+                        let brow = &b[p * n + j..][..cols];
+                        for (x, &bv) in acc.iter_mut().zip(brow) {
+                            *x = madd::<F>(av, bv, *x);
                         }
                     }
-                }
-            }
-            for (r, acc) in acc.iter().enumerate().take(rows) {
-                let crow = &mut c[(i + r) * n + j..][..cols];
-                for (x, &y) in crow.iter_mut().zip(acc) {
-                    *x = if add { *x + y } else { y };
+                    put(r, &acc);
                 }
             }
         }

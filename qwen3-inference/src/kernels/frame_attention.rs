@@ -8,33 +8,34 @@
 //! The decoder's attention kernels read one query against a cache; here every product is a
 //! small matrix product whose inner dimension (hd, 64 or 72) is short, where the matmul kernels'
 //! dot products spend as much time adding up their lanes as multiplying. So the products are
-//! written the other way round, each a sum of rows scaled by a number (`acc += a * row`), four
-//! query rows at a time and 16 or 32 columns at a time ([`lanes`]), in plain loops that
-//! `vectorized!` compiles per instruction set, each step one fused multiply-add where the set has
-//! one (the baseline x86 multiplies, then adds): the four rows' partial sums stay in registers
-//! while a row of k^T (or of v) streams past once for all four, the keys in chunks that stay in
-//! cache while a task's query rows go over them. The heads and blocks of query rows run on all
-//! threads.
+//! written the other way round, each a sum of rows scaled by a number (`acc += a * row`): a
+//! register tile (`tile.rs`) of 6 query rows by 16 or 32
+//! columns ([`lanes`]), in plain loops that `vectorized!` compiles per instruction set, each
+//! step one fused multiply-add where the set has one (the baseline x86 multiplies, then adds):
+//! the rows' partial sums stay in registers while a row of k^T (or of v) streams past once for
+//! all of them, the keys in chunks that stay in cache while a task's query rows go over them.
+//! The heads and blocks of query rows run on all threads.
 
-use super::exp::exp;
+use super::exp::exp_with;
 use super::lanes::sum;
 use super::madd;
+use super::tile::{self, row_blocks};
 use rayon::prelude::*;
 use std::ops::Range;
 
-/// Query rows computed together: their accumulators share each load of k^T and v (the blocks'
-/// loops name four accumulators).
-const ROWS: usize = 4;
-const _: () = assert!(ROWS == 4);
+/// Query rows computed together, at most: their sums share each load of k^T and v (`tile.rs`).
+const MAX_ROWS: usize = tile::ROWS;
+
 /// Columns of a block of accumulators: one AVX-512 register a row, two AVX2 ones (measured best
-/// of 8, 16, 32 and 64 columns by 2, 4, 6 and 8 rows on Zen 4).
+/// of 8, 16, 32 and 64 columns by 2, 4, 6 and 8 rows on Zen 4, with separate multiplies and
+/// adds; with fused ones, AVX2's 6 rows by 16 columns ran 8-10% faster than 4 by 16).
 const LANES: usize = 16;
 /// Columns of a block with AVX-512 ([`lanes`]): two registers a row, eight sums in flight.
 const WIDE: usize = 32;
 
 /// The columns of a block for the kernels' instruction set. Each multiply-add waits on the one
-/// before it into the same accumulator, so a block of 16 columns keeps eight chains going with
-/// AVX2 (two registers a row) and four with AVX-512. Zen 4 runs a 512-bit operation as two
+/// before it into the same accumulator, so a block of 16 columns by 4 rows keeps eight chains
+/// going with AVX2 (two registers a row) and four with AVX-512. Zen 4 runs a 512-bit operation as two
 /// halves, and four kept it as busy as more (16 columns measured best there, with separate
 /// multiplies and adds); Zen 5 runs two whole ones a cycle, and with 32 columns, eight chains,
 /// its scores and weighted sums ran about 1.4 times as fast (measured: docs/vision.md,
@@ -46,8 +47,10 @@ fn lanes() -> usize {
     }
     LANES
 }
-/// Query rows of one rayon task: they share each pass of k^T and v through the cache.
-const TASK_ROWS: usize = 32;
+/// Query rows of one rayon task: they share each pass of k^T and v through the cache. A multiple
+/// of a tile's rows (6), so that only an image's last task has a ragged block; its
+/// scores, 48 rows of 3072 keys, are 576 KiB, within a Zen 4 or Zen 5 core's 1 MiB L2.
+const TASK_ROWS: usize = 48;
 /// Keys a pass covers: a chunk of k^T (`[hd, KEYS]`) and of v (`[KEYS, hd]`), 128 KiB each at
 /// hd 64, stays in the core's cache while the task's rows go over it. Without chunks a large
 /// image's k^T and v (3 MiB a head at 3072 patches) came from memory for every four rows.
@@ -152,8 +155,8 @@ pub fn frame_attention(
 
 /// A task's query rows `q` ([r, hd]) of one head against its `kt` ([hd, n], rows `ld` apart) and
 /// `v` ([n, hd]):
-/// scores key chunk by key chunk, softmax, output into `o` ([r, hd], zeros) chunk by chunk,
-/// [`ROWS`] query rows at a time.
+/// scores key chunk by key chunk, softmax, output into `o` ([r, hd], zeros) chunk by chunk, the
+/// rows in blocks of [`rows`] (`tile::row_blocks`).
 #[allow(clippy::too_many_arguments)]
 fn task(
     q: &[f32],
@@ -166,9 +169,11 @@ fn task(
     hd: usize,
     scale: f32,
 ) {
+    let blocks = || row_blocks(q.len() / hd);
     for j0 in (0..n).step_by(KEYS) {
         let keys = j0..KEYS.min(n - j0) + j0;
-        for (qb, sb) in q.chunks(ROWS * hd).zip(scores.chunks_mut(ROWS * n)) {
+        for (i, r) in blocks() {
+            let (qb, sb) = (&q[i * hd..][..r * hd], &mut scores[i * n..][..r * n]);
             scores_rows(qb, kt, ld, sb, n, hd, scale, keys.clone());
         }
     }
@@ -177,15 +182,16 @@ fn task(
     }
     for j0 in (0..n).step_by(KEYS) {
         let keys = j0..KEYS.min(n - j0) + j0;
-        for (pb, ob) in scores.chunks(ROWS * n).zip(o.chunks_mut(ROWS * hd)) {
+        for (i, r) in blocks() {
+            let (pb, ob) = (&scores[i * n..][..r * n], &mut o[i * hd..][..r * hd]);
             weighted_rows(pb, v, ob, n, hd, keys.clone());
         }
     }
 }
 
-vectorized! { fused<F>
-    /// `scores[i][j] = scale * sum_c q[i][c] kt[c][j]` for the block's rows i (up to [`ROWS`])
-    /// and `keys`, in column blocks of [`lanes`] values.
+vectorized! { fused<F, W>
+    /// `scores[i][j] = scale * sum_c q[i][c] kt[c][j]` for the block's rows i (up to
+    /// [`MAX_ROWS`]) and `keys`, in column blocks of [`lanes`] values.
     #[allow(clippy::too_many_arguments)]
     fn scores_rows(
         q: &[f32],
@@ -198,18 +204,22 @@ vectorized! { fused<F>
         keys: Range<usize>,
     ) {
         // Wide blocks as far as they go whole, then the narrow ones: the edge of a chunk
-        // stays on the fast path wherever 16 columns are left.
-        let mid = match lanes() {
-            WIDE => keys.start + (keys.end - keys.start) / WIDE * WIDE,
-            _ => keys.start,
+        // stays on the fast path wherever 16 columns are left. Only the AVX-512 version (`W`)
+        // has the wide blocks at all.
+        let mid = match W && lanes() == WIDE {
+            true => keys.start + (keys.end - keys.start) / WIDE * WIDE,
+            false => keys.start,
         };
-        scores_cols::<WIDE, F>(q, kt, ld, scores, n, hd, scale, keys.start..mid);
+        if W {
+            scores_cols::<WIDE, F>(q, kt, ld, scores, n, hd, scale, keys.start..mid);
+        }
         scores_cols::<LANES, F>(q, kt, ld, scores, n, hd, scale, mid..keys.end);
     }
 }
 
-/// [`scores_rows`] in column blocks of `L`, each row's accumulators in registers while `kt`'s
-/// rows (`ld` values apart) stream past, each step `madd::<F>`. Inlined into each instruction
+/// [`scores_rows`] in column blocks of `L`: a whole block is one register tile
+/// ([`tile::tile`]: the block's query rows against `kt`'s rows, `ld` values apart); a ragged
+/// one at the end of the keys is summed the same way in a loop. Inlined into each instruction
 /// set's version.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -224,34 +234,22 @@ fn scores_cols<const L: usize, const F: bool>(
     keys: Range<usize>,
 ) {
     let r = q.len() / hd;
+    let qrows: [&[f32]; MAX_ROWS] = std::array::from_fn(|i| match i < r {
+        true => &q[i * hd..][..hd],
+        false => &[],
+    });
     let mut j0 = keys.start;
     while j0 < keys.end {
         let w = L.min(keys.end - j0);
-        let mut acc = [[0f32; L]; ROWS];
-        if r == ROWS && w == L {
-            // The whole block: four named accumulators of fixed length, which the compiler
-            // keeps in registers (an array of them it kept on the stack, each update a store
-            // and a load: measured 4 times slower). The loop runs over iterators, not indices:
-            // indexed, each step checked its four query values' and k^T's bounds and reloaded
-            // the rows' addresses from the stack, as many instructions again as its sixteen
-            // vector operations (AVX2: docs/vision.md, "Speed beside llama.cpp").
-            let (mut a0, mut a1, mut a2, mut a3) = ([0f32; L], [0f32; L], [0f32; L], [0f32; L]);
-            let (q0, rest) = q.split_at(hd);
-            let (q1, rest) = rest.split_at(hd);
-            let (q2, q3) = rest.split_at(hd);
-            // Row c of k^T from column j0 starts `ld` values after row c - 1's.
-            let krows = kt[j0..].chunks(ld);
-            for ((((&q0, &q1), &q2), &q3), krow) in q0.iter().zip(q1).zip(q2).zip(q3).zip(krows) {
-                let krow: &[f32; L] = krow[..L].try_into().unwrap();
-                for l in 0..L {
-                    a0[l] = madd::<F>(q0, krow[l], a0[l]);
-                    a1[l] = madd::<F>(q1, krow[l], a1[l]);
-                    a2[l] = madd::<F>(q2, krow[l], a2[l]);
-                    a3[l] = madd::<F>(q3, krow[l], a3[l]);
-                }
+        let mut put = |i: usize, sums: &[f32]| {
+            for (s, &x) in scores[i * n + j0..][..w].iter_mut().zip(sums) {
+                *s = x * scale;
             }
-            acc = [a0, a1, a2, a3];
+        };
+        if w == L {
+            tile::tile::<L, F>(&qrows[..r], &kt[j0..], ld, |i, sums| put(i, sums));
         } else {
+            let mut acc = [[0f32; L]; MAX_ROWS];
             for c in 0..hd {
                 let krow = &kt[c * ld + j0..][..w];
                 for (i, a) in acc.iter_mut().enumerate().take(r) {
@@ -261,10 +259,8 @@ fn scores_cols<const L: usize, const F: bool>(
                     }
                 }
             }
-        }
-        for (i, a) in acc.iter().enumerate().take(r) {
-            for (s, &x) in scores[i * n + j0..][..w].iter_mut().zip(a) {
-                *s = x * scale;
+            for (i, a) in acc.iter().enumerate().take(r) {
+                put(i, a);
             }
         }
         j0 += w;
@@ -277,13 +273,14 @@ fn scores_cols<const L: usize, const F: bool>(
 /// output by at most `n * 1e-20` of the largest value of v: nothing an f32 can hold.
 const NEGLIGIBLE: f32 = 1e-20;
 
-vectorized! {
+vectorized! { fused<F>
     /// A row of scores into probabilities: `e^(s - max) / sum`, the sum in lanes, the
-    /// negligible ones 0.
+    /// negligible ones 0. The exponential's multiply-adds fused where `F` (`exp_with`): the
+    /// softmax was a sixth of the attention's time (AVX2, 3072 patches).
     fn softmax(row: &mut [f32]) {
         let max = row.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
         for s in row.iter_mut() {
-            *s = exp(*s - max);
+            *s = exp_with::<F>(*s - max);
         }
         let inv = 1.0 / sum(row);
         for s in row.iter_mut() {
@@ -293,8 +290,8 @@ vectorized! {
     }
 }
 
-vectorized! { fused<F>
-    /// `o[i][c] += sum_j p[i][j] v[j][c]` for the block's rows i (up to [`ROWS`]) and keys
+vectorized! { fused<F, W>
+    /// `o[i][c] += sum_j p[i][j] v[j][c]` for the block's rows i (up to [`MAX_ROWS`]) and keys
     /// `keys`, in column blocks of [`lanes`] values of the head.
     fn weighted_rows(
         p: &[f32],
@@ -305,18 +302,21 @@ vectorized! { fused<F>
         keys: Range<usize>,
     ) {
         // As in `scores_rows`: wide blocks of the head's columns, then narrow ones.
-        let mid = match lanes() {
-            WIDE => hd / WIDE * WIDE,
-            _ => 0,
+        let mid = match W && lanes() == WIDE {
+            true => hd / WIDE * WIDE,
+            false => 0,
         };
-        weighted_cols::<WIDE, F>(p, v, o, n, hd, 0..mid, keys.clone());
+        if W {
+            weighted_cols::<WIDE, F>(p, v, o, n, hd, 0..mid, keys.clone());
+        }
         weighted_cols::<LANES, F>(p, v, o, n, hd, mid..hd, keys);
     }
 }
 
-/// [`weighted_rows`] for the head's columns `cols`, in blocks of `L`, each row's accumulators in
-/// registers while `v`'s rows stream past, each step `madd::<F>`. Inlined into each instruction
-/// set's version.
+/// [`weighted_rows`] for the head's columns `cols`, in blocks of `L`: a whole block is one
+/// register tile ([`tile::tile`]: the block's rows of probabilities over `keys` against `v`'s
+/// rows); a ragged one at the end of the head is summed the same way in a loop. Inlined into
+/// each instruction set's version.
 #[inline(always)]
 fn weighted_cols<const L: usize, const F: bool>(
     p: &[f32],
@@ -328,27 +328,24 @@ fn weighted_cols<const L: usize, const F: bool>(
     keys: Range<usize>,
 ) {
     let r = p.len() / n;
+    let prows: [&[f32]; MAX_ROWS] = std::array::from_fn(|i| match i < r {
+        true => &p[i * n..][keys.clone()],
+        false => &[],
+    });
     let mut c0 = cols.start;
     while c0 < cols.end {
         let w = L.min(cols.end - c0);
-        let mut acc = [[0f32; L]; ROWS];
-        if r == ROWS && w == L {
-            // Over iterators, as in `scores_cols`.
-            let (mut a0, mut a1, mut a2, mut a3) = ([0f32; L], [0f32; L], [0f32; L], [0f32; L]);
-            let [p0, p1, p2, p3] = [0, 1, 2, 3].map(|i| &p[i * n..][keys.clone()]);
-            // Row j of v from column c0 starts `hd` values after row j - 1's.
-            let vrows = v[keys.start * hd + c0..].chunks(hd);
-            for ((((&p0, &p1), &p2), &p3), vrow) in p0.iter().zip(p1).zip(p2).zip(p3).zip(vrows) {
-                let vrow: &[f32; L] = vrow[..L].try_into().unwrap();
-                for l in 0..L {
-                    a0[l] = madd::<F>(p0, vrow[l], a0[l]);
-                    a1[l] = madd::<F>(p1, vrow[l], a1[l]);
-                    a2[l] = madd::<F>(p2, vrow[l], a2[l]);
-                    a3[l] = madd::<F>(p3, vrow[l], a3[l]);
-                }
+        let mut put = |i: usize, sums: &[f32]| {
+            for (x, &y) in o[i * hd + c0..][..w].iter_mut().zip(sums) {
+                *x += y;
             }
-            acc = [a0, a1, a2, a3];
+        };
+        if w == L {
+            // Row j of v from column c0 starts `hd` values after row j - 1's.
+            let b = &v[keys.start * hd + c0..];
+            tile::tile::<L, F>(&prows[..r], b, hd, |i, sums| put(i, sums));
         } else {
+            let mut acc = [[0f32; L]; MAX_ROWS];
             for j in keys.clone() {
                 let vrow = &v[j * hd + c0..][..w];
                 for (i, a) in acc.iter_mut().enumerate().take(r) {
@@ -358,10 +355,8 @@ fn weighted_cols<const L: usize, const F: bool>(
                     }
                 }
             }
-        }
-        for (i, a) in acc.iter().enumerate().take(r) {
-            for (x, &y) in o[i * hd + c0..][..w].iter_mut().zip(a) {
-                *x += y;
+            for (i, a) in acc.iter().enumerate().take(r) {
+                put(i, a);
             }
         }
         c0 += w;

@@ -65,19 +65,25 @@ macro_rules! vectorized {
     // library call), so the baseline x86 version multiplies, then adds: its bits differ from the
     // others' by the rounding of each product.
     (fused<$f:ident> $(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        vectorized! { fused<$f, _W> $(#[$attr])* $vis fn $name($($arg: $ty),*) $body }
+    };
+    // `fused<F, W>`: also a `const W: bool`, true in the AVX-512 version only, for a body whose
+    // wider blocks only that version's 32 registers of 16 values hold (frame_attention.rs): with
+    // `if W`, the other versions leave those blocks out of the binary.
+    (fused<$f:ident, $w:ident> $(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         $(#[$attr])*
         $vis fn $name($($arg: $ty),*) {
             #[inline(always)]
-            fn body<const $f: bool>($($arg: $ty),*) $body
+            fn body<const $f: bool, const $w: bool>($($arg: $ty),*) $body
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx512f,fma")]
             unsafe fn avx512($($arg: $ty),*) {
-                body::<true>($($arg),*)
+                body::<true, true>($($arg),*)
             }
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx2,fma")]
             unsafe fn avx2($($arg: $ty),*) {
-                body::<true>($($arg),*)
+                body::<true, false>($($arg),*)
             }
             match $crate::kernels::vector_isa() {
                 #[cfg(target_arch = "x86_64")]
@@ -88,7 +94,7 @@ macro_rules! vectorized {
                 // SAFETY: only chosen when the CPU has AVX2 and FMA (`has_avx2`).
                 $crate::kernels::VectorIsa::Avx2 => unsafe { avx2($($arg),*) },
                 $crate::kernels::VectorIsa::Baseline => {
-                    body::<{ $crate::kernels::BASELINE_FUSES }>($($arg),*)
+                    body::<{ $crate::kernels::BASELINE_FUSES }, false>($($arg),*)
                 }
             }
         }
@@ -125,6 +131,7 @@ mod rmsnorm;
 mod rope;
 pub(crate) mod team;
 pub mod textbook;
+mod tile;
 
 pub use attention::{attention, AttentionShape, KvType};
 pub use elementwise::{add, silu_mul};
