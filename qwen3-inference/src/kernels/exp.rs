@@ -15,9 +15,9 @@ pub fn exp(x: f32) -> f32 {
     exp_with::<false>(x)
 }
 
-/// [`exp`] with its multiply-adds fused where `F` ([`madd`]): for the kernels `vectorized!`
-/// compiles `fused<F>` (the vision tower's softmax), about half the instructions. `exp_with::<false>`
-/// is [`exp`], bit for bit.
+/// [`exp`] with its multiply-adds fused where `F` (`madd`): for the kernels `vectorized!`
+/// compiles `fused<F>` (the vision tower's softmax), about half the instructions.
+/// `exp_with::<false>` is [`exp`], bit for bit.
 #[inline(always)]
 pub fn exp_with<const F: bool>(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;

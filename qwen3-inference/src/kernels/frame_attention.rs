@@ -9,9 +9,9 @@
 //! small matrix product whose inner dimension (hd, 64 or 72) is short, where the matmul kernels'
 //! dot products spend as much time adding up their lanes as multiplying. So the products are
 //! written the other way round, each a sum of rows scaled by a number (`acc += a * row`): a
-//! register tile (`tile.rs`) of 6 query rows by 16 or 32
-//! columns ([`lanes`]), in plain loops that `vectorized!` compiles per instruction set, each
-//! step one fused multiply-add where the set has one (the baseline x86 multiplies, then adds):
+//! register tile (`tile.rs`) of 6 query rows by 16 or 32 columns ([`lanes`]), in plain loops
+//! that `vectorized!` compiles per instruction set, each step one fused multiply-add where the
+//! set has one (the baseline x86 multiplies, then adds):
 //! the rows' partial sums stay in registers while a row of k^T (or of v) streams past once for
 //! all of them, the keys in chunks that stay in cache while a task's query rows go over them.
 //! The heads and blocks of query rows run on all threads.
@@ -30,16 +30,17 @@ const MAX_ROWS: usize = tile::ROWS;
 /// of 8, 16, 32 and 64 columns by 2, 4, 6 and 8 rows on Zen 4, with separate multiplies and
 /// adds; with fused ones, AVX2's 6 rows by 16 columns ran 8-10% faster than 4 by 16).
 const LANES: usize = 16;
-/// Columns of a block with AVX-512 ([`lanes`]): two registers a row, eight sums in flight.
+/// Columns of a block with AVX-512 ([`lanes`]): two registers a row, twelve sums in flight.
 const WIDE: usize = 32;
 
 /// The columns of a block for the kernels' instruction set. Each multiply-add waits on the one
-/// before it into the same accumulator, so a block of 16 columns by 4 rows keeps eight chains
-/// going with AVX2 (two registers a row) and four with AVX-512. Zen 4 runs a 512-bit operation as two
-/// halves, and four kept it as busy as more (16 columns measured best there, with separate
-/// multiplies and adds); Zen 5 runs two whole ones a cycle, and with 32 columns, eight chains,
-/// its scores and weighted sums ran about 1.4 times as fast (measured: docs/vision.md,
-/// "Attention"). Every lane's sum is the same whatever the width, so the bits are too.
+/// before it into the same accumulator: with the tiles of 4 rows these kernels had, a block of
+/// 16 columns kept eight chains going with AVX2 (two registers a row) and four with AVX-512.
+/// Zen 4 runs a 512-bit operation as two halves, and four kept it as busy as more (16 columns
+/// measured best there, with separate multiplies and adds); Zen 5 runs two whole ones a cycle,
+/// and with 32 columns, eight chains, its scores and weighted sums ran about 1.4 times as fast
+/// (measured: docs/vision.md, "Attention"). With 6 rows: twelve chains with AVX2 at 16 columns
+/// and with AVX-512 at 32. Every lane's sum is the same whatever the width, so the bits are too.
 fn lanes() -> usize {
     #[cfg(target_arch = "x86_64")]
     if super::vector_isa() == super::VectorIsa::Avx512 {
@@ -48,12 +49,12 @@ fn lanes() -> usize {
     LANES
 }
 /// Query rows of one rayon task: they share each pass of k^T and v through the cache. A multiple
-/// of a tile's rows (6), so that only an image's last task has a ragged block; its
-/// scores, 48 rows of 3072 keys, are 576 KiB, within a Zen 4 or Zen 5 core's 1 MiB L2.
+/// of a tile's rows (6), so that only an image's last task has a ragged block; its scores, 48
+/// rows of 3072 keys, are 576 KiB, within a Zen 4 or Zen 5 core's 1 MiB L2.
 const TASK_ROWS: usize = 48;
 /// Keys a pass covers: a chunk of k^T (`[hd, KEYS]`) and of v (`[KEYS, hd]`), 128 KiB each at
 /// hd 64, stays in the core's cache while the task's rows go over it. Without chunks a large
-/// image's k^T and v (3 MiB a head at 3072 patches) came from memory for every four rows.
+/// image's k^T and v (3 MiB a head at 3072 patches) came from memory for every tile of rows.
 const KEYS: usize = 512;
 
 /// The distance between rows of a head's k^T, in values: `n` rounded up to whole 64-byte lines,
@@ -156,7 +157,7 @@ pub fn frame_attention(
 /// A task's query rows `q` ([r, hd]) of one head against its `kt` ([hd, n], rows `ld` apart) and
 /// `v` ([n, hd]):
 /// scores key chunk by key chunk, softmax, output into `o` ([r, hd], zeros) chunk by chunk, the
-/// rows in blocks of [`rows`] (`tile::row_blocks`).
+/// rows in blocks of [`MAX_ROWS`] (`tile::row_blocks`).
 #[allow(clippy::too_many_arguments)]
 fn task(
     q: &[f32],
@@ -368,7 +369,7 @@ mod tests {
     use super::*;
 
     /// Against the textbook form in f64, in every instruction set's version (fused or not), on
-    /// sizes with ragged edges (rows not a multiple of 4 or of a task, columns not of `LANES`, a
+    /// sizes with ragged edges (rows not a multiple of 6 or of a task, columns not of `LANES`, a
     /// head of 72 as Qwen3.5's tower has).
     #[test]
     fn matches_the_textbook_form() {
@@ -440,37 +441,74 @@ mod tests {
         }
     }
 
-    /// Every instruction set's version of a block that fuses its multiply-adds gives the same
-    /// bits (the baseline x86 one, which does not, is held to the textbook form above).
+    /// Every instruction set's version that fuses its multiply-adds gives, bit for bit, what the
+    /// same steps give written out one value at a time: each score one chain of multiply-adds
+    /// over the head's dimensions, the softmax as `softmax` writes it, each output one chain over
+    /// a chunk's keys added chunk by chunk. So the tiles' shapes (6 rows, 16 or 32 columns, the
+    /// ragged rests) change no bit, on any machine, with one fused version or several. Sizes
+    /// that reach each path: 10 rows (a tile and a rest of 4), 530 keys (a whole chunk of 512 in
+    /// 32-column blocks, then 16 and a ragged 2), heads of 72 (64 and a ragged 8) and 48 (32 and
+    /// 16).
     #[test]
-    fn every_fused_isa_gives_the_same_bits() {
+    fn every_fused_isa_gives_the_bits_of_the_written_out_steps() {
         use super::super::{tests::FORCED_ISA, VectorIsa};
-        let (n, hd) = (45, 72);
-        let x: Vec<f32> = (0..n * hd)
-            .map(|i| ((i * 31 % 101) as f32 - 50.0) / 40.0)
-            .collect();
-        let ld = kt_stride(n);
-        let mut kt = vec![0f32; hd * ld];
-        for j in 0..n {
-            for c in 0..hd {
-                kt[c * ld + j] = x[j * hd + c];
-            }
-        }
-        let run = |isa: VectorIsa| {
-            FORCED_ISA.set(Some(isa));
-            let (mut scores, mut o) = (vec![0f32; 7 * n], vec![0f32; 7 * hd]);
-            task(&x[..7 * hd], &kt, ld, &x, &mut scores, &mut o, n, hd, 0.125);
-            FORCED_ISA.set(None);
-            o.iter().map(|f| f.to_bits()).collect::<Vec<u32>>()
-        };
         let fused = |isa: &VectorIsa| *isa != VectorIsa::Baseline || super::super::BASELINE_FUSES;
-        let mut isas = VectorIsa::ALL
+        let isas: Vec<VectorIsa> = VectorIsa::ALL
             .iter()
-            .filter(|isa| isa.supported() && fused(isa));
-        let first = *isas.next().expect("a fused version");
-        let want = run(first);
-        for &isa in isas {
-            assert_eq!(run(isa), want, "{isa:?} against {first:?}");
+            .copied()
+            .filter(|isa| isa.supported() && fused(isa))
+            .collect();
+        if isas.is_empty() {
+            eprintln!("skipped: no instruction set here fuses multiply-adds (x86 without AVX2)");
+            return;
+        }
+        let rows = 10;
+        for (n, hd) in [(530, 72), (61, 48)] {
+            let x: Vec<f32> = (0..n * hd)
+                .map(|i| ((i * 31 % 101) as f32 - 50.0) / 40.0)
+                .collect();
+            let ld = kt_stride(n);
+            let mut kt = vec![0f32; hd * ld];
+            for j in 0..n {
+                for c in 0..hd {
+                    kt[c * ld + j] = x[j * hd + c];
+                }
+            }
+            let (q, v, scale) = (&x[..rows * hd], &x, 0.125);
+            let mut want = vec![0f32; rows * hd];
+            for (i, o) in want.chunks_exact_mut(hd).enumerate() {
+                let mut p: Vec<f32> = (0..n)
+                    .map(|j| {
+                        let dot = (0..hd)
+                            .fold(0f32, |a, c| madd::<true>(q[i * hd + c], kt[c * ld + j], a));
+                        dot * scale
+                    })
+                    .collect();
+                let max = p.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+                p.iter_mut().for_each(|s| *s = exp_with::<true>(*s - max));
+                let inv = 1.0 / sum(&p);
+                p.iter_mut()
+                    .for_each(|s| *s = if *s * inv < NEGLIGIBLE { 0.0 } else { *s * inv });
+                for j0 in (0..n).step_by(KEYS) {
+                    for (c, o) in o.iter_mut().enumerate() {
+                        let keys = j0..KEYS.min(n - j0) + j0;
+                        *o += keys.fold(0f32, |a, j| madd::<true>(p[j], v[j * hd + c], a));
+                    }
+                }
+            }
+            for &isa in &isas {
+                FORCED_ISA.set(Some(isa));
+                let (mut scores, mut o) = (vec![0f32; rows * n], vec![0f32; rows * hd]);
+                task(q, &kt, ld, v, &mut scores, &mut o, n, hd, scale);
+                FORCED_ISA.set(None);
+                for (k, (got, want)) in o.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{isa:?} n {n} hd {hd} value {k}"
+                    );
+                }
+            }
         }
     }
 }

@@ -14,18 +14,21 @@
 //! Zen 4), and a core starts two a cycle, so about eight sums must be in flight to keep it busy,
 //! and the loads of `b` and the broadcasts must not outnumber the multiply-adds. AVX2 has 16
 //! vector registers: 6 rows of 16 columns (12 registers of sums, 2 of `b`, 1 broadcast) is the
-//! tile of the BLIS and OpenBLAS kernels for Haswell, against the 4 rows (8 sums) this began
-//! with. AVX-512, with 32 registers of 16 values, takes 6 rows of 32 columns.
+//! tile of the BLIS and OpenBLAS kernels for Haswell (4 rows are 8 sums, with 6 loads and
+//! broadcasts for 8 multiply-adds). AVX-512, with 32 registers of 16 values, takes 6 rows of 32
+//! columns.
 //!
 //! The sums are named variables, an array of L a row, written out by a macro for each R: kept as
 //! one `[[f32; L]; R]` array the compiler left them on the stack, each multiply-add a store and a
-//! load (4 to 9 times slower, measured in `frame_attention.rs` and `delta_net_fast.rs`).
+//! load (measured 4 times slower in the tower's attention and 9 times in the delta rule's
+//! products).
 
 use super::madd;
 
-/// The rows of a tile: six. One tile is compiled, not one per instruction set, as every tile
-/// is compiled into each instruction set's version of its callers (the GPU kit, which carries
-/// the binaries, has a size limit); SSE2's 16 registers of 4 values spill some of its sums.
+/// The rows of a tile: six, for every instruction set (AVX-512's 32 registers would hold 8). Each
+/// shape of tile is compiled into every version of its callers, so another shape would grow
+/// every binary (and the GPU kit, which carries them, has a size limit). SSE2's 16 registers of
+/// 4 values hold fewer than the 24 a tile of 16 columns needs: the baseline x86 version spills.
 pub(crate) const ROWS: usize = 6;
 
 /// Defines `$name<L, F>(a, b, stride) -> [[f32; L]; R]` for the R rows named `$a` (sums `$s`):
@@ -80,6 +83,7 @@ pub(crate) fn tile<const L: usize, const F: bool>(
             for (r, row) in a.iter().enumerate() {
                 let mut s = [0f32; L];
                 for (&x, brow) in row.iter().zip(b.chunks(stride)) {
+                    let brow: &[f32; L] = brow[..L].try_into().unwrap();
                     for l in 0..L {
                         s[l] = madd::<F>(x, brow[l], s[l]);
                     }

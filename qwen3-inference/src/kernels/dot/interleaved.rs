@@ -103,7 +103,8 @@ impl Reorders {
         k: true,
     };
 
-    /// What this CPU's kernels ([`dots`]) read reordered: AVX-512's all three, AVX2's none.
+    /// What this CPU's kernels ([`dots`]) read reordered: AVX-512's all three; AVX2's, AVX-VNNI's
+    /// and NEON's none.
     pub fn of_this_cpu() -> Reorders {
         let d = dots();
         Reorders {
@@ -119,9 +120,9 @@ impl Reorders {
     }
 }
 
-/// Every q4 and q6 matrix of `file` in groups of 32 where `reorders.q4`, every q8 one in groups of
-/// 32 or 64 where `reorders.q8`, every Q4_K and Q6_K one where `reorders.k`, interleaved, in one buffer
-/// of huge pages (each at a multiple of 64 bytes, laid out as in the file: its values, then its
+/// Every q4 and q6 matrix of `file` in groups of 32 where `reorders.q4`, every q8 one in groups
+/// of 32 or 64 where `reorders.q8`, every Q4_K and Q6_K one where `reorders.k`, interleaved, in one
+/// buffer of huge pages (each at a multiple of 64 bytes, laid out as in the file: its values, then its
 /// scales), for [`ModelFile::derived`]. The rows are reordered in parallel; the file's bytes are
 /// read once.
 ///
