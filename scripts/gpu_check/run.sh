@@ -15,7 +15,10 @@
 set -uo pipefail
 kit=$(cd "$(dirname "$0")" && pwd)
 
-# 0. The driver, before anything else.
+# 0. The tokenizers, which prepare.sh gzipped to keep the kit small (the greedy check reads them
+# on a machine without a GPU too), then the driver.
+find "$kit/fixtures/models" -name tokenizer.json.gz -exec gunzip -f {} +
+
 if ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi -L > /dev/null 2>&1; then
     if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
         echo "no NVIDIA driver found (no working nvidia-smi, no libcuda.so.1 for the loader): the GPU check needs a machine with an NVIDIA GPU and its driver" >&2
