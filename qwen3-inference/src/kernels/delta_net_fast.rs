@@ -20,7 +20,6 @@ use super::delta_net::{decay_and_strength, l2norm, runs_by_form, DeltaNetShape};
 use super::delta_rule::{HeadInputs, CHUNK};
 use super::exp::exp;
 use super::lanes::{sum_of_squares, LANES};
-use super::madd;
 use super::team::Team;
 use super::tile::{self, row_blocks};
 use rayon::prelude::*;
@@ -220,27 +219,23 @@ fn gemm<const F: bool>(
         });
         for j in (0..n).step_by(LANES) {
             let cols = LANES.min(n - j);
+            // Row p of b from column j starts `n` values after row p - 1's.
             let mut put = |r: usize, sums: &[f32]| {
                 let crow = &mut c[(i + r) * n + j..][..cols];
                 for (x, &y) in crow.iter_mut().zip(sums) {
                     *x = if add { *x + y } else { y };
                 }
             };
-            if cols == LANES {
-                // The whole tile, in registers; row p of b from column j starts `n` values
-                // after row p - 1's.
-                tile::tile::<LANES, F>(&arows[..rows], &b[j..], n, |r, sums| put(r, sums));
-            } else {
-                for (r, arow) in arows[..rows].iter().enumerate() {
-                    let mut acc = [0f32; LANES];
-                    for (p, &av) in arow.iter().enumerate() {
-                        let brow = &b[p * n + j..][..cols];
-                        for (x, &bv) in acc.iter_mut().zip(brow) {
-                            *x = madd::<F>(av, bv, *x);
-                        }
-                    }
-                    put(r, &acc);
-                }
+            match cols == LANES {
+                true => tile::tile::<LANES, F>(&arows[..rows], &b[j..], n, |r, s| put(r, s)),
+                false => tile::ragged::<LANES, F>(
+                    (&a[i * kk..], kk, rows),
+                    kk,
+                    &b[j..],
+                    n,
+                    cols,
+                    &mut put,
+                ),
             }
         }
     }

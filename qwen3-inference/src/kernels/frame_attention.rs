@@ -9,7 +9,7 @@
 //! small matrix product whose inner dimension (hd, 64 or 72) is short, where the matmul kernels'
 //! dot products spend as much time adding up their lanes as multiplying. So the products are
 //! written the other way round, each a sum of rows scaled by a number (`acc += a * row`): a
-//! register tile (`tile.rs`) of 6 query rows by 16 or 32 columns ([`lanes`]), in plain loops
+//! register tile (`tile.rs`) of 6 query rows by 16 or 32 columns ([`WIDE`]), in plain loops
 //! that `vectorized!` compiles per instruction set, each step one fused multiply-add where the
 //! set has one (the baseline x86 multiplies, then adds):
 //! the rows' partial sums stay in registers while a row of k^T (or of v) streams past once for
@@ -18,7 +18,6 @@
 
 use super::exp::exp_with;
 use super::lanes::sum;
-use super::madd;
 use super::tile::{self, row_blocks};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -30,24 +29,19 @@ const MAX_ROWS: usize = tile::ROWS;
 /// of 8, 16, 32 and 64 columns by 2, 4, 6 and 8 rows on Zen 4, with separate multiplies and
 /// adds; with fused ones, AVX2's 6 rows by 16 columns ran 8-10% faster than 4 by 16).
 const LANES: usize = 16;
-/// Columns of a block with AVX-512 ([`lanes`]): two registers a row, twelve sums in flight.
+/// Columns of a block with AVX-512 (`vectorized!`'s `W`): two registers a row, twelve sums in
+/// flight.
 const WIDE: usize = 32;
 
-/// The columns of a block for the kernels' instruction set. Each multiply-add waits on the one
-/// before it into the same accumulator: with the tiles of 4 rows these kernels had, a block of
-/// 16 columns kept eight chains going with AVX2 (two registers a row) and four with AVX-512.
-/// Zen 4 runs a 512-bit operation as two halves, and four kept it as busy as more (16 columns
-/// measured best there, with separate multiplies and adds); Zen 5 runs two whole ones a cycle,
-/// and with 32 columns, eight chains, its scores and weighted sums ran about 1.4 times as fast
-/// (measured: docs/vision.md, "Attention"). With 6 rows: twelve chains with AVX2 at 16 columns
-/// and with AVX-512 at 32. Every lane's sum is the same whatever the width, so the bits are too.
-fn lanes() -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if super::vector_isa() == super::VectorIsa::Avx512 {
-        return WIDE;
-    }
-    LANES
-}
+// Why two widths: each multiply-add waits on the one before it into the same accumulator:
+// with the tiles of 4 rows these kernels had, a block of 16 columns kept eight chains going with
+// AVX2 (two registers a row) and four with AVX-512. Zen 4 runs a 512-bit operation as two
+// halves, and four kept it as busy as more (16 columns measured best there, with separate
+// multiplies and adds); Zen 5 runs two whole ones a cycle, and with 32 columns, eight chains, its
+// scores and weighted sums ran about 1.4 times as fast (measured: docs/vision.md, "Attention").
+// With 6 rows: twelve chains with AVX2 at 16 columns and with AVX-512 at 32. Every lane's sum is
+// the same whatever the width, so the bits are too.
+
 /// Query rows of one rayon task: they share each pass of k^T and v through the cache. A multiple
 /// of a tile's rows (6), so that only an image's last task has a ragged block; its scores, 48
 /// rows of 3072 keys, are 576 KiB, within a Zen 4 or Zen 5 core's 1 MiB L2.
@@ -192,7 +186,7 @@ fn task(
 
 vectorized! { fused<F, W>
     /// `scores[i][j] = scale * sum_c q[i][c] kt[c][j]` for the block's rows i (up to
-    /// [`MAX_ROWS`]) and `keys`, in column blocks of [`lanes`] values.
+    /// [`MAX_ROWS`]) and `keys`, in column blocks of [`WIDE`] values, then of [`LANES`].
     #[allow(clippy::too_many_arguments)]
     fn scores_rows(
         q: &[f32],
@@ -207,7 +201,7 @@ vectorized! { fused<F, W>
         // Wide blocks as far as they go whole, then the narrow ones: the edge of a chunk
         // stays on the fast path wherever 16 columns are left. Only the AVX-512 version (`W`)
         // has the wide blocks at all.
-        let mid = match W && lanes() == WIDE {
+        let mid = match W {
             true => keys.start + (keys.end - keys.start) / WIDE * WIDE,
             false => keys.start,
         };
@@ -219,9 +213,8 @@ vectorized! { fused<F, W>
 }
 
 /// [`scores_rows`] in column blocks of `L`: a whole block is one register tile
-/// ([`tile::tile`]: the block's query rows against `kt`'s rows, `ld` values apart); a ragged
-/// one at the end of the keys is summed the same way in a loop. Inlined into each instruction
-/// set's version.
+/// ([`tile::tile`]: the block's query rows against `kt`'s rows, `ld` values apart, a ragged
+/// block at the end of the keys too). Inlined into each instruction set's version.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn scores_cols<const L: usize, const F: bool>(
@@ -250,19 +243,7 @@ fn scores_cols<const L: usize, const F: bool>(
         if w == L {
             tile::tile::<L, F>(&qrows[..r], &kt[j0..], ld, |i, sums| put(i, sums));
         } else {
-            let mut acc = [[0f32; L]; MAX_ROWS];
-            for c in 0..hd {
-                let krow = &kt[c * ld + j0..][..w];
-                for (i, a) in acc.iter_mut().enumerate().take(r) {
-                    let qc = q[i * hd + c];
-                    for (x, &kv) in a.iter_mut().zip(krow) {
-                        *x = madd::<F>(qc, kv, *x);
-                    }
-                }
-            }
-            for (i, a) in acc.iter().enumerate().take(r) {
-                put(i, a);
-            }
+            tile::ragged::<L, F>((q, hd, r), hd, &kt[j0..], ld, w, &mut put);
         }
         j0 += w;
     }
@@ -293,7 +274,7 @@ vectorized! { fused<F>
 
 vectorized! { fused<F, W>
     /// `o[i][c] += sum_j p[i][j] v[j][c]` for the block's rows i (up to [`MAX_ROWS`]) and keys
-    /// `keys`, in column blocks of [`lanes`] values of the head.
+    /// `keys`, in column blocks of the head's columns, [`WIDE`] then [`LANES`] values.
     fn weighted_rows(
         p: &[f32],
         v: &[f32],
@@ -303,7 +284,7 @@ vectorized! { fused<F, W>
         keys: Range<usize>,
     ) {
         // As in `scores_rows`: wide blocks of the head's columns, then narrow ones.
-        let mid = match W && lanes() == WIDE {
+        let mid = match W {
             true => hd / WIDE * WIDE,
             false => 0,
         };
@@ -316,8 +297,8 @@ vectorized! { fused<F, W>
 
 /// [`weighted_rows`] for the head's columns `cols`, in blocks of `L`: a whole block is one
 /// register tile ([`tile::tile`]: the block's rows of probabilities over `keys` against `v`'s
-/// rows); a ragged one at the end of the head is summed the same way in a loop. Inlined into
-/// each instruction set's version.
+/// rows, a ragged block at the end of the head too). Inlined into each instruction set's
+/// version.
 #[inline(always)]
 fn weighted_cols<const L: usize, const F: bool>(
     p: &[f32],
@@ -333,40 +314,26 @@ fn weighted_cols<const L: usize, const F: bool>(
         true => &p[i * n..][keys.clone()],
         false => &[],
     });
-    let mut c0 = cols.start;
-    while c0 < cols.end {
+    for c0 in cols.clone().step_by(L) {
         let w = L.min(cols.end - c0);
+        // Row j of v from column c0 starts `hd` values after row j - 1's.
+        let b = &v[keys.start * hd + c0..];
         let mut put = |i: usize, sums: &[f32]| {
             for (x, &y) in o[i * hd + c0..][..w].iter_mut().zip(sums) {
                 *x += y;
             }
         };
-        if w == L {
-            // Row j of v from column c0 starts `hd` values after row j - 1's.
-            let b = &v[keys.start * hd + c0..];
-            tile::tile::<L, F>(&prows[..r], b, hd, |i, sums| put(i, sums));
-        } else {
-            let mut acc = [[0f32; L]; MAX_ROWS];
-            for j in keys.clone() {
-                let vrow = &v[j * hd + c0..][..w];
-                for (i, a) in acc.iter_mut().enumerate().take(r) {
-                    let pj = p[i * n + j];
-                    for (x, &vv) in a.iter_mut().zip(vrow) {
-                        *x = madd::<F>(pj, vv, *x);
-                    }
-                }
-            }
-            for (i, a) in acc.iter().enumerate().take(r) {
-                put(i, a);
-            }
+        match w == L {
+            true => tile::tile::<L, F>(&prows[..r], b, hd, |r, s| put(r, s)),
+            false => tile::ragged::<L, F>((&p[keys.start..], n, r), keys.len(), b, hd, w, &mut put),
         }
-        c0 += w;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::madd;
 
     /// Against the textbook form in f64, in every instruction set's version (fused or not), on
     /// sizes with ragged edges (rows not a multiple of 6 or of a task, columns not of `LANES`, a

@@ -67,8 +67,11 @@ tile!(
     tile6, 6: a0 s0, a1 s1, a2 s2, a3 s3, a4 s4, a5 s5
 );
 
-/// `put(r, sums of row r)` for the rows `a` against `b` (`acc` above): in one tile where there are
-/// [`ROWS`] of them, else a row at a time (the ragged rest of a product).
+/// `put(r, sums of row r)` for the rows `a` (at most [`ROWS`]) against `b` (`acc` above), in one
+/// tile. Fewer rows (the ragged rest of a product) take a whole tile too, the missing rows filled
+/// with the first one and their sums dropped: six rows' work at a tile's speed, where a row at a
+/// time waits on each multiply-add before the next (a row of 16 columns is one or two chains of
+/// sums). The chunked delta rule's products of 64 rows end in 4.
 #[inline(always)]
 pub(crate) fn tile<const L: usize, const F: bool>(
     a: &[&[f32]],
@@ -76,21 +79,50 @@ pub(crate) fn tile<const L: usize, const F: bool>(
     stride: usize,
     mut put: impl FnMut(usize, &[f32; L]),
 ) {
-    let mut each = |sums: &[[f32; L]]| sums.iter().enumerate().for_each(|(r, s)| put(r, s));
-    match a.len() {
-        ROWS => each(&tile6::<L, F>(a.try_into().unwrap(), b, stride)),
-        _ => {
-            for (r, row) in a.iter().enumerate() {
-                let mut s = [0f32; L];
-                for (&x, brow) in row.iter().zip(b.chunks(stride)) {
-                    let brow: &[f32; L] = brow[..L].try_into().unwrap();
-                    for l in 0..L {
-                        s[l] = madd::<F>(x, brow[l], s[l]);
-                    }
-                }
-                put(r, &s);
+    let Some(&first) = a.first() else { return };
+    let rows: [&[f32]; ROWS] = std::array::from_fn(|r| a.get(r).copied().unwrap_or(first));
+    let sums = tile6::<L, F>(rows, b, stride);
+    for (r, s) in sums.iter().enumerate().take(a.len()) {
+        put(r, s);
+    }
+}
+
+/// [`tile`] for a block of fewer than L columns (the ragged edge of a product): the `rows` rows of
+/// `a`, `k` values each, `a_stride` apart, against the first `width` columns of `b`'s rows;
+/// `put(r, sums)` with those columns' sums, each in the same order as a tile's. Plain loops, the
+/// sums in an array. Inlined beside a caller's tile, it hands the sums out by iterating over the
+/// array: written as `put(r, &acc[r][..width])` for each `r`, it cost the tile its registers (the
+/// compiler spilled the tile's sums too; the tower's attention ran a third slower with AVX2).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ragged<const L: usize, const F: bool>(
+    (a, a_stride, rows): (&[f32], usize, usize),
+    k: usize,
+    b: &[f32],
+    stride: usize,
+    width: usize,
+    mut put: impl FnMut(usize, &[f32]),
+) {
+    assert!(
+        rows <= ROWS && width <= L,
+        "a tile is at most {ROWS} rows by {L} columns"
+    );
+    assert!(
+        k == 0 || b.len() >= (k - 1) * stride + width,
+        "b has fewer than k rows"
+    );
+    let mut acc = [[0f32; L]; ROWS];
+    for t in 0..k {
+        let brow = &b[t * stride..][..width];
+        for (r, s) in acc.iter_mut().enumerate().take(rows) {
+            let x = a[r * a_stride + t];
+            for (s, &y) in s.iter_mut().zip(brow) {
+                *s = madd::<F>(x, y, *s);
             }
         }
+    }
+    for (r, s) in acc.iter().enumerate().take(rows) {
+        put(r, &s[..width]);
     }
 }
 
@@ -106,8 +138,8 @@ pub(crate) fn row_blocks(rows: usize) -> impl Iterator<Item = (usize, usize)> {
 mod tests {
     use super::*;
 
-    /// The tile, and the row-at-a-time rest, against the sums written out, bit for bit (the
-    /// same multiply-adds in the same order), at a stride wider than the tile.
+    /// The tile, its ragged rows and a ragged block of columns against the sums written out, bit for
+    /// bit (the same multiply-adds in the same order), at a stride wider than the tile.
     #[test]
     fn tiles_equal_their_sums() {
         let (k, stride) = (13, 37);
@@ -120,12 +152,23 @@ mod tests {
             (0..k).fold(0f32, |s, t| madd::<true>(a[r][t], b[t * stride + l], s))
         };
         let rows: Vec<&[f32]> = a.iter().map(|r| &r[..]).collect();
+        let flat = a.concat();
         for n in 1..=ROWS {
-            tile::<32, true>(&rows[..n], &b, stride, |r, sums| {
-                for (l, x) in sums.iter().enumerate() {
-                    assert_eq!(x.to_bits(), want(r, l).to_bits(), "{n} rows: {r} {l}");
+            for width in [32, 31, 17, 1] {
+                let mut seen = 0;
+                let mut check = |r: usize, sums: &[f32]| {
+                    assert_eq!(sums.len(), width);
+                    for (l, x) in sums.iter().enumerate() {
+                        assert_eq!(x.to_bits(), want(r, l).to_bits(), "{n} rows: {r} {l}");
+                    }
+                    seen += 1;
+                };
+                match width {
+                    32 => tile::<32, true>(&rows[..n], &b, stride, |r, s| check(r, s)),
+                    _ => ragged::<32, true>((&flat, k, n), k, &b, stride, width, &mut check),
                 }
-            });
+                assert_eq!(seen, n, "{n} rows, {width} columns");
+            }
         }
     }
 
