@@ -1,4 +1,4 @@
-//! The elementwise steps: the SwiGLU gate and the residual add.
+//! The elementwise steps: the SwiGLU gate, the vision tower's GELU and the residual add.
 
 use super::exp::exp;
 
@@ -17,6 +17,23 @@ vectorized! {
             let e = exp(-v.abs());
             let sigmoid = if v >= 0.0 { 1.0 } else { e } / (1.0 + e);
             *g = v * sigmoid * u;
+        }
+    }
+}
+
+vectorized! {
+    /// GELU, tanh form (`gelu_pytorch_tanh`, the vision tower's MLP), in place: `0.5 x (1 +
+    /// tanh(u))`, u = sqrt(2/pi) (x + 0.044715 x^3), with `tanh(u) = sign(u) (1 - e) / (1 + e)`,
+    /// e = e^(-2|u|) by [`exp`] (whose argument must not be positive), so that the loop
+    /// vectorizes (libm's `tanhf` is a call per value).
+    pub fn gelu_tanh(h: &mut [f32]) {
+        const K: f32 = 0.797_884_6; // sqrt(2 / pi)
+        for v in h.iter_mut() {
+            let x = *v;
+            let u = K * (x + 0.044715 * x * x * x);
+            let e = exp(-2.0 * u.abs());
+            let tanh = ((1.0 - e) / (1.0 + e)).copysign(u);
+            *v = 0.5 * x * (1.0 + tanh);
         }
     }
 }
@@ -48,6 +65,23 @@ mod tests {
         silu_mul(&mut g, &up);
         for (a, b) in g.iter().zip(&want) {
             assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{a} vs {b}");
+        }
+    }
+
+    /// Against the formula in f64, across the range where tanh bends and both tails.
+    #[test]
+    fn gelu_tanh_matches_the_formula() {
+        let x: Vec<f32> = (0..2001).map(|i| (i as f32 - 1000.0) * 0.012).collect();
+        let mut h = x.clone();
+        gelu_tanh(&mut h);
+        let k = (2.0 / std::f64::consts::PI).sqrt();
+        for (&x, &g) in x.iter().zip(&h) {
+            let x64 = x as f64;
+            let want = 0.5 * x64 * (1.0 + (k * (x64 + 0.044715 * x64.powi(3))).tanh());
+            assert!(
+                (g as f64 - want).abs() <= 2e-6 * (1.0 + want.abs()),
+                "{x}: {g} vs {want}"
+            );
         }
     }
 

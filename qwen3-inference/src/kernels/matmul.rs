@@ -140,8 +140,8 @@ impl<'a> Scatter<'a> {
         }
     }
 
-    /// `out[i, r0 + j] = block[j, i]` for the `n = block.len() / t` rows of `block`, 16 rows at
-    /// a time (one cache line of each token's output row).
+    /// `out[i, r0 + j] = block[j, i]` for the `n = block.len() / t` rows of `block`
+    /// (transpose.rs).
     ///
     /// # Safety
     /// No other call on this `Scatter` may run at the same time for any of rows `r0 .. r0 + n`.
@@ -152,17 +152,10 @@ impl<'a> Scatter<'a> {
             block.len() == n * t && r0 + n <= rows,
             "block outside the output"
         );
-        for j0 in (0..n).step_by(16) {
-            let j1 = (j0 + 16).min(n);
-            for i in 0..t {
-                for j in j0..j1 {
-                    // SAFETY: i < t and r0 + j < rows (asserted above), so the index is inside
-                    // the `[t, rows]` output; no other thread writes row r0 + j (the caller's
-                    // promise), and the borrow in `_out` keeps everyone else away.
-                    unsafe { *self.ptr.add(i * rows + r0 + j) = block[j * t + i] };
-                }
-            }
-        }
+        // SAFETY: from column r0, the `[t, rows]` output holds t rows of `rows` values, of which
+        // this block's n columns are inside (asserted above); no other thread writes columns
+        // r0 .. r0 + n (the caller's promise), and the borrow in `_out` keeps everyone else away.
+        unsafe { super::transpose::transpose_into(block, t, self.ptr.add(r0), rows) }
     }
 }
 

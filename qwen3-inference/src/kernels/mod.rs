@@ -10,7 +10,8 @@
 //! | [`rope`] | rows of `[n, head_dim]` at given positions |
 //! | [`attention`] | queries `[t, n_heads, head_dim]` over the KV cache |
 //! | [`frame_attention`] | every row of `[n, heads * head_dim]` over every row (the vision tower's) |
-//! | [`silu_mul`], [`add`] | elementwise |
+//! | [`layer_norm`] | rows of `[n, dim]`, weight and bias `[dim]` (the vision tower's) |
+//! | [`silu_mul`], [`gelu_tanh`], [`add`] | elementwise |
 //!
 //! The innermost loops, the dot products, are in [`dot`]: scalar references plus SIMD versions
 //! chosen once at run time. The functions here keep their signatures whatever [`dot`] picks.
@@ -126,17 +127,20 @@ mod embedding;
 pub mod exp;
 mod frame_attention;
 pub(crate) mod lanes;
+mod layer_norm;
 mod matmul;
 mod rmsnorm;
 mod rope;
 pub(crate) mod team;
 pub mod textbook;
 mod tile;
+mod transpose;
 
 pub use attention::{attention, AttentionShape, KvType};
-pub use elementwise::{add, silu_mul};
+pub use elementwise::{add, gelu_tanh, silu_mul};
 pub use embedding::embedding;
 pub use frame_attention::{frame_attention, FrameScratch};
+pub use layer_norm::layer_norm;
 pub use matmul::{matmul, matmuls};
 pub use rmsnorm::rmsnorm;
 pub use rope::{mrope_component, rope, rope_mrope, RopeTable};

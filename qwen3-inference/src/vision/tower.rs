@@ -92,7 +92,12 @@ struct LayerNorm {
 }
 
 impl LayerNorm {
-    /// Every row of `x` (on all threads with `Math::Fast`: the same rows, the same bits).
+    /// The tower's blocks and mergers make their norms with `eps=1e-6` in transformers' code
+    /// (`Qwen3VLVisionBlock`, `Qwen3VLVisionPatchMerger`), not from the config.
+    const EPS: f64 = 1e-6;
+
+    /// Every row of `x`: in f64 with `Math::Plain`; with `Math::Fast` on all threads, in f32
+    /// on the kernels ([`kernels::layer_norm`], its sums in lanes).
     fn forward(&self, x: &[f32], math: Math) -> Vec<f32> {
         let mut y = Vec::new();
         self.forward_into(x, &mut y, math);
@@ -108,7 +113,9 @@ impl LayerNorm {
                 .chunks_exact(width)
                 .zip(y.chunks_exact_mut(width))
                 .for_each(|(xi, yi)| self.row(xi, yi)),
-            Math::Fast => fast::rows(x, y, width, |xi, yi| self.row(xi, yi)),
+            Math::Fast => fast::rows(x, y, width, |xi, yi| {
+                kernels::layer_norm(yi, xi, &self.weight, &self.bias, Self::EPS as f32)
+            }),
         }
     }
 
@@ -116,7 +123,7 @@ impl LayerNorm {
         let width = self.weight.len();
         let mean = xi.iter().map(|&v| v as f64).sum::<f64>() / width as f64;
         let var = xi.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / width as f64;
-        let inv = 1.0 / (var + 1e-6).sqrt();
+        let inv = 1.0 / (var + Self::EPS).sqrt();
         for (j, (o, &v)) in yi.iter_mut().zip(xi).enumerate() {
             *o = ((v as f64 - mean) * inv * self.weight[j] as f64 + self.bias[j] as f64) as f32;
         }

@@ -9,7 +9,6 @@
 
 use super::Linear;
 use crate::kernels;
-use crate::kernels::exp::exp;
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -19,7 +18,7 @@ pub(super) fn linear(l: &Linear, x: &[f32], y: &mut [f32]) {
     let shape = [l.out as u64, l.inp as u64];
     kernels::matmul(y, x, &l.weight.view(&shape), n);
     y.par_chunks_exact_mut(l.out)
-        .for_each(|row| row.iter_mut().zip(&l.bias).for_each(|(v, b)| *v += b));
+        .for_each(|row| kernels::add(row, &l.bias));
 }
 
 /// `o = softmax(q k^T * scale) v` within each frame, per head, every patch seeing every patch of
@@ -81,7 +80,7 @@ pub(super) fn patches(
 pub(super) fn add(x: &mut [f32], y: &[f32]) {
     x.par_chunks_mut(1 << 14)
         .zip(y.par_chunks(1 << 14))
-        .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, b)| *a += b));
+        .for_each(|(a, b)| kernels::add(a, b));
 }
 
 /// `v = f(v)` for every value of `h`, on all threads.
@@ -90,18 +89,8 @@ pub(super) fn each(h: &mut [f32], f: impl Fn(f32) -> f32 + Sync) {
         .for_each(|chunk| chunk.iter_mut().for_each(|v| *v = f(*v)));
 }
 
-/// GELU, tanh form, over `h` in place on all threads: `0.5 x (1 + tanh(u))`, u = sqrt(2/pi) (x +
-/// 0.044715 x^3), with `tanh(u) = sign(u) (1 - e) / (1 + e)`, e = exp(-2|u|) by the kernels'
-/// exp (whose argument must not be positive). Within f32 rounding of tower.rs's f64 form.
+/// GELU, tanh form, over `h` in place on all threads ([`kernels::gelu_tanh`]: within f32
+/// rounding of tower.rs's f64 form).
 pub(super) fn gelu_tanh(h: &mut [f32]) {
-    const K: f32 = 0.797_884_6; // sqrt(2 / pi)
-    h.par_chunks_mut(1 << 14).for_each(|chunk| {
-        for v in chunk {
-            let x = *v;
-            let u = K * (x + 0.044715 * x * x * x);
-            let e = exp(-2.0 * u.abs());
-            let tanh = ((1.0 - e) / (1.0 + e)).copysign(u);
-            *v = 0.5 * x * (1.0 + tanh);
-        }
-    });
+    h.par_chunks_mut(1 << 14).for_each(kernels::gelu_tanh);
 }
