@@ -63,57 +63,17 @@ unsafe fn transpose_plain(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 unsafe fn transpose_avx(block: &[f32], t: usize, out: *mut f32, ld: usize) {
-    use std::arch::x86_64::*;
     let n = block.len() / t;
     assert!(block.len() == n * t && n <= ld);
     let (n8, t8) = (n / 8 * 8, t / 8 * 8);
-    for j0 in (0..n8).step_by(8) {
+    // Two tiles of rows for each 8 tokens, one after the other: a token's 16 values are one
+    // 64-byte line of its output row, written whole while it is in the cache (a tile of 8 rows
+    // at a time wrote each line in two halves, a whole pass over the tokens apart).
+    for j16 in (0..n8).step_by(16) {
         for i0 in (0..t8).step_by(8) {
-            // SAFETY (the loads): row j0 + a of the block, values i0 .. i0 + 8, all within it
-            // (j0 + 8 <= n, i0 + 8 <= t). Unaligned loads and stores.
-            let r: [__m256; 8] = std::array::from_fn(|a| unsafe {
-                _mm256_loadu_ps(block.as_ptr().add((j0 + a) * t + i0))
-            });
-            // Pairs of rows interleaved, then pairs of pairs, then the two 128-bit halves: the
-            // textbook 8 x 8 transposition (each c[i] holds token i0 + i of the eight rows).
-            let (t0, t1) = (
-                _mm256_unpacklo_ps(r[0], r[1]),
-                _mm256_unpackhi_ps(r[0], r[1]),
-            );
-            let (t2, t3) = (
-                _mm256_unpacklo_ps(r[2], r[3]),
-                _mm256_unpackhi_ps(r[2], r[3]),
-            );
-            let (t4, t5) = (
-                _mm256_unpacklo_ps(r[4], r[5]),
-                _mm256_unpackhi_ps(r[4], r[5]),
-            );
-            let (t6, t7) = (
-                _mm256_unpacklo_ps(r[6], r[7]),
-                _mm256_unpackhi_ps(r[6], r[7]),
-            );
-            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-            let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-            let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-            let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-            let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-            let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-            let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-            let c = [
-                _mm256_permute2f128_ps::<0x20>(u0, u4),
-                _mm256_permute2f128_ps::<0x20>(u1, u5),
-                _mm256_permute2f128_ps::<0x20>(u2, u6),
-                _mm256_permute2f128_ps::<0x20>(u3, u7),
-                _mm256_permute2f128_ps::<0x31>(u0, u4),
-                _mm256_permute2f128_ps::<0x31>(u1, u5),
-                _mm256_permute2f128_ps::<0x31>(u2, u6),
-                _mm256_permute2f128_ps::<0x31>(u3, u7),
-            ];
-            for (i, c) in c.into_iter().enumerate() {
-                // SAFETY: token i0 + i < t, values j0 .. j0 + 8 <= n <= ld of its row: within
-                // what the caller gave.
-                unsafe { _mm256_storeu_ps(out.add((i0 + i) * ld + j0), c) };
+            for j0 in (j16..(j16 + 16).min(n8)).step_by(8) {
+                // SAFETY: j0 + 8 <= n and i0 + 8 <= t; the caller's promise, passed on.
+                unsafe { tile8(block, t, out, ld, j0, i0) }
             }
         }
     }
@@ -122,6 +82,47 @@ unsafe fn transpose_avx(block: &[f32], t: usize, out: *mut f32, ld: usize) {
         // The tokens past the last whole tile, for the tiles' rows; then the rows past them.
         transpose_plain(block, t, out, ld, 0..n8, t8..t);
         transpose_plain(block, t, out, ld, n8..n, 0..t);
+    }
+}
+
+/// Rows `j0 .. j0 + 8` of the block, tokens `i0 .. i0 + 8`: eight rows loaded as vectors, pairs
+/// of rows interleaved, then pairs of pairs, then the two 128-bit halves swapped (the textbook
+/// 8 x 8 transposition), each token's eight values stored to its output row.
+///
+/// # Safety
+/// As [`transpose_into`]'s, with `j0 + 8 <= n` and `i0 + 8 <= t`; the CPU has AVX.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx")]
+unsafe fn tile8(block: &[f32], t: usize, out: *mut f32, ld: usize, j0: usize, i0: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: row j0 + a of the block, values i0 .. i0 + 8: within it (unaligned loads).
+    let r: [__m256; 8] = std::array::from_fn(|a| unsafe {
+        _mm256_loadu_ps(block[(j0 + a) * t + i0..][..8].as_ptr())
+    });
+    let lo = |a: usize| _mm256_unpacklo_ps(r[a], r[a + 1]);
+    let hi = |a: usize| _mm256_unpackhi_ps(r[a], r[a + 1]);
+    let (t0, t1, t2, t3) = (lo(0), hi(0), lo(2), hi(2));
+    let (t4, t5, t6, t7) = (lo(4), hi(4), lo(6), hi(6));
+    let u = [
+        _mm256_shuffle_ps::<0x44>(t0, t2),
+        _mm256_shuffle_ps::<0xEE>(t0, t2),
+        _mm256_shuffle_ps::<0x44>(t1, t3),
+        _mm256_shuffle_ps::<0xEE>(t1, t3),
+        _mm256_shuffle_ps::<0x44>(t4, t6),
+        _mm256_shuffle_ps::<0xEE>(t4, t6),
+        _mm256_shuffle_ps::<0x44>(t5, t7),
+        _mm256_shuffle_ps::<0xEE>(t5, t7),
+    ];
+    for i in 0..8 {
+        // Token i0 + i: the low halves of u[0..4] for i < 4, the high halves for i >= 4.
+        let c = match i < 4 {
+            true => _mm256_permute2f128_ps::<0x20>(u[i], u[i + 4]),
+            false => _mm256_permute2f128_ps::<0x31>(u[i - 4], u[i]),
+        };
+        // SAFETY: token i0 + i < t, values j0 .. j0 + 8 <= n <= ld of its output row: within
+        // what the caller gave (unaligned stores).
+        unsafe { _mm256_storeu_ps(out.add((i0 + i) * ld + j0), c) };
     }
 }
 
