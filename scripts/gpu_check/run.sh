@@ -15,15 +15,19 @@
 set -uo pipefail
 kit=$(cd "$(dirname "$0")" && pwd)
 
-# 0. The tokenizers, which prepare.sh gzipped to keep the kit small (the greedy check reads them
-# on a machine without a GPU too), then the driver.
-find "$kit/fixtures/models" -name tokenizer.json.gz -exec gunzip -f {} +
-
+# 0. The driver, before anything else.
 if ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi -L > /dev/null 2>&1; then
     if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
         echo "no NVIDIA driver found (no working nvidia-smi, no libcuda.so.1 for the loader): the GPU check needs a machine with an NVIDIA GPU and its driver" >&2
         exit 3
     fi
+fi
+
+# The tokenizers, which prepare.sh gzipped to keep the kit small, unpacked in place (after the
+# driver check: a kit tried on a machine without a GPU stays small enough to carry).
+if ! find "$kit/fixtures/models" -name tokenizer.json.gz -exec gunzip -f {} +; then
+    echo "the kit's tokenizers could not be unpacked (gunzip failed)" >&2
+    exit 1
 fi
 
 out=${OUT:-}

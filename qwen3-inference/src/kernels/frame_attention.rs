@@ -324,7 +324,7 @@ fn weighted_cols<const L: usize, const F: bool>(
             }
         };
         match w == L {
-            true => tile::tile::<L, F>(&prows[..r], b, hd, |r, s| put(r, s)),
+            true => tile::tile::<L, F>(&prows[..r], b, hd, |i, s| put(i, s)),
             false => tile::ragged::<L, F>((&p[keys.start..], n, r), keys.len(), b, hd, w, &mut put),
         }
     }

@@ -11,6 +11,7 @@ vectorized! {
     /// spread; both sums in lanes (`lanes.rs`).
     pub fn layer_norm(out: &mut [f32], x: &[f32], weight: &[f32], bias: &[f32], eps: f32) {
         let dim = weight.len();
+        assert!(dim > 0, "layer_norm: rows of no values");
         assert_eq!(bias.len(), dim, "layer_norm: weight and bias differ in length");
         assert_eq!(x.len() % dim, 0, "layer_norm: x is not a whole number of rows");
         assert_eq!(out.len(), x.len(), "layer_norm: out and x differ in length");

@@ -79,6 +79,7 @@ pub(crate) fn tile<const L: usize, const F: bool>(
     stride: usize,
     mut put: impl FnMut(usize, &[f32; L]),
 ) {
+    assert!(a.len() <= ROWS, "a tile is at most {ROWS} rows");
     let Some(&first) = a.first() else { return };
     let rows: [&[f32]; ROWS] = std::array::from_fn(|r| a.get(r).copied().unwrap_or(first));
     let sums = tile6::<L, F>(rows, b, stride);
@@ -138,8 +139,8 @@ pub(crate) fn row_blocks(rows: usize) -> impl Iterator<Item = (usize, usize)> {
 mod tests {
     use super::*;
 
-    /// The tile, its ragged rows and a ragged block of columns against the sums written out, bit for
-    /// bit (the same multiply-adds in the same order), at a stride wider than the tile.
+    /// The tile, its ragged rows and a ragged block of columns against the sums written out,
+    /// bit for bit (the same multiply-adds in the same order), at a stride wider than the tile.
     #[test]
     fn tiles_equal_their_sums() {
         let (k, stride) = (13, 37);

@@ -17,9 +17,12 @@
 /// `i < t`, in the fastest version this CPU has.
 ///
 /// # Safety
-/// `out` is valid for writes of `(t - 1) * ld + n` values, `n <= ld`, and nothing else reads or
-/// writes `out[i * ld .. i * ld + n]` for any `i < t` meanwhile.
+/// `t > 0`; `out` is valid for writes of `(t - 1) * ld + n` values, `n <= ld`, and nothing else
+/// reads or writes `out[i * ld .. i * ld + n]` for any `i < t` meanwhile.
 pub(super) unsafe fn transpose_into(block: &[f32], t: usize, out: *mut f32, ld: usize) {
+    assert!(t > 0, "a transposition of no tokens");
+    // The kernels' family, not only the CPU, chooses: a forced baseline (`QWEN3_KERNELS`, the
+    // tests) takes the plain version, as it does for every other kernel.
     #[cfg(target_arch = "x86_64")]
     if super::vector_isa() != super::VectorIsa::Baseline && is_x86_feature_detected!("avx") {
         // SAFETY: the CPU has AVX (checked just above); the caller's promise is passed on.

@@ -93,7 +93,8 @@ struct LayerNorm {
 
 impl LayerNorm {
     /// The tower's blocks and mergers make their norms with `eps=1e-6` in transformers' code
-    /// (`Qwen3VLVisionBlock`, `Qwen3VLVisionPatchMerger`), not from the config.
+    /// (`Qwen3VLVisionBlock`, `Qwen3VLVisionPatchMerger`, and Qwen3.5's the same), not from the
+    /// config.
     const EPS: f64 = 1e-6;
 
     /// Every row of `x`: in f64 with `Math::Plain`; with `Math::Fast` on all threads, in f32
