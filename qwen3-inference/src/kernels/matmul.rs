@@ -241,10 +241,14 @@ fn fill_block(
         DType::K(_) => {
             let (kind, blocks) = w.data.k_quant();
             let row = kind.row_bytes(cols);
-            // AVX-512 reads Q4_K and Q6_K in the interleaved order, a copy made at load
-            // (`dot/k_interleaved.rs`); a view without it is read where the file holds it.
+            // AVX-512 reads Q4_K and Q6_K in an interleaved order, AVX2 Q4_K in another, a copy
+            // made at load (`dot/k_interleaved.rs`); a view without it is read where the file
+            // holds it. A part starts on a multiple of 16 rows (ROWS_PER_TASK), so on a set of
+            // AVX2's eight.
             let (kernel, blocks) = match (dots.k_interleaved, w.interleaved) {
-                (Some(kernel), Some(i)) if i.dtype() == w.data.dtype() => (kernel, i.k_quant().1),
+                (Some((_, kernel)), Some(i)) if i.dtype() == w.data.dtype() => {
+                    (kernel, i.k_quant().1)
+                }
                 _ => (dots.k_rows, blocks),
             };
             kernel(

@@ -5,6 +5,7 @@
 //! weights of tests and benchmarks put in it.
 
 use super::dots;
+use super::k_interleaved::KOrder;
 use super::q4::Q4Layout;
 use crate::format::config::TOWER_PREFIX;
 use crate::format::reader::Derived;
@@ -78,8 +79,8 @@ enum Order {
     Q6,
     /// q8 in groups of this many.
     Q8(usize),
-    /// GGUF's Q4_K or Q6_K (`k_interleaved.rs`).
-    K(KQuant),
+    /// GGUF's Q4_K or Q6_K (`k_interleaved.rs`), in a family's order.
+    K(KOrder, KQuant),
 }
 
 /// Which dtypes' matrices a CPU's kernels read in an order of their own; each `false` keeps the
@@ -91,8 +92,8 @@ pub struct Reorders {
     pub q4: bool,
     /// q8 in groups of 32 or 64 (`Dots::q8_interleaved`).
     pub q8: bool,
-    /// GGUF's Q4_K and Q6_K (`Dots::k_interleaved`, `k_interleaved.rs`).
-    pub k: bool,
+    /// GGUF's K-quants, in the order named (`Dots::k_interleaved`, `k_interleaved.rs`).
+    pub k: Option<KOrder>,
 }
 
 impl Reorders {
@@ -100,23 +101,23 @@ impl Reorders {
     pub const ALL: Reorders = Reorders {
         q4: true,
         q8: true,
-        k: true,
+        k: Some(KOrder::Groups),
     };
 
-    /// What this CPU's kernels ([`dots`]) read reordered: AVX-512's all three; AVX2's, AVX-VNNI's
-    /// and NEON's none.
+    /// What this CPU's kernels ([`dots`]) read reordered: AVX-512's all three; AVX2's and
+    /// AVX-VNNI's Q4_K (eight rows side by side); NEON's none.
     pub fn of_this_cpu() -> Reorders {
         let d = dots();
         Reorders {
             q4: d.q4_layout.interleaves(),
             q8: d.q8_interleaved.is_some(),
-            k: d.k_interleaved.is_some(),
+            k: d.k_interleaved.map(|(order, _)| order),
         }
     }
 
     /// Whether any dtype is reordered (else no copy is made at all).
     pub fn any(self) -> bool {
-        self.q4 || self.q8 || self.k
+        self.q4 || self.q8 || self.k.is_some()
     }
 }
 
@@ -155,10 +156,12 @@ pub fn interleave_file(file: &ModelFile, reorders: Reorders) -> Result<Derived> 
             ..reorders
         };
         // The values' bytes (the tensor's first ones) and their order.
-        let Some((values, order)) = order_of(&t.data, reorders) else {
+        let cols = *t.shape.last().context("a matrix without a shape")? as usize;
+        // The rows of each matrix (of a stacked tensor's: each expert's).
+        let rows = t.shape.iter().rev().nth(1).map_or(1, |&r| r as usize);
+        let Some((values, order)) = order_of(&t.data, rows, reorders) else {
             continue;
         };
-        let cols = *t.shape.last().context("a matrix without a shape")? as usize;
         // The tensor as the file lays it out (values, then its scales), the values reordered.
         let start = len.next_multiple_of(64);
         len = start + info.nbytes as usize;
@@ -193,15 +196,18 @@ pub fn interleave_file(file: &ModelFile, reorders: Reorders) -> Result<Derived> 
 
 /// The order `data`'s values take for the kernels, and how many bytes they are (a tensor's
 /// first ones, before its scales); `None` where its dtype and group size keep the file's order
-/// or `reorders` keeps it.
-fn order_of(data: &TensorData, reorders: Reorders) -> Option<(usize, Order)> {
+/// or `reorders` keeps it, or the order lays out more rows together than each of its matrices'
+/// `rows` are a multiple of.
+fn order_of(data: &TensorData, rows: usize, reorders: Reorders) -> Option<(usize, Order)> {
     let Reorders { q4, q8, k } = reorders;
     Some(match (data.dtype(), data.group_size()) {
         (DType::Q4, Some(gs)) if q4 && interleaves(gs) => (data.q4().packed.len(), Order::Q4),
         (DType::Q6, Some(gs)) if q4 && interleaves(gs) => (data.q6().packed.len(), Order::Q6),
         (DType::Q8, Some(gs)) if q8 && interleaves_q8(gs) => (data.q8().q.len(), Order::Q8(gs)),
-        (DType::K(kind), _) if k && super::k_interleaved::interleaves(kind) => {
-            (data.k_quant().1.len(), Order::K(kind))
+        (DType::K(kind), _)
+            if k.is_some_and(|o| o.takes(kind) && rows.is_multiple_of(o.rows())) =>
+        {
+            (data.k_quant().1.len(), Order::K(k?, kind))
         }
         _ => return None,
     })
@@ -214,16 +220,21 @@ fn reorder(order: Order, src: &[u8], cols: usize, dst: &mut [u8]) {
         Order::Q4 => cols / 2,
         Order::Q6 => cols / 4 * 3,
         Order::Q8(_) => cols,
-        Order::K(kind) => kind.row_bytes(cols),
+        Order::K(_, kind) => kind.row_bytes(cols),
     };
-    let piece = row_bytes * (65536 / row_bytes).max(1);
+    // Whole sets of the rows an order lays out together.
+    let together = match order {
+        Order::K(o, _) => o.rows(),
+        _ => 1,
+    };
+    let piece = row_bytes * (65536 / row_bytes).max(1).next_multiple_of(together);
     dst.par_chunks_mut(piece)
         .zip(src.par_chunks(piece))
         .for_each(|(d, s)| match order {
             Order::Q4 => interleave_q4(s, cols, d),
             Order::Q6 => interleave_q6(s, cols, d),
             Order::Q8(gs) => interleave_q8(s, cols, gs, d),
-            Order::K(kind) => super::k_interleaved::interleave_k(kind, s, cols, d),
+            Order::K(o, kind) => super::k_interleaved::interleave_k(o, kind, s, cols, d),
         });
 }
 
@@ -232,7 +243,12 @@ fn reorder(order: Order, src: &[u8], cols: usize, dst: &mut [u8]) {
 /// Q6_K); `None` where they read the file's. For a matrix that outlives the file (the vision
 /// tower's), as [`interleave_file`] does for the text model's.
 pub fn for_kernels(data: &TensorData, cols: usize) -> Option<OwnedTensorData> {
-    let (_, order) = order_of(data, Reorders::of_this_cpu())?;
+    // A 2-D matrix (the tower's): its rows, which only the K-quants' orders ask.
+    let rows = match data.dtype() {
+        DType::K(kind) => data.k_quant().1.len() / kind.row_bytes(cols).max(1),
+        _ => 1,
+    };
+    let (_, order) = order_of(data, rows, Reorders::of_this_cpu())?;
     // The scales copied as they are; the values written over in the kernels' order.
     let mut copy = data.to_owned_data();
     reorder(order, data.value_bytes(), cols, copy.values_mut());

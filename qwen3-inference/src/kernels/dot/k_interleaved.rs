@@ -46,6 +46,28 @@
 //! scalar reference on the GGUF's blocks (`k_quants.rs`). Q5_K is not reordered (its kernels
 //! read the file's blocks).
 
+//!
+//! ## Eight rows (AVX2)
+//!
+//! AVX2 has neither `vpdpbusd` nor 16 lanes; its file-order kernels spend more of a block on
+//! picking scales and adding across lanes than on products. In [`KOrder::Rows8`] a 32-bit lane
+//! is a weight row: eight rows' blocks `b` lie together (the 1152 bytes of their eight GGUF
+//! blocks), so that one broadcast of four activations meets the same four columns of eight
+//! rows, every sum stays in its row's lane (no adding across lanes), and one `vpmaddwd` scales
+//! a sub-block of all eight rows by their integer scales:
+//!
+//! ```text
+//! Q4_K, 8 rows, block b (1152 bytes):
+//!   0 .. 1024      pair p (0..4), word k (0..8): 32 bytes, row r's bytes 4k..4k + 4 of its
+//!                  block's pair p at 4r (low nibbles: sub-block 2p's values 4k..; high: 2p + 1's)
+//!   1024 .. 1120   the 12 scale bytes, as three vectors: bytes 4i..4i + 4 of row r at 32i + 4r
+//!   1120 .. 1136   row r's d (f16) at 2r;   1136 .. 1152   row r's dmin
+//! ```
+//!
+//! Every byte is the GGUF's, moved: the 6-bit scales are unpacked for the eight rows at once in
+//! the kernel (`x86/k_rows8.rs`). A matrix keeps its length, and each set of 8 rows the bytes of
+//! its rows.
+
 use super::interleaved::{blocks, put_q4_block, put_q6_block};
 use crate::format::KQuant;
 use crate::gguf::blocks::{q4_k_nibble, q6_k_int, q6_k_parts, scale_min};
@@ -53,9 +75,34 @@ use crate::gguf::blocks::{q4_k_nibble, q6_k_int, q6_k_parts, scale_min};
 /// Groups of 32 a GGUF block of 256 holds.
 const BLOCK_GROUPS: usize = 8;
 
-/// Whether matrices of `kind` are reordered for the AVX-512 kernels: Q4_K and Q6_K.
-pub const fn interleaves(kind: KQuant) -> bool {
-    matches!(kind, KQuant::Q4K | KQuant::Q6K)
+/// The orders a family's K-quant kernels read, one per family that has such kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KOrder {
+    /// AVX-512's: sixteen groups of 32 of one row side by side (the text above).
+    Groups,
+    /// AVX2's: eight rows side by side, a 32-bit lane a row ("Eight rows" below).
+    Rows8,
+}
+
+impl KOrder {
+    /// Whether matrices of `kind` are reordered: AVX-512's Q4_K and Q6_K, AVX2's Q4_K.
+    pub const fn takes(self, kind: KQuant) -> bool {
+        match self {
+            KOrder::Groups => matches!(kind, KQuant::Q4K | KQuant::Q6K),
+            KOrder::Rows8 => matches!(kind, KQuant::Q4K),
+        }
+    }
+
+    /// The rows the order lays out together: a matrix (each of a stacked tensor's matrices)
+    /// whose rows this does not divide keeps the file's order, so that every slice of whole
+    /// matrices, and every part of one the threads take (whole multiples of 16 rows but the
+    /// last, `kernels/matmul.rs`), holds whole sets of rows.
+    pub const fn rows(self) -> usize {
+        match self {
+            KOrder::Groups => 1,
+            KOrder::Rows8 => 8,
+        }
+    }
 }
 
 /// The interleaved blocks of a row of `cols` weights: `(first group, groups, first byte)`, the
@@ -64,12 +111,15 @@ pub fn k_blocks(kind: KQuant, cols: usize) -> impl Iterator<Item = (usize, usize
     blocks(cols / 32).map(move |(g0, n)| (g0, n, g0 / BLOCK_GROUPS * kind.block_bytes()))
 }
 
-/// `w` (rows of `cols` weights, whole GGUF blocks of `kind`, Q4_K or Q6_K) in the interleaved
-/// order, into `out` (as long as `w`).
-pub fn interleave_k(kind: KQuant, w: &[u8], cols: usize, out: &mut [u8]) {
+/// `w` (rows of `cols` weights, whole GGUF blocks of `kind`, one that `order` takes) in
+/// `order`, into `out` (as long as `w`). For [`KOrder::Rows8`], `w` is whole sets of 8 rows.
+pub fn interleave_k(order: KOrder, kind: KQuant, w: &[u8], cols: usize, out: &mut [u8]) {
     let row = kind.row_bytes(cols);
-    assert!(interleaves(kind) && cols.is_multiple_of(256) && w.len() == out.len());
-    assert!(w.len().is_multiple_of(row.max(1)));
+    assert!(order.takes(kind) && cols.is_multiple_of(256) && w.len() == out.len());
+    assert!(w.len().is_multiple_of((order.rows() * row).max(1)));
+    if order == KOrder::Rows8 {
+        return put_q4_k_rows8(w, cols, out);
+    }
     for (src, dst) in w.chunks_exact(row).zip(out.chunks_exact_mut(row)) {
         for (_, n, at) in k_blocks(kind, cols) {
             let len = n / BLOCK_GROUPS * kind.block_bytes();
@@ -103,6 +153,37 @@ fn put_q4_k(src: &[u8], n: usize, dst: &mut [u8]) {
         d.copy_from_slice(&src[i * bb..i * bb + 4]);
     }
 }
+
+/// Q4_K rows (`src`, whole sets of 8 rows of `cols` weights) in [`KOrder::Rows8`] (`dst`).
+fn put_q4_k_rows8(src: &[u8], cols: usize, dst: &mut [u8]) {
+    let (bb, blocks) = (KQuant::Q4K.block_bytes(), cols / 256);
+    let row = blocks * bb;
+    for (src, dst) in src.chunks_exact(8 * row).zip(dst.chunks_exact_mut(8 * row)) {
+        for (b, dst) in dst.chunks_exact_mut(8 * bb).enumerate() {
+            for r in 0..8 {
+                let block = &src[r * row + b * bb..][..bb];
+                // Word k of pair p: the row's bytes 4k.. of the pair's 32, at lane r.
+                for (pk, word) in block[16..].chunks_exact(4).enumerate() {
+                    dst[32 * pk + 4 * r..][..4].copy_from_slice(word);
+                }
+                // The 12 scale bytes in three vectors of 4 a row, then d and dmin.
+                for (i, four) in block[4..16].chunks_exact(4).enumerate() {
+                    dst[ROWS8_SCALES + 32 * i + 4 * r..][..4].copy_from_slice(four);
+                }
+                dst[ROWS8_D + 2 * r..][..2].copy_from_slice(&block[0..2]);
+                dst[ROWS8_DMIN + 2 * r..][..2].copy_from_slice(&block[2..4]);
+            }
+        }
+    }
+}
+
+/// Where, in a set of 8 Q4_K blocks in [`KOrder::Rows8`] (1152 bytes), their scales' three
+/// vectors start, their `d`s and their `dmin`s.
+pub(crate) const ROWS8_SCALES: usize = 1024;
+/// See [`ROWS8_SCALES`].
+pub(crate) const ROWS8_D: usize = 1120;
+/// See [`ROWS8_SCALES`].
+pub(crate) const ROWS8_DMIN: usize = 1136;
 
 /// `n / 8` Q6_K blocks (`src`) as one interleaved block of `n` groups (`dst`).
 fn put_q6_k(src: &[u8], n: usize, dst: &mut [u8]) {
@@ -161,6 +242,38 @@ mod tests {
         }
     }
 
+    /// Every byte of eight Q4_K rows is where [`KOrder::Rows8`]'s text says.
+    #[test]
+    fn rows8_puts_every_byte_where_the_order_says() {
+        let mut seed = 6u64;
+        let (bb, per_row) = (KQuant::Q4K.block_bytes(), 3);
+        let (rows, cols) = (16, 256 * per_row);
+        let w =
+            crate::kernels::dot::k_quants::tests::blocks(KQuant::Q4K, rows * per_row, &mut seed);
+        let mut out = vec![0u8; w.len()];
+        interleave_k(KOrder::Rows8, KQuant::Q4K, &w, cols, &mut out);
+        let row = per_row * bb;
+        for r in 0..rows {
+            for b in 0..per_row {
+                let block = &w[r * row + b * bb..][..bb];
+                let set = &out[(r / 8) * 8 * row + b * 8 * bb..][..8 * bb];
+                let l = r % 8;
+                for (byte, &v) in block.iter().enumerate() {
+                    let at = match byte {
+                        0..2 => ROWS8_D + 2 * l + byte,
+                        2..4 => ROWS8_DMIN + 2 * l + byte - 2,
+                        4..16 => ROWS8_SCALES + 32 * ((byte - 4) / 4) + 4 * l + (byte - 4) % 4,
+                        _ => {
+                            let (p, k, i) = ((byte - 16) / 32, (byte - 16) % 32 / 4, byte % 4);
+                            32 * (8 * p + k) + 4 * l + i
+                        }
+                    };
+                    assert_eq!(set[at], v, "row {r}, block {b}, byte {byte}");
+                }
+            }
+        }
+    }
+
     /// Every weight of rows of one to five GGUF blocks (an odd number ends in a short block) is
     /// where the module's text says, with the value gguf-py's dequantization gives the GGUF's
     /// block (`blocks.rs`), bit for bit.
@@ -174,7 +287,7 @@ mod tests {
                 let w =
                     crate::kernels::dot::k_quants::tests::blocks(kind, rows * per_row, &mut seed);
                 let mut out = vec![0u8; w.len()];
-                interleave_k(kind, &w, cols, &mut out);
+                interleave_k(KOrder::Groups, kind, &w, cols, &mut out);
                 let row = kind.row_bytes(cols);
                 for r in 0..rows {
                     for c in 0..cols {

@@ -304,7 +304,7 @@ pub fn mat_k_scalar(kind: KQuant, w: &[u8], x: &ActsQ8, out: &mut [f32]) {
 pub(crate) mod tests {
     use super::*;
     use crate::gguf::blocks::k_quant_value;
-    use crate::kernels::dot::k_interleaved::{interleave_k, interleaves};
+    use crate::kernels::dot::k_interleaved::{interleave_k, KOrder};
     use crate::kernels::dot::ActsQ8Buf;
     use crate::testing::next_values;
 
@@ -356,6 +356,10 @@ pub(crate) mod tests {
             (37, BLOCK, 6),
             (3, 3 * BLOCK, 5),
             (2, 3 * BLOCK, 1),
+            // Sets of eight rows (AVX2's interleaved order), by tiles of 1 to 3 tokens.
+            (8, BLOCK, 1),
+            (16, 2 * BLOCK, 7),
+            (24, 3 * BLOCK, 5),
         ] {
             let x = next_values(t * cols, &mut seed);
             let mut buf = ActsQ8Buf::default();
@@ -364,20 +368,25 @@ pub(crate) mod tests {
                 let w = blocks(kind, rows * cols / BLOCK, &mut seed);
                 let mut want = vec![0f32; rows * t];
                 mat_k_scalar(kind, &w, &acts, &mut want);
-                let mut reordered = vec![0u8; w.len()];
-                if interleaves(kind) {
-                    interleave_k(kind, &w, cols, &mut reordered);
-                }
+                // Each family's interleaved order, where it takes the kind and the rows.
+                let reordered = |order: KOrder| {
+                    let mut out = vec![0u8; w.len()];
+                    interleave_k(order, kind, &w, cols, &mut out);
+                    out
+                };
                 let families = crate::kernels::dot::available().into_iter();
                 let kernels = families.flat_map(|d| {
-                    let interleaved = d.k_interleaved.filter(|_| interleaves(kind));
-                    let file = Some((d.isa, "file order", d.k_rows, &w));
+                    let interleaved = d
+                        .k_interleaved
+                        .filter(|(o, _)| o.takes(kind) && rows.is_multiple_of(o.rows()));
+                    let file = Some((d.isa, "file order", d.k_rows, w.clone()));
                     [
                         file,
-                        interleaved.map(|k| (d.isa, "interleaved", k, &reordered)),
+                        interleaved.map(|(o, k)| (d.isa, "interleaved", k, reordered(o))),
                     ]
                 });
                 for (isa, order, kernel, w) in kernels.flatten() {
+                    let w = &w;
                     let mut got = vec![0f32; rows * t];
                     kernel(kind, w, &acts, &mut got, 0);
                     for (k, (a, b)) in got.iter().zip(&want).enumerate() {

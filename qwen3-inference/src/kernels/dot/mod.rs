@@ -80,9 +80,10 @@ pub struct Dots {
     pub q4_layout: q4::Q4Layout,
     /// GGUF's K-quant blocks against q8 activations (`k_quants.rs`).
     pub k_rows: MatK,
-    /// `k_rows` on Q4_K and Q6_K blocks in the interleaved order (`k_interleaved.rs`), where
-    /// this family has such a kernel (AVX-512); `Model::load` then makes the copy.
-    pub k_interleaved: Option<MatK>,
+    /// `k_rows` on K-quant blocks in an interleaved order of this family's
+    /// (`k_interleaved.rs`: AVX-512's groups side by side, AVX2's eight rows), for the kinds the
+    /// order takes; `Model::load` then makes the copy.
+    pub k_interleaved: Option<(k_interleaved::KOrder, MatK)>,
     pub q8_f32: DotQ8F32,
     pub quantize_q8: QuantizeQ8,
     /// Which instruction set was picked, for `--verbose` and the bench report.

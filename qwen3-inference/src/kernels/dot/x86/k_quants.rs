@@ -265,6 +265,7 @@ unsafe fn dot_q4_k<const N: usize, const FIVE: bool>(w: &[u8], tokens: [Token; N
     // A's shifts: even lanes keep the low nibbles, odd lanes bring the high ones down.
     let shifts = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
     let mut acc = [_mm256_setzero_ps(); N];
+    let mut mins = [_mm256_setzero_ps(); N];
     for (b, block) in w.chunks_exact(kind.block_bytes()).enumerate() {
         // Q5_K: 32 bytes of fifth bits (bit i of byte l: value l of sub-block i) before the
         // nibbles.
@@ -327,12 +328,12 @@ unsafe fn dot_q4_k<const N: usize, const FIVE: bool>(w: &[u8], tokens: [Token; N
             // SAFETY: block b's scale is `xs[b]`, its 8 groups `mins` 8b..8b + 8 (the
             // caller's lengths).
             let dx = _mm256_set1_ps(d * *tk.xs.get_unchecked(b));
-            let mins = _mm256_loadu_ps(tk.kmins.as_ptr().add(8 * b));
-            let a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isums[k]), dx, acc[k]);
-            acc[k] = _mm256_fnmadd_ps(dm, mins, a);
+            let kmins = _mm256_loadu_ps(tk.kmins.as_ptr().add(8 * b));
+            acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isums[k]), dx, acc[k]);
+            mins[k] = _mm256_fmadd_ps(dm, kmins, mins[k]);
         }
     }
-    acc.map(|a| sum8(a))
+    std::array::from_fn(|k| sum8(_mm256_sub_ps(acc[k], mins[k])))
 }
 
 /// The `vpshufb` bytes that fill each 32-bit lane with one 16-bit word twice: in the low 128-bit

@@ -18,16 +18,19 @@ mod avx512;
 mod interleaved;
 mod k_interleaved;
 mod k_quants;
+mod k_rows8;
 mod q4;
 mod q8_lanes_avx2;
 mod q8_pairs;
 
+use super::k_interleaved::KOrder;
 use super::Dots;
 use avx2::*;
 use avx512::*;
 use interleaved::*;
 use k_interleaved::*;
 use k_quants::*;
+use k_rows8::*;
 use q4::*;
 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T2};
 
@@ -70,7 +73,9 @@ pub const AVX2: Dots = Dots {
     q6_rows: |w, ws, x, out, ahead| unsafe { mat_q4_avx2::<MADDUBS, true>(w, ws, x, out, ahead) },
     q4_layout: super::q4::Q4Layout::Pairs,
     k_rows: |kind, w, x, out, ahead| unsafe { mat_k_avx2(kind, w, x, out, ahead) },
-    k_interleaved: None,
+    k_interleaved: Some((KOrder::Rows8, |kind, w, x, out, ahead| unsafe {
+        mat_k_rows8_avx2(kind, w, x, out, ahead)
+    })),
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx2(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx2(x, gs, q, s) },
     isa: "avx2",
@@ -110,9 +115,9 @@ pub const AVX512: Dots = Dots {
     q6_rows: |w, ws, x, out, ahead| unsafe { mat_interleaved_avx512::<true>(w, ws, x, out, ahead) },
     q4_layout: super::q4::Q4Layout::Interleaved,
     k_rows: |kind, w, x, out, ahead| unsafe { mat_k_avx512(kind, w, x, out, ahead) },
-    k_interleaved: Some(|kind, w, x, out, ahead| unsafe {
+    k_interleaved: Some((KOrder::Groups, |kind, w, x, out, ahead| unsafe {
         mat_k_interleaved_avx512(kind, w, x, out, ahead)
-    }),
+    })),
     q8_f32: |w, ws, x, gs| unsafe { dot_q8_f32_avx512(w, ws, x, gs) },
     quantize_q8: |x, gs, q, s| unsafe { quantize_q8_avx512(x, gs, q, s) },
     isa: "avx512-vnni",

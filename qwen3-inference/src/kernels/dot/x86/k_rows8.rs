@@ -1,0 +1,253 @@
+//! GGUF's Q4_K on AVX2 with eight weight rows side by side (`dot/k_interleaved.rs`,
+//! [`KOrder::Rows8`]): a 32-bit lane is a row, so every sum stays in its row's lane and a set of
+//! eight rows ends as one vector of eight products, with no adding across lanes. Per set of
+//! eight rows, token and block of 256 (sub-block `j` of 32 values; `x` the token's int8 values,
+//! one scale `xs` a block, `sum16` its sums of 16):
+//!
+//! ```text
+//! lane r:  s_j   = sum_l q[r, j, l] x[j, l]      8 vpmaddubsw of (4 values x 8 rows) against a
+//!                                                broadcast of 4 activations, added in 16 bits
+//!          isum  = sum_j sc[r, j] s_j            one vpmaddwd a sub-block: sc as both words
+//!          imin  = sum_j m[r, j] sum(x_j)        one vpmaddwd a sub-block, with its two sum16
+//!          acc  += float(isum) (d[r] xs) - float(imin) (dmin[r] xs)
+//! ```
+//!
+//! The 6-bit scales and minimums are unpacked for the eight rows at once (the three vectors of
+//! the order's scale bytes, a few masks and shifts). In 16 bits a sub-block's eight products are
+//! at most 8 * 2 * 15 * 128 = 30720; in 32, a block's at most 8 * 2 * 30720 * 63, and every
+//! integer sum is exact, so a prompt's tiles (up to [`TOKENS`] tokens against the same unpacked
+//! weights) give each token decode's bits: the float steps are the same for each token.
+//!
+//! Against the file-order kernel (`k_quants.rs`, a row at a time, the sub-blocks' sums across
+//! lanes and their scales picked per pair): a third of the operations a block.
+
+use super::super::k_interleaved::{KOrder, ROWS8_D, ROWS8_DMIN, ROWS8_SCALES};
+use super::super::k_quants::{self, BLOCK};
+use super::super::ActsQ8;
+use super::q4::prefetch_lines;
+use crate::format::KQuant;
+use std::arch::x86_64::*;
+
+/// Rows a set takes (a lane each).
+const ROWS: usize = 8;
+
+/// Tokens a prompt's tile takes: each token holds two vectors of 16-bit sums and one of 32-bit
+/// ones through a pair, beside the unpacked weights: three tokens fill AVX2's sixteen registers.
+const TOKENS: usize = 3;
+
+/// [`super::super::MatK`] on AVX2 for Q4_K in [`KOrder::Rows8`]. Panics on another kind, or on
+/// rows not whole sets of eight (the order keeps the file's for such a matrix).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn mat_k_rows8_avx2(
+    kind: KQuant,
+    w: &[u8],
+    x: &ActsQ8,
+    out: &mut [f32],
+    ahead: usize,
+) {
+    assert!(
+        KOrder::Rows8.takes(kind),
+        "{kind:?} is not laid out eight rows side by side"
+    );
+    // Panics unless the weights are whole rows of blocks of `x.cols`, the activations hold `t`
+    // tokens with their scales and sums of 16, and `out` is `[rows, t]`.
+    let rows = k_quants::check(kind, w, x, out);
+    assert!(
+        rows.is_multiple_of(ROWS),
+        "Q4_K eight rows side by side: {rows} rows are not whole sets of eight"
+    );
+    let (t, cols) = (x.t, x.cols);
+    let (row, blocks) = (kind.row_bytes(cols), cols / BLOCK);
+    let set = ROWS * row;
+    let reach = w.len() + ahead;
+    let k = &x.k;
+    for (s, weights) in w.chunks_exact(set).enumerate() {
+        prefetch_lines(w, s * set, set, reach);
+        let mut i = 0;
+        while i < t {
+            let n = (t - i).min(TOKENS);
+            // Token j's values, block scales and sums of 16.
+            let q = |j: usize| &k.q[(i + j) * cols..][..cols];
+            let xs = |j: usize| &k.scales[(i + j) * blocks..][..blocks];
+            let sums = |j: usize| &k.sums16[(i + j) * cols / 16..][..cols / 16];
+            // SAFETY: `check` gave every token `cols` values, `blocks` scales and `cols / 16`
+            // sums, and `weights` is `blocks` sets of eight blocks; the caller, the features.
+            unsafe {
+                match n {
+                    1 => put(tile::<1>(weights, [q(0)], [xs(0)], [sums(0)]), out, s, t, i),
+                    2 => put(
+                        tile::<2>(weights, [q(0), q(1)], [xs(0), xs(1)], [sums(0), sums(1)]),
+                        out,
+                        s,
+                        t,
+                        i,
+                    ),
+                    _ => put(
+                        tile::<3>(
+                            weights,
+                            [q(0), q(1), q(2)],
+                            [xs(0), xs(1), xs(2)],
+                            [sums(0), sums(1), sums(2)],
+                        ),
+                        out,
+                        s,
+                        t,
+                        i,
+                    ),
+                }
+            }
+            i += n;
+        }
+    }
+}
+
+/// Tokens `i..` of set `s`'s eight rows (lane `r` of `got[j]`: row `8s + r`, token `i + j`) into
+/// `out`, `[rows, t]`. Caller guarantees AVX.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn put<const N: usize>(got: [__m256; N], out: &mut [f32], s: usize, t: usize, i: usize) {
+    if t == 1 {
+        // Decode: the eight rows' values are next to each other.
+        let row = &mut out[ROWS * s..ROWS * (s + 1)];
+        // SAFETY: 8 floats into a slice of 8.
+        return unsafe { _mm256_storeu_ps(row.as_mut_ptr(), got[0]) };
+    }
+    for (j, lanes) in got.iter().enumerate() {
+        let mut v = [0f32; ROWS];
+        // SAFETY: 8 floats into an array of 8.
+        unsafe { _mm256_storeu_ps(v.as_mut_ptr(), *lanes) };
+        for (r, v) in v.into_iter().enumerate() {
+            out[(s * ROWS + r) * t + i + j] = v;
+        }
+    }
+}
+
+/// One set of eight rows (`w`: its blocks, 1152 bytes each) against `N` tokens: lane `r` of
+/// vector `j` is row `r`'s product with token `j`. Caller guarantees AVX2, FMA and F16C, that
+/// `w` holds `q[j].len() / 256` sets of blocks, and that each token has as many block scales
+/// (`xs`) and sums of 16 (`sums`, 16 a block).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile<const N: usize>(
+    w: &[u8],
+    q: [&[i8]; N],
+    xs: [&[f32]; N],
+    sums: [&[i16]; N],
+) -> [__m256; N] {
+    let (m4, m6, m30) = (
+        _mm256_set1_epi8(0x0f),
+        _mm256_set1_epi8(0x3f),
+        _mm256_set1_epi8(0x30),
+    );
+    // `vpshufb` picks: byte `b` of each 32-bit lane into both of its 16-bit words, zero-extended
+    // (a sub-block's scale, or minimum, of each row as `vpmaddwd`'s pair).
+    let pick = |b: i32| {
+        let lane = |l: i32| (4 * l + b) | (0x80 << 8) | (4 * l + b) << 16 | (0x80 << 24);
+        _mm256_setr_epi32(
+            lane(0),
+            lane(1),
+            lane(2),
+            lane(3),
+            lane(0),
+            lane(1),
+            lane(2),
+            lane(3),
+        )
+    };
+    let picks = [pick(0), pick(1), pick(2), pick(3)];
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut mins = [_mm256_setzero_ps(); N];
+    let set = ROWS * KQuant::Q4K.block_bytes();
+    for b in 0..q[0].len() / BLOCK {
+        // SAFETY: set `b` is bytes `set b.. + set` of `w` (the caller's length).
+        let at = unsafe { w.as_ptr().add(b * set) };
+        // SAFETY (every `load`): offsets below `set` (1152): the order's 36 vectors.
+        let load = |o: usize| unsafe { _mm256_loadu_si256(at.add(o) as *const __m256i) };
+        // 1. The scales and minimums, byte j of lane r being row r's sub-block j (or j + 4)
+        //    (gguf's get_scale_min_k4): the scale bytes s0..s4, s4..s8, s8..s12 of each row
+        //    are the three vectors `a`, `b`, `c`.
+        let (a, bb, c) = (
+            load(ROWS8_SCALES),
+            load(ROWS8_SCALES + 32),
+            load(ROWS8_SCALES + 64),
+        );
+        let high = |v: __m256i| _mm256_and_si256(_mm256_srli_epi16::<2>(v), m30);
+        // sc_j = s_j & 63 (j < 4); (s_j+4 & 15) | (s_j-4 >> 6) << 4 (j >= 4).
+        let sc = [
+            _mm256_and_si256(a, m6),
+            _mm256_or_si256(_mm256_and_si256(c, m4), high(a)),
+        ];
+        // m_j = s_j+4 & 63 (j < 4); (s_j+4 >> 4) | (s_j >> 6) << 4 (j >= 4).
+        let m = [
+            _mm256_and_si256(bb, m6),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(c), m4), high(bb)),
+        ];
+        // 2. Each pair p of sub-blocks (2p: the low nibbles, 2p + 1: the high ones): eight
+        //    words of 4 values a row, each against a broadcast of its 4 activations.
+        let mut isum = [_mm256_setzero_si256(); N];
+        for p in 0..4 {
+            let mut lo16 = [_mm256_setzero_si256(); N];
+            let mut hi16 = [_mm256_setzero_si256(); N];
+            for k in 0..8 {
+                let v = load(32 * (8 * p + k));
+                let lo = _mm256_and_si256(v, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                for j in 0..N {
+                    // SAFETY: values 256b + 64p + 4k.. + 4 and 32 on of the token's
+                    // `q[0].len()`, whole blocks (the caller's).
+                    let x = unsafe { q[j].as_ptr().add(BLOCK * b + 64 * p + 4 * k) };
+                    let (xl, xh) = unsafe { (broadcast4(x), broadcast4(x.add(32))) };
+                    lo16[j] = _mm256_add_epi16(lo16[j], _mm256_maddubs_epi16(lo, xl));
+                    hi16[j] = _mm256_add_epi16(hi16[j], _mm256_maddubs_epi16(hi, xh));
+                }
+            }
+            let (s0, s1) = (2 * p, 2 * p + 1);
+            let sc0 = _mm256_shuffle_epi8(sc[s0 / 4], picks[s0 % 4]);
+            let sc1 = _mm256_shuffle_epi8(sc[s1 / 4], picks[s1 % 4]);
+            for j in 0..N {
+                let scaled = _mm256_add_epi32(
+                    _mm256_madd_epi16(lo16[j], sc0),
+                    _mm256_madd_epi16(hi16[j], sc1),
+                );
+                isum[j] = _mm256_add_epi32(isum[j], scaled);
+            }
+        }
+        // 3. The minimums' part: m_j times the sub-block's two sums of 16, a `vpmaddwd`.
+        let mut imin = [_mm256_setzero_si256(); N];
+        for s in 0..8 {
+            let ms = _mm256_shuffle_epi8(m[s / 4], picks[s % 4]);
+            for j in 0..N {
+                // SAFETY: sums 16b + 2s, + 1 of the token's (the caller's: 16 a block).
+                let pair = unsafe { broadcast4(sums[j].as_ptr().add(16 * b + 2 * s) as *const i8) };
+                imin[j] = _mm256_add_epi32(imin[j], _mm256_madd_epi16(ms, pair));
+            }
+        }
+        // 4. One conversion a block: d[r] xs and dmin[r] xs (each an f16 times an f32).
+        // SAFETY: the eight d and dmin (f16) at their offsets, 16 bytes each, below `set`.
+        let (d, dmin) = unsafe {
+            (
+                _mm256_cvtph_ps(_mm_loadu_si128(at.add(ROWS8_D) as *const __m128i)),
+                _mm256_cvtph_ps(_mm_loadu_si128(at.add(ROWS8_DMIN) as *const __m128i)),
+            )
+        };
+        for j in 0..N {
+            // SAFETY: block b's scale (the caller's length).
+            let x = _mm256_set1_ps(unsafe { *xs[j].get_unchecked(b) });
+            let (dx, mx) = (_mm256_mul_ps(d, x), _mm256_mul_ps(dmin, x));
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), dx, acc[j]);
+            mins[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[j]), mx, mins[j]);
+        }
+    }
+    std::array::from_fn(|j| _mm256_sub_ps(acc[j], mins[j]))
+}
+
+/// The 4 bytes at `p` in every 32-bit lane. Caller guarantees AVX2 and 4 readable bytes at `p`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn broadcast4(p: *const i8) -> __m256i {
+    // SAFETY: the caller's 4 bytes; an unaligned read.
+    _mm256_set1_epi32(unsafe { (p as *const i32).read_unaligned() })
+}
