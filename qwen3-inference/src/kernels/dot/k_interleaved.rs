@@ -62,11 +62,15 @@
 //!                  block's pair p at 4r (low nibbles: sub-block 2p's values 4k..; high: 2p + 1's)
 //!   1024 .. 1120   the 12 scale bytes, as three vectors: bytes 4i..4i + 4 of row r at 32i + 4r
 //!   1120 .. 1136   row r's d (f16) at 2r;   1136 .. 1152   row r's dmin
+//!
+//! Q6_K, 8 rows, block b (1680 bytes): each row's 52 words of 4 bytes (`ql`'s 32, `qh`'s 16,
+//! the 16 scales' 4) in that order, word i of the eight rows at 32i (row r's at 32i + 4r); then
+//! row r's d (f16) at 1664 + 2r.
 //! ```
 //!
 //! Every byte is the GGUF's, moved: the 6-bit scales are unpacked for the eight rows at once in
-//! the kernel (`x86/k_rows8.rs`). A matrix keeps its length, and each set of 8 rows the bytes of
-//! its rows.
+//! the kernel (`x86/k_rows8.rs`), and Q6_K's values from their two parts. A matrix keeps its
+//! length, and each set of 8 rows the bytes of its rows.
 
 use super::interleaved::{blocks, put_q4_block, put_q6_block};
 use crate::format::KQuant;
@@ -85,12 +89,10 @@ pub enum KOrder {
 }
 
 impl KOrder {
-    /// Whether matrices of `kind` are reordered: AVX-512's Q4_K and Q6_K, AVX2's Q4_K.
+    /// Whether matrices of `kind` are reordered: Q4_K and Q6_K (Q5_K's kernels read the file's
+    /// blocks).
     pub const fn takes(self, kind: KQuant) -> bool {
-        match self {
-            KOrder::Groups => matches!(kind, KQuant::Q4K | KQuant::Q6K),
-            KOrder::Rows8 => matches!(kind, KQuant::Q4K),
-        }
+        matches!(kind, KQuant::Q4K | KQuant::Q6K)
     }
 
     /// The rows the order lays out together: a matrix (each of a stacked tensor's matrices)
@@ -117,8 +119,10 @@ pub fn interleave_k(order: KOrder, kind: KQuant, w: &[u8], cols: usize, out: &mu
     let row = kind.row_bytes(cols);
     assert!(order.takes(kind) && cols.is_multiple_of(256) && w.len() == out.len());
     assert!(w.len().is_multiple_of((order.rows() * row).max(1)));
-    if order == KOrder::Rows8 {
-        return put_q4_k_rows8(w, cols, out);
+    match (order, kind) {
+        (KOrder::Rows8, KQuant::Q4K) => return put_q4_k_rows8(w, cols, out),
+        (KOrder::Rows8, _) => return put_q6_k_rows8(w, cols, out),
+        _ => {}
     }
     for (src, dst) in w.chunks_exact(row).zip(out.chunks_exact_mut(row)) {
         for (_, n, at) in k_blocks(kind, cols) {
@@ -176,6 +180,29 @@ fn put_q4_k_rows8(src: &[u8], cols: usize, dst: &mut [u8]) {
         }
     }
 }
+
+/// Q6_K rows (`src`, whole sets of 8 rows of `cols` weights) in [`KOrder::Rows8`] (`dst`).
+fn put_q6_k_rows8(src: &[u8], cols: usize, dst: &mut [u8]) {
+    let (bb, blocks) = (KQuant::Q6K.block_bytes(), cols / 256);
+    let row = blocks * bb;
+    for (src, dst) in src.chunks_exact(8 * row).zip(dst.chunks_exact_mut(8 * row)) {
+        for (b, dst) in dst.chunks_exact_mut(8 * bb).enumerate() {
+            for r in 0..8 {
+                let block = &src[r * row + b * bb..][..bb];
+                // Word k of `ql`'s 32-byte pieces (half n, chunk c: 2n + c), then of `qh`'s
+                // (half n), then the 16 scales as four words: row r's at 4r.
+                for (i, word) in block[..208].chunks_exact(4).enumerate() {
+                    dst[32 * i + 4 * r..][..4].copy_from_slice(word);
+                }
+                dst[ROWS8_Q6_D + 2 * r..][..2].copy_from_slice(&block[208..210]);
+            }
+        }
+    }
+}
+
+/// Where, in a set of 8 Q6_K blocks in [`KOrder::Rows8`] (1680 bytes), their `d`s start (`ql`'s
+/// words from 0, `qh`'s from 1024, the scales' from 1536).
+pub(crate) const ROWS8_Q6_D: usize = 1664;
 
 /// Where, in a set of 8 Q4_K blocks in [`KOrder::Rows8`] (1152 bytes), their scales' three
 /// vectors start, their `d`s and their `dmin`s.

@@ -21,7 +21,7 @@
 //! Against the file-order kernel (`k_quants.rs`, a row at a time, the sub-blocks' sums across
 //! lanes and their scales picked per pair): a third of the operations a block.
 
-use super::super::k_interleaved::{KOrder, ROWS8_D, ROWS8_DMIN, ROWS8_SCALES};
+use super::super::k_interleaved::{KOrder, ROWS8_D, ROWS8_DMIN, ROWS8_Q6_D, ROWS8_SCALES};
 use super::super::k_quants::{self, BLOCK};
 use super::super::ActsQ8;
 use super::q4::prefetch_lines;
@@ -65,7 +65,6 @@ pub(super) unsafe fn mat_k_rows8_avx2(
     let reach = w.len() + ahead;
     let k = &x.k;
     for (s, weights) in w.chunks_exact(set).enumerate() {
-        prefetch_lines(w, s * set, set, reach);
         let mut i = 0;
         while i < t {
             let n = (t - i).min(TOKENS);
@@ -73,30 +72,24 @@ pub(super) unsafe fn mat_k_rows8_avx2(
             let q = |j: usize| &k.q[(i + j) * cols..][..cols];
             let xs = |j: usize| &k.scales[(i + j) * blocks..][..blocks];
             let sums = |j: usize| &k.sums16[(i + j) * cols / 16..][..cols / 16];
+            let (q2, xs2, sums2) = (|| [q(0), q(1)], || [xs(0), xs(1)], || [sums(0), sums(1)]);
+            let q3 = || [q(0), q(1), q(2)];
+            let (xs3, sums3) = (|| [xs(0), xs(1), xs(2)], || [sums(0), sums(1), sums(2)]);
+            let at = (&mut *out, s, t, i);
+            // The weights ahead, asked for block by block by the first tile of tokens.
+            let ahead = if i == 0 { reach - s * set } else { 0 };
             // SAFETY: `check` gave every token `cols` values, `blocks` scales and `cols / 16`
             // sums, and `weights` is `blocks` sets of eight blocks; the caller, the features.
             unsafe {
-                match n {
-                    1 => put(tile::<1>(weights, [q(0)], [xs(0)], [sums(0)]), out, s, t, i),
-                    2 => put(
-                        tile::<2>(weights, [q(0), q(1)], [xs(0), xs(1)], [sums(0), sums(1)]),
-                        out,
-                        s,
-                        t,
-                        i,
-                    ),
-                    _ => put(
-                        tile::<3>(
-                            weights,
-                            [q(0), q(1), q(2)],
-                            [xs(0), xs(1), xs(2)],
-                            [sums(0), sums(1), sums(2)],
-                        ),
-                        out,
-                        s,
-                        t,
-                        i,
-                    ),
+                match (kind, n) {
+                    (KQuant::Q4K, 1) => {
+                        put(tile::<1>(weights, ahead, [q(0)], [xs(0)], [sums(0)]), at)
+                    }
+                    (KQuant::Q4K, 2) => put(tile::<2>(weights, ahead, q2(), xs2(), sums2()), at),
+                    (KQuant::Q4K, _) => put(tile::<3>(weights, ahead, q3(), xs3(), sums3()), at),
+                    (_, 1) => put(tile6::<1>(weights, ahead, [q(0)], [xs(0)], [sums(0)]), at),
+                    (_, 2) => put(tile6::<2>(weights, ahead, q2(), xs2(), sums2()), at),
+                    _ => put(tile6::<3>(weights, ahead, q3(), xs3(), sums3()), at),
                 }
             }
             i += n;
@@ -108,7 +101,8 @@ pub(super) unsafe fn mat_k_rows8_avx2(
 /// `out`, `[rows, t]`. Caller guarantees AVX.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn put<const N: usize>(got: [__m256; N], out: &mut [f32], s: usize, t: usize, i: usize) {
+unsafe fn put<const N: usize>(got: [__m256; N], at: (&mut [f32], usize, usize, usize)) {
+    let (out, s, t, i) = at;
     if t == 1 {
         // Decode: the eight rows' values are next to each other.
         let row = &mut out[ROWS * s..ROWS * (s + 1)];
@@ -126,13 +120,16 @@ unsafe fn put<const N: usize>(got: [__m256; N], out: &mut [f32], s: usize, t: us
 }
 
 /// One set of eight rows (`w`: its blocks, 1152 bytes each) against `N` tokens: lane `r` of
-/// vector `j` is row `r`'s product with token `j`. Caller guarantees AVX2, FMA and F16C, that
+/// vector `j` is row `r`'s product with token `j`; each block first asks for the bytes
+/// [`super::PREFETCH_NEAR`] and [`super::PREFETCH_FAR`] past it, up to `ahead` bytes from `w`'s
+/// start. Caller guarantees AVX2, FMA and F16C, that
 /// `w` holds `q[j].len() / 256` sets of blocks, and that each token has as many block scales
 /// (`xs`) and sums of 16 (`sums`, 16 a block).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile<const N: usize>(
     w: &[u8],
+    ahead: usize,
     q: [&[i8]; N],
     xs: [&[f32]; N],
     sums: [&[i16]; N],
@@ -164,6 +161,9 @@ unsafe fn tile<const N: usize>(
     for b in 0..q[0].len() / BLOCK {
         // SAFETY: set `b` is bytes `set b.. + set` of `w` (the caller's length).
         let at = unsafe { w.as_ptr().add(b * set) };
+        if ahead > 0 {
+            prefetch_lines(w, b * set, set, ahead);
+        }
         // SAFETY (every `load`): offsets below `set` (1152): the order's 36 vectors.
         let load = |o: usize| unsafe { _mm256_loadu_si256(at.add(o) as *const __m256i) };
         // 1. The scales and minimums, byte j of lane r being row r's sub-block j (or j + 4)
@@ -242,6 +242,127 @@ unsafe fn tile<const N: usize>(
         }
     }
     std::array::from_fn(|j| _mm256_sub_ps(acc[j], mins[j]))
+}
+
+/// [`tile`] for Q6_K: its sets of eight blocks (1680 bytes, `dot/k_interleaved.rs`), each value
+/// `q + 32` (0..=63) made from its `ql` nibble and its two `qh` bits, a sub-block of 16 values
+/// (four words of 4) scaled by its signed 8-bit scale. In 16 bits two products of a lane are at
+/// most 2 * 2 * 63 * 128 = 32256, so each pair of words takes one `vpmaddwd` with the sub-block's
+/// scale; the offset, `32 sc_s sum(x_s)` a sub-block, comes off the integer sum from the
+/// activations' sums of 16, two sub-blocks a `vpmaddwd`. Caller guarantees what [`tile`]'s
+/// does.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile6<const N: usize>(
+    w: &[u8],
+    ahead: usize,
+    q: [&[i8]; N],
+    xs: [&[f32]; N],
+    sums: [&[i16]; N],
+) -> [__m256; N] {
+    let (m4, m30) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
+    // `vpshufb` picks of byte `a` and byte `b` of each 32-bit lane into the high bytes of its
+    // two 16-bit words (then shifted down with their signs: the signed scales as `vpmaddwd`'s
+    // pair).
+    let pick = |a: i32, b: i32| {
+        let lane = |l: i32| 0x80 | (4 * l + a) << 8 | 0x80 << 16 | (4 * l + b) << 24;
+        _mm256_setr_epi32(
+            lane(0),
+            lane(1),
+            lane(2),
+            lane(3),
+            lane(0),
+            lane(1),
+            lane(2),
+            lane(3),
+        )
+    };
+    let signed = |v: __m256i, p: __m256i| _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(v, p));
+    let mut acc = [_mm256_setzero_ps(); N];
+    let set = ROWS * KQuant::Q6K.block_bytes();
+    for b in 0..q[0].len() / BLOCK {
+        // SAFETY: set `b` is bytes `set b.. + set` of `w` (the caller's length).
+        let at = unsafe { w.as_ptr().add(b * set) };
+        if ahead > 0 {
+            prefetch_lines(w, b * set, set, ahead);
+        }
+        // SAFETY (every `load`): words below 52, 32 bytes each: within the set's 1680 bytes.
+        let load = |word: usize| unsafe { _mm256_loadu_si256(at.add(32 * word) as *const __m256i) };
+        // 1. The offsets: -32 sum_s sc_s sum(x_s), the scales of sub-blocks 2u, 2u + 1 (word
+        //    12 + u / 2 of the scales, bytes 2u % 4, + 1) against their two sums of 16.
+        let mut isum = [_mm256_setzero_si256(); N];
+        for u in 0..8 {
+            let bytes = (2 * (u % 2)) as i32;
+            let sc = signed(load(48 + u / 2), pick(bytes, bytes + 1));
+            for j in 0..N {
+                // SAFETY: sums 16b + 2u, + 1 of the token's (the caller's: 16 a block).
+                let pair = unsafe { broadcast4(sums[j].as_ptr().add(16 * b + 2 * u) as *const i8) };
+                isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(sc, pair));
+            }
+        }
+        for v in isum.iter_mut() {
+            *v = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<5>(*v));
+        }
+        let mut scales = [_mm256_setzero_si256(); 4];
+        // 2. Half n, words k and k + 1 of each of its four runs of 32 values (c: values
+        //    128n + 32c + 4k..; sub-block 8n + 2c + k / 4): `ql` words 16n + 8c' + k (c' = c % 2;
+        //    low nibbles for c < 2, high ones above), `qh` word 8n + k's bits 2c..2c + 2.
+        for n in 0..2 {
+            for k in (0..8).step_by(2) {
+                // Run c's sub-block's scale in both words of each row's lane, sign-extended:
+                // made for words 0 and 4, kept for 2 and 6.
+                if k % 4 == 0 {
+                    scales = std::array::from_fn(|c| {
+                        let s = 8 * n + 2 * c + k / 4;
+                        let byte = (s % 4) as i32;
+                        signed(load(48 + s / 4), pick(byte, byte))
+                    });
+                }
+                let parts =
+                    |k: usize| (load(16 * n + k), load(16 * n + 8 + k), load(32 + 8 * n + k));
+                let (l0, l1) = (parts(k), parts(k + 1));
+                // Run c of words k and k + 1, q + 32 (0..=63) in each byte.
+                let value = |(lo, hi, qh): (__m256i, __m256i, __m256i), c: usize| {
+                    let nibbles = match c {
+                        0 => _mm256_and_si256(lo, m4),
+                        1 => _mm256_and_si256(hi, m4),
+                        2 => _mm256_and_si256(_mm256_srli_epi16::<4>(lo), m4),
+                        _ => _mm256_and_si256(_mm256_srli_epi16::<4>(hi), m4),
+                    };
+                    let bits = match c {
+                        0 => _mm256_slli_epi16::<4>(qh),
+                        1 => _mm256_slli_epi16::<2>(qh),
+                        2 => qh,
+                        _ => _mm256_srli_epi16::<2>(qh),
+                    };
+                    _mm256_or_si256(nibbles, _mm256_and_si256(bits, m30))
+                };
+                for (c, &sc) in scales.iter().enumerate() {
+                    let (v0, v1) = (value(l0, c), value(l1, c));
+                    for j in 0..N {
+                        // SAFETY: values 256b + 128n + 32c + 4k.. + 8 of the token's (whole
+                        // blocks, the caller's).
+                        let x = unsafe { q[j].as_ptr().add(BLOCK * b + 128 * n + 32 * c + 4 * k) };
+                        let (x0, x1) = unsafe { (broadcast4(x), broadcast4(x.add(4))) };
+                        let two = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(v0, x0),
+                            _mm256_maddubs_epi16(v1, x1),
+                        );
+                        isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(two, sc));
+                    }
+                }
+            }
+        }
+        // 3. One conversion a block: d[r] xs.
+        // SAFETY: the eight d (f16), 16 bytes at their offset, below `set`.
+        let d = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(at.add(ROWS8_Q6_D) as *const __m128i)) };
+        for j in 0..N {
+            // SAFETY: block b's scale (the caller's length).
+            let x = _mm256_set1_ps(unsafe { *xs[j].get_unchecked(b) });
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_mul_ps(d, x), acc[j]);
+        }
+    }
+    acc
 }
 
 /// The 4 bytes at `p` in every 32-bit lane. Caller guarantees AVX2 and 4 readable bytes at `p`.
