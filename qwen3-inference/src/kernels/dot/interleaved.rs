@@ -171,7 +171,7 @@ pub fn interleave_file(file: &ModelFile, reorders: Reorders) -> Result<Derived> 
     }
     let mut bytes = HugePages::<u8>::zeroed(len).with_context(|| {
         format!(
-            "cannot allocate {:.1} MiB for the quantized weights in the AVX-512 kernels' order",
+            "cannot allocate {:.1} MiB for the quantized weights in the kernels' own order",
             len as f64 / 1048576.0
         )
     })?;
@@ -240,7 +240,7 @@ fn reorder(order: Order, src: &[u8], cols: usize, dst: &mut [u8]) {
 
 /// A copy of `data` (a matrix of rows of `cols` weights, in the file's order) in the order this
 /// CPU's kernels read, where they read one of their own (AVX-512's: q4 and q6, q8, Q4_K and
-/// Q6_K); `None` where they read the file's. For a matrix that outlives the file (the vision
+/// Q6_K; AVX2's: Q4_K and Q6_K); `None` where they read the file's. For a matrix that outlives the file (the vision
 /// tower's), as [`interleave_file`] does for the text model's.
 pub fn for_kernels(data: &TensorData, cols: usize) -> Option<OwnedTensorData> {
     // A 2-D matrix (the tower's): its rows, which only the K-quants' orders ask.

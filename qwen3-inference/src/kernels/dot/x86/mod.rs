@@ -11,7 +11,8 @@
 //! for groups of 32 (two groups a vector) in the file's order; `q8_lanes_avx2.rs`, AVX2's for
 //! groups of 32 and 64 (eight groups a vector); `k_quants.rs`, every family's product of GGUF's K-quant blocks, tested against
 //! `dot/k_quants.rs`, and `k_interleaved.rs`, AVX-512's on Q4_K and Q6_K blocks in the
-//! interleaved order (`dot/k_interleaved.rs`), tested against the same.
+//! interleaved order (`dot/k_interleaved.rs`), and `k_rows8.rs`, AVX2's on them eight rows side
+//! by side (the same file's `KOrder::Rows8`), tested against the same.
 
 mod avx2;
 mod avx512;
