@@ -120,7 +120,7 @@ fn the_text_models_kernel_copy_leaves_the_tower_out() {
     let dir = tempdir("qwen3-vision", "interleaved");
     let path = export_fixture(QWEN3_VL, &dir, DType::Q8, 32);
     let file = ModelFile::open(&path).unwrap();
-    let derived = interleave_file(&file, Reorders::ALL).unwrap();
+    let derived = interleave_file(&file, Reorders::all()).unwrap();
     let names: Vec<String> = file
         .header()
         .tensors

@@ -285,7 +285,10 @@ fn bench_k(d: &Dots, kind: KQuant, rows: usize, cols: usize, t: usize, reps: usi
     let mut out = vec![0f32; rows * t];
     // The file's blocks, and where the family has a kernel for it, the interleaved order.
     let mut kernels = vec![(d.isa.to_string(), d.k_rows, w)];
-    if let Some((order, k)) = d.k_interleaved.filter(|(o, _)| o.takes(kind)) {
+    let own_order = d
+        .k_interleaved
+        .filter(|(o, _)| o.takes(kind) && rows.is_multiple_of(o.rows()));
+    if let Some((order, k)) = own_order {
         let mut reordered = vec![0u8; kernels[0].2.len()];
         k_interleaved::interleave_k(order, kind, &kernels[0].2, cols, &mut reordered);
         kernels.push((format!("{} il", d.isa), k, in_huge_pages(&reordered)));

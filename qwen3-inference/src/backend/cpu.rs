@@ -1,6 +1,7 @@
 //! [`Backend`] on the CPU: host vectors, the SIMD kernels of [`crate::kernels`], and weights
-//! borrowed zero-copy from the mmapped model file (on AVX-512, q4, q6 and q8 matrices from the
-//! copy in the kernels' order that `Model::load` makes, `kernels/dot/interleaved.rs`).
+//! borrowed zero-copy from the mmapped model file (on AVX-512, q4, q6, q8, Q4_K and Q6_K
+//! matrices, on AVX2 Q4_K and Q6_K ones, from the copy in the kernels' order that `Model::load`
+//! makes, `kernels/dot/interleaved.rs`).
 //!
 //! Each op is a thin call into its kernel; the kernels assert their slice lengths, so a wrong
 //! count is a panic (a bug in the forward pass), never an out-of-bounds read.

@@ -48,7 +48,7 @@ impl MappedFile {
     /// Tells the kernel that this process will rarely read the whole pages within `range` again
     /// (Linux `MADV_DONTNEED`): they leave the process's resident memory (the page cache keeps
     /// them until it needs the room), and a later read maps them back. For bytes a copy has
-    /// replaced (the AVX-512 kernels' order of the weights, `ModelFile::derived`), so that the
+    /// replaced (the kernels' own order of the weights, `ModelFile::derived`), so that the
     /// copy does not count twice. A hint: an error changes nothing and is ignored.
     pub fn release(&self, range: std::ops::Range<usize>) {
         const PAGE: usize = 4096;

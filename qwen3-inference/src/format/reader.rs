@@ -256,8 +256,8 @@ impl Header {
     }
 }
 
-/// Bytes derived once from the file's tensors that live as long as the file: the AVX-512
-/// kernels' order of the q4, q6 and q8 matrices (`kernels/dot/interleaved.rs`), made when the
+/// Bytes derived once from the file's tensors that live as long as the file: the kernels' own
+/// order of the q4, q6, q8 and K-quant matrices (`kernels/dot/interleaved.rs`), made when the
 /// model is loaded ([`ModelFile::derived`]), or a GGUF file's Q8_0 tensors in this format's q8
 /// layout (`gguf/repack.rs`), made when it is opened. Views into them borrow from the [`ModelFile`], as
 /// the mapped tensors do, so none outlives it.

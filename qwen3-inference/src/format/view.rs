@@ -302,8 +302,9 @@ pub struct TensorView<'a> {
     pub name: &'a str,
     pub shape: &'a [u64],
     pub data: TensorData<'a>,
-    /// For a q4, q6 or q8 matrix on a CPU whose kernels read their own order of its values
-    /// (AVX-512: `kernels/dot/interleaved.rs`), the same tensor with its values in that order
+    /// For a q4, q6, q8, Q4_K or Q6_K matrix on a CPU whose kernels read their own order of its
+    /// values (AVX-512's, AVX2's K-quants: `kernels/dot/interleaved.rs`,
+    /// `kernels/dot/k_interleaved.rs`), the same tensor with its values in that order
     /// and its scales as they are, derived at load
     /// ([`ModelFile::derived`](super::ModelFile::derived)); `None` otherwise. `data` stays the
     /// file's order, which everything else (an embedding row, the plain backend, a GPU's upload)

@@ -241,7 +241,7 @@ fn fill_block(
         DType::K(_) => {
             let (kind, blocks) = w.data.k_quant();
             let row = kind.row_bytes(cols);
-            // AVX-512 reads Q4_K and Q6_K in an interleaved order, AVX2 Q4_K in another, a copy
+            // AVX-512 reads Q4_K and Q6_K in an interleaved order, AVX2 in another, a copy
             // made at load (`dot/k_interleaved.rs`); a view without it is read where the file
             // holds it. A part starts on a multiple of 16 rows (ROWS_PER_TASK), so on a set of
             // AVX2's eight.
@@ -484,6 +484,57 @@ mod tests {
             (37, 53, 64),
         ] {
             check(t, rows, cols);
+        }
+    }
+
+    /// A Q4_K or Q6_K matrix in this CPU's own order (`for_kernels`: AVX-512's groups side by
+    /// side, AVX2's eight rows) gives the file order's products within f32 rounding through
+    /// the matrix product, whose parts the threads take from multiples of 16 rows (40 rows: two
+    /// whole parts and a short one), for decode and for prompts.
+    #[test]
+    fn k_quants_in_the_kernels_order_match_the_files() {
+        use crate::format::KQuant;
+        use crate::kernels::dot::interleaved::for_kernels;
+        let (cols, rows) = (512usize, 40usize);
+        let mut seed = 21;
+        for (kind, scales) in [(KQuant::Q4K, &[0usize, 2][..]), (KQuant::Q6K, &[208][..])] {
+            let bytes = kind.block_bytes();
+            let mut b: Vec<u8> = (0..rows * cols / 256 * bytes)
+                .map(|_| (lcg(&mut seed) * 1e4) as i64 as u8)
+                .collect();
+            for block in b.chunks_exact_mut(bytes) {
+                for &at in scales {
+                    let v = half::f16::from_f32(0.01 * lcg(&mut seed));
+                    block[at..at + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            let shape = [rows as u64, cols as u64];
+            let file = TensorView {
+                name: "w",
+                shape: &shape,
+                data: TensorData::from_k_quant(kind, &b),
+                interleaved: None,
+            };
+            // A CPU whose kernels read the file's order (NEON) has nothing to compare.
+            let Some(own) = for_kernels(&file.data, cols) else {
+                continue;
+            };
+            let view = TensorView {
+                interleaved: Some(own.data()),
+                ..file
+            };
+            for t in [1, 5, 20] {
+                let x: Vec<f32> = (0..t * cols).map(|_| lcg(&mut seed)).collect();
+                let (mut want, mut got) = (vec![0f32; t * rows], vec![0f32; t * rows]);
+                matmul(&mut want, &x, &file, t);
+                matmul(&mut got, &x, &view, t);
+                for (a, b) in got.iter().zip(&want) {
+                    assert!(
+                        (a - b).abs() <= 1e-4 * b.abs().max(1.0),
+                        "{kind:?}, t = {t}: {a} vs {b}"
+                    );
+                }
+            }
         }
     }
 

@@ -164,7 +164,8 @@ impl<'a> Model<'a> {
     /// (every tensor present, with the shape the config implies and a dtype it allows; each
     /// tensor carries its own), so this only looks names up.
     pub fn load(file: &'a ModelFile) -> Result<Model<'a>> {
-        // On AVX-512 the q4, q6 and q8 matrices, and GGUF's Q4_K and Q6_K, are read in the
+        // On AVX-512 the q4, q6 and q8 matrices, and GGUF's Q4_K and Q6_K (on AVX2 these two
+        // only, eight rows side by side), are read in the
         // kernels' own order, made here once (kernels/dot/interleaved.rs,
         // kernels/dot/k_interleaved.rs); each view carries both orders. A GGUF file's Q8_0, Q5_0
         // and Q4_0 matrices are already a copy, made at open: in that order where the file was

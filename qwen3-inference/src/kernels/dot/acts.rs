@@ -4,6 +4,7 @@
 //! instruction set (`q4.rs`). The buffers are reused from one product to the next, so a decode
 //! step allocates nothing.
 
+use super::k_interleaved::KOrder;
 use super::{dots, k_quants, q4};
 
 /// `t` activation rows of `cols` values, quantized per group of `group_size` for the q8 kernels
@@ -118,7 +119,12 @@ impl ActsQ8Buf {
             q4: q4.then_some(own),
             q8,
             k: forms.k,
-            k_interleaved: forms.k && dots().k_interleaved.is_some(),
+            // AVX-512's groups side by side read the values in their own order; AVX2's eight
+            // rows read them as they are.
+            k_interleaved: forms.k
+                && dots()
+                    .k_interleaved
+                    .is_some_and(|(order, _)| order == KOrder::Groups),
         };
         self.quantize_with(x, t, cols, gs, with)
     }

@@ -97,15 +97,22 @@ pub struct Reorders {
 }
 
 impl Reorders {
-    /// Every dtype that has an order of its own (tests: the copy's contents, whatever the CPU).
-    pub const ALL: Reorders = Reorders {
-        q4: true,
-        q8: true,
-        k: Some(KOrder::Groups),
-    };
+    /// Every dtype that has an order of its own (tests: the copy's contents, whatever the CPU),
+    /// the K-quants in this CPU's order where it has one (a copy in another family's order
+    /// would be read wrong by this CPU's kernels).
+    pub fn all() -> Reorders {
+        let k = dots()
+            .k_interleaved
+            .map_or(KOrder::Groups, |(order, _)| order);
+        Reorders {
+            q4: true,
+            q8: true,
+            k: Some(k),
+        }
+    }
 
     /// What this CPU's kernels ([`dots`]) read reordered: AVX-512's all three; AVX2's and
-    /// AVX-VNNI's Q4_K (eight rows side by side); NEON's none.
+    /// AVX-VNNI's Q4_K and Q6_K (eight rows side by side); NEON's none.
     pub fn of_this_cpu() -> Reorders {
         let d = dots();
         Reorders {
@@ -122,7 +129,8 @@ impl Reorders {
 }
 
 /// Every q4 and q6 matrix of `file` in groups of 32 where `reorders.q4`, every q8 one in groups
-/// of 32 or 64 where `reorders.q8`, every Q4_K and Q6_K one where `reorders.k`, interleaved, in one
+/// of 32 or 64 where `reorders.q8`, every Q4_K and Q6_K one in `reorders.k`'s order (where that
+/// order's rows divide each of its matrices' rows, `KOrder::rows`), interleaved, in one
 /// buffer of huge pages (each at a multiple of 64 bytes, laid out as in the file: its values, then its
 /// scales), for [`ModelFile::derived`]. The rows are reordered in parallel; the file's bytes are
 /// read once.
@@ -240,8 +248,8 @@ fn reorder(order: Order, src: &[u8], cols: usize, dst: &mut [u8]) {
 
 /// A copy of `data` (a matrix of rows of `cols` weights, in the file's order) in the order this
 /// CPU's kernels read, where they read one of their own (AVX-512's: q4 and q6, q8, Q4_K and
-/// Q6_K; AVX2's: Q4_K and Q6_K); `None` where they read the file's. For a matrix that outlives the file (the vision
-/// tower's), as [`interleave_file`] does for the text model's.
+/// Q6_K; AVX2's: Q4_K and Q6_K); `None` where they read the file's. For a matrix that outlives
+/// the file (the vision tower's), as [`interleave_file`] does for the text model's.
 pub fn for_kernels(data: &TensorData, cols: usize) -> Option<OwnedTensorData> {
     // A 2-D matrix (the tower's): its rows, which only the K-quants' orders ask.
     let rows = match data.dtype() {
@@ -429,7 +437,7 @@ mod tests {
             c.tie_word_embeddings = tied;
             crate::testing::model::write_random_config(&path, &c);
             let file = ModelFile::open(&path).unwrap();
-            let derived = interleave_file(&file, Reorders::ALL).unwrap();
+            let derived = interleave_file(&file, Reorders::all()).unwrap();
             let has = |name: &str| derived.get(name).is_some();
             assert_eq!(has("model.embed_tokens.weight"), tied, "tied: {tied}");
             assert_eq!(has("lm_head.weight"), !tied, "tied: {tied}");

@@ -1,6 +1,7 @@
-//! GGUF's Q4_K and Q6_K blocks in the interleaved order of the AVX-512 kernels
-//! (`interleaved.rs`): sixteen groups of 32 weights side by side, lane `l` of a 512-bit vector
-//! holding group `l`, so that a group's integer sum comes out of the byte products in one lane.
+//! GGUF's Q4_K and Q6_K blocks in the kernels' own orders ([`KOrder`]): the AVX-512 kernels'
+//! (`interleaved.rs`), sixteen groups of 32 weights side by side, lane `l` of a 512-bit vector
+//! holding group `l`, so that a group's integer sum comes out of the byte products in one lane;
+//! and AVX2's, eight rows side by side ("Eight rows" below).
 //!
 //! ## Why
 //!
@@ -269,33 +270,38 @@ mod tests {
         }
     }
 
-    /// Every byte of eight Q4_K rows is where [`KOrder::Rows8`]'s text says.
+    /// Every byte of sets of eight Q4_K and Q6_K rows is where [`KOrder::Rows8`]'s text says.
     #[test]
     fn rows8_puts_every_byte_where_the_order_says() {
         let mut seed = 6u64;
-        let (bb, per_row) = (KQuant::Q4K.block_bytes(), 3);
-        let (rows, cols) = (16, 256 * per_row);
-        let w =
-            crate::kernels::dot::k_quants::tests::blocks(KQuant::Q4K, rows * per_row, &mut seed);
-        let mut out = vec![0u8; w.len()];
-        interleave_k(KOrder::Rows8, KQuant::Q4K, &w, cols, &mut out);
-        let row = per_row * bb;
-        for r in 0..rows {
-            for b in 0..per_row {
-                let block = &w[r * row + b * bb..][..bb];
-                let set = &out[(r / 8) * 8 * row + b * 8 * bb..][..8 * bb];
-                let l = r % 8;
-                for (byte, &v) in block.iter().enumerate() {
-                    let at = match byte {
-                        0..2 => ROWS8_D + 2 * l + byte,
-                        2..4 => ROWS8_DMIN + 2 * l + byte - 2,
-                        4..16 => ROWS8_SCALES + 32 * ((byte - 4) / 4) + 4 * l + (byte - 4) % 4,
-                        _ => {
-                            let (p, k, i) = ((byte - 16) / 32, (byte - 16) % 32 / 4, byte % 4);
-                            32 * (8 * p + k) + 4 * l + i
-                        }
-                    };
-                    assert_eq!(set[at], v, "row {r}, block {b}, byte {byte}");
+        for kind in [KQuant::Q4K, KQuant::Q6K] {
+            let (bb, per_row) = (kind.block_bytes(), 3);
+            let (rows, cols) = (16, 256 * per_row);
+            let w = crate::kernels::dot::k_quants::tests::blocks(kind, rows * per_row, &mut seed);
+            let mut out = vec![0u8; w.len()];
+            interleave_k(KOrder::Rows8, kind, &w, cols, &mut out);
+            let row = per_row * bb;
+            for r in 0..rows {
+                for b in 0..per_row {
+                    let block = &w[r * row + b * bb..][..bb];
+                    let set = &out[(r / 8) * 8 * row + b * 8 * bb..][..8 * bb];
+                    let l = r % 8;
+                    for (byte, &v) in block.iter().enumerate() {
+                        let at = match (kind, byte) {
+                            (KQuant::Q6K, 208..) => ROWS8_Q6_D + 2 * l + byte - 208,
+                            (KQuant::Q6K, _) => 32 * (byte / 4) + 4 * l + byte % 4,
+                            (_, 0..2) => ROWS8_D + 2 * l + byte,
+                            (_, 2..4) => ROWS8_DMIN + 2 * l + byte - 2,
+                            (_, 4..16) => {
+                                ROWS8_SCALES + 32 * ((byte - 4) / 4) + 4 * l + (byte - 4) % 4
+                            }
+                            _ => {
+                                let (p, k, i) = ((byte - 16) / 32, (byte - 16) % 32 / 4, byte % 4);
+                                32 * (8 * p + k) + 4 * l + i
+                            }
+                        };
+                        assert_eq!(set[at], v, "{kind:?} row {r}, block {b}, byte {byte}");
+                    }
                 }
             }
         }

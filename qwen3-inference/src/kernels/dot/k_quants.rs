@@ -362,50 +362,89 @@ pub(crate) mod tests {
             (24, 3 * BLOCK, 5),
         ] {
             let x = next_values(t * cols, &mut seed);
-            let mut buf = ActsQ8Buf::default();
-            let acts = buf.quantize_for_k(&x, t, cols, GROUP);
             for kind in KINDS {
                 let w = blocks(kind, rows * cols / BLOCK, &mut seed);
-                let mut want = vec![0f32; rows * t];
-                mat_k_scalar(kind, &w, &acts, &mut want);
-                // Each family's interleaved order, where it takes the kind and the rows.
-                let reordered = |order: KOrder| {
-                    let mut out = vec![0u8; w.len()];
-                    interleave_k(order, kind, &w, cols, &mut out);
-                    out
-                };
-                let families = crate::kernels::dot::available().into_iter();
-                let kernels = families.flat_map(|d| {
-                    let interleaved = d
-                        .k_interleaved
-                        .filter(|(o, _)| o.takes(kind) && rows.is_multiple_of(o.rows()));
-                    let file = Some((d.isa, "file order", d.k_rows, w.clone()));
-                    [
-                        file,
-                        interleaved.map(|(o, k)| (d.isa, "interleaved", k, reordered(o))),
-                    ]
-                });
-                for (isa, order, kernel, w) in kernels.flatten() {
-                    let w = &w;
-                    let mut got = vec![0f32; rows * t];
-                    kernel(kind, w, &acts, &mut got, 0);
-                    for (k, (a, b)) in got.iter().zip(&want).enumerate() {
-                        assert!(
-                            (a - b).abs() <= 1e-4 * b.abs().max(1.0),
-                            "{isa} ({order}) {kind:?} [{rows}, {cols}] x {t}, {k}: {a} vs {b}",
-                        );
-                    }
-                    // Token by token, as decode runs them: the same bits.
-                    let mut one = ActsQ8Buf::default();
-                    for i in 0..t {
-                        let xi = one.quantize_for_k(&x[i * cols..(i + 1) * cols], 1, cols, GROUP);
-                        let mut alone = vec![0f32; rows];
-                        kernel(kind, w, &xi, &mut alone, 0);
-                        for r in 0..rows {
-                            let (a, b) = (alone[r], got[r * t + i]);
-                            assert_eq!(a.to_bits(), b.to_bits(), "{isa} ({order})");
+                every_kernel_matches(kind, &w, &x, rows, cols, t);
+            }
+        }
+    }
+
+    /// At the bounds the kernels' 16-bit sums are sized for: every weight at its largest (Q4_K's
+    /// and Q5_K's bytes all ones: values 15 or 31, scales and minimums 63; Q6_K's values 63, its
+    /// scales -128 and 127) against activations all at +-127, every kernel still gives the
+    /// reference's products (a sum that wrapped or saturated would be off by thousands).
+    #[test]
+    fn the_largest_weights_and_activations_stay_exact() {
+        let (rows, cols, t) = (16, 2 * BLOCK, 2);
+        // Token 0: every activation 127 (one scale); token 1: -127.
+        let x: Vec<f32> = (0..t * cols)
+            .map(|i| if i < cols { 1.0 } else { -1.0 })
+            .collect();
+        for kind in KINDS {
+            let bytes = kind.block_bytes();
+            let mut w = vec![0xffu8; rows * cols / BLOCK * bytes];
+            let half = half::f16::from_f32(0.01).to_le_bytes();
+            for (i, block) in w.chunks_exact_mut(bytes).enumerate() {
+                match kind {
+                    KQuant::Q6K => {
+                        for (j, sc) in block[192..208].iter_mut().enumerate() {
+                            *sc = if (i + j) % 2 == 0 { 0x80 } else { 0x7f };
                         }
+                        block[208..210].copy_from_slice(&half);
                     }
+                    _ => {
+                        block[0..2].copy_from_slice(&half);
+                        block[2..4].copy_from_slice(&half);
+                    }
+                }
+            }
+            every_kernel_matches(kind, &w, &x, rows, cols, t);
+        }
+    }
+
+    /// Every family's kernels on `w` (`rows` x `cols` of `kind`, in the file's order and in each
+    /// family's own order where it takes the kind and the rows) against `x` (`t` tokens): the
+    /// scalar reference's products within f32 rounding, and each token's decode bits.
+    fn every_kernel_matches(kind: KQuant, w: &[u8], x: &[f32], rows: usize, cols: usize, t: usize) {
+        let mut buf = ActsQ8Buf::default();
+        let acts = buf.quantize_for_k(x, t, cols, GROUP);
+        let mut want = vec![0f32; rows * t];
+        mat_k_scalar(kind, w, &acts, &mut want);
+        // Each family's interleaved order, where it takes the kind and the rows.
+        let reordered = |order: KOrder| {
+            let mut out = vec![0u8; w.len()];
+            interleave_k(order, kind, w, cols, &mut out);
+            out
+        };
+        let families = crate::kernels::dot::available().into_iter();
+        let kernels = families.flat_map(|d| {
+            let interleaved = d
+                .k_interleaved
+                .filter(|(o, _)| o.takes(kind) && rows.is_multiple_of(o.rows()));
+            let file = Some((d.isa, "file order", d.k_rows, w.to_vec()));
+            [
+                file,
+                interleaved.map(|(o, k)| (d.isa, "interleaved", k, reordered(o))),
+            ]
+        });
+        for (isa, order, kernel, w) in kernels.flatten() {
+            let mut got = vec![0f32; rows * t];
+            kernel(kind, &w, &acts, &mut got, 0);
+            for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-4 * b.abs().max(1.0),
+                    "{isa} ({order}) {kind:?} [{rows}, {cols}] x {t}, {k}: {a} vs {b}",
+                );
+            }
+            // Token by token, as decode runs them: the same bits.
+            let mut one = ActsQ8Buf::default();
+            for i in 0..t {
+                let xi = one.quantize_for_k(&x[i * cols..(i + 1) * cols], 1, cols, GROUP);
+                let mut alone = vec![0f32; rows];
+                kernel(kind, &w, &xi, &mut alone, 0);
+                for r in 0..rows {
+                    let (a, b) = (alone[r], got[r * t + i]);
+                    assert_eq!(a.to_bits(), b.to_bits(), "{isa} ({order})");
                 }
             }
         }

@@ -34,7 +34,7 @@ const Q4K: u8 = 4;
 const Q6K: u8 = 6;
 
 /// [`super::super::MatK`] on AVX-512 VNNI for Q4_K and Q6_K weights in the interleaved order.
-/// Panics on Q5_K (never reordered: `k_interleaved::interleaves`).
+/// Panics on Q5_K (never reordered: `KOrder::takes`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn mat_k_interleaved_avx512(
     kind: KQuant,

@@ -1,4 +1,4 @@
-//! GGUF's Q4_K on AVX2 with eight weight rows side by side (`dot/k_interleaved.rs`,
+//! GGUF's Q4_K and Q6_K on AVX2 with eight weight rows side by side (`dot/k_interleaved.rs`,
 //! [`KOrder::Rows8`]): a 32-bit lane is a row, so every sum stays in its row's lane and a set of
 //! eight rows ends as one vector of eight products, with no adding across lanes. Per set of
 //! eight rows, token and block of 256 (sub-block `j` of 32 values; `x` the token's int8 values,
@@ -13,10 +13,12 @@
 //! ```
 //!
 //! The 6-bit scales and minimums are unpacked for the eight rows at once (the three vectors of
-//! the order's scale bytes, a few masks and shifts). In 16 bits a sub-block's eight products are
-//! at most 8 * 2 * 15 * 128 = 30720; in 32, a block's at most 8 * 2 * 30720 * 63, and every
-//! integer sum is exact, so a prompt's tiles (up to [`TOKENS`] tokens against the same unpacked
-//! weights) give each token decode's bits: the float steps are the same for each token.
+//! the order's scale bytes, a few masks and shifts). In 16 bits a sub-block's 16 products a
+//! lane add up to at most 8 * 2 * 15 * 128 = 30720; in 32, a block's to at most
+//! 8 * 2 * 30720 * 63, and every integer sum is exact, so a prompt's tiles (up to [`TOKENS`]
+//! tokens against the same unpacked weights) give each token decode's bits: the float steps are
+//! the same for each token. Q6_K ([`tile6`]) is the same with its values made from two parts,
+//! a sub-block of 16 and signed scales, and its offset of 32 in place of the minimums.
 //!
 //! Against the file-order kernel (`k_quants.rs`, a row at a time, the sub-blocks' sums across
 //! lanes and their scales picked per pair): a third of the operations a block.
@@ -35,8 +37,9 @@ const ROWS: usize = 8;
 /// ones through a pair, beside the unpacked weights: three tokens fill AVX2's sixteen registers.
 const TOKENS: usize = 3;
 
-/// [`super::super::MatK`] on AVX2 for Q4_K in [`KOrder::Rows8`]. Panics on another kind, or on
-/// rows not whole sets of eight (the order keeps the file's for such a matrix).
+/// [`super::super::MatK`] on AVX2 for Q4_K and Q6_K in [`KOrder::Rows8`]. Panics on Q5_K (never
+/// reordered), or on rows not whole sets of eight (the order keeps the file's for such a
+/// matrix).
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
@@ -57,7 +60,7 @@ pub(super) unsafe fn mat_k_rows8_avx2(
     let rows = k_quants::check(kind, w, x, out);
     assert!(
         rows.is_multiple_of(ROWS),
-        "Q4_K eight rows side by side: {rows} rows are not whole sets of eight"
+        "{kind:?} eight rows side by side: {rows} rows are not whole sets of eight"
     );
     let (t, cols) = (x.t, x.cols);
     let (row, blocks) = (kind.row_bytes(cols), cols / BLOCK);
@@ -289,7 +292,8 @@ unsafe fn tile6<const N: usize>(
         // SAFETY (every `load`): words below 52, 32 bytes each: within the set's 1680 bytes.
         let load = |word: usize| unsafe { _mm256_loadu_si256(at.add(32 * word) as *const __m256i) };
         // 1. The offsets: -32 sum_s sc_s sum(x_s), the scales of sub-blocks 2u, 2u + 1 (word
-        //    12 + u / 2 of the scales, bytes 2u % 4, + 1) against their two sums of 16.
+        //    48 + u / 2, bytes 2u % 4 and + 1: the scales' words are 48..52) against their two
+        //    sums of 16.
         let mut isum = [_mm256_setzero_si256(); N];
         for u in 0..8 {
             let bytes = (2 * (u % 2)) as i32;
