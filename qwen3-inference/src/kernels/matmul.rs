@@ -497,17 +497,9 @@ mod tests {
         use crate::kernels::dot::interleaved::for_kernels;
         let (cols, rows) = (512usize, 40usize);
         let mut seed = 21;
-        for (kind, scales) in [(KQuant::Q4K, &[0usize, 2][..]), (KQuant::Q6K, &[208][..])] {
-            let bytes = kind.block_bytes();
-            let mut b: Vec<u8> = (0..rows * cols / 256 * bytes)
-                .map(|_| (lcg(&mut seed) * 1e4) as i64 as u8)
-                .collect();
-            for block in b.chunks_exact_mut(bytes) {
-                for &at in scales {
-                    let v = half::f16::from_f32(0.01 * lcg(&mut seed));
-                    block[at..at + 2].copy_from_slice(&v.to_le_bytes());
-                }
-            }
+        for kind in [KQuant::Q4K, KQuant::Q6K] {
+            let b =
+                crate::kernels::dot::k_quants::tests::blocks(kind, rows * cols / 256, &mut seed);
             let shape = [rows as u64, cols as u64];
             let file = TensorView {
                 name: "w",

@@ -120,10 +120,8 @@ pub fn interleave_k(order: KOrder, kind: KQuant, w: &[u8], cols: usize, out: &mu
     let row = kind.row_bytes(cols);
     assert!(order.takes(kind) && cols.is_multiple_of(256) && w.len() == out.len());
     assert!(w.len().is_multiple_of((order.rows() * row).max(1)));
-    match (order, kind) {
-        (KOrder::Rows8, KQuant::Q4K) => return put_q4_k_rows8(w, cols, out),
-        (KOrder::Rows8, _) => return put_q6_k_rows8(w, cols, out),
-        _ => {}
+    if order == KOrder::Rows8 {
+        return put_rows8(kind, w, cols, out);
     }
     for (src, dst) in w.chunks_exact(row).zip(out.chunks_exact_mut(row)) {
         for (_, n, at) in k_blocks(kind, cols) {
@@ -159,46 +157,46 @@ fn put_q4_k(src: &[u8], n: usize, dst: &mut [u8]) {
     }
 }
 
-/// Q4_K rows (`src`, whole sets of 8 rows of `cols` weights) in [`KOrder::Rows8`] (`dst`).
-fn put_q4_k_rows8(src: &[u8], cols: usize, dst: &mut [u8]) {
-    let (bb, blocks) = (KQuant::Q4K.block_bytes(), cols / 256);
+/// Rows of `kind` (`src`, whole sets of 8 rows of `cols` weights) in [`KOrder::Rows8`] (`dst`):
+/// each set's blocks `b` together, row `r`'s GGUF block put into them by its kind's rule.
+fn put_rows8(kind: KQuant, src: &[u8], cols: usize, dst: &mut [u8]) {
+    let (bb, blocks) = (kind.block_bytes(), cols / 256);
     let row = blocks * bb;
     for (src, dst) in src.chunks_exact(8 * row).zip(dst.chunks_exact_mut(8 * row)) {
         for (b, dst) in dst.chunks_exact_mut(8 * bb).enumerate() {
             for r in 0..8 {
                 let block = &src[r * row + b * bb..][..bb];
-                // Word k of pair p: the row's bytes 4k.. of the pair's 32, at lane r.
-                for (pk, word) in block[16..].chunks_exact(4).enumerate() {
-                    dst[32 * pk + 4 * r..][..4].copy_from_slice(word);
+                match kind {
+                    KQuant::Q4K => put_q4_k_row8(block, r, dst),
+                    _ => put_q6_k_row8(block, r, dst),
                 }
-                // The 12 scale bytes in three vectors of 4 a row, then d and dmin.
-                for (i, four) in block[4..16].chunks_exact(4).enumerate() {
-                    dst[ROWS8_SCALES + 32 * i + 4 * r..][..4].copy_from_slice(four);
-                }
-                dst[ROWS8_D + 2 * r..][..2].copy_from_slice(&block[0..2]);
-                dst[ROWS8_DMIN + 2 * r..][..2].copy_from_slice(&block[2..4]);
             }
         }
     }
 }
 
-/// Q6_K rows (`src`, whole sets of 8 rows of `cols` weights) in [`KOrder::Rows8`] (`dst`).
-fn put_q6_k_rows8(src: &[u8], cols: usize, dst: &mut [u8]) {
-    let (bb, blocks) = (KQuant::Q6K.block_bytes(), cols / 256);
-    let row = blocks * bb;
-    for (src, dst) in src.chunks_exact(8 * row).zip(dst.chunks_exact_mut(8 * row)) {
-        for (b, dst) in dst.chunks_exact_mut(8 * bb).enumerate() {
-            for r in 0..8 {
-                let block = &src[r * row + b * bb..][..bb];
-                // Word k of `ql`'s 32-byte pieces (half n, chunk c: 2n + c), then of `qh`'s
-                // (half n), then the 16 scales as four words: row r's at 4r.
-                for (i, word) in block[..208].chunks_exact(4).enumerate() {
-                    dst[32 * i + 4 * r..][..4].copy_from_slice(word);
-                }
-                dst[ROWS8_Q6_D + 2 * r..][..2].copy_from_slice(&block[208..210]);
-            }
-        }
+/// Row `r`'s Q4_K block into its set's 1152 bytes (`dst`).
+fn put_q4_k_row8(block: &[u8], r: usize, dst: &mut [u8]) {
+    // Word k of pair p: the row's bytes 4k.. of the pair's 32, at lane r.
+    for (pk, word) in block[16..].chunks_exact(4).enumerate() {
+        dst[32 * pk + 4 * r..][..4].copy_from_slice(word);
     }
+    // The 12 scale bytes in three vectors of 4 a row, then d and dmin.
+    for (i, four) in block[4..16].chunks_exact(4).enumerate() {
+        dst[ROWS8_SCALES + 32 * i + 4 * r..][..4].copy_from_slice(four);
+    }
+    dst[ROWS8_D + 2 * r..][..2].copy_from_slice(&block[0..2]);
+    dst[ROWS8_DMIN + 2 * r..][..2].copy_from_slice(&block[2..4]);
+}
+
+/// Row `r`'s Q6_K block into its set's 1680 bytes (`dst`).
+fn put_q6_k_row8(block: &[u8], r: usize, dst: &mut [u8]) {
+    // Word k of `ql`'s 32-byte pieces (half n, chunk c: 2n + c), then of `qh`'s (half n), then
+    // the 16 scales as four words: row r's at 4r.
+    for (i, word) in block[..208].chunks_exact(4).enumerate() {
+        dst[32 * i + 4 * r..][..4].copy_from_slice(word);
+    }
+    dst[ROWS8_Q6_D + 2 * r..][..2].copy_from_slice(&block[208..210]);
 }
 
 /// Where, in a set of 8 Q6_K blocks in [`KOrder::Rows8`] (1680 bytes), their `d`s start (`ql`'s

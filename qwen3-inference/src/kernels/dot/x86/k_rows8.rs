@@ -144,18 +144,9 @@ unsafe fn tile<const N: usize>(
     );
     // `vpshufb` picks: byte `b` of each 32-bit lane into both of its 16-bit words, zero-extended
     // (a sub-block's scale, or minimum, of each row as `vpmaddwd`'s pair).
-    let pick = |b: i32| {
-        let lane = |l: i32| (4 * l + b) | (0x80 << 8) | (4 * l + b) << 16 | (0x80 << 24);
-        _mm256_setr_epi32(
-            lane(0),
-            lane(1),
-            lane(2),
-            lane(3),
-            lane(0),
-            lane(1),
-            lane(2),
-            lane(3),
-        )
+    // SAFETY (both picks): this function's AVX2, which `per_lane` needs.
+    let pick = |b: i32| unsafe {
+        per_lane(|l| (4 * l + b) | (0x80 << 8) | (4 * l + b) << 16 | (0x80 << 24))
     };
     let picks = [pick(0), pick(1), pick(2), pick(3)];
     let mut acc = [_mm256_setzero_ps(); N];
@@ -267,18 +258,9 @@ unsafe fn tile6<const N: usize>(
     // `vpshufb` picks of byte `a` and byte `b` of each 32-bit lane into the high bytes of its
     // two 16-bit words (then shifted down with their signs: the signed scales as `vpmaddwd`'s
     // pair).
-    let pick = |a: i32, b: i32| {
-        let lane = |l: i32| 0x80 | (4 * l + a) << 8 | 0x80 << 16 | (4 * l + b) << 24;
-        _mm256_setr_epi32(
-            lane(0),
-            lane(1),
-            lane(2),
-            lane(3),
-            lane(0),
-            lane(1),
-            lane(2),
-            lane(3),
-        )
+    // SAFETY: this function's AVX2, which `per_lane` needs.
+    let pick = |a: i32, b: i32| unsafe {
+        per_lane(|l| 0x80 | (4 * l + a) << 8 | 0x80 << 16 | (4 * l + b) << 24)
     };
     let signed = |v: __m256i, p: __m256i| _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(v, p));
     let mut acc = [_mm256_setzero_ps(); N];
@@ -367,6 +349,15 @@ unsafe fn tile6<const N: usize>(
         }
     }
     acc
+}
+
+/// A `vpshufb` control whose 32-bit lane `l` of each 128-bit half (0..4) is `lane(l)`: the
+/// shuffle picks within halves, so both halves are the same.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn per_lane(lane: impl Fn(i32) -> i32) -> __m256i {
+    let (a, b, c, d) = (lane(0), lane(1), lane(2), lane(3));
+    _mm256_setr_epi32(a, b, c, d, a, b, c, d)
 }
 
 /// The 4 bytes at `p` in every 32-bit lane. Caller guarantees AVX2 and 4 readable bytes at `p`.
