@@ -7,11 +7,13 @@
 //!       acc += float(isum) * xs * (d sc)  -  (dmin m) * xs sum(qx)
 //! Q6_K  isum_a = -32 sum(qx) + sum_k dot4(lo_k, x_k)             sub-block 2l (values 0..16)
 //!       isum_b = -32 sum(qx) + sum_k dot4(hi_k, x_4+k)           sub-block 2l + 1 (16..32)
-//!       acc += float(isum_a sc_a + isum_b sc_b) * d * xs          (the products in integers)
+//!       acc += (float(isum_a) d sc_a + float(isum_b) d sc_b) * xs
 //! ```
 //!
-//! `d sc`, `dmin m` (Q4_K) and Q6_K's `sc_a`, `sc_b`, `d` are unpacked once a block for the 16
-//! lanes: each float is an f16 times an integer of at most 8 bits, exact in an f32. The
+//! `d sc`, `dmin m` (Q4_K) and Q6_K's `d sc_a`, `d sc_b` are unpacked once a block for the 16
+//! lanes: each float is an f16 times an integer of at most 8 bits, exact in an f32. (Q6_K's two
+//! sums take their scales as floats, not with `vpmulld`: on Intel cores that is two micro-ops on
+//! port 0, the port `vpdpbusd` needs; a Xeon's 128-token products ran 87-92 GMAC/s, not 72-81.) The
 //! activations are the K-quants' (one scale a block of 256, `ActsK`), in the interleaved order
 //! (`xi`) with each group's scale (`xs32`), Q4_K's `xs sum(qx)` a group (`mins`) and Q6_K's
 //! corrections (`corr6`). Tiles: decode four rows, a prompt two rows by four tokens (as q4's),
@@ -299,10 +301,9 @@ unsafe fn scales<const K: u8, const FULL: bool>(p: *const u8, n: usize) -> [__m5
     } else {
         let s = p.add(24 * n);
         let d = _mm512_permutexvar_ps(halves(0, 1), f16s(s.add(2 * n), 1));
-        // The integer scales as 32-bit integers (in float vectors' clothes), and d.
-        let first = _mm512_cvtepi8_epi32(bytes(s));
-        let second = _mm512_cvtepi8_epi32(bytes(s.add(n)));
-        [_mm512_castsi512_ps(first), _mm512_castsi512_ps(second), d]
+        let first = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(s)));
+        let second = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(s.add(n))));
+        [_mm512_mul_ps(first, d), _mm512_mul_ps(second, d), d]
     }
 }
 
@@ -357,12 +358,11 @@ unsafe fn finish<const K: u8, const N: usize, const FULL: bool>(
         *acc = _mm512_fnmadd_ps(s[1], mins, _mm512_fmadd_ps(v, s[0], *acc));
     } else {
         // |isum| < 16 (63 + 32) 128 and |sc| <= 128: each product and their sum fit 31 bits.
-        let (sa, sb) = (_mm512_castps_si512(s[0]), _mm512_castps_si512(s[1]));
-        let isum = _mm512_add_epi32(
-            _mm512_mullo_epi32(isum[0], sa),
-            _mm512_mullo_epi32(isum[1], sb),
+        let v = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(isum[1]),
+            s[1],
+            _mm512_mul_ps(_mm512_cvtepi32_ps(isum[0]), s[0]),
         );
-        let v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), s[2]);
         *acc = _mm512_fmadd_ps(v, xs, *acc);
     }
 }
