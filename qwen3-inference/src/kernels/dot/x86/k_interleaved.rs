@@ -13,7 +13,7 @@
 //! `d sc`, `dmin m` (Q4_K) and Q6_K's `d sc_a`, `d sc_b` are unpacked once a block for the 16
 //! lanes: each float is an f16 times an integer of at most 8 bits, exact in an f32. (Q6_K's two
 //! sums take their scales as floats, not with `vpmulld`: on Intel cores that is two micro-ops on
-//! port 0, the port `vpdpbusd` needs; a Xeon's 128-token products ran 87-92 GMAC/s, not 72-81.) The
+//! port 0, the port `vpdpbusd` needs; a Xeon's 128-token products ran 87-91 GMAC/s, not 75-81.) The
 //! activations are the K-quants' (one scale a block of 256, `ActsK`), in the interleaved order
 //! (`xi`) with each group's scale (`xs32`), Q4_K's `xs sum(qx)` a group (`mins`) and Q6_K's
 //! corrections (`corr6`). Tiles: decode four rows, a prompt two rows by four tokens (as q4's),
@@ -218,7 +218,7 @@ unsafe fn block<const K: u8, const R: usize, const N: usize, const FULL: bool>(
     } else {
         // A prompt: the rows unpacked once, then each token against all of them.
         let mut wv = [[_mm512_setzero_si512(); 8]; R];
-        let mut s = [[_mm512_setzero_ps(); 3]; R];
+        let mut s = [[_mm512_setzero_ps(); 2]; R];
         for a in 0..R {
             ask(a);
             let p = rows[a].add(at);
@@ -250,7 +250,7 @@ unsafe fn block<const K: u8, const R: usize, const N: usize, const FULL: bool>(
 /// `dmin m_l`; Q6_K's `d sc_2l` and `d sc_2l+1`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn scales<const K: u8, const FULL: bool>(p: *const u8, n: usize) -> [__m512; 3] {
+unsafe fn scales<const K: u8, const FULL: bool>(p: *const u8, n: usize) -> [__m512; 2] {
     // `n` bytes, one a lane.
     let bytes = |q: *const u8| match FULL {
         true => _mm_loadu_si128(q as *const __m128i),
@@ -296,14 +296,13 @@ unsafe fn scales<const K: u8, const FULL: bool>(p: *const u8, n: usize) -> [__m5
                 _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)),
                 _mm512_permutexvar_ps(halves(1, 3), dd),
             ),
-            _mm512_setzero_ps(),
         ]
     } else {
         let s = p.add(24 * n);
         let d = _mm512_permutexvar_ps(halves(0, 1), f16s(s.add(2 * n), 1));
         let first = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(s)));
         let second = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(s.add(n))));
-        [_mm512_mul_ps(first, d), _mm512_mul_ps(second, d), d]
+        [_mm512_mul_ps(first, d), _mm512_mul_ps(second, d)]
     }
 }
 
@@ -345,7 +344,7 @@ unsafe fn chains<const K: u8, const N: usize, const FULL: bool>(
 unsafe fn finish<const K: u8, const N: usize, const FULL: bool>(
     acc: &mut __m512,
     isum: [__m512i; 2],
-    s: &[__m512; 3],
+    s: &[__m512; 2],
     tokens: &Tokens<N>,
     j: usize,
     g0: usize,
@@ -357,7 +356,7 @@ unsafe fn finish<const K: u8, const N: usize, const FULL: bool>(
         let v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[0]), xs);
         *acc = _mm512_fnmadd_ps(s[1], mins, _mm512_fmadd_ps(v, s[0], *acc));
     } else {
-        // |isum| < 16 (63 + 32) 128 and |sc| <= 128: each product and their sum fit 31 bits.
+        // |isum| < 16 (63 + 32) 128 < 2^24: exact as an f32.
         let v = _mm512_fmadd_ps(
             _mm512_cvtepi32_ps(isum[1]),
             s[1],
