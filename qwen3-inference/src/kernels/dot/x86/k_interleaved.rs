@@ -242,7 +242,7 @@ thread_local! {
 /// scales from bytes), shared by a tile's 4 tokens: about 8 more a pair, unless a row is
 /// unpacked once for every token. The same operations make each (row, token)'s sums, so the
 /// same bits. On an Emerald Rapids Xeon core, 1024 x 1024 against 128 tokens from the caches
-/// (`KERNELS_BENCH=k_quants`): Q6_K 87-90 -> 110-118 GMAC/s, Q4_K 104-108 -> 129-133.
+/// (`KERNELS_BENCH=k_quants`, medians of six runs): Q6_K 89 -> 116 GMAC/s, Q4_K 106 -> 129.
 ///
 /// Caller guarantees what `check` checked; `reach` as [`tile`]'s.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
