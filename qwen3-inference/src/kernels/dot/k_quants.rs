@@ -186,30 +186,38 @@ impl ActsKBuf {
         // Each group of 32's `xs sum(qx)`, the factor of a Q4_K sub-block's minimum.
         let scales = &self.scales;
         let sums = self.sums16.chunks_exact(2).enumerate();
-        self.mins.clear();
-        self.mins.extend(
-            sums.map(|(g, two)| scales[g * GROUP / BLOCK] * (two[0] as i32 + two[1] as i32) as f32),
-        );
+        let at = super::acts::aligned(&mut self.mins, t * cols / GROUP);
+        for (m, (g, two)) in self.mins[at..].iter_mut().zip(sums) {
+            *m = scales[g * GROUP / BLOCK] * (two[0] as i32 + two[1] as i32) as f32;
+        }
+        let mins = at..at + t * cols / GROUP;
         // The interleaved kernels' forms, row by row (an interleaved block lies within a row).
         let groups = cols / GROUP;
         let (xi, xs32, corr6) = match interleaved {
             true => (q.len(), t * groups, t * cols / 16),
             false => (0, 0, 0),
         };
-        self.xi.resize(xi, 0);
-        for (src, dst) in q.chunks_exact(cols).zip(self.xi.chunks_exact_mut(cols)) {
+        let at = super::acts::aligned(&mut self.xi, xi);
+        let xi = at..at + xi;
+        for (src, dst) in q
+            .chunks_exact(cols)
+            .zip(self.xi[xi.clone()].chunks_exact_mut(cols))
+        {
             let (src, dst) = (bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst));
             super::interleaved::interleave_words(src, GROUP, dst);
         }
-        self.xs32.clear();
-        self.xs32
-            .extend((0..xs32).map(|g| scales[g * GROUP / BLOCK]));
+        let at = super::acts::aligned(&mut self.xs32, xs32);
+        for (g, v) in self.xs32[at..at + xs32].iter_mut().enumerate() {
+            *v = scales[g * GROUP / BLOCK];
+        }
+        let xs32 = at..at + xs32;
         // (Without them the loops above and below go over nothing.)
-        self.corr6.resize(corr6, 0);
+        let at = super::acts::aligned(&mut self.corr6, corr6);
+        let corr6 = at..at + corr6;
         for (sums, corr) in self
             .sums16
             .chunks_exact(cols / 16)
-            .zip(self.corr6.chunks_exact_mut(cols / 16))
+            .zip(self.corr6[corr6.clone()].chunks_exact_mut(cols / 16))
         {
             for (g0, n) in super::interleaved::blocks(groups) {
                 for l in 0..n {
@@ -225,10 +233,10 @@ impl ActsKBuf {
             sums16: &self.sums16,
             x: &self.x,
             x6: &self.x6,
-            mins: &self.mins,
-            xi: &self.xi,
-            xs32: &self.xs32,
-            corr6: &self.corr6,
+            mins: &self.mins[mins],
+            xi: &self.xi[xi],
+            xs32: &self.xs32[xs32],
+            corr6: &self.corr6[corr6],
         }
     }
 }

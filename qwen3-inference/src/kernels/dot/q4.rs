@@ -179,22 +179,28 @@ impl ActsQ4Buf {
         self.corr.clear();
         self.scales.clear();
         if layout == Q4Layout::Interleaved {
-            self.x.resize(t * cols, 0);
-            self.corr.resize(t * per, 0);
+            // Each from a cache line's start (`acts::aligned`): the tiles load them a vector
+            // at a time.
+            let at = super::acts::aligned(&mut self.x, t * cols);
+            let x = at..at + t * cols;
+            let at = super::acts::aligned(&mut self.corr, t * per);
+            let corr = at..at + t * per;
             for ((q, x), corr) in q
                 .chunks_exact(cols)
-                .zip(self.x.chunks_exact_mut(cols))
-                .zip(self.corr.chunks_exact_mut(per))
+                .zip(self.x[x.clone()].chunks_exact_mut(cols))
+                .zip(self.corr[corr.clone()].chunks_exact_mut(per))
             {
                 super::interleaved::lay_out(q, gs, x, corr);
             }
-            self.scales.extend_from_slice(&scales[..t * per]);
+            let at = super::acts::aligned(&mut self.scales, t * per);
+            let s = at..at + t * per;
+            self.scales[s.clone()].copy_from_slice(&scales[..t * per]);
             return ActsQ4 {
                 chunks,
                 layout,
-                x: &self.x,
-                corr: &self.corr,
-                scales: &self.scales,
+                x: &self.x[x],
+                corr: &self.corr[corr],
+                scales: &self.scales[s],
             };
         }
         let half = gs / 2;
