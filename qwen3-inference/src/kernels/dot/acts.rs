@@ -182,30 +182,41 @@ impl ActsQ8Buf {
         } = with;
         assert!(gs > 0 && cols.is_multiple_of(gs) && x.len() == t * cols);
         let per = cols / gs;
-        self.q.resize(t * cols, 0);
-        self.biased.resize(t * cols, 0);
-        self.scales.resize(t * per, 0.0);
+        // Each from a cache line's start, as the forms below (`aligned`).
+        let at = aligned(&mut self.q, t * cols);
+        let q = at..at + t * cols;
+        let at = aligned(&mut self.biased, t * cols);
+        let biased = at..at + t * cols;
+        let at = aligned(&mut self.scales, t * per);
+        let scales = at..at + t * per;
         let quantize = dots().quantize_q8;
         for i in 0..t {
-            let (q, s) = (i * cols..(i + 1) * cols, i * per..(i + 1) * per);
-            quantize(&x[q.clone()], gs, &mut self.q[q], &mut self.scales[s]);
+            let (qi, si) = (i * cols..(i + 1) * cols, i * per..(i + 1) * per);
+            let (q_i, s_i) = (
+                &mut self.q[q.clone()][qi.clone()],
+                &mut self.scales[scales.clone()],
+            );
+            quantize(&x[qi], gs, q_i, &mut s_i[si]);
         }
-        for (b, &v) in self.biased.iter_mut().zip(&self.q) {
+        for (b, &v) in self.biased[biased.clone()]
+            .iter_mut()
+            .zip(&self.q[q.clone()])
+        {
             *b = v as u8 ^ 0x80;
         }
+        let (q, biased, scales) = (&self.q[q], &self.biased[biased], &self.scales[scales]);
         let k = match for_k && cols.is_multiple_of(k_quants::BLOCK) {
             true => self.k.quantize(x, t, cols, quantize, k_interleaved),
             false => k_quants::ActsK::default(),
         };
         let q4 = match for_q4 {
-            Some(layout) => self.q4.lay_out(&self.q, &self.scales, t, cols, gs, layout),
+            Some(layout) => self.q4.lay_out(q, scales, t, cols, gs, layout),
             None => q4::ActsQ4::default(),
         };
         let q8 = match for_q8 {
             true => {
                 let interleaved = q4::Q4Layout::Interleaved;
-                self.q8
-                    .lay_out(&self.q, &self.scales, t, cols, gs, interleaved)
+                self.q8.lay_out(q, scales, t, cols, gs, interleaved)
             }
             false => q4::ActsQ4::default(),
         };
@@ -213,9 +224,9 @@ impl ActsQ8Buf {
             t,
             cols,
             group_size: gs,
-            q: &self.q,
-            biased: &self.biased,
-            scales: &self.scales,
+            q,
+            biased,
+            scales,
             q4,
             q8,
             k,

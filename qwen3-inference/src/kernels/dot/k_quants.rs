@@ -171,21 +171,35 @@ impl ActsKBuf {
         interleaved: bool,
     ) -> ActsK<'_> {
         assert!(cols.is_multiple_of(BLOCK) && x.len() == t * cols);
-        self.q.resize(t * cols, 0);
-        self.scales.resize(t * cols / BLOCK, 0.0);
-        quantize(x, BLOCK, &mut self.q, &mut self.scales);
-        let q = &self.q;
+        // Every form from a cache line's start (`acts::aligned`): the kernels load them a
+        // vector at a time.
+        use super::acts::aligned;
+        let at = aligned(&mut self.q, t * cols);
+        let q = &mut self.q[at..at + t * cols];
+        let at = aligned(&mut self.scales, t * cols / BLOCK);
+        let scales = &mut self.scales[at..at + t * cols / BLOCK];
+        quantize(x, BLOCK, q, scales);
+        let (q, scales) = (&*q, &*scales);
         // At most 16 * 127 in magnitude: an i16.
         let sum = |c: &[i8]| c.iter().fold(0i16, |s, &v| s + v as i16);
-        self.sums16.clear();
-        self.sums16.extend(q.chunks_exact(16).map(sum));
+        let at = aligned(&mut self.sums16, t * cols / 16);
+        let sums16 = at..at + t * cols / 16;
+        for (s, c) in self.sums16[sums16.clone()]
+            .iter_mut()
+            .zip(q.chunks_exact(16))
+        {
+            *s = sum(c);
+        }
         // Pair k's groups: Q4_K's 2k and 2k + 1; Q6_K's 4m + c and 4m + c + 2 (k = 2m + c).
-        lay_out_pairs(q, |k| (2 * k, 2 * k + 1), &mut self.x);
+        let at = aligned(&mut self.x, t * cols);
+        let xr = at..at + t * cols;
+        lay_out_pairs(q, |k| (2 * k, 2 * k + 1), &mut self.x[xr.clone()]);
         let q6 = |k: usize| (4 * (k / 2) + k % 2, 4 * (k / 2) + k % 2 + 2);
-        lay_out_pairs(q, q6, &mut self.x6);
+        let at = aligned(&mut self.x6, t * cols);
+        let x6 = at..at + t * cols;
+        lay_out_pairs(q, q6, &mut self.x6[x6.clone()]);
         // Each group of 32's `xs sum(qx)`, the factor of a Q4_K sub-block's minimum.
-        let scales = &self.scales;
-        let sums = self.sums16.chunks_exact(2).enumerate();
+        let sums = self.sums16[sums16.clone()].chunks_exact(2).enumerate();
         let at = super::acts::aligned(&mut self.mins, t * cols / GROUP);
         for (m, (g, two)) in self.mins[at..].iter_mut().zip(sums) {
             *m = scales[g * GROUP / BLOCK] * (two[0] as i32 + two[1] as i32) as f32;
@@ -214,8 +228,7 @@ impl ActsKBuf {
         // (Without them the loops above and below go over nothing.)
         let at = super::acts::aligned(&mut self.corr6, corr6);
         let corr6 = at..at + corr6;
-        for (sums, corr) in self
-            .sums16
+        for (sums, corr) in self.sums16[sums16.clone()]
             .chunks_exact(cols / 16)
             .zip(self.corr6[corr6.clone()].chunks_exact_mut(cols / 16))
         {
@@ -228,11 +241,11 @@ impl ActsKBuf {
             }
         }
         ActsK {
-            q: &self.q,
-            scales: &self.scales,
-            sums16: &self.sums16,
-            x: &self.x,
-            x6: &self.x6,
+            q,
+            scales,
+            sums16: &self.sums16[sums16],
+            x: &self.x[xr],
+            x6: &self.x6[x6],
             mins: &self.mins[mins],
             xi: &self.xi[xi],
             xs32: &self.xs32[xs32],
@@ -243,8 +256,8 @@ impl ActsKBuf {
 
 /// [`ActsK`]'s order of `q` into `out`, pair `k` of groups `groups(k)` (the same for every row of
 /// 256: `q`'s rows are whole blocks).
-fn lay_out_pairs(q: &[i8], groups: impl Fn(usize) -> (usize, usize), out: &mut Vec<i8>) {
-    out.resize(q.len(), 0);
+fn lay_out_pairs(q: &[i8], groups: impl Fn(usize) -> (usize, usize), out: &mut [i8]) {
+    assert_eq!(out.len(), q.len());
     let group = |g: usize| &q[GROUP * g..GROUP * (g + 1)];
     for k in 0..q.len() / (2 * GROUP) {
         let (g0, g1) = groups(k);
