@@ -190,13 +190,10 @@ impl ActsQ8Buf {
         let at = aligned(&mut self.scales, t * per);
         let scales = at..at + t * per;
         let quantize = dots().quantize_q8;
+        let (q_all, s_all) = (&mut self.q[q.clone()], &mut self.scales[scales.clone()]);
         for i in 0..t {
             let (qi, si) = (i * cols..(i + 1) * cols, i * per..(i + 1) * per);
-            let (q_i, s_i) = (
-                &mut self.q[q.clone()][qi.clone()],
-                &mut self.scales[scales.clone()],
-            );
-            quantize(&x[qi], gs, q_i, &mut s_i[si]);
+            quantize(&x[qi.clone()], gs, &mut q_all[qi], &mut s_all[si]);
         }
         for (b, &v) in self.biased[biased.clone()]
             .iter_mut()
@@ -234,11 +231,11 @@ impl ActsQ8Buf {
     }
 }
 
-/// `v` grown to hold `len` values from a cache line's start; returns that value's index. The
-/// activations the AVX-512 tiles load a vector at a time (a row of 512 bits, as a line) lie
-/// there: a `Vec`'s own start is aligned to 16 bytes, and from it every such load straddled two
-/// lines, twice the work for the cache (a Xeon core's 128-token Q6_K product ran at 113-117
-/// GMAC/s so, 141-150 aligned).
+/// `v` grown to hold `len` values from a cache line's start; returns that value's index. Every
+/// activation form the kernels load a vector at a time lies there: a `Vec`'s start is only as
+/// aligned as the allocator makes it (16 bytes with glibc), and from 16 bytes into a line every
+/// 512-bit load straddled two lines, twice the work for the cache (an Emerald Rapids core's
+/// 128-token Q6_K product ran at 113-117 GMAC/s so, 141-150 aligned; docs/gguf-benchmarks.md).
 pub(super) fn aligned<T: Copy + Default>(v: &mut Vec<T>, len: usize) -> usize {
     v.resize(len + 64 / std::mem::size_of::<T>(), T::default());
     v.as_ptr().align_offset(64)

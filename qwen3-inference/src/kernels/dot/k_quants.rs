@@ -200,7 +200,7 @@ impl ActsKBuf {
         lay_out_pairs(q, q6, &mut self.x6[x6.clone()]);
         // Each group of 32's `xs sum(qx)`, the factor of a Q4_K sub-block's minimum.
         let sums = self.sums16[sums16.clone()].chunks_exact(2).enumerate();
-        let at = super::acts::aligned(&mut self.mins, t * cols / GROUP);
+        let at = aligned(&mut self.mins, t * cols / GROUP);
         for (m, (g, two)) in self.mins[at..].iter_mut().zip(sums) {
             *m = scales[g * GROUP / BLOCK] * (two[0] as i32 + two[1] as i32) as f32;
         }
@@ -211,7 +211,7 @@ impl ActsKBuf {
             true => (q.len(), t * groups, t * cols / 16),
             false => (0, 0, 0),
         };
-        let at = super::acts::aligned(&mut self.xi, xi);
+        let at = aligned(&mut self.xi, xi);
         let xi = at..at + xi;
         for (src, dst) in q
             .chunks_exact(cols)
@@ -220,13 +220,13 @@ impl ActsKBuf {
             let (src, dst) = (bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst));
             super::interleaved::interleave_words(src, GROUP, dst);
         }
-        let at = super::acts::aligned(&mut self.xs32, xs32);
+        let at = aligned(&mut self.xs32, xs32);
         for (g, v) in self.xs32[at..at + xs32].iter_mut().enumerate() {
             *v = scales[g * GROUP / BLOCK];
         }
         let xs32 = at..at + xs32;
         // (Without them the loops above and below go over nothing.)
-        let at = super::acts::aligned(&mut self.corr6, corr6);
+        let at = aligned(&mut self.corr6, corr6);
         let corr6 = at..at + corr6;
         for (sums, corr) in self.sums16[sums16.clone()]
             .chunks_exact(cols / 16)
